@@ -1,0 +1,69 @@
+// The I/O backend seam: every byte between the daemon and its pool files goes through one of these.
+//
+// Implementations: "uring" (io_uring, O_DIRECT, one ring and one owner thread per pool file) and
+// "memory" (files in host memory, with fault injection and crash simulation, for tests). Later:
+// "gds" (cuFile) and "gpu_nvme". Pick one by name with CreateIoBackend (io_factory.h).
+//
+// Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each file's
+// queue is owned by one internal thread; other threads hand it work by message.
+#ifndef TUTTI_DAEMON_IO_IO_BACKEND_H_
+#define TUTTI_DAEMON_IO_IO_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace tutti::io {
+
+inline constexpr uint32_t kAlignment = 4096;
+
+enum class Op : uint8_t { kRead, kWrite };
+
+// One transfer. `offset`, `len` and `buf` must be multiples of kAlignment (O_DIRECT).
+struct IoRequest {
+  Op op = Op::kRead;
+  uint32_t file = 0;    // index of the pool file, < num_files()
+  uint64_t offset = 0;  // byte offset in that file
+  void* buf = nullptr;  // caller-owned; must stay valid until the batch completes
+  uint32_t len = 0;
+  // Out: bytes transferred (== len on success; less on a short transfer) or -errno.
+  int64_t result = 0;
+};
+
+class IoBackend {
+ public:
+  virtual ~IoBackend() = default;
+
+  // The backend's name as configured ("uring", "memory").
+  virtual std::string_view name() const = 0;
+  virtual uint32_t num_files() const = 0;
+  // Size in bytes of `file`.
+  virtual uint64_t file_size(uint32_t file) const = 0;
+
+  // Registers `region` as the staging memory most requests will use, so the backend can pin and
+  // pre-map it (io_uring fixed buffers). Call at most once, before the first Submit; `region` must
+  // outlive the backend. Requests outside the region still work, more slowly. Returns an error if
+  // registration failed; the backend stays usable without it.
+  [[nodiscard]] virtual absl::Status RegisterBuffer(absl::Span<uint8_t> region) = 0;
+
+  // Starts every request of `batch` and returns at once. When all of them have completed (each
+  // one's `result` set), `done` runs once, on a backend thread: keep it short. `batch` (the span's
+  // memory) and every buffer must stay valid until `done` runs. Reads queued on a file are issued
+  // before writes queued on it (reads first: mixed traffic costs an SSD much of its bandwidth).
+  // Invalid requests (unaligned, out of range, bad file index) complete with -EINVAL.
+  virtual void Submit(absl::Span<IoRequest> batch, std::function<void()> done) = 0;
+
+  // Submit, then wait for completion. Returns when every request's `result` is set.
+  void Execute(absl::Span<IoRequest> batch);
+
+  // Makes every write to `file` that completed before this call durable (fdatasync).
+  // Returns an error (INTERNAL with the errno text) if the sync failed: treat those writes as lost.
+  [[nodiscard]] virtual absl::Status Sync(uint32_t file) = 0;
+};
+
+}  // namespace tutti::io
+
+#endif  // TUTTI_DAEMON_IO_IO_BACKEND_H_
