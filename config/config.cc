@@ -1,0 +1,207 @@
+#include "config/config.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "daemon/common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace tutti::config {
+
+// Defined in the .cc generated from default.textproto (see config/BUILD).
+extern const char kDefaultConfigText[];
+
+namespace {
+
+using tutti::v1::Config;
+
+constexpr uint64_t kKiB = 1024, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
+constexpr uint64_t kTiB = kGiB * 1024, kPiB = kTiB * 1024;
+constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
+
+// Remembers the first parse error with its 1-based position.
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (error_.empty()) error_ = absl::StrCat("config:", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+absl::Status Bad(absl::string_view field, const std::string& value, absl::string_view allowed) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", allowed));
+}
+
+absl::Status CheckRange(absl::string_view field, uint64_t v, uint64_t lo, uint64_t hi) {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return Bad(field, absl::StrCat(v), absl::StrCat("must be in [", lo, ", ", hi, "]"));
+}
+
+absl::Status CheckOneOf(absl::string_view field, const std::string& v,
+                        const std::vector<std::string>& allowed) {
+  for (const auto& a : allowed) {
+    if (v == a) return absl::OkStatus();
+  }
+  return Bad(field, absl::StrCat("\"", v, "\""),
+             absl::StrCat("must be one of ", absl::StrJoin(allowed, ", ")));
+}
+
+absl::Status CheckAbsolutePath(absl::string_view field, const std::string& path) {
+  if (!path.empty() && path[0] == '/') return absl::OkStatus();
+  return Bad(field, absl::StrCat("\"", path, "\""), "must be an absolute path");
+}
+
+absl::Status ValidateListen(const tutti::v1::ListenConfig& l) {
+  RETURN_IF_ERROR(CheckAbsolutePath("listen.socket_path", l.socket_path()));
+  if (l.socket_path().size() > kMaxSocketPath) {
+    return Bad("listen.socket_path", absl::StrCat("\"", l.socket_path(), "\""),
+               absl::StrCat("must be at most ", kMaxSocketPath, " characters (sun_path)"));
+  }
+  if (l.socket_mode() > 0777) {
+    return Bad("listen.socket_mode", absl::StrFormat("0%o", l.socket_mode()),
+               "must be a permission mode in [0, 0777]");
+  }
+  if (l.socket_group().size() > 32 || l.socket_group().find_first_of("/: ") != std::string::npos) {
+    return Bad("listen.socket_group", absl::StrCat("\"", l.socket_group(), "\""),
+               "must be a group name of at most 32 characters, or empty");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
+  std::set<std::string> seen;
+  for (int i = 0; i < p.dirs_size(); ++i) {
+    const std::string field = absl::StrCat("pool.dirs[", i, "]");
+    RETURN_IF_ERROR(CheckAbsolutePath(field, p.dirs(i)));
+    if (!seen.insert(p.dirs(i)).second) {
+      return Bad(field, absl::StrCat("\"", p.dirs(i), "\""), "must not repeat another directory");
+    }
+  }
+  RETURN_IF_ERROR(CheckRange("pool.capacity_bytes", p.capacity_bytes(), 64 * kMiB, kPiB));
+  if (p.object_bytes() % 4096 != 0 || p.object_bytes() < 4 * kKiB ||
+      p.object_bytes() > 64 * kMiB) {
+    return Bad("pool.object_bytes", absl::StrCat(p.object_bytes()),
+               absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
+  }
+  return CheckRange("pool.max_objects", p.max_objects(), 1, kMaxObjectsPerSlot);
+}
+
+absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
+  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory"}));
+  return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
+}
+
+absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::PoolConfig& p) {
+  const uint64_t block_bytes = uint64_t{p.max_objects()} * p.object_bytes();
+  RETURN_IF_ERROR(CheckRange("limits.max_blocks_per_call", l.max_blocks_per_call(), 1, 65536));
+  RETURN_IF_ERROR(CheckRange("limits.session_ttl_ms", l.session_ttl_ms(), 100, 86400000));
+  RETURN_IF_ERROR(CheckRange("limits.lease_ttl_ms", l.lease_ttl_ms(), 100, 86400000));
+  if (l.store_staging_bytes() < block_bytes || l.store_staging_bytes() > kTiB) {
+    return Bad("limits.store_staging_bytes", absl::StrCat(l.store_staging_bytes()),
+               absl::StrCat("must be in [", block_bytes, ", ", kTiB,
+                            "] (at least one block: pool.max_objects x pool.object_bytes)"));
+  }
+  // One layer (K and V) of a maximal Retrieve must fit.
+  const uint64_t layer_bytes = uint64_t{l.max_blocks_per_call()} * 2 * p.object_bytes();
+  if (l.retrieve_staging_bytes() < layer_bytes || l.retrieve_staging_bytes() > kTiB) {
+    return Bad("limits.retrieve_staging_bytes", absl::StrCat(l.retrieve_staging_bytes()),
+               absl::StrCat("must be in [", layer_bytes, ", ", kTiB,
+                            "] (at least limits.max_blocks_per_call x 2 x pool.object_bytes)"));
+  }
+  return CheckRange("limits.max_sessions", l.max_sessions(), 1, 65536);
+}
+
+absl::Status ValidateDram(const tutti::v1::DramTierConfig& d, const tutti::v1::PoolConfig& p) {
+  const uint64_t block_bytes = uint64_t{p.max_objects()} * p.object_bytes();
+  const uint64_t v = d.capacity_bytes();
+  if (v == 0 || (v >= block_bytes && v <= kPiB)) return absl::OkStatus();
+  return Bad("dram.capacity_bytes", absl::StrCat(v),
+             absl::StrCat("must be 0 (off) or in [", block_bytes, ", ", kPiB,
+                          "] (at least one block: pool.max_objects x pool.object_bytes)"));
+}
+
+// Prints every field, zero values included, so the log shows the whole effective config.
+void PrintMessage(const google::protobuf::Message& m, int indent, std::string* out) {
+  const auto* d = m.GetDescriptor();
+  const auto* r = m.GetReflection();
+  const std::string pad(indent * 2, ' ');
+  for (int i = 0; i < d->field_count(); ++i) {
+    const auto* f = d->field(i);
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      absl::StrAppend(out, pad, f->name(), " {\n");
+      PrintMessage(r->GetMessage(m, f), indent + 1, out);
+      absl::StrAppend(out, pad, "}\n");
+      continue;
+    }
+    if (f->is_repeated()) {
+      for (int j = 0; j < r->FieldSize(m, f); ++j) {
+        std::string v;
+        google::protobuf::TextFormat::PrintFieldValueToString(m, f, j, &v);
+        absl::StrAppend(out, pad, f->name(), ": ", v, "\n");
+      }
+      continue;
+    }
+    std::string v;
+    if (f->name() == "socket_mode") {
+      v = absl::StrFormat("0%o", r->GetUInt32(m, f));
+    } else {
+      google::protobuf::TextFormat::PrintFieldValueToString(m, f, -1, &v);
+    }
+    absl::StrAppend(out, pad, f->name(), ": ", v, "\n");
+  }
+}
+
+}  // namespace
+
+std::string_view DefaultConfigText() { return kDefaultConfigText; }
+
+Config DefaultConfig() {
+  Config config;
+  // The embedded text is checked by config_test; a failure here is a build defect.
+  google::protobuf::TextFormat::ParseFromString(std::string(DefaultConfigText()), &config);
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfig(std::string_view text) {
+  Config config = DefaultConfig();
+  FirstErrorCollector errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  // Merge, not Parse: fields set in `text` overwrite the defaults, zero values included.
+  if (!parser.MergeFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(
+        errors.error().empty() ? std::string("config: cannot parse") : errors.error());
+  }
+  RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+absl::Status ValidateConfig(const Config& c) {
+  RETURN_IF_ERROR(CheckAbsolutePath("state_dir", c.state_dir()));
+  RETURN_IF_ERROR(ValidateListen(c.listen()));
+  RETURN_IF_ERROR(ValidatePool(c.pool()));
+  RETURN_IF_ERROR(ValidateIo(c.io()));
+  RETURN_IF_ERROR(ValidateDram(c.dram(), c.pool()));
+  RETURN_IF_ERROR(ValidateLimits(c.limits(), c.pool()));
+  RETURN_IF_ERROR(CheckRange("journal.checkpoint_every", c.journal().checkpoint_every(), 1, 1u << 30));
+  return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
+}
+
+std::string RenderConfig(const Config& config) {
+  std::string out;
+  PrintMessage(config, 0, &out);
+  return out;
+}
+
+}  // namespace tutti::config

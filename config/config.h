@@ -1,0 +1,50 @@
+// tuttid's configuration: the embedded default (config/default.textproto), loading a text-proto
+// config file on top of it, and validation.
+//
+// A config is read once at start-up, validated, logged (RenderConfig) and passed down explicitly;
+// nothing here is global or mutable. Every rejected value stops start-up with INVALID_ARGUMENT
+// naming the field and the allowed range.
+//
+// Thread-safety: every function is pure and thread-safe.
+#ifndef TUTTI_CONFIG_CONFIG_H_
+#define TUTTI_CONFIG_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tutti/v1/config.pb.h"
+
+namespace tutti::config {
+
+// The largest number of objects one pool slot may hold (its header has one checksum per object).
+// Equal to pool::kMaxObjectsPerSlot; daemon/main.cc asserts that.
+inline constexpr uint32_t kMaxObjectsPerSlot = 496;
+
+// The text of config/default.textproto, embedded in the binary. Lives forever.
+std::string_view DefaultConfigText();
+
+// Returns the embedded default config, unvalidated (it is valid: config_test checks it).
+tutti::v1::Config DefaultConfig();
+
+// Parses `text` (a text-format tutti.v1.Config, possibly empty) on top of the embedded defaults:
+// every field `text` sets replaces the default, including zero values; `pool.dirs` given in
+// `text` replace the (empty) default list. Then validates the result (ValidateConfig).
+// Errors: INVALID_ARGUMENT "config:<line>:<column>: <what>" for parse errors and unknown fields,
+// or ValidateConfig's error.
+absl::StatusOr<tutti::v1::Config> LoadConfig(std::string_view text);
+
+// Checks every field against its allowed range and the fields against each other. Returns the first
+// problem as INVALID_ARGUMENT "<field path> = <value>: <allowed range>", e.g.
+// "pool.object_bytes = 1000: must be a multiple of 4096 in [4096, 67108864]".
+absl::Status ValidateConfig(const tutti::v1::Config& config);
+
+// The config as multi-line text format (what a config file holding every field would say), for the
+// start-up log and --print_default_config.
+std::string RenderConfig(const tutti::v1::Config& config);
+
+}  // namespace tutti::config
+
+#endif  // TUTTI_CONFIG_CONFIG_H_

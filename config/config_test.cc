@@ -1,0 +1,128 @@
+#include "config/config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tutti::config {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Loads `text` and expects INVALID_ARGUMENT whose message contains every one of `parts`.
+void ExpectRejected(const std::string& text, std::initializer_list<std::string> parts) {
+  auto c = LoadConfig(text);
+  ASSERT_FALSE(c.ok()) << "accepted: " << text;
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  for (const auto& p : parts) EXPECT_THAT(std::string(c.status().message()), HasSubstr(p)) << text;
+}
+
+TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
+  auto c = LoadConfig("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state_dir(), "/var/lib/tutti");
+  EXPECT_EQ(c->listen().socket_path(), "/run/tutti/tuttid.sock");
+  EXPECT_EQ(c->listen().socket_mode(), 0660u);  // written as octal 0660 in default.textproto
+  EXPECT_EQ(c->listen().socket_group(), "tutti");
+  EXPECT_EQ(c->pool().dirs_size(), 0);
+  EXPECT_EQ(c->pool().capacity_bytes(), 4ull << 30);
+  EXPECT_EQ(c->pool().object_bytes(), 32768u);
+  EXPECT_EQ(c->pool().max_objects(), 64u);
+  EXPECT_EQ(c->io().backend(), "uring");
+  EXPECT_EQ(c->io().queue_depth(), 64u);
+  EXPECT_EQ(c->dram().capacity_bytes(), 1ull << 30);
+  EXPECT_EQ(c->limits().max_blocks_per_call(), 2048u);
+  EXPECT_EQ(c->limits().session_ttl_ms(), 30000u);
+  EXPECT_EQ(c->limits().lease_ttl_ms(), 30000u);
+  EXPECT_EQ(c->limits().store_staging_bytes(), 256ull << 20);
+  EXPECT_EQ(c->limits().retrieve_staging_bytes(), 256ull << 20);
+  EXPECT_EQ(c->limits().max_sessions(), 64u);
+  EXPECT_EQ(c->journal().checkpoint_every(), 65536u);
+  EXPECT_EQ(c->log_level(), "info");
+  EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
+}
+
+TEST(ConfigTest, FileOverridesDefaultsIncludingZero) {
+  auto c = LoadConfig(
+      "state_dir: \"/tmp/x\"\n"
+      "listen { socket_mode: 0600 }\n"
+      "pool { dirs: \"/ssd0\" dirs: \"/ssd1\" }\n"
+      "dram { capacity_bytes: 0 }\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state_dir(), "/tmp/x");
+  EXPECT_EQ(c->listen().socket_mode(), 0600u);
+  EXPECT_EQ(c->listen().socket_path(), "/run/tutti/tuttid.sock");  // untouched default
+  ASSERT_EQ(c->pool().dirs_size(), 2);
+  EXPECT_EQ(c->pool().dirs(1), "/ssd1");
+  EXPECT_EQ(c->dram().capacity_bytes(), 0u);  // zero turns the tier off, not "use default"
+  EXPECT_EQ(c->pool().object_bytes(), 32768u);
+}
+
+TEST(ConfigTest, DecimalSocketModeAlsoParses) {
+  auto c = LoadConfig("listen { socket_mode: 432 }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen().socket_mode(), 0660u);
+}
+
+TEST(ConfigTest, ParseErrorsCarryLineAndColumn) {
+  ExpectRejected("state_dir: \"/x\"\npool { bogus_field: 1 }\n", {"config:2:", "bogus_field"});
+  ExpectRejected("pool { object_bytes: \"big\" }", {"config:1:"});
+  ExpectRejected("pool {", {"config:1:"});
+  ExpectRejected("unknown: 3", {"config:1:", "no field named \"unknown\""});
+}
+
+TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
+  ExpectRejected("state_dir: \"relative\"", {"state_dir", "absolute"});
+  ExpectRejected("state_dir: \"\"", {"state_dir"});
+  ExpectRejected("listen { socket_path: \"tuttid.sock\" }", {"listen.socket_path", "absolute"});
+  ExpectRejected("listen { socket_path: \"/" + std::string(120, 'a') + "\" }",
+                 {"listen.socket_path", "107"});
+  ExpectRejected("listen { socket_mode: 01777 }", {"listen.socket_mode", "0777"});
+  ExpectRejected("listen { socket_group: \"a/b\" }", {"listen.socket_group"});
+  ExpectRejected("pool { dirs: \"ssd\" }", {"pool.dirs[0]", "absolute"});
+  ExpectRejected("pool { dirs: \"/a\" dirs: \"/a\" }", {"pool.dirs[1]", "repeat"});
+  ExpectRejected("pool { capacity_bytes: 1000 }", {"pool.capacity_bytes", "67108864"});
+  ExpectRejected("pool { capacity_bytes: 2000000000000000000 }", {"pool.capacity_bytes"});
+  ExpectRejected("pool { object_bytes: 1000 }", {"pool.object_bytes", "multiple of 4096"});
+  ExpectRejected("pool { object_bytes: 0 }", {"pool.object_bytes"});
+  ExpectRejected("pool { object_bytes: 134217728 }", {"pool.object_bytes", "67108864"});
+  ExpectRejected("pool { max_objects: 0 }", {"pool.max_objects", "[1, 496]"});
+  ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
+  ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory"});
+  ExpectRejected("io { queue_depth: 0 }", {"io.queue_depth", "[1, 4096]"});
+  ExpectRejected("io { queue_depth: 5000 }", {"io.queue_depth"});
+  ExpectRejected("dram { capacity_bytes: 4096 }", {"dram.capacity_bytes", "0 (off)"});
+  ExpectRejected("limits { max_blocks_per_call: 0 }", {"limits.max_blocks_per_call"});
+  ExpectRejected("limits { session_ttl_ms: 0 }", {"limits.session_ttl_ms", "[100,"});
+  ExpectRejected("limits { lease_ttl_ms: 10 }", {"limits.lease_ttl_ms"});
+  ExpectRejected("limits { store_staging_bytes: 4096 }", {"limits.store_staging_bytes"});
+  ExpectRejected("limits { max_sessions: 0 }", {"limits.max_sessions"});
+  ExpectRejected("journal { checkpoint_every: 0 }", {"journal.checkpoint_every"});
+  ExpectRejected("log_level: \"verbose\"", {"log_level", "trace", "error"});
+}
+
+TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
+  // 2048 blocks x 2 x 32 KiB = 128 MiB.
+  ExpectRejected("limits { retrieve_staging_bytes: 134217727 }",
+                 {"limits.retrieve_staging_bytes", "134217728", "max_blocks_per_call"});
+  EXPECT_TRUE(LoadConfig("limits { retrieve_staging_bytes: 134217728 }").ok());
+  ExpectRejected("limits { max_blocks_per_call: 8192 }", {"limits.retrieve_staging_bytes"});
+}
+
+TEST(ConfigTest, RenderShowsEveryFieldAndReloads) {
+  auto c = LoadConfig("dram { capacity_bytes: 0 } pool { dirs: \"/ssd0\" }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string text = RenderConfig(*c);
+  EXPECT_THAT(text, HasSubstr("socket_mode: 0660"));
+  EXPECT_THAT(text, HasSubstr("capacity_bytes: 0"));  // zero values shown too
+  EXPECT_THAT(text, HasSubstr("dirs: \"/ssd0\""));
+  EXPECT_THAT(text, HasSubstr("log_level: \"info\""));
+  // The rendering is itself a config file that yields the same config.
+  auto again = LoadConfig(text);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << text;
+  EXPECT_EQ(again->SerializeAsString(), c->SerializeAsString());
+}
+
+}  // namespace
+}  // namespace tutti::config
