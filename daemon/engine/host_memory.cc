@@ -1,0 +1,132 @@
+#include "daemon/engine/host_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/status_macros.h"
+
+namespace tutti::engine {
+namespace {
+
+constexpr size_t kMaxShmName = 200;
+
+// Opens and maps one region; on error nothing is left open.
+absl::Status MapRegion(size_t index, const HostShmRegion& r, int* fd_out, uint8_t** base_out) {
+  const std::string what = absl::StrCat("regions[", index, "] (", r.name, ")");
+  if (r.size_bytes == 0) return absl::InvalidArgumentError(what + ": size_bytes is 0");
+  const int fd = shm_open(r.name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": shm_open: ", strerror(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(what, ": fstat: ", strerror(err)));
+  }
+  if (static_cast<uint64_t>(st.st_size) < r.size_bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(what, ": size_bytes ", r.size_bytes,
+                                                   " exceeds the object's size ", st.st_size));
+  }
+  void* p = mmap(nullptr, r.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(what, ": mmap: ", strerror(err)));
+  }
+  *fd_out = fd;
+  *base_out = static_cast<uint8_t*>(p);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateShmName(const std::string& name) {
+  if (name.size() < 2 || name.size() > kMaxShmName || name[0] != '/' ||
+      name.find('/', 1) != std::string::npos || name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm name \"", name, "\": must be '/' followed by 1 to ", kMaxShmName - 1,
+                     " characters, none of them '/'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Create(
+    const std::vector<HostShmRegion>& regions, const std::vector<ObjectPlacement>& placements,
+    uint32_t num_blocks, uint32_t num_objects, uint32_t object_len) {
+  if (regions.empty()) return absl::InvalidArgumentError("regions: at least one is needed");
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    absl::Status s = ValidateShmName(regions[i].name);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: ", s.message()));
+    sizes.push_back(regions[i].size_bytes);
+  }
+  RETURN_IF_ERROR(ValidatePlacements(sizes, placements, num_blocks, num_objects, object_len));
+  std::vector<Mapping> maps;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    Mapping m{-1, nullptr, regions[i].size_bytes, regions[i].name};
+    absl::Status s = MapRegion(i, regions[i], &m.fd, &m.base);
+    if (!s.ok()) {
+      UnmapAll(maps);
+      return s;
+    }
+    maps.push_back(std::move(m));
+  }
+  return std::unique_ptr<HostMemory>(
+      new HostMemory(std::move(maps), placements, num_blocks, num_objects, object_len));
+}
+
+HostMemory::HostMemory(std::vector<Mapping> maps, std::vector<ObjectPlacement> placements,
+                       uint32_t num_blocks, uint32_t num_objects, uint32_t object_len)
+    : EngineMemory(num_blocks, num_objects, object_len),
+      maps_(std::move(maps)),
+      placements_(std::move(placements)) {}
+
+HostMemory::~HostMemory() { UnmapAll(maps_); }
+
+void HostMemory::UnmapAll(const std::vector<Mapping>& maps) {
+  for (const Mapping& m : maps) {
+    munmap(m.base, m.len);
+    close(m.fd);
+  }
+}
+
+absl::Status HostMemory::CheckNotShrunk() const {
+  for (const Mapping& m : maps_) {
+    struct stat st;
+    if (fstat(m.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < m.len) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shm object ", m.name, " shrank below ", m.len, " bytes after Attach; detach and attach"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint8_t* HostMemory::Address(uint32_t block, uint32_t object) const {
+  assert(block < num_blocks() && object < num_objects());
+  const ObjectPlacement& p = placements_[object];
+  return maps_[p.region].base + p.offset + uint64_t{block} * p.block_stride;
+}
+
+absl::Status HostMemory::Scatter(absl::Span<const CopyOp> ops) {
+  RETURN_IF_ERROR(CheckNotShrunk());
+  for (const CopyOp& op : ops) std::memcpy(Address(op.block, op.object), op.staging, object_len());
+  return absl::OkStatus();
+}
+
+absl::Status HostMemory::Gather(absl::Span<const CopyOp> ops) {
+  RETURN_IF_ERROR(CheckNotShrunk());
+  for (const CopyOp& op : ops) std::memcpy(op.staging, Address(op.block, op.object), object_len());
+  return absl::OkStatus();
+}
+
+}  // namespace tutti::engine

@@ -1,0 +1,144 @@
+#include "daemon/engine/host_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tutti::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A shared-memory object the test (playing the engine) creates, maps and unlinks.
+class ShmObject {
+ public:
+  explicit ShmObject(uint64_t size) : size_(size) {
+    static std::atomic<int> counter{0};
+    name_ = absl::StrCat("/tutti_hm_test_", getpid(), "_", counter++);
+    fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd_, 0) << strerror(errno);
+    EXPECT_EQ(ftruncate(fd_, size), 0);
+    base_ = static_cast<uint8_t*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+    EXPECT_NE(base_, MAP_FAILED);
+  }
+  ~ShmObject() {
+    munmap(base_, size_);
+    close(fd_);
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  uint8_t* data() { return base_; }
+  int fd() const { return fd_; }
+
+ private:
+  std::string name_;
+  uint64_t size_;
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+};
+
+constexpr uint32_t kBlocks = 8, kObjects = 4, kLen = 256;
+
+// Separate K and V regions per "layer pair": objects 0 and 2 in region 0, 1 and 3 in region 1.
+std::vector<ObjectPlacement> TwoRegionPlacements() {
+  const uint64_t stride = 2 * kLen;
+  return {{0, 0, stride}, {1, 0, stride}, {0, kLen, stride}, {1, kLen, stride}};
+}
+
+TEST(HostMemoryTest, ScatterWritesWhereTheEngineReadsAndGatherReadsBack) {
+  ShmObject k(kBlocks * 2 * kLen), v(kBlocks * 2 * kLen);
+  auto mem = HostMemory::Create({{k.name(), kBlocks * 2 * kLen}, {v.name(), kBlocks * 2 * kLen}},
+                                TwoRegionPlacements(), kBlocks, kObjects, kLen);
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  EXPECT_EQ((*mem)->kind(), "host_shm");
+  EXPECT_EQ((*mem)->num_blocks(), kBlocks);
+
+  std::vector<uint8_t> src(kLen);
+  for (uint32_t i = 0; i < kLen; ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  std::vector<CopyOp> ops = {{5, 3, src.data()}};  // block 5, object 3: region 1, offset 5*512+256
+  ASSERT_TRUE((*mem)->Scatter(ops).ok());
+  EXPECT_EQ(std::memcmp(v.data() + 5 * 2 * kLen + kLen, src.data(), kLen), 0);
+
+  // The engine writes block 2 object 0; Gather sees it.
+  std::memset(k.data() + 2 * 2 * kLen, 0xAB, kLen);
+  std::vector<uint8_t> dst(kLen, 0);
+  std::vector<CopyOp> gops = {{2, 0, dst.data()}};
+  ASSERT_TRUE((*mem)->Gather(gops).ok());
+  EXPECT_EQ(dst, std::vector<uint8_t>(kLen, 0xAB));
+}
+
+TEST(HostMemoryTest, MappingOutlivesTheName) {
+  auto obj = std::make_unique<ShmObject>(kLen);
+  auto mem = HostMemory::Create({{obj->name(), kLen}}, {{0, 0, kLen}}, 1, 1, kLen);
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  shm_unlink(obj->name().c_str());  // the engine may unlink right after Attach
+  std::vector<uint8_t> src(kLen, 0x5A);
+  std::vector<CopyOp> ops = {{0, 0, src.data()}};
+  ASSERT_TRUE((*mem)->Scatter(ops).ok());
+  EXPECT_EQ(obj->data()[kLen - 1], 0x5A);
+}
+
+TEST(HostMemoryTest, MalformedNamesAreInvalidArgument) {
+  for (const std::string& name : {std::string("noslash"), std::string("/a/b"), std::string("/"),
+                                  std::string(""), "/" + std::string(200, 'x')}) {
+    auto mem = HostMemory::Create({{name, 4096}}, {{0, 0, 4096}}, 1, 1, 4096);
+    ASSERT_FALSE(mem.ok()) << name;
+    EXPECT_EQ(mem.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(mem.status().message()), HasSubstr("regions[0]"));
+  }
+  EXPECT_TRUE(ValidateShmName("/" + std::string(199, 'x')).ok());
+}
+
+TEST(HostMemoryTest, MissingObjectIsFailedPrecondition) {
+  auto mem = HostMemory::Create({{"/tutti_hm_test_does_not_exist", 4096}}, {{0, 0, 4096}}, 1, 1,
+                                4096);
+  ASSERT_FALSE(mem.ok());
+  EXPECT_EQ(mem.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(mem.status().message()), HasSubstr("shm_open"));
+}
+
+TEST(HostMemoryTest, DeclaredSizeLargerThanObjectIsRejected) {
+  ShmObject obj(4096);
+  auto mem = HostMemory::Create({{obj.name(), 8192}}, {{0, 0, 4096}}, 2, 1, 4096);
+  ASSERT_FALSE(mem.ok());
+  EXPECT_EQ(mem.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(mem.status().message()), HasSubstr("exceeds the object's size"));
+}
+
+TEST(HostMemoryTest, PlacementsPastTheRegionNameTheirIndex) {
+  ShmObject a(4096), b(4096);
+  // Placement 1 needs offset 2048 + (2 - 1) x 2048 + 1024 = 5120 > 4096.
+  auto mem = HostMemory::Create({{a.name(), 4096}, {b.name(), 4096}},
+                                {{0, 0, 2048}, {1, 2048, 2048}}, 2, 2, 1024);
+  ASSERT_FALSE(mem.ok());
+  EXPECT_EQ(mem.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(mem.status().message()), HasSubstr("placements[1]"));
+  auto wrong_region = HostMemory::Create({{a.name(), 4096}}, {{3, 0, 1024}}, 1, 1, 1024);
+  ASSERT_FALSE(wrong_region.ok());
+  EXPECT_THAT(std::string(wrong_region.status().message()), HasSubstr("placements[0].region"));
+  auto no_regions = HostMemory::Create({}, {{0, 0, 1024}}, 1, 1, 1024);
+  EXPECT_EQ(no_regions.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostMemoryTest, ShrunkObjectFailsCopiesInsteadOfCrashing) {
+  ShmObject obj(8192);
+  auto mem = HostMemory::Create({{obj.name(), 8192}}, {{0, 0, 4096}}, 2, 1, 4096);
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  ASSERT_EQ(ftruncate(obj.fd(), 4096), 0);
+  std::vector<uint8_t> buf(4096);
+  std::vector<CopyOp> ops = {{1, 0, buf.data()}};
+  EXPECT_EQ((*mem)->Scatter(ops).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*mem)->Gather(ops).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace tutti::engine
