@@ -1,0 +1,483 @@
+// BlockStore: namespaces, lookups and pins, layer-wise reads, capture. The writer (slot
+// allocation, eviction, durability, recovery) is in block_writer.cc.
+#include "daemon/store/block_store.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "daemon/pool/slot_header.h"
+#include "daemon/store/block_store_impl.h"
+
+namespace tutti::store {
+namespace {
+
+uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
+
+// The namespace id: a hash of every field that makes keys comparable, in a fixed encoding.
+NamespaceId NamespaceIdOf(const tutti::v1::Namespace& ns) {
+  const auto& l = ns.layout();
+  const std::string canonical = absl::StrCat(
+      ns.model_id(), "\x1f", l.num_layers(), ",", l.kv_heads(), ",", l.head_dim(), ",",
+      l.dtype_bytes(), ",", l.block_tokens(), ",", static_cast<int>(l.format()), "\x1f",
+      ns.tp_rank(), "/", ns.tp_size(), "\x1f", ns.hash_scheme());
+  const NamespaceId id = XXH3_64bits(canonical.data(), canonical.size());
+  return id == 0 ? 1 : id;  // 0 means "every namespace" in the admin API
+}
+
+}  // namespace
+
+// Validates `ns` and describes its blocks. INVALID_ARGUMENT names the bad field.
+absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) {
+  const auto& l = ns.layout();
+  if (ns.model_id().empty()) return absl::InvalidArgumentError("namespace.model_id is empty");
+  if (ns.hash_scheme().empty()) return absl::InvalidArgumentError("namespace.hash_scheme is empty");
+  if (ns.tp_size() == 0 || ns.tp_rank() >= ns.tp_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace.tp_rank=", ns.tp_rank(),
+                                                   " must be < tp_size=", ns.tp_size()));
+  }
+  if (l.num_layers() == 0 || l.num_layers() > 4096 || l.kv_heads() == 0 || l.head_dim() == 0 ||
+      l.block_tokens() == 0) {
+    return absl::InvalidArgumentError(
+        "namespace.layout: num_layers (1..4096), kv_heads, head_dim and block_tokens must be > 0");
+  }
+  if (l.dtype_bytes() != 1 && l.dtype_bytes() != 2 && l.dtype_bytes() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace.layout.dtype_bytes must be 1, 2 or 4, got ", l.dtype_bytes()));
+  }
+  NamespaceInfo info;
+  switch (l.format()) {
+    case tutti::v1::KV_FORMAT_SEPARATE:
+    case tutti::v1::KV_FORMAT_FUSED:
+      info.parts = 2;
+      break;
+    case tutti::v1::KV_FORMAT_MLA:
+      info.parts = 1;
+      break;
+    default:
+      return absl::InvalidArgumentError("namespace.layout.format must be SEPARATE, FUSED or MLA");
+  }
+  const uint64_t object_len = uint64_t{l.block_tokens()} * l.kv_heads() * l.head_dim() *
+                              l.dtype_bytes();
+  if (object_len > (1ull << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace.layout: object of ", object_len,
+                                                   " bytes (tokens x heads x dim x dtype) is too large"));
+  }
+  info.id = NamespaceIdOf(ns);
+  info.descriptor = ns;
+  info.object_len = static_cast<uint32_t>(object_len);
+  info.num_objects = l.num_layers() * info.parts;
+  return info;
+}
+
+// One block of a Read: where its bytes come from, and whether it has failed.
+struct BlockStore::Impl::ReadItem {
+  Key key;
+  uint64_t slot = 0;
+  uint64_t epoch = 0;
+  std::vector<uint64_t> checksums;
+  std::shared_ptr<const DramBlock> dram;
+  uint32_t ssd_index = 0;  // position among the SSD items, for staging frames
+  bool failed = false;
+};
+
+absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
+  ASSIGN_OR_RETURN(NamespaceInfo info, DescribeNamespace(ns));
+  const auto& layout = options_.layout;
+  if (RoundUp4K(info.object_len) > layout.object_bytes() ||
+      info.num_objects > layout.max_objects()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this pool holds blocks of at most ", layout.max_objects(), " objects of ",
+        layout.object_bytes(), " bytes (pool.max_objects, pool.object_bytes); the namespace needs ",
+        info.num_objects, " objects of ", info.object_len, " bytes"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (namespaces_.contains(info.id)) return info.id;
+  }
+  absl::MutexLock jlock(&journal_mu_);
+  journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
+  RETURN_IF_ERROR(journal_->Sync());
+  absl::MutexLock lock(&mu_);
+  namespaces_.emplace(info.id, info);
+  log::Get("store")->info("namespace {:016x}: model {} layers {} parts {} object {} bytes", info.id,
+                          ns.model_id(), ns.layout().num_layers(), info.parts, info.object_len);
+  return info.id;
+}
+
+absl::StatusOr<NamespaceInfo> BlockStore::Impl::GetNamespace(NamespaceId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = namespaces_.find(id);
+  if (it == namespaces_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown namespace ", id));
+  }
+  return it->second;
+}
+
+uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
+  absl::MutexLock lock(&mu_);
+  uint32_t hits = 0;
+  for (const Key& key : keys) {
+    Entry* e = index_.Find(ns, key);
+    if (e == nullptr || e->bad) break;
+    ++e->pins;
+    index_.Touch(e);
+    ++hits;
+  }
+  ++stats_.lookups;
+  stats_.lookup_hits += hits;
+  if (hits < keys.size()) ++stats_.lookup_misses;
+  return hits;
+}
+
+void BlockStore::Impl::Unpin(NamespaceId ns, absl::Span<const Key> keys) {
+  absl::MutexLock lock(&mu_);
+  for (const Key& key : keys) {
+    Entry* e = index_.Find(ns, key);
+    if (e != nullptr && e->pins > 0) --e->pins;
+  }
+}
+
+void BlockStore::Impl::MarkBad(NamespaceId ns, const Key& key) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = index_.Find(ns, key);
+  if (e != nullptr) index_.MarkBad(e);
+  dram_.Erase(ns, key);
+}
+
+absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
+                                    uint32_t layer_begin, uint32_t layer_end,
+                                    const LayerSink& sink) {
+  ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
+  const uint32_t layers = info.num_objects / info.parts;
+  if (layer_begin >= layer_end || layer_end > layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
+                                                   ") is not within [0, ", layers, ")"));
+  }
+  std::vector<ReadItem> items(keys.size());
+  uint32_t ssd_items = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Entry* e = index_.Find(ns, keys[i]);
+      if (e == nullptr || e->pins == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
+      }
+      ReadItem& it = items[i];
+      it.key = keys[i];
+      it.slot = e->slot;
+      it.epoch = e->epoch;
+      auto sums = index_.Checksums(*e);
+      it.checksums.assign(sums.begin(), sums.end());
+      it.dram = dram_.Find(ns, keys[i], e->epoch);
+      if (!it.dram) it.ssd_index = ssd_items++;
+    }
+  }
+  const uint32_t read_len = RoundUp4K(info.object_len);
+  const uint64_t frames_per_layer = uint64_t{ssd_items} * info.parts;
+  if (frames_per_layer > read_frames_->total_frames()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one layer of this read needs ", frames_per_layer, " staging frames; limits.retrieve_staging_bytes holds ",
+        read_frames_->total_frames()));
+  }
+  // Take staging for a window of layers: at least one, up to four when free.
+  const uint32_t nlayers = layer_end - layer_begin;
+  uint32_t window = 1;
+  std::vector<uint8_t*> frames;
+  if (frames_per_layer > 0) {
+    read_frames_->Take(frames_per_layer, &frames);
+    while (window < std::min<uint32_t>(nlayers, 4) &&
+           read_frames_->TryTake(frames_per_layer, &frames)) {
+      ++window;
+    }
+  }
+  struct LayerIo {
+    std::vector<io::IoRequest> reqs;
+    std::vector<int64_t> first_req;  // per item: index of its first request, or -1
+    std::unique_ptr<absl::Notification> done;
+  };
+  std::vector<LayerIo> ios(window);
+  auto submit = [&](uint32_t layer) {
+    LayerIo& lio = ios[(layer - layer_begin) % window];
+    uint8_t** base = frames.data() + ((layer - layer_begin) % window) * frames_per_layer;
+    lio.reqs.clear();
+    lio.first_req.assign(items.size(), -1);
+    for (uint32_t i = 0; i < items.size(); ++i) {
+      const ReadItem& it = items[i];
+      if (it.dram || it.failed) continue;
+      lio.first_req[i] = static_cast<int64_t>(lio.reqs.size());
+      for (uint32_t p = 0; p < info.parts; ++p) {
+        const uint32_t obj = layer * info.parts + p;
+        const pool::Location loc = options_.layout.ObjectLocation(it.slot, obj);
+        lio.reqs.push_back(io::IoRequest{io::Op::kRead, loc.file, loc.offset,
+                                         base[it.ssd_index * info.parts + p], read_len, 0});
+      }
+    }
+    lio.done = std::make_unique<absl::Notification>();
+    absl::Notification* n = lio.done.get();
+    if (lio.reqs.empty()) {
+      n->Notify();  // every block of this layer comes from the DRAM tier
+    } else {
+      backend_->Submit(absl::MakeSpan(lio.reqs), [n] { n->Notify(); });
+    }
+  };
+  uint32_t next_submit = layer_begin;
+  absl::Status status;
+  uint64_t verify_errors = 0, io_errors = 0, dram_hits = 0;
+  std::vector<ScatterOp> ops;
+  std::vector<uint32_t> newly_failed;
+  for (uint32_t layer = layer_begin; layer < layer_end && status.ok(); ++layer) {
+    while (next_submit < layer_end && next_submit < layer + window) submit(next_submit++);
+    LayerIo& lio = ios[(layer - layer_begin) % window];
+    if (lio.done) lio.done->WaitForNotification();
+    ops.clear();
+    newly_failed.clear();
+    for (uint32_t i = 0; i < items.size(); ++i) {
+      ReadItem& it = items[i];
+      if (it.failed) continue;
+      if (it.dram) {
+        for (uint32_t p = 0; p < info.parts; ++p) {
+          const uint32_t obj = layer * info.parts + p;
+          ops.push_back(ScatterOp{i, obj, it.dram->object(obj)});
+        }
+        continue;
+      }
+      const size_t ops_before = ops.size();
+      for (uint32_t p = 0; p < info.parts && !it.failed; ++p) {
+        const uint32_t obj = layer * info.parts + p;
+        const io::IoRequest& req = lio.reqs[lio.first_req[i] + p];
+        if (req.result != read_len) {
+          ++io_errors;
+          it.failed = true;
+        } else if (pool::ObjectChecksum(ns, it.key, it.epoch, obj, req.buf, info.object_len) !=
+                   it.checksums[obj]) {
+          ++verify_errors;
+          it.failed = true;
+        } else {
+          ops.push_back(ScatterOp{i, obj, static_cast<const uint8_t*>(req.buf)});
+        }
+      }
+      if (it.failed) {
+        ops.resize(ops_before);
+        newly_failed.push_back(i);
+      }
+    }
+    status = sink(layer, ops, newly_failed);
+  }
+  // Wait for reads still in flight before giving their staging back.
+  for (uint32_t l = layer_begin; l < next_submit; ++l) {
+    ios[(l - layer_begin) % window].done->WaitForNotification();
+  }
+  if (!frames.empty()) read_frames_->Give(frames);
+  auto log = log::Get("store");
+  uint64_t served = 0;
+  for (const ReadItem& it : items) {
+    if (it.failed) {
+      MarkBad(ns, it.key);
+      TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
+                            "namespace {:016x} block {} slot {}: read or verification failed; "
+                            "served as a miss",
+                            ns, it.key.Hex(), it.slot);
+    } else {
+      ++served;
+      dram_hits += it.dram != nullptr;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  stats_.blocks_retrieved += served;
+  stats_.bytes_read += served * nlayers * info.parts * uint64_t{info.object_len};
+  stats_.verify_errors += verify_errors;
+  stats_.io_errors += io_errors;
+  stats_.dram_hits += dram_hits;
+  return status;
+}
+
+absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
+    NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
+    const Gatherer& gather, bool wait_durable) {
+  ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
+  const uint32_t layers = info.num_objects / info.parts;
+  if (layer_begin >= layer_end || layer_end > layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
+                                                   ") is not within [0, ", layers, ")"));
+  }
+  std::vector<CaptureOutcome> outcomes(keys.size(), CaptureOutcome::kCaptured);
+  std::vector<GatherOp> ops;
+  std::vector<PendingBlock*> touched(keys.size(), nullptr);
+  std::vector<PendingBlock*> created;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (index_.Find(ns, keys[i]) != nullptr) {
+        outcomes[i] = CaptureOutcome::kAlreadyPresent;
+        continue;
+      }
+      auto it = pending_.find(PendingKey{ns, keys[i]});
+      PendingBlock* p = it == pending_.end() ? nullptr : it->second.get();
+      if (p == nullptr) {
+        auto fresh = std::make_unique<PendingBlock>();
+        if (!store_frames_->TryTake(info.num_objects, &fresh->frames)) {
+          outcomes[i] = CaptureOutcome::kRejectedFull;
+          ++stats_.store_rejected;
+          continue;
+        }
+        fresh->ns = ns;
+        fresh->key = keys[i];
+        fresh->object_len = info.object_len;
+        fresh->parts = info.parts;
+        fresh->layer_captured.assign(layers, 0);
+        fresh->layers_left = layers;
+        fresh->created_ms = clock_->NowMs();
+        p = fresh.get();
+        pending_.emplace(PendingKey{ns, keys[i]}, std::move(fresh));
+        created.push_back(p);
+      } else if (p->queued) {
+        outcomes[i] = CaptureOutcome::kAlreadyPresent;
+        continue;
+      }
+      touched[i] = p;
+      ++p->capturing;
+      for (uint32_t l = layer_begin; l < layer_end; ++l) {
+        if (p->layer_captured[l]) continue;
+        for (uint32_t part = 0; part < info.parts; ++part) {
+          const uint32_t obj = l * info.parts + part;
+          ops.push_back(GatherOp{static_cast<uint32_t>(i), obj, p->frames[obj]});
+        }
+      }
+    }
+  }
+  // Copy outside the lock. A pending block stays while `capturing` > 0: it is neither queued nor
+  // reaped nor dropped until every call copying into it has finished.
+  absl::Status gathered = gather(ops);
+  std::vector<std::shared_ptr<DurableTicket>> tickets(keys.size());
+  absl::MutexLock lock(&mu_);
+  for (PendingBlock* p : touched) {
+    if (p != nullptr) --p->capturing;
+  }
+  if (!gathered.ok()) {
+    for (PendingBlock* p : created) {
+      if (p->capturing > 0) continue;  // another call is filling it; the reaper drops it if stale
+      store_frames_->Give(p->frames);
+      pending_.erase(PendingKey{p->ns, p->key});
+    }
+    return gathered;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    PendingBlock* p = touched[i];
+    if (p == nullptr) continue;
+    for (uint32_t l = layer_begin; l < layer_end; ++l) {
+      if (!p->layer_captured[l]) {
+        p->layer_captured[l] = 1;
+        --p->layers_left;
+      }
+    }
+    if (p->layers_left == 0 && !p->queued && p->capturing == 0) {
+      p->queued = true;
+      write_queue_.push_back(p);
+    }
+    if (wait_durable && p->queued) {
+      tickets[i] = std::make_shared<DurableTicket>();
+      p->tickets.push_back(tickets[i]);
+    }
+  }
+  if (wait_durable) {
+    auto all_done = [&tickets]() {
+      for (const auto& t : tickets) {
+        if (t && !t->done) return false;
+      }
+      return true;
+    };
+    mu_.Await(absl::Condition(&all_done));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (tickets[i]) outcomes[i] = tickets[i]->outcome;
+    }
+  }
+  return outcomes;
+}
+
+void BlockStore::Impl::Flush() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return write_queue_.empty() && writing_ == 0;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+StoreStats BlockStore::Impl::Stats() const {
+  absl::MutexLock lock(&mu_);
+  StoreStats s = stats_;
+  s.slots_total = index_.num_slots();
+  s.slots_used = index_.num_slots() - index_.free_slots();
+  s.slot_bytes = options_.layout.slot_bytes();
+  s.dram_capacity = dram_.capacity();
+  s.dram_used = dram_.used();
+  s.namespaces.clear();
+  absl::flat_hash_map<NamespaceId, uint64_t> blocks;
+  index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });
+  for (const auto& [id, info] : namespaces_) {
+    NamespaceInfo n = info;
+    n.blocks = blocks.contains(id) ? blocks[id] : 0;
+    n.blocks_dram = dram_.CountNamespace(id);
+    s.namespaces.push_back(std::move(n));
+  }
+  return s;
+}
+
+// --- BlockStore: the public face ---
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(
+    const StoreOptions& options, std::unique_ptr<io::IoBackend> backend, Clock* clock) {
+  if (backend == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("BlockStore::Open needs a backend and a clock");
+  }
+  if (backend->num_files() != options.layout.num_files()) {
+    return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),
+                                                   " files; the pool layout has ",
+                                                   options.layout.num_files()));
+  }
+  for (uint32_t f = 0; f < backend->num_files(); ++f) {
+    if (backend->file_size(f) < options.layout.file_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("pool file ", f, " has ", backend->file_size(f),
+                                                     " bytes; the layout needs ",
+                                                     options.layout.file_bytes()));
+    }
+  }
+  auto impl = std::make_unique<Impl>(options, std::move(backend), clock);
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<BlockStore>(new BlockStore(std::move(impl)));
+}
+
+BlockStore::BlockStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BlockStore::~BlockStore() = default;
+
+absl::StatusOr<NamespaceId> BlockStore::RegisterNamespace(const tutti::v1::Namespace& ns) {
+  return impl_->RegisterNamespace(ns);
+}
+absl::StatusOr<NamespaceInfo> BlockStore::GetNamespace(NamespaceId id) const {
+  return impl_->GetNamespace(id);
+}
+uint32_t BlockStore::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
+  return impl_->LookupAndPin(ns, keys);
+}
+void BlockStore::Unpin(NamespaceId ns, absl::Span<const Key> keys) { impl_->Unpin(ns, keys); }
+absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
+                              uint32_t layer_end, const LayerSink& sink) {
+  return impl_->Read(ns, keys, layer_begin, layer_end, sink);
+}
+absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
+    NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
+    const Gatherer& gather, bool wait_durable) {
+  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable);
+}
+void BlockStore::Flush() { impl_->Flush(); }
+std::pair<uint64_t, uint64_t> BlockStore::Evict(NamespaceId ns) { return impl_->Evict(ns); }
+StoreStats BlockStore::Stats() const { return impl_->Stats(); }
+absl::Span<uint8_t> BlockStore::staging_region() const { return impl_->staging_region(); }
+
+}  // namespace tutti::store

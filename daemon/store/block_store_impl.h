@@ -1,0 +1,118 @@
+// Private to daemon/store: the state behind BlockStore. Lock order: journal_mu_ before mu_.
+#ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
+#define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
+
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/store/block_store.h"
+#include "daemon/store/dram_tier.h"
+#include "daemon/store/index.h"
+#include "daemon/store/journal.h"
+#include "daemon/store/staging.h"
+
+namespace tutti::store {
+
+// The result of one captured block, shared with a Capture call waiting for durability.
+struct DurableTicket {
+  bool done = false;
+  CaptureOutcome outcome = CaptureOutcome::kCaptured;
+};
+
+// A block being captured or waiting for the writer. Owned by Impl::pending_.
+struct PendingBlock {
+  NamespaceId ns = 0;
+  Key key;
+  uint32_t object_len = 0;
+  uint32_t parts = 0;
+  std::vector<uint8_t*> frames;        // one per object, from the store frame pool
+  std::vector<uint8_t> layer_captured;  // per layer
+  uint32_t layers_left = 0;
+  int64_t created_ms = 0;
+  bool queued = false;
+  int capturing = 0;  // Capture calls copying into `frames` now
+  std::vector<std::shared_ptr<DurableTicket>> tickets;
+  // Set by the writer.
+  uint64_t slot = 0;
+  uint64_t epoch = 0;
+  bool has_slot = false;
+  bool ok = false;
+  std::vector<uint64_t> checksums;
+};
+
+class BlockStore::Impl {
+ public:
+  Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend, Clock* clock);
+  ~Impl();
+
+  absl::Status Init();  // staging, recovery, writer thread
+
+  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
+  absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
+  uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
+  void Unpin(NamespaceId ns, absl::Span<const Key> keys);
+  absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
+                    uint32_t layer_end, const LayerSink& sink);
+  absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
+                                                      uint32_t layer_begin, uint32_t layer_end,
+                                                      const Gatherer& gather, bool wait_durable);
+  void Flush();
+  std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
+  StoreStats Stats() const;
+  absl::Span<uint8_t> staging_region() const { return region_->span(); }
+
+ private:
+  using PendingKey = std::pair<NamespaceId, Key>;
+  struct ReadItem;
+
+  // block_writer.cc
+  absl::Status Recover();
+  void WriterLoop();
+  void WriteBatch(std::vector<PendingBlock*> batch);
+  bool AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  void WriteObjects(absl::Span<PendingBlock* const> batch);
+  absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  void Publish(absl::Span<PendingBlock* const> batch);
+  void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  void ReapStalePending();
+  // Hides `e` and appends its Delete record. The slot stays taken until the record is durable.
+  void HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
+  void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // block_store.cc
+  void MarkBad(NamespaceId ns, const Key& key);
+
+  const StoreOptions options_;
+  const std::unique_ptr<io::IoBackend> backend_;
+  Clock* const clock_;
+  std::unique_ptr<Region> region_;
+  std::unique_ptr<FramePool> store_frames_;
+  std::unique_ptr<FramePool> read_frames_;
+  uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
+
+  absl::Mutex journal_mu_;
+  std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(journal_mu_);
+
+  mutable absl::Mutex mu_;
+  Index index_ ABSL_GUARDED_BY(mu_);
+  DramTier dram_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  StoreStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread writer_;
+};
+
+}  // namespace tutti::store
+
+#endif  // TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
