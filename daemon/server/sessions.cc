@@ -1,0 +1,214 @@
+#include "daemon/server/sessions.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "daemon/common/log.h"
+
+namespace tutti::server {
+
+SessionManager::SessionManager(const Options& options, Clock* clock, Unpinner unpin)
+    : options_(options), clock_(clock), unpin_(std::move(unpin)) {}
+
+SessionManager::~SessionManager() {
+  Unpins unpins;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<uint64_t> ids;
+    for (const auto& [id, s] : sessions_) ids.push_back(id);
+    for (uint64_t id : ids) CloseLocked(id, &unpins);
+  }
+  RunUnpins(std::move(unpins));
+}
+
+absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, NamespaceId ns,
+                                                std::string model_id,
+                                                std::shared_ptr<engine::EngineMemory> memory) {
+  absl::MutexLock lock(&mu_);
+  if (sessions_.size() >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "already ", sessions_.size(), " sessions (limits.max_sessions); detach one first"));
+  }
+  auto state = std::make_shared<SessionState>();
+  state->id = next_session_id_++;
+  state->engine_id = std::move(engine_id);
+  state->ns = ns;
+  state->model_id = std::move(model_id);
+  state->memory = std::move(memory);
+  Session& s = sessions_[state->id];
+  s.state = state;
+  s.last_seen_ms = clock_->NowMs();
+  log::Get("server")->info("session {}: attached engine \"{}\" namespace {:016x} ({} blocks, {})",
+                           state->id, state->engine_id, ns, state->memory->num_blocks(),
+                           state->memory->kind());
+  return SessionRef(state);
+}
+
+absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(uint64_t session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("session ", session_id, " is unknown or expired"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<SessionRef> SessionManager::Touch(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto s = FindLocked(session_id);
+  if (!s.ok()) return s.status();
+  (*s)->last_seen_ms = clock_->NowMs();
+  return SessionRef((*s)->state);
+}
+
+absl::StatusOr<uint64_t> SessionManager::AddLease(uint64_t session_id, std::vector<Key> keys) {
+  absl::MutexLock lock(&mu_);
+  auto s = FindLocked(session_id);
+  if (!s.ok()) return s.status();
+  const uint64_t id = next_lease_id_++;
+  (*s)->leases[id] = Lease{std::move(keys), clock_->NowMs() + options_.lease_ttl_ms};
+  return id;
+}
+
+absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
+    uint64_t session_id, uint64_t lease_id, absl::Span<const Key> keys) {
+  absl::MutexLock lock(&mu_);
+  auto s = FindLocked(session_id);
+  if (!s.ok()) return s.status();
+  auto it = (*s)->leases.find(lease_id);
+  if (it == (*s)->leases.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
+                                            session_id, " (unknown, released or expired)"));
+  }
+  const absl::flat_hash_set<Key> leased(it->second.keys.begin(), it->second.keys.end());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!leased.contains(keys[i])) {
+      return absl::FailedPreconditionError(absl::StrCat("blocks[", i, "]: key ", keys[i].Hex(),
+                                                        " is not pinned under lease ", lease_id));
+    }
+  }
+  auto claimed = std::make_unique<ClaimedLease>((*s)->state->ns, std::move(it->second.keys),
+                                                unpin_);
+  (*s)->leases.erase(it);
+  return claimed;
+}
+
+absl::Status SessionManager::Release(uint64_t session_id, uint64_t lease_id) {
+  Unpins unpins;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = FindLocked(session_id);
+    if (!s.ok()) return s.status();
+    auto it = (*s)->leases.find(lease_id);
+    if (it == (*s)->leases.end()) {
+      return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
+                                              session_id, " (unknown, released or expired)"));
+    }
+    unpins.emplace_back((*s)->state->ns, std::move(it->second.keys));
+    (*s)->leases.erase(it);
+  }
+  RunUnpins(std::move(unpins));
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::Close(uint64_t session_id) {
+  Unpins unpins;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = FindLocked(session_id);
+    if (!s.ok()) return s.status();
+    CloseLocked(session_id, &unpins);
+  }
+  RunUnpins(std::move(unpins));
+  log::Get("server")->info("session {}: detached", session_id);
+  return absl::OkStatus();
+}
+
+void SessionManager::CloseLocked(uint64_t session_id, Unpins* unpins) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  Session& s = it->second;
+  for (auto& [id, lease] : s.leases) unpins->emplace_back(s.state->ns, std::move(lease.keys));
+  s.state->closed.store(true);
+  sessions_.erase(it);  // the memory goes when the last in-flight request drops its SessionRef
+}
+
+std::pair<uint32_t, uint32_t> SessionManager::Reap() {
+  Unpins unpins;
+  uint32_t sessions_ended = 0, leases_ended = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t now = clock_->NowMs();
+    std::vector<uint64_t> expired;
+    for (auto& [id, s] : sessions_) {
+      if (now - s.last_seen_ms > options_.session_ttl_ms) {
+        expired.push_back(id);
+        continue;
+      }
+      for (auto it = s.leases.begin(); it != s.leases.end();) {
+        if (it->second.expires_ms <= now) {
+          unpins.emplace_back(s.state->ns, std::move(it->second.keys));
+          s.leases.erase(it++);
+          ++leases_ended;
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (uint64_t id : expired) {
+      leases_ended += sessions_[id].leases.size();
+      CloseLocked(id, &unpins);
+      log::Get("server")->warn("session {}: expired (no request for {} ms); its pins dropped", id,
+                               options_.session_ttl_ms);
+    }
+    sessions_ended = expired.size();
+  }
+  RunUnpins(std::move(unpins));
+  return {sessions_ended, leases_ended};
+}
+
+void SessionManager::RunUnpins(Unpins unpins) {
+  for (const auto& [ns, keys] : unpins) unpin_(ns, keys);
+}
+
+uint32_t SessionManager::num_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+std::vector<SessionSummary> SessionManager::List() const {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = clock_->NowMs();
+  std::vector<SessionSummary> out;
+  for (const auto& [id, s] : sessions_) {
+    SessionSummary row;
+    row.id = id;
+    row.engine_id = s.state->engine_id;
+    row.ns = s.state->ns;
+    row.model_id = s.state->model_id;
+    row.leases = s.leases.size();
+    for (const auto& [lid, lease] : s.leases) row.pinned_blocks += lease.keys.size();
+    row.idle_ms = static_cast<uint64_t>(std::max<int64_t>(0, now - s.last_seen_ms));
+    row.num_blocks = s.state->memory->num_blocks();
+    out.push_back(std::move(row));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SessionSummary& a, const SessionSummary& b) { return a.id < b.id; });
+  return out;
+}
+
+Reaper::Reaper(SessionManager* sessions, uint32_t period_ms)
+    : thread_([this, sessions, period_ms] {
+        while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(period_ms))) {
+          sessions->Reap();
+        }
+      }) {}
+
+Reaper::~Reaper() {
+  stop_.Notify();
+  thread_.join();
+}
+
+}  // namespace tutti::server

@@ -1,0 +1,167 @@
+// Engine sessions and their leases.
+//
+// A session is one attached engine: its identity, namespace, and EngineMemory. A lease is a set of
+// keys that a Lookup pinned in the store. Leases end by Release, by a Retrieve that claimed them
+// (ClaimLease), by expiry (lease_ttl_ms after the Lookup), or with their session (Close, or expiry
+// session_ttl_ms after the session's last request). Ending a lease unpins its keys exactly once,
+// through the `unpin` callback given at construction.
+//
+// Pinned handles: requests hold a SessionRef (shared_ptr) while they run, so an engine's memory
+// stays mapped until the last in-flight request using it has finished, even if the session was
+// closed or expired meanwhile; such requests see `closed()` and should stop early.
+//
+// Time comes from the injected Clock; Reap() expires what is due (the server calls it
+// periodically through a Reaper; tests call it directly with a ManualClock).
+//
+// Thread-safety: every method is thread-safe. `unpin` is never called with the manager's lock
+// held.
+#ifndef TUTTI_DAEMON_SERVER_SESSIONS_H_
+#define TUTTI_DAEMON_SERVER_SESSIONS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/types/span.h"
+#include "daemon/common/clock.h"
+#include "daemon/common/types.h"
+#include "daemon/engine/engine_memory.h"
+
+namespace tutti::server {
+
+// What a request needs of its session. Immutable except `closed`.
+struct SessionState {
+  uint64_t id = 0;
+  std::string engine_id;
+  NamespaceId ns = 0;
+  std::string model_id;
+  std::shared_ptr<engine::EngineMemory> memory;
+  mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
+};
+using SessionRef = std::shared_ptr<const SessionState>;
+
+// A lease taken out of its session by a Retrieve. Unpins its keys when destroyed.
+class ClaimedLease {
+ public:
+  using Unpinner = std::function<void(NamespaceId, absl::Span<const Key>)>;
+  ClaimedLease(NamespaceId ns, std::vector<Key> keys, Unpinner unpin)
+      : ns_(ns), keys_(std::move(keys)), unpin_(std::move(unpin)) {}
+  ~ClaimedLease() { unpin_(ns_, keys_); }
+  ClaimedLease(const ClaimedLease&) = delete;
+  ClaimedLease& operator=(const ClaimedLease&) = delete;
+
+ private:
+  const NamespaceId ns_;
+  const std::vector<Key> keys_;
+  const Unpinner unpin_;
+};
+
+// One row of the admin API's session list.
+struct SessionSummary {
+  uint64_t id = 0;
+  std::string engine_id;
+  NamespaceId ns = 0;
+  std::string model_id;
+  uint32_t leases = 0;
+  uint32_t pinned_blocks = 0;
+  uint64_t idle_ms = 0;
+  uint32_t num_blocks = 0;
+};
+
+class SessionManager {
+ public:
+  struct Options {
+    uint32_t session_ttl_ms = 30000;
+    uint32_t lease_ttl_ms = 30000;
+    uint32_t max_sessions = 64;
+  };
+  using Unpinner = ClaimedLease::Unpinner;
+
+  // `clock` must outlive the manager. `unpin` drops one pin of each key (BlockStore::Unpin).
+  SessionManager(const Options& options, Clock* clock, Unpinner unpin);
+  // Ends every lease (unpinning) and closes every session.
+  ~SessionManager();
+
+  const Options& options() const { return options_; }
+
+  // Opens a session. RESOURCE_EXHAUSTED when max_sessions are open. `memory` must not be null.
+  absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
+                                  std::shared_ptr<engine::EngineMemory> memory);
+
+  // Returns the session and marks it alive now. NOT_FOUND for an unknown (or expired) id.
+  absl::StatusOr<SessionRef> Touch(uint64_t session_id);
+
+  // Records `keys` (already pinned by the caller) as a new lease of the session and returns its
+  // id (never 0). NOT_FOUND if the session is gone: the caller still owns the pins then.
+  absl::StatusOr<uint64_t> AddLease(uint64_t session_id, std::vector<Key> keys);
+
+  // Takes lease `lease_id` out of the session for a Retrieve of `keys`: the lease no longer
+  // expires; destroying the result unpins it. NOT_FOUND for an unknown session or a lease that is
+  // not the session's (or already ended); FAILED_PRECONDITION (lease untouched) if some key of
+  // `keys` is not in the lease.
+  absl::StatusOr<std::unique_ptr<ClaimedLease>> ClaimLease(uint64_t session_id, uint64_t lease_id,
+                                                           absl::Span<const Key> keys);
+
+  // Ends a lease, unpinning its keys. NOT_FOUND as for ClaimLease.
+  absl::Status Release(uint64_t session_id, uint64_t lease_id);
+
+  // Closes a session (Detach): ends its leases; its memory is released once no request holds it.
+  // NOT_FOUND for an unknown id.
+  absl::Status Close(uint64_t session_id);
+
+  // Expires sessions idle longer than session_ttl_ms and leases older than lease_ttl_ms. Returns
+  // how many sessions and leases ended.
+  std::pair<uint32_t, uint32_t> Reap();
+
+  uint32_t num_sessions() const;
+  std::vector<SessionSummary> List() const;
+
+ private:
+  struct Lease {
+    std::vector<Key> keys;
+    int64_t expires_ms = 0;
+  };
+  struct Session {
+    std::shared_ptr<SessionState> state;
+    int64_t last_seen_ms = 0;
+    absl::flat_hash_map<uint64_t, Lease> leases;
+  };
+  // Keys to unpin once the lock is dropped.
+  using Unpins = std::vector<std::pair<NamespaceId, std::vector<Key>>>;
+
+  absl::StatusOr<Session*> FindLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseLocked(uint64_t session_id, Unpins* unpins) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunUnpins(Unpins unpins);
+
+  const Options options_;
+  Clock* const clock_;
+  const Unpinner unpin_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+// Calls SessionManager::Reap every `period_ms` on its own thread until destroyed.
+class Reaper {
+ public:
+  Reaper(SessionManager* sessions, uint32_t period_ms);
+  ~Reaper();
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+}  // namespace tutti::server
+
+#endif  // TUTTI_DAEMON_SERVER_SESSIONS_H_

@@ -1,0 +1,224 @@
+#include "daemon/server/sessions.h"
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server {
+namespace {
+
+// Counts pins per key, as the store would.
+class FakePins {
+ public:
+  void Pin(absl::Span<const Key> keys) {
+    absl::MutexLock lock(&mu_);
+    for (const Key& k : keys) ++pins_[k.lo()];
+  }
+  void Unpin(NamespaceId ns, absl::Span<const Key> keys) {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(ns, 7u);
+    for (const Key& k : keys) {
+      EXPECT_GT(pins_[k.lo()], 0) << "unpinned more often than pinned";
+      --pins_[k.lo()];
+    }
+  }
+  int Total() {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const auto& [k, c] : pins_) n += c;
+    return n;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<uint64_t, int> pins_;
+};
+
+class NullMemory : public engine::EngineMemory {
+ public:
+  NullMemory() : EngineMemory(16, 4, 64) {}
+  ~NullMemory() override { ++destroyed; }
+  std::string_view kind() const override { return "null"; }
+  absl::Status Scatter(absl::Span<const engine::CopyOp>) override { return absl::OkStatus(); }
+  absl::Status Gather(absl::Span<const engine::CopyOp>) override { return absl::OkStatus(); }
+  static inline int destroyed = 0;
+};
+
+Key K(uint64_t v) {
+  Key k;
+  std::memcpy(k.bytes.data(), &v, 8);
+  return k;
+}
+
+class SessionsTest : public ::testing::Test {
+ protected:
+  SessionsTest()
+      : sessions_(SessionManager::Options{1000, 500, 2}, &clock_,
+                  [this](NamespaceId ns, absl::Span<const Key> keys) { pins_.Unpin(ns, keys); }) {}
+
+  uint64_t OpenSession() {
+    auto s = sessions_.Open("engine", 7, "model", std::make_shared<NullMemory>());
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? (*s)->id : 0;
+  }
+  uint64_t Lease(uint64_t session, std::vector<Key> keys) {
+    pins_.Pin(keys);
+    auto id = sessions_.AddLease(session, std::move(keys));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+
+  ManualClock clock_{1000};
+  FakePins pins_;
+  SessionManager sessions_;
+};
+
+TEST_F(SessionsTest, OpenTouchCloseAndUnknownIds) {
+  const uint64_t id = OpenSession();
+  EXPECT_EQ(sessions_.num_sessions(), 1u);
+  ASSERT_TRUE(sessions_.Touch(id).ok());
+  EXPECT_EQ((*sessions_.Touch(id))->ns, 7u);
+  EXPECT_EQ(sessions_.Touch(id + 100).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(sessions_.Close(id).ok());
+  EXPECT_EQ(sessions_.Close(id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions_.Touch(id).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, MaxSessionsIsResourceExhausted) {
+  OpenSession();
+  const uint64_t second = OpenSession();
+  auto third = sessions_.Open("x", 7, "m", std::make_shared<NullMemory>());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(sessions_.Close(second).ok());
+  EXPECT_TRUE(sessions_.Open("x", 7, "m", std::make_shared<NullMemory>()).ok());
+}
+
+TEST_F(SessionsTest, ReleaseUnpinsOnceAndOnlyTheOwnerMayRelease) {
+  const uint64_t a = OpenSession(), b = OpenSession();
+  const uint64_t lease = Lease(a, {K(1), K(2)});
+  EXPECT_NE(lease, 0u);
+  EXPECT_EQ(pins_.Total(), 2);
+  EXPECT_EQ(sessions_.Release(b, lease).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pins_.Total(), 2);
+  ASSERT_TRUE(sessions_.Release(a, lease).ok());
+  EXPECT_EQ(pins_.Total(), 0);
+  EXPECT_EQ(sessions_.Release(a, lease).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, ClaimChecksKeysAndUnpinsWhenTheRetrieveEnds) {
+  const uint64_t a = OpenSession();
+  const uint64_t lease = Lease(a, {K(1), K(2), K(3)});
+  std::vector<Key> wrong = {K(1), K(9)};
+  auto bad = sessions_.ClaimLease(a, lease, wrong);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("blocks[1]"));
+  std::vector<Key> some = {K(3), K(1)};
+  {
+    auto claimed = sessions_.ClaimLease(a, lease, some);
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    // Claimed leases neither expire nor can be released or claimed twice.
+    clock_.AdvanceMs(600);
+    ASSERT_TRUE(sessions_.Touch(a).ok());
+    EXPECT_EQ(sessions_.Reap().second, 0u);
+    EXPECT_EQ(pins_.Total(), 3);
+    EXPECT_EQ(sessions_.Release(a, lease).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(sessions_.ClaimLease(a, lease, some).status().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(pins_.Total(), 0);  // every key of the lease, claimed or not
+}
+
+TEST_F(SessionsTest, LeasesExpireAfterTheirTtl) {
+  const uint64_t a = OpenSession();
+  Lease(a, {K(1)});
+  clock_.AdvanceMs(400);
+  const uint64_t later = Lease(a, {K(2)});
+  clock_.AdvanceMs(100);  // the first is 500 ms old now
+  EXPECT_EQ(sessions_.Reap(), std::make_pair(0u, 1u));
+  EXPECT_EQ(pins_.Total(), 1);
+  clock_.AdvanceMs(400);
+  EXPECT_EQ(sessions_.Reap(), std::make_pair(0u, 1u));
+  EXPECT_EQ(pins_.Total(), 0);
+  EXPECT_EQ(sessions_.Release(a, later).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, IdleSessionsExpireWithTheirLeasesAndTouchKeepsThemAlive) {
+  const uint64_t idle = OpenSession(), busy = OpenSession();
+  Lease(idle, {K(1), K(2)});
+  for (int i = 0; i < 4; ++i) {
+    clock_.AdvanceMs(400);
+    ASSERT_TRUE(sessions_.Touch(busy).ok());
+    sessions_.Reap();
+  }
+  EXPECT_EQ(sessions_.Touch(idle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(sessions_.Touch(busy).ok());
+  EXPECT_EQ(pins_.Total(), 0);
+  EXPECT_EQ(sessions_.num_sessions(), 1u);
+}
+
+TEST_F(SessionsTest, MemoryStaysWhileARequestHoldsTheSession) {
+  NullMemory::destroyed = 0;
+  const uint64_t a = OpenSession();
+  SessionRef in_flight = *sessions_.Touch(a);
+  ASSERT_TRUE(sessions_.Close(a).ok());
+  EXPECT_TRUE(in_flight->closed.load());
+  EXPECT_EQ(NullMemory::destroyed, 0);
+  in_flight.reset();
+  EXPECT_EQ(NullMemory::destroyed, 1);
+}
+
+TEST_F(SessionsTest, AddLeaseToAGoneSessionLeavesPinsToTheCaller) {
+  auto id = sessions_.AddLease(12345, {K(1)});
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, ListReportsLeasesAndIdleTime) {
+  const uint64_t a = OpenSession();
+  Lease(a, {K(1), K(2)});
+  Lease(a, {K(3)});
+  clock_.AdvanceMs(250);
+  auto rows = sessions_.List();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].id, a);
+  EXPECT_EQ(rows[0].leases, 2u);
+  EXPECT_EQ(rows[0].pinned_blocks, 3u);
+  EXPECT_EQ(rows[0].idle_ms, 250u);
+  EXPECT_EQ(rows[0].num_blocks, 16u);
+}
+
+TEST_F(SessionsTest, DestructorUnpinsEverything) {
+  FakePins pins;
+  {
+    SessionManager m(SessionManager::Options{1000, 500, 4}, &clock_,
+                     [&pins](NamespaceId ns, absl::Span<const Key> keys) { pins.Unpin(ns, keys); });
+    auto s = m.Open("e", 7, "m", std::make_shared<NullMemory>());
+    pins.Pin(std::vector<Key>{K(1), K(2)});
+    ASSERT_TRUE(m.AddLease((*s)->id, {K(1), K(2)}).ok());
+  }
+  EXPECT_EQ(pins.Total(), 0);
+}
+
+TEST(ReaperTest, ReapsPeriodically) {
+  ManualClock clock(0);
+  int unpinned = 0;
+  SessionManager m(SessionManager::Options{1000, 100, 4}, &clock,
+                   [&unpinned](NamespaceId, absl::Span<const Key> keys) {
+                     unpinned += keys.size();
+                   });
+  auto s = m.Open("e", 7, "m", std::make_shared<NullMemory>());
+  ASSERT_TRUE(m.AddLease((*s)->id, {K(1)}).ok());
+  clock.AdvanceMs(5000);
+  {
+    Reaper reaper(&m, 5);
+    for (int i = 0; i < 400 && m.num_sessions() > 0; ++i) absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(m.num_sessions(), 0u);
+  EXPECT_EQ(unpinned, 1);
+}
+
+}  // namespace
+}  // namespace tutti::server
