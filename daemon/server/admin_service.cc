@@ -1,0 +1,106 @@
+#include "daemon/server/admin_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "daemon/server/grpc_status.h"
+
+namespace tutti::server {
+
+AdminService::AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions,
+                           Clock* clock)
+    : info_(std::move(info)),
+      store_(store),
+      sessions_(sessions),
+      clock_(clock),
+      start_ms_(clock->NowMs()) {}
+
+grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusRequest*,
+                                  tutti::v1::StatusResponse* resp) {
+  const store::StoreStats st = store_->Stats();
+  resp->set_version(info_.version);
+  resp->set_uptime_ms(static_cast<uint64_t>(clock_->NowMs() - start_ms_));
+  resp->set_io_backend(info_.io_backend);
+  resp->set_device_mode(info_.device_mode);
+  for (const std::string& d : info_.pool_dirs) resp->add_pool_dirs(d);
+  resp->set_capacity_bytes(st.slots_total * st.slot_bytes);
+  resp->set_used_bytes(st.slots_used * st.slot_bytes);
+  resp->set_slots_total(st.slots_total);
+  resp->set_slots_used(st.slots_used);
+  resp->set_sessions(sessions_->num_sessions());
+  resp->set_notes(info_.notes);
+  resp->set_dram_capacity_bytes(st.dram_capacity);
+  resp->set_dram_used_bytes(st.dram_used);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Sessions(grpc::ServerContext*, const tutti::v1::SessionsRequest*,
+                                    tutti::v1::SessionsResponse* resp) {
+  for (const SessionSummary& s : sessions_->List()) {
+    tutti::v1::SessionInfo* row = resp->add_sessions();
+    row->set_session_id(s.id);
+    row->set_engine_id(s.engine_id);
+    row->set_namespace_id(s.ns);
+    row->set_model_id(s.model_id);
+    row->set_leases(s.leases);
+    row->set_pinned_blocks(s.pinned_blocks);
+    row->set_idle_ms(s.idle_ms);
+    row->set_num_blocks(s.num_blocks);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Stats(grpc::ServerContext*, const tutti::v1::StatsRequest*,
+                                 tutti::v1::StatsResponse* resp) {
+  const store::StoreStats st = store_->Stats();
+  resp->set_capacity_bytes(st.slots_total * st.slot_bytes);
+  resp->set_used_bytes(st.slots_used * st.slot_bytes);
+  resp->set_slots_total(st.slots_total);
+  resp->set_slots_used(st.slots_used);
+  resp->set_lookups(st.lookups);
+  resp->set_lookup_hits(st.lookup_hits);
+  resp->set_lookup_misses(st.lookup_misses);
+  resp->set_blocks_retrieved(st.blocks_retrieved);
+  resp->set_blocks_stored(st.blocks_stored);
+  resp->set_bytes_read(st.bytes_read);
+  resp->set_bytes_written(st.bytes_written);
+  resp->set_evictions(st.evictions);
+  resp->set_verify_errors(st.verify_errors);
+  resp->set_io_errors(st.io_errors);
+  resp->set_store_rejected(st.store_rejected);
+  resp->set_store_failed(st.store_failed);
+  resp->set_dram_hits(st.dram_hits);
+  resp->set_sessions(sessions_->num_sessions());
+  for (const store::NamespaceInfo& ns : st.namespaces) {
+    tutti::v1::NamespaceStats* row = resp->add_namespaces();
+    row->set_namespace_id(ns.id);
+    row->set_model_id(ns.descriptor.model_id());
+    row->set_blocks_ssd(ns.blocks);
+    row->set_blocks_dram(ns.blocks_dram);
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status AdminService::DoEvict(const tutti::v1::EvictRequest& req,
+                                   tutti::v1::EvictResponse* resp) {
+  if (req.namespace_id() == 0 && !req.all()) {
+    return absl::InvalidArgumentError(
+        "namespace_id 0 evicts every namespace: set all = true to confirm");
+  }
+  if (req.namespace_id() != 0) RETURN_IF_ERROR(store_->GetNamespace(req.namespace_id()).status());
+  const auto [evicted, skipped] = store_->Evict(req.namespace_id());
+  resp->set_evicted(evicted);
+  resp->set_skipped_pinned(skipped);
+  log::Get("server")->info("evict namespace {:016x}: {} blocks evicted, {} pinned kept",
+                           req.namespace_id(), evicted, skipped);
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::Evict(grpc::ServerContext*, const tutti::v1::EvictRequest* req,
+                                 tutti::v1::EvictResponse* resp) {
+  return ToGrpcStatus(DoEvict(*req, resp));
+}
+
+}  // namespace tutti::server

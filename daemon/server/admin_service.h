@@ -1,0 +1,56 @@
+// The operator API (tutti.v1.Admin), used by tuttictl: status, sessions, statistics, eviction.
+//
+// Thread-safety: handlers run on many gRPC threads; they only read the store's and the session
+// manager's thread-safe views, and Evict goes through the store.
+#ifndef TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_
+#define TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/common/clock.h"
+#include "daemon/server/sessions.h"
+#include "daemon/store/block_store.h"
+#include "tutti/v1/admin.grpc.pb.h"
+
+namespace tutti::server {
+
+// Facts fixed at start-up that Status reports.
+struct DaemonInfo {
+  std::string version;
+  std::string io_backend;          // e.g. "uring"
+  std::string device_mode = "host";  // "host" or "cuda"
+  std::vector<std::string> pool_dirs;
+  std::string notes;               // fallbacks taken at start, in words
+};
+
+class AdminService final : public tutti::v1::Admin::Service {
+ public:
+  // `store`, `sessions` and `clock` must outlive the service. Uptime counts from construction.
+  AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions, Clock* clock);
+
+  grpc::Status Status(grpc::ServerContext* ctx, const tutti::v1::StatusRequest* req,
+                      tutti::v1::StatusResponse* resp) override;
+  grpc::Status Sessions(grpc::ServerContext* ctx, const tutti::v1::SessionsRequest* req,
+                        tutti::v1::SessionsResponse* resp) override;
+  grpc::Status Stats(grpc::ServerContext* ctx, const tutti::v1::StatsRequest* req,
+                     tutti::v1::StatsResponse* resp) override;
+  // namespace_id 0 evicts every namespace and needs all = true (else INVALID_ARGUMENT); an unknown
+  // namespace is NOT_FOUND. Pinned blocks stay and are counted as skipped.
+  grpc::Status Evict(grpc::ServerContext* ctx, const tutti::v1::EvictRequest* req,
+                     tutti::v1::EvictResponse* resp) override;
+
+ private:
+  absl::Status DoEvict(const tutti::v1::EvictRequest& req, tutti::v1::EvictResponse* resp);
+
+  const DaemonInfo info_;
+  store::BlockStore* const store_;
+  SessionManager* const sessions_;
+  Clock* const clock_;
+  const int64_t start_ms_;
+};
+
+}  // namespace tutti::server
+
+#endif  // TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_

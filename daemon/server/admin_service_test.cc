@@ -1,0 +1,134 @@
+// The operator API over a unix socket, against the real store, plus the standard health service.
+#include "daemon/server/admin_service.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/server/service_test_env.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server::testing {
+namespace {
+
+class AdminServiceTest : public ::testing::Test {
+ protected:
+  // Stores `n` blocks from `engine` under keys base.. and pins the first `pinned` by a Lookup.
+  void StoreAndPin(uint64_t session, uint64_t base, uint32_t n, uint32_t pinned) {
+    tutti::v1::StoreRequest req;
+    req.set_session_id(session);
+    req.set_wait_durable(true);
+    for (uint32_t i = 0; i < n; ++i) {
+      auto* bp = req.add_blocks();
+      bp->set_key(KeyBytes(base + i));
+      bp->set_engine_block(i);
+    }
+    grpc::ClientContext c1;
+    tutti::v1::StoreResponse sr;
+    ASSERT_TRUE(env_.kv().Store(&c1, req, &sr).ok());
+    if (pinned == 0) return;
+    tutti::v1::LookupRequest lr;
+    lr.set_session_id(session);
+    for (uint32_t i = 0; i < pinned; ++i) lr.add_keys(KeyBytes(base + i));
+    grpc::ClientContext c2;
+    tutti::v1::LookupResponse lresp;
+    ASSERT_TRUE(env_.kv().Lookup(&c2, lr, &lresp).ok());
+    ASSERT_EQ(lresp.hits(), pinned);
+  }
+
+  ServiceEnv env_;
+};
+
+TEST_F(AdminServiceTest, StatusSessionsAndStats) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreAndPin(session, 50, 3, 2);
+
+  grpc::ClientContext c1;
+  tutti::v1::StatusResponse st;
+  ASSERT_TRUE(env_.admin().Status(&c1, {}, &st).ok());
+  EXPECT_EQ(st.version(), "test");
+  EXPECT_EQ(st.io_backend(), "memory");
+  EXPECT_EQ(st.device_mode(), "host");
+  EXPECT_EQ(st.sessions(), 1u);
+  EXPECT_EQ(st.slots_used(), 3u);
+  EXPECT_GT(st.slots_total(), 3u);
+  EXPECT_GT(st.capacity_bytes(), st.used_bytes());
+  EXPECT_GT(st.used_bytes(), 0u);
+  EXPECT_EQ(st.pool_dirs_size(), 1);
+
+  grpc::ClientContext c2;
+  tutti::v1::SessionsResponse ss;
+  ASSERT_TRUE(env_.admin().Sessions(&c2, {}, &ss).ok());
+  ASSERT_EQ(ss.sessions_size(), 1);
+  EXPECT_EQ(ss.sessions(0).session_id(), session);
+  EXPECT_EQ(ss.sessions(0).engine_id(), "test-engine");
+  EXPECT_EQ(ss.sessions(0).model_id(), "test-model");
+  EXPECT_EQ(ss.sessions(0).leases(), 1u);
+  EXPECT_EQ(ss.sessions(0).pinned_blocks(), 2u);
+  EXPECT_EQ(ss.sessions(0).num_blocks(), kEngineBlocks);
+  EXPECT_NE(ss.sessions(0).namespace_id(), 0u);
+
+  grpc::ClientContext c3;
+  tutti::v1::StatsResponse stats;
+  ASSERT_TRUE(env_.admin().Stats(&c3, {}, &stats).ok());
+  EXPECT_EQ(stats.blocks_stored(), 3u);
+  EXPECT_EQ(stats.lookups(), 1u);
+  EXPECT_EQ(stats.lookup_hits(), 2u);
+  EXPECT_EQ(stats.sessions(), 1u);
+  ASSERT_EQ(stats.namespaces_size(), 1);
+  EXPECT_EQ(stats.namespaces(0).model_id(), "test-model");
+  EXPECT_EQ(stats.namespaces(0).blocks_ssd(), 3u);
+  EXPECT_EQ(stats.namespaces(0).namespace_id(), ss.sessions(0).namespace_id());
+}
+
+TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreAndPin(session, 60, 4, 1);
+  tutti::v1::EvictResponse er;
+
+  grpc::ClientContext c1;
+  tutti::v1::EvictRequest all_unguarded;
+  grpc::Status s = env_.admin().Evict(&c1, all_unguarded, &er);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("all = true"));
+
+  grpc::ClientContext c2;
+  tutti::v1::EvictRequest unknown;
+  unknown.set_namespace_id(12345);
+  EXPECT_EQ(env_.admin().Evict(&c2, unknown, &er).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  grpc::ClientContext c3;
+  tutti::v1::EvictRequest one;
+  one.set_namespace_id(env_.sessions().List()[0].ns);
+  ASSERT_TRUE(env_.admin().Evict(&c3, one, &er).ok());
+  EXPECT_EQ(er.evicted(), 3u);
+  EXPECT_EQ(er.skipped_pinned(), 1u);
+}
+
+TEST_F(AdminServiceTest, HealthServiceAnswersServing) {
+  grpc::GenericStub stub(env_.channel());
+  grpc::ClientContext ctx;
+  grpc::ByteBuffer request(nullptr, 0), response;  // HealthCheckRequest{service: ""}
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   status = s;
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+}  // namespace
+}  // namespace tutti::server::testing

@@ -1,0 +1,230 @@
+#include "daemon/server/kvcache_service.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "daemon/engine/host_memory.h"
+#include "daemon/server/grpc_status.h"
+#include "daemon/server/request_checks.h"
+
+namespace tutti::server {
+namespace {
+
+using tutti::v1::MemoryRegion;
+
+constexpr size_t kMaxEngineId = 256;
+
+tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
+  switch (o) {
+    case store::CaptureOutcome::kCaptured:
+      return tutti::v1::STORE_CAPTURED;
+    case store::CaptureOutcome::kDurable:
+      return tutti::v1::STORE_DURABLE;
+    case store::CaptureOutcome::kAlreadyPresent:
+      return tutti::v1::STORE_ALREADY_PRESENT;
+    case store::CaptureOutcome::kRejectedFull:
+      return tutti::v1::STORE_REJECTED_FULL;
+    case store::CaptureOutcome::kFailed:
+      return tutti::v1::STORE_FAILED;
+  }
+  return tutti::v1::STORE_OUTCOME_UNSPECIFIED;
+}
+
+uint32_t NumLayers(const store::NamespaceInfo& info) { return info.num_objects / info.parts; }
+
+std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& req) {
+  std::vector<engine::ObjectPlacement> out;
+  for (const auto& p : req.placements()) out.push_back({p.region(), p.offset(), p.block_stride()});
+  return out;
+}
+
+}  // namespace
+
+MemoryOpener HostMemoryOpener() {
+  return [](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns)
+             -> absl::StatusOr<std::unique_ptr<engine::EngineMemory>> {
+    std::vector<engine::HostShmRegion> regions;
+    for (int i = 0; i < req.regions_size(); ++i) {
+      const MemoryRegion& r = req.regions(i);
+      if (r.kind_case() == MemoryRegion::kCudaIpc) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "regions[", i, "]: cuda_ipc needs a GPU build/daemon in cuda mode; this daemon runs "
+            "in host mode: pass host_shm regions"));
+      }
+      if (r.kind_case() != MemoryRegion::kHostShm) {
+        return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: no kind set"));
+      }
+      regions.push_back({r.host_shm().name(), r.host_shm().size_bytes()});
+    }
+    ASSIGN_OR_RETURN(auto memory, engine::HostMemory::Create(regions, Placements(req),
+                                                             req.num_blocks(), ns.num_objects,
+                                                             ns.object_len));
+    return std::unique_ptr<engine::EngineMemory>(std::move(memory));
+  };
+}
+
+KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
+                               SessionManager* sessions, MemoryOpener opener)
+    : options_(options), store_(store), sessions_(sessions), opener_(std::move(opener)) {}
+
+// --- Attach, KeepAlive, Release, Detach ---
+
+absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
+                                      tutti::v1::AttachResponse* resp) {
+  if (req.engine_id().size() > kMaxEngineId) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine_id: at most ", kMaxEngineId, " characters"));
+  }
+  if (req.num_blocks() == 0) return absl::InvalidArgumentError("num_blocks must be at least 1");
+  if (sessions_->num_sessions() >= sessions_->options().max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "already ", sessions_->num_sessions(), " sessions (limits.max_sessions); detach one first"));
+  }
+  if (!req.has_namespace_()) return absl::InvalidArgumentError("namespace: missing");
+  ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
+  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(ns));
+  ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineMemory> memory, opener_(req, info));
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Open(req.engine_id(), ns,
+                                                       req.namespace_().model_id(),
+                                                       std::move(memory)));
+  resp->set_session_id(session->id);
+  resp->set_namespace_id(ns);
+  resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
+  resp->set_max_blocks_per_call(options_.max_blocks_per_call);
+  resp->set_object_bytes(info.object_len);
+  return absl::OkStatus();
+}
+
+grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::AttachRequest* req,
+                                    tutti::v1::AttachResponse* resp) {
+  absl::Status s = DoAttach(*req, resp);
+  if (!s.ok()) {
+    log::Get("server")->info("attach of engine \"{}\" refused: {}", req->engine_id(),
+                             s.ToString());
+  }
+  return ToGrpcStatus(s);
+}
+
+grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*,
+                                       const tutti::v1::KeepAliveRequest* req,
+                                       tutti::v1::KeepAliveResponse* resp) {
+  absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
+  if (session.ok()) resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
+  return ToGrpcStatus(session.status());
+}
+
+grpc::Status KvCacheService::Release(grpc::ServerContext*, const tutti::v1::ReleaseRequest* req,
+                                     tutti::v1::ReleaseResponse*) {
+  absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  return ToGrpcStatus(sessions_->Release(req->session_id(), req->lease_id()));
+}
+
+grpc::Status KvCacheService::Detach(grpc::ServerContext*, const tutti::v1::DetachRequest* req,
+                                    tutti::v1::DetachResponse*) {
+  return ToGrpcStatus(sessions_->Close(req->session_id()));
+}
+
+// --- Lookup ---
+
+absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
+                                      tutti::v1::LookupResponse* resp) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  ASSIGN_OR_RETURN(std::vector<Key> keys, ParseKeys(req.keys(), options_.max_blocks_per_call));
+  const uint32_t hits = keys.empty() ? 0 : store_->LookupAndPin(session->ns, keys);
+  resp->set_hits(hits);
+  if (hits == 0) return absl::OkStatus();
+  keys.resize(hits);
+  absl::StatusOr<uint64_t> lease = sessions_->AddLease(session->id, keys);
+  if (!lease.ok()) {
+    store_->Unpin(session->ns, keys);  // the session went away meanwhile
+    return lease.status();
+  }
+  resp->set_lease_id(*lease);
+  resp->set_lease_ttl_ms(sessions_->options().lease_ttl_ms);
+  return absl::OkStatus();
+}
+
+grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const tutti::v1::LookupRequest* req,
+                                    tutti::v1::LookupResponse* resp) {
+  return ToGrpcStatus(DoLookup(*req, resp));
+}
+
+// --- Retrieve ---
+
+absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
+                                        grpc::ServerContext* ctx, const Emit& emit) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  engine::EngineMemory* memory = session->memory.get();
+  ASSIGN_OR_RETURN(BlockBatch batch, ParseBlocks(req.blocks(), memory->num_blocks(),
+                                                 options_.max_blocks_per_call));
+  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session->ns));
+  ASSIGN_OR_RETURN(LayerRange layers,
+                   ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
+  // From here on the lease ends with this call, whatever happens.
+  ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
+                   sessions_->ClaimLease(session->id, req.lease_id(), batch.keys));
+  std::vector<engine::CopyOp> ops;
+  auto sink = [&](uint32_t layer, absl::Span<const store::ScatterOp> objects,
+                  absl::Span<const uint32_t> failed) -> absl::Status {
+    if (session->closed.load()) return absl::CancelledError("the session was closed");
+    if (ctx != nullptr && ctx->IsCancelled()) return absl::CancelledError("the call was cancelled");
+    ops.clear();
+    for (const store::ScatterOp& op : objects) {
+      // CopyOp serves both directions; Scatter only reads `staging`.
+      ops.push_back({batch.engine_blocks[op.item], op.object, const_cast<uint8_t*>(op.src)});
+    }
+    RETURN_IF_ERROR(memory->Scatter(ops));
+    tutti::v1::RetrieveProgress progress;
+    progress.set_layer(layer);
+    for (uint32_t item : failed) progress.add_failed(item);
+    if (!emit(progress)) return absl::CancelledError("the client went away");
+    return absl::OkStatus();
+  };
+  return store_->Read(session->ns, batch.keys, layers.begin, layers.end, sink);
+}
+
+grpc::Status KvCacheService::Retrieve(grpc::ServerContext* ctx,
+                                      const tutti::v1::RetrieveRequest* req,
+                                      grpc::ServerWriter<tutti::v1::RetrieveProgress>* writer) {
+  return ToGrpcStatus(DoRetrieve(*req, ctx, [writer](const tutti::v1::RetrieveProgress& p) {
+    return writer->Write(p);
+  }));
+}
+
+// --- Store ---
+
+absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
+                                     tutti::v1::StoreResponse* resp) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  engine::EngineMemory* memory = session->memory.get();
+  ASSIGN_OR_RETURN(BlockBatch batch, ParseBlocks(req.blocks(), memory->num_blocks(),
+                                                 options_.max_blocks_per_call));
+  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session->ns));
+  ASSIGN_OR_RETURN(LayerRange layers,
+                   ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
+  auto gather = [&](absl::Span<const store::GatherOp> gops) -> absl::Status {
+    if (session->closed.load()) return absl::CancelledError("the session was closed");
+    std::vector<engine::CopyOp> ops;
+    ops.reserve(gops.size());
+    for (const store::GatherOp& op : gops) {
+      ops.push_back({batch.engine_blocks[op.item], op.object, op.dst});
+    }
+    return memory->Gather(ops);
+  };
+  ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
+                   store_->Capture(session->ns, batch.keys, layers.begin, layers.end, gather,
+                                   req.wait_durable()));
+  for (store::CaptureOutcome o : outcomes) resp->add_outcomes(ToProto(o));
+  return absl::OkStatus();
+}
+
+grpc::Status KvCacheService::Store(grpc::ServerContext*, const tutti::v1::StoreRequest* req,
+                                   tutti::v1::StoreResponse* resp) {
+  return ToGrpcStatus(DoStore(*req, resp));
+}
+
+}  // namespace tutti::server

@@ -1,0 +1,427 @@
+// The engine API end to end over a unix socket: the real BlockStore ("memory" backend), real
+// host-shm engine memory, and every validation error with its code and message.
+#include "daemon/server/kvcache_service.h"
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/server/service_test_env.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using tutti::v1::RetrieveProgress;
+
+struct Pair {
+  uint64_t key;
+  uint32_t block;
+};
+
+class KvCacheServiceTest : public ::testing::Test {
+ protected:
+  grpc::Status Store(uint64_t session, std::vector<Pair> pairs, tutti::v1::StoreResponse* resp,
+                     bool wait_durable = true, uint32_t lb = 0, uint32_t le = 0) {
+    tutti::v1::StoreRequest req;
+    req.set_session_id(session);
+    for (const Pair& p : pairs) {
+      auto* bp = req.add_blocks();
+      bp->set_key(KeyBytes(p.key));
+      bp->set_engine_block(p.block);
+    }
+    req.set_layer_begin(lb);
+    req.set_layer_end(le);
+    req.set_wait_durable(wait_durable);
+    grpc::ClientContext ctx;
+    return env_.kv().Store(&ctx, req, resp);
+  }
+
+  grpc::Status Lookup(uint64_t session, std::vector<std::string> keys,
+                      tutti::v1::LookupResponse* resp) {
+    tutti::v1::LookupRequest req;
+    req.set_session_id(session);
+    for (auto& k : keys) req.add_keys(k);
+    grpc::ClientContext ctx;
+    return env_.kv().Lookup(&ctx, req, resp);
+  }
+
+  grpc::Status Retrieve(uint64_t session, uint64_t lease, std::vector<Pair> pairs,
+                        std::vector<RetrieveProgress>* progress, uint32_t lb = 0,
+                        uint32_t le = 0) {
+    tutti::v1::RetrieveRequest req;
+    req.set_session_id(session);
+    req.set_lease_id(lease);
+    for (const Pair& p : pairs) {
+      auto* bp = req.add_blocks();
+      bp->set_key(KeyBytes(p.key));
+      bp->set_engine_block(p.block);
+    }
+    req.set_layer_begin(lb);
+    req.set_layer_end(le);
+    grpc::ClientContext ctx;
+    auto reader = env_.kv().Retrieve(&ctx, req);
+    RetrieveProgress p;
+    while (reader->Read(&p)) progress->push_back(p);
+    return reader->Finish();
+  }
+
+  // Stores blocks 0..n-1 of `engine` under keys base..base+n-1, durably.
+  void StoreBlocks(uint64_t session, ShmEngine& engine, uint64_t base, uint32_t n) {
+    std::vector<Pair> pairs;
+    for (uint32_t i = 0; i < n; ++i) {
+      engine.Fill(i, static_cast<uint8_t>(base + i));
+      pairs.push_back({base + i, i});
+    }
+    tutti::v1::StoreResponse resp;
+    grpc::Status s = Store(session, pairs, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    for (int o : resp.outcomes()) EXPECT_EQ(o, tutti::v1::STORE_DURABLE);
+  }
+
+  uint64_t LookupLease(uint64_t session, std::vector<uint64_t> keys, uint32_t want_hits) {
+    std::vector<std::string> raw;
+    for (uint64_t k : keys) raw.push_back(KeyBytes(k));
+    tutti::v1::LookupResponse resp;
+    grpc::Status s = Lookup(session, raw, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.hits(), want_hits);
+    return resp.lease_id();
+  }
+
+  // A request that must still work after a bad one.
+  void ExpectStillServing(uint64_t session) {
+    tutti::v1::LookupResponse resp;
+    grpc::Status s = Lookup(session, {KeyBytes(987654)}, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.hits(), 0u);
+  }
+
+  static void ExpectError(const grpc::Status& s, grpc::StatusCode code, const std::string& part) {
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(part));
+  }
+
+  ServiceEnv env_;
+};
+
+TEST_F(KvCacheServiceTest, StoreLookupRetrieveRoundTrip) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  ASSERT_NE(session, 0u);
+  StoreBlocks(session, engine, 100, 4);
+
+  // The chain 100..103 is present; 200 is not; hits stop at the first miss.
+  const uint64_t lease = LookupLease(session, {100, 101, 102, 103, 200, 104}, 4);
+  ASSERT_NE(lease, 0u);
+  for (uint32_t b = 4; b < 8; ++b) engine.Zero(b);
+  std::vector<RetrieveProgress> progress;
+  grpc::Status s = Retrieve(session, lease, {{102, 4}, {100, 5}, {103, 6}, {101, 7}}, &progress);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(progress.size(), kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(progress[l].layer(), l);
+    EXPECT_EQ(progress[l].failed_size(), 0);
+  }
+  EXPECT_TRUE(engine.Check(4, 102));
+  EXPECT_TRUE(engine.Check(5, 100));
+  EXPECT_TRUE(engine.Check(6, 103));
+  EXPECT_TRUE(engine.Check(7, 101));
+
+  // The lease ended with the Retrieve.
+  grpc::ClientContext ctx;
+  tutti::v1::ReleaseRequest rel;
+  rel.set_session_id(session);
+  rel.set_lease_id(lease);
+  tutti::v1::ReleaseResponse rr;
+  ExpectError(env_.kv().Release(&ctx, rel, &rr), grpc::StatusCode::NOT_FOUND, "lease");
+  EXPECT_EQ(env_.sessions().List()[0].pinned_blocks, 0u);
+}
+
+TEST_F(KvCacheServiceTest, RetrieveOfALayerRangeCopiesOnlyThoseLayers) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreBlocks(session, engine, 300, 1);
+  const uint64_t lease = LookupLease(session, {300}, 1);
+  engine.Zero(3);
+  std::vector<RetrieveProgress> progress;
+  ASSERT_TRUE(Retrieve(session, lease, {{300, 3}}, &progress, 1, 2).ok());
+  ASSERT_EQ(progress.size(), 1u);
+  EXPECT_EQ(progress[0].layer(), 1u);
+  EXPECT_TRUE(engine.Check(3, 300, 1, 2));
+  EXPECT_FALSE(engine.Check(3, 300, 0, 1));  // layer 0 untouched (zeros)
+}
+
+TEST_F(KvCacheServiceTest, StoreOutcomesAlreadyPresentAndLayerwiseCapture) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreBlocks(session, engine, 400, 1);
+  tutti::v1::StoreResponse again;
+  ASSERT_TRUE(Store(session, {{400, 0}}, &again).ok());
+  EXPECT_THAT(again.outcomes(), ElementsAre(tutti::v1::STORE_ALREADY_PRESENT));
+
+  // Layer 0 alone captures but does not complete the block; layer 1 completes it.
+  engine.Fill(1, 77);
+  tutti::v1::StoreResponse first, second;
+  ASSERT_TRUE(Store(session, {{500, 1}}, &first, false, 0, 1).ok());
+  EXPECT_THAT(first.outcomes(), ElementsAre(tutti::v1::STORE_CAPTURED));
+  LookupLease(session, {500}, 0);
+  ASSERT_TRUE(Store(session, {{500, 1}}, &second, true, 1, 2).ok());
+  EXPECT_THAT(second.outcomes(), ElementsAre(tutti::v1::STORE_DURABLE));
+  const uint64_t lease = LookupLease(session, {500}, 1);
+  engine.Zero(2);
+  std::vector<RetrieveProgress> progress;
+  ASSERT_TRUE(Retrieve(session, lease, {{500, 2}}, &progress).ok());
+  EXPECT_TRUE(engine.Check(2, 77));
+}
+
+TEST_F(KvCacheServiceTest, AttachErrors) {
+  ShmEngine engine;
+  auto attach = [this](const tutti::v1::AttachRequest& req) {
+    grpc::ClientContext ctx;
+    tutti::v1::AttachResponse resp;
+    return env_.kv().Attach(&ctx, req, &resp);
+  };
+  auto req = engine.AttachRequest();
+  req.mutable_regions(0)->mutable_cuda_ipc()->set_ipc_handle(std::string(64, 'h'));
+  ExpectError(attach(req), grpc::StatusCode::FAILED_PRECONDITION,
+              "cuda_ipc needs a GPU build/daemon in cuda mode");
+
+  req = engine.AttachRequest();
+  req.mutable_regions(0)->mutable_host_shm()->set_name("no-slash");
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "regions[0]");
+  req.mutable_regions(0)->mutable_host_shm()->set_name("/tutti_svc_test_absent");
+  ExpectError(attach(req), grpc::StatusCode::FAILED_PRECONDITION, "shm_open");
+
+  req = engine.AttachRequest();
+  req.mutable_regions(0)->mutable_host_shm()->set_size_bytes(kEngineBlocks * kBlockBytes + 1);
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "exceeds the object's size");
+
+  req = engine.AttachRequest();
+  req.set_num_blocks(kEngineBlocks + 1);  // the last block runs past the region
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "placements[");
+  req = engine.AttachRequest();
+  req.mutable_placements()->RemoveLast();
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "placements: 3 given");
+  req = engine.AttachRequest();
+  req.mutable_placements(2)->set_region(1);
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "placements[2].region");
+  req = engine.AttachRequest();
+  req.clear_regions();
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "regions");
+
+  req = engine.AttachRequest();
+  req.clear_namespace_();
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "namespace");
+  req = engine.AttachRequest();
+  req.mutable_namespace_()->mutable_layout()->set_format(tutti::v1::KV_FORMAT_UNSPECIFIED);
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "format");
+  req = engine.AttachRequest();
+  req.mutable_namespace_()->mutable_layout()->set_head_dim(4096);  // 256 KiB objects > 4 KiB
+  ExpectError(attach(req), grpc::StatusCode::FAILED_PRECONDITION, "pool");
+  req = engine.AttachRequest();
+  req.set_num_blocks(0);
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "num_blocks");
+
+  EXPECT_EQ(env_.sessions().num_sessions(), 0u);
+  // Fill every session slot; the next is RESOURCE_EXHAUSTED; the others keep working.
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(env_.Attach(engine));
+  ExpectError(attach(engine.AttachRequest()), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "max_sessions");
+  ExpectStillServing(ids[0]);
+}
+
+TEST_F(KvCacheServiceTest, LookupErrors) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  tutti::v1::LookupResponse resp;
+  ExpectError(Lookup(session + 1000, {KeyBytes(1)}, &resp), grpc::StatusCode::NOT_FOUND,
+              "session");
+  ExpectError(Lookup(session, {KeyBytes(1), "short"}, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+              "keys[1]: a key must be exactly 16 bytes");
+  ExpectError(Lookup(session, {KeyBytes(1), KeyBytes(2), KeyBytes(1)}, &resp),
+              grpc::StatusCode::INVALID_ARGUMENT, "keys[2]: duplicate of keys[0]");
+  std::vector<std::string> many;
+  for (int i = 0; i < 17; ++i) many.push_back(KeyBytes(i));
+  ExpectError(Lookup(session, many, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+              "max_blocks_per_call");
+  ExpectStillServing(session);
+}
+
+TEST_F(KvCacheServiceTest, RetrieveErrorsLeaveTheLeaseUsable) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  const uint64_t other = env_.Attach(engine);
+  StoreBlocks(session, engine, 600, 3);
+  const uint64_t lease = LookupLease(session, {600, 601}, 2);
+  std::vector<RetrieveProgress> p;
+  ExpectError(Retrieve(session + 1000, lease, {{600, 4}}, &p), grpc::StatusCode::NOT_FOUND,
+              "session");
+  ExpectError(Retrieve(session, lease + 1000, {{600, 4}}, &p), grpc::StatusCode::NOT_FOUND,
+              "lease");
+  ExpectError(Retrieve(other, lease, {{600, 4}}, &p), grpc::StatusCode::NOT_FOUND, "lease");
+  ExpectError(Retrieve(session, lease, {{602, 4}}, &p), grpc::StatusCode::FAILED_PRECONDITION,
+              "not pinned under lease");
+  ExpectError(Retrieve(session, lease, {{600, kEngineBlocks}}, &p),
+              grpc::StatusCode::INVALID_ARGUMENT, "engine_block = 8");
+  ExpectError(Retrieve(session, lease, {{600, 4}, {601, 4}}, &p),
+              grpc::StatusCode::INVALID_ARGUMENT, "blocks[1].engine_block = 4: duplicate");
+  ExpectError(Retrieve(session, lease, {{600, 4}, {600, 5}}, &p),
+              grpc::StatusCode::INVALID_ARGUMENT, "blocks[1].key: duplicate");
+  ExpectError(Retrieve(session, lease, {{600, 4}}, &p, 1, 1), grpc::StatusCode::INVALID_ARGUMENT,
+              "layer range");
+  ExpectError(Retrieve(session, lease, {{600, 4}}, &p, 0, kLayers + 1),
+              grpc::StatusCode::INVALID_ARGUMENT, "layer range");
+  ExpectError(Retrieve(session, lease, {}, &p), grpc::StatusCode::INVALID_ARGUMENT,
+              "at least one");
+  EXPECT_TRUE(p.empty());
+  // None of those touched the lease: a good Retrieve under it still works.
+  engine.Zero(5);
+  ASSERT_TRUE(Retrieve(session, lease, {{601, 5}}, &p).ok());
+  EXPECT_TRUE(engine.Check(5, 601));
+}
+
+TEST_F(KvCacheServiceTest, StoreErrors) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  tutti::v1::StoreResponse resp;
+  ExpectError(Store(session + 1000, {{1, 0}}, &resp), grpc::StatusCode::NOT_FOUND, "session");
+  ExpectError(Store(session, {{1, 9}}, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+              "engine_block = 9");
+  ExpectError(Store(session, {{1, 0}, {1, 1}}, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+              "duplicate");
+  ExpectError(Store(session, {{1, 0}, {2, 0}}, &resp), grpc::StatusCode::INVALID_ARGUMENT,
+              "duplicate");
+  ExpectError(Store(session, {{1, 0}}, &resp, true, 2, 3), grpc::StatusCode::INVALID_ARGUMENT,
+              "layer range");
+  std::vector<Pair> many;
+  for (uint32_t i = 0; i < 17; ++i) many.push_back({i, i % kEngineBlocks});
+  ExpectError(Store(session, many, &resp), grpc::StatusCode::INVALID_ARGUMENT, "blocks");
+  LookupLease(session, {1}, 0);  // nothing was stored
+  ExpectStillServing(session);
+}
+
+TEST_F(KvCacheServiceTest, ReleaseKeepAliveDetach) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreBlocks(session, engine, 700, 2);
+  const uint64_t lease = LookupLease(session, {700, 701}, 2);
+  EXPECT_EQ(env_.sessions().List()[0].pinned_blocks, 2u);
+
+  grpc::ClientContext c1;
+  tutti::v1::ReleaseRequest rel;
+  rel.set_session_id(session);
+  rel.set_lease_id(lease);
+  tutti::v1::ReleaseResponse rr;
+  ASSERT_TRUE(env_.kv().Release(&c1, rel, &rr).ok());
+  EXPECT_EQ(env_.sessions().List()[0].pinned_blocks, 0u);
+  grpc::ClientContext c2;
+  ExpectError(env_.kv().Release(&c2, rel, &rr), grpc::StatusCode::NOT_FOUND, "lease");
+
+  grpc::ClientContext c3;
+  tutti::v1::KeepAliveRequest ka;
+  ka.set_session_id(session);
+  tutti::v1::KeepAliveResponse kar;
+  ASSERT_TRUE(env_.kv().KeepAlive(&c3, ka, &kar).ok());
+  EXPECT_EQ(kar.session_ttl_ms(), 30000u);
+
+  grpc::ClientContext c4;
+  tutti::v1::DetachRequest det;
+  det.set_session_id(session);
+  tutti::v1::DetachResponse dr;
+  ASSERT_TRUE(env_.kv().Detach(&c4, det, &dr).ok());
+  grpc::ClientContext c5;
+  ExpectError(env_.kv().Detach(&c5, det, &dr), grpc::StatusCode::NOT_FOUND, "session");
+  grpc::ClientContext c6;
+  ExpectError(env_.kv().KeepAlive(&c6, ka, &kar), grpc::StatusCode::NOT_FOUND, "session");
+}
+
+TEST_F(KvCacheServiceTest, ExpiredSessionDropsItsPins) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreBlocks(session, engine, 800, 2);
+  LookupLease(session, {800, 801}, 2);
+  env_.clock().AdvanceMs(30001);
+  env_.sessions().Reap();
+  tutti::v1::LookupResponse resp;
+  ExpectError(Lookup(session, {KeyBytes(800)}, &resp), grpc::StatusCode::NOT_FOUND, "expired");
+  // The pins are gone: evicting everything evicts both blocks.
+  grpc::ClientContext ctx;
+  tutti::v1::EvictRequest ev;
+  ev.set_all(true);
+  tutti::v1::EvictResponse er;
+  ASSERT_TRUE(env_.admin().Evict(&ctx, ev, &er).ok());
+  EXPECT_EQ(er.evicted(), 2u);
+  EXPECT_EQ(er.skipped_pinned(), 0u);
+}
+
+TEST_F(KvCacheServiceTest, DetachDuringRetrieveKeepsMemoryMappedAndCancels) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreBlocks(session, engine, 900, 2);
+  const uint64_t lease = LookupLease(session, {900, 901}, 2);
+  env_.backend().SetPaused(true);  // the Retrieve's first layer read waits
+  std::vector<RetrieveProgress> progress;
+  grpc::Status retrieve_status;
+  std::thread t([&] {
+    retrieve_status = Retrieve(session, lease, {{900, 4}, {901, 5}}, &progress);
+  });
+  for (int i = 0; i < 500 && env_.backend().queued_batches() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_GT(env_.backend().queued_batches(), 0u);
+  grpc::ClientContext ctx;
+  tutti::v1::DetachRequest det;
+  det.set_session_id(session);
+  tutti::v1::DetachResponse dr;
+  ASSERT_TRUE(env_.kv().Detach(&ctx, det, &dr).ok());
+  env_.backend().SetPaused(false);
+  t.join();
+  ExpectError(retrieve_status, grpc::StatusCode::CANCELLED, "session was closed");
+  EXPECT_TRUE(progress.empty());
+  // The claimed lease was released when the Retrieve ended: nothing stays pinned.
+  grpc::ClientContext ctx2;
+  tutti::v1::EvictRequest ev;
+  ev.set_all(true);
+  tutti::v1::EvictResponse er;
+  ASSERT_TRUE(env_.admin().Evict(&ctx2, ev, &er).ok());
+  EXPECT_EQ(er.skipped_pinned(), 0u);
+}
+
+TEST_F(KvCacheServiceTest, ConcurrentSessionsRoundTrip) {
+  constexpr int kSessions = 4;
+  std::vector<std::unique_ptr<ShmEngine>> engines;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int e = 0; e < kSessions; ++e) engines.push_back(std::make_unique<ShmEngine>());
+  for (int e = 0; e < kSessions; ++e) {
+    threads.emplace_back([&, e] {
+      ShmEngine& engine = *engines[e];
+      const uint64_t session = env_.Attach(engine);
+      const uint64_t base = 10000 + e * 100;
+      for (int round = 0; round < 5; ++round) {
+        const uint64_t key = base + round;
+        engine.Fill(0, static_cast<uint8_t>(key));
+        tutti::v1::StoreResponse sr;
+        if (!Store(session, {{key, 0}}, &sr).ok()) return;
+        const uint64_t lease = LookupLease(session, {key}, 1);
+        engine.Zero(1);
+        std::vector<RetrieveProgress> p;
+        if (!Retrieve(session, lease, {{key, 1}}, &p).ok()) return;
+        if (!engine.Check(1, static_cast<uint8_t>(key))) return;
+      }
+      ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kSessions);
+}
+
+}  // namespace
+}  // namespace tutti::server::testing

@@ -1,0 +1,80 @@
+#include "daemon/server/request_checks.h"
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/common/status_macros.h"
+
+namespace tutti::server {
+namespace {
+
+absl::Status ParseKey(const std::string& raw, absl::string_view field, int index, Key* out) {
+  if (Key::FromBytes(raw, out)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, "[", index, "]: a key must be exactly ",
+                                                 Key::kSize, " bytes, got ", raw.size()));
+}
+
+absl::Status CheckCount(absl::string_view field, int n, uint32_t max) {
+  if (static_cast<uint32_t>(n) <= max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " in one call, at most ", max,
+                                                 " (limits.max_blocks_per_call)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Key>> ParseKeys(
+    const google::protobuf::RepeatedPtrField<std::string>& keys, uint32_t max_keys) {
+  RETURN_IF_ERROR(CheckCount("keys", keys.size(), max_keys));
+  std::vector<Key> out(keys.size());
+  absl::flat_hash_map<Key, int> seen;
+  for (int i = 0; i < keys.size(); ++i) {
+    RETURN_IF_ERROR(ParseKey(keys[i], "keys", i, &out[i]));
+    auto [it, fresh] = seen.emplace(out[i], i);
+    if (!fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("keys[", i, "]: duplicate of keys[", it->second, "]"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<BlockBatch> ParseBlocks(
+    const google::protobuf::RepeatedPtrField<tutti::v1::BlockPair>& blocks,
+    uint32_t num_engine_blocks, uint32_t max_blocks) {
+  if (blocks.empty()) return absl::InvalidArgumentError("blocks: at least one pair is needed");
+  RETURN_IF_ERROR(CheckCount("blocks", blocks.size(), max_blocks));
+  BlockBatch batch;
+  batch.keys.resize(blocks.size());
+  batch.engine_blocks.resize(blocks.size());
+  absl::flat_hash_map<Key, int> seen_keys;
+  absl::flat_hash_map<uint32_t, int> seen_blocks;
+  for (int i = 0; i < blocks.size(); ++i) {
+    const auto& pair = blocks[i];
+    RETURN_IF_ERROR(ParseKey(pair.key(), "blocks", i, &batch.keys[i]));
+    if (pair.engine_block() >= num_engine_blocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("blocks[", i, "].engine_block = ", pair.engine_block(),
+                       ": the session's memory has blocks [0, ", num_engine_blocks, ")"));
+    }
+    if (auto [it, fresh] = seen_keys.emplace(batch.keys[i], i); !fresh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("blocks[", i, "].key: duplicate of blocks[", it->second, "]"));
+    }
+    if (auto [it, fresh] = seen_blocks.emplace(pair.engine_block(), i); !fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("blocks[", i, "].engine_block = ",
+                                                     pair.engine_block(), ": duplicate of blocks[",
+                                                     it->second, "]"));
+    }
+    batch.engine_blocks[i] = pair.engine_block();
+  }
+  return batch;
+}
+
+absl::StatusOr<LayerRange> ParseLayerRange(uint32_t begin, uint32_t end, uint32_t num_layers) {
+  LayerRange r{begin, end == 0 ? num_layers : end};
+  if (r.begin < r.end && r.end <= num_layers) return r;
+  return absl::InvalidArgumentError(absl::StrCat("layer range [", begin, ", ", end,
+                                                 "): need layer_begin < layer_end <= ", num_layers,
+                                                 " (layer_end 0 means all layers)"));
+}
+
+}  // namespace tutti::server

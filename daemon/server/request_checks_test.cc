@@ -1,0 +1,89 @@
+#include "daemon/server/request_checks.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string KeyBytes(char c) { return std::string(16, c); }
+
+void ExpectInvalid(const absl::Status& s, const std::string& part) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(part));
+}
+
+google::protobuf::RepeatedPtrField<tutti::v1::BlockPair> Pairs(
+    std::vector<std::pair<std::string, uint32_t>> v) {
+  google::protobuf::RepeatedPtrField<tutti::v1::BlockPair> out;
+  for (auto& [k, b] : v) {
+    auto* p = out.Add();
+    p->set_key(k);
+    p->set_engine_block(b);
+  }
+  return out;
+}
+
+TEST(ParseKeysTest, AcceptsDistinctSixteenByteKeysInOrder) {
+  google::protobuf::RepeatedPtrField<std::string> keys;
+  *keys.Add() = KeyBytes('a');
+  *keys.Add() = KeyBytes('b');
+  auto parsed = ParseKeys(keys, 2);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 2u);
+  EXPECT_EQ((*parsed)[1].view(), KeyBytes('b'));
+  EXPECT_TRUE(ParseKeys({}, 2).ok());
+}
+
+TEST(ParseKeysTest, RejectsShortLongDuplicateAndTooMany) {
+  google::protobuf::RepeatedPtrField<std::string> keys;
+  *keys.Add() = KeyBytes('a');
+  *keys.Add() = std::string(15, 'x');
+  ExpectInvalid(ParseKeys(keys, 8).status(), "keys[1]: a key must be exactly 16 bytes, got 15");
+  keys[1] = std::string(17, 'x');
+  ExpectInvalid(ParseKeys(keys, 8).status(), "got 17");
+  keys[1] = KeyBytes('a');
+  ExpectInvalid(ParseKeys(keys, 8).status(), "keys[1]: duplicate of keys[0]");
+  keys[1] = KeyBytes('b');
+  ExpectInvalid(ParseKeys(keys, 1).status(), "max_blocks_per_call");
+}
+
+TEST(ParseBlocksTest, SplitsPairs) {
+  auto batch = ParseBlocks(Pairs({{KeyBytes('a'), 3}, {KeyBytes('b'), 0}}), 4, 8);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->engine_blocks, (std::vector<uint32_t>{3, 0}));
+  EXPECT_EQ(batch->keys[0].view(), KeyBytes('a'));
+}
+
+TEST(ParseBlocksTest, RejectsEveryBadPair) {
+  ExpectInvalid(ParseBlocks(Pairs({}), 4, 8).status(), "at least one");
+  ExpectInvalid(ParseBlocks(Pairs({{KeyBytes('a'), 4}}), 4, 8).status(),
+                "blocks[0].engine_block = 4");
+  ExpectInvalid(ParseBlocks(Pairs({{"short", 0}}), 4, 8).status(), "blocks[0]: a key");
+  ExpectInvalid(ParseBlocks(Pairs({{KeyBytes('a'), 0}, {KeyBytes('a'), 1}}), 4, 8).status(),
+                "blocks[1].key: duplicate of blocks[0]");
+  ExpectInvalid(ParseBlocks(Pairs({{KeyBytes('a'), 2}, {KeyBytes('b'), 2}}), 4, 8).status(),
+                "blocks[1].engine_block = 2: duplicate of blocks[0]");
+  ExpectInvalid(ParseBlocks(Pairs({{KeyBytes('a'), 0}, {KeyBytes('b'), 1}}), 4, 1).status(),
+                "at most 1");
+}
+
+TEST(ParseLayerRangeTest, ZeroEndMeansAllLayers) {
+  auto r = ParseLayerRange(0, 0, 32);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->begin, 0u);
+  EXPECT_EQ(r->end, 32u);
+  r = ParseLayerRange(5, 6, 32);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->end, 6u);
+  ExpectInvalid(ParseLayerRange(4, 4, 32).status(), "layer range [4, 4)");
+  ExpectInvalid(ParseLayerRange(0, 33, 32).status(), "<= 32");
+  ExpectInvalid(ParseLayerRange(32, 0, 32).status(), "layer range");
+}
+
+}  // namespace
+}  // namespace tutti::server

@@ -1,0 +1,137 @@
+#include "daemon/server/server.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace tutti::server {
+namespace {
+
+// mkdir -p with mode 0755 for the missing parts.
+absl::Status MakeDirs(const std::string& dir) {
+  if (dir.empty()) return absl::OkStatus();
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
+  }
+  const size_t slash = dir.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat("mkdir ", dir, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrepareSocketPath(const std::string& path) {
+  RETURN_IF_ERROR(MakeDirs(path.substr(0, path.find_last_of('/'))));
+  switch (ProbeSocket(path)) {
+    case SocketState::kAbsent:
+      return absl::OkStatus();
+    case SocketState::kAnswering:
+      return absl::FailedPreconditionError(
+          absl::StrCat("another server (tuttid?) is answering on ", path, "; stop it first"));
+    case SocketState::kNotASocket:
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; not removing it"));
+    case SocketState::kStale:
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot remove stale socket ", path, ": ", strerror(errno)));
+      }
+      log::Get("server")->info("removed stale socket {}", path);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+void ApplyModeAndGroup(const ServerOptions& o) {
+  auto log = log::Get("server");
+  if (chmod(o.socket_path.c_str(), o.socket_mode) != 0) {
+    log->warn("chmod {:o} {}: {}", o.socket_mode, o.socket_path, strerror(errno));
+  }
+  if (o.socket_group.empty()) return;
+  struct group grp, *found = nullptr;
+  char buf[4096];
+  if (getgrnam_r(o.socket_group.c_str(), &grp, buf, sizeof(buf), &found) != 0 ||
+      found == nullptr) {
+    log->warn("group \"{}\" does not exist; {} keeps the daemon's group", o.socket_group,
+              o.socket_path);
+    return;
+  }
+  if (chown(o.socket_path.c_str(), static_cast<uid_t>(-1), found->gr_gid) != 0) {
+    log->warn("chgrp {} {}: {}", o.socket_group, o.socket_path, strerror(errno));
+  }
+}
+
+}  // namespace
+
+SocketState ProbeSocket(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return SocketState::kAbsent;
+  if (!S_ISSOCK(st.st_mode)) return SocketState::kNotASocket;
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return SocketState::kStale;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool answered = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return answered ? SocketState::kAnswering : SocketState::kStale;
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const ServerOptions& options, const std::vector<grpc::Service*>& services) {
+  if (options.socket_path.empty() || options.socket_path[0] != '/' ||
+      options.socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path \"", options.socket_path, "\": must be absolute, < 108 chars"));
+  }
+  RETURN_IF_ERROR(PrepareSocketPath(options.socket_path));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + options.socket_path, grpc::InsecureServerCredentials());
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("gRPC could not listen on unix:",
+                                               options.socket_path, " (see gRPC's log above)"));
+  }
+  ApplyModeAndGroup(options);
+  log::Get("server")->info("listening on unix:{}", options.socket_path);
+  return std::unique_ptr<Server>(new Server(options, std::move(server)));
+}
+
+Server::Server(ServerOptions options, std::unique_ptr<grpc::Server> server)
+    : options_(std::move(options)),
+      target_("unix:" + options_.socket_path),
+      server_(std::move(server)) {}
+
+Server::~Server() {
+  if (!shut_down_) Shutdown(absl::ZeroDuration());
+  unlink(options_.socket_path.c_str());
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+}
+
+}  // namespace tutti::server

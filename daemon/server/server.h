@@ -1,0 +1,62 @@
+// The gRPC server on tuttid's unix socket, with the standard health service and reflection.
+//
+// Start prepares the socket path: creates its directory (0755) if missing, refuses to start when
+// another server answers on the path (FAILED_PRECONDITION) or when the path is not a socket,
+// removes a stale socket file, binds, then sets the socket's mode and, if the group exists, its
+// group (else logs a warning and keeps the daemon's group).
+//
+// Thread-safety: Shutdown and the destructor may be called from any one thread; the services are
+// called by gRPC's threads.
+#ifndef TUTTI_DAEMON_SERVER_SERVER_H_
+#define TUTTI_DAEMON_SERVER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+
+namespace tutti::server {
+
+struct ServerOptions {
+  std::string socket_path;     // absolute; at most 107 characters
+  uint32_t socket_mode = 0660;
+  std::string socket_group;    // empty: keep the daemon's group
+};
+
+class Server {
+ public:
+  // Serves `services` (which must outlive the server) on unix:<socket_path>. Errors:
+  // FAILED_PRECONDITION (another server answers, the path is not a socket, the directory cannot be
+  // made), UNAVAILABLE (gRPC could not bind).
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       const std::vector<grpc::Service*>& services);
+  // Shuts down (with no grace) if Shutdown was not called, and removes the socket file.
+  ~Server();
+
+  // Stops accepting calls, lets calls in flight finish for up to `grace`, then cancels the rest
+  // and returns once every handler has returned.
+  void Shutdown(absl::Duration grace);
+
+  // "unix:<socket_path>", for in-process clients and tests.
+  const std::string& target() const { return target_; }
+
+ private:
+  Server(ServerOptions options, std::unique_ptr<grpc::Server> server);
+
+  const ServerOptions options_;
+  const std::string target_;
+  std::unique_ptr<grpc::Server> server_;
+  bool shut_down_ = false;
+};
+
+// What is at a socket path now. For Start and for tools that wait for the daemon.
+enum class SocketState { kAbsent, kStale, kAnswering, kNotASocket };
+SocketState ProbeSocket(const std::string& path);
+
+}  // namespace tutti::server
+
+#endif  // TUTTI_DAEMON_SERVER_SERVER_H_

@@ -1,0 +1,159 @@
+#include "daemon/server/service_test_env.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/pool/layout.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server::testing {
+namespace {
+
+std::atomic<int> counter{0};
+
+uint8_t Pattern(uint32_t block_seed, uint32_t obj, uint32_t i) {
+  return static_cast<uint8_t>(block_seed * 131 + obj * 17 + i * 7 + (i >> 8));
+}
+
+}  // namespace
+
+ShmEngine::ShmEngine() {
+  name_ = absl::StrCat("/tutti_svc_test_", getpid(), "_", counter++);
+  fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  EXPECT_GE(fd_, 0) << strerror(errno);
+  EXPECT_EQ(ftruncate(fd_, kEngineBlocks * kBlockBytes), 0);
+  base_ = static_cast<uint8_t*>(
+      mmap(nullptr, kEngineBlocks * kBlockBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+  EXPECT_NE(base_, MAP_FAILED);
+}
+
+ShmEngine::~ShmEngine() {
+  munmap(base_, kEngineBlocks * kBlockBytes);
+  close(fd_);
+  shm_unlink(name_.c_str());
+}
+
+void ShmEngine::Fill(uint32_t block, uint8_t seed) {
+  for (uint32_t o = 0; o < kObjects; ++o) {
+    for (uint32_t i = 0; i < kObjectLen; ++i) object(block, o)[i] = Pattern(seed, o, i);
+  }
+}
+
+bool ShmEngine::Check(uint32_t block, uint8_t seed, uint32_t layer_begin, uint32_t layer_end) {
+  for (uint32_t o = layer_begin * kParts; o < layer_end * kParts; ++o) {
+    for (uint32_t i = 0; i < kObjectLen; ++i) {
+      if (object(block, o)[i] != Pattern(seed, o, i)) return false;
+    }
+  }
+  return true;
+}
+
+void ShmEngine::Zero(uint32_t block) { std::memset(object(block, 0), 0, kBlockBytes); }
+
+tutti::v1::AttachRequest ShmEngine::AttachRequest(const std::string& engine_id) const {
+  tutti::v1::AttachRequest req;
+  req.set_engine_id(engine_id);
+  *req.mutable_namespace_() = TestNamespace();
+  auto* shm = req.add_regions()->mutable_host_shm();
+  shm->set_name(name_);
+  shm->set_size_bytes(kEngineBlocks * kBlockBytes);
+  for (uint32_t o = 0; o < kObjects; ++o) {
+    auto* p = req.add_placements();
+    p->set_region(0);
+    p->set_offset(uint64_t{o} * kObjectLen);
+    p->set_block_stride(kBlockBytes);
+  }
+  req.set_num_blocks(kEngineBlocks);
+  return req;
+}
+
+tutti::v1::Namespace TestNamespace() {
+  tutti::v1::Namespace ns;
+  ns.set_model_id("test-model");
+  auto* l = ns.mutable_layout();
+  l->set_num_layers(kLayers);
+  l->set_kv_heads(1);
+  l->set_head_dim(64);
+  l->set_dtype_bytes(2);
+  l->set_block_tokens(16);
+  l->set_format(tutti::v1::KV_FORMAT_SEPARATE);
+  ns.set_tp_rank(0);
+  ns.set_tp_size(1);
+  ns.set_hash_scheme("test-hash");
+  return ns;
+}
+
+std::string KeyBytes(uint64_t v) {
+  std::string k(16, '\0');
+  std::memcpy(k.data(), &v, 8);
+  std::memcpy(k.data() + 8, "tutti-k!", 8);
+  return k;
+}
+
+ServiceEnv::ServiceEnv(const EnvOptions& options) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  std::string dir_template = absl::StrCat(tmp ? tmp : "/tmp", "/state.XXXXXX");
+  EXPECT_NE(mkdtemp(dir_template.data()), nullptr);
+  state_dir_ = dir_template;
+  // sun_path is short: keep the socket under /tmp.
+  socket_path_ = absl::StrCat("/tmp/tutti_svc_", getpid(), "_", counter++, ".sock");
+
+  auto layout = pool::PoolLayout::Compute(64ull << 20, 2, 4096, 8);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  auto backend = io::MemoryBackend::Create({layout->file_bytes(), layout->file_bytes()});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  backend_ = backend->get();
+  store::StoreOptions so;
+  so.state_dir = state_dir_;
+  so.layout = *layout;
+  so.store_staging_bytes = 4ull << 20;
+  so.retrieve_staging_bytes = 4ull << 20;
+  auto st = store::BlockStore::Open(so, std::move(*backend), Clock::Real());
+  EXPECT_TRUE(st.ok()) << st.status();
+  store_ = std::move(*st);
+
+  store::BlockStore* raw_store = store_.get();
+  sessions_ = std::make_unique<SessionManager>(
+      SessionManager::Options{30000, 10000, options.max_sessions}, &session_clock_,
+      [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); });
+  kv_service_ = std::make_unique<KvCacheService>(KvCacheOptions{options.max_blocks_per_call},
+                                                 raw_store, sessions_.get(), HostMemoryOpener());
+  admin_service_ = std::make_unique<AdminService>(
+      DaemonInfo{"test", "memory", "host", {state_dir_ + "/pool"}, ""}, raw_store,
+      sessions_.get(), &session_clock_);
+  auto server = Server::Start({socket_path_, 0660, ""}, {kv_service_.get(), admin_service_.get()});
+  EXPECT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  channel_ = grpc::CreateChannel(server_->target(), grpc::InsecureChannelCredentials());
+  kv_ = tutti::v1::KvCache::NewStub(channel_);
+  admin_ = tutti::v1::Admin::NewStub(channel_);
+}
+
+ServiceEnv::~ServiceEnv() {
+  server_->Shutdown(absl::Seconds(5));
+  server_.reset();
+  admin_service_.reset();
+  kv_service_.reset();
+  sessions_.reset();
+  store_.reset();
+  std::filesystem::remove_all(state_dir_);
+}
+
+uint64_t ServiceEnv::Attach(const ShmEngine& engine) {
+  grpc::ClientContext ctx;
+  tutti::v1::AttachResponse resp;
+  grpc::Status s = kv_->Attach(&ctx, engine.AttachRequest(), &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp.session_id();
+}
+
+}  // namespace tutti::server::testing

@@ -1,0 +1,95 @@
+// A complete in-process tuttid for service tests: the real BlockStore on the "memory" I/O backend,
+// a SessionManager on a ManualClock, both services and the Server on a unix socket under /tmp,
+// plus a host-shm "engine" whose KV memory the tests fill and check.
+#ifndef TUTTI_DAEMON_SERVER_SERVICE_TEST_ENV_H_
+#define TUTTI_DAEMON_SERVER_SERVICE_TEST_ENV_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/common/clock.h"
+#include "daemon/common/types.h"
+#include "daemon/io/memory_backend.h"
+#include "daemon/server/admin_service.h"
+#include "daemon/server/kvcache_service.h"
+#include "daemon/server/server.h"
+#include "daemon/server/sessions.h"
+#include "daemon/store/block_store.h"
+#include "tutti/v1/admin.grpc.pb.h"
+#include "tutti/v1/kvcache.grpc.pb.h"
+
+namespace tutti::server::testing {
+
+// The test namespace: 2 layers, K and V, 16 tokens x 1 head x 64 dims x 2 bytes = 2 KiB objects.
+inline constexpr uint32_t kLayers = 2, kParts = 2, kObjects = kLayers * kParts;
+inline constexpr uint32_t kObjectLen = 2048;
+inline constexpr uint32_t kEngineBlocks = 8;
+inline constexpr uint64_t kBlockBytes = uint64_t{kObjects} * kObjectLen;  // fused per block
+
+// An engine's KV cache in POSIX shared memory: block b's object o at b * kBlockBytes + o * kObjectLen.
+class ShmEngine {
+ public:
+  ShmEngine();
+  ~ShmEngine();
+  const std::string& name() const { return name_; }
+  uint8_t* object(uint32_t block, uint32_t obj) {
+    return base_ + block * kBlockBytes + uint64_t{obj} * kObjectLen;
+  }
+  // Fills every object of `block` with bytes derived from `seed`; Check compares.
+  void Fill(uint32_t block, uint8_t seed);
+  bool Check(uint32_t block, uint8_t seed, uint32_t layer_begin = 0, uint32_t layer_end = kLayers);
+  void Zero(uint32_t block);
+  // An Attach request for this memory.
+  tutti::v1::AttachRequest AttachRequest(const std::string& engine_id = "test-engine") const;
+
+ private:
+  std::string name_;
+  uint8_t* base_ = nullptr;
+  int fd_ = -1;
+};
+
+tutti::v1::Namespace TestNamespace();
+std::string KeyBytes(uint64_t v);
+
+struct EnvOptions {
+  uint32_t max_sessions = 4;
+  uint32_t max_blocks_per_call = 16;
+};
+
+class ServiceEnv {
+ public:
+  explicit ServiceEnv(const EnvOptions& options = {});
+  ~ServiceEnv();
+
+  tutti::v1::KvCache::Stub& kv() { return *kv_; }
+  tutti::v1::Admin::Stub& admin() { return *admin_; }
+  ManualClock& clock() { return session_clock_; }
+  SessionManager& sessions() { return *sessions_; }
+  io::MemoryBackend& backend() { return *backend_; }
+  store::BlockStore& store() { return *store_; }
+  const std::string& socket_path() const { return socket_path_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+  // Attaches `engine`; returns the session id (0 after a failed ASSERT).
+  uint64_t Attach(const ShmEngine& engine);
+
+ private:
+  std::string state_dir_;
+  std::string socket_path_;
+  ManualClock session_clock_{1'000'000};
+  io::MemoryBackend* backend_ = nullptr;  // owned by the store
+  std::unique_ptr<store::BlockStore> store_;
+  std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<KvCacheService> kv_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<tutti::v1::KvCache::Stub> kv_;
+  std::unique_ptr<tutti::v1::Admin::Stub> admin_;
+};
+
+}  // namespace tutti::server::testing
+
+#endif  // TUTTI_DAEMON_SERVER_SERVICE_TEST_ENV_H_
