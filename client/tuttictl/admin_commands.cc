@@ -1,0 +1,291 @@
+// tuttictl status, sessions, stats and evict: the Admin service, as tables or JSON.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/hostengine/connect.h"
+#include "client/tuttictl/command.h"
+#include "client/tuttictl/output.h"
+#include "daemon/common/status_macros.h"
+#include "grpcpp/client_context.h"
+#include "tutti/v1/admin.grpc.pb.h"
+
+namespace tutti::tuttictl {
+namespace {
+
+namespace v1 = tutti::v1;
+
+// Connects and calls one Admin method.
+template <typename Request, typename Response>
+absl::Status CallAdmin(const GlobalOptions& options,
+                       grpc::Status (v1::Admin::Stub::*method)(grpc::ClientContext*,
+                                                               const Request&, Response*),
+                       const Request& request, Response* response) {
+  const absl::Duration timeout = absl::Milliseconds(options.timeout_ms);
+  ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(options.socket, timeout));
+  auto stub = v1::Admin::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  absl::Status status = hostengine::FromGrpc(((*stub).*method)(&ctx, request, response));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("tuttid: ", status.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::string DramText(uint64_t capacity, uint64_t used) {
+  if (capacity == 0) return "off";
+  return absl::StrCat(HumanBytes(used), " of ", HumanBytes(capacity), " (",
+                      Percent(used, capacity), ")");
+}
+
+class StatusCommand : public Command {
+ public:
+  std::string name() const override { return "status"; }
+  std::string usage() const override { return "status"; }
+  std::string summary() const override {
+    return "daemon version, I/O path taken, pool capacity and use";
+  }
+  absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
+    v1::StatusResponse r;
+    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Status, v1::StatusRequest(), &r));
+    if (options.json) {
+      out << Json(r) << "\n";
+    } else {
+      out << Human(r);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::string Human(const v1::StatusResponse& r) {
+    KeyValues kv;
+    kv.Add("tuttid", absl::StrCat(r.version(), ", up ", HumanDurationMs(r.uptime_ms())));
+    kv.Add("io backend", r.io_backend());
+    kv.Add("device mode", r.device_mode());
+    kv.Add("pool dirs", absl::StrJoin(r.pool_dirs(), ", "));
+    kv.Add("capacity", absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(),
+                                    " slots"));
+    kv.Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
+                                Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
+                                r.slots_used(), " slots"));
+    kv.Add("dram tier", DramText(r.dram_capacity_bytes(), r.dram_used_bytes()));
+    kv.Add("sessions", absl::StrCat(r.sessions()));
+    if (!r.notes().empty()) kv.Add("notes", r.notes());
+    return kv.Render();
+  }
+  static std::string Json(const v1::StatusResponse& r) {
+    JsonWriter j;
+    j.BeginObject();
+    j.Key("version").String(r.version()).Key("uptime_ms").Uint(r.uptime_ms());
+    j.Key("io_backend").String(r.io_backend()).Key("device_mode").String(r.device_mode());
+    j.Key("pool_dirs").BeginArray();
+    for (const auto& d : r.pool_dirs()) j.String(d);
+    j.EndArray();
+    j.Key("capacity_bytes").Uint(r.capacity_bytes()).Key("used_bytes").Uint(r.used_bytes());
+    j.Key("slots_total").Uint(r.slots_total()).Key("slots_used").Uint(r.slots_used());
+    j.Key("dram_capacity_bytes").Uint(r.dram_capacity_bytes());
+    j.Key("dram_used_bytes").Uint(r.dram_used_bytes());
+    j.Key("sessions").Uint(r.sessions()).Key("notes").String(r.notes());
+    return j.EndObject().str();
+  }
+};
+
+class SessionsCommand : public Command {
+ public:
+  std::string name() const override { return "sessions"; }
+  std::string usage() const override { return "sessions"; }
+  std::string summary() const override { return "attached engines, their leases and pins"; }
+  absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
+    v1::SessionsResponse r;
+    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Sessions, v1::SessionsRequest(), &r));
+    if (options.json) {
+      out << Json(r) << "\n";
+    } else if (r.sessions_size() == 0) {
+      out << "no sessions\n";
+    } else {
+      Table t({">SESSION", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED",
+               ">IDLE"});
+      for (const auto& s : r.sessions()) {
+        t.AddRow({absl::StrCat(s.session_id()), s.engine_id(), NamespaceHex(s.namespace_id()),
+                  s.model_id(), absl::StrCat(s.num_blocks()), absl::StrCat(s.leases()),
+                  absl::StrCat(s.pinned_blocks()), HumanDurationMs(s.idle_ms())});
+      }
+      out << t.Render();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::string Json(const v1::SessionsResponse& r) {
+    JsonWriter j;
+    j.BeginObject().Key("sessions").BeginArray();
+    for (const auto& s : r.sessions()) {
+      j.BeginObject();
+      j.Key("session_id").Uint(s.session_id()).Key("engine_id").String(s.engine_id());
+      j.Key("namespace_id").String(NamespaceHex(s.namespace_id()));
+      j.Key("model_id").String(s.model_id()).Key("num_blocks").Uint(s.num_blocks());
+      j.Key("leases").Uint(s.leases()).Key("pinned_blocks").Uint(s.pinned_blocks());
+      j.Key("idle_ms").Uint(s.idle_ms());
+      j.EndObject();
+    }
+    return j.EndArray().EndObject().str();
+  }
+};
+
+class StatsCommand : public Command {
+ public:
+  std::string name() const override { return "stats"; }
+  std::string usage() const override { return "stats [--json]"; }
+  std::string summary() const override {
+    return "capacity and use, blocks per namespace and tier, hits, misses, bytes, errors";
+  }
+  absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
+    v1::StatsResponse r;
+    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Stats, v1::StatsRequest(), &r));
+    if (options.json) {
+      out << Json(r) << "\n";
+    } else {
+      out << Human(r);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::string Human(const v1::StatsResponse& r) {
+    KeyValues kv;
+    kv.Add("capacity", absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(),
+                                    " slots"));
+    kv.Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
+                                Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
+                                r.slots_used(), " slots"));
+    kv.Add("sessions", absl::StrCat(r.sessions()));
+    kv.Add("lookups", absl::StrCat(r.lookups(), " (blocks hit ", r.lookup_hits(),
+                                   ", chains cut short ", r.lookup_misses(), ", from dram ",
+                                   r.dram_hits(), ")"));
+    kv.Add("retrieved", absl::StrCat(r.blocks_retrieved(), " blocks, ",
+                                     HumanBytes(r.bytes_read()), " into engines"));
+    kv.Add("stored", absl::StrCat(r.blocks_stored(), " blocks durable, ",
+                                  HumanBytes(r.bytes_written()), " written"));
+    kv.Add("evictions", absl::StrCat(r.evictions()));
+    kv.Add("errors", absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
+                                  ", store rejected (full) ", r.store_rejected(),
+                                  ", store failed ", r.store_failed()));
+    std::string out = kv.Render();
+    if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
+    Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});
+    for (const auto& ns : r.namespaces()) {
+      t.AddRow({NamespaceHex(ns.namespace_id()), ns.model_id(), absl::StrCat(ns.blocks_ssd()),
+                absl::StrCat(ns.blocks_dram())});
+    }
+    return out + "\n" + t.Render();
+  }
+  static std::string Json(const v1::StatsResponse& r) {
+    JsonWriter j;
+    j.BeginObject();
+    const std::pair<const char*, uint64_t> fields[] = {
+        {"capacity_bytes", r.capacity_bytes()}, {"used_bytes", r.used_bytes()},
+        {"slots_total", r.slots_total()},       {"slots_used", r.slots_used()},
+        {"sessions", r.sessions()},             {"lookups", r.lookups()},
+        {"lookup_hits", r.lookup_hits()},       {"lookup_misses", r.lookup_misses()},
+        {"dram_hits", r.dram_hits()},           {"blocks_retrieved", r.blocks_retrieved()},
+        {"blocks_stored", r.blocks_stored()},   {"bytes_read", r.bytes_read()},
+        {"bytes_written", r.bytes_written()},   {"evictions", r.evictions()},
+        {"verify_errors", r.verify_errors()},   {"io_errors", r.io_errors()},
+        {"store_rejected", r.store_rejected()}, {"store_failed", r.store_failed()},
+    };
+    for (const auto& [key, value] : fields) j.Key(key).Uint(value);
+    j.Key("namespaces").BeginArray();
+    for (const auto& ns : r.namespaces()) {
+      j.BeginObject().Key("namespace_id").String(NamespaceHex(ns.namespace_id()));
+      j.Key("model_id").String(ns.model_id()).Key("blocks_ssd").Uint(ns.blocks_ssd());
+      j.Key("blocks_dram").Uint(ns.blocks_dram()).EndObject();
+    }
+    return j.EndArray().EndObject().str();
+  }
+};
+
+class EvictCommand : public Command {
+ public:
+  std::string name() const override { return "evict"; }
+  std::string usage() const override { return "evict --namespace ID|MODEL | --all"; }
+  std::string summary() const override {
+    return "drop every unpinned block of one namespace (id or model id), or of all";
+  }
+  void RegisterFlags(FlagSet& flags) override {
+    flags.String("namespace", &namespace_, "namespace id (0x... or decimal) or model id");
+    flags.Bool("all", &all_, "evict every namespace");
+  }
+  absl::Status CheckUsage(const FlagSet& flags, const std::vector<std::string>& args) override {
+    RETURN_IF_ERROR(Command::CheckUsage(flags, args));
+    if (all_ == !namespace_.empty()) {
+      return absl::InvalidArgumentError("evict needs exactly one of --namespace or --all");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
+    v1::EvictRequest request;
+    request.set_all(all_);
+    if (!all_) {
+      ASSIGN_OR_RETURN(const uint64_t id, ResolveNamespace(options));
+      request.set_namespace_id(id);
+    }
+    v1::EvictResponse r;
+    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Evict, request, &r));
+    if (options.json) {
+      JsonWriter j;
+      j.BeginObject().Key("evicted").Uint(r.evicted());
+      j.Key("skipped_pinned").Uint(r.skipped_pinned()).EndObject();
+      out << j.str() << "\n";
+    } else {
+      out << "evicted " << r.evicted() << " blocks; " << r.skipped_pinned()
+          << " pinned blocks kept\n";
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // A number (0x hex or decimal) is an id; anything else names a model, which must match exactly
+  // one namespace.
+  absl::StatusOr<uint64_t> ResolveNamespace(const GlobalOptions& options) const {
+    uint64_t id = 0;
+    const bool hex = namespace_.rfind("0x", 0) == 0 &&
+                     absl::SimpleHexAtoi(absl::string_view(namespace_).substr(2), &id);
+    if (hex || absl::SimpleAtoi(namespace_, &id)) {
+      if (id == 0) return absl::InvalidArgumentError("namespace id 0 is not a namespace");
+      return id;
+    }
+    v1::StatsResponse stats;
+    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Stats, v1::StatsRequest(), &stats));
+    std::vector<std::string> matches;
+    for (const auto& ns : stats.namespaces()) {
+      if (ns.model_id() != namespace_) continue;
+      id = ns.namespace_id();
+      matches.push_back(NamespaceHex(id));
+    }
+    if (matches.empty()) {
+      return absl::NotFoundError(absl::StrCat("no namespace has model id '", namespace_, "'"));
+    }
+    if (matches.size() > 1) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model id '", namespace_, "' names ", matches.size(),
+                       " namespaces; pick one: ", absl::StrJoin(matches, ", ")));
+    }
+    return id;
+  }
+
+  std::string namespace_;
+  bool all_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> NewStatusCommand() { return std::make_unique<StatusCommand>(); }
+std::unique_ptr<Command> NewSessionsCommand() { return std::make_unique<SessionsCommand>(); }
+std::unique_ptr<Command> NewStatsCommand() { return std::make_unique<StatsCommand>(); }
+std::unique_ptr<Command> NewEvictCommand() { return std::make_unique<EvictCommand>(); }
+
+}  // namespace tutti::tuttictl

@@ -1,0 +1,150 @@
+// tuttictl's commands against the in-process fake daemon: output forms, exit codes, usage errors.
+#include "client/tuttictl/command.h"
+
+#include <unistd.h>
+
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/hostengine/fake_tuttid.h"
+#include "gtest/gtest.h"
+
+namespace tutti::tuttictl {
+namespace {
+
+struct CtlRun {
+  int code;
+  std::string out, err;
+};
+
+CtlRun Tuttictl(std::vector<std::string> args) {
+  std::ostringstream out, err;
+  const int code = RunTuttictl(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+class TuttictlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = absl::StrCat("/tmp/tutti-ctl-", getpid(), ".sock");
+    auto fake = hostengine::FakeTuttid::Start(socket_);
+    ASSERT_TRUE(fake.ok()) << fake.status();
+    fake_ = std::move(*fake);
+  }
+  void TearDown() override {
+    fake_.reset();
+    unlink(socket_.c_str());
+  }
+  // A small layout so the bench runs in milliseconds.
+  std::vector<std::string> Bench(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--socket", socket_, "bench", "--layers=2", "--kv_heads=1",
+                                     "--head_dim=64", "--blocks=20", "--batch=8"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  std::string socket_;
+  std::unique_ptr<hostengine::FakeTuttid> fake_;
+};
+
+TEST_F(TuttictlTest, Status) {
+  const CtlRun r = Tuttictl({"status", "--socket=" + socket_});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("io backend   memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("up 1h02m03s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("capacity     1.0 GiB in 512 slots"), std::string::npos) << r.out;
+  const CtlRun j = Tuttictl({"--json", "--socket", socket_, "status"});
+  EXPECT_EQ(j.code, 0);
+  EXPECT_NE(j.out.find("\"capacity_bytes\":1073741824"), std::string::npos) << j.out;
+  EXPECT_NE(j.out.find("\"pool_dirs\":[\"/fake/pool\"]"), std::string::npos) << j.out;
+}
+
+TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
+  const CtlRun r = Tuttictl(Bench({"--verify"}));
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("hits 20, misses 0, failed 0, mismatches 0 blocks"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("durable 20"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lookup latency  p50"), std::string::npos) << r.out;
+  EXPECT_EQ(fake_->blocks(), 20u);
+  EXPECT_EQ(fake_->sessions(), 0u);  // detached
+
+  const CtlRun stats = Tuttictl({"stats", "--json", "--socket", socket_});
+  EXPECT_EQ(stats.code, 0);
+  EXPECT_NE(stats.out.find("\"blocks_stored\":20"), std::string::npos) << stats.out;
+  EXPECT_NE(stats.out.find("\"namespace_id\":\"0xabcdef0123456789\""), std::string::npos);
+  const CtlRun human = Tuttictl({"stats", "--socket", socket_});
+  EXPECT_NE(human.out.find("0xabcdef0123456789  bench-llama3-8b"), std::string::npos)
+      << human.out;
+
+  // A retrieve-only run with the same seed finds everything; another seed misses everything.
+  const CtlRun again = Tuttictl(Bench({"--phase=retrieve", "--verify", "--json"}));
+  EXPECT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.out.find("\"hits\":20,\"misses\":0"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("\"ok\":true"), std::string::npos);
+  const CtlRun other = Tuttictl(Bench({"--phase=retrieve", "--verify", "--seed=2"}));
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.err.find("verify failed: 20 misses"), std::string::npos) << other.err;
+}
+
+TEST_F(TuttictlTest, BenchFailsOnCorruption) {
+  ASSERT_EQ(Tuttictl(Bench({"--phase=store"})).code, 0);
+  fake_->CorruptNextRetrieve();
+  const CtlRun r = Tuttictl(Bench({"--phase=retrieve", "--verify"}));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("1 mismatched blocks (1 bytes)"), std::string::npos) << r.err;
+  // Without --verify the same corruption is not looked for, and the run succeeds.
+  fake_->CorruptNextRetrieve();
+  EXPECT_EQ(Tuttictl(Bench({"--phase=retrieve"})).code, 0);
+}
+
+TEST_F(TuttictlTest, SessionsAndEvict) {
+  CtlRun r = Tuttictl({"sessions", "--socket", socket_});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "no sessions\n");
+  ASSERT_EQ(Tuttictl(Bench({"--phase=store"})).code, 0);
+  r = Tuttictl({"evict", "--socket", socket_, "--namespace", "bench-llama3-8b"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "evicted 20 blocks; 0 pinned blocks kept\n");
+  r = Tuttictl({"evict", "--socket", socket_, "--namespace", "0xabcdef0123456789", "--json"});
+  EXPECT_EQ(r.out, "{\"evicted\":0,\"skipped_pinned\":0}\n");
+  r = Tuttictl({"evict", "--socket", socket_, "--namespace", "no-such-model"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("no namespace has model id 'no-such-model'"), std::string::npos);
+  r = Tuttictl({"evict", "--socket", socket_, "--namespace", "0x1234"});
+  EXPECT_EQ(r.code, 1);  // the daemon's NOT_FOUND
+  EXPECT_NE(r.err.find("tuttid: no such namespace"), std::string::npos) << r.err;
+  EXPECT_EQ(Tuttictl({"evict", "--socket", socket_, "--all"}).code, 0);
+}
+
+TEST_F(TuttictlTest, UsageErrorsExit2) {
+  EXPECT_EQ(Tuttictl({}).code, 2);
+  EXPECT_EQ(Tuttictl({"frobnicate"}).code, 2);
+  EXPECT_EQ(Tuttictl({"status", "--bogus"}).code, 2);
+  EXPECT_EQ(Tuttictl({"status", "extra"}).code, 2);
+  EXPECT_EQ(Tuttictl({"evict"}).code, 2);
+  EXPECT_EQ(Tuttictl({"evict", "--all", "--namespace=3"}).code, 2);
+  EXPECT_EQ(Tuttictl({"bench", "--phase=sideways"}).code, 2);
+  EXPECT_EQ(Tuttictl({"bench", "--blocks=0"}).code, 2);
+  EXPECT_EQ(Tuttictl({"bench", "--layers=0"}).code, 2);
+  EXPECT_EQ(Tuttictl({"status", "--blocks=3"}).code, 2);  // a bench flag on another command
+  const CtlRun help = Tuttictl({"--help"});
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("bench"), std::string::npos);
+  const CtlRun bench_help = Tuttictl({"bench", "--help"});
+  EXPECT_EQ(bench_help.code, 0);
+  EXPECT_NE(bench_help.out.find("--engine_blocks=<n>"), std::string::npos);
+}
+
+TEST(TuttictlUnreachableTest, SaysHowToCheck) {
+  const CtlRun r = Tuttictl({"status", "--socket", "/tmp/tutti-nothing-here.sock"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("cannot reach tuttid at /tmp/tutti-nothing-here.sock: No such file or "
+                       "directory; is it running? (systemctl status tuttid)"),
+            std::string::npos)
+      << r.err;
+}
+
+}  // namespace
+}  // namespace tutti::tuttictl
