@@ -1,0 +1,39 @@
+// Picks an I/O backend by its configured name (config.proto IoConfig.backend).
+//
+// Thread-safety: the functions are thread-safe; see io_backend.h for the backends.
+#ifndef TUTTI_DAEMON_IO_IO_FACTORY_H_
+#define TUTTI_DAEMON_IO_IO_FACTORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/io/io_backend.h"
+
+namespace tutti::io {
+
+struct IoOptions {
+  uint32_t queue_depth = 64;  // "uring": requests in flight per file, 1 .. 4096
+};
+
+// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory".
+std::vector<std::string_view> IoBackendNames();
+
+// Creates the backend called `name` over the pool's files.
+//  - "uring": `fds` are the pool files opened O_DIRECT, in pool order; the backend owns them from
+//    this call on (they are closed on error too). If `file_sizes` is not empty it must hold each
+//    file's actual size, else FAILED_PRECONDITION (a pool file that does not match its layout).
+//  - "memory": files of `file_sizes` bytes in host memory; nothing persists. `fds`, if any, are
+//    closed.
+// Errors: INVALID_ARGUMENT naming the allowed values for an unknown `name`; otherwise those of
+// UringBackend::Create / MemoryDisk::Create.
+absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,
+                                                           std::vector<int> fds,
+                                                           std::vector<uint64_t> file_sizes,
+                                                           const IoOptions& options = {});
+
+}  // namespace tutti::io
+
+#endif  // TUTTI_DAEMON_IO_IO_FACTORY_H_

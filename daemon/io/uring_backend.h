@@ -1,0 +1,89 @@
+// The "uring" I/O backend: io_uring over O_DIRECT pool files, one ring and one owner thread per file.
+//
+// Submit() splits a batch by file and posts each part to that file's thread (a mutex-guarded queue).
+// The thread keeps up to `queue_depth` requests in flight on its ring, always issuing queued reads
+// before queued writes, submits everything it has prepared with one io_uring_enter, reaps all
+// available completions at once, and runs a batch's `done` when the last part of the batch finishes.
+// The pool files are registered with each ring (IOSQE_FIXED_FILE); a buffer registered through
+// RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests that lie inside it.
+//
+// Short transfers: a transfer that moves fewer bytes than asked (a 4 KiB multiple) is retried once
+// for the remainder; if that is short too, `result` holds the bytes moved so far. Errors are -errno.
+//
+// Latency note: while requests are in flight the owner thread sleeps in the kernel until a
+// completion arrives, so a batch posted at that moment starts when the next completion wakes it.
+//
+// Thread-safety: as IoBackend. The rings are touched only by their owner threads.
+#ifndef TUTTI_DAEMON_IO_URING_BACKEND_H_
+#define TUTTI_DAEMON_IO_URING_BACKEND_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "daemon/io/io_backend.h"
+
+namespace tutti::io {
+
+struct UringOptions {
+  uint32_t queue_depth = 64;  // requests in flight per file, 1 .. 4096
+};
+
+// Counts since creation, summed over files. Approximate while I/O is running.
+struct UringCounters {
+  uint64_t fixed_buffer_ops = 0;  // issued as READ_FIXED / WRITE_FIXED
+  uint64_t plain_buffer_ops = 0;  // issued as READ / WRITE
+  uint64_t short_retries = 0;     // remainders re-issued after a short transfer
+  uint64_t enter_calls = 0;       // io_uring_enter system calls (submit and/or wait)
+};
+
+class UringBackend final : public IoBackend {
+ public:
+  // Takes ownership of `fds` (pool files opened with O_DIRECT, in pool order; regular files or block
+  // devices) in every case: they are closed on error and when the backend is destroyed.
+  // File sizes are read once, here (fstat, or BLKGETSIZE64 for a block device).
+  // Errors: INVALID_ARGUMENT for no fds or a queue depth out of range; the errno text for a file
+  // that cannot be sized; UNAVAILABLE if io_uring cannot be set up (kernel too old, or disabled by
+  // /proc/sys/kernel/io_uring_disabled, or a seccomp filter).
+  static absl::StatusOr<std::unique_ptr<UringBackend>> Create(std::vector<int> fds,
+                                                              const UringOptions& options);
+  // Waits for every submitted batch to complete (each `done` runs), stops the threads, closes fds.
+  ~UringBackend() override;
+
+  std::string_view name() const override { return "uring"; }
+  uint32_t num_files() const override { return static_cast<uint32_t>(sizes_.size()); }
+  uint64_t file_size(uint32_t file) const override { return sizes_[file]; }
+
+  // Registers `region` with every ring (split into io_uring's 1 GiB pieces), all or nothing.
+  // FAILED_PRECONDITION once a buffer is registered; RESOURCE_EXHAUSTED when the kernel refuses to
+  // pin the memory (it charges RLIMIT_MEMLOCK once per file unless the process has CAP_IPC_LOCK);
+  // INTERNAL otherwise. After an error nothing is registered, I/O keeps working with plain reads
+  // and writes, and the call may be retried. May be called while I/O is in flight.
+  [[nodiscard]] absl::Status RegisterBuffer(absl::Span<uint8_t> region) override;
+  void Submit(absl::Span<IoRequest> batch, std::function<void()> done) override;
+  // fdatasync on the calling thread. INVALID_ARGUMENT for a bad index; INTERNAL on failure.
+  [[nodiscard]] absl::Status Sync(uint32_t file) override;
+
+  UringCounters counters() const;
+
+ private:
+  class FileQueue;
+  explicit UringBackend(std::vector<uint64_t> sizes);
+
+  std::vector<uint64_t> sizes_;
+  std::vector<std::unique_ptr<FileQueue>> queues_;
+  std::atomic<bool> buffer_registered_{false};
+};
+
+// CreateUringBackend is UringBackend::Create, returned through the interface.
+absl::StatusOr<std::unique_ptr<IoBackend>> CreateUringBackend(std::vector<int> fds,
+                                                              const UringOptions& options = {});
+
+}  // namespace tutti::io
+
+#endif  // TUTTI_DAEMON_IO_URING_BACKEND_H_
