@@ -1,0 +1,97 @@
+#include "gpu/cuda_ipc_memory.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "gpu/cuda_status.h"
+#include "gpu/probe.h"
+
+namespace tutti::gpu {
+namespace {
+
+std::vector<uint64_t> Sizes(absl::Span<const IpcRegion> regions) {
+  std::vector<uint64_t> sizes;
+  for (const IpcRegion& r : regions) sizes.push_back(r.size_bytes);
+  return sizes;
+}
+
+std::vector<uint64_t> Sizes(absl::Span<const LocalRegion> regions) {
+  std::vector<uint64_t> sizes;
+  for (const LocalRegion& r : regions) sizes.push_back(r.size_bytes);
+  return sizes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::Open(
+    const EngineLayout& layout, absl::Span<const IpcRegion> regions,
+    absl::Span<const StagingRegion> staging, IoStream* stream) {
+  ASSIGN_OR_RETURN(DeviceInfo device, Probe(stream->device()));
+  for (size_t i = 0; i < regions.size(); ++i) {
+    RETURN_IF_ERROR(CheckIpcRegion(regions[i], device, absl::StrCat("regions[", i, "]")));
+  }
+  RETURN_IF_ERROR(ValidateLayout(layout, Sizes(regions)));
+  ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(staging));
+  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, stream));
+  mem->staging_ = std::move(map);
+  for (size_t i = 0; i < regions.size(); ++i) {
+    // On error, the mappings opened so far close with `mem`.
+    ASSIGN_OR_RETURN(std::unique_ptr<IpcMapping> m,
+                     IpcMapping::Open(regions[i], device, absl::StrCat("regions[", i, "]")));
+    mem->bases_.push_back(m->base());
+    mem->mappings_.push_back(std::move(m));
+  }
+  return mem;
+}
+
+absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::WrapLocal(
+    const EngineLayout& layout, absl::Span<const LocalRegion> regions,
+    absl::Span<const StagingRegion> staging, IoStream* stream) {
+  RETURN_IF_ERROR(ValidateLayout(layout, Sizes(regions)));
+  ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(staging));
+  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, stream));
+  mem->staging_ = std::move(map);
+  for (const LocalRegion& r : regions) mem->bases_.push_back(static_cast<uint8_t*>(r.device_ptr));
+  return mem;
+}
+
+CudaIpcMemory::~CudaIpcMemory() {
+  auto logger = log::Get("gpu");
+  absl::Status s = stream_->Synchronize();
+  if (!s.ok()) logger->error("gpu{}: closing engine memory: {}", stream_->device(), s.ToString());
+  for (size_t i = 0; i < mappings_.size(); ++i) {
+    s = mappings_[i]->Close();
+    if (!s.ok()) logger->error("gpu{}: regions[{}]: {}", stream_->device(), i, s.ToString());
+  }
+}
+
+absl::Status CudaIpcMemory::Enqueue(absl::Span<const engine::CopyOp> ops,
+                                    CopyDirection direction) {
+  thread_local std::vector<CopyDesc> descs;  // keeps its capacity: no allocation per call
+  RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
+  if (descs.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&stream_->mutex());
+  return CudaStatus(LaunchCopyObjects(descs.data(), descs.size(), layout_.object_len,
+                                      stream_->ctas(), stream_->stream()),
+                    direction == CopyDirection::kToEngine ? "scatter launch" : "gather launch");
+}
+
+absl::Status CudaIpcMemory::EnqueueScatter(absl::Span<const engine::CopyOp> ops) {
+  return Enqueue(ops, CopyDirection::kToEngine);
+}
+
+absl::Status CudaIpcMemory::EnqueueGather(absl::Span<const engine::CopyOp> ops) {
+  return Enqueue(ops, CopyDirection::kFromEngine);
+}
+
+absl::Status CudaIpcMemory::Scatter(absl::Span<const engine::CopyOp> ops) {
+  RETURN_IF_ERROR(EnqueueScatter(ops));
+  return Synchronize();
+}
+
+absl::Status CudaIpcMemory::Gather(absl::Span<const engine::CopyOp> ops) {
+  RETURN_IF_ERROR(EnqueueGather(ops));
+  return Synchronize();
+}
+
+}  // namespace tutti::gpu

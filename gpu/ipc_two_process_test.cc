@@ -1,0 +1,237 @@
+// Two processes, as in production: this test is the engine (it owns the KV memory and the ready
+// words, and its stream waits per layer); it re-executes itself as the daemon (--daemon_child),
+// which opens the engine's IPC handles, scatters random blocks layer by layer from pinned staging
+// on its I/O stream, signals each layer's ready word, and gathers the blocks back (the Store path).
+#include <cuda_runtime.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "gpu/cuda_ipc_memory.h"
+#include "gpu/pinned.h"
+#include "gpu/ready_words.h"
+#include "gpu/testing/test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::gpu {
+namespace {
+
+using testing::KvFormat;
+
+constexpr uint8_t kPoison = 0x5a;
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kBlocks = 64;
+constexpr uint32_t kUsed = 21;
+constexpr uint32_t kTicket = 41;
+constexpr char kChildFlag[] = "--daemon_child";
+
+uint32_t ObjectLen(KvFormat f) { return f == KvFormat::kMla ? 18432 : 16384; }
+
+// What the engine tells the daemon: argv after the flag.
+struct ChildArgs {
+  int format = 0;
+  uint64_t seed = 0;
+  std::string uuid;
+  std::string words_hex;
+  std::vector<std::string> region_hex;
+};
+
+std::vector<std::string> ToArgv(const ChildArgs& a) {
+  std::vector<std::string> v = {kChildFlag, absl::StrCat(a.format), absl::StrCat(a.seed), a.uuid,
+                                a.words_hex};
+  v.insert(v.end(), a.region_hex.begin(), a.region_hex.end());
+  return v;
+}
+
+// ---- the daemon side (child process) ----
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "daemon child: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 2;
+}
+
+int ChildMain(int argc, char** argv) {
+  ChildArgs a;
+  if (argc < 6 || !absl::SimpleAtoi(argv[2], &a.format) || !absl::SimpleAtoi(argv[3], &a.seed)) {
+    return Fail("usage", absl::InvalidArgumentError("bad arguments"));
+  }
+  const KvFormat format = static_cast<KvFormat>(a.format);
+  const uint32_t obj = ObjectLen(format);
+  testing::KvLayout kv = testing::MakeKvLayout(format, kLayers, kBlocks, obj);
+  auto io = IoStream::Create({0, 16, 0});
+  if (!io.ok()) return Fail("I/O stream", io.status());
+  std::vector<IpcRegion> regions;
+  for (int i = 6; i < argc; ++i) {
+    regions.push_back({*testing::FromHex(argv[i]), kv.region_sizes[i - 6], argv[4]});
+  }
+  const uint32_t objects = kv.layout.placements.size();
+  auto staging = PinnedRegion::Allocate(2ull * kUsed * objects * obj);
+  if (!staging.ok()) return Fail("staging", staging.status());
+  auto mem = CudaIpcMemory::Open(kv.layout, regions, {(*staging)->staging()}, io->get());
+  if (!mem.ok()) return Fail("open KV regions", mem.status());
+  auto words = ReadyWords::Open({*testing::FromHex(argv[5]), 4 * kLayers, argv[4]}, 0, kLayers,
+                                io->get());
+  if (!words.ok()) return Fail("open ready words", words.status());
+
+  // ops[l]: layer l's objects of the random blocks; staging's first half holds their content.
+  std::vector<std::vector<engine::CopyOp>> ops(kLayers);
+  uint8_t* next = (*staging)->host();
+  for (uint32_t b : testing::RandomBlocks(a.seed, kUsed, kBlocks)) {
+    for (uint32_t j = 0; j < objects; ++j) {
+      testing::FillObject(a.seed, b, j, next, obj);
+      ops[j / kv.parts].push_back({b, j, next});
+      next += obj;
+    }
+  }
+  // Late on purpose: an engine stream that did not wait would read the poison.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    if (absl::Status s = (*mem)->EnqueueScatter(ops[l]); !s.ok()) return Fail("scatter", s);
+    if (absl::Status s = (*words)->Signal(l, kTicket); !s.ok()) return Fail("signal", s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (absl::Status s = (*mem)->Synchronize(); !s.ok()) return Fail("sync", s);
+
+  // Store path: gather every object back into the second half and compare.
+  const size_t half = (*staging)->size() / 2;
+  std::memset((*staging)->host() + half, 0, half);
+  std::vector<engine::CopyOp> back;
+  for (const auto& layer : ops) {
+    for (engine::CopyOp op : layer) {
+      op.staging += half;
+      back.push_back(op);
+    }
+  }
+  if (absl::Status s = (*mem)->Gather(back); !s.ok()) return Fail("gather", s);
+  if (std::memcmp((*staging)->host(), (*staging)->host() + half, half) != 0) {
+    return Fail("gather", absl::DataLossError("gathered bytes differ from the scattered ones"));
+  }
+  return 0;
+}
+
+// ---- the engine side (the test) ----
+
+class TwoProcessTest : public ::testing::TestWithParam<KvFormat> {};
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  std::vector<char*> argv = {const_cast<char*>("/proc/self/exe")};
+  for (const std::string& s : args) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  _exit(127);
+}
+
+TEST_P(TwoProcessTest, DaemonScattersIntoEngineBlocksWhileEngineStreamWaitsPerLayer) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  const KvFormat format = GetParam();
+  const uint32_t obj = ObjectLen(format);
+  const uint64_t seed = 77 + static_cast<int>(format);
+  testing::KvLayout kv = testing::MakeKvLayout(format, kLayers, kBlocks, obj);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+
+  ChildArgs args{static_cast<int>(format), seed, Probe()->uuid_text, "", {}};
+  std::vector<void*> regions;
+  std::vector<uint8_t*> readback;
+  for (uint64_t size : kv.region_sizes) {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
+    regions.push_back(p);
+    cudaIpcMemHandle_t h;
+    ASSERT_EQ(cudaIpcGetMemHandle(&h, p), cudaSuccess);
+    args.region_hex.push_back(testing::ToHex({reinterpret_cast<const char*>(&h), sizeof(h)}));
+    void* host = nullptr;
+    ASSERT_EQ(cudaHostAlloc(&host, size, cudaHostAllocDefault), cudaSuccess);
+    readback.push_back(static_cast<uint8_t*>(host));
+  }
+  auto words = ReadyWordArray::Create(0, kLayers);
+  ASSERT_TRUE(words.ok()) << words.status();
+  auto exported = (*words)->ExportIpc();
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  args.words_hex = testing::ToHex(exported->handle);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  // The engine's stream: before "computing" layer l it waits for word l, then reads the layer's
+  // regions (a stand-in for attention reading the KV).
+  cudaStream_t engine;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&engine, cudaStreamNonBlocking), cudaSuccess);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(WaitLayer(engine, (*words)->word(l), kTicket).ok());
+    absl::flat_hash_set<uint32_t> layer_regions;
+    for (uint32_t p = 0; p < kv.parts; ++p) {
+      layer_regions.insert(kv.layout.placements[l * kv.parts + p].region);
+    }
+    for (uint32_t r : layer_regions) {
+      ASSERT_EQ(cudaMemcpyAsync(readback[r], regions[r], kv.region_sizes[r],
+                                cudaMemcpyDeviceToHost, engine),
+                cudaSuccess);
+    }
+  }
+  EXPECT_EQ(cudaStreamQuery(engine), cudaErrorNotReady);  // nothing signalled yet
+
+  const pid_t child = Spawn(ToArgv(args));
+  ASSERT_GT(child, 0);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "daemon child status " << wstatus;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  cudaError_t e;
+  while ((e = cudaStreamQuery(engine)) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (e == cudaErrorNotReady) {
+    ADD_FAILURE() << "engine stream still waiting after the daemon exited; releasing it";
+    ASSERT_TRUE((*words)->ForceRelease(kTicket).ok());
+  }
+  ASSERT_EQ(cudaStreamSynchronize(engine), cudaSuccess);
+
+  // Every object of the daemon's blocks has its content; every other block is still poison.
+  absl::flat_hash_set<uint32_t> used;
+  for (uint32_t b : testing::RandomBlocks(seed, kUsed, kBlocks)) used.insert(b);
+  std::vector<uint8_t> want(obj);
+  size_t bad = 0;
+  for (uint32_t j = 0; j < kv.layout.placements.size(); ++j) {
+    const engine::ObjectPlacement& p = kv.layout.placements[j];
+    for (uint32_t b = 0; b < kBlocks; ++b) {
+      if (used.contains(b)) {
+        testing::FillObject(seed, b, j, want.data(), obj);
+      } else {
+        std::memset(want.data(), kPoison, obj);
+      }
+      const uint8_t* got = readback[p.region] + p.offset + b * p.block_stride;
+      if (std::memcmp(got, want.data(), obj) != 0 && ++bad <= 5) {
+        ADD_FAILURE() << "object " << j << " block " << b << (used.contains(b) ? "" : " (untouched)");
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  cudaStreamDestroy(engine);
+  for (void* p : regions) cudaFree(p);
+  for (uint8_t* h : readback) cudaFreeHost(h);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, TwoProcessTest, ::testing::ValuesIn(testing::kAllFormats),
+                         [](const auto& info) { return testing::FormatName(info.param); });
+
+}  // namespace
+}  // namespace tutti::gpu
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], tutti::gpu::kChildFlag) == 0) {
+    return tutti::gpu::ChildMain(argc, argv);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,97 @@
+#include "gpu/placement.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/status_macros.h"
+
+namespace tutti::gpu {
+namespace {
+
+bool Aligned(uint64_t v) { return v % kCopyAlign == 0; }
+
+}  // namespace
+
+absl::Status ValidateLayout(const EngineLayout& layout, const std::vector<uint64_t>& region_sizes) {
+  RETURN_IF_ERROR(engine::ValidatePlacements(region_sizes, layout.placements, layout.num_blocks,
+                                             static_cast<uint32_t>(layout.placements.size()),
+                                             layout.object_len));
+  if (!Aligned(layout.object_len)) {
+    return absl::InvalidArgumentError(absl::StrCat("object_len = ", layout.object_len,
+                                                   ": must be a multiple of ", kCopyAlign,
+                                                   " for the copy kernel"));
+  }
+  for (size_t j = 0; j < layout.placements.size(); ++j) {
+    const engine::ObjectPlacement& p = layout.placements[j];
+    if (!Aligned(p.offset) || !Aligned(p.block_stride)) {
+      return absl::InvalidArgumentError(absl::StrCat("placements[", j, "]: offset ", p.offset,
+                                                     " and block_stride ", p.block_stride,
+                                                     " must be multiples of ", kCopyAlign));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StagingMap> StagingMap::Create(absl::Span<const StagingRegion> regions) {
+  StagingMap map;
+  map.regions_.assign(regions.begin(), regions.end());
+  std::sort(map.regions_.begin(), map.regions_.end(),
+            [](const StagingRegion& a, const StagingRegion& b) { return a.host < b.host; });
+  for (size_t i = 0; i < map.regions_.size(); ++i) {
+    const StagingRegion& r = map.regions_[i];
+    if (r.host == nullptr || r.device == nullptr || r.len == 0) {
+      return absl::InvalidArgumentError("empty or null staging region");
+    }
+    if (!Aligned(reinterpret_cast<uintptr_t>(r.host)) ||
+        !Aligned(reinterpret_cast<uintptr_t>(r.device))) {
+      return absl::InvalidArgumentError("staging region not 16-byte aligned");
+    }
+    if (i > 0) {
+      const StagingRegion& prev = map.regions_[i - 1];
+      if (static_cast<uint64_t>(r.host - prev.host) < prev.len) {
+        return absl::InvalidArgumentError("staging regions overlap");
+      }
+    }
+  }
+  return map;
+}
+
+uint8_t* StagingMap::ToDevice(const uint8_t* host, uint64_t len) const {
+  auto it = std::upper_bound(regions_.begin(), regions_.end(), host,
+                             [](const uint8_t* h, const StagingRegion& r) { return h < r.host; });
+  if (it == regions_.begin()) return nullptr;
+  const StagingRegion& r = *(it - 1);
+  const uint64_t off = static_cast<uint64_t>(host - r.host);
+  if (off > r.len || len > r.len - off) return nullptr;
+  return r.device + off;
+}
+
+absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLayout& layout,
+                            absl::Span<uint8_t* const> region_bases, const StagingMap& staging,
+                            CopyDirection direction, std::vector<CopyDesc>* out) {
+  out->clear();
+  out->reserve(ops.size());
+  const uint32_t len = layout.object_len;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const engine::CopyOp& op = ops[i];
+    if (op.block >= layout.num_blocks || op.object >= layout.placements.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("op ", i, ": block ", op.block, " object ",
+                                                     op.object, " out of range"));
+    }
+    uint8_t* stage = staging.ToDevice(op.staging, len);
+    if (stage == nullptr || !Aligned(reinterpret_cast<uintptr_t>(stage))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("op ", i, ": staging address outside registered staging or unaligned"));
+    }
+    const engine::ObjectPlacement& p = layout.placements[op.object];
+    uint8_t* engine = region_bases[p.region] + p.offset + op.block * p.block_stride;
+    if (direction == CopyDirection::kToEngine) {
+      out->push_back(CopyDesc{stage, engine});
+    } else {
+      out->push_back(CopyDesc{engine, stage});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tutti::gpu

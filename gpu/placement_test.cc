@@ -1,0 +1,138 @@
+#include "gpu/placement.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gpu/testing/test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::gpu {
+namespace {
+
+using testing::KvFormat;
+using testing::MakeKvLayout;
+
+uint8_t* Addr(uint64_t v) { return reinterpret_cast<uint8_t*>(v); }
+
+TEST(ValidateLayoutTest, AcceptsEveryFormat) {
+  for (KvFormat f : testing::kAllFormats) {
+    testing::KvLayout kv = MakeKvLayout(f, 4, 100, 32768);
+    EXPECT_TRUE(ValidateLayout(kv.layout, kv.region_sizes).ok()) << testing::FormatName(f);
+  }
+}
+
+TEST(ValidateLayoutTest, RejectsUnalignedObjectOffsetAndStride) {
+  testing::KvLayout kv = MakeKvLayout(KvFormat::kSeparateKv, 1, 8, 4096);
+  kv.layout.object_len = 4104;
+  kv.region_sizes = {1 << 20, 1 << 20};
+  kv.layout.placements = {{0, 0, 4112}, {1, 0, 4112}};
+  EXPECT_EQ(ValidateLayout(kv.layout, kv.region_sizes).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  kv.layout.object_len = 4096;
+  kv.layout.placements = {{0, 8, 4096}, {1, 0, 4096}};
+  absl::Status s = ValidateLayout(kv.layout, kv.region_sizes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "placements[0]")) << s;
+
+  kv.layout.placements = {{0, 0, 4096}, {1, 0, 4100}};
+  s = ValidateLayout(kv.layout, kv.region_sizes);
+  EXPECT_TRUE(absl::StrContains(s.message(), "placements[1]")) << s;
+}
+
+TEST(ValidateLayoutTest, RejectsRegionTooSmallAndBadRegionIndex) {
+  testing::KvLayout kv = MakeKvLayout(KvFormat::kFusedKv, 2, 64, 4096);
+  kv.region_sizes[1] -= 16;  // the last block of layer 1's V no longer fits
+  absl::Status s = ValidateLayout(kv.layout, kv.region_sizes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "placements[3]")) << s;
+
+  kv = MakeKvLayout(KvFormat::kFusedKv, 2, 64, 4096);
+  kv.layout.placements[2].region = 7;
+  EXPECT_EQ(ValidateLayout(kv.layout, kv.region_sizes).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StagingMapTest, TranslatesInsideRegionsOnly) {
+  std::vector<StagingRegion> regions = {{Addr(0x100000), 0x1000, Addr(0x9000000)},
+                                        {Addr(0x200000), 0x2000, Addr(0xa000000)}};
+  absl::StatusOr<StagingMap> map = StagingMap::Create(regions);
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->ToDevice(Addr(0x100010), 16), Addr(0x9000010));
+  EXPECT_EQ(map->ToDevice(Addr(0x201000), 0x1000), Addr(0xa001000));
+  EXPECT_EQ(map->ToDevice(Addr(0x201000), 0x1001), nullptr);  // runs past the end
+  EXPECT_EQ(map->ToDevice(Addr(0x0fff00), 16), nullptr);      // before every region
+  EXPECT_EQ(map->ToDevice(Addr(0x101000), 16), nullptr);      // between regions
+}
+
+TEST(StagingMapTest, RejectsOverlapAndMisalignment) {
+  std::vector<StagingRegion> overlap = {{Addr(0x100000), 0x2000, Addr(0x9000000)},
+                                        {Addr(0x101000), 0x1000, Addr(0xa000000)}};
+  EXPECT_EQ(StagingMap::Create(overlap).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<StagingRegion> unaligned = {{Addr(0x100008), 0x1000, Addr(0x9000000)}};
+  EXPECT_EQ(StagingMap::Create(unaligned).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BuildCopyDescsTest, AddressesFollowThePlacementsForEveryFormat) {
+  constexpr uint32_t kObj = 32768, kBlocks = 50, kLayers = 3;
+  const uint64_t kStagingDev = 0x7f0000000000;
+  std::vector<StagingRegion> stage = {{Addr(0x10000000), 64 * kObj, Addr(kStagingDev)}};
+  StagingMap map = *StagingMap::Create(stage);
+  for (KvFormat f : testing::kAllFormats) {
+    testing::KvLayout kv = MakeKvLayout(f, kLayers, kBlocks, kObj);
+    std::vector<uint8_t*> bases;
+    for (size_t r = 0; r < kv.region_sizes.size(); ++r) bases.push_back(Addr((r + 1) << 32));
+    std::vector<engine::CopyOp> ops;
+    const uint32_t objects = kv.layout.placements.size();
+    for (uint32_t i = 0; i < objects; ++i) {
+      ops.push_back({(i * 7) % kBlocks, i, Addr(0x10000000) + i * kObj});
+    }
+    std::vector<CopyDesc> descs;
+    ASSERT_TRUE(BuildCopyDescs(ops, kv.layout, bases, map, CopyDirection::kToEngine, &descs).ok());
+    ASSERT_EQ(descs.size(), ops.size());
+    for (uint32_t i = 0; i < objects; ++i) {
+      const uint32_t layer = i / kv.parts, part = i % kv.parts, b = ops[i].block;
+      uint64_t want = 0;
+      switch (f) {
+        case KvFormat::kFusedKv:
+          want = ((layer + 1ull) << 32) + (part * kBlocks + b) * uint64_t{kObj};
+          break;
+        case KvFormat::kSeparateKv:
+          want = ((2ull * layer + part + 1) << 32) + b * uint64_t{kObj};
+          break;
+        case KvFormat::kMla:
+          want = ((layer + 1ull) << 32) + b * uint64_t{kObj};
+          break;
+        case KvFormat::kBlockMajorKv:
+          want = ((layer + 1ull) << 32) + (2ull * b + part) * kObj;
+          break;
+      }
+      EXPECT_EQ(descs[i].dst, Addr(want)) << testing::FormatName(f) << " op " << i;
+      EXPECT_EQ(descs[i].src, Addr(kStagingDev + uint64_t{i} * kObj));
+    }
+    // Gather swaps source and destination.
+    ASSERT_TRUE(
+        BuildCopyDescs(ops, kv.layout, bases, map, CopyDirection::kFromEngine, &descs).ok());
+    EXPECT_EQ(descs[0].dst, Addr(kStagingDev));
+  }
+}
+
+TEST(BuildCopyDescsTest, RejectsOutOfRangeOpsAndStaging) {
+  testing::KvLayout kv = MakeKvLayout(KvFormat::kFusedKv, 2, 10, 4096);
+  std::vector<uint8_t*> bases = {Addr(1ull << 32), Addr(2ull << 32)};
+  StagingMap map = *StagingMap::Create({{Addr(0x100000), 4 * 4096, Addr(0x100000)}});
+  std::vector<CopyDesc> descs;
+  auto build = [&](engine::CopyOp op) {
+    return BuildCopyDescs({op}, kv.layout, bases, map, CopyDirection::kToEngine, &descs).code();
+  };
+  EXPECT_EQ(build({9, 3, Addr(0x100000)}), absl::StatusCode::kOk);
+  EXPECT_EQ(build({10, 0, Addr(0x100000)}), absl::StatusCode::kInvalidArgument);  // block
+  EXPECT_EQ(build({0, 4, Addr(0x100000)}), absl::StatusCode::kInvalidArgument);   // object
+  EXPECT_EQ(build({0, 0, Addr(0x103001)}), absl::StatusCode::kInvalidArgument);   // past end
+  EXPECT_EQ(build({0, 0, Addr(0x100008)}), absl::StatusCode::kInvalidArgument);   // unaligned
+  EXPECT_EQ(build({0, 0, Addr(0x200000)}), absl::StatusCode::kInvalidArgument);   // unregistered
+}
+
+}  // namespace
+}  // namespace tutti::gpu

@@ -1,0 +1,51 @@
+#include "gpu/probe.h"
+
+#include "gtest/gtest.h"
+
+namespace tutti::gpu {
+namespace {
+
+// Runs everywhere: without a driver or GPU the answer is UNAVAILABLE, never a crash.
+TEST(ProbeTest, AnswersCleanlyWithOrWithoutGpu) {
+  absl::StatusOr<DeviceInfo> info = Probe();
+  if (!info.ok()) {
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable) << info.status();
+    EXPECT_FALSE(info.status().message().empty());
+    return;
+  }
+  EXPECT_GT(info->sm_count, 0);
+  EXPECT_GE(info->cc_major, kMinComputeMajor);
+  EXPECT_GT(info->total_memory, 0u);
+  EXPECT_EQ(info->uuid_text, FormatUuid(info->uuid));
+  absl::StatusOr<Uuid> parsed = ParseUuid(info->uuid_text);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(*parsed, info->uuid);
+}
+
+TEST(ProbeTest, RejectsNegativeOrdinalOrReportsNoGpu) {
+  absl::StatusOr<DeviceInfo> info = Probe(-1);
+  ASSERT_FALSE(info.ok());
+  EXPECT_TRUE(info.status().code() == absl::StatusCode::kInvalidArgument ||
+              info.status().code() == absl::StatusCode::kUnavailable)
+      << info.status();
+}
+
+TEST(UuidTest, FormatsLikeNvidiaSmiAndParsesBack) {
+  Uuid u;
+  for (int i = 0; i < 16; ++i) u[i] = static_cast<uint8_t>(0x10 * i + 15 - i);
+  const std::string text = FormatUuid(u);
+  EXPECT_EQ(text, "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
+  EXPECT_EQ(*ParseUuid(text), u);
+  EXPECT_EQ(*ParseUuid("0F1E2D3C4B5A69788796A5B4C3D2E1F0"), u);
+  EXPECT_EQ(*ParseUuid("gpu-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"), u);
+}
+
+TEST(UuidTest, RejectsMalformed) {
+  EXPECT_FALSE(ParseUuid("").ok());
+  EXPECT_FALSE(ParseUuid("GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f").ok());    // 31 digits
+  EXPECT_FALSE(ParseUuid("GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f00").ok());  // 33 digits
+  EXPECT_FALSE(ParseUuid("GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fg").ok());
+}
+
+}  // namespace
+}  // namespace tutti::gpu
