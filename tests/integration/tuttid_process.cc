@@ -1,0 +1,284 @@
+#include "tests/integration/tuttid_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/hostengine/connect.h"
+#include "grpcpp/client_context.h"
+
+namespace tutti::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// True if `dir` takes O_DIRECT writes (tmpfs and some overlays do not).
+bool TakesODirect(const std::string& dir) {
+  const std::string probe = dir + "/.odirect-probe";
+  const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  if (fd < 0) return false;
+  void* buf = nullptr;
+  bool ok = posix_memalign(&buf, 4096, 4096) == 0;
+  if (ok) {
+    std::memset(buf, 0, 4096);
+    ok = pwrite(fd, buf, 4096, 0) == 4096;
+  }
+  free(buf);
+  close(fd);
+  unlink(probe.c_str());
+  return ok;
+}
+
+absl::StatusOr<std::string> MakeTempDir(const std::string& pattern) {
+  std::string path = pattern;
+  if (mkdtemp(path.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", strerror(errno)));
+  }
+  return path;
+}
+
+std::string ConfigText(const TuttidEnv& env) {
+  const TuttidConfig& c = env.config();
+  return absl::StrFormat(
+      "state_dir: \"%s\"\n"
+      "listen { socket_path: \"%s\" socket_mode: 384 }\n"
+      "pool { dirs: \"%s\" capacity_bytes: %d object_bytes: %d max_objects: %d }\n"
+      "io { backend: \"%s\" queue_depth: %d }\n"
+      "dram { capacity_bytes: %d }\n"
+      "limits { max_blocks_per_call: %d session_ttl_ms: %d lease_ttl_ms: %d\n"
+      "         store_staging_bytes: %d retrieve_staging_bytes: %d }\n"
+      "journal { checkpoint_every: %d }\n"
+      "log_level: \"%s\"\n",
+      env.state_dir(), env.socket(), env.pool_dir(), c.capacity_bytes, c.object_bytes,
+      c.max_objects, c.backend, c.queue_depth, c.dram_bytes, c.max_blocks_per_call,
+      c.session_ttl_ms, c.lease_ttl_ms, c.store_staging_bytes, c.retrieve_staging_bytes,
+      c.checkpoint_every, c.log_level);
+}
+
+std::string TuttidBinary() {
+  if (const char* bin = getenv("TUTTID_BIN"); bin != nullptr && *bin != '\0') return bin;
+  return RunfilePath("daemon/tuttid");
+}
+
+// Waits up to `timeout` for `pid`; returns its wait status, or -1 if it is still running.
+int WaitFor(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR) return 0;  // not our child any more
+    if (absl::Now() > deadline) return -1;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace
+
+std::string RunfilePath(const std::string& workspace_relative) {
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    const char* root = getenv(var);
+    if (root == nullptr) continue;
+    const std::string path = absl::StrCat(root, "/tutti/", workspace_relative);
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return workspace_relative;  // run from the workspace root, outside Bazel
+}
+
+absl::StatusOr<std::unique_ptr<TuttidEnv>> TuttidEnv::Create(const TuttidConfig& config) {
+  std::unique_ptr<TuttidEnv> env(new TuttidEnv());
+  env->config_ = config;
+  const char* tmp = getenv("TEST_TMPDIR");
+  const std::string base = tmp != nullptr && TakesODirect(tmp) ? tmp : "/var/tmp";
+  auto root = MakeTempDir(base + "/tuttid-XXXXXX");
+  if (!root.ok()) return root.status();
+  env->root_ = *root;
+  auto sock = MakeTempDir("/tmp/tutti-sock-XXXXXX");
+  if (!sock.ok()) return sock.status();
+  env->socket_dir_ = *sock;
+  env->socket_ = *sock + "/tuttid.sock";
+  env->state_dir_ = env->root_ + "/state";
+  env->pool_dir_ = env->root_ + "/pool";
+  env->config_path_ = env->root_ + "/tuttid.textproto";
+  std::error_code ec;
+  fs::create_directories(env->state_dir_, ec);
+  fs::create_directories(env->pool_dir_, ec);
+  if (ec) return absl::InternalError(absl::StrCat("mkdir under ", env->root_, ": ", ec.message()));
+  std::ofstream(env->config_path_) << ConfigText(*env);
+  return env;
+}
+
+TuttidEnv::~TuttidEnv() {
+  std::error_code ec;
+  if (getenv("TUTTI_KEEP_TEST_DIRS") == nullptr) fs::remove_all(root_, ec);
+  fs::remove_all(socket_dir_, ec);
+}
+
+TuttidEnv::DiskUse TuttidEnv::PoolDiskUse() const {
+  DiskUse use;
+  std::error_code ec;
+  for (const auto& entry : fs::recursive_directory_iterator(pool_dir_, ec)) {
+    struct stat st;
+    if (!entry.is_regular_file() || stat(entry.path().c_str(), &st) != 0) continue;
+    ++use.files;
+    use.apparent_bytes += st.st_size;
+    use.allocated_bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return use;
+}
+
+absl::StatusOr<std::unique_ptr<TuttidProcess>> TuttidProcess::Start(const TuttidEnv& env,
+                                                                    int ready_timeout_s) {
+  static std::atomic<int> runs{0};
+  std::unique_ptr<TuttidProcess> p(new TuttidProcess());
+  p->env_ = &env;
+  p->log_path_ = absl::StrCat(env.root(), "/tuttid.", runs.fetch_add(1), ".log");
+  const std::string bin = TuttidBinary();
+  std::vector<std::string> args = {bin, "--config=" + env.config_path(),
+                                   "--state_dir=" + env.state_dir(), "--socket=" + env.socket()};
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+    const int log = open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log >= 0) {
+      dup2(log, 1);
+      dup2(log, 2);
+    }
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    dprintf(2, "execv %s: %s\n", bin.c_str(), strerror(errno));
+    _exit(127);
+  }
+  p->pid_ = pid;
+  p->running_.store(true);
+  if (absl::Status ready = p->WaitReady(ready_timeout_s); !ready.ok()) {
+    p->Kill();
+    return absl::UnavailableError(
+        absl::StrCat(ready.message(), "\n--- tuttid log tail ---\n", p->LogTail()));
+  }
+  return p;
+}
+
+absl::Status TuttidProcess::WaitReady(int timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  while (absl::Now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      running_.store(false);
+      return absl::UnavailableError(absl::StrCat("tuttid exited during start-up (wait status ",
+                                                 status, ")"));
+    }
+    auto channel = hostengine::ConnectToTuttid(env_->socket(), absl::Seconds(1));
+    if (channel.ok()) {
+      auto admin = tutti::v1::Admin::NewStub(*channel);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      tutti::v1::StatusResponse resp;
+      if (admin->Status(&ctx, tutti::v1::StatusRequest(), &resp).ok()) {
+        channel_ = *channel;
+        admin_ = std::move(admin);
+        return absl::OkStatus();
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::UnavailableError(absl::StrCat("tuttid did not answer within ", timeout_s, " s"));
+}
+
+TuttidProcess::~TuttidProcess() {
+  if (running()) Kill();
+}
+
+absl::StatusOr<int> TuttidProcess::Stop(int timeout_s) {
+  if (!running()) return absl::FailedPreconditionError("tuttid is not running");
+  kill(pid_, SIGTERM);
+  const int status = WaitFor(pid_, absl::Seconds(timeout_s));
+  if (status == -1) {
+    Kill();
+    return absl::DeadlineExceededError(
+        absl::StrCat("tuttid did not exit within ", timeout_s, " s of SIGTERM; killed"));
+  }
+  running_.store(false);
+  if (WIFSIGNALED(status)) {
+    return absl::InternalError(absl::StrCat("tuttid died of signal ", WTERMSIG(status)));
+  }
+  return WEXITSTATUS(status);
+}
+
+void TuttidProcess::Kill() {
+  if (!running_.exchange(false)) return;
+  kill(pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+std::string TuttidProcess::LogTail(size_t bytes) const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string all = ss.str();
+  return all.size() <= bytes ? all : all.substr(all.size() - bytes);
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv) {
+  CommandResult result;
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) return result;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    dprintf(2, "execv %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        sinks[i]->append(buf, n);
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  return result;
+}
+
+}  // namespace tutti::testing

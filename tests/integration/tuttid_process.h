@@ -1,0 +1,116 @@
+// Runs the real tuttid binary for daemon-level tests: writes its config, starts it, waits until
+// it answers, stops it with SIGTERM or kills it with SIGKILL, and restarts it on the same state.
+//
+// The binary is found through the test's runfiles ($TEST_SRCDIR/tutti/daemon/tuttid), or
+// $TUTTID_BIN when set. The pool goes on a disk filesystem that takes O_DIRECT ($TEST_TMPDIR,
+// else /var/tmp); the socket under /tmp (a unix socket path is at most 107 bytes).
+//
+// Thread-safety: none; drive one TuttidProcess from one thread (Kill may be called from another
+// thread while the owner waits, see Kill).
+#ifndef TUTTI_TESTS_INTEGRATION_TUTTID_PROCESS_H_
+#define TUTTI_TESTS_INTEGRATION_TUTTID_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
+#include "tutti/v1/admin.grpc.pb.h"
+
+namespace tutti::testing {
+
+struct TuttidConfig {
+  uint64_t capacity_bytes = 64ull << 20;
+  uint32_t object_bytes = 4096;
+  uint32_t max_objects = 8;
+  std::string backend = "uring";
+  uint32_t queue_depth = 32;
+  uint64_t dram_bytes = 0;
+  uint32_t max_blocks_per_call = 256;
+  uint32_t session_ttl_ms = 30000;
+  uint32_t lease_ttl_ms = 30000;
+  uint64_t store_staging_bytes = 32ull << 20;
+  uint64_t retrieve_staging_bytes = 32ull << 20;
+  uint32_t checkpoint_every = 65536;
+  std::string log_level = "info";
+};
+
+// Where one daemon's files live; the same env across restarts keeps the pool and journal.
+class TuttidEnv {
+ public:
+  // Creates fresh directories. INTERNAL if they cannot be made.
+  static absl::StatusOr<std::unique_ptr<TuttidEnv>> Create(const TuttidConfig& config);
+  ~TuttidEnv();  // removes the directories and the socket
+
+  const TuttidConfig& config() const { return config_; }
+  const std::string& root() const { return root_; }
+  const std::string& state_dir() const { return state_dir_; }
+  const std::string& pool_dir() const { return pool_dir_; }
+  const std::string& socket() const { return socket_; }
+  const std::string& config_path() const { return config_path_; }
+
+  // Sum over the pool files of (apparent size, allocated bytes = st_blocks * 512).
+  struct DiskUse {
+    uint64_t files = 0, apparent_bytes = 0, allocated_bytes = 0;
+  };
+  DiskUse PoolDiskUse() const;
+
+ private:
+  TuttidEnv() = default;
+  TuttidConfig config_;
+  std::string root_, state_dir_, pool_dir_, socket_dir_, socket_, config_path_;
+};
+
+class TuttidProcess {
+ public:
+  // Starts tuttid on `env` and waits (up to `ready_timeout_s`) until Admin.Status answers.
+  // UNAVAILABLE (with the daemon's log tail) if it exits or never answers; the process is gone
+  // then. `env` must outlive the process.
+  static absl::StatusOr<std::unique_ptr<TuttidProcess>> Start(const TuttidEnv& env,
+                                                              int ready_timeout_s = 60);
+  ~TuttidProcess();  // SIGKILLs the daemon if it still runs
+
+  // SIGTERM, then waits up to `timeout_s`. Returns the exit code; INTERNAL if it died of a
+  // signal, DEADLINE_EXCEEDED (after a SIGKILL) if it did not exit in time.
+  absl::StatusOr<int> Stop(int timeout_s = 60);
+  // SIGKILL and wait. Safe to call from another thread while the owner is not in Stop/Kill.
+  void Kill();
+  bool running() const { return running_.load(); }
+  pid_t pid() const { return pid_; }
+
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  tutti::v1::Admin::Stub& admin() { return *admin_; }
+  // The last `bytes` of this run's log (stderr and stdout).
+  std::string LogTail(size_t bytes = 4000) const;
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  TuttidProcess() = default;
+  absl::Status WaitReady(int timeout_s);
+
+  const TuttidEnv* env_ = nullptr;
+  pid_t pid_ = -1;
+  std::atomic<bool> running_{false};
+  std::string log_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<tutti::v1::Admin::Stub> admin_;
+};
+
+// The path of a binary of this workspace in the test's runfiles, e.g. "daemon/tuttid".
+std::string RunfilePath(const std::string& workspace_relative);
+
+// Runs `argv` to completion, capturing stdout and stderr. Returns the exit code (-signal when
+// killed by one).
+struct CommandResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+CommandResult RunCommand(const std::vector<std::string>& argv);
+
+}  // namespace tutti::testing
+
+#endif  // TUTTI_TESTS_INTEGRATION_TUTTID_PROCESS_H_
