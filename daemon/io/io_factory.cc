@@ -27,9 +27,9 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeUring(std::vector<int> fds,
     }
     for (uint32_t f = 0; f < sizes.size(); ++f) {
       if ((*backend)->file_size(f) != sizes[f]) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("pool file ", f, " is ", (*backend)->file_size(f),
-                         " bytes; its layout says ", sizes[f]));
+        return absl::FailedPreconditionError(absl::StrCat("pool file ", f, " is ",
+                                                          (*backend)->file_size(f),
+                                                          " bytes; its layout says ", sizes[f]));
       }
     }
   }
@@ -71,8 +71,8 @@ absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name
   for (std::string_view n : IoBackendNames()) {
     absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", std::string(n));
   }
-  return absl::InvalidArgumentError(absl::StrCat("io.backend: unknown backend \"",
-                                                 std::string(name), "\"; allowed: ", allowed));
+  return absl::InvalidArgumentError(
+      absl::StrCat("io.backend: unknown backend \"", std::string(name), "\"; allowed: ", allowed));
 }
 
 }  // namespace tutti::io

@@ -35,9 +35,9 @@ absl::StatusOr<std::shared_ptr<MemoryDisk>> MemoryDisk::Create(std::vector<uint6
   if (file_sizes.empty()) return absl::InvalidArgumentError("memory disk: no files");
   for (size_t i = 0; i < file_sizes.size(); ++i) {
     if (file_sizes[i] == 0 || file_sizes[i] % kAlignment != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("memory disk: file ", i, " size ",
-                                                     file_sizes[i], " is not a positive multiple of ",
-                                                     kAlignment));
+      return absl::InvalidArgumentError(
+          absl::StrCat("memory disk: file ", i, " size ", file_sizes[i],
+                       " is not a positive multiple of ", kAlignment));
     }
   }
   return std::shared_ptr<MemoryDisk>(new MemoryDisk(std::move(file_sizes)));
@@ -199,7 +199,8 @@ absl::Status MemoryDisk::Sync(uint32_t file) {
   }
   absl::MutexLock lock(&mu_);
   File& f = *files_[file];
-  if (powered_off_) return absl::InternalError(absl::StrCat("fdatasync(file ", file, "): powered off"));
+  if (powered_off_)
+    return absl::InternalError(absl::StrCat("fdatasync(file ", file, "): powered off"));
   if (f.fail_syncs > 0) {
     --f.fail_syncs;
     ++f.counts.faults;

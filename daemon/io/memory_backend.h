@@ -2,8 +2,10 @@
 // so that store and crash tests run anywhere and fast.
 //
 // Two pieces:
-//  - MemoryDisk holds the files' bytes and the faults. It can outlive any backend over it, so a test
-//    can "restart" a store on the same disk: PowerCut(), drop the old store, Restart(), open a new one.
+//  - MemoryDisk holds the files' bytes and the faults. It can outlive any backend over it, so a
+//  test
+//    can "restart" a store on the same disk: PowerCut(), drop the old store, Restart(), open a new
+//    one.
 //  - MemoryBackend is the IoBackend over a MemoryDisk. It completes batches in submission order on
 //    one worker thread (so `done` always runs on a backend thread, as the interface promises);
 //    within a batch, reads before writes. It checks requests exactly like the uring backend
@@ -11,7 +13,8 @@
 //
 // Volatility: a write is visible to reads at once but is durable only after Sync(file) (like a
 // drive's write cache). A crash (Restart) drops every page written since its file's last Sync, or
-// with kTear keeps a random subset of those 4 KiB pages (seeded, deterministic), as a power cut can.
+// with kTear keeps a random subset of those 4 KiB pages (seeded, deterministic), as a power cut
+// can.
 //
 // Storage is sparse (4 KiB pages allocated on first write; unwritten pages read as zeros), so large
 // pools cost only what is written.

@@ -62,8 +62,8 @@ TEST_F(MemoryBackendTest, ReadsWhatWasWrittenAndZerosElsewhere) {
   EXPECT_EQ(Write(1, 8192, 3 * kPage, 0xAB), 3 * kPage);
   std::string got;
   EXPECT_EQ(Read(1, 4096, 5 * kPage, &got), 5 * kPage);
-  EXPECT_EQ(got, std::string(kPage, '\0') + std::string(3 * kPage, '\xAB') +
-                     std::string(kPage, '\0'));
+  EXPECT_EQ(got,
+            std::string(kPage, '\0') + std::string(3 * kPage, '\xAB') + std::string(kPage, '\0'));
   EXPECT_EQ(Read(0, 8192, kPage, &got), kPage);
   EXPECT_EQ(got, std::string(kPage, '\0'));
   EXPECT_EQ(disk().counts(1).writes, 1u);
@@ -145,7 +145,7 @@ TEST_F(MemoryBackendTest, CorruptFlipsBytesDurably) {
 TEST_F(MemoryBackendTest, CrashDropsOnlyUnsyncedWrites) {
   ASSERT_EQ(Write(0, 0, 2 * kPage, 'A'), 2 * kPage);
   ASSERT_EQ(Write(1, 0, kPage, 'a'), kPage);
-  ASSERT_TRUE(backend_->Sync(0).ok());  // file 1 is never synced
+  ASSERT_TRUE(backend_->Sync(0).ok());                    // file 1 is never synced
   ASSERT_EQ(Write(0, kPage, 2 * kPage, 'B'), 2 * kPage);  // overwrites one synced page
   EXPECT_EQ(disk().UnsyncedPages(0), 2u);
   EXPECT_EQ(disk().Peek(0, kPage, 1), "B");

@@ -1,8 +1,8 @@
 #include "daemon/io/uring_backend.h"
 
 #include <fcntl.h>
-#include <linux/fs.h>
 #include <liburing.h>
+#include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -76,8 +76,8 @@ absl::StatusOr<uint64_t> SizeOf(int fd, uint32_t index) {
     }
     return bytes;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("pool file ", index, " (fd ", fd, ") is neither a regular file nor a block device"));
+  return absl::InvalidArgumentError(absl::StrCat("pool file ", index, " (fd ", fd,
+                                                 ") is neither a regular file nor a block device"));
 }
 
 }  // namespace
@@ -127,7 +127,7 @@ class UringBackend::FileQueue {
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
   std::deque<Pending> reads_, writes_;
-  std::vector<Pending> slots_;        // in-flight requests, by user_data
+  std::vector<Pending> slots_;  // in-flight requests, by user_data
   std::vector<uint32_t> free_slots_;
   uint32_t in_flight_ = 0;
   std::thread::id owner_;
@@ -214,8 +214,9 @@ absl::Status UringBackend::FileQueue::RegisterBuffer(absl::Span<uint8_t> region)
                                    region.size(), " bytes): ", ErrnoText(-r));
     if (r == -ENOMEM) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          msg, " (pinned memory is charged to RLIMIT_MEMLOCK once per pool file: raise it, e.g. "
-               "LimitMEMLOCK=infinity, or grant CAP_IPC_LOCK)"));
+          msg,
+          " (pinned memory is charged to RLIMIT_MEMLOCK once per pool file: raise it, e.g. "
+          "LimitMEMLOCK=infinity, or grant CAP_IPC_LOCK)"));
     }
     return absl::InternalError(msg);
   });
@@ -429,7 +430,8 @@ void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> don
   // Build every part before posting any: a posted part may finish (and free `b`) at once.
   absl::InlinedVector<std::pair<uint32_t, Part*>, 4> posts;
   for (uint32_t f = 0; f < per_file.size(); ++f) {
-    if (!per_file[f].empty()) b->parts.push_back(Part{b, static_cast<uint32_t>(per_file[f].size())});
+    if (!per_file[f].empty())
+      b->parts.push_back(Part{b, static_cast<uint32_t>(per_file[f].size())});
   }
   if (b->parts.empty()) b->parts.push_back(Part{b, 0});  // completes on file 0's thread
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);

@@ -1,14 +1,17 @@
-// The "uring" I/O backend: io_uring over O_DIRECT pool files, one ring and one owner thread per file.
+// The "uring" I/O backend: io_uring over O_DIRECT pool files, one ring and one owner thread per
+// file.
 //
-// Submit() splits a batch by file and posts each part to that file's thread (a mutex-guarded queue).
-// The thread keeps up to `queue_depth` requests in flight on its ring, always issuing queued reads
-// before queued writes, submits everything it has prepared with one io_uring_enter, reaps all
-// available completions at once, and runs a batch's `done` when the last part of the batch finishes.
-// The pool files are registered with each ring (IOSQE_FIXED_FILE); a buffer registered through
-// RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests that lie inside it.
+// Submit() splits a batch by file and posts each part to that file's thread (a mutex-guarded
+// queue). The thread keeps up to `queue_depth` requests in flight on its ring, always issuing
+// queued reads before queued writes, submits everything it has prepared with one io_uring_enter,
+// reaps all available completions at once, and runs a batch's `done` when the last part of the
+// batch finishes. The pool files are registered with each ring (IOSQE_FIXED_FILE); a buffer
+// registered through RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests
+// that lie inside it.
 //
 // Short transfers: a transfer that moves fewer bytes than asked (a 4 KiB multiple) is retried once
-// for the remainder; if that is short too, `result` holds the bytes moved so far. Errors are -errno.
+// for the remainder; if that is short too, `result` holds the bytes moved so far. Errors are
+// -errno.
 //
 // Latency note: while requests are in flight the owner thread sleeps in the kernel until a
 // completion arrives, so a batch posted at that moment starts when the next completion wakes it.
@@ -44,11 +47,11 @@ struct UringCounters {
 
 class UringBackend final : public IoBackend {
  public:
-  // Takes ownership of `fds` (pool files opened with O_DIRECT, in pool order; regular files or block
-  // devices) in every case: they are closed on error and when the backend is destroyed.
-  // File sizes are read once, here (fstat, or BLKGETSIZE64 for a block device).
-  // Errors: INVALID_ARGUMENT for no fds or a queue depth out of range; the errno text for a file
-  // that cannot be sized; UNAVAILABLE if io_uring cannot be set up (kernel too old, or disabled by
+  // Takes ownership of `fds` (pool files opened with O_DIRECT, in pool order; regular files or
+  // block devices) in every case: they are closed on error and when the backend is destroyed. File
+  // sizes are read once, here (fstat, or BLKGETSIZE64 for a block device). Errors: INVALID_ARGUMENT
+  // for no fds or a queue depth out of range; the errno text for a file that cannot be sized;
+  // UNAVAILABLE if io_uring cannot be set up (kernel too old, or disabled by
   // /proc/sys/kernel/io_uring_disabled, or a seccomp filter).
   static absl::StatusOr<std::unique_ptr<UringBackend>> Create(std::vector<int> fds,
                                                               const UringOptions& options);

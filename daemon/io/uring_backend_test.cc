@@ -146,7 +146,8 @@ void RoundTripThrough(IoBackend& b, uint8_t* region, int rounds, uint64_t gen) {
   }
 }
 
-// Registers `region`, retrying a while: parallel tests of the same user may hold the memlock budget.
+// Registers `region`, retrying a while: parallel tests of the same user may hold the memlock
+// budget.
 absl::Status RegisterWithRetry(IoBackend& b, absl::Span<uint8_t> region) {
   absl::Status s;
   for (int attempt = 0; attempt < 50; ++attempt) {
@@ -198,7 +199,8 @@ TEST_F(UringBackendTest, FailedRegistrationLeavesTheBackendUsable) {
     ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &none), 0);
     reg = b->RegisterBuffer(staging.span());
   }
-  // With CAP_IPC_LOCK in the initial namespace the kernel ignores the limit; both outcomes are fine.
+  // With CAP_IPC_LOCK in the initial namespace the kernel ignores the limit; both outcomes are
+  // fine.
   if (!reg.ok()) EXPECT_EQ(reg.code(), absl::StatusCode::kResourceExhausted) << reg;
   RoundTripThrough(*b, staging.data(), 1, 6);
   if (reg.ok()) return;
@@ -249,8 +251,8 @@ TEST_F(UringBackendTest, ManyConcurrentBatchesFromSeveralThreads) {
   auto b = Make(16);
   ASSERT_NE(b, nullptr);
   constexpr int kThreads = 4;
-  constexpr int kBatches = 16;          // per thread, all in flight at once
-  constexpr uint32_t kPerBatch = 8;     // requests, alternating files
+  constexpr int kBatches = 16;       // per thread, all in flight at once
+  constexpr uint32_t kPerBatch = 8;  // requests, alternating files
   constexpr uint32_t kLen = 16 << 10;
   static_assert(uint64_t{kThreads} * kBatches * kPerBatch / kFiles * kLen <= kFileBytes);
   AlignedBuffer mem(uint64_t{kThreads} * kBatches * kPerBatch * kLen);
@@ -300,15 +302,15 @@ TEST_F(UringBackendTest, InvalidRequestsCompleteWithEinval) {
   AlignedBuffer mem(4 * kChunk);
   uint8_t* p = mem.data();
   std::vector<IoRequest> batch = {
-      {Op::kRead, 0, 0, p, kChunk},                        // valid
-      {Op::kRead, 0, 512, p, kChunk},                      // unaligned offset
-      {Op::kRead, 0, 0, p, 1000},                          // unaligned length
-      {Op::kRead, 0, 0, p + 8, kChunk},                    // unaligned buffer
-      {Op::kRead, 0, 0, p, 0},                             // empty
-      {Op::kRead, 0, kFileBytes - 4096, p, 8192},          // runs past the end
-      {Op::kWrite, 0, kFileBytes, p, 4096},                // starts at the end
-      {Op::kRead, kFiles, 0, p, 4096},                     // no such file
-      {Op::kWrite, 1, 0, nullptr, 4096},                   // no buffer
+      {Op::kRead, 0, 0, p, kChunk},                              // valid
+      {Op::kRead, 0, 512, p, kChunk},                            // unaligned offset
+      {Op::kRead, 0, 0, p, 1000},                                // unaligned length
+      {Op::kRead, 0, 0, p + 8, kChunk},                          // unaligned buffer
+      {Op::kRead, 0, 0, p, 0},                                   // empty
+      {Op::kRead, 0, kFileBytes - 4096, p, 8192},                // runs past the end
+      {Op::kWrite, 0, kFileBytes, p, 4096},                      // starts at the end
+      {Op::kRead, kFiles, 0, p, 4096},                           // no such file
+      {Op::kWrite, 1, 0, nullptr, 4096},                         // no buffer
       {Op::kWrite, 1, kFileBytes - kChunk, p + kChunk, kChunk},  // valid
   };
   b->Execute(absl::MakeSpan(batch));
@@ -359,8 +361,8 @@ TEST_F(UringBackendTest, DestructorCompletesQueuedBatches) {
   std::atomic<int> done_calls{0};
   for (int i = 0; i < 32; ++i) {
     for (uint32_t f = 0; f < kFiles; ++f) {
-      batches[i].push_back({Op::kWrite, f, uint64_t(i) * kChunk, mem.data() + (2 * i + f) * kChunk,
-                            kChunk});
+      batches[i].push_back(
+          {Op::kWrite, f, uint64_t(i) * kChunk, mem.data() + (2 * i + f) * kChunk, kChunk});
     }
     b->Submit(absl::MakeSpan(batches[i]), [&] { done_calls.fetch_add(1); });
   }

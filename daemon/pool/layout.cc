@@ -35,10 +35,16 @@ absl::StatusOr<PoolLayout> PoolLayout::Compute(uint64_t capacity_bytes, uint32_t
     return RoundUp(kSuperblockBytes + DivUp(slots, num_files) * kSlotHeaderBytes, kFrameAreaAlign) +
            slots * per_slot_per_file;
   };
+  // Start from an upper bound and step down; a step never exceeds what is left (the header area
+  // alone can outgrow a small per-file capacity, which would wrap the count around).
   uint64_t slots = per_file_cap / per_slot_per_file;
   while (slots > 0 && file_bytes_for(slots) > per_file_cap) {
-    slots -= std::max<uint64_t>(1, DivUp(file_bytes_for(slots) - per_file_cap, per_slot_per_file));
+    const uint64_t step = DivUp(file_bytes_for(slots) - per_file_cap, per_slot_per_file);
+    slots -= std::min(slots, std::max<uint64_t>(1, step));
   }
+  // A step can overshoot when dropping slots also shrinks the header area by a 1 MiB rounding
+  // step: climb back to the largest count that fits (file_bytes_for is non-decreasing).
+  while (file_bytes_for(slots + 1) <= per_file_cap) ++slots;
   if (slots == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pool.capacity_bytes=", capacity_bytes, " holds no slot of ", max_objects, " x ",

@@ -1,0 +1,237 @@
+#include "daemon/pool/pool_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "daemon/io/test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::pool {
+namespace {
+
+PoolLayout Layout(uint32_t files, uint32_t object_bytes = 65536, uint64_t per_file = 4 << 20) {
+  auto l = PoolLayout::Compute(per_file * files, files, object_bytes, 4);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *l;
+}
+
+bool Contains(const absl::Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
+class PoolFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    root_ = io::testing::MakeODirectDir("pool", &why);
+    if (root_.empty()) GTEST_SKIP() << why;
+  }
+  void TearDown() override {
+    if (!root_.empty()) io::testing::RemoveTree(root_);
+  }
+
+  // Creates (if needed) and returns directories root/<names...>.
+  std::vector<std::string> Dirs(const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (const auto& n : names) {
+      out.push_back(root_ + "/" + n);
+      mkdir(out.back().c_str(), 0700);
+    }
+    return out;
+  }
+
+  std::string root_;
+};
+
+TEST_F(PoolFilesTest, CreatesPreallocatedFilesWithSuperblocks) {
+  const auto dirs = Dirs({"a", "b"});
+  const PoolLayout layout = Layout(2);
+  std::map<std::string, uint64_t> last_progress;
+  auto pool =
+      OpenOrCreatePool(dirs, layout, [&](const std::string& path, uint64_t done, uint64_t total) {
+        EXPECT_EQ(total, layout.file_bytes());
+        last_progress[path] = done;
+      });
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_TRUE(pool->created);
+  ASSERT_EQ(pool->fds.size(), 2u);
+  EXPECT_EQ(pool->paths[1], dirs[1] + "/tutti.pool");
+  EXPECT_EQ(pool->UuidHex().size(), 32u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(fcntl(pool->fds[i], F_GETFL) & O_DIRECT, 0);
+    struct stat st;
+    ASSERT_EQ(fstat(pool->fds[i], &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), layout.file_bytes());
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, layout.file_bytes()) << "preallocated";
+    EXPECT_EQ(last_progress[dirs[i] + "/tutti.pool.tmp"], layout.file_bytes());
+    char magic[8];
+    FILE* f = fopen(pool->paths[i].c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(fread(magic, 1, 8, f), 8u);
+    fclose(f);
+    EXPECT_EQ(std::string(magic, 8), "TUTTIPOL");
+  }
+}
+
+TEST_F(PoolFilesTest, ReopensTheSamePoolAndLocksIt) {
+  const auto dirs = Dirs({"a", "b", "c"});
+  std::string uuid;
+  {
+    auto pool = OpenOrCreatePool(dirs, Layout(3));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    uuid = pool->UuidHex();
+    auto second = OpenOrCreatePool(dirs, Layout(3));
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(Contains(second.status(), "in use")) << second.status();
+  }
+  auto again = OpenOrCreatePool(dirs, Layout(3));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->UuidHex(), uuid);
+  std::vector<int> fds = again->TakeFds();
+  EXPECT_EQ(fds.size(), 3u);
+  EXPECT_TRUE(again->fds.empty());
+  for (int fd : fds) close(fd);
+}
+
+TEST_F(PoolFilesTest, LayoutMismatchSaysWhatDiffersAndWhatToDo) {
+  const auto dirs = Dirs({"a", "b"});
+  ASSERT_TRUE(OpenOrCreatePool(dirs, Layout(2, 65536)).ok());
+  auto other = OpenOrCreatePool(dirs, Layout(2, 32768));
+  ASSERT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(other.status(), "object_bytes: pool 65536, configuration 32768"))
+      << other.status();
+  EXPECT_TRUE(Contains(other.status(), "move the pool files away")) << other.status();
+  auto bigger = OpenOrCreatePool(dirs, Layout(2, 65536, 8 << 20));
+  ASSERT_EQ(bigger.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(bigger.status(), "file_bytes: pool")) << bigger.status();
+}
+
+TEST_F(PoolFilesTest, ReorderedOrMixedDirectoriesAreRefused) {
+  const auto ab = Dirs({"a", "b"});
+  const auto cd = Dirs({"c", "d"});
+  ASSERT_TRUE(OpenOrCreatePool(ab, Layout(2)).ok());
+  ASSERT_TRUE(OpenOrCreatePool(cd, Layout(2)).ok());
+  auto reordered = OpenOrCreatePool({ab[1], ab[0]}, Layout(2));
+  ASSERT_EQ(reordered.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(reordered.status(), "restore the order of pool.dirs")) << reordered.status();
+  auto mixed = OpenOrCreatePool({ab[0], cd[1]}, Layout(2));
+  ASSERT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(mixed.status(), "mixes two pools")) << mixed.status();
+}
+
+TEST_F(PoolFilesTest, MissingFileIsRefusedNotRecreated) {
+  const auto dirs = Dirs({"a", "b"});
+  ASSERT_TRUE(OpenOrCreatePool(dirs, Layout(2)).ok());
+  ASSERT_EQ(unlink((dirs[1] + "/tutti.pool").c_str()), 0);
+  auto pool = OpenOrCreatePool(dirs, Layout(2));
+  ASSERT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(pool.status(), dirs[1] + "/tutti.pool are missing")) << pool.status();
+  struct stat st;
+  EXPECT_NE(stat((dirs[1] + "/tutti.pool").c_str(), &st), 0);
+}
+
+TEST_F(PoolFilesTest, TruncatedFileIsDataLoss) {
+  const auto dirs = Dirs({"a"});
+  ASSERT_TRUE(OpenOrCreatePool(dirs, Layout(1)).ok());
+  ASSERT_EQ(truncate((dirs[0] + "/tutti.pool").c_str(), 3 << 20), 0);
+  auto pool = OpenOrCreatePool(dirs, Layout(1));
+  ASSERT_EQ(pool.status().code(), absl::StatusCode::kDataLoss) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), "truncated")) << pool.status();
+  ASSERT_EQ(truncate((dirs[0] + "/tutti.pool").c_str(), 100), 0);
+  EXPECT_EQ(OpenOrCreatePool(dirs, Layout(1)).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(PoolFilesTest, CorruptSuperblock) {
+  const auto dirs = Dirs({"a"});
+  ASSERT_TRUE(OpenOrCreatePool(dirs, Layout(1)).ok());
+  const std::string path = dirs[0] + "/tutti.pool";
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, "\x07", 1, 20), 1);  // inside object_bytes
+  auto pool = OpenOrCreatePool(dirs, Layout(1));
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kDataLoss) << pool.status();
+  ASSERT_EQ(pwrite(fd, "XXXX", 4, 0), 4);  // magic
+  close(fd);
+  pool = OpenOrCreatePool(dirs, Layout(1));
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), "not a tutti pool file")) << pool.status();
+}
+
+TEST_F(PoolFilesTest, BadDirectories) {
+  const auto dirs = Dirs({"a", "b"});
+  EXPECT_EQ(OpenOrCreatePool({dirs[0]}, Layout(2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenOrCreatePool({dirs[0], dirs[0]}, Layout(2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto missing = OpenOrCreatePool({dirs[0], root_ + "/nope"}, Layout(2));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(missing.status(), root_ + "/nope")) << missing.status();
+  struct stat st;
+  EXPECT_NE(stat((dirs[0] + "/tutti.pool").c_str(), &st), 0) << "nothing created";
+}
+
+TEST_F(PoolFilesTest, NoSpaceIsResourceExhaustedAndLeavesNothing) {
+  const auto dirs = Dirs({"a"});
+  auto huge = PoolLayout::Compute(1ull << 50, 1, 1 << 20, 64);  // 1 PiB
+  ASSERT_TRUE(huge.ok());
+  auto pool = OpenOrCreatePool(dirs, *huge);
+  ASSERT_EQ(pool.status().code(), absl::StatusCode::kResourceExhausted) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), dirs[0])) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), std::to_string(huge->file_bytes()))) << pool.status();
+  struct stat st;
+  EXPECT_NE(stat((dirs[0] + "/tutti.pool.tmp").c_str(), &st), 0);
+  EXPECT_NE(stat((dirs[0] + "/tutti.pool").c_str(), &st), 0);
+}
+
+TEST_F(PoolFilesTest, InterruptedCreationIsFinishedOrCleanedUp) {
+  const auto dirs = Dirs({"a", "b"});
+  std::string uuid;
+  {
+    auto pool = OpenOrCreatePool(dirs, Layout(2));
+    ASSERT_TRUE(pool.ok());
+    uuid = pool->UuidHex();
+  }
+  // As if the creator died after renaming a's file but before renaming b's.
+  ASSERT_EQ(rename((dirs[1] + "/tutti.pool").c_str(), (dirs[1] + "/tutti.pool.tmp").c_str()), 0);
+  auto pool = OpenOrCreatePool(dirs, Layout(2));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_FALSE(pool->created);
+  EXPECT_EQ(pool->UuidHex(), uuid);
+  pool = absl::StatusOr<PoolFiles>(PoolFiles());  // release the locks
+
+  // As if the creator died before any rename: temporary files only; a fresh pool is made.
+  const auto fresh = Dirs({"c", "d"});
+  for (const auto& d : fresh) {
+    FILE* f = fopen((d + "/tutti.pool.tmp").c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    fputs("partial", f);
+    fclose(f);
+  }
+  auto made = OpenOrCreatePool(fresh, Layout(2));
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_TRUE(made->created);
+}
+
+TEST_F(PoolFilesTest, FilesystemWithoutODirectIsExplained) {
+  struct stat st;
+  if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
+  char tmpl[] = "/dev/shm/tutti-pool-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) GTEST_SKIP() << "cannot write /dev/shm";
+  const std::string dir = tmpl;
+  auto pool = OpenOrCreatePool({dir}, Layout(1));
+  io::testing::RemoveTree(dir);
+  if (pool.ok()) GTEST_SKIP() << "/dev/shm accepts O_DIRECT here";
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), "O_DIRECT")) << pool.status();
+}
+
+}  // namespace
+}  // namespace tutti::pool
