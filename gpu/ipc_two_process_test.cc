@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -145,7 +146,8 @@ TEST_P(TwoProcessTest, DaemonScattersIntoEngineBlocksWhileEngineStreamWaitsPerLa
   std::vector<uint8_t*> readback;
   for (uint64_t size : kv.region_sizes) {
     void* p = nullptr;
-    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
+    // At least 2 MiB, so each region is an allocation of its own (what an IPC handle exports).
+    ASSERT_EQ(cudaMalloc(&p, std::max<uint64_t>(size, 2 << 20)), cudaSuccess);
     ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
     regions.push_back(p);
     cudaIpcMemHandle_t h;

@@ -12,6 +12,8 @@
 namespace tutti::gpu {
 namespace {
 
+constexpr size_t kMinIpcAllocation = 2 << 20;
+
 CUstream Cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 CUdeviceptr Cu(const uint32_t* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
@@ -69,8 +71,11 @@ absl::StatusOr<std::unique_ptr<ReadyWordArray>> ReadyWordArray::Create(int devic
   RETURN_IF_ERROR(Probe(device).status());
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
   std::unique_ptr<ReadyWordArray> array(new ReadyWordArray(device, num_words));
-  const size_t bytes = sizeof(uint32_t) * num_words;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&array->words_), bytes), "cudaMalloc(ready words)"));
+  // A whole 2 MiB allocation of its own: a small cudaMalloc may share an allocation with other
+  // memory, and an IPC handle exports the whole allocation it lies in.
+  const size_t bytes = std::max<size_t>(sizeof(uint32_t) * num_words, kMinIpcAllocation);
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&array->words_), bytes),
+                             "cudaMalloc(ready words)"));
   RETURN_IF_ERROR(CudaStatus(cudaMemset(array->words_, 0, bytes), "cudaMemset(ready words)"));
   RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
   return array;
