@@ -75,7 +75,7 @@ class KvCacheServiceTest : public ::testing::Test {
   void StoreBlocks(uint64_t session, ShmEngine& engine, uint64_t base, uint32_t n) {
     std::vector<Pair> pairs;
     for (uint32_t i = 0; i < n; ++i) {
-      engine.Fill(i, static_cast<uint8_t>(base + i));
+      engine.Fill(i, base + i);
       pairs.push_back({base + i, i});
     }
     tutti::v1::StoreResponse resp;
@@ -407,14 +407,14 @@ TEST_F(KvCacheServiceTest, ConcurrentSessionsRoundTrip) {
       const uint64_t base = 10000 + e * 100;
       for (int round = 0; round < 5; ++round) {
         const uint64_t key = base + round;
-        engine.Fill(0, static_cast<uint8_t>(key));
+        engine.Fill(0, key);
         tutti::v1::StoreResponse sr;
         if (!Store(session, {{key, 0}}, &sr).ok()) return;
         const uint64_t lease = LookupLease(session, {key}, 1);
         engine.Zero(1);
         std::vector<RetrieveProgress> p;
         if (!Retrieve(session, lease, {{key, 1}}, &p).ok()) return;
-        if (!engine.Check(1, static_cast<uint8_t>(key))) return;
+        if (!engine.Check(1, key)) return;
       }
       ++ok;
     });

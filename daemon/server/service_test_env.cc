@@ -20,7 +20,7 @@ namespace {
 
 std::atomic<int> counter{0};
 
-uint8_t Pattern(uint32_t block_seed, uint32_t obj, uint32_t i) {
+uint8_t Pattern(uint64_t block_seed, uint32_t obj, uint32_t i) {
   return static_cast<uint8_t>(block_seed * 131 + obj * 17 + i * 7 + (i >> 8));
 }
 
@@ -42,13 +42,13 @@ ShmEngine::~ShmEngine() {
   shm_unlink(name_.c_str());
 }
 
-void ShmEngine::Fill(uint32_t block, uint8_t seed) {
+void ShmEngine::Fill(uint32_t block, uint64_t seed) {
   for (uint32_t o = 0; o < kObjects; ++o) {
     for (uint32_t i = 0; i < kObjectLen; ++i) object(block, o)[i] = Pattern(seed, o, i);
   }
 }
 
-bool ShmEngine::Check(uint32_t block, uint8_t seed, uint32_t layer_begin, uint32_t layer_end) {
+bool ShmEngine::Check(uint32_t block, uint64_t seed, uint32_t layer_begin, uint32_t layer_end) {
   for (uint32_t o = layer_begin * kParts; o < layer_end * kParts; ++o) {
     for (uint32_t i = 0; i < kObjectLen; ++i) {
       if (object(block, o)[i] != Pattern(seed, o, i)) return false;

@@ -38,8 +38,8 @@ class ShmEngine {
     return base_ + block * kBlockBytes + uint64_t{obj} * kObjectLen;
   }
   // Fills every object of `block` with bytes derived from `seed`; Check compares.
-  void Fill(uint32_t block, uint8_t seed);
-  bool Check(uint32_t block, uint8_t seed, uint32_t layer_begin = 0, uint32_t layer_end = kLayers);
+  void Fill(uint32_t block, uint64_t seed);
+  bool Check(uint32_t block, uint64_t seed, uint32_t layer_begin = 0, uint32_t layer_end = kLayers);
   void Zero(uint32_t block);
   // An Attach request for this memory.
   tutti::v1::AttachRequest AttachRequest(const std::string& engine_id = "test-engine") const;
