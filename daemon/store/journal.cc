@@ -1,0 +1,633 @@
+#include "daemon/store/journal.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "xxhash.h"
+
+namespace tutti::store {
+namespace {
+
+// Record types; see JOURNAL.md.
+enum RecordType : uint32_t {
+  kFileHeader = 1,
+  kNamespace = 2,
+  kPut = 3,
+  kDelete = 4,
+  kCheckpointEnd = 5,
+};
+enum FileKind : uint32_t { kJournalFile = 0, kCheckpointFile = 1 };
+
+constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'J', 'N', 'L'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kMaxPayload = 16u << 20;  // larger lengths are garbage (a torn record)
+constexpr size_t kFraming = 16;              // length, type, checksum
+constexpr char kCheckpointName[] = "checkpoint";
+constexpr char kCheckpointTmpName[] = "checkpoint.tmp";
+constexpr char kJournalPrefix[] = "journal.";
+constexpr size_t kFlushBytes = 1 << 20;
+
+// --- Encoding ---
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+
+// Appends one framed record whose payload `fill` writes.
+template <typename Fill>
+void AppendRecord(std::string* out, RecordType type, Fill fill) {
+  const size_t start = out->size();
+  PutU32(out, 0);  // length, patched below
+  PutU32(out, type);
+  fill(out);
+  const uint32_t len = static_cast<uint32_t>(out->size() - start - 8);
+  for (int i = 0; i < 4; ++i) (*out)[start + i] = static_cast<char>(len >> (8 * i));
+  PutU64(out, XXH3_64bits(out->data() + start + 4, 4 + len));
+}
+
+void EncodeHeader(std::string* out, FileKind kind, uint64_t gen) {
+  AppendRecord(out, kFileHeader, [&](std::string* p) {
+    p->append(kMagic, 8);
+    PutU32(p, kVersion);
+    PutU32(p, kind);
+    PutU64(p, gen);
+  });
+}
+
+void Encode(std::string* out, const NamespaceRecord& r) {
+  AppendRecord(out, kNamespace, [&](std::string* p) {
+    PutU64(p, r.ns);
+    p->append(r.descriptor);
+  });
+}
+
+void Encode(std::string* out, const PutRecord& r) {
+  AppendRecord(out, kPut, [&](std::string* p) {
+    PutU64(p, r.ns);
+    p->append(r.key.view());
+    PutU64(p, r.slot);
+    PutU64(p, r.epoch);
+    PutU32(p, r.object_len);
+    PutU32(p, static_cast<uint32_t>(r.checksums.size()));
+    for (uint64_t c : r.checksums) PutU64(p, c);
+  });
+}
+
+void Encode(std::string* out, const DeleteRecord& r) {
+  AppendRecord(out, kDelete, [&](std::string* p) {
+    PutU64(p, r.ns);
+    p->append(r.key.view());
+    PutU64(p, r.slot);
+    PutU64(p, r.epoch);
+  });
+}
+
+// --- Decoding ---
+
+// Reads little-endian fields from a payload; `ok()` turns false on any overrun.
+class PayloadReader {
+ public:
+  explicit PayloadReader(std::string_view p) : p_(p) {}
+  uint32_t U32() { return static_cast<uint32_t>(Uint(4)); }
+  uint64_t U64() { return Uint(8); }
+  std::string_view Bytes(size_t n) {
+    if (n > p_.size()) return Fail();
+    std::string_view v = p_.substr(0, n);
+    p_.remove_prefix(n);
+    return v;
+  }
+  std::string_view Rest() { return Bytes(p_.size()); }
+  bool ok() const { return ok_; }
+  bool done() const { return ok_ && p_.empty(); }
+
+ private:
+  uint64_t Uint(size_t n) {
+    std::string_view b = Bytes(n);
+    uint64_t v = 0;
+    for (size_t i = b.size(); i > 0; --i) v = v << 8 | static_cast<uint8_t>(b[i - 1]);
+    return v;
+  }
+  std::string_view Fail() {
+    ok_ = false;
+    p_ = {};
+    return {};
+  }
+  std::string_view p_;
+  bool ok_ = true;
+};
+
+bool DecodeKey(PayloadReader& in, Key* key) { return Key::FromBytes(in.Bytes(Key::kSize), key); }
+
+bool Decode(std::string_view payload, NamespaceRecord* r) {
+  PayloadReader in(payload);
+  r->ns = in.U64();
+  r->descriptor = std::string(in.Rest());
+  return in.ok();
+}
+
+bool Decode(std::string_view payload, PutRecord* r) {
+  PayloadReader in(payload);
+  r->ns = in.U64();
+  if (!DecodeKey(in, &r->key)) return false;
+  r->slot = in.U64();
+  r->epoch = in.U64();
+  r->object_len = in.U32();
+  const uint32_t count = in.U32();
+  if (!in.ok() || count > payload.size() / 8) return false;
+  r->checksums.resize(count);
+  for (uint64_t& c : r->checksums) c = in.U64();
+  return in.done();
+}
+
+bool Decode(std::string_view payload, DeleteRecord* r) {
+  PayloadReader in(payload);
+  r->ns = in.U64();
+  if (!DecodeKey(in, &r->key)) return false;
+  r->slot = in.U64();
+  r->epoch = in.U64();
+  return in.done();
+}
+
+struct FileHeader {
+  FileKind kind;
+  uint64_t gen;
+};
+
+bool Decode(std::string_view payload, FileHeader* h) {
+  PayloadReader in(payload);
+  if (in.Bytes(8) != std::string_view(kMagic, 8) || in.U32() != kVersion) return false;
+  h->kind = static_cast<FileKind>(in.U32());
+  h->gen = in.U64();
+  return in.done();
+}
+
+// --- Files ---
+
+absl::Status Errno(const std::string& what, int err) {
+  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
+  return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
+}
+
+// Writes all of `data` at the file's current position.
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Errno(absl::StrCat("write ", path), n < 0 ? errno : EIO);
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncFd(int fd, const std::string& path) {
+  while (fdatasync(fd) != 0) {
+    if (errno != EINTR) return Errno(absl::StrCat("fdatasync ", path), errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("open ", dir), errno);
+  const int r = fsync(fd);
+  const int err = errno;
+  close(fd);
+  return r == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", dir), err);
+}
+
+std::string JournalPath(const std::string& dir, uint64_t gen) {
+  return absl::StrCat(dir, "/", kJournalPrefix, gen);
+}
+
+// The generations of the journal files in `dir`, ascending.
+absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return Errno(absl::StrCat("open state dir ", dir), errno);
+  std::vector<uint64_t> gens;
+  while (const dirent* e = readdir(d)) {
+    std::string_view name = e->d_name;
+    if (name.substr(0, sizeof(kJournalPrefix) - 1) != kJournalPrefix) continue;
+    name.remove_prefix(sizeof(kJournalPrefix) - 1);
+    uint64_t gen;
+    const bool digits = !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit);
+    if (digits && absl::SimpleAtoi(absl::string_view(name.data(), name.size()), &gen)) {
+      gens.push_back(gen);
+    }
+  }
+  closedir(d);
+  std::sort(gens.begin(), gens.end());
+  return gens;
+}
+
+// Streams framed records out of a file.
+class RecordReader {
+ public:
+  enum Result { kRecord, kEnd, kTorn, kError };
+  RecordReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+
+  // On kRecord, *type and *payload (valid until the next call) hold the record. kEnd: clean end
+  // of file. kTorn: a partial or corrupt record (nothing after it is read). kError: see status().
+  Result Next(uint32_t* type, std::string_view* payload) {
+    if (!Fill(8)) return Available() == 0 && status_.ok() ? kEnd : Fail();
+    const uint32_t len = Le32(buf_.data() + pos_);
+    if (len > kMaxPayload || !Fill(kFraming + len)) return Fail();
+    const char* rec = buf_.data() + pos_;
+    uint64_t sum = 0;
+    for (int i = 7; i >= 0; --i) sum = sum << 8 | static_cast<uint8_t>(rec[8 + len + i]);
+    if (sum != XXH3_64bits(rec + 4, 4 + len)) return Fail();
+    *type = Le32(rec + 4);
+    *payload = std::string_view(rec + 8, len);
+    pos_ += kFraming + len;
+    good_bytes_ += kFraming + len;
+    return kRecord;
+  }
+  const absl::Status& status() const { return status_; }
+  // Bytes of whole, verified records returned so far.
+  uint64_t good_bytes() const { return good_bytes_; }
+
+ private:
+  static uint32_t Le32(const char* p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<uint8_t>(p[i]);
+    return v;
+  }
+  size_t Available() const { return buf_.size() - pos_; }
+  Result Fail() { return status_.ok() ? kTorn : kError; }
+
+  // Makes `need` bytes available at pos_; false at end of file (or on a read error).
+  bool Fill(size_t need) {
+    if (Available() >= need) return true;
+    buf_.erase(0, pos_);
+    pos_ = 0;
+    while (buf_.size() < need && !eof_) {
+      const size_t old = buf_.size();
+      buf_.resize(std::max(need, old + kFlushBytes));
+      ssize_t n;
+      do {
+        n = read(fd_, &buf_[old], buf_.size() - old);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) status_ = Errno(absl::StrCat("read ", path_), errno);
+      eof_ = n <= 0;
+      buf_.resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    }
+    return buf_.size() >= need;
+  }
+
+  const int fd_;
+  const std::string path_;
+  std::string buf_;
+  size_t pos_ = 0;
+  uint64_t good_bytes_ = 0;
+  bool eof_ = false;
+  absl::Status status_;
+};
+
+// Writes records into a file through a buffer, flushing as it grows.
+class BufferedFile {
+ public:
+  BufferedFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~BufferedFile() {
+    if (fd_ >= 0) close(fd_);
+  }
+  std::string* buffer() { return &buf_; }
+  absl::Status MaybeFlush() { return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus(); }
+  absl::Status Flush() {
+    RETURN_IF_ERROR(WriteAll(fd_, buf_, path_));
+    buf_.clear();
+    return absl::OkStatus();
+  }
+  absl::Status FlushAndSync() {
+    RETURN_IF_ERROR(Flush());
+    return SyncFd(fd_, path_);
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+  std::string buf_;
+};
+
+// Writes the checkpoint's records as `snapshot` emits them.
+class CheckpointWriter : public Journal::Emitter {
+ public:
+  explicit CheckpointWriter(BufferedFile* file) : file_(file) {}
+  void Emit(const NamespaceRecord& r) override {
+    Add([&](std::string* b) { Encode(b, r); });
+  }
+  void Emit(const PutRecord& r) override {
+    Add([&](std::string* b) { Encode(b, r); });
+  }
+  uint64_t records() const { return records_; }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  template <typename F>
+  void Add(F encode) {
+    if (!status_.ok()) return;
+    encode(file_->buffer());
+    ++records_;
+    status_ = file_->MaybeFlush();
+  }
+  BufferedFile* file_;
+  uint64_t records_ = 0;
+  absl::Status status_;
+};
+
+// Delivers one record to the visitor. False if the payload does not parse.
+bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v) {
+  switch (type) {
+    case kNamespace: {
+      NamespaceRecord r;
+      if (!Decode(payload, &r)) return false;
+      if (v.on_namespace) v.on_namespace(r);
+      return true;
+    }
+    case kPut: {
+      PutRecord r;
+      if (!Decode(payload, &r)) return false;
+      if (v.on_put) v.on_put(r);
+      return true;
+    }
+    case kDelete: {
+      DeleteRecord r;
+      if (!Decode(payload, &r)) return false;
+      if (v.on_delete) v.on_delete(r);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+absl::StatusOr<int> OpenForRead(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno(absl::StrCat("open ", path), errno);
+  return fd;
+}
+
+// Loads the checkpoint: its generation, records delivered to `v`. Any flaw is DATA_LOSS.
+absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryVisitor& v,
+                                        RecoveryReport* report) {
+  ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
+  RecordReader reader(fd, path);
+  auto corrupt = [&](const std::string& what) {
+    close(fd);
+    if (!reader.status().ok()) return reader.status();
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", path, " is corrupt (", what,
+        "); refusing to start from a wrong index. "
+        "Restore it from a backup, or move the state directory's journal files and checkpoint "
+        "away together with the pool files to start empty"));
+  };
+  uint32_t type;
+  std::string_view payload;
+  FileHeader header;
+  if (reader.Next(&type, &payload) != RecordReader::kRecord || type != kFileHeader ||
+      !Decode(payload, &header) || header.kind != kCheckpointFile) {
+    return corrupt("bad file header");
+  }
+  uint64_t records = 0;
+  for (;;) {
+    const RecordReader::Result r = reader.Next(&type, &payload);
+    if (r != RecordReader::kRecord) return corrupt("ends without its end record");
+    if (type == kCheckpointEnd) break;
+    if (!Deliver(type, payload, v)) return corrupt(absl::StrCat("bad record of type ", type));
+    ++records;
+  }
+  PayloadReader end(payload);
+  if (end.U64() != records || !end.done()) return corrupt("record count mismatch");
+  if (reader.Next(&type, &payload) != RecordReader::kEnd) return corrupt("data after the end");
+  close(fd);
+  report->records += records;
+  return header.gen;
+}
+
+// Replays one journal file up to its first torn or corrupt record.
+absl::Status ReplayJournal(const std::string& path, uint64_t gen, const RecoveryVisitor& v,
+                           RecoveryReport* report) {
+  ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
+  RecordReader reader(fd, path);
+  uint32_t type;
+  std::string_view payload;
+  RecordReader::Result r = reader.Next(&type, &payload);
+  FileHeader header;
+  if (r == RecordReader::kRecord) {
+    if (type != kFileHeader || !Decode(payload, &header) || header.kind != kJournalFile ||
+        header.gen != gen) {
+      close(fd);
+      return absl::DataLossError(absl::StrCat(path,
+                                              " does not start with its own journal "
+                                              "header (a file renamed or copied in?)"));
+    }
+    while ((r = reader.Next(&type, &payload)) == RecordReader::kRecord) {
+      if (!Deliver(type, payload, v)) {
+        r = RecordReader::kTorn;  // well-framed but unreadable: treat as the end of this file
+        break;
+      }
+      ++report->records;
+    }
+  }
+  close(fd);
+  if (r == RecordReader::kError) return reader.status();
+  if (r == RecordReader::kTorn) {
+    ++report->torn_tails;
+    log::Get("journal")->warn(
+        "{}: torn or corrupt record at byte {}; the rest of this file is ignored (a crash "
+        "mid-append)",
+        path, reader.good_bytes());
+  }
+  return absl::OkStatus();
+}
+
+// Removes journal files older than the checkpoint's generation `base` and checks that the others
+// run without a gap from `base` (from 1 without a checkpoint). Leaves those in `*gens`.
+absl::Status CheckGenerations(const std::string& dir, uint64_t base, std::vector<uint64_t>* gens) {
+  std::vector<uint64_t> keep;
+  for (uint64_t gen : *gens) {
+    if (gen >= base) {
+      keep.push_back(gen);
+    } else if (unlink(JournalPath(dir, gen).c_str()) == 0) {
+      log::Get("journal")->info("{}: removed, superseded by the checkpoint", JournalPath(dir, gen));
+    }
+  }
+  const uint64_t first = base == 0 ? 1 : base;
+  for (size_t i = 0; i < keep.size() || (i == 0 && base > 0); ++i) {
+    if (i < keep.size() && keep[i] == first + i) continue;
+    return absl::DataLossError(absl::StrCat(
+        JournalPath(dir, first + i), " is missing (", base == 0 ? "no checkpoint" : "checkpoint",
+        " generation ", base, ", journal files from ", keep.empty() ? 0 : keep.front(),
+        "): committed records are lost; refusing to start from a wrong index. Move the state "
+        "directory's files away together with the pool files to start empty"));
+  }
+  *gens = std::move(keep);
+  return absl::OkStatus();
+}
+
+// Creates journal.<gen> holding only its header, durably (file and directory entry).
+absl::StatusOr<int> CreateGeneration(const std::string& dir, uint64_t gen) {
+  const std::string path = JournalPath(dir, gen);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno(absl::StrCat("create ", path), errno);
+  std::string header;
+  EncodeHeader(&header, kJournalFile, gen);
+  absl::Status s = WriteAll(fd, header, path);
+  if (s.ok()) s = SyncFd(fd, path);
+  if (s.ok()) s = SyncDir(dir);
+  if (!s.ok()) {
+    close(fd);
+    unlink(path.c_str());
+    return s;
+  }
+  return fd;
+}
+
+// Writes checkpoint.tmp (header, the snapshot's records, end record), syncs it and renames it to
+// "checkpoint", then syncs the directory.
+absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
+                             const std::function<void(Journal::Emitter&)>& snapshot) {
+  const std::string tmp = absl::StrCat(dir, "/", kCheckpointTmpName);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno(absl::StrCat("create ", tmp), errno);
+  absl::Status s;
+  {
+    BufferedFile file(fd, tmp);
+    EncodeHeader(file.buffer(), kCheckpointFile, gen);
+    CheckpointWriter writer(&file);
+    snapshot(writer);
+    s = writer.status();
+    if (s.ok()) {
+      AppendRecord(file.buffer(), kCheckpointEnd,
+                   [&](std::string* p) { PutU64(p, writer.records()); });
+      s = file.FlushAndSync();
+    }
+  }
+  const std::string ckpt = absl::StrCat(dir, "/", kCheckpointName);
+  if (s.ok() && rename(tmp.c_str(), ckpt.c_str()) != 0) s = Errno("rename " + tmp, errno);
+  if (s.ok()) s = SyncDir(dir);
+  if (!s.ok()) unlink(tmp.c_str());
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_dir,
+                                                       const RecoveryVisitor& visitor,
+                                                       RecoveryReport* report) {
+  RecoveryReport local;
+  if (report == nullptr) report = &local;
+  *report = RecoveryReport{};
+  struct stat st;
+  if (stat(state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state dir ", state_dir, " does not exist or is not a directory"));
+  }
+  unlink(absl::StrCat(state_dir, "/", kCheckpointTmpName).c_str());  // an unfinished checkpoint
+  ASSIGN_OR_RETURN(std::vector<uint64_t> gens, ListGenerations(state_dir));
+
+  uint64_t base = 0;  // generation of the checkpoint; 0 without one
+  const std::string ckpt = absl::StrCat(state_dir, "/", kCheckpointName);
+  if (stat(ckpt.c_str(), &st) == 0) {
+    ASSIGN_OR_RETURN(base, LoadCheckpoint(ckpt, visitor, report));
+  }
+  RETURN_IF_ERROR(CheckGenerations(state_dir, base, &gens));
+  for (uint64_t gen : gens) {
+    RETURN_IF_ERROR(ReplayJournal(JournalPath(state_dir, gen), gen, visitor, report));
+  }
+  std::unique_ptr<Journal> j(new Journal());
+  j->state_dir_ = state_dir;
+  const uint64_t next = std::max(base, gens.empty() ? 0 : gens.back()) + 1;
+  ASSIGN_OR_RETURN(j->fd_, CreateGeneration(state_dir, next));
+  j->generation_ = next;
+  report->generation = next;
+  log::Get("journal")->info(
+      "{}: recovered {} records (checkpoint generation {}, {} journal files, {} torn tails); "
+      "appending to generation {}",
+      state_dir, report->records, base, gens.size(), report->torn_tails, next);
+  return j;
+}
+
+Journal::~Journal() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Journal::Append(const PutRecord& r) {
+  Encode(&buffer_, r);
+  ++records_since_checkpoint_;
+}
+
+void Journal::Append(const DeleteRecord& r) {
+  Encode(&buffer_, r);
+  ++records_since_checkpoint_;
+}
+
+void Journal::Append(const NamespaceRecord& r) {
+  Encode(&buffer_, r);
+  ++records_since_checkpoint_;
+}
+
+absl::Status Journal::Sync() {
+  if (buffer_.empty()) return absl::OkStatus();
+  absl::Status s;
+  if (fd_ < 0) {
+    // A previous failure closed the file; appends continue in a fresh generation.
+    auto fd = CreateGeneration(state_dir_, generation_ + 1);
+    if (fd.ok()) {
+      fd_ = *fd;
+      ++generation_;
+    }
+    s = fd.status();
+  }
+  const std::string path = JournalPath(state_dir_, generation_);
+  if (s.ok()) s = WriteAll(fd_, buffer_, path);
+  if (s.ok()) s = SyncFd(fd_, path);
+  if (s.ok()) {
+    buffer_.clear();
+    return absl::OkStatus();
+  }
+  // The file may now end in a partial record, and after a failed fdatasync the kernel may have
+  // dropped the dirty pages: never append to it again. Drop the unsynced records (the caller does
+  // not publish them); the next Sync starts a new generation, which recovery reads after this one.
+  log::Get("journal")->error("{}: {}; abandoning this journal file", path, s.ToString());
+  buffer_.clear();
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  return s;
+}
+
+absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter&)>& snapshot) {
+  RETURN_IF_ERROR(Sync());
+  // 1. A new, durable, empty generation: from now on recovery needs the checkpoint that follows,
+  //    or, if we crash before its rename, the old checkpoint plus every journal file.
+  const uint64_t next = generation_ + 1;
+  ASSIGN_OR_RETURN(const int fd, CreateGeneration(state_dir_, next));
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  generation_ = next;
+  // 2. The snapshot, written aside and renamed into place.
+  RETURN_IF_ERROR(WriteCheckpoint(state_dir_, next, snapshot));
+  records_since_checkpoint_ = 0;
+  // 3. Older generations are now redundant.
+  auto gens = ListGenerations(state_dir_);
+  if (!gens.ok()) return absl::OkStatus();  // removed at the next Open instead
+  for (uint64_t gen : *gens) {
+    if (gen < next) unlink(JournalPath(state_dir_, gen).c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tutti::store

@@ -1,0 +1,414 @@
+#include "daemon/store/journal.h"
+
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+
+namespace tutti::store {
+namespace {
+
+namespace fs = std::filesystem;
+
+Key MakeKey(uint64_t n) {
+  Key k;
+  for (int i = 0; i < 16; ++i) k.bytes[i] = static_cast<uint8_t>(n * 31 + i);
+  return k;
+}
+
+PutRecord Put(uint64_t n, size_t objects = 4) {
+  PutRecord r;
+  r.ns = 1 + n % 2;
+  r.key = MakeKey(n);
+  r.slot = 100 + n;
+  r.epoch = 1000 + n;
+  r.object_len = 32768;
+  for (size_t i = 0; i < objects; ++i) r.checksums.push_back(n << 16 | i);
+  return r;
+}
+
+DeleteRecord Delete(uint64_t n) { return {1 + n % 2, MakeKey(n), 100 + n, 1000 + n}; }
+NamespaceRecord Ns(uint64_t id) {
+  return {id, absl::StrCat("descriptor-", id, std::string(3, '\0'))};
+}
+
+std::string Str(const NamespaceRecord& r) { return absl::StrCat("ns ", r.ns, " ", r.descriptor); }
+std::string Str(const PutRecord& r) {
+  return absl::StrCat("put ", r.ns, " ", r.key.Hex(), " ", r.slot, " ", r.epoch, " ", r.object_len,
+                      " [", absl::StrJoin(r.checksums, ","), "]");
+}
+std::string Str(const DeleteRecord& r) {
+  return absl::StrCat("del ", r.ns, " ", r.key.Hex(), " ", r.slot, " ", r.epoch);
+}
+
+// Records what recovery delivers, as strings.
+struct Recovered {
+  std::vector<std::string> records;
+  RecoveryReport report;
+  RecoveryVisitor visitor() {
+    return {[this](const NamespaceRecord& r) { records.push_back(Str(r)); },
+            [this](const PutRecord& r) { records.push_back(Str(r)); },
+            [this](const DeleteRecord& r) { records.push_back(Str(r)); }};
+  }
+};
+
+class JournalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* t = std::getenv("TEST_TMPDIR");
+    std::string tmpl = absl::StrCat(t != nullptr ? t : "/tmp", "/journal-XXXXXX");
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    dir_ = NewDir("state");
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string NewDir(const std::string& name) {
+    const std::string d = root_ + "/" + name;
+    fs::create_directories(d);
+    return d;
+  }
+
+  // Opens `dir`, expecting success; fills `*out` with what was recovered.
+  std::unique_ptr<Journal> Open(const std::string& dir, Recovered* out) {
+    auto j = Journal::Open(dir, out->visitor(), &out->report);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? *std::move(j) : nullptr;
+  }
+
+  std::vector<std::string> Files(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  std::string root_, dir_;
+};
+
+TEST_F(JournalTest, FreshDirectoryStartsAtGenerationOne) {
+  Recovered r;
+  auto j = Open(dir_, &r);
+  ASSERT_NE(j, nullptr);
+  EXPECT_TRUE(r.records.empty());
+  EXPECT_EQ(r.report.generation, 1u);
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1"}));
+  EXPECT_EQ(Journal::Open(root_ + "/missing", {}, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JournalTest, AppendSyncReopenReplaysInOrder) {
+  std::vector<std::string> want;
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    ASSERT_NE(j, nullptr);
+    j->Append(Ns(1));
+    j->Append(Ns(2));
+    want = {Str(Ns(1)), Str(Ns(2))};
+    for (uint64_t n = 0; n < 50; ++n) {
+      j->Append(Put(n, n % 7));
+      want.push_back(Str(Put(n, n % 7)));
+      if (n % 5 == 4) {
+        j->Append(Delete(n - 2));
+        want.push_back(Str(Delete(n - 2)));
+      }
+      if (n % 10 == 9) ASSERT_TRUE(j->Sync().ok());
+    }
+    EXPECT_EQ(j->records_since_checkpoint(), want.size());
+    j->Append(Put(999));  // never synced: not durable, and not replayed
+  }
+  Recovered r;
+  auto j = Open(dir_, &r);
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(r.records, want);
+  EXPECT_EQ(r.report.records, want.size());
+  EXPECT_EQ(r.report.torn_tails, 0u);
+  EXPECT_EQ(r.report.generation, 2u);
+  // The fresh generation appends; the next recovery reads both files.
+  j->Append(Put(77, 496));
+  ASSERT_TRUE(j->Sync().ok());
+  j.reset();
+  Recovered again;
+  ASSERT_NE(Open(dir_, &again), nullptr);
+  want.push_back(Str(Put(77, 496)));
+  EXPECT_EQ(again.records, want);
+}
+
+TEST_F(JournalTest, TornTailAtEveryByteOfTheLastRecordKeepsAllEarlierRecords) {
+  std::vector<std::string> earlier;
+  uint64_t before = 0, after = 0;
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Ns(1));
+    for (uint64_t n = 0; n < 3; ++n) j->Append(Put(n));
+    ASSERT_TRUE(j->Sync().ok());
+    earlier = {Str(Ns(1)), Str(Put(0)), Str(Put(1)), Str(Put(2))};
+    before = fs::file_size(dir_ + "/journal.1");
+    j->Append(Put(3, 9));
+    ASSERT_TRUE(j->Sync().ok());
+    after = fs::file_size(dir_ + "/journal.1");
+  }
+  ASSERT_GT(after, before);
+  for (uint64_t cut = before; cut <= after; ++cut) {
+    SCOPED_TRACE(testing::Message() << "cut at " << cut);
+    const std::string copy = NewDir(absl::StrCat("cut", cut));
+    fs::copy_file(dir_ + "/journal.1", copy + "/journal.1");
+    fs::resize_file(copy + "/journal.1", cut);
+    Recovered r;
+    ASSERT_NE(Open(copy, &r), nullptr);
+    if (cut == after) {
+      EXPECT_EQ(r.records.size(), 5u);
+      EXPECT_EQ(r.report.torn_tails, 0u);
+    } else {
+      EXPECT_EQ(r.records, earlier);
+      EXPECT_EQ(r.report.torn_tails, cut > before ? 1u : 0u);
+    }
+    fs::remove_all(copy);
+  }
+}
+
+TEST_F(JournalTest, CorruptRecordEndsItsFileButLaterFilesAreRead) {
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    for (uint64_t n = 0; n < 3; ++n) j->Append(Put(n));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  // Flip one byte inside the second record's payload.
+  const std::string j1 = dir_ + "/journal.1";
+  const uint64_t size = fs::file_size(j1);
+  {
+    std::fstream f(j1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - size / 3));
+    f.put('\x5A');
+  }
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);  // generation 2
+    EXPECT_EQ(r.report.torn_tails, 1u);
+    EXPECT_LT(r.records.size(), 3u);
+    j->Append(Put(10));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  ASSERT_FALSE(r.records.empty());
+  EXPECT_EQ(r.records.back(), Str(Put(10)));
+  EXPECT_EQ(r.records.front(), Str(Put(0)));
+}
+
+// Writes a live state: namespaces 1 and 2, puts 0..19 minus deleted ones, through `j`.
+void Snapshot(Journal::Emitter& e, const std::vector<uint64_t>& live) {
+  e.Emit(Ns(1));
+  e.Emit(Ns(2));
+  for (uint64_t n : live) e.Emit(Put(n));
+}
+
+TEST_F(JournalTest, CheckpointThenLaterJournal) {
+  std::vector<uint64_t> live;
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Ns(1));
+    j->Append(Ns(2));
+    for (uint64_t n = 0; n < 20; ++n) j->Append(Put(n));
+    for (uint64_t n = 0; n < 20; n += 3) j->Append(Delete(n));
+    for (uint64_t n = 0; n < 20; ++n) {
+      if (n % 3 != 0) live.push_back(n);
+    }
+    ASSERT_TRUE(j->Sync().ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
+    EXPECT_EQ(j->records_since_checkpoint(), 0u);
+    EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.2"}));
+    j->Append(Put(50));
+    j->Append(Delete(1));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  std::vector<std::string> want = {Str(Ns(1)), Str(Ns(2))};
+  for (uint64_t n : live) want.push_back(Str(Put(n)));
+  want.push_back(Str(Put(50)));
+  want.push_back(Str(Delete(1)));
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.records, want);
+  EXPECT_EQ(r.report.generation, 3u);
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.2", "journal.3"}));
+}
+
+TEST_F(JournalTest, CorruptOrTruncatedCheckpointIsDataLoss) {
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, {1, 2, 3, 4}); }).ok());
+  }
+  const std::string ckpt = dir_ + "/checkpoint";
+  const std::string saved = root_ + "/checkpoint.saved";
+  fs::copy_file(ckpt, saved);
+  const uint64_t size = fs::file_size(ckpt);
+  for (uint64_t at : {uint64_t{3}, size / 2, size - 1}) {
+    fs::copy_file(saved, ckpt, fs::copy_options::overwrite_existing);
+    std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    const char c = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x10));
+    f.close();
+    Recovered r;
+    auto j = Journal::Open(dir_, r.visitor(), &r.report);
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kDataLoss) << "byte " << at;
+  }
+  // Cut off the end record: still DATA_LOSS, never a partial index.
+  fs::copy_file(saved, ckpt, fs::copy_options::overwrite_existing);
+  fs::resize_file(ckpt, size - 24);
+  Recovered r;
+  EXPECT_EQ(Journal::Open(dir_, r.visitor(), &r.report).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST_F(JournalTest, CrashBetweenNewGenerationAndCheckpointRenameRecoversEverything) {
+  std::vector<std::string> want = {Str(Ns(1))};
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Ns(1));
+    for (uint64_t n = 0; n < 10; ++n) {
+      j->Append(Put(n));
+      want.push_back(Str(Put(n)));
+    }
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  // Build the state a crash leaves inside Checkpoint, after journal.3 was created and before
+  // checkpoint.tmp was renamed: copy the files as they were, then do the real checkpoint elsewhere
+  // and take its new journal file and half of its checkpoint as the temporary file.
+  const std::string crashed = NewDir("crashed");
+  for (const auto& f : Files(dir_)) fs::copy_file(dir_ + "/" + f, crashed + "/" + f);
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);  // generation 2
+    fs::copy_file(dir_ + "/journal.2", crashed + "/journal.2");
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) {
+                   e.Emit(Ns(1));
+                   for (uint64_t n = 0; n < 10; ++n) e.Emit(Put(n));
+                 }).ok());  // generation 3
+  }
+  fs::copy_file(dir_ + "/journal.3", crashed + "/journal.3");
+  fs::copy_file(dir_ + "/checkpoint", crashed + "/checkpoint.tmp");
+  fs::resize_file(crashed + "/checkpoint.tmp", fs::file_size(crashed + "/checkpoint.tmp") / 2);
+  {
+    Recovered r;
+    auto j = Open(crashed, &r);
+    ASSERT_NE(j, nullptr);
+    EXPECT_EQ(r.records, want);
+    EXPECT_EQ(r.report.generation, 4u);
+    j->Append(Put(11));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  Recovered r;
+  ASSERT_NE(Open(crashed, &r), nullptr);
+  want.push_back(Str(Put(11)));
+  EXPECT_EQ(r.records, want);
+  EXPECT_EQ(Files(crashed), (std::vector<std::string>{"journal.1", "journal.2", "journal.3",
+                                                      "journal.4", "journal.5"}));
+}
+
+TEST_F(JournalTest, CrashAfterRenameBeforeCleanupDoesNotReplayOldFilesTwice) {
+  std::vector<std::string> want = {Str(Ns(1)), Str(Put(1))};
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Ns(1));
+    j->Append(Put(1));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  fs::copy_file(dir_ + "/journal.1", root_ + "/journal.1.saved");
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) {
+                   e.Emit(Ns(1));
+                   e.Emit(Put(1));
+                 }).ok());
+  }
+  fs::copy_file(root_ + "/journal.1.saved", dir_ + "/journal.1");  // the unlink never happened
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.records, want);
+  EXPECT_FALSE(fs::exists(dir_ + "/journal.1")) << "superseded files are removed";
+}
+
+TEST_F(JournalTest, MissingJournalFileIsDataLoss) {
+  for (int i = 0; i < 3; ++i) {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Put(i));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  fs::remove(dir_ + "/journal.2");
+  Recovered r;
+  auto gap = Journal::Open(dir_, r.visitor(), &r.report);
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kDataLoss) << gap.status();
+  fs::remove(dir_ + "/journal.1");  // now it starts at 3 without a checkpoint
+  gap = Journal::Open(dir_, r.visitor(), &r.report);
+  EXPECT_EQ(gap.status().code(), absl::StatusCode::kDataLoss) << gap.status();
+}
+
+TEST_F(JournalTest, RepeatedCheckpointsKeepOnlyTheLiveState) {
+  Recovered r0;
+  auto j = Open(dir_, &r0);
+  std::vector<uint64_t> live;
+  for (uint64_t round = 0; round < 5; ++round) {
+    for (uint64_t n = round * 10; n < round * 10 + 10; ++n) {
+      j->Append(Put(n));
+      live.push_back(n);
+    }
+    ASSERT_TRUE(j->Sync().ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
+  }
+  j.reset();
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.records.size(), 2 + live.size());
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.6", "journal.7"}));
+}
+
+TEST_F(JournalTest, FailedSyncAbandonsTheFileAndLaterRecordsSurvive) {
+  Recovered r0;
+  auto j = Open(dir_, &r0);
+  j->Append(Put(1));
+  ASSERT_TRUE(j->Sync().ok());
+  // Let the file grow by only 100 more bytes: the next Sync writes part of its records and fails.
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = fs::file_size(dir_ + "/journal.1") + 100;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  j->Append(Put(2, 40));
+  j->Append(Put(3, 40));
+  const absl::Status failed = j->Sync();
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, SIG_DFL);
+  EXPECT_FALSE(failed.ok());
+  // Appends go on, in a new generation, and recovery still reads them after the torn file.
+  j->Append(Put(4));
+  ASSERT_TRUE(j->Sync().ok());
+  j.reset();
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1", "journal.2"}));
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.records, (std::vector<std::string>{Str(Put(1)), Str(Put(4))}));
+  EXPECT_EQ(r.report.torn_tails, 1u);
+}
+
+}  // namespace
+}  // namespace tutti::store
