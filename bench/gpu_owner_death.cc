@@ -133,11 +133,16 @@ struct Engine {
   uint8_t* ptr = nullptr;
   size_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
+  cudaIpcMemHandle_t legacy{};  // legacy: as received
+  int fd = -1;                  // vmm: as received, until imported
 };
 
+// Starts an engine child and receives its export (a legacy handle, or a file descriptor).
 absl::Status Spawn(bool vmm, Engine* e) {
   int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return absl::InternalError("socketpair");
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError("socketpair");
+  }
   e->vmm = vmm;
   e->pid = fork();
   if (e->pid == 0) {
@@ -162,27 +167,47 @@ absl::Status Spawn(bool vmm, Engine* e) {
   if (recvmsg(e->sock, &msg, MSG_WAITALL) != 8) return absl::InternalError("engine did not report");
   e->size = size;
   if (!vmm) {
-    cudaIpcMemHandle_t h;
-    if (read(e->sock, &h, sizeof(h)) != sizeof(h)) return absl::InternalError("no handle");
-    void* p = nullptr;
-    RETURN_IF_ERROR(gpu::CudaStatus(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
-                                    "cudaIpcOpenMemHandle"));
-    e->ptr = static_cast<uint8_t*>(p);
+    if (read(e->sock, &e->legacy, sizeof(e->legacy)) != sizeof(e->legacy)) {
+      return absl::InternalError("no handle");
+    }
     return absl::OkStatus();
   }
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return absl::InternalError("no fd");
-  int fd;
-  std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  std::memcpy(&e->fd, CMSG_DATA(c), sizeof(int));
+  return absl::OkStatus();
+}
+
+// Opens (legacy) or imports and maps (vmm) what Spawn received.
+absl::Status Import(Engine* e) {
+  if (!e->vmm) {
+    void* p = nullptr;
+    RETURN_IF_ERROR(gpu::CudaStatus(
+        cudaIpcOpenMemHandle(&p, e->legacy, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
+    e->ptr = static_cast<uint8_t*>(p);
+    return absl::OkStatus();
+  }
   CUresult r = Api().MemImportFromShareableHandle(
-      &e->handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+      &e->handle, reinterpret_cast<void*>(static_cast<uintptr_t>(e->fd)),
       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  close(fd);
+  close(e->fd);
+  e->fd = -1;
   RETURN_IF_ERROR(gpu::CuStatus(r, "cuMemImportFromShareableHandle"));
   CUdeviceptr ptr;
-  if (!MapVmm(e->handle, size, &ptr)) return absl::InternalError("map imported memory");
+  if (!MapVmm(e->handle, e->size, &ptr)) return absl::InternalError("map imported memory");
   e->ptr = reinterpret_cast<uint8_t*>(ptr);
   return absl::OkStatus();
+}
+
+absl::Status SpawnAndImport(bool vmm, Engine* e) {
+  RETURN_IF_ERROR(Spawn(vmm, e));
+  return Import(e);
+}
+
+double FreeMib() {
+  size_t free_bytes = 0, total = 0;
+  cudaMemGetInfo(&free_bytes, &total);
+  return free_bytes / 1048576.0;
 }
 
 // Closes the daemon's mapping; returns the first error's name, or "cudaSuccess".
@@ -235,8 +260,9 @@ absl::Status RunScenario(const std::string& scenario, std::vector<Record>* out) 
   RETURN_IF_ERROR(gpu::CudaStatus(cudaMalloc(&own_dst, bytes), "cudaMalloc"));
   RETURN_IF_ERROR(gpu::CudaStatus(cudaMemset(own_src, 0x22, bytes), "cudaMemset"));
   Engine a, b, c;
-  RETURN_IF_ERROR(Spawn(vmm, &a));
-  RETURN_IF_ERROR(Spawn(vmm, &b));
+  RETURN_IF_ERROR(SpawnAndImport(vmm, &a));
+  RETURN_IF_ERROR(SpawnAndImport(vmm, &b));
+  const double free_before = FreeMib();
 
   // The victim dies while our kernel writes its memory.
   const uint64_t write_ns = uint64_t{absl::GetFlag(FLAGS_write_ms)} * 1000000;
@@ -256,6 +282,7 @@ absl::Status RunScenario(const std::string& scenario, std::vector<Record>* out) 
   const double exit_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const bool running_after_exit = cudaStreamQuery(io->stream()) == cudaErrorNotReady;
+  const double free_after_death = FreeMib();
   out->push_back({"kernel_running_when_engine_died", running_at_death ? 1.0 : 0.0, "bool", ""});
   out->push_back({"engine_exit_latency", exit_ms, "ms",
                   absl::StrCat("wait status ", wstatus, running_after_exit
@@ -273,18 +300,38 @@ absl::Status RunScenario(const std::string& scenario, std::vector<Record>* out) 
   out->push_back({"own_memory_kernel_ok", r == "ok" ? 1.0 : 0.0, "bool", r});
   r = CopyAndCheck(*io, own_src, b.ptr, bytes);
   out->push_back({"other_engine_copy_ok", r == "ok" ? 1.0 : 0.0, "bool", r});
-  absl::Status s = Spawn(vmm, &c);
+  absl::Status s = SpawnAndImport(vmm, &c);
   r = s.ok() ? CopyAndCheck(*io, own_src, c.ptr, bytes) : s.ToString();
   out->push_back({"new_engine_open_and_copy_ok", r == "ok" ? 1.0 : 0.0, "bool", r});
   r = Release(&a);
   out->push_back({"close_dead_engine_mapping_ok", r == "cudaSuccess" || r == "CUDA_SUCCESS" ? 1.0 : 0.0,
                   "bool", r});
+  const double free_after_close = FreeMib();
+  out->push_back({"gpu_free_memory_change_at_engine_death", free_after_death - free_before, "MiB",
+                  absl::StrCat("engine allocation ", bytes >> 20, " MiB; device-wide free memory")});
+  out->push_back({"gpu_free_memory_change_at_daemon_close", free_after_close - free_after_death, "MiB",
+                  "after the daemon closed the dead engine's mapping"});
   r = Release(&b);
   out->push_back({"close_other_engine_mapping_ok", r == "cudaSuccess" || r == "CUDA_SUCCESS" ? 1.0 : 0.0,
                   "bool", r});
   if (s.ok()) Release(&c);
   Finish(&b);
   if (s.ok()) Finish(&c);
+
+  // An export whose exporter died before the daemon opened it (a stale handle / fd).
+  Engine d;
+  s = Spawn(vmm, &d);
+  if (s.ok()) {
+    kill(d.pid, SIGKILL);
+    waitpid(d.pid, nullptr, 0);
+    close(d.sock);
+    s = Import(&d);
+    r = s.ok() ? CopyAndCheck(*io, own_src, d.ptr, bytes) : s.ToString();
+    if (s.ok()) Release(&d);
+  } else {
+    r = s.ToString();
+  }
+  out->push_back({"open_after_exporter_died_ok", r == "ok" ? 1.0 : 0.0, "bool", r});
   e = cudaDeviceSynchronize();
   if (e == cudaSuccess) e = cudaMemset(own_dst, 0, 4096);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();

@@ -41,6 +41,10 @@ cudaError_t LaunchCopyObjects(const CopyDesc* descs, size_t count, uint32_t obje
   // 32 KiB: too large for some thread stacks; the launch copies it, so one per thread suffices.
   static thread_local CopyBatch batch;
   batch.vecs_per_object = object_len / kCopyAlign;
+  // A launch reports errors through cudaGetLastError(), which also returns errors left by any
+  // earlier runtime call of this thread: clear those first so they are not taken for ours.
+  cudaError_t stale = cudaGetLastError();
+  (void)stale;
   for (size_t done = 0; done < count;) {
     const uint32_t n = static_cast<uint32_t>(
         count - done < kMaxDescsPerLaunch ? count - done : kMaxDescsPerLaunch);

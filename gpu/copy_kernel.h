@@ -36,7 +36,8 @@ inline constexpr uint32_t kCopyThreads = 256;
 
 // Enqueues on `stream` copies of `count` objects of `object_len` bytes, with at most `ctas` CTAs
 // per launch (ceil(count / kMaxDescsPerLaunch) launches). Returns the first launch error
-// (cudaSuccess when all were enqueued); nothing is enqueued after an error. Preconditions: every
+// (cudaSuccess when all were enqueued); nothing is enqueued after an error. Clears the thread's
+// runtime last-error state first (a sticky error is still reported). Preconditions: every
 // address and object_len are multiples of kCopyAlign, ctas > 0, the ranges do not overlap, and the
 // memory stays valid until the copies have run.
 cudaError_t LaunchCopyObjects(const CopyDesc* descs, size_t count, uint32_t object_len,

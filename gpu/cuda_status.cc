@@ -56,6 +56,10 @@ absl::StatusCode CodeFor(CUresult res) {
 
 absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
   if (err == cudaSuccess) return absl::OkStatus();
+  // The runtime also keeps the error as this thread's "last error", where a later, unrelated
+  // cudaGetLastError() (after a kernel launch) would find it. It is reported here: clear it.
+  // Sticky errors stay whatever is done.
+  cudaGetLastError();
   return absl::Status(CodeFor(err), absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
                                                  cudaGetErrorString(err), ")"));
 }

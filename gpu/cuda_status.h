@@ -15,7 +15,8 @@
 
 namespace tutti::gpu {
 
-// OK for cudaSuccess; otherwise a status naming `what` and the error.
+// OK for cudaSuccess; otherwise a status naming `what` and the error, and the error is cleared
+// from the runtime's per-thread last-error state (so it is not reported again by the next launch).
 absl::Status CudaStatus(cudaError_t err, absl::string_view what);
 
 // OK for CUDA_SUCCESS; otherwise a status naming `what` and the error (named through the driver

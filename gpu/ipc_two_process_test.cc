@@ -2,7 +2,11 @@
 // words, and its stream waits per layer); it re-executes itself as the daemon (--daemon_child),
 // which opens the engine's IPC handles, scatters random blocks layer by layer from pinned staging
 // on its I/O stream, signals each layer's ready word, and gathers the blocks back (the Store path).
+// In "die" mode the daemon signals layer 0 only, keeps a kernel writing the engine's memory and
+// is SIGKILLed: the engine releases its own waiting stream and its context stays healthy.
 #include <cuda_runtime.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,8 +22,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda_ipc_memory.h"
+#include "gpu/cuda_status.h"
 #include "gpu/pinned.h"
 #include "gpu/ready_words.h"
+#include "gpu/testing/busy_kernel.h"
 #include "gpu/testing/test_util.h"
 #include "gtest/gtest.h"
 
@@ -39,6 +45,7 @@ uint32_t ObjectLen(KvFormat f) { return f == KvFormat::kMla ? 18432 : 16384; }
 
 // What the engine tells the daemon: argv after the flag.
 struct ChildArgs {
+  bool die = false;
   int format = 0;
   uint64_t seed = 0;
   std::string uuid;
@@ -47,8 +54,8 @@ struct ChildArgs {
 };
 
 std::vector<std::string> ToArgv(const ChildArgs& a) {
-  std::vector<std::string> v = {kChildFlag, absl::StrCat(a.format), absl::StrCat(a.seed), a.uuid,
-                                a.words_hex};
+  std::vector<std::string> v = {kChildFlag, a.die ? "die" : "full", absl::StrCat(a.format),
+                                absl::StrCat(a.seed), a.uuid, a.words_hex};
   v.insert(v.end(), a.region_hex.begin(), a.region_hex.end());
   return v;
 }
@@ -60,9 +67,27 @@ int Fail(const std::string& what, const absl::Status& s) {
   return 2;
 }
 
+// Layer 0 lands and is signalled; then a kernel keeps writing layer 1's region, the parent hears
+// "1" on stdout, and kills this process while the kernel runs.
+int DieMidRetrieve(CudaIpcMemory& mem, ReadyWords& words, IoStream& io,
+                   const std::vector<engine::CopyOp>& layer0) {
+  if (absl::Status s = mem.EnqueueScatter(layer0); !s.ok()) return Fail("scatter", s);
+  if (absl::Status s = words.Signal(0, kTicket); !s.ok()) return Fail("signal", s);
+  if (absl::Status s = io.Synchronize(); !s.ok()) return Fail("sync", s);
+  // Region of object 2 (layer 1): the whole K half of layer 1's fused tensor.
+  cudaError_t e = testing::LaunchWriteFor(mem.region_base(1), kBlocks * ObjectLen(KvFormat::kFusedKv),
+                                          uint64_t{10} * 1000 * 1000 * 1000, io.ctas(), io.stream());
+  if (e != cudaSuccess) return Fail("busy kernel", CudaStatus(e, "launch"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (write(1, "1", 1) != 1) return 3;
+  pause();
+  return 0;
+}
+
 int ChildMain(int argc, char** argv) {
   ChildArgs a;
-  if (argc < 6 || !absl::SimpleAtoi(argv[2], &a.format) || !absl::SimpleAtoi(argv[3], &a.seed)) {
+  // argv: flag, mode, format, seed, uuid, words handle, region handles...
+  if (argc < 7 || !absl::SimpleAtoi(argv[3], &a.format) || !absl::SimpleAtoi(argv[4], &a.seed)) {
     return Fail("usage", absl::InvalidArgumentError("bad arguments"));
   }
   const KvFormat format = static_cast<KvFormat>(a.format);
@@ -71,15 +96,16 @@ int ChildMain(int argc, char** argv) {
   auto io = IoStream::Create({0, 16, 0});
   if (!io.ok()) return Fail("I/O stream", io.status());
   std::vector<IpcRegion> regions;
-  for (int i = 6; i < argc; ++i) {
-    regions.push_back({*testing::FromHex(argv[i]), kv.region_sizes[i - 6], argv[4]});
+  a.die = std::strcmp(argv[2], "die") == 0;
+  for (int i = 7; i < argc; ++i) {
+    regions.push_back({*testing::FromHex(argv[i]), kv.region_sizes[i - 7], argv[5]});
   }
   const uint32_t objects = kv.layout.placements.size();
   auto staging = PinnedRegion::Allocate(2ull * kUsed * objects * obj);
   if (!staging.ok()) return Fail("staging", staging.status());
   auto mem = CudaIpcMemory::Open(kv.layout, regions, {(*staging)->staging()}, io->get());
   if (!mem.ok()) return Fail("open KV regions", mem.status());
-  auto words = ReadyWords::Open({*testing::FromHex(argv[5]), 4 * kLayers, argv[4]}, 0, kLayers,
+  auto words = ReadyWords::Open({*testing::FromHex(argv[6]), 4 * kLayers, argv[5]}, 0, kLayers,
                                 io->get());
   if (!words.ok()) return Fail("open ready words", words.status());
 
@@ -93,6 +119,7 @@ int ChildMain(int argc, char** argv) {
       next += obj;
     }
   }
+  if (a.die) return DieMidRetrieve(**mem, **words, **io, ops[0]);
   // Late on purpose: an engine stream that did not wait would read the poison.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   for (uint32_t l = 0; l < kLayers; ++l) {
@@ -123,9 +150,11 @@ int ChildMain(int argc, char** argv) {
 
 class TwoProcessTest : public ::testing::TestWithParam<KvFormat> {};
 
-pid_t Spawn(const std::vector<std::string>& args) {
+// Forks and re-executes this binary with `args`; the child's stdout goes to `stdout_fd` if >= 0.
+pid_t Spawn(const std::vector<std::string>& args, int stdout_fd = -1) {
   pid_t pid = fork();
   if (pid != 0) return pid;
+  if (stdout_fd >= 0) dup2(stdout_fd, 1);
   std::vector<char*> argv = {const_cast<char*>("/proc/self/exe")};
   for (const std::string& s : args) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
@@ -141,7 +170,7 @@ TEST_P(TwoProcessTest, DaemonScattersIntoEngineBlocksWhileEngineStreamWaitsPerLa
   testing::KvLayout kv = testing::MakeKvLayout(format, kLayers, kBlocks, obj);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 
-  ChildArgs args{static_cast<int>(format), seed, Probe()->uuid_text, "", {}};
+  ChildArgs args{false, static_cast<int>(format), seed, Probe()->uuid_text, "", {}};
   std::vector<void*> regions;
   std::vector<uint8_t*> readback;
   for (uint64_t size : kv.region_sizes) {
@@ -222,6 +251,94 @@ TEST_P(TwoProcessTest, DaemonScattersIntoEngineBlocksWhileEngineStreamWaitsPerLa
   cudaStreamDestroy(engine);
   for (void* p : regions) cudaFree(p);
   for (uint8_t* h : readback) cudaFreeHost(h);
+}
+
+// The engine's side of a daemon crash: layer 0 arrived, the daemon died with a kernel writing the
+// engine's memory. The engine's stream must not hang (the client releases the words), layer 0's
+// data must be intact, and the engine's CUDA context must stay usable.
+TEST(DaemonDeathTest, EngineReleasesItsStreamAndKeepsWorkingWhenTheDaemonIsKilled) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  const KvFormat format = KvFormat::kFusedKv;
+  const uint32_t obj = ObjectLen(format);
+  const uint64_t seed = 4242;
+  testing::KvLayout kv = testing::MakeKvLayout(format, kLayers, kBlocks, obj);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ChildArgs args{true, static_cast<int>(format), seed, Probe()->uuid_text, "", {}};
+  std::vector<void*> regions;
+  for (uint64_t size : kv.region_sizes) {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, std::max<uint64_t>(size, 2 << 20)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
+    regions.push_back(p);
+    cudaIpcMemHandle_t h;
+    ASSERT_EQ(cudaIpcGetMemHandle(&h, p), cudaSuccess);
+    args.region_hex.push_back(testing::ToHex({reinterpret_cast<const char*>(&h), sizeof(h)}));
+  }
+  auto words = ReadyWordArray::Create(0, kLayers);
+  ASSERT_TRUE(words.ok()) << words.status();
+  args.words_hex = testing::ToHex((*words)->ExportIpc()->handle);
+  std::vector<uint8_t> layer0(kv.region_sizes[0]);
+  void* layer0_pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&layer0_pinned, layer0.size(), cudaHostAllocDefault), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStream_t engine;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&engine, cudaStreamNonBlocking), cudaSuccess);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    ASSERT_TRUE(WaitLayer(engine, (*words)->word(l), kTicket).ok());
+    if (l == 0) {
+      ASSERT_EQ(cudaMemcpyAsync(layer0_pinned, regions[0], layer0.size(), cudaMemcpyDeviceToHost,
+                                engine),
+                cudaSuccess);
+    }
+  }
+
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t child = Spawn(ToArgv(args), pipefd[1]);
+  close(pipefd[1]);
+  pollfd pfd = {pipefd[0], POLLIN, 0};
+  char byte = 0;
+  const bool told = poll(&pfd, 1, 30000) == 1 && read(pipefd[0], &byte, 1) == 1;
+  close(pipefd[0]);
+  kill(child, SIGKILL);  // mid-retrieve, its kernel still writing layer 1
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  if (!told) {
+    ASSERT_TRUE((*words)->ForceRelease(kTicket).ok());
+    cudaStreamSynchronize(engine);
+    FAIL() << "the daemon child never reached its kill point (status " << wstatus << ")";
+  }
+
+  // Layers 1..3 were never signalled: the stream waits until the client releases the words.
+  EXPECT_EQ(cudaStreamQuery(engine), cudaErrorNotReady);
+  ASSERT_TRUE((*words)->ForceRelease(kTicket).ok());
+  EXPECT_EQ(cudaStreamSynchronize(engine), cudaSuccess);
+
+  std::memcpy(layer0.data(), layer0_pinned, layer0.size());
+  absl::flat_hash_set<uint32_t> used;
+  for (uint32_t b : testing::RandomBlocks(seed, kUsed, kBlocks)) used.insert(b);
+  std::vector<uint8_t> want(obj);
+  size_t bad = 0;
+  for (uint32_t j = 0; j < kv.parts; ++j) {
+    const engine::ObjectPlacement& p = kv.layout.placements[j];
+    for (uint32_t b = 0; b < kBlocks; ++b) {
+      if (used.contains(b)) {
+        testing::FillObject(seed, b, j, want.data(), obj);
+      } else {
+        std::memset(want.data(), kPoison, obj);
+      }
+      bad += std::memcmp(layer0.data() + p.offset + b * p.block_stride, want.data(), obj) != 0;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "layer 0 objects wrong";
+
+  // The engine's context is healthy: memory operations and a sync succeed.
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaMemset(regions[1], 0, kv.region_sizes[1]), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaStreamDestroy(engine);
+  cudaFreeHost(layer0_pinned);
+  for (void* p : regions) cudaFree(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, TwoProcessTest, ::testing::ValuesIn(testing::kAllFormats),

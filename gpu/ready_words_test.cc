@@ -11,6 +11,9 @@
 namespace tutti::gpu {
 namespace {
 
+// cudaMemsetAsync(flag, 1, 4) sets every byte to 1.
+constexpr int kFlagSet = 0x01010101;
+
 // An engine stream, ready words, and the daemon side over the same words.
 class ReadyWordsTest : public ::testing::Test {
  protected:
@@ -83,14 +86,14 @@ TEST_F(ReadyWordsTest, EngineStreamWaitsForItsTicket) {
   EXPECT_FALSE(EngineDoneWithin(50));
   Signal(2, 7);
   EXPECT_TRUE(EngineDoneWithin(5000));
-  EXPECT_EQ(Flag(), 1);
+  EXPECT_EQ(Flag(), kFlagSet);
 }
 
 TEST_F(ReadyWordsTest, ALaterTicketReleasesAnEarlierWait) {
   EngineWaits(1, 3);
   Signal(1, 10);
   EXPECT_TRUE(EngineDoneWithin(5000));
-  EXPECT_EQ(Flag(), 1);
+  EXPECT_EQ(Flag(), kFlagSet);
 }
 
 TEST_F(ReadyWordsTest, ComparisonSurvivesWrapAround) {
@@ -106,7 +109,7 @@ TEST_F(ReadyWordsTest, ForceReleaseFreesAWaitingStream) {
   EXPECT_FALSE(EngineDoneWithin(50));
   ASSERT_TRUE(array_->ForceRelease(100).ok());
   EXPECT_TRUE(EngineDoneWithin(5000));
-  EXPECT_EQ(Flag(), 1);
+  EXPECT_EQ(Flag(), kFlagSet);
 }
 
 TEST_F(ReadyWordsTest, SignalOutOfRangeIsRejected) {

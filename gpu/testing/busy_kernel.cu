@@ -24,6 +24,7 @@ __global__ void WriteForKernel(uint4* dst, size_t vecs, uint64_t nanoseconds) {
 
 cudaError_t LaunchWriteFor(void* dst, size_t bytes, uint64_t nanoseconds, uint32_t ctas,
                            cudaStream_t stream) {
+  cudaGetLastError();  // clear errors of earlier calls (see copy_kernel.cu)
   WriteForKernel<<<ctas, 256, 0, stream>>>(static_cast<uint4*>(dst), bytes / 16, nanoseconds);
   return cudaGetLastError();
 }
