@@ -70,7 +70,7 @@ absl::Status BlockStore::Impl::Recover() {
   auto log = log::Get("store");
   uint64_t skipped = 0, max_epoch = 0;
   RecoveryVisitor visitor;
-  absl::MutexLock lock(&mu_);  // no other thread yet; keeps the annotations honest
+  absl::ReleasableMutexLock lock(&mu_);  // no other thread yet; keeps the annotations honest
   visitor.on_namespace = [&](const NamespaceRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     tutti::v1::Namespace ns;
     if (!ns.ParseFromString(r.descriptor)) {
@@ -108,12 +108,14 @@ absl::Status BlockStore::Impl::Recover() {
   if (!journal.ok()) return journal.status();
   index_.RebuildFreeList();
   next_epoch_ = max_epoch + 1;
+  lock.Release();
+  absl::MutexLock jlock(&journal_mu_);
+  journal_ = std::move(journal).value();
+  absl::MutexLock relock(&mu_);
   log->info("recovered {} blocks in {} namespaces from {} journal records ({} torn tails, {} "
             "skipped); {} of {} slots free",
             index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
             index_.free_slots(), index_.num_slots());
-  absl::MutexLock jlock(&journal_mu_);
-  journal_ = std::move(journal).value();
   return absl::OkStatus();
 }
 

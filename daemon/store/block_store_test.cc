@@ -1,0 +1,348 @@
+#include "daemon/store/block_store.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/io/memory_backend.h"
+#include "gtest/gtest.h"
+
+namespace tutti::store {
+namespace {
+
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kObjects = 2 * kLayers;
+constexpr uint32_t kObjectLen = 2048;  // 16 tokens x 1 head x 64 dim x 2 bytes: half a frame
+constexpr uint32_t kFrame = 4096;
+
+tutti::v1::Namespace TestNamespace(const std::string& model = "m") {
+  tutti::v1::Namespace ns;
+  ns.set_model_id(model);
+  ns.set_hash_scheme("test");
+  ns.set_tp_size(1);
+  auto* l = ns.mutable_layout();
+  l->set_num_layers(kLayers);
+  l->set_kv_heads(1);
+  l->set_head_dim(64);
+  l->set_dtype_bytes(2);
+  l->set_block_tokens(16);
+  l->set_format(tutti::v1::KV_FORMAT_SEPARATE);
+  return ns;
+}
+
+Key K(uint32_t i) {
+  Key k;
+  for (int b = 0; b < 16; ++b) k.bytes[b] = static_cast<uint8_t>((i * 131 + b * 7) ^ (i >> 8));
+  return k;
+}
+
+uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
+  return static_cast<uint8_t>(key.bytes[offset % 16] * 31 + object * 17 + offset / 16);
+}
+
+// Engine-side memory for the tests: the bytes each (key, object) must hold.
+BlockStore::Gatherer FillFrom(absl::Span<const Key> keys) {
+  std::vector<Key> copy(keys.begin(), keys.end());
+  return [copy](absl::Span<const GatherOp> ops) {
+    for (const GatherOp& op : ops) {
+      for (uint32_t i = 0; i < kObjectLen; ++i) op.dst[i] = ContentByte(copy[op.item], op.object, i);
+    }
+    return absl::OkStatus();
+  };
+}
+
+class BlockStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_dir_ = absl::StrCat(::testing::TempDir(), "/store_", getpid(), "_",
+                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(state_dir_);
+    std::filesystem::create_directories(state_dir_);
+    auto layout = pool::PoolLayout::Compute(capacity_, 2, kFrame, kObjects);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    options_.layout = *layout;
+    options_.state_dir = state_dir_;
+    options_.store_staging_bytes = 64 * kObjects * kFrame;
+    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
+    options_.write_batch_blocks = 8;
+    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
+    ASSERT_TRUE(disk.ok());
+    disk_ = *disk;
+  }
+
+  void Open() {
+    store_.reset();
+    backend_ = io::MemoryBackend::CreateOn(disk_).release();
+    auto store = BlockStore::Open(options_, std::unique_ptr<io::IoBackend>(backend_), &clock_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(store).value();
+    auto ns = store_->RegisterNamespace(TestNamespace());
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    ns_ = *ns;
+  }
+
+  // Stores `keys` in calls of at most 32 blocks (staging holds 64).
+  std::vector<CaptureOutcome> Store(absl::Span<const Key> keys, bool wait = true) {
+    std::vector<CaptureOutcome> all;
+    for (size_t i = 0; i < keys.size(); i += 32) {
+      auto part = keys.subspan(i, 32);
+      auto out = store_->Capture(ns_, part, 0, kLayers, FillFrom(part), wait);
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (out.ok()) all.insert(all.end(), out->begin(), out->end());
+    }
+    return all;
+  }
+
+  // Reads every layer of `keys` (pinned) and checks each byte. Returns the failed item indices.
+  std::vector<uint32_t> ReadAndVerify(absl::Span<const Key> keys) {
+    std::vector<uint32_t> failed;
+    uint32_t next_layer = 0;
+    absl::Status s = store_->Read(
+        ns_, keys, 0, kLayers,
+        [&](uint32_t layer, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> bad) {
+          EXPECT_EQ(layer, next_layer++) << "layers arrive in order";
+          failed.insert(failed.end(), bad.begin(), bad.end());
+          for (const ScatterOp& op : ops) {
+            EXPECT_EQ(op.object / 2, layer);
+            for (uint32_t i = 0; i < kObjectLen; ++i) {
+              if (op.src[i] != ContentByte(keys[op.item], op.object, i)) {
+                ADD_FAILURE() << "item " << op.item << " object " << op.object << " byte " << i;
+                return absl::InternalError("mismatch");
+              }
+            }
+          }
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(next_layer, kLayers);
+    return failed;
+  }
+
+  std::vector<Key> Keys(uint32_t first, uint32_t n) {
+    std::vector<Key> keys;
+    for (uint32_t i = first; i < first + n; ++i) keys.push_back(K(i));
+    return keys;
+  }
+
+  uint64_t capacity_ = 8ull << 20;
+  std::string state_dir_;
+  StoreOptions options_;
+  std::shared_ptr<io::MemoryDisk> disk_;
+  io::MemoryBackend* backend_ = nullptr;  // owned by store_
+  ManualClock clock_;
+  std::unique_ptr<BlockStore> store_;
+  NamespaceId ns_ = 0;
+};
+
+TEST_F(BlockStoreTest, StoredBlocksReadBackByteForByteLayerByLayer) {
+  Open();
+  auto keys = Keys(0, 20);
+  for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 20u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  store_->Unpin(ns_, keys);
+  for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kAlreadyPresent);
+  const StoreStats st = store_->Stats();
+  EXPECT_EQ(st.blocks_stored, 20u);
+  EXPECT_EQ(st.blocks_retrieved, 20u);
+  EXPECT_EQ(st.verify_errors, 0u);
+}
+
+TEST_F(BlockStoreTest, LookupCountsLeadingHitsOnly) {
+  Open();
+  Store(Keys(0, 3));
+  std::vector<Key> chain = {K(0), K(1), K(99), K(2)};
+  EXPECT_EQ(store_->LookupAndPin(ns_, chain), 2u);
+  store_->Unpin(ns_, absl::MakeSpan(chain).subspan(0, 2));
+  tutti::v1::Namespace other = TestNamespace("other-model");
+  auto other_ns = store_->RegisterNamespace(other);
+  ASSERT_TRUE(other_ns.ok());
+  EXPECT_NE(*other_ns, ns_);
+  EXPECT_EQ(store_->LookupAndPin(*other_ns, chain), 0u) << "keys never cross namespaces";
+}
+
+TEST_F(BlockStoreTest, ReadOfUnpinnedBlockIsRefused) {
+  Open();
+  auto keys = Keys(0, 1);
+  Store(keys);
+  absl::Status s = store_->Read(ns_, keys, 0, kLayers,
+                                [](uint32_t, absl::Span<const ScatterOp>,
+                                   absl::Span<const uint32_t>) { return absl::OkStatus(); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(BlockStoreTest, PartialCaptureBecomesVisibleOnlyWhenEveryLayerIsIn) {
+  Open();
+  auto keys = Keys(0, 2);
+  auto first = store_->Capture(ns_, keys, 0, 2, FillFrom(keys), true);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ((*first)[0], CaptureOutcome::kCaptured);
+  store_->Flush();
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 0u);
+  auto second = store_->Capture(ns_, keys, 2, kLayers, FillFrom(keys), true);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second)[1], CaptureOutcome::kDurable);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 2u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+}
+
+TEST_F(BlockStoreTest, BadLayerRangesAndOversizedNamespacesAreRejected) {
+  Open();
+  auto keys = Keys(0, 1);
+  EXPECT_EQ(store_->Capture(ns_, keys, 2, 2, FillFrom(keys), false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Capture(ns_, keys, 0, kLayers + 1, FillFrom(keys), false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  tutti::v1::Namespace big = TestNamespace();
+  big.mutable_layout()->set_num_layers(kLayers + 1);
+  EXPECT_EQ(store_->RegisterNamespace(big).status().code(), absl::StatusCode::kFailedPrecondition);
+  tutti::v1::Namespace zero = TestNamespace();
+  zero.mutable_layout()->set_head_dim(0);
+  EXPECT_EQ(store_->RegisterNamespace(zero).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BlockStoreTest, RestartKeepsEveryCommittedBlock) {
+  Open();
+  auto keys = Keys(0, 30);
+  Store(keys);
+  Open();  // clean shutdown (checkpoint) and reopen on the same disk and state dir
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 30u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+}
+
+TEST_F(BlockStoreTest, PowerCutLosesNoDurableBlockAndServesNoTornOne) {
+  Open();
+  auto durable = Keys(0, 24);
+  Store(durable);
+  // Captured but maybe not yet written when the power goes.
+  auto in_flight = Keys(100, 24);
+  Store(in_flight, /*wait=*/false);
+  disk_->PowerCut();
+  store_.reset();
+  disk_->Restart(io::MemoryDisk::CrashMode::kTear, /*seed=*/7);
+  Open();
+  EXPECT_EQ(store_->LookupAndPin(ns_, durable), durable.size());
+  EXPECT_TRUE(ReadAndVerify(durable).empty());
+  for (const Key& k : in_flight) {
+    std::vector<Key> one = {k};
+    if (store_->LookupAndPin(ns_, one) == 1) {
+      EXPECT_TRUE(ReadAndVerify(one).empty()) << "a block that is visible must verify";
+    }
+  }
+}
+
+TEST_F(BlockStoreTest, CorruptObjectIsReportedFailedCountedAndThenAMiss) {
+  Open();
+  auto keys = Keys(0, 1);
+  Store(keys);
+  // The first block lands in slot 0; corrupt its layer-1 V object on the media.
+  const pool::Location loc = options_.layout.ObjectLocation(0, 3);
+  disk_->Corrupt(loc.file, loc.offset + 100, 1);
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 1u);
+  std::vector<uint32_t> failed = ReadAndVerify(keys);
+  EXPECT_EQ(failed, std::vector<uint32_t>{0});
+  store_->Unpin(ns_, keys);
+  EXPECT_EQ(store_->Stats().verify_errors, 1u);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 0u) << "a block that failed verification is a miss";
+}
+
+TEST_F(BlockStoreTest, ReadErrorsAndShortReadsFailOnlyTheBlocksHit) {
+  Open();
+  auto keys = Keys(0, 8);
+  Store(keys);
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 8u);
+  disk_->FailNext(0, io::Op::kRead, 1, EIO);
+  EXPECT_EQ(ReadAndVerify(keys).size(), 1u);
+  EXPECT_EQ(store_->Stats().io_errors, 1u);
+  auto others = Keys(100, 8);
+  Store(others);
+  ASSERT_EQ(store_->LookupAndPin(ns_, others), 8u);
+  disk_->ShortenNextReads(1, 1, 0);
+  EXPECT_EQ(ReadAndVerify(others).size(), 1u);
+  EXPECT_EQ(store_->Stats().io_errors, 2u);
+}
+
+TEST_F(BlockStoreTest, WriteErrorFailsTheBlockWithoutPublishingIt) {
+  Open();
+  disk_->FailNext(1, io::Op::kWrite, 1, ENOSPC);
+  auto keys = Keys(0, 1);
+  EXPECT_EQ(Store(keys)[0], CaptureOutcome::kFailed);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 0u);
+  EXPECT_EQ(Store(keys)[0], CaptureOutcome::kDurable) << "a later store of the key succeeds";
+}
+
+TEST_F(BlockStoreTest, CapacityIsAHardCapEvictingLeastRecentlyUsedButNeverPinned) {
+  capacity_ = 4ull << 20;
+  SetUp();
+  Open();
+  const uint64_t slots = options_.layout.num_slots();
+  ASSERT_GT(slots, 4u);
+  auto first = Keys(0, slots);
+  Store(first);
+  std::vector<Key> pinned = {first[0]};
+  ASSERT_EQ(store_->LookupAndPin(ns_, pinned), 1u);
+  auto more = Keys(1000, slots * 2);
+  Store(more);
+  StoreStats st = store_->Stats();
+  EXPECT_EQ(st.slots_used, slots);
+  EXPECT_LE(st.slots_used * options_.layout.slot_bytes(), capacity_);
+  EXPECT_EQ(store_->LookupAndPin(ns_, absl::MakeSpan(first).subspan(1, 1)), 0u) << "evicted";
+  EXPECT_EQ(store_->LookupAndPin(ns_, pinned), 1u) << "pinned blocks stay";
+  EXPECT_TRUE(ReadAndVerify(pinned).empty());
+  store_->Unpin(ns_, pinned);
+  store_->Unpin(ns_, pinned);
+  Store(Keys(5000, slots));
+  EXPECT_EQ(store_->LookupAndPin(ns_, pinned), 0u) << "released, then evicted";
+  Open();  // evictions are journaled: they stay evicted after a restart
+  EXPECT_EQ(store_->LookupAndPin(ns_, pinned), 0u);
+  EXPECT_EQ(store_->LookupAndPin(ns_, Keys(5000, slots)), slots);
+}
+
+TEST_F(BlockStoreTest, FullStagingRejectsTheExcess) {
+  options_.store_staging_bytes = 2 * kObjects * kFrame;  // two blocks
+  Open();
+  backend_->SetPaused(true);  // the writer cannot drain staging
+  auto keys = Keys(0, 3);
+  auto out = store_->Capture(ns_, keys, 0, kLayers, FillFrom(keys), false);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ((*out)[0], CaptureOutcome::kCaptured);
+  EXPECT_EQ((*out)[1], CaptureOutcome::kCaptured);
+  EXPECT_EQ((*out)[2], CaptureOutcome::kRejectedFull);
+  backend_->SetPaused(false);
+  store_->Flush();
+  EXPECT_EQ(store_->LookupAndPin(ns_, absl::MakeSpan(keys).subspan(0, 2)), 2u);
+  EXPECT_EQ(store_->Stats().store_rejected, 1u);
+}
+
+TEST_F(BlockStoreTest, EvictSkipsPinnedBlocks) {
+  Open();
+  auto keys = Keys(0, 5);
+  Store(keys);
+  ASSERT_EQ(store_->LookupAndPin(ns_, absl::MakeSpan(keys).subspan(0, 1)), 1u);
+  auto [evicted, skipped] = store_->Evict(0);
+  EXPECT_EQ(evicted, 4u);
+  EXPECT_EQ(skipped, 1u);
+  EXPECT_EQ(store_->Stats().slots_used, 1u);
+}
+
+TEST_F(BlockStoreTest, DramTierServesHitsAndSsdServesAfterRestart) {
+  options_.dram_bytes = 1 << 20;
+  Open();
+  auto keys = Keys(0, 6);
+  Store(keys);
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 6u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  EXPECT_EQ(store_->Stats().dram_hits, 6u);
+  const uint64_t reads_before = disk_->counts(0).reads + disk_->counts(1).reads;
+  EXPECT_EQ(reads_before, 0u) << "DRAM hits do not touch the pool";
+  Open();
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 6u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  EXPECT_EQ(store_->Stats().dram_hits, 0u);
+}
+
+}  // namespace
+}  // namespace tutti::store
