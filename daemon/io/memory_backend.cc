@@ -199,8 +199,9 @@ absl::Status MemoryDisk::Sync(uint32_t file) {
   }
   absl::MutexLock lock(&mu_);
   File& f = *files_[file];
-  if (powered_off_)
+  if (powered_off_) {
     return absl::InternalError(absl::StrCat("fdatasync(file ", file, "): powered off"));
+  }
   if (f.fail_syncs > 0) {
     --f.fail_syncs;
     ++f.counts.faults;

@@ -166,6 +166,10 @@ UringBackend::FileQueue::~FileQueue() {
   }
   if (thread_.joinable()) thread_.join();
   if (ring_.ring_fd >= 0) {
+    // The ring's teardown is asynchronous and keeps registered files open (and their flock held)
+    // for some milliseconds after exit; unregistering first releases them now.
+    if (fixed_file_) io_uring_unregister_files(&ring_);
+    if (fixed_base_ != nullptr) io_uring_unregister_buffers(&ring_);
     io_uring_queue_exit(&ring_);
     close(fd_);
   }
@@ -430,8 +434,9 @@ void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> don
   // Build every part before posting any: a posted part may finish (and free `b`) at once.
   absl::InlinedVector<std::pair<uint32_t, Part*>, 4> posts;
   for (uint32_t f = 0; f < per_file.size(); ++f) {
-    if (!per_file[f].empty())
+    if (!per_file[f].empty()) {
       b->parts.push_back(Part{b, static_cast<uint32_t>(per_file[f].size())});
+    }
   }
   if (b->parts.empty()) b->parts.push_back(Part{b, 0});  // completes on file 0's thread
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/io/aligned_buffer.h"
@@ -151,13 +152,19 @@ absl::StatusOr<ScopedFd> OpenDirect(const std::string& path, int extra_flags) {
   return Errno(absl::StrCat("open ", path), errno);
 }
 
-absl::Status Lock(int fd, const std::string& path) {
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return absl::OkStatus();
-  if (errno == EWOULDBLOCK) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " is in use by another process (another tuttid on the same pool?)"));
+// Takes an exclusive flock on `fd`, retrying for up to `wait` while another process holds it.
+absl::Status Lock(int fd, const std::string& path, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return Errno(absl::StrCat("flock ", path), errno);
+    if (absl::Now() >= deadline) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is in use by another process (another tuttid on the same pool?)"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
   }
-  return Errno(absl::StrCat("flock ", path), errno);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Superblock> ReadSuperblock(int fd, const std::string& path) {
@@ -283,7 +290,8 @@ absl::Status RecoverTmpFiles(const std::vector<std::string>& dirs) {
     const std::string tmp = final_path + kTmpSuffix;
     if (!Exists(tmp)) continue;
     ASSIGN_OR_RETURN(ScopedFd fd, OpenDirect(tmp, 0));
-    RETURN_IF_ERROR(Lock(fd.get(), tmp));  // held by a process creating the pool right now?
+    // Held by a process creating the pool right now?
+    RETURN_IF_ERROR(Lock(fd.get(), tmp, absl::ZeroDuration()));
     bool finish = false;
     if (have_uuid && !Exists(final_path)) {
       auto sb = ReadSuperblock(fd.get(), tmp);
@@ -316,11 +324,14 @@ absl::StatusOr<PoolFiles> CreatePool(const std::vector<std::string>& dirs, const
       break;
     }
     fds.push_back(*std::move(fd));
-    status = Lock(fds.back().get(), tmps.back());
-    if (status.ok())
-      status = Preallocate(fds.back().get(), dirs[i], tmps.back(), layout.file_bytes(), progress);
-    if (status.ok())
-      status = WriteSuperblock(fds.back().get(), FromLayout(layout, i, uuid), tmps.back());
+    const int fd_now = fds.back().get();
+    status = Lock(fd_now, tmps.back(), absl::ZeroDuration());
+    if (status.ok()) {
+      status = Preallocate(fd_now, dirs[i], tmps.back(), layout.file_bytes(), progress);
+    }
+    if (status.ok()) {
+      status = WriteSuperblock(fd_now, FromLayout(layout, i, uuid), tmps.back());
+    }
   }
   if (!status.ok()) {
     for (const std::string& tmp : tmps) unlink(tmp.c_str());
@@ -329,8 +340,9 @@ absl::StatusOr<PoolFiles> CreatePool(const std::vector<std::string>& dirs, const
   PoolFiles pool;
   for (uint32_t i = 0; i < dirs.size(); ++i) {
     pool.paths.push_back(PathIn(dirs[i]));
-    if (rename(tmps[i].c_str(), pool.paths[i].c_str()) != 0)
+    if (rename(tmps[i].c_str(), pool.paths[i].c_str()) != 0) {
       return Errno("rename " + tmps[i], errno);
+    }
   }
   for (uint32_t i = 0; i < dirs.size(); ++i) {
     RETURN_IF_ERROR(FsyncDir(dirs[i]));
@@ -343,9 +355,10 @@ absl::StatusOr<PoolFiles> CreatePool(const std::vector<std::string>& dirs, const
 
 // Opens and checks file `i` against `want` (the layout) and `uuid` (of file 0), if given.
 absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Superblock& want,
-                                 const std::array<uint8_t, 16>* uuid, Superblock* have) {
+                                 const std::array<uint8_t, 16>* uuid, absl::Duration lock_wait,
+                                 Superblock* have) {
   ASSIGN_OR_RETURN(ScopedFd fd, OpenDirect(path, 0));
-  RETURN_IF_ERROR(Lock(fd.get(), path));
+  RETURN_IF_ERROR(Lock(fd.get(), path, lock_wait));
   ASSIGN_OR_RETURN(*have, ReadSuperblock(fd.get(), path));
   if (const std::string diff = LayoutDifferences(*have, want); !diff.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -376,15 +389,16 @@ absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Supe
   return fd;
 }
 
-absl::StatusOr<PoolFiles> OpenPool(const std::vector<std::string>& dirs, const PoolLayout& layout) {
+absl::StatusOr<PoolFiles> OpenPool(const std::vector<std::string>& dirs, const PoolLayout& layout,
+                                   absl::Duration lock_wait) {
   PoolFiles pool;
   Superblock first;
   for (uint32_t i = 0; i < dirs.size(); ++i) {
     pool.paths.push_back(PathIn(dirs[i]));
     Superblock have;
     const Superblock want = FromLayout(layout, i, {});
-    ASSIGN_OR_RETURN(ScopedFd fd,
-                     OpenOne(pool.paths[i], i, want, i == 0 ? nullptr : &first.uuid, &have));
+    ASSIGN_OR_RETURN(ScopedFd fd, OpenOne(pool.paths[i], i, want, i == 0 ? nullptr : &first.uuid,
+                                          lock_wait, &have));
     if (i == 0) first = have;
     pool.fds.push_back(fd.release());
   }
@@ -414,14 +428,16 @@ std::vector<int> PoolFiles::TakeFds() { return std::exchange(fds, {}); }
 std::string PoolFiles::UuidHex() const { return Hex(uuid); }
 
 absl::StatusOr<PoolFiles> OpenOrCreatePool(const std::vector<std::string>& dirs,
-                                           const PoolLayout& layout, const ProgressFn& progress) {
+                                           const PoolLayout& layout, const ProgressFn& progress,
+                                           absl::Duration lock_wait) {
   RETURN_IF_ERROR(CheckDirs(dirs, layout));
   RETURN_IF_ERROR(RecoverTmpFiles(dirs));
   std::vector<std::string> present, missing;
-  for (const std::string& dir : dirs)
+  for (const std::string& dir : dirs) {
     (Exists(PathIn(dir)) ? present : missing).push_back(PathIn(dir));
+  }
   if (present.empty()) return CreatePool(dirs, layout, progress);
-  if (missing.empty()) return OpenPool(dirs, layout);
+  if (missing.empty()) return OpenPool(dirs, layout, lock_wait);
   return absl::FailedPreconditionError(absl::StrCat(
       "pool files ", absl::StrJoin(missing, ", "), " are missing while ",
       absl::StrJoin(present, ", "),

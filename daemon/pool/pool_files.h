@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/pool/layout.h"
 
 namespace tutti::pool {
@@ -55,9 +56,12 @@ using ProgressFn = std::function<void(const std::string& path, uint64_t done, ui
 //  - RESOURCE_EXHAUSTED: a filesystem lacks the space (names the directory and bytes needed).
 //  - DATA_LOSS: a superblock is corrupt, or a file's size is not what its superblock says.
 //  - INTERNAL: another system call failed (with its errno text).
+// A file locked by another process is retried for up to `lock_wait` first: a previous daemon that
+// was just killed releases its lock only once the kernel has torn down its io_uring rings.
 absl::StatusOr<PoolFiles> OpenOrCreatePool(const std::vector<std::string>& dirs,
                                            const PoolLayout& layout,
-                                           const ProgressFn& progress = nullptr);
+                                           const ProgressFn& progress = nullptr,
+                                           absl::Duration lock_wait = absl::Seconds(5));
 
 }  // namespace tutti::pool
 

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "daemon/io/test_util.h"
 #include "gtest/gtest.h"
 
@@ -87,7 +89,7 @@ TEST_F(PoolFilesTest, ReopensTheSamePoolAndLocksIt) {
     auto pool = OpenOrCreatePool(dirs, Layout(3));
     ASSERT_TRUE(pool.ok()) << pool.status();
     uuid = pool->UuidHex();
-    auto second = OpenOrCreatePool(dirs, Layout(3));
+    auto second = OpenOrCreatePool(dirs, Layout(3), nullptr, absl::Milliseconds(50));
     EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_TRUE(Contains(second.status(), "in use")) << second.status();
   }
@@ -99,6 +101,19 @@ TEST_F(PoolFilesTest, ReopensTheSamePoolAndLocksIt) {
   EXPECT_EQ(fds.size(), 3u);
   EXPECT_TRUE(again->fds.empty());
   for (int fd : fds) close(fd);
+}
+
+TEST_F(PoolFilesTest, WaitsForAPreviousOwnerToLetGo) {
+  const auto dirs = Dirs({"a"});
+  auto first = OpenOrCreatePool(dirs, Layout(1));
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    first = absl::StatusOr<PoolFiles>(PoolFiles());  // closes the fds: the lock goes
+  });
+  auto second = OpenOrCreatePool(dirs, Layout(1), nullptr, absl::Seconds(10));
+  release.join();
+  EXPECT_TRUE(second.ok()) << second.status();
 }
 
 TEST_F(PoolFilesTest, LayoutMismatchSaysWhatDiffersAndWhatToDo) {

@@ -1,0 +1,333 @@
+// io_bench: random reads of pool objects through the "uring" I/O backend versus a plain liburing
+// loop over the same O_DIRECT files, with the same object size and queue depth, in one run.
+//
+// The pool is made by OpenOrCreatePool under --dir (one subdirectory per file) and filled with
+// real data once (a pre-allocated but unwritten extent reads as zeros without touching the disk).
+// Rounds alternate baseline / backend so drift on a shared machine hits both; each mode's figure
+// is the median of its rounds. Prints a table; with --out, appends one JSON line per metric with
+// bench, metric, value, unit, baseline_name, baseline_value, ratio, machine, date, command (and
+// the parameters).
+//
+//   bazel build //bench:io_bench && bazel-bin/bench/io_bench --file_gib=2 --seconds=5 \
+//       --out=bench/results/io_bench.jsonl
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/io/aligned_buffer.h"
+#include "daemon/io/uring_backend.h"
+#include "daemon/pool/layout.h"
+#include "daemon/pool/pool_files.h"
+
+ABSL_FLAG(std::string, dir, "/var/tmp/tutti-bench",
+          "where the pool files live (kept between runs)");
+ABSL_FLAG(uint32_t, files, 1, "pool files (one subdirectory each)");
+ABSL_FLAG(double, file_gib, 2.0, "size of each pool file, GiB");
+ABSL_FLAG(uint32_t, object_kib, 32, "object size, KiB (one read each)");
+ABSL_FLAG(uint32_t, qd, 64, "queue depth per file: reads in flight");
+ABSL_FLAG(uint32_t, batches_in_flight, 3, "backend: batches of qd reads per file outstanding");
+ABSL_FLAG(double, seconds, 5.0, "length of each round");
+ABSL_FLAG(uint32_t, rounds, 3, "rounds per mode, alternating");
+ABSL_FLAG(std::string, out, "", "append JSON lines here (empty: print only)");
+ABSL_FLAG(std::string, machine, "", "machine description for the results (default: host, cores)");
+
+namespace tutti::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Setup {
+  pool::PoolLayout layout;
+  std::vector<int> fds;
+  uint32_t object_bytes;
+  uint32_t qd;
+};
+
+struct Round {
+  double gbps = 0, iops = 0;
+  uint64_t errors = 0;
+};
+
+// Random object locations, drawn the same way for both modes.
+class Picker {
+ public:
+  Picker(const pool::PoolLayout& l, uint64_t seed) : l_(l), rng_(seed) {}
+  pool::Location Next() {
+    return l_.ObjectLocation(rng_() % l_.num_slots(),
+                             static_cast<uint32_t>(rng_() % l_.max_objects()));
+  }
+
+ private:
+  const pool::PoolLayout& l_;
+  std::mt19937_64 rng_;
+};
+
+// Writes every object frame of every file once, so that reads hit the disk.
+bool Fill(const Setup& s, const std::string& marker, const std::string& uuid) {
+  std::ifstream in(marker);
+  std::string seen;
+  if (in >> seen && seen == uuid) return true;
+  constexpr uint64_t kChunk = 8 << 20;
+  io::AlignedBuffer buf(kChunk);
+  std::mt19937_64 rng(1);
+  const uint64_t frames = s.layout.ObjectLocation(0, 0).offset;  // the same in every file
+  for (size_t f = 0; f < s.fds.size(); ++f) {
+    for (uint64_t off = frames; off < s.layout.file_bytes(); off += kChunk) {
+      for (uint64_t i = 0; i < kChunk; i += 8) *reinterpret_cast<uint64_t*>(buf.data() + i) = rng();
+      const uint64_t len = std::min(kChunk, s.layout.file_bytes() - off);
+      if (pwrite(s.fds[f], buf.data(), len, static_cast<off_t>(off)) != static_cast<ssize_t>(len)) {
+        std::perror("fill: pwrite");
+        return false;
+      }
+    }
+    fdatasync(s.fds[f]);
+    std::printf("filled file %zu (%.2f GiB)\n", f, s.layout.file_bytes() / double(1 << 30));
+  }
+  std::ofstream(marker) << uuid << "\n";
+  return true;
+}
+
+Round Finish(uint64_t done, uint64_t errors, uint32_t object_bytes, Clock::time_point start) {
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  return Round{done * object_bytes / secs / 1e9, done / secs, errors};
+}
+
+// The baseline: one ring with registered files and buffer, qd x files reads kept in flight.
+Round RunRaw(const Setup& s, double seconds, uint64_t seed, bool* fixed) {
+  const uint32_t depth = s.qd * static_cast<uint32_t>(s.fds.size());
+  io_uring ring;
+  if (io_uring_queue_init(depth, &ring, 0) != 0) return {};
+  io_uring_register_files(&ring, s.fds.data(), s.fds.size());
+  io::AlignedBuffer buf(uint64_t{depth} * s.object_bytes);
+  iovec iov{buf.data(), buf.size()};
+  *fixed = io_uring_register_buffers(&ring, &iov, 1) == 0;
+  Picker pick(s.layout, seed);
+  auto issue = [&](uint32_t slot) {
+    const pool::Location loc = pick.Next();
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    uint8_t* dst = buf.data() + uint64_t{slot} * s.object_bytes;
+    if (*fixed) {
+      io_uring_prep_read_fixed(sqe, static_cast<int>(loc.file), dst, s.object_bytes, loc.offset, 0);
+    } else {
+      io_uring_prep_read(sqe, static_cast<int>(loc.file), dst, s.object_bytes, loc.offset);
+    }
+    sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data64(sqe, slot);
+  };
+  for (uint32_t i = 0; i < depth; ++i) issue(i);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(seconds);
+  uint64_t done = 0, errors = 0, in_flight = depth;
+  bool stopping = false;
+  while (in_flight > 0) {
+    io_uring_submit_and_wait(&ring, 1);
+    stopping = stopping || Clock::now() >= deadline;
+    unsigned head, seen = 0;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      ++seen;
+      (cqe->res == static_cast<int>(s.object_bytes) ? done : errors)++;
+      if (stopping) {
+        --in_flight;
+      } else {
+        issue(static_cast<uint32_t>(cqe->user_data));
+      }
+    }
+    io_uring_cq_advance(&ring, seen);
+  }
+  Round r = Finish(done, errors, s.object_bytes, start);
+  io_uring_queue_exit(&ring);
+  return r;
+}
+
+// The backend: batches of qd reads per file, `batches` of them outstanding, resubmitted as each
+// completes.
+Round RunBackend(io::UringBackend& b, io::AlignedBuffer& staging, const Setup& s, uint32_t batches,
+                 double seconds, uint64_t seed) {
+  const uint32_t per_batch = s.qd * static_cast<uint32_t>(s.fds.size());
+  std::vector<std::vector<io::IoRequest>> reqs(batches);
+  absl::Mutex mu;
+  std::deque<uint32_t> completed;
+  Picker pick(s.layout, seed);
+  auto submit = [&](uint32_t id) {
+    auto& batch = reqs[id];
+    batch.resize(per_batch);
+    for (uint32_t i = 0; i < per_batch; ++i) {
+      const pool::Location loc = pick.Next();
+      uint8_t* dst = staging.data() + (uint64_t{id} * per_batch + i) * s.object_bytes;
+      batch[i] = io::IoRequest{io::Op::kRead, loc.file, loc.offset, dst, s.object_bytes};
+    }
+    b.Submit(absl::MakeSpan(batch), [&mu, &completed, id] {
+      absl::MutexLock lock(&mu);
+      completed.push_back(id);
+    });
+  };
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(seconds);
+  for (uint32_t id = 0; id < batches; ++id) submit(id);
+  uint64_t done = 0, errors = 0;
+  for (uint32_t outstanding = batches; outstanding > 0;) {
+    uint32_t id;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(
+          +[](std::deque<uint32_t>* q) { return !q->empty(); }, &completed));
+      id = completed.front();
+      completed.pop_front();
+    }
+    for (const io::IoRequest& r : reqs[id]) (r.result == s.object_bytes ? done : errors)++;
+    if (Clock::now() < deadline) {
+      submit(id);
+    } else {
+      --outstanding;
+    }
+  }
+  return Finish(done, errors, s.object_bytes, start);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+std::string MachineDescription() {
+  if (!absl::GetFlag(FLAGS_machine).empty()) return absl::GetFlag(FLAGS_machine);
+  utsname u;
+  uname(&u);
+  return absl::StrCat(u.nodename, " (", std::thread::hardware_concurrency(), " cores, ", u.release,
+                      ")");
+}
+
+std::string UtcNow() {
+  const std::time_t t = std::time(nullptr);
+  char out[32];
+  std::strftime(out, sizeof(out), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return out;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+struct Result {
+  std::string metric, unit;
+  double value, baseline;
+};
+
+void Report(const std::vector<Result>& results, const std::string& command, const Setup& s,
+            bool fixed_raw, bool fixed_backend) {
+  std::printf("\n%-34s %12s %12s %8s\n", "metric", "backend", "raw uring", "ratio");
+  for (const Result& r : results) {
+    std::printf("%-34s %12.3f %12.3f %8.3f  %s\n", r.metric.c_str(), r.value, r.baseline,
+                r.value / r.baseline, r.unit.c_str());
+  }
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (path.empty()) return;
+  std::ofstream out(path, std::ios::app);
+  for (const Result& r : results) {
+    out << absl::StrFormat(
+        "{\"bench\":\"io_bench\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"%s\","
+        "\"baseline_name\":\"raw_liburing_odirect\",\"baseline_value\":%.4f,\"ratio\":%.4f,"
+        "\"machine\":\"%s\",\"date\":\"%s\",\"command\":\"%s\",\"object_bytes\":%u,"
+        "\"queue_depth\":%u,\"files\":%zu,\"file_bytes\":%d,\"rounds\":%u,\"seconds\":%.1f,"
+        "\"fixed_buffers\":{\"backend\":%s,\"baseline\":%s}}\n",
+        r.metric, r.value, r.unit, r.baseline, r.value / r.baseline,
+        JsonEscape(MachineDescription()), UtcNow(), JsonEscape(command), s.object_bytes, s.qd,
+        s.fds.size(), s.layout.file_bytes(), absl::GetFlag(FLAGS_rounds),
+        absl::GetFlag(FLAGS_seconds), fixed_backend ? "true" : "false",
+        fixed_raw ? "true" : "false");
+  }
+  std::printf("appended %zu lines to %s\n", results.size(), path.c_str());
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "io_bench: %s\n", message.c_str());
+  return 2;
+}
+
+int Main(const std::string& command) {
+  const uint32_t files = absl::GetFlag(FLAGS_files);
+  const uint64_t file_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_file_gib) * (1ull << 30));
+  const uint32_t object_bytes = absl::GetFlag(FLAGS_object_kib) * 1024;
+  auto layout = pool::PoolLayout::Compute(file_bytes * files, files, object_bytes, 64);
+  if (!layout.ok()) return Fail(layout.status().ToString());
+  std::vector<std::string> dirs;
+  for (uint32_t f = 0; f < files; ++f) {
+    dirs.push_back(absl::StrCat(absl::GetFlag(FLAGS_dir), "/d", f));
+    std::error_code ec;
+    std::filesystem::create_directories(dirs.back(), ec);
+    if (ec) return Fail(absl::StrCat("mkdir ", dirs.back(), ": ", ec.message()));
+  }
+  auto pool = pool::OpenOrCreatePool(dirs, *layout, nullptr);
+  if (!pool.ok()) return Fail(pool.status().ToString());
+  Setup s{*layout, pool->fds, object_bytes, absl::GetFlag(FLAGS_qd)};
+  if (!Fill(s, absl::GetFlag(FLAGS_dir) + "/filled", pool->UuidHex())) return 1;
+
+  std::vector<int> dups;
+  for (int fd : s.fds) dups.push_back(dup(fd));
+  auto backend = io::UringBackend::Create(dups, io::UringOptions{s.qd});
+  if (!backend.ok()) return Fail(backend.status().ToString());
+  const uint32_t batches = absl::GetFlag(FLAGS_batches_in_flight);
+  io::AlignedBuffer staging(uint64_t{batches} * s.qd * files * object_bytes);
+  const absl::Status reg = (*backend)->RegisterBuffer(staging.span());
+  if (!reg.ok()) std::printf("backend: no fixed buffers: %s\n", reg.ToString().c_str());
+
+  std::vector<double> raw_gbps, raw_iops, be_gbps, be_iops;
+  bool fixed_raw = false;
+  const double secs = absl::GetFlag(FLAGS_seconds);
+  for (uint32_t round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    const Round raw = RunRaw(s, secs, 1000 + round, &fixed_raw);
+    const Round be = RunBackend(**backend, staging, s, batches, secs, 1000 + round);
+    std::printf(
+        "round %u: raw %.3f GB/s %.0f IOPS (%lu errors) | backend %.3f GB/s %.0f IOPS "
+        "(%lu errors)\n",
+        round, raw.gbps, raw.iops, raw.errors, be.gbps, be.iops, be.errors);
+    if (raw.errors + be.errors > 0) return 1;
+    raw_gbps.push_back(raw.gbps);
+    raw_iops.push_back(raw.iops);
+    be_gbps.push_back(be.gbps);
+    be_iops.push_back(be.iops);
+  }
+  const std::string kib = absl::StrCat(absl::GetFlag(FLAGS_object_kib), "KiB");
+  const std::string tag = absl::StrCat("random_read_", kib, "_qd", s.qd);
+  Report({{tag + "_throughput", "GB/s", Median(be_gbps), Median(raw_gbps)},
+          {tag + "_iops", "IOPS", Median(be_iops), Median(raw_iops)}},
+         command, s, fixed_raw, reg.ok());
+  return 0;
+}
+
+}  // namespace
+}  // namespace tutti::bench
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  const std::string command = absl::StrJoin(args, " ");
+  absl::ParseCommandLine(argc, argv);
+  return tutti::bench::Main(command);
+}
