@@ -16,6 +16,11 @@ namespace tutti::gpu::testing {
 cudaError_t LaunchWriteFor(void* dst, size_t bytes, uint64_t nanoseconds, uint32_t ctas,
                            cudaStream_t stream);
 
+// Enqueues a compute-bound kernel (FMA chains in registers, no memory traffic but one store) of
+// `ctas` CTAs of 256 threads, `iters` iterations each: stands in for an engine's prefill.
+// `sink` (one float of device memory) receives a value the compiler cannot drop.
+cudaError_t LaunchCompute(float* sink, uint32_t iters, uint32_t ctas, cudaStream_t stream);
+
 }  // namespace tutti::gpu::testing
 
 #endif  // TUTTI_GPU_TESTING_BUSY_KERNEL_H_

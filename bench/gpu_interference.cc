@@ -1,0 +1,248 @@
+// How much compute an "engine" process loses while the daemon retrieves at full speed on the same
+// GPU, with the daemon's kernels on a green context of --sms SMs (0: an ordinary stream, all SMs).
+//
+// This process is the daemon. It measures its scatter bandwidth alone, then starts the engine
+// (a child running compute-bound kernels on every SM, about 2 ms each, back to back, noting when
+// each finished), lets it run alone, scatters continuously for --overlap_s, and lets it run alone
+// again. Engine throughput (kernels per second) alone vs during the overlap gives the loss; the
+// daemon's bandwidth during the overlap vs alone gives its own cost. Run it with and without MPS
+// (nvidia-cuda-mps-control) to compare. JSON lines to --out; --label names the set-up.
+#include <cuda_runtime.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/common/status_macros.h"
+#include "gpu/cuda_ipc_memory.h"
+#include "gpu/cuda_status.h"
+#include "gpu/pinned.h"
+#include "gpu/probe.h"
+#include "gpu/testing/busy_kernel.h"
+#include "gpu/testing/test_util.h"
+
+ABSL_FLAG(bool, engine, false, "internal: run as the engine child");
+ABSL_FLAG(double, engine_s, 4.5, "engine child: seconds to run");
+ABSL_FLAG(uint32_t, sms, 16, "daemon I/O-domain SMs (0: ordinary stream on all SMs)");
+ABSL_FLAG(uint32_t, ctas, 32, "daemon copy CTAs");
+ABSL_FLAG(double, overlap_s, 1.5, "seconds of scatter while the engine computes");
+ABSL_FLAG(std::string, label, "no_mps", "set-up name for the results (no_mps, mps)");
+ABSL_FLAG(std::string, out, "", "JSON lines file to append results to");
+ABSL_FLAG(std::string, machine, "", "machine name for the results");
+
+namespace tutti::bench {
+namespace {
+
+using gpu::CudaStatus;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- engine child: back-to-back compute kernels; prints "ready", then one end time per kernel.
+
+int EngineMain() {
+  auto dev = gpu::Probe(0);
+  if (!dev.ok()) return 2;
+  cudaStream_t s;
+  float* sink = nullptr;
+  cudaEvent_t a, b;
+  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&s) != cudaSuccess ||
+      cudaMalloc(&sink, 4) != cudaSuccess || cudaEventCreate(&a) != cudaSuccess ||
+      cudaEventCreate(&b) != cudaSuccess) {
+    return 3;
+  }
+  const uint32_t ctas = dev->sm_count * 8;
+  // Calibrate to about 2 ms a kernel.
+  uint32_t iters = 1 << 14;
+  float ms = 0;
+  for (int i = 0; i < 2; ++i) {
+    cudaEventRecord(a, s);
+    gpu::testing::LaunchCompute(sink, iters, ctas, s);
+    cudaEventRecord(b, s);
+    if (cudaEventSynchronize(b) != cudaSuccess) return 4;
+    cudaEventElapsedTime(&ms, a, b);
+    iters = static_cast<uint32_t>(iters * 2.0 / std::max(ms, 0.01f));
+  }
+  std::vector<int64_t> ends;
+  std::printf("ready %u\n", iters);
+  std::fflush(stdout);
+  const int64_t stop = NowNs() + static_cast<int64_t>(absl::GetFlag(FLAGS_engine_s) * 1e9);
+  while (NowNs() < stop) {
+    if (gpu::testing::LaunchCompute(sink, iters, ctas, s) != cudaSuccess) return 5;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 6;
+    ends.push_back(NowNs());
+  }
+  for (int64_t t : ends) std::printf("%lld\n", static_cast<long long>(t));
+  return 0;
+}
+
+// ---- daemon ----
+
+struct Record {
+  std::string metric;
+  double value;
+  std::string unit;
+  std::string baseline_name;
+  double baseline_value;
+};
+
+// Scatters all layers over and over until `until_ns`; returns GB/s.
+absl::StatusOr<double> ScatterUntil(gpu::CudaIpcMemory& mem, const std::vector<engine::CopyOp>& ops,
+                                    uint64_t bytes_per_pass, int64_t until_ns) {
+  const int64_t start = NowNs();
+  uint64_t bytes = 0;
+  while (NowNs() < until_ns) {
+    RETURN_IF_ERROR(mem.EnqueueScatter(ops));
+    RETURN_IF_ERROR(mem.Synchronize());
+    bytes += bytes_per_pass;
+  }
+  return bytes / static_cast<double>(NowNs() - start);
+}
+
+double Rate(const std::vector<int64_t>& ends, int64_t from, int64_t to) {
+  size_t n = 0;
+  for (int64_t t : ends) n += t >= from && t < to;
+  return n / ((to - from) * 1e-9);
+}
+
+absl::Status Run(std::vector<Record>* out) {
+  const uint32_t sms = absl::GetFlag(FLAGS_sms);
+  ASSIGN_OR_RETURN(auto io, gpu::IoStream::Create({0, sms, absl::GetFlag(FLAGS_ctas)}));
+  std::printf("daemon I/O stream: %s, %u CTAs\n", io->description().c_str(), io->ctas());
+  // 8 layers x 2048 random blocks x 2 x 32 KiB = 1 GiB per pass.
+  constexpr uint32_t kLayers = 8, kBlocks = 2048, kEngineBlocks = 8192, kObj = 32768;
+  gpu::testing::KvLayout kv =
+      gpu::testing::MakeKvLayout(gpu::testing::KvFormat::kFusedKv, kLayers, kEngineBlocks, kObj);
+  std::vector<gpu::LocalRegion> local;
+  for (uint64_t size : kv.region_sizes) {
+    void* p = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, size), "cudaMalloc"));
+    local.push_back({p, size});
+  }
+  const uint64_t pass_bytes = uint64_t{kLayers} * kBlocks * 2 * kObj;
+  ASSIGN_OR_RETURN(auto staging, gpu::PinnedRegion::Allocate(pass_bytes));
+  std::memset(staging->host(), 0x3c, pass_bytes);
+  std::vector<engine::CopyOp> ops;
+  uint8_t* next = staging->host();
+  for (uint32_t b : gpu::testing::RandomBlocks(1, kBlocks, kEngineBlocks)) {
+    for (uint32_t j = 0; j < kLayers * 2; ++j, next += kObj) ops.push_back({b, j, next});
+  }
+  ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(kv.layout, local, {staging->staging()},
+                                                           io.get()));
+  ASSIGN_OR_RETURN(double alone_gbps, ScatterUntil(*mem, ops, pass_bytes, NowNs() + 500000000));
+
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return absl::InternalError("pipe");
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(pipefd[1], 1);
+    char* argv[] = {const_cast<char*>("/proc/self/exe"), const_cast<char*>("--engine"), nullptr};
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  close(pipefd[1]);
+  FILE* from_engine = fdopen(pipefd[0], "r");
+  char line[64];
+  if (fgets(line, sizeof(line), from_engine) == nullptr || std::strncmp(line, "ready", 5) != 0) {
+    return absl::InternalError("engine did not start");
+  }
+  const int64_t t0 = NowNs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const int64_t t1 = NowNs();
+  const int64_t overlap_ns = static_cast<int64_t>(absl::GetFlag(FLAGS_overlap_s) * 1e9);
+  ASSIGN_OR_RETURN(double during_gbps, ScatterUntil(*mem, ops, pass_bytes, t1 + overlap_ns));
+  const int64_t t2 = NowNs();
+  std::vector<int64_t> ends;
+  while (fgets(line, sizeof(line), from_engine) != nullptr) {
+    int64_t t;
+    if (absl::SimpleAtoi(line, &t)) ends.push_back(t);
+  }
+  fclose(from_engine);
+  int wstatus = 0;
+  waitpid(child, &wstatus, 0);
+  if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+    return absl::InternalError(absl::StrCat("engine child status ", wstatus));
+  }
+  const double before = Rate(ends, t0 + 100000000, t1);
+  const double during = Rate(ends, t1 + 50000000, t2);
+  const double after = Rate(ends, t2 + 100000000, t2 + 1000000000);
+  const double alone = (before + after) / 2;
+  const std::string tag = absl::StrCat(absl::GetFlag(FLAGS_label), ".", sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
+                                       io->is_green() || sms == 0 ? "" : "_not_green", "_ctas",
+                                       io->ctas());
+  out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
+                  tag + ".engine_kernels_per_s_alone", alone});
+  out->push_back({tag + ".engine_throughput_loss", 100.0 * (1 - during / alone), "%", "", 0});
+  out->push_back({tag + ".daemon_scatter_during_engine", during_gbps, "GB/s",
+                  tag + ".daemon_scatter_alone", alone_gbps});
+  std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f\n", before, during, after);
+  return absl::OkStatus();
+}
+
+std::string Json(absl::string_view s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') o += '\\';
+    o += ch;
+  }
+  return o + "\"";
+}
+
+void Report(const std::vector<Record>& records, const std::string& command) {
+  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  std::ofstream out;
+  if (!absl::GetFlag(FLAGS_out).empty()) out.open(absl::GetFlag(FLAGS_out), std::ios::app);
+  for (const Record& r : records) {
+    const bool base = !r.baseline_name.empty();
+    const double ratio = base ? r.value / r.baseline_value : 0;
+    std::printf("%-62s %10.2f %-5s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
+                base ? absl::StrCat("vs ", r.baseline_value, " (ratio ", ratio, ")").c_str() : "");
+    if (!out.is_open()) continue;
+    out << "{\"bench\":\"gpu_interference\",\"metric\":" << Json(r.metric) << ",\"value\":" << r.value
+        << ",\"unit\":" << Json(r.unit)
+        << ",\"baseline_name\":" << (base ? Json(r.baseline_name) : "null")
+        << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
+        << ",\"ratio\":" << (base ? absl::StrCat(ratio) : "null")
+        << ",\"machine\":" << Json(absl::GetFlag(FLAGS_machine)) << ",\"date\":" << Json(date)
+        << ",\"command\":" << Json(command) << "}\n";
+  }
+}
+
+}  // namespace
+}  // namespace tutti::bench
+
+int main(int argc, char** argv) {
+  std::vector<std::string> words(argv, argv + argc);
+  const std::string command = absl::StrJoin(words, " ");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_engine)) return tutti::bench::EngineMain();
+  alarm(60);
+  std::vector<tutti::bench::Record> records;
+  absl::Status s = tutti::bench::Run(&records);
+  tutti::bench::Report(records, command);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpu_interference: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
