@@ -31,7 +31,9 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    if (error_.empty()) error_ = absl::StrCat("config:", line + 1, ":", column + 1, ": ", message);
+    if (error_.empty()) {
+      error_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    }
   }
   const std::string& error() const { return error_; }
 
@@ -181,7 +183,7 @@ absl::StatusOr<Config> LoadConfig(std::string_view text) {
   // Merge, not Parse: fields set in `text` overwrite the defaults, zero values included.
   if (!parser.MergeFromString(std::string(text), &config)) {
     return absl::InvalidArgumentError(
-        errors.error().empty() ? std::string("config: cannot parse") : errors.error());
+        errors.error().empty() ? std::string("cannot parse the config") : errors.error());
   }
   RETURN_IF_ERROR(ValidateConfig(config));
   return config;

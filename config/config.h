@@ -32,7 +32,7 @@ tutti::v1::Config DefaultConfig();
 // Parses `text` (a text-format tutti.v1.Config, possibly empty) on top of the embedded defaults:
 // every field `text` sets replaces the default, including zero values; `pool.dirs` given in
 // `text` replace the (empty) default list. Then validates the result (ValidateConfig).
-// Errors: INVALID_ARGUMENT "config:<line>:<column>: <what>" for parse errors and unknown fields,
+// Errors: INVALID_ARGUMENT "line <l>, column <c>: <what>" for parse errors and unknown fields,
 // or ValidateConfig's error.
 absl::StatusOr<tutti::v1::Config> LoadConfig(std::string_view text);
 

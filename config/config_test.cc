@@ -66,10 +66,10 @@ TEST(ConfigTest, DecimalSocketModeAlsoParses) {
 }
 
 TEST(ConfigTest, ParseErrorsCarryLineAndColumn) {
-  ExpectRejected("state_dir: \"/x\"\npool { bogus_field: 1 }\n", {"config:2:", "bogus_field"});
-  ExpectRejected("pool { object_bytes: \"big\" }", {"config:1:"});
-  ExpectRejected("pool {", {"config:1:"});
-  ExpectRejected("unknown: 3", {"config:1:", "no field named \"unknown\""});
+  ExpectRejected("state_dir: \"/x\"\npool { bogus_field: 1 }\n", {"line 2, column ", "bogus_field"});
+  ExpectRejected("pool { object_bytes: \"big\" }", {"line 1, column "});
+  ExpectRejected("pool {", {"line 1, column "});
+  ExpectRejected("unknown: 3", {"line 1, column ", "no field named \"unknown\""});
 }
 
 TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {

@@ -90,7 +90,11 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   if (!path.empty()) {
     ASSIGN_OR_RETURN(text, ReadFile(path));
   }
-  ASSIGN_OR_RETURN(v1::Config config, config::LoadConfig(text));
+  absl::StatusOr<v1::Config> loaded = config::LoadConfig(text);
+  if (!loaded.ok() && !path.empty()) {
+    return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
+  }
+  ASSIGN_OR_RETURN(v1::Config config, std::move(loaded));
   if (!absl::GetFlag(FLAGS_state_dir).empty()) config.set_state_dir(absl::GetFlag(FLAGS_state_dir));
   if (!absl::GetFlag(FLAGS_socket).empty()) {
     config.mutable_listen()->set_socket_path(absl::GetFlag(FLAGS_socket));
@@ -183,6 +187,11 @@ absl::Status Run() {
   auto log = log::Get("main");
   log->info("tuttid {} starting; effective configuration:\n{}", kVersion,
             config::RenderConfig(config));
+  // Fail before touching the pool if another daemon serves this socket (Server::Start checks too).
+  if (server::ProbeSocket(config.listen().socket_path()) == server::SocketState::kAnswering) {
+    return absl::FailedPreconditionError(absl::StrCat("another server (tuttid?) is answering on ",
+                                                      config.listen().socket_path()));
+  }
   RETURN_IF_ERROR(MakeDirs(config.state_dir()));
   ASSIGN_OR_RETURN(const pool::PoolLayout layout,
                    pool::PoolLayout::Compute(config.pool().capacity_bytes(),
