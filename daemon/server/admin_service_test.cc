@@ -7,6 +7,7 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/server/service_test_env.h"
 #include "gmock/gmock.h"
+#include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
@@ -41,6 +42,21 @@ class AdminServiceTest : public ::testing::Test {
 
   ServiceEnv env_;
 };
+
+// Waits for the next completion of `cq` and returns its ok bit.
+bool Await(grpc::CompletionQueue* cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  return cq->Next(&tag, &ok) && ok;
+}
+
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
 
 TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   ShmEngine engine;
@@ -123,11 +139,36 @@ TEST_F(AdminServiceTest, HealthServiceAnswersServing) {
                  });
   done.WaitForNotification();
   ASSERT_TRUE(status.ok()) << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+  EXPECT_EQ(Bytes(response), std::string("\x08\x01", 2));  // status: SERVING
+}
+
+TEST_F(AdminServiceTest, ReflectionListsTheServices) {
+  grpc::GenericStub stub(env_.channel());
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  auto call = stub.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::Slice list_services(std::string("\x3a\x00", 2));  // ServerReflectionRequest{list_services: ""}
+  call->Write(grpc::ByteBuffer(&list_services, 1), nullptr);
+  ASSERT_TRUE(Await(&cq));
+  call->WritesDone(nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::ByteBuffer response;
+  call->Read(&response, nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  ASSERT_TRUE(Await(&cq));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  const std::string bytes = Bytes(response);
+  EXPECT_THAT(bytes, ::testing::HasSubstr("tutti.v1.KvCache"));
+  EXPECT_THAT(bytes, ::testing::HasSubstr("tutti.v1.Admin"));
+  EXPECT_THAT(bytes, ::testing::HasSubstr("grpc.health.v1.Health"));
+  cq.Shutdown();
+  while (Await(&cq)) {
+  }
 }
 
 }  // namespace
