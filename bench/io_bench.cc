@@ -12,6 +12,7 @@
 //       --out=bench/results/io_bench.jsonl
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/resource.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -67,7 +68,15 @@ struct Setup {
 struct Round {
   double gbps = 0, iops = 0;
   uint64_t errors = 0;
+  double mean_depth = 0;     // requests in flight at each wait, averaged
+  double cpu_us_per_io = 0;  // user + system CPU time of the whole process per read
 };
+
+double CpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 // Random object locations, drawn the same way for both modes.
 class Picker {
@@ -108,9 +117,12 @@ bool Fill(const Setup& s, const std::string& marker, const std::string& uuid) {
   return true;
 }
 
-Round Finish(uint64_t done, uint64_t errors, uint32_t object_bytes, Clock::time_point start) {
+Round Finish(uint64_t done, uint64_t errors, uint32_t object_bytes, Clock::time_point start,
+             double cpu_start) {
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-  return Round{done * object_bytes / secs / 1e9, done / secs, errors};
+  Round r{done * object_bytes / secs / 1e9, done / secs, errors};
+  r.cpu_us_per_io = (CpuSeconds() - cpu_start) * 1e6 / std::max<uint64_t>(done, 1);
+  return r;
 }
 
 // The baseline: one ring with registered files and buffer, qd x files reads kept in flight.
@@ -135,12 +147,15 @@ Round RunRaw(const Setup& s, double seconds, uint64_t seed, bool* fixed) {
     sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(sqe, slot);
   };
+  const double cpu_start = CpuSeconds();
   for (uint32_t i = 0; i < depth; ++i) issue(i);
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration<double>(seconds);
-  uint64_t done = 0, errors = 0, in_flight = depth;
+  uint64_t done = 0, errors = 0, in_flight = depth, waits = 0, depth_sum = 0;
   bool stopping = false;
   while (in_flight > 0) {
+    ++waits;
+    depth_sum += in_flight;
     io_uring_submit_and_wait(&ring, 1);
     stopping = stopping || Clock::now() >= deadline;
     unsigned head, seen = 0;
@@ -156,7 +171,8 @@ Round RunRaw(const Setup& s, double seconds, uint64_t seed, bool* fixed) {
     }
     io_uring_cq_advance(&ring, seen);
   }
-  Round r = Finish(done, errors, s.object_bytes, start);
+  Round r = Finish(done, errors, s.object_bytes, start, cpu_start);
+  r.mean_depth = double(depth_sum) / waits;
   io_uring_queue_exit(&ring);
   return r;
 }
@@ -183,6 +199,8 @@ Round RunBackend(io::UringBackend& b, io::AlignedBuffer& staging, const Setup& s
       completed.push_back(id);
     });
   };
+  const io::UringCounters before = b.counters();
+  const double cpu_start = CpuSeconds();
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration<double>(seconds);
   for (uint32_t id = 0; id < batches; ++id) submit(id);
@@ -203,7 +221,11 @@ Round RunBackend(io::UringBackend& b, io::AlignedBuffer& staging, const Setup& s
       --outstanding;
     }
   }
-  return Finish(done, errors, s.object_bytes, start);
+  Round r = Finish(done, errors, s.object_bytes, start, cpu_start);
+  const io::UringCounters after = b.counters();
+  r.mean_depth = double(after.in_flight_sum - before.in_flight_sum) /
+                 double(after.enter_calls - before.enter_calls);
+  return r;
 }
 
 double Median(std::vector<double> v) {
@@ -302,12 +324,25 @@ int Main(const std::string& command) {
   bool fixed_raw = false;
   const double secs = absl::GetFlag(FLAGS_seconds);
   for (uint32_t round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-    const Round raw = RunRaw(s, secs, 1000 + round, &fixed_raw);
-    const Round be = RunBackend(**backend, staging, s, batches, secs, 1000 + round);
+    // Alternate which mode goes first, and read different objects in each: a host-side cache
+    // under a virtual disk must not favour the second.
+    Round raw, be;
+    if (round % 2 == 0) {
+      raw = RunRaw(s, secs, 2 * round, &fixed_raw);
+      be = RunBackend(**backend, staging, s, batches, secs, 2 * round + 1);
+    } else {
+      be = RunBackend(**backend, staging, s, batches, secs, 2 * round);
+      raw = RunRaw(s, secs, 2 * round + 1, &fixed_raw);
+    }
     std::printf(
-        "round %u: raw %.3f GB/s %.0f IOPS (%lu errors) | backend %.3f GB/s %.0f IOPS "
-        "(%lu errors)\n",
-        round, raw.gbps, raw.iops, raw.errors, be.gbps, be.iops, be.errors);
+        "round %u: raw %.3f GB/s %.0f IOPS depth %.1f cpu %.1f us/io | backend %.3f GB/s %.0f "
+        "IOPS depth %.1f cpu %.1f us/io\n",
+        round, raw.gbps, raw.iops, raw.mean_depth, raw.cpu_us_per_io, be.gbps, be.iops,
+        be.mean_depth, be.cpu_us_per_io);
+    if (raw.errors + be.errors > 0) {
+      std::fprintf(stderr, "io_bench: %lu raw and %lu backend reads failed\n", raw.errors,
+                   be.errors);
+    }
     if (raw.errors + be.errors > 0) return 1;
     raw_gbps.push_back(raw.gbps);
     raw_iops.push_back(raw.iops);

@@ -132,7 +132,8 @@ class UringBackend::FileQueue {
   uint32_t in_flight_ = 0;
   std::thread::id owner_;
 
-  std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, enter_calls_{0};
+  std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, enter_calls_{0},
+      in_flight_sum_{0};
   std::thread thread_;
 };
 
@@ -240,6 +241,7 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->plain_buffer_ops += plain_ops_.load(std::memory_order_relaxed);
   c->short_retries += short_retries_.load(std::memory_order_relaxed);
   c->enter_calls += enter_calls_.load(std::memory_order_relaxed);
+  c->in_flight_sum += in_flight_sum_.load(std::memory_order_relaxed);
 }
 
 void UringBackend::FileQueue::Run() {
@@ -329,6 +331,7 @@ void UringBackend::FileQueue::PrepareSqes() {
 
 void UringBackend::FileQueue::SubmitAndWait() {
   enter_calls_.fetch_add(1, std::memory_order_relaxed);
+  in_flight_sum_.fetch_add(in_flight_, std::memory_order_relaxed);
   const int r = io_uring_submit_and_wait(&ring_, 1);
   if (r >= 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY) return;  // unsent SQEs go next round
   TUTTI_LOG_EVERY_N_SEC(log::Get("io"), spdlog::level::err, 5,

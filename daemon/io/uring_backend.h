@@ -43,6 +43,8 @@ struct UringCounters {
   uint64_t plain_buffer_ops = 0;  // issued as READ / WRITE
   uint64_t short_retries = 0;     // remainders re-issued after a short transfer
   uint64_t enter_calls = 0;       // io_uring_enter system calls (submit and/or wait)
+  uint64_t in_flight_sum = 0;     // requests in flight at each of those calls, summed:
+                                  // in_flight_sum / enter_calls is the mean queue depth kept
 };
 
 class UringBackend final : public IoBackend {
