@@ -181,6 +181,73 @@ int WaitForStopSignal() {
   return sig;
 }
 
+// The running daemon's parts. Destroyed in reverse order: serving stops before the sessions,
+// the sessions (and their pins) go before the store.
+struct Daemon {
+  std::string io_backend;
+  std::unique_ptr<store::BlockStore> store;
+  std::unique_ptr<server::SessionManager> sessions;
+  std::unique_ptr<server::KvCacheService> kv;
+  std::unique_ptr<server::AdminService> admin;
+  std::unique_ptr<server::Server> server;
+  std::unique_ptr<server::Reaper> reaper;
+};
+
+// Lays out and opens the pool, the I/O backend and the block store (recovering its index).
+absl::Status OpenStore(const v1::Config& config, Daemon* d) {
+  RETURN_IF_ERROR(MakeDirs(config.state_dir()));
+  ASSIGN_OR_RETURN(const pool::PoolLayout layout,
+                   pool::PoolLayout::Compute(config.pool().capacity_bytes(),
+                                             config.pool().dirs_size(),
+                                             config.pool().object_bytes(),
+                                             config.pool().max_objects()));
+  log::Get("main")->info("pool: {} files of {} bytes, {} slots of {} objects x {} bytes",
+                         layout.num_files(), layout.file_bytes(), layout.num_slots(),
+                         layout.max_objects(), layout.object_bytes());
+  ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend, OpenBackend(config, layout));
+  d->io_backend = std::string(backend->name());
+  ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(MakeStoreOptions(config, layout),
+                                                     std::move(backend), Clock::Real()));
+  return absl::OkStatus();
+}
+
+// Sessions, both services, the socket, and the reaper.
+absl::Status StartServing(const v1::Config& config, Daemon* d) {
+  const auto& limits = config.limits();
+  d->sessions = std::make_unique<server::SessionManager>(
+      server::SessionManager::Options{limits.session_ttl_ms(), limits.lease_ttl_ms(),
+                                      limits.max_sessions()},
+      Clock::Real(), [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) {
+        s->Unpin(ns, keys);
+      });
+  d->kv = std::make_unique<server::KvCacheService>(
+      server::KvCacheOptions{limits.max_blocks_per_call()}, d->store.get(), d->sessions.get(),
+      server::HostMemoryOpener());
+  server::DaemonInfo info{kVersion, d->io_backend, "host",
+                          {config.pool().dirs().begin(), config.pool().dirs().end()},
+                          Notes(config)};
+  d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
+                                                    d->sessions.get(), Clock::Real());
+  const auto& listen = config.listen();
+  ASSIGN_OR_RETURN(d->server, server::Server::Start({listen.socket_path(), listen.socket_mode(),
+                                                     listen.socket_group()},
+                                                    {d->kv.get(), d->admin.get()}));
+  const uint32_t reap_ms =
+      std::clamp<uint32_t>(std::min(limits.session_ttl_ms(), limits.lease_ttl_ms()) / 4, 10, 1000);
+  d->reaper = std::make_unique<server::Reaper>(d->sessions.get(), reap_ms);
+  return absl::OkStatus();
+}
+
+// Stops accepting, lets in-flight calls finish (then cancels them), drops every session, and
+// makes every captured block durable before the store checkpoints and closes.
+void Stop(Daemon* d) {
+  d->server->Shutdown(kShutdownGrace);  // returns once every handler has returned
+  d->reaper.reset();
+  d->sessions.reset();  // drops every lease's pins and every engine mapping
+  d->store->Flush();
+  d->store.reset();  // checkpoints and stops the writer
+}
+
 absl::Status Run() {
   ASSIGN_OR_RETURN(const v1::Config config, LoadEffectiveConfig());
   log::SetLevel(config.log_level());
@@ -192,55 +259,17 @@ absl::Status Run() {
     return absl::FailedPreconditionError(absl::StrCat("another server (tuttid?) is answering on ",
                                                       config.listen().socket_path()));
   }
-  RETURN_IF_ERROR(MakeDirs(config.state_dir()));
-  ASSIGN_OR_RETURN(const pool::PoolLayout layout,
-                   pool::PoolLayout::Compute(config.pool().capacity_bytes(),
-                                             config.pool().dirs_size(),
-                                             config.pool().object_bytes(),
-                                             config.pool().max_objects()));
-  log->info("pool: {} files of {} bytes, {} slots of {} objects x {} bytes", layout.num_files(),
-            layout.file_bytes(), layout.num_slots(), layout.max_objects(), layout.object_bytes());
-  ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend, OpenBackend(config, layout));
-  const std::string backend_name(backend->name());
-  ASSIGN_OR_RETURN(std::unique_ptr<store::BlockStore> store,
-                   store::BlockStore::Open(MakeStoreOptions(config, layout), std::move(backend),
-                                           Clock::Real()));
-
-  const auto& limits = config.limits();
-  auto sessions = std::make_unique<server::SessionManager>(
-      server::SessionManager::Options{limits.session_ttl_ms(), limits.lease_ttl_ms(),
-                                      limits.max_sessions()},
-      Clock::Real(), [s = store.get()](NamespaceId ns, absl::Span<const Key> keys) {
-        s->Unpin(ns, keys);
-      });
-  server::KvCacheService kv(server::KvCacheOptions{limits.max_blocks_per_call()}, store.get(),
-                            sessions.get(), server::HostMemoryOpener());
-  server::DaemonInfo info{kVersion, backend_name, "host",
-                          {config.pool().dirs().begin(), config.pool().dirs().end()},
-                          Notes(config)};
-  server::AdminService admin(info, store.get(), sessions.get(), Clock::Real());
-  ASSIGN_OR_RETURN(std::unique_ptr<server::Server> grpc_server,
-                   server::Server::Start({config.listen().socket_path(),
-                                          config.listen().socket_mode(),
-                                          config.listen().socket_group()},
-                                         {&kv, &admin}));
-  const uint32_t reap_ms =
-      std::clamp<uint32_t>(std::min(limits.session_ttl_ms(), limits.lease_ttl_ms()) / 4, 10, 1000);
-  auto reaper = std::make_unique<server::Reaper>(sessions.get(), reap_ms);
-
+  Daemon daemon;
+  RETURN_IF_ERROR(OpenStore(config, &daemon));
+  RETURN_IF_ERROR(StartServing(config, &daemon));
   log->info("ready: serving on unix:{} ({}; io backend {})", config.listen().socket_path(),
-            info.notes, backend_name);
+            Notes(config), daemon.io_backend);
   NotifySystemd("READY=1");
   const int sig = WaitForStopSignal();
   log->info("{}: stopping; in-flight calls get {}", strsignal(sig),
             absl::FormatDuration(kShutdownGrace));
   NotifySystemd("STOPPING=1");
-  grpc_server->Shutdown(kShutdownGrace);  // returns once every handler has returned
-  reaper.reset();
-  sessions.reset();  // drops every lease's pins and every engine mapping
-  store->Flush();
-  store.reset();  // checkpoints and stops the writer
-  grpc_server.reset();
+  Stop(&daemon);
   log->info("stopped cleanly");
   return absl::OkStatus();
 }

@@ -30,9 +30,9 @@ namespace tutti::server {
 using MemoryOpener = std::function<absl::StatusOr<std::unique_ptr<engine::EngineMemory>>(
     const tutti::v1::AttachRequest& request, const store::NamespaceInfo& ns)>;
 
-// Host mode: every region must be host_shm (HostMemory). cuda_ipc regions are
-// FAILED_PRECONDITION ("cuda_ipc needs a GPU build/daemon in cuda mode"); a region with no kind,
-// or a mix of kinds, is INVALID_ARGUMENT.
+// Host mode: every region must be host_shm (HostMemory). Any cuda_ipc region is
+// FAILED_PRECONDITION ("cuda_ipc needs a GPU build/daemon in cuda mode"); a region with no kind is
+// INVALID_ARGUMENT; then HostMemory::Create's errors.
 MemoryOpener HostMemoryOpener();
 
 struct KvCacheOptions {

@@ -1,0 +1,185 @@
+// tuttid as a process: start-up failures are one line and exit 1; a good start notifies systemd
+// (READY=1), serves, and SIGTERM/SIGINT give STOPPING=1 and exit 0; a restart recovers the state.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TuttidPath() {
+  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/daemon/tuttid");
+}
+
+std::string TmpDir() {
+  static std::atomic<int> n{0};
+  std::string t = absl::StrCat(getenv("TEST_TMPDIR"), "/t", n++, "XXXXXX");
+  EXPECT_NE(mkdtemp(t.data()), nullptr);
+  return t;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Starts tuttid with `args`, stderr to `log`, and NOTIFY_SOCKET=`notify` if not empty.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
+            const std::string& notify = "") {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  if (!notify.empty()) env.push_back("NOTIFY_SOCKET=" + notify);
+  std::vector<char*> argv = {const_cast<char*>("tuttid")};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const std::string path = TuttidPath();
+  EXPECT_EQ(posix_spawn(&pid, path.c_str(), &fa, nullptr, argv.data(), envp.data()), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// A datagram socket standing in for systemd's notify socket.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+    timeval tv{60, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~NotifySocket() {
+    close(fd_);
+    unlink(path_.c_str());
+  }
+  std::string Receive() {
+    char buf[256];
+    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, n) : "";
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Runs tuttid to completion with `args`; returns its exit status and stderr.
+std::pair<int, std::string> RunToExit(const std::vector<std::string>& args) {
+  const std::string log = TmpDir() + "/stderr";
+  const int rc = WaitExit(Spawn(args, log));
+  return {rc, ReadAll(log)};
+}
+
+TEST(TuttidTest, StartupFailuresAreOneLineAndExitOne) {
+  const std::string dir = TmpDir();
+  auto [rc1, err1] = RunToExit({"--config=" + dir + "/absent.textproto"});
+  EXPECT_EQ(rc1, 1);
+  EXPECT_THAT(err1, HasSubstr("tuttid: cannot read config"));
+
+  const std::string bad = dir + "/bad.textproto";
+  std::ofstream(bad) << "pool {\n  object_bytes: 1000\n}\n";
+  auto [rc2, err2] = RunToExit({"--config=" + bad});
+  EXPECT_EQ(rc2, 1);
+  EXPECT_THAT(err2, HasSubstr("pool.object_bytes = 1000: must be a multiple of 4096"));
+  // The error is the last line, and the only one starting with "tuttid:".
+  std::vector<std::string> lines = absl::StrSplit(err2, '\n', absl::SkipEmpty());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().rfind("tuttid: ", 0), 0u) << err2;
+
+  std::ofstream(bad) << "pool { bogus: 1 }\n";
+  auto [rc3, err3] = RunToExit({"--config=" + bad});
+  EXPECT_EQ(rc3, 1);
+  EXPECT_THAT(err3, HasSubstr(bad + ": line 1, column"));
+
+  auto [rc4, err4] = RunToExit({"--state_dir=relative/dir"});
+  EXPECT_EQ(rc4, 1);
+  EXPECT_THAT(err4, HasSubstr("tuttid: state_dir = \"relative/dir\": must be an absolute path"));
+}
+
+TEST(TuttidTest, PrintsTheDefaultConfig) {
+  const std::string out = TmpDir() + "/stdout";
+  std::vector<char*> argv = {const_cast<char*>("tuttid"),
+                             const_cast<char*>("--print_default_config"), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, TuttidPath().c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  EXPECT_EQ(WaitExit(pid), 0);
+  const std::string text = ReadAll(out);
+  EXPECT_THAT(text, HasSubstr("socket_path: \"/run/tutti/tuttid.sock\""));
+  EXPECT_THAT(text, HasSubstr("capacity_bytes: 4294967296"));
+}
+
+TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
+  const std::string dir = TmpDir();
+  const std::string config = dir + "/tuttid.textproto";
+  std::ofstream(config) << "pool { capacity_bytes: 134217728 }\n"
+                           "dram { capacity_bytes: 0 }\n"
+                           "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: "
+                           "134217728 }\n";
+  const std::string sock = absl::StrCat("/tmp/tuttid_test_", getpid(), ".sock");
+  const std::string notify_path = absl::StrCat("/tmp/tuttid_test_notify_", getpid());
+  NotifySocket notify(notify_path);
+  for (int sig : {SIGTERM, SIGINT}) {
+    const std::string log = dir + "/log" + std::to_string(sig);
+    const pid_t pid = Spawn({"--config=" + config, "--state_dir=" + dir + "/state",
+                             "--socket=" + sock},
+                            log, notify_path);
+    ASSERT_EQ(notify.Receive(), "READY=1") << ReadAll(log);
+    // A second daemon on the same socket refuses before touching its own state directory.
+    auto [rc, err] = RunToExit({"--state_dir=" + dir + "/other", "--socket=" + sock});
+    EXPECT_EQ(rc, 1);
+    EXPECT_THAT(err, HasSubstr("is answering on " + sock));
+    EXPECT_NE(access((dir + "/other").c_str(), F_OK), 0);
+
+    kill(pid, sig);
+    EXPECT_EQ(notify.Receive(), "STOPPING=1");
+    EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
+    const std::string text = ReadAll(log);
+    EXPECT_THAT(text, HasSubstr("stopped cleanly"));
+    EXPECT_EQ(access(sock.c_str(), F_OK), -1) << "the socket file is removed at exit";
+    if (sig == SIGINT) EXPECT_THAT(text, HasSubstr("opened"));  // the restart reused the pool
+  }
+}
+
+}  // namespace
