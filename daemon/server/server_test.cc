@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +18,20 @@
 namespace tutti::server {
 namespace {
 
-std::string SocketPath() {
-  static std::atomic<int> n{0};
-  return absl::StrCat("/tmp/tutti_srv_test_", getpid(), "_", n++, "/d/tuttid.sock");
-}
+// A socket path under a fresh directory in /tmp (sun_path is short), removed with the object.
+class TempSocket {
+ public:
+  TempSocket() {
+    static std::atomic<int> n{0};
+    root_ = absl::StrCat("/tmp/tutti_srv_test_", getpid(), "_", n++);
+    path_ = root_ + "/d/tuttid.sock";  // Start must create "d"
+  }
+  ~TempSocket() { std::filesystem::remove_all(root_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string root_, path_;
+};
 
 // Leaves a socket file nobody listens on, as a crashed daemon would.
 void MakeStaleSocket(const std::string& path) {
@@ -33,7 +44,8 @@ void MakeStaleSocket(const std::string& path) {
 }
 
 TEST(ServerTest, CreatesDirectorySetsModeAndRemovesSocketAtExit) {
-  const std::string path = SocketPath();
+  TempSocket socket;
+  const std::string& path = socket.path();
   {
     auto server = Server::Start({path, 0640, ""}, {});
     ASSERT_TRUE(server.ok()) << server.status();
@@ -48,7 +60,8 @@ TEST(ServerTest, CreatesDirectorySetsModeAndRemovesSocketAtExit) {
 }
 
 TEST(ServerTest, RefusesWhenAnotherServerAnswers) {
-  const std::string path = SocketPath();
+  TempSocket socket;
+  const std::string& path = socket.path();
   auto first = Server::Start({path, 0660, ""}, {});
   ASSERT_TRUE(first.ok()) << first.status();
   auto second = Server::Start({path, 0660, ""}, {});
@@ -59,7 +72,8 @@ TEST(ServerTest, RefusesWhenAnotherServerAnswers) {
 }
 
 TEST(ServerTest, ReplacesAStaleSocket) {
-  const std::string path = SocketPath();
+  TempSocket socket;
+  const std::string& path = socket.path();
   auto first = Server::Start({path, 0660, ""}, {});  // creates the directory
   ASSERT_TRUE(first.ok()) << first.status();
   first->reset();
@@ -71,7 +85,8 @@ TEST(ServerTest, ReplacesAStaleSocket) {
 }
 
 TEST(ServerTest, RefusesToRemoveANonSocket) {
-  const std::string path = SocketPath();
+  TempSocket socket;
+  const std::string& path = socket.path();
   auto first = Server::Start({path, 0660, ""}, {});
   ASSERT_TRUE(first.ok()) << first.status();
   first->reset();
@@ -86,7 +101,8 @@ TEST(ServerTest, RefusesToRemoveANonSocket) {
 }
 
 TEST(ServerTest, UnknownGroupOnlyWarns) {
-  const std::string path = SocketPath();
+  TempSocket socket;
+  const std::string& path = socket.path();
   auto server = Server::Start({path, 0660, "no-such-group-tutti"}, {});
   ASSERT_TRUE(server.ok()) << server.status();
 }
