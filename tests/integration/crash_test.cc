@@ -1,8 +1,16 @@
 // Kill -9 at random moments during stores, many times over one pool: after every restart each
 // block ever acknowledged DURABLE still hits and verifies, and nothing that does not verify is
-// ever served (blocks in flight at the kill may be present or absent; if present they verify).
+// ever served (blocks in flight at a kill may be present or absent; if present they verify).
+//
+// Each round: start tuttid (now and then it is killed during start-up and recovery instead),
+// check everything so far, then two engines store at once: one with wait_durable (its DURABLE
+// answers are promises), one without (captured blocks the writer may or may not finish); kill -9
+// after a random number of durable batches plus a random 0-15 ms, so the kill lands mid-stream
+// however fast or slow the disk is.
 //
 // Seeded: the seed is printed; rerun with --test_env=TUTTI_TEST_SEED=<seed>.
+#include <algorithm>
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -15,52 +23,61 @@
 namespace tutti::testing {
 namespace {
 
-using hostengine::KeyResult;
-
 constexpr int kRounds = 24;
-constexpr uint32_t kBlocksPerRound = 96;  // the most a storer sends before the kill
+constexpr uint32_t kDurablePerRound = 160;  // the most the durable storer sends in a round
+constexpr uint32_t kCapturedPerRound = 64;  // the most the capture-only storer sends
 constexpr uint32_t kBatch = 8;
 constexpr uint32_t kEngineBlocks = 32;
+constexpr int kMaxDelayMs = 300;
 
 struct Ledger {
-  std::vector<Key> acked;     // acknowledged DURABLE in some round
-  std::vector<Key> inflight;  // sent in the call the kill interrupted
+  std::vector<Key> acked;  // acknowledged DURABLE in some round: must hit and verify
+  std::vector<Key> maybe;  // sent but not promised: may be present; if present, must verify
 };
 
-// What one storer thread did before the daemon died (or before it ran out of blocks).
-struct RoundResult {
-  hostengine::StoreTally tally;
-  std::vector<Key> keys;
-};
-
-// Stores `keys` in batches of kBatch with wait_durable, until an RPC fails.
-RoundResult StoreUntilKilled(EngineSession& s, std::vector<Key> keys) {
-  RoundResult r;
-  r.keys = std::move(keys);
+// Stores `keys` batch by batch until they run out or an RPC fails (the daemon died), counting
+// finished batches in `progress`. Returns one outcome per key (UNSPECIFIED: not answered).
+std::vector<tutti::v1::StoreOutcome> StoreUntilKilled(EngineSession& s,
+                                                      const std::vector<Key>& keys,
+                                                      bool wait_durable,
+                                                      std::atomic<int>& progress) {
+  std::vector<tutti::v1::StoreOutcome> outcomes(keys.size(),
+                                                tutti::v1::STORE_OUTCOME_UNSPECIFIED);
   hostengine::StoreOptions so;
   so.batch = kBatch;
-  so.wait_durable = true;
+  so.wait_durable = wait_durable;
   so.reject_retries = 1000;
-  r.tally = hostengine::StoreKeys(*s.client, *s.engine, r.keys, so);
-  return r;
+  so.retry_backoff = absl::Milliseconds(5);
+  for (size_t i = 0; i < keys.size(); i += kBatch) {
+    const size_t n = std::min<size_t>(kBatch, keys.size() - i);
+    const auto t = hostengine::StoreKeys(*s.client, *s.engine,
+                                         absl::MakeConstSpan(keys).subspan(i, n), so);
+    std::copy(t.outcomes.begin(), t.outcomes.end(), outcomes.begin() + i);
+    if (!t.status.ok()) break;
+    progress.fetch_add(1);
+  }
+  return outcomes;
 }
 
-// Adds the round's acknowledged keys to the ledger and returns the keys that were in flight:
-// those of the first batch without an outcome, if the storer stopped at an error.
-void Account(const RoundResult& r, Ledger& ledger) {
-  ledger.inflight.clear();
-  size_t first_open = r.keys.size();
-  for (size_t i = 0; i < r.keys.size(); ++i) {
-    const auto o = r.tally.outcomes[i];
-    if (o == tutti::v1::STORE_DURABLE) ledger.acked.push_back(r.keys[i]);
-    if (o == tutti::v1::STORE_OUTCOME_UNSPECIFIED && first_open == r.keys.size()) first_open = i;
-    // A rejected or failed block was never promised; it is "in flight" for checking purposes.
-    if (o == tutti::v1::STORE_REJECTED_FULL || o == tutti::v1::STORE_FAILED) {
-      ledger.inflight.push_back(r.keys[i]);
+// Files the keys of one storer: DURABLE ones as acknowledged; every other key that reached the
+// daemon (any answer but DURABLE, or in the call the kill interrupted) as maybe.
+void Account(const std::vector<Key>& keys, const std::vector<tutti::v1::StoreOutcome>& outcomes,
+             Ledger& ledger) {
+  size_t first_open = keys.size();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto o = outcomes[i];
+    if (o == tutti::v1::STORE_DURABLE) {
+      ledger.acked.push_back(keys[i]);
+    } else if (o != tutti::v1::STORE_OUTCOME_UNSPECIFIED) {
+      ledger.maybe.push_back(keys[i]);
+    } else if (first_open == keys.size()) {
+      first_open = i;
     }
   }
-  for (size_t i = first_open; i < std::min(r.keys.size(), first_open + kBatch); ++i) {
-    ledger.inflight.push_back(r.keys[i]);
+  // The interrupted call: up to one batch, plus its rejected-and-retried blocks, which the
+  // outcomes above already filed.
+  for (size_t i = first_open; i < std::min<size_t>(keys.size(), first_open + kBatch); ++i) {
+    ledger.maybe.push_back(keys[i]);
   }
 }
 
@@ -77,30 +94,80 @@ void CheckLedger(TuttidProcess& daemon, const Ledger& ledger, int round) {
   EXPECT_EQ(acked.misses, 0u) << "round " << round;
   EXPECT_EQ(acked.failed, 0u) << "round " << round << ": acknowledged blocks unreadable";
   EXPECT_EQ(acked.mismatched_blocks, 0u) << "round " << round << ": WRONG DATA SERVED";
-  const auto maybe = hostengine::RetrieveKeys(*s->client, *s->engine, ledger.inflight, ro);
+  const auto maybe = hostengine::RetrieveKeys(*s->client, *s->engine, ledger.maybe, ro);
   ASSERT_TRUE(maybe.status.ok()) << maybe.status;
   EXPECT_EQ(maybe.mismatched_blocks, 0u) << "round " << round << ": WRONG DATA SERVED";
   EXPECT_EQ(maybe.failed, 0u) << "round " << round << ": a torn block was made visible";
-  EXPECT_EQ(maybe.hits + maybe.misses, ledger.inflight.size());
+  EXPECT_EQ(maybe.hits + maybe.misses, ledger.maybe.size());
   auto stats = AdminStats(daemon);
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->verify_errors(), 0u) << "round " << round;
+  EXPECT_EQ(stats->evictions(), 0u) << "the pool must hold every block of this test";
+}
+
+// One round: two storers run until the daemon is killed, `batches` durable batches plus
+// `delay_ms` into the round (so the kill lands mid-stream however fast the disk is).
+void StoreAndKill(TuttidProcess& daemon, uint64_t seed, int round, int batches, int delay_ms,
+                  Ledger& ledger) {
+  auto durable = AttachEngine(daemon, SmallShape(), kEngineBlocks);
+  ASSERT_TRUE(durable.ok()) << durable.status();
+  hostengine::EngineIdentity other;
+  other.engine_id = "capture-only";
+  auto captured = AttachEngine(daemon, SmallShape(), kEngineBlocks, other);
+  ASSERT_TRUE(captured.ok()) << captured.status();
+  const auto durable_keys = hostengine::MakeKeyChain(seed * 1000 + 2 * round, kDurablePerRound);
+  const auto captured_keys =
+      hostengine::MakeKeyChain(seed * 1000 + 2 * round + 1, kCapturedPerRound);
+  std::vector<tutti::v1::StoreOutcome> dt, ct;
+  std::atomic<int> durable_progress{0}, captured_progress{0};
+  std::atomic<bool> durable_done{false};
+  std::thread d([&] {
+    dt = StoreUntilKilled(*durable, durable_keys, true, durable_progress);
+    durable_done.store(true);
+  });
+  std::thread c([&] { ct = StoreUntilKilled(*captured, captured_keys, false, captured_progress); });
+  while (durable_progress.load() < batches && !durable_done.load()) {
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  absl::SleepFor(absl::Milliseconds(delay_ms));
+  const bool finished_first = durable_done.load();
+  daemon.Kill();
+  d.join();
+  c.join();
+  const size_t acked_before = ledger.acked.size();
+  Account(durable_keys, dt, ledger);
+  Account(captured_keys, ct, ledger);
+  fprintf(stderr,
+          "round %d: killed %d ms after batch %d: %zu acknowledged this round (%zu in all), "
+          "%zu maybe in all%s\n",
+          round, delay_ms, batches, ledger.acked.size() - acked_before, ledger.acked.size(),
+          ledger.maybe.size(), finished_first ? " (the storer had finished)" : "");
 }
 
 TEST(CrashTest, KillNineDuringStoresNeverLosesAcknowledgedOrServesWrongBlocks) {
   const uint64_t seed = TestSeed();
   std::mt19937_64 rng(seed);
   TuttidConfig config;
-  config.capacity_bytes = 128ull << 20;  // room for every round's blocks: no eviction
+  config.capacity_bytes = 256ull << 20;  // room for every block of the test: no eviction
   config.object_bytes = 4096;
   config.max_objects = 8;
-  config.checkpoint_every = 200;  // checkpoints happen between kills too
+  config.checkpoint_every = 200;  // checkpoints happen between and during kills too
   auto env = TuttidEnv::Create(config);
   ASSERT_TRUE(env.ok()) << env.status();
 
   Ledger ledger;
-  std::uniform_int_distribution<int> delay_ms(0, 400);
+  std::uniform_int_distribution<int> delay_ms(0, kMaxDelayMs);
+  std::uniform_int_distribution<int> one_in_five(0, 4);
+  std::uniform_int_distribution<int> batch_count(0, kDurablePerRound / kBatch - 2);
   for (int round = 0; round < kRounds; ++round) {
+    if (round > 0 && one_in_five(rng) == 0) {  // kill during start-up and recovery
+      auto early = TuttidProcess::Spawn(**env);
+      ASSERT_TRUE(early.ok()) << early.status();
+      const int delay = delay_ms(rng) / 4;
+      absl::SleepFor(absl::Milliseconds(delay));
+      (*early)->Kill();
+      fprintf(stderr, "round %d: killed during start-up after %d ms\n", round, delay);
+    }
     auto daemon = TuttidProcess::Start(**env);
     ASSERT_TRUE(daemon.ok()) << "round " << round << ": " << daemon.status();
     CheckLedger(**daemon, ledger, round);
@@ -108,19 +175,7 @@ TEST(CrashTest, KillNineDuringStoresNeverLosesAcknowledgedOrServesWrongBlocks) {
       ADD_FAILURE() << "seed " << seed << "; daemon log:\n" << (*daemon)->LogTail();
       return;
     }
-    auto s = AttachEngine(**daemon, SmallShape(), kEngineBlocks);
-    ASSERT_TRUE(s.ok()) << s.status();
-    auto keys = hostengine::MakeKeyChain(seed * 1000 + round, kBlocksPerRound);
-    RoundResult result;
-    std::thread storer([&] { result = StoreUntilKilled(*s, std::move(keys)); });
-    const int delay = delay_ms(rng);
-    absl::SleepFor(absl::Milliseconds(delay));
-    (*daemon)->Kill();
-    storer.join();
-    Account(result, ledger);
-    fprintf(stderr, "round %d: killed after %d ms; %zu acknowledged so far, %zu in flight\n",
-            round, delay, ledger.acked.size(), ledger.inflight.size());
-    s->client.reset();  // its Detach fails quickly: the daemon is gone
+    StoreAndKill(**daemon, seed, round, batch_count(rng), delay_ms(rng) / 20, ledger);
   }
   auto daemon = TuttidProcess::Start(**env);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -128,8 +183,10 @@ TEST(CrashTest, KillNineDuringStoresNeverLosesAcknowledgedOrServesWrongBlocks) {
   EXPECT_GT(ledger.acked.size(), 0u) << "no store was ever acknowledged: the test proved nothing";
   auto code = (*daemon)->Stop();
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0);
-  if (::testing::Test::HasFailure()) fprintf(stderr, "seed was %llu\n", (unsigned long long)seed);
+  EXPECT_EQ(*code, 0) << (*daemon)->LogTail();
+  if (::testing::Test::HasFailure()) {
+    fprintf(stderr, "seed was %llu\n", static_cast<unsigned long long>(seed));
+  }
 }
 
 }  // namespace

@@ -143,6 +143,17 @@ TuttidEnv::DiskUse TuttidEnv::PoolDiskUse() const {
 
 absl::StatusOr<std::unique_ptr<TuttidProcess>> TuttidProcess::Start(const TuttidEnv& env,
                                                                     int ready_timeout_s) {
+  auto p = Spawn(env);
+  if (!p.ok()) return p.status();
+  if (absl::Status ready = (*p)->WaitReady(ready_timeout_s); !ready.ok()) {
+    (*p)->Kill();
+    return absl::UnavailableError(
+        absl::StrCat(ready.message(), "\n--- tuttid log tail ---\n", (*p)->LogTail()));
+  }
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<TuttidProcess>> TuttidProcess::Spawn(const TuttidEnv& env) {
   static std::atomic<int> runs{0};
   std::unique_ptr<TuttidProcess> p(new TuttidProcess());
   p->env_ = &env;
@@ -168,11 +179,6 @@ absl::StatusOr<std::unique_ptr<TuttidProcess>> TuttidProcess::Start(const Tuttid
   }
   p->pid_ = pid;
   p->running_.store(true);
-  if (absl::Status ready = p->WaitReady(ready_timeout_s); !ready.ok()) {
-    p->Kill();
-    return absl::UnavailableError(
-        absl::StrCat(ready.message(), "\n--- tuttid log tail ---\n", p->LogTail()));
-  }
   return p;
 }
 

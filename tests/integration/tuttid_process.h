@@ -72,6 +72,9 @@ class TuttidProcess {
   // then. `env` must outlive the process.
   static absl::StatusOr<std::unique_ptr<TuttidProcess>> Start(const TuttidEnv& env,
                                                               int ready_timeout_s = 60);
+  // Starts tuttid on `env` without waiting for it (to kill it during start-up and recovery).
+  // channel() and admin() are unusable on the result. INTERNAL if fork fails.
+  static absl::StatusOr<std::unique_ptr<TuttidProcess>> Spawn(const TuttidEnv& env);
   ~TuttidProcess();  // SIGKILLs the daemon if it still runs
 
   // SIGTERM, then waits up to `timeout_s`. Returns the exit code; INTERNAL if it died of a
