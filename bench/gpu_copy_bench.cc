@@ -72,7 +72,8 @@ class Observer {
  public:
   static absl::StatusOr<std::unique_ptr<Observer>> Create() {
     auto o = std::unique_ptr<Observer>(new Observer());
-    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&o->stream_, cudaStreamNonBlocking), "stream"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamCreateWithFlags(&o->stream_, cudaStreamNonBlocking), "stream"));
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&o->done_, 4), "cudaMalloc"));
     RETURN_IF_ERROR(CudaStatus(cudaMemset(o->done_, 0, 4), "cudaMemset"));
     RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&o->start_), "event"));
@@ -85,10 +86,10 @@ class Observer {
   absl::Status Stop(cudaStream_t worker) {
     ASSIGN_OR_RETURN(const gpu::DriverApi* api, gpu::GetDriverApi());
     ++ticket_;
-    RETURN_IF_ERROR(gpu::CuStatus(api->StreamWriteValue32(reinterpret_cast<CUstream>(worker),
-                                                          reinterpret_cast<CUdeviceptr>(done_),
-                                                          ticket_, 0),
-                                  "write done"));
+    RETURN_IF_ERROR(
+        gpu::CuStatus(api->StreamWriteValue32(reinterpret_cast<CUstream>(worker),
+                                              reinterpret_cast<CUdeviceptr>(done_), ticket_, 0),
+                      "write done"));
     RETURN_IF_ERROR(gpu::WaitLayer(stream_, done_, ticket_));
     return CudaStatus(cudaEventRecord(end_, stream_), "record end");
   }
@@ -130,7 +131,7 @@ struct Setup {
   gpu::testing::KvLayout kv;
   std::vector<void*> regions;
   std::unique_ptr<gpu::PinnedRegion> staging;
-  uint8_t* contiguous = nullptr;  // device buffer of `bytes`
+  uint8_t* contiguous = nullptr;                 // device buffer of `bytes`
   std::vector<std::vector<engine::CopyOp>> ops;  // per layer
   std::vector<engine::CopyOp> all_ops;
 };
@@ -171,7 +172,8 @@ absl::Status Prepare(Setup* s) {
     fill.emplace_back([s, t, n] {
       for (size_t i = t; i < n; i += 16) {
         const engine::CopyOp& op = s->all_ops[i];
-        gpu::testing::FillObject(absl::GetFlag(FLAGS_seed), op.block, op.object, op.staging, s->obj);
+        gpu::testing::FillObject(absl::GetFlag(FLAGS_seed), op.block, op.object, op.staging,
+                                 s->obj);
       }
     });
   }
@@ -186,8 +188,10 @@ absl::StatusOr<size_t> Verify(const Setup& s, size_t samples) {
   for (size_t k = 0; k < samples; ++k) {
     const engine::CopyOp& op = s.all_ops[(k * 7919) % s.all_ops.size()];
     const engine::ObjectPlacement& p = s.kv.layout.placements[op.object];
-    const uint8_t* src = static_cast<uint8_t*>(s.regions[p.region]) + p.offset + op.block * p.block_stride;
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(got.data(), src, s.obj, cudaMemcpyDeviceToHost), "verify"));
+    const uint8_t* src =
+        static_cast<uint8_t*>(s.regions[p.region]) + p.offset + op.block * p.block_stride;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpy(got.data(), src, s.obj, cudaMemcpyDeviceToHost), "verify"));
     gpu::testing::FillObject(absl::GetFlag(FLAGS_seed), op.block, op.object, want.data(), s.obj);
     bad += std::memcmp(got.data(), want.data(), s.obj) != 0;
   }
@@ -211,10 +215,10 @@ absl::Status Run(std::vector<Result>* results) {
     for (uint32_t l = 0; l < s.layers; ++l) {
       uint8_t* host = s.staging->host() + l * layer_bytes;
       uint8_t* dev_ptr = s.contiguous + l * layer_bytes;
-      RETURN_IF_ERROR(CudaStatus(
-          kind == cudaMemcpyHostToDevice ? cudaMemcpyAsync(dev_ptr, host, layer_bytes, kind, plain)
-                                         : cudaMemcpyAsync(host, dev_ptr, layer_bytes, kind, plain),
-          "cudaMemcpyAsync"));
+      RETURN_IF_ERROR(CudaStatus(kind == cudaMemcpyHostToDevice
+                                     ? cudaMemcpyAsync(dev_ptr, host, layer_bytes, kind, plain)
+                                     : cudaMemcpyAsync(host, dev_ptr, layer_bytes, kind, plain),
+                                 "cudaMemcpyAsync"));
     }
     RETURN_IF_ERROR(obs->Stop(plain));
     return obs->ElapsedMs();
@@ -225,26 +229,30 @@ absl::Status Run(std::vector<Result>* results) {
 
   // (b) the scatter kernel, per SM count.
   std::vector<gpu::LocalRegion> local;
-  for (size_t i = 0; i < s.regions.size(); ++i) local.push_back({s.regions[i], s.kv.region_sizes[i]});
+  for (size_t i = 0; i < s.regions.size(); ++i)
+    local.push_back({s.regions[i], s.kv.region_sizes[i]});
   std::unique_ptr<gpu::IoStream> main_io;
   std::unique_ptr<gpu::CudaIpcMemory> main_mem;
   for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_sms), ',')) {
     std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
     uint32_t sms = 0, ctas = 0;
-    if (!absl::SimpleAtoi(parts[0], &sms) || (parts.size() > 1 && !absl::SimpleAtoi(parts[1], &ctas))) {
+    if (!absl::SimpleAtoi(parts[0], &sms) ||
+        (parts.size() > 1 && !absl::SimpleAtoi(parts[1], &ctas))) {
       return absl::InvalidArgumentError("--sms");
     }
     ASSIGN_OR_RETURN(auto io, gpu::IoStream::Create({0, sms, ctas}));
     ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(s.kv.layout, local,
-                                                              {s.staging->staging()}, io.get()));
+                                                             {s.staging->staging()}, io.get()));
     std::printf("I/O stream for %u SMs: %s, %u CTAs\n", sms, io->description().c_str(), io->ctas());
     ASSIGN_OR_RETURN(double ms, MedianOf([&]() -> absl::StatusOr<double> {
-      RETURN_IF_ERROR(obs->Start());
-      for (uint32_t l = 0; l < s.layers; ++l) RETURN_IF_ERROR(mem->EnqueueScatter(s.ops[l]));
-      RETURN_IF_ERROR(obs->Stop(io->stream()));
-      return obs->ElapsedMs();
-    }));
-    const std::string domain = sms == 0 ? "all_sms" : absl::StrCat("sms", sms, io->is_green() ? "" : "_not_green");
+                       RETURN_IF_ERROR(obs->Start());
+                       for (uint32_t l = 0; l < s.layers; ++l)
+                         RETURN_IF_ERROR(mem->EnqueueScatter(s.ops[l]));
+                       RETURN_IF_ERROR(obs->Stop(io->stream()));
+                       return obs->ElapsedMs();
+                     }));
+    const std::string domain =
+        sms == 0 ? "all_sms" : absl::StrCat("sms", sms, io->is_green() ? "" : "_not_green");
     results->push_back({absl::StrCat("scatter_random_blocks_", domain, "_ctas", io->ctas()),
                         GBps(s.bytes, ms), "GB/s", "pinned_to_gpu_contiguous", h2d});
     if (sms == absl::GetFlag(FLAGS_main_sms) && main_mem == nullptr) {
@@ -254,26 +262,30 @@ absl::Status Run(std::vector<Result>* results) {
   }
   if (main_mem == nullptr) return absl::InvalidArgumentError("--main_sms must be one of --sms");
   ASSIGN_OR_RETURN(size_t bad, Verify(s, 2048));
-  results->push_back({"scatter_verify_mismatches_of_2048_sampled", static_cast<double>(bad), "objects", "", 0});
+  results->push_back(
+      {"scatter_verify_mismatches_of_2048_sampled", static_cast<double>(bad), "objects", "", 0});
 
   // (c) naive: one cudaMemcpyAsync per object, on an ordinary stream.
   ASSIGN_OR_RETURN(double naive_ms, MedianOf([&]() -> absl::StatusOr<double> {
-    RETURN_IF_ERROR(obs->Start());
-    for (const engine::CopyOp& op : s.all_ops) {
-      const engine::ObjectPlacement& p = s.kv.layout.placements[op.object];
-      uint8_t* dst = static_cast<uint8_t*>(s.regions[p.region]) + p.offset + op.block * p.block_stride;
-      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, op.staging, s.obj, cudaMemcpyHostToDevice, plain),
-                                 "cudaMemcpyAsync"));
-    }
-    RETURN_IF_ERROR(obs->Stop(plain));
-    return obs->ElapsedMs();
-  }));
-  results->push_back({"memcpy_per_object", GBps(s.bytes, naive_ms), "GB/s",
-                      "pinned_to_gpu_contiguous", h2d});
+                     RETURN_IF_ERROR(obs->Start());
+                     for (const engine::CopyOp& op : s.all_ops) {
+                       const engine::ObjectPlacement& p = s.kv.layout.placements[op.object];
+                       uint8_t* dst = static_cast<uint8_t*>(s.regions[p.region]) + p.offset +
+                                      op.block * p.block_stride;
+                       RETURN_IF_ERROR(CudaStatus(
+                           cudaMemcpyAsync(dst, op.staging, s.obj, cudaMemcpyHostToDevice, plain),
+                           "cudaMemcpyAsync"));
+                     }
+                     RETURN_IF_ERROR(obs->Stop(plain));
+                     return obs->ElapsedMs();
+                   }));
+  results->push_back(
+      {"memcpy_per_object", GBps(s.bytes, naive_ms), "GB/s", "pinned_to_gpu_contiguous", h2d});
 
   // (d) pipelining through ready words, observed from an "engine" stream.
   ASSIGN_OR_RETURN(auto words, gpu::ReadyWordArray::Create(0, s.layers));
-  ASSIGN_OR_RETURN(auto signals, gpu::ReadyWords::WrapLocal(words->word(0), s.layers, main_io.get()));
+  ASSIGN_OR_RETURN(auto signals,
+                   gpu::ReadyWords::WrapLocal(words->word(0), s.layers, main_io.get()));
   std::vector<cudaEvent_t> ready(s.layers);
   for (auto& e : ready) RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "event"));
   uint32_t ticket = 0;
@@ -299,21 +311,25 @@ absl::Status Run(std::vector<Result>* results) {
   ASSIGN_OR_RETURN(double lw_all, MedianOf([&] { return pipeline(true, false); }));
   ASSIGN_OR_RETURN(double one_first, MedianOf([&] { return pipeline(false, true); }));
   ASSIGN_OR_RETURN(double one_all, MedianOf([&] { return pipeline(false, false); }));
-  results->push_back({"layerwise_layer0_ready", lw_first, "ms", "one_piece_layer0_ready", one_first});
-  results->push_back({"layerwise_all_layers_ready", lw_all, "ms", "one_piece_all_layers_ready", one_all});
+  results->push_back(
+      {"layerwise_layer0_ready", lw_first, "ms", "one_piece_layer0_ready", one_first});
+  results->push_back(
+      {"layerwise_all_layers_ready", lw_all, "ms", "one_piece_all_layers_ready", one_all});
 
   // (e) Store direction: contiguous GPU -> pinned, and the gather kernel.
   ASSIGN_OR_RETURN(double d2h_ms, MedianOf([&] { return contiguous(cudaMemcpyDeviceToHost); }));
   const double d2h = GBps(s.bytes, d2h_ms);
   results->push_back({"gpu_to_pinned_contiguous", d2h, "GB/s", "", 0});
   ASSIGN_OR_RETURN(double gather_ms, MedianOf([&]() -> absl::StatusOr<double> {
-    RETURN_IF_ERROR(obs->Start());
-    for (uint32_t l = 0; l < s.layers; ++l) RETURN_IF_ERROR(main_mem->EnqueueGather(s.ops[l]));
-    RETURN_IF_ERROR(obs->Stop(main_io->stream()));
-    return obs->ElapsedMs();
-  }));
-  results->push_back({absl::StrCat("gather_random_blocks_sms", main_io->sm_count(), "_ctas", main_io->ctas()),
-                      GBps(s.bytes, gather_ms), "GB/s", "gpu_to_pinned_contiguous", d2h});
+                     RETURN_IF_ERROR(obs->Start());
+                     for (uint32_t l = 0; l < s.layers; ++l)
+                       RETURN_IF_ERROR(main_mem->EnqueueGather(s.ops[l]));
+                     RETURN_IF_ERROR(obs->Stop(main_io->stream()));
+                     return obs->ElapsedMs();
+                   }));
+  results->push_back(
+      {absl::StrCat("gather_random_blocks_sms", main_io->sm_count(), "_ctas", main_io->ctas()),
+       GBps(s.bytes, gather_ms), "GB/s", "gpu_to_pinned_contiguous", d2h});
   return absl::OkStatus();
 }
 

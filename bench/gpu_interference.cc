@@ -147,8 +147,8 @@ absl::Status Run(std::vector<Record>* out) {
   for (uint32_t b : gpu::testing::RandomBlocks(1, kBlocks, kEngineBlocks)) {
     for (uint32_t j = 0; j < kLayers * 2; ++j, next += kObj) ops.push_back({b, j, next});
   }
-  ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(kv.layout, local, {staging->staging()},
-                                                           io.get()));
+  ASSIGN_OR_RETURN(auto mem,
+                   gpu::CudaIpcMemory::WrapLocal(kv.layout, local, {staging->staging()}, io.get()));
   ASSIGN_OR_RETURN(double alone_gbps, ScatterUntil(*mem, ops, pass_bytes, NowNs() + 500000000));
 
   int pipefd[2];
@@ -187,9 +187,9 @@ absl::Status Run(std::vector<Record>* out) {
   const double during = Rate(ends, t1 + 50000000, t2);
   const double after = Rate(ends, t2 + 100000000, t2 + 1000000000);
   const double alone = (before + after) / 2;
-  const std::string tag = absl::StrCat(absl::GetFlag(FLAGS_label), ".", sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
-                                       io->is_green() || sms == 0 ? "" : "_not_green", "_ctas",
-                                       io->ctas());
+  const std::string tag =
+      absl::StrCat(absl::GetFlag(FLAGS_label), ".", sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
+                   io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas());
   out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
                   tag + ".engine_kernels_per_s_alone", alone});
   out->push_back({tag + ".engine_throughput_loss", 100.0 * (1 - during / alone), "%", "", 0});
@@ -218,8 +218,8 @@ void Report(const std::vector<Record>& records, const std::string& command) {
     std::printf("%-62s %10.2f %-5s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
                 base ? absl::StrCat("vs ", r.baseline_value, " (ratio ", ratio, ")").c_str() : "");
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_interference\",\"metric\":" << Json(r.metric) << ",\"value\":" << r.value
-        << ",\"unit\":" << Json(r.unit)
+    out << "{\"bench\":\"gpu_interference\",\"metric\":" << Json(r.metric)
+        << ",\"value\":" << r.value << ",\"unit\":" << Json(r.unit)
         << ",\"baseline_name\":" << (base ? Json(r.baseline_name) : "null")
         << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
         << ",\"ratio\":" << (base ? absl::StrCat(ratio) : "null")

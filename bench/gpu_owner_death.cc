@@ -43,7 +43,8 @@
 #include "gpu/testing/busy_kernel.h"
 
 ABSL_FLAG(std::string, scenario, "legacy_kill", "legacy_kill | legacy_exit | vmm_kill | vmm_exit");
-ABSL_FLAG(std::string, engine, "", "internal: run as an engine child (legacy | vmm), socket on fd 3");
+ABSL_FLAG(std::string, engine, "",
+          "internal: run as an engine child (legacy | vmm), socket on fd 3");
 ABSL_FLAG(uint32_t, engine_mib, 256, "engine allocation size");
 ABSL_FLAG(uint32_t, write_ms, 1500, "how long the daemon's kernel writes the victim's memory");
 ABSL_FLAG(uint32_t, kill_after_ms, 300, "when the victim dies, after the kernel starts");
@@ -182,8 +183,9 @@ absl::Status Spawn(bool vmm, Engine* e) {
 absl::Status Import(Engine* e) {
   if (!e->vmm) {
     void* p = nullptr;
-    RETURN_IF_ERROR(gpu::CudaStatus(
-        cudaIpcOpenMemHandle(&p, e->legacy, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
+    RETURN_IF_ERROR(
+        gpu::CudaStatus(cudaIpcOpenMemHandle(&p, e->legacy, cudaIpcMemLazyEnablePeerAccess),
+                        "cudaIpcOpenMemHandle"));
     e->ptr = static_cast<uint8_t*>(p);
     return absl::OkStatus();
   }
@@ -284,18 +286,21 @@ absl::Status RunScenario(const std::string& scenario, std::vector<Record>* out) 
   const bool running_after_exit = cudaStreamQuery(io->stream()) == cudaErrorNotReady;
   const double free_after_death = FreeMib();
   out->push_back({"kernel_running_when_engine_died", running_at_death ? 1.0 : 0.0, "bool", ""});
-  out->push_back({"engine_exit_latency", exit_ms, "ms",
-                  absl::StrCat("wait status ", wstatus, running_after_exit
-                                                            ? "; daemon kernel still running after the engine was gone"
-                                                            : "; daemon kernel had finished")});
+  out->push_back(
+      {"engine_exit_latency", exit_ms, "ms",
+       absl::StrCat("wait status ", wstatus,
+                    running_after_exit ? "; daemon kernel still running after the engine was gone"
+                                       : "; daemon kernel had finished")});
   cudaError_t e = cudaStreamSynchronize(io->stream());
-  out->push_back({"inflight_kernel_into_dead_engine_ok", e == cudaSuccess ? 1.0 : 0.0, "bool", Name(e)});
+  out->push_back(
+      {"inflight_kernel_into_dead_engine_ok", e == cudaSuccess ? 1.0 : 0.0, "bool", Name(e)});
   e = cudaGetLastError();
   out->push_back({"no_error_pending_after", e == cudaSuccess ? 1.0 : 0.0, "bool", Name(e)});
   uint32_t word[4] = {0, 0, 0, 0};
   e = cudaMemcpy(word, a.ptr, sizeof(word), cudaMemcpyDeviceToHost);
-  out->push_back({"dead_engine_memory_readable", e == cudaSuccess ? 1.0 : 0.0, "bool",
-                  absl::StrCat(Name(e), "; first word = pass ", word[0], ", tag ", absl::Hex(word[2]))});
+  out->push_back(
+      {"dead_engine_memory_readable", e == cudaSuccess ? 1.0 : 0.0, "bool",
+       absl::StrCat(Name(e), "; first word = pass ", word[0], ", tag ", absl::Hex(word[2]))});
   std::string r = CopyAndCheck(*io, own_src, own_dst, bytes);
   out->push_back({"own_memory_kernel_ok", r == "ok" ? 1.0 : 0.0, "bool", r});
   r = CopyAndCheck(*io, own_src, b.ptr, bytes);
@@ -304,16 +309,17 @@ absl::Status RunScenario(const std::string& scenario, std::vector<Record>* out) 
   r = s.ok() ? CopyAndCheck(*io, own_src, c.ptr, bytes) : s.ToString();
   out->push_back({"new_engine_open_and_copy_ok", r == "ok" ? 1.0 : 0.0, "bool", r});
   r = Release(&a);
-  out->push_back({"close_dead_engine_mapping_ok", r == "cudaSuccess" || r == "CUDA_SUCCESS" ? 1.0 : 0.0,
-                  "bool", r});
+  out->push_back({"close_dead_engine_mapping_ok",
+                  r == "cudaSuccess" || r == "CUDA_SUCCESS" ? 1.0 : 0.0, "bool", r});
   const double free_after_close = FreeMib();
-  out->push_back({"gpu_free_memory_change_at_engine_death", free_after_death - free_before, "MiB",
-                  absl::StrCat("engine allocation ", bytes >> 20, " MiB; device-wide free memory")});
-  out->push_back({"gpu_free_memory_change_at_daemon_close", free_after_close - free_after_death, "MiB",
-                  "after the daemon closed the dead engine's mapping"});
+  out->push_back(
+      {"gpu_free_memory_change_at_engine_death", free_after_death - free_before, "MiB",
+       absl::StrCat("engine allocation ", bytes >> 20, " MiB; device-wide free memory")});
+  out->push_back({"gpu_free_memory_change_at_daemon_close", free_after_close - free_after_death,
+                  "MiB", "after the daemon closed the dead engine's mapping"});
   r = Release(&b);
-  out->push_back({"close_other_engine_mapping_ok", r == "cudaSuccess" || r == "CUDA_SUCCESS" ? 1.0 : 0.0,
-                  "bool", r});
+  out->push_back({"close_other_engine_mapping_ok",
+                  r == "cudaSuccess" || r == "CUDA_SUCCESS" ? 1.0 : 0.0, "bool", r});
   if (s.ok()) Release(&c);
   Finish(&b);
   if (s.ok()) Finish(&c);
@@ -390,8 +396,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_owner_death: %s\n", probe.status().ToString().c_str());
     return 1;
   }
-  if (!tutti::gpu::GetDriverApi().ok() ||
-      (absl::GetFlag(FLAGS_scenario).rfind("vmm", 0) == 0 && !(*tutti::gpu::GetDriverApi())->has_vmm())) {
+  if (!tutti::gpu::GetDriverApi().ok() || (absl::GetFlag(FLAGS_scenario).rfind("vmm", 0) == 0 &&
+                                           !(*tutti::gpu::GetDriverApi())->has_vmm())) {
     std::fprintf(stderr, "gpu_owner_death: driver lacks what the scenario needs\n");
     return 1;
   }

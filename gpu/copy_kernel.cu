@@ -13,7 +13,8 @@ static_assert(sizeof(CopyBatch) <= 32764, "kernel parameters are limited to 3276
 // Vectors per thread kept in flight: 256 threads x 8 x 16 B = one 32 KiB object per pass.
 constexpr int kUnroll = 8;
 
-__global__ void __launch_bounds__(kCopyThreads) CopyObjectsKernel(const __grid_constant__ CopyBatch batch) {
+__global__ void __launch_bounds__(kCopyThreads)
+    CopyObjectsKernel(const __grid_constant__ CopyBatch batch) {
   const uint32_t vecs = batch.vecs_per_object;
   for (uint32_t i = blockIdx.x; i < batch.count; i += gridDim.x) {
     const uint4* __restrict__ src = static_cast<const uint4*>(batch.descs[i].src);

@@ -65,8 +65,7 @@ CudaIpcMemory::~CudaIpcMemory() {
   }
 }
 
-absl::Status CudaIpcMemory::Enqueue(absl::Span<const engine::CopyOp> ops,
-                                    CopyDirection direction) {
+absl::Status CudaIpcMemory::Enqueue(absl::Span<const engine::CopyOp> ops, CopyDirection direction) {
   thread_local std::vector<CopyDesc> descs;  // keeps its capacity: no allocation per call
   RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
   if (descs.empty()) return absl::OkStatus();

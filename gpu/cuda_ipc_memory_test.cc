@@ -63,7 +63,7 @@ struct Fixture {
 // A layout of `format` with `used` random blocks out of `num_blocks`, one op per object of each,
 // staging filled with content derived from `seed`.
 void MakeFixture(KvFormat format, uint32_t layers, uint32_t num_blocks, uint32_t object_len,
-           uint32_t used, uint64_t seed, Fixture* f) {
+                 uint32_t used, uint64_t seed, Fixture* f) {
   f->kv = testing::MakeKvLayout(format, layers, num_blocks, object_len);
   auto io = IoStream::Create({0, 16, 0});
   ASSERT_TRUE(io.ok()) << io.status();
@@ -81,8 +81,8 @@ void MakeFixture(KvFormat format, uint32_t layers, uint32_t num_blocks, uint32_t
       next += object_len;
     }
   }
-  auto mem = CudaIpcMemory::WrapLocal(f->kv.layout, f->regions->local(),
-                                      {f->staging->staging()}, f->io.get());
+  auto mem = CudaIpcMemory::WrapLocal(f->kv.layout, f->regions->local(), {f->staging->staging()},
+                                      f->io.get());
   ASSERT_TRUE(mem.ok()) << mem.status();
   f->mem = std::move(*mem);
 }
@@ -105,7 +105,8 @@ void ExpectEngineMemory(const Fixture& f, uint64_t seed) {
         if (written.contains(b)) testing::FillObject(seed, b, j, want.data(), layout.object_len);
         const uint8_t* expect = written.contains(b) ? want.data() : poison.data();
         if (std::memcmp(got, expect, layout.object_len) != 0 && ++mismatches <= 5) {
-          ADD_FAILURE() << "block " << b << " object " << j << (written.contains(b) ? "" : " (untouched)");
+          ADD_FAILURE() << "block " << b << " object " << j
+                        << (written.contains(b) ? "" : " (untouched)");
         }
       }
     }
@@ -159,11 +160,12 @@ TEST(CudaIpcMemoryTest, RegisteredCallerMemoryWorksAsStaging) {
   {
     auto pinned = PinnedRegion::Register(host, 8 * 4096);
     ASSERT_TRUE(pinned.ok()) << pinned.status();
-    auto mem = CudaIpcMemory::WrapLocal(kv.layout, regions.local(), {(*pinned)->staging()},
-                                        io->get());
+    auto mem =
+        CudaIpcMemory::WrapLocal(kv.layout, regions.local(), {(*pinned)->staging()}, io->get());
     ASSERT_TRUE(mem.ok()) << mem.status();
     std::vector<engine::CopyOp> ops;
-    for (uint32_t b = 0; b < 8; ++b) ops.push_back({7 - b, 0, static_cast<uint8_t*>(host) + b * 4096});
+    for (uint32_t b = 0; b < 8; ++b)
+      ops.push_back({7 - b, 0, static_cast<uint8_t*>(host) + b * 4096});
     ASSERT_TRUE((*mem)->Scatter(ops).ok());
   }
   std::vector<uint8_t> got = regions.Read(0);

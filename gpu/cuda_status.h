@@ -9,9 +9,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace tutti::gpu {
 
@@ -30,10 +29,10 @@ bool IsStickyError(cudaError_t err);
 }  // namespace tutti::gpu
 
 // Returns from the current function if the runtime call `expr` fails.
-#define CUDA_RETURN_IF_ERROR(expr)                                             \
-  do {                                                                         \
+#define CUDA_RETURN_IF_ERROR(expr)                                               \
+  do {                                                                           \
     ::absl::Status tutti_cuda_status_ = ::tutti::gpu::CudaStatus((expr), #expr); \
-    if (!tutti_cuda_status_.ok()) return tutti_cuda_status_;                   \
+    if (!tutti_cuda_status_.ok()) return tutti_cuda_status_;                     \
   } while (0)
 
 // Returns from the current function if the driver call `expr` fails.

@@ -54,15 +54,14 @@ absl::StatusOr<DriverApi> Load() {
   ok = Resolve("cuMemCreate", 10020, &vmm.MemCreate, &ignored);
   ok &= Resolve("cuMemRelease", 10020, &vmm.MemRelease, &ignored);
   ok &= Resolve("cuMemExportToShareableHandle", 10020, &vmm.MemExportToShareableHandle, &ignored);
-  ok &= Resolve("cuMemImportFromShareableHandle", 10020, &vmm.MemImportFromShareableHandle,
-                &ignored);
+  ok &=
+      Resolve("cuMemImportFromShareableHandle", 10020, &vmm.MemImportFromShareableHandle, &ignored);
   ok &= Resolve("cuMemAddressReserve", 10020, &vmm.MemAddressReserve, &ignored);
   ok &= Resolve("cuMemAddressFree", 10020, &vmm.MemAddressFree, &ignored);
   ok &= Resolve("cuMemMap", 10020, &vmm.MemMap, &ignored);
   ok &= Resolve("cuMemUnmap", 10020, &vmm.MemUnmap, &ignored);
   ok &= Resolve("cuMemSetAccess", 10020, &vmm.MemSetAccess, &ignored);
-  ok &= Resolve("cuMemGetAllocationGranularity", 10020, &vmm.MemGetAllocationGranularity,
-                &ignored);
+  ok &= Resolve("cuMemGetAllocationGranularity", 10020, &vmm.MemGetAllocationGranularity, &ignored);
   if (ok) api = vmm;
   return api;
 }

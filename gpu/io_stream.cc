@@ -44,8 +44,8 @@ absl::StatusOr<GreenStream> CreateGreen(int device, uint32_t want_sms) {
   unsigned int groups = 1;
   CU_RETURN_IF_ERROR(api->DevSmResourceSplitByCount(&part, &groups, &all, nullptr, 0, want_sms));
   if (groups < 1) {
-    return absl::UnavailableError(absl::StrCat("cannot split a group of ", want_sms, " SMs off ",
-                                               all.sm.smCount));
+    return absl::UnavailableError(
+        absl::StrCat("cannot split a group of ", want_sms, " SMs off ", all.sm.smCount));
   }
   CUdevResourceDesc desc;
   CU_RETURN_IF_ERROR(api->DevResourceGenerateDesc(&desc, &part, 1));
@@ -68,7 +68,8 @@ absl::StatusOr<GreenStream> CreateGreen(int device, uint32_t want_sms) {
 absl::Status SelfTest(cudaStream_t stream) {
   ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   uint8_t* buf = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&buf), 64), "cudaMalloc(self-test)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(reinterpret_cast<void**>(&buf), 64), "cudaMalloc(self-test)"));
   uint8_t host[64];
   for (int i = 0; i < 32; ++i) host[i] = static_cast<uint8_t>(i * 7 + 1);
   std::memset(host + 32, 0, 32);
@@ -102,8 +103,8 @@ absl::Status IoStream::ValidateOptions(const Options& options, int device_sms) {
                                                    ": must be a multiple of ", kSmGranularity));
   }
   if (options.sm_count > static_cast<uint32_t>(device_sms)) {
-    return absl::InvalidArgumentError(absl::StrCat("gpu sm_count = ", options.sm_count,
-                                                   ": the device has ", device_sms, " SMs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu sm_count = ", options.sm_count, ": the device has ", device_sms, " SMs"));
   }
   return absl::OkStatus();
 }
@@ -129,8 +130,7 @@ absl::StatusOr<std::unique_ptr<IoStream>> IoStream::Create(const Options& option
       io->stream_ = green->stream;
       io->green_ctx_ = green->ctx;
       io->sm_count_ = green->sms;
-      io->description_ =
-          absl::StrCat("green context: ", green->sms, " of ", info.sm_count, " SMs");
+      io->description_ = absl::StrCat("green context: ", green->sms, " of ", info.sm_count, " SMs");
     } else {
       why_not_green = s.ToString();
     }
@@ -150,8 +150,8 @@ absl::StatusOr<std::unique_ptr<IoStream>> IoStream::Create(const Options& option
   const uint32_t domain_sms =
       io->is_green() || options.sm_count == 0 ? io->sm_count_ : options.sm_count;
   io->ctas_ = options.ctas > 0 ? options.ctas : 2 * domain_sms;
-  log::Get("gpu")->info("gpu{}: I/O stream: {}, {} CTAs per copy", options.device,
-                        io->description_, io->ctas_);
+  log::Get("gpu")->info("gpu{}: I/O stream: {}, {} CTAs per copy", options.device, io->description_,
+                        io->ctas_);
   return io;
 }
 

@@ -12,10 +12,8 @@ TEST(IoStreamOptionsTest, SmCountMustBeAMultipleOfEight) {
   EXPECT_TRUE(IoStream::ValidateOptions({0, 16, 0}, 132).ok());
   EXPECT_TRUE(IoStream::ValidateOptions({0, 0, 0}, 132).ok());
   EXPECT_EQ(IoStream::ValidateOptions({0, 12, 0}, 132).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(IoStream::ValidateOptions({0, 136, 0}, 132).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(IoStream::ValidateOptions({-1, 16, 0}, 132).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(IoStream::ValidateOptions({0, 136, 0}, 132).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(IoStream::ValidateOptions({-1, 16, 0}, 132).code(), absl::StatusCode::kInvalidArgument);
   absl::StatusOr<std::unique_ptr<IoStream>> io = IoStream::Create({0, 20, 0});
   EXPECT_EQ(io.status().code(), absl::StatusCode::kInvalidArgument) << io.status();
 }

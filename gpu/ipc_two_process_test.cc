@@ -54,8 +54,9 @@ struct ChildArgs {
 };
 
 std::vector<std::string> ToArgv(const ChildArgs& a) {
-  std::vector<std::string> v = {kChildFlag, a.die ? "die" : "full", absl::StrCat(a.format),
-                                absl::StrCat(a.seed), a.uuid, a.words_hex};
+  std::vector<std::string> v = {
+      kChildFlag, a.die ? "die" : "full", absl::StrCat(a.format), absl::StrCat(a.seed), a.uuid,
+      a.words_hex};
   v.insert(v.end(), a.region_hex.begin(), a.region_hex.end());
   return v;
 }
@@ -75,8 +76,9 @@ int DieMidRetrieve(CudaIpcMemory& mem, ReadyWords& words, IoStream& io,
   if (absl::Status s = words.Signal(0, kTicket); !s.ok()) return Fail("signal", s);
   if (absl::Status s = io.Synchronize(); !s.ok()) return Fail("sync", s);
   // Region of object 2 (layer 1): the whole K half of layer 1's fused tensor.
-  cudaError_t e = testing::LaunchWriteFor(mem.region_base(1), kBlocks * ObjectLen(KvFormat::kFusedKv),
-                                          uint64_t{10} * 1000 * 1000 * 1000, io.ctas(), io.stream());
+  cudaError_t e =
+      testing::LaunchWriteFor(mem.region_base(1), kBlocks * ObjectLen(KvFormat::kFusedKv),
+                              uint64_t{10} * 1000 * 1000 * 1000, io.ctas(), io.stream());
   if (e != cudaSuccess) return Fail("busy kernel", CudaStatus(e, "launch"));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (write(1, "1", 1) != 1) return 3;
@@ -105,8 +107,8 @@ int ChildMain(int argc, char** argv) {
   if (!staging.ok()) return Fail("staging", staging.status());
   auto mem = CudaIpcMemory::Open(kv.layout, regions, {(*staging)->staging()}, io->get());
   if (!mem.ok()) return Fail("open KV regions", mem.status());
-  auto words = ReadyWords::Open({*testing::FromHex(argv[6]), 4 * kLayers, argv[5]}, 0, kLayers,
-                                io->get());
+  auto words =
+      ReadyWords::Open({*testing::FromHex(argv[6]), 4 * kLayers, argv[5]}, 0, kLayers, io->get());
   if (!words.ok()) return Fail("open ready words", words.status());
 
   // ops[l]: layer l's objects of the random blocks; staging's first half holds their content.
@@ -204,8 +206,8 @@ TEST_P(TwoProcessTest, DaemonScattersIntoEngineBlocksWhileEngineStreamWaitsPerLa
       layer_regions.insert(kv.layout.placements[l * kv.parts + p].region);
     }
     for (uint32_t r : layer_regions) {
-      ASSERT_EQ(cudaMemcpyAsync(readback[r], regions[r], kv.region_sizes[r],
-                                cudaMemcpyDeviceToHost, engine),
+      ASSERT_EQ(cudaMemcpyAsync(readback[r], regions[r], kv.region_sizes[r], cudaMemcpyDeviceToHost,
+                                engine),
                 cudaSuccess);
     }
   }
@@ -243,7 +245,8 @@ TEST_P(TwoProcessTest, DaemonScattersIntoEngineBlocksWhileEngineStreamWaitsPerLa
       }
       const uint8_t* got = readback[p.region] + p.offset + b * p.block_stride;
       if (std::memcmp(got, want.data(), obj) != 0 && ++bad <= 5) {
-        ADD_FAILURE() << "object " << j << " block " << b << (used.contains(b) ? "" : " (untouched)");
+        ADD_FAILURE() << "object " << j << " block " << b
+                      << (used.contains(b) ? "" : " (untouched)");
       }
     }
   }
@@ -286,9 +289,9 @@ TEST(DaemonDeathTest, EngineReleasesItsStreamAndKeepsWorkingWhenTheDaemonIsKille
   for (uint32_t l = 0; l < kLayers; ++l) {
     ASSERT_TRUE(WaitLayer(engine, (*words)->word(l), kTicket).ok());
     if (l == 0) {
-      ASSERT_EQ(cudaMemcpyAsync(layer0_pinned, regions[0], layer0.size(), cudaMemcpyDeviceToHost,
-                                engine),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpyAsync(layer0_pinned, regions[0], layer0.size(), cudaMemcpyDeviceToHost, engine),
+          cudaSuccess);
     }
   }
 

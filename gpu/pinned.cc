@@ -15,9 +15,9 @@ absl::StatusOr<std::unique_ptr<PinnedRegion>> PinnedRegion::Register(void* addr,
     return absl::InvalidArgumentError("PinnedRegion::Register: null or empty range");
   }
   RETURN_IF_ERROR(Probe().status());
-  RETURN_IF_ERROR(CudaStatus(
-      cudaHostRegister(addr, len, cudaHostRegisterPortable | cudaHostRegisterMapped),
-      "cudaHostRegister"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaHostRegister(addr, len, cudaHostRegisterPortable | cudaHostRegisterMapped),
+                 "cudaHostRegister"));
   void* dev = nullptr;
   absl::Status s = CudaStatus(cudaHostGetDevicePointer(&dev, addr, 0), "cudaHostGetDevicePointer");
   if (!s.ok()) {
@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<PinnedRegion>> PinnedRegion::Allocate(size_t len)
   if (len == 0) return absl::InvalidArgumentError("PinnedRegion::Allocate: empty");
   RETURN_IF_ERROR(Probe().status());
   void* host = nullptr;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaHostAlloc(&host, len, cudaHostAllocPortable | cudaHostAllocMapped), "cudaHostAlloc"));
+  RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(&host, len, cudaHostAllocPortable | cudaHostAllocMapped),
+                             "cudaHostAlloc"));
   void* dev = nullptr;
   absl::Status s = CudaStatus(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
   if (!s.ok()) {

@@ -75,8 +75,8 @@ absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLa
   for (size_t i = 0; i < ops.size(); ++i) {
     const engine::CopyOp& op = ops[i];
     if (op.block >= layout.num_blocks || op.object >= layout.placements.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("op ", i, ": block ", op.block, " object ",
-                                                     op.object, " out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("op ", i, ": block ", op.block, " object ", op.object, " out of range"));
     }
     uint8_t* stage = staging.ToDevice(op.staging, len);
     if (stage == nullptr || !Aligned(reinterpret_cast<uintptr_t>(stage))) {

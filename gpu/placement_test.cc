@@ -27,8 +27,7 @@ TEST(ValidateLayoutTest, RejectsUnalignedObjectOffsetAndStride) {
   kv.layout.object_len = 4104;
   kv.region_sizes = {1 << 20, 1 << 20};
   kv.layout.placements = {{0, 0, 4112}, {1, 0, 4112}};
-  EXPECT_EQ(ValidateLayout(kv.layout, kv.region_sizes).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateLayout(kv.layout, kv.region_sizes).code(), absl::StatusCode::kInvalidArgument);
 
   kv.layout.object_len = 4096;
   kv.layout.placements = {{0, 8, 4096}, {1, 0, 4096}};
@@ -50,8 +49,7 @@ TEST(ValidateLayoutTest, RejectsRegionTooSmallAndBadRegionIndex) {
 
   kv = MakeKvLayout(KvFormat::kFusedKv, 2, 64, 4096);
   kv.layout.placements[2].region = 7;
-  EXPECT_EQ(ValidateLayout(kv.layout, kv.region_sizes).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateLayout(kv.layout, kv.region_sizes).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(StagingMapTest, TranslatesInsideRegionsOnly) {

@@ -51,9 +51,9 @@ absl::StatusOr<DeviceInfo> Probe(int ordinal) {
 }
 
 std::string FormatUuid(const Uuid& u) {
-  return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
-      u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return absl::StrFormat("GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+                         u[12], u[13], u[14], u[15]);
 }
 
 absl::StatusOr<Uuid> ParseUuid(absl::string_view text) {

@@ -10,9 +10,9 @@
 #include <array>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tutti::gpu {
 
@@ -20,7 +20,7 @@ using Uuid = std::array<uint8_t, 16>;
 
 struct DeviceInfo {
   int ordinal = 0;
-  std::string name;       // "NVIDIA H200"
+  std::string name;  // "NVIDIA H200"
   Uuid uuid{};
   std::string uuid_text;  // as nvidia-smi prints it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
   int sm_count = 0;

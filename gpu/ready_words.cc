@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<ReadyWords>> ReadyWords::WrapLocal(uint32_t* devi
 
 ReadyWords::~ReadyWords() {
   absl::Status s = stream_->Synchronize();
-  if (!s.ok()) log::Get("gpu")->error("gpu{}: closing ready words: {}", stream_->device(), s.ToString());
+  if (!s.ok())
+    log::Get("gpu")->error("gpu{}: closing ready words: {}", stream_->device(), s.ToString());
 }
 
 absl::Status ReadyWords::Signal(uint32_t index, uint32_t ticket) {
@@ -106,9 +107,9 @@ absl::Status ReadyWordArray::ForceRelease(uint32_t ticket) {
                              "cudaStreamCreateWithFlags"));
   absl::Status s;
   for (uint32_t i = 0; i < num_words_ && s.ok(); ++i) {
-    s = CuStatus(api->StreamWriteValue32(Cu(side), Cu(words_ + i), ticket,
-                                         CU_STREAM_WRITE_VALUE_DEFAULT),
-                 "cuStreamWriteValue32(release)");
+    s = CuStatus(
+        api->StreamWriteValue32(Cu(side), Cu(words_ + i), ticket, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue32(release)");
   }
   if (s.ok()) s = CudaStatus(cudaStreamSynchronize(side), "cudaStreamSynchronize(release)");
   cudaStreamDestroy(side);

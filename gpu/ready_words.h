@@ -34,9 +34,8 @@ class ReadyWords {
   // Opens `num_words` words at byte `offset` (a multiple of 4) of the engine allocation `region`.
   // INVALID_ARGUMENT for a bad handle, another GPU's UUID, words past the declared size, or an
   // allocation smaller than declared; the CUDA error if the handle does not open.
-  static absl::StatusOr<std::unique_ptr<ReadyWords>> Open(const IpcRegion& region,
-                                                          uint64_t offset, uint32_t num_words,
-                                                          IoStream* stream);
+  static absl::StatusOr<std::unique_ptr<ReadyWords>> Open(const IpcRegion& region, uint64_t offset,
+                                                          uint32_t num_words, IoStream* stream);
   // Words this process already maps (in-process engines, tests). Not closed on destruction.
   static absl::StatusOr<std::unique_ptr<ReadyWords>> WrapLocal(uint32_t* device_words,
                                                                uint32_t num_words,

@@ -33,8 +33,7 @@ const char* FormatName(KvFormat format) {
   return "?";
 }
 
-KvLayout MakeKvLayout(KvFormat format, uint32_t layers, uint32_t num_blocks,
-                      uint32_t object_len) {
+KvLayout MakeKvLayout(KvFormat format, uint32_t layers, uint32_t num_blocks, uint32_t object_len) {
   KvLayout kv;
   kv.layout.num_blocks = num_blocks;
   kv.layout.object_len = object_len;

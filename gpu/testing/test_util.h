@@ -5,21 +5,21 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "gpu/placement.h"
 #include "gpu/probe.h"
 #include "gtest/gtest.h"
 
 // Skips the current test (it then counts as passed) when no usable GPU is present: CI machines.
-#define TUTTI_SKIP_WITHOUT_GPU()                                      \
-  do {                                                                \
-    auto tutti_probe_ = ::tutti::gpu::Probe();                        \
-    if (!tutti_probe_.ok()) {                                         \
-      GTEST_SKIP() << "no usable GPU: " << tutti_probe_.status();     \
-    }                                                                 \
+#define TUTTI_SKIP_WITHOUT_GPU()                                  \
+  do {                                                            \
+    auto tutti_probe_ = ::tutti::gpu::Probe();                    \
+    if (!tutti_probe_.ok()) {                                     \
+      GTEST_SKIP() << "no usable GPU: " << tutti_probe_.status(); \
+    }                                                             \
   } while (0)
 
 namespace tutti::gpu::testing {
