@@ -143,7 +143,7 @@ std::string HumanBytes(uint64_t bytes) {
   if (bytes < 1024) return absl::StrCat(bytes, " B");
   double v = bytes / 1024.0;
   int unit = 0;
-  while (v >= 1024 && unit < 4) {
+  while (v >= 1023.95 && unit < 4) {
     v /= 1024;
     ++unit;
   }

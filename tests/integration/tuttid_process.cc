@@ -214,6 +214,10 @@ TuttidProcess::~TuttidProcess() {
 
 absl::StatusOr<int> TuttidProcess::Stop(int timeout_s) {
   if (!running()) return absl::FailedPreconditionError("tuttid is not running");
+  // Close our connection first: an idle gRPC client does not read the server's GOAWAY, and the
+  // daemon's shutdown would wait out its whole grace period for the connection to go.
+  admin_.reset();
+  channel_.reset();
   kill(pid_, SIGTERM);
   const int status = WaitFor(pid_, absl::Seconds(timeout_s));
   if (status == -1) {

@@ -77,8 +77,10 @@ class TuttidProcess {
   static absl::StatusOr<std::unique_ptr<TuttidProcess>> Spawn(const TuttidEnv& env);
   ~TuttidProcess();  // SIGKILLs the daemon if it still runs
 
-  // SIGTERM, then waits up to `timeout_s`. Returns the exit code; INTERNAL if it died of a
-  // signal, DEADLINE_EXCEEDED (after a SIGKILL) if it did not exit in time.
+  // Drops this object's channel (channel() and admin() are unusable afterwards; close other
+  // users' channels first too, or the daemon waits for them), sends SIGTERM, and waits up to
+  // `timeout_s`. Returns the exit code; INTERNAL if it died of a signal, DEADLINE_EXCEEDED
+  // (after a SIGKILL) if it did not exit in time.
   absl::StatusOr<int> Stop(int timeout_s = 60);
   // SIGKILL and wait. Safe to call from another thread while the owner is not in Stop/Kill.
   void Kill();
