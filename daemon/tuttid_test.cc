@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -157,8 +158,11 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
                            "dram { capacity_bytes: 0 }\n"
                            "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: "
                            "134217728 }\n";
-  const std::string sock = absl::StrCat("/tmp/tuttid_test_", getpid(), ".sock");
-  const std::string notify_path = absl::StrCat("/tmp/tuttid_test_notify_", getpid());
+  // sun_path is short: the sockets go in a directory of their own under /tmp.
+  std::string short_dir = "/tmp/tuttid_test_XXXXXX";
+  ASSERT_NE(mkdtemp(short_dir.data()), nullptr);
+  const std::string sock = short_dir + "/tuttid.sock";
+  const std::string notify_path = short_dir + "/notify";
   NotifySocket notify(notify_path);
   for (int sig : {SIGTERM, SIGINT}) {
     const std::string log = dir + "/log" + std::to_string(sig);
@@ -180,6 +184,7 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
     EXPECT_EQ(access(sock.c_str(), F_OK), -1) << "the socket file is removed at exit";
     if (sig == SIGINT) EXPECT_THAT(text, HasSubstr("opened"));  // the restart reused the pool
   }
+  std::filesystem::remove_all(short_dir);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,8 @@ class ShmObject {
  public:
   explicit ShmObject(uint64_t size) : size_(size) {
     static std::atomic<int> counter{0};
-    name_ = absl::StrCat("/tutti_hm_test_", getpid(), "_", counter++);
+    // Not getpid(): tests in Bazel's sandbox share /dev/shm and may share a pid.
+    name_ = absl::StrCat("/tutti_hm_test_", std::random_device{}(), "_", counter++);
     fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     EXPECT_GE(fd_, 0) << strerror(errno);
     EXPECT_EQ(ftruncate(fd_, size), 0);

@@ -1,6 +1,7 @@
 #include "daemon/server/server.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -22,8 +23,10 @@ namespace {
 class TempSocket {
  public:
   TempSocket() {
-    static std::atomic<int> n{0};
-    root_ = absl::StrCat("/tmp/tutti_srv_test_", getpid(), "_", n++);
+    // Not getpid(): tests in Bazel's sandbox share /tmp and may share a pid.
+    std::string t = "/tmp/tutti_srv_test_XXXXXX";
+    EXPECT_NE(mkdtemp(t.data()), nullptr);
+    root_ = t;
     path_ = root_ + "/d/tuttid.sock";  // Start must create "d"
   }
   ~TempSocket() { std::filesystem::remove_all(root_); }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/pool/layout.h"
@@ -27,7 +28,8 @@ uint8_t Pattern(uint64_t block_seed, uint32_t obj, uint32_t i) {
 }  // namespace
 
 ShmEngine::ShmEngine() {
-  name_ = absl::StrCat("/tutti_svc_test_", getpid(), "_", counter++);
+  // Not getpid(): tests in Bazel's sandbox share /dev/shm and may share a pid.
+  name_ = absl::StrCat("/tutti_svc_test_", std::random_device{}(), "_", counter++);
   fd_ = shm_open(name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   EXPECT_GE(fd_, 0) << strerror(errno);
   EXPECT_EQ(ftruncate(fd_, kEngineBlocks * kBlockBytes), 0);
@@ -104,8 +106,11 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   std::string dir_template = absl::StrCat(tmp ? tmp : "/tmp", "/state.XXXXXX");
   EXPECT_NE(mkdtemp(dir_template.data()), nullptr);
   state_dir_ = dir_template;
-  // sun_path is short: keep the socket under /tmp.
-  socket_path_ = absl::StrCat("/tmp/tutti_svc_", getpid(), "_", counter++, ".sock");
+  // sun_path is short: keep the socket under /tmp, in a directory of its own.
+  std::string socket_dir = "/tmp/tutti_svc_XXXXXX";
+  EXPECT_NE(mkdtemp(socket_dir.data()), nullptr);
+  socket_dir_ = socket_dir;
+  socket_path_ = socket_dir + "/tuttid.sock";
 
   auto layout = pool::PoolLayout::Compute(64ull << 20, 2, 4096, 8);
   EXPECT_TRUE(layout.ok()) << layout.status();
@@ -146,6 +151,7 @@ ServiceEnv::~ServiceEnv() {
   sessions_.reset();
   store_.reset();
   std::filesystem::remove_all(state_dir_);
+  std::filesystem::remove_all(socket_dir_);
 }
 
 uint64_t ServiceEnv::Attach(const ShmEngine& engine) {

@@ -77,6 +77,7 @@ class ServiceEnv {
 
  private:
   std::string state_dir_;
+  std::string socket_dir_;
   std::string socket_path_;
   ManualClock session_clock_{1'000'000};
   io::MemoryBackend* backend_ = nullptr;  // owned by the store
