@@ -24,8 +24,8 @@ absl::Status Unreachable(const std::string& path, const std::string& reason) {
 absl::Status ProbeSocket(const std::string& path) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return Unreachable(path, absl::StrCat("socket path must be 1..", sizeof(addr.sun_path) - 1,
-                                          " characters"));
+    return Unreachable(
+        path, absl::StrCat("socket path must be 1..", sizeof(addr.sun_path) - 1, " characters"));
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
@@ -51,8 +51,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToTuttid(const std::string
                                            grpc::InsecureChannelCredentials(), args);
   const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
   if (!channel->WaitForConnected(deadline)) {
-    return Unreachable(socket_path, absl::StrCat("no gRPC connection within ",
-                                                 absl::FormatDuration(timeout)));
+    return Unreachable(socket_path,
+                       absl::StrCat("no gRPC connection within ", absl::FormatDuration(timeout)));
   }
   return channel;
 }

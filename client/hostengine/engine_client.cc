@@ -114,8 +114,7 @@ absl::StatusOr<EngineClient::RetrieveResult> EngineClient::Retrieve(
   absl::Status status = FromGrpc(reader->Finish());
   if (!status.ok()) return status;
   std::sort(result.failed.begin(), result.failed.end());
-  result.failed.erase(std::unique(result.failed.begin(), result.failed.end()),
-                      result.failed.end());
+  result.failed.erase(std::unique(result.failed.begin(), result.failed.end()), result.failed.end());
   return result;
 }
 

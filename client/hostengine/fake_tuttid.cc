@@ -47,7 +47,8 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     for (auto& [id, s] : sessions_) munmap(s.base, s.size);
   }
 
-  grpc::Status Attach(ServerContext*, const v1::AttachRequest* req, v1::AttachResponse* resp) override {
+  grpc::Status Attach(ServerContext*, const v1::AttachRequest* req,
+                      v1::AttachResponse* resp) override {
     if (req->regions_size() != 1 || !req->regions(0).has_host_shm()) {
       return grpc::Status(StatusCode::INVALID_ARGUMENT, "want one host_shm region");
     }
@@ -81,17 +82,20 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   }
 
   grpc::Status KeepAlive(ServerContext*, const v1::KeepAliveRequest* req,
-                   v1::KeepAliveResponse* resp) override {
+                         v1::KeepAliveResponse* resp) override {
     absl::MutexLock lock(&mu_);
-    if (sessions_.count(req->session_id()) == 0) return grpc::Status(StatusCode::NOT_FOUND, "session");
+    if (sessions_.count(req->session_id()) == 0)
+      return grpc::Status(StatusCode::NOT_FOUND, "session");
     ++keepalives_;
     resp->set_session_ttl_ms(400);
     return grpc::Status::OK;
   }
 
-  grpc::Status Lookup(ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) override {
+  grpc::Status Lookup(ServerContext*, const v1::LookupRequest* req,
+                      v1::LookupResponse* resp) override {
     absl::MutexLock lock(&mu_);
-    if (sessions_.count(req->session_id()) == 0) return grpc::Status(StatusCode::NOT_FOUND, "session");
+    if (sessions_.count(req->session_id()) == 0)
+      return grpc::Status(StatusCode::NOT_FOUND, "session");
     ++lookups_;
     uint32_t hits = 0;
     while (hits < req->keys_size() && blocks_.contains(req->keys(hits))) ++hits;
@@ -106,7 +110,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   }
 
   grpc::Status Retrieve(ServerContext*, const v1::RetrieveRequest* req,
-                  grpc::ServerWriter<v1::RetrieveProgress>* writer) override {
+                        grpc::ServerWriter<v1::RetrieveProgress>* writer) override {
     absl::MutexLock lock(&mu_);
     auto sit = sessions_.find(req->session_id());
     if (sit == sessions_.end()) return grpc::Status(StatusCode::NOT_FOUND, "session");
@@ -139,7 +143,8 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     return grpc::Status::OK;
   }
 
-  grpc::Status Store(ServerContext*, const v1::StoreRequest* req, v1::StoreResponse* resp) override {
+  grpc::Status Store(ServerContext*, const v1::StoreRequest* req,
+                     v1::StoreResponse* resp) override {
     absl::MutexLock lock(&mu_);
     ++store_calls_;
     if (store_error_ != 0) return grpc::Status(static_cast<StatusCode>(store_error_), "injected");
@@ -167,7 +172,8 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     return grpc::Status::OK;
   }
 
-  grpc::Status Release(ServerContext*, const v1::ReleaseRequest* req, v1::ReleaseResponse*) override {
+  grpc::Status Release(ServerContext*, const v1::ReleaseRequest* req,
+                       v1::ReleaseResponse*) override {
     absl::MutexLock lock(&mu_);
     if (leases_.erase(req->lease_id()) == 0) return grpc::Status(StatusCode::NOT_FOUND, "lease");
     return grpc::Status::OK;
@@ -199,7 +205,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   }
 
   grpc::Status Sessions(ServerContext*, const v1::SessionsRequest*,
-                  v1::SessionsResponse* resp) override {
+                        v1::SessionsResponse* resp) override {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, s] : sessions_) {
       v1::SessionInfo* info = resp->add_sessions();
@@ -230,7 +236,8 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     return grpc::Status::OK;
   }
 
-  grpc::Status Evict(ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) override {
+  grpc::Status Evict(ServerContext*, const v1::EvictRequest* req,
+                     v1::EvictResponse* resp) override {
     absl::MutexLock lock(&mu_);
     if (req->namespace_id() == 0 && !req->all()) {
       return grpc::Status(StatusCode::INVALID_ARGUMENT, "namespace_id 0 needs all");

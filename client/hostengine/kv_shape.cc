@@ -11,8 +11,10 @@ absl::Status KvShape::Validate() const {
   const struct {
     const char* name;
     uint32_t value;
-  } fields[] = {{"layers", layers},           {"kv_heads", kv_heads},
-                {"head_dim", head_dim},       {"dtype_bytes", dtype_bytes},
+  } fields[] = {{"layers", layers},
+                {"kv_heads", kv_heads},
+                {"head_dim", head_dim},
+                {"dtype_bytes", dtype_bytes},
                 {"block_tokens", block_tokens}};
   for (const auto& f : fields) {
     if (f.value == 0) return absl::InvalidArgumentError(absl::StrCat(f.name, " must be > 0"));
@@ -59,11 +61,12 @@ std::string KvShape::Describe() const {
                     : format == tutti::v1::KV_FORMAT_SEPARATE ? "separate"
                                                               : "fused";
   const uint64_t len = object_len();
-  const std::string size = len % 1024 == 0 ? absl::StrFormat("%d KiB", len / 1024)
-                                           : absl::StrFormat("%d-byte", len);
-  return absl::StrFormat("%d layers x %d kv heads x %d dim, %d-byte dtype, %s, %d-token blocks, "
-                         "%s objects",
-                         layers, kv_heads, head_dim, dtype_bytes, fmt, block_tokens, size);
+  const std::string size =
+      len % 1024 == 0 ? absl::StrFormat("%d KiB", len / 1024) : absl::StrFormat("%d-byte", len);
+  return absl::StrFormat(
+      "%d layers x %d kv heads x %d dim, %d-byte dtype, %s, %d-token blocks, "
+      "%s objects",
+      layers, kv_heads, head_dim, dtype_bytes, fmt, block_tokens, size);
 }
 
 }  // namespace tutti::hostengine

@@ -38,9 +38,7 @@ struct KvShape {
 
   uint32_t parts() const { return format == tutti::v1::KV_FORMAT_MLA ? 1 : 2; }
   uint32_t num_objects() const { return layers * parts(); }
-  uint64_t object_len() const {
-    return uint64_t{block_tokens} * kv_heads * head_dim * dtype_bytes;
-  }
+  uint64_t object_len() const { return uint64_t{block_tokens} * kv_heads * head_dim * dtype_bytes; }
   uint64_t block_bytes() const { return object_len() * num_objects(); }
   uint64_t layer_bytes(uint32_t num_blocks) const {
     return uint64_t{parts()} * num_blocks * object_len();

@@ -65,8 +65,8 @@ absl::Status ErrnoStatus(const char* call, const std::string& name, int err) {
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::string_view prefix,
                                                              uint64_t size) {
   if (!ValidPrefix(prefix)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm prefix '", std::string(prefix), "' must be 1..64 characters of [A-Za-z0-9_.-]"));
+    return absl::InvalidArgumentError(absl::StrCat("shm prefix '", std::string(prefix),
+                                                   "' must be 1..64 characters of [A-Za-z0-9_.-]"));
   }
   if (size == 0) return absl::InvalidArgumentError("shm size must be > 0");
   std::random_device rd;
@@ -89,8 +89,7 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::string_view pr
     return ErrnoStatus("mmap", name, err);
   }
   const int slot = ClaimSlot(name);
-  return std::unique_ptr<ShmRegion>(
-      new ShmRegion(name, static_cast<uint8_t*>(p), size, slot));
+  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), size, slot));
 }
 
 ShmRegion::~ShmRegion() {

@@ -1,8 +1,8 @@
 #include "client/hostengine/shm_region.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>

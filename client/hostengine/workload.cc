@@ -67,9 +67,9 @@ bool StoreBatch(EngineClient& client, absl::Span<const Key> keys, size_t first,
 
 // Retrieves the `hits` leading keys of keys[pos..] under `lease` into the next engine blocks of
 // `order`, and classifies them. Returns false on an RPC error (recorded in the tally).
-bool RetrieveHits(EngineClient& client, HostEngine& engine, absl::Span<const Key> keys,
-                  size_t pos, uint32_t hits, uint64_t lease, const std::vector<uint32_t>& order,
-                  size_t& cursor, bool verify, RetrieveTally& tally) {
+bool RetrieveHits(EngineClient& client, HostEngine& engine, absl::Span<const Key> keys, size_t pos,
+                  uint32_t hits, uint64_t lease, const std::vector<uint32_t>& order, size_t& cursor,
+                  bool verify, RetrieveTally& tally) {
   std::vector<uint32_t> targets(hits);
   for (uint32_t i = 0; i < hits; ++i) {
     targets[i] = order[cursor++ % order.size()];

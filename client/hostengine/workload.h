@@ -19,9 +19,9 @@
 namespace tutti::hostengine {
 
 struct StoreOptions {
-  uint32_t batch = 64;        // blocks per Store call; <= engine blocks and max_blocks_per_call
-  bool wait_durable = true;   // the numbers then mean durable
-  uint32_t reject_retries = 50;             // retries of blocks rejected for full staging
+  uint32_t batch = 64;           // blocks per Store call; <= engine blocks and max_blocks_per_call
+  bool wait_durable = true;      // the numbers then mean durable
+  uint32_t reject_retries = 50;  // retries of blocks rejected for full staging
   absl::Duration retry_backoff = absl::Milliseconds(20);
 };
 
@@ -30,9 +30,9 @@ struct StoreTally {
   // workload stopped at an error).
   std::vector<tutti::v1::StoreOutcome> outcomes;
   uint64_t captured = 0, durable = 0, already_present = 0, rejected_full = 0, failed = 0;
-  uint64_t bytes = 0;                     // block bytes of captured and durable blocks
-  absl::Duration rpc_time;                // time spent inside Store calls
-  absl::Status status;                    // the first RPC error; the workload stops there
+  uint64_t bytes = 0;       // block bytes of captured and durable blocks
+  absl::Duration rpc_time;  // time spent inside Store calls
+  absl::Status status;      // the first RPC error; the workload stops there
 };
 
 // Stores `keys` in batches: batch b's blocks are filled into engine blocks
@@ -41,9 +41,9 @@ StoreTally StoreKeys(EngineClient& client, HostEngine& engine, absl::Span<const 
                      const StoreOptions& options);
 
 struct RetrieveOptions {
-  uint32_t batch = 64;       // keys per Lookup and Retrieve; <= engine blocks
-  bool verify = true;        // compare every byte of every retrieved block
-  uint64_t shuffle_seed = 1; // picks the (shuffled) engine blocks retrieved into
+  uint32_t batch = 64;        // keys per Lookup and Retrieve; <= engine blocks
+  bool verify = true;         // compare every byte of every retrieved block
+  uint64_t shuffle_seed = 1;  // picks the (shuffled) engine blocks retrieved into
 };
 
 enum class KeyResult : uint8_t {
@@ -57,11 +57,11 @@ enum class KeyResult : uint8_t {
 struct RetrieveTally {
   std::vector<KeyResult> results;  // per key, in key order
   uint64_t hits = 0, misses = 0, failed = 0, mismatched_blocks = 0, mismatched_bytes = 0;
-  uint64_t progress_errors = 0;    // progress streams whose layers were not 0..L-1 in order
-  uint64_t bytes = 0;              // block bytes retrieved (not failed)
-  std::vector<double> lookup_us;   // latency of each Lookup call
-  absl::Duration rpc_time;         // time spent inside Retrieve calls
-  absl::Status status;             // the first RPC error; the workload stops there
+  uint64_t progress_errors = 0;   // progress streams whose layers were not 0..L-1 in order
+  uint64_t bytes = 0;             // block bytes retrieved (not failed)
+  std::vector<double> lookup_us;  // latency of each Lookup call
+  absl::Duration rpc_time;        // time spent inside Retrieve calls
+  absl::Status status;            // the first RPC error; the workload stops there
 };
 
 // Looks up `keys` in batches (after a miss, the lookup goes on with the next key, so every key is

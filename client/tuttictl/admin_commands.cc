@@ -21,8 +21,8 @@ namespace v1 = tutti::v1;
 // Connects and calls one Admin method.
 template <typename Request, typename Response>
 absl::Status CallAdmin(const GlobalOptions& options,
-                       grpc::Status (v1::Admin::Stub::*method)(grpc::ClientContext*,
-                                                               const Request&, Response*),
+                       grpc::Status (v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                               Response*),
                        const Request& request, Response* response) {
   const absl::Duration timeout = absl::Milliseconds(options.timeout_ms);
   ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(options.socket, timeout));
@@ -38,8 +38,8 @@ absl::Status CallAdmin(const GlobalOptions& options,
 
 std::string DramText(uint64_t capacity, uint64_t used) {
   if (capacity == 0) return "off";
-  return absl::StrCat(HumanBytes(used), " of ", HumanBytes(capacity), " (",
-                      Percent(used, capacity), ")");
+  return absl::StrCat(HumanBytes(used), " of ", HumanBytes(capacity), " (", Percent(used, capacity),
+                      ")");
 }
 
 class StatusCommand : public Command {
@@ -67,8 +67,8 @@ class StatusCommand : public Command {
     kv.Add("io backend", r.io_backend());
     kv.Add("device mode", r.device_mode());
     kv.Add("pool dirs", absl::StrJoin(r.pool_dirs(), ", "));
-    kv.Add("capacity", absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(),
-                                    " slots"));
+    kv.Add("capacity",
+           absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(), " slots"));
     kv.Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
                                 Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
                                 r.slots_used(), " slots"));
@@ -107,8 +107,8 @@ class SessionsCommand : public Command {
     } else if (r.sessions_size() == 0) {
       out << "no sessions\n";
     } else {
-      Table t({">SESSION", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED",
-               ">IDLE"});
+      Table t(
+          {">SESSION", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED", ">IDLE"});
       for (const auto& s : r.sessions()) {
         t.AddRow({absl::StrCat(s.session_id()), s.engine_id(), NamespaceHex(s.namespace_id()),
                   s.model_id(), absl::StrCat(s.num_blocks()), absl::StrCat(s.leases()),
@@ -157,23 +157,23 @@ class StatsCommand : public Command {
  private:
   static std::string Human(const v1::StatsResponse& r) {
     KeyValues kv;
-    kv.Add("capacity", absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(),
-                                    " slots"));
+    kv.Add("capacity",
+           absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(), " slots"));
     kv.Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
                                 Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
                                 r.slots_used(), " slots"));
     kv.Add("sessions", absl::StrCat(r.sessions()));
-    kv.Add("lookups", absl::StrCat(r.lookups(), " (blocks hit ", r.lookup_hits(),
-                                   ", chains cut short ", r.lookup_misses(), ", from dram ",
-                                   r.dram_hits(), ")"));
-    kv.Add("retrieved", absl::StrCat(r.blocks_retrieved(), " blocks, ",
-                                     HumanBytes(r.bytes_read()), " into engines"));
+    kv.Add("lookups",
+           absl::StrCat(r.lookups(), " (blocks hit ", r.lookup_hits(), ", chains cut short ",
+                        r.lookup_misses(), ", from dram ", r.dram_hits(), ")"));
+    kv.Add("retrieved", absl::StrCat(r.blocks_retrieved(), " blocks, ", HumanBytes(r.bytes_read()),
+                                     " into engines"));
     kv.Add("stored", absl::StrCat(r.blocks_stored(), " blocks durable, ",
                                   HumanBytes(r.bytes_written()), " written"));
     kv.Add("evictions", absl::StrCat(r.evictions()));
     kv.Add("errors", absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
-                                  ", store rejected (full) ", r.store_rejected(),
-                                  ", store failed ", r.store_failed()));
+                                  ", store rejected (full) ", r.store_rejected(), ", store failed ",
+                                  r.store_failed()));
     std::string out = kv.Render();
     if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
     Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});
@@ -187,15 +187,24 @@ class StatsCommand : public Command {
     JsonWriter j;
     j.BeginObject();
     const std::pair<const char*, uint64_t> fields[] = {
-        {"capacity_bytes", r.capacity_bytes()}, {"used_bytes", r.used_bytes()},
-        {"slots_total", r.slots_total()},       {"slots_used", r.slots_used()},
-        {"sessions", r.sessions()},             {"lookups", r.lookups()},
-        {"lookup_hits", r.lookup_hits()},       {"lookup_misses", r.lookup_misses()},
-        {"dram_hits", r.dram_hits()},           {"blocks_retrieved", r.blocks_retrieved()},
-        {"blocks_stored", r.blocks_stored()},   {"bytes_read", r.bytes_read()},
-        {"bytes_written", r.bytes_written()},   {"evictions", r.evictions()},
-        {"verify_errors", r.verify_errors()},   {"io_errors", r.io_errors()},
-        {"store_rejected", r.store_rejected()}, {"store_failed", r.store_failed()},
+        {"capacity_bytes", r.capacity_bytes()},
+        {"used_bytes", r.used_bytes()},
+        {"slots_total", r.slots_total()},
+        {"slots_used", r.slots_used()},
+        {"sessions", r.sessions()},
+        {"lookups", r.lookups()},
+        {"lookup_hits", r.lookup_hits()},
+        {"lookup_misses", r.lookup_misses()},
+        {"dram_hits", r.dram_hits()},
+        {"blocks_retrieved", r.blocks_retrieved()},
+        {"blocks_stored", r.blocks_stored()},
+        {"bytes_read", r.bytes_read()},
+        {"bytes_written", r.bytes_written()},
+        {"evictions", r.evictions()},
+        {"verify_errors", r.verify_errors()},
+        {"io_errors", r.io_errors()},
+        {"store_rejected", r.store_rejected()},
+        {"store_failed", r.store_failed()},
     };
     for (const auto& [key, value] : fields) j.Key(key).Uint(value);
     j.Key("namespaces").BeginArray();

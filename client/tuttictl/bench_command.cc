@@ -107,8 +107,8 @@ absl::Status BenchCommand::CheckUsage(const FlagSet& flags, const std::vector<st
 absl::StatusOr<BenchResult> BenchCommand::RunPhases(const GlobalOptions& options,
                                                     std::ostream& out) {
   hostengine::ShmRegion::UnlinkOnFatalSignals();
-  ASSIGN_OR_RETURN(auto engine, hostengine::HostEngine::Create(shape_, engine_blocks_,
-                                                               "tutti-bench"));
+  ASSIGN_OR_RETURN(auto engine,
+                   hostengine::HostEngine::Create(shape_, engine_blocks_, "tutti-bench"));
   ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(
                                      options.socket, absl::Milliseconds(options.timeout_ms)));
   hostengine::EngineClient client(channel);
@@ -122,9 +122,9 @@ absl::StatusOr<BenchResult> BenchCommand::RunPhases(const GlobalOptions& options
   const uint32_t batch = std::min(batch_, std::max(1u, attach->max_blocks_per_call()));
   if (!options.json) {
     out << "bench: " << blocks_ << " blocks of " << HumanBytes(shape_.block_bytes()) << " ("
-        << shape_.Describe() << "), seed " << seed_ << ", batch " << batch << ", "
-        << engine_blocks_ << " engine blocks; session " << attach->session_id()
-        << ", namespace " << NamespaceHex(attach->namespace_id()) << "\n";
+        << shape_.Describe() << "), seed " << seed_ << ", batch " << batch << ", " << engine_blocks_
+        << " engine blocks; session " << attach->session_id() << ", namespace "
+        << NamespaceHex(attach->namespace_id()) << "\n";
     if (!note_.empty()) out << "note: " << note_ << "\n";
   }
   const auto keys = hostengine::MakeKeyChain(seed_, blocks_);
@@ -183,10 +183,10 @@ void BenchCommand::PrintHuman(const BenchResult& r, std::ostream& out) const {
   KeyValues kv;
   if (r.stored) {
     const StoreTally& s = r.store;
-    kv.Add("store outcomes", absl::StrCat("durable ", s.durable, ", captured ", s.captured,
-                                          ", already present ", s.already_present,
-                                          ", rejected (full) ", s.rejected_full, ", failed ",
-                                          s.failed));
+    kv.Add("store outcomes",
+           absl::StrCat("durable ", s.durable, ", captured ", s.captured, ", already present ",
+                        s.already_present, ", rejected (full) ", s.rejected_full, ", failed ",
+                        s.failed));
   }
   if (r.retrieved) {
     const RetrieveTally& x = r.retrieve;
@@ -194,10 +194,10 @@ void BenchCommand::PrintHuman(const BenchResult& r, std::ostream& out) const {
            absl::StrFormat("p50 %.0f us, p99 %.0f us (%d calls)",
                            hostengine::Quantile(x.lookup_us, 0.5),
                            hostengine::Quantile(x.lookup_us, 0.99), x.lookup_us.size()));
-    kv.Add("retrieve", absl::StrCat("hits ", x.hits, ", misses ", x.misses, ", failed ",
-                                    x.failed, ", mismatches ", x.mismatched_blocks, " blocks (",
-                                    x.mismatched_bytes, " bytes)",
-                                    verify_ ? "" : "; not verified (add --verify)"));
+    kv.Add("retrieve",
+           absl::StrCat("hits ", x.hits, ", misses ", x.misses, ", failed ", x.failed,
+                        ", mismatches ", x.mismatched_blocks, " blocks (", x.mismatched_bytes,
+                        " bytes)", verify_ ? "" : "; not verified (add --verify)"));
     if (x.progress_errors > 0) {
       kv.Add("stream errors", absl::StrCat(x.progress_errors, " progress streams out of order"));
     }
@@ -238,8 +238,8 @@ void BenchCommand::PrintJson(const BenchResult& r, std::ostream& out) const {
 absl::Status BenchCommand::Verdict(const BenchResult& r) const {
   std::string problems;
   if (r.stored && r.store.failed + r.store.rejected_full > 0) {
-    absl::StrAppend(&problems, r.store.failed, " blocks failed to store, ",
-                    r.store.rejected_full, " rejected (staging full); ");
+    absl::StrAppend(&problems, r.store.failed, " blocks failed to store, ", r.store.rejected_full,
+                    " rejected (staging full); ");
   }
   const RetrieveTally& x = r.retrieve;
   if (r.retrieved && x.progress_errors > 0) {

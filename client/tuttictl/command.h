@@ -20,8 +20,8 @@ enum ExitCode { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
 
 // Flags every subcommand takes.
 struct GlobalOptions {
-  std::string socket;     // tuttid's unix socket
-  bool json = false;      // JSON instead of tables
+  std::string socket;           // tuttid's unix socket
+  bool json = false;            // JSON instead of tables
   uint64_t timeout_ms = 10000;  // connect and admin-call deadline
 };
 

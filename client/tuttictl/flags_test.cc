@@ -46,9 +46,9 @@ TEST(FlagSetTest, Errors) {
   Fixture f;
   EXPECT_EQ(f.flags.Parse({"--nope"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(f.flags.Parse({"--nope"}).status().message().find("--nope"), std::string::npos);
-  EXPECT_FALSE(f.flags.Parse({"--big"}).ok());          // missing value
-  EXPECT_FALSE(f.flags.Parse({"--big=-1"}).ok());       // negative
-  EXPECT_FALSE(f.flags.Parse({"--big=12x"}).ok());      // junk
+  EXPECT_FALSE(f.flags.Parse({"--big"}).ok());               // missing value
+  EXPECT_FALSE(f.flags.Parse({"--big=-1"}).ok());            // negative
+  EXPECT_FALSE(f.flags.Parse({"--big=12x"}).ok());           // junk
   EXPECT_FALSE(f.flags.Parse({"--small=4294967296"}).ok());  // > 32 bits
   EXPECT_FALSE(f.flags.Parse({"--verbose=yes"}).ok());
   EXPECT_TRUE(f.flags.Parse({"--verbose=false"}).ok());

@@ -84,8 +84,8 @@ int RunTuttictl(const std::vector<std::string>& args, std::ostream& out, std::os
   const int at = FindCommand(args, commands);
   const std::string name = at < 0 ? "" : args[at];
   if (name.empty() || name == "help") {
-    const bool asked = name == "help" || std::find(args.begin(), args.end(), "--help") !=
-                                             args.end();
+    const bool asked =
+        name == "help" || std::find(args.begin(), args.end(), "--help") != args.end();
     (asked ? out : err) << Usage(commands);
     return asked ? kExitOk : kExitUsage;
   }

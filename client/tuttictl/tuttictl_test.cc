@@ -1,12 +1,11 @@
 // tuttictl's commands against the in-process fake daemon: output forms, exit codes, usage errors.
-#include "client/tuttictl/command.h"
-
 #include <unistd.h>
 
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "client/hostengine/fake_tuttid.h"
+#include "client/tuttictl/command.h"
 #include "gtest/gtest.h"
 
 namespace tutti::tuttictl {
@@ -37,8 +36,8 @@ class TuttictlTest : public ::testing::Test {
   }
   // A small layout so the bench runs in milliseconds.
   std::vector<std::string> Bench(std::vector<std::string> extra) {
-    std::vector<std::string> args = {"--socket", socket_, "bench", "--layers=2", "--kv_heads=1",
-                                     "--head_dim=64", "--blocks=20", "--batch=8"};
+    std::vector<std::string> args = {"--socket",     socket_,         "bench",       "--layers=2",
+                                     "--kv_heads=1", "--head_dim=64", "--blocks=20", "--batch=8"};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -74,8 +73,7 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   EXPECT_NE(stats.out.find("\"blocks_stored\":20"), std::string::npos) << stats.out;
   EXPECT_NE(stats.out.find("\"namespace_id\":\"0xabcdef0123456789\""), std::string::npos);
   const CtlRun human = Tuttictl({"stats", "--socket", socket_});
-  EXPECT_NE(human.out.find("0xabcdef0123456789  bench-llama3-8b"), std::string::npos)
-      << human.out;
+  EXPECT_NE(human.out.find("0xabcdef0123456789  bench-llama3-8b"), std::string::npos) << human.out;
 
   // A retrieve-only run with the same seed finds everything; another seed misses everything.
   const CtlRun again = Tuttictl(Bench({"--phase=retrieve", "--verify", "--json"}));

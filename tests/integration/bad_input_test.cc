@@ -63,8 +63,8 @@ class BadInputTest : public ::testing::Test {
 
   // The call failed with `code` and said something about why.
   static void ExpectCode(const grpc::Status& s, StatusCode code, const std::string& what) {
-    EXPECT_EQ(s.error_code(), code) << what << ": got " << s.error_code() << " \""
-                                    << s.error_message() << "\"";
+    EXPECT_EQ(s.error_code(), code)
+        << what << ": got " << s.error_code() << " \"" << s.error_message() << "\"";
     EXPECT_FALSE(s.error_message().empty()) << what << ": no message";
   }
 
@@ -124,8 +124,7 @@ class BadInputTest : public ::testing::Test {
     return stub().Store(ctx.get(), req, &resp);
   }
   grpc::Status Retrieve(uint64_t lease, const std::vector<std::pair<std::string, uint32_t>>& pairs,
-                        uint32_t layer_begin = 0, uint32_t layer_end = 0,
-                        uint64_t session_id = 0) {
+                        uint32_t layer_begin = 0, uint32_t layer_end = 0, uint64_t session_id = 0) {
     v1::RetrieveRequest req;
     req.set_session_id(session_id ? session_id : session());
     req.set_lease_id(lease);
@@ -169,8 +168,7 @@ std::vector<Key> BadInputTest::stored_;
 TEST_F(BadInputTest, UnknownSession) {
   ExpectCode(Lookup({K(stored_[0])}, kNoSuchId), StatusCode::NOT_FOUND, "Lookup");
   ExpectCode(Store({{Fresh(0), 0}}, 0, 0, kNoSuchId), StatusCode::NOT_FOUND, "Store");
-  ExpectCode(Retrieve(1, {{K(stored_[0]), 0}}, 0, 0, kNoSuchId), StatusCode::NOT_FOUND,
-             "Retrieve");
+  ExpectCode(Retrieve(1, {{K(stored_[0]), 0}}, 0, 0, kNoSuchId), StatusCode::NOT_FOUND, "Retrieve");
   v1::KeepAliveRequest ka;
   ka.set_session_id(kNoSuchId);
   v1::KeepAliveResponse kar;
@@ -219,8 +217,7 @@ TEST_F(BadInputTest, LayoutDoesNotFitOrIsMalformed) {
   req.mutable_placements()->RemoveLast();
   ExpectCode(Attach(req), StatusCode::INVALID_ARGUMENT, "one placement short");
   req = GoodAttach();  // the last object of the last block would end past the region
-  req.mutable_regions(0)->mutable_host_shm()->set_size_bytes(
-      a_->engine->region().size() - 1);
+  req.mutable_regions(0)->mutable_host_shm()->set_size_bytes(a_->engine->region().size() - 1);
   ExpectCode(Attach(req), StatusCode::INVALID_ARGUMENT, "region smaller than the placements");
   req = GoodAttach();
   req.set_num_blocks(kEngineBlocks + 1);

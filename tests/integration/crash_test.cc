@@ -41,8 +41,7 @@ std::vector<tutti::v1::StoreOutcome> StoreUntilKilled(EngineSession& s,
                                                       const std::vector<Key>& keys,
                                                       bool wait_durable,
                                                       std::atomic<int>& progress) {
-  std::vector<tutti::v1::StoreOutcome> outcomes(keys.size(),
-                                                tutti::v1::STORE_OUTCOME_UNSPECIFIED);
+  std::vector<tutti::v1::StoreOutcome> outcomes(keys.size(), tutti::v1::STORE_OUTCOME_UNSPECIFIED);
   hostengine::StoreOptions so;
   so.batch = kBatch;
   so.wait_durable = wait_durable;
@@ -50,8 +49,8 @@ std::vector<tutti::v1::StoreOutcome> StoreUntilKilled(EngineSession& s,
   so.retry_backoff = absl::Milliseconds(5);
   for (size_t i = 0; i < keys.size(); i += kBatch) {
     const size_t n = std::min<size_t>(kBatch, keys.size() - i);
-    const auto t = hostengine::StoreKeys(*s.client, *s.engine,
-                                         absl::MakeConstSpan(keys).subspan(i, n), so);
+    const auto t =
+        hostengine::StoreKeys(*s.client, *s.engine, absl::MakeConstSpan(keys).subspan(i, n), so);
     std::copy(t.outcomes.begin(), t.outcomes.end(), outcomes.begin() + i);
     if (!t.status.ok()) break;
     progress.fetch_add(1);

@@ -13,8 +13,7 @@ namespace {
 template <typename Request, typename Response>
 absl::StatusOr<Response> CallAdmin(
     TuttidProcess& daemon,
-    grpc::Status (tutti::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                   Response*),
+    grpc::Status (tutti::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
     const Request& request) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));

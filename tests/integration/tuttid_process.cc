@@ -188,8 +188,8 @@ absl::Status TuttidProcess::WaitReady(int timeout_s) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       running_.store(false);
-      return absl::UnavailableError(absl::StrCat("tuttid exited during start-up (wait status ",
-                                                 status, ")"));
+      return absl::UnavailableError(
+          absl::StrCat("tuttid exited during start-up (wait status ", status, ")"));
     }
     auto channel = hostengine::ConnectToTuttid(env_->socket(), absl::Seconds(1));
     if (channel.ok()) {
