@@ -2,6 +2,7 @@
 // that they notice what goes wrong (corruption, failed blocks, misses, full staging, RPC errors).
 #include "client/hostengine/workload.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -24,7 +25,11 @@ KvShape SmallShape() {
 class WorkloadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat("/tmp/tutti-fake-", getpid(), ".sock");
+    // A fresh directory: pids repeat across Bazel's sandboxes, so they cannot name the socket.
+    char dir[] = "/tmp/tutti-fake-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/s.sock";
     auto fake = FakeTuttid::Start(socket_);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
@@ -41,9 +46,10 @@ class WorkloadTest : public ::testing::Test {
     client_.reset();
     fake_.reset();
     unlink(socket_.c_str());
+    rmdir(dir_.c_str());
   }
 
-  std::string socket_;
+  std::string dir_, socket_;
   std::unique_ptr<FakeTuttid> fake_;
   std::unique_ptr<EngineClient> client_;
   std::unique_ptr<HostEngine> engine_;

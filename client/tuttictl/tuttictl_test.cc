@@ -1,4 +1,5 @@
 // tuttictl's commands against the in-process fake daemon: output forms, exit codes, usage errors.
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <sstream>
@@ -25,7 +26,11 @@ CtlRun Tuttictl(std::vector<std::string> args) {
 class TuttictlTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    socket_ = absl::StrCat("/tmp/tutti-ctl-", getpid(), ".sock");
+    // A fresh directory: pids repeat across Bazel's sandboxes, so they cannot name the socket.
+    char dir[] = "/tmp/tutti-ctl-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/s.sock";
     auto fake = hostengine::FakeTuttid::Start(socket_);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
@@ -33,6 +38,7 @@ class TuttictlTest : public ::testing::Test {
   void TearDown() override {
     fake_.reset();
     unlink(socket_.c_str());
+    rmdir(dir_.c_str());
   }
   // A small layout so the bench runs in milliseconds.
   std::vector<std::string> Bench(std::vector<std::string> extra) {
@@ -42,7 +48,7 @@ class TuttictlTest : public ::testing::Test {
     return args;
   }
 
-  std::string socket_;
+  std::string dir_, socket_;
   std::unique_ptr<hostengine::FakeTuttid> fake_;
 };
 
