@@ -185,6 +185,7 @@ int WaitForStopSignal() {
 // the sessions (and their pins) go before the store.
 struct Daemon {
   std::string io_backend;
+  server::CallGate gate;
   std::unique_ptr<store::BlockStore> store;
   std::unique_ptr<server::SessionManager> sessions;
   std::unique_ptr<server::KvCacheService> kv;
@@ -222,16 +223,16 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
       });
   d->kv = std::make_unique<server::KvCacheService>(
       server::KvCacheOptions{limits.max_blocks_per_call()}, d->store.get(), d->sessions.get(),
-      server::HostMemoryOpener());
+      server::HostMemoryOpener(), &d->gate);
   server::DaemonInfo info{kVersion, d->io_backend, "host",
                           {config.pool().dirs().begin(), config.pool().dirs().end()},
                           Notes(config)};
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
-                                                    d->sessions.get(), Clock::Real());
+                                                    d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
   ASSIGN_OR_RETURN(d->server, server::Server::Start({listen.socket_path(), listen.socket_mode(),
                                                      listen.socket_group()},
-                                                    {d->kv.get(), d->admin.get()}));
+                                                    {d->kv.get(), d->admin.get()}, &d->gate));
   const uint32_t reap_ms =
       std::clamp<uint32_t>(std::min(limits.session_ttl_ms(), limits.lease_ttl_ms()) / 4, 10, 1000);
   d->reaper = std::make_unique<server::Reaper>(d->sessions.get(), reap_ms);

@@ -19,8 +19,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "tutti/v1/admin.grpc.pb.h"
 
 extern char** environ;
 
@@ -176,13 +181,23 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
     EXPECT_THAT(err, HasSubstr("is answering on " + sock));
     EXPECT_NE(access((dir + "/other").c_str(), F_OK), 0);
 
+    // An engine that stays connected (idle) must not hold the shutdown for the grace period.
+    auto channel = grpc::CreateChannel("unix:" + sock, grpc::InsecureChannelCredentials());
+    auto admin = tutti::v1::Admin::NewStub(channel);
+    grpc::ClientContext ctx;
+    tutti::v1::StatusResponse status;
+    ASSERT_TRUE(admin->Status(&ctx, {}, &status).ok());
+    const absl::Time stop_start = absl::Now();
     kill(pid, sig);
     EXPECT_EQ(notify.Receive(), "STOPPING=1");
     EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
+    EXPECT_LT(absl::Now() - stop_start, absl::Seconds(3));
     const std::string text = ReadAll(log);
     EXPECT_THAT(text, HasSubstr("stopped cleanly"));
     EXPECT_EQ(access(sock.c_str(), F_OK), -1) << "the socket file is removed at exit";
-    if (sig == SIGINT) EXPECT_THAT(text, HasSubstr("opened"));  // the restart reused the pool
+    if (sig == SIGINT) {
+      EXPECT_THAT(text, HasSubstr("opened"));  // the restart reused the pool
+    }
   }
   std::filesystem::remove_all(short_dir);
 }

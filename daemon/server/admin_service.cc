@@ -5,20 +5,19 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
-#include "daemon/server/grpc_status.h"
 
 namespace tutti::server {
 
 AdminService::AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions,
-                           Clock* clock)
+                           Clock* clock, CallGate* gate)
     : info_(std::move(info)),
       store_(store),
       sessions_(sessions),
       clock_(clock),
-      start_ms_(clock->NowMs()) {}
+      start_ms_(clock->NowMs()),
+      gate_(gate) {}
 
-grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusRequest*,
-                                  tutti::v1::StatusResponse* resp) {
+void AdminService::FillStatus(tutti::v1::StatusResponse* resp) const {
   const store::StoreStats st = store_->Stats();
   resp->set_version(info_.version);
   resp->set_uptime_ms(static_cast<uint64_t>(clock_->NowMs() - start_ms_));
@@ -33,11 +32,17 @@ grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusR
   resp->set_notes(info_.notes);
   resp->set_dram_capacity_bytes(st.dram_capacity);
   resp->set_dram_used_bytes(st.dram_used);
-  return grpc::Status::OK;
 }
 
-grpc::Status AdminService::Sessions(grpc::ServerContext*, const tutti::v1::SessionsRequest*,
-                                    tutti::v1::SessionsResponse* resp) {
+grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusRequest*,
+                                  tutti::v1::StatusResponse* resp) {
+  return ServeCall(gate_, [&] {
+    FillStatus(resp);
+    return absl::OkStatus();
+  });
+}
+
+void AdminService::FillSessions(tutti::v1::SessionsResponse* resp) const {
   for (const SessionSummary& s : sessions_->List()) {
     tutti::v1::SessionInfo* row = resp->add_sessions();
     row->set_session_id(s.id);
@@ -49,11 +54,17 @@ grpc::Status AdminService::Sessions(grpc::ServerContext*, const tutti::v1::Sessi
     row->set_idle_ms(s.idle_ms);
     row->set_num_blocks(s.num_blocks);
   }
-  return grpc::Status::OK;
 }
 
-grpc::Status AdminService::Stats(grpc::ServerContext*, const tutti::v1::StatsRequest*,
-                                 tutti::v1::StatsResponse* resp) {
+grpc::Status AdminService::Sessions(grpc::ServerContext*, const tutti::v1::SessionsRequest*,
+                                    tutti::v1::SessionsResponse* resp) {
+  return ServeCall(gate_, [&] {
+    FillSessions(resp);
+    return absl::OkStatus();
+  });
+}
+
+void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   const store::StoreStats st = store_->Stats();
   resp->set_capacity_bytes(st.slots_total * st.slot_bytes);
   resp->set_used_bytes(st.slots_used * st.slot_bytes);
@@ -80,7 +91,14 @@ grpc::Status AdminService::Stats(grpc::ServerContext*, const tutti::v1::StatsReq
     row->set_blocks_ssd(ns.blocks);
     row->set_blocks_dram(ns.blocks_dram);
   }
-  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Stats(grpc::ServerContext*, const tutti::v1::StatsRequest*,
+                                 tutti::v1::StatsResponse* resp) {
+  return ServeCall(gate_, [&] {
+    FillStats(resp);
+    return absl::OkStatus();
+  });
 }
 
 absl::Status AdminService::DoEvict(const tutti::v1::EvictRequest& req,
@@ -100,7 +118,7 @@ absl::Status AdminService::DoEvict(const tutti::v1::EvictRequest& req,
 
 grpc::Status AdminService::Evict(grpc::ServerContext*, const tutti::v1::EvictRequest* req,
                                  tutti::v1::EvictResponse* resp) {
-  return ToGrpcStatus(DoEvict(*req, resp));
+  return ServeCall(gate_, [&] { return DoEvict(*req, resp); });
 }
 
 }  // namespace tutti::server

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/common/clock.h"
+#include "daemon/server/call_gate.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/admin.grpc.pb.h"
@@ -27,8 +28,10 @@ struct DaemonInfo {
 
 class AdminService final : public tutti::v1::Admin::Service {
  public:
-  // `store`, `sessions` and `clock` must outlive the service. Uptime counts from construction.
-  AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions, Clock* clock);
+  // `store`, `sessions`, `clock` and `gate` must outlive the service. Uptime counts from
+  // construction. Every call passes through `gate`.
+  AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions, Clock* clock,
+               CallGate* gate);
 
   grpc::Status Status(grpc::ServerContext* ctx, const tutti::v1::StatusRequest* req,
                       tutti::v1::StatusResponse* resp) override;
@@ -42,6 +45,9 @@ class AdminService final : public tutti::v1::Admin::Service {
                      tutti::v1::EvictResponse* resp) override;
 
  private:
+  void FillStatus(tutti::v1::StatusResponse* resp) const;
+  void FillSessions(tutti::v1::SessionsResponse* resp) const;
+  void FillStats(tutti::v1::StatsResponse* resp) const;
   absl::Status DoEvict(const tutti::v1::EvictRequest& req, tutti::v1::EvictResponse* resp);
 
   const DaemonInfo info_;
@@ -49,6 +55,7 @@ class AdminService final : public tutti::v1::Admin::Service {
   SessionManager* const sessions_;
   Clock* const clock_;
   const int64_t start_ms_;
+  CallGate* const gate_;
 };
 
 }  // namespace tutti::server

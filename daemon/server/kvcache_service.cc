@@ -7,7 +7,6 @@
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/engine/host_memory.h"
-#include "daemon/server/grpc_status.h"
 #include "daemon/server/request_checks.h"
 
 namespace tutti::server {
@@ -67,8 +66,12 @@ MemoryOpener HostMemoryOpener() {
 }
 
 KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
-                               SessionManager* sessions, MemoryOpener opener)
-    : options_(options), store_(store), sessions_(sessions), opener_(std::move(opener)) {}
+                               SessionManager* sessions, MemoryOpener opener, CallGate* gate)
+    : options_(options),
+      store_(store),
+      sessions_(sessions),
+      opener_(std::move(opener)),
+      gate_(gate) {}
 
 // --- Attach, KeepAlive, Release, Detach ---
 
@@ -100,32 +103,38 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
 
 grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::AttachRequest* req,
                                     tutti::v1::AttachResponse* resp) {
-  absl::Status s = DoAttach(*req, resp);
-  if (!s.ok()) {
-    log::Get("server")->info("attach of engine \"{}\" refused: {}", req->engine_id(),
-                             s.ToString());
-  }
-  return ToGrpcStatus(s);
+  return ServeCall(gate_, [&] {
+    absl::Status s = DoAttach(*req, resp);
+    if (!s.ok()) {
+      log::Get("server")->info("attach of engine \"{}\" refused: {}", req->engine_id(),
+                               s.ToString());
+    }
+    return s;
+  });
 }
 
 grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*,
                                        const tutti::v1::KeepAliveRequest* req,
                                        tutti::v1::KeepAliveResponse* resp) {
-  absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
-  if (session.ok()) resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
-  return ToGrpcStatus(session.status());
+  return ServeCall(gate_, [&] {
+    absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
+    if (session.ok()) resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
+    return session.status();
+  });
 }
 
 grpc::Status KvCacheService::Release(grpc::ServerContext*, const tutti::v1::ReleaseRequest* req,
                                      tutti::v1::ReleaseResponse*) {
-  absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
-  if (!session.ok()) return ToGrpcStatus(session.status());
-  return ToGrpcStatus(sessions_->Release(req->session_id(), req->lease_id()));
+  return ServeCall(gate_, [&] {
+    absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
+    if (!session.ok()) return session.status();
+    return sessions_->Release(req->session_id(), req->lease_id());
+  });
 }
 
 grpc::Status KvCacheService::Detach(grpc::ServerContext*, const tutti::v1::DetachRequest* req,
                                     tutti::v1::DetachResponse*) {
-  return ToGrpcStatus(sessions_->Close(req->session_id()));
+  return ServeCall(gate_, [&] { return sessions_->Close(req->session_id()); });
 }
 
 // --- Lookup ---
@@ -150,7 +159,7 @@ absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
 
 grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const tutti::v1::LookupRequest* req,
                                     tutti::v1::LookupResponse* resp) {
-  return ToGrpcStatus(DoLookup(*req, resp));
+  return ServeCall(gate_, [&] { return DoLookup(*req, resp); });
 }
 
 // --- Retrieve ---
@@ -190,9 +199,10 @@ absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
 grpc::Status KvCacheService::Retrieve(grpc::ServerContext* ctx,
                                       const tutti::v1::RetrieveRequest* req,
                                       grpc::ServerWriter<tutti::v1::RetrieveProgress>* writer) {
-  return ToGrpcStatus(DoRetrieve(*req, ctx, [writer](const tutti::v1::RetrieveProgress& p) {
-    return writer->Write(p);
-  }));
+  return ServeCall(gate_, [&] {
+    return DoRetrieve(*req, ctx,
+                      [writer](const tutti::v1::RetrieveProgress& p) { return writer->Write(p); });
+  });
 }
 
 // --- Store ---
@@ -224,7 +234,7 @@ absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
 
 grpc::Status KvCacheService::Store(grpc::ServerContext*, const tutti::v1::StoreRequest* req,
                                    tutti::v1::StoreResponse* resp) {
-  return ToGrpcStatus(DoStore(*req, resp));
+  return ServeCall(gate_, [&] { return DoStore(*req, resp); });
 }
 
 }  // namespace tutti::server

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/engine/engine_memory.h"
+#include "daemon/server/call_gate.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/kvcache.grpc.pb.h"
@@ -41,9 +42,9 @@ struct KvCacheOptions {
 
 class KvCacheService final : public tutti::v1::KvCache::Service {
  public:
-  // `store` and `sessions` must outlive the service.
+  // `store`, `sessions` and `gate` must outlive the service. Every call passes through `gate`.
   KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
-                 SessionManager* sessions, MemoryOpener opener);
+                 SessionManager* sessions, MemoryOpener opener, CallGate* gate);
 
   grpc::Status Attach(grpc::ServerContext* ctx, const tutti::v1::AttachRequest* req,
                       tutti::v1::AttachResponse* resp) override;
@@ -76,6 +77,7 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   store::BlockStore* const store_;
   SessionManager* const sessions_;
   const MemoryOpener opener_;
+  CallGate* const gate_;
 };
 
 }  // namespace tutti::server

@@ -394,6 +394,37 @@ TEST_F(KvCacheServiceTest, DetachDuringRetrieveKeepsMemoryMappedAndCancels) {
   EXPECT_EQ(er.skipped_pinned(), 0u);
 }
 
+TEST_F(KvCacheServiceTest, ShutdownLetsARunningRetrieveFinishAndRefusesNewCalls) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreBlocks(session, engine, 950, 1);
+  const uint64_t lease = LookupLease(session, {950}, 1);
+  engine.Zero(6);
+  env_.backend().SetPaused(true);
+  std::vector<RetrieveProgress> progress;
+  grpc::Status retrieve_status;
+  std::thread retrieve([&] { retrieve_status = Retrieve(session, lease, {{950, 6}}, &progress); });
+  for (int i = 0; i < 500 && env_.backend().queued_batches() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  std::thread stop([&] { env_.server().Shutdown(absl::Seconds(20)); });
+  // New calls are refused while the running one may still finish.
+  grpc::Status refused;
+  for (int i = 0; i < 500; ++i) {
+    tutti::v1::LookupResponse resp;
+    refused = Lookup(session, {KeyBytes(1)}, &resp);
+    if (refused.error_code() == grpc::StatusCode::UNAVAILABLE) break;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ExpectError(refused, grpc::StatusCode::UNAVAILABLE, "shutting down");
+  env_.backend().SetPaused(false);
+  retrieve.join();
+  stop.join();
+  EXPECT_TRUE(retrieve_status.ok()) << retrieve_status.error_message();
+  EXPECT_EQ(progress.size(), kLayers);
+  EXPECT_TRUE(engine.Check(6, 950));
+}
+
 TEST_F(KvCacheServiceTest, ConcurrentSessionsRoundTrip) {
   constexpr int kSessions = 4;
   std::vector<std::unique_ptr<ShmEngine>> engines;

@@ -95,7 +95,7 @@ SocketState ProbeSocket(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
-    const ServerOptions& options, const std::vector<grpc::Service*>& services) {
+    const ServerOptions& options, const std::vector<grpc::Service*>& services, CallGate* gate) {
   if (options.socket_path.empty() || options.socket_path[0] != '/' ||
       options.socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(
@@ -114,13 +114,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   ApplyModeAndGroup(options);
   log::Get("server")->info("listening on unix:{}", options.socket_path);
-  return std::unique_ptr<Server>(new Server(options, std::move(server)));
+  return std::unique_ptr<Server>(new Server(options, std::move(server), gate));
 }
 
-Server::Server(ServerOptions options, std::unique_ptr<grpc::Server> server)
+Server::Server(ServerOptions options, std::unique_ptr<grpc::Server> server, CallGate* gate)
     : options_(std::move(options)),
       target_("unix:" + options_.socket_path),
-      server_(std::move(server)) {}
+      server_(std::move(server)),
+      gate_(gate) {}
 
 Server::~Server() {
   if (!shut_down_) Shutdown(absl::ZeroDuration());
@@ -130,7 +131,16 @@ Server::~Server() {
 void Server::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  absl::Duration wait = grace;
+  if (gate_ != nullptr) {
+    const uint32_t running = gate_->Close(grace);
+    if (running > 0) {
+      log::Get("server")->warn("{} calls still running after {}; cancelling them", running,
+                               absl::FormatDuration(grace));
+    }
+    wait = absl::ZeroDuration();
+  }
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + wait));
   server_->Wait();
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/server/call_gate.h"
 #include "grpcpp/server.h"
 
 namespace tutti::server {
@@ -29,27 +30,32 @@ struct ServerOptions {
 
 class Server {
  public:
-  // Serves `services` (which must outlive the server) on unix:<socket_path>. Errors:
-  // FAILED_PRECONDITION (another server answers, the path is not a socket, the directory cannot be
-  // made), UNAVAILABLE (gRPC could not bind).
+  // Serves `services` (which must outlive the server) on unix:<socket_path>. `gate`, if not null,
+  // is the gate every call of `services` passes (it must outlive the server); Shutdown closes it.
+  // Errors: FAILED_PRECONDITION (another server answers, the path is not a socket, the directory
+  // cannot be made), UNAVAILABLE (gRPC could not bind).
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
-                                                       const std::vector<grpc::Service*>& services);
+                                                       const std::vector<grpc::Service*>& services,
+                                                       CallGate* gate = nullptr);
   // Shuts down (with no grace) if Shutdown was not called, and removes the socket file.
   ~Server();
 
-  // Stops accepting calls, lets calls in flight finish for up to `grace`, then cancels the rest
-  // and returns once every handler has returned.
+  // Stops admitting calls (the gate answers UNAVAILABLE), lets calls in flight finish for up to
+  // `grace`, then cancels the rest, closes every connection, and returns once every handler has
+  // returned. Idle client connections do not delay it. Without a gate, gRPC's own
+  // Shutdown(now + grace), which does wait for idle connections.
   void Shutdown(absl::Duration grace);
 
   // "unix:<socket_path>", for in-process clients and tests.
   const std::string& target() const { return target_; }
 
  private:
-  Server(ServerOptions options, std::unique_ptr<grpc::Server> server);
+  Server(ServerOptions options, std::unique_ptr<grpc::Server> server, CallGate* gate);
 
   const ServerOptions options_;
   const std::string target_;
   std::unique_ptr<grpc::Server> server_;
+  CallGate* const gate_;
   bool shut_down_ = false;
 };
 

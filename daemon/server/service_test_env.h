@@ -71,6 +71,7 @@ class ServiceEnv {
   store::BlockStore& store() { return *store_; }
   const std::string& socket_path() const { return socket_path_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  Server& server() { return *server_; }
 
   // Attaches `engine`; returns the session id (0 after a failed ASSERT).
   uint64_t Attach(const ShmEngine& engine);
@@ -81,6 +82,7 @@ class ServiceEnv {
   std::string socket_path_;
   ManualClock session_clock_{1'000'000};
   io::MemoryBackend* backend_ = nullptr;  // owned by the store
+  CallGate gate_;
   std::unique_ptr<store::BlockStore> store_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KvCacheService> kv_service_;
