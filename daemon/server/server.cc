@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -20,6 +21,9 @@
 
 namespace tutti::server {
 namespace {
+
+// After the gate is closed: how long gRPC may take to deliver the answers of finished calls.
+constexpr absl::Duration kFlushLinger = absl::Milliseconds(500);
 
 // mkdir -p with mode 0755 for the missing parts.
 absl::Status MakeDirs(const std::string& dir) {
@@ -138,7 +142,9 @@ void Server::Shutdown(absl::Duration grace) {
       log::Get("server")->warn("{} calls still running after {}; cancelling them", running,
                                absl::FormatDuration(grace));
     }
-    wait = absl::ZeroDuration();
+    // Handlers have returned, but their last messages and statuses may still be on the way out;
+    // give them a moment before connections are cut. gRPC waits this long for idle clients too.
+    wait = std::min(grace, kFlushLinger);
   }
   server_->Shutdown(absl::ToChronoTime(absl::Now() + wait));
   server_->Wait();

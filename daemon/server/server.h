@@ -41,9 +41,10 @@ class Server {
   ~Server();
 
   // Stops admitting calls (the gate answers UNAVAILABLE), lets calls in flight finish for up to
-  // `grace`, then cancels the rest, closes every connection, and returns once every handler has
-  // returned. Idle client connections do not delay it. Without a gate, gRPC's own
-  // Shutdown(now + grace), which does wait for idle connections.
+  // `grace`, gives their answers up to 0.5 s (at most `grace`) to go out, then cancels what is
+  // left, closes every connection, and returns once every handler has returned. Idle client
+  // connections delay it by that 0.5 s at most. Without a gate: gRPC's own Shutdown(now + grace),
+  // which waits for idle client connections to close, up to `grace`.
   void Shutdown(absl::Duration grace);
 
   // "unix:<socket_path>", for in-process clients and tests.
