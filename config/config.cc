@@ -91,8 +91,7 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
     }
   }
   RETURN_IF_ERROR(CheckRange("pool.capacity_bytes", p.capacity_bytes(), 64 * kMiB, kPiB));
-  if (p.object_bytes() % 4096 != 0 || p.object_bytes() < 4 * kKiB ||
-      p.object_bytes() > 64 * kMiB) {
+  if (p.object_bytes() % 4096 != 0 || p.object_bytes() < 4 * kKiB || p.object_bytes() > 64 * kMiB) {
     return Bad("pool.object_bytes", absl::StrCat(p.object_bytes()),
                absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
   }
@@ -196,7 +195,8 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateIo(c.io()));
   RETURN_IF_ERROR(ValidateDram(c.dram(), c.pool()));
   RETURN_IF_ERROR(ValidateLimits(c.limits(), c.pool()));
-  RETURN_IF_ERROR(CheckRange("journal.checkpoint_every", c.journal().checkpoint_every(), 1, 1u << 30));
+  RETURN_IF_ERROR(
+      CheckRange("journal.checkpoint_every", c.journal().checkpoint_every(), 1, 1u << 30));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

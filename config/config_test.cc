@@ -66,7 +66,8 @@ TEST(ConfigTest, DecimalSocketModeAlsoParses) {
 }
 
 TEST(ConfigTest, ParseErrorsCarryLineAndColumn) {
-  ExpectRejected("state_dir: \"/x\"\npool { bogus_field: 1 }\n", {"line 2, column ", "bogus_field"});
+  ExpectRejected("state_dir: \"/x\"\npool { bogus_field: 1 }\n",
+                 {"line 2, column ", "bogus_field"});
   ExpectRejected("pool { object_bytes: \"big\" }", {"line 1, column "});
   ExpectRejected("pool {", {"line 1, column "});
   ExpectRejected("unknown: 3", {"line 1, column ", "no field named \"unknown\""});

@@ -68,8 +68,8 @@ void NotifySystemd(const char* state) {
   const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   const socklen_t addr_len = offsetof(sockaddr_un, sun_path) + len;
-  if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr),
-             addr_len) < 0) {
+  if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr), addr_len) <
+      0) {
     log::Get("main")->warn("sd_notify {}: {}", state, strerror(errno));
   }
   close(fd);
@@ -77,8 +77,8 @@ void NotifySystemd(const char* state) {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path, ": ",
-                                                   strerror(errno)));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat("cannot read config ", path, ": ", strerror(errno)));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -92,7 +92,8 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   }
   absl::StatusOr<v1::Config> loaded = config::LoadConfig(text);
   if (!loaded.ok() && !path.empty()) {
-    return absl::Status(loaded.status().code(), absl::StrCat(path, ": ", loaded.status().message()));
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat(path, ": ", loaded.status().message()));
   }
   ASSIGN_OR_RETURN(v1::Config config, std::move(loaded));
   if (!absl::GetFlag(FLAGS_state_dir).empty()) config.set_state_dir(absl::GetFlag(FLAGS_state_dir));
@@ -114,8 +115,8 @@ absl::Status MakeDirs(const std::string& dir) {
   const size_t slash = dir.find_last_of('/');
   if (slash != std::string::npos && slash > 0) RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
   if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot create ", dir, ": ",
-                                                      strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", dir, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -132,15 +133,13 @@ absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& con
     auto log = log::Get("main");
     int last_tenth = -1;
     ASSIGN_OR_RETURN(pool::PoolFiles files,
-                     pool::OpenOrCreatePool(dirs, layout,
-                                            [&](const std::string& path, uint64_t done,
-                                                uint64_t total) {
-                                              const int tenth =
-                                                  total == 0 ? 10 : static_cast<int>(done * 10 / total);
-                                              if (tenth == last_tenth) return;
-                                              last_tenth = tenth;
-                                              log->info("pool: allocating {}: {}%", path, tenth * 10);
-                                            }));
+                     pool::OpenOrCreatePool(
+                         dirs, layout, [&](const std::string& path, uint64_t done, uint64_t total) {
+                           const int tenth = total == 0 ? 10 : static_cast<int>(done * 10 / total);
+                           if (tenth == last_tenth) return;
+                           last_tenth = tenth;
+                           log->info("pool: allocating {}: {}%", path, tenth * 10);
+                         }));
     log->info("pool {}: {} {}", files.UuidHex(), files.created ? "created" : "opened",
               absl::StrJoin(files.paths, ", "));
     fds = files.TakeFds();
@@ -197,11 +196,10 @@ struct Daemon {
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
 absl::Status OpenStore(const v1::Config& config, Daemon* d) {
   RETURN_IF_ERROR(MakeDirs(config.state_dir()));
-  ASSIGN_OR_RETURN(const pool::PoolLayout layout,
-                   pool::PoolLayout::Compute(config.pool().capacity_bytes(),
-                                             config.pool().dirs_size(),
-                                             config.pool().object_bytes(),
-                                             config.pool().max_objects()));
+  ASSIGN_OR_RETURN(
+      const pool::PoolLayout layout,
+      pool::PoolLayout::Compute(config.pool().capacity_bytes(), config.pool().dirs_size(),
+                                config.pool().object_bytes(), config.pool().max_objects()));
   log::Get("main")->info("pool: {} files of {} bytes, {} slots of {} objects x {} bytes",
                          layout.num_files(), layout.file_bytes(), layout.num_slots(),
                          layout.max_objects(), layout.object_bytes());
@@ -218,13 +216,14 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   d->sessions = std::make_unique<server::SessionManager>(
       server::SessionManager::Options{limits.session_ttl_ms(), limits.lease_ttl_ms(),
                                       limits.max_sessions()},
-      Clock::Real(), [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) {
-        s->Unpin(ns, keys);
-      });
+      Clock::Real(),
+      [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); });
   d->kv = std::make_unique<server::KvCacheService>(
       server::KvCacheOptions{limits.max_blocks_per_call()}, d->store.get(), d->sessions.get(),
       server::HostMemoryOpener(), &d->gate);
-  server::DaemonInfo info{kVersion, d->io_backend, "host",
+  server::DaemonInfo info{kVersion,
+                          d->io_backend,
+                          "host",
                           {config.pool().dirs().begin(), config.pool().dirs().end()},
                           Notes(config)};
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
@@ -257,8 +256,8 @@ absl::Status Run() {
             config::RenderConfig(config));
   // Fail before touching the pool if another daemon serves this socket (Server::Start checks too).
   if (server::ProbeSocket(config.listen().socket_path()) == server::SocketState::kAnswering) {
-    return absl::FailedPreconditionError(absl::StrCat("another server (tuttid?) is answering on ",
-                                                      config.listen().socket_path()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("another server (tuttid?) is answering on ", config.listen().socket_path()));
   }
   Daemon daemon;
   RETURN_IF_ERROR(OpenStore(config, &daemon));

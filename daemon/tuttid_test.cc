@@ -171,9 +171,9 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
   NotifySocket notify(notify_path);
   for (int sig : {SIGTERM, SIGINT}) {
     const std::string log = dir + "/log" + std::to_string(sig);
-    const pid_t pid = Spawn({"--config=" + config, "--state_dir=" + dir + "/state",
-                             "--socket=" + sock},
-                            log, notify_path);
+    const pid_t pid =
+        Spawn({"--config=" + config, "--state_dir=" + dir + "/state", "--socket=" + sock}, log,
+              notify_path);
     ASSERT_EQ(notify.Receive(), "READY=1") << ReadAll(log);
     // A second daemon on the same socket refuses before touching its own state directory.
     auto [rc, err] = RunToExit({"--state_dir=" + dir + "/other", "--socket=" + sock});

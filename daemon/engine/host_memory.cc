@@ -104,8 +104,9 @@ absl::Status HostMemory::CheckNotShrunk() const {
   for (const Mapping& m : maps_) {
     struct stat st;
     if (fstat(m.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < m.len) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shm object ", m.name, " shrank below ", m.len, " bytes after Attach; detach and attach"));
+      return absl::FailedPreconditionError(absl::StrCat("shm object ", m.name, " shrank below ",
+                                                        m.len,
+                                                        " bytes after Attach; detach and attach"));
     }
   }
   return absl::OkStatus();

@@ -101,8 +101,8 @@ TEST(HostMemoryTest, MalformedNamesAreInvalidArgument) {
 }
 
 TEST(HostMemoryTest, MissingObjectIsFailedPrecondition) {
-  auto mem = HostMemory::Create({{"/tutti_hm_test_does_not_exist", 4096}}, {{0, 0, 4096}}, 1, 1,
-                                4096);
+  auto mem =
+      HostMemory::Create({{"/tutti_hm_test_does_not_exist", 4096}}, {{0, 0, 4096}}, 1, 1, 4096);
   ASSERT_FALSE(mem.ok());
   EXPECT_EQ(mem.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(mem.status().message()), HasSubstr("shm_open"));

@@ -31,10 +31,10 @@ absl::Status CheckOne(size_t i, const ObjectPlacement& p, const std::vector<uint
   }
   uint64_t end = 0;
   if (!PlacementEnd(p, num_blocks, object_len, &end) || end > sizes[p.region]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placements[", i, "]: offset ", p.offset, " + (num_blocks ", num_blocks,
-        " - 1) x block_stride ", p.block_stride, " + object size ", object_len,
-        " runs past the end of region ", p.region, " (", sizes[p.region], " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("placements[", i, "]: offset ", p.offset, " + (num_blocks ", num_blocks,
+                     " - 1) x block_stride ", p.block_stride, " + object size ", object_len,
+                     " runs past the end of region ", p.region, " (", sizes[p.region], " bytes)"));
   }
   return absl::OkStatus();
 }
@@ -42,8 +42,8 @@ absl::Status CheckOne(size_t i, const ObjectPlacement& p, const std::vector<uint
 }  // namespace
 
 absl::Status ValidatePlacements(const std::vector<uint64_t>& region_sizes,
-                                const std::vector<ObjectPlacement>& placements,
-                                uint32_t num_blocks, uint32_t num_objects, uint32_t object_len) {
+                                const std::vector<ObjectPlacement>& placements, uint32_t num_blocks,
+                                uint32_t num_objects, uint32_t object_len) {
   if (num_blocks == 0) return absl::InvalidArgumentError("num_blocks must be at least 1");
   if (num_objects == 0 || object_len == 0) {
     return absl::InvalidArgumentError("the layout has no objects (or objects of 0 bytes)");

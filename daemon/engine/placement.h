@@ -28,8 +28,8 @@ struct ObjectPlacement {
 // object_len (blocks would overlap); or offset + (num_blocks - 1) * block_stride + object_len
 // exceeds its region's size (computed without overflow).
 absl::Status ValidatePlacements(const std::vector<uint64_t>& region_sizes,
-                                const std::vector<ObjectPlacement>& placements,
-                                uint32_t num_blocks, uint32_t num_objects, uint32_t object_len);
+                                const std::vector<ObjectPlacement>& placements, uint32_t num_blocks,
+                                uint32_t num_objects, uint32_t object_len);
 
 }  // namespace tutti::engine
 

@@ -20,10 +20,10 @@ namespace tutti::server {
 // Facts fixed at start-up that Status reports.
 struct DaemonInfo {
   std::string version;
-  std::string io_backend;          // e.g. "uring"
+  std::string io_backend;            // e.g. "uring"
   std::string device_mode = "host";  // "host" or "cuda"
   std::vector<std::string> pool_dirs;
-  std::string notes;               // fallbacks taken at start, in words
+  std::string notes;  // fallbacks taken at start, in words
 };
 
 class AdminService final : public tutti::v1::Admin::Service {

@@ -146,11 +146,12 @@ TEST_F(AdminServiceTest, ReflectionListsTheServices) {
   grpc::GenericStub stub(env_.channel());
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
-  auto call = stub.PrepareCall(
-      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   call->StartCall(nullptr);
   ASSERT_TRUE(Await(&cq));
-  grpc::Slice list_services(std::string("\x3a\x00", 2));  // ServerReflectionRequest{list_services: ""}
+  grpc::Slice list_services(
+      std::string("\x3a\x00", 2));  // ServerReflectionRequest{list_services: ""}
   call->Write(grpc::ByteBuffer(&list_services, 1), nullptr);
   ASSERT_TRUE(Await(&cq));
   call->WritesDone(nullptr);

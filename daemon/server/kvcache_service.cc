@@ -43,26 +43,28 @@ std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& 
 }  // namespace
 
 MemoryOpener HostMemoryOpener() {
-  return [](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns)
-             -> absl::StatusOr<std::unique_ptr<engine::EngineMemory>> {
-    std::vector<engine::HostShmRegion> regions;
-    for (int i = 0; i < req.regions_size(); ++i) {
-      const MemoryRegion& r = req.regions(i);
-      if (r.kind_case() == MemoryRegion::kCudaIpc) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "regions[", i, "]: cuda_ipc needs a GPU build/daemon in cuda mode; this daemon runs "
-            "in host mode: pass host_shm regions"));
-      }
-      if (r.kind_case() != MemoryRegion::kHostShm) {
-        return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: no kind set"));
-      }
-      regions.push_back({r.host_shm().name(), r.host_shm().size_bytes()});
-    }
-    ASSIGN_OR_RETURN(auto memory, engine::HostMemory::Create(regions, Placements(req),
-                                                             req.num_blocks(), ns.num_objects,
-                                                             ns.object_len));
-    return std::unique_ptr<engine::EngineMemory>(std::move(memory));
-  };
+  return
+      [](const tutti::v1::AttachRequest& req,
+         const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<engine::EngineMemory>> {
+        std::vector<engine::HostShmRegion> regions;
+        for (int i = 0; i < req.regions_size(); ++i) {
+          const MemoryRegion& r = req.regions(i);
+          if (r.kind_case() == MemoryRegion::kCudaIpc) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("regions[", i,
+                             "]: cuda_ipc needs a GPU build/daemon in cuda mode; this daemon runs "
+                             "in host mode: pass host_shm regions"));
+          }
+          if (r.kind_case() != MemoryRegion::kHostShm) {
+            return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: no kind set"));
+          }
+          regions.push_back({r.host_shm().name(), r.host_shm().size_bytes()});
+        }
+        ASSIGN_OR_RETURN(auto memory,
+                         engine::HostMemory::Create(regions, Placements(req), req.num_blocks(),
+                                                    ns.num_objects, ns.object_len));
+        return std::unique_ptr<engine::EngineMemory>(std::move(memory));
+      };
 }
 
 KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
@@ -83,16 +85,17 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   }
   if (req.num_blocks() == 0) return absl::InvalidArgumentError("num_blocks must be at least 1");
   if (sessions_->num_sessions() >= sessions_->options().max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "already ", sessions_->num_sessions(), " sessions (limits.max_sessions); detach one first"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("already ", sessions_->num_sessions(),
+                     " sessions (limits.max_sessions); detach one first"));
   }
   if (!req.has_namespace_()) return absl::InvalidArgumentError("namespace: missing");
   ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(ns));
   ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineMemory> memory, opener_(req, info));
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Open(req.engine_id(), ns,
-                                                       req.namespace_().model_id(),
-                                                       std::move(memory)));
+  ASSIGN_OR_RETURN(
+      SessionRef session,
+      sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(memory)));
   resp->set_session_id(session->id);
   resp->set_namespace_id(ns);
   resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
@@ -113,8 +116,7 @@ grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::Attac
   });
 }
 
-grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*,
-                                       const tutti::v1::KeepAliveRequest* req,
+grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*, const tutti::v1::KeepAliveRequest* req,
                                        tutti::v1::KeepAliveResponse* resp) {
   return ServeCall(gate_, [&] {
     absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
@@ -168,8 +170,8 @@ absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
                                         grpc::ServerContext* ctx, const Emit& emit) {
   ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
   engine::EngineMemory* memory = session->memory.get();
-  ASSIGN_OR_RETURN(BlockBatch batch, ParseBlocks(req.blocks(), memory->num_blocks(),
-                                                 options_.max_blocks_per_call));
+  ASSIGN_OR_RETURN(BlockBatch batch,
+                   ParseBlocks(req.blocks(), memory->num_blocks(), options_.max_blocks_per_call));
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session->ns));
   ASSIGN_OR_RETURN(LayerRange layers,
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
@@ -211,8 +213,8 @@ absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
                                      tutti::v1::StoreResponse* resp) {
   ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
   engine::EngineMemory* memory = session->memory.get();
-  ASSIGN_OR_RETURN(BlockBatch batch, ParseBlocks(req.blocks(), memory->num_blocks(),
-                                                 options_.max_blocks_per_call));
+  ASSIGN_OR_RETURN(BlockBatch batch,
+                   ParseBlocks(req.blocks(), memory->num_blocks(), options_.max_blocks_per_call));
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session->ns));
   ASSIGN_OR_RETURN(LayerRange layers,
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));

@@ -3,9 +3,9 @@
 // Every request is validated before it touches the store: unknown session or lease -> NOT_FOUND;
 // malformed keys (not 16 bytes), duplicate keys or engine blocks, engine blocks outside the
 // session's memory, a bad layer range, or more than max_blocks_per_call blocks -> INVALID_ARGUMENT;
-// keys not pinned under the lease, memory the daemon cannot use in this mode -> FAILED_PRECONDITION;
-// too many sessions -> RESOURCE_EXHAUSTED. A bad request never affects other requests or sessions.
-// Any request of a session counts as its keep-alive.
+// keys not pinned under the lease, memory the daemon cannot use in this mode ->
+// FAILED_PRECONDITION; too many sessions -> RESOURCE_EXHAUSTED. A bad request never affects other
+// requests or sessions. Any request of a session counts as its keep-alive.
 //
 // Thread-safety: gRPC calls the handlers from many threads at once; they share only the store and
 // the session manager, both thread-safe.
@@ -43,8 +43,8 @@ struct KvCacheOptions {
 class KvCacheService final : public tutti::v1::KvCache::Service {
  public:
   // `store`, `sessions` and `gate` must outlive the service. Every call passes through `gate`.
-  KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
-                 SessionManager* sessions, MemoryOpener opener, CallGate* gate);
+  KvCacheService(const KvCacheOptions& options, store::BlockStore* store, SessionManager* sessions,
+                 MemoryOpener opener, CallGate* gate);
 
   grpc::Status Attach(grpc::ServerContext* ctx, const tutti::v1::AttachRequest* req,
                       tutti::v1::AttachResponse* resp) override;

@@ -52,8 +52,7 @@ class KvCacheServiceTest : public ::testing::Test {
   }
 
   grpc::Status Retrieve(uint64_t session, uint64_t lease, std::vector<Pair> pairs,
-                        std::vector<RetrieveProgress>* progress, uint32_t lb = 0,
-                        uint32_t le = 0) {
+                        std::vector<RetrieveProgress>* progress, uint32_t lb = 0, uint32_t le = 0) {
     tutti::v1::RetrieveRequest req;
     req.set_session_id(session);
     req.set_lease_id(lease);
@@ -232,8 +231,7 @@ TEST_F(KvCacheServiceTest, AttachErrors) {
   // Fill every session slot; the next is RESOURCE_EXHAUSTED; the others keep working.
   std::vector<uint64_t> ids;
   for (int i = 0; i < 4; ++i) ids.push_back(env_.Attach(engine));
-  ExpectError(attach(engine.AttachRequest()), grpc::StatusCode::RESOURCE_EXHAUSTED,
-              "max_sessions");
+  ExpectError(attach(engine.AttachRequest()), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_sessions");
   ExpectStillServing(ids[0]);
 }
 
@@ -241,8 +239,7 @@ TEST_F(KvCacheServiceTest, LookupErrors) {
   ShmEngine engine;
   const uint64_t session = env_.Attach(engine);
   tutti::v1::LookupResponse resp;
-  ExpectError(Lookup(session + 1000, {KeyBytes(1)}, &resp), grpc::StatusCode::NOT_FOUND,
-              "session");
+  ExpectError(Lookup(session + 1000, {KeyBytes(1)}, &resp), grpc::StatusCode::NOT_FOUND, "session");
   ExpectError(Lookup(session, {KeyBytes(1), "short"}, &resp), grpc::StatusCode::INVALID_ARGUMENT,
               "keys[1]: a key must be exactly 16 bytes");
   ExpectError(Lookup(session, {KeyBytes(1), KeyBytes(2), KeyBytes(1)}, &resp),
@@ -278,8 +275,7 @@ TEST_F(KvCacheServiceTest, RetrieveErrorsLeaveTheLeaseUsable) {
               "layer range");
   ExpectError(Retrieve(session, lease, {{600, 4}}, &p, 0, kLayers + 1),
               grpc::StatusCode::INVALID_ARGUMENT, "layer range");
-  ExpectError(Retrieve(session, lease, {}, &p), grpc::StatusCode::INVALID_ARGUMENT,
-              "at least one");
+  ExpectError(Retrieve(session, lease, {}, &p), grpc::StatusCode::INVALID_ARGUMENT, "at least one");
   EXPECT_TRUE(p.empty());
   // None of those touched the lease: a good Retrieve under it still works.
   engine.Zero(5);

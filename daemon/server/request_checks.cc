@@ -15,8 +15,8 @@ absl::Status ParseKey(const std::string& raw, absl::string_view field, int index
 
 absl::Status CheckCount(absl::string_view field, int n, uint32_t max) {
   if (static_cast<uint32_t>(n) <= max) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", n, " in one call, at most ", max,
-                                                 " (limits.max_blocks_per_call)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", n, " in one call, at most ", max, " (limits.max_blocks_per_call)"));
 }
 
 }  // namespace
@@ -60,9 +60,9 @@ absl::StatusOr<BlockBatch> ParseBlocks(
           absl::StrCat("blocks[", i, "].key: duplicate of blocks[", it->second, "]"));
     }
     if (auto [it, fresh] = seen_blocks.emplace(pair.engine_block(), i); !fresh) {
-      return absl::InvalidArgumentError(absl::StrCat("blocks[", i, "].engine_block = ",
-                                                     pair.engine_block(), ": duplicate of blocks[",
-                                                     it->second, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("blocks[", i,
+                                                     "].engine_block = ", pair.engine_block(),
+                                                     ": duplicate of blocks[", it->second, "]"));
     }
     batch.engine_blocks[i] = pair.engine_block();
   }

@@ -71,8 +71,7 @@ void ApplyModeAndGroup(const ServerOptions& o) {
   if (o.socket_group.empty()) return;
   struct group grp, *found = nullptr;
   char buf[4096];
-  if (getgrnam_r(o.socket_group.c_str(), &grp, buf, sizeof(buf), &found) != 0 ||
-      found == nullptr) {
+  if (getgrnam_r(o.socket_group.c_str(), &grp, buf, sizeof(buf), &found) != 0 || found == nullptr) {
     log->warn("group \"{}\" does not exist; {} keeps the daemon's group", o.socket_group,
               o.socket_path);
     return;
@@ -98,8 +97,9 @@ SocketState ProbeSocket(const std::string& path) {
   return answered ? SocketState::kAnswering : SocketState::kStale;
 }
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(
-    const ServerOptions& options, const std::vector<grpc::Service*>& services, CallGate* gate) {
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      const std::vector<grpc::Service*>& services,
+                                                      CallGate* gate) {
   if (options.socket_path.empty() || options.socket_path[0] != '/' ||
       options.socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(
@@ -113,8 +113,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    return absl::UnavailableError(absl::StrCat("gRPC could not listen on unix:",
-                                               options.socket_path, " (see gRPC's log above)"));
+    return absl::UnavailableError(absl::StrCat(
+        "gRPC could not listen on unix:", options.socket_path, " (see gRPC's log above)"));
   }
   ApplyModeAndGroup(options);
   log::Get("server")->info("listening on unix:{}", options.socket_path);

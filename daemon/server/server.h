@@ -23,9 +23,9 @@
 namespace tutti::server {
 
 struct ServerOptions {
-  std::string socket_path;     // absolute; at most 107 characters
+  std::string socket_path;  // absolute; at most 107 characters
   uint32_t socket_mode = 0660;
-  std::string socket_group;    // empty: keep the daemon's group
+  std::string socket_group;  // empty: keep the daemon's group
 };
 
 class Server {

@@ -28,7 +28,8 @@ inline constexpr uint32_t kObjectLen = 2048;
 inline constexpr uint32_t kEngineBlocks = 8;
 inline constexpr uint64_t kBlockBytes = uint64_t{kObjects} * kObjectLen;  // fused per block
 
-// An engine's KV cache in POSIX shared memory: block b's object o at b * kBlockBytes + o * kObjectLen.
+// An engine's KV cache in POSIX shared memory: block b's object o at b * kBlockBytes + o *
+// kObjectLen.
 class ShmEngine {
  public:
   ShmEngine();

@@ -89,8 +89,8 @@ absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
                                                         " is not pinned under lease ", lease_id));
     }
   }
-  auto claimed = std::make_unique<ClaimedLease>((*s)->state->ns, std::move(it->second.keys),
-                                                unpin_);
+  auto claimed =
+      std::make_unique<ClaimedLease>((*s)->state->ns, std::move(it->second.keys), unpin_);
   (*s)->leases.erase(it);
   return claimed;
 }

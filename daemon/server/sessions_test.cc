@@ -205,10 +205,9 @@ TEST_F(SessionsTest, DestructorUnpinsEverything) {
 TEST(ReaperTest, ReapsPeriodically) {
   ManualClock clock(0);
   int unpinned = 0;
-  SessionManager m(SessionManager::Options{1000, 100, 4}, &clock,
-                   [&unpinned](NamespaceId, absl::Span<const Key> keys) {
-                     unpinned += keys.size();
-                   });
+  SessionManager m(
+      SessionManager::Options{1000, 100, 4}, &clock,
+      [&unpinned](NamespaceId, absl::Span<const Key> keys) { unpinned += keys.size(); });
   auto s = m.Open("e", 7, "m", std::make_shared<NullMemory>());
   ASSERT_TRUE(m.AddLease((*s)->id, {K(1)}).ok());
   clock.AdvanceMs(5000);
