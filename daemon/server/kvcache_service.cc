@@ -109,8 +109,8 @@ grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::Attac
   return ServeCall(gate_, [&] {
     absl::Status s = DoAttach(*req, resp);
     if (!s.ok()) {
-      log::Get("server")->info("attach of engine \"{}\" refused: {}", req->engine_id(),
-                               s.ToString());
+      TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::info, 1,
+                            "attach of engine \"{}\" refused: {}", req->engine_id(), s.ToString());
     }
     return s;
   });
