@@ -25,6 +25,9 @@ using tutti::v1::Config;
 constexpr uint64_t kKiB = 1024, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
 constexpr uint64_t kTiB = kGiB * 1024, kPiB = kTiB * 1024;
 constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
+constexpr uint32_t kMaxGpuDevice = 63;
+constexpr uint32_t kMaxIoSms = 1024;
+constexpr uint32_t kMaxCopyCtas = 65535;
 
 // Remembers the first parse error with its 1-based position.
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
@@ -132,6 +135,20 @@ absl::Status ValidateDram(const tutti::v1::DramTierConfig& d, const tutti::v1::P
                           "] (at least one block: pool.max_objects x pool.object_bytes)"));
 }
 
+// The GPU section is checked here as far as it can be without a GPU; the device's SM count is
+// checked against io_sm_count at start (IoStream::ValidateOptions).
+absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
+  RETURN_IF_ERROR(CheckOneOf("gpu.mode", g.mode(), {"auto", "cuda", "host"}));
+  RETURN_IF_ERROR(CheckRange("gpu.device", g.device(), 0, kMaxGpuDevice));
+  if (g.io_sm_count() % 8 != 0 || g.io_sm_count() > kMaxIoSms) {
+    return Bad("gpu.io_sm_count", absl::StrCat(g.io_sm_count()),
+               absl::StrCat("must be a multiple of 8 in [0, ", kMaxIoSms,
+                            "] (0: an ordinary stream on all SMs)"));
+  }
+  RETURN_IF_ERROR(CheckRange("gpu.copy_ctas", g.copy_ctas(), 0, kMaxCopyCtas));
+  return CheckOneOf("gpu.scatter", g.scatter(), {"staged", "mapped"});
+}
+
 // Prints every field, zero values included, so the log shows the whole effective config.
 void PrintMessage(const google::protobuf::Message& m, int indent, std::string* out) {
   const auto* d = m.GetDescriptor();
@@ -197,6 +214,7 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateLimits(c.limits(), c.pool()));
   RETURN_IF_ERROR(
       CheckRange("journal.checkpoint_every", c.journal().checkpoint_every(), 1, 1u << 30));
+  RETURN_IF_ERROR(ValidateGpu(c.gpu()));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

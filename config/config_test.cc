@@ -40,6 +40,11 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->limits().max_sessions(), 64u);
   EXPECT_EQ(c->journal().checkpoint_every(), 65536u);
   EXPECT_EQ(c->log_level(), "info");
+  EXPECT_EQ(c->gpu().mode(), "auto");
+  EXPECT_EQ(c->gpu().device(), 0u);
+  EXPECT_EQ(c->gpu().io_sm_count(), 16u);
+  EXPECT_EQ(c->gpu().copy_ctas(), 0u);
+  EXPECT_EQ(c->gpu().scatter(), "staged");
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
 
@@ -101,6 +106,25 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("limits { max_sessions: 0 }", {"limits.max_sessions"});
   ExpectRejected("journal { checkpoint_every: 0 }", {"journal.checkpoint_every"});
   ExpectRejected("log_level: \"verbose\"", {"log_level", "trace", "error"});
+}
+
+TEST(ConfigTest, GpuSection) {
+  ExpectRejected("gpu { mode: \"gpu\" }", {"gpu.mode", "auto", "cuda", "host"});
+  ExpectRejected("gpu { mode: \"\" }", {"gpu.mode"});
+  ExpectRejected("gpu { device: 64 }", {"gpu.device", "[0, 63]"});
+  ExpectRejected("gpu { io_sm_count: 12 }", {"gpu.io_sm_count", "multiple of 8"});
+  ExpectRejected("gpu { io_sm_count: 2048 }", {"gpu.io_sm_count", "1024"});
+  ExpectRejected("gpu { copy_ctas: 70000 }", {"gpu.copy_ctas"});
+  ExpectRejected("gpu { scatter: \"dma\" }", {"gpu.scatter", "staged", "mapped"});
+  auto c = LoadConfig(
+      "gpu { mode: \"cuda\" device: 3 io_sm_count: 0 copy_ctas: 8 scatter: \"mapped\" }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpu().mode(), "cuda");
+  EXPECT_EQ(c->gpu().device(), 3u);
+  EXPECT_EQ(c->gpu().io_sm_count(), 0u);  // 0: an ordinary stream, not "use the default"
+  EXPECT_EQ(c->gpu().copy_ctas(), 8u);
+  EXPECT_EQ(c->gpu().scatter(), "mapped");
+  EXPECT_TRUE(LoadConfig("gpu { mode: \"host\" io_sm_count: 128 }").ok());
 }
 
 TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
