@@ -42,15 +42,15 @@ class RateLimiter {
 }  // namespace tutti::log
 
 // Logs at `level` through `logger` at most once every `seconds` from this call site.
-#define TUTTI_LOG_EVERY_N_SEC(logger, level, seconds, ...)                     \
-  do {                                                                          \
-    static ::tutti::log::RateLimiter tutti_rl_(seconds);                        \
-    uint64_t tutti_suppressed_ = 0;                                             \
-    if (tutti_rl_.Allow(&tutti_suppressed_)) {                                  \
-      if (tutti_suppressed_ > 0)                                                \
+#define TUTTI_LOG_EVERY_N_SEC(logger, level, seconds, ...)                           \
+  do {                                                                               \
+    static ::tutti::log::RateLimiter tutti_rl_(seconds);                             \
+    uint64_t tutti_suppressed_ = 0;                                                  \
+    if (tutti_rl_.Allow(&tutti_suppressed_)) {                                       \
+      if (tutti_suppressed_ > 0)                                                     \
         (logger)->log(level, "({} similar messages suppressed)", tutti_suppressed_); \
-      (logger)->log(level, __VA_ARGS__);                                        \
-    }                                                                           \
+      (logger)->log(level, __VA_ARGS__);                                             \
+    }                                                                                \
   } while (0)
 
 #endif  // TUTTI_DAEMON_COMMON_LOG_H_

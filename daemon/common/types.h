@@ -21,9 +21,7 @@ struct Key {
     std::memcpy(out->bytes.data(), raw.data(), kSize);
     return true;
   }
-  std::string_view view() const {
-    return {reinterpret_cast<const char*>(bytes.data()), kSize};
-  }
+  std::string_view view() const { return {reinterpret_cast<const char*>(bytes.data()), kSize}; }
   std::string Hex() const;  // for logs; defined in types.cc
   uint64_t lo() const {
     uint64_t v;

@@ -37,7 +37,7 @@ absl::Status MapRegion(size_t index, const HostShmRegion& r, int* fd_out, uint8_
     return absl::InvalidArgumentError(absl::StrCat(what, ": size_bytes ", r.size_bytes,
                                                    " exceeds the object's size ", st.st_size));
   }
-  void* p = mmap(nullptr, r.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, r.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     close(fd);

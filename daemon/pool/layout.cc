@@ -15,8 +15,8 @@ uint64_t DivUp(uint64_t v, uint64_t d) { return (v + d - 1) / d; }
 absl::StatusOr<PoolLayout> PoolLayout::Compute(uint64_t capacity_bytes, uint32_t num_files,
                                                uint32_t object_bytes, uint32_t max_objects) {
   if (object_bytes == 0 || object_bytes % kBlockAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool.object_bytes must be a positive multiple of 4096, got ", object_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool.object_bytes must be a positive multiple of 4096, got ", object_bytes));
   }
   if (max_objects == 0 || max_objects > kMaxObjectsPerSlot) {
     return absl::InvalidArgumentError(absl::StrCat("pool.max_objects must be in [1, ",
@@ -46,9 +46,9 @@ absl::StatusOr<PoolLayout> PoolLayout::Compute(uint64_t capacity_bytes, uint32_t
   // step: climb back to the largest count that fits (file_bytes_for is non-decreasing).
   while (file_bytes_for(slots + 1) <= per_file_cap) ++slots;
   if (slots == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool.capacity_bytes=", capacity_bytes, " holds no slot of ", max_objects, " x ",
-        object_bytes, " bytes over ", num_files, " files; raise it"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool.capacity_bytes=", capacity_bytes, " holds no slot of ", max_objects,
+                     " x ", object_bytes, " bytes over ", num_files, " files; raise it"));
   }
   l.num_slots_ = slots;
   l.headers_per_file_ = DivUp(slots, num_files);

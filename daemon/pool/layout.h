@@ -34,9 +34,9 @@ struct Location {
 class PoolLayout {
  public:
   // Computes the largest pool of `num_files` equal files whose total size is at most
-  // `capacity_bytes`. INVALID_ARGUMENT (naming the field) if object_bytes is not a positive multiple
-  // of 4096, max_objects is outside [1, kMaxObjectsPerSlot], num_files is 0, or the capacity holds
-  // no slot at all.
+  // `capacity_bytes`. INVALID_ARGUMENT (naming the field) if object_bytes is not a positive
+  // multiple of 4096, max_objects is outside [1, kMaxObjectsPerSlot], num_files is 0, or the
+  // capacity holds no slot at all.
   static absl::StatusOr<PoolLayout> Compute(uint64_t capacity_bytes, uint32_t num_files,
                                             uint32_t object_bytes, uint32_t max_objects);
 
@@ -45,6 +45,9 @@ class PoolLayout {
   uint32_t object_bytes() const { return object_bytes_; }
   uint32_t max_objects() const { return max_objects_; }
   uint64_t file_bytes() const { return file_bytes_; }
+  // F: frames every slot reserves in every file. Objects j, j + D, j + 2D, ... of a slot are
+  // consecutive frames of one file, so they can move in one transfer.
+  uint32_t frames_per_slot_per_file() const { return frames_per_slot_per_file_; }
   // Disk bytes one slot takes (objects and header), for capacity accounting.
   uint64_t slot_bytes() const;
 

@@ -1,15 +1,18 @@
-// The block store: namespaces, the key -> slot index, pins, the DRAM tier, capture of stores into
-// staging, the writer that makes them durable, and layer-wise reads with verification.
+// The block store: namespaces, the key -> slot index, pins, the DRAM tier,
+// capture of stores into staging, the writer that makes them durable, and
+// layer-wise reads with verification.
 //
-// Lifecycle of a block: Capture copies it into store staging (the engine may reuse its memory);
-// the writer thread picks a slot (evicting the least recently used unpinned block if the pool is
-// full), writes objects and header, syncs, journals a Put and syncs the journal; only then is the
-// key visible to LookupAndPin. A crash at any point loses at most blocks not yet visible; a block
-// whose bytes do not verify on read (checksum seeded by namespace, key, epoch and object index) is
-// reported failed and counted, never served.
+// Lifecycle of a block: Capture copies it into store staging (the engine may
+// reuse its memory); the writer thread picks a slot (evicting the least
+// recently used unpinned block if the pool is full), writes objects and header,
+// syncs, journals a Put and syncs the journal; only then is the key visible to
+// LookupAndPin. A crash at any point loses at most blocks not yet visible; a
+// block whose bytes do not verify on read (checksum seeded by namespace, key,
+// epoch and object index) is reported failed and counted, never served.
 //
-// Thread-safety: every public method is thread-safe. Internally one writer thread owns slot
-// allocation, writes and the journal; reads run on the caller's thread and the I/O backend's.
+// Thread-safety: every public method is thread-safe. Internally one writer
+// thread owns slot allocation, writes and the journal; reads run on the
+// caller's thread and the I/O backend's.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_H_
 
@@ -31,9 +34,9 @@
 namespace tutti::store {
 
 struct StoreOptions {
-  std::string state_dir;           // journal and checkpoint live here; must exist
-  pool::PoolLayout layout;         // of the pool files the backend has open, in order
-  uint64_t dram_bytes = 0;         // DRAM tier capacity; 0 = off
+  std::string state_dir;    // journal and checkpoint live here; must exist
+  pool::PoolLayout layout;  // of the pool files the backend has open, in order
+  uint64_t dram_bytes = 0;  // DRAM tier capacity; 0 = off
   uint64_t store_staging_bytes = 256ull << 20;
   uint64_t retrieve_staging_bytes = 256ull << 20;
   uint32_t checkpoint_every = 65536;  // journal records between checkpoints
@@ -43,18 +46,19 @@ struct StoreOptions {
 // What happened to one block of a Capture.
 enum class CaptureOutcome { kCaptured, kDurable, kAlreadyPresent, kRejectedFull, kFailed };
 
-// One object to copy out of staging into the engine (retrieve). `item` indexes the keys of Read.
+// One object to copy out of staging into the engine (retrieve). `item` indexes
+// the keys of Read.
 struct ScatterOp {
   uint32_t item;
   uint32_t object;  // layer * parts + part
-  const uint8_t* src;
+  const uint8_t *src;
 };
 
 // One object to copy from the engine into staging (store).
 struct GatherOp {
   uint32_t item;
   uint32_t object;
-  uint8_t* dst;
+  uint8_t *dst;
 };
 
 struct NamespaceInfo {
@@ -79,61 +83,70 @@ struct StoreStats {
 
 class BlockStore {
  public:
-  // Recovers the index from the journal in options.state_dir, checks it against the pool, and
-  // starts the writer thread. `backend` must have layout.num_files() files of layout.file_bytes().
-  // `clock` must outlive the store. Errors: DATA_LOSS for a corrupt checkpoint, INVALID_ARGUMENT
-  // for options that do not fit the backend.
-  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options,
+  // Recovers the index from the journal in options.state_dir, checks it against
+  // the pool, and starts the writer thread. `backend` must have
+  // layout.num_files() files of layout.file_bytes(). `clock` must outlive the
+  // store. Errors: DATA_LOSS for a corrupt checkpoint, INVALID_ARGUMENT for
+  // options that do not fit the backend.
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions &options,
                                                           std::unique_ptr<io::IoBackend> backend,
-                                                          Clock* clock);
+                                                          Clock *clock);
   // Flushes (writes every captured block), checkpoints and stops the writer.
   ~BlockStore();
 
-  // Returns the id of `ns`, registering (and journaling) it on first sight. FAILED_PRECONDITION
-  // if its objects are larger than the pool's object_bytes or more than max_objects per block;
-  // INVALID_ARGUMENT for a layout with a zero field or an unknown format.
-  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
+  // Returns the id of `ns`, registering (and journaling) it on first sight.
+  // FAILED_PRECONDITION if its objects are larger than the pool's object_bytes
+  // or more than max_objects per block; INVALID_ARGUMENT for a layout with a
+  // zero field or an unknown format.
+  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace &ns);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
 
-  // Returns how many leading `keys` are present (durable), and pins those: a pinned block is never
-  // evicted or overwritten. Each pin must be dropped by one Unpin of the same key.
+  // Returns how many leading `keys` are present (durable), and pins those: a
+  // pinned block is never evicted or overwritten. Each pin must be dropped by
+  // one Unpin of the same key.
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
 
-  // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls `sink` once per
-  // layer, in layer order, with that layer's objects of every item not failed so far and the items
-  // that failed in this layer (I/O error, short read, checksum or key mismatch: counted, logged,
-  // and never passed to the sink). The `src` pointers are valid only during the call. A sink error
-  // stops the read and is returned. Preconditions: keys pinned by the caller, 0 <= layer_begin <
-  // layer_end <= layers of `ns`. Errors: NOT_FOUND unknown namespace, FAILED_PRECONDITION key not
-  // pinned, INVALID_ARGUMENT bad layer range.
+  // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls
+  // `sink` once per layer, in layer order, with that layer's objects of every
+  // item not failed so far and the items that failed in this layer (I/O error,
+  // short read, checksum or key mismatch: counted, logged, and never passed to
+  // the sink). The `src` pointers are valid only during the call. A sink error
+  // stops the read and is returned. Preconditions: keys pinned by the caller, 0
+  // <= layer_begin < layer_end <= layers of `ns`. Errors: NOT_FOUND unknown
+  // namespace, FAILED_PRECONDITION key not pinned, INVALID_ARGUMENT bad layer
+  // range.
   using LayerSink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
                                                absl::Span<const uint32_t> failed_items)>;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink& sink);
+                    uint32_t layer_end, const LayerSink &sink);
 
-  // Captures layers [layer_begin, layer_end) of each key: reserves staging, calls `gather` once
-  // with every object to copy, and returns one outcome per key. A key's block is queued for writing
-  // once all its layers are captured (over one or more calls); partial captures not completed
-  // within `pending_ttl_ms` are dropped. With wait_durable, returns after the queued blocks are
-  // durable (kDurable) or failed (kFailed). A gather error fails the whole call (nothing queued).
+  // Captures layers [layer_begin, layer_end) of each key: reserves staging,
+  // calls `gather` once with every object to copy, and returns one outcome per
+  // key. A key's block is queued for writing once all its layers are captured
+  // (over one or more calls); partial captures not completed within
+  // `pending_ttl_ms` are dropped. With wait_durable, returns after the queued
+  // blocks are durable (kDurable) or failed (kFailed). A gather error fails the
+  // whole call (nothing queued).
   using Gatherer = std::function<absl::Status(absl::Span<const GatherOp> ops)>;
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer& gather, bool wait_durable);
+                                                      const Gatherer &gather, bool wait_durable);
 
-  // Makes every block captured so far durable (or failed). For shutdown and tests.
+  // Makes every block captured so far durable (or failed). For shutdown and
+  // tests.
   void Flush();
 
-  // Evicts every unpinned block of `ns` (0: of every namespace). Returns evicted and skipped
-  // (pinned) counts.
+  // Evicts every unpinned block of `ns` (0: of every namespace). Returns
+  // evicted and skipped (pinned) counts.
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
 
   StoreStats Stats() const;
 
-  // The pinned-memory candidates: staging the I/O backend reads into and writes from. Stable for
-  // the store's life. A GPU device registers it for mapped access.
+  // The pinned-memory candidates: staging the I/O backend reads into and writes
+  // from. Stable for the store's life. A GPU device registers it for mapped
+  // access.
   absl::Span<uint8_t> staging_region() const;
 
   class Impl;

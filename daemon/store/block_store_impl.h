@@ -1,4 +1,5 @@
-// Private to daemon/store: the state behind BlockStore. Lock order: journal_mu_ before mu_.
+// Private to daemon/store: the state behind BlockStore. Lock order: journal_mu_
+// before mu_.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 
@@ -17,7 +18,8 @@
 
 namespace tutti::store {
 
-// The result of one captured block, shared with a Capture call waiting for durability.
+// The result of one captured block, shared with a Capture call waiting for
+// durability.
 struct DurableTicket {
   bool done = false;
   CaptureOutcome outcome = CaptureOutcome::kCaptured;
@@ -29,7 +31,11 @@ struct PendingBlock {
   Key key;
   uint32_t object_len = 0;
   uint32_t parts = 0;
-  std::vector<uint8_t*> frames;        // one per object, from the store frame pool
+  // Staging for the whole block: one chunk of D x F frames from the store pool,
+  // laid out file-major so each pool file's share of the slot is contiguous
+  // (see StagingObject).
+  uint8_t *chunk = nullptr;
+  std::vector<uint8_t *> frames;        // per object: its frame inside `chunk`
   std::vector<uint8_t> layer_captured;  // per layer
   uint32_t layers_left = 0;
   int64_t created_ms = 0;
@@ -46,20 +52,20 @@ struct PendingBlock {
 
 class BlockStore::Impl {
  public:
-  Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend, Clock* clock);
+  Impl(const StoreOptions &options, std::unique_ptr<io::IoBackend> backend, Clock *clock);
   ~Impl();
 
   absl::Status Init();  // staging, recovery, writer thread
 
-  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
+  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace &ns);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink& sink);
+                    uint32_t layer_end, const LayerSink &sink);
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer& gather, bool wait_durable);
+                                                      const Gatherer &gather, bool wait_durable);
   void Flush();
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
   StoreStats Stats() const;
@@ -72,30 +78,37 @@ class BlockStore::Impl {
   // block_writer.cc
   absl::Status Recover();
   void WriterLoop();
-  void WriteBatch(std::vector<PendingBlock*> batch);
-  bool AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots)
+  void WriteBatch(std::vector<PendingBlock *> batch);
+  bool AssignSlots(absl::Span<PendingBlock *const> batch, std::vector<uint64_t> *victim_slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
-  void WriteObjects(absl::Span<PendingBlock* const> batch);
-  absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch)
+  void WriteObjects(absl::Span<PendingBlock *const> batch);
+  void AppendBlockWrites(const PendingBlock &p, uint8_t *header,
+                         std::vector<io::IoRequest> *reqs) const;
+  absl::Status CommitToJournal(absl::Span<PendingBlock *const> batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
-  void Publish(absl::Span<PendingBlock* const> batch);
+  void Publish(absl::Span<PendingBlock *const> batch);
   void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   void ReapStalePending();
-  // Hides `e` and appends its Delete record. The slot stays taken until the record is durable.
-  void HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
-  void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hides `e` and appends its Delete record. The slot stays taken until the
+  // record is durable.
+  void HideForEviction(Entry *e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
+  void FinishPending(PendingBlock *p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_store.cc
-  void MarkBad(NamespaceId ns, const Key& key);
+  void MarkBad(NamespaceId ns, const Key &key);
+  // The frame of each object in a block's staging chunk: file-major, object j
+  // at (j % D) * F + j / D, matching where the slot's objects lie in the pool
+  // files.
+  std::vector<uint8_t *> StagingObjects(uint8_t *chunk, uint32_t num_objects) const;
 
   const StoreOptions options_;
   const std::unique_ptr<io::IoBackend> backend_;
-  Clock* const clock_;
+  Clock *const clock_;
   std::unique_ptr<Region> region_;
-  std::unique_ptr<FramePool> store_frames_;
+  std::unique_ptr<FramePool> store_frames_;  // frames are whole-block chunks
   std::unique_ptr<FramePool> read_frames_;
-  uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
+  uint8_t *header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
 
   absl::Mutex journal_mu_;
   std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(journal_mu_);
@@ -105,7 +118,7 @@ class BlockStore::Impl {
   DramTier dram_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
-  std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingBlock *> write_queue_ ABSL_GUARDED_BY(mu_);
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;

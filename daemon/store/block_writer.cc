@@ -1,9 +1,10 @@
-// BlockStore's writer: slot allocation and eviction, writes, durability, the journal, recovery.
-// One thread (writer_) runs WriteBatch; Evict and RegisterNamespace share the journal under
-// journal_mu_.
+// BlockStore's writer: slot allocation and eviction, writes, durability, the
+// journal, recovery. One thread (writer_) runs WriteBatch; Evict and
+// RegisterNamespace share the journal under journal_mu_.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/pool/slot_header.h"
@@ -11,7 +12,7 @@
 
 namespace tutti::store {
 
-absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);  // block_store.cc
+absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace &ns);  // block_store.cc
 
 namespace {
 
@@ -22,8 +23,8 @@ uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
 }  // namespace
 
-BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend,
-                       Clock* clock)
+BlockStore::Impl::Impl(const StoreOptions &options, std::unique_ptr<io::IoBackend> backend,
+                       Clock *clock)
     : options_(options),
       backend_(std::move(backend)),
       clock_(clock),
@@ -48,12 +49,14 @@ BlockStore::Impl::~Impl() {
 
 absl::Status BlockStore::Impl::Init() {
   const uint32_t frame = options_.layout.object_bytes();
-  const uint64_t store_bytes = std::max<uint64_t>(options_.store_staging_bytes, frame);
+  const uint64_t chunk = options_.layout.slot_bytes() - pool::kSlotHeaderBytes;
+  const uint64_t store_bytes = std::max<uint64_t>(options_.store_staging_bytes, chunk);
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
   const uint64_t header_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
   ASSIGN_OR_RETURN(region_, Region::Create(store_bytes + read_bytes + header_bytes));
-  uint8_t* base = region_->span().data();
-  store_frames_ = std::make_unique<FramePool>(absl::MakeSpan(base, store_bytes), frame);
+  uint8_t *base = region_->span().data();
+  store_frames_ =
+      std::make_unique<FramePool>(absl::MakeSpan(base, store_bytes), static_cast<uint32_t>(chunk));
   read_frames_ = std::make_unique<FramePool>(absl::MakeSpan(base + store_bytes, read_bytes), frame);
   header_buffers_ = base + store_bytes + read_bytes;
   absl::Status reg = backend_->RegisterBuffer(region_->span());
@@ -71,7 +74,7 @@ absl::Status BlockStore::Impl::Recover() {
   uint64_t skipped = 0, max_epoch = 0;
   RecoveryVisitor visitor;
   absl::ReleasableMutexLock lock(&mu_);  // no other thread yet; keeps the annotations honest
-  visitor.on_namespace = [&](const NamespaceRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  visitor.on_namespace = [&](const NamespaceRecord &r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     tutti::v1::Namespace ns;
     if (!ns.ParseFromString(r.descriptor)) {
       ++skipped;
@@ -80,24 +83,24 @@ absl::Status BlockStore::Impl::Recover() {
     auto info = DescribeNamespace(ns);
     if (info.ok()) namespaces_[r.ns] = *info;
   };
-  visitor.on_put = [&](const PutRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  visitor.on_put = [&](const PutRecord &r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     max_epoch = std::max(max_epoch, r.epoch);
     if (r.slot >= index_.num_slots() || r.checksums.size() > options_.layout.max_objects()) {
       ++skipped;  // written under another pool geometry
       return;
     }
-    if (Entry* old = index_.Find(r.ns, r.key)) {
+    if (Entry *old = index_.Find(r.ns, r.key)) {
       index_.ReleaseSlot(old->slot);
       index_.Remove(old);
     }
-    if (Entry* other = index_.AtSlot(r.slot)) {
+    if (Entry *other = index_.AtSlot(r.slot)) {
       index_.Remove(other);  // a later Put of this slot supersedes it
     }
     index_.ClaimSlot(r.slot);
     index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
   };
-  visitor.on_delete = [&](const DeleteRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    Entry* e = index_.Find(r.ns, r.key);
+  visitor.on_delete = [&](const DeleteRecord &r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Entry *e = index_.Find(r.ns, r.key);
     if (e != nullptr && e->epoch == r.epoch) {
       index_.ReleaseSlot(e->slot);
       index_.Remove(e);
@@ -112,20 +115,22 @@ absl::Status BlockStore::Impl::Recover() {
   absl::MutexLock jlock(&journal_mu_);
   journal_ = std::move(journal).value();
   absl::MutexLock relock(&mu_);
-  log->info("recovered {} blocks in {} namespaces from {} journal records ({} torn tails, {} "
-            "skipped); {} of {} slots free",
-            index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
-            index_.free_slots(), index_.num_slots());
+  log->info(
+      "recovered {} blocks in {} namespaces from {} journal records ({} "
+      "torn tails, {} "
+      "skipped); {} of {} slots free",
+      index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
+      index_.free_slots(), index_.num_slots());
   return absl::OkStatus();
 }
 
 absl::Status BlockStore::Impl::WriteCheckpoint() {
-  return journal_->Checkpoint([this](Journal::Emitter& out) {
+  return journal_->Checkpoint([this](Journal::Emitter &out) {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, info] : namespaces_) {
+    for (const auto &[id, info] : namespaces_) {
       out.Emit(NamespaceRecord{id, info.descriptor.SerializeAsString()});
     }
-    index_.ForEach([&](const Entry* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    index_.ForEach([&](const Entry *e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       if (e->bad) return;
       auto sums = index_.Checksums(*e);
       out.Emit(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
@@ -145,7 +150,7 @@ void BlockStore::Impl::MaybeCheckpoint() {
 
 void BlockStore::Impl::WriterLoop() {
   for (;;) {
-    std::vector<PendingBlock*> batch;
+    std::vector<PendingBlock *> batch;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -171,9 +176,9 @@ void BlockStore::Impl::ReapStalePending() {
   absl::MutexLock lock(&mu_);
   const int64_t now = clock_->NowMs();
   for (auto it = pending_.begin(); it != pending_.end();) {
-    PendingBlock* p = it->second.get();
+    PendingBlock *p = it->second.get();
     if (!p->queued && p->capturing == 0 && now - p->created_ms > kPendingTtlMs) {
-      store_frames_->Give(p->frames);
+      store_frames_->Give({p->chunk});
       pending_.erase(it++);
     } else {
       ++it;
@@ -181,23 +186,23 @@ void BlockStore::Impl::ReapStalePending() {
   }
 }
 
-void BlockStore::Impl::HideForEviction(Entry* e) {
+void BlockStore::Impl::HideForEviction(Entry *e) {
   journal_->Append(DeleteRecord{e->ns, e->key, e->slot, e->epoch});
   dram_.Erase(e->ns, e->key);
   index_.Remove(e);
   ++stats_.evictions;
 }
 
-bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
-                                   std::vector<uint64_t>* victim_slots) {
+bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock *const> batch,
+                                   std::vector<uint64_t> *victim_slots) {
   absl::MutexLock lock(&mu_);
-  for (PendingBlock* p : batch) {
+  for (PendingBlock *p : batch) {
     p->ok = false;
     p->has_slot = false;
     if (index_.Find(p->ns, p->key) != nullptr) continue;  // stored meanwhile; dropped later
     if (index_.TakeSlot(&p->slot)) {
       p->has_slot = true;
-    } else if (Entry* victim = index_.Victim()) {
+    } else if (Entry *victim = index_.Victim()) {
       p->slot = victim->slot;
       victim_slots->push_back(victim->slot);
       HideForEviction(victim);
@@ -209,46 +214,58 @@ bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
   return !victim_slots->empty();
 }
 
-void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
+// Appends the writes of block `p`: per pool file, the slot's objects in that
+// file as one run (they are consecutive frames there and in the file-major
+// staging chunk), then the header.
+void BlockStore::Impl::AppendBlockWrites(const PendingBlock &p, uint8_t *header,
+                                         std::vector<io::IoRequest> *reqs) const {
+  const auto &layout = options_.layout;
+  const uint32_t d = layout.num_files();
+  const uint32_t n = static_cast<uint32_t>(p.frames.size());
+  for (uint32_t r = 0; r < std::min(d, n); ++r) {
+    const uint32_t count = (n - r + d - 1) / d;
+    const pool::Location loc = layout.ObjectLocation(p.slot, r);
+    reqs->push_back(io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[r],
+                                  count * layout.object_bytes(), 0});
+  }
+  const pool::Location hl = layout.HeaderLocation(p.slot);
+  reqs->push_back(io::IoRequest{io::Op::kWrite, hl.file, hl.offset, header,
+                                static_cast<uint32_t>(pool::kSlotHeaderBytes), 0});
+}
+
+void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock *const> batch) {
   std::vector<io::IoRequest> reqs;
-  std::vector<size_t> first_req(batch.size());
+  std::vector<size_t> first_req(batch.size()), end_req(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock* p = batch[b];
-    first_req[b] = reqs.size();
+    PendingBlock *p = batch[b];
+    first_req[b] = end_req[b] = reqs.size();
     if (!p->ok) continue;
     const uint32_t n = static_cast<uint32_t>(p->frames.size());
     p->checksums.resize(n);
     for (uint32_t j = 0; j < n; ++j) {
-      p->checksums[j] = pool::ObjectChecksum(p->ns, p->key, p->epoch, j, p->frames[j], p->object_len);
-      const pool::Location loc = options_.layout.ObjectLocation(p->slot, j);
-      reqs.push_back(io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p->frames[j],
-                                   RoundUp4K(p->object_len), 0});
+      p->checksums[j] =
+          pool::ObjectChecksum(p->ns, p->key, p->epoch, j, p->frames[j], p->object_len);
     }
-    uint8_t* header = header_buffers_ + b * pool::kSlotHeaderBytes;
+    uint8_t *header = header_buffers_ + b * pool::kSlotHeaderBytes;
     pool::SlotHeader h{p->ns, p->key, p->epoch, p->object_len, p->checksums};
     if (!pool::EncodeSlotHeader(h, absl::MakeSpan(header, pool::kSlotHeaderBytes)).ok()) {
       p->ok = false;
-      reqs.resize(first_req[b]);
       continue;
     }
-    const pool::Location hl = options_.layout.HeaderLocation(p->slot);
-    reqs.push_back(io::IoRequest{io::Op::kWrite, hl.file, hl.offset, header,
-                                 static_cast<uint32_t>(pool::kSlotHeaderBytes), 0});
+    AppendBlockWrites(*p, header, &reqs);
+    end_req[b] = reqs.size();
   }
   backend_->Execute(absl::MakeSpan(reqs));
   uint64_t errors = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock* p = batch[b];
-    if (!p->ok) continue;
-    const size_t end = first_req[b] + p->frames.size() + 1;
-    for (size_t r = first_req[b]; r < end; ++r) {
+    PendingBlock *p = batch[b];
+    for (size_t r = first_req[b]; r < end_req[b] && p->ok; ++r) {
       if (reqs[r].result != reqs[r].len) {
         p->ok = false;
         ++errors;
         TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 5,
                               "pool file {} offset {}: write failed ({}); block {} dropped",
                               reqs[r].file, reqs[r].offset, reqs[r].result, p->key.Hex());
-        break;
       }
     }
   }
@@ -258,12 +275,12 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
   }
 }
 
-absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock* const> batch) {
+absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock *const> batch) {
   for (uint32_t f = 0; f < backend_->num_files(); ++f) {
     RETURN_IF_ERROR(backend_->Sync(f));
   }
   bool any = false;
-  for (PendingBlock* p : batch) {
+  for (PendingBlock *p : batch) {
     if (!p->ok) continue;
     journal_->Append(PutRecord{p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums});
     any = true;
@@ -271,18 +288,18 @@ absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock* const> b
   return any ? journal_->Sync() : absl::OkStatus();
 }
 
-void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
-  for (auto& t : p->tickets) {
+void BlockStore::Impl::FinishPending(PendingBlock *p, CaptureOutcome outcome) {
+  for (auto &t : p->tickets) {
     t->outcome = outcome;
     t->done = true;
   }
-  store_frames_->Give(p->frames);
+  store_frames_->Give({p->chunk});
   pending_.erase(PendingKey{p->ns, p->key});  // destroys *p
 }
 
-void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
+void BlockStore::Impl::Publish(absl::Span<PendingBlock *const> batch) {
   absl::MutexLock lock(&mu_);
-  for (PendingBlock* p : batch) {
+  for (PendingBlock *p : batch) {
     if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
       FinishPending(p, CaptureOutcome::kAlreadyPresent);
       continue;
@@ -301,37 +318,47 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
   --writing_;
 }
 
-void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
+void BlockStore::Impl::WriteBatch(std::vector<PendingBlock *> batch) {
   auto log = log::Get("store");
   absl::MutexLock jlock(&journal_mu_);
   std::vector<uint64_t> victim_slots;
   if (AssignSlots(batch, &victim_slots)) {
-    // The evicted blocks' Delete records must be durable before their slots are overwritten.
+    // The evicted blocks' Delete records must be durable before their slots are
+    // overwritten.
     absl::Status s = journal_->Sync();
     if (!s.ok()) {
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "journal sync failed: {}", s.ToString());
-      for (PendingBlock* p : batch) {
+      for (PendingBlock *p : batch) {
         if (p->has_slot && std::count(victim_slots.begin(), victim_slots.end(), p->slot)) {
           p->ok = false;
-          p->has_slot = false;  // out of use until restart: its old block may still be journaled
+          p->has_slot = false;  // out of use until restart: its old block may
+                                // still be journaled
         }
       }
     }
   }
+  const absl::Time t0 = absl::Now();
   WriteObjects(batch);
+  const absl::Time t1 = absl::Now();
   absl::Status committed = CommitToJournal(batch);
+  const absl::Time t2 = absl::Now();
+  log->debug(
+      "batch of {} blocks: checksum and write {:.2f} ms, sync and "
+      "journal {:.2f} ms",
+      batch.size(), absl::ToDoubleMilliseconds(t1 - t0), absl::ToDoubleMilliseconds(t2 - t1));
   if (!committed.ok()) {
     TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                           "making a batch of {} blocks durable failed: {}; dropped", batch.size(),
                           committed.ToString());
-    for (PendingBlock* p : batch) p->ok = false;
+    for (PendingBlock *p : batch) p->ok = false;
   }
   {
-    // A failed block gives its slot back. Should its Put have reached the journal anyway, the
-    // object checksums (seeded by key and epoch) make the next block in that slot fail to verify
-    // under the old key, so a stale record can only produce a miss.
+    // A failed block gives its slot back. Should its Put have reached the
+    // journal anyway, the object checksums (seeded by key and epoch) make the
+    // next block in that slot fail to verify under the old key, so a stale
+    // record can only produce a miss.
     absl::MutexLock lock(&mu_);
-    for (PendingBlock* p : batch) {
+    for (PendingBlock *p : batch) {
       if (!p->ok && p->has_slot) index_.ReleaseSlot(p->slot);
     }
   }
@@ -345,8 +372,8 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
   uint64_t skipped = 0;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<Entry*> victims;
-    index_.ForEach([&](Entry* e) {
+    std::vector<Entry *> victims;
+    index_.ForEach([&](Entry *e) {
       if (ns != 0 && e->ns != ns) return;
       if (e->pins > 0) {
         ++skipped;
@@ -354,7 +381,7 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
         victims.push_back(e);
       }
     });
-    for (Entry* e : victims) {
+    for (Entry *e : victims) {
       slots.push_back(e->slot);
       HideForEviction(e);
     }

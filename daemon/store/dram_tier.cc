@@ -4,8 +4,8 @@
 
 namespace tutti::store {
 
-void DramTier::Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
-                      absl::Span<uint8_t* const> objects) {
+void DramTier::Insert(NamespaceId ns, const Key &key, uint64_t epoch, uint32_t object_len,
+                      absl::Span<uint8_t *const> objects) {
   const uint64_t bytes = uint64_t{object_len} * objects.size();
   if (capacity_ == 0 || bytes > capacity_) return;
   Erase(ns, key);
@@ -26,14 +26,14 @@ void DramTier::Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t o
   used_ += bytes;
 }
 
-std::shared_ptr<const DramBlock> DramTier::Find(NamespaceId ns, const Key& key, uint64_t epoch) {
+std::shared_ptr<const DramBlock> DramTier::Find(NamespaceId ns, const Key &key, uint64_t epoch) {
   auto it = map_.find(MapKey{ns, key});
   if (it == map_.end() || it->second.block->epoch != epoch) return nullptr;
   lru_.splice(lru_.end(), lru_, it->second.lru);
   return it->second.block;
 }
 
-void DramTier::Erase(NamespaceId ns, const Key& key) {
+void DramTier::Erase(NamespaceId ns, const Key &key) {
   auto it = map_.find(MapKey{ns, key});
   if (it == map_.end()) return;
   used_ -= it->second.block->bytes();
@@ -48,7 +48,7 @@ void DramTier::EvictOne() {
 
 uint64_t DramTier::CountNamespace(NamespaceId ns) const {
   uint64_t n = 0;
-  for (const auto& [k, node] : map_) n += (k.first == ns);
+  for (const auto &[k, node] : map_) n += (k.first == ns);
   return n;
 }
 

@@ -1,9 +1,10 @@
-// The optional host-DRAM tier: whole blocks kept in memory in front of the SSD pool, least
-// recently used out first, bounded by a byte capacity. It caches only blocks that are durable in the
-// pool (the store inserts at commit and erases on eviction), so it never holds the only copy.
+// The optional host-DRAM tier: whole blocks kept in memory in front of the SSD
+// pool, least recently used out first, bounded by a byte capacity. It caches
+// only blocks that are durable in the pool (the store inserts at commit and
+// erases on eviction), so it never holds the only copy.
 //
-// Not thread-safe: BlockStore guards it. Blocks handed out by Find stay valid while the caller
-// holds the shared_ptr, even after Erase.
+// Not thread-safe: BlockStore guards it. Blocks handed out by Find stay valid
+// while the caller holds the shared_ptr, even after Erase.
 #ifndef TUTTI_DAEMON_STORE_DRAM_TIER_H_
 #define TUTTI_DAEMON_STORE_DRAM_TIER_H_
 
@@ -24,7 +25,7 @@ struct DramBlock {
   uint32_t object_len = 0;
   uint32_t num_objects = 0;
   std::unique_ptr<uint8_t[]> data;  // num_objects x object_len
-  const uint8_t* object(uint32_t i) const { return data.get() + uint64_t{i} * object_len; }
+  const uint8_t *object(uint32_t i) const { return data.get() + uint64_t{i} * object_len; }
   uint64_t bytes() const { return uint64_t{num_objects} * object_len; }
 };
 
@@ -32,13 +33,15 @@ class DramTier {
  public:
   explicit DramTier(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
 
-  // Copies the block's objects in, evicting least recently used blocks to make room. Does nothing
-  // if the tier is off or the block alone exceeds the capacity.
-  void Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
-              absl::Span<uint8_t* const> objects);
-  // The block if cached with this epoch (and marks it recently used), else null.
-  std::shared_ptr<const DramBlock> Find(NamespaceId ns, const Key& key, uint64_t epoch);
-  void Erase(NamespaceId ns, const Key& key);
+  // Copies the block's objects in, evicting least recently used blocks to make
+  // room. Does nothing if the tier is off or the block alone exceeds the
+  // capacity.
+  void Insert(NamespaceId ns, const Key &key, uint64_t epoch, uint32_t object_len,
+              absl::Span<uint8_t *const> objects);
+  // The block if cached with this epoch (and marks it recently used), else
+  // null.
+  std::shared_ptr<const DramBlock> Find(NamespaceId ns, const Key &key, uint64_t epoch);
+  void Erase(NamespaceId ns, const Key &key);
 
   uint64_t capacity() const { return capacity_; }
   uint64_t used() const { return used_; }

@@ -15,10 +15,10 @@ Key K(uint8_t v) {
 
 struct Block {
   std::vector<std::vector<uint8_t>> objects;
-  std::vector<uint8_t*> ptrs;
+  std::vector<uint8_t *> ptrs;
   Block(uint8_t fill, int n, uint32_t len) {
     for (int i = 0; i < n; ++i) objects.emplace_back(len, static_cast<uint8_t>(fill + i));
-    for (auto& o : objects) ptrs.push_back(o.data());
+    for (auto &o : objects) ptrs.push_back(o.data());
   }
 };
 
@@ -33,7 +33,8 @@ TEST(DramTierTest, KeepsCopiesAndEvictsLeastRecentlyUsedWithinCapacity) {
   ASSERT_NE(b0, nullptr);
   EXPECT_EQ(b0->object(1)[99], 1) << "a copy, not a reference to the caller's buffers";
   Block b3(30, 2, 100);
-  tier.Insert(1, K(3), 1, 100, b3.ptrs);  // evicts K(1): K(0) was used more recently
+  tier.Insert(1, K(3), 1, 100,
+              b3.ptrs);  // evicts K(1): K(0) was used more recently
   EXPECT_LE(tier.used(), tier.capacity());
   EXPECT_EQ(tier.Find(1, K(1), 1), nullptr);
   EXPECT_NE(tier.Find(1, K(0), 1), nullptr);

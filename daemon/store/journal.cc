@@ -41,16 +41,16 @@ constexpr size_t kFlushBytes = 1 << 20;
 
 // --- Encoding ---
 
-void PutU32(std::string* out, uint32_t v) {
+void PutU32(std::string *out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
-void PutU64(std::string* out, uint64_t v) {
+void PutU64(std::string *out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
 
 // Appends one framed record whose payload `fill` writes.
 template <typename Fill>
-void AppendRecord(std::string* out, RecordType type, Fill fill) {
+void AppendRecord(std::string *out, RecordType type, Fill fill) {
   const size_t start = out->size();
   PutU32(out, 0);  // length, patched below
   PutU32(out, type);
@@ -60,8 +60,8 @@ void AppendRecord(std::string* out, RecordType type, Fill fill) {
   PutU64(out, XXH3_64bits(out->data() + start + 4, 4 + len));
 }
 
-void EncodeHeader(std::string* out, FileKind kind, uint64_t gen) {
-  AppendRecord(out, kFileHeader, [&](std::string* p) {
+void EncodeHeader(std::string *out, FileKind kind, uint64_t gen) {
+  AppendRecord(out, kFileHeader, [&](std::string *p) {
     p->append(kMagic, 8);
     PutU32(p, kVersion);
     PutU32(p, kind);
@@ -69,15 +69,15 @@ void EncodeHeader(std::string* out, FileKind kind, uint64_t gen) {
   });
 }
 
-void Encode(std::string* out, const NamespaceRecord& r) {
-  AppendRecord(out, kNamespace, [&](std::string* p) {
+void Encode(std::string *out, const NamespaceRecord &r) {
+  AppendRecord(out, kNamespace, [&](std::string *p) {
     PutU64(p, r.ns);
     p->append(r.descriptor);
   });
 }
 
-void Encode(std::string* out, const PutRecord& r) {
-  AppendRecord(out, kPut, [&](std::string* p) {
+void Encode(std::string *out, const PutRecord &r) {
+  AppendRecord(out, kPut, [&](std::string *p) {
     PutU64(p, r.ns);
     p->append(r.key.view());
     PutU64(p, r.slot);
@@ -88,8 +88,8 @@ void Encode(std::string* out, const PutRecord& r) {
   });
 }
 
-void Encode(std::string* out, const DeleteRecord& r) {
-  AppendRecord(out, kDelete, [&](std::string* p) {
+void Encode(std::string *out, const DeleteRecord &r) {
+  AppendRecord(out, kDelete, [&](std::string *p) {
     PutU64(p, r.ns);
     p->append(r.key.view());
     PutU64(p, r.slot);
@@ -131,16 +131,16 @@ class PayloadReader {
   bool ok_ = true;
 };
 
-bool DecodeKey(PayloadReader& in, Key* key) { return Key::FromBytes(in.Bytes(Key::kSize), key); }
+bool DecodeKey(PayloadReader &in, Key *key) { return Key::FromBytes(in.Bytes(Key::kSize), key); }
 
-bool Decode(std::string_view payload, NamespaceRecord* r) {
+bool Decode(std::string_view payload, NamespaceRecord *r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   r->descriptor = std::string(in.Rest());
   return in.ok();
 }
 
-bool Decode(std::string_view payload, PutRecord* r) {
+bool Decode(std::string_view payload, PutRecord *r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   if (!DecodeKey(in, &r->key)) return false;
@@ -150,11 +150,11 @@ bool Decode(std::string_view payload, PutRecord* r) {
   const uint32_t count = in.U32();
   if (!in.ok() || count > payload.size() / 8) return false;
   r->checksums.resize(count);
-  for (uint64_t& c : r->checksums) c = in.U64();
+  for (uint64_t &c : r->checksums) c = in.U64();
   return in.done();
 }
 
-bool Decode(std::string_view payload, DeleteRecord* r) {
+bool Decode(std::string_view payload, DeleteRecord *r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   if (!DecodeKey(in, &r->key)) return false;
@@ -168,7 +168,7 @@ struct FileHeader {
   uint64_t gen;
 };
 
-bool Decode(std::string_view payload, FileHeader* h) {
+bool Decode(std::string_view payload, FileHeader *h) {
   PayloadReader in(payload);
   if (in.Bytes(8) != std::string_view(kMagic, 8) || in.U32() != kVersion) return false;
   h->kind = static_cast<FileKind>(in.U32());
@@ -178,13 +178,13 @@ bool Decode(std::string_view payload, FileHeader* h) {
 
 // --- Files ---
 
-absl::Status Errno(const std::string& what, int err) {
+absl::Status Errno(const std::string &what, int err) {
   const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
 }
 
 // Writes all of `data` at the file's current position.
-absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
+absl::Status WriteAll(int fd, std::string_view data, const std::string &path) {
   while (!data.empty()) {
     const ssize_t n = write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
@@ -194,14 +194,14 @@ absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status SyncFd(int fd, const std::string& path) {
+absl::Status SyncFd(int fd, const std::string &path) {
   while (fdatasync(fd) != 0) {
     if (errno != EINTR) return Errno(absl::StrCat("fdatasync ", path), errno);
   }
   return absl::OkStatus();
 }
 
-absl::Status SyncDir(const std::string& dir) {
+absl::Status SyncDir(const std::string &dir) {
   const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno(absl::StrCat("open ", dir), errno);
   const int r = fsync(fd);
@@ -210,16 +210,16 @@ absl::Status SyncDir(const std::string& dir) {
   return r == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", dir), err);
 }
 
-std::string JournalPath(const std::string& dir, uint64_t gen) {
+std::string JournalPath(const std::string &dir, uint64_t gen) {
   return absl::StrCat(dir, "/", kJournalPrefix, gen);
 }
 
 // The generations of the journal files in `dir`, ascending.
-absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
+absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string &dir) {
+  DIR *d = opendir(dir.c_str());
   if (d == nullptr) return Errno(absl::StrCat("open state dir ", dir), errno);
   std::vector<uint64_t> gens;
-  while (const dirent* e = readdir(d)) {
+  while (const dirent *e = readdir(d)) {
     std::string_view name = e->d_name;
     if (name.substr(0, sizeof(kJournalPrefix) - 1) != kJournalPrefix) continue;
     name.remove_prefix(sizeof(kJournalPrefix) - 1);
@@ -240,13 +240,14 @@ class RecordReader {
   enum Result { kRecord, kEnd, kTorn, kError };
   RecordReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 
-  // On kRecord, *type and *payload (valid until the next call) hold the record. kEnd: clean end
-  // of file. kTorn: a partial or corrupt record (nothing after it is read). kError: see status().
-  Result Next(uint32_t* type, std::string_view* payload) {
+  // On kRecord, *type and *payload (valid until the next call) hold the record.
+  // kEnd: clean end of file. kTorn: a partial or corrupt record (nothing after
+  // it is read). kError: see status().
+  Result Next(uint32_t *type, std::string_view *payload) {
     if (!Fill(8)) return Available() == 0 && status_.ok() ? kEnd : Fail();
     const uint32_t len = Le32(buf_.data() + pos_);
     if (len > kMaxPayload || !Fill(kFraming + len)) return Fail();
-    const char* rec = buf_.data() + pos_;
+    const char *rec = buf_.data() + pos_;
     uint64_t sum = 0;
     for (int i = 7; i >= 0; --i) sum = sum << 8 | static_cast<uint8_t>(rec[8 + len + i]);
     if (sum != XXH3_64bits(rec + 4, 4 + len)) return Fail();
@@ -256,12 +257,12 @@ class RecordReader {
     good_bytes_ += kFraming + len;
     return kRecord;
   }
-  const absl::Status& status() const { return status_; }
+  const absl::Status &status() const { return status_; }
   // Bytes of whole, verified records returned so far.
   uint64_t good_bytes() const { return good_bytes_; }
 
  private:
-  static uint32_t Le32(const char* p) {
+  static uint32_t Le32(const char *p) {
     uint32_t v = 0;
     for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<uint8_t>(p[i]);
     return v;
@@ -269,7 +270,8 @@ class RecordReader {
   size_t Available() const { return buf_.size() - pos_; }
   Result Fail() { return status_.ok() ? kTorn : kError; }
 
-  // Makes `need` bytes available at pos_; false at end of file (or on a read error).
+  // Makes `need` bytes available at pos_; false at end of file (or on a read
+  // error).
   bool Fill(size_t need) {
     if (Available() >= need) return true;
     buf_.erase(0, pos_);
@@ -304,7 +306,7 @@ class BufferedFile {
   ~BufferedFile() {
     if (fd_ >= 0) close(fd_);
   }
-  std::string* buffer() { return &buf_; }
+  std::string *buffer() { return &buf_; }
   absl::Status MaybeFlush() { return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus(); }
   absl::Status Flush() {
     RETURN_IF_ERROR(WriteAll(fd_, buf_, path_));
@@ -325,15 +327,15 @@ class BufferedFile {
 // Writes the checkpoint's records as `snapshot` emits them.
 class CheckpointWriter : public Journal::Emitter {
  public:
-  explicit CheckpointWriter(BufferedFile* file) : file_(file) {}
-  void Emit(const NamespaceRecord& r) override {
-    Add([&](std::string* b) { Encode(b, r); });
+  explicit CheckpointWriter(BufferedFile *file) : file_(file) {}
+  void Emit(const NamespaceRecord &r) override {
+    Add([&](std::string *b) { Encode(b, r); });
   }
-  void Emit(const PutRecord& r) override {
-    Add([&](std::string* b) { Encode(b, r); });
+  void Emit(const PutRecord &r) override {
+    Add([&](std::string *b) { Encode(b, r); });
   }
   uint64_t records() const { return records_; }
-  const absl::Status& status() const { return status_; }
+  const absl::Status &status() const { return status_; }
 
  private:
   template <typename F>
@@ -343,13 +345,13 @@ class CheckpointWriter : public Journal::Emitter {
     ++records_;
     status_ = file_->MaybeFlush();
   }
-  BufferedFile* file_;
+  BufferedFile *file_;
   uint64_t records_ = 0;
   absl::Status status_;
 };
 
 // Delivers one record to the visitor. False if the payload does not parse.
-bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v) {
+bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor &v) {
   switch (type) {
     case kNamespace: {
       NamespaceRecord r;
@@ -374,25 +376,27 @@ bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v) 
   }
 }
 
-absl::StatusOr<int> OpenForRead(const std::string& path) {
+absl::StatusOr<int> OpenForRead(const std::string &path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno(absl::StrCat("open ", path), errno);
   return fd;
 }
 
-// Loads the checkpoint: its generation, records delivered to `v`. Any flaw is DATA_LOSS.
-absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryVisitor& v,
-                                        RecoveryReport* report) {
+// Loads the checkpoint: its generation, records delivered to `v`. Any flaw is
+// DATA_LOSS.
+absl::StatusOr<uint64_t> LoadCheckpoint(const std::string &path, const RecoveryVisitor &v,
+                                        RecoveryReport *report) {
   ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
   RecordReader reader(fd, path);
-  auto corrupt = [&](const std::string& what) {
+  auto corrupt = [&](const std::string &what) {
     close(fd);
     if (!reader.status().ok()) return reader.status();
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint ", path, " is corrupt (", what,
-        "); refusing to start from a wrong index. "
-        "Restore it from a backup, or move the state directory's journal files and checkpoint "
-        "away together with the pool files to start empty"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint ", path, " is corrupt (", what,
+                     "); refusing to start from a wrong index. "
+                     "Restore it from a backup, or move the state directory's "
+                     "journal files and checkpoint "
+                     "away together with the pool files to start empty"));
   };
   uint32_t type;
   std::string_view payload;
@@ -418,8 +422,8 @@ absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryV
 }
 
 // Replays one journal file up to its first torn or corrupt record.
-absl::Status ReplayJournal(const std::string& path, uint64_t gen, const RecoveryVisitor& v,
-                           RecoveryReport* report) {
+absl::Status ReplayJournal(const std::string &path, uint64_t gen, const RecoveryVisitor &v,
+                           RecoveryReport *report) {
   ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
   RecordReader reader(fd, path);
   uint32_t type;
@@ -436,7 +440,8 @@ absl::Status ReplayJournal(const std::string& path, uint64_t gen, const Recovery
     }
     while ((r = reader.Next(&type, &payload)) == RecordReader::kRecord) {
       if (!Deliver(type, payload, v)) {
-        r = RecordReader::kTorn;  // well-framed but unreadable: treat as the end of this file
+        r = RecordReader::kTorn;  // well-framed but unreadable: treat as the end
+                                  // of this file
         break;
       }
       ++report->records;
@@ -447,16 +452,18 @@ absl::Status ReplayJournal(const std::string& path, uint64_t gen, const Recovery
   if (r == RecordReader::kTorn) {
     ++report->torn_tails;
     log::Get("journal")->warn(
-        "{}: torn or corrupt record at byte {}; the rest of this file is ignored (a crash "
+        "{}: torn or corrupt record at byte {}; the rest "
+        "of this file is ignored (a crash "
         "mid-append)",
         path, reader.good_bytes());
   }
   return absl::OkStatus();
 }
 
-// Removes journal files older than the checkpoint's generation `base` and checks that the others
-// run without a gap from `base` (from 1 without a checkpoint). Leaves those in `*gens`.
-absl::Status CheckGenerations(const std::string& dir, uint64_t base, std::vector<uint64_t>* gens) {
+// Removes journal files older than the checkpoint's generation `base` and
+// checks that the others run without a gap from `base` (from 1 without a
+// checkpoint). Leaves those in `*gens`.
+absl::Status CheckGenerations(const std::string &dir, uint64_t base, std::vector<uint64_t> *gens) {
   std::vector<uint64_t> keep;
   for (uint64_t gen : *gens) {
     if (gen >= base) {
@@ -471,15 +478,17 @@ absl::Status CheckGenerations(const std::string& dir, uint64_t base, std::vector
     return absl::DataLossError(absl::StrCat(
         JournalPath(dir, first + i), " is missing (", base == 0 ? "no checkpoint" : "checkpoint",
         " generation ", base, ", journal files from ", keep.empty() ? 0 : keep.front(),
-        "): committed records are lost; refusing to start from a wrong index. Move the state "
+        "): committed records are lost; refusing to start from a wrong index. "
+        "Move the state "
         "directory's files away together with the pool files to start empty"));
   }
   *gens = std::move(keep);
   return absl::OkStatus();
 }
 
-// Creates journal.<gen> holding only its header, durably (file and directory entry).
-absl::StatusOr<int> CreateGeneration(const std::string& dir, uint64_t gen) {
+// Creates journal.<gen> holding only its header, durably (file and directory
+// entry).
+absl::StatusOr<int> CreateGeneration(const std::string &dir, uint64_t gen) {
   const std::string path = JournalPath(dir, gen);
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(absl::StrCat("create ", path), errno);
@@ -496,10 +505,10 @@ absl::StatusOr<int> CreateGeneration(const std::string& dir, uint64_t gen) {
   return fd;
 }
 
-// Writes checkpoint.tmp (header, the snapshot's records, end record), syncs it and renames it to
-// "checkpoint", then syncs the directory.
-absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
-                             const std::function<void(Journal::Emitter&)>& snapshot) {
+// Writes checkpoint.tmp (header, the snapshot's records, end record), syncs it
+// and renames it to "checkpoint", then syncs the directory.
+absl::Status WriteCheckpoint(const std::string &dir, uint64_t gen,
+                             const std::function<void(Journal::Emitter &)> &snapshot) {
   const std::string tmp = absl::StrCat(dir, "/", kCheckpointTmpName);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(absl::StrCat("create ", tmp), errno);
@@ -512,7 +521,7 @@ absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
     s = writer.status();
     if (s.ok()) {
       AppendRecord(file.buffer(), kCheckpointEnd,
-                   [&](std::string* p) { PutU64(p, writer.records()); });
+                   [&](std::string *p) { PutU64(p, writer.records()); });
       s = file.FlushAndSync();
     }
   }
@@ -525,9 +534,9 @@ absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_dir,
-                                                       const RecoveryVisitor& visitor,
-                                                       RecoveryReport* report) {
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string &state_dir,
+                                                       const RecoveryVisitor &visitor,
+                                                       RecoveryReport *report) {
   RecoveryReport local;
   if (report == nullptr) report = &local;
   *report = RecoveryReport{};
@@ -555,7 +564,8 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_
   j->generation_ = next;
   report->generation = next;
   log::Get("journal")->info(
-      "{}: recovered {} records (checkpoint generation {}, {} journal files, {} torn tails); "
+      "{}: recovered {} records (checkpoint generation "
+      "{}, {} journal files, {} torn tails); "
       "appending to generation {}",
       state_dir, report->records, base, gens.size(), report->torn_tails, next);
   return j;
@@ -565,17 +575,17 @@ Journal::~Journal() {
   if (fd_ >= 0) close(fd_);
 }
 
-void Journal::Append(const PutRecord& r) {
+void Journal::Append(const PutRecord &r) {
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
 }
 
-void Journal::Append(const DeleteRecord& r) {
+void Journal::Append(const DeleteRecord &r) {
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
 }
 
-void Journal::Append(const NamespaceRecord& r) {
+void Journal::Append(const NamespaceRecord &r) {
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
 }
@@ -584,7 +594,8 @@ absl::Status Journal::Sync() {
   if (buffer_.empty()) return absl::OkStatus();
   absl::Status s;
   if (fd_ < 0) {
-    // A previous failure closed the file; appends continue in a fresh generation.
+    // A previous failure closed the file; appends continue in a fresh
+    // generation.
     auto fd = CreateGeneration(state_dir_, generation_ + 1);
     if (fd.ok()) {
       fd_ = *fd;
@@ -599,9 +610,10 @@ absl::Status Journal::Sync() {
     buffer_.clear();
     return absl::OkStatus();
   }
-  // The file may now end in a partial record, and after a failed fdatasync the kernel may have
-  // dropped the dirty pages: never append to it again. Drop the unsynced records (the caller does
-  // not publish them); the next Sync starts a new generation, which recovery reads after this one.
+  // The file may now end in a partial record, and after a failed fdatasync the
+  // kernel may have dropped the dirty pages: never append to it again. Drop the
+  // unsynced records (the caller does not publish them); the next Sync starts a
+  // new generation, which recovery reads after this one.
   log::Get("journal")->error("{}: {}; abandoning this journal file", path, s.ToString());
   buffer_.clear();
   if (fd_ >= 0) close(fd_);
@@ -609,10 +621,12 @@ absl::Status Journal::Sync() {
   return s;
 }
 
-absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter&)>& snapshot) {
+absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter &)> &snapshot) {
   RETURN_IF_ERROR(Sync());
-  // 1. A new, durable, empty generation: from now on recovery needs the checkpoint that follows,
-  //    or, if we crash before its rename, the old checkpoint plus every journal file.
+  // 1. A new, durable, empty generation: from now on recovery needs the
+  // checkpoint that follows,
+  //    or, if we crash before its rename, the old checkpoint plus every journal
+  //    file.
   const uint64_t next = generation_ + 1;
   ASSIGN_OR_RETURN(const int fd, CreateGeneration(state_dir_, next));
   if (fd_ >= 0) close(fd_);

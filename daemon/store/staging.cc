@@ -16,7 +16,7 @@ FramePool::FramePool(absl::Span<uint8_t> region, uint32_t frame_bytes) : frame_b
   for (uint64_t i = total_; i > 0; --i) frames_.push_back(region.data() + (i - 1) * frame_bytes);
 }
 
-bool FramePool::TryTake(uint64_t n, std::vector<uint8_t*>* out) {
+bool FramePool::TryTake(uint64_t n, std::vector<uint8_t *> *out) {
   absl::MutexLock lock(&mu_);
   if (frames_.size() < n) return false;
   out->insert(out->end(), frames_.end() - n, frames_.end());
@@ -24,7 +24,7 @@ bool FramePool::TryTake(uint64_t n, std::vector<uint8_t*>* out) {
   return true;
 }
 
-void FramePool::Take(uint64_t n, std::vector<uint8_t*>* out) {
+void FramePool::Take(uint64_t n, std::vector<uint8_t *> *out) {
   absl::MutexLock lock(&mu_);
   auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return frames_.size() >= n; };
   mu_.Await(absl::Condition(&enough));
@@ -32,7 +32,7 @@ void FramePool::Take(uint64_t n, std::vector<uint8_t*>* out) {
   frames_.resize(frames_.size() - n);
 }
 
-void FramePool::Give(absl::Span<uint8_t* const> frames) {
+void FramePool::Give(absl::Span<uint8_t *const> frames) {
   absl::MutexLock lock(&mu_);
   frames_.insert(frames_.end(), frames.begin(), frames.end());
 }
@@ -45,12 +45,13 @@ uint64_t FramePool::free_frames() const {
 absl::StatusOr<std::unique_ptr<Region>> Region::Create(uint64_t bytes) {
   constexpr uint64_t kHuge = 2ull << 20;
   const uint64_t size = std::max<uint64_t>(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", size, " bytes of staging memory: ", std::strerror(errno)));
   }
-  return std::unique_ptr<Region>(new Region(static_cast<uint8_t*>(p), size));
+  return std::unique_ptr<Region>(new Region(static_cast<uint8_t *>(p), size));
 }
 
 Region::~Region() {
