@@ -4,6 +4,8 @@
 #ifndef TUTTI_DAEMON_IO_ALIGNED_BUFFER_H_
 #define TUTTI_DAEMON_IO_ALIGNED_BUFFER_H_
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,14 +16,23 @@
 
 namespace tutti::io {
 
+// Whether to back the buffer with transparent huge pages where the kernel allows (THP "always" or
+// "madvise"). Staging for I/O should: a transfer into 4 KiB pages that are not physically
+// contiguous reaches the device as several segments, and on a virtio disk that was measured to
+// cost 10-25% of random-read throughput at 32 KiB (bench/io_bench.cc, FORMAT.md notes).
+enum class HugePages { kNo, kPrefer };
+
 class AlignedBuffer {
  public:
+  static constexpr uint64_t kHugePage = 2 << 20;
+
   AlignedBuffer() = default;
-  // `bytes` is rounded up to a multiple of kAlignment. Aborts if memory is exhausted (like new).
-  explicit AlignedBuffer(uint64_t bytes)
-      : size_((bytes + kAlignment - 1) / kAlignment * kAlignment),
-        data_(static_cast<uint8_t*>(Allocate(size_))) {
-    if (size_ > 0) std::memset(data_.get(), 0, size_);
+  // `bytes` is rounded up to a multiple of kAlignment (of kHugePage with kPrefer). Aborts if
+  // memory is exhausted (like new).
+  explicit AlignedBuffer(uint64_t bytes, HugePages huge = HugePages::kNo)
+      : size_(RoundUp(bytes, huge == HugePages::kPrefer ? kHugePage : kAlignment)),
+        data_(static_cast<uint8_t*>(Allocate(size_, huge))) {
+    if (size_ > 0) std::memset(data_.get(), 0, size_);  // after madvise: faults in huge pages
   }
 
   uint8_t* data() { return data_.get(); }
@@ -34,10 +45,13 @@ class AlignedBuffer {
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };
-  static void* Allocate(uint64_t bytes) {
+  static uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+  static void* Allocate(uint64_t bytes, HugePages huge) {
     if (bytes == 0) return nullptr;
-    void* p = std::aligned_alloc(kAlignment, bytes);
+    const bool prefer = huge == HugePages::kPrefer;
+    void* p = std::aligned_alloc(prefer ? kHugePage : kAlignment, bytes);
     if (p == nullptr) std::abort();
+    if (prefer) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure leaves 4 KiB pages
     return p;
   }
 
