@@ -1,0 +1,174 @@
+#include "client/cpp/session.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "client/hostengine/connect.h"
+
+namespace tutti::client::internal {
+namespace {
+
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(50);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& options,
+                                                       tutti::v1::AttachRequest request) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      hostengine::ConnectToTuttid(options.socket_path, options.connect_timeout);
+  if (!channel.ok()) return channel.status();
+  std::unique_ptr<Session> session(new Session(options, *channel, std::move(request)));
+  if (absl::Status s = session->AttachNow(options.call_timeout); !s.ok()) return s;
+  session->thread_ = std::thread(&Session::Loop, session.get());
+  return session;
+}
+
+Session::Session(const SessionOptions& options, std::shared_ptr<grpc::Channel> channel,
+                 tutti::v1::AttachRequest request)
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(tutti::v1::KvCache::NewStub(channel_)),
+      request_(std::move(request)) {}
+
+Session::~Session() { (void)Detach(); }
+
+std::unique_ptr<grpc::ClientContext> Session::NewContext() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  return ctx;
+}
+
+absl::Status Session::AttachNow(absl::Duration deadline) {
+  tutti::v1::AttachResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  absl::Status s = hostengine::FromGrpc(stub_->Attach(&ctx, request_, &response));
+  if (!s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (state_ == State::kDetached) return absl::FailedPreconditionError("detached");
+  state_ = State::kAttached;
+  session_id_ = response.session_id();
+  attach_ = response;
+  ++generation_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Session::Current> Session::current() const {
+  absl::MutexLock lock(&mu_);
+  switch (state_) {
+    case State::kAttached:
+      return Current{session_id_, generation_};
+    case State::kLost:
+      return absl::UnavailableError(absl::StrCat(
+          "lost the session with tuttid at ", options_.socket_path,
+          options_.reattach ? "; re-attaching in the background" : " (reattach is off)"));
+    case State::kDetached:
+      break;
+  }
+  return absl::FailedPreconditionError("detached from tuttid");
+}
+
+void Session::Observe(const absl::Status& status, uint64_t generation) {
+  if (absl::IsUnavailable(status)) {
+    MarkLost(generation, status);
+  } else if (absl::IsNotFound(status)) {
+    absl::MutexLock lock(&mu_);
+    wake_ = true;
+  }
+}
+
+void Session::MarkLost(uint64_t generation, const absl::Status& why) {
+  (void)why;
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kAttached || generation != generation_) return;
+  state_ = State::kLost;
+  session_id_ = 0;
+  wake_ = true;
+}
+
+void Session::Loop() {
+  absl::Duration sleep = kMinBackoff;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop_or_wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stop_or_wake), sleep);
+      if (stop_) return;
+      wake_ = false;
+    }
+    sleep = Tick(sleep);
+  }
+}
+
+absl::Duration Session::Tick(absl::Duration backoff) {
+  State state;
+  Current cur;
+  absl::Duration period;
+  {
+    absl::MutexLock lock(&mu_);
+    state = state_;
+    cur = {session_id_, generation_};
+    period = absl::Milliseconds(std::max<uint32_t>(attach_.session_ttl_ms() / 4, 10));
+  }
+  if (state == State::kAttached) {
+    tutti::v1::KeepAliveRequest request;
+    request.set_session_id(cur.session_id);
+    tutti::v1::KeepAliveResponse response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(period, absl::Seconds(1))));
+    absl::Status s = hostengine::FromGrpc(stub_->KeepAlive(&ctx, request, &response));
+    if (absl::IsUnavailable(s) || absl::IsNotFound(s) || absl::IsDeadlineExceeded(s)) {
+      MarkLost(cur.generation, s);
+      return kMinBackoff;
+    }
+    return period;
+  }
+  if (state == State::kLost && options_.reattach) {
+    if (AttachNow(std::max(options_.connect_timeout, absl::Seconds(1))).ok()) return period;
+    return std::min(backoff * 2, kMaxBackoff);
+  }
+  return kMaxBackoff;
+}
+
+void Session::StopThread() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status Session::Detach() {
+  StopThread();
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kAttached) id = session_id_;
+    state_ = State::kDetached;
+    session_id_ = 0;
+  }
+  if (id == 0) return absl::OkStatus();
+  tutti::v1::DetachRequest request;
+  request.set_session_id(id);
+  tutti::v1::DetachResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  return hostengine::FromGrpc(stub_->Detach(&ctx, request, &response));
+}
+
+SessionInfo Session::info() const {
+  absl::MutexLock lock(&mu_);
+  SessionInfo info;
+  info.session_id = session_id_;
+  info.namespace_id = attach_.namespace_id();
+  info.generation = generation_;
+  info.object_bytes = attach_.object_bytes();
+  info.max_blocks_per_call = attach_.max_blocks_per_call();
+  info.session_ttl_ms = attach_.session_ttl_ms();
+  info.attached = state_ == State::kAttached;
+  info.mode = request_.ready_words().count() > 0 ? MemoryMode::kCuda : MemoryMode::kHost;
+  return info;
+}
+
+}  // namespace tutti::client::internal
