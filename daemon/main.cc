@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,10 +34,16 @@
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "daemon/server/admin_service.h"
+#include "daemon/server/engine_watcher.h"
+#include "daemon/server/gpu_engine_io.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/server.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
+#include "gpu/io_stream.h"
+#include "gpu/layer_copier.h"
+#include "gpu/pinned.h"
+#include "gpu/probe.h"
 
 ABSL_FLAG(std::string, config, "",
           "text-proto config file (tutti.v1.Config) merged over the embedded default; empty: the "
@@ -159,14 +166,6 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   return o;
 }
 
-std::string Notes(const v1::Config& config) {
-  std::vector<std::string> notes;
-  notes.push_back("host mode: engines attach host shared memory (no CUDA in this build)");
-  if (config.io().backend() == "memory") {
-    notes.push_back("io backend \"memory\": the pool lives in RAM and nothing persists");
-  }
-  return absl::StrJoin(notes, "; ");
-}
 
 // Blocks until SIGTERM or SIGINT arrives (both are blocked in every thread; see main).
 int WaitForStopSignal() {
@@ -180,13 +179,26 @@ int WaitForStopSignal() {
   return sig;
 }
 
+// The GPU data path of a daemon in cuda mode. Destroyed in reverse order: the copier, then the
+// staging registration, then the stream.
+struct GpuRuntime {
+  gpu::DeviceInfo device;
+  std::unique_ptr<gpu::IoStream> stream;
+  std::unique_ptr<gpu::PinnedRegion> staging;  // the store's staging, page-locked and mapped
+  std::unique_ptr<gpu::LayerCopier> copier;
+};
+
 // The running daemon's parts. Destroyed in reverse order: serving stops before the sessions,
-// the sessions (and their pins) go before the store.
+// the sessions (and their pins and mappings) go before the GPU runtime and the store.
 struct Daemon {
   std::string io_backend;
+  std::string device_mode = "host";
+  std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
   std::unique_ptr<store::BlockStore> store;
+  std::unique_ptr<GpuRuntime> gpu;
   std::unique_ptr<server::SessionManager> sessions;
+  std::unique_ptr<server::EngineWatcher> watcher;
   std::unique_ptr<server::KvCacheService> kv;
   std::unique_ptr<server::AdminService> admin;
   std::unique_ptr<server::Server> server;
@@ -205,8 +217,79 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
                          layout.max_objects(), layout.object_bytes());
   ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend, OpenBackend(config, layout));
   d->io_backend = std::string(backend->name());
+  if (d->io_backend == "memory") {
+    d->notes.push_back("io backend \"memory\": the pool lives in RAM and nothing persists");
+  }
   ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(MakeStoreOptions(config, layout),
                                                      std::move(backend), Clock::Real()));
+  return absl::OkStatus();
+}
+
+// GPU staging for retrieves: one layer of a maximal call (so a layer is one copy round), at most
+// 512 MiB, at least one object.
+uint64_t GpuStagingBytes(const v1::Config& config) {
+  const uint64_t object = config.pool().object_bytes();
+  const uint64_t layer = uint64_t{config.limits().max_blocks_per_call()} * 2 * object;
+  return std::max(object, std::min<uint64_t>(layer, 512ull << 20));
+}
+
+// Decides the device mode before anything else starts: the device to use in cuda mode, or none
+// (host mode, noted). gpu.mode = cuda without a usable GPU, or an io_sm_count the device cannot
+// give, stops start-up.
+absl::StatusOr<std::optional<gpu::DeviceInfo>> ChooseDevice(const v1::Config& config, Daemon* d) {
+  const v1::GpuConfig& g = config.gpu();
+  if (g.mode() == "host") {
+    d->notes.push_back("host mode (gpu.mode = host): engines attach host shared memory");
+    return std::nullopt;
+  }
+  absl::StatusOr<gpu::DeviceInfo> device = gpu::Probe(static_cast<int>(g.device()));
+  if (!device.ok()) {
+    if (g.mode() == "cuda") {
+      return absl::FailedPreconditionError(absl::StrCat("gpu.mode = cuda, but GPU ", g.device(),
+                                                        " is not usable: ",
+                                                        device.status().message()));
+    }
+    d->notes.push_back(absl::StrCat("host mode: no usable GPU (", device.status().message(),
+                                    "); engines attach host shared memory"));
+    return std::nullopt;
+  }
+  absl::Status valid = gpu::IoStream::ValidateOptions(
+      {static_cast<int>(g.device()), g.io_sm_count(), g.copy_ctas()}, device->sm_count);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("gpu.io_sm_count = ", g.io_sm_count(), ": ",
+                                                   device->name, " has ", device->sm_count,
+                                                   " SMs (", valid.message(), ")"));
+  }
+  return *device;
+}
+
+// Sets up the GPU data path on `device`: the I/O stream (a green context, or an ordinary stream
+// with a note), the store's staging registered as pinned and mapped (once: nothing is registered
+// or allocated on the I/O path), and the layer copier with its GPU staging.
+absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, Daemon* d) {
+  const v1::GpuConfig& g = config.gpu();
+  const gpu::IoStream::Options stream_options{static_cast<int>(g.device()), g.io_sm_count(),
+                                              g.copy_ctas()};
+  auto rt = std::make_unique<GpuRuntime>();
+  rt->device = device;
+  ASSIGN_OR_RETURN(rt->stream, gpu::IoStream::Create(stream_options));
+  const absl::Span<uint8_t> staging = d->store->staging_region();
+  ASSIGN_OR_RETURN(rt->staging, gpu::PinnedRegion::Register(staging.data(), staging.size()));
+  const gpu::LayerCopier::Mode mode = g.scatter() == "mapped" ? gpu::LayerCopier::Mode::kMapped
+                                                              : gpu::LayerCopier::Mode::kStaged;
+  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config)},
+                                                        rt->stream.get(),
+                                                        {rt->staging->staging()}));
+  d->device_mode = "cuda";
+  d->notes.push_back(absl::StrCat("cuda mode on GPU ", g.device(), " (", device.name, ", ",
+                                  device.uuid_text, "): I/O ", rt->stream->description(), ", ",
+                                  rt->stream->ctas(), " CTAs per copy; retrieve copies ",
+                                  g.scatter(), "; ", staging.size() >> 20,
+                                  " MiB of staging registered"));
+  if (!rt->stream->is_green() && g.io_sm_count() > 0) {
+    d->notes.push_back("no green context: the daemon's kernels may use every SM");
+  }
+  d->gpu = std::move(rt);
   return absl::OkStatus();
 }
 
@@ -218,14 +301,22 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                                       limits.max_sessions()},
       Clock::Real(),
       [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); });
+  ASSIGN_OR_RETURN(d->watcher,
+                   server::EngineWatcher::Create([s = d->sessions.get()](uint64_t id, uint32_t pid) {
+                     (void)s->Close(id, absl::StrCat("engine process ", pid,
+                                                     " exited; its mappings are closed"));
+                   }));
+  server::MemoryOpener opener =
+      d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
+             : server::HostMemoryOpener();
   d->kv = std::make_unique<server::KvCacheService>(
       server::KvCacheOptions{limits.max_blocks_per_call()}, d->store.get(), d->sessions.get(),
-      server::HostMemoryOpener(), &d->gate);
+      std::move(opener), &d->gate, d->watcher.get());
   server::DaemonInfo info{kVersion,
                           d->io_backend,
-                          "host",
+                          d->device_mode,
                           {config.pool().dirs().begin(), config.pool().dirs().end()},
-                          Notes(config)};
+                          absl::StrJoin(d->notes, "; ")};
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
@@ -243,7 +334,9 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
 void Stop(Daemon* d) {
   d->server->Shutdown(kShutdownGrace);  // returns once every handler has returned
   d->reaper.reset();
+  d->watcher.reset();
   d->sessions.reset();  // drops every lease's pins and every engine mapping
+  d->gpu.reset();       // before the store: its staging is unregistered first
   d->store->Flush();
   d->store.reset();  // checkpoints and stops the writer
 }
@@ -260,10 +353,12 @@ absl::Status Run() {
         absl::StrCat("another server (tuttid?) is answering on ", config.listen().socket_path()));
   }
   Daemon daemon;
+  ASSIGN_OR_RETURN(const std::optional<gpu::DeviceInfo> device, ChooseDevice(config, &daemon));
   RETURN_IF_ERROR(OpenStore(config, &daemon));
+  if (device.has_value()) RETURN_IF_ERROR(StartGpu(config, *device, &daemon));
   RETURN_IF_ERROR(StartServing(config, &daemon));
   log->info("ready: serving on unix:{} ({}; io backend {})", config.listen().socket_path(),
-            Notes(config), daemon.io_backend);
+            absl::StrJoin(daemon.notes, "; "), daemon.io_backend);
   NotifySystemd("READY=1");
   const int sig = WaitForStopSignal();
   log->info("{}: stopping; in-flight calls get {}", strsignal(sig),

@@ -1,8 +1,11 @@
 #include "daemon/server/kvcache_service.h"
 
+#include <signal.h>
+
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
@@ -45,7 +48,12 @@ std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& 
 MemoryOpener HostMemoryOpener() {
   return
       [](const tutti::v1::AttachRequest& req,
-         const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<engine::EngineMemory>> {
+         const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+        if (req.has_ready_words()) {
+          return absl::InvalidArgumentError(
+              "ready_words: only with cuda_ipc regions (GPU mode); host-mode engines learn of "
+              "each layer from the Retrieve stream");
+        }
         std::vector<engine::HostShmRegion> regions;
         for (int i = 0; i < req.regions_size(); ++i) {
           const MemoryRegion& r = req.regions(i);
@@ -63,17 +71,19 @@ MemoryOpener HostMemoryOpener() {
         ASSIGN_OR_RETURN(auto memory,
                          engine::HostMemory::Create(regions, Placements(req), req.num_blocks(),
                                                     ns.num_objects, ns.object_len));
-        return std::unique_ptr<engine::EngineMemory>(std::move(memory));
+        return MakeHostEngineIo(std::move(memory));
       };
 }
 
 KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
-                               SessionManager* sessions, MemoryOpener opener, CallGate* gate)
+                               SessionManager* sessions, MemoryOpener opener, CallGate* gate,
+                               EngineWatcher* watcher)
     : options_(options),
       store_(store),
       sessions_(sessions),
       opener_(std::move(opener)),
-      gate_(gate) {}
+      gate_(gate),
+      watcher_(watcher) {}
 
 // --- Attach, KeepAlive, Release, Detach ---
 
@@ -90,12 +100,19 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
                      " sessions (limits.max_sessions); detach one first"));
   }
   if (!req.has_namespace_()) return absl::InvalidArgumentError("namespace: missing");
+  const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
+  if (watch && kill(static_cast<pid_t>(req.engine_pid()), 0) != 0 && errno == ESRCH) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine_pid ", req.engine_pid(),
+                     ": no such process (it exited, or lives in another pid namespace)"));
+  }
   ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(ns));
-  ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineMemory> memory, opener_(req, info));
-  ASSIGN_OR_RETURN(
-      SessionRef session,
-      sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(memory)));
+  ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, opener_(req, info));
+  ASSIGN_OR_RETURN(SessionRef session,
+                   sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(),
+                                   std::move(io), watch ? req.engine_pid() : 0));
+  if (watch) RETURN_IF_ERROR(WatchEngine(session));
   resp->set_session_id(session->id);
   resp->set_namespace_id(ns);
   resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
@@ -166,36 +183,65 @@ grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const tutti::v1::Looku
 
 // --- Retrieve ---
 
-absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
-                                        grpc::ServerContext* ctx, const Emit& emit) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
-  engine::EngineMemory* memory = session->memory.get();
+absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& req,
+                                            const SessionState& session, grpc::ServerContext* ctx,
+                                            const Emit& emit, uint32_t* next, uint32_t* end) {
+  EngineIo* io = session.io.get();
+  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session.ns));
+  *end = NumLayers(info);  // all words, until the range is known to be good
   ASSIGN_OR_RETURN(BlockBatch batch,
-                   ParseBlocks(req.blocks(), memory->num_blocks(), options_.max_blocks_per_call));
-  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session->ns));
+                   ParseBlocks(req.blocks(), io->num_blocks(), options_.max_blocks_per_call));
   ASSIGN_OR_RETURN(LayerRange layers,
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
+  *next = layers.begin;
+  *end = layers.end;
   // From here on the lease ends with this call, whatever happens.
   ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
-                   sessions_->ClaimLease(session->id, req.lease_id(), batch.keys));
+                   sessions_->ClaimLease(session.id, req.lease_id(), batch.keys));
   std::vector<engine::CopyOp> ops;
   auto sink = [&](uint32_t layer, absl::Span<const store::ScatterOp> objects,
                   absl::Span<const uint32_t> failed) -> absl::Status {
-    if (session->closed.load()) return absl::CancelledError("the session was closed");
+    if (session.closed.load()) return absl::CancelledError("the session was closed");
     if (ctx != nullptr && ctx->IsCancelled()) return absl::CancelledError("the call was cancelled");
     ops.clear();
     for (const store::ScatterOp& op : objects) {
-      // CopyOp serves both directions; Scatter only reads `staging`.
+      // CopyOp serves both directions; a scatter only reads `staging`.
       ops.push_back({batch.engine_blocks[op.item], op.object, const_cast<uint8_t*>(op.src)});
     }
-    RETURN_IF_ERROR(memory->Scatter(ops));
+    RETURN_IF_ERROR(io->ScatterLayer(layer, ops, req.ticket()));
+    *next = layer + 1;
     tutti::v1::RetrieveProgress progress;
     progress.set_layer(layer);
     for (uint32_t item : failed) progress.add_failed(item);
     if (!emit(progress)) return absl::CancelledError("the client went away");
     return absl::OkStatus();
   };
-  return store_->Read(session->ns, batch.keys, layers.begin, layers.end, sink);
+  return store_->Read(session.ns, batch.keys, layers.begin, layers.end, sink);
+}
+
+absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
+                                        grpc::ServerContext* ctx, const Emit& emit) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  EngineIo* io = session->io.get();
+  if (io->is_device() && session->retrieving.exchange(true)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", session->id,
+                     " has a Retrieve in flight; GPU sessions retrieve one request at a time"));
+  }
+  absl::Cleanup admitted = [&] {
+    if (io->is_device()) session->retrieving.store(false);
+  };
+  uint32_t next = 0, end = 0;
+  absl::Status s = RetrieveLayers(req, *session, ctx, emit, &next, &end);
+  // Never leave an engine's stream waiting on a live daemon: words not yet written get the ticket.
+  if (io->has_ready_words() && next < end && !session->closed.load()) {
+    absl::Status w = io->SignalLayers(next, end, req.ticket());
+    if (!w.ok()) {
+      log::Get("server")->error("session {}: writing ready words [{}, {}): {}", session->id, next,
+                                end, w.ToString());
+    }
+  }
+  return s;
 }
 
 grpc::Status KvCacheService::Retrieve(grpc::ServerContext* ctx,
@@ -209,34 +255,72 @@ grpc::Status KvCacheService::Retrieve(grpc::ServerContext* ctx,
 
 // --- Store ---
 
-absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
-                                     tutti::v1::StoreResponse* resp) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
-  engine::EngineMemory* memory = session->memory.get();
+absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
+                                         const SessionState& session, bool* signaled,
+                                         tutti::v1::StoreResponse* resp) {
+  EngineIo* io = session.io.get();
   ASSIGN_OR_RETURN(BlockBatch batch,
-                   ParseBlocks(req.blocks(), memory->num_blocks(), options_.max_blocks_per_call));
-  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session->ns));
+                   ParseBlocks(req.blocks(), io->num_blocks(), options_.max_blocks_per_call));
+  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session.ns));
   ASSIGN_OR_RETURN(LayerRange layers,
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
   auto gather = [&](absl::Span<const store::GatherOp> gops) -> absl::Status {
-    if (session->closed.load()) return absl::CancelledError("the session was closed");
+    if (session.closed.load()) return absl::CancelledError("the session was closed");
     std::vector<engine::CopyOp> ops;
     ops.reserve(gops.size());
     for (const store::GatherOp& op : gops) {
       ops.push_back({batch.engine_blocks[op.item], op.object, op.dst});
     }
-    return memory->Gather(ops);
+    RETURN_IF_ERROR(io->Gather(ops));
+    // Captured: the engine may reuse its blocks now, before the SSD write (and wait_durable).
+    *signaled = true;
+    return io->SignalCaptured(req.ticket());
   };
   ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
-                   store_->Capture(session->ns, batch.keys, layers.begin, layers.end, gather,
+                   store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
                                    req.wait_durable()));
   for (store::CaptureOutcome o : outcomes) resp->add_outcomes(ToProto(o));
   return absl::OkStatus();
 }
 
+absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
+                                     tutti::v1::StoreResponse* resp) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  EngineIo* io = session->io.get();
+  if (io->has_ready_words() && session->storing.exchange(true)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session->id, " has a Store in flight; with ready words, one at a time"));
+  }
+  absl::Cleanup admitted = [&] {
+    if (io->has_ready_words()) session->storing.store(false);
+  };
+  bool signaled = false;
+  absl::Status s = StoreBlocks(req, *session, &signaled, resp);
+  if (io->has_ready_words() && !signaled && !session->closed.load()) {
+    absl::Status w = io->SignalCaptured(req.ticket());
+    if (!w.ok()) {
+      log::Get("server")->error("session {}: writing the store word: {}", session->id,
+                                w.ToString());
+    }
+  }
+  return s;
+}
+
 grpc::Status KvCacheService::Store(grpc::ServerContext*, const tutti::v1::StoreRequest* req,
                                    tutti::v1::StoreResponse* resp) {
   return ServeCall(gate_, [&] { return DoStore(*req, resp); });
+}
+
+// --- Engine processes ---
+
+absl::Status KvCacheService::WatchEngine(const SessionRef& session) {
+  std::weak_ptr<const SessionState> weak = session;
+  absl::Status s = watcher_->Watch(session->engine_pid, session->id, [weak] {
+    SessionRef alive = weak.lock();
+    return alive != nullptr && !alive->closed.load();
+  });
+  if (!s.ok()) (void)sessions_->Close(session->id, "its engine could not be watched");
+  return s;
 }
 
 }  // namespace tutti::server

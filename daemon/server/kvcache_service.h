@@ -9,6 +9,13 @@
 //
 // Thread-safety: gRPC calls the handlers from many threads at once; they share only the store and
 // the session manager, both thread-safe.
+//
+// GPU mode (sessions whose EngineIo is device memory): a session has at most one Retrieve in
+// flight, and with ready words at most one Store; another is FAILED_PRECONDITION and writes no
+// word. Once a Retrieve is admitted, every ready word of its layer range is written with its ticket
+// whatever happens (copied, failed, cancelled, bad request; all layers when the range itself is
+// bad), unless the session was closed (its engine is gone). An admitted Store writes its ticket
+// into word num_layers once its blocks are captured, or when it ends without capturing.
 #ifndef TUTTI_DAEMON_SERVER_KVCACHE_SERVICE_H_
 #define TUTTI_DAEMON_SERVER_KVCACHE_SERVICE_H_
 
@@ -20,20 +27,23 @@
 #include "absl/status/statusor.h"
 #include "daemon/engine/engine_memory.h"
 #include "daemon/server/call_gate.h"
+#include "daemon/server/engine_io.h"
+#include "daemon/server/engine_watcher.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/kvcache.grpc.pb.h"
 
 namespace tutti::server {
 
-// Opens the engine memory an Attach request names, shaped as `ns` says (objects per block,
-// object length). The seam between host mode and GPU mode.
-using MemoryOpener = std::function<absl::StatusOr<std::unique_ptr<engine::EngineMemory>>(
+// Opens the engine memory an Attach request names (regions, placements, ready words), shaped as
+// `ns` says (objects per block, object length). The seam between host mode and GPU mode
+// (daemon/server/gpu_engine_io.h).
+using MemoryOpener = std::function<absl::StatusOr<std::unique_ptr<EngineIo>>(
     const tutti::v1::AttachRequest& request, const store::NamespaceInfo& ns)>;
 
 // Host mode: every region must be host_shm (HostMemory). Any cuda_ipc region is
-// FAILED_PRECONDITION ("cuda_ipc needs a GPU build/daemon in cuda mode"); a region with no kind is
-// INVALID_ARGUMENT; then HostMemory::Create's errors.
+// FAILED_PRECONDITION ("cuda_ipc needs a GPU build/daemon in cuda mode"); ready_words or a region
+// with no kind are INVALID_ARGUMENT; then HostMemory::Create's errors.
 MemoryOpener HostMemoryOpener();
 
 struct KvCacheOptions {
@@ -42,9 +52,11 @@ struct KvCacheOptions {
 
 class KvCacheService final : public tutti::v1::KvCache::Service {
  public:
-  // `store`, `sessions` and `gate` must outlive the service. Every call passes through `gate`.
+  // `store`, `sessions`, `gate` and `watcher` must outlive the service. Every call passes through
+  // `gate`. With a `watcher`, an Attach that names engine_pid is watched: the session closes when
+  // that process exits. Without one, engine_pid is ignored.
   KvCacheService(const KvCacheOptions& options, store::BlockStore* store, SessionManager* sessions,
-                 MemoryOpener opener, CallGate* gate);
+                 MemoryOpener opener, CallGate* gate, EngineWatcher* watcher = nullptr);
 
   grpc::Status Attach(grpc::ServerContext* ctx, const tutti::v1::AttachRequest* req,
                       tutti::v1::AttachResponse* resp) override;
@@ -69,15 +81,25 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
 
   absl::Status DoAttach(const tutti::v1::AttachRequest& req, tutti::v1::AttachResponse* resp);
   absl::Status DoLookup(const tutti::v1::LookupRequest& req, tutti::v1::LookupResponse* resp);
+  // Layers [*next, *end) are the admitted Retrieve's words not yet written; RetrieveLayers
+  // advances *next as layers land and narrows *end once the layer range is known.
   absl::Status DoRetrieve(const tutti::v1::RetrieveRequest& req, grpc::ServerContext* ctx,
                           const Emit& emit);
+  absl::Status RetrieveLayers(const tutti::v1::RetrieveRequest& req, const SessionState& session,
+                              grpc::ServerContext* ctx, const Emit& emit, uint32_t* next,
+                              uint32_t* end);
   absl::Status DoStore(const tutti::v1::StoreRequest& req, tutti::v1::StoreResponse* resp);
+  absl::Status StoreBlocks(const tutti::v1::StoreRequest& req, const SessionState& session,
+                           bool* signaled, tutti::v1::StoreResponse* resp);
+  // Watches the engine's process for session `session`; closes the session if that fails.
+  absl::Status WatchEngine(const SessionRef& session);
 
   const KvCacheOptions options_;
   store::BlockStore* const store_;
   SessionManager* const sessions_;
   const MemoryOpener opener_;
   CallGate* const gate_;
+  EngineWatcher* const watcher_;
 };
 
 }  // namespace tutti::server

@@ -14,19 +14,20 @@ SessionManager::SessionManager(const Options& options, Clock* clock, Unpinner un
     : options_(options), clock_(clock), unpin_(std::move(unpin)) {}
 
 SessionManager::~SessionManager() {
-  Unpins unpins;
+  Ended ended;
   {
     absl::MutexLock lock(&mu_);
     std::vector<uint64_t> ids;
     for (const auto& [id, s] : sessions_) ids.push_back(id);
-    for (uint64_t id : ids) CloseLocked(id, &unpins);
+    for (uint64_t id : ids) CloseLocked(id, &ended);
   }
-  RunUnpins(std::move(unpins));
+  Finish(std::move(ended));
 }
 
 absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, NamespaceId ns,
                                                 std::string model_id,
-                                                std::shared_ptr<engine::EngineMemory> memory) {
+                                                std::shared_ptr<EngineIo> io,
+                                                uint32_t engine_pid) {
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -37,13 +38,15 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
   state->engine_id = std::move(engine_id);
   state->ns = ns;
   state->model_id = std::move(model_id);
-  state->memory = std::move(memory);
+  state->io = std::move(io);
+  state->engine_pid = engine_pid;
   Session& s = sessions_[state->id];
   s.state = state;
   s.last_seen_ms = clock_->NowMs();
-  log::Get("server")->info("session {}: attached engine \"{}\" namespace {:016x} ({} blocks, {})",
-                           state->id, state->engine_id, ns, state->memory->num_blocks(),
-                           state->memory->kind());
+  log::Get("server")->info(
+      "session {}: attached engine \"{}\" pid {} namespace {:016x} ({} blocks, {}{})", state->id,
+      state->engine_id, engine_pid, ns, state->io->num_blocks(), state->io->kind(),
+      state->io->has_ready_words() ? ", ready words" : "");
   return SessionRef(state);
 }
 
@@ -96,7 +99,7 @@ absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
 }
 
 absl::Status SessionManager::Release(uint64_t session_id, uint64_t lease_id) {
-  Unpins unpins;
+  Ended ended;
   {
     absl::MutexLock lock(&mu_);
     auto s = FindLocked(session_id);
@@ -106,37 +109,38 @@ absl::Status SessionManager::Release(uint64_t session_id, uint64_t lease_id) {
       return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
                                               session_id, " (unknown, released or expired)"));
     }
-    unpins.emplace_back((*s)->state->ns, std::move(it->second.keys));
+    ended.unpins.emplace_back((*s)->state->ns, std::move(it->second.keys));
     (*s)->leases.erase(it);
   }
-  RunUnpins(std::move(unpins));
+  Finish(std::move(ended));
   return absl::OkStatus();
 }
 
-absl::Status SessionManager::Close(uint64_t session_id) {
-  Unpins unpins;
+absl::Status SessionManager::Close(uint64_t session_id, std::string_view why) {
+  Ended ended;
   {
     absl::MutexLock lock(&mu_);
     auto s = FindLocked(session_id);
     if (!s.ok()) return s.status();
-    CloseLocked(session_id, &unpins);
+    CloseLocked(session_id, &ended);
   }
-  RunUnpins(std::move(unpins));
-  log::Get("server")->info("session {}: detached", session_id);
+  Finish(std::move(ended));
+  log::Get("server")->info("session {}: {}", session_id, why);
   return absl::OkStatus();
 }
 
-void SessionManager::CloseLocked(uint64_t session_id, Unpins* unpins) {
+void SessionManager::CloseLocked(uint64_t session_id, Ended* ended) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   Session& s = it->second;
-  for (auto& [id, lease] : s.leases) unpins->emplace_back(s.state->ns, std::move(lease.keys));
+  for (auto& [id, lease] : s.leases) ended->unpins.emplace_back(s.state->ns, std::move(lease.keys));
   s.state->closed.store(true);
-  sessions_.erase(it);  // the memory goes when the last in-flight request drops its SessionRef
+  ended->ios.push_back(s.state->io);
+  sessions_.erase(it);  // the state goes when the last in-flight request drops its SessionRef
 }
 
 std::pair<uint32_t, uint32_t> SessionManager::Reap() {
-  Unpins unpins;
+  Ended ended;
   uint32_t sessions_ended = 0, leases_ended = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -149,7 +153,7 @@ std::pair<uint32_t, uint32_t> SessionManager::Reap() {
       }
       for (auto it = s.leases.begin(); it != s.leases.end();) {
         if (it->second.expires_ms <= now) {
-          unpins.emplace_back(s.state->ns, std::move(it->second.keys));
+          ended.unpins.emplace_back(s.state->ns, std::move(it->second.keys));
           s.leases.erase(it++);
           ++leases_ended;
         } else {
@@ -159,18 +163,19 @@ std::pair<uint32_t, uint32_t> SessionManager::Reap() {
     }
     for (uint64_t id : expired) {
       leases_ended += sessions_[id].leases.size();
-      CloseLocked(id, &unpins);
+      CloseLocked(id, &ended);
       log::Get("server")->warn("session {}: expired (no request for {} ms); its pins dropped", id,
                                options_.session_ttl_ms);
     }
     sessions_ended = expired.size();
   }
-  RunUnpins(std::move(unpins));
+  Finish(std::move(ended));
   return {sessions_ended, leases_ended};
 }
 
-void SessionManager::RunUnpins(Unpins unpins) {
-  for (const auto& [ns, keys] : unpins) unpin_(ns, keys);
+void SessionManager::Finish(Ended ended) {
+  for (const auto& io : ended.ios) io->Close();  // first: stop copies before pins go
+  for (const auto& [ns, keys] : ended.unpins) unpin_(ns, keys);
 }
 
 uint32_t SessionManager::num_sessions() const {
@@ -191,7 +196,7 @@ std::vector<SessionSummary> SessionManager::List() const {
     row.leases = s.leases.size();
     for (const auto& [lid, lease] : s.leases) row.pinned_blocks += lease.keys.size();
     row.idle_ms = static_cast<uint64_t>(std::max<int64_t>(0, now - s.last_seen_ms));
-    row.num_blocks = s.state->memory->num_blocks();
+    row.num_blocks = s.state->io->num_blocks();
     out.push_back(std::move(row));
   }
   std::sort(out.begin(), out.end(),

@@ -1,14 +1,16 @@
 // Engine sessions and their leases.
 //
-// A session is one attached engine: its identity, namespace, and EngineMemory. A lease is a set of
+// A session is one attached engine: its identity, namespace, and EngineIo. A lease is a set of
 // keys that a Lookup pinned in the store. Leases end by Release, by a Retrieve that claimed them
 // (ClaimLease), by expiry (lease_ttl_ms after the Lookup), or with their session (Close, or expiry
 // session_ttl_ms after the session's last request). Ending a lease unpins its keys exactly once,
 // through the `unpin` callback given at construction.
 //
-// Pinned handles: requests hold a SessionRef (shared_ptr) while they run, so an engine's memory
-// stays mapped until the last in-flight request using it has finished, even if the session was
-// closed or expired meanwhile; such requests see `closed()` and should stop early.
+// Pinned handles: requests hold a SessionRef (shared_ptr) while they run, so the session's state
+// lives until the last in-flight request using it has finished, even if the session was closed or
+// expired meanwhile; such requests see `closed` and stop early. Ending a session (Close, expiry,
+// the manager's destruction) also calls EngineIo::Close() once, without the manager's lock held,
+// so the engine's mappings are released at once and nothing more is copied into its memory.
 //
 // Time comes from the injected Clock; Reap() expires what is due (the server calls it
 // periodically through a Reaper; tests call it directly with a ManualClock).
@@ -23,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -34,18 +37,22 @@
 #include "absl/types/span.h"
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
-#include "daemon/engine/engine_memory.h"
+#include "daemon/server/engine_io.h"
 
 namespace tutti::server {
 
-// What a request needs of its session. Immutable except `closed`.
+// What a request needs of its session. Immutable except the atomics.
 struct SessionState {
   uint64_t id = 0;
   std::string engine_id;
   NamespaceId ns = 0;
   std::string model_id;
-  std::shared_ptr<engine::EngineMemory> memory;
+  uint32_t engine_pid = 0;  // 0: not watched
+  std::shared_ptr<EngineIo> io;
   mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
+  // Set while a Retrieve (Store) that writes ready words runs: one at a time per session.
+  mutable std::atomic<bool> retrieving{false};
+  mutable std::atomic<bool> storing{false};
 };
 using SessionRef = std::shared_ptr<const SessionState>;
 
@@ -93,9 +100,9 @@ class SessionManager {
 
   const Options& options() const { return options_; }
 
-  // Opens a session. RESOURCE_EXHAUSTED when max_sessions are open. `memory` must not be null.
+  // Opens a session. RESOURCE_EXHAUSTED when max_sessions are open. `io` must not be null.
   absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
-                                  std::shared_ptr<engine::EngineMemory> memory);
+                                  std::shared_ptr<EngineIo> io, uint32_t engine_pid = 0);
 
   // Returns the session and marks it alive now. NOT_FOUND for an unknown (or expired) id.
   absl::StatusOr<SessionRef> Touch(uint64_t session_id);
@@ -114,9 +121,9 @@ class SessionManager {
   // Ends a lease, unpinning its keys. NOT_FOUND as for ClaimLease.
   absl::Status Release(uint64_t session_id, uint64_t lease_id);
 
-  // Closes a session (Detach): ends its leases; its memory is released once no request holds it.
-  // NOT_FOUND for an unknown id.
-  absl::Status Close(uint64_t session_id);
+  // Closes a session (Detach, or its engine died: `why` is logged): ends its leases and closes
+  // its EngineIo (waiting for a copy in progress). NOT_FOUND for an unknown id.
+  absl::Status Close(uint64_t session_id, std::string_view why = "detached");
 
   // Expires sessions idle longer than session_ttl_ms and leases older than lease_ttl_ms. Returns
   // how many sessions and leases ended.
@@ -135,12 +142,15 @@ class SessionManager {
     int64_t last_seen_ms = 0;
     absl::flat_hash_map<uint64_t, Lease> leases;
   };
-  // Keys to unpin once the lock is dropped.
-  using Unpins = std::vector<std::pair<NamespaceId, std::vector<Key>>>;
+  // What ending leases and sessions leaves to do once the lock is dropped.
+  struct Ended {
+    std::vector<std::pair<NamespaceId, std::vector<Key>>> unpins;
+    std::vector<std::shared_ptr<EngineIo>> ios;  // of closed sessions
+  };
 
   absl::StatusOr<Session*> FindLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CloseLocked(uint64_t session_id, Unpins* unpins) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunUnpins(Unpins unpins);
+  void CloseLocked(uint64_t session_id, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(Ended ended);
 
   const Options options_;
   Clock* const clock_;

@@ -39,13 +39,21 @@ class FakePins {
   std::map<uint64_t, int> pins_;
 };
 
-class NullMemory : public engine::EngineMemory {
+class FakeIo : public EngineIo {
  public:
-  NullMemory() : EngineMemory(16, 4, 64) {}
-  ~NullMemory() override { ++destroyed; }
-  std::string_view kind() const override { return "null"; }
-  absl::Status Scatter(absl::Span<const engine::CopyOp>) override { return absl::OkStatus(); }
+  ~FakeIo() override { ++destroyed; }
+  std::string_view kind() const override { return "fake"; }
+  uint32_t num_blocks() const override { return 16; }
+  bool is_device() const override { return false; }
+  bool has_ready_words() const override { return false; }
+  absl::Status ScatterLayer(uint32_t, absl::Span<const engine::CopyOp>, uint32_t) override {
+    return absl::OkStatus();
+  }
+  absl::Status SignalLayers(uint32_t, uint32_t, uint32_t) override { return absl::OkStatus(); }
   absl::Status Gather(absl::Span<const engine::CopyOp>) override { return absl::OkStatus(); }
+  absl::Status SignalCaptured(uint32_t) override { return absl::OkStatus(); }
+  void Close() override { ++closes; }
+  int closes = 0;
   static inline int destroyed = 0;
 };
 
@@ -62,7 +70,7 @@ class SessionsTest : public ::testing::Test {
                   [this](NamespaceId ns, absl::Span<const Key> keys) { pins_.Unpin(ns, keys); }) {}
 
   uint64_t OpenSession() {
-    auto s = sessions_.Open("engine", 7, "model", std::make_shared<NullMemory>());
+    auto s = sessions_.Open("engine", 7, "model", std::make_shared<FakeIo>());
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? (*s)->id : 0;
   }
@@ -92,10 +100,10 @@ TEST_F(SessionsTest, OpenTouchCloseAndUnknownIds) {
 TEST_F(SessionsTest, MaxSessionsIsResourceExhausted) {
   OpenSession();
   const uint64_t second = OpenSession();
-  auto third = sessions_.Open("x", 7, "m", std::make_shared<NullMemory>());
+  auto third = sessions_.Open("x", 7, "m", std::make_shared<FakeIo>());
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(sessions_.Close(second).ok());
-  EXPECT_TRUE(sessions_.Open("x", 7, "m", std::make_shared<NullMemory>()).ok());
+  EXPECT_TRUE(sessions_.Open("x", 7, "m", std::make_shared<FakeIo>()).ok());
 }
 
 TEST_F(SessionsTest, ReleaseUnpinsOnceAndOnlyTheOwnerMayRelease) {
@@ -160,15 +168,39 @@ TEST_F(SessionsTest, IdleSessionsExpireWithTheirLeasesAndTouchKeepsThemAlive) {
   EXPECT_EQ(sessions_.num_sessions(), 1u);
 }
 
-TEST_F(SessionsTest, MemoryStaysWhileARequestHoldsTheSession) {
-  NullMemory::destroyed = 0;
-  const uint64_t a = OpenSession();
+TEST_F(SessionsTest, CloseClosesTheIoAtOnceAndStateStaysWhileARequestHoldsIt) {
+  FakeIo::destroyed = 0;
+  auto io = std::make_shared<FakeIo>();
+  FakeIo* raw = io.get();
+  auto opened = sessions_.Open("engine", 7, "model", std::move(io), 4242);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ((*opened)->engine_pid, 4242u);
+  const uint64_t a = (*opened)->id;
+  opened->reset();
   SessionRef in_flight = *sessions_.Touch(a);
-  ASSERT_TRUE(sessions_.Close(a).ok());
+  ASSERT_TRUE(sessions_.Close(a, "engine process 4242 exited").ok());
   EXPECT_TRUE(in_flight->closed.load());
-  EXPECT_EQ(NullMemory::destroyed, 0);
+  EXPECT_EQ(raw->closes, 1);  // mappings released now, not when the request ends
+  EXPECT_EQ(FakeIo::destroyed, 0);
   in_flight.reset();
-  EXPECT_EQ(NullMemory::destroyed, 1);
+  EXPECT_EQ(FakeIo::destroyed, 1);
+  EXPECT_EQ(sessions_.Close(a).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionsTest, ExpiryAndDestructionCloseTheIoOnce) {
+  auto io = std::make_shared<FakeIo>();
+  auto opened = sessions_.Open("engine", 7, "model", io);
+  ASSERT_TRUE(opened.ok());
+  clock_.AdvanceMs(5000);
+  sessions_.Reap();
+  EXPECT_EQ(io->closes, 1);
+  auto io2 = std::make_shared<FakeIo>();
+  {
+    SessionManager m(SessionManager::Options{1000, 500, 4}, &clock_,
+                     [](NamespaceId, absl::Span<const Key>) {});
+    ASSERT_TRUE(m.Open("e", 7, "m", io2).ok());
+  }
+  EXPECT_EQ(io2->closes, 1);
 }
 
 TEST_F(SessionsTest, AddLeaseToAGoneSessionLeavesPinsToTheCaller) {
@@ -195,7 +227,7 @@ TEST_F(SessionsTest, DestructorUnpinsEverything) {
   {
     SessionManager m(SessionManager::Options{1000, 500, 4}, &clock_,
                      [&pins](NamespaceId ns, absl::Span<const Key> keys) { pins.Unpin(ns, keys); });
-    auto s = m.Open("e", 7, "m", std::make_shared<NullMemory>());
+    auto s = m.Open("e", 7, "m", std::make_shared<FakeIo>());
     pins.Pin(std::vector<Key>{K(1), K(2)});
     ASSERT_TRUE(m.AddLease((*s)->id, {K(1), K(2)}).ok());
   }
@@ -208,7 +240,7 @@ TEST(ReaperTest, ReapsPeriodically) {
   SessionManager m(
       SessionManager::Options{1000, 100, 4}, &clock,
       [&unpinned](NamespaceId, absl::Span<const Key> keys) { unpinned += keys.size(); });
-  auto s = m.Open("e", 7, "m", std::make_shared<NullMemory>());
+  auto s = m.Open("e", 7, "m", std::make_shared<FakeIo>());
   ASSERT_TRUE(m.AddLease((*s)->id, {K(1)}).ok());
   clock.AdvanceMs(5000);
   {

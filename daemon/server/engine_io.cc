@@ -1,0 +1,48 @@
+#include "daemon/server/engine_io.h"
+
+#include <atomic>
+#include <utility>
+
+namespace tutti::server {
+namespace {
+
+class HostEngineIo final : public EngineIo {
+ public:
+  explicit HostEngineIo(std::unique_ptr<engine::EngineMemory> memory)
+      : memory_(std::move(memory)) {}
+
+  std::string_view kind() const override { return memory_->kind(); }
+  uint32_t num_blocks() const override { return memory_->num_blocks(); }
+  bool is_device() const override { return false; }
+  bool has_ready_words() const override { return false; }
+
+  absl::Status ScatterLayer(uint32_t, absl::Span<const engine::CopyOp> ops, uint32_t) override {
+    if (closed_.load()) return Closed();
+    return memory_->Scatter(ops);
+  }
+  absl::Status SignalLayers(uint32_t, uint32_t, uint32_t) override {
+    return closed_.load() ? Closed() : absl::OkStatus();
+  }
+  absl::Status Gather(absl::Span<const engine::CopyOp> ops) override {
+    if (closed_.load()) return Closed();
+    return memory_->Gather(ops);
+  }
+  absl::Status SignalCaptured(uint32_t) override {
+    return closed_.load() ? Closed() : absl::OkStatus();
+  }
+  void Close() override { closed_.store(true); }
+
+ private:
+  static absl::Status Closed() { return absl::CancelledError("the session was closed"); }
+
+  const std::unique_ptr<engine::EngineMemory> memory_;
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<EngineIo> MakeHostEngineIo(std::unique_ptr<engine::EngineMemory> memory) {
+  return std::make_unique<HostEngineIo>(std::move(memory));
+}
+
+}  // namespace tutti::server

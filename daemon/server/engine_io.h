@@ -1,0 +1,71 @@
+// How one attached engine's data moves: the seam between host mode and GPU mode.
+//
+// An EngineIo is made at Attach by a MemoryOpener (kvcache_service.h) from the request's regions:
+// host shared memory (HostEngineIo below) or CUDA IPC device memory with optional ready words
+// (gpu_engine_io.h). The session owns it; requests in flight share it.
+//
+// Ready words (GPU mode): word l < num_layers is written with a Retrieve's ticket once layer l is
+// in the engine's blocks or has failed; word num_layers with a Store's ticket once its blocks are
+// captured. The server writes every word of an admitted Retrieve whatever happens (ScatterLayer
+// for layers copied, SignalLayers for the rest), unless the engine is gone, so no engine stream
+// waits forever on a live daemon.
+//
+// Close() is the fence against writing into a dead engine: after it returns nothing more is
+// enqueued to the engine's memory, work in flight has finished, and the mappings are released;
+// every later call fails with CANCELLED.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef TUTTI_DAEMON_SERVER_ENGINE_IO_H_
+#define TUTTI_DAEMON_SERVER_ENGINE_IO_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "daemon/engine/engine_memory.h"
+
+namespace tutti::server {
+
+class EngineIo {
+ public:
+  virtual ~EngineIo() = default;
+
+  virtual std::string_view kind() const = 0;  // "host_shm", "cuda_ipc"
+  virtual uint32_t num_blocks() const = 0;
+  // GPU memory: Retrieve allows one call in flight per session (the ready words need it).
+  virtual bool is_device() const = 0;
+  // Ready words are attached: Retrieve and Store write tickets into them.
+  virtual bool has_ready_words() const = 0;
+
+  // Copies one Retrieve layer's objects (op.staging: host staging) into the engine's blocks, then
+  // writes `ticket` into ready word `layer` (if attached). Returns once the staging may be
+  // reused. CANCELLED after Close; INVALID_ARGUMENT for ops outside the engine's memory;
+  // INTERNAL for device errors (the word is then not written: call SignalLayers).
+  [[nodiscard]] virtual absl::Status ScatterLayer(uint32_t layer,
+                                                  absl::Span<const engine::CopyOp> ops,
+                                                  uint32_t ticket) = 0;
+  // Writes `ticket` into ready words [begin, end) without copying (failed or abandoned layers).
+  // OK without ready words; CANCELLED after Close.
+  [[nodiscard]] virtual absl::Status SignalLayers(uint32_t begin, uint32_t end,
+                                                  uint32_t ticket) = 0;
+  // Copies each op's object from the engine's block into staging; returns once staging holds it.
+  [[nodiscard]] virtual absl::Status Gather(absl::Span<const engine::CopyOp> ops) = 0;
+  // Writes `ticket` into ready word num_layers (a Store's blocks are captured). OK without ready
+  // words; CANCELLED after Close.
+  [[nodiscard]] virtual absl::Status SignalCaptured(uint32_t ticket) = 0;
+
+  // Stops every copy into or out of the engine: waits for calls in progress (at most one layer),
+  // then releases the engine's mappings. Idempotent.
+  virtual void Close() = 0;
+};
+
+// Host mode: the engine's memory is host shared memory; there are no ready words. Close() makes
+// later calls fail; the memory itself is unmapped when the last reference goes (a copy in
+// progress on another thread keeps it mapped until it returns).
+std::unique_ptr<EngineIo> MakeHostEngineIo(std::unique_ptr<engine::EngineMemory> memory);
+
+}  // namespace tutti::server
+
+#endif  // TUTTI_DAEMON_SERVER_ENGINE_IO_H_

@@ -1,0 +1,145 @@
+#include "gpu/layer_copier.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gpu/pinned.h"
+#include "gpu/testing/test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::gpu {
+namespace {
+
+using testing::KvFormat;
+
+constexpr uint8_t kPoison = 0x5a;
+
+struct Case {
+  LayerCopier::Mode mode;
+  bool registered;  // staging in registered (pinned) memory, or heap memory like the DRAM tier
+  uint64_t gpu_bytes;
+};
+
+class LayerCopierTest : public ::testing::TestWithParam<Case> {};
+
+// Scatters one layer of `used` random blocks and checks every engine byte: copied objects equal
+// their staging, everything else still poisoned, and the ready word written after.
+TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  constexpr uint32_t kLayers = 3, kBlocks = 96, kUsed = 40, kObj = 64 * 1024, kLayer = 1;
+  const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kFusedKv, kLayers, kBlocks, kObj);
+  auto io = IoStream::Create({0, 8, 0});
+  ASSERT_TRUE(io.ok()) << io.status();
+
+  std::vector<void*> regions;
+  std::vector<LocalRegion> local;
+  for (uint64_t size : kv.region_sizes) {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
+    regions.push_back(p);
+    local.push_back({p, size});
+  }
+  // Staging with a 4 KiB gap after every third object, so runs break and merge.
+  const uint64_t staging_bytes = uint64_t{kUsed} * 2 * (kObj + 4096);
+  std::unique_ptr<PinnedRegion> pinned;
+  std::vector<uint8_t> heap;
+  uint8_t* base = nullptr;
+  if (c.registered) {
+    auto p = PinnedRegion::Allocate(staging_bytes);
+    ASSERT_TRUE(p.ok()) << p.status();
+    pinned = std::move(*p);
+    base = pinned->host();
+  } else {
+    heap.resize(staging_bytes + 16);
+    base = heap.data() + (16 - reinterpret_cast<uintptr_t>(heap.data()) % 16) % 16;
+  }
+  std::vector<engine::CopyOp> ops;
+  uint8_t* next = base;
+  const std::vector<uint32_t> blocks = testing::RandomBlocks(7, kUsed, kBlocks);
+  for (uint32_t i = 0; i < kUsed; ++i) {
+    for (uint32_t p = 0; p < 2; ++p) {
+      const uint32_t obj = kLayer * 2 + p;
+      testing::FillObject(7, blocks[i], obj, next, kObj);
+      ops.push_back({blocks[i], obj, next});
+      next += kObj + ((i * 2 + p) % 3 == 2 ? 4096 : 0);
+    }
+  }
+  std::vector<StagingRegion> reg;
+  if (pinned) reg.push_back(pinned->staging());
+  auto copier = LayerCopier::Create({c.mode, c.gpu_bytes}, io->get(), reg);
+  ASSERT_TRUE(copier.ok()) << copier.status();
+  auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  auto words_array = ReadyWordArray::Create(0, kLayers + 1);
+  ASSERT_TRUE(words_array.ok()) << words_array.status();
+  auto words = ReadyWords::WrapLocal((*words_array)->word(0), kLayers + 1, io->get());
+  ASSERT_TRUE(words.ok()) << words.status();
+
+  ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 77).ok());
+  uint32_t word = 0;
+  ASSERT_EQ(cudaMemcpy(&word, (*words_array)->word(kLayer), 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(word, 77u);
+
+  // Expected layer-1 region content.
+  std::vector<uint8_t> expect(kv.region_sizes[kLayer], kPoison);
+  for (const engine::CopyOp& op : ops) {
+    const engine::ObjectPlacement& pl = kv.layout.placements[op.object];
+    std::memcpy(expect.data() + pl.offset + uint64_t{op.block} * pl.block_stride, op.staging, kObj);
+  }
+  for (uint32_t r = 0; r < kLayers; ++r) {
+    std::vector<uint8_t> got(kv.region_sizes[r]);
+    ASSERT_EQ(cudaMemcpy(got.data(), regions[r], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    if (r == kLayer) {
+      EXPECT_TRUE(got == expect) << "layer " << r << " differs";
+    } else {
+      EXPECT_EQ(std::count(got.begin(), got.end(), kPoison), static_cast<long>(got.size()))
+          << "layer " << r << " was touched";
+    }
+  }
+  mem->reset();
+  for (void* p : regions) cudaFree(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, LayerCopierTest,
+    ::testing::Values(Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
+                      // 2 MiB rounds: 5 MiB of objects need three.
+                      Case{LayerCopier::Mode::kStaged, true, 2ull << 20},
+                      Case{LayerCopier::Mode::kStaged, false, 2ull << 20},
+                      Case{LayerCopier::Mode::kMapped, true, 2ull << 20},
+                      Case{LayerCopier::Mode::kMapped, false, 128ull << 20}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return std::string(info.param.mode == LayerCopier::Mode::kStaged ? "staged" : "mapped") +
+             (info.param.registered ? "_pinned" : "_heap") + "_" +
+             std::to_string(info.param.gpu_bytes >> 20) + "MiB";
+    });
+
+TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto io = IoStream::Create({0, 8, 0});
+  ASSERT_TRUE(io.ok()) << io.status();
+  const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kMla, 1, 1, 4ull << 20);
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, kv.region_sizes[0]), cudaSuccess);
+  auto copier = LayerCopier::Create({LayerCopier::Mode::kStaged, 2ull << 20}, io->get(), {});
+  ASSERT_TRUE(copier.ok()) << copier.status();
+  auto mem = CudaIpcMemory::WrapLocal(kv.layout, {LocalRegion{p, kv.region_sizes[0]}},
+                                      (*copier)->staging_regions(), io->get());
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  std::vector<uint8_t> src(4ull << 20);
+  engine::CopyOp op{0, 0, src.data()};
+  absl::Status s = (*copier)->ScatterLayer(mem->get(), {op}, nullptr, 0, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  mem->reset();
+  cudaFree(p);
+}
+
+}  // namespace
+}  // namespace tutti::gpu
