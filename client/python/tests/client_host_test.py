@@ -1,0 +1,224 @@
+"""The Python client against the real tuttid in host mode: store, lookup, layer-by-layer retrieve
+into other blocks (each layer checked as soon as its wait returns), release; a tuttid restart
+(the client re-attaches by itself, the cache is still there, old leases are void); tuttid killed
+in the middle of a retrieve (every wait returns, the blocks are reported failed); attach errors.
+"""
+
+import os
+import time
+import unittest
+
+import torch
+
+import tutti
+from tutti.testing import Tuttid
+
+# 8 layers x 8 KV heads x 128 dims x float32 x 16 tokens: 64 KiB objects, 1 MiB blocks.
+LAYOUT = tutti.KvLayout(num_layers=8, kv_heads=8, head_dim=128, dtype_bytes=4, block_tokens=16)
+NS = tutti.Namespace(model_id="python-host-test", layout=LAYOUT)
+
+
+class Engine:
+    """A host-mode engine: a vLLM-style fused cache [layers, 2, blocks, 16, 8, 128] in shm."""
+
+    def __init__(self, num_blocks):
+        self.num_blocks = num_blocks
+        self.shm = tutti.SharedMemory(tutti.cache_bytes(LAYOUT, num_blocks), prefix="tutti-pytest")
+        self.cache, self.per_layer = tutti.host_cache_tensor(LAYOUT, num_blocks, torch.float32,
+                                                             self.shm)
+        self.objects = tutti.objects_from_tensors(LAYOUT, self.per_layer)
+
+    def attach(self, daemon, **kw):
+        return tutti.Client.attach(NS, self.num_blocks, self.objects,
+                                   host_regions=[self.shm.region()], socket_path=daemon.socket,
+                                   engine_id="client_host_test", **kw)
+
+    @staticmethod
+    def content(key):
+        """Deterministic block content from its key: [layers, 2, 16, 8, 128]."""
+        g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") & ((1 << 63) - 1))
+        return torch.randn(LAYOUT.num_layers, 2, 16, 8, 128, generator=g)
+
+    def fill(self, block, key):
+        self.cache[:, :, block] = self.content(key)
+
+    def zero(self, block):
+        self.cache[:, :, block] = 0
+
+    def layer_ok(self, block, key, layer):
+        return torch.equal(self.cache[layer, :, block], self.content(key)[layer])
+
+    def close(self):
+        del self.cache, self.per_layer
+        self.shm.close()
+
+
+def keys_of(seed, blocks):
+    return tutti.chain_keys(range(seed * 100000, seed * 100000 + 16 * blocks), 16)
+
+
+class HostModeTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Tuttid(session_ttl_ms=2000).start()
+        self.engines = []
+
+    def tearDown(self):
+        for e in self.engines:
+            e.close()
+        self.daemon.cleanup()
+
+    def engine(self, blocks):
+        e = Engine(blocks)
+        self.engines.append(e)
+        return e
+
+    def store_all(self, client, engine, keys):
+        for begin in range(0, len(keys), 32):
+            batch = keys[begin:begin + 32]
+            for i, k in enumerate(batch):
+                engine.fill(i, k)
+            out = client.store(batch, list(range(len(batch))), wait_durable=True)
+            self.assertEqual(out, ["durable"] * len(batch))
+
+    def retrieve_and_verify(self, client, engine, keys, first):
+        lease = client.lookup(keys)
+        self.assertEqual(lease.hits, len(keys))
+        blocks = list(range(first, first + len(keys)))
+        for b in blocks:
+            engine.zero(b)
+        r = client.retrieve(lease, keys, blocks)
+        for layer in range(LAYOUT.num_layers):
+            r.wait_layer(layer)
+            for b, k in zip(blocks, keys):
+                self.assertTrue(engine.layer_ok(b, k, layer), "block %d layer %d" % (b, layer))
+        out = r.wait()
+        self.assertTrue(out.ok, out)
+        self.assertEqual(out.failed, [])
+        self.assertEqual(out.layers_done, LAYOUT.num_layers)
+
+    def await_generation(self, client, gen, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = client.info
+            if info["attached"] and info["generation"] >= gen:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def test_store_lookup_retrieve_layer_by_layer(self):
+        e = self.engine(96)
+        with e.attach(self.daemon) as c:
+            self.assertEqual(c.info["generation"], 1)
+            self.assertEqual(c.info["object_bytes"], 64 << 10)
+            self.assertEqual(c.info["mode"], "host")
+            keys = keys_of(1, 40)
+            self.store_all(c, e, keys)
+            self.retrieve_and_verify(c, e, keys, 48)
+            self.assertEqual(c.store(keys[:1], [0]), ["already_present"])
+            lease = c.lookup(keys_of(1, 50))
+            self.assertEqual(lease.hits, 40)
+            c.release(lease)
+            miss = c.lookup(keys_of(2, 3))
+            self.assertEqual((miss.hits, miss.id), (0, 0))
+
+    def test_partial_layers_and_refused_calls(self):
+        e = self.engine(16)
+        with e.attach(self.daemon) as c:
+            keys = keys_of(3, 4)
+            self.store_all(c, e, keys)
+            lease = c.lookup(keys)
+            for b in range(8, 12):
+                e.zero(b)
+            r = c.retrieve(lease, keys, [8, 9, 10, 11], 2, 5)
+            with self.assertRaises(tutti.InvalidArgument):
+                r.wait_layer(1)
+            r.wait_layer(4)
+            self.assertTrue(r.wait().ok)
+            for layer in range(8):
+                self.assertEqual(e.layer_ok(8, keys[0], layer), 2 <= layer < 5, layer)
+            with self.assertRaises(tutti.InvalidArgument):
+                c.retrieve(lease, keys, [1, 2])
+            # The lease ended with the first transfer: tuttid refuses; waits still return.
+            stale = c.retrieve(lease, keys, [1, 2, 3, 4])
+            with self.assertRaises(tutti.TuttiError) as cm:
+                stale.wait_layer(7)
+            self.assertEqual(cm.exception.code, "ABORTED")
+            self.assertEqual(stale.wait().code, "NOT_FOUND")
+            self.assertEqual(stale.wait().failed, [0, 1, 2, 3])
+
+    def test_reattaches_after_restart_and_the_cache_is_still_there(self):
+        e = self.engine(64)
+        with e.attach(self.daemon) as c:
+            keys = keys_of(4, 20)
+            self.store_all(c, e, keys)
+            old = c.lookup(keys)
+            self.assertEqual(self.daemon.stop(), 0)
+            with self.assertRaises(tutti.Unavailable):
+                c.lookup(keys)  # a miss for the engine, at once
+            self.daemon.start()
+            self.assertTrue(self.await_generation(c, 2), self.daemon.log_tail())
+            with self.assertRaises(tutti.Unavailable):
+                c.retrieve(old, keys, list(range(20)))  # a lease of the old session
+            c.release(old)
+            self.retrieve_and_verify(c, e, keys, 32)
+
+    def test_tuttid_killed_mid_retrieve(self):
+        e = self.engine(224)
+        with e.attach(self.daemon) as c:
+            keys = keys_of(5, 96)
+            self.store_all(c, e, keys)
+            lease = c.lookup(keys)
+            self.assertEqual(lease.hits, 96)
+            blocks = list(range(128, 224))
+            r = c.retrieve(lease, keys, blocks)
+            r.wait_layer(0)
+            self.daemon.kill()
+            landed = 0
+            for layer in range(LAYOUT.num_layers):
+                try:
+                    r.wait_layer(layer)
+                    landed += 1
+                except tutti.TuttiError as err:
+                    self.assertEqual(err.code, "ABORTED")
+            out = r.wait()
+            self.assertEqual(out.layers_done, landed)
+            if out.ok:
+                self.assertEqual((landed, out.failed), (8, []))
+            else:
+                self.assertLess(landed, 8)
+                self.assertEqual(out.failed, list(range(96)))
+            for layer in range(landed):
+                self.assertTrue(e.layer_ok(blocks[0], keys[0], layer))
+            print("killed after %d of 8 layers: %s %s" % (landed, out.code, out.message))
+            self.daemon.start()
+            self.assertTrue(self.await_generation(c, 2), self.daemon.log_tail())
+            self.retrieve_and_verify(c, e, keys[:32], 160)
+
+    def test_attach_errors(self):
+        e = self.engine(4)
+        with self.assertRaisesRegex(tutti.Unavailable, "cannot reach tuttid"):
+            tutti.Client.attach(NS, 4, e.objects, host_regions=[e.shm.region()],
+                                socket_path="/tmp/tutti-no-such-dir/tuttid.sock")
+        name, addr, size = e.shm.region()
+        with self.assertRaises(tutti.InvalidArgument):
+            tutti.Client.attach(NS, 4, e.objects, host_regions=[(name, addr, size // 2)],
+                                socket_path=self.daemon.socket)
+        big = tutti.KvLayout(num_layers=8, kv_heads=8, head_dim=128, dtype_bytes=4,
+                             block_tokens=32)
+        objs = [tutti.ObjectTensor(o.base, 2 * o.block_stride) for o in e.objects]
+        with self.assertRaises(tutti.FailedPrecondition):
+            tutti.Client.attach(tutti.Namespace("big", big), 2, objs,
+                                host_regions=[e.shm.region()], socket_path=self.daemon.socket)
+
+    def test_detach_is_idempotent(self):
+        e = self.engine(4)
+        c = e.attach(self.daemon)
+        c.detach()
+        c.detach()
+        self.assertFalse(c.info["attached"])
+        with self.assertRaises(tutti.FailedPrecondition):
+            c.lookup(keys_of(6, 1))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

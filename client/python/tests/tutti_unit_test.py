@@ -1,0 +1,236 @@
+"""Unit tests of the tutti Python package that need no daemon: the chain hash (the same bytes as
+the C++ library's ChainKeys), placements from torch tensors, attach requests (host regions; cuda
+regions grouped by allocation, with a fake driver), and the transfer state machine (layer waits,
+failed blocks, a broken transfer releasing every wait)."""
+
+import threading
+import time
+import unittest
+
+import torch
+
+import tutti
+from tutti import client as tc
+
+
+class ChainKeysTest(unittest.TestCase):
+    def test_same_bytes_as_the_cpp_library(self):
+        # The same vectors as client/cpp/chain_keys_test.cc.
+        keys = tutti.chain_keys(list(range(40)), 16)
+        self.assertEqual([k.hex() for k in keys],
+                         ["955cfe76acfc9fd031300d3413d1c1ec", "0480330e1c71b2c2d1f428549c284cc3"])
+        salted = tutti.chain_keys([7] * 16, 16, bytes(range(16)))
+        self.assertEqual(salted[0].hex(), "2192d613a4f6fde3c575a5d8f4efeea7")
+
+    def test_prefix_and_change(self):
+        tokens = list(range(100, 164))
+        full = tutti.chain_keys(tokens, 16)
+        self.assertEqual(tutti.chain_keys(tokens[:40], 16), full[:2])
+        tokens[20] = 9
+        changed = tutti.chain_keys(tokens, 16)
+        self.assertEqual(changed[0], full[0])
+        self.assertTrue(all(changed[b] != full[b] for b in range(1, 4)))
+        self.assertEqual(tutti.chain_keys(torch.arange(100, 164).tolist(), 16), full)
+
+
+LAYOUT = tutti.KvLayout(num_layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, block_tokens=16)
+NS = tutti.Namespace(model_id="m", layout=LAYOUT)
+
+
+class PlacementTest(unittest.TestCase):
+    def test_host_cache_over_shared_memory(self):
+        shm = tutti.SharedMemory(tutti.cache_bytes(LAYOUT, 8), prefix="tutti-unit")
+        try:
+            cache, per_layer = tutti.host_cache_tensor(LAYOUT, 8, torch.float16, shm)
+            self.assertEqual(tuple(cache.shape), (2, 2, 8, 16, 2, 64))
+            objs = tutti.objects_from_tensors(LAYOUT, per_layer)
+            self.assertEqual(len(objs), 4)
+            for i, o in enumerate(objs):
+                self.assertEqual(o.base, shm.address + i * 8 * 4096)
+                self.assertEqual(o.block_stride, 4096)
+            req = tc.build_host_attach("e", NS, 8, objs, [shm.region()])
+            self.assertEqual(req.regions[0].host_shm.name, shm.name)
+            self.assertEqual([p.offset for p in req.placements], [i * 8 * 4096 for i in range(4)])
+            self.assertEqual(req.namespace.hash_scheme, "tutti-sha256-v1")
+            self.assertEqual(req.namespace.layout.format, 2)
+            # Writes through the tensor land in the shared memory.
+            cache[1, 1, 7].fill_(1.5)
+            again = torch.frombuffer(shm.buffer, dtype=torch.float16)
+            self.assertEqual(float(again[-1]), 1.5)
+            del cache, per_layer, again
+        finally:
+            shm.close()
+
+    def test_errors_name_the_object(self):
+        shm = tutti.SharedMemory(tutti.cache_bytes(LAYOUT, 8), prefix="tutti-unit")
+        try:
+            _, per_layer = tutti.host_cache_tensor(LAYOUT, 8, torch.float16, shm)
+            objs = tutti.objects_from_tensors(LAYOUT, per_layer)
+            name, addr, size = shm.region()
+            with self.assertRaisesRegex(tutti.InvalidArgument, r"objects\[3\]"):
+                tc.build_host_attach("e", NS, 8, objs, [(name, addr, size - 1)])
+            with self.assertRaisesRegex(tutti.InvalidArgument, "3 entries"):
+                tc.build_host_attach("e", NS, 8, objs[:3], [shm.region()])
+            with self.assertRaisesRegex(tutti.InvalidArgument, "host_regions"):
+                tc.build_host_attach("e", NS, 8, objs, [])
+            with self.assertRaises(ValueError):
+                tutti.objects_from_tensors(LAYOUT, per_layer[:1])
+            del per_layer
+        finally:
+            shm.close()
+
+
+class FakeCuda:
+    """Allocations of a fake device: base -> size."""
+
+    def __init__(self, allocs):
+        self.allocs = allocs
+        self.exported = []
+
+    def gpu_uuid(self, device):
+        return "GPU-fake"
+
+    def allocation_of(self, device, ptr):
+        for base, size in self.allocs.items():
+            if base <= ptr < base + size:
+                return base, size
+        raise RuntimeError("not device memory")
+
+    def ipc_handle(self, device, base):
+        self.exported.append(base)
+        return bytes([len(self.exported)]) * 64
+
+
+class FakeWords:
+    count = 3
+
+    def __init__(self):
+        self.waits, self.released = [], []
+
+    def export(self):
+        return b"w" * 64, 12, "GPU-fake"
+
+    def wait(self, stream, index, ticket):
+        self.waits.append((stream, index, ticket))
+
+    def force_release(self, ticket):
+        self.released.append(ticket)
+
+
+class CudaAttachTest(unittest.TestCase):
+    def test_objects_grouped_by_allocation(self):
+        a, b = 0x7F0000000000, 0x7F0001000000
+        cuda = FakeCuda({a: 2 << 20, b: 2 << 20})
+        layer = 2 * 8 * 4096
+        objs = [tutti.ObjectTensor(a, 4096), tutti.ObjectTensor(a + layer // 2, 4096),
+                tutti.ObjectTensor(b + 4096, 4096), tutti.ObjectTensor(b + 4096 + layer // 2, 4096)]
+        req = tc.build_cuda_attach("e", NS, 8, objs, 0, FakeWords(), cuda)
+        self.assertEqual(cuda.exported, [a, b])
+        self.assertEqual([(p.region, p.offset) for p in req.placements],
+                         [(0, 0), (0, layer // 2), (1, 4096), (1, 4096 + layer // 2)])
+        self.assertEqual(req.regions[1].cuda_ipc.size_bytes, 2 << 20)
+        self.assertEqual(req.regions[1].cuda_ipc.gpu_uuid, "GPU-fake")
+        self.assertEqual(req.ready_words.count, 3)
+        self.assertGreater(req.engine_pid, 0)
+
+    def test_object_past_its_allocation(self):
+        a = 0x7F0000000000
+        cuda = FakeCuda({a: 4 * 8 * 4096 - 1})
+        objs = [tutti.ObjectTensor(a + i * 8 * 4096, 4096) for i in range(4)]
+        with self.assertRaisesRegex(tutti.InvalidArgument, r"objects\[3\]"):
+            tc.build_cuda_attach("e", NS, 8, objs, 0, FakeWords(), cuda)
+
+
+class TransferTest(unittest.TestCase):
+    def test_layers_land_and_a_failed_block_is_reported(self):
+        r = tc.Retrieval(3, 0, 4, 7, None)
+        r._on_progress(0, [])
+        r._on_progress(1, [1])
+        r._on_progress(2, [])
+        r._on_progress(3, [])
+        r._on_end("OK", "")
+        out = r.wait()
+        self.assertTrue(out.ok)
+        self.assertEqual(out.failed, [1])
+        self.assertEqual(out.layers_done, 4)
+
+    def test_host_wait_blocks_until_the_layer_lands(self):
+        r = tc.Retrieval(2, 0, 3, 1, None)
+        landed = []
+        t = threading.Thread(target=lambda: [r.wait_layer(l) or landed.append(l)
+                                             for l in range(3)])
+        t.start()
+        time.sleep(0.05)
+        self.assertEqual(landed, [])
+        r._on_progress(0, [])
+        time.sleep(0.05)
+        self.assertEqual(landed, [0])
+        r._on_progress(1, [])
+        r._on_progress(2, [])
+        t.join()
+        self.assertEqual(landed, [0, 1, 2])
+
+    def test_broken_transfer_releases_waiters_and_fails_every_block(self):
+        r = tc.Retrieval(4, 0, 4, 9, None)
+        r._on_progress(0, [])
+        errors = []
+
+        def engine():
+            try:
+                r.wait_layer(2)
+            except tutti.TuttiError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=engine)
+        t.start()
+        time.sleep(0.02)
+        r._on_end("UNAVAILABLE", "socket closed")
+        t.join()
+        self.assertEqual(errors[0].code, "ABORTED")
+        self.assertIn("UNAVAILABLE", str(errors[0]))
+        out = r.wait()
+        self.assertEqual((out.code, out.failed, out.layers_done), ("UNAVAILABLE", [0, 1, 2, 3], 1))
+
+    def test_cuda_waits_go_to_the_words_and_a_break_force_releases(self):
+        words = FakeWords()
+        r = tc.Retrieval(2, 1, 4, 42, words)
+        r.wait_layer(1, 1234)
+        r.wait_layer(3, 1234)
+        with self.assertRaises(tutti.InvalidArgument):
+            r.wait_layer(0, 1234)
+        self.assertEqual(words.waits, [(1234, 1, 42), (1234, 3, 42)])
+        r._on_progress(1, [])
+        r._on_end("UNAVAILABLE", "tuttid died")
+        self.assertEqual(words.released, [42])
+        self.assertEqual(r.wait().failed, [0, 1])
+
+    def test_missing_layers_are_an_error_and_release(self):
+        words = FakeWords()
+        r = tc.Retrieval(1, 0, 3, 5, words)
+        r._on_progress(0, [])
+        r._on_end("OK", "")
+        self.assertEqual(r.wait().code, "INTERNAL")
+        self.assertEqual(words.released, [5])
+        done = tc.Retrieval(1, 0, 1, 6, words)
+        done._on_progress(0, [])
+        done._on_end("OK", "")
+        self.assertEqual(words.released, [5])
+
+
+class SharedMemoryTest(unittest.TestCase):
+    def test_name_mode_and_unlink(self):
+        import os
+        import stat
+        shm = tutti.SharedMemory(4096, prefix="tutti-unit")
+        path = "/dev/shm" + shm.name
+        self.assertTrue(os.path.exists(path))
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o660)
+        shm.close()
+        self.assertFalse(os.path.exists(path))
+        shm.close()  # idempotent
+        with self.assertRaises(ValueError):
+            tutti.SharedMemory(4096, prefix="bad/prefix")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

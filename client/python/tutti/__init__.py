@@ -1,0 +1,42 @@
+"""tutti: attach an inference engine's paged KV cache to tuttid (an SSD-backed KV cache daemon),
+look up cached prefixes, load them layer by layer into the engine's own blocks, store new ones.
+
+    import tutti
+    layout = tutti.KvLayout(num_layers=32, kv_heads=8, head_dim=128, dtype_bytes=2,
+                            block_tokens=16, format="fused")
+    ns = tutti.Namespace(model_id="meta-llama/Meta-Llama-3-8B", layout=layout)
+    client = tutti.Client.attach(ns, num_blocks, tutti.objects_from_tensors(layout, kv_caches),
+                                 cuda_device=0)            # or host_regions=[shm.region()]
+    keys = tutti.chain_keys(token_ids, layout.block_tokens)
+    lease = client.lookup(keys)
+    r = client.retrieve(lease, keys[:lease.hits], my_blocks)
+    for layer in range(layout.num_layers):
+        r.wait_layer(layer)                                # then run the layer's attention
+    failed = r.wait().failed                               # recompute these blocks
+
+See docs/clients.md.
+"""
+
+from tutti._hash import HASH_SCHEME, chain_keys
+from tutti._shm import SharedMemory
+from tutti.errors import (FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
+                          TuttiError, Unavailable)
+from tutti.layout import (KvLayout, Namespace, ObjectTensor, cache_bytes, host_cache_tensor,
+                          objects_from_tensors)
+
+try:
+    from tutti.client import DEFAULT_SOCKET, Client, Lease, RetrieveOutcome, Retrieval
+except ImportError as _e:  # the generated gRPC code is missing (a source checkout)
+    if "tutti.v1" not in str(_e) and "kvcache_pb2" not in str(_e):
+        raise
+    raise ImportError("tutti: the generated protobuf/gRPC modules are missing (%s); use the "
+                      "package built by `bazel build //client/python:tutti` "
+                      "(PYTHONPATH=bazel-bin/client/python/site) or run "
+                      "client/python/make_site.sh DIR" % _e) from None
+
+__all__ = [
+    "HASH_SCHEME", "chain_keys", "SharedMemory", "TuttiError", "Unavailable", "NotFound",
+    "InvalidArgument", "FailedPrecondition", "ResourceExhausted", "KvLayout", "Namespace",
+    "ObjectTensor", "cache_bytes", "host_cache_tensor", "objects_from_tensors", "DEFAULT_SOCKET",
+    "Client", "Lease", "RetrieveOutcome", "Retrieval",
+]

@@ -1,0 +1,527 @@
+"""The tutti engine client: attach an engine's paged KV cache to tuttid, look up cached prefixes,
+load them layer by layer into the engine's own blocks, store new blocks.
+
+Same operations and failure model as the C++ library (client/cpp/include/tutti/client.h):
+- host mode: the KV cache is in POSIX shared memory; Retrieval.wait_layer blocks until tuttid
+  reports the layer copied.
+- cuda mode: the KV cache is device memory; the client exports IPC handles of the allocations that
+  hold it and allocates ready words; wait_layer enqueues a GPU-side wait on the engine's stream and
+  returns at once.
+A broken transfer (a failed block, tuttid dying, a refused call) never leaves the engine waiting:
+every layer wait is released (in cuda mode the client writes the ready words itself) and
+Retrieval.wait() names the blocks to recompute. When tuttid goes away the client re-attaches by
+itself once it is back; meanwhile calls raise tutti.Unavailable (treat as a miss / dropped save).
+
+Thread-safety: a Client may be used from several threads; its Retrieves run one at a time
+(retrieve() waits until the previous transfer ended). A Retrieval is used by one thread.
+"""
+
+import os
+import socket as _socket
+import threading
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import grpc
+
+from tutti import errors
+from tutti.layout import FORMATS, KvLayout, Namespace, ObjectTensor
+from tutti.v1 import kvcache_pb2 as pb
+from tutti.v1 import kvcache_pb2_grpc as pb_grpc
+
+DEFAULT_SOCKET = "/run/tutti/tuttid.sock"
+STORE_OUTCOMES = {0: "unspecified", 1: "captured", 2: "durable", 3: "already_present",
+                  4: "rejected_full", 5: "failed"}
+_MIN_BACKOFF = 0.05
+_MAX_BACKOFF = 1.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Blocks [0, hits) of the looked-up chain are present and pinned until the Retrieve ends,
+    release(), or ttl_ms passes. hits == 0 holds nothing (id 0)."""
+    id: int
+    hits: int
+    ttl_ms: int
+    generation: int
+
+
+@dataclass
+class RetrieveOutcome:
+    code: str = "OK"             # "OK", or why the transfer broke (then every block failed)
+    message: str = ""
+    failed: List[int] = field(default_factory=list)  # indices into the blocks to recompute
+    layers_done: int = 0
+
+    @property
+    def ok(self):
+        return self.code == "OK"
+
+
+def _probe(path):
+    """Raises Unavailable saying why `path` does not accept connections."""
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError as e:
+        raise errors.Unavailable("cannot reach tuttid at %s: %s; is it running? (systemctl status "
+                                 "tuttid)" % (path, e.strerror or e)) from None
+    finally:
+        s.close()
+
+
+def _namespace_proto(ns: Namespace):
+    l = ns.layout
+    return pb.Namespace(
+        model_id=ns.model_id, tp_rank=ns.tp_rank, tp_size=ns.tp_size, hash_scheme=ns.hash_scheme,
+        layout=pb.KvLayout(num_layers=l.num_layers, kv_heads=l.kv_heads, head_dim=l.head_dim,
+                           dtype_bytes=l.dtype_bytes, block_tokens=l.block_tokens,
+                           format=FORMATS[l.format]))
+
+
+def _check_objects(layout: KvLayout, num_blocks, objects):
+    layout.check()
+    if num_blocks <= 0:
+        raise errors.InvalidArgument("num_blocks must be at least 1")
+    want = layout.num_layers * layout.parts
+    if len(objects) != want:
+        raise errors.InvalidArgument("objects: %d entries; the layout has %d (num_layers x %d "
+                                     "parts, layer-major)" % (len(objects), want, layout.parts))
+    for i, o in enumerate(objects):
+        if not o.base:
+            raise errors.InvalidArgument("objects[%d]: null" % i)
+        if num_blocks > 1 and o.block_stride < layout.object_bytes:
+            raise errors.InvalidArgument("objects[%d]: block_stride %d is smaller than an object "
+                                         "(%d bytes)" % (i, o.block_stride, layout.object_bytes))
+
+
+def _extent(layout, num_blocks, o):
+    return (num_blocks - 1) * o.block_stride + layout.object_bytes
+
+
+def build_host_attach(engine_id, ns, num_blocks, objects, host_regions):
+    """The AttachRequest of a host-mode engine; every object's blocks must lie in one of
+    `host_regions` [(shm_name, address, size)]."""
+    _check_objects(ns.layout, num_blocks, objects)
+    if not host_regions:
+        raise errors.InvalidArgument("host mode needs host_regions (shared memory)")
+    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid())
+    req.namespace.CopyFrom(_namespace_proto(ns))
+    for name, _, size in host_regions:
+        req.regions.add().host_shm.CopyFrom(pb.HostShmRegion(name=name, size_bytes=size))
+    for i, o in enumerate(objects):
+        extent = _extent(ns.layout, num_blocks, o)
+        for r, (_, start, size) in enumerate(host_regions):
+            if start <= o.base and o.base - start + extent <= size:
+                req.placements.add(region=r, offset=o.base - start, block_stride=o.block_stride)
+                break
+        else:
+            raise errors.InvalidArgument("objects[%d]: its %d blocks (%d bytes from its base) do "
+                                         "not lie inside any of the host_regions" %
+                                         (i, num_blocks, extent))
+    return req
+
+
+def build_cuda_attach(engine_id, ns, num_blocks, objects, device, words, cuda=None):
+    """The AttachRequest of a cuda-mode engine: one region per device allocation that holds
+    objects, the ready words and this process's pid. `cuda` is the driver module (tests pass
+    a fake)."""
+    if cuda is None:
+        from tutti import _cuda as cuda
+    _check_objects(ns.layout, num_blocks, objects)
+    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid())
+    req.namespace.CopyFrom(_namespace_proto(ns))
+    uuid = cuda.gpu_uuid(device)
+    region_of = {}
+    for i, o in enumerate(objects):
+        base, size = cuda.allocation_of(device, o.base)
+        offset = o.base - base
+        if offset + _extent(ns.layout, num_blocks, o) > size:
+            raise errors.InvalidArgument("objects[%d]: its blocks run past the end of the device "
+                                         "allocation that holds its base" % i)
+        if base not in region_of:
+            region_of[base] = len(req.regions)
+            req.regions.add().cuda_ipc.CopyFrom(pb.CudaIpcRegion(
+                ipc_handle=cuda.ipc_handle(device, base), size_bytes=size, gpu_uuid=uuid))
+        req.placements.add(region=region_of[base], offset=offset, block_stride=o.block_stride)
+    handle, size, words_uuid = words.export()
+    req.ready_words.region.CopyFrom(pb.CudaIpcRegion(ipc_handle=handle, size_bytes=size,
+                                                     gpu_uuid=words_uuid))
+    req.ready_words.count = words.count
+    return req
+
+
+def _stream_handle(stream):
+    """A CUstream from a torch.cuda.Stream, an int handle, or None (torch's current stream)."""
+    if stream is None:
+        import torch
+        return torch.cuda.current_stream().cuda_stream
+    if isinstance(stream, int):
+        return stream
+    return stream.cuda_stream
+
+
+class Retrieval:
+    """One Retrieve in flight (see Client.retrieve)."""
+
+    def __init__(self, num_blocks, layer_begin, layer_end, ticket, words):
+        self.num_blocks = num_blocks
+        self.layer_begin = layer_begin
+        self.layer_end = layer_end
+        self.ticket = ticket
+        self._words = words
+        self._cv = threading.Condition()
+        self._next_layer = layer_begin
+        self._out_of_order = False
+        self._failed = set()
+        self._outcome = None
+        self._thread = None
+
+    # --- called by the stream reader ---
+    def _on_progress(self, layer, failed):
+        with self._cv:
+            if layer != self._next_layer or layer >= self.layer_end:
+                self._out_of_order = True
+                return
+            self._failed.update(i for i in failed if i < self.num_blocks)
+            self._next_layer += 1
+            self._cv.notify_all()
+
+    def _on_end(self, code, message):
+        with self._cv:
+            done = self._next_layer - self.layer_begin
+            if code == "OK" and self._out_of_order:
+                code, message = "INTERNAL", "tuttid reported layers out of order"
+            elif code == "OK" and self._next_layer != self.layer_end:
+                code, message = "INTERNAL", "the transfer ended after %d of %d layers" % (
+                    done, self.layer_end - self.layer_begin)
+            broken = code != "OK"
+            failed = list(range(self.num_blocks)) if broken else sorted(self._failed)
+        if broken and self._words is not None:
+            try:
+                self._words.force_release(self.ticket)
+            except Exception as e:  # the engine's context may be gone too
+                message = "%s; releasing the layer waits failed: %s" % (message, e)
+        with self._cv:
+            self._outcome = RetrieveOutcome(code, message, failed, done)
+            self._cv.notify_all()
+
+    # --- the engine's side ---
+    def wait_layer(self, layer, stream=None):
+        """Makes the engine wait until layer `layer` of every non-failed block has landed.
+        host mode: blocks until then; raises TuttiError("ABORTED") if the transfer ended without
+        it. cuda mode: enqueues the wait on `stream` (a torch.cuda.Stream, a CUstream int, or
+        None for torch's current stream) and returns at once."""
+        if not self.layer_begin <= layer < self.layer_end:
+            raise errors.InvalidArgument("layer %d is outside this Retrieve's layers [%d, %d)" %
+                                         (layer, self.layer_begin, self.layer_end))
+        if self._words is not None:
+            self._words.wait(_stream_handle(stream), layer, self.ticket)
+            return
+        with self._cv:
+            self._cv.wait_for(lambda: self._outcome is not None or self._next_layer > layer)
+            if self._next_layer > layer:
+                return
+            raise errors.TuttiError("the transfer ended before layer %d landed: %s: %s" %
+                                    (layer, self._outcome.code, self._outcome.message), "ABORTED")
+
+    def wait(self, timeout=None) -> RetrieveOutcome:
+        """Blocks until the transfer ended; its outcome (None on timeout)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._outcome is not None, timeout)
+            return self._outcome
+
+    @property
+    def done(self):
+        with self._cv:
+            return self._outcome is not None
+
+
+class Client:
+    """One engine attached to tuttid. Use Client.attach(...)."""
+
+    def __init__(self, socket_path, request, words=None, device=None, reattach=True,
+                 connect_timeout=5.0, call_timeout=120.0):
+        self._socket_path = socket_path
+        self._request = request
+        self._words = words
+        self._device = device
+        self._reattach = reattach
+        self._call_timeout = call_timeout
+        self._connect_timeout = connect_timeout
+        self._num_layers = request.namespace.layout.num_layers
+        _probe(socket_path)
+        self._channel = grpc.insecure_channel(
+            "unix:" + socket_path,
+            options=[("grpc.initial_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1000),
+                     ("grpc.max_receive_message_length", 64 << 20)])
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise errors.Unavailable("cannot reach tuttid at %s: no gRPC connection within %.1f s"
+                                     % (socket_path, connect_timeout)) from None
+        self._stub = pb_grpc.KvCacheStub(self._channel)
+        self._cv = threading.Condition()
+        self._state = "lost"
+        self._session_id = 0
+        self._generation = 0
+        self._attach_response = pb.AttachResponse()
+        self._stop = False
+        self._wake = False
+        self._ticket = 0
+        self._ticket_lock = threading.Lock()
+        self._retrieve_lock = threading.Lock()
+        self._inflight = None
+        try:
+            self._attach_now(call_timeout)
+        except BaseException:
+            self._channel.close()
+            raise
+        self._thread = threading.Thread(target=self._loop, name="tutti-keepalive", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def attach(cls, namespace: Namespace, num_blocks: int, objects: Sequence[ObjectTensor],
+               host_regions: Optional[Sequence[Tuple[str, int, int]]] = None,
+               cuda_device: Optional[int] = None, socket_path: str = DEFAULT_SOCKET,
+               engine_id: str = "python-engine", reattach: bool = True,
+               connect_timeout: float = 5.0, call_timeout: float = 120.0) -> "Client":
+        """Connects and attaches. Host mode: pass host_regions [(shm_name, address, size)] that
+        hold every object. Cuda mode: pass cuda_device; every object is device memory there.
+        Raises InvalidArgument for inconsistent arguments, Unavailable when tuttid cannot be
+        reached, and tuttid's error otherwise (e.g. FailedPrecondition when its pool cannot hold
+        this layout). The memory must outlive the Client."""
+        if cuda_device is not None:
+            from tutti import _cuda
+            words = _cuda.ReadyWords(cuda_device, namespace.layout.num_layers + 1)
+            try:
+                req = build_cuda_attach(engine_id, namespace, num_blocks, objects, cuda_device,
+                                        words)
+                return cls(socket_path, req, words, cuda_device, reattach, connect_timeout,
+                           call_timeout)
+            except BaseException:
+                words.close()
+                raise
+        req = build_host_attach(engine_id, namespace, num_blocks, objects, host_regions)
+        return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout)
+
+    # --- session ---
+    def _attach_now(self, timeout):
+        try:
+            resp = self._stub.Attach(self._request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc(e) from None
+        with self._cv:
+            if self._state == "detached":
+                return
+            self._state = "attached"
+            self._session_id = resp.session_id
+            self._attach_response = resp
+            self._generation += 1
+
+    def _current(self):
+        with self._cv:
+            if self._state == "attached":
+                return self._session_id, self._generation
+            if self._state == "lost":
+                raise errors.Unavailable("lost the session with tuttid at %s; %s" % (
+                    self._socket_path, "re-attaching in the background" if self._reattach
+                    else "reattach is off"))
+            raise errors.FailedPrecondition("detached from tuttid")
+
+    def _observe(self, err, generation):
+        if isinstance(err, errors.Unavailable):
+            self._mark_lost(generation)
+        elif isinstance(err, errors.NotFound):
+            with self._cv:
+                self._wake = True
+                self._cv.notify_all()
+
+    def _mark_lost(self, generation):
+        with self._cv:
+            if self._state == "attached" and generation == self._generation:
+                self._state = "lost"
+                self._session_id = 0
+                self._wake = True
+                self._cv.notify_all()
+
+    def _loop(self):
+        sleep = _MIN_BACKOFF
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._stop or self._wake, sleep)
+                if self._stop:
+                    return
+                self._wake = False
+            sleep = self._tick(sleep)
+
+    def _tick(self, backoff):
+        with self._cv:
+            state, sid, gen = self._state, self._session_id, self._generation
+            period = max(self._attach_response.session_ttl_ms / 4000.0, 0.01)
+        if state == "attached":
+            try:
+                self._stub.KeepAlive(pb.KeepAliveRequest(session_id=sid), timeout=max(period, 1.0))
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND,
+                                grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._mark_lost(gen)
+                    return _MIN_BACKOFF
+            return period
+        if state == "lost" and self._reattach:
+            try:
+                self._attach_now(max(self._connect_timeout, 1.0))
+                return period
+            except errors.TuttiError:
+                return min(backoff * 2, _MAX_BACKOFF)
+        return _MAX_BACKOFF
+
+    def _next_ticket(self):
+        with self._ticket_lock:
+            self._ticket = (self._ticket + 1) & 0xFFFFFFFF
+            if self._ticket == 0:
+                self._ticket = 1
+            return self._ticket
+
+    def _call(self, method, request, generation):
+        try:
+            return method(request, timeout=self._call_timeout)
+        except grpc.RpcError as e:
+            err = errors.from_rpc(e)
+            self._observe(err, generation)
+            raise err from None
+
+    # --- the engine API ---
+    def lookup(self, keys: Sequence[bytes]) -> Lease:
+        """How many leading keys of one chain are cached; they are pinned under the lease.
+        Raises Unavailable while tuttid is unreachable (treat as a miss)."""
+        sid, gen = self._current()
+        resp = self._call(self._stub.Lookup, pb.LookupRequest(session_id=sid, keys=list(keys)), gen)
+        return Lease(resp.lease_id, resp.hits, resp.lease_ttl_ms, gen)
+
+    def retrieve(self, lease: Lease, keys: Sequence[bytes], engine_blocks: Sequence[int],
+                 layer_begin: int = 0, layer_end: int = 0) -> Retrieval:
+        """Starts copying layers [layer_begin, layer_end) (0: all) of keys[i] into engine block
+        engine_blocks[i]; the keys must be under `lease` (it ends with the transfer). Returns at
+        once; wait per layer with Retrieval.wait_layer. Waits first for the previous Retrieve of
+        this Client to end. Raises Unavailable for a lease from before a re-attach."""
+        if len(keys) != len(engine_blocks) or not keys:
+            raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
+                                                                          len(engine_blocks)))
+        layer_end = layer_end or self._num_layers
+        if not 0 <= layer_begin < layer_end <= self._num_layers:
+            raise errors.InvalidArgument("layers [%d, %d) of %d" % (layer_begin, layer_end,
+                                                                     self._num_layers))
+        with self._retrieve_lock:
+            self._finish_inflight()
+            sid, gen = self._current()
+            if lease.generation != gen:
+                raise errors.Unavailable("the lease is from before tuttid restarted (the client "
+                                         "re-attached); look up again")
+            ticket = self._next_ticket()
+            req = pb.RetrieveRequest(session_id=sid, lease_id=lease.id, layer_begin=layer_begin,
+                                     layer_end=layer_end, ticket=ticket)
+            for k, b in zip(keys, engine_blocks):
+                req.blocks.add(key=k, engine_block=int(b))
+            r = Retrieval(len(keys), layer_begin, layer_end, ticket, self._words)
+            r._thread = threading.Thread(target=self._read_stream, args=(r, req, gen),
+                                         name="tutti-retrieve", daemon=True)
+            self._inflight = r
+            r._thread.start()
+            return r
+
+    def _read_stream(self, r, req, generation):
+        code, message = "OK", ""
+        try:
+            for progress in self._stub.Retrieve(req, timeout=self._call_timeout):
+                r._on_progress(progress.layer, progress.failed)
+        except grpc.RpcError as e:
+            err = errors.from_rpc(e)
+            self._observe(err, generation)
+            code, message = err.code, err.message
+        except Exception as e:  # never leave the engine waiting
+            code, message = "INTERNAL", repr(e)
+        r._on_end(code, message)
+
+    def _finish_inflight(self):
+        if self._inflight is not None:
+            self._inflight.wait()
+            self._inflight._thread.join()
+            self._inflight = None
+
+    def store(self, keys: Sequence[bytes], engine_blocks: Sequence[int], wait_durable=False,
+              layer_begin=0, layer_end=0, stream=None) -> List[str]:
+        """Copies engine block engine_blocks[i] as keys[i]; one outcome per key ("captured",
+        "durable", "already_present", "rejected_full", "failed") once captured (durable with
+        wait_durable): from then on the engine may overwrite the blocks. cuda mode: `stream` (the
+        one that computed the blocks; None: torch's current stream) is synchronized first."""
+        if len(keys) != len(engine_blocks) or not keys:
+            raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
+                                                                          len(engine_blocks)))
+        if self._words is not None:
+            from tutti import _cuda
+            _cuda.synchronize_stream(self._device, _stream_handle(stream))
+        sid, gen = self._current()
+        req = pb.StoreRequest(session_id=sid, layer_begin=layer_begin, layer_end=layer_end,
+                              wait_durable=wait_durable, ticket=self._next_ticket())
+        for k, b in zip(keys, engine_blocks):
+            req.blocks.add(key=k, engine_block=int(b))
+        resp = self._call(self._stub.Store, req, gen)
+        if len(resp.outcomes) != len(keys):
+            raise errors.TuttiError("tuttid answered Store with a wrong number of outcomes",
+                                    "INTERNAL")
+        return [STORE_OUTCOMES.get(o, "unspecified") for o in resp.outcomes]
+
+    def release(self, lease: Lease):
+        """Ends a lease that will not be retrieved (one from before a re-attach is already gone)."""
+        if lease.id == 0:
+            return
+        sid, gen = self._current()
+        if lease.generation != gen:
+            return
+        self._call(self._stub.Release, pb.ReleaseRequest(session_id=sid, lease_id=lease.id), gen)
+
+    def detach(self):
+        """Waits for a Retrieve in flight, stops the keep-alive thread, detaches. Idempotent."""
+        with self._retrieve_lock:
+            self._finish_inflight()
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            sid = self._session_id if self._state == "attached" else 0
+            self._state = "detached"
+            self._session_id = 0
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        if sid:
+            try:
+                self._stub.Detach(pb.DetachRequest(session_id=sid), timeout=5.0)
+            except grpc.RpcError:
+                pass
+        self._channel.close()
+        if self._words is not None:
+            self._words.close()
+            self._words = None
+
+    close = detach
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.detach()
+        return False
+
+    @property
+    def info(self):
+        """A dict: session_id, namespace_id, generation, object_bytes, max_blocks_per_call,
+        session_ttl_ms, attached, mode."""
+        with self._cv:
+            a = self._attach_response
+            return dict(session_id=self._session_id, namespace_id=a.namespace_id,
+                        generation=self._generation, object_bytes=a.object_bytes,
+                        max_blocks_per_call=a.max_blocks_per_call,
+                        session_ttl_ms=a.session_ttl_ms, attached=self._state == "attached",
+                        mode="cuda" if self._words is not None else "host")
