@@ -286,8 +286,14 @@ std::string UtcNow() {
 std::string JsonEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    out.push_back(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out.push_back(c);
+    }
   }
   return out;
 }
@@ -296,6 +302,44 @@ struct Result {
   std::string metric, unit;
   double value, baseline;
 };
+
+std::string Quoted(const std::string& v) { return absl::StrCat("\"", JsonEscape(v), "\""); }
+std::string Num(double v) { return absl::StrFormat("%.4f", v); }
+std::string Bool(bool v) { return v ? "true" : "false"; }
+
+// One result as a JSON object: the fields bench/results readers expect, then the parameters.
+std::string JsonLine(const Result& r, const std::string& command, const Setup& s, bool fixed_raw,
+                     bool fixed_backend) {
+  const std::vector<std::pair<std::string, std::string>> fields = {
+      {"bench", Quoted("io_bench")},
+      {"metric", Quoted(r.metric)},
+      {"value", Num(r.value)},
+      {"unit", Quoted(r.unit)},
+      {"baseline_name", Quoted("raw_liburing_odirect")},
+      {"baseline_value", Num(r.baseline)},
+      {"ratio", Num(r.value / r.baseline)},
+      {"machine", Quoted(MachineDescription())},
+      {"date", Quoted(UtcNow())},
+      {"command", Quoted(command)},
+      {"object_bytes", absl::StrCat(s.object_bytes)},
+      {"queue_depth", absl::StrCat(s.qd)},
+      {"files", absl::StrCat(s.fds.size())},
+      {"file_bytes", absl::StrCat(s.layout.file_bytes())},
+      {"rounds", absl::StrCat(absl::GetFlag(FLAGS_rounds))},
+      {"seconds", Num(absl::GetFlag(FLAGS_seconds))},
+      {"batches_in_flight", absl::StrCat(absl::GetFlag(FLAGS_batches_in_flight))},
+      {"resubmit", Quoted(absl::GetFlag(FLAGS_resubmit))},
+      {"huge_pages", Bool(absl::GetFlag(FLAGS_huge_pages))},
+      {"thp", Quoted(ThpMode())},
+      {"fixed_buffers_backend", Bool(fixed_backend)},
+      {"fixed_buffers_baseline", Bool(fixed_raw)},
+  };
+  std::string line = "{";
+  for (const auto& [key, value] : fields) {
+    absl::StrAppend(&line, line.size() > 1 ? "," : "", "\"", key, "\":", value);
+  }
+  return line + "}";
+}
 
 void Report(const std::vector<Result>& results, const std::string& command, const Setup& s,
             bool fixed_raw, bool fixed_backend) {
@@ -307,19 +351,11 @@ void Report(const std::vector<Result>& results, const std::string& command, cons
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) return;
   std::ofstream out(path, std::ios::app);
-  for (const Result& r : results) {
-    out << absl::StrFormat(
-        "{\"bench\":\"io_bench\",\"metric\":\"%s\",\"value\":%.4f,\"unit\":\"%s\","
-        "\"baseline_name\":\"raw_liburing_odirect\",\"baseline_value\":%.4f,\"ratio\":%.4f,"
-        "\"machine\":\"%s\",\"date\":\"%s\",\"command\":\"%s\",\"object_bytes\":%u,"
-        "\"queue_depth\":%u,\"files\":%zu,\"file_bytes\":%d,\"rounds\":%u,\"seconds\":%.1f,"
-        "\"resubmit\":\"%s\",\"huge_pages\":%s,\"thp\":\"%s\","
-        "\"fixed_buffers\":{\"backend\":%s,\"baseline\":%s}}\n",
-        r.metric, r.value, r.unit, r.baseline, r.value / r.baseline,
-        JsonEscape(MachineDescription()), UtcNow(), JsonEscape(command), s.object_bytes, s.qd,
-        s.fds.size(), s.layout.file_bytes(), absl::GetFlag(FLAGS_rounds),
-        absl::GetFlag(FLAGS_seconds), fixed_backend ? "true" : "false",
-        fixed_raw ? "true" : "false");
+  for (const Result& r : results) out << JsonLine(r, command, s, fixed_raw, fixed_backend) << "\n";
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "io_bench: could not write %s\n", path.c_str());
+    return;
   }
   std::printf("appended %zu lines to %s\n", results.size(), path.c_str());
 }
