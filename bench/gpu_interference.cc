@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_ipc_memory.h"
 #include "gpu/cuda_status.h"
+#include "gpu/layer_copier.h"
 #include "gpu/pinned.h"
 #include "gpu/probe.h"
 #include "gpu/testing/busy_kernel.h"
@@ -42,6 +44,10 @@ ABSL_FLAG(bool, engine, false, "internal: run as the engine child");
 ABSL_FLAG(double, engine_s, 4.5, "engine child: seconds to run");
 ABSL_FLAG(uint32_t, sms, 16, "daemon I/O-domain SMs (0: ordinary stream on all SMs)");
 ABSL_FLAG(uint32_t, ctas, 32, "daemon copy CTAs");
+ABSL_FLAG(std::string, path, "mapped",
+          "daemon copy path: \"mapped\" (scatter kernel over mapped pinned staging, one launch "
+          "per pass) or \"staged\" (gpu::LayerCopier as tuttid: copy engine into GPU staging, "
+          "then a device-to-device scatter, a layer at a time)");
 ABSL_FLAG(double, overlap_s, 1.5, "seconds of scatter while the engine computes");
 ABSL_FLAG(std::string, label, "no_mps", "set-up name for the results (no_mps, mps)");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append results to");
@@ -106,14 +112,13 @@ struct Record {
   double baseline_value;
 };
 
-// Scatters all layers over and over until `until_ns`; returns GB/s.
-absl::StatusOr<double> ScatterUntil(gpu::CudaIpcMemory& mem, const std::vector<engine::CopyOp>& ops,
+// Runs `pass` (all layers once) over and over until `until_ns`; returns GB/s.
+absl::StatusOr<double> ScatterUntil(const std::function<absl::Status()>& pass,
                                     uint64_t bytes_per_pass, int64_t until_ns) {
   const int64_t start = NowNs();
   uint64_t bytes = 0;
   while (NowNs() < until_ns) {
-    RETURN_IF_ERROR(mem.EnqueueScatter(ops));
-    RETURN_IF_ERROR(mem.Synchronize());
+    RETURN_IF_ERROR(pass());
     bytes += bytes_per_pass;
   }
   return bytes / static_cast<double>(NowNs() - start);
@@ -144,12 +149,32 @@ absl::Status Run(std::vector<Record>* out) {
   std::memset(staging->host(), 0x3c, pass_bytes);
   std::vector<engine::CopyOp> ops;
   uint8_t* next = staging->host();
-  for (uint32_t b : gpu::testing::RandomBlocks(1, kBlocks, kEngineBlocks)) {
-    for (uint32_t j = 0; j < kLayers * 2; ++j, next += kObj) ops.push_back({b, j, next});
+  // Layer-major staging, as the store's read frames hold a layer.
+  const std::vector<uint32_t> blocks = gpu::testing::RandomBlocks(1, kBlocks, kEngineBlocks);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t b : blocks) {
+      for (uint32_t p = 0; p < 2; ++p, next += kObj) ops.push_back({b, l * 2 + p, next});
+    }
   }
-  ASSIGN_OR_RETURN(auto mem,
-                   gpu::CudaIpcMemory::WrapLocal(kv.layout, local, {staging->staging()}, io.get()));
-  ASSIGN_OR_RETURN(double alone_gbps, ScatterUntil(*mem, ops, pass_bytes, NowNs() + 500000000));
+  const bool staged = absl::GetFlag(FLAGS_path) == "staged";
+  ASSIGN_OR_RETURN(auto copier,
+                   gpu::LayerCopier::Create({gpu::LayerCopier::Mode::kStaged, pass_bytes / kLayers},
+                                            io.get(), {staging->staging()}));
+  ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(kv.layout, local,
+                                                           copier->staging_regions(), io.get()));
+  std::vector<std::vector<engine::CopyOp>> layer_ops(kLayers);
+  for (const engine::CopyOp& op : ops) layer_ops[op.object / 2].push_back(op);
+  std::function<absl::Status()> pass = [&]() -> absl::Status {
+    if (!staged) {
+      RETURN_IF_ERROR(mem->EnqueueScatter(ops));
+      return mem->Synchronize();
+    }
+    for (const auto& lops : layer_ops) {
+      RETURN_IF_ERROR(copier->ScatterLayer(mem.get(), lops, nullptr, 0, 0));
+    }
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(double alone_gbps, ScatterUntil(pass, pass_bytes, NowNs() + 500000000));
 
   int pipefd[2];
   if (pipe(pipefd) != 0) return absl::InternalError("pipe");
@@ -170,7 +195,7 @@ absl::Status Run(std::vector<Record>* out) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   const int64_t t1 = NowNs();
   const int64_t overlap_ns = static_cast<int64_t>(absl::GetFlag(FLAGS_overlap_s) * 1e9);
-  ASSIGN_OR_RETURN(double during_gbps, ScatterUntil(*mem, ops, pass_bytes, t1 + overlap_ns));
+  ASSIGN_OR_RETURN(double during_gbps, ScatterUntil(pass, pass_bytes, t1 + overlap_ns));
   const int64_t t2 = NowNs();
   std::vector<int64_t> ends;
   while (fgets(line, sizeof(line), from_engine) != nullptr) {
@@ -188,7 +213,8 @@ absl::Status Run(std::vector<Record>* out) {
   const double after = Rate(ends, t2 + 100000000, t2 + 1000000000);
   const double alone = (before + after) / 2;
   const std::string tag =
-      absl::StrCat(absl::GetFlag(FLAGS_label), ".", sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
+      absl::StrCat(absl::GetFlag(FLAGS_label), ".", absl::GetFlag(FLAGS_path), ".",
+                   sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
                    io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas());
   out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
                   tag + ".engine_kernels_per_s_alone", alone});

@@ -1,17 +1,16 @@
 #!/bin/bash
-# Runs the GPU tests, the copy benchmark, the interference measurement and the owner-death
-# experiment on the GPU machine, from the repository root, with the bundle made by:
-#   tools/gpu_bundle.sh //gpu:probe_test //gpu:placement_test //gpu:io_stream_test \
-#     //gpu:cuda_ipc_memory_test //gpu:ready_words_test //gpu:ipc_two_process_test \
-#     //bench:gpu_copy_bench //bench:gpu_owner_death //bench:gpu_interference
+# Runs the GPU tests, the benchmarks, the interference measurement and the owner-death experiment
+# on the GPU machine, from the repository root, with the bundle made by tools/gpu_bundle.sh (see
+# BUNDLE_TARGETS in that script's header, or docs/gpu.md).
 # Device tool: run(carry=[".bundle"], command="gpu/device_run.sh [PART...]"), PART among tests,
-# sanitizer, bench, interference, owner (default: all of them, in that order). Writes logs and
-# JSON lines under $OUT (at most 8 files come back) and prints a short summary last.
+# sanitizer, bench (copy kernels), retrieve (through tuttid), interference, deadmem, owner
+# (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
+# prints a short summary last.
 set -u
 out="${OUT:-/tmp/tutti-gpu-out}"
 mkdir -p "$out"
 run=.bundle/run.sh
-parts="${*:-tests sanitizer bench interference owner}"
+parts="${*:-tests retrieve interference deadmem}"
 smi="$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1 | head -1)"
 machine="nvidia-h200 device machine: $smi"
 echo "$machine" > "$out/summary.txt"
@@ -19,9 +18,11 @@ summary=()
 has() { [[ " $parts " == *" $1 "* ]]; }
 
 if has tests; then
-  for t in gpu/probe_test gpu/placement_test gpu/io_stream_test gpu/cuda_ipc_memory_test \
-           gpu/ready_words_test gpu/ipc_two_process_test; do
-    timeout 180 "$run" "$t" > "$out/t.log" 2>&1
+  all_tests="gpu/probe_test gpu/placement_test gpu/io_stream_test gpu/cuda_ipc_memory_test
+             gpu/ready_words_test gpu/ipc_two_process_test gpu/layer_copier_test
+             tests/gpu/tuttid_gpu_test"
+  for t in ${TUTTI_TESTS:-$all_tests}; do
+    timeout 200 "$run" "$t" > "$out/t.log" 2>&1
     rc=$?
     cat "$out/t.log" >> "$out/tests.log"
     summary+=("$(printf '%-28s rc=%-3s %s' "$t" "$rc" "$(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ test' "$out/t.log" | tr '\n' ' ')")")
@@ -44,12 +45,23 @@ if has bench; then
   done
 fi
 
+if has retrieve; then
+  timeout 200 "$run" bench/gpu_retrieve_bench --reps="${TUTTI_REPS:-3}" --out="$out/gpu_retrieve.jsonl" \
+    --machine="$machine" >> "$out/retrieve.log" 2>&1
+  summary+=("gpu_retrieve_bench rc=$?")
+fi
+
 if has interference; then
+  # PATH:SMS:CTAS of the daemon's copies: the mapped kernel as before, the staged path (copy
+  # engine, then a short device-to-device kernel) with the default and with fewer SMs/CTAs.
+  variants="${TUTTI_INTERFERENCE:-mapped:16:32 staged:16:32 staged:8:8}"
   interfere() {
-    for sms in 16 0; do
-      timeout 60 "$run" bench/gpu_interference --sms=$sms --ctas=32 --label="$1" \
-        --out="$out/gpu_interference.jsonl" --machine="$machine" >> "$out/interference.log" 2>&1
-      summary+=("gpu_interference $1 sms=$sms rc=$?")
+    for v in $variants; do
+      IFS=: read -r path sms ctas <<< "$v"
+      timeout 60 "$run" bench/gpu_interference --path="$path" --sms="$sms" --ctas="$ctas" \
+        --label="$1" --out="$out/gpu_interference.jsonl" --machine="$machine" \
+        >> "$out/interference.log" 2>&1
+      summary+=("gpu_interference $1 $v rc=$?")
     done
   }
   interfere no_mps
@@ -69,6 +81,13 @@ if has interference; then
   fi
 fi
 
+# A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
+if has deadmem; then
+  timeout 120 "$run" bench/gpu_dead_memory --out="$out/gpu_dead_memory.jsonl" \
+    --machine="$machine" >> "$out/dead_memory.log" 2>&1
+  summary+=("gpu_dead_memory rc=$?")
+fi
+
 # Last: the experiment that might leave the GPU in a bad state.
 if has owner; then
   for s in legacy_kill legacy_exit vmm_kill vmm_exit; do
@@ -83,6 +102,9 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader >>
   printf '%s\n' "${summary[@]}"
   echo
   [[ -f "$out/bench.log" ]] && grep -E '^(I/O stream|metric|[a-z_0-9]+ +[0-9.]+ )' "$out/bench.log"
-  [[ -f "$out/interference.log" ]] && grep -v '^$' "$out/interference.log" | cut -c1-160
+  [[ -f "$out/retrieve.log" ]] && grep -E '^(I/O stream|stored|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/retrieve.log" | cut -c1-150
+  [[ -f "$out/interference.log" ]] && grep -E 'loss|daemon_scatter|rror' "$out/interference.log" | cut -c1-150
+  [[ -f "$out/tests.log" ]] && grep -E '^(survivor|daemon killed)|Failure|FAILED  \]' "$out/tests.log" | head -30 | cut -c1-200
+  [[ -f "$out/dead_memory.log" ]] && cat "$out/dead_memory.log" | cut -c1-150
   [[ -f "$out/owner_death.log" ]] && grep -v '^$' "$out/owner_death.log" | cut -c1-160
 } | tee -a "$out/summary.txt"

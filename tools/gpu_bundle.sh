@@ -51,6 +51,7 @@ for target in "$@"; do
   mkdir -p "$out/bin/$pkg"
   cp -L "$src" "$out/bin/$pkg/$name"
   chmod u+w "$out/bin/$pkg/$name"
+  strip --strip-debug "$out/bin/$pkg/$name"  # -g1 symbols: the carry limit is 64 MiB
   ldd "$src" | awk '/=> \// { print $3 }' | while read -r lib; do
     base="$(basename "$lib")"
     [[ "$base" =~ $skip ]] && continue

@@ -1,0 +1,450 @@
+// Retrieve into random 16-token paged blocks of a Llama-3-8B-shaped cache (32 layers, fused K/V,
+// 32 KiB objects), measured on a GPU machine, each figure against a baseline of the same run:
+//
+//  inproc: the daemon's data path alone (gpu::LayerCopier, as tuttid uses it) from pinned host
+//    staging, layer by layer with a ready word per layer: staged (copy engine + device-to-device
+//    scatter) and mapped (scatter kernel over PCIe), against one contiguous pinned -> GPU copy per
+//    layer; the naive path (one cudaMemcpyAsync per object); the staged path from pageable heap
+//    memory (what tuttid's DRAM tier gets today); the whole transfer in one piece.
+//  dram: through a real tuttid (GPU mode, blocks in its DRAM tier), this process the engine: GB/s
+//    from sending the Retrieve to the last layer's ready word releasing the engine's stream, and
+//    the time to layer 0 and to the last layer.
+//  ssd: the same with the DRAM tier off, so reads hit the pool files (O_DIRECT, io_uring), against
+//    raw liburing O_DIRECT reads of the same file at the same object size and queue depth.
+//
+// JSON lines (bench, metric, value, unit, baseline_name, baseline_value, ratio, machine, date,
+// command) are appended to --out.
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "daemon/common/status_macros.h"
+#include "gpu/cuda_status.h"
+#include "gpu/layer_copier.h"
+#include "gpu/pinned.h"
+#include "gpu/probe.h"
+#include "gpu/testing/test_util.h"
+#include "tests/gpu/gpu_engine.h"
+#include "tests/gpu/tuttid_runner.h"
+
+ABSL_FLAG(std::string, parts, "inproc,dram,ssd", "which parts to run");
+ABSL_FLAG(uint32_t, blocks, 2048, "blocks per retrieve (inproc, dram)");
+ABSL_FLAG(uint32_t, ssd_blocks, 512, "blocks per retrieve from the SSD tier");
+ABSL_FLAG(uint32_t, engine_blocks, 8192, "engine blocks per layer tensor");
+ABSL_FLAG(uint32_t, reps, 5, "repetitions (the median is reported)");
+ABSL_FLAG(uint32_t, sms, 16, "I/O green-context SMs (inproc and tuttid)");
+ABSL_FLAG(std::string, scatter, "staged", "tuttid's gpu.scatter for the dram and ssd parts");
+ABSL_FLAG(std::string, out, "", "JSON lines file to append to");
+ABSL_FLAG(std::string, machine, "", "machine description");
+
+namespace tutti::bench {
+namespace {
+
+using gpu::CudaStatus;
+using gputest::EngineShape;
+using gputest::GpuEngine;
+using gputest::TuttidRunner;
+
+constexpr uint32_t kLayers = 32, kObj = 32768, kParts = 2;
+constexpr uint32_t kWindow = 4;  // layers of pinned staging, reused round robin like the store's
+
+struct Record {
+  std::string metric;
+  double value;
+  std::string unit;
+  std::string baseline_name;
+  double baseline_value = 0;
+};
+std::vector<Record> g_records;
+
+void Add(Record r) {
+  const bool base = !r.baseline_name.empty();
+  std::printf("%-58s %10.3f %-4s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
+              base ? absl::StrCat("vs ", r.baseline_name, " ", r.baseline_value, " (ratio ",
+                                  r.value / r.baseline_value, ")")
+                         .c_str()
+                   : "");
+  std::fflush(stdout);
+  g_records.push_back(std::move(r));
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+// ---- in-process data path ----
+
+struct InProc {
+  std::unique_ptr<gpu::IoStream> io;
+  gpu::testing::KvLayout kv;
+  std::vector<gpu::LocalRegion> regions;
+  std::unique_ptr<gpu::PinnedRegion> pinned;  // kWindow layers
+  std::vector<uint8_t> heap;                  // the same, pageable
+  uint8_t* contiguous = nullptr;              // one layer of device memory
+  std::vector<uint32_t> blocks;
+  uint64_t layer_bytes = 0;
+  std::unique_ptr<gpu::ReadyWordArray> words_array;
+  std::unique_ptr<gpu::ReadyWords> words;
+  ~InProc() {
+    words.reset();
+    for (auto& r : regions) cudaFree(r.device_ptr);
+    cudaFree(contiguous);
+  }
+  // Layer l's ops with staging in `base` (kWindow layers, round robin).
+  std::vector<engine::CopyOp> Ops(uint32_t layer, uint8_t* base) const {
+    std::vector<engine::CopyOp> ops;
+    uint8_t* src = base + (layer % kWindow) * layer_bytes;
+    for (uint32_t b : blocks) {
+      for (uint32_t p = 0; p < kParts; ++p, src += kObj) ops.push_back({b, layer * kParts + p, src});
+    }
+    return ops;
+  }
+};
+
+absl::Status SetUpInProc(InProc* s) {
+  const uint32_t n = absl::GetFlag(FLAGS_blocks);
+  ASSIGN_OR_RETURN(s->io, gpu::IoStream::Create({0, absl::GetFlag(FLAGS_sms), 0}));
+  std::printf("I/O stream: %s, %u CTAs\n", s->io->description().c_str(), s->io->ctas());
+  s->kv = gpu::testing::MakeKvLayout(gpu::testing::KvFormat::kFusedKv, kLayers,
+                                     absl::GetFlag(FLAGS_engine_blocks), kObj);
+  for (uint64_t size : s->kv.region_sizes) {
+    void* p = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, size), "cudaMalloc(KV)"));
+    s->regions.push_back({p, size});
+  }
+  s->layer_bytes = uint64_t{n} * kParts * kObj;
+  ASSIGN_OR_RETURN(s->pinned, gpu::PinnedRegion::Allocate(kWindow * s->layer_bytes));
+  std::memset(s->pinned->host(), 0x3c, kWindow * s->layer_bytes);
+  s->heap.assign(kWindow * s->layer_bytes + 64, 0x3c);
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&s->contiguous), s->layer_bytes),
+                             "cudaMalloc(contiguous)"));
+  s->blocks = gpu::testing::RandomBlocks(3, n, absl::GetFlag(FLAGS_engine_blocks));
+  ASSIGN_OR_RETURN(s->words_array, gpu::ReadyWordArray::Create(0, kLayers + 1));
+  ASSIGN_OR_RETURN(s->words,
+                   gpu::ReadyWords::WrapLocal(s->words_array->word(0), kLayers + 1, s->io.get()));
+  return absl::OkStatus();
+}
+
+// Median seconds of `reps` runs of `body` (after one warm-up).
+absl::StatusOr<double> Time(const std::function<absl::Status()>& body) {
+  RETURN_IF_ERROR(body());
+  std::vector<double> t;
+  for (uint32_t r = 0; r < absl::GetFlag(FLAGS_reps); ++r) {
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(body());
+    t.push_back(Seconds(start));
+  }
+  return Median(t);
+}
+
+// Layer by layer through a copier; *first gets the median time to layer 0.
+absl::StatusOr<double> TimeLayered(InProc& s, gpu::LayerCopier& copier, gpu::CudaIpcMemory& mem,
+                                   uint8_t* base, double* first) {
+  std::vector<double> firsts;
+  uint32_t ticket = 0;
+  auto run = [&]() -> absl::Status {
+    const absl::Time start = absl::Now();
+    ++ticket;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      RETURN_IF_ERROR(copier.ScatterLayer(&mem, s.Ops(l, base), s.words.get(), l, ticket));
+      if (l == 0) firsts.push_back(Seconds(start));
+    }
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(double t, Time(run));
+  firsts.erase(firsts.begin());  // warm-up
+  *first = Median(firsts);
+  return t;
+}
+
+absl::Status RunInProc() {
+  InProc s;
+  RETURN_IF_ERROR(SetUpInProc(&s));
+  const double total = static_cast<double>(s.layer_bytes) * kLayers;
+  cudaStream_t st = s.io->stream();
+  ASSIGN_OR_RETURN(double contiguous, Time([&]() -> absl::Status {
+                     for (uint32_t l = 0; l < kLayers; ++l) {
+                       RETURN_IF_ERROR(CudaStatus(
+                           cudaMemcpyAsync(s.contiguous,
+                                           s.pinned->host() + (l % kWindow) * s.layer_bytes,
+                                           s.layer_bytes, cudaMemcpyHostToDevice, st),
+                           "contiguous copy"));
+                     }
+                     return s.io->Synchronize();
+                   }));
+  const double base_gbps = total / contiguous / 1e9;
+  Add({"contiguous_pinned_to_gpu", base_gbps, "GB/s", "", 0});
+  std::vector<uint8_t*> bases;
+  for (const auto& r : s.regions) bases.push_back(static_cast<uint8_t*>(r.device_ptr));
+  ASSIGN_OR_RETURN(double naive, Time([&]() -> absl::Status {
+                     for (uint32_t l = 0; l < kLayers; ++l) {
+                       for (const engine::CopyOp& op : s.Ops(l, s.pinned->host())) {
+                         const auto& p = s.kv.layout.placements[op.object];
+                         RETURN_IF_ERROR(CudaStatus(
+                             cudaMemcpyAsync(bases[p.region] + p.offset + op.block * p.block_stride,
+                                             op.staging, kObj, cudaMemcpyHostToDevice, st),
+                             "naive copy"));
+                       }
+                     }
+                     return s.io->Synchronize();
+                   }));
+  Add({"naive_memcpy_per_object", total / naive / 1e9, "GB/s", "contiguous_pinned_to_gpu",
+       base_gbps});
+  for (auto mode : {gpu::LayerCopier::Mode::kStaged, gpu::LayerCopier::Mode::kMapped}) {
+    const std::string name = mode == gpu::LayerCopier::Mode::kStaged ? "staged" : "mapped";
+    ASSIGN_OR_RETURN(auto copier, gpu::LayerCopier::Create({mode, s.layer_bytes}, s.io.get(),
+                                                           {s.pinned->staging()}));
+    ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(s.kv.layout, s.regions,
+                                                             copier->staging_regions(),
+                                                             s.io.get()));
+    double first = 0;
+    ASSIGN_OR_RETURN(double t, TimeLayered(s, *copier, *mem, s.pinned->host(), &first));
+    Add({"datapath_" + name + "_layered_pinned", total / t / 1e9, "GB/s",
+         "contiguous_pinned_to_gpu", base_gbps});
+    if (mode == gpu::LayerCopier::Mode::kStaged) {
+      Add({"datapath_staged_layer0_ready", first * 1e3, "ms", "", 0});
+      Add({"datapath_staged_last_layer_ready", t * 1e3, "ms", "", 0});
+      // The whole transfer in one piece: every layer's objects in one call, one word at the end.
+      std::vector<engine::CopyOp> all;
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        auto ops = s.Ops(l, s.pinned->host());
+        all.insert(all.end(), ops.begin(), ops.end());
+      }
+      uint32_t ticket = 1000;
+      ASSIGN_OR_RETURN(double piece, Time([&] {
+                         return copier->ScatterLayer(mem.get(), all, s.words.get(), kLayers - 1,
+                                                     ++ticket);
+                       }));
+      Add({"datapath_staged_one_piece_ready", piece * 1e3, "ms", "", 0});
+      uint8_t* heap = s.heap.data() + (16 - reinterpret_cast<uintptr_t>(s.heap.data()) % 16) % 16;
+      ASSIGN_OR_RETURN(double h, TimeLayered(s, *copier, *mem, heap, &first));
+      Add({"datapath_staged_layered_pageable", total / h / 1e9, "GB/s", "contiguous_pinned_to_gpu",
+           base_gbps});
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- through tuttid ----
+
+std::string DaemonConfig(uint64_t dram_bytes) {
+  return absl::StrCat(
+      "pool { capacity_bytes: ", 6ull << 30, " object_bytes: 32768 max_objects: 64 }\n",
+      "io { backend: \"uring\" queue_depth: 64 }\n", "dram { capacity_bytes: ", dram_bytes, " }\n",
+      "limits { max_blocks_per_call: 2048 store_staging_bytes: 268435456 "
+      "retrieve_staging_bytes: 536870912 }\n",
+      "gpu { mode: \"cuda\" io_sm_count: ", absl::GetFlag(FLAGS_sms), " scatter: \"",
+      absl::GetFlag(FLAGS_scatter), "\" }\n");
+}
+
+std::vector<uint32_t> Iota(uint32_t n) {
+  std::vector<uint32_t> v(n);
+  for (uint32_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+absl::Status StoreAll(GpuEngine& e, const std::vector<uint32_t>& blocks) {
+  for (size_t i = 0; i < blocks.size(); i += 64) {
+    const size_t n = std::min<size_t>(64, blocks.size() - i);
+    std::vector<uint32_t> part(blocks.begin() + i, blocks.begin() + i + n);
+    ASSIGN_OR_RETURN(auto outcomes, e.Store(part, part, true));
+    for (auto o : outcomes) {
+      if (o != tutti::v1::STORE_DURABLE) return absl::InternalError("a block was not stored");
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct Retrieved {
+  double gbps, layer0_ms, last_ms;
+};
+
+// Retrieves `n` stored blocks into random engine blocks `reps` times (the last one checked).
+absl::StatusOr<Retrieved> RetrieveMedian(GpuEngine& e, uint32_t n, uint32_t reps) {
+  const std::vector<uint32_t> ids = Iota(n);
+  const std::vector<uint32_t> to = gpu::testing::RandomBlocks(5, n, e.shape().num_blocks);
+  std::vector<double> gbps, first, last;
+  for (uint32_t r = 0; r < reps; ++r) {
+    const bool check = r + 1 == reps;
+    ASSIGN_OR_RETURN(auto hits, e.Lookup(ids));
+    if (hits.first != n) return absl::InternalError(absl::StrCat("only ", hits.first, " hits"));
+    const uint32_t ticket = e.NextTicket();
+    RETURN_IF_ERROR(e.EnqueueLayerWaits(ticket, to, ids,
+                                        check ? std::optional<uint64_t>(1) : std::nullopt));
+    gputest::RetrieveResult res = e.Retrieve(hits.second, to, ids, ticket);
+    if (!res.rpc.ok()) return absl::InternalError(res.rpc.error_message());
+    if (!e.WaitStream(absl::Seconds(60))) return absl::InternalError("stream did not drain");
+    if (!res.failed.empty()) return absl::InternalError("blocks failed");
+    ASSIGN_OR_RETURN(std::vector<float> ms, e.LayerReadyMs());
+    first.push_back(ms.front());
+    last.push_back(ms.back());
+    gbps.push_back(e.LayerBytes(n) * kLayers / (ms.back() * 1e-3) / 1e9);
+    if (check) {
+      ASSIGN_OR_RETURN(std::vector<uint64_t> mm, e.Mismatches());
+      for (uint64_t m : mm) {
+        if (m != 0) return absl::DataLossError("retrieved content differs");
+      }
+    }
+  }
+  return Retrieved{Median(gbps), Median(first), Median(last)};
+}
+
+absl::StatusOr<std::unique_ptr<GpuEngine>> StoredEngine(TuttidRunner& d, uint32_t n) {
+  EngineShape shape;
+  shape.layers = kLayers;
+  shape.num_blocks = absl::GetFlag(FLAGS_engine_blocks);
+  shape.model_id = "llama-3-8b-shaped";
+  ASSIGN_OR_RETURN(auto e, GpuEngine::Create(shape, d.socket(), "bench-engine"));
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(e->Fill(Iota(n), Iota(n), 1));
+  RETURN_IF_ERROR(StoreAll(*e, Iota(n)));
+  std::printf("stored %u blocks (%.2f GiB) in %.1f s\n", n, e->LayerBytes(n) * kLayers / 1073741824.0,
+              Seconds(start));
+  return e;
+}
+
+absl::Status RunDram(double contiguous_gbps) {
+  const uint32_t n = absl::GetFlag(FLAGS_blocks);
+  ASSIGN_OR_RETURN(auto d, TuttidRunner::Start(DaemonConfig(5ull << 30)));
+  ASSIGN_OR_RETURN(auto e, StoredEngine(*d, n));
+  ASSIGN_OR_RETURN(Retrieved r, RetrieveMedian(*e, n, absl::GetFlag(FLAGS_reps)));
+  Add({"tuttid_dram_retrieve", r.gbps, "GB/s",
+       contiguous_gbps > 0 ? "contiguous_pinned_to_gpu" : "", contiguous_gbps});
+  Add({"tuttid_dram_layer0_ready", r.layer0_ms, "ms", "", 0});
+  Add({"tuttid_dram_last_layer_ready", r.last_ms, "ms", "", 0});
+  e.reset();
+  return d->Stop().status();
+}
+
+// Raw O_DIRECT random reads of `object` bytes at `qd` over [0, span) of `path` for `seconds`.
+absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t qd,
+                               double seconds) {
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
+  io_uring ring;
+  io_uring_queue_init(qd, &ring, 0);
+  void* buf = nullptr;
+  posix_memalign(&buf, 4096, uint64_t{qd} * kObj);
+  std::mt19937_64 rng(9);
+  const uint64_t objects = span / kObj;
+  auto issue = [&](uint32_t slot) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    io_uring_prep_read(sqe, fd, static_cast<uint8_t*>(buf) + uint64_t{slot} * kObj, kObj,
+                       (rng() % objects) * kObj);
+    io_uring_sqe_set_data64(sqe, slot);
+  };
+  for (uint32_t i = 0; i < qd; ++i) issue(i);
+  const absl::Time start = absl::Now();
+  uint64_t done = 0;
+  while (Seconds(start) < seconds) {
+    io_uring_submit_and_wait(&ring, 1);
+    unsigned head, seen = 0;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      ++seen;
+      done += cqe->res == static_cast<int>(kObj);
+      issue(static_cast<uint32_t>(cqe->user_data));
+    }
+    io_uring_cq_advance(&ring, seen);
+  }
+  const double gbps = done * double(kObj) / Seconds(start) / 1e9;
+  io_uring_queue_exit(&ring);
+  free(buf);
+  close(fd);
+  return gbps;
+}
+
+absl::Status RunSsd() {
+  const uint32_t n = absl::GetFlag(FLAGS_ssd_blocks);
+  ASSIGN_OR_RETURN(auto d, TuttidRunner::Start(DaemonConfig(0)));
+  ASSIGN_OR_RETURN(auto e, StoredEngine(*d, n));
+  std::vector<double> tuttid, raw, first, last;
+  const std::string pool = d->root() + "/pool/tutti.pool";
+  const uint64_t span = e->LayerBytes(n) * kLayers;  // the slots written first
+  for (uint32_t r = 0; r < 3; ++r) {  // alternate, so drift hits both
+    ASSIGN_OR_RETURN(Retrieved got, RetrieveMedian(*e, n, 1));
+    tuttid.push_back(got.gbps);
+    first.push_back(got.layer0_ms);
+    last.push_back(got.last_ms);
+    ASSIGN_OR_RETURN(double raw_gbps, RawRead(pool, span, 64, got.last_ms * 1e-3));
+    raw.push_back(raw_gbps);
+  }
+  Add({"raw_odirect_read_32k_qd64", Median(raw), "GB/s", "", 0});
+  Add({"tuttid_ssd_retrieve", Median(tuttid), "GB/s", "raw_odirect_read_32k_qd64", Median(raw)});
+  Add({"tuttid_ssd_layer0_ready", Median(first), "ms", "", 0});
+  Add({"tuttid_ssd_last_layer_ready", Median(last), "ms", "", 0});
+  e.reset();
+  return d->Stop().status();
+}
+
+std::string Json(absl::string_view s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') o += '\\';
+    o += ch;
+  }
+  return o + "\"";
+}
+
+void Write(const std::string& command) {
+  if (absl::GetFlag(FLAGS_out).empty()) return;
+  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::app);
+  for (const Record& r : g_records) {
+    const bool base = !r.baseline_name.empty();
+    out << "{\"bench\":\"gpu_retrieve\",\"metric\":" << Json(r.metric) << ",\"value\":" << r.value
+        << ",\"unit\":" << Json(r.unit)
+        << ",\"baseline_name\":" << (base ? Json(r.baseline_name) : "null")
+        << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
+        << ",\"ratio\":" << (base ? absl::StrCat(r.value / r.baseline_value) : "null")
+        << ",\"machine\":" << Json(absl::GetFlag(FLAGS_machine)) << ",\"date\":" << Json(date)
+        << ",\"command\":" << Json(command) << "}\n";
+  }
+}
+
+absl::Status Run() {
+  const std::string parts = absl::GetFlag(FLAGS_parts);
+  double contiguous = 0;
+  if (parts.find("inproc") != std::string::npos) {
+    RETURN_IF_ERROR(RunInProc());
+    contiguous = g_records.front().value;
+  }
+  if (parts.find("dram") != std::string::npos) RETURN_IF_ERROR(RunDram(contiguous));
+  if (parts.find("ssd") != std::string::npos) RETURN_IF_ERROR(RunSsd());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tutti::bench
+
+int main(int argc, char** argv) {
+  std::vector<std::string> words(argv, argv + argc);
+  const std::string command = absl::StrJoin(words, " ");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = tutti::bench::Run();
+  tutti::bench::Write(command);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpu_retrieve_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
