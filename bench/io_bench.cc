@@ -365,56 +365,49 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-int Main(const std::string& command) {
+// Creates (or reopens) the pool under --dir and fills it once. Returns the files in *pool.
+absl::StatusOr<pool::PoolLayout> OpenBenchPool(pool::PoolFiles* pool) {
   const uint32_t files = absl::GetFlag(FLAGS_files);
   const uint64_t file_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_file_gib) * (1ull << 30));
   const uint32_t object_bytes = absl::GetFlag(FLAGS_object_kib) * 1024;
   auto layout = pool::PoolLayout::Compute(file_bytes * files, files, object_bytes, 64);
-  if (!layout.ok()) return Fail(layout.status().ToString());
+  if (!layout.ok()) return layout.status();
   std::vector<std::string> dirs;
   for (uint32_t f = 0; f < files; ++f) {
     dirs.push_back(absl::StrCat(absl::GetFlag(FLAGS_dir), "/d", f));
     std::error_code ec;
     std::filesystem::create_directories(dirs.back(), ec);
-    if (ec) return Fail(absl::StrCat("mkdir ", dirs.back(), ": ", ec.message()));
+    if (ec) return absl::InternalError(absl::StrCat("mkdir ", dirs.back(), ": ", ec.message()));
   }
-  auto pool = pool::OpenOrCreatePool(dirs, *layout, nullptr);
-  if (!pool.ok()) return Fail(pool.status().ToString());
-  Setup s{*layout, pool->fds, object_bytes, absl::GetFlag(FLAGS_qd)};
-  if (!Fill(s, absl::GetFlag(FLAGS_dir) + "/filled", pool->UuidHex())) return 1;
+  auto opened = pool::OpenOrCreatePool(dirs, *layout, nullptr);
+  if (!opened.ok()) return opened.status();
+  *pool = *std::move(opened);
+  const Setup s{*layout, pool->fds, object_bytes, absl::GetFlag(FLAGS_qd)};
+  if (!Fill(s, absl::GetFlag(FLAGS_dir) + "/filled", pool->UuidHex())) {
+    return absl::InternalError("could not fill the pool");
+  }
+  return layout;
+}
 
-  std::vector<int> dups;
-  for (int fd : s.fds) dups.push_back(dup(fd));
-  auto backend = io::UringBackend::Create(dups, io::UringOptions{s.qd});
-  if (!backend.ok()) return Fail(backend.status().ToString());
-  const uint32_t batches = absl::GetFlag(FLAGS_batches_in_flight);
-  // Both modes' buffers: allocated once, the same way (see HugePages in aligned_buffer.h: the
-  // physical layout of 4 KiB pages alone moved results by 10-25% on a virtio disk).
-  const io::HugePages huge =
-      absl::GetFlag(FLAGS_huge_pages) ? io::HugePages::kPrefer : io::HugePages::kNo;
-  io::AlignedBuffer staging(uint64_t{batches} * s.qd * files * object_bytes, huge);
-  io::AlignedBuffer raw_buf(uint64_t{s.qd} * files * object_bytes, huge);
-  const absl::Status reg = (*backend)->RegisterBuffer(staging.span());
-  if (!reg.ok()) std::printf("backend: no fixed buffers: %s\n", reg.ToString().c_str());
-
+struct Medians {
   std::vector<double> raw_gbps, raw_iops, be_gbps, be_iops;
   bool fixed_raw = false;
+};
+
+// Runs --rounds rounds of each mode, alternating which goes first, and reading different objects
+// in each (a host-side cache under a virtual disk must not favour the second). False on errors.
+bool RunRounds(const Setup& s, io::UringBackend& backend, io::AlignedBuffer& staging,
+               io::AlignedBuffer& raw_buf, bool in_callback, Medians* m) {
   const double secs = absl::GetFlag(FLAGS_seconds);
-  const std::string resubmit = absl::GetFlag(FLAGS_resubmit);
-  if (resubmit != "caller" && resubmit != "callback") {
-    return Fail("--resubmit must be caller or callback");
-  }
-  const bool in_callback = resubmit == "callback";
+  const uint32_t batches = absl::GetFlag(FLAGS_batches_in_flight);
   for (uint32_t round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-    // Alternate which mode goes first, and read different objects in each: a host-side cache
-    // under a virtual disk must not favour the second.
     Round raw, be;
     if (round % 2 == 0) {
-      raw = RunRaw(s, raw_buf, secs, 2 * round, &fixed_raw);
-      be = RunBackend(**backend, staging, s, batches, secs, 2 * round + 1, in_callback);
+      raw = RunRaw(s, raw_buf, secs, 2 * round, &m->fixed_raw);
+      be = RunBackend(backend, staging, s, batches, secs, 2 * round + 1, in_callback);
     } else {
-      be = RunBackend(**backend, staging, s, batches, secs, 2 * round, in_callback);
-      raw = RunRaw(s, raw_buf, secs, 2 * round + 1, &fixed_raw);
+      be = RunBackend(backend, staging, s, batches, secs, 2 * round, in_callback);
+      raw = RunRaw(s, raw_buf, secs, 2 * round + 1, &m->fixed_raw);
     }
     std::printf(
         "round %u: raw %.3f GB/s %.0f IOPS depth %.1f cpu %.1f us/io | backend %.3f GB/s %.0f "
@@ -424,18 +417,45 @@ int Main(const std::string& command) {
     if (raw.errors + be.errors > 0) {
       std::fprintf(stderr, "io_bench: %lu raw and %lu backend reads failed\n", raw.errors,
                    be.errors);
+      return false;
     }
-    if (raw.errors + be.errors > 0) return 1;
-    raw_gbps.push_back(raw.gbps);
-    raw_iops.push_back(raw.iops);
-    be_gbps.push_back(be.gbps);
-    be_iops.push_back(be.iops);
+    m->raw_gbps.push_back(raw.gbps);
+    m->raw_iops.push_back(raw.iops);
+    m->be_gbps.push_back(be.gbps);
+    m->be_iops.push_back(be.iops);
   }
-  const std::string kib = absl::StrCat(absl::GetFlag(FLAGS_object_kib), "KiB");
-  const std::string tag = absl::StrCat("random_read_", kib, "_qd", s.qd);
-  Report({{tag + "_throughput", "GB/s", Median(be_gbps), Median(raw_gbps)},
-          {tag + "_iops", "IOPS", Median(be_iops), Median(raw_iops)}},
-         command, s, fixed_raw, reg.ok());
+  return true;
+}
+
+int Main(const std::string& command) {
+  const std::string resubmit = absl::GetFlag(FLAGS_resubmit);
+  if (resubmit != "caller" && resubmit != "callback") {
+    return Fail("--resubmit must be caller or callback");
+  }
+  pool::PoolFiles pool;
+  auto layout = OpenBenchPool(&pool);
+  if (!layout.ok()) return Fail(layout.status().ToString());
+  const Setup s{*layout, pool.fds, layout->object_bytes(), absl::GetFlag(FLAGS_qd)};
+  std::vector<int> dups;
+  for (int fd : s.fds) dups.push_back(dup(fd));
+  auto backend = io::UringBackend::Create(dups, io::UringOptions{s.qd});
+  if (!backend.ok()) return Fail(backend.status().ToString());
+  // Both modes' buffers: allocated once, the same way (see HugePages in aligned_buffer.h: the
+  // physical layout of 4 KiB pages alone moved results by 10-25% on a virtio disk).
+  const io::HugePages huge =
+      absl::GetFlag(FLAGS_huge_pages) ? io::HugePages::kPrefer : io::HugePages::kNo;
+  const uint64_t per_batch = uint64_t{s.qd} * s.fds.size() * s.object_bytes;
+  io::AlignedBuffer staging(absl::GetFlag(FLAGS_batches_in_flight) * per_batch, huge);
+  io::AlignedBuffer raw_buf(per_batch, huge);
+  const absl::Status reg = (*backend)->RegisterBuffer(staging.span());
+  if (!reg.ok()) std::printf("backend: no fixed buffers: %s\n", reg.ToString().c_str());
+  Medians m;
+  if (!RunRounds(s, **backend, staging, raw_buf, resubmit == "callback", &m)) return 1;
+  const std::string tag =
+      absl::StrCat("random_read_", absl::GetFlag(FLAGS_object_kib), "KiB_qd", s.qd);
+  Report({{tag + "_throughput", "GB/s", Median(m.be_gbps), Median(m.raw_gbps)},
+          {tag + "_iops", "IOPS", Median(m.be_iops), Median(m.raw_iops)}},
+         command, s, m.fixed_raw, reg.ok());
   return 0;
 }
 
