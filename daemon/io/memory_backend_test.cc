@@ -101,6 +101,17 @@ TEST_F(MemoryBackendTest, DoneRunsOnTheWorkerThreadInSubmissionOrder) {
   for (auto id : threads) EXPECT_NE(id, std::this_thread::get_id());
 }
 
+TEST_F(MemoryBackendTest, ReadsOfABatchGoBeforeItsWrites) {
+  ASSERT_EQ(Write(0, 0, kPage, 'o'), kPage);
+  AlignedBuffer w(kPage), r(kPage);
+  std::memset(w.data(), 'n', kPage);
+  std::vector<IoRequest> batch = {{Op::kWrite, 0, 0, w.data(), kPage},
+                                  {Op::kRead, 0, 0, r.data(), kPage}};
+  backend_->Execute(absl::MakeSpan(batch));
+  EXPECT_EQ(r.data()[0], 'o');
+  EXPECT_EQ(disk().Peek(0, 0, 1), "n");
+}
+
 TEST_F(MemoryBackendTest, InjectedFailuresAndShortReads) {
   ASSERT_EQ(Write(0, 0, 4 * kPage, 0x11), 4 * kPage);
   disk().FailNext(0, Op::kRead, 2, EIO);
