@@ -354,6 +354,30 @@ absl::StatusOr<PoolFiles> CreatePool(const std::vector<std::string>& dirs, const
 }
 
 // Opens and checks file `i` against `want` (the layout) and `uuid` (of file 0), if given.
+// A pool file whose superblock is intact but whose size is wrong (truncated by an operator or a
+// broken tool, or grown) gets its size back, so the daemon keeps serving everything else. Blocks
+// that lay in a lost tail read back as zeros there: their checksums fail, so they are misses,
+// counted as verification errors, never served.
+absl::Status RestoreSize(int fd, const std::string& path, uint64_t have, uint64_t want) {
+  log::Get("pool")->error(
+      "{} is {} bytes but its superblock says {} ({}); restoring its size. Blocks stored in the "
+      "lost range will be misses.",
+      path, have, want, have < want ? "truncated" : "grown");
+  if (ftruncate(fd, static_cast<off_t>(want)) != 0) {
+    return Errno(absl::StrCat("ftruncate ", path, " back to ", want, " bytes"), errno);
+  }
+  if (have < want &&
+      fallocate(fd, 0, static_cast<off_t>(have), static_cast<off_t>(want - have)) != 0) {
+    const int err = errno;
+    if (err == ENOSPC) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no space to restore ", path, " to ", want, " bytes: free ", want - have, " bytes"));
+    }
+    return Errno(absl::StrCat("fallocate ", path), err);
+  }
+  return fsync(fd) == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", path), errno);
+}
+
 absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Superblock& want,
                                  const std::array<uint8_t, 16>* uuid, absl::Duration lock_wait,
                                  Superblock* have) {
@@ -382,9 +406,7 @@ absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Supe
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Errno(absl::StrCat("fstat ", path), errno);
   if (static_cast<uint64_t>(st.st_size) != have->file_bytes) {
-    return absl::DataLossError(
-        absl::StrCat(path, " is ", st.st_size, " bytes but its superblock says ", have->file_bytes,
-                     " (truncated or damaged): move the pool files away to start an empty pool"));
+    RETURN_IF_ERROR(RestoreSize(fd.get(), path, static_cast<uint64_t>(st.st_size), have->file_bytes));
   }
   return fd;
 }

@@ -153,15 +153,26 @@ TEST_F(PoolFilesTest, MissingFileIsRefusedNotRecreated) {
   EXPECT_NE(stat((dirs[1] + "/tutti.pool").c_str(), &st), 0);
 }
 
-TEST_F(PoolFilesTest, TruncatedFileIsDataLoss) {
+TEST_F(PoolFilesTest, TruncatedFileGetsItsSizeBackAndTooShortForASuperblockIsDataLoss) {
   const auto dirs = Dirs({"a"});
-  ASSERT_TRUE(OpenOrCreatePool(dirs, Layout(1)).ok());
-  ASSERT_EQ(truncate((dirs[0] + "/tutti.pool").c_str(), 3 << 20), 0);
-  auto pool = OpenOrCreatePool(dirs, Layout(1));
-  ASSERT_EQ(pool.status().code(), absl::StatusCode::kDataLoss) << pool.status();
-  EXPECT_TRUE(Contains(pool.status(), "truncated")) << pool.status();
-  ASSERT_EQ(truncate((dirs[0] + "/tutti.pool").c_str(), 100), 0);
-  EXPECT_EQ(OpenOrCreatePool(dirs, Layout(1)).status().code(), absl::StatusCode::kDataLoss);
+  const PoolLayout layout = Layout(1);
+  ASSERT_TRUE(OpenOrCreatePool(dirs, layout).ok());
+  const std::string path = dirs[0] + "/tutti.pool";
+  ASSERT_EQ(truncate(path.c_str(), 3 << 20), 0);
+  auto pool = OpenOrCreatePool(dirs, layout);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), layout.file_bytes()) << "size restored";
+  pool = absl::InternalError("closed");  // release the lock
+  ASSERT_EQ(truncate(path.c_str(), layout.file_bytes() + (1 << 20)), 0);
+  pool = OpenOrCreatePool(dirs, layout);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), layout.file_bytes()) << "never above the cap";
+  pool = absl::InternalError("closed");
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);
+  EXPECT_EQ(OpenOrCreatePool(dirs, layout).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST_F(PoolFilesTest, CorruptSuperblock) {
