@@ -225,12 +225,12 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
   return absl::OkStatus();
 }
 
-// GPU staging for retrieves: one layer of a maximal call (so a layer is one copy round), at most
-// 512 MiB, at least one object.
+// GPU staging for retrieves: one layer of a maximal call, at most 512 MiB, and at least a slot
+// per object (gpu/layer_copier.h).
 uint64_t GpuStagingBytes(const v1::Config& config) {
   const uint64_t object = config.pool().object_bytes();
   const uint64_t layer = uint64_t{config.limits().max_blocks_per_call()} * 2 * object;
-  return std::max(object, std::min<uint64_t>(layer, 512ull << 20));
+  return std::max(gpu::LayerCopier::kSlots * object, std::min<uint64_t>(layer, 512ull << 20));
 }
 
 // Decides the device mode before anything else starts: the device to use in cuda mode, or none

@@ -1,28 +1,101 @@
 #include "gpu/layer_copier.h"
 
-#include <cuda_runtime_api.h>
+#include <cuda.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_status.h"
+#include "gpu/driver_api.h"
 #include "gpu/probe.h"
 
 namespace tutti::gpu {
 namespace {
 
-constexpr uint64_t kGpuBufferGranularity = 2ull << 20;
-// Runs start at this alignment in the GPU buffer (the copy kernel needs 16).
+constexpr uint64_t kGranularity = 2ull << 20;
+// Runs start at this alignment in a slot (the copy kernel needs 16).
 constexpr uint64_t kRunAlign = 256;
 // Objects at most this far apart in host memory share a run (the gap is copied too): staging
 // frames are 4 KiB-rounded, so an object shorter than its frame leaves a gap below 4 KiB.
 constexpr uint64_t kMaxGap = 4096;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+CUstream Cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
+CUdeviceptr Cu(const uint32_t* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 }  // namespace
+
+// Copies jobs with `threads` threads (the caller's and threads - 1 of its own). Run calls must
+// not overlap (the copier's lock serializes them).
+class CopyPool {
+ public:
+  using Job = LayerCopier::CopyJob;
+  explicit CopyPool(uint32_t threads) {
+    for (uint32_t i = 1; i < threads; ++i) threads_.emplace_back([this] { Work(); });
+  }
+  ~CopyPool() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+  void Run(absl::Span<const Job> jobs) {
+    {
+      absl::MutexLock lock(&mu_);
+      jobs_ = jobs;
+      next_.store(0);
+      busy_ = static_cast<uint32_t>(threads_.size());
+      ++generation_;
+    }
+    Drain(jobs);
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return busy_ == 0; };
+    mu_.Await(absl::Condition(&done));
+  }
+
+ private:
+  void Drain(absl::Span<const Job> jobs) {
+    for (size_t i; (i = next_.fetch_add(1)) < jobs.size();) {
+      std::memcpy(jobs[i].dst, jobs[i].src, jobs[i].len);
+    }
+  }
+  void Work() {
+    uint64_t seen = 0;
+    for (;;) {
+      absl::Span<const Job> jobs;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || generation_ != seen;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        seen = generation_;
+        jobs = jobs_;
+      }
+      Drain(jobs);
+      absl::MutexLock lock(&mu_);
+      --busy_;
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::Span<const Job> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t busy_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<size_t> next_{0};
+  std::vector<std::thread> threads_;
+};
+
+LayerCopier::LayerCopier(const Options& options, IoStream* stream)
+    : options_(options), stream_(stream) {}
 
 absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
     const Options& options, IoStream* stream, absl::Span<const StagingRegion> registered) {
@@ -35,31 +108,61 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
   std::unique_ptr<LayerCopier> copier(new LayerCopier(options, stream));
   copier->registered_ = std::move(map);
   copier->registered_list_.assign(registered.begin(), registered.end());
-  copier->gpu_bytes_ = AlignUp(options.gpu_staging_bytes, kGpuBufferGranularity);
-  void* p = nullptr;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMalloc(&p, copier->gpu_bytes_), "cudaMalloc(GPU staging for retrieves)"));
-  copier->gpu_base_ = static_cast<uint8_t*>(p);
-  log::Get("gpu")->info("gpu{}: retrieve copies {}; GPU staging {} MiB", stream->device(),
-                        options.mode == Mode::kStaged
-                            ? "staged (copy engine, then a device-to-device scatter)"
-                            : "mapped (scatter kernel over mapped pinned staging)",
-                        copier->gpu_bytes_ >> 20);
+  RETURN_IF_ERROR(copier->Init(registered));
+  log::Get("gpu")->info(
+      "gpu{}: retrieve copies {}; GPU staging {} x {} MiB; {}", stream->device(),
+      options.mode == Mode::kStaged ? "staged (copy engine, then a device-to-device scatter)"
+                                    : "mapped (scatter kernel over mapped pinned staging)",
+      kSlots, copier->slot_bytes_ >> 20,
+      options.bounce_threads > 0
+          ? absl::StrCat("unregistered memory through a pinned bounce buffer, ",
+                         options.bounce_threads, " threads")
+          : std::string("unregistered memory copied pageable"));
   return copier;
 }
 
-LayerCopier::~LayerCopier() {
-  absl::Status s = stream_->Synchronize();
-  if (!s.ok()) log::Get("gpu")->error("gpu{}: closing copier: {}", stream_->device(), s.ToString());
-  if (gpu_base_ != nullptr) {
-    s = CudaStatus(cudaFree(gpu_base_), "cudaFree(GPU staging)");
-    if (!s.ok()) log::Get("gpu")->error("gpu{}: {}", stream_->device(), s.ToString());
+absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
+  slot_bytes_ = AlignUp((options_.gpu_staging_bytes + kSlots - 1) / kSlots, kGranularity);
+  void* p = nullptr;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&p, kSlots * slot_bytes_), "cudaMalloc(GPU staging for retrieves)"));
+  gpu_base_ = static_cast<uint8_t*>(p);
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, 2 * kSlots * sizeof(uint32_t)), "cudaMalloc(words)"));
+  words_ = static_cast<uint32_t*>(p);
+  RETURN_IF_ERROR(CudaStatus(cudaMemset(words_, 0, 2 * kSlots * sizeof(uint32_t)), "memset"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                             "cudaStreamCreate(copy)"));
+  if (options_.bounce_threads > 0) {
+    ASSIGN_OR_RETURN(bounce_, PinnedRegion::Allocate(kSlots * slot_bytes_));
+    for (cudaEvent_t& ev : bounce_free_) {
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+    }
+    pool_ = std::make_unique<CopyPool>(options_.bounce_threads);
   }
+  return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+LayerCopier::~LayerCopier() {
+  auto logger = log::Get("gpu");
+  absl::Status s = stream_->Synchronize();
+  if (!s.ok()) logger->error("gpu{}: closing copier: {}", stream_->device(), s.ToString());
+  if (copy_stream_ != nullptr) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+  }
+  pool_.reset();
+  for (cudaEvent_t ev : bounce_free_) {
+    if (ev != nullptr) cudaEventDestroy(ev);
+  }
+  bounce_.reset();
+  if (words_ != nullptr) cudaFree(words_);
+  if (gpu_base_ != nullptr) cudaFree(gpu_base_);
 }
 
 std::vector<StagingRegion> LayerCopier::staging_regions() const {
   std::vector<StagingRegion> out = registered_list_;
-  out.push_back(StagingRegion{gpu_base_, gpu_bytes_, gpu_base_});
+  out.push_back(StagingRegion{gpu_base_, kSlots * slot_bytes_, gpu_base_});
   return out;
 }
 
@@ -70,10 +173,15 @@ bool LayerCopier::IsRegistered(const uint8_t* host, uint64_t len) const {
 absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                                        ReadyWords* words, uint32_t word, uint32_t ticket) {
   const uint64_t len = memory->object_len();
-  if (len > gpu_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat("objects of ", len,
-                                                   " bytes exceed the GPU staging buffer (",
-                                                   gpu_bytes_, " bytes)"));
+  if (len > slot_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "objects of ", len, " bytes exceed a GPU staging slot (", slot_bytes_, " bytes)"));
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {  // before anything is enqueued
+    if (ops[i].block >= memory->num_blocks() || ops[i].object >= memory->num_objects()) {
+      return absl::InvalidArgumentError(absl::StrCat("op ", i, ": block ", ops[i].block,
+                                                     " object ", ops[i].object, " out of range"));
+    }
   }
   absl::MutexLock lock(&mu_);
   staged_.clear();
@@ -88,6 +196,7 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   if (!direct_.empty()) RETURN_IF_ERROR(memory->EnqueueScatter(direct_));
   if (!staged_.empty()) RETURN_IF_ERROR(EnqueueStaged(memory, ops, &staged_));
   if (words != nullptr) RETURN_IF_ERROR(words->Signal(word, ticket));
+  // The I/O stream waited for every slot's copy, so the host staging is free too.
   return stream_->Synchronize();
 }
 
@@ -99,44 +208,101 @@ absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory,
             [&](uint32_t a, uint32_t b) { return ops[a].staging < ops[b].staging; });
   runs_.clear();
   round_ops_.clear();
-  uint64_t used = 0;  // bytes of the GPU buffer taken by this round's runs
+  uint64_t used = 0;  // bytes of this round's slot taken by its runs
   for (uint32_t i : *indices) {
     const engine::CopyOp& op = ops[i];
+    const bool reg = IsRegistered(op.staging, len);
     Run* run = runs_.empty() ? nullptr : &runs_.back();
-    const bool joins = run != nullptr && op.staging >= run->host &&
-                       op.staging <= run->host + run->len + kMaxGap;
-    if (joins) {
+    if (run != nullptr && run->registered == reg && op.staging >= run->host &&
+        op.staging <= run->host + run->len + kMaxGap) {
       const uint64_t new_len = std::max<uint64_t>(run->len, op.staging + len - run->host);
-      if (run->gpu_offset + new_len <= gpu_bytes_) {
+      if (run->offset + new_len <= slot_bytes_) {
         run->len = new_len;
-        used = run->gpu_offset + new_len;
-        round_ops_.push_back({op.block, op.object,
-                              gpu_base_ + run->gpu_offset + (op.staging - run->host)});
+        used = std::max(used, run->offset + new_len);
+        uint8_t* slot = gpu_base_ + next_slot_ * slot_bytes_;
+        round_ops_.push_back({op.block, op.object, slot + run->offset + (op.staging - run->host)});
         continue;
       }
     }
     uint64_t offset = AlignUp(used, kRunAlign);
-    if (offset + len > gpu_bytes_) {
-      RETURN_IF_ERROR(FlushRound(memory));
+    if (offset + len > slot_bytes_) {
+      RETURN_IF_ERROR(FlushRound(memory));  // moves to the next slot
       offset = 0;
     }
-    runs_.push_back(Run{op.staging, len, offset});
+    runs_.push_back(Run{op.staging, len, offset, reg});
     used = offset + len;
-    round_ops_.push_back({op.block, op.object, gpu_base_ + offset});
+    round_ops_.push_back({op.block, op.object, gpu_base_ + next_slot_ * slot_bytes_ + offset});
   }
   return FlushRound(memory);
 }
 
-absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
+absl::Status LayerCopier::CopyIn(uint32_t s) {
+  uint8_t* slot = gpu_base_ + s * slot_bytes_;
+  uint64_t lo = UINT64_MAX, hi = 0;
+  jobs_.clear();
   for (const Run& r : runs_) {
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(gpu_base_ + r.gpu_offset, r.host, r.len,
-                                               cudaMemcpyHostToDevice, stream_->stream()),
+    if (r.registered) continue;
+    if (bounce_ == nullptr) {  // pageable: the driver bounces each run itself
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(slot + r.offset, r.host, r.len,
+                                                 cudaMemcpyHostToDevice, copy_stream_),
+                                 "cudaMemcpyAsync(pageable -> GPU staging)"));
+      continue;
+    }
+    jobs_.push_back({bounce_->host() + s * slot_bytes_ + r.offset, r.host, r.len});
+    lo = std::min(lo, r.offset);
+    hi = std::max(hi, r.offset + r.len);
+  }
+  if (!jobs_.empty()) {
+    if (bounce_pending_[s]) {  // the slot's previous copy out of the bounce buffer
+      RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(bounce_free_[s]), "bounce wait"));
+    }
+    pool_->Run(jobs_);
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(slot + lo, bounce_->host() + s * slot_bytes_ + lo, hi - lo,
+                        cudaMemcpyHostToDevice, copy_stream_),
+        "cudaMemcpyAsync(bounce -> GPU staging)"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(bounce_free_[s], copy_stream_), "event"));
+    bounce_pending_[s] = true;
+  }
+  // Registered runs last: their copies overwrite the gaps the bounce span may have covered.
+  for (const Run& r : runs_) {
+    if (!r.registered) continue;
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(slot + r.offset, r.host, r.len,
+                                               cudaMemcpyHostToDevice, copy_stream_),
                                "cudaMemcpyAsync(staging -> GPU staging)"));
   }
-  absl::Status s = round_ops_.empty() ? absl::OkStatus() : memory->EnqueueScatter(round_ops_);
+  return absl::OkStatus();
+}
+
+absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
+  if (runs_.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
+  const uint32_t s = next_slot_;
+  next_slot_ = (s + 1) % kSlots;
+  const uint32_t seq = ++uses_[s];
+  uint32_t* copied = words_ + s;
+  uint32_t* consumed = words_ + kSlots + s;
+  // Copy side: wait until the slot's previous kernel has read it, copy in, hand it over.
+  absl::Status status = CuStatus(api->StreamWaitValue32(Cu(copy_stream_), Cu(consumed), seq - 1,
+                                                        CU_STREAM_WAIT_VALUE_EQ),
+                                 "cuStreamWaitValue32(slot consumed)");
+  if (status.ok()) status = CopyIn(s);
+  absl::Status w = CuStatus(
+      api->StreamWriteValue32(Cu(copy_stream_), Cu(copied), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
+      "cuStreamWriteValue32(slot copied)");
+  if (status.ok()) status = w;
+  // Kernel side: wait for the copy, scatter, hand the slot back.
+  cudaStream_t io = stream_->stream();
+  w = CuStatus(api->StreamWaitValue32(Cu(io), Cu(copied), seq, CU_STREAM_WAIT_VALUE_EQ),
+               "cuStreamWaitValue32(slot copied)");
+  if (status.ok()) status = w;
+  if (status.ok()) status = memory->EnqueueScatter(round_ops_);
+  w = CuStatus(api->StreamWriteValue32(Cu(io), Cu(consumed), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
+               "cuStreamWriteValue32(slot consumed)");
+  if (status.ok()) status = w;
   runs_.clear();
   round_ops_.clear();
-  return s;
+  return status;
 }
 
 }  // namespace tutti::gpu

@@ -1,29 +1,34 @@
-// Moves one layer of a Retrieve from host staging into an engine's blocks on the I/O stream,
-// marks the layer ready, and returns once the host staging may be reused.
+// Moves one layer of a Retrieve from host staging into an engine's blocks, marks the layer ready,
+// and returns once the layer is in the engine's memory (so the host staging may be reused).
 //
 // Two ways, chosen at creation (config gpu.scatter):
 //   kStaged: the layer's objects, sorted by staging address and merged into contiguous runs, are
-//     copied by the copy engine (cudaMemcpyAsync host -> device) into a GPU staging buffer
-//     allocated at creation; then the copy kernel places them from there into the engine's blocks,
-//     device to device. The kernel runs at HBM speed, so the I/O SMs work for a few percent of
-//     the transfer time instead of all of it. A layer larger than the GPU buffer goes in rounds
-//     (stream order keeps a round's copy from overwriting the buffer before the previous round's
-//     kernel has read it).
+//     copied by the copy engine (cudaMemcpyAsync host -> device, on a copy stream of their own)
+//     into slots of a GPU staging buffer allocated at creation; the copy kernel then places each
+//     slot's objects into the engine's blocks, device to device, on the I/O stream. The kernel runs
+//     at HBM speed (the I/O SMs work for a few percent of the transfer time) and overlaps the next
+//     slot's copy: the two streams hand slots to each other through device words
+//     (cuStreamWriteValue32 / cuStreamWaitValue32), so only the last slot's kernel adds to a
+//     layer's time.
 //   kMapped: the copy kernel reads the mapped pinned staging over PCIe (the SMs are busy for the
 //     whole transfer).
 // Objects whose staging is not in the registered regions given at creation (the store's DRAM tier
-// is ordinary heap memory) take the kStaged way in both modes; their host -> device copies are
-// pageable, which the driver bounces through pinned buffers of its own (much slower).
+// is ordinary heap memory) take the kStaged way in both modes: `bounce_threads` threads copy them
+// into a pinned bounce buffer (the same geometry as the GPU slots), from which the copy engine
+// takes them. Without bounce threads they are copied from pageable memory by the driver (much
+// slower: it bounces each run through buffers of its own).
 //
 // Nothing is allocated per call once the internal vectors have grown to a layer's size.
 //
-// Thread-safety: every method may be called from any thread. ScatterLayer calls are serialized
-// (one layer uses the GPU staging buffer at a time). Lifetimes: the IoStream and the registered
-// regions must outlive the copier; the copier must outlive every CudaIpcMemory opened with its
-// staging_regions().
+// Thread-safety: every method may be called from any thread. ScatterLayer calls are serialized.
+// Lifetimes: the IoStream and the registered regions must outlive the copier; the copier must
+// outlive every CudaIpcMemory opened with its staging_regions().
 #ifndef TUTTI_GPU_LAYER_COPIER_H_
 #define TUTTI_GPU_LAYER_COPIER_H_
 
+#include <cuda_runtime_api.h>
+
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -36,30 +41,37 @@
 #include "daemon/engine/engine_memory.h"
 #include "gpu/cuda_ipc_memory.h"
 #include "gpu/io_stream.h"
+#include "gpu/pinned.h"
 #include "gpu/placement.h"
 #include "gpu/ready_words.h"
 
 namespace tutti::gpu {
+
+class CopyPool;
 
 class LayerCopier {
  public:
   enum class Mode { kStaged, kMapped };
   struct Options {
     Mode mode = Mode::kStaged;
-    // Size of the GPU staging buffer (rounded up to 2 MiB): the bytes of one round. Must hold the
-    // largest object. One layer of a maximal Retrieve (max_blocks_per_call x 2 x object_bytes)
-    // makes every layer one round.
+    // Size of the GPU staging buffer (rounded up to 4 x 2 MiB), cut into kSlots slots: a slot
+    // must hold the largest object. One layer of a maximal Retrieve (max_blocks_per_call x 2 x
+    // object_bytes) keeps every slot's kernel short next to the copies.
     uint64_t gpu_staging_bytes = 128ull << 20;
+    // Threads that copy unregistered objects into the pinned bounce buffer; 0: no bounce buffer
+    // (pageable copies by the driver).
+    uint32_t bounce_threads = 4;
   };
+  static constexpr uint32_t kSlots = 4;
 
-  // Allocates the GPU staging buffer on the stream's device. INVALID_ARGUMENT for an empty buffer
-  // or a bad registered region; RESOURCE_EXHAUSTED when GPU memory is short; UNAVAILABLE without
-  // a GPU.
+  // Allocates the GPU staging buffer, the slot words, the copy stream and (with bounce threads)
+  // the pinned bounce buffer and its threads. INVALID_ARGUMENT for an empty buffer or a bad
+  // registered region; RESOURCE_EXHAUSTED when memory is short; UNAVAILABLE without a GPU.
   static absl::StatusOr<std::unique_ptr<LayerCopier>> Create(
       const Options& options, IoStream* stream, absl::Span<const StagingRegion> registered);
   LayerCopier(const LayerCopier&) = delete;
   LayerCopier& operator=(const LayerCopier&) = delete;
-  // Waits for the I/O stream, then frees the GPU staging buffer.
+  // Waits for both streams, then frees what Create made.
   ~LayerCopier();
 
   Mode mode() const { return options_.mode; }
@@ -68,43 +80,62 @@ class LayerCopier {
   std::vector<StagingRegion> staging_regions() const;
 
   // Copies each op's object from host staging (op.staging, a host address) into `memory`, then,
-  // if `words` is not null, enqueues words->Signal(word, ticket), then waits until the I/O stream
-  // has passed all of it. INVALID_ARGUMENT for an op outside `memory`'s layout or an object
-  // larger than the GPU buffer; INTERNAL for CUDA errors. On error some copies may have run and
-  // the word is not written: the caller decides (the server still writes it, see
-  // daemon/server/engine_io.h).
+  // if `words` is not null, enqueues words->Signal(word, ticket), then waits until the layer is
+  // in `memory`. INVALID_ARGUMENT for an op outside `memory`'s layout (nothing is enqueued) or an
+  // object larger than a slot; INTERNAL for CUDA errors. On error the word is not written: the
+  // caller decides (the server still writes it, see daemon/server/engine_io.h).
   [[nodiscard]] absl::Status ScatterLayer(CudaIpcMemory* memory,
                                           absl::Span<const engine::CopyOp> ops, ReadyWords* words,
                                           uint32_t word, uint32_t ticket);
 
  private:
-  struct Run {  // bytes [host, host + len) go to gpu_base_ + gpu_offset
+  struct CopyJob {  // for the bounce threads
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t len;
+  };
+  friend class CopyPool;
+  struct Run {  // bytes [host, host + len) go to offset `offset` of the round's slot
     const uint8_t* host;
     uint64_t len;
-    uint64_t gpu_offset;
+    uint64_t offset;
+    bool registered;
   };
 
-  LayerCopier(const Options& options, IoStream* stream) : options_(options), stream_(stream) {}
-  // Enqueues the copy-engine part of `ops` (the ones at `indices`): runs into the GPU buffer and
-  // the device-to-device scatter, in rounds.
+  LayerCopier(const Options& options, IoStream* stream);
+  absl::Status Init(absl::Span<const StagingRegion> registered);
+  // Enqueues the staged part of `ops` (the ones at `indices`) in rounds of one slot each.
   absl::Status EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                              std::vector<uint32_t>* indices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One slot: copies in on the copy stream, the scatter kernel on the I/O stream, each side
+  // waiting for the other's word. Both words are written even after an error, so neither stream
+  // can wait forever.
   absl::Status FlushRound(CudaIpcMemory* memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CopyIn(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsRegistered(const uint8_t* host, uint64_t len) const;
 
   const Options options_;
   IoStream* const stream_;
   StagingMap registered_;
   std::vector<StagingRegion> registered_list_;
-  uint8_t* gpu_base_ = nullptr;
-  uint64_t gpu_bytes_ = 0;
+  uint64_t slot_bytes_ = 0;
+  uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
+  uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
+  cudaStream_t copy_stream_ = nullptr;  // primary context; no SMs needed
+  std::unique_ptr<PinnedRegion> bounce_;
+  std::array<cudaEvent_t, kSlots> bounce_free_{};  // recorded on copy_stream_
+  std::unique_ptr<CopyPool> pool_;
 
   absl::Mutex mu_;
+  std::array<uint32_t, kSlots> uses_ ABSL_GUARDED_BY(mu_){};
+  std::array<bool, kSlots> bounce_pending_ ABSL_GUARDED_BY(mu_){};
+  uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;
   // Scratch, reused across calls.
   std::vector<uint32_t> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<engine::CopyOp> direct_ ABSL_GUARDED_BY(mu_);
   std::vector<Run> runs_ ABSL_GUARDED_BY(mu_);
   std::vector<engine::CopyOp> round_ops_ ABSL_GUARDED_BY(mu_);
+  std::vector<CopyJob> jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tutti::gpu

@@ -22,6 +22,7 @@ struct Case {
   LayerCopier::Mode mode;
   bool registered;  // staging in registered (pinned) memory, or heap memory like the DRAM tier
   uint64_t gpu_bytes;
+  uint32_t bounce_threads = 4;
 };
 
 class LayerCopierTest : public ::testing::TestWithParam<Case> {};
@@ -72,7 +73,7 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   }
   std::vector<StagingRegion> reg;
   if (pinned) reg.push_back(pinned->staging());
-  auto copier = LayerCopier::Create({c.mode, c.gpu_bytes}, io->get(), reg);
+  auto copier = LayerCopier::Create({c.mode, c.gpu_bytes, c.bounce_threads}, io->get(), reg);
   ASSERT_TRUE(copier.ok()) << copier.status();
   auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
   ASSERT_TRUE(mem.ok()) << mem.status();
@@ -81,6 +82,8 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   auto words = ReadyWords::WrapLocal((*words_array)->word(0), kLayers + 1, io->get());
   ASSERT_TRUE(words.ok()) << words.status();
 
+  // Twice, so every slot is used again (its words and bounce buffer recycled).
+  ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 76).ok());
   ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 77).ok());
   uint32_t word = 0;
   ASSERT_EQ(cudaMemcpy(&word, (*words_array)->word(kLayer), 4, cudaMemcpyDeviceToHost),
@@ -110,15 +113,18 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
 INSTANTIATE_TEST_SUITE_P(
     Modes, LayerCopierTest,
     ::testing::Values(Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
-                      // 2 MiB rounds: 5 MiB of objects need three.
-                      Case{LayerCopier::Mode::kStaged, true, 2ull << 20},
-                      Case{LayerCopier::Mode::kStaged, false, 2ull << 20},
-                      Case{LayerCopier::Mode::kMapped, true, 2ull << 20},
+                      // 2 MiB slots: 5.3 MiB of objects take three rounds.
+                      Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
+                      Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
+                      Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
+                      Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
+                      Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
                       Case{LayerCopier::Mode::kMapped, false, 128ull << 20}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::string(info.param.mode == LayerCopier::Mode::kStaged ? "staged" : "mapped") +
              (info.param.registered ? "_pinned" : "_heap") + "_" +
-             std::to_string(info.param.gpu_bytes >> 20) + "MiB";
+             std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
+             std::to_string(info.param.bounce_threads);
     });
 
 TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
@@ -128,7 +134,7 @@ TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
   const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kMla, 1, 1, 4ull << 20);
   void* p = nullptr;
   ASSERT_EQ(cudaMalloc(&p, kv.region_sizes[0]), cudaSuccess);
-  auto copier = LayerCopier::Create({LayerCopier::Mode::kStaged, 2ull << 20}, io->get(), {});
+  auto copier = LayerCopier::Create({LayerCopier::Mode::kStaged, 8ull << 20}, io->get(), {});
   ASSERT_TRUE(copier.ok()) << copier.status();
   auto mem = CudaIpcMemory::WrapLocal(kv.layout, {LocalRegion{p, kv.region_sizes[0]}},
                                       (*copier)->staging_regions(), io->get());
