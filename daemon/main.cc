@@ -136,7 +136,13 @@ absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& con
   std::vector<uint64_t> sizes(layout.num_files(), layout.file_bytes());
   std::vector<int> fds;
   if (config.io().backend() != "memory") {
-    for (const std::string& d : dirs) RETURN_IF_ERROR(MakeDirs(d));
+    // Only the default pool directory is created. A configured one must exist: it is an SSD's
+    // mount point, and creating it would silently put the pool on the root filesystem when the SSD
+    // is not mounted.
+    const std::string default_dir = config.state_dir() + "/pool";
+    for (const std::string& d : dirs) {
+      if (d == default_dir) RETURN_IF_ERROR(MakeDirs(d));
+    }
     auto log = log::Get("main");
     int last_tenth = -1;
     ASSIGN_OR_RETURN(pool::PoolFiles files,
