@@ -1,5 +1,6 @@
 // Client and Retrieval: the public API over Session (attachment), Retrieval::Rep (transfer state)
 // and the Device seam (cuda mode).
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,9 @@ struct Client::Rep {
   std::unique_ptr<internal::Device> device;      // cuda mode
   std::unique_ptr<internal::ReadyWords> words;   // cuda mode
   std::unique_ptr<Session> session;
+
+  // cuda mode: tuttid takes one Store per session at a time (the store word needs it).
+  absl::Mutex store_mu;
 
   absl::Mutex ticket_mu;
   uint32_t next_ticket ABSL_GUARDED_BY(ticket_mu) = 1;
@@ -179,6 +183,8 @@ Result<std::vector<StoreOutcome>> Client::Store(const std::vector<BlockKey>& key
                                                 const std::vector<uint32_t>& engine_blocks,
                                                 const StoreOptions& options) {
   if (Status s = CheckPairs(keys, engine_blocks); !s.ok()) return s;
+  std::optional<absl::MutexLock> one_at_a_time;
+  if (rep_->device != nullptr) one_at_a_time.emplace(&rep_->store_mu);
   if (rep_->device != nullptr && options.cuda_stream != nullptr) {
     absl::Status s = rep_->device->SynchronizeStream(options.cuda_stream);
     if (!s.ok()) return FromAbsl(s);

@@ -54,13 +54,16 @@ class Engine:
     shared memory in host mode, device memory in cuda mode); `client`: an attached tutti.Client
     over that cache, or None for an engine without tuttid."""
 
-    def __init__(self, model, cache, client: Optional["tutti.Client"] = None, poison=True):
+    def __init__(self, model, cache, client: Optional["tutti.Client"] = None, poison=True,
+                 store_batch=64):
         self.model = model
         self.cache = cache
         self.client = client
         self.bt = model.block_tokens
         self.pool = BlockPool(cache.shape[2])
         self.poison = poison
+        self.store_batch = store_batch
+        self.max_keys = client.info["max_blocks_per_call"] if client is not None else 0
 
     def _sync(self):
         if self.cache.is_cuda:
@@ -83,7 +86,8 @@ class Engine:
         res = PrefillResult(logits=None, block_table=blocks)
         hits, retrieval = 0, None
         if use_cache and self.client is not None:
-            hits, retrieval = self._start_load(keys[:(len(tokens) - 1) // self.bt], blocks)
+            usable = min((len(tokens) - 1) // self.bt, self.max_keys)
+            hits, retrieval = self._start_load(keys[:usable], blocks)
 
         def before_layer(layer):
             if hook is not None:
@@ -128,12 +132,24 @@ class Engine:
             return 0, None
 
     def _store(self, keys, blocks, hits, limit, wait_durable):
+        """Stores keys[hits:limit] in batches of store_batch blocks (tuttid's staging is bounded);
+        blocks rejected for full staging are retried a few times, then dropped."""
         n = len(keys) if limit is None else min(limit, len(keys))
-        if n <= hits:
-            return []
         stream = torch.cuda.current_stream() if self.cache.is_cuda else None
-        try:
-            return self.client.store(keys[hits:n], blocks[hits:n], wait_durable=wait_durable,
-                                     stream=stream)
-        except tutti.Unavailable:
-            return ["dropped"] * (n - hits)
+        outcomes = []
+        for begin in range(hits, n, self.store_batch):
+            todo = list(range(begin, min(n, begin + self.store_batch)))
+            result = {}
+            for attempt in range(50):
+                try:
+                    out = self.client.store([keys[i] for i in todo], [blocks[i] for i in todo],
+                                            wait_durable=wait_durable, stream=stream)
+                except tutti.Unavailable:
+                    out = ["dropped"] * len(todo)
+                result.update(zip(todo, out))
+                todo = [i for i, o in zip(todo, out) if o == "rejected_full"]
+                if not todo:
+                    break
+                time.sleep(0.02)
+            outcomes.extend(result[i] for i in sorted(result))
+        return outcomes

@@ -28,6 +28,7 @@ struct FixtureConfig {
   uint64_t store_staging_bytes = 64ull << 20;
   uint64_t retrieve_staging_bytes = 64ull << 20;
   uint32_t session_ttl_ms = 30000;
+  std::string extra;  // more config text, e.g. "gpu { mode: \"cuda\" }"
 };
 
 class TuttidFixture {

@@ -273,6 +273,7 @@ class Client:
         self._ticket = 0
         self._ticket_lock = threading.Lock()
         self._retrieve_lock = threading.Lock()
+        self._store_lock = threading.Lock()  # cuda mode: tuttid takes one Store at a time
         self._inflight = None
         try:
             self._attach_now(call_timeout)
@@ -456,13 +457,19 @@ class Client:
         """Copies engine block engine_blocks[i] as keys[i]; one outcome per key ("captured",
         "durable", "already_present", "rejected_full", "failed") once captured (durable with
         wait_durable): from then on the engine may overwrite the blocks. cuda mode: `stream` (the
-        one that computed the blocks; None: torch's current stream) is synchronized first."""
+        one that computed the blocks; None: torch's current stream) is synchronized first, and
+        Stores run one at a time (tuttid's per-session rule)."""
         if len(keys) != len(engine_blocks) or not keys:
             raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
                                                                           len(engine_blocks)))
-        if self._words is not None:
-            from tutti import _cuda
-            _cuda.synchronize_stream(self._device, _stream_handle(stream))
+        if self._words is None:
+            return self._store(keys, engine_blocks, wait_durable, layer_begin, layer_end)
+        from tutti import _cuda
+        _cuda.synchronize_stream(self._device, _stream_handle(stream))
+        with self._store_lock:
+            return self._store(keys, engine_blocks, wait_durable, layer_begin, layer_end)
+
+    def _store(self, keys, engine_blocks, wait_durable, layer_begin, layer_end):
         sid, gen = self._current()
         req = pb.StoreRequest(session_id=sid, layer_begin=layer_begin, layer_end=layer_end,
                               wait_durable=wait_durable, ticket=self._next_ticket())

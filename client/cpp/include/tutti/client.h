@@ -306,7 +306,8 @@ class Client {
                                               uint32_t layer_begin = 0, uint32_t layer_end = 0);
 
   // Copies engine block engine_blocks[i] as keys[i]. Returns one outcome per key once the blocks
-  // are captured (durable with wait_durable): from then on the engine may overwrite them.
+  // are captured (durable with wait_durable): from then on the engine may overwrite them. In cuda
+  // mode Stores of one Client run one at a time (tuttid's per-session rule).
   Result<std::vector<StoreOutcome>> Store(const std::vector<BlockKey>& keys,
                                           const std::vector<uint32_t>& engine_blocks,
                                           const StoreOptions& options = StoreOptions{});
