@@ -46,7 +46,8 @@ if has bench; then
 fi
 
 if has retrieve; then
-  timeout 200 "$run" bench/gpu_retrieve_bench --reps="${TUTTI_REPS:-3}" --out="$out/gpu_retrieve.jsonl" \
+  timeout 200 "$run" bench/gpu_retrieve_bench --reps="${TUTTI_REPS:-3}" \
+    --parts="${TUTTI_RETRIEVE_PARTS:-inproc,dram,ssd}" --out="$out/gpu_retrieve.jsonl" \
     --machine="$machine" >> "$out/retrieve.log" 2>&1
   summary+=("gpu_retrieve_bench rc=$?")
 fi
@@ -64,7 +65,7 @@ if has interference; then
       summary+=("gpu_interference $1 $v rc=$?")
     done
   }
-  interfere no_mps
+  [[ "${TUTTI_SKIP_NO_MPS:-0}" == 1 ]] || interfere no_mps
   # With MPS, if the machine has it: a control daemon of our own, stopped afterwards.
   if command -v nvidia-cuda-mps-control > /dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log

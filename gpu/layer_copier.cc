@@ -23,6 +23,8 @@ constexpr uint64_t kRunAlign = 256;
 // Objects at most this far apart in host memory share a run (the gap is copied too): staging
 // frames are 4 KiB-rounded, so an object shorter than its frame leaves a gap below 4 KiB.
 constexpr uint64_t kMaxGap = 4096;
+// The bounce threads copy pieces of at most this size.
+constexpr uint64_t kBouncePiece = 1ull << 20;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 CUstream Cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
@@ -248,7 +250,11 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
                                  "cudaMemcpyAsync(pageable -> GPU staging)"));
       continue;
     }
-    jobs_.push_back({bounce_->host() + s * slot_bytes_ + r.offset, r.host, r.len});
+    // Pieces of at most kBouncePiece, so large runs spread over the threads too.
+    for (uint64_t off = 0; off < r.len; off += kBouncePiece) {
+      jobs_.push_back({bounce_->host() + s * slot_bytes_ + r.offset + off, r.host + off,
+                       std::min(kBouncePiece, r.len - off)});
+    }
     lo = std::min(lo, r.offset);
     hi = std::max(hi, r.offset + r.len);
   }
