@@ -132,7 +132,9 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
       [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); });
   kv_service_ =
       std::make_unique<KvCacheService>(KvCacheOptions{options.max_blocks_per_call}, raw_store,
-                                       sessions_.get(), HostMemoryOpener(), &gate_);
+                                       sessions_.get(),
+                                       options.opener ? options.opener : HostMemoryOpener(),
+                                       &gate_);
   admin_service_ = std::make_unique<AdminService>(
       DaemonInfo{"test", "memory", "host", {state_dir_ + "/pool"}, ""}, raw_store, sessions_.get(),
       &session_clock_, &gate_);

@@ -57,6 +57,7 @@ std::string KeyBytes(uint64_t v);
 struct EnvOptions {
   uint32_t max_sessions = 4;
   uint32_t max_blocks_per_call = 16;
+  MemoryOpener opener;  // empty: HostMemoryOpener()
 };
 
 class ServiceEnv {

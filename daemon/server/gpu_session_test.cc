@@ -1,0 +1,212 @@
+// GPU-mode session rules in the engine API, without a GPU: an EngineIo that says it is device
+// memory with ready words (copying through host shared memory underneath) records every word the
+// service writes. Checks that an admitted Retrieve writes each of its words exactly once whatever
+// happens, that a refused one writes none, one Retrieve and one Store in flight per session, and
+// the Store's captured word.
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/common/status_macros.h"
+#include "daemon/server/kvcache_service.h"
+#include "daemon/server/service_test_env.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server::testing {
+namespace {
+
+using Signals = std::vector<std::pair<uint32_t, uint32_t>>;  // (word, ticket)
+
+// Everything the fake devices of one test wrote, and a gate to hold a Retrieve mid-layer.
+struct DeviceLog {
+  absl::Mutex mu;
+  Signals signals;
+  absl::Notification* hold = nullptr;    // ScatterLayer waits on it when set
+  absl::Notification* inside = nullptr;  // notified when ScatterLayer is waiting
+  void Add(uint32_t word, uint32_t ticket) {
+    absl::MutexLock lock(&mu);
+    signals.emplace_back(word, ticket);
+  }
+  Signals Take() {
+    absl::MutexLock lock(&mu);
+    return std::exchange(signals, {});
+  }
+};
+
+class FakeDeviceIo final : public EngineIo {
+ public:
+  FakeDeviceIo(std::unique_ptr<EngineIo> host, DeviceLog* log)
+      : host_(std::move(host)), log_(log) {}
+  std::string_view kind() const override { return "fake_cuda_ipc"; }
+  uint32_t num_blocks() const override { return host_->num_blocks(); }
+  bool is_device() const override { return true; }
+  bool has_ready_words() const override { return true; }
+  absl::Status ScatterLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops,
+                            uint32_t ticket) override {
+    if (log_->hold != nullptr) {
+      log_->inside->Notify();
+      log_->hold->WaitForNotification();
+    }
+    RETURN_IF_ERROR(host_->ScatterLayer(layer, ops, ticket));
+    log_->Add(layer, ticket);
+    return absl::OkStatus();
+  }
+  absl::Status SignalLayers(uint32_t begin, uint32_t end, uint32_t ticket) override {
+    for (uint32_t l = begin; l < end; ++l) log_->Add(l, ticket);
+    return absl::OkStatus();
+  }
+  absl::Status Gather(absl::Span<const engine::CopyOp> ops) override { return host_->Gather(ops); }
+  absl::Status SignalCaptured(uint32_t ticket) override {
+    log_->Add(kLayers, ticket);
+    return absl::OkStatus();
+  }
+  void Close() override { host_->Close(); }
+
+ private:
+  std::unique_ptr<EngineIo> host_;
+  DeviceLog* const log_;
+};
+
+class GpuSessionTest : public ::testing::Test {
+ protected:
+  GpuSessionTest() : env_(Options(&log_)) {
+    session_ = env_.Attach(engine_);
+    for (uint32_t b = 0; b < 2; ++b) engine_.Fill(b, 500 + b);
+    tutti::v1::StoreResponse resp;
+    EXPECT_TRUE(Store(/*ticket=*/3, &resp).ok());
+    EXPECT_EQ(log_.Take(), (Signals{{kLayers, 3}}));  // captured
+  }
+
+  static EnvOptions Options(DeviceLog* log) {
+    EnvOptions o;
+    MemoryOpener host = HostMemoryOpener();
+    o.opener = [host, log](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns)
+        -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, host(req, ns));
+      return std::unique_ptr<EngineIo>(new FakeDeviceIo(std::move(io), log));
+    };
+    return o;
+  }
+
+  grpc::Status Store(uint32_t ticket, tutti::v1::StoreResponse* resp) {
+    tutti::v1::StoreRequest req;
+    req.set_session_id(session_);
+    for (uint32_t b = 0; b < 2; ++b) {
+      auto* p = req.add_blocks();
+      p->set_key(KeyBytes(500 + b));
+      p->set_engine_block(b);
+    }
+    req.set_wait_durable(true);
+    req.set_ticket(ticket);
+    grpc::ClientContext ctx;
+    return env_.kv().Store(&ctx, req, resp);
+  }
+
+  uint64_t Lease() {
+    tutti::v1::LookupRequest req;
+    req.set_session_id(session_);
+    req.add_keys(KeyBytes(500));
+    req.add_keys(KeyBytes(501));
+    grpc::ClientContext ctx;
+    tutti::v1::LookupResponse resp;
+    EXPECT_TRUE(env_.kv().Lookup(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.hits(), 2u);
+    return resp.lease_id();
+  }
+
+  grpc::Status Retrieve(uint64_t lease, uint32_t ticket, uint32_t layer_begin = 0,
+                        uint32_t layer_end = 0) {
+    tutti::v1::RetrieveRequest req;
+    req.set_session_id(session_);
+    req.set_lease_id(lease);
+    for (uint32_t b = 0; b < 2; ++b) {
+      auto* p = req.add_blocks();
+      p->set_key(KeyBytes(500 + b));
+      p->set_engine_block(4 + b);
+    }
+    req.set_ticket(ticket);
+    req.set_layer_begin(layer_begin);
+    req.set_layer_end(layer_end);
+    grpc::ClientContext ctx;
+    auto reader = env_.kv().Retrieve(&ctx, req);
+    tutti::v1::RetrieveProgress p;
+    while (reader->Read(&p)) {
+    }
+    return reader->Finish();
+  }
+
+  DeviceLog log_;
+  ShmEngine engine_;
+  ServiceEnv env_;
+  uint64_t session_ = 0;
+};
+
+TEST_F(GpuSessionTest, RetrieveWritesEachLayerWordOnceAfterItsCopy) {
+  ASSERT_TRUE(Retrieve(Lease(), 10).ok());
+  EXPECT_EQ(log_.Take(), (Signals{{0, 10}, {1, 10}}));
+  EXPECT_TRUE(engine_.Check(4, 500));
+  EXPECT_TRUE(engine_.Check(5, 501));
+}
+
+TEST_F(GpuSessionTest, AFailedRetrieveStillWritesEveryWord) {
+  // Unknown lease: the request is admitted, fails, and releases the engine's stream.
+  EXPECT_EQ(Retrieve(/*lease=*/999, 11).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(log_.Take(), (Signals{{0, 11}, {1, 11}}));
+  // A bad layer range: every word of the namespace, since the range is unknown.
+  EXPECT_EQ(Retrieve(Lease(), 12, 1, 7).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(log_.Take(), (Signals{{0, 12}, {1, 12}}));
+  // Only layer 1 asked for: only its word.
+  ASSERT_TRUE(Retrieve(Lease(), 13, 1, 2).ok());
+  EXPECT_EQ(log_.Take(), (Signals{{1, 13}}));
+}
+
+TEST_F(GpuSessionTest, OneRetrieveInFlightPerSessionAndTheRefusedOneWritesNothing) {
+  absl::Notification hold, inside;
+  log_.hold = &hold;
+  log_.inside = &inside;
+  const uint64_t lease = Lease();
+  std::thread first([&] { EXPECT_TRUE(Retrieve(lease, 20).ok()); });
+  inside.WaitForNotification();
+  log_.hold = nullptr;
+  const grpc::Status second = Retrieve(Lease(), 21);
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << second.error_message();
+  EXPECT_TRUE(log_.Take().empty());  // word 0 of ticket 21 would release ticket 20's wait
+  hold.Notify();
+  first.join();
+  EXPECT_EQ(log_.Take(), (Signals{{0, 20}, {1, 20}}));
+  ASSERT_TRUE(Retrieve(Lease(), 22).ok());  // admitted again once the first ended
+  EXPECT_EQ(log_.Take(), (Signals{{0, 22}, {1, 22}}));
+}
+
+TEST_F(GpuSessionTest, StoreWritesTheCapturedWordAlsoWhenNothingIsCopied) {
+  tutti::v1::StoreResponse resp;
+  ASSERT_TRUE(Store(30, &resp).ok());  // already present: no gather, the word still comes
+  ASSERT_EQ(resp.outcomes_size(), 2);
+  EXPECT_EQ(resp.outcomes(0), tutti::v1::STORE_ALREADY_PRESENT);
+  EXPECT_EQ(log_.Take(), (Signals{{kLayers, 30}}));
+}
+
+TEST_F(GpuSessionTest, ClosingTheSessionStopsWordsForLaterFailures) {
+  const uint64_t lease = Lease();
+  ASSERT_TRUE(env_.sessions().Close(session_, "test").ok());
+  EXPECT_EQ(Retrieve(lease, 40).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(log_.Take().empty());  // the engine is gone: nothing is written into its memory
+}
+
+TEST(HostSessionTest, ReadyWordsNeedGpuMemory) {
+  ServiceEnv env;
+  ShmEngine engine;
+  tutti::v1::AttachRequest req = engine.AttachRequest();
+  req.mutable_ready_words()->set_count(3);
+  grpc::ClientContext ctx;
+  tutti::v1::AttachResponse resp;
+  const grpc::Status s = env.kv().Attach(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("ready_words"), std::string::npos) << s.error_message();
+}
+
+}  // namespace
+}  // namespace tutti::server::testing
