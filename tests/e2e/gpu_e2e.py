@@ -153,7 +153,7 @@ def part_client(args):
     nb = 512
     cache = torch.zeros(8, 2, nb, BLOCK, 8, 128, dtype=torch.bfloat16, device="cuda")
     with Tuttid(binary=args.tuttid, object_bytes=layout.object_bytes, max_objects=16,
-                capacity=2 << 30, extra=gpu_config()) as daemon:
+                capacity=2 << 30, store_staging=256 << 20, extra=gpu_config()) as daemon:
         client = attach(cache, ns, daemon)
         assert client.info["mode"] == "cuda"
         keys = tutti.chain_keys(range(16 * 200), BLOCK)
@@ -388,6 +388,13 @@ def part_ttft(args):
     write_ttft(args, rows, errs, suffix)
 
 
+HOW = {
+    "full": "min of runs 2-3 (run 1 is a warm-up), whole prompt recomputed",
+    "dram": "min of runs 2-3 (run 1 is a warm-up), prefix from tuttid's DRAM tier",
+    "ssd": "min of 2 runs, tuttid restarted with the DRAM tier off (reads hit the pool files)",
+}
+
+
 def write_ttft(args, rows, errs, suffix):
     date = time.strftime("%Y-%m-%d")
     gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu dry run"
@@ -409,8 +416,9 @@ def write_ttft(args, rows, errs, suffix):
                     "baseline_name": "full_recompute", "baseline_value": round(base, 2),
                     "ratio": round(value / base, 4), "machine": machine, "date": date,
                     "command": command,
-                    "note": "min of %d runs after a warm-up; runs %s; logits rel err vs full %.4f"
-                            % (len(r[tier]), [round(x, 1) for x in r[tier]], errs.get(p, -1)),
+                    "note": "%s; runs %s ms; ratio = value / baseline; cached-vs-full logits "
+                            "max rel err %.4f (bf16)" % (HOW[tier], [round(x, 1) for x in r[tier]],
+                                                          errs.get(p, -1)),
                 }) + "\n")
     log("wrote %s" % path)
     log("%-8s %10s %10s %10s %8s %8s" % ("prefix", "full ms", "dram ms", "ssd ms", "dram/f",
