@@ -114,7 +114,8 @@ struct InProc {
     std::vector<engine::CopyOp> ops;
     uint8_t* src = base + (layer % kWindow) * layer_bytes;
     for (uint32_t b : blocks) {
-      for (uint32_t p = 0; p < kParts; ++p, src += kObj) ops.push_back({b, layer * kParts + p, src});
+      for (uint32_t p = 0; p < kParts; ++p, src += kObj)
+        ops.push_back({b, layer * kParts + p, src});
     }
     return ops;
   }
@@ -181,16 +182,16 @@ absl::Status RunInProc() {
   RETURN_IF_ERROR(SetUpInProc(&s));
   const double total = static_cast<double>(s.layer_bytes) * kLayers;
   cudaStream_t st = s.io->stream();
-  ASSIGN_OR_RETURN(double contiguous, Time([&]() -> absl::Status {
-                     for (uint32_t l = 0; l < kLayers; ++l) {
-                       RETURN_IF_ERROR(CudaStatus(
-                           cudaMemcpyAsync(s.contiguous,
-                                           s.pinned->host() + (l % kWindow) * s.layer_bytes,
-                                           s.layer_bytes, cudaMemcpyHostToDevice, st),
-                           "contiguous copy"));
-                     }
-                     return s.io->Synchronize();
-                   }));
+  ASSIGN_OR_RETURN(
+      double contiguous, Time([&]() -> absl::Status {
+        for (uint32_t l = 0; l < kLayers; ++l) {
+          RETURN_IF_ERROR(CudaStatus(
+              cudaMemcpyAsync(s.contiguous, s.pinned->host() + (l % kWindow) * s.layer_bytes,
+                              s.layer_bytes, cudaMemcpyHostToDevice, st),
+              "contiguous copy"));
+        }
+        return s.io->Synchronize();
+      }));
   const double base_gbps = total / contiguous / 1e9;
   Add({"contiguous_pinned_to_gpu", base_gbps, "GB/s", "", 0});
   // The whole transfer as one piece: nothing is ready before all of it has landed.
@@ -215,9 +216,8 @@ absl::Status RunInProc() {
     const std::string name = mode == gpu::LayerCopier::Mode::kStaged ? "staged" : "mapped";
     ASSIGN_OR_RETURN(auto copier, gpu::LayerCopier::Create({mode, s.layer_bytes}, s.io.get(),
                                                            {s.pinned->staging()}));
-    ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(s.kv.layout, s.regions,
-                                                             copier->staging_regions(),
-                                                             s.io.get()));
+    ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(
+                                   s.kv.layout, s.regions, copier->staging_regions(), s.io.get()));
     double first = 0;
     ASSIGN_OR_RETURN(double t, TimeLayered(s, *copier, *mem, s.pinned->host(), &first));
     Add({"datapath_" + name + "_layered_pinned", total / t / 1e9, "GB/s",
@@ -236,18 +236,17 @@ absl::Status RunInProc() {
     std::vector<engine::CopyOp> ops;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       uint8_t* src = heap + (layer % 2) * s.blocks.size() * 4 * kObj + i * 4 * kObj;
-      for (uint32_t p = 0; p < kParts; ++p) ops.push_back({s.blocks[i], layer * kParts + p, src + p * kObj});
+      for (uint32_t p = 0; p < kParts; ++p)
+        ops.push_back({s.blocks[i], layer * kParts + p, src + p * kObj});
     }
     return ops;
   };
   for (uint32_t threads : {4u, 8u, 0u}) {
-    ASSIGN_OR_RETURN(auto copier,
-                     gpu::LayerCopier::Create({gpu::LayerCopier::Mode::kStaged, s.layer_bytes,
-                                               threads},
-                                              s.io.get(), {s.pinned->staging()}));
-    ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(s.kv.layout, s.regions,
-                                                             copier->staging_regions(),
-                                                             s.io.get()));
+    ASSIGN_OR_RETURN(auto copier, gpu::LayerCopier::Create(
+                                      {gpu::LayerCopier::Mode::kStaged, s.layer_bytes, threads},
+                                      s.io.get(), {s.pinned->staging()}));
+    ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(
+                                   s.kv.layout, s.regions, copier->staging_regions(), s.io.get()));
     uint32_t ticket = 5000;
     ASSIGN_OR_RETURN(double h, Time([&]() -> absl::Status {
                        ++ticket;
@@ -308,8 +307,8 @@ absl::StatusOr<Retrieved> RetrieveMedian(GpuEngine& e, uint32_t n, uint32_t reps
     ASSIGN_OR_RETURN(auto hits, e.Lookup(ids));
     if (hits.first != n) return absl::InternalError(absl::StrCat("only ", hits.first, " hits"));
     const uint32_t ticket = e.NextTicket();
-    RETURN_IF_ERROR(e.EnqueueLayerWaits(ticket, to, ids,
-                                        check ? std::optional<uint64_t>(1) : std::nullopt));
+    RETURN_IF_ERROR(
+        e.EnqueueLayerWaits(ticket, to, ids, check ? std::optional<uint64_t>(1) : std::nullopt));
     gputest::RetrieveResult res = e.Retrieve(hits.second, to, ids, ticket);
     if (!res.rpc.ok()) return absl::InternalError(res.rpc.error_message());
     if (!e.WaitStream(absl::Seconds(60))) return absl::InternalError("stream did not drain");
@@ -337,8 +336,8 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> StoredEngine(TuttidRunner& d, uint32_
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(e->Fill(Iota(n), Iota(n), 1));
   RETURN_IF_ERROR(StoreAll(*e, Iota(n)));
-  std::printf("stored %u blocks (%.2f GiB) in %.1f s\n", n, e->LayerBytes(n) * kLayers / 1073741824.0,
-              Seconds(start));
+  std::printf("stored %u blocks (%.2f GiB) in %.1f s\n", n,
+              e->LayerBytes(n) * kLayers / 1073741824.0, Seconds(start));
   return e;
 }
 
@@ -400,7 +399,7 @@ absl::Status RunSsd() {
   std::vector<double> tuttid, raw, first, last;
   const std::string pool = d->root() + "/pool/tutti.pool";
   const uint64_t span = e->LayerBytes(n) * kLayers;  // the slots written first
-  for (uint32_t r = 0; r < 3; ++r) {  // alternate, so drift hits both
+  for (uint32_t r = 0; r < 3; ++r) {                 // alternate, so drift hits both
     ASSIGN_OR_RETURN(Retrieved got, RetrieveMedian(*e, n, 1));
     tuttid.push_back(got.gbps);
     first.push_back(got.layer0_ms);

@@ -172,7 +172,6 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   return o;
 }
 
-
 // Blocks until SIGTERM or SIGINT arrives (both are blocked in every thread; see main).
 int WaitForStopSignal() {
   sigset_t set;
@@ -251,9 +250,8 @@ absl::StatusOr<std::optional<gpu::DeviceInfo>> ChooseDevice(const v1::Config& co
   absl::StatusOr<gpu::DeviceInfo> device = gpu::Probe(static_cast<int>(g.device()));
   if (!device.ok()) {
     if (g.mode() == "cuda") {
-      return absl::FailedPreconditionError(absl::StrCat("gpu.mode = cuda, but GPU ", g.device(),
-                                                        " is not usable: ",
-                                                        device.status().message()));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gpu.mode = cuda, but GPU ", g.device(), " is not usable: ", device.status().message()));
     }
     d->notes.push_back(absl::StrCat("host mode: no usable GPU (", device.status().message(),
                                     "); engines attach host shared memory"));
@@ -281,17 +279,16 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
   ASSIGN_OR_RETURN(rt->stream, gpu::IoStream::Create(stream_options));
   const absl::Span<uint8_t> staging = d->store->staging_region();
   ASSIGN_OR_RETURN(rt->staging, gpu::PinnedRegion::Register(staging.data(), staging.size()));
-  const gpu::LayerCopier::Mode mode = g.scatter() == "mapped" ? gpu::LayerCopier::Mode::kMapped
-                                                              : gpu::LayerCopier::Mode::kStaged;
-  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config)},
-                                                        rt->stream.get(),
-                                                        {rt->staging->staging()}));
+  const gpu::LayerCopier::Mode mode =
+      g.scatter() == "mapped" ? gpu::LayerCopier::Mode::kMapped : gpu::LayerCopier::Mode::kStaged;
+  ASSIGN_OR_RETURN(rt->copier,
+                   gpu::LayerCopier::Create({mode, GpuStagingBytes(config)}, rt->stream.get(),
+                                            {rt->staging->staging()}));
   d->device_mode = "cuda";
-  d->notes.push_back(absl::StrCat("cuda mode on GPU ", g.device(), " (", device.name, ", ",
-                                  device.uuid_text, "): I/O ", rt->stream->description(), ", ",
-                                  rt->stream->ctas(), " CTAs per copy; retrieve copies ",
-                                  g.scatter(), "; ", staging.size() >> 20,
-                                  " MiB of staging registered"));
+  d->notes.push_back(absl::StrCat(
+      "cuda mode on GPU ", g.device(), " (", device.name, ", ", device.uuid_text, "): I/O ",
+      rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
+      g.scatter(), "; ", staging.size() >> 20, " MiB of staging registered"));
   if (!rt->stream->is_green() && g.io_sm_count() > 0) {
     d->notes.push_back("no green context: the daemon's kernels may use every SM");
   }
@@ -307,11 +304,11 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                                       limits.max_sessions()},
       Clock::Real(),
       [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); });
-  ASSIGN_OR_RETURN(d->watcher,
-                   server::EngineWatcher::Create([s = d->sessions.get()](uint64_t id, uint32_t pid) {
-                     (void)s->Close(id, absl::StrCat("engine process ", pid,
-                                                     " exited; its mappings are closed"));
-                   }));
+  ASSIGN_OR_RETURN(
+      d->watcher, server::EngineWatcher::Create([s = d->sessions.get()](uint64_t id, uint32_t pid) {
+        (void)s->Close(id,
+                       absl::StrCat("engine process ", pid, " exited; its mappings are closed"));
+      }));
   server::MemoryOpener opener =
       d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
              : server::HostMemoryOpener();

@@ -111,15 +111,15 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
   copier->registered_ = std::move(map);
   copier->registered_list_.assign(registered.begin(), registered.end());
   RETURN_IF_ERROR(copier->Init(registered));
-  log::Get("gpu")->info(
-      "gpu{}: retrieve copies {}; GPU staging {} x {} MiB; {}", stream->device(),
-      options.mode == Mode::kStaged ? "staged (copy engine, then a device-to-device scatter)"
-                                    : "mapped (scatter kernel over mapped pinned staging)",
-      kSlots, copier->slot_bytes_ >> 20,
-      options.bounce_threads > 0
-          ? absl::StrCat("unregistered memory through a pinned bounce buffer, ",
-                         options.bounce_threads, " threads")
-          : std::string("unregistered memory copied pageable"));
+  log::Get("gpu")->info("gpu{}: retrieve copies {}; GPU staging {} x {} MiB; {}", stream->device(),
+                        options.mode == Mode::kStaged
+                            ? "staged (copy engine, then a device-to-device scatter)"
+                            : "mapped (scatter kernel over mapped pinned staging)",
+                        kSlots, copier->slot_bytes_ >> 20,
+                        options.bounce_threads > 0
+                            ? absl::StrCat("unregistered memory through a pinned bounce buffer, ",
+                                           options.bounce_threads, " threads")
+                            : std::string("unregistered memory copied pageable"));
   return copier;
 }
 
@@ -181,8 +181,8 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   }
   for (size_t i = 0; i < ops.size(); ++i) {  // before anything is enqueued
     if (ops[i].block >= memory->num_blocks() || ops[i].object >= memory->num_objects()) {
-      return absl::InvalidArgumentError(absl::StrCat("op ", i, ": block ", ops[i].block,
-                                                     " object ", ops[i].object, " out of range"));
+      return absl::InvalidArgumentError(absl::StrCat("op ", i, ": block ", ops[i].block, " object ",
+                                                     ops[i].object, " out of range"));
     }
   }
   absl::MutexLock lock(&mu_);
@@ -202,8 +202,7 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   return stream_->Synchronize();
 }
 
-absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory,
-                                        absl::Span<const engine::CopyOp> ops,
+absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                                         std::vector<uint32_t>* indices) {
   const uint64_t len = memory->object_len();
   std::sort(indices->begin(), indices->end(),
@@ -245,9 +244,9 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
   for (const Run& r : runs_) {
     if (r.registered) continue;
     if (bounce_ == nullptr) {  // pageable: the driver bounces each run itself
-      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(slot + r.offset, r.host, r.len,
-                                                 cudaMemcpyHostToDevice, copy_stream_),
-                                 "cudaMemcpyAsync(pageable -> GPU staging)"));
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(slot + r.offset, r.host, r.len, cudaMemcpyHostToDevice, copy_stream_),
+          "cudaMemcpyAsync(pageable -> GPU staging)"));
       continue;
     }
     // Pieces of at most kBouncePiece, so large runs spread over the threads too.
@@ -263,19 +262,18 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
       RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(bounce_free_[s]), "bounce wait"));
     }
     pool_->Run(jobs_);
-    RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(slot + lo, bounce_->host() + s * slot_bytes_ + lo, hi - lo,
-                        cudaMemcpyHostToDevice, copy_stream_),
-        "cudaMemcpyAsync(bounce -> GPU staging)"));
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(slot + lo, bounce_->host() + s * slot_bytes_ + lo,
+                                               hi - lo, cudaMemcpyHostToDevice, copy_stream_),
+                               "cudaMemcpyAsync(bounce -> GPU staging)"));
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(bounce_free_[s], copy_stream_), "event"));
     bounce_pending_[s] = true;
   }
   // Registered runs last: their copies overwrite the gaps the bounce span may have covered.
   for (const Run& r : runs_) {
     if (!r.registered) continue;
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(slot + r.offset, r.host, r.len,
-                                               cudaMemcpyHostToDevice, copy_stream_),
-                               "cudaMemcpyAsync(staging -> GPU staging)"));
+    RETURN_IF_ERROR(CudaStatus(
+        cudaMemcpyAsync(slot + r.offset, r.host, r.len, cudaMemcpyHostToDevice, copy_stream_),
+        "cudaMemcpyAsync(staging -> GPU staging)"));
   }
   return absl::OkStatus();
 }
@@ -289,9 +287,9 @@ absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
   uint32_t* copied = words_ + s;
   uint32_t* consumed = words_ + kSlots + s;
   // Copy side: wait until the slot's previous kernel has read it, copy in, hand it over.
-  absl::Status status = CuStatus(api->StreamWaitValue32(Cu(copy_stream_), Cu(consumed), seq - 1,
-                                                        CU_STREAM_WAIT_VALUE_EQ),
-                                 "cuStreamWaitValue32(slot consumed)");
+  absl::Status status = CuStatus(
+      api->StreamWaitValue32(Cu(copy_stream_), Cu(consumed), seq - 1, CU_STREAM_WAIT_VALUE_EQ),
+      "cuStreamWaitValue32(slot consumed)");
   if (status.ok()) status = CopyIn(s);
   absl::Status w = CuStatus(
       api->StreamWriteValue32(Cu(copy_stream_), Cu(copied), seq, CU_STREAM_WRITE_VALUE_DEFAULT),

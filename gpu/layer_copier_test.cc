@@ -110,22 +110,23 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   for (void* p : regions) cudaFree(p);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Modes, LayerCopierTest,
-    ::testing::Values(Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
-                      // 2 MiB slots: 5.3 MiB of objects take three rounds.
-                      Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
-                      Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
-                      Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
-                      Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
-                      Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
-                      Case{LayerCopier::Mode::kMapped, false, 128ull << 20}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return std::string(info.param.mode == LayerCopier::Mode::kStaged ? "staged" : "mapped") +
-             (info.param.registered ? "_pinned" : "_heap") + "_" +
-             std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
-             std::to_string(info.param.bounce_threads);
-    });
+INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
+                         ::testing::Values(Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
+                                           // 2 MiB slots: 5.3 MiB of objects take three rounds.
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
+                                           Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kMapped, false, 128ull << 20}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.mode == LayerCopier::Mode::kStaged
+                                                  ? "staged"
+                                                  : "mapped") +
+                                  (info.param.registered ? "_pinned" : "_heap") + "_" +
+                                  std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
+                                  std::to_string(info.param.bounce_threads);
+                         });
 
 TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
   TUTTI_SKIP_WITHOUT_GPU();

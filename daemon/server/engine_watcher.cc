@@ -87,8 +87,7 @@ EngineWatcher::~EngineWatcher() {
   close(epoll_fd_);
 }
 
-absl::Status EngineWatcher::Watch(uint32_t pid, uint64_t session_id,
-                                  std::function<bool()> wanted) {
+absl::Status EngineWatcher::Watch(uint32_t pid, uint64_t session_id, std::function<bool()> wanted) {
   if (pid == 0) return NoSuchProcess(pid);
   int pidfd = -1;
   if (use_pidfd_) {
@@ -161,8 +160,7 @@ void EngineWatcher::Loop() {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
     }
-    const int n =
-        epoll_wait(epoll_fd_, events, 32, use_pidfd_ ? kPidfdTimeoutMs : kPollTimeoutMs);
+    const int n = epoll_wait(epoll_fd_, events, 32, use_pidfd_ ? kPidfdTimeoutMs : kPollTimeoutMs);
     std::vector<uint64_t> ready;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == kWakeId) {

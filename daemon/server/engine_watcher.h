@@ -39,8 +39,7 @@ class EngineWatcher {
   // returns false (checked about once a second; then the watch is dropped silently).
   // INVALID_ARGUMENT when pid is 0 or no such process exists (already exited, or in another pid
   // namespace); the watch is not taken then.
-  [[nodiscard]] absl::Status Watch(uint32_t pid, uint64_t session_id,
-                                   std::function<bool()> wanted);
+  [[nodiscard]] absl::Status Watch(uint32_t pid, uint64_t session_id, std::function<bool()> wanted);
 
   // Watches in place (tests).
   size_t num_watches() const;

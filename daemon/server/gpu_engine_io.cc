@@ -144,18 +144,17 @@ absl::StatusOr<std::unique_ptr<EngineIo>> OpenGpu(const tutti::v1::AttachRequest
   }
   std::vector<gpu::IpcRegion> regions;
   for (const MemoryRegion& r : req.regions()) regions.push_back(ToIpcRegion(r.cuda_ipc()));
-  RETURN_IF_ERROR(
-      gpu::CudaStatus(cudaSetDevice(context.stream->device()), "cudaSetDevice"));
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaIpcMemory> memory,
-                   gpu::CudaIpcMemory::Open(layout, regions, context.copier->staging_regions(),
-                                            context.stream));
+  RETURN_IF_ERROR(gpu::CudaStatus(cudaSetDevice(context.stream->device()), "cudaSetDevice"));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<gpu::CudaIpcMemory> memory,
+      gpu::CudaIpcMemory::Open(layout, regions, context.copier->staging_regions(), context.stream));
   std::unique_ptr<gpu::ReadyWords> words;
   if (req.has_ready_words()) {
     const auto& rw = req.ready_words();
     if (rw.count() < num_layers + 1) {
-      return absl::InvalidArgumentError(absl::StrCat("ready_words.count = ", rw.count(),
-                                                     ": must be at least num_layers + 1 = ",
-                                                     num_layers + 1));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ready_words.count = ", rw.count(),
+                       ": must be at least num_layers + 1 = ", num_layers + 1));
     }
     absl::StatusOr<std::unique_ptr<gpu::ReadyWords>> opened =
         gpu::ReadyWords::Open(ToIpcRegion(rw.region()), 0, rw.count(), context.stream);
@@ -173,12 +172,13 @@ absl::StatusOr<std::unique_ptr<EngineIo>> OpenGpu(const tutti::v1::AttachRequest
 
 MemoryOpener GpuMemoryOpener(GpuIoContext context) {
   MemoryOpener host = HostMemoryOpener();
-  return [context, host](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns)
-             -> absl::StatusOr<std::unique_ptr<EngineIo>> {
-    ASSIGN_OR_RETURN(const bool cuda, AllCudaIpc(req));
-    if (!cuda) return host(req, ns);
-    return OpenGpu(req, ns, context);
-  };
+  return
+      [context, host](const tutti::v1::AttachRequest& req,
+                      const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+        ASSIGN_OR_RETURN(const bool cuda, AllCudaIpc(req));
+        if (!cuda) return host(req, ns);
+        return OpenGpu(req, ns, context);
+      };
 }
 
 }  // namespace tutti::server

@@ -83,8 +83,9 @@ class GpuSessionTest : public ::testing::Test {
   static EnvOptions Options(DeviceLog* log) {
     EnvOptions o;
     MemoryOpener host = HostMemoryOpener();
-    o.opener = [host, log](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns)
-        -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+    o.opener = [host, log](
+                   const tutti::v1::AttachRequest& req,
+                   const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
       ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, host(req, ns));
       return std::unique_ptr<EngineIo>(new FakeDeviceIo(std::move(io), log));
     };

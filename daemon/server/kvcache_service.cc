@@ -46,33 +46,32 @@ std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& 
 }  // namespace
 
 MemoryOpener HostMemoryOpener() {
-  return
-      [](const tutti::v1::AttachRequest& req,
-         const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
-        if (req.has_ready_words()) {
-          return absl::InvalidArgumentError(
-              "ready_words: only with cuda_ipc regions (GPU mode); host-mode engines learn of "
-              "each layer from the Retrieve stream");
-        }
-        std::vector<engine::HostShmRegion> regions;
-        for (int i = 0; i < req.regions_size(); ++i) {
-          const MemoryRegion& r = req.regions(i);
-          if (r.kind_case() == MemoryRegion::kCudaIpc) {
-            return absl::FailedPreconditionError(
-                absl::StrCat("regions[", i,
-                             "]: cuda_ipc needs a GPU build/daemon in cuda mode; this daemon runs "
-                             "in host mode: pass host_shm regions"));
-          }
-          if (r.kind_case() != MemoryRegion::kHostShm) {
-            return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: no kind set"));
-          }
-          regions.push_back({r.host_shm().name(), r.host_shm().size_bytes()});
-        }
-        ASSIGN_OR_RETURN(auto memory,
-                         engine::HostMemory::Create(regions, Placements(req), req.num_blocks(),
-                                                    ns.num_objects, ns.object_len));
-        return MakeHostEngineIo(std::move(memory));
-      };
+  return [](const tutti::v1::AttachRequest& req,
+            const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+    if (req.has_ready_words()) {
+      return absl::InvalidArgumentError(
+          "ready_words: only with cuda_ipc regions (GPU mode); host-mode engines learn of "
+          "each layer from the Retrieve stream");
+    }
+    std::vector<engine::HostShmRegion> regions;
+    for (int i = 0; i < req.regions_size(); ++i) {
+      const MemoryRegion& r = req.regions(i);
+      if (r.kind_case() == MemoryRegion::kCudaIpc) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("regions[", i,
+                         "]: cuda_ipc needs a GPU build/daemon in cuda mode; this daemon runs "
+                         "in host mode: pass host_shm regions"));
+      }
+      if (r.kind_case() != MemoryRegion::kHostShm) {
+        return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: no kind set"));
+      }
+      regions.push_back({r.host_shm().name(), r.host_shm().size_bytes()});
+    }
+    ASSIGN_OR_RETURN(auto memory,
+                     engine::HostMemory::Create(regions, Placements(req), req.num_blocks(),
+                                                ns.num_objects, ns.object_len));
+    return MakeHostEngineIo(std::move(memory));
+  };
 }
 
 KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
@@ -110,8 +109,8 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(ns));
   ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, opener_(req, info));
   ASSIGN_OR_RETURN(SessionRef session,
-                   sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(),
-                                   std::move(io), watch ? req.engine_pid() : 0));
+                   sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io),
+                                   watch ? req.engine_pid() : 0));
   if (watch) RETURN_IF_ERROR(WatchEngine(session));
   resp->set_session_id(session->id);
   resp->set_namespace_id(ns);

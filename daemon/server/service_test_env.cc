@@ -130,11 +130,9 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   sessions_ = std::make_unique<SessionManager>(
       SessionManager::Options{30000, 10000, options.max_sessions}, &session_clock_,
       [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); });
-  kv_service_ =
-      std::make_unique<KvCacheService>(KvCacheOptions{options.max_blocks_per_call}, raw_store,
-                                       sessions_.get(),
-                                       options.opener ? options.opener : HostMemoryOpener(),
-                                       &gate_);
+  kv_service_ = std::make_unique<KvCacheService>(
+      KvCacheOptions{options.max_blocks_per_call}, raw_store, sessions_.get(),
+      options.opener ? options.opener : HostMemoryOpener(), &gate_);
   admin_service_ = std::make_unique<AdminService>(
       DaemonInfo{"test", "memory", "host", {state_dir_ + "/pool"}, ""}, raw_store, sessions_.get(),
       &session_clock_, &gate_);

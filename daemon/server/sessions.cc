@@ -25,8 +25,7 @@ SessionManager::~SessionManager() {
 }
 
 absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, NamespaceId ns,
-                                                std::string model_id,
-                                                std::shared_ptr<EngineIo> io,
+                                                std::string model_id, std::shared_ptr<EngineIo> io,
                                                 uint32_t engine_pid) {
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {

@@ -83,15 +83,18 @@ absl::Status GpuEngine::Allocate() {
     regions_.push_back(static_cast<uint8_t*>(p));
   }
   ASSIGN_OR_RETURN(words_, gpu::ReadyWordArray::Create(0, shape_.layers + 1));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                             "cudaStreamCreate"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
   events_.resize(shape_.layers + 1);
   for (cudaEvent_t& ev : events_) RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&ev), "event"));
   const uint64_t refs = uint64_t{shape_.layers} * shape_.parts() * shape_.num_blocks;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&fill_refs_), refs * sizeof(ObjectRef)), "cudaMalloc"));
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&check_refs_), refs * sizeof(ObjectRef)), "cudaMalloc"));
-  return CudaStatus(cudaMalloc(reinterpret_cast<void**>(&counters_), shape_.layers * sizeof(unsigned long long)),
-                    "cudaMalloc");
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(reinterpret_cast<void**>(&fill_refs_), refs * sizeof(ObjectRef)), "cudaMalloc"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaMalloc(reinterpret_cast<void**>(&check_refs_), refs * sizeof(ObjectRef)), "cudaMalloc"));
+  return CudaStatus(
+      cudaMalloc(reinterpret_cast<void**>(&counters_), shape_.layers * sizeof(unsigned long long)),
+      "cudaMalloc");
 }
 
 absl::Status GpuEngine::Attach(const std::string& socket, const std::string& engine_id) {
@@ -188,9 +191,9 @@ absl::Status GpuEngine::Fill(const std::vector<uint32_t>& blocks,
     }
   }
   RETURN_IF_ERROR(UploadRefs(refs, fill_refs_));
-  RETURN_IF_ERROR(CudaStatus(LaunchFillObjects(fill_refs_, refs.size(), shape_.object_len(), seed,
-                                               stream_),
-                             "fill kernel"));
+  RETURN_IF_ERROR(
+      CudaStatus(LaunchFillObjects(fill_refs_, refs.size(), shape_.object_len(), seed, stream_),
+                 "fill kernel"));
   return CudaStatus(cudaStreamSynchronize(stream_), "fill");
 }
 
@@ -316,9 +319,9 @@ bool GpuEngine::WaitStream(absl::Duration timeout) {
 
 absl::StatusOr<std::vector<uint64_t>> GpuEngine::Mismatches() const {
   std::vector<unsigned long long> host(shape_.layers);
-  RETURN_IF_ERROR(CudaStatus(cudaMemcpy(host.data(), counters_, host.size() * 8,
-                                        cudaMemcpyDeviceToHost),
-                             "cudaMemcpy(counters)"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpy(host.data(), counters_, host.size() * 8, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy(counters)"));
   return std::vector<uint64_t>(host.begin(), host.end());
 }
 

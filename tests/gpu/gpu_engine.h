@@ -35,7 +35,7 @@ struct EngineShape {
   uint32_t head_dim = 128;
   uint32_t dtype_bytes = 2;
   uint32_t block_tokens = 16;
-  uint32_t num_blocks = 64;   // engine blocks per layer tensor
+  uint32_t num_blocks = 64;  // engine blocks per layer tensor
   std::string model_id = "gpu-test";
 
   uint32_t parts() const { return format == tutti::v1::KV_FORMAT_MLA ? 1 : 2; }
@@ -56,8 +56,8 @@ class GpuEngine {
   // Allocates the KV tensors (each its own allocation, rounded to 2 MiB) and the ready words on
   // GPU 0, and attaches to tuttid at `socket` with engine_pid = this process.
   static absl::StatusOr<std::unique_ptr<GpuEngine>> Create(const EngineShape& shape,
-                                                          const std::string& socket,
-                                                          const std::string& engine_id);
+                                                           const std::string& socket,
+                                                           const std::string& engine_id);
   ~GpuEngine();  // detaches (errors ignored) and frees
 
   const EngineShape& shape() const { return shape_; }
@@ -78,8 +78,8 @@ class GpuEngine {
   absl::Status Poison(uint8_t byte);
   // Stores the blocks under their keys (all layers), then waits on the GPU for the captured word.
   absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> Store(const std::vector<uint32_t>& blocks,
-                                                            const std::vector<uint32_t>& key_ids,
-                                                            bool wait_durable);
+                                                             const std::vector<uint32_t>& key_ids,
+                                                             bool wait_durable);
   // Lookup: (hits, lease).
   absl::StatusOr<std::pair<uint32_t, uint64_t>> Lookup(const std::vector<uint32_t>& key_ids);
 

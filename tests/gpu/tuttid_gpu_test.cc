@@ -35,10 +35,12 @@ std::string DaemonConfig(const std::string& scatter, uint64_t dram_bytes) {
   return absl::StrCat(
       "pool { capacity_bytes: 1073741824 object_bytes: 32768 max_objects: 64 }\n"
       "io { backend: \"uring\" queue_depth: 64 }\n"
-      "dram { capacity_bytes: ", dram_bytes, " }\n",
+      "dram { capacity_bytes: ",
+      dram_bytes, " }\n",
       "limits { max_blocks_per_call: 512 store_staging_bytes: 268435456 "
       "retrieve_staging_bytes: 268435456 }\n"
-      "gpu { mode: \"cuda\" io_sm_count: 16 scatter: \"", scatter, "\" }\n");
+      "gpu { mode: \"cuda\" io_sm_count: 16 scatter: \"",
+      scatter, "\" }\n");
 }
 
 // `n` distinct indices in [0, range), shuffled.
@@ -111,8 +113,8 @@ TEST_P(RoundTripTest, EachFormatByteExactWhileTheStreamWaitsPerLayer) {
   const DaemonCase c = GetParam();
   auto daemon = TuttidRunner::Start(DaemonConfig(c.scatter, c.dram ? 256ull << 20 : 0));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  for (auto format : {tutti::v1::KV_FORMAT_FUSED, tutti::v1::KV_FORMAT_SEPARATE,
-                      tutti::v1::KV_FORMAT_MLA}) {
+  for (auto format :
+       {tutti::v1::KV_FORMAT_FUSED, tutti::v1::KV_FORMAT_SEPARATE, tutti::v1::KV_FORMAT_MLA}) {
     SCOPED_TRACE(FormatName(format));
     EngineShape shape;
     shape.format = format;
@@ -132,8 +134,7 @@ TEST_P(RoundTripTest, EachFormatByteExactWhileTheStreamWaitsPerLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Daemons, RoundTripTest,
                          ::testing::Values(DaemonCase{"staged", true}, DaemonCase{"staged", false},
-                                           DaemonCase{"mapped", true},
-                                           DaemonCase{"mapped", false}),
+                                           DaemonCase{"mapped", true}, DaemonCase{"mapped", false}),
                          [](const ::testing::TestParamInfo<DaemonCase>& i) {
                            return i.param.scatter + (i.param.dram ? "_dram" : "_ssd");
                          });
@@ -233,7 +234,8 @@ TEST(EngineDeathTest, KilledMidRetrieveWhileAnotherEngineKeepsRetrieving) {
     EXPECT_TRUE(r.failed.empty());
     auto mm = b.Mismatches();
     ASSERT_TRUE(mm.ok());
-    for (uint32_t l = 0; l < 32; ++l) ASSERT_EQ((*mm)[l], 0u) << "round " << rounds << " layer " << l;
+    for (uint32_t l = 0; l < 32; ++l)
+      ASSERT_EQ((*mm)[l], 0u) << "round " << rounds << " layer " << l;
     ++rounds;
     after_kill += was_killed;
   }
@@ -250,9 +252,10 @@ TEST(EngineDeathTest, KilledMidRetrieveWhileAnotherEngineKeepsRetrieving) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_LT(gone_after, absl::Seconds(1)) << (*daemon)->LogTail();
-  std::printf("survivor: %d correct retrieves (%d after the kill); victim's session gone %s after "
-              "SIGKILL\n",
-              rounds, after_kill, absl::FormatDuration(gone_after).c_str());
+  std::printf(
+      "survivor: %d correct retrieves (%d after the kill); victim's session gone %s after "
+      "SIGKILL\n",
+      rounds, after_kill, absl::FormatDuration(gone_after).c_str());
   EXPECT_NE((*daemon)->LogTail(20000).find("exited; its mappings are closed"), std::string::npos);
   survivor->reset();
   EXPECT_EQ(*(*daemon)->Stop(), 0) << (*daemon)->LogTail();

@@ -118,8 +118,8 @@ absl::Status TuttidRunner::Launch(int ready_s) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
-      return absl::UnavailableError(absl::StrCat(bin, " exited at start (status ", status,
-                                                 "):\n", LogTail()));
+      return absl::UnavailableError(
+          absl::StrCat(bin, " exited at start (status ", status, "):\n", LogTail()));
     }
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
@@ -128,8 +128,8 @@ absl::Status TuttidRunner::Launch(int ready_s) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   Kill();
-  return absl::UnavailableError(absl::StrCat("tuttid did not answer in ", ready_s, " s:\n",
-                                             LogTail()));
+  return absl::UnavailableError(
+      absl::StrCat("tuttid did not answer in ", ready_s, " s:\n", LogTail()));
 }
 
 absl::Status TuttidRunner::Restart(int ready_s) {
