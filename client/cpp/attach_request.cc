@@ -37,8 +37,9 @@ void AddPlacement(tutti::v1::AttachRequest& req, uint32_t region, uint64_t offse
 absl::Status CheckOptions(const AttachOptions& o) {
   const KvLayout& l = o.ns.layout;
   const std::pair<const char*, uint32_t> fields[] = {
-      {"num_layers", l.num_layers}, {"kv_heads", l.kv_heads},         {"head_dim", l.head_dim},
-      {"dtype_bytes", l.dtype_bytes}, {"block_tokens", l.block_tokens}, {"num_blocks", o.num_blocks},
+      {"num_layers", l.num_layers},     {"kv_heads", l.kv_heads},
+      {"head_dim", l.head_dim},         {"dtype_bytes", l.dtype_bytes},
+      {"block_tokens", l.block_tokens}, {"num_blocks", o.num_blocks},
   };
   for (const auto& [name, value] : fields) {
     if (value == 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1"));
@@ -51,11 +52,12 @@ absl::Status CheckOptions(const AttachOptions& o) {
   }
   for (size_t i = 0; i < o.objects.size(); ++i) {
     const ObjectTensor& t = o.objects[i];
-    if (t.base == nullptr) return absl::InvalidArgumentError(absl::StrCat("objects[", i, "]: null"));
+    if (t.base == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("objects[", i, "]: null"));
     if (o.num_blocks > 1 && t.block_stride < l.object_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("objects[", i, "]: block_stride ", t.block_stride,
-                       " is smaller than an object (", l.object_bytes(), " bytes)"));
+      return absl::InvalidArgumentError(absl::StrCat("objects[", i, "]: block_stride ",
+                                                     t.block_stride, " is smaller than an object (",
+                                                     l.object_bytes(), " bytes)"));
     }
   }
   return absl::OkStatus();
@@ -105,9 +107,9 @@ absl::StatusOr<tutti::v1::AttachRequest> BuildHostAttach(const AttachOptions& o)
       placed = true;
     }
     if (!placed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "objects[", i, "]: its ", o.num_blocks, " blocks (", extent,
-          " bytes from its base) do not lie inside any of the host_regions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("objects[", i, "]: its ", o.num_blocks, " blocks (", extent,
+                       " bytes from its base) do not lie inside any of the host_regions"));
     }
   }
   return req;

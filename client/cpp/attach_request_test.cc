@@ -76,7 +76,8 @@ TEST(AttachRequestTest, HostObjectsMayLieInDifferentRegions) {
 TEST(AttachRequestTest, HostObjectPastItsRegionIsRefused) {
   std::vector<uint8_t> mem(4 * 8 * 4096);
   AttachOptions o = FusedOptions(mem.data(), 8);
-  o.host_regions.push_back({"/x", mem.data(), mem.size() - 1});  // last block of object 3 sticks out
+  o.host_regions.push_back(
+      {"/x", mem.data(), mem.size() - 1});  // last block of object 3 sticks out
   auto req = BuildHostAttach(o);
   ASSERT_FALSE(req.ok());
   EXPECT_EQ(req.status().code(), absl::StatusCode::kInvalidArgument);

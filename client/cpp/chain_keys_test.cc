@@ -40,7 +40,8 @@ TEST(Sha256Test, KnownVectors) {
 TEST(Sha256Test, PiecewiseUpdateEqualsOneUpdate) {
   const std::string s(300, 'x');
   Sha256 sha;
-  for (size_t i = 0; i < s.size(); i += 7) sha.Update(s.data() + i, std::min<size_t>(7, s.size() - i));
+  for (size_t i = 0; i < s.size(); i += 7)
+    sha.Update(s.data() + i, std::min<size_t>(7, s.size() - i));
   const Sha256::Digest d = sha.Finish();
   EXPECT_EQ(Hex(d.data(), d.size()), Sha(s));
 }

@@ -1,5 +1,7 @@
 // Client and Retrieval: the public API over Session (attachment), Retrieval::Rep (transfer state)
 // and the Device seam (cuda mode).
+#include "tutti/client.h"
+
 #include <optional>
 #include <thread>
 
@@ -10,7 +12,6 @@
 #include "client/cpp/status_convert.h"
 #include "client/cpp/transfer.h"
 #include "client/hostengine/connect.h"
-#include "tutti/client.h"
 
 namespace tutti::client {
 namespace {
@@ -45,8 +46,8 @@ Status CheckPairs(const std::vector<BlockKey>& keys, const std::vector<uint32_t>
 struct Client::Rep {
   MemoryMode mode = MemoryMode::kHost;
   uint32_t num_layers = 0;
-  std::unique_ptr<internal::Device> device;      // cuda mode
-  std::unique_ptr<internal::ReadyWords> words;   // cuda mode
+  std::unique_ptr<internal::Device> device;     // cuda mode
+  std::unique_ptr<internal::ReadyWords> words;  // cuda mode
   std::unique_ptr<Session> session;
 
   // cuda mode: tuttid takes one Store per session at a time (the store word needs it).
@@ -136,7 +137,8 @@ Result<Lease> Client::Lookup(const std::vector<BlockKey>& keys) {
   for (const BlockKey& k : keys) request.add_keys(KeyString(k));
   tutti::v1::LookupResponse response;
   auto ctx = rep_->session->NewContext();
-  absl::Status s = hostengine::FromGrpc(rep_->session->stub().Lookup(ctx.get(), request, &response));
+  absl::Status s =
+      hostengine::FromGrpc(rep_->session->stub().Lookup(ctx.get(), request, &response));
   rep_->session->Observe(s, cur->generation);
   if (!s.ok()) return FromAbsl(s);
   return Lease{response.lease_id(), response.hits(), response.lease_ttl_ms(), cur->generation};
@@ -149,9 +151,8 @@ Result<std::unique_ptr<Retrieval>> Client::Retrieve(const Lease& lease,
   if (Status s = CheckPairs(keys, engine_blocks); !s.ok()) return s;
   if (layer_end == 0) layer_end = rep_->num_layers;
   if (layer_begin >= layer_end || layer_end > rep_->num_layers) {
-    return Status(StatusCode::kInvalidArgument,
-                  absl::StrCat("layers [", layer_begin, ", ", layer_end, ") of ",
-                               rep_->num_layers));
+    return Status(StatusCode::kInvalidArgument, absl::StrCat("layers [", layer_begin, ", ",
+                                                             layer_end, ") of ", rep_->num_layers));
   }
   absl::MutexLock lock(&rep_->retrieve_mu);
   rep_->FinishInflight();
@@ -170,12 +171,11 @@ Result<std::unique_ptr<Retrieval>> Client::Retrieve(const Lease& lease,
   request.set_layer_end(layer_end);
   const uint32_t ticket = rep_->NextTicket();
   request.set_ticket(ticket);
-  auto transfer = std::make_shared<Retrieval::Rep>(static_cast<uint32_t>(keys.size()),
-                                                   layer_begin, layer_end, ticket,
-                                                   rep_->words.get());
+  auto transfer = std::make_shared<Retrieval::Rep>(static_cast<uint32_t>(keys.size()), layer_begin,
+                                                   layer_end, ticket, rep_->words.get());
   rep_->inflight = transfer;
-  rep_->reader = std::thread(&Rep::ReadStream, rep_.get(), transfer, std::move(request),
-                             cur->generation);
+  rep_->reader =
+      std::thread(&Rep::ReadStream, rep_.get(), transfer, std::move(request), cur->generation);
   return std::make_unique<Retrieval>(std::move(transfer));
 }
 

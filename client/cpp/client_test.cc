@@ -2,6 +2,8 @@
 // retrieve into other engine blocks (each layer verified as soon as its wait returns), release;
 // tuttid restarted (the client re-attaches by itself and the cache is still there); tuttid killed
 // in the middle of a retrieve (every wait returns, the blocks are reported failed, nothing hangs).
+#include "tutti/client.h"
+
 #include <algorithm>
 #include <numeric>
 #include <thread>
@@ -11,14 +13,13 @@
 #include "client/hostengine/kv_shape.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/tuttid_fixture.h"
-#include "tutti/client.h"
 
 namespace tutti::client {
 namespace {
 
-using hostengine::KvShape;
 using e2e::FixtureConfig;
 using e2e::TuttidFixture;
+using hostengine::KvShape;
 
 // 8 layers x 8 KV heads x 128 dims x 4 bytes (float32) x 16 tokens: 64 KiB objects, 1 MiB blocks.
 KvShape Shape() {
@@ -56,8 +57,8 @@ struct Engine {
     o.socket_path = socket;
     o.engine_id = "client_test";
     o.ns.model_id = "client-test-model";
-    o.ns.layout = {shape.layers, shape.kv_heads, shape.head_dim, shape.dtype_bytes,
-                   shape.block_tokens, KvFormat::kFused};
+    o.ns.layout = {shape.layers,      shape.kv_heads,     shape.head_dim,
+                   shape.dtype_bytes, shape.block_tokens, KvFormat::kFused};
     o.num_blocks = num_blocks;
     for (uint32_t l = 0; l < shape.layers; ++l) {
       for (uint32_t p = 0; p < shape.parts(); ++p) {
@@ -139,8 +140,7 @@ class ClientTest : public ::testing::Test {
   }
   // Looks up and retrieves `keys` into engine blocks [first, first + n) (zeroed first), checking
   // each layer as soon as its wait returns.
-  void RetrieveAndVerify(Client& c, Engine& e, const std::vector<BlockKey>& keys,
-                         uint32_t first) {
+  void RetrieveAndVerify(Client& c, Engine& e, const std::vector<BlockKey>& keys, uint32_t first) {
     auto lease = c.Lookup(keys);
     ASSERT_TRUE(lease.ok()) << lease.status().ToString();
     ASSERT_EQ(lease->hits, keys.size());

@@ -49,18 +49,18 @@ class CudaDevice final : public Device {
     ASSIGN_OR_RETURN(const gpu::DriverApi* api, gpu::GetDriverApi());
     RETURN_IF_ERROR(gpu::CudaStatus(cudaSetDevice(info_.ordinal), "cudaSetDevice"));
     cudaPointerAttributes attrs{};
-    RETURN_IF_ERROR(gpu::CudaStatus(cudaPointerGetAttributes(&attrs, ptr),
-                                    "cudaPointerGetAttributes"));
+    RETURN_IF_ERROR(
+        gpu::CudaStatus(cudaPointerGetAttributes(&attrs, ptr), "cudaPointerGetAttributes"));
     if (attrs.type != cudaMemoryTypeDevice || attrs.device != info_.ordinal) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("address ", reinterpret_cast<uintptr_t>(ptr), " is not device memory of GPU ",
-                       info_.ordinal, " (cudaMalloc it, or pass host memory in host mode)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "address ", reinterpret_cast<uintptr_t>(ptr), " is not device memory of GPU ",
+          info_.ordinal, " (cudaMalloc it, or pass host memory in host mode)"));
     }
     CUdeviceptr base = 0;
     size_t size = 0;
-    RETURN_IF_ERROR(gpu::CuStatus(
-        api->MemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)),
-        "cuMemGetAddressRange"));
+    RETURN_IF_ERROR(
+        gpu::CuStatus(api->MemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)),
+                      "cuMemGetAddressRange"));
     return Allocation{static_cast<uintptr_t>(base), size};
   }
 

@@ -17,10 +17,10 @@
 namespace tutti::client {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                 \
-  do {                                                                                     \
-    auto probe = ::tutti::gpu::Probe(0);                                                   \
-    if (!probe.ok()) GTEST_SKIP() << "no usable GPU: " << probe.status();                  \
+#define SKIP_WITHOUT_GPU()                                                \
+  do {                                                                    \
+    auto probe = ::tutti::gpu::Probe(0);                                  \
+    if (!probe.ok()) GTEST_SKIP() << "no usable GPU: " << probe.status(); \
   } while (0)
 
 constexpr uint32_t kLayers = 8;

@@ -1,5 +1,4 @@
 #include "client/cpp/status_convert.h"
-
 #include "tutti/client.h"
 
 namespace tutti::client {

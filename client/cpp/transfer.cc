@@ -28,9 +28,9 @@ void Retrieval::Rep::OnEnd(const absl::Status& status) {
     if (status.ok() && out_of_order) {
       out.status = Status(StatusCode::kInternal, "tuttid reported layers out of order");
     } else if (status.ok() && next_layer != layer_end) {
-      out.status = Status(StatusCode::kInternal,
-                          absl::StrCat("the transfer ended after ", out.layers_done, " of ",
-                                       layer_end - layer_begin, " layers"));
+      out.status =
+          Status(StatusCode::kInternal, absl::StrCat("the transfer ended after ", out.layers_done,
+                                                     " of ", layer_end - layer_begin, " layers"));
     } else {
       out.status = FromAbsl(status);
     }
@@ -43,9 +43,9 @@ void Retrieval::Rep::OnEnd(const absl::Status& status) {
   if (release && words != nullptr) {
     absl::Status s = words->ForceRelease(ticket);
     if (!s.ok()) {
-      out.status = Status(out.status.code(), absl::StrCat(out.status.message(),
-                                                          "; releasing the layer waits failed: ",
-                                                          s.ToString()));
+      out.status = Status(
+          out.status.code(),
+          absl::StrCat(out.status.message(), "; releasing the layer waits failed: ", s.ToString()));
     }
   }
   absl::MutexLock lock(&mu);
@@ -56,8 +56,8 @@ void Retrieval::Rep::OnEnd(const absl::Status& status) {
 Status Retrieval::Rep::WaitLayer(uint32_t layer, void* cuda_stream) {
   if (layer < layer_begin || layer >= layer_end) {
     return Status(StatusCode::kInvalidArgument,
-                  absl::StrCat("layer ", layer, " is outside this Retrieve's layers [",
-                               layer_begin, ", ", layer_end, ")"));
+                  absl::StrCat("layer ", layer, " is outside this Retrieve's layers [", layer_begin,
+                               ", ", layer_end, ")"));
   }
   if (words != nullptr) {
     if (cuda_stream == nullptr) {
@@ -66,14 +66,12 @@ Status Retrieval::Rep::WaitLayer(uint32_t layer, void* cuda_stream) {
     return FromAbsl(words->EnqueueWait(cuda_stream, layer, ticket));
   }
   absl::MutexLock lock(&mu);
-  auto landed = [this, layer]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
-    return ended_ || next_layer > layer;
-  };
+  auto landed = [this, layer]()
+                    ABSL_SHARED_LOCKS_REQUIRED(mu) { return ended_ || next_layer > layer; };
   mu.Await(absl::Condition(&landed));
   if (next_layer > layer) return Status();
-  return Status(StatusCode::kAborted,
-                absl::StrCat("the transfer ended before layer ", layer,
-                             " landed: ", outcome.status.ToString()));
+  return Status(StatusCode::kAborted, absl::StrCat("the transfer ended before layer ", layer,
+                                                   " landed: ", outcome.status.ToString()));
 }
 
 const RetrieveOutcome& Retrieval::Rep::Wait() {

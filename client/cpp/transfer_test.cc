@@ -93,7 +93,7 @@ TEST(TransferTest, CudaWaitsGoToTheReadyWordsAndABreakForceReleasesTheTicket) {
   EXPECT_TRUE(t.WaitLayer(1, &stream).ok());
   EXPECT_TRUE(t.WaitLayer(3, &stream).ok());
   EXPECT_EQ(t.WaitLayer(0, &stream).code(), StatusCode::kInvalidArgument);  // not in [1, 4)
-  EXPECT_EQ(t.WaitLayer(2, nullptr).code(), StatusCode::kInvalidArgument);   // no stream
+  EXPECT_EQ(t.WaitLayer(2, nullptr).code(), StatusCode::kInvalidArgument);  // no stream
   ASSERT_EQ(words.waits.size(), 2u);
   EXPECT_EQ(words.waits[0], std::make_pair(1u, 42u));
   EXPECT_EQ(words.waits[1], std::make_pair(3u, 42u));

@@ -195,8 +195,8 @@ struct AttachOptions {
   std::string socket_path = "/run/tutti/tuttid.sock";
   std::string engine_id = "engine";  // free text, shown by `tuttictl sessions`
   ModelNamespace ns;
-  uint32_t num_blocks = 0;             // engine blocks; valid indices are [0, num_blocks)
-  std::vector<ObjectTensor> objects;   // ns.layout.num_layers * parts() entries, layer-major
+  uint32_t num_blocks = 0;            // engine blocks; valid indices are [0, num_blocks)
+  std::vector<ObjectTensor> objects;  // ns.layout.num_layers * parts() entries, layer-major
   MemoryMode mode = MemoryMode::kHost;
   std::vector<HostRegion> host_regions;  // host mode: the regions that hold every object
   int cuda_device = 0;                   // cuda mode: the device that holds every object
@@ -233,9 +233,9 @@ struct StoreOptions {
 };
 
 struct RetrieveOutcome {
-  Status status;                // OK, or why the transfer broke (all blocks then failed)
-  std::vector<uint32_t> failed; // indices into the Retrieve's blocks to recompute, sorted
-  uint32_t layers_done = 0;     // layers reported landed
+  Status status;                 // OK, or why the transfer broke (all blocks then failed)
+  std::vector<uint32_t> failed;  // indices into the Retrieve's blocks to recompute, sorted
+  uint32_t layers_done = 0;      // layers reported landed
 };
 
 // One Retrieve in flight. Destroying it waits until the transfer has ended (tuttid must not be
@@ -297,11 +297,12 @@ class Client {
 
   // Starts copying layers [layer_begin, layer_end) (layer_end 0: all) of keys[i] into engine block
   // engine_blocks[i]; every key must be under `lease` (the lease ends with the transfer). Returns
-  // once tuttid has the request; wait per layer with Retrieval::WaitLayer. Waits first for the
-  // previous Retrieve of this Client to end. INVALID_ARGUMENT when the spans differ in length;
-  // UNAVAILABLE when the lease is from before a re-attach (look up again).
-  Result<std::unique_ptr<Retrieval>> Retrieve(const Lease& lease,
-                                              const std::vector<BlockKey>& keys,
+  // at once (a background thread reads tuttid's progress); wait per layer with
+  // Retrieval::WaitLayer. Waits first for the previous Retrieve of this Client to end; tuttid's
+  // refusals (an expired lease: NOT_FOUND) arrive as the Retrieval's outcome. INVALID_ARGUMENT when
+  // the spans differ in length; UNAVAILABLE when the lease is from before a re-attach (look up
+  // again).
+  Result<std::unique_ptr<Retrieval>> Retrieve(const Lease& lease, const std::vector<BlockKey>& keys,
                                               const std::vector<uint32_t>& engine_blocks,
                                               uint32_t layer_begin = 0, uint32_t layer_end = 0);
 
