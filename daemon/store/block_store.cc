@@ -23,8 +23,8 @@ uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
 // The namespace id: a hash of every field that makes keys comparable, in a
 // fixed encoding.
-NamespaceId NamespaceIdOf(const tutti::v1::Namespace &ns) {
-  const auto &l = ns.layout();
+NamespaceId NamespaceIdOf(const tutti::v1::Namespace& ns) {
+  const auto& l = ns.layout();
   const std::string canonical =
       absl::StrCat(ns.model_id(), "\x1f", l.num_layers(), ",", l.kv_heads(), ",", l.head_dim(), ",",
                    l.dtype_bytes(), ",", l.block_tokens(), ",", static_cast<int>(l.format()),
@@ -37,8 +37,8 @@ NamespaceId NamespaceIdOf(const tutti::v1::Namespace &ns) {
 
 // Validates `ns` and describes its blocks. INVALID_ARGUMENT names the bad
 // field.
-absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace &ns) {
-  const auto &l = ns.layout();
+absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) {
+  const auto& l = ns.layout();
   if (ns.model_id().empty()) return absl::InvalidArgumentError("namespace.model_id is empty");
   if (ns.hash_scheme().empty()) return absl::InvalidArgumentError("namespace.hash_scheme is empty");
   if (ns.tp_size() == 0 || ns.tp_rank() >= ns.tp_size()) {
@@ -81,12 +81,11 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace &ns) 
   return info;
 }
 
-std::vector<uint8_t *> BlockStore::Impl::StagingObjects(uint8_t *chunk,
-                                                        uint32_t num_objects) const {
-  const auto &layout = options_.layout;
+std::vector<uint8_t*> BlockStore::Impl::StagingObjects(uint8_t* chunk, uint32_t num_objects) const {
+  const auto& layout = options_.layout;
   const uint32_t d = layout.num_files();
   const uint64_t f = layout.frames_per_slot_per_file();
-  std::vector<uint8_t *> frames(num_objects);
+  std::vector<uint8_t*> frames(num_objects);
   for (uint32_t j = 0; j < num_objects; ++j) {
     frames[j] = chunk + ((j % d) * f + j / d) * uint64_t{layout.object_bytes()};
   }
@@ -104,9 +103,9 @@ struct BlockStore::Impl::ReadItem {
   bool failed = false;
 };
 
-absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace &ns) {
+absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
   ASSIGN_OR_RETURN(NamespaceInfo info, DescribeNamespace(ns));
-  const auto &layout = options_.layout;
+  const auto& layout = options_.layout;
   if (RoundUp4K(info.object_len) > layout.object_bytes() ||
       info.num_objects > layout.max_objects()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -140,8 +139,8 @@ absl::StatusOr<NamespaceInfo> BlockStore::Impl::GetNamespace(NamespaceId id) con
 uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
   absl::MutexLock lock(&mu_);
   uint32_t hits = 0;
-  for (const Key &key : keys) {
-    Entry *e = index_.Find(ns, key);
+  for (const Key& key : keys) {
+    Entry* e = index_.Find(ns, key);
     if (e == nullptr || e->bad) break;
     ++e->pins;
     index_.Touch(e);
@@ -155,22 +154,22 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
 
 void BlockStore::Impl::Unpin(NamespaceId ns, absl::Span<const Key> keys) {
   absl::MutexLock lock(&mu_);
-  for (const Key &key : keys) {
-    Entry *e = index_.Find(ns, key);
+  for (const Key& key : keys) {
+    Entry* e = index_.Find(ns, key);
     if (e != nullptr && e->pins > 0) --e->pins;
   }
 }
 
-void BlockStore::Impl::MarkBad(NamespaceId ns, const Key &key) {
+void BlockStore::Impl::MarkBad(NamespaceId ns, const Key& key) {
   absl::MutexLock lock(&mu_);
-  Entry *e = index_.Find(ns, key);
+  Entry* e = index_.Find(ns, key);
   if (e != nullptr) index_.MarkBad(e);
-  dram_.Erase(ns, key);
+  dram_->Erase(ns, key);
 }
 
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
                                     uint32_t layer_begin, uint32_t layer_end,
-                                    const LayerSink &sink) {
+                                    const LayerSink& sink) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
@@ -182,18 +181,18 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) {
-      Entry *e = index_.Find(ns, keys[i]);
+      Entry* e = index_.Find(ns, keys[i]);
       if (e == nullptr || e->pins == 0) {
         return absl::FailedPreconditionError(
             absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
       }
-      ReadItem &it = items[i];
+      ReadItem& it = items[i];
       it.key = keys[i];
       it.slot = e->slot;
       it.epoch = e->epoch;
       auto sums = index_.Checksums(*e);
       it.checksums.assign(sums.begin(), sums.end());
-      it.dram = dram_.Find(ns, keys[i], e->epoch);
+      it.dram = dram_->Find(ns, keys[i], e->epoch);
       if (!it.dram) it.ssd_index = ssd_items++;
     }
   }
@@ -207,7 +206,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   // Take staging for a window of layers: at least one, up to four when free.
   const uint32_t nlayers = layer_end - layer_begin;
   uint32_t window = 1;
-  std::vector<uint8_t *> frames;
+  std::vector<uint8_t*> frames;
   if (frames_per_layer > 0) {
     read_frames_->Take(frames_per_layer, &frames);
     while (window < std::min<uint32_t>(nlayers, 4) &&
@@ -222,12 +221,12 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   };
   std::vector<LayerIo> ios(window);
   auto submit = [&](uint32_t layer) {
-    LayerIo &lio = ios[(layer - layer_begin) % window];
-    uint8_t **base = frames.data() + ((layer - layer_begin) % window) * frames_per_layer;
+    LayerIo& lio = ios[(layer - layer_begin) % window];
+    uint8_t** base = frames.data() + ((layer - layer_begin) % window) * frames_per_layer;
     lio.reqs.clear();
     lio.first_req.assign(items.size(), -1);
     for (uint32_t i = 0; i < items.size(); ++i) {
-      const ReadItem &it = items[i];
+      const ReadItem& it = items[i];
       if (it.dram || it.failed) continue;
       lio.first_req[i] = static_cast<int64_t>(lio.reqs.size());
       for (uint32_t p = 0; p < info.parts; ++p) {
@@ -238,7 +237,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
       }
     }
     lio.done = std::make_unique<absl::Notification>();
-    absl::Notification *n = lio.done.get();
+    absl::Notification* n = lio.done.get();
     if (lio.reqs.empty()) {
       n->Notify();  // every block of this layer comes from the DRAM tier
     } else {
@@ -252,12 +251,12 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   std::vector<uint32_t> newly_failed;
   for (uint32_t layer = layer_begin; layer < layer_end && status.ok(); ++layer) {
     while (next_submit < layer_end && next_submit < layer + window) submit(next_submit++);
-    LayerIo &lio = ios[(layer - layer_begin) % window];
+    LayerIo& lio = ios[(layer - layer_begin) % window];
     if (lio.done) lio.done->WaitForNotification();
     ops.clear();
     newly_failed.clear();
     for (uint32_t i = 0; i < items.size(); ++i) {
-      ReadItem &it = items[i];
+      ReadItem& it = items[i];
       if (it.failed) continue;
       if (it.dram) {
         for (uint32_t p = 0; p < info.parts; ++p) {
@@ -269,7 +268,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
       const size_t ops_before = ops.size();
       for (uint32_t p = 0; p < info.parts && !it.failed; ++p) {
         const uint32_t obj = layer * info.parts + p;
-        const io::IoRequest &req = lio.reqs[lio.first_req[i] + p];
+        const io::IoRequest& req = lio.reqs[lio.first_req[i] + p];
         if (req.result != read_len) {
           ++io_errors;
           it.failed = true;
@@ -278,7 +277,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
           ++verify_errors;
           it.failed = true;
         } else {
-          ops.push_back(ScatterOp{i, obj, static_cast<const uint8_t *>(req.buf)});
+          ops.push_back(ScatterOp{i, obj, static_cast<const uint8_t*>(req.buf)});
         }
       }
       if (it.failed) {
@@ -295,7 +294,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   if (!frames.empty()) read_frames_->Give(frames);
   auto log = log::Get("store");
   uint64_t served = 0;
-  for (const ReadItem &it : items) {
+  for (const ReadItem& it : items) {
     if (it.failed) {
       MarkBad(ns, it.key);
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
@@ -318,7 +317,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
 
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer &gather, bool wait_durable) {
+    const Gatherer& gather, bool wait_durable) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
@@ -327,8 +326,8 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   }
   std::vector<CaptureOutcome> outcomes(keys.size(), CaptureOutcome::kCaptured);
   std::vector<GatherOp> ops;
-  std::vector<PendingBlock *> touched(keys.size(), nullptr);
-  std::vector<PendingBlock *> created;
+  std::vector<PendingBlock*> touched(keys.size(), nullptr);
+  std::vector<PendingBlock*> created;
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -337,10 +336,10 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
         continue;
       }
       auto it = pending_.find(PendingKey{ns, keys[i]});
-      PendingBlock *p = it == pending_.end() ? nullptr : it->second.get();
+      PendingBlock* p = it == pending_.end() ? nullptr : it->second.get();
       if (p == nullptr) {
         auto fresh = std::make_unique<PendingBlock>();
-        std::vector<uint8_t *> chunk;
+        std::vector<uint8_t*> chunk;
         if (!store_frames_->TryTake(1, &chunk)) {
           outcomes[i] = CaptureOutcome::kRejectedFull;
           ++stats_.store_rejected;
@@ -382,11 +381,11 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
                            absl::ToDoubleMilliseconds(absl::Now() - t0));
   std::vector<std::shared_ptr<DurableTicket>> tickets(keys.size());
   absl::MutexLock lock(&mu_);
-  for (PendingBlock *p : touched) {
+  for (PendingBlock* p : touched) {
     if (p != nullptr) --p->capturing;
   }
   if (!gathered.ok()) {
-    for (PendingBlock *p : created) {
+    for (PendingBlock* p : created) {
       if (p->capturing > 0) continue;  // another call is filling it; the reaper drops it if stale
       store_frames_->Give({p->chunk});
       pending_.erase(PendingKey{p->ns, p->key});
@@ -394,7 +393,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     return gathered;
   }
   for (size_t i = 0; i < keys.size(); ++i) {
-    PendingBlock *p = touched[i];
+    PendingBlock* p = touched[i];
     if (p == nullptr) continue;
     for (uint32_t l = layer_begin; l < layer_end; ++l) {
       if (!p->layer_captured[l]) {
@@ -413,7 +412,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   }
   if (wait_durable) {
     auto all_done = [&tickets]() {
-      for (const auto &t : tickets) {
+      for (const auto& t : tickets) {
         if (t && !t->done) return false;
       }
       return true;
@@ -440,15 +439,15 @@ StoreStats BlockStore::Impl::Stats() const {
   s.slots_total = index_.num_slots();
   s.slots_used = index_.num_slots() - index_.free_slots();
   s.slot_bytes = options_.layout.slot_bytes();
-  s.dram_capacity = dram_.capacity();
-  s.dram_used = dram_.used();
+  s.dram_capacity = dram_->capacity();
+  s.dram_used = dram_->used();
   s.namespaces.clear();
   absl::flat_hash_map<NamespaceId, uint64_t> blocks;
-  index_.ForEach([&blocks](const Entry *e) { ++blocks[e->ns]; });
-  for (const auto &[id, info] : namespaces_) {
+  index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });
+  for (const auto& [id, info] : namespaces_) {
     NamespaceInfo n = info;
     n.blocks = blocks.contains(id) ? blocks[id] : 0;
-    n.blocks_dram = dram_.CountNamespace(id);
+    n.blocks_dram = dram_->CountNamespace(id);
     s.namespaces.push_back(std::move(n));
   }
   return s;
@@ -456,9 +455,9 @@ StoreStats BlockStore::Impl::Stats() const {
 
 // --- BlockStore: the public face ---
 
-absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions &options,
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions& options,
                                                              std::unique_ptr<io::IoBackend> backend,
-                                                             Clock *clock) {
+                                                             Clock* clock) {
   if (backend == nullptr || clock == nullptr) {
     return absl::InvalidArgumentError("BlockStore::Open needs a backend and a clock");
   }
@@ -482,7 +481,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions 
 BlockStore::BlockStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 BlockStore::~BlockStore() = default;
 
-absl::StatusOr<NamespaceId> BlockStore::RegisterNamespace(const tutti::v1::Namespace &ns) {
+absl::StatusOr<NamespaceId> BlockStore::RegisterNamespace(const tutti::v1::Namespace& ns) {
   return impl_->RegisterNamespace(ns);
 }
 absl::StatusOr<NamespaceInfo> BlockStore::GetNamespace(NamespaceId id) const {
@@ -493,17 +492,18 @@ uint32_t BlockStore::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
 }
 void BlockStore::Unpin(NamespaceId ns, absl::Span<const Key> keys) { impl_->Unpin(ns, keys); }
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                              uint32_t layer_end, const LayerSink &sink) {
+                              uint32_t layer_end, const LayerSink& sink) {
   return impl_->Read(ns, keys, layer_begin, layer_end, sink);
 }
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer &gather, bool wait_durable) {
+    const Gatherer& gather, bool wait_durable) {
   return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable);
 }
 void BlockStore::Flush() { impl_->Flush(); }
 std::pair<uint64_t, uint64_t> BlockStore::Evict(NamespaceId ns) { return impl_->Evict(ns); }
 StoreStats BlockStore::Stats() const { return impl_->Stats(); }
 absl::Span<uint8_t> BlockStore::staging_region() const { return impl_->staging_region(); }
+absl::Span<uint8_t> BlockStore::dram_region() const { return impl_->dram_region(); }
 
 }  // namespace tutti::store

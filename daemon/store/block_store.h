@@ -51,14 +51,14 @@ enum class CaptureOutcome { kCaptured, kDurable, kAlreadyPresent, kRejectedFull,
 struct ScatterOp {
   uint32_t item;
   uint32_t object;  // layer * parts + part
-  const uint8_t *src;
+  const uint8_t* src;
 };
 
 // One object to copy from the engine into staging (store).
 struct GatherOp {
   uint32_t item;
   uint32_t object;
-  uint8_t *dst;
+  uint8_t* dst;
 };
 
 struct NamespaceInfo {
@@ -88,9 +88,9 @@ class BlockStore {
   // layout.num_files() files of layout.file_bytes(). `clock` must outlive the
   // store. Errors: DATA_LOSS for a corrupt checkpoint, INVALID_ARGUMENT for
   // options that do not fit the backend.
-  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions &options,
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options,
                                                           std::unique_ptr<io::IoBackend> backend,
-                                                          Clock *clock);
+                                                          Clock* clock);
   // Flushes (writes every captured block), checkpoints and stops the writer.
   ~BlockStore();
 
@@ -98,7 +98,7 @@ class BlockStore {
   // FAILED_PRECONDITION if its objects are larger than the pool's object_bytes
   // or more than max_objects per block; INVALID_ARGUMENT for a layout with a
   // zero field or an unknown format.
-  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace &ns);
+  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
 
@@ -120,7 +120,7 @@ class BlockStore {
   using LayerSink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
                                                absl::Span<const uint32_t> failed_items)>;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink &sink);
+                    uint32_t layer_end, const LayerSink& sink);
 
   // Captures layers [layer_begin, layer_end) of each key: reserves staging,
   // calls `gather` once with every object to copy, and returns one outcome per
@@ -132,7 +132,7 @@ class BlockStore {
   using Gatherer = std::function<absl::Status(absl::Span<const GatherOp> ops)>;
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer &gather, bool wait_durable);
+                                                      const Gatherer& gather, bool wait_durable);
 
   // Makes every block captured so far durable (or failed). For shutdown and
   // tests.
@@ -148,6 +148,9 @@ class BlockStore {
   // from. Stable for the store's life. A GPU device registers it for mapped
   // access.
   absl::Span<uint8_t> staging_region() const;
+  // The DRAM tier's memory (empty when the tier is off): the source of DRAM-tier hits, handed to
+  // LayerSink. Stable for the store's life; a GPU daemon registers it like staging_region().
+  absl::Span<uint8_t> dram_region() const;
 
   class Impl;
 

@@ -34,8 +34,8 @@ struct PendingBlock {
   // Staging for the whole block: one chunk of D x F frames from the store pool,
   // laid out file-major so each pool file's share of the slot is contiguous
   // (see StagingObject).
-  uint8_t *chunk = nullptr;
-  std::vector<uint8_t *> frames;        // per object: its frame inside `chunk`
+  uint8_t* chunk = nullptr;
+  std::vector<uint8_t*> frames;         // per object: its frame inside `chunk`
   std::vector<uint8_t> layer_captured;  // per layer
   uint32_t layers_left = 0;
   int64_t created_ms = 0;
@@ -52,24 +52,27 @@ struct PendingBlock {
 
 class BlockStore::Impl {
  public:
-  Impl(const StoreOptions &options, std::unique_ptr<io::IoBackend> backend, Clock *clock);
+  Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend, Clock* clock);
   ~Impl();
 
   absl::Status Init();  // staging, recovery, writer thread
 
-  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace &ns);
+  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink &sink);
+                    uint32_t layer_end, const LayerSink& sink);
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer &gather, bool wait_durable);
+                                                      const Gatherer& gather, bool wait_durable);
   void Flush();
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
   StoreStats Stats() const;
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
+  absl::Span<uint8_t> dram_region() const {
+    return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
+  }
 
  private:
   using PendingKey = std::pair<NamespaceId, Key>;
@@ -78,47 +81,48 @@ class BlockStore::Impl {
   // block_writer.cc
   absl::Status Recover();
   void WriterLoop();
-  void WriteBatch(std::vector<PendingBlock *> batch);
-  bool AssignSlots(absl::Span<PendingBlock *const> batch, std::vector<uint64_t> *victim_slots)
+  void WriteBatch(std::vector<PendingBlock*> batch);
+  bool AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
-  void WriteObjects(absl::Span<PendingBlock *const> batch);
-  void AppendBlockWrites(const PendingBlock &p, uint8_t *header,
-                         std::vector<io::IoRequest> *reqs) const;
-  absl::Status CommitToJournal(absl::Span<PendingBlock *const> batch)
+  void WriteObjects(absl::Span<PendingBlock* const> batch);
+  void AppendBlockWrites(const PendingBlock& p, uint8_t* header,
+                         std::vector<io::IoRequest>* reqs) const;
+  absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
-  void Publish(absl::Span<PendingBlock *const> batch);
+  void Publish(absl::Span<PendingBlock* const> batch);
   void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   void ReapStalePending();
   // Hides `e` and appends its Delete record. The slot stays taken until the
   // record is durable.
-  void HideForEviction(Entry *e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
-  void FinishPending(PendingBlock *p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
+  void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_store.cc
-  void MarkBad(NamespaceId ns, const Key &key);
+  void MarkBad(NamespaceId ns, const Key& key);
   // The frame of each object in a block's staging chunk: file-major, object j
   // at (j % D) * F + j / D, matching where the slot's objects lie in the pool
   // files.
-  std::vector<uint8_t *> StagingObjects(uint8_t *chunk, uint32_t num_objects) const;
+  std::vector<uint8_t*> StagingObjects(uint8_t* chunk, uint32_t num_objects) const;
 
   const StoreOptions options_;
   const std::unique_ptr<io::IoBackend> backend_;
-  Clock *const clock_;
+  Clock* const clock_;
   std::unique_ptr<Region> region_;
   std::unique_ptr<FramePool> store_frames_;  // frames are whole-block chunks
   std::unique_ptr<FramePool> read_frames_;
-  uint8_t *header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
+  uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
 
   absl::Mutex journal_mu_;
   std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(journal_mu_);
 
   mutable absl::Mutex mu_;
   Index index_ ABSL_GUARDED_BY(mu_);
-  DramTier dram_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Region> dram_region_;
+  std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
-  std::deque<PendingBlock *> write_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;

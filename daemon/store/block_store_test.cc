@@ -18,12 +18,12 @@ constexpr uint32_t kObjects = 2 * kLayers;
 constexpr uint32_t kObjectLen = 2048;  // 16 tokens x 1 head x 64 dim x 2 bytes: half a frame
 constexpr uint32_t kFrame = 4096;
 
-tutti::v1::Namespace TestNamespace(const std::string &model = "m") {
+tutti::v1::Namespace TestNamespace(const std::string& model = "m") {
   tutti::v1::Namespace ns;
   ns.set_model_id(model);
   ns.set_hash_scheme("test");
   ns.set_tp_size(1);
-  auto *l = ns.mutable_layout();
+  auto* l = ns.mutable_layout();
   l->set_num_layers(kLayers);
   l->set_kv_heads(1);
   l->set_head_dim(64);
@@ -39,7 +39,7 @@ Key K(uint32_t i) {
   return k;
 }
 
-uint8_t ContentByte(const Key &key, uint32_t object, uint32_t offset) {
+uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
   return static_cast<uint8_t>(key.bytes[offset % 16] * 31 + object * 17 + offset / 16);
 }
 
@@ -47,7 +47,7 @@ uint8_t ContentByte(const Key &key, uint32_t object, uint32_t offset) {
 BlockStore::Gatherer FillFrom(absl::Span<const Key> keys) {
   std::vector<Key> copy(keys.begin(), keys.end());
   return [copy](absl::Span<const GatherOp> ops) {
-    for (const GatherOp &op : ops) {
+    for (const GatherOp& op : ops) {
       for (uint32_t i = 0; i < kObjectLen; ++i)
         op.dst[i] = ContentByte(copy[op.item], op.object, i);
     }
@@ -107,7 +107,7 @@ class BlockStoreTest : public ::testing::Test {
         [&](uint32_t layer, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> bad) {
           EXPECT_EQ(layer, next_layer++) << "layers arrive in order";
           failed.insert(failed.end(), bad.begin(), bad.end());
-          for (const ScatterOp &op : ops) {
+          for (const ScatterOp& op : ops) {
             EXPECT_EQ(op.object / 2, layer);
             for (uint32_t i = 0; i < kObjectLen; ++i) {
               if (op.src[i] != ContentByte(keys[op.item], op.object, i)) {
@@ -133,7 +133,7 @@ class BlockStoreTest : public ::testing::Test {
   std::string state_dir_;
   StoreOptions options_;
   std::shared_ptr<io::MemoryDisk> disk_;
-  io::MemoryBackend *backend_ = nullptr;  // owned by store_
+  io::MemoryBackend* backend_ = nullptr;  // owned by store_
   ManualClock clock_;
   std::unique_ptr<BlockStore> store_;
   NamespaceId ns_ = 0;
@@ -230,7 +230,7 @@ TEST_F(BlockStoreTest, PowerCutLosesNoDurableBlockAndServesNoTornOne) {
   Open();
   EXPECT_EQ(store_->LookupAndPin(ns_, durable), durable.size());
   EXPECT_TRUE(ReadAndVerify(durable).empty());
-  for (const Key &k : in_flight) {
+  for (const Key& k : in_flight) {
     std::vector<Key> one = {k};
     if (store_->LookupAndPin(ns_, one) == 1) {
       EXPECT_TRUE(ReadAndVerify(one).empty()) << "a block that is visible must verify";

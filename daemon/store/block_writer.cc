@@ -12,7 +12,7 @@
 
 namespace tutti::store {
 
-absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace &ns);  // block_store.cc
+absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);  // block_store.cc
 
 namespace {
 
@@ -23,13 +23,12 @@ uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
 }  // namespace
 
-BlockStore::Impl::Impl(const StoreOptions &options, std::unique_ptr<io::IoBackend> backend,
-                       Clock *clock)
+BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend,
+                       Clock* clock)
     : options_(options),
       backend_(std::move(backend)),
       clock_(clock),
-      index_(options.layout.num_slots(), options.layout.max_objects()),
-      dram_(options.dram_bytes) {}
+      index_(options.layout.num_slots(), options.layout.max_objects()) {}
 
 BlockStore::Impl::~Impl() {
   {
@@ -54,11 +53,22 @@ absl::Status BlockStore::Impl::Init() {
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
   const uint64_t header_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
   ASSIGN_OR_RETURN(region_, Region::Create(store_bytes + read_bytes + header_bytes));
-  uint8_t *base = region_->span().data();
+  uint8_t* base = region_->span().data();
   store_frames_ =
       std::make_unique<FramePool>(absl::MakeSpan(base, store_bytes), static_cast<uint32_t>(chunk));
   read_frames_ = std::make_unique<FramePool>(absl::MakeSpan(base + store_bytes, read_bytes), frame);
   header_buffers_ = base + store_bytes + read_bytes;
+  if (options_.dram_bytes >= chunk) {
+    ASSIGN_OR_RETURN(dram_region_, Region::Create(options_.dram_bytes / chunk * chunk));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    dram_ = std::make_unique<DramTier>(
+        dram_region_ == nullptr
+            ? absl::Span<uint8_t>()
+            : dram_region_->span().subspan(0, options_.dram_bytes / chunk * chunk),
+        chunk);
+  }
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {
     log::Get("store")->warn("staging not registered with the I/O backend ({}); continuing",
@@ -74,7 +84,7 @@ absl::Status BlockStore::Impl::Recover() {
   uint64_t skipped = 0, max_epoch = 0;
   RecoveryVisitor visitor;
   absl::ReleasableMutexLock lock(&mu_);  // no other thread yet; keeps the annotations honest
-  visitor.on_namespace = [&](const NamespaceRecord &r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  visitor.on_namespace = [&](const NamespaceRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     tutti::v1::Namespace ns;
     if (!ns.ParseFromString(r.descriptor)) {
       ++skipped;
@@ -83,24 +93,24 @@ absl::Status BlockStore::Impl::Recover() {
     auto info = DescribeNamespace(ns);
     if (info.ok()) namespaces_[r.ns] = *info;
   };
-  visitor.on_put = [&](const PutRecord &r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  visitor.on_put = [&](const PutRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     max_epoch = std::max(max_epoch, r.epoch);
     if (r.slot >= index_.num_slots() || r.checksums.size() > options_.layout.max_objects()) {
       ++skipped;  // written under another pool geometry
       return;
     }
-    if (Entry *old = index_.Find(r.ns, r.key)) {
+    if (Entry* old = index_.Find(r.ns, r.key)) {
       index_.ReleaseSlot(old->slot);
       index_.Remove(old);
     }
-    if (Entry *other = index_.AtSlot(r.slot)) {
+    if (Entry* other = index_.AtSlot(r.slot)) {
       index_.Remove(other);  // a later Put of this slot supersedes it
     }
     index_.ClaimSlot(r.slot);
     index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
   };
-  visitor.on_delete = [&](const DeleteRecord &r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    Entry *e = index_.Find(r.ns, r.key);
+  visitor.on_delete = [&](const DeleteRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Entry* e = index_.Find(r.ns, r.key);
     if (e != nullptr && e->epoch == r.epoch) {
       index_.ReleaseSlot(e->slot);
       index_.Remove(e);
@@ -125,12 +135,12 @@ absl::Status BlockStore::Impl::Recover() {
 }
 
 absl::Status BlockStore::Impl::WriteCheckpoint() {
-  return journal_->Checkpoint([this](Journal::Emitter &out) {
+  return journal_->Checkpoint([this](Journal::Emitter& out) {
     absl::MutexLock lock(&mu_);
-    for (const auto &[id, info] : namespaces_) {
+    for (const auto& [id, info] : namespaces_) {
       out.Emit(NamespaceRecord{id, info.descriptor.SerializeAsString()});
     }
-    index_.ForEach([&](const Entry *e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    index_.ForEach([&](const Entry* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       if (e->bad) return;
       auto sums = index_.Checksums(*e);
       out.Emit(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
@@ -150,7 +160,7 @@ void BlockStore::Impl::MaybeCheckpoint() {
 
 void BlockStore::Impl::WriterLoop() {
   for (;;) {
-    std::vector<PendingBlock *> batch;
+    std::vector<PendingBlock*> batch;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -176,7 +186,7 @@ void BlockStore::Impl::ReapStalePending() {
   absl::MutexLock lock(&mu_);
   const int64_t now = clock_->NowMs();
   for (auto it = pending_.begin(); it != pending_.end();) {
-    PendingBlock *p = it->second.get();
+    PendingBlock* p = it->second.get();
     if (!p->queued && p->capturing == 0 && now - p->created_ms > kPendingTtlMs) {
       store_frames_->Give({p->chunk});
       pending_.erase(it++);
@@ -186,23 +196,23 @@ void BlockStore::Impl::ReapStalePending() {
   }
 }
 
-void BlockStore::Impl::HideForEviction(Entry *e) {
+void BlockStore::Impl::HideForEviction(Entry* e) {
   journal_->Append(DeleteRecord{e->ns, e->key, e->slot, e->epoch});
-  dram_.Erase(e->ns, e->key);
+  dram_->Erase(e->ns, e->key);
   index_.Remove(e);
   ++stats_.evictions;
 }
 
-bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock *const> batch,
-                                   std::vector<uint64_t> *victim_slots) {
+bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
+                                   std::vector<uint64_t>* victim_slots) {
   absl::MutexLock lock(&mu_);
-  for (PendingBlock *p : batch) {
+  for (PendingBlock* p : batch) {
     p->ok = false;
     p->has_slot = false;
     if (index_.Find(p->ns, p->key) != nullptr) continue;  // stored meanwhile; dropped later
     if (index_.TakeSlot(&p->slot)) {
       p->has_slot = true;
-    } else if (Entry *victim = index_.Victim()) {
+    } else if (Entry* victim = index_.Victim()) {
       p->slot = victim->slot;
       victim_slots->push_back(victim->slot);
       HideForEviction(victim);
@@ -217,9 +227,9 @@ bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock *const> batch,
 // Appends the writes of block `p`: per pool file, the slot's objects in that
 // file as one run (they are consecutive frames there and in the file-major
 // staging chunk), then the header.
-void BlockStore::Impl::AppendBlockWrites(const PendingBlock &p, uint8_t *header,
-                                         std::vector<io::IoRequest> *reqs) const {
-  const auto &layout = options_.layout;
+void BlockStore::Impl::AppendBlockWrites(const PendingBlock& p, uint8_t* header,
+                                         std::vector<io::IoRequest>* reqs) const {
+  const auto& layout = options_.layout;
   const uint32_t d = layout.num_files();
   const uint32_t n = static_cast<uint32_t>(p.frames.size());
   for (uint32_t r = 0; r < std::min(d, n); ++r) {
@@ -233,11 +243,11 @@ void BlockStore::Impl::AppendBlockWrites(const PendingBlock &p, uint8_t *header,
                                 static_cast<uint32_t>(pool::kSlotHeaderBytes), 0});
 }
 
-void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock *const> batch) {
+void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
   std::vector<io::IoRequest> reqs;
   std::vector<size_t> first_req(batch.size()), end_req(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock *p = batch[b];
+    PendingBlock* p = batch[b];
     first_req[b] = end_req[b] = reqs.size();
     if (!p->ok) continue;
     const uint32_t n = static_cast<uint32_t>(p->frames.size());
@@ -246,7 +256,7 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock *const> batch) {
       p->checksums[j] =
           pool::ObjectChecksum(p->ns, p->key, p->epoch, j, p->frames[j], p->object_len);
     }
-    uint8_t *header = header_buffers_ + b * pool::kSlotHeaderBytes;
+    uint8_t* header = header_buffers_ + b * pool::kSlotHeaderBytes;
     pool::SlotHeader h{p->ns, p->key, p->epoch, p->object_len, p->checksums};
     if (!pool::EncodeSlotHeader(h, absl::MakeSpan(header, pool::kSlotHeaderBytes)).ok()) {
       p->ok = false;
@@ -258,7 +268,7 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock *const> batch) {
   backend_->Execute(absl::MakeSpan(reqs));
   uint64_t errors = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock *p = batch[b];
+    PendingBlock* p = batch[b];
     for (size_t r = first_req[b]; r < end_req[b] && p->ok; ++r) {
       if (reqs[r].result != reqs[r].len) {
         p->ok = false;
@@ -275,12 +285,12 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock *const> batch) {
   }
 }
 
-absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock *const> batch) {
+absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock* const> batch) {
   for (uint32_t f = 0; f < backend_->num_files(); ++f) {
     RETURN_IF_ERROR(backend_->Sync(f));
   }
   bool any = false;
-  for (PendingBlock *p : batch) {
+  for (PendingBlock* p : batch) {
     if (!p->ok) continue;
     journal_->Append(PutRecord{p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums});
     any = true;
@@ -288,8 +298,8 @@ absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock *const> b
   return any ? journal_->Sync() : absl::OkStatus();
 }
 
-void BlockStore::Impl::FinishPending(PendingBlock *p, CaptureOutcome outcome) {
-  for (auto &t : p->tickets) {
+void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
+  for (auto& t : p->tickets) {
     t->outcome = outcome;
     t->done = true;
   }
@@ -297,9 +307,9 @@ void BlockStore::Impl::FinishPending(PendingBlock *p, CaptureOutcome outcome) {
   pending_.erase(PendingKey{p->ns, p->key});  // destroys *p
 }
 
-void BlockStore::Impl::Publish(absl::Span<PendingBlock *const> batch) {
+void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
   absl::MutexLock lock(&mu_);
-  for (PendingBlock *p : batch) {
+  for (PendingBlock* p : batch) {
     if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
       FinishPending(p, CaptureOutcome::kAlreadyPresent);
       continue;
@@ -310,7 +320,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock *const> batch) {
       continue;
     }
     index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
-    dram_.Insert(p->ns, p->key, p->epoch, p->object_len, p->frames);
+    dram_->Insert(p->ns, p->key, p->epoch, p->object_len, p->frames);
     ++stats_.blocks_stored;
     stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);
@@ -318,7 +328,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock *const> batch) {
   --writing_;
 }
 
-void BlockStore::Impl::WriteBatch(std::vector<PendingBlock *> batch) {
+void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
   auto log = log::Get("store");
   absl::MutexLock jlock(&journal_mu_);
   std::vector<uint64_t> victim_slots;
@@ -328,7 +338,7 @@ void BlockStore::Impl::WriteBatch(std::vector<PendingBlock *> batch) {
     absl::Status s = journal_->Sync();
     if (!s.ok()) {
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "journal sync failed: {}", s.ToString());
-      for (PendingBlock *p : batch) {
+      for (PendingBlock* p : batch) {
         if (p->has_slot && std::count(victim_slots.begin(), victim_slots.end(), p->slot)) {
           p->ok = false;
           p->has_slot = false;  // out of use until restart: its old block may
@@ -350,7 +360,7 @@ void BlockStore::Impl::WriteBatch(std::vector<PendingBlock *> batch) {
     TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                           "making a batch of {} blocks durable failed: {}; dropped", batch.size(),
                           committed.ToString());
-    for (PendingBlock *p : batch) p->ok = false;
+    for (PendingBlock* p : batch) p->ok = false;
   }
   {
     // A failed block gives its slot back. Should its Put have reached the
@@ -358,7 +368,7 @@ void BlockStore::Impl::WriteBatch(std::vector<PendingBlock *> batch) {
     // next block in that slot fail to verify under the old key, so a stale
     // record can only produce a miss.
     absl::MutexLock lock(&mu_);
-    for (PendingBlock *p : batch) {
+    for (PendingBlock* p : batch) {
       if (!p->ok && p->has_slot) index_.ReleaseSlot(p->slot);
     }
   }
@@ -372,8 +382,8 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
   uint64_t skipped = 0;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<Entry *> victims;
-    index_.ForEach([&](Entry *e) {
+    std::vector<Entry*> victims;
+    index_.ForEach([&](Entry* e) {
       if (ns != 0 && e->ns != ns) return;
       if (e->pins > 0) {
         ++skipped;
@@ -381,7 +391,7 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
         victims.push_back(e);
       }
     });
-    for (Entry *e : victims) {
+    for (Entry* e : victims) {
       slots.push_back(e->slot);
       HideForEviction(e);
     }

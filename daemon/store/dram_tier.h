@@ -1,10 +1,14 @@
-// The optional host-DRAM tier: whole blocks kept in memory in front of the SSD
-// pool, least recently used out first, bounded by a byte capacity. It caches
-// only blocks that are durable in the pool (the store inserts at commit and
-// erases on eviction), so it never holds the only copy.
+// The optional host-DRAM tier: whole blocks kept in memory in front of the SSD pool, least
+// recently used out first. It caches only blocks that are durable in the pool (the store inserts at
+// commit and erases on eviction), so it never holds the only copy.
 //
-// Not thread-safe: BlockStore guards it. Blocks handed out by Find stay valid
-// while the caller holds the shared_ptr, even after Erase.
+// Its memory is one region allocated at start (BlockStore::dram_region()), cut into chunks of one
+// block each, so a GPU daemon can register it once and copy DRAM hits with the copy engine; nothing
+// is allocated per block.
+//
+// Not thread-safe: BlockStore guards it. Blocks handed out by Find stay valid while the caller
+// holds the shared_ptr, even after Erase: their chunk returns to the tier when the last holder lets
+// go (that release is thread-safe).
 #ifndef TUTTI_DAEMON_STORE_DRAM_TIER_H_
 #define TUTTI_DAEMON_STORE_DRAM_TIER_H_
 
@@ -15,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "daemon/common/types.h"
+#include "daemon/store/staging.h"
 
 namespace tutti::store {
 
@@ -24,27 +29,30 @@ struct DramBlock {
   uint64_t epoch = 0;
   uint32_t object_len = 0;
   uint32_t num_objects = 0;
-  std::unique_ptr<uint8_t[]> data;  // num_objects x object_len
-  const uint8_t *object(uint32_t i) const { return data.get() + uint64_t{i} * object_len; }
+  uint8_t* data = nullptr;  // num_objects x object_len, in the tier's region
+  const uint8_t* object(uint32_t i) const { return data + uint64_t{i} * object_len; }
   uint64_t bytes() const { return uint64_t{num_objects} * object_len; }
 };
 
 class DramTier {
  public:
-  explicit DramTier(uint64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  // A tier over `region` (which must outlive the tier and every block it hands out), one block per
+  // `chunk_bytes`. A region smaller than a chunk turns the tier off.
+  DramTier(absl::Span<uint8_t> region, uint64_t chunk_bytes);
 
-  // Copies the block's objects in, evicting least recently used blocks to make
-  // room. Does nothing if the tier is off or the block alone exceeds the
-  // capacity.
-  void Insert(NamespaceId ns, const Key &key, uint64_t epoch, uint32_t object_len,
-              absl::Span<uint8_t *const> objects);
-  // The block if cached with this epoch (and marks it recently used), else
-  // null.
-  std::shared_ptr<const DramBlock> Find(NamespaceId ns, const Key &key, uint64_t epoch);
-  void Erase(NamespaceId ns, const Key &key);
+  // Copies the block's objects in, evicting least recently used blocks to make room. Does nothing
+  // if the tier is off, the block exceeds a chunk, or every chunk is held by readers.
+  void Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
+              absl::Span<uint8_t* const> objects);
+  // The block if cached with this epoch (and marks it recently used), else null.
+  std::shared_ptr<const DramBlock> Find(NamespaceId ns, const Key& key, uint64_t epoch);
+  void Erase(NamespaceId ns, const Key& key);
 
-  uint64_t capacity() const { return capacity_; }
-  uint64_t used() const { return used_; }
+  uint64_t capacity() const {
+    return chunks_ == nullptr ? 0 : chunks_->total_frames() * chunk_bytes_;
+  }
+  // Bytes of the chunks that hold cached blocks.
+  uint64_t used() const { return map_.size() * chunk_bytes_; }
   // Blocks of `ns` in the tier.
   uint64_t CountNamespace(NamespaceId ns) const;
 
@@ -56,8 +64,8 @@ class DramTier {
   };
   void EvictOne();
 
-  const uint64_t capacity_;
-  uint64_t used_ = 0;
+  const uint64_t chunk_bytes_;
+  std::shared_ptr<FramePool> chunks_;  // shared with the blocks' deleters
   absl::flat_hash_map<MapKey, Node> map_;
   std::list<MapKey> lru_;  // front: least recently used
 };

@@ -26,7 +26,7 @@ struct Entry {
   uint32_t num_objects = 0;
   uint32_t pins = 0;
   bool bad = false;  // failed verification: invisible to lookups, evicted first
-  std::list<Entry *>::iterator lru;
+  std::list<Entry*>::iterator lru;
 };
 
 class Index {
@@ -35,28 +35,28 @@ class Index {
   Index(uint64_t num_slots, uint32_t max_objects);
 
   // Null if absent.
-  Entry *Find(NamespaceId ns, const Key &key) const;
+  Entry* Find(NamespaceId ns, const Key& key) const;
 
   // Adds a visible entry in `slot`, which must have been taken with TakeSlot
   // (or be free during recovery: see ClaimSlot). Stores `checksums` (one per
   // object) for the slot. Precondition: the key is absent.
-  Entry *Insert(NamespaceId ns, const Key &key, uint64_t slot, uint64_t epoch, uint32_t object_len,
+  Entry* Insert(NamespaceId ns, const Key& key, uint64_t slot, uint64_t epoch, uint32_t object_len,
                 absl::Span<const uint64_t> checksums);
   // Removes the entry; its slot is NOT freed (free it with ReleaseSlot once
   // that is safe). Precondition: e->pins == 0.
-  void Remove(Entry *e);
+  void Remove(Entry* e);
 
   // Marks `e` most recently used.
-  void Touch(Entry *e);
+  void Touch(Entry* e);
   // Hides nothing yet, but makes `e` the first eviction candidate and invisible
   // to lookups.
-  void MarkBad(Entry *e);
+  void MarkBad(Entry* e);
   // The least recently used unpinned entry (bad entries first), or null if all
   // are pinned.
-  Entry *Victim() const;
+  Entry* Victim() const;
 
   // Takes a free slot; false if none is free.
-  bool TakeSlot(uint64_t *slot);
+  bool TakeSlot(uint64_t* slot);
   // Returns a slot to the free list.
   void ReleaseSlot(uint64_t slot);
   // During recovery: marks `slot` taken. Returns false if it already was. Call
@@ -64,9 +64,9 @@ class Index {
   bool ClaimSlot(uint64_t slot);
   void RebuildFreeList();
   // Entry occupying `slot`, or null.
-  Entry *AtSlot(uint64_t slot) const { return slot_owner_[slot]; }
+  Entry* AtSlot(uint64_t slot) const { return slot_owner_[slot]; }
 
-  absl::Span<const uint64_t> Checksums(const Entry &e) const {
+  absl::Span<const uint64_t> Checksums(const Entry& e) const {
     return {&checksums_[e.slot * max_objects_], e.num_objects};
   }
 
@@ -77,26 +77,26 @@ class Index {
   // Calls fn(Entry*) for every entry; fn must not insert or remove.
   template <typename Fn>
   void ForEach(Fn fn) const {
-    for (const auto &[k, e] : map_) fn(e.get());
+    for (const auto& [k, e] : map_) fn(e.get());
   }
 
  private:
   struct MapKey {
     NamespaceId ns;
     Key key;
-    friend bool operator==(const MapKey &a, const MapKey &b) {
+    friend bool operator==(const MapKey& a, const MapKey& b) {
       return a.ns == b.ns && a.key == b.key;
     }
     template <typename H>
-    friend H AbslHashValue(H h, const MapKey &k) {
+    friend H AbslHashValue(H h, const MapKey& k) {
       return H::combine(std::move(h), k.ns, k.key);
     }
   };
 
   const uint32_t max_objects_;
   absl::flat_hash_map<MapKey, std::unique_ptr<Entry>> map_;
-  std::list<Entry *> lru_;  // front: least recently used
-  std::vector<Entry *> slot_owner_;
+  std::list<Entry*> lru_;  // front: least recently used
+  std::vector<Entry*> slot_owner_;
   std::vector<uint8_t> slot_taken_;
   std::vector<uint64_t> free_;
   std::vector<uint64_t> checksums_;  // num_slots x max_objects

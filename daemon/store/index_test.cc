@@ -18,7 +18,7 @@ TEST(IndexTest, InsertFindRemoveKeepsChecksumsPerSlot) {
   uint64_t slot;
   ASSERT_TRUE(index.TakeSlot(&slot));
   const std::vector<uint64_t> sums = {11, 22, 33};
-  Entry *e = index.Insert(7, K(1), slot, 5, 4096, sums);
+  Entry* e = index.Insert(7, K(1), slot, 5, 4096, sums);
   EXPECT_EQ(index.Find(7, K(1)), e);
   EXPECT_EQ(index.Find(8, K(1)), nullptr) << "keys never cross namespaces";
   EXPECT_EQ(std::vector<uint64_t>(index.Checksums(*e).begin(), index.Checksums(*e).end()), sums);
@@ -33,7 +33,7 @@ TEST(IndexTest, InsertFindRemoveKeepsChecksumsPerSlot) {
 
 TEST(IndexTest, VictimIsLeastRecentlyUsedUnpinnedAndBadFirst) {
   Index index(3, 1);
-  std::vector<Entry *> e;
+  std::vector<Entry*> e;
   for (uint8_t i = 0; i < 3; ++i) {
     uint64_t slot;
     ASSERT_TRUE(index.TakeSlot(&slot));

@@ -41,16 +41,16 @@ constexpr size_t kFlushBytes = 1 << 20;
 
 // --- Encoding ---
 
-void PutU32(std::string *out, uint32_t v) {
+void PutU32(std::string* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
-void PutU64(std::string *out, uint64_t v) {
+void PutU64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
 
 // Appends one framed record whose payload `fill` writes.
 template <typename Fill>
-void AppendRecord(std::string *out, RecordType type, Fill fill) {
+void AppendRecord(std::string* out, RecordType type, Fill fill) {
   const size_t start = out->size();
   PutU32(out, 0);  // length, patched below
   PutU32(out, type);
@@ -60,8 +60,8 @@ void AppendRecord(std::string *out, RecordType type, Fill fill) {
   PutU64(out, XXH3_64bits(out->data() + start + 4, 4 + len));
 }
 
-void EncodeHeader(std::string *out, FileKind kind, uint64_t gen) {
-  AppendRecord(out, kFileHeader, [&](std::string *p) {
+void EncodeHeader(std::string* out, FileKind kind, uint64_t gen) {
+  AppendRecord(out, kFileHeader, [&](std::string* p) {
     p->append(kMagic, 8);
     PutU32(p, kVersion);
     PutU32(p, kind);
@@ -69,15 +69,15 @@ void EncodeHeader(std::string *out, FileKind kind, uint64_t gen) {
   });
 }
 
-void Encode(std::string *out, const NamespaceRecord &r) {
-  AppendRecord(out, kNamespace, [&](std::string *p) {
+void Encode(std::string* out, const NamespaceRecord& r) {
+  AppendRecord(out, kNamespace, [&](std::string* p) {
     PutU64(p, r.ns);
     p->append(r.descriptor);
   });
 }
 
-void Encode(std::string *out, const PutRecord &r) {
-  AppendRecord(out, kPut, [&](std::string *p) {
+void Encode(std::string* out, const PutRecord& r) {
+  AppendRecord(out, kPut, [&](std::string* p) {
     PutU64(p, r.ns);
     p->append(r.key.view());
     PutU64(p, r.slot);
@@ -88,8 +88,8 @@ void Encode(std::string *out, const PutRecord &r) {
   });
 }
 
-void Encode(std::string *out, const DeleteRecord &r) {
-  AppendRecord(out, kDelete, [&](std::string *p) {
+void Encode(std::string* out, const DeleteRecord& r) {
+  AppendRecord(out, kDelete, [&](std::string* p) {
     PutU64(p, r.ns);
     p->append(r.key.view());
     PutU64(p, r.slot);
@@ -131,16 +131,16 @@ class PayloadReader {
   bool ok_ = true;
 };
 
-bool DecodeKey(PayloadReader &in, Key *key) { return Key::FromBytes(in.Bytes(Key::kSize), key); }
+bool DecodeKey(PayloadReader& in, Key* key) { return Key::FromBytes(in.Bytes(Key::kSize), key); }
 
-bool Decode(std::string_view payload, NamespaceRecord *r) {
+bool Decode(std::string_view payload, NamespaceRecord* r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   r->descriptor = std::string(in.Rest());
   return in.ok();
 }
 
-bool Decode(std::string_view payload, PutRecord *r) {
+bool Decode(std::string_view payload, PutRecord* r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   if (!DecodeKey(in, &r->key)) return false;
@@ -150,11 +150,11 @@ bool Decode(std::string_view payload, PutRecord *r) {
   const uint32_t count = in.U32();
   if (!in.ok() || count > payload.size() / 8) return false;
   r->checksums.resize(count);
-  for (uint64_t &c : r->checksums) c = in.U64();
+  for (uint64_t& c : r->checksums) c = in.U64();
   return in.done();
 }
 
-bool Decode(std::string_view payload, DeleteRecord *r) {
+bool Decode(std::string_view payload, DeleteRecord* r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   if (!DecodeKey(in, &r->key)) return false;
@@ -168,7 +168,7 @@ struct FileHeader {
   uint64_t gen;
 };
 
-bool Decode(std::string_view payload, FileHeader *h) {
+bool Decode(std::string_view payload, FileHeader* h) {
   PayloadReader in(payload);
   if (in.Bytes(8) != std::string_view(kMagic, 8) || in.U32() != kVersion) return false;
   h->kind = static_cast<FileKind>(in.U32());
@@ -178,13 +178,13 @@ bool Decode(std::string_view payload, FileHeader *h) {
 
 // --- Files ---
 
-absl::Status Errno(const std::string &what, int err) {
+absl::Status Errno(const std::string& what, int err) {
   const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
 }
 
 // Writes all of `data` at the file's current position.
-absl::Status WriteAll(int fd, std::string_view data, const std::string &path) {
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
   while (!data.empty()) {
     const ssize_t n = write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
@@ -194,14 +194,14 @@ absl::Status WriteAll(int fd, std::string_view data, const std::string &path) {
   return absl::OkStatus();
 }
 
-absl::Status SyncFd(int fd, const std::string &path) {
+absl::Status SyncFd(int fd, const std::string& path) {
   while (fdatasync(fd) != 0) {
     if (errno != EINTR) return Errno(absl::StrCat("fdatasync ", path), errno);
   }
   return absl::OkStatus();
 }
 
-absl::Status SyncDir(const std::string &dir) {
+absl::Status SyncDir(const std::string& dir) {
   const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno(absl::StrCat("open ", dir), errno);
   const int r = fsync(fd);
@@ -210,16 +210,16 @@ absl::Status SyncDir(const std::string &dir) {
   return r == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", dir), err);
 }
 
-std::string JournalPath(const std::string &dir, uint64_t gen) {
+std::string JournalPath(const std::string& dir, uint64_t gen) {
   return absl::StrCat(dir, "/", kJournalPrefix, gen);
 }
 
 // The generations of the journal files in `dir`, ascending.
-absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string &dir) {
-  DIR *d = opendir(dir.c_str());
+absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
   if (d == nullptr) return Errno(absl::StrCat("open state dir ", dir), errno);
   std::vector<uint64_t> gens;
-  while (const dirent *e = readdir(d)) {
+  while (const dirent* e = readdir(d)) {
     std::string_view name = e->d_name;
     if (name.substr(0, sizeof(kJournalPrefix) - 1) != kJournalPrefix) continue;
     name.remove_prefix(sizeof(kJournalPrefix) - 1);
@@ -243,11 +243,11 @@ class RecordReader {
   // On kRecord, *type and *payload (valid until the next call) hold the record.
   // kEnd: clean end of file. kTorn: a partial or corrupt record (nothing after
   // it is read). kError: see status().
-  Result Next(uint32_t *type, std::string_view *payload) {
+  Result Next(uint32_t* type, std::string_view* payload) {
     if (!Fill(8)) return Available() == 0 && status_.ok() ? kEnd : Fail();
     const uint32_t len = Le32(buf_.data() + pos_);
     if (len > kMaxPayload || !Fill(kFraming + len)) return Fail();
-    const char *rec = buf_.data() + pos_;
+    const char* rec = buf_.data() + pos_;
     uint64_t sum = 0;
     for (int i = 7; i >= 0; --i) sum = sum << 8 | static_cast<uint8_t>(rec[8 + len + i]);
     if (sum != XXH3_64bits(rec + 4, 4 + len)) return Fail();
@@ -257,12 +257,12 @@ class RecordReader {
     good_bytes_ += kFraming + len;
     return kRecord;
   }
-  const absl::Status &status() const { return status_; }
+  const absl::Status& status() const { return status_; }
   // Bytes of whole, verified records returned so far.
   uint64_t good_bytes() const { return good_bytes_; }
 
  private:
-  static uint32_t Le32(const char *p) {
+  static uint32_t Le32(const char* p) {
     uint32_t v = 0;
     for (int i = 3; i >= 0; --i) v = v << 8 | static_cast<uint8_t>(p[i]);
     return v;
@@ -306,7 +306,7 @@ class BufferedFile {
   ~BufferedFile() {
     if (fd_ >= 0) close(fd_);
   }
-  std::string *buffer() { return &buf_; }
+  std::string* buffer() { return &buf_; }
   absl::Status MaybeFlush() { return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus(); }
   absl::Status Flush() {
     RETURN_IF_ERROR(WriteAll(fd_, buf_, path_));
@@ -327,15 +327,15 @@ class BufferedFile {
 // Writes the checkpoint's records as `snapshot` emits them.
 class CheckpointWriter : public Journal::Emitter {
  public:
-  explicit CheckpointWriter(BufferedFile *file) : file_(file) {}
-  void Emit(const NamespaceRecord &r) override {
-    Add([&](std::string *b) { Encode(b, r); });
+  explicit CheckpointWriter(BufferedFile* file) : file_(file) {}
+  void Emit(const NamespaceRecord& r) override {
+    Add([&](std::string* b) { Encode(b, r); });
   }
-  void Emit(const PutRecord &r) override {
-    Add([&](std::string *b) { Encode(b, r); });
+  void Emit(const PutRecord& r) override {
+    Add([&](std::string* b) { Encode(b, r); });
   }
   uint64_t records() const { return records_; }
-  const absl::Status &status() const { return status_; }
+  const absl::Status& status() const { return status_; }
 
  private:
   template <typename F>
@@ -345,13 +345,13 @@ class CheckpointWriter : public Journal::Emitter {
     ++records_;
     status_ = file_->MaybeFlush();
   }
-  BufferedFile *file_;
+  BufferedFile* file_;
   uint64_t records_ = 0;
   absl::Status status_;
 };
 
 // Delivers one record to the visitor. False if the payload does not parse.
-bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor &v) {
+bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v) {
   switch (type) {
     case kNamespace: {
       NamespaceRecord r;
@@ -376,7 +376,7 @@ bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor &v) 
   }
 }
 
-absl::StatusOr<int> OpenForRead(const std::string &path) {
+absl::StatusOr<int> OpenForRead(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno(absl::StrCat("open ", path), errno);
   return fd;
@@ -384,11 +384,11 @@ absl::StatusOr<int> OpenForRead(const std::string &path) {
 
 // Loads the checkpoint: its generation, records delivered to `v`. Any flaw is
 // DATA_LOSS.
-absl::StatusOr<uint64_t> LoadCheckpoint(const std::string &path, const RecoveryVisitor &v,
-                                        RecoveryReport *report) {
+absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryVisitor& v,
+                                        RecoveryReport* report) {
   ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
   RecordReader reader(fd, path);
-  auto corrupt = [&](const std::string &what) {
+  auto corrupt = [&](const std::string& what) {
     close(fd);
     if (!reader.status().ok()) return reader.status();
     return absl::DataLossError(
@@ -422,8 +422,8 @@ absl::StatusOr<uint64_t> LoadCheckpoint(const std::string &path, const RecoveryV
 }
 
 // Replays one journal file up to its first torn or corrupt record.
-absl::Status ReplayJournal(const std::string &path, uint64_t gen, const RecoveryVisitor &v,
-                           RecoveryReport *report) {
+absl::Status ReplayJournal(const std::string& path, uint64_t gen, const RecoveryVisitor& v,
+                           RecoveryReport* report) {
   ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
   RecordReader reader(fd, path);
   uint32_t type;
@@ -463,7 +463,7 @@ absl::Status ReplayJournal(const std::string &path, uint64_t gen, const Recovery
 // Removes journal files older than the checkpoint's generation `base` and
 // checks that the others run without a gap from `base` (from 1 without a
 // checkpoint). Leaves those in `*gens`.
-absl::Status CheckGenerations(const std::string &dir, uint64_t base, std::vector<uint64_t> *gens) {
+absl::Status CheckGenerations(const std::string& dir, uint64_t base, std::vector<uint64_t>* gens) {
   std::vector<uint64_t> keep;
   for (uint64_t gen : *gens) {
     if (gen >= base) {
@@ -488,7 +488,7 @@ absl::Status CheckGenerations(const std::string &dir, uint64_t base, std::vector
 
 // Creates journal.<gen> holding only its header, durably (file and directory
 // entry).
-absl::StatusOr<int> CreateGeneration(const std::string &dir, uint64_t gen) {
+absl::StatusOr<int> CreateGeneration(const std::string& dir, uint64_t gen) {
   const std::string path = JournalPath(dir, gen);
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(absl::StrCat("create ", path), errno);
@@ -507,8 +507,8 @@ absl::StatusOr<int> CreateGeneration(const std::string &dir, uint64_t gen) {
 
 // Writes checkpoint.tmp (header, the snapshot's records, end record), syncs it
 // and renames it to "checkpoint", then syncs the directory.
-absl::Status WriteCheckpoint(const std::string &dir, uint64_t gen,
-                             const std::function<void(Journal::Emitter &)> &snapshot) {
+absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
+                             const std::function<void(Journal::Emitter&)>& snapshot) {
   const std::string tmp = absl::StrCat(dir, "/", kCheckpointTmpName);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Errno(absl::StrCat("create ", tmp), errno);
@@ -521,7 +521,7 @@ absl::Status WriteCheckpoint(const std::string &dir, uint64_t gen,
     s = writer.status();
     if (s.ok()) {
       AppendRecord(file.buffer(), kCheckpointEnd,
-                   [&](std::string *p) { PutU64(p, writer.records()); });
+                   [&](std::string* p) { PutU64(p, writer.records()); });
       s = file.FlushAndSync();
     }
   }
@@ -534,9 +534,9 @@ absl::Status WriteCheckpoint(const std::string &dir, uint64_t gen,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string &state_dir,
-                                                       const RecoveryVisitor &visitor,
-                                                       RecoveryReport *report) {
+absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_dir,
+                                                       const RecoveryVisitor& visitor,
+                                                       RecoveryReport* report) {
   RecoveryReport local;
   if (report == nullptr) report = &local;
   *report = RecoveryReport{};
@@ -575,17 +575,17 @@ Journal::~Journal() {
   if (fd_ >= 0) close(fd_);
 }
 
-void Journal::Append(const PutRecord &r) {
+void Journal::Append(const PutRecord& r) {
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
 }
 
-void Journal::Append(const DeleteRecord &r) {
+void Journal::Append(const DeleteRecord& r) {
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
 }
 
-void Journal::Append(const NamespaceRecord &r) {
+void Journal::Append(const NamespaceRecord& r) {
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
 }
@@ -621,7 +621,7 @@ absl::Status Journal::Sync() {
   return s;
 }
 
-absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter &)> &snapshot) {
+absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter&)>& snapshot) {
   RETURN_IF_ERROR(Sync());
   // 1. A new, durable, empty generation: from now on recovery needs the
   // checkpoint that follows,

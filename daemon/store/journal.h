@@ -52,9 +52,9 @@ struct NamespaceRecord {
 
 // Receives recovered state. Records come in the order they were appended.
 struct RecoveryVisitor {
-  std::function<void(const NamespaceRecord &)> on_namespace;
-  std::function<void(const PutRecord &)> on_put;
-  std::function<void(const DeleteRecord &)> on_delete;
+  std::function<void(const NamespaceRecord&)> on_namespace;
+  std::function<void(const PutRecord&)> on_put;
+  std::function<void(const DeleteRecord&)> on_delete;
 };
 
 struct RecoveryReport {
@@ -69,8 +69,8 @@ class Journal {
   class Emitter {
    public:
     virtual ~Emitter() = default;
-    virtual void Emit(const NamespaceRecord &r) = 0;
-    virtual void Emit(const PutRecord &r) = 0;
+    virtual void Emit(const NamespaceRecord& r) = 0;
+    virtual void Emit(const PutRecord& r) = 0;
   };
 
   // Opens (creating if absent) the journal in `state_dir`, which must exist.
@@ -78,16 +78,16 @@ class Journal {
   // that is present but corrupt is DATA_LOSS: refuse to start rather than serve
   // from a wrong index. Returns the journal ready for appends to a fresh
   // generation file.
-  static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string &state_dir,
-                                                       const RecoveryVisitor &visitor,
-                                                       RecoveryReport *report);
+  static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& state_dir,
+                                                       const RecoveryVisitor& visitor,
+                                                       RecoveryReport* report);
   ~Journal();
 
   // Appends records to the current file's buffer. Not durable until Sync()
   // returns OK.
-  void Append(const PutRecord &r);
-  void Append(const DeleteRecord &r);
-  void Append(const NamespaceRecord &r);
+  void Append(const PutRecord& r);
+  void Append(const DeleteRecord& r);
+  void Append(const NamespaceRecord& r);
 
   // Writes buffered records and fdatasyncs the file. On error the records
   // appended since the last successful Sync are not known to be durable: the
@@ -101,7 +101,7 @@ class Journal {
   // live state), starts a new generation file and removes older journal files.
   // `snapshot` is called once, synchronously, and must emit every namespace
   // before any Put of it.
-  [[nodiscard]] absl::Status Checkpoint(const std::function<void(Journal::Emitter &)> &snapshot);
+  [[nodiscard]] absl::Status Checkpoint(const std::function<void(Journal::Emitter&)>& snapshot);
 
  private:
   Journal() = default;

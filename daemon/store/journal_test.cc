@@ -40,12 +40,12 @@ NamespaceRecord Ns(uint64_t id) {
   return {id, absl::StrCat("descriptor-", id, std::string(3, '\0'))};
 }
 
-std::string Str(const NamespaceRecord &r) { return absl::StrCat("ns ", r.ns, " ", r.descriptor); }
-std::string Str(const PutRecord &r) {
+std::string Str(const NamespaceRecord& r) { return absl::StrCat("ns ", r.ns, " ", r.descriptor); }
+std::string Str(const PutRecord& r) {
   return absl::StrCat("put ", r.ns, " ", r.key.Hex(), " ", r.slot, " ", r.epoch, " ", r.object_len,
                       " [", absl::StrJoin(r.checksums, ","), "]");
 }
-std::string Str(const DeleteRecord &r) {
+std::string Str(const DeleteRecord& r) {
   return absl::StrCat("del ", r.ns, " ", r.key.Hex(), " ", r.slot, " ", r.epoch);
 }
 
@@ -54,16 +54,16 @@ struct Recovered {
   std::vector<std::string> records;
   RecoveryReport report;
   RecoveryVisitor visitor() {
-    return {[this](const NamespaceRecord &r) { records.push_back(Str(r)); },
-            [this](const PutRecord &r) { records.push_back(Str(r)); },
-            [this](const DeleteRecord &r) { records.push_back(Str(r)); }};
+    return {[this](const NamespaceRecord& r) { records.push_back(Str(r)); },
+            [this](const PutRecord& r) { records.push_back(Str(r)); },
+            [this](const DeleteRecord& r) { records.push_back(Str(r)); }};
   }
 };
 
 class JournalTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char *t = std::getenv("TEST_TMPDIR");
+    const char* t = std::getenv("TEST_TMPDIR");
     std::string tmpl = absl::StrCat(t != nullptr ? t : "/tmp", "/journal-XXXXXX");
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
@@ -71,22 +71,22 @@ class JournalTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(root_); }
 
-  std::string NewDir(const std::string &name) {
+  std::string NewDir(const std::string& name) {
     const std::string d = root_ + "/" + name;
     fs::create_directories(d);
     return d;
   }
 
   // Opens `dir`, expecting success; fills `*out` with what was recovered.
-  std::unique_ptr<Journal> Open(const std::string &dir, Recovered *out) {
+  std::unique_ptr<Journal> Open(const std::string& dir, Recovered* out) {
     auto j = Journal::Open(dir, out->visitor(), &out->report);
     EXPECT_TRUE(j.ok()) << j.status();
     return j.ok() ? *std::move(j) : nullptr;
   }
 
-  std::vector<std::string> Files(const std::string &dir) {
+  std::vector<std::string> Files(const std::string& dir) {
     std::vector<std::string> names;
-    for (const auto &e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -209,7 +209,7 @@ TEST_F(JournalTest, CorruptRecordEndsItsFileButLaterFilesAreRead) {
 
 // Writes a live state: namespaces 1 and 2, puts 0..19 minus deleted ones,
 // through `j`.
-void Snapshot(Journal::Emitter &e, const std::vector<uint64_t> &live) {
+void Snapshot(Journal::Emitter& e, const std::vector<uint64_t>& live) {
   e.Emit(Ns(1));
   e.Emit(Ns(2));
   for (uint64_t n : live) e.Emit(Put(n));
@@ -228,7 +228,7 @@ TEST_F(JournalTest, CheckpointThenLaterJournal) {
       if (n % 3 != 0) live.push_back(n);
     }
     ASSERT_TRUE(j->Sync().ok());
-    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter &e) { Snapshot(e, live); }).ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
     EXPECT_EQ(j->records_since_checkpoint(), 0u);
     EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.2"}));
     j->Append(Put(50));
@@ -250,7 +250,7 @@ TEST_F(JournalTest, CorruptOrTruncatedCheckpointIsDataLoss) {
   {
     Recovered r;
     auto j = Open(dir_, &r);
-    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter &e) { Snapshot(e, {1, 2, 3, 4}); }).ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, {1, 2, 3, 4}); }).ok());
   }
   const std::string ckpt = dir_ + "/checkpoint";
   const std::string saved = root_ + "/checkpoint.saved";
@@ -293,12 +293,12 @@ TEST_F(JournalTest, CrashBetweenNewGenerationAndCheckpointRenameRecoversEverythi
   // then do the real checkpoint elsewhere and take its new journal file and
   // half of its checkpoint as the temporary file.
   const std::string crashed = NewDir("crashed");
-  for (const auto &f : Files(dir_)) fs::copy_file(dir_ + "/" + f, crashed + "/" + f);
+  for (const auto& f : Files(dir_)) fs::copy_file(dir_ + "/" + f, crashed + "/" + f);
   {
     Recovered r;
     auto j = Open(dir_, &r);  // generation 2
     fs::copy_file(dir_ + "/journal.2", crashed + "/journal.2");
-    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter &e) {
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) {
                    e.Emit(Ns(1));
                    for (uint64_t n = 0; n < 10; ++n) e.Emit(Put(n));
                  }).ok());  // generation 3
@@ -336,7 +336,7 @@ TEST_F(JournalTest, CrashAfterRenameBeforeCleanupDoesNotReplayOldFilesTwice) {
   {
     Recovered r;
     auto j = Open(dir_, &r);
-    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter &e) {
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) {
                    e.Emit(Ns(1));
                    e.Emit(Put(1));
                  }).ok());
@@ -375,7 +375,7 @@ TEST_F(JournalTest, RepeatedCheckpointsKeepOnlyTheLiveState) {
       live.push_back(n);
     }
     ASSERT_TRUE(j->Sync().ok());
-    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter &e) { Snapshot(e, live); }).ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
   }
   j.reset();
   Recovered r;

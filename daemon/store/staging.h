@@ -27,12 +27,12 @@ class FramePool {
 
   // Appends `n` frames to `out` and returns true, or returns false and takes
   // none.
-  bool TryTake(uint64_t n, std::vector<uint8_t *> *out);
+  bool TryTake(uint64_t n, std::vector<uint8_t*>* out);
   // Like TryTake, but waits until `n` frames are free. Precondition: n <=
   // total_frames().
-  void Take(uint64_t n, std::vector<uint8_t *> *out);
+  void Take(uint64_t n, std::vector<uint8_t*>* out);
   // Returns frames taken from this pool.
-  void Give(absl::Span<uint8_t *const> frames);
+  void Give(absl::Span<uint8_t* const> frames);
 
   uint64_t free_frames() const;
 
@@ -40,7 +40,7 @@ class FramePool {
   const uint32_t frame_bytes_;
   uint64_t total_ = 0;
   mutable absl::Mutex mu_;
-  std::vector<uint8_t *> frames_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint8_t*> frames_ ABSL_GUARDED_BY(mu_);
 };
 
 // An anonymous, page-aligned mapping that is unmapped on destruction.
@@ -50,13 +50,13 @@ class Region {
   // fails.
   static absl::StatusOr<std::unique_ptr<Region>> Create(uint64_t bytes);
   ~Region();
-  Region(const Region &) = delete;
-  Region &operator=(const Region &) = delete;
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
   absl::Span<uint8_t> span() const { return {data_, size_}; }
 
  private:
-  Region(uint8_t *data, uint64_t size) : data_(data), size_(size) {}
-  uint8_t *data_ = nullptr;
+  Region(uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+  uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
 
