@@ -8,8 +8,8 @@
 // bench, metric, value, unit, baseline_name, baseline_value, ratio, machine, date, command (and
 // the parameters).
 //
-//   bazel build //bench:io_bench && bazel-bin/bench/io_bench --file_gib=2 --seconds=5 \
-//       --out=bench/results/io_bench.jsonl
+//   bazel build //bench:io_bench
+//   bazel-bin/bench/io_bench --file_gib=2 --seconds=5 --out=bench/results/io_bench.jsonl
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/resource.h>
