@@ -3,6 +3,7 @@
 // service writes. Checks that an admitted Retrieve writes each of its words exactly once whatever
 // happens, that a refused one writes none, one Retrieve and one Store in flight per session, and
 // the Store's captured word.
+#include <atomic>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,8 +25,9 @@ using Signals = std::vector<std::pair<uint32_t, uint32_t>>;  // (word, ticket)
 struct DeviceLog {
   absl::Mutex mu;
   Signals signals;
-  absl::Notification* hold = nullptr;    // ScatterLayer waits on it when set
-  absl::Notification* inside = nullptr;  // notified when ScatterLayer is waiting
+  // When set, the next ScatterLayer takes it (once), notifies `inside` and waits on it.
+  std::atomic<absl::Notification*> hold{nullptr};
+  absl::Notification* inside = nullptr;
   void Add(uint32_t word, uint32_t ticket) {
     absl::MutexLock lock(&mu);
     signals.emplace_back(word, ticket);
@@ -46,9 +48,9 @@ class FakeDeviceIo final : public EngineIo {
   bool has_ready_words() const override { return true; }
   absl::Status ScatterLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops,
                             uint32_t ticket) override {
-    if (log_->hold != nullptr) {
+    if (absl::Notification* hold = log_->hold.exchange(nullptr)) {
       log_->inside->Notify();
-      log_->hold->WaitForNotification();
+      hold->WaitForNotification();
     }
     RETURN_IF_ERROR(host_->ScatterLayer(layer, ops, ticket));
     log_->Add(layer, ticket);
@@ -170,8 +172,7 @@ TEST_F(GpuSessionTest, OneRetrieveInFlightPerSessionAndTheRefusedOneWritesNothin
   log_.inside = &inside;
   const uint64_t lease = Lease();
   std::thread first([&] { EXPECT_TRUE(Retrieve(lease, 20).ok()); });
-  inside.WaitForNotification();
-  log_.hold = nullptr;
+  inside.WaitForNotification();  // the first Retrieve took the hold and waits in layer 0
   const grpc::Status second = Retrieve(Lease(), 21);
   EXPECT_EQ(second.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << second.error_message();
   EXPECT_TRUE(log_.Take().empty());  // word 0 of ticket 21 would release ticket 20's wait
