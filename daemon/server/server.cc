@@ -111,7 +111,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + options.socket_path, grpc::InsecureServerCredentials());
   for (grpc::Service* s : services) builder.RegisterService(s);
+  // The socket is born owner-only and opened up to socket_mode afterwards, so no other user can
+  // connect in the moment between bind and chmod. (umask is process-wide; this runs at start-up.)
+  const mode_t old_umask = umask(0177);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  umask(old_umask);
   if (server == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "gRPC could not listen on unix:", options.socket_path, " (see gRPC's log above)"));
