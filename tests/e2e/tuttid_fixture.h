@@ -3,7 +3,7 @@
 // starts //daemon:tuttid from the test's runfiles ($TUTTID_BIN overrides), waits until the socket
 // answers, and stops (SIGTERM) or kills (SIGKILL) it; a restart reuses the same pool and journal.
 //
-// (tests/integration has a fuller harness; it is private to that package.)
+// (Built on tests/common/daemon_launch.h, like tests/integration's fuller harness.)
 //
 // Thread-safety: none; one thread drives a fixture.
 #ifndef TUTTI_TESTS_E2E_TUTTID_FIXTURE_H_

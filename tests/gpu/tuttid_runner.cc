@@ -1,9 +1,7 @@
 #include "tests/gpu/tuttid_runner.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,59 +9,34 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "tests/common/daemon_launch.h"
 
 namespace tutti::gputest {
 namespace {
 
 namespace fs = std::filesystem;
 
-bool TakesODirect(const std::string& dir) {
-  const std::string probe = dir + "/.odirect-probe";
-  const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
-  if (fd < 0) return false;
-  void* buf = nullptr;
-  bool ok = posix_memalign(&buf, 4096, 4096) == 0;
-  if (ok) {
-    std::memset(buf, 0, 4096);
-    ok = pwrite(fd, buf, 4096, 0) == 4096;
+// $TUTTI_GPU_TEST_DIR (on the GPU machine) or a directory that takes O_DIRECT.
+absl::StatusOr<std::string> RunnerRoot() {
+  if (const char* d = getenv("TUTTI_GPU_TEST_DIR"); d != nullptr && *d != '\0') {
+    return tutti::testing::MakeTempDir(std::string(d) + "/tuttid-gpu-XXXXXX");
   }
-  free(buf);
-  close(fd);
-  unlink(probe.c_str());
-  return ok;
+  return tutti::testing::MakePoolRoot("tuttid-gpu");
 }
 
-std::string BaseDir() {
-  if (const char* d = getenv("TUTTI_GPU_TEST_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* t = getenv("TEST_TMPDIR"); t != nullptr && TakesODirect(t)) return t;
-  return "/var/tmp";
-}
-
+// The daemon from $TUTTID_BIN or the runfiles, else from the bundle tools/gpu_bundle.sh made.
 std::string Binary() {
-  if (const char* bin = getenv("TUTTID_BIN"); bin != nullptr && *bin != '\0') return bin;
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    if (const char* root = getenv(var); root != nullptr) {
-      const std::string path = absl::StrCat(root, "/tutti/daemon/tuttid");
-      if (access(path.c_str(), X_OK) == 0) return path;
-    }
+  const std::string bin = tutti::testing::TuttidBinary();
+  if (access(bin.c_str(), X_OK) != 0 && access(".bundle/bin/daemon/tuttid", X_OK) == 0) {
+    return ".bundle/bin/daemon/tuttid";
   }
-  if (access(".bundle/bin/daemon/tuttid", X_OK) == 0) return ".bundle/bin/daemon/tuttid";
-  return "daemon/tuttid";
-}
-
-absl::StatusOr<std::string> TempDir(const std::string& pattern) {
-  std::string path = pattern;
-  if (mkdtemp(path.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", strerror(errno)));
-  }
-  return path;
+  return bin;
 }
 
 }  // namespace
@@ -75,10 +48,10 @@ std::shared_ptr<grpc::Channel> UnixChannel(const std::string& socket) {
 absl::StatusOr<std::unique_ptr<TuttidRunner>> TuttidRunner::Start(const std::string& config_body,
                                                                   int ready_s) {
   std::unique_ptr<TuttidRunner> r(new TuttidRunner());
-  auto root = TempDir(BaseDir() + "/tuttid-gpu-XXXXXX");
+  auto root = RunnerRoot();
   if (!root.ok()) return root.status();
   r->root_ = *root;
-  auto sock = TempDir("/tmp/tutti-gpu-sock-XXXXXX");
+  auto sock = tutti::testing::MakeTempDir("/tmp/tutti-gpu-sock-XXXXXX");
   if (!sock.ok()) return sock.status();
   r->socket_dir_ = *sock;
   r->socket_ = *sock + "/tuttid.sock";
@@ -98,19 +71,9 @@ absl::StatusOr<std::unique_ptr<TuttidRunner>> TuttidRunner::Start(const std::str
 
 absl::Status TuttidRunner::Launch(int ready_s) {
   const std::string bin = Binary();
-  pid_ = fork();
-  if (pid_ < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  if (pid_ == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    const std::string flag = "--config=" + config_path_;
-    execl(bin.c_str(), bin.c_str(), flag.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  auto pid = tutti::testing::SpawnLogged({bin, "--config=" + config_path_}, log_path_);
+  if (!pid.ok()) return pid.status();
+  pid_ = *pid;
   channel_ = UnixChannel(socket_);
   admin_ = tutti::v1::Admin::NewStub(channel_);
   const absl::Time deadline = absl::Now() + absl::Seconds(ready_s);
@@ -158,8 +121,7 @@ absl::StatusOr<int> TuttidRunner::Stop(int timeout_s) {
 
 void TuttidRunner::Kill() {
   if (pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
+  tutti::testing::KillAndReap(pid_);
   pid_ = -1;
 }
 
@@ -171,11 +133,7 @@ TuttidRunner::~TuttidRunner() {
 }
 
 std::string TuttidRunner::LogTail(size_t bytes) const {
-  std::ifstream in(log_path_);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string all = ss.str();
-  return all.size() > bytes ? all.substr(all.size() - bytes) : all;
+  return tutti::testing::FileTail(log_path_, bytes);
 }
 
 }  // namespace tutti::gputest

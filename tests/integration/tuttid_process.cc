@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,31 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// True if `dir` takes O_DIRECT writes (tmpfs and some overlays do not).
-bool TakesODirect(const std::string& dir) {
-  const std::string probe = dir + "/.odirect-probe";
-  const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
-  if (fd < 0) return false;
-  void* buf = nullptr;
-  bool ok = posix_memalign(&buf, 4096, 4096) == 0;
-  if (ok) {
-    std::memset(buf, 0, 4096);
-    ok = pwrite(fd, buf, 4096, 0) == 4096;
-  }
-  free(buf);
-  close(fd);
-  unlink(probe.c_str());
-  return ok;
-}
-
-absl::StatusOr<std::string> MakeTempDir(const std::string& pattern) {
-  std::string path = pattern;
-  if (mkdtemp(path.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", strerror(errno)));
-  }
-  return path;
-}
-
 std::string ConfigText(const TuttidEnv& env) {
   const TuttidConfig& c = env.config();
   return absl::StrFormat(
@@ -69,42 +43,12 @@ std::string ConfigText(const TuttidEnv& env) {
       c.checkpoint_every, c.log_level);
 }
 
-std::string TuttidBinary() {
-  if (const char* bin = getenv("TUTTID_BIN"); bin != nullptr && *bin != '\0') return bin;
-  return RunfilePath("daemon/tuttid");
-}
-
-// Waits up to `timeout` for `pid`; returns its wait status, or -1 if it is still running.
-int WaitFor(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0 && errno != EINTR) return 0;  // not our child any more
-    if (absl::Now() > deadline) return -1;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-}
-
 }  // namespace
-
-std::string RunfilePath(const std::string& workspace_relative) {
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    const char* root = getenv(var);
-    if (root == nullptr) continue;
-    const std::string path = absl::StrCat(root, "/tutti/", workspace_relative);
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return workspace_relative;  // run from the workspace root, outside Bazel
-}
 
 absl::StatusOr<std::unique_ptr<TuttidEnv>> TuttidEnv::Create(const TuttidConfig& config) {
   std::unique_ptr<TuttidEnv> env(new TuttidEnv());
   env->config_ = config;
-  const char* tmp = getenv("TEST_TMPDIR");
-  const std::string base = tmp != nullptr && TakesODirect(tmp) ? tmp : "/var/tmp";
-  auto root = MakeTempDir(base + "/tuttid-XXXXXX");
+  auto root = MakePoolRoot("tuttid");
   if (!root.ok()) return root.status();
   env->root_ = *root;
   auto sock = MakeTempDir("/tmp/tutti-sock-XXXXXX");
@@ -158,26 +102,11 @@ absl::StatusOr<std::unique_ptr<TuttidProcess>> TuttidProcess::Spawn(const Tuttid
   std::unique_ptr<TuttidProcess> p(new TuttidProcess());
   p->env_ = &env;
   p->log_path_ = absl::StrCat(env.root(), "/tuttid.", runs.fetch_add(1), ".log");
-  const std::string bin = TuttidBinary();
-  std::vector<std::string> args = {bin, "--config=" + env.config_path(),
-                                   "--state_dir=" + env.state_dir(), "--socket=" + env.socket()};
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
-    const int log = open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (log >= 0) {
-      dup2(log, 1);
-      dup2(log, 2);
-    }
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    dprintf(2, "execv %s: %s\n", bin.c_str(), strerror(errno));
-    _exit(127);
-  }
-  p->pid_ = pid;
+  auto pid = SpawnLogged({TuttidBinary(), "--config=" + env.config_path(),
+                          "--state_dir=" + env.state_dir(), "--socket=" + env.socket()},
+                         p->log_path_);
+  if (!pid.ok()) return pid.status();
+  p->pid_ = *pid;
   p->running_.store(true);
   return p;
 }
@@ -219,7 +148,7 @@ absl::StatusOr<int> TuttidProcess::Stop(int timeout_s) {
   admin_.reset();
   channel_.reset();
   kill(pid_, SIGTERM);
-  const int status = WaitFor(pid_, absl::Seconds(timeout_s));
+  const int status = WaitForExit(pid_, absl::Seconds(timeout_s));
   if (status == -1) {
     Kill();
     return absl::DeadlineExceededError(
@@ -233,20 +162,10 @@ absl::StatusOr<int> TuttidProcess::Stop(int timeout_s) {
 }
 
 void TuttidProcess::Kill() {
-  if (!running_.exchange(false)) return;
-  kill(pid_, SIGKILL);
-  int status = 0;
-  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-  }
+  if (running_.exchange(false)) KillAndReap(pid_);
 }
 
-std::string TuttidProcess::LogTail(size_t bytes) const {
-  std::ifstream in(log_path_);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string all = ss.str();
-  return all.size() <= bytes ? all : all.substr(all.size() - bytes);
-}
+std::string TuttidProcess::LogTail(size_t bytes) const { return FileTail(log_path_, bytes); }
 
 CommandResult RunCommand(const std::vector<std::string>& argv) {
   CommandResult result;

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
+#include "tests/common/daemon_launch.h"
 #include "tutti/v1/admin.grpc.pb.h"
 
 namespace tutti::testing {
@@ -104,9 +105,6 @@ class TuttidProcess {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tutti::v1::Admin::Stub> admin_;
 };
-
-// The path of a binary of this workspace in the test's runfiles, e.g. "daemon/tuttid".
-std::string RunfilePath(const std::string& workspace_relative);
 
 // Runs `argv` to completion, capturing stdout and stderr. Returns the exit code (-signal when
 // killed by one).
