@@ -97,7 +97,8 @@ struct BlockStore::Impl::ReadItem {
   Key key;
   uint64_t slot = 0;
   uint64_t epoch = 0;
-  std::vector<uint64_t> checksums;
+  // Into the index's checksum table: stable while the block is pinned (its slot cannot be reused).
+  absl::Span<const uint64_t> checksums;
   std::shared_ptr<const DramBlock> dram;
   uint32_t ssd_index = 0;  // position among the SSD items, for staging frames
   bool failed = false;
@@ -190,8 +191,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
       it.key = keys[i];
       it.slot = e->slot;
       it.epoch = e->epoch;
-      auto sums = index_.Checksums(*e);
-      it.checksums.assign(sums.begin(), sums.end());
+      it.checksums = index_.Checksums(*e);
       it.dram = dram_->Find(ns, keys[i], e->epoch);
       if (!it.dram) it.ssd_index = ssd_items++;
     }

@@ -89,6 +89,7 @@ class BlockStore::Impl {
                          std::vector<io::IoRequest>* reqs) const;
   absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  std::vector<uint8_t*> CopyToDram(absl::Span<PendingBlock* const> batch);
   void Publish(absl::Span<PendingBlock* const> batch);
   void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);

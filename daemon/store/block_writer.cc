@@ -2,6 +2,7 @@
 // journal, recovery. One thread (writer_) runs WriteBatch; Evict and
 // RegisterNamespace share the journal under journal_mu_.
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -307,9 +308,34 @@ void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
   pending_.erase(PendingKey{p->ns, p->key});  // destroys *p
 }
 
+// Copies the durable blocks of `batch` into DRAM-tier chunks. Chunks are taken under the lock
+// (taking one may evict) but filled outside it, so lookups and reads never wait on the copies.
+std::vector<uint8_t*> BlockStore::Impl::CopyToDram(absl::Span<PendingBlock* const> batch) {
+  std::vector<uint8_t*> chunks(batch.size(), nullptr);
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const PendingBlock* p = batch[b];
+      if (p->ok && uint64_t{p->object_len} * p->frames.size() <= dram_->chunk_bytes()) {
+        chunks[b] = dram_->TakeChunk();
+      }
+    }
+  }
+  for (size_t b = 0; b < batch.size(); ++b) {
+    if (chunks[b] == nullptr) continue;
+    const PendingBlock* p = batch[b];
+    for (size_t j = 0; j < p->frames.size(); ++j) {
+      std::memcpy(chunks[b] + j * p->object_len, p->frames[j], p->object_len);
+    }
+  }
+  return chunks;
+}
+
 void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
+  const std::vector<uint8_t*> dram_chunks = CopyToDram(batch);
   absl::MutexLock lock(&mu_);
-  for (PendingBlock* p : batch) {
+  for (size_t b = 0; b < batch.size(); ++b) {
+    PendingBlock* p = batch[b];
     if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
       FinishPending(p, CaptureOutcome::kAlreadyPresent);
       continue;
@@ -320,7 +346,10 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
       continue;
     }
     index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
-    dram_->Insert(p->ns, p->key, p->epoch, p->object_len, p->frames);
+    if (dram_chunks[b] != nullptr) {
+      dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
+                         static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
+    }
     ++stats_.blocks_stored;
     stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);

@@ -13,14 +13,30 @@ DramTier::DramTier(absl::Span<uint8_t> region, uint64_t chunk_bytes) : chunk_byt
 
 void DramTier::Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
                       absl::Span<uint8_t* const> objects) {
-  const uint64_t bytes = uint64_t{object_len} * objects.size();
-  if (chunks_ == nullptr || bytes > chunk_bytes_) return;
-  Erase(ns, key);
+  if (uint64_t{object_len} * objects.size() > chunk_bytes_) return;
+  uint8_t* chunk = TakeChunk();
+  if (chunk == nullptr) return;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    std::memcpy(chunk + i * object_len, objects[i], object_len);
+  }
+  InsertChunk(ns, key, epoch, object_len, static_cast<uint32_t>(objects.size()), chunk);
+}
+
+uint8_t* DramTier::TakeChunk() {
+  if (chunks_ == nullptr) return nullptr;
   std::vector<uint8_t*> chunk;
   while (!chunks_->TryTake(1, &chunk)) {
-    if (lru_.empty()) return;  // every chunk is held by a reader
+    if (lru_.empty()) return nullptr;  // every chunk is held by a reader
     EvictOne();
   }
+  return chunk[0];
+}
+
+void DramTier::GiveBack(uint8_t* chunk) { chunks_->Give({chunk}); }
+
+void DramTier::InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
+                           uint32_t num_objects, uint8_t* chunk) {
+  Erase(ns, key);
   std::shared_ptr<FramePool> pool = chunks_;
   std::shared_ptr<DramBlock> block(new DramBlock, [pool](DramBlock* b) {
     pool->Give({b->data});
@@ -30,11 +46,8 @@ void DramTier::Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t o
   block->key = key;
   block->epoch = epoch;
   block->object_len = object_len;
-  block->num_objects = static_cast<uint32_t>(objects.size());
-  block->data = chunk[0];
-  for (size_t i = 0; i < objects.size(); ++i) {
-    std::memcpy(block->data + i * object_len, objects[i], object_len);
-  }
+  block->num_objects = num_objects;
+  block->data = chunk;
   MapKey mk{ns, key};
   auto lru_it = lru_.insert(lru_.end(), mk);
   map_.emplace(mk, Node{std::move(block), lru_it});

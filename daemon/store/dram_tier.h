@@ -44,6 +44,16 @@ class DramTier {
   // if the tier is off, the block exceeds a chunk, or every chunk is held by readers.
   void Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
               absl::Span<uint8_t* const> objects);
+
+  // The same in three steps, so the caller can copy without holding its lock: TakeChunk (under
+  // the lock: may evict) returns a free chunk, or null if the tier is off or every chunk is held
+  // by readers; the caller fills it with the block's objects, back to back; InsertChunk (under the
+  // lock) caches it, or GiveBack returns it unused. Precondition: the block fits in a chunk.
+  uint8_t* TakeChunk();
+  void InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
+                   uint32_t num_objects, uint8_t* chunk);
+  void GiveBack(uint8_t* chunk);
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
   // The block if cached with this epoch (and marks it recently used), else null.
   std::shared_ptr<const DramBlock> Find(NamespaceId ns, const Key& key, uint64_t epoch);
   void Erase(NamespaceId ns, const Key& key);
