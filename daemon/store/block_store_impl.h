@@ -82,7 +82,9 @@ class BlockStore::Impl {
   absl::Status Recover();
   void WriterLoop();
   void WriteBatch(std::vector<PendingBlock*> batch);
-  bool AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots)
+  // Gives each block of `batch` a slot, evicting where the pool is full; `victim_slots` gets the
+  // slots whose Delete records must be durable before they are rewritten.
+  void AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   void WriteObjects(absl::Span<PendingBlock* const> batch);
   void AppendBlockWrites(const PendingBlock& p, uint8_t* header,

@@ -204,7 +204,7 @@ void BlockStore::Impl::HideForEviction(Entry* e) {
   ++stats_.evictions;
 }
 
-bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
+void BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
                                    std::vector<uint64_t>* victim_slots) {
   absl::MutexLock lock(&mu_);
   for (PendingBlock* p : batch) {
@@ -222,7 +222,6 @@ bool BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
     p->ok = p->has_slot;
     p->epoch = next_epoch_++;
   }
-  return !victim_slots->empty();
 }
 
 // Appends the writes of block `p`: per pool file, the slot's objects in that
@@ -361,7 +360,8 @@ void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
   auto log = log::Get("store");
   absl::MutexLock jlock(&journal_mu_);
   std::vector<uint64_t> victim_slots;
-  if (AssignSlots(batch, &victim_slots)) {
+  AssignSlots(batch, &victim_slots);
+  if (!victim_slots.empty()) {
     // The evicted blocks' Delete records must be durable before their slots are
     // overwritten.
     absl::Status s = journal_->Sync();

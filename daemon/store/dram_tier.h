@@ -31,7 +31,6 @@ struct DramBlock {
   uint32_t num_objects = 0;
   uint8_t* data = nullptr;  // num_objects x object_len, in the tier's region
   const uint8_t* object(uint32_t i) const { return data + uint64_t{i} * object_len; }
-  uint64_t bytes() const { return uint64_t{num_objects} * object_len; }
 };
 
 class DramTier {

@@ -37,11 +37,6 @@ void FramePool::Give(absl::Span<uint8_t* const> frames) {
   frames_.insert(frames_.end(), frames.begin(), frames.end());
 }
 
-uint64_t FramePool::free_frames() const {
-  absl::MutexLock lock(&mu_);
-  return frames_.size();
-}
-
 absl::StatusOr<std::unique_ptr<Region>> Region::Create(uint64_t bytes) {
   constexpr uint64_t kHuge = 2ull << 20;
   const uint64_t size = std::max<uint64_t>(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);

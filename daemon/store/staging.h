@@ -34,7 +34,6 @@ class FramePool {
   // Returns frames taken from this pool.
   void Give(absl::Span<uint8_t* const> frames);
 
-  uint64_t free_frames() const;
 
  private:
   const uint32_t frame_bytes_;
