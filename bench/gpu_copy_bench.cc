@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/jsonl.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_ipc_memory.h"
 #include "gpu/cuda_status.h"
@@ -333,15 +334,6 @@ absl::Status Run(std::vector<Result>* results) {
   return absl::OkStatus();
 }
 
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 void Report(const std::vector<Result>& results, const std::string& command) {
   std::string machine = absl::GetFlag(FLAGS_machine);
   if (machine.empty()) {
@@ -351,7 +343,7 @@ void Report(const std::vector<Result>& results, const std::string& command) {
     machine = absl::StrCat(dev.ok() ? dev->name : "?", ", ", dev.ok() ? dev->sm_count : 0,
                            " SMs, CUDA driver ", driver);
   }
-  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string date = tutti::bench::UtcNow();
   std::ofstream out;
   if (!absl::GetFlag(FLAGS_out).empty()) out.open(absl::GetFlag(FLAGS_out), std::ios::app);
   std::printf("\n%-44s %12s %-6s %28s %8s\n", "metric", "value", "unit", "baseline", "ratio");
@@ -362,13 +354,14 @@ void Report(const std::vector<Result>& results, const std::string& command) {
                 has_base ? absl::StrCat(r.baseline_value).c_str() : "-",
                 has_base ? absl::StrFormat("%.3f", ratio).c_str() : "-");
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_copy_bench\",\"metric\":" << JsonString(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << JsonString(r.unit)
-        << ",\"baseline_name\":" << (has_base ? JsonString(r.baseline_name) : "null")
+    out << "{\"bench\":\"gpu_copy_bench\",\"metric\":" << tutti::bench::JsonString(r.metric)
+        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
+        << ",\"baseline_name\":" << (has_base ? tutti::bench::JsonString(r.baseline_name) : "null")
         << ",\"baseline_value\":" << (has_base ? absl::StrCat(r.baseline_value) : "null")
         << ",\"ratio\":" << (has_base ? absl::StrCat(ratio) : "null")
-        << ",\"machine\":" << JsonString(machine) << ",\"date\":" << JsonString(date)
-        << ",\"command\":" << JsonString(command) << "}\n";
+        << ",\"machine\":" << tutti::bench::JsonString(machine)
+        << ",\"date\":" << tutti::bench::JsonString(date)
+        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
   }
 }
 

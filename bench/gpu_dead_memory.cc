@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "bench/jsonl.h"
 #include "tests/gpu/content_kernel.h"
 
 ABSL_FLAG(std::string, role, "", "internal: engine | grabber");
@@ -171,15 +172,6 @@ int DaemonMain(std::vector<Record>* rec) {
   return 0;
 }
 
-std::string Json(absl::string_view s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    o += ch;
-  }
-  return o + "\"";
-}
-
 }  // namespace
 }  // namespace tutti::bench
 
@@ -193,20 +185,20 @@ int main(int argc, char** argv) {
   alarm(120);
   std::vector<tutti::bench::Record> rec;
   const int rc = tutti::bench::DaemonMain(&rec);
-  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string date = tutti::bench::UtcNow();
   std::ofstream out;
   if (!absl::GetFlag(FLAGS_out).empty()) out.open(absl::GetFlag(FLAGS_out), std::ios::app);
   for (const auto& r : rec) {
     std::printf("%-40s %10.3f %-5s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
                 r.detail.c_str());
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_dead_memory\",\"metric\":" << tutti::bench::Json(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::Json(r.unit)
+    out << "{\"bench\":\"gpu_dead_memory\",\"metric\":" << tutti::bench::JsonString(r.metric)
+        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
         << ",\"baseline_name\":null,\"baseline_value\":null,\"ratio\":null"
-        << ",\"detail\":" << tutti::bench::Json(r.detail)
-        << ",\"machine\":" << tutti::bench::Json(absl::GetFlag(FLAGS_machine))
-        << ",\"date\":" << tutti::bench::Json(date)
-        << ",\"command\":" << tutti::bench::Json(command) << "}\n";
+        << ",\"detail\":" << tutti::bench::JsonString(r.detail)
+        << ",\"machine\":" << tutti::bench::JsonString(absl::GetFlag(FLAGS_machine))
+        << ",\"date\":" << tutti::bench::JsonString(date)
+        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
   }
   if (rc != 0) std::fprintf(stderr, "gpu_dead_memory: failed at step %d\n", rc);
   return rc;

@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/jsonl.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_ipc_memory.h"
 #include "gpu/cuda_status.h"
@@ -225,17 +226,8 @@ absl::Status Run(std::vector<Record>* out) {
   return absl::OkStatus();
 }
 
-std::string Json(absl::string_view s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    o += ch;
-  }
-  return o + "\"";
-}
-
 void Report(const std::vector<Record>& records, const std::string& command) {
-  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string date = tutti::bench::UtcNow();
   std::ofstream out;
   if (!absl::GetFlag(FLAGS_out).empty()) out.open(absl::GetFlag(FLAGS_out), std::ios::app);
   for (const Record& r : records) {
@@ -244,13 +236,14 @@ void Report(const std::vector<Record>& records, const std::string& command) {
     std::printf("%-62s %10.2f %-5s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
                 base ? absl::StrCat("vs ", r.baseline_value, " (ratio ", ratio, ")").c_str() : "");
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_interference\",\"metric\":" << Json(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << Json(r.unit)
-        << ",\"baseline_name\":" << (base ? Json(r.baseline_name) : "null")
+    out << "{\"bench\":\"gpu_interference\",\"metric\":" << tutti::bench::JsonString(r.metric)
+        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
+        << ",\"baseline_name\":" << (base ? tutti::bench::JsonString(r.baseline_name) : "null")
         << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
         << ",\"ratio\":" << (base ? absl::StrCat(ratio) : "null")
-        << ",\"machine\":" << Json(absl::GetFlag(FLAGS_machine)) << ",\"date\":" << Json(date)
-        << ",\"command\":" << Json(command) << "}\n";
+        << ",\"machine\":" << tutti::bench::JsonString(absl::GetFlag(FLAGS_machine))
+        << ",\"date\":" << tutti::bench::JsonString(date)
+        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
   }
 }
 

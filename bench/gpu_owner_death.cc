@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/jsonl.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/copy_kernel.h"
 #include "gpu/cuda_status.h"
@@ -345,15 +346,6 @@ absl::Status RunScenario(const std::string& scenario, std::vector<Record>* out) 
   return absl::OkStatus();
 }
 
-std::string Json(absl::string_view s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    o += ch;
-  }
-  return o + "\"";
-}
-
 void Report(const std::string& scenario, const std::vector<Record>& records,
             const std::string& command) {
   std::string machine = absl::GetFlag(FLAGS_machine);
@@ -363,18 +355,21 @@ void Report(const std::string& scenario, const std::vector<Record>& records,
     cudaDriverGetVersion(&driver);
     machine = absl::StrCat(dev.ok() ? dev->name : "?", ", CUDA driver ", driver);
   }
-  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string date = tutti::bench::UtcNow();
   std::ofstream out;
   if (!absl::GetFlag(FLAGS_out).empty()) out.open(absl::GetFlag(FLAGS_out), std::ios::app);
   for (const Record& r : records) {
     std::printf("%-12s %-40s %10.2f %-5s %s\n", scenario.c_str(), r.metric.c_str(), r.value,
                 r.unit.c_str(), r.detail.c_str());
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_owner_death\",\"metric\":" << Json(scenario + "." + r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << Json(r.unit)
+    out << "{\"bench\":\"gpu_owner_death\",\"metric\":"
+        << tutti::bench::JsonString(scenario + "." + r.metric) << ",\"value\":" << r.value
+        << ",\"unit\":" << tutti::bench::JsonString(r.unit)
         << ",\"baseline_name\":null,\"baseline_value\":null,\"ratio\":null"
-        << ",\"detail\":" << Json(r.detail) << ",\"machine\":" << Json(machine)
-        << ",\"date\":" << Json(date) << ",\"command\":" << Json(command) << "}\n";
+        << ",\"detail\":" << tutti::bench::JsonString(r.detail)
+        << ",\"machine\":" << tutti::bench::JsonString(machine)
+        << ",\"date\":" << tutti::bench::JsonString(date)
+        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
   }
 }
 

@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/jsonl.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "gpu/layer_copier.h"
@@ -415,28 +416,20 @@ absl::Status RunSsd() {
   return d->Stop().status();
 }
 
-std::string Json(absl::string_view s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    o += ch;
-  }
-  return o + "\"";
-}
-
 void Write(const std::string& command) {
   if (absl::GetFlag(FLAGS_out).empty()) return;
-  const std::string date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string date = tutti::bench::UtcNow();
   std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::app);
   for (const Record& r : g_records) {
     const bool base = !r.baseline_name.empty();
-    out << "{\"bench\":\"gpu_retrieve\",\"metric\":" << Json(r.metric) << ",\"value\":" << r.value
-        << ",\"unit\":" << Json(r.unit)
-        << ",\"baseline_name\":" << (base ? Json(r.baseline_name) : "null")
+    out << "{\"bench\":\"gpu_retrieve\",\"metric\":" << tutti::bench::JsonString(r.metric)
+        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
+        << ",\"baseline_name\":" << (base ? tutti::bench::JsonString(r.baseline_name) : "null")
         << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
         << ",\"ratio\":" << (base ? absl::StrCat(r.value / r.baseline_value) : "null")
-        << ",\"machine\":" << Json(absl::GetFlag(FLAGS_machine)) << ",\"date\":" << Json(date)
-        << ",\"command\":" << Json(command) << "}\n";
+        << ",\"machine\":" << tutti::bench::JsonString(absl::GetFlag(FLAGS_machine))
+        << ",\"date\":" << tutti::bench::JsonString(date)
+        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
   }
 }
 
