@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -45,6 +47,10 @@ ABSL_FLAG(bool, engine, false, "internal: run as the engine child");
 ABSL_FLAG(double, engine_s, 4.5, "engine child: seconds to run");
 ABSL_FLAG(uint32_t, sms, 16, "daemon I/O-domain SMs (0: ordinary stream on all SMs)");
 ABSL_FLAG(uint32_t, ctas, 32, "daemon copy CTAs");
+ABSL_FLAG(int32_t, mps_priority, -1,
+          "daemon's CUDA_MPS_CLIENT_PRIORITY (0 normal, 1 below normal; -1: leave unset); the "
+          "engine child never gets it");
+ABSL_FLAG(uint32_t, round_kib, 0, "staged: bytes per copy-then-scatter round, KiB (0: a slot)");
 ABSL_FLAG(std::string, path, "mapped",
           "daemon copy path: \"mapped\" (scatter kernel over mapped pinned staging, one launch "
           "per pass) or \"staged\" (gpu::LayerCopier as tuttid: copy engine into GPU staging, "
@@ -132,6 +138,10 @@ double Rate(const std::vector<int64_t>& ends, int64_t from, int64_t to) {
 }
 
 absl::Status Run(std::vector<Record>* out) {
+  const int32_t priority = absl::GetFlag(FLAGS_mps_priority);
+  if (priority >= 0) {  // before the first CUDA call, which connects to MPS
+    setenv("CUDA_MPS_CLIENT_PRIORITY", absl::StrCat(priority).c_str(), 1);
+  }
   const uint32_t sms = absl::GetFlag(FLAGS_sms);
   ASSIGN_OR_RETURN(auto io, gpu::IoStream::Create({0, sms, absl::GetFlag(FLAGS_ctas)}));
   std::printf("daemon I/O stream: %s, %u CTAs\n", io->description().c_str(), io->ctas());
@@ -158,8 +168,10 @@ absl::Status Run(std::vector<Record>* out) {
     }
   }
   const bool staged = absl::GetFlag(FLAGS_path) == "staged";
+  const uint64_t round_bytes = uint64_t{absl::GetFlag(FLAGS_round_kib)} << 10;
   ASSIGN_OR_RETURN(auto copier,
-                   gpu::LayerCopier::Create({gpu::LayerCopier::Mode::kStaged, pass_bytes / kLayers},
+                   gpu::LayerCopier::Create({gpu::LayerCopier::Mode::kStaged, pass_bytes / kLayers,
+                                             /*bounce_threads=*/4, round_bytes},
                                             io.get(), {staging->staging()}));
   ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(kv.layout, local,
                                                            copier->staging_regions(), io.get()));
@@ -181,6 +193,7 @@ absl::Status Run(std::vector<Record>* out) {
   if (pipe(pipefd) != 0) return absl::InternalError("pipe");
   const pid_t child = fork();
   if (child == 0) {
+    unsetenv("CUDA_MPS_CLIENT_PRIORITY");
     dup2(pipefd[1], 1);
     char* argv[] = {const_cast<char*>("/proc/self/exe"), const_cast<char*>("--engine"), nullptr};
     execv("/proc/self/exe", argv);
@@ -216,7 +229,9 @@ absl::Status Run(std::vector<Record>* out) {
   const std::string tag =
       absl::StrCat(absl::GetFlag(FLAGS_label), ".", absl::GetFlag(FLAGS_path), ".",
                    sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
-                   io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas());
+                   io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas(),
+                   staged && round_bytes > 0 ? absl::StrCat("_round", round_bytes >> 10, "k") : "",
+                   priority >= 0 ? absl::StrCat("_prio", priority) : "");
   out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
                   tag + ".engine_kernels_per_s_alone", alone});
   out->push_back({tag + ".engine_throughput_loss", 100.0 * (1 - during / alone), "%", "", 0});

@@ -4,8 +4,9 @@
 //  inproc: the daemon's data path alone (gpu::LayerCopier, as tuttid uses it) from pinned host
 //    staging, layer by layer with a ready word per layer: staged (copy engine + device-to-device
 //    scatter) and mapped (scatter kernel over PCIe), against one contiguous pinned -> GPU copy per
-//    layer; the naive path (one cudaMemcpyAsync per object); the staged path from pageable heap
-//    memory (what tuttid's DRAM tier gets today); the whole transfer in one piece.
+//    layer, with several copy-then-scatter round sizes; the naive path (one cudaMemcpyAsync per
+//    object); registered memory laid out like the DRAM tier (a chunk per block), with pitched 2D
+//    copies and with one copy per run; the whole transfer in one piece.
 //  dram: through a real tuttid (GPU mode, blocks in its DRAM tier), this process the engine: GB/s
 //    from sending the Retrieve to the last layer's ready word releasing the engine's stream, and
 //    the time to layer 0 and to the last layer.
@@ -30,6 +31,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -51,6 +53,8 @@ ABSL_FLAG(uint32_t, engine_blocks, 8192, "engine blocks per layer tensor");
 ABSL_FLAG(uint32_t, reps, 5, "repetitions (the median is reported)");
 ABSL_FLAG(uint32_t, sms, 16, "I/O green-context SMs (inproc and tuttid)");
 ABSL_FLAG(std::string, scatter, "staged", "tuttid's gpu.scatter for the dram and ssd parts");
+ABSL_FLAG(std::vector<std::string>, round_kib, std::vector<std::string>({"0", "8192", "2048"}),
+          "inproc staged: copy-then-scatter round sizes to measure, KiB (0: a whole slot)");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append to");
 ABSL_FLAG(std::string, machine, "", "machine description");
 
@@ -63,6 +67,7 @@ using gputest::GpuEngine;
 using gputest::TuttidRunner;
 
 constexpr uint32_t kLayers = 32, kObj = 32768, kParts = 2;
+constexpr uint64_t kDefaultRoundBytes = 8ull << 20;  // config/default.textproto gpu.round_bytes
 constexpr uint32_t kWindow = 4;  // layers of pinned staging, reused round robin like the store's
 
 struct Record {
@@ -99,7 +104,7 @@ struct InProc {
   gpu::testing::KvLayout kv;
   std::vector<gpu::LocalRegion> regions;
   std::unique_ptr<gpu::PinnedRegion> pinned;  // kWindow layers
-  std::vector<uint8_t> heap;                  // the same, pageable
+  std::unique_ptr<gpu::PinnedRegion> chunks;  // the same size, laid out like the DRAM tier
   uint8_t* contiguous = nullptr;              // one layer of device memory
   std::vector<uint32_t> blocks;
   uint64_t layer_bytes = 0;
@@ -136,7 +141,8 @@ absl::Status SetUpInProc(InProc* s) {
   s->layer_bytes = uint64_t{n} * kParts * kObj;
   ASSIGN_OR_RETURN(s->pinned, gpu::PinnedRegion::Allocate(kWindow * s->layer_bytes));
   std::memset(s->pinned->host(), 0x3c, kWindow * s->layer_bytes);
-  s->heap.assign(kWindow * s->layer_bytes + 64, 0x3c);
+  ASSIGN_OR_RETURN(s->chunks, gpu::PinnedRegion::Allocate(kWindow * s->layer_bytes));
+  std::memset(s->chunks->host(), 0x3c, kWindow * s->layer_bytes);
   RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&s->contiguous), s->layer_bytes),
                              "cudaMalloc(contiguous)"));
   s->blocks = gpu::testing::RandomBlocks(3, n, absl::GetFlag(FLAGS_engine_blocks));
@@ -159,15 +165,19 @@ absl::StatusOr<double> Time(const std::function<absl::Status()>& body) {
 }
 
 // Layer by layer through a copier; *first gets the median time to layer 0.
+// With `overlap`, every layer but the last returns once enqueued (LayerCopier::Wait::kPrevious),
+// as tuttid does for DRAM-tier layers; the time to layer 0 is then the time to its enqueue.
 absl::StatusOr<double> TimeLayered(InProc& s, gpu::LayerCopier& copier, gpu::CudaIpcMemory& mem,
-                                   uint8_t* base, double* first) {
+                                   uint8_t* base, double* first, bool overlap = false) {
   std::vector<double> firsts;
   uint32_t ticket = 0;
   auto run = [&]() -> absl::Status {
     const absl::Time start = absl::Now();
     ++ticket;
     for (uint32_t l = 0; l < kLayers; ++l) {
-      RETURN_IF_ERROR(copier.ScatterLayer(&mem, s.Ops(l, base), s.words.get(), l, ticket));
+      const auto wait = overlap && l + 1 < kLayers ? gpu::LayerCopier::Wait::kPrevious
+                                                   : gpu::LayerCopier::Wait::kLanded;
+      RETURN_IF_ERROR(copier.ScatterLayer(&mem, s.Ops(l, base), s.words.get(), l, ticket, wait));
       if (l == 0) firsts.push_back(Seconds(start));
     }
     return absl::OkStatus();
@@ -213,10 +223,22 @@ absl::Status RunInProc() {
                    }));
   Add({"naive_memcpy_per_object", total / naive / 1e9, "GB/s", "contiguous_pinned_to_gpu",
        base_gbps});
-  for (auto mode : {gpu::LayerCopier::Mode::kStaged, gpu::LayerCopier::Mode::kMapped}) {
-    const std::string name = mode == gpu::LayerCopier::Mode::kStaged ? "staged" : "mapped";
-    ASSIGN_OR_RETURN(auto copier, gpu::LayerCopier::Create({mode, s.layer_bytes}, s.io.get(),
-                                                           {s.pinned->staging()}));
+  // Staged with each round size (0: a whole slot, the names of earlier runs), then mapped.
+  std::vector<std::pair<gpu::LayerCopier::Mode, uint64_t>> variants;
+  for (const std::string& kib : absl::GetFlag(FLAGS_round_kib)) {
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(kib, &v)) return absl::InvalidArgumentError("--round_kib: " + kib);
+    variants.push_back({gpu::LayerCopier::Mode::kStaged, v << 10});
+  }
+  variants.push_back({gpu::LayerCopier::Mode::kMapped, 0});
+  for (const auto& [mode, round] : variants) {
+    const std::string name =
+        mode == gpu::LayerCopier::Mode::kMapped
+            ? "mapped"
+            : (round == 0 ? std::string("staged") : absl::StrCat("staged_round", round >> 10, "k"));
+    ASSIGN_OR_RETURN(auto copier,
+                     gpu::LayerCopier::Create({mode, s.layer_bytes, /*bounce_threads=*/4, round},
+                                              s.io.get(), {s.pinned->staging()}));
     ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(
                                    s.kv.layout, s.regions, copier->staging_regions(), s.io.get()));
     double first = 0;
@@ -224,28 +246,37 @@ absl::Status RunInProc() {
     Add({"datapath_" + name + "_layered_pinned", total / t / 1e9, "GB/s",
          "contiguous_pinned_to_gpu", base_gbps});
     if (mode == gpu::LayerCopier::Mode::kStaged) {
-      Add({"datapath_staged_layer0_ready", first * 1e3, "ms", "", 0});
-      Add({"datapath_staged_last_layer_ready", t * 1e3, "ms", "one_piece_contiguous_ready",
+      Add({"datapath_" + name + "_layer0_ready", first * 1e3, "ms", "", 0});
+      Add({"datapath_" + name + "_last_layer_ready", t * 1e3, "ms", "one_piece_contiguous_ready",
            contiguous * 1e3});
     }
+    if (mode == gpu::LayerCopier::Mode::kStaged && round == kDefaultRoundBytes) {
+      // The same with the next layer's copies overlapping each layer's tail (tuttid's DRAM path).
+      ASSIGN_OR_RETURN(double o, TimeLayered(s, *copier, *mem, s.pinned->host(), &first, true));
+      Add({"datapath_" + name + "_overlapped_layered_pinned", total / o / 1e9, "GB/s",
+           "contiguous_pinned_to_gpu", base_gbps});
+      Add({"datapath_" + name + "_overlapped_last_layer_ready", o * 1e3, "ms",
+           "one_piece_contiguous_ready", contiguous * 1e3});
+    }
   }
-  // Heap (pageable) staging laid out as tuttid's DRAM tier holds it today: each block's K and V
-  // of a layer adjacent (64 KiB), blocks apart (here 128 KiB), so a layer is 2048 runs. Through
-  // the pinned bounce buffer with 4 and 8 threads, and copied pageable by the driver.
-  uint8_t* heap = s.heap.data() + (16 - reinterpret_cast<uintptr_t>(s.heap.data()) % 16) % 16;
+  // Registered memory laid out as tuttid's DRAM tier holds blocks: a chunk per block, each
+  // layer's K and V adjacent (a 64 KiB run), chunks side by side (here 4 layers a chunk, 256 KiB
+  // apart; tuttid's chunks hold all 32 layers, 2 MiB apart), so a layer is 2048 runs at a constant
+  // pitch. One pitched 2D copy per round (the default) against one copy per run (as before).
   auto dram_like = [&](uint32_t layer) {
     std::vector<engine::CopyOp> ops;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
-      uint8_t* src = heap + (layer % 2) * s.blocks.size() * 4 * kObj + i * 4 * kObj;
+      uint8_t* src = s.chunks->host() + i * kWindow * kParts * kObj + (layer % kWindow) * kParts * kObj;
       for (uint32_t p = 0; p < kParts; ++p)
         ops.push_back({s.blocks[i], layer * kParts + p, src + p * kObj});
     }
     return ops;
   };
-  for (uint32_t threads : {4u, 8u, 0u}) {
-    ASSIGN_OR_RETURN(auto copier, gpu::LayerCopier::Create(
-                                      {gpu::LayerCopier::Mode::kStaged, s.layer_bytes, threads},
-                                      s.io.get(), {s.pinned->staging()}));
+  for (bool strided : {true, false}) {
+    ASSIGN_OR_RETURN(auto copier,
+                     gpu::LayerCopier::Create({gpu::LayerCopier::Mode::kStaged, s.layer_bytes,
+                                               /*bounce_threads=*/0, kDefaultRoundBytes, strided},
+                                              s.io.get(), {s.chunks->staging()}));
     ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(
                                    s.kv.layout, s.regions, copier->staging_regions(), s.io.get()));
     uint32_t ticket = 5000;
@@ -257,8 +288,8 @@ absl::Status RunInProc() {
                        }
                        return absl::OkStatus();
                      }));
-    Add({threads > 0 ? absl::StrCat("datapath_staged_layered_dram_like_bounce", threads)
-                     : std::string("datapath_staged_layered_dram_like_pageable"),
+    Add({strided ? "datapath_staged_layered_dram_chunks_2d"
+                 : "datapath_staged_layered_dram_chunks_per_run",
          total / h / 1e9, "GB/s", "contiguous_pinned_to_gpu", base_gbps});
   }
   return absl::OkStatus();

@@ -146,6 +146,7 @@ absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
                             "] (0: an ordinary stream on all SMs)"));
   }
   RETURN_IF_ERROR(CheckRange("gpu.copy_ctas", g.copy_ctas(), 0, kMaxCopyCtas));
+  RETURN_IF_ERROR(CheckRange("gpu.round_bytes", g.round_bytes(), 0, kGiB));
   return CheckOneOf("gpu.scatter", g.scatter(), {"staged", "mapped"});
 }
 

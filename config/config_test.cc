@@ -45,6 +45,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().io_sm_count(), 16u);
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
   EXPECT_EQ(c->gpu().scatter(), "staged");
+  EXPECT_EQ(c->gpu().round_bytes(), 8ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
 
@@ -116,6 +117,7 @@ TEST(ConfigTest, GpuSection) {
   ExpectRejected("gpu { io_sm_count: 2048 }", {"gpu.io_sm_count", "1024"});
   ExpectRejected("gpu { copy_ctas: 70000 }", {"gpu.copy_ctas"});
   ExpectRejected("gpu { scatter: \"dma\" }", {"gpu.scatter", "staged", "mapped"});
+  ExpectRejected("gpu { round_bytes: 2147483648 }", {"gpu.round_bytes"});
   auto c = LoadConfig(
       "gpu { mode: \"cuda\" device: 3 io_sm_count: 0 copy_ctas: 8 scatter: \"mapped\" }");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -290,13 +290,18 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
   }
   const gpu::LayerCopier::Mode mode =
       g.scatter() == "mapped" ? gpu::LayerCopier::Mode::kMapped : gpu::LayerCopier::Mode::kStaged;
-  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config)},
+  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
+                                                         /*bounce_threads=*/4, g.round_bytes()},
                                                         rt->stream.get(), registered));
   d->device_mode = "cuda";
   d->notes.push_back(absl::StrCat(
       "cuda mode on GPU ", g.device(), " (", device.name, ", ", device.uuid_text, "): I/O ",
       rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
-      g.scatter(), "; ", staging.size() >> 20, " MiB of staging and ", dram.size() >> 20,
+      g.scatter(),
+      g.scatter() == "staged" && g.round_bytes() > 0
+          ? absl::StrCat(" in rounds of at most ", g.round_bytes() >> 10, " KiB")
+          : std::string(),
+      "; ", staging.size() >> 20, " MiB of staging and ", dram.size() >> 20,
       " MiB of DRAM tier registered"));
   if (!rt->stream->is_green() && g.io_sm_count() > 0) {
     d->notes.push_back("no green context: the daemon's kernels may use every SM");

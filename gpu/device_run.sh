@@ -53,13 +53,15 @@ if has retrieve; then
 fi
 
 if has interference; then
-  # PATH:SMS:CTAS of the daemon's copies: the mapped kernel as before, the staged path (copy
-  # engine, then a short device-to-device kernel) with the default and with fewer SMs/CTAs.
-  variants="${TUTTI_INTERFERENCE:-mapped:16:32 staged:16:32 staged:8:8}"
+  # PATH:SMS:CTAS[:ROUND_KIB[:MPS_PRIORITY]] of the daemon's copies: the staged path (copy engine, then a short
+  # device-to-device kernel) with whole-slot rounds and with tuttid's default 8 MiB rounds and
+  # smaller ones (shorter kernels hold the engine's SM slots for less time).
+  variants="${TUTTI_INTERFERENCE:-staged:16:32 staged:16:32:8192 staged:16:32:2048}"
   interfere() {
     for v in $variants; do
-      IFS=: read -r path sms ctas <<< "$v"
+      IFS=: read -r path sms ctas round prio <<< "$v"
       timeout 60 "$run" bench/gpu_interference --path="$path" --sms="$sms" --ctas="$ctas" \
+        --round_kib="${round:-0}" --mps_priority="${prio:--1}" \
         --label="$1" --out="$out/gpu_interference.jsonl" --machine="$machine" \
         >> "$out/interference.log" 2>&1
       summary+=("gpu_interference $1 $v rc=$?")

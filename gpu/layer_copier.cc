@@ -111,11 +111,15 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
   copier->registered_ = std::move(map);
   copier->registered_list_.assign(registered.begin(), registered.end());
   RETURN_IF_ERROR(copier->Init(registered));
-  log::Get("gpu")->info("gpu{}: retrieve copies {}; GPU staging {} x {} MiB; {}", stream->device(),
+  log::Get("gpu")->info("gpu{}: retrieve copies {}; GPU staging {} x {} MiB, rounds of {}; {}",
+                        stream->device(),
                         options.mode == Mode::kStaged
                             ? "staged (copy engine, then a device-to-device scatter)"
                             : "mapped (scatter kernel over mapped pinned staging)",
                         kSlots, copier->slot_bytes_ >> 20,
+                        options.round_bytes == 0 || options.round_bytes >= copier->slot_bytes_
+                            ? std::string("a slot")
+                            : absl::StrCat(options.round_bytes >> 10, " KiB"),
                         options.bounce_threads > 0
                             ? absl::StrCat("unregistered memory through a pinned bounce buffer, ",
                                            options.bounce_threads, " threads")
@@ -125,6 +129,10 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
 
 absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   slot_bytes_ = AlignUp((options_.gpu_staging_bytes + kSlots - 1) / kSlots, kGranularity);
+  int max_pitch = 0;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, stream_->device()), "max pitch"));
+  max_pitch_ = static_cast<uint64_t>(max_pitch);
   void* p = nullptr;
   RETURN_IF_ERROR(
       CudaStatus(cudaMalloc(&p, kSlots * slot_bytes_), "cudaMalloc(GPU staging for retrieves)"));
@@ -134,6 +142,10 @@ absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   RETURN_IF_ERROR(CudaStatus(cudaMemset(words_, 0, 2 * kSlots * sizeof(uint32_t)), "memset"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
                              "cudaStreamCreate(copy)"));
+  for (cudaEvent_t& ev : landed_) {
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+  }
   if (options_.bounce_threads > 0) {
     ASSIGN_OR_RETURN(bounce_, PinnedRegion::Allocate(kSlots * slot_bytes_));
     for (cudaEvent_t& ev : bounce_free_) {
@@ -157,6 +169,9 @@ LayerCopier::~LayerCopier() {
   for (cudaEvent_t ev : bounce_free_) {
     if (ev != nullptr) cudaEventDestroy(ev);
   }
+  for (cudaEvent_t ev : landed_) {
+    if (ev != nullptr) cudaEventDestroy(ev);
+  }
   bounce_.reset();
   if (words_ != nullptr) cudaFree(words_);
   if (gpu_base_ != nullptr) cudaFree(gpu_base_);
@@ -173,7 +188,8 @@ bool LayerCopier::IsRegistered(const uint8_t* host, uint64_t len) const {
 }
 
 absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
-                                       ReadyWords* words, uint32_t word, uint32_t ticket) {
+                                       ReadyWords* words, uint32_t word, uint32_t ticket,
+                                       Wait wait) {
   const uint64_t len = memory->object_len();
   if (len > slot_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -198,13 +214,33 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   if (!direct_.empty()) RETURN_IF_ERROR(memory->EnqueueScatter(direct_));
   if (!staged_.empty()) RETURN_IF_ERROR(EnqueueStaged(memory, ops, &staged_));
   if (words != nullptr) RETURN_IF_ERROR(words->Signal(word, ticket));
-  // The I/O stream waited for every slot's copy, so the host staging is free too.
+  // The I/O stream waited for every slot's copy, so once it is past a layer, that layer's host
+  // staging is free too.
+  if (wait == Wait::kLanded) {
+    previous_pending_ = false;
+    return stream_->Synchronize();
+  }
+  cudaEvent_t mine = landed_[landed_next_];
+  landed_next_ ^= 1;
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(mine, stream_->stream()), "cudaEventRecord(layer)"));
+  const bool had_previous = previous_pending_;
+  previous_pending_ = true;
+  if (!had_previous) return absl::OkStatus();
+  return CudaStatus(cudaEventSynchronize(landed_[landed_next_]), "cudaEventSynchronize(layer)");
+}
+
+absl::Status LayerCopier::Drain() {
+  absl::MutexLock lock(&mu_);
+  previous_pending_ = false;
   return stream_->Synchronize();
 }
 
 absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                                         std::vector<uint32_t>* indices) {
   const uint64_t len = memory->object_len();
+  round_limit_ = options_.round_bytes == 0
+                     ? slot_bytes_
+                     : std::clamp<uint64_t>(options_.round_bytes, len, slot_bytes_);
   std::sort(indices->begin(), indices->end(),
             [&](uint32_t a, uint32_t b) { return ops[a].staging < ops[b].staging; });
   runs_.clear();
@@ -217,7 +253,7 @@ absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const 
     if (run != nullptr && run->registered == reg && op.staging >= run->host &&
         op.staging <= run->host + run->len + kMaxGap) {
       const uint64_t new_len = std::max<uint64_t>(run->len, op.staging + len - run->host);
-      if (run->offset + new_len <= slot_bytes_) {
+      if (run->offset + new_len <= round_limit_) {
         run->len = new_len;
         used = std::max(used, run->offset + new_len);
         uint8_t* slot = gpu_base_ + next_slot_ * slot_bytes_;
@@ -226,7 +262,7 @@ absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const 
       }
     }
     uint64_t offset = AlignUp(used, kRunAlign);
-    if (offset + len > slot_bytes_) {
+    if (offset + len > round_limit_) {
       RETURN_IF_ERROR(FlushRound(memory));  // moves to the next slot
       offset = 0;
     }
@@ -269,13 +305,51 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
     bounce_pending_[s] = true;
   }
   // Registered runs last: their copies overwrite the gaps the bounce span may have covered.
-  for (const Run& r : runs_) {
-    if (!r.registered) continue;
-    RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(slot + r.offset, r.host, r.len, cudaMemcpyHostToDevice, copy_stream_),
-        "cudaMemcpyAsync(staging -> GPU staging)"));
+  for (size_t i = 0; i < runs_.size();) {
+    const Run& r = runs_[i];
+    if (!r.registered) {
+      ++i;
+      continue;
+    }
+    const size_t n = StridedGroup(i);
+    if (n == 1) {
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(slot + r.offset, r.host, r.len, cudaMemcpyHostToDevice, copy_stream_),
+          "cudaMemcpyAsync(staging -> GPU staging)"));
+    } else {
+      const Run& next = runs_[i + 1];
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpy2DAsync(slot + r.offset, next.offset - r.offset, r.host, next.host - r.host,
+                            r.len, n, cudaMemcpyHostToDevice, copy_stream_),
+          "cudaMemcpy2DAsync(staging -> GPU staging)"));
+    }
+    i += n;
   }
   return absl::OkStatus();
+}
+
+size_t LayerCopier::StridedGroup(size_t first) const {
+  const Run& r = runs_[first];
+  if (!options_.strided_copies || first + 1 >= runs_.size()) return 1;
+  const Run& second = runs_[first + 1];
+  // Runs are sorted by host address and placed at rising slot offsets.
+  const uint64_t spitch = static_cast<uint64_t>(second.host - r.host);
+  const uint64_t dpitch = second.offset - r.offset;
+  if (!second.registered || second.len != r.len || spitch < r.len || dpitch < r.len ||
+      spitch > max_pitch_ || dpitch > max_pitch_) {
+    return 1;
+  }
+  size_t n = 2;
+  while (first + n < runs_.size()) {
+    const Run& prev = runs_[first + n - 1];
+    const Run& cur = runs_[first + n];
+    if (!cur.registered || cur.len != r.len ||
+        static_cast<uint64_t>(cur.host - prev.host) != spitch || cur.offset - prev.offset != dpitch) {
+      break;
+    }
+    ++n;
+  }
+  return n;
 }
 
 absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {

@@ -61,6 +61,15 @@ class LayerCopier {
     // Threads that copy unregistered objects into the pinned bounce buffer; 0: no bounce buffer
     // (pageable copies by the driver).
     uint32_t bounce_threads = 4;
+    // Most bytes one round (one copy into a slot, then one scatter kernel) carries; 0: a whole
+    // slot. Shorter rounds mean shorter kernels, which hold an engine's SM slots for less time
+    // when both share the GPU (docs/gpu.md, "Interference"); at least one object per round.
+    uint64_t round_bytes = 0;
+    // Registered runs of equal length at a constant distance from each other (one layer of many
+    // blocks in the DRAM tier, whose chunks hold a block each) go as one pitched 2D copy instead
+    // of one copy per run: the copy engine walks the pitch itself, where per-run copies cost
+    // microseconds of driver work each (a 64 KiB run per block and layer: about 14 GB/s).
+    bool strided_copies = true;
   };
   static constexpr uint32_t kSlots = 4;
 
@@ -79,14 +88,27 @@ class LayerCopier {
   // registered host regions and the GPU staging buffer.
   std::vector<StagingRegion> staging_regions() const;
 
+  // When ScatterLayer returns.
+  enum class Wait {
+    // Once this layer is in the engine's memory: its sources may be reused at once.
+    kLanded,
+    // Once this layer is enqueued and every layer enqueued before it (by any caller) has landed,
+    // so the next layer's copies overlap this one's last kernel. This layer's sources must stay
+    // unchanged until a later ScatterLayer or Drain returns.
+    kPrevious,
+  };
+
   // Copies each op's object from host staging (op.staging, a host address) into `memory`, then,
-  // if `words` is not null, enqueues words->Signal(word, ticket), then waits until the layer is
-  // in `memory`. INVALID_ARGUMENT for an op outside `memory`'s layout (nothing is enqueued) or an
-  // object larger than a slot; INTERNAL for CUDA errors. On error the word is not written: the
-  // caller decides (the server still writes it, see daemon/server/engine_io.h).
+  // if `words` is not null, enqueues words->Signal(word, ticket), then waits as `wait` says.
+  // INVALID_ARGUMENT for an op outside `memory`'s layout (nothing is enqueued) or an object
+  // larger than a slot; INTERNAL for CUDA errors. On error the word is not written: the caller
+  // decides (the server still writes it, see daemon/server/engine_io.h).
   [[nodiscard]] absl::Status ScatterLayer(CudaIpcMemory* memory,
                                           absl::Span<const engine::CopyOp> ops, ReadyWords* words,
-                                          uint32_t word, uint32_t ticket);
+                                          uint32_t word, uint32_t ticket,
+                                          Wait wait = Wait::kLanded);
+  // Returns once every layer enqueued so far has landed.
+  [[nodiscard]] absl::Status Drain();
 
  private:
   struct CopyJob {  // for the bounce threads
@@ -113,12 +135,17 @@ class LayerCopier {
   absl::Status FlushRound(CudaIpcMemory* memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CopyIn(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsRegistered(const uint8_t* host, uint64_t len) const;
+  // How many runs from runs_[first] on form one 2D copy (equal lengths, both pitches constant);
+  // 1 when strided copies are off or the next run breaks the pattern.
+  size_t StridedGroup(size_t first) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   IoStream* const stream_;
   StagingMap registered_;
   std::vector<StagingRegion> registered_list_;
   uint64_t slot_bytes_ = 0;
+  uint64_t max_pitch_ = 0;  // cudaDevAttrMaxPitch
+  uint64_t round_limit_ ABSL_GUARDED_BY(mu_) = 0;  // bytes per round for the current call
   uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
   uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
   cudaStream_t copy_stream_ = nullptr;  // primary context; no SMs needed
@@ -129,6 +156,11 @@ class LayerCopier {
   absl::Mutex mu_;
   std::array<uint32_t, kSlots> uses_ ABSL_GUARDED_BY(mu_){};
   std::array<bool, kSlots> bounce_pending_ ABSL_GUARDED_BY(mu_){};
+  // Recorded on the I/O stream after each kPrevious layer, alternately; the previous one is
+  // waited for by the next call.
+  std::array<cudaEvent_t, 2> landed_{};
+  uint32_t landed_next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool previous_pending_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;
   // Scratch, reused across calls.
   std::vector<uint32_t> staged_ ABSL_GUARDED_BY(mu_);

@@ -23,6 +23,13 @@ struct Case {
   bool registered;  // staging in registered (pinned) memory, or heap memory like the DRAM tier
   uint64_t gpu_bytes;
   uint32_t bounce_threads = 4;
+  // Staging laid out as the DRAM tier holds blocks: one chunk per block (all its layers' objects),
+  // chunks at a constant distance with a hole after every seventh, so strided groups form and
+  // break. Otherwise the objects follow each other with a 4 KiB gap after every third.
+  bool chunked = false;
+  uint64_t round_bytes = 0;
+  bool strided = true;
+  bool overlap = false;  // both calls LayerCopier::Wait::kPrevious, then Drain
 };
 
 class LayerCopierTest : public ::testing::TestWithParam<Case> {};
@@ -47,7 +54,9 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
     local.push_back({p, size});
   }
   // Staging with a 4 KiB gap after every third object, so runs break and merge.
-  const uint64_t staging_bytes = uint64_t{kUsed} * 2 * (kObj + 4096);
+  const uint64_t chunk = uint64_t{kLayers} * 2 * kObj;
+  const uint64_t staging_bytes =
+      c.chunked ? (kUsed + kUsed / 7 + 1) * chunk : uint64_t{kUsed} * 2 * (kObj + 4096);
   std::unique_ptr<PinnedRegion> pinned;
   std::vector<uint8_t> heap;
   uint8_t* base = nullptr;
@@ -66,6 +75,7 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   for (uint32_t i = 0; i < kUsed; ++i) {
     for (uint32_t p = 0; p < 2; ++p) {
       const uint32_t obj = kLayer * 2 + p;
+      if (c.chunked) next = base + (i + i / 7) * chunk + uint64_t{obj} * kObj;
       testing::FillObject(7, blocks[i], obj, next, kObj);
       ops.push_back({blocks[i], obj, next});
       next += kObj + ((i * 2 + p) % 3 == 2 ? 4096 : 0);
@@ -73,7 +83,9 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   }
   std::vector<StagingRegion> reg;
   if (pinned) reg.push_back(pinned->staging());
-  auto copier = LayerCopier::Create({c.mode, c.gpu_bytes, c.bounce_threads}, io->get(), reg);
+  auto copier = LayerCopier::Create({c.mode, c.gpu_bytes, c.bounce_threads, c.round_bytes,
+                                     c.strided},
+                                    io->get(), reg);
   ASSERT_TRUE(copier.ok()) << copier.status();
   auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
   ASSERT_TRUE(mem.ok()) << mem.status();
@@ -83,8 +95,10 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   ASSERT_TRUE(words.ok()) << words.status();
 
   // Twice, so every slot is used again (its words and bounce buffer recycled).
-  ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 76).ok());
-  ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 77).ok());
+  const auto wait = c.overlap ? LayerCopier::Wait::kPrevious : LayerCopier::Wait::kLanded;
+  ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 76, wait).ok());
+  ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 77, wait).ok());
+  ASSERT_TRUE((*copier)->Drain().ok());
   uint32_t word = 0;
   ASSERT_EQ(cudaMemcpy(&word, (*words_array)->word(kLayer), 4, cudaMemcpyDeviceToHost),
             cudaSuccess);
@@ -118,6 +132,16 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                            Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
                                            Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
                                            Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
+                                           // DRAM-tier chunks: 2D copies in 1 MiB rounds, and
+                                           // the same with one copy per run.
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                true, 1ull << 20, true},
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                true, 1ull << 20, false},
+                                           Case{LayerCopier::Mode::kStaged, true, 128ull << 20, 4,
+                                                true, 0, true},
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                true, 1ull << 20, true, true},
                                            Case{LayerCopier::Mode::kMapped, false, 128ull << 20}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(info.param.mode == LayerCopier::Mode::kStaged
@@ -125,7 +149,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                                   : "mapped") +
                                   (info.param.registered ? "_pinned" : "_heap") + "_" +
                                   std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
-                                  std::to_string(info.param.bounce_threads);
+                                  std::to_string(info.param.bounce_threads) +
+                                  (info.param.chunked ? "_chunked" : "") +
+                                  (info.param.round_bytes > 0
+                                       ? "_round" + std::to_string(info.param.round_bytes >> 10) + "k"
+                                       : "") +
+                                  (info.param.strided ? "" : "_unstrided") +
+                                  (info.param.overlap ? "_overlap" : "");
                          });
 
 TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
