@@ -46,6 +46,17 @@ class EngineIo {
   [[nodiscard]] virtual absl::Status ScatterLayer(uint32_t layer,
                                                   absl::Span<const engine::CopyOp> ops,
                                                   uint32_t ticket) = 0;
+  // Like ScatterLayer, but returns once the layer is enqueued and every layer before it has
+  // landed, so the next layer's copies overlap this one's tail. The caller keeps this layer's
+  // sources unchanged until a later ScatterLayer, EnqueueLayer or Drain returns. By default the
+  // same as ScatterLayer.
+  [[nodiscard]] virtual absl::Status EnqueueLayer(uint32_t layer,
+                                                  absl::Span<const engine::CopyOp> ops,
+                                                  uint32_t ticket) {
+    return ScatterLayer(layer, ops, ticket);
+  }
+  // Returns once every layer enqueued so far has landed. OK by default (ScatterLayer waits).
+  [[nodiscard]] virtual absl::Status Drain() { return absl::OkStatus(); }
   // Writes `ticket` into ready words [begin, end) without copying (failed or abandoned layers).
   // OK without ready words; CANCELLED after Close.
   [[nodiscard]] virtual absl::Status SignalLayers(uint32_t begin, uint32_t end,

@@ -48,6 +48,20 @@ class GpuEngineIo final : public EngineIo {
     return context_.copier->ScatterLayer(memory_.get(), ops, words_.get(), layer, ticket);
   }
 
+  absl::Status EnqueueLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops,
+                            uint32_t ticket) override {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(Usable());
+    return context_.copier->ScatterLayer(memory_.get(), ops, words_.get(), layer, ticket,
+                                         gpu::LayerCopier::Wait::kPrevious);
+  }
+
+  absl::Status Drain() override {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(Usable());
+    return context_.copier->Drain();
+  }
+
   absl::Status SignalLayers(uint32_t begin, uint32_t end, uint32_t ticket) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(Usable());

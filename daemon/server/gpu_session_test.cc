@@ -27,6 +27,8 @@ struct DeviceLog {
   Signals signals;
   // When set, the next ScatterLayer takes it (once), notifies `inside` and waits on it.
   std::atomic<absl::Notification*> hold{nullptr};
+  std::vector<uint32_t> enqueued;  // layers that went through EnqueueLayer
+  int drains = 0;
   absl::Notification* inside = nullptr;
   void Add(uint32_t word, uint32_t ticket) {
     absl::MutexLock lock(&mu);
@@ -56,6 +58,19 @@ class FakeDeviceIo final : public EngineIo {
     log_->Add(layer, ticket);
     return absl::OkStatus();
   }
+  absl::Status EnqueueLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops,
+                            uint32_t ticket) override {
+    {
+      absl::MutexLock lock(&log_->mu);
+      log_->enqueued.push_back(layer);
+    }
+    return ScatterLayer(layer, ops, ticket);
+  }
+  absl::Status Drain() override {
+    absl::MutexLock lock(&log_->mu);
+    ++log_->drains;
+    return absl::OkStatus();
+  }
   absl::Status SignalLayers(uint32_t begin, uint32_t end, uint32_t ticket) override {
     for (uint32_t l = begin; l < end; ++l) log_->Add(l, ticket);
     return absl::OkStatus();
@@ -74,7 +89,7 @@ class FakeDeviceIo final : public EngineIo {
 
 class GpuSessionTest : public ::testing::Test {
  protected:
-  GpuSessionTest() : env_(Options(&log_)) {
+  explicit GpuSessionTest(uint64_t dram_bytes = 0) : env_(Options(&log_, dram_bytes)) {
     session_ = env_.Attach(engine_);
     for (uint32_t b = 0; b < 2; ++b) engine_.Fill(b, 500 + b);
     tutti::v1::StoreResponse resp;
@@ -82,8 +97,9 @@ class GpuSessionTest : public ::testing::Test {
     EXPECT_EQ(log_.Take(), (Signals{{kLayers, 3}}));  // captured
   }
 
-  static EnvOptions Options(DeviceLog* log) {
+  static EnvOptions Options(DeviceLog* log, uint64_t dram_bytes) {
     EnvOptions o;
+    o.dram_bytes = dram_bytes;
     MemoryOpener host = HostMemoryOpener();
     o.opener = [host, log](
                    const tutti::v1::AttachRequest& req,
@@ -121,7 +137,7 @@ class GpuSessionTest : public ::testing::Test {
   }
 
   grpc::Status Retrieve(uint64_t lease, uint32_t ticket, uint32_t layer_begin = 0,
-                        uint32_t layer_end = 0) {
+                        uint32_t layer_end = 0, std::vector<uint32_t>* progress = nullptr) {
     tutti::v1::RetrieveRequest req;
     req.set_session_id(session_);
     req.set_lease_id(lease);
@@ -137,6 +153,7 @@ class GpuSessionTest : public ::testing::Test {
     auto reader = env_.kv().Retrieve(&ctx, req);
     tutti::v1::RetrieveProgress p;
     while (reader->Read(&p)) {
+      if (progress != nullptr) progress->push_back(p.layer());
     }
     return reader->Finish();
   }
@@ -152,6 +169,34 @@ TEST_F(GpuSessionTest, RetrieveWritesEachLayerWordOnceAfterItsCopy) {
   EXPECT_EQ(log_.Take(), (Signals{{0, 10}, {1, 10}}));
   EXPECT_TRUE(engine_.Check(4, 500));
   EXPECT_TRUE(engine_.Check(5, 501));
+}
+
+TEST_F(GpuSessionTest, LayersFromTheSsdTierWaitUntilLanded) {
+  std::vector<uint32_t> progress;
+  ASSERT_TRUE(Retrieve(Lease(), 14, 0, 0, &progress).ok());
+  EXPECT_EQ(progress, (std::vector<uint32_t>{0, 1}));
+  absl::MutexLock lock(&log_.mu);
+  EXPECT_TRUE(log_.enqueued.empty());  // SSD staging is reused once the sink returns
+  EXPECT_EQ(log_.drains, 0);
+}
+
+// With the DRAM tier on, blocks stay in it: every layer but the last is only enqueued (the next
+// one overlaps its tail), its progress follows once the next call has seen it land, in order.
+class GpuSessionDramTest : public GpuSessionTest {
+ protected:
+  GpuSessionDramTest() : GpuSessionTest(/*dram_bytes=*/8ull << 20) {}
+};
+
+TEST_F(GpuSessionDramTest, DramTierLayersOverlapAndProgressStaysInOrder) {
+  std::vector<uint32_t> progress;
+  ASSERT_TRUE(Retrieve(Lease(), 15, 0, 0, &progress).ok());
+  EXPECT_EQ(progress, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(log_.Take(), (Signals{{0, 15}, {1, 15}}));
+  EXPECT_TRUE(engine_.Check(4, 500));
+  EXPECT_TRUE(engine_.Check(5, 501));
+  absl::MutexLock lock(&log_.mu);
+  EXPECT_EQ(log_.enqueued, (std::vector<uint32_t>{0}));  // the last layer waits until landed
+  EXPECT_EQ(log_.drains, 0);
 }
 
 TEST_F(GpuSessionTest, AFailedRetrieveStillWritesEveryWord) {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -198,24 +199,55 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
   ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
                    sessions_->ClaimLease(session.id, req.lease_id(), batch.keys));
   std::vector<engine::CopyOp> ops;
+  // A layer whose objects all come from the DRAM tier (which keeps them for the whole Read) is
+  // only enqueued, so the next layer's copies overlap its tail; its progress is held back until
+  // the next layer's call has seen it land. The last layer, and any layer with SSD staging (reused
+  // once the sink returns), waits until it has landed.
+  const absl::Span<uint8_t> dram = store_->dram_region();
+  auto stays = [&](absl::Span<const engine::CopyOp> layer_ops) {
+    for (const engine::CopyOp& op : layer_ops) {
+      if (op.staging < dram.data() || op.staging >= dram.data() + dram.size()) return false;
+    }
+    return true;
+  };
+  std::optional<tutti::v1::RetrieveProgress> held;
   auto sink = [&](uint32_t layer, absl::Span<const store::ScatterOp> objects,
                   absl::Span<const uint32_t> failed) -> absl::Status {
-    if (session.closed.load()) return absl::CancelledError("the session was closed");
-    if (ctx != nullptr && ctx->IsCancelled()) return absl::CancelledError("the call was cancelled");
-    ops.clear();
-    for (const store::ScatterOp& op : objects) {
-      // CopyOp serves both directions; a scatter only reads `staging`.
-      ops.push_back({batch.engine_blocks[op.item], op.object, const_cast<uint8_t*>(op.src)});
-    }
-    RETURN_IF_ERROR(io->ScatterLayer(layer, ops, req.ticket()));
-    *next = layer + 1;
-    tutti::v1::RetrieveProgress progress;
-    progress.set_layer(layer);
-    for (uint32_t item : failed) progress.add_failed(item);
-    if (!emit(progress)) return absl::CancelledError("the client went away");
-    return absl::OkStatus();
+    absl::Status s = [&]() -> absl::Status {
+      if (session.closed.load()) return absl::CancelledError("the session was closed");
+      if (ctx != nullptr && ctx->IsCancelled()) {
+        return absl::CancelledError("the call was cancelled");
+      }
+      ops.clear();
+      for (const store::ScatterOp& op : objects) {
+        // CopyOp serves both directions; a scatter only reads `staging`.
+        ops.push_back({batch.engine_blocks[op.item], op.object, const_cast<uint8_t*>(op.src)});
+      }
+      const bool overlap = io->is_device() && layer + 1 < layers.end && stays(ops);
+      RETURN_IF_ERROR(overlap ? io->EnqueueLayer(layer, ops, req.ticket())
+                              : io->ScatterLayer(layer, ops, req.ticket()));
+      *next = layer + 1;
+      // Every layer before this one has landed.
+      if (held.has_value() && !emit(*std::exchange(held, std::nullopt))) {
+        return absl::CancelledError("the client went away");
+      }
+      tutti::v1::RetrieveProgress progress;
+      progress.set_layer(layer);
+      for (uint32_t item : failed) progress.add_failed(item);
+      if (overlap) {
+        held = std::move(progress);
+      } else if (!emit(progress)) {
+        return absl::CancelledError("the client went away");
+      }
+      return absl::OkStatus();
+    }();
+    // Nothing may still read the DRAM tier once Read has returned.
+    if (!s.ok() && held.has_value()) (void)io->Drain();
+    return s;
   };
-  return store_->Read(session.ns, batch.keys, layers.begin, layers.end, sink);
+  absl::Status s = store_->Read(session.ns, batch.keys, layers.begin, layers.end, sink);
+  if (held.has_value()) (void)io->Drain();  // Read stopped early (its status says why)
+  return s;
 }
 
 absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,

@@ -122,6 +122,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.layout = *layout;
   so.store_staging_bytes = 4ull << 20;
   so.retrieve_staging_bytes = 4ull << 20;
+  so.dram_bytes = options.dram_bytes;
   auto st = store::BlockStore::Open(so, std::move(*backend), Clock::Real());
   EXPECT_TRUE(st.ok()) << st.status();
   store_ = std::move(*st);

@@ -58,6 +58,7 @@ struct EnvOptions {
   uint32_t max_sessions = 4;
   uint32_t max_blocks_per_call = 16;
   MemoryOpener opener;  // empty: HostMemoryOpener()
+  uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
 };
 
 class ServiceEnv {
