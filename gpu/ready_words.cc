@@ -2,7 +2,14 @@
 
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_status.h"
@@ -102,18 +109,56 @@ absl::StatusOr<IpcRegion> ReadyWordArray::ExportIpc() const {
 absl::Status ReadyWordArray::ForceRelease(uint32_t ticket) {
   ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  cudaStream_t side = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking),
-                             "cudaStreamCreateWithFlags"));
+  // One new stream per hardware work queue, plus one: a stream sharing a queue with an engine
+  // stream blocked on these words would wait behind it forever (see the header).
+  std::vector<cudaStream_t> streams;
   absl::Status s;
-  for (uint32_t i = 0; i < num_words_ && s.ok(); ++i) {
-    s = CuStatus(
-        api->StreamWriteValue32(Cu(side), Cu(words_ + i), ticket, CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue32(release)");
+  for (int i = 0; i <= WorkQueues() && s.ok(); ++i) {
+    cudaStream_t side = nullptr;
+    s = CudaStatus(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking),
+                   "cudaStreamCreateWithFlags");
+    if (!s.ok()) break;
+    streams.push_back(side);
+    for (uint32_t w = 0; w < num_words_ && s.ok(); ++w) {
+      s = CuStatus(
+          api->StreamWriteValue32(Cu(side), Cu(words_ + w), ticket, CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue32(release)");
+    }
   }
-  if (s.ok()) s = CudaStatus(cudaStreamSynchronize(side), "cudaStreamSynchronize(release)");
-  cudaStreamDestroy(side);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool landed = false;
+  while (s.ok() && !landed) {
+    for (cudaStream_t side : streams) {
+      const cudaError_t q = cudaStreamQuery(side);
+      if (q == cudaSuccess) {
+        landed = true;
+        break;
+      }
+      if (q != cudaErrorNotReady) {
+        s = CudaStatus(q, "cudaStreamQuery(release)");
+        break;
+      }
+    }
+    if (s.ok() && !landed) {
+      if (absl::Now() > deadline) {
+        s = absl::DeadlineExceededError(
+            "releasing the ready words: no write landed within 10 s (every hardware work queue "
+            "blocked?)");
+      } else {
+        absl::SleepFor(absl::Microseconds(200));
+      }
+    }
+  }
+  // Streams with writes still pending are freed by the driver once those have run.
+  for (cudaStream_t side : streams) cudaStreamDestroy(side);
   return s;
+}
+
+int WorkQueues() {
+  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  int n = 8;
+  if (env != nullptr && !absl::SimpleAtoi(env, &n)) n = 8;
+  return std::clamp(n, 1, 32);
 }
 
 absl::Status WaitLayer(cudaStream_t stream, const uint32_t* word, uint32_t ticket) {

@@ -76,8 +76,12 @@ class ReadyWordArray {
   // The handle, size and GPU UUID to send at Attach (offset 0).
   absl::StatusOr<IpcRegion> ExportIpc() const;
 
-  // Writes `ticket` into every word from a private stream, releasing every stream that waits for
-  // a ticket <= `ticket`; returns once written. For when the daemon is gone.
+  // Writes `ticket` into every word, releasing every stream that waits for a ticket <= `ticket`;
+  // returns once written (DEADLINE_EXCEEDED after 10 s). For when the daemon is gone. The driver
+  // spreads a context's streams over a few hardware work queues (WorkQueues()), each run in
+  // order, so a private stream that lands on the queue of an engine stream blocked on these very
+  // words would wait forever (seen on the H200 with torch's streams): the writes go out on one
+  // new stream per queue, and the first to land releases the others.
   [[nodiscard]] absl::Status ForceRelease(uint32_t ticket);
 
  private:
@@ -87,6 +91,9 @@ class ReadyWordArray {
   const uint32_t num_words_;
   uint32_t* words_ = nullptr;
 };
+
+// Hardware work queues per context: CUDA_DEVICE_MAX_CONNECTIONS (default 8), clamped to [1, 32].
+int WorkQueues();
 
 // Engine side: makes `stream` wait (on the GPU) until *word >= ticket, wrap-around safe. Returns
 // at once. `word` must be device memory of this process's GPU that lives until the wait is over.

@@ -28,11 +28,13 @@ argmax tokens of L and F agree on at least 97% of positions.
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import platform
 import random
 import sys
+import threading
 import time
 import traceback
 
@@ -96,6 +98,25 @@ def sync():
         torch.cuda.synchronize()
 
 
+_DAEMONS = []  # the running fixtures, for the watchdog
+
+
+def start_watchdog(seconds):
+    """After `seconds`, prints every thread's stack and the tails of the running tuttids' logs,
+    then exits with 3: a hang on the GPU machine leaves a diagnosis instead of a timeout."""
+    def fire():
+        log("watchdog: %.0f s passed; stacks:" % seconds)
+        faulthandler.dump_traceback(all_threads=True)
+        for d in list(_DAEMONS):
+            log("watchdog: tuttid log tail:\n" + d.log_tail())
+        sys.stdout.flush()
+        os._exit(3)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
 def await_generation(client, gen, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -154,6 +175,7 @@ def part_client(args):
     cache = torch.zeros(8, 2, nb, BLOCK, 8, 128, dtype=torch.bfloat16, device="cuda")
     with Tuttid(binary=args.tuttid, object_bytes=layout.object_bytes, max_objects=16,
                 capacity=2 << 30, store_staging=256 << 20, extra=gpu_config()) as daemon:
+        _DAEMONS[:] = [daemon]
         client = attach(cache, ns, daemon)
         assert client.info["mode"] == "cuda"
         keys = tutti.chain_keys(range(16 * 200), BLOCK)
@@ -178,8 +200,12 @@ def part_client(args):
             assert torch.equal(copies[layer], src[layer]), "layer %d differs" % layer
         log("client: 200 blocks x 8 layers retrieved with per-layer stream waits, byte-exact")
         # tuttid killed mid-retrieve: the stream drains, the blocks are reported failed.
-        daemon.restart()
+        t0 = time.monotonic()
+        code = daemon.stop()
+        log("client: tuttid stopped (exit %s) in %.2f s" % (code, time.monotonic() - t0))
+        daemon.start()
         await_generation(client, 2)
+        log("client: re-attached %.2f s after the stop began" % (time.monotonic() - t0))
         lease = client.lookup(keys)
         r = client.retrieve(lease, keys, dst)
         with torch.cuda.stream(side):
@@ -188,12 +214,14 @@ def part_client(args):
             marker = torch.ones(1, device="cuda")
         daemon.kill()
         res = r.wait()
+        log("client: retrieve ended after the kill: %s: %s" % (res.code, res.message))
         t0 = time.monotonic()
         side.synchronize()
         log("client: killed mid-retrieve: %d layers landed, %s, %d failed; stream drained in %.3f s"
             % (res.layers_done, res.code, len(res.failed), time.monotonic() - t0))
         assert res.ok or len(res.failed) == 200
         client.detach()
+    _DAEMONS.clear()
 
 
 # --- correct -----------------------------------------------------------------------------------
@@ -278,6 +306,7 @@ def part_correct(args):
     cache = new_cache(model, 400)
     with Tuttid(binary=args.tuttid, object_bytes=layout.object_bytes, max_objects=16,
                 capacity=2 << 30, dram=1 << 30, extra=gpu_config()) as daemon:
+        _DAEMONS[:] = [daemon]
         client = attach(cache, ns, daemon)
         eng = Engine(model, cache, client)
         a = eng.prefill(prompt_a, keep_blocks=True)
@@ -307,6 +336,7 @@ def part_correct(args):
     cache2 = new_cache(model, 400)
     with Tuttid(binary=args.tuttid, object_bytes=layout.object_bytes, max_objects=16,
                 capacity=2 << 30, extra=gpu_config()) as daemon:
+        _DAEMONS[:] = [daemon]
         client = attach(cache2, ns, daemon)
         eng = Engine(model, cache2, client)
         eng.prefill(prompt_a, store_limit=50)
@@ -351,6 +381,7 @@ def part_ttft(args):
     with Tuttid(binary=args.tuttid, object_bytes=layout.object_bytes, max_objects=2 * shape.layers,
                 capacity=cap, dram=cap, store_staging=512 << 20, retrieve_staging=1 << 30,
                 max_blocks_per_call=4096, extra=gpu_config()) as daemon:
+        _DAEMONS[:] = [daemon]
         client = attach(cache, ns, daemon)
         eng = Engine(model, cache, client, poison=False)
         for p in prefixes:
@@ -437,6 +468,9 @@ def main():
     ap.add_argument("--tuttid", default=None)
     ap.add_argument("--prefixes", default="4096,16384,32768")
     ap.add_argument("--suffix", type=int, default=512)
+    ap.add_argument("--watchdog", type=float, default=0,
+                    help="seconds per part before stacks and tuttid logs are printed and the "
+                    "run exits with 3 (0: none)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="run correct/ttft on the CPU in host mode with tiny shapes (logic only)")
     args = ap.parse_args()
@@ -448,6 +482,7 @@ def main():
     for part in args.parts.split(","):
         t0 = time.perf_counter()
         log("=== %s" % part)
+        dog = start_watchdog(args.watchdog) if args.watchdog > 0 else None
         try:
             globals()["part_" + part](args)
             log("=== %s: OK in %.1f s" % (part, time.perf_counter() - t0))
@@ -455,6 +490,8 @@ def main():
             traceback.print_exc()
             failed.append(part)
             log("=== %s: FAILED in %.1f s" % (part, time.perf_counter() - t0))
+        if dog is not None:
+            dog.cancel()
         if DEV == "cuda":
             torch.cuda.empty_cache()
     log("parts failed: %s" % (failed or "none"))

@@ -9,11 +9,16 @@ CUDA runtime (and so torch) uses. Streams are CUstream handles (torch: stream.cu
   such handle: cuIpcGetMemHandle fails and attach says so.
 - ReadyWords: the layer-ready words in a 2 MiB allocation of their own (an IPC handle exports a
   whole allocation), zeroed; wait() is cuStreamWaitValue32(>=, wrap-around safe) on the engine's
-  stream; force_release() writes a ticket into every word from a private non-blocking stream.
+  stream; force_release() writes a ticket into every word (see its docstring for how it avoids
+  waiting behind the very streams it releases, from a helper process if it must: _release.py).
 """
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
+import time
 
 CU_STREAM_WAIT_VALUE_GEQ = 0x0
 CU_STREAM_WRITE_VALUE_DEFAULT = 0x0
@@ -21,6 +26,16 @@ CU_STREAM_NON_BLOCKING = 0x1
 CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
 CU_MEMORYTYPE_DEVICE = 2
 READY_WORDS_BYTES = 2 << 20
+CUDA_ERROR_NOT_READY = 600
+
+
+def work_queues():
+    """Hardware work queues per context (CUDA_DEVICE_MAX_CONNECTIONS, default 8)."""
+    try:
+        n = int(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"))
+    except ValueError:
+        n = 8
+    return min(max(n, 1), 32)
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -146,10 +161,12 @@ class ReadyWords:
                    "cuMemsetD32(ready words)")
             _check(_fn("cuCtxSynchronize")(), "cuCtxSynchronize")
         self.uuid = gpu_uuid(device)
+        # Taken now: force_release's helper needs it when this context may be stalled.
+        self._handle = ipc_handle(device, self.ptr)
 
     def export(self):
         """(ipc_handle, size_bytes, gpu_uuid) for AttachRequest.ready_words."""
-        return ipc_handle(self.device, self.ptr), 4 * self.count, self.uuid
+        return self._handle, 4 * self.count, self.uuid
 
     def wait(self, stream, index, ticket):
         """Enqueues on `stream` a wait until word `index` >= ticket; returns at once."""
@@ -160,20 +177,84 @@ class ReadyWords:
                 ctypes.c_void_p(stream), ctypes.c_uint64(self.ptr + 4 * index),
                 ctypes.c_uint32(ticket), CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32")
 
-    def force_release(self, ticket):
-        """Writes `ticket` into every word and returns once written."""
-        with self._ctx:
-            side = ctypes.c_void_p()
-            _check(_fn("cuStreamCreate")(ctypes.byref(side), CU_STREAM_NON_BLOCKING),
-                   "cuStreamCreate")
+    def force_release(self, ticket, timeout=30.0):
+        """Writes `ticket` into every word and returns once written (CudaError after `timeout`
+        seconds). For when tuttid is gone and engine streams may be waiting on the words.
+
+        Two writers at once. A helper process (tutti._release) opens the words' IPC handle and
+        writes them from a CUDA context of its own, as tuttid would have: this context itself
+        can be stalled while one of its streams waits (CUDA's lazy loading of a kernel launched
+        behind a wait needs the context idle first; seen on the H200 with torch), and then no
+        write of its own lands. And this context writes them on one new stream per hardware
+        work queue (CUDA_DEVICE_MAX_CONNECTIONS): a stream sharing a queue with a blocked engine
+        stream would wait behind it. Returns once both have finished, so that no late write of
+        this ticket can land on a later Retrieve's words."""
+        helper = self._start_helper(ticket)
+        streams = []
+        try:
+            streams = self._write_on_new_streams(ticket)
+            if not self._await_all(streams, timeout):
+                raise CudaError("releasing the ready words: no write landed within %.0f s (%s)" %
+                                (timeout, self._helper_outcome(helper, 0.1)))
+        finally:
+            self._helper_outcome(helper, timeout)
+            destroy = _fn("cuStreamDestroy_v2", "cuStreamDestroy")
+            for s in streams:
+                destroy(s)
+
+    def _start_helper(self, ticket):
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        cmd = [sys.executable, "-m", "tutti._release", str(self.device), self._handle.hex(),
+               str(self.count), str(ticket)]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    @staticmethod
+    def _helper_outcome(helper, timeout):
+        """Waits for the helper (killed after `timeout`); a line saying how it ended."""
+        if getattr(helper, "tutti_outcome", None) is None:
             try:
-                write = _fn("cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+                _, err = helper.communicate(timeout=timeout)
+                err = err.decode(errors="replace")[-300:]
+                helper.tutti_outcome = "helper exit %d%s" % (helper.returncode,
+                                                             (": " + err) if err else "")
+            except subprocess.TimeoutExpired:
+                helper.kill()
+                helper.communicate()
+                helper.tutti_outcome = "the helper process was killed after %.0f s" % timeout
+        return helper.tutti_outcome
+
+    def _write_on_new_streams(self, ticket):
+        create = _fn("cuStreamCreate")
+        write = _fn("cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+        streams = []
+        with self._ctx:
+            for _ in range(work_queues() + 1):
+                s = ctypes.c_void_p()
+                _check(create(ctypes.byref(s), CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+                streams.append(s)
                 for i in range(self.count):
-                    _check(write(side, ctypes.c_uint64(self.ptr + 4 * i), ctypes.c_uint32(ticket),
+                    _check(write(s, ctypes.c_uint64(self.ptr + 4 * i), ctypes.c_uint32(ticket),
                                  CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32")
-                _check(_fn("cuStreamSynchronize")(side), "cuStreamSynchronize")
-            finally:
-                _fn("cuStreamDestroy_v2", "cuStreamDestroy")(side)
+        return streams
+
+    @staticmethod
+    def _await_all(streams, seconds):
+        query = _fn("cuStreamQuery")
+        deadline = time.monotonic() + seconds
+        pending = list(streams)
+        while pending:
+            rc = query(pending[-1])
+            if rc == 0:
+                pending.pop()
+                continue
+            if rc != CUDA_ERROR_NOT_READY:
+                _check(rc, "cuStreamQuery")
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
 
     def read(self):
         """The words' values (tests and diagnostics)."""
