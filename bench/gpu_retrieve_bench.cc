@@ -391,10 +391,17 @@ absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t 
                                double seconds) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
-  io_uring ring;
-  io_uring_queue_init(qd, &ring, 0);
   void* buf = nullptr;
-  posix_memalign(&buf, 4096, uint64_t{qd} * kObj);
+  if (posix_memalign(&buf, 4096, uint64_t{qd} * kObj) != 0) {
+    close(fd);
+    return absl::ResourceExhaustedError("posix_memalign for the raw reads");
+  }
+  io_uring ring;
+  if (const int rc = io_uring_queue_init(qd, &ring, 0); rc < 0) {
+    free(buf);
+    close(fd);
+    return absl::InternalError(absl::StrCat("io_uring_queue_init: ", strerror(-rc)));
+  }
   std::mt19937_64 rng(9);
   const uint64_t objects = span / kObj;
   auto issue = [&](uint32_t slot) {

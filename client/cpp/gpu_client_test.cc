@@ -191,7 +191,9 @@ TEST_F(GpuClientTest, TuttidKilledMidRetrieveReleasesTheStream) {
   EXPECT_EQ(q, cudaSuccess) << "the engine's stream still waits";
   std::printf("killed mid-retrieve: %u layers landed, status %s, %zu failed\n", out.layers_done,
               out.status.ToString().c_str(), out.failed.size());
-  if (!out.status.ok()) EXPECT_EQ(out.failed.size(), keys.size());
+  if (!out.status.ok()) {
+    EXPECT_EQ(out.failed.size(), keys.size());
+  }
 }
 
 }  // namespace
