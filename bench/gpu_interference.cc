@@ -54,7 +54,8 @@ ABSL_FLAG(uint32_t, round_kib, 0, "staged: bytes per copy-then-scatter round, Ki
 ABSL_FLAG(std::string, path, "mapped",
           "daemon copy path: \"mapped\" (scatter kernel over mapped pinned staging, one launch "
           "per pass) or \"staged\" (gpu::LayerCopier as tuttid: copy engine into GPU staging, "
-          "then a device-to-device scatter, a layer at a time)");
+          "then a device-to-device scatter, a layer at a time) or \"copy_engine\" (LayerCopier "
+          "moving every object by the copy engines, no SMs)");
 ABSL_FLAG(double, overlap_s, 1.5, "seconds of scatter while the engine computes");
 ABSL_FLAG(std::string, label, "no_mps", "set-up name for the results (no_mps, mps)");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append results to");
@@ -167,10 +168,13 @@ absl::Status Run(std::vector<Record>* out) {
       for (uint32_t p = 0; p < 2; ++p, next += kObj) ops.push_back({b, l * 2 + p, next});
     }
   }
-  const bool staged = absl::GetFlag(FLAGS_path) == "staged";
+  const std::string path = absl::GetFlag(FLAGS_path);
+  const bool staged = path != "mapped";  // through a LayerCopier
   const uint64_t round_bytes = uint64_t{absl::GetFlag(FLAGS_round_kib)} << 10;
   ASSIGN_OR_RETURN(auto copier,
-                   gpu::LayerCopier::Create({gpu::LayerCopier::Mode::kStaged, pass_bytes / kLayers,
+                   gpu::LayerCopier::Create({path == "copy_engine" ? gpu::LayerCopier::Mode::kCopyEngine
+                                                                   : gpu::LayerCopier::Mode::kStaged,
+                                             pass_bytes / kLayers,
                                              /*bounce_threads=*/4, round_bytes},
                                             io.get(), {staging->staging()}));
   ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(kv.layout, local,
@@ -230,7 +234,8 @@ absl::Status Run(std::vector<Record>* out) {
       absl::StrCat(absl::GetFlag(FLAGS_label), ".", absl::GetFlag(FLAGS_path), ".",
                    sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
                    io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas(),
-                   staged && round_bytes > 0 ? absl::StrCat("_round", round_bytes >> 10, "k") : "",
+                   path == "staged" && round_bytes > 0 ? absl::StrCat("_round", round_bytes >> 10, "k")
+                                                        : "",
                    priority >= 0 ? absl::StrCat("_prio", priority) : "");
   out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
                   tag + ".engine_kernels_per_s_alone", alone});

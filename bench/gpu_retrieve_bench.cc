@@ -231,9 +231,11 @@ absl::Status RunInProc() {
     variants.push_back({gpu::LayerCopier::Mode::kStaged, v << 10});
   }
   variants.push_back({gpu::LayerCopier::Mode::kMapped, 0});
+  variants.push_back({gpu::LayerCopier::Mode::kCopyEngine, 0});
   for (const auto& [mode, round] : variants) {
     const std::string name =
-        mode == gpu::LayerCopier::Mode::kMapped
+        mode == gpu::LayerCopier::Mode::kCopyEngine ? std::string("copy_engine")
+        : mode == gpu::LayerCopier::Mode::kMapped
             ? "mapped"
             : (round == 0 ? std::string("staged") : absl::StrCat("staged_round", round >> 10, "k"));
     ASSIGN_OR_RETURN(auto copier,

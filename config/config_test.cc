@@ -116,7 +116,8 @@ TEST(ConfigTest, GpuSection) {
   ExpectRejected("gpu { io_sm_count: 12 }", {"gpu.io_sm_count", "multiple of 8"});
   ExpectRejected("gpu { io_sm_count: 2048 }", {"gpu.io_sm_count", "1024"});
   ExpectRejected("gpu { copy_ctas: 70000 }", {"gpu.copy_ctas"});
-  ExpectRejected("gpu { scatter: \"dma\" }", {"gpu.scatter", "staged", "mapped"});
+  ExpectRejected("gpu { scatter: \"dma\" }", {"gpu.scatter", "staged", "mapped", "copy_engine"});
+  EXPECT_TRUE(LoadConfig("gpu { scatter: \"copy_engine\" }").ok());
   ExpectRejected("gpu { round_bytes: 2147483648 }", {"gpu.round_bytes"});
   auto c = LoadConfig(
       "gpu { mode: \"cuda\" device: 3 io_sm_count: 0 copy_ctas: 8 scatter: \"mapped\" }");

@@ -289,7 +289,9 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
     registered.push_back(rt->dram->staging());
   }
   const gpu::LayerCopier::Mode mode =
-      g.scatter() == "mapped" ? gpu::LayerCopier::Mode::kMapped : gpu::LayerCopier::Mode::kStaged;
+      g.scatter() == "mapped"          ? gpu::LayerCopier::Mode::kMapped
+      : g.scatter() == "copy_engine" ? gpu::LayerCopier::Mode::kCopyEngine
+                                     : gpu::LayerCopier::Mode::kStaged;
   ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
                                                          /*bounce_threads=*/4, g.round_bytes()},
                                                         rt->stream.get(), registered));

@@ -83,6 +83,30 @@ absl::Status CudaIpcMemory::EnqueueGather(absl::Span<const engine::CopyOp> ops) 
   return Enqueue(ops, CopyDirection::kFromEngine);
 }
 
+absl::Status CudaIpcMemory::EnqueueScatterByCopyEngine(absl::Span<const engine::CopyOp> ops) {
+  thread_local std::vector<CopyDesc> descs;  // these keep their capacity across calls
+  thread_local std::vector<void*> dsts;
+  thread_local std::vector<const void*> srcs;
+  thread_local std::vector<size_t> sizes;
+  RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, CopyDirection::kToEngine, &descs));
+  if (descs.empty()) return absl::OkStatus();
+  dsts.clear();
+  srcs.clear();
+  for (const CopyDesc& d : descs) {
+    dsts.push_back(d.dst);
+    srcs.push_back(d.src);
+  }
+  sizes.assign(descs.size(), layout_.object_len);
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+  absl::MutexLock lock(&stream_->mutex());
+  return CudaStatus(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), descs.size(),
+                                         &attr, &attr_index, 1, stream_->stream()),
+                    "cudaMemcpyBatchAsync(scatter)");
+}
+
 absl::Status CudaIpcMemory::Scatter(absl::Span<const engine::CopyOp> ops) {
   RETURN_IF_ERROR(EnqueueScatter(ops));
   return Synchronize();

@@ -115,7 +115,9 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
                         stream->device(),
                         options.mode == Mode::kStaged
                             ? "staged (copy engine, then a device-to-device scatter)"
-                            : "mapped (scatter kernel over mapped pinned staging)",
+                        : options.mode == Mode::kMapped
+                            ? "mapped (scatter kernel over mapped pinned staging)"
+                            : "by the copy engines alone (one batched copy per layer, no SMs)",
                         kSlots, copier->slot_bytes_ >> 20,
                         options.round_bytes == 0 || options.round_bytes >= copier->slot_bytes_
                             ? std::string("a slot")
@@ -205,13 +207,17 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   staged_.clear();
   direct_.clear();
   for (uint32_t i = 0; i < ops.size(); ++i) {
-    if (options_.mode == Mode::kMapped && IsRegistered(ops[i].staging, len)) {
+    if (options_.mode != Mode::kStaged && IsRegistered(ops[i].staging, len)) {
       direct_.push_back(ops[i]);
     } else {
       staged_.push_back(i);
     }
   }
-  if (!direct_.empty()) RETURN_IF_ERROR(memory->EnqueueScatter(direct_));
+  if (!direct_.empty()) {
+    RETURN_IF_ERROR(options_.mode == Mode::kCopyEngine
+                        ? memory->EnqueueScatterByCopyEngine(direct_)
+                        : memory->EnqueueScatter(direct_));
+  }
   if (!staged_.empty()) RETURN_IF_ERROR(EnqueueStaged(memory, ops, &staged_));
   if (words != nullptr) RETURN_IF_ERROR(words->Signal(word, ticket));
   // The I/O stream waited for every slot's copy, so once it is past a layer, that layer's host

@@ -142,11 +142,15 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                                 true, 0, true},
                                            Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
                                                 true, 1ull << 20, true, true},
-                                           Case{LayerCopier::Mode::kMapped, false, 128ull << 20}),
+                                           Case{LayerCopier::Mode::kMapped, false, 128ull << 20},
+                                           Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(info.param.mode == LayerCopier::Mode::kStaged
                                                   ? "staged"
-                                                  : "mapped") +
+                                              : info.param.mode == LayerCopier::Mode::kMapped
+                                                  ? "mapped"
+                                                  : "copy_engine") +
                                   (info.param.registered ? "_pinned" : "_heap") + "_" +
                                   std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
                                   std::to_string(info.param.bounce_threads) +
