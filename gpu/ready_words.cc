@@ -1,11 +1,19 @@
 #include "gpu/ready_words.h"
 
 #include <cuda.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
 #include <cstdlib>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -16,10 +24,13 @@
 #include "gpu/driver_api.h"
 #include "gpu/probe.h"
 
+extern char** environ;
+
 namespace tutti::gpu {
 namespace {
 
 constexpr size_t kMinIpcAllocation = 2 << 20;
+constexpr char kDefaultReleaseHelper[] = "/usr/libexec/tutti/tutti-release";
 
 CUstream Cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 CUdeviceptr Cu(const uint32_t* p) { return reinterpret_cast<CUdeviceptr>(p); }
@@ -86,6 +97,10 @@ absl::StatusOr<std::unique_ptr<ReadyWordArray>> ReadyWordArray::Create(int devic
                              "cudaMalloc(ready words)"));
   RETURN_IF_ERROR(CudaStatus(cudaMemset(array->words_, 0, bytes), "cudaMemset(ready words)"));
   RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  // Taken now: ForceRelease's helper needs it when this context may be stalled.
+  cudaIpcMemHandle_t handle;
+  RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, array->words_), "cudaIpcGetMemHandle"));
+  array->handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
   return array;
 }
 
@@ -97,20 +112,83 @@ ReadyWordArray::~ReadyWordArray() {
 
 absl::StatusOr<IpcRegion> ReadyWordArray::ExportIpc() const {
   ASSIGN_OR_RETURN(DeviceInfo info, Probe(device_));
-  cudaIpcMemHandle_t handle;
-  RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, words_), "cudaIpcGetMemHandle"));
   IpcRegion region;
-  region.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  region.handle = handle_;
   region.size_bytes = sizeof(uint32_t) * num_words_;
   region.gpu_uuid = info.uuid_text;
   return region;
 }
 
+namespace {
+
+std::string ReleaseHelperPath() {
+  const char* env = std::getenv("TUTTI_RELEASE_HELPER");
+  return env != nullptr && env[0] != '\0' ? env : kDefaultReleaseHelper;
+}
+
+// Starts the helper (a process of its own, so no CUDA call of this process is involved); -1 with
+// the reason in *why when it cannot be started.
+pid_t StartReleaseHelper(int device, const std::string& handle, uint32_t count, uint32_t ticket,
+                         std::string* why) {
+  const std::string path = ReleaseHelperPath();
+  if (access(path.c_str(), X_OK) != 0) {
+    *why = absl::StrCat("no release helper at ", path, " (set TUTTI_RELEASE_HELPER)");
+    return -1;
+  }
+  std::vector<std::string> args = {path, absl::StrCat(device), absl::BytesToHexString(handle),
+                                   absl::StrCat(count), absl::StrCat(ticket)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, path.c_str(), nullptr, nullptr, argv.data(), environ);
+  if (rc != 0) {
+    *why = absl::StrCat("starting ", path, ": ", strerror(rc));
+    return -1;
+  }
+  return pid;
+}
+
+// Waits for the helper until `deadline` (then kills it); how it ended.
+std::string ReapReleaseHelper(pid_t pid, absl::Time deadline) {
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) return absl::StrCat("waitpid: ", strerror(errno));
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return "the release helper was killed (too slow)";
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  if (WIFEXITED(status)) return absl::StrCat("release helper exit ", WEXITSTATUS(status));
+  return absl::StrCat("release helper status ", status);
+}
+
+}  // namespace
+
 absl::Status ReadyWordArray::ForceRelease(uint32_t ticket) {
+  // The helper first: if this context is stalled, even the calls below may block until it has
+  // written the words.
+  std::string helper_note;
+  const pid_t helper = handle_.empty()
+                           ? -1
+                           : StartReleaseHelper(device_, handle_, num_words_, ticket, &helper_note);
+  if (helper < 0) log::Get("gpu")->warn("gpu{}: releasing ready words: {}", device_, helper_note);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  absl::Status s = ReleaseFromThisContext(ticket, deadline);
+  if (helper >= 0) helper_note = ReapReleaseHelper(helper, deadline);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), "; ", helper_note));
+  return absl::OkStatus();
+}
+
+absl::Status ReadyWordArray::ReleaseFromThisContext(uint32_t ticket, absl::Time deadline) {
   ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   // One new stream per hardware work queue, plus one: a stream sharing a queue with an engine
-  // stream blocked on these words would wait behind it forever (see the header).
+  // stream blocked on these words would wait behind it until another one's write has landed.
   std::vector<cudaStream_t> streams;
   absl::Status s;
   for (int i = 0; i <= WorkQueues() && s.ok(); ++i) {
@@ -125,28 +203,20 @@ absl::Status ReadyWordArray::ForceRelease(uint32_t ticket) {
           "cuStreamWriteValue32(release)");
     }
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  bool landed = false;
-  while (s.ok() && !landed) {
-    for (cudaStream_t side : streams) {
-      const cudaError_t q = cudaStreamQuery(side);
-      if (q == cudaSuccess) {
-        landed = true;
-        break;
-      }
-      if (q != cudaErrorNotReady) {
-        s = CudaStatus(q, "cudaStreamQuery(release)");
-        break;
-      }
-    }
-    if (s.ok() && !landed) {
-      if (absl::Now() > deadline) {
-        s = absl::DeadlineExceededError(
-            "releasing the ready words: no write landed within 10 s (every hardware work queue "
-            "blocked?)");
-      } else {
-        absl::SleepFor(absl::Microseconds(200));
-      }
+  // All of them: once the engine's waits have passed every queue drains, and a write of this
+  // ticket still queued could otherwise land on a later Retrieve's words.
+  size_t done = 0;
+  while (s.ok() && done < streams.size()) {
+    const cudaError_t q = cudaStreamQuery(streams[done]);
+    if (q == cudaSuccess) {
+      ++done;
+    } else if (q != cudaErrorNotReady) {
+      s = CudaStatus(q, "cudaStreamQuery(release)");
+    } else if (absl::Now() > deadline) {
+      s = absl::DeadlineExceededError(
+          "releasing the ready words: the writes did not land within 20 s");
+    } else {
+      absl::SleepFor(absl::Microseconds(200));
     }
   }
   // Streams with writes still pending are freed by the driver once those have run.

@@ -20,9 +20,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gpu/io_stream.h"
 #include "gpu/ipc_mapping.h"
 
@@ -77,19 +79,28 @@ class ReadyWordArray {
   absl::StatusOr<IpcRegion> ExportIpc() const;
 
   // Writes `ticket` into every word, releasing every stream that waits for a ticket <= `ticket`;
-  // returns once written (DEADLINE_EXCEEDED after 10 s). For when the daemon is gone. The driver
-  // spreads a context's streams over a few hardware work queues (WorkQueues()), each run in
-  // order, so a private stream that lands on the queue of an engine stream blocked on these very
-  // words would wait forever (seen on the H200 with torch's streams): the writes go out on one
-  // new stream per queue, and the first to land releases the others.
+  // returns once written (DEADLINE_EXCEEDED after 20 s). For when the daemon is gone.
+  // Two writers at once. The release helper (gpu/release_helper_main.cc, at $TUTTI_RELEASE_HELPER
+  // or /usr/libexec/tutti/tutti-release) opens the words' IPC handle and writes them from a
+  // context of its own, as the daemon would have: this context can be stalled as a whole while a
+  // stream waits on the words (a kernel launched behind the wait for the first time, under CUDA's
+  // lazy loading, holds it until that stream is idle; seen on the H200 with torch), and then no
+  // write of its own lands. And this context writes them on one new stream per hardware work
+  // queue (WorkQueues()): a stream sharing a queue with a blocked engine stream waits behind it.
+  // Returns once all of this context's writes have landed and the helper has exited, so no late
+  // write of `ticket` can land on a later Retrieve's words. Without the helper (logged) a stalled
+  // context is not released: run such engines with CUDA_MODULE_LOADING=EAGER.
   [[nodiscard]] absl::Status ForceRelease(uint32_t ticket);
 
  private:
   ReadyWordArray(int device, uint32_t num_words) : device_(device), num_words_(num_words) {}
 
+  absl::Status ReleaseFromThisContext(uint32_t ticket, absl::Time deadline);
+
   const int device_;
   const uint32_t num_words_;
   uint32_t* words_ = nullptr;
+  std::string handle_;  // cudaIpcMemHandle_t bytes, taken at Create
 };
 
 // Hardware work queues per context: CUDA_DEVICE_MAX_CONNECTIONS (default 8), clamped to [1, 32].

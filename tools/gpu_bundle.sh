@@ -64,6 +64,10 @@ cat > "$out/run.sh" <<'RUN'
 # Runs a bundled binary with the bundled libraries: run.sh gpu/probe_test [args...]
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The ready words' release helper, when bundled (gpu/ready_words.h, ForceRelease).
+if [ -z "${TUTTI_RELEASE_HELPER:-}" ] && [ -x "$here/bin/gpu/tutti-release" ]; then
+  export TUTTI_RELEASE_HELPER="$here/bin/gpu/tutti-release"
+fi
 prog="$1"
 shift
 if [ -x "$here/bin/$prog" ]; then exec "$here/bin/$prog" "$@"; fi

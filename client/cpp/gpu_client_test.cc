@@ -4,13 +4,17 @@
 // WaitLayer(l) sees the landed data); tuttid killed mid-retrieve: the stream moves on
 // (ForceRelease) and the blocks are reported failed; re-attach after the restart.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "gpu/probe.h"
 #include "gtest/gtest.h"
+#include "tests/common/daemon_launch.h"
 #include "tests/e2e/tuttid_fixture.h"
 #include "tutti/client.h"
 
@@ -38,6 +42,12 @@ class GpuClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SKIP_WITHOUT_GPU();
+    // The release helper ForceRelease starts (the runfile under Bazel; the bundle's run.sh sets
+    // the variable itself).
+    if (getenv("TUTTI_RELEASE_HELPER") == nullptr) {
+      const std::string helper = tutti::testing::RunfilePath("gpu/tutti-release");
+      if (access(helper.c_str(), X_OK) == 0) setenv("TUTTI_RELEASE_HELPER", helper.c_str(), 1);
+    }
     e2e::FixtureConfig config;
     config.object_bytes = kObject;
     config.max_objects = 2 * kLayers;
