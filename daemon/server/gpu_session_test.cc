@@ -29,6 +29,7 @@ struct DeviceLog {
   std::atomic<absl::Notification*> hold{nullptr};
   std::vector<uint32_t> enqueued;  // layers that went through EnqueueLayer
   int drains = 0;
+  int fail_layer = -1;  // ScatterLayer of this layer fails (INTERNAL), nothing copied or signaled
   absl::Notification* inside = nullptr;
   void Add(uint32_t word, uint32_t ticket) {
     absl::MutexLock lock(&mu);
@@ -53,6 +54,12 @@ class FakeDeviceIo final : public EngineIo {
     if (absl::Notification* hold = log_->hold.exchange(nullptr)) {
       log_->inside->Notify();
       hold->WaitForNotification();
+    }
+    {
+      absl::MutexLock lock(&log_->mu);
+      if (static_cast<int>(layer) == log_->fail_layer) {
+        return absl::InternalError("injected device error");
+      }
     }
     RETURN_IF_ERROR(host_->ScatterLayer(layer, ops, ticket));
     log_->Add(layer, ticket);
@@ -197,6 +204,24 @@ TEST_F(GpuSessionDramTest, DramTierLayersOverlapAndProgressStaysInOrder) {
   absl::MutexLock lock(&log_.mu);
   EXPECT_EQ(log_.enqueued, (std::vector<uint32_t>{0}));  // the last layer waits until landed
   EXPECT_EQ(log_.drains, 0);
+}
+
+TEST_F(GpuSessionDramTest, AFailedLayerAfterAnEnqueuedOneDrainsAndStillWritesEveryWord) {
+  {
+    absl::MutexLock lock(&log_.mu);
+    log_.fail_layer = 1;
+  }
+  std::vector<uint32_t> progress;
+  const grpc::Status s = Retrieve(Lease(), 16, 0, 0, &progress);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INTERNAL) << s.error_message();
+  // Layer 0 was enqueued; layer 1 failed: the copier is drained before the Read returns (the DRAM
+  // tier's blocks are released then), layer 1's word is still written, and no progress claims a
+  // layer (the client counts every block failed on a broken call).
+  EXPECT_EQ(log_.Take(), (Signals{{0, 16}, {1, 16}}));
+  EXPECT_TRUE(progress.empty());
+  absl::MutexLock lock(&log_.mu);
+  EXPECT_EQ(log_.enqueued, (std::vector<uint32_t>{0}));
+  EXPECT_EQ(log_.drains, 1);
 }
 
 TEST_F(GpuSessionTest, AFailedRetrieveStillWritesEveryWord) {

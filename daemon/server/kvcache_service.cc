@@ -241,8 +241,12 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
       }
       return absl::OkStatus();
     }();
-    // Nothing may still read the DRAM tier once Read has returned.
-    if (!s.ok() && held.has_value()) (void)io->Drain();
+    // Nothing may still read the DRAM tier once Read has returned. The held layer has landed
+    // then, but the call fails: the client counts every block failed, so it is not reported.
+    if (!s.ok() && held.has_value()) {
+      (void)io->Drain();
+      held.reset();
+    }
     return s;
   };
   absl::Status s = store_->Read(session.ns, batch.keys, layers.begin, layers.end, sink);
