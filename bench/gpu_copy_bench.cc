@@ -28,7 +28,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -60,13 +59,6 @@ namespace {
 
 using gpu::CudaStatus;
 
-struct Result {
-  std::string metric;
-  double value;
-  std::string unit;
-  std::string baseline_name;  // empty: none
-  double baseline_value = 0;
-};
 
 // Times work on any stream from an observer stream (see the file comment).
 class Observer {
@@ -354,14 +346,9 @@ void Report(const std::vector<Result>& results, const std::string& command) {
                 has_base ? absl::StrCat(r.baseline_value).c_str() : "-",
                 has_base ? absl::StrFormat("%.3f", ratio).c_str() : "-");
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_copy_bench\",\"metric\":" << tutti::bench::JsonString(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
-        << ",\"baseline_name\":" << (has_base ? tutti::bench::JsonString(r.baseline_name) : "null")
-        << ",\"baseline_value\":" << (has_base ? absl::StrCat(r.baseline_value) : "null")
-        << ",\"ratio\":" << (has_base ? absl::StrCat(ratio) : "null")
-        << ",\"machine\":" << tutti::bench::JsonString(machine)
-        << ",\"date\":" << tutti::bench::JsonString(date)
-        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
+    Result line = r;
+    if (!has_base) line.baseline_name.clear();
+    out << JsonLine("gpu_copy_bench", line, machine, date, command) << "\n";
   }
 }
 
@@ -369,8 +356,7 @@ void Report(const std::vector<Result>& results, const std::string& command) {
 }  // namespace tutti::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> words(argv, argv + argc);
-  const std::string command = absl::StrJoin(words, " ");
+  const std::string command = tutti::bench::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
   std::vector<tutti::bench::Result> results;
   absl::Status s = tutti::bench::Run(&results);

@@ -21,7 +21,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "bench/jsonl.h"
 #include "tests/gpu/content_kernel.h"
@@ -176,8 +175,7 @@ int DaemonMain(std::vector<Record>* rec) {
 }  // namespace tutti::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> words(argv, argv + argc);
-  const std::string command = absl::StrJoin(words, " ");
+  const std::string command = tutti::bench::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
   const std::string role = absl::GetFlag(FLAGS_role);
   if (role == "engine") return tutti::bench::EngineMain();
@@ -192,13 +190,11 @@ int main(int argc, char** argv) {
     std::printf("%-40s %10.3f %-5s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
                 r.detail.c_str());
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_dead_memory\",\"metric\":" << tutti::bench::JsonString(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
-        << ",\"baseline_name\":null,\"baseline_value\":null,\"ratio\":null"
-        << ",\"detail\":" << tutti::bench::JsonString(r.detail)
-        << ",\"machine\":" << tutti::bench::JsonString(absl::GetFlag(FLAGS_machine))
-        << ",\"date\":" << tutti::bench::JsonString(date)
-        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
+    tutti::bench::Result line{r.metric, r.value, r.unit};  // no baseline: an experiment
+    line.detail = r.detail;
+    out << tutti::bench::JsonLine("gpu_dead_memory", line, absl::GetFlag(FLAGS_machine), date,
+                                  command)
+        << "\n";
   }
   if (rc != 0) std::fprintf(stderr, "gpu_dead_memory: failed at step %d\n", rc);
   return rc;

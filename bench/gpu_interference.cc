@@ -29,7 +29,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -112,13 +111,7 @@ int EngineMain() {
 
 // ---- daemon ----
 
-struct Record {
-  std::string metric;
-  double value;
-  std::string unit;
-  std::string baseline_name;
-  double baseline_value;
-};
+using Record = Result;
 
 // Runs `pass` (all layers once) over and over until `until_ns`; returns GB/s.
 absl::StatusOr<double> ScatterUntil(const std::function<absl::Status()>& pass,
@@ -256,14 +249,7 @@ void Report(const std::vector<Record>& records, const std::string& command) {
     std::printf("%-62s %10.2f %-5s %s\n", r.metric.c_str(), r.value, r.unit.c_str(),
                 base ? absl::StrCat("vs ", r.baseline_value, " (ratio ", ratio, ")").c_str() : "");
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_interference\",\"metric\":" << tutti::bench::JsonString(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
-        << ",\"baseline_name\":" << (base ? tutti::bench::JsonString(r.baseline_name) : "null")
-        << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
-        << ",\"ratio\":" << (base ? absl::StrCat(ratio) : "null")
-        << ",\"machine\":" << tutti::bench::JsonString(absl::GetFlag(FLAGS_machine))
-        << ",\"date\":" << tutti::bench::JsonString(date)
-        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
+    out << JsonLine("gpu_interference", r, absl::GetFlag(FLAGS_machine), date, command) << "\n";
   }
 }
 
@@ -271,8 +257,7 @@ void Report(const std::vector<Record>& records, const std::string& command) {
 }  // namespace tutti::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> words(argv, argv + argc);
-  const std::string command = absl::StrJoin(words, " ");
+  const std::string command = tutti::bench::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_engine)) return tutti::bench::EngineMain();
   alarm(60);

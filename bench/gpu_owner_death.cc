@@ -31,7 +31,6 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
@@ -362,14 +361,9 @@ void Report(const std::string& scenario, const std::vector<Record>& records,
     std::printf("%-12s %-40s %10.2f %-5s %s\n", scenario.c_str(), r.metric.c_str(), r.value,
                 r.unit.c_str(), r.detail.c_str());
     if (!out.is_open()) continue;
-    out << "{\"bench\":\"gpu_owner_death\",\"metric\":"
-        << tutti::bench::JsonString(scenario + "." + r.metric) << ",\"value\":" << r.value
-        << ",\"unit\":" << tutti::bench::JsonString(r.unit)
-        << ",\"baseline_name\":null,\"baseline_value\":null,\"ratio\":null"
-        << ",\"detail\":" << tutti::bench::JsonString(r.detail)
-        << ",\"machine\":" << tutti::bench::JsonString(machine)
-        << ",\"date\":" << tutti::bench::JsonString(date)
-        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
+    Result line{scenario + "." + r.metric, r.value, r.unit};  // no baseline: an experiment
+    line.detail = r.detail;
+    out << JsonLine("gpu_owner_death", line, machine, date, command) << "\n";
   }
 }
 
@@ -377,8 +371,7 @@ void Report(const std::string& scenario, const std::vector<Record>& records,
 }  // namespace tutti::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> words(argv, argv + argc);
-  const std::string command = absl::StrJoin(words, " ");
+  const std::string command = tutti::bench::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_engine).empty()) {
     if (!tutti::gpu::GetDriverApi().ok()) return 2;

@@ -33,7 +33,6 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
@@ -70,13 +69,7 @@ constexpr uint32_t kLayers = 32, kObj = 32768, kParts = 2;
 constexpr uint64_t kDefaultRoundBytes = 8ull << 20;  // config/default.textproto gpu.round_bytes
 constexpr uint32_t kWindow = 4;  // layers of pinned staging, reused round robin like the store's
 
-struct Record {
-  std::string metric;
-  double value;
-  std::string unit;
-  std::string baseline_name;
-  double baseline_value = 0;
-};
+using Record = Result;
 std::vector<Record> g_records;
 
 void Add(Record r) {
@@ -461,15 +454,7 @@ void Write(const std::string& command) {
   const std::string date = tutti::bench::UtcNow();
   std::ofstream out(absl::GetFlag(FLAGS_out), std::ios::app);
   for (const Record& r : g_records) {
-    const bool base = !r.baseline_name.empty();
-    out << "{\"bench\":\"gpu_retrieve\",\"metric\":" << tutti::bench::JsonString(r.metric)
-        << ",\"value\":" << r.value << ",\"unit\":" << tutti::bench::JsonString(r.unit)
-        << ",\"baseline_name\":" << (base ? tutti::bench::JsonString(r.baseline_name) : "null")
-        << ",\"baseline_value\":" << (base ? absl::StrCat(r.baseline_value) : "null")
-        << ",\"ratio\":" << (base ? absl::StrCat(r.value / r.baseline_value) : "null")
-        << ",\"machine\":" << tutti::bench::JsonString(absl::GetFlag(FLAGS_machine))
-        << ",\"date\":" << tutti::bench::JsonString(date)
-        << ",\"command\":" << tutti::bench::JsonString(command) << "}\n";
+    out << JsonLine("gpu_retrieve", r, absl::GetFlag(FLAGS_machine), date, command) << "\n";
   }
 }
 
@@ -489,8 +474,7 @@ absl::Status Run() {
 }  // namespace tutti::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> words(argv, argv + argc);
-  const std::string command = absl::StrJoin(words, " ");
+  const std::string command = tutti::bench::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
   absl::Status s = tutti::bench::Run();
   tutti::bench::Write(command);

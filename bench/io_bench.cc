@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -35,8 +34,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/jsonl.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/uring_backend.h"
 #include "daemon/pool/layout.h"
@@ -276,51 +275,28 @@ std::string ThpMode() {
   return a != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
 }
 
-std::string UtcNow() {
-  const std::time_t t = std::time(nullptr);
-  char out[32];
-  std::strftime(out, sizeof(out), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return out;
-}
-
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
-struct Result {
+struct IoResult {
   std::string metric, unit;
   double value, baseline;
 };
 
-std::string Quoted(const std::string& v) { return absl::StrCat("\"", JsonEscape(v), "\""); }
 std::string Num(double v) { return absl::StrFormat("%.4f", v); }
 std::string Bool(bool v) { return v ? "true" : "false"; }
 
 // One result as a JSON object: the fields bench/results readers expect, then the parameters.
-std::string JsonLine(const Result& r, const std::string& command, const Setup& s, bool fixed_raw,
+std::string JsonLine(const IoResult& r, const std::string& command, const Setup& s, bool fixed_raw,
                      bool fixed_backend) {
   const std::vector<std::pair<std::string, std::string>> fields = {
-      {"bench", Quoted("io_bench")},
-      {"metric", Quoted(r.metric)},
+      {"bench", JsonString("io_bench")},
+      {"metric", JsonString(r.metric)},
       {"value", Num(r.value)},
-      {"unit", Quoted(r.unit)},
-      {"baseline_name", Quoted("raw_liburing_odirect")},
+      {"unit", JsonString(r.unit)},
+      {"baseline_name", JsonString("raw_liburing_odirect")},
       {"baseline_value", Num(r.baseline)},
       {"ratio", Num(r.value / r.baseline)},
-      {"machine", Quoted(MachineDescription())},
-      {"date", Quoted(UtcNow())},
-      {"command", Quoted(command)},
+      {"machine", JsonString(MachineDescription())},
+      {"date", JsonString(UtcNow())},
+      {"command", JsonString(command)},
       {"object_bytes", absl::StrCat(s.object_bytes)},
       {"queue_depth", absl::StrCat(s.qd)},
       {"files", absl::StrCat(s.fds.size())},
@@ -328,9 +304,9 @@ std::string JsonLine(const Result& r, const std::string& command, const Setup& s
       {"rounds", absl::StrCat(absl::GetFlag(FLAGS_rounds))},
       {"seconds", Num(absl::GetFlag(FLAGS_seconds))},
       {"batches_in_flight", absl::StrCat(absl::GetFlag(FLAGS_batches_in_flight))},
-      {"resubmit", Quoted(absl::GetFlag(FLAGS_resubmit))},
+      {"resubmit", JsonString(absl::GetFlag(FLAGS_resubmit))},
       {"huge_pages", Bool(absl::GetFlag(FLAGS_huge_pages))},
-      {"thp", Quoted(ThpMode())},
+      {"thp", JsonString(ThpMode())},
       {"fixed_buffers_backend", Bool(fixed_backend)},
       {"fixed_buffers_baseline", Bool(fixed_raw)},
   };
@@ -341,17 +317,17 @@ std::string JsonLine(const Result& r, const std::string& command, const Setup& s
   return line + "}";
 }
 
-void Report(const std::vector<Result>& results, const std::string& command, const Setup& s,
+void Report(const std::vector<IoResult>& results, const std::string& command, const Setup& s,
             bool fixed_raw, bool fixed_backend) {
   std::printf("\n%-34s %12s %12s %8s\n", "metric", "backend", "raw uring", "ratio");
-  for (const Result& r : results) {
+  for (const IoResult& r : results) {
     std::printf("%-34s %12.3f %12.3f %8.3f  %s\n", r.metric.c_str(), r.value, r.baseline,
                 r.value / r.baseline, r.unit.c_str());
   }
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) return;
   std::ofstream out(path, std::ios::app);
-  for (const Result& r : results) out << JsonLine(r, command, s, fixed_raw, fixed_backend) << "\n";
+  for (const IoResult& r : results) out << JsonLine(r, command, s, fixed_raw, fixed_backend) << "\n";
   out.close();
   if (!out) {
     std::fprintf(stderr, "io_bench: could not write %s\n", path.c_str());
@@ -463,8 +439,7 @@ int Main(const std::string& command) {
 }  // namespace tutti::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  const std::string command = absl::StrJoin(args, " ");
+  const std::string command = tutti::bench::CommandLine(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return tutti::bench::Main(command);
 }
