@@ -36,22 +36,16 @@ absl::Status CallAdmin(const GlobalOptions& options,
   return absl::OkStatus();
 }
 
-std::string DramText(uint64_t capacity, uint64_t used) {
-  if (capacity == 0) return "off";
-  return absl::StrCat(HumanBytes(used), " of ", HumanBytes(capacity), " (", Percent(used, capacity),
-                      ")");
-}
-
-class StatusCommand : public Command {
+// A command that fetches one Admin report and prints it as text or, with --json, as JSON.
+template <typename Request, typename Response>
+class ReportCommand : public Command {
  public:
-  std::string name() const override { return "status"; }
-  std::string usage() const override { return "status"; }
-  std::string summary() const override {
-    return "daemon version, I/O path taken, pool capacity and use";
-  }
+  using Method = grpc::Status (v1::Admin::Stub::*)(grpc::ClientContext*, const Request&,
+                                                   Response*);
+  explicit ReportCommand(Method method) : method_(method) {}
   absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
-    v1::StatusResponse r;
-    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Status, v1::StatusRequest(), &r));
+    Response r;
+    RETURN_IF_ERROR(CallAdmin(options, method_, Request(), &r));
     if (options.json) {
       out << Json(r) << "\n";
     } else {
@@ -60,24 +54,53 @@ class StatusCommand : public Command {
     return absl::OkStatus();
   }
 
+ protected:
+  virtual std::string Human(const Response& r) const = 0;
+  virtual std::string Json(const Response& r) const = 0;
+
  private:
-  static std::string Human(const v1::StatusResponse& r) {
+  const Method method_;
+};
+
+// The pool's "capacity" and "used" lines (status and stats).
+template <typename Response>
+void AddCapacity(const Response& r, KeyValues* kv) {
+  kv->Add("capacity",
+          absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(), " slots"));
+  kv->Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
+                               Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
+                               r.slots_used(), " slots"));
+}
+
+std::string DramText(uint64_t capacity, uint64_t used) {
+  if (capacity == 0) return "off";
+  return absl::StrCat(HumanBytes(used), " of ", HumanBytes(capacity), " (", Percent(used, capacity),
+                      ")");
+}
+
+class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse> {
+ public:
+  StatusCommand() : ReportCommand(&v1::Admin::Stub::Status) {}
+  std::string name() const override { return "status"; }
+  std::string usage() const override { return "status"; }
+  std::string summary() const override {
+    return "daemon version, I/O path taken, pool capacity and use";
+  }
+
+ protected:
+  std::string Human(const v1::StatusResponse& r) const override {
     KeyValues kv;
     kv.Add("tuttid", absl::StrCat(r.version(), ", up ", HumanDurationMs(r.uptime_ms())));
     kv.Add("io backend", r.io_backend());
     kv.Add("device mode", r.device_mode());
     kv.Add("pool dirs", absl::StrJoin(r.pool_dirs(), ", "));
-    kv.Add("capacity",
-           absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(), " slots"));
-    kv.Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
-                                Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
-                                r.slots_used(), " slots"));
+    AddCapacity(r, &kv);
     kv.Add("dram tier", DramText(r.dram_capacity_bytes(), r.dram_used_bytes()));
     kv.Add("sessions", absl::StrCat(r.sessions()));
     if (!r.notes().empty()) kv.Add("notes", r.notes());
     return kv.Render();
   }
-  static std::string Json(const v1::StatusResponse& r) {
+  std::string Json(const v1::StatusResponse& r) const override {
     JsonWriter j;
     j.BeginObject();
     j.Key("version").String(r.version()).Key("uptime_ms").Uint(r.uptime_ms());
@@ -94,33 +117,25 @@ class StatusCommand : public Command {
   }
 };
 
-class SessionsCommand : public Command {
+class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsResponse> {
  public:
+  SessionsCommand() : ReportCommand(&v1::Admin::Stub::Sessions) {}
   std::string name() const override { return "sessions"; }
   std::string usage() const override { return "sessions"; }
   std::string summary() const override { return "attached engines, their leases and pins"; }
-  absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
-    v1::SessionsResponse r;
-    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Sessions, v1::SessionsRequest(), &r));
-    if (options.json) {
-      out << Json(r) << "\n";
-    } else if (r.sessions_size() == 0) {
-      out << "no sessions\n";
-    } else {
-      Table t(
-          {">SESSION", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED", ">IDLE"});
-      for (const auto& s : r.sessions()) {
-        t.AddRow({absl::StrCat(s.session_id()), s.engine_id(), NamespaceHex(s.namespace_id()),
-                  s.model_id(), absl::StrCat(s.num_blocks()), absl::StrCat(s.leases()),
-                  absl::StrCat(s.pinned_blocks()), HumanDurationMs(s.idle_ms())});
-      }
-      out << t.Render();
-    }
-    return absl::OkStatus();
-  }
 
- private:
-  static std::string Json(const v1::SessionsResponse& r) {
+ protected:
+  std::string Human(const v1::SessionsResponse& r) const override {
+    if (r.sessions_size() == 0) return "no sessions\n";
+    Table t({">SESSION", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED", ">IDLE"});
+    for (const auto& s : r.sessions()) {
+      t.AddRow({absl::StrCat(s.session_id()), s.engine_id(), NamespaceHex(s.namespace_id()),
+                s.model_id(), absl::StrCat(s.num_blocks()), absl::StrCat(s.leases()),
+                absl::StrCat(s.pinned_blocks()), HumanDurationMs(s.idle_ms())});
+    }
+    return t.Render();
+  }
+  std::string Json(const v1::SessionsResponse& r) const override {
     JsonWriter j;
     j.BeginObject().Key("sessions").BeginArray();
     for (const auto& s : r.sessions()) {
@@ -136,32 +151,19 @@ class SessionsCommand : public Command {
   }
 };
 
-class StatsCommand : public Command {
+class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
  public:
+  StatsCommand() : ReportCommand(&v1::Admin::Stub::Stats) {}
   std::string name() const override { return "stats"; }
   std::string usage() const override { return "stats [--json]"; }
   std::string summary() const override {
     return "capacity and use, blocks per namespace and tier, hits, misses, bytes, errors";
   }
-  absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
-    v1::StatsResponse r;
-    RETURN_IF_ERROR(CallAdmin(options, &v1::Admin::Stub::Stats, v1::StatsRequest(), &r));
-    if (options.json) {
-      out << Json(r) << "\n";
-    } else {
-      out << Human(r);
-    }
-    return absl::OkStatus();
-  }
 
- private:
-  static std::string Human(const v1::StatsResponse& r) {
+ protected:
+  std::string Human(const v1::StatsResponse& r) const override {
     KeyValues kv;
-    kv.Add("capacity",
-           absl::StrCat(HumanBytes(r.capacity_bytes()), " in ", r.slots_total(), " slots"));
-    kv.Add("used", absl::StrCat(HumanBytes(r.used_bytes()), " (",
-                                Percent(r.used_bytes(), r.capacity_bytes()), ") in ",
-                                r.slots_used(), " slots"));
+    AddCapacity(r, &kv);
     kv.Add("sessions", absl::StrCat(r.sessions()));
     kv.Add("lookups",
            absl::StrCat(r.lookups(), " (blocks hit ", r.lookup_hits(), ", chains cut short ",
@@ -183,7 +185,7 @@ class StatsCommand : public Command {
     }
     return out + "\n" + t.Render();
   }
-  static std::string Json(const v1::StatsResponse& r) {
+  std::string Json(const v1::StatsResponse& r) const override {
     JsonWriter j;
     j.BeginObject();
     const std::pair<const char*, uint64_t> fields[] = {
