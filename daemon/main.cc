@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "config/config.h"
 #include "daemon/common/clock.h"
+#include "daemon/common/dirs.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/io/io_factory.h"
@@ -112,22 +113,6 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   return config;
 }
 
-// mkdir -p, mode 0750 for what it creates.
-absl::Status MakeDirs(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
-  }
-  const size_t slash = dir.find_last_of('/');
-  if (slash != std::string::npos && slash > 0) RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
-  if (mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", dir, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 // Opens (creating on first start) the pool files and the I/O backend over them. The "memory"
 // backend keeps the pool in RAM and touches no file.
 absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& config,
@@ -141,7 +126,7 @@ absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& con
     // is not mounted.
     const std::string default_dir = config.state_dir() + "/pool";
     for (const std::string& d : dirs) {
-      if (d == default_dir) RETURN_IF_ERROR(MakeDirs(d));
+      if (d == default_dir) RETURN_IF_ERROR(MakeDirs(d, 0750));
     }
     auto log = log::Get("main");
     int last_tenth = -1;
@@ -213,7 +198,7 @@ struct Daemon {
 
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
 absl::Status OpenStore(const v1::Config& config, Daemon* d) {
-  RETURN_IF_ERROR(MakeDirs(config.state_dir()));
+  RETURN_IF_ERROR(MakeDirs(config.state_dir(), 0750));
   ASSIGN_OR_RETURN(
       const pool::PoolLayout layout,
       pool::PoolLayout::Compute(config.pool().capacity_bytes(), config.pool().dirs_size(),

@@ -10,6 +10,21 @@ namespace tutti::hostengine {
 using tutti::v1::AttachRequest;
 using tutti::v1::AttachResponse;
 
+namespace {
+
+// keys[i] goes with engine_blocks[i] (Retrieve and Store).
+template <typename Request>
+void AddBlocks(absl::Span<const Key> keys, absl::Span<const uint32_t> engine_blocks,
+               Request* request) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    tutti::v1::BlockPair* pair = request->add_blocks();
+    pair->set_key(std::string(keys[i].view()));
+    pair->set_engine_block(engine_blocks[i]);
+  }
+}
+
+}  // namespace
+
 EngineClient::EngineClient(std::shared_ptr<grpc::Channel> channel, absl::Duration call_timeout)
     : channel_(std::move(channel)),
       stub_(tutti::v1::KvCache::NewStub(channel_)),
@@ -96,11 +111,7 @@ absl::StatusOr<EngineClient::RetrieveResult> EngineClient::Retrieve(
   tutti::v1::RetrieveRequest request;
   request.set_session_id(session_id());
   request.set_lease_id(lease_id);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    tutti::v1::BlockPair* pair = request.add_blocks();
-    pair->set_key(std::string(keys[i].view()));
-    pair->set_engine_block(engine_blocks[i]);
-  }
+  AddBlocks(keys, engine_blocks, &request);
   request.set_layer_begin(layer_begin);
   request.set_layer_end(layer_end);
   auto ctx = NewContext();
@@ -123,11 +134,7 @@ absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> EngineClient::Store(
     uint32_t layer_begin, uint32_t layer_end) {
   tutti::v1::StoreRequest request;
   request.set_session_id(session_id());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    tutti::v1::BlockPair* pair = request.add_blocks();
-    pair->set_key(std::string(keys[i].view()));
-    pair->set_engine_block(engine_blocks[i]);
-  }
+  AddBlocks(keys, engine_blocks, &request);
   request.set_layer_begin(layer_begin);
   request.set_layer_end(layer_end);
   request.set_wait_durable(wait_durable);

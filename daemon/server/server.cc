@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/common/dirs.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -25,24 +26,8 @@ namespace {
 // After the gate is closed: how long gRPC may take to deliver the answers of finished calls.
 constexpr absl::Duration kFlushLinger = absl::Milliseconds(500);
 
-// mkdir -p with mode 0755 for the missing parts.
-absl::Status MakeDirs(const std::string& dir) {
-  if (dir.empty()) return absl::OkStatus();
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
-  }
-  const size_t slash = dir.find_last_of('/');
-  if (slash != std::string::npos && slash > 0) RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat("mkdir ", dir, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PrepareSocketPath(const std::string& path) {
-  RETURN_IF_ERROR(MakeDirs(path.substr(0, path.find_last_of('/'))));
+  RETURN_IF_ERROR(MakeDirs(path.substr(0, path.find_last_of('/')), 0755));
   switch (ProbeSocket(path)) {
     case SocketState::kAbsent:
       return absl::OkStatus();

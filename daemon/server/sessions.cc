@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
 
 namespace tutti::server {
 
@@ -57,6 +58,17 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(uint64_t ses
   return &it->second;
 }
 
+absl::StatusOr<std::pair<SessionManager::Session*, SessionManager::LeaseMap::iterator>>
+SessionManager::FindLeaseLocked(uint64_t session_id, uint64_t lease_id) {
+  ASSIGN_OR_RETURN(Session * s, FindLocked(session_id));
+  auto it = s->leases.find(lease_id);
+  if (it == s->leases.end()) {
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
+                                            session_id, " (unknown, released or expired)"));
+  }
+  return std::make_pair(s, it);
+}
+
 absl::StatusOr<SessionRef> SessionManager::Touch(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto s = FindLocked(session_id);
@@ -77,13 +89,8 @@ absl::StatusOr<uint64_t> SessionManager::AddLease(uint64_t session_id, std::vect
 absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
     uint64_t session_id, uint64_t lease_id, absl::Span<const Key> keys) {
   absl::MutexLock lock(&mu_);
-  auto s = FindLocked(session_id);
-  if (!s.ok()) return s.status();
-  auto it = (*s)->leases.find(lease_id);
-  if (it == (*s)->leases.end()) {
-    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
-                                            session_id, " (unknown, released or expired)"));
-  }
+  ASSIGN_OR_RETURN(auto found, FindLeaseLocked(session_id, lease_id));
+  auto [s, it] = found;
   const absl::flat_hash_set<Key> leased(it->second.keys.begin(), it->second.keys.end());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!leased.contains(keys[i])) {
@@ -91,9 +98,8 @@ absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
                                                         " is not pinned under lease ", lease_id));
     }
   }
-  auto claimed =
-      std::make_unique<ClaimedLease>((*s)->state->ns, std::move(it->second.keys), unpin_);
-  (*s)->leases.erase(it);
+  auto claimed = std::make_unique<ClaimedLease>(s->state->ns, std::move(it->second.keys), unpin_);
+  s->leases.erase(it);
   return claimed;
 }
 
@@ -101,15 +107,10 @@ absl::Status SessionManager::Release(uint64_t session_id, uint64_t lease_id) {
   Ended ended;
   {
     absl::MutexLock lock(&mu_);
-    auto s = FindLocked(session_id);
-    if (!s.ok()) return s.status();
-    auto it = (*s)->leases.find(lease_id);
-    if (it == (*s)->leases.end()) {
-      return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
-                                              session_id, " (unknown, released or expired)"));
-    }
-    ended.unpins.emplace_back((*s)->state->ns, std::move(it->second.keys));
-    (*s)->leases.erase(it);
+    ASSIGN_OR_RETURN(auto found, FindLeaseLocked(session_id, lease_id));
+    auto [s, it] = found;
+    ended.unpins.emplace_back(s->state->ns, std::move(it->second.keys));
+    s->leases.erase(it);
   }
   Finish(std::move(ended));
   return absl::OkStatus();

@@ -148,7 +148,12 @@ class SessionManager {
     std::vector<std::shared_ptr<EngineIo>> ios;  // of closed sessions
   };
 
+  using LeaseMap = absl::flat_hash_map<uint64_t, Lease>;
   absl::StatusOr<Session*> FindLocked(uint64_t session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session and its lease; NOT_FOUND naming whichever is unknown.
+  absl::StatusOr<std::pair<Session*, LeaseMap::iterator>> FindLeaseLocked(uint64_t session_id,
+                                                                          uint64_t lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(uint64_t session_id, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Ended ended);
 
