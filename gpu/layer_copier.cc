@@ -244,9 +244,9 @@ absl::Status LayerCopier::Drain() {
 absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                                         std::vector<uint32_t>* indices) {
   const uint64_t len = memory->object_len();
-  round_limit_ = options_.round_bytes == 0
-                     ? slot_bytes_
-                     : std::clamp<uint64_t>(options_.round_bytes, len, slot_bytes_);
+  const uint64_t round_limit = options_.round_bytes == 0
+                                   ? slot_bytes_
+                                   : std::clamp<uint64_t>(options_.round_bytes, len, slot_bytes_);
   std::sort(indices->begin(), indices->end(),
             [&](uint32_t a, uint32_t b) { return ops[a].staging < ops[b].staging; });
   runs_.clear();
@@ -259,7 +259,7 @@ absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const 
     if (run != nullptr && run->registered == reg && op.staging >= run->host &&
         op.staging <= run->host + run->len + kMaxGap) {
       const uint64_t new_len = std::max<uint64_t>(run->len, op.staging + len - run->host);
-      if (run->offset + new_len <= round_limit_) {
+      if (run->offset + new_len <= round_limit) {
         run->len = new_len;
         used = std::max(used, run->offset + new_len);
         uint8_t* slot = gpu_base_ + next_slot_ * slot_bytes_;
@@ -268,7 +268,7 @@ absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const 
       }
     }
     uint64_t offset = AlignUp(used, kRunAlign);
-    if (offset + len > round_limit_) {
+    if (offset + len > round_limit) {
       RETURN_IF_ERROR(FlushRound(memory));  // moves to the next slot
       offset = 0;
     }

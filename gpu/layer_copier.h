@@ -149,7 +149,6 @@ class LayerCopier {
   std::vector<StagingRegion> registered_list_;
   uint64_t slot_bytes_ = 0;
   uint64_t max_pitch_ = 0;  // cudaDevAttrMaxPitch
-  uint64_t round_limit_ ABSL_GUARDED_BY(mu_) = 0;  // bytes per round for the current call
   uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
   uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
   cudaStream_t copy_stream_ = nullptr;  // primary context; no SMs needed

@@ -211,7 +211,9 @@ def part_client(args):
         with torch.cuda.stream(side):
             for layer in range(8):
                 r.wait_layer(layer, side)
-            marker = torch.ones(1, device="cuda")
+            # Engine work queued behind the waits (a first launch under lazy loading: the case
+            # that stalls the whole context until the words are written; docs/gpu.md).
+            torch.ones(1, device="cuda")
         daemon.kill()
         res = r.wait()
         log("client: retrieve ended after the kill: %s: %s" % (res.code, res.message))
