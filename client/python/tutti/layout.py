@@ -6,7 +6,7 @@ V tensor per layer, each [num_blocks, ...]) or one latent ("mla"). Object (layer
 engine block b lives at objects[l * parts + p].base + b * block_stride and is object_bytes long.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 from tutti._hash import HASH_SCHEME
