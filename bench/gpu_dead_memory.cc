@@ -153,7 +153,8 @@ int DaemonMain(std::vector<Record>* rec) {
   rec->push_back({"grabber_allocated_gib", double(grabbed), "GiB", ""});
   const cudaError_t w = cudaMemsetAsync(mapped, 0x77, bytes, s);
   const cudaError_t ws = cudaStreamSynchronize(s);
-  rec->push_back({"late_write_into_dead_mapping_ok", ws == cudaSuccess && w == cudaSuccess, "",
+  rec->push_back({"late_write_into_dead_mapping_ok",
+                  (ws == cudaSuccess && w == cudaSuccess) ? 1.0 : 0.0, "",
                   cudaGetErrorName(ws != cudaSuccess ? ws : w)});
   fprintf(c.to, "check\n");
   fflush(c.to);
@@ -165,9 +166,9 @@ int DaemonMain(std::vector<Record>* rec) {
   waitpid(c.pid, nullptr, 0);
   const cudaError_t closed = cudaIpcCloseMemHandle(mapped);
   absl::SleepFor(absl::Milliseconds(200));
-  rec->push_back({"close_dead_mapping_ok", closed == cudaSuccess, "", cudaGetErrorName(closed)});
+  rec->push_back({"close_dead_mapping_ok", closed == cudaSuccess ? 1.0 : 0.0, "", cudaGetErrorName(closed)});
   rec->push_back({"free_gib_after_close", FreeGiB(), "GiB", ""});
-  rec->push_back({"daemon_context_healthy", cudaDeviceSynchronize() == cudaSuccess, "", ""});
+  rec->push_back({"daemon_context_healthy", cudaDeviceSynchronize() == cudaSuccess ? 1.0 : 0.0, "", ""});
   return 0;
 }
 

@@ -201,7 +201,9 @@ TEST_F(UringBackendTest, FailedRegistrationLeavesTheBackendUsable) {
   }
   // With CAP_IPC_LOCK in the initial namespace the kernel ignores the limit; both outcomes are
   // fine.
-  if (!reg.ok()) EXPECT_EQ(reg.code(), absl::StatusCode::kResourceExhausted) << reg;
+  if (!reg.ok()) {
+    EXPECT_EQ(reg.code(), absl::StatusCode::kResourceExhausted) << reg;
+  }
   RoundTripThrough(*b, staging.data(), 1, 6);
   if (reg.ok()) return;
   EXPECT_EQ(b->counters().fixed_buffer_ops, 0u);
@@ -264,7 +266,7 @@ TEST_F(UringBackendTest, ManyConcurrentBatchesFromSeveralThreads) {
     absl::Notification all_done;
     for (int i = 0; i < kBatches; ++i) {
       for (uint32_t j = 0; j < kPerBatch; ++j) {
-        const uint64_t n = (uint64_t{t} * kBatches + i) * kPerBatch + j;  // global request number
+        const uint64_t n = (static_cast<uint64_t>(t) * kBatches + i) * kPerBatch + j;  // global request number
         const uint32_t f = j % kFiles;
         const uint64_t off = n / kFiles * kLen;
         uint8_t* buf = mem.data() + n * kLen;
@@ -352,7 +354,9 @@ TEST_F(UringBackendTest, DoneRunsOnABackendThreadEvenWithNothingToDo) {
     });
     n.WaitForNotification();
     EXPECT_NE(ran_on, std::this_thread::get_id());
-    if (invalid) EXPECT_EQ(batch[0].result, -EINVAL);
+    if (invalid) {
+      EXPECT_EQ(batch[0].result, -EINVAL);
+    }
   }
 }
 

@@ -121,7 +121,9 @@ TEST_F(JournalTest, AppendSyncReopenReplaysInOrder) {
         j->Append(Delete(n - 2));
         want.push_back(Str(Delete(n - 2)));
       }
-      if (n % 10 == 9) ASSERT_TRUE(j->Sync().ok());
+      if (n % 10 == 9) {
+        ASSERT_TRUE(j->Sync().ok());
+      }
     }
     EXPECT_EQ(j->records_since_checkpoint(), want.size());
     j->Append(Put(999));  // never synced: not durable, and not replayed
