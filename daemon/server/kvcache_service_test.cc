@@ -24,17 +24,22 @@ struct Pair {
   uint32_t block;
 };
 
+template <typename Request>
+void AddPairs(const std::vector<Pair>& pairs, Request* req) {
+  for (const Pair& p : pairs) {
+    auto* bp = req->add_blocks();
+    bp->set_key(KeyBytes(p.key));
+    bp->set_engine_block(p.block);
+  }
+}
+
 class KvCacheServiceTest : public ::testing::Test {
  protected:
   grpc::Status Store(uint64_t session, std::vector<Pair> pairs, tutti::v1::StoreResponse* resp,
                      bool wait_durable = true, uint32_t lb = 0, uint32_t le = 0) {
     tutti::v1::StoreRequest req;
     req.set_session_id(session);
-    for (const Pair& p : pairs) {
-      auto* bp = req.add_blocks();
-      bp->set_key(KeyBytes(p.key));
-      bp->set_engine_block(p.block);
-    }
+    AddPairs(pairs, &req);
     req.set_layer_begin(lb);
     req.set_layer_end(le);
     req.set_wait_durable(wait_durable);
@@ -56,11 +61,7 @@ class KvCacheServiceTest : public ::testing::Test {
     tutti::v1::RetrieveRequest req;
     req.set_session_id(session);
     req.set_lease_id(lease);
-    for (const Pair& p : pairs) {
-      auto* bp = req.add_blocks();
-      bp->set_key(KeyBytes(p.key));
-      bp->set_engine_block(p.block);
-    }
+    AddPairs(pairs, &req);
     req.set_layer_begin(lb);
     req.set_layer_end(le);
     grpc::ClientContext ctx;

@@ -18,6 +18,17 @@ namespace {
 using gpu::CudaStatus;
 constexpr uint64_t kAllocGranularity = 2ull << 20;
 
+// Engine blocks[i] with key key_ids[i] (Store and Retrieve).
+template <typename Request>
+void AddBlocks(const GpuEngine& engine, const std::vector<uint32_t>& blocks,
+               const std::vector<uint32_t>& key_ids, Request* req) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto* b = req->add_blocks();
+    b->set_key(engine.Key(key_ids[i]));
+    b->set_engine_block(blocks[i]);
+  }
+}
+
 absl::Status Rpc(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -209,11 +220,7 @@ absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> GpuEngine::Store(
     const std::vector<uint32_t>& blocks, const std::vector<uint32_t>& key_ids, bool wait_durable) {
   tutti::v1::StoreRequest req;
   req.set_session_id(session_id_);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto* b = req.add_blocks();
-    b->set_key(Key(key_ids[i]));
-    b->set_engine_block(blocks[i]);
-  }
+  AddBlocks(*this, blocks, key_ids, &req);
   req.set_wait_durable(wait_durable);
   const uint32_t ticket = NextTicket();
   req.set_ticket(ticket);
@@ -284,11 +291,7 @@ RetrieveResult GpuEngine::Retrieve(uint64_t lease, const std::vector<uint32_t>& 
   tutti::v1::RetrieveRequest req;
   req.set_session_id(session_id_);
   req.set_lease_id(lease);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto* b = req.add_blocks();
-    b->set_key(Key(key_ids[i]));
-    b->set_engine_block(blocks[i]);
-  }
+  AddBlocks(*this, blocks, key_ids, &req);
   req.set_ticket(ticket);
   RetrieveResult out;
   const absl::Time start = absl::Now();
