@@ -166,6 +166,7 @@ absl::Status Run(std::vector<Record>* out) {
   const uint64_t round_bytes = uint64_t{absl::GetFlag(FLAGS_round_kib)} << 10;
   ASSIGN_OR_RETURN(auto copier,
                    gpu::LayerCopier::Create({path == "copy_engine" ? gpu::LayerCopier::Mode::kCopyEngine
+                                             : path == "auto"      ? gpu::LayerCopier::Mode::kAuto
                                                                    : gpu::LayerCopier::Mode::kStaged,
                                              pass_bytes / kLayers,
                                              /*bounce_threads=*/4, round_bytes},
@@ -227,7 +228,7 @@ absl::Status Run(std::vector<Record>* out) {
       absl::StrCat(absl::GetFlag(FLAGS_label), ".", absl::GetFlag(FLAGS_path), ".",
                    sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
                    io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas(),
-                   path == "staged" && round_bytes > 0 ? absl::StrCat("_round", round_bytes >> 10, "k")
+                   path != "copy_engine" && round_bytes > 0 ? absl::StrCat("_round", round_bytes >> 10, "k")
                                                         : "",
                    priority >= 0 ? absl::StrCat("_prio", priority) : "");
   out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
@@ -235,7 +236,9 @@ absl::Status Run(std::vector<Record>* out) {
   out->push_back({tag + ".engine_throughput_loss", 100.0 * (1 - during / alone), "%", "", 0});
   out->push_back({tag + ".daemon_scatter_during_engine", during_gbps, "GB/s",
                   tag + ".daemon_scatter_alone", alone_gbps});
-  std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f\n", before, during, after);
+  std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f; copy-engine layers %llu\n",
+              before, during, after,
+              static_cast<unsigned long long>(copier->copy_engine_layers()));
   return absl::OkStatus();
 }
 

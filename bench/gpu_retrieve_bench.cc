@@ -51,7 +51,7 @@ ABSL_FLAG(uint32_t, ssd_blocks, 512, "blocks per retrieve from the SSD tier");
 ABSL_FLAG(uint32_t, engine_blocks, 8192, "engine blocks per layer tensor");
 ABSL_FLAG(uint32_t, reps, 5, "repetitions (the median is reported)");
 ABSL_FLAG(uint32_t, sms, 16, "I/O green-context SMs (inproc and tuttid)");
-ABSL_FLAG(std::string, scatter, "staged", "tuttid's gpu.scatter for the dram and ssd parts");
+ABSL_FLAG(std::string, scatter, "auto", "tuttid's gpu.scatter for the dram and ssd parts");
 ABSL_FLAG(std::vector<std::string>, round_kib, std::vector<std::string>({"0", "8192", "2048"}),
           "inproc staged: copy-then-scatter round sizes to measure, KiB (0: a whole slot)");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append to");
@@ -225,9 +225,11 @@ absl::Status RunInProc() {
   }
   variants.push_back({gpu::LayerCopier::Mode::kMapped, 0});
   variants.push_back({gpu::LayerCopier::Mode::kCopyEngine, 0});
+  variants.push_back({gpu::LayerCopier::Mode::kAuto, kDefaultRoundBytes});
   for (const auto& [mode, round] : variants) {
     const std::string name =
         mode == gpu::LayerCopier::Mode::kCopyEngine ? std::string("copy_engine")
+        : mode == gpu::LayerCopier::Mode::kAuto     ? std::string("auto_round8192k")
         : mode == gpu::LayerCopier::Mode::kMapped
             ? "mapped"
             : (round == 0 ? std::string("staged") : absl::StrCat("staged_round", round >> 10, "k"));

@@ -147,7 +147,7 @@ absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
   }
   RETURN_IF_ERROR(CheckRange("gpu.copy_ctas", g.copy_ctas(), 0, kMaxCopyCtas));
   RETURN_IF_ERROR(CheckRange("gpu.round_bytes", g.round_bytes(), 0, kGiB));
-  return CheckOneOf("gpu.scatter", g.scatter(), {"staged", "mapped", "copy_engine"});
+  return CheckOneOf("gpu.scatter", g.scatter(), {"auto", "staged", "mapped", "copy_engine"});
 }
 
 // Prints every field, zero values included, so the log shows the whole effective config.

@@ -44,7 +44,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().device(), 0u);
   EXPECT_EQ(c->gpu().io_sm_count(), 16u);
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
-  EXPECT_EQ(c->gpu().scatter(), "staged");
+  EXPECT_EQ(c->gpu().scatter(), "auto");
   EXPECT_EQ(c->gpu().round_bytes(), 8ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
@@ -116,7 +116,8 @@ TEST(ConfigTest, GpuSection) {
   ExpectRejected("gpu { io_sm_count: 12 }", {"gpu.io_sm_count", "multiple of 8"});
   ExpectRejected("gpu { io_sm_count: 2048 }", {"gpu.io_sm_count", "1024"});
   ExpectRejected("gpu { copy_ctas: 70000 }", {"gpu.copy_ctas"});
-  ExpectRejected("gpu { scatter: \"dma\" }", {"gpu.scatter", "staged", "mapped", "copy_engine"});
+  ExpectRejected("gpu { scatter: \"dma\" }",
+                 {"gpu.scatter", "auto", "staged", "mapped", "copy_engine"});
   EXPECT_TRUE(LoadConfig("gpu { scatter: \"copy_engine\" }").ok());
   ExpectRejected("gpu { round_bytes: 2147483648 }", {"gpu.round_bytes"});
   auto c = LoadConfig(

@@ -276,6 +276,7 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
   const gpu::LayerCopier::Mode mode =
       g.scatter() == "mapped"          ? gpu::LayerCopier::Mode::kMapped
       : g.scatter() == "copy_engine" ? gpu::LayerCopier::Mode::kCopyEngine
+      : g.scatter() == "auto"        ? gpu::LayerCopier::Mode::kAuto
                                      : gpu::LayerCopier::Mode::kStaged;
   ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
                                                          /*bounce_threads=*/4, g.round_bytes()},
@@ -285,13 +286,22 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
       "cuda mode on GPU ", g.device(), " (", device.name, ", ", device.uuid_text, "): I/O ",
       rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
       g.scatter(),
-      g.scatter() == "staged" && g.round_bytes() > 0
+      (g.scatter() == "staged" || g.scatter() == "auto") && g.round_bytes() > 0
           ? absl::StrCat(" in rounds of at most ", g.round_bytes() >> 10, " KiB")
           : std::string(),
       "; ", staging.size() >> 20, " MiB of staging and ", dram.size() >> 20,
       " MiB of DRAM tier registered"));
   if (!rt->stream->is_green() && g.io_sm_count() > 0) {
     d->notes.push_back("no green context: the daemon's kernels may use every SM");
+  }
+  if (const gpu::MpsHint mps = gpu::FindMps();
+      !mps.control_pipe_found && mode != gpu::LayerCopier::Mode::kCopyEngine) {
+    // Without MPS, scatter kernels time-slice the GPU with the engine's: "auto" cannot see it.
+    d->notes.push_back(absl::StrCat(
+        "no MPS control daemon found (no ", mps.pipe_directory,
+        "/control): the GPU time-slices between tuttid and the engines, and an engine that keeps "
+        "every SM busy loses about 16% while tuttid retrieves (docs/gpu.md); run "
+        "nvidia-cuda-mps-control -d, or set gpu.scatter: \"copy_engine\""));
   }
   d->gpu = std::move(rt);
   return absl::OkStatus();

@@ -46,9 +46,10 @@ if has bench; then
 fi
 
 if has retrieve; then
+  # TUTTI_RETRIEVE_FLAGS: more flags, e.g. --round_kib=8192 --scatter=staged.
   timeout 200 "$run" bench/gpu_retrieve_bench --reps="${TUTTI_REPS:-3}" \
     --parts="${TUTTI_RETRIEVE_PARTS:-inproc,dram,ssd}" --out="$out/gpu_retrieve.jsonl" \
-    --machine="$machine" >> "$out/retrieve.log" 2>&1
+    --machine="$machine" ${TUTTI_RETRIEVE_FLAGS:-} >> "$out/retrieve.log" 2>&1
   summary+=("gpu_retrieve_bench rc=$?")
 fi
 
@@ -106,7 +107,7 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader >>
   echo
   [[ -f "$out/bench.log" ]] && grep -E '^(I/O stream|metric|[a-z_0-9]+ +[0-9.]+ )' "$out/bench.log"
   [[ -f "$out/retrieve.log" ]] && grep -E '^(I/O stream|stored|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/retrieve.log" | cut -c1-150
-  [[ -f "$out/interference.log" ]] && grep -E 'loss|daemon_scatter|rror' "$out/interference.log" | cut -c1-150
+  [[ -f "$out/interference.log" ]] && grep -E 'loss|daemon_scatter|copy-engine|rror' "$out/interference.log" | cut -c1-150
   [[ -f "$out/tests.log" ]] && grep -E '^(survivor|daemon killed)|Failure|FAILED  \]' "$out/tests.log" | head -30 | cut -c1-200
   [[ -f "$out/dead_memory.log" ]] && cat "$out/dead_memory.log" | cut -c1-150
   [[ -f "$out/owner_death.log" ]] && grep -v '^$' "$out/owner_death.log" | cut -c1-160

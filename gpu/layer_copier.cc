@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_status.h"
@@ -117,7 +118,15 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
                             ? "staged (copy engine, then a device-to-device scatter)"
                         : options.mode == Mode::kMapped
                             ? "mapped (scatter kernel over mapped pinned staging)"
-                            : "by the copy engines alone (one batched copy per layer, no SMs)",
+                        : options.mode == Mode::kCopyEngine
+                            ? "by the copy engines alone (one batched copy per layer, no SMs)"
+                            : absl::StrCat("auto (staged; by the copy engines alone while the "
+                                           "scatter kernel runs over ",
+                                           options.auto_slow_factor, " x its idle time, ",
+                                           absl::StrFormat("%.1f us + %.2f us/MiB",
+                                                           copier->idle_.fixed_us,
+                                                           copier->idle_.us_per_mib),
+                                           ")"),
                         kSlots, copier->slot_bytes_ >> 20,
                         options.round_bytes == 0 || options.round_bytes >= copier->slot_bytes_
                             ? std::string("a slot")
@@ -156,6 +165,12 @@ absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
     }
     pool_ = std::make_unique<CopyPool>(options_.bounce_threads);
   }
+  if (options_.mode == Mode::kAuto) {
+    for (cudaEvent_t& ev : timed_) {
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&ev), "cudaEventCreate(timing)"));
+    }
+    RETURN_IF_ERROR(MeasureIdleKernel());
+  }
   return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
@@ -172,6 +187,9 @@ LayerCopier::~LayerCopier() {
     if (ev != nullptr) cudaEventDestroy(ev);
   }
   for (cudaEvent_t ev : landed_) {
+    if (ev != nullptr) cudaEventDestroy(ev);
+  }
+  for (cudaEvent_t ev : timed_) {
     if (ev != nullptr) cudaEventDestroy(ev);
   }
   bounce_.reset();
@@ -204,21 +222,32 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
     }
   }
   absl::MutexLock lock(&mu_);
+  Mode mode = options_.mode;
+  if (mode == Mode::kAuto) {
+    CheckTimedRound();
+    mode = copy_engine_left_ > 0 ? Mode::kCopyEngine : Mode::kStaged;
+    if (copy_engine_left_ > 0) {
+      --copy_engine_left_;
+      ++copy_engine_total_;
+    } else if (timed_bytes_ == 0) {
+      time_next_round_ = true;  // the layer's first round
+    }
+  }
   staged_.clear();
   direct_.clear();
   for (uint32_t i = 0; i < ops.size(); ++i) {
-    if (options_.mode != Mode::kStaged && IsRegistered(ops[i].staging, len)) {
+    if (mode != Mode::kStaged && IsRegistered(ops[i].staging, len)) {
       direct_.push_back(ops[i]);
     } else {
       staged_.push_back(i);
     }
   }
   if (!direct_.empty()) {
-    RETURN_IF_ERROR(options_.mode == Mode::kCopyEngine
-                        ? memory->EnqueueScatterByCopyEngine(direct_)
-                        : memory->EnqueueScatter(direct_));
+    RETURN_IF_ERROR(mode == Mode::kCopyEngine ? memory->EnqueueScatterByCopyEngine(direct_)
+                                              : memory->EnqueueScatter(direct_));
   }
   if (!staged_.empty()) RETURN_IF_ERROR(EnqueueStaged(memory, ops, &staged_));
+  time_next_round_ = false;
   if (words != nullptr) RETURN_IF_ERROR(words->Signal(word, ticket));
   // The I/O stream waited for every slot's copy, so once it is past a layer, that layer's host
   // staging is free too.
@@ -233,6 +262,80 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   previous_pending_ = true;
   if (!had_previous) return absl::OkStatus();
   return CudaStatus(cudaEventSynchronize(landed_[landed_next_]), "cudaEventSynchronize(layer)");
+}
+
+void LayerCopier::CheckTimedRound() {
+  if (timed_bytes_ == 0 || cudaEventQuery(timed_[1]) != cudaSuccess) return;
+  float ms = 0;
+  const cudaError_t e = cudaEventElapsedTime(&ms, timed_[0], timed_[1]);
+  const uint64_t bytes = timed_bytes_;
+  timed_bytes_ = 0;
+  if (e != cudaSuccess || bytes < (1ull << 20)) return;  // tiny rounds: launch latency rules
+  const double idle_us = idle_kernel_us(bytes);
+  const bool slow = 1000.0 * ms > options_.auto_slow_factor * idle_us;
+  if (slow != slow_) {
+    // Logged when it changes only: under a steadily busy engine the retry every
+    // auto_copy_engine_layers layers finds it slow again.
+    if (slow) {
+      log::Get("gpu")->info(
+          "gpu{}: a scatter kernel of {} KiB took {:.0f} us (idle GPU {:.0f} us): other kernels "
+          "hold the SMs; retrieved layers go through the copy engines alone, {} at a time",
+          stream_->device(), bytes >> 10, 1000.0 * ms, idle_us, options_.auto_copy_engine_layers);
+    } else {
+      log::Get("gpu")->info(
+          "gpu{}: scatter kernels at speed again ({} KiB in {:.0f} us, idle GPU {:.0f} us); "
+          "retrieved layers staged ({} went through the copy engines)",
+          stream_->device(), bytes >> 10, 1000.0 * ms, idle_us, copy_engine_total_);
+    }
+    slow_ = slow;
+  }
+  if (slow) copy_engine_left_ = options_.auto_copy_engine_layers;
+}
+
+double LayerCopier::idle_kernel_us(uint64_t bytes) const {
+  return idle_.fixed_us + idle_.us_per_mib * static_cast<double>(bytes) / (1 << 20);
+}
+
+uint64_t LayerCopier::copy_engine_layers() const {
+  absl::MutexLock lock(&mu_);
+  return copy_engine_total_;
+}
+
+absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint64_t bytes) {
+  constexpr uint32_t kObject = 32 << 10;
+  std::vector<CopyDesc> descs;
+  for (uint64_t off = 0; off + kObject <= bytes; off += kObject) {
+    descs.push_back({gpu_base_ + off, gpu_base_ + slot_bytes_ + off});
+  }
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {  // the first is a warm-up
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[0], stream_->stream()), "event"));
+    RETURN_IF_ERROR(CudaStatus(LaunchCopyObjects(descs.data(), descs.size(), kObject,
+                                                 stream_->ctas(), stream_->stream()),
+                               "scatter kernel (idle timing)"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[1], stream_->stream()), "event"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(timed_[1]), "event"));
+    float ms = 0;
+    RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, timed_[0], timed_[1]), "elapsed"));
+    if (i > 0 && (best == 0 || 1000.0 * ms < best)) best = 1000.0 * ms;
+  }
+  return best;
+}
+
+absl::Status LayerCopier::MeasureIdleKernel() {
+  // Two sizes, so that short rounds are not judged by a long kernel's rate: a launch costs
+  // microseconds whatever it moves.
+  const uint64_t large = std::min<uint64_t>(slot_bytes_, 8ull << 20);
+  const uint64_t small = std::min<uint64_t>(large, 1ull << 20);
+  ASSIGN_OR_RETURN(const double t_large, TimeIdleKernel(large));
+  ASSIGN_OR_RETURN(const double t_small, TimeIdleKernel(small));
+  const double mib_large = static_cast<double>(large) / (1 << 20);
+  const double mib_small = static_cast<double>(small) / (1 << 20);
+  idle_.us_per_mib =
+      large > small ? std::max(0.0, (t_large - t_small) / (mib_large - mib_small)) : 0.0;
+  // No round is larger than a slot, so a single size (small slots) bounds every round.
+  idle_.fixed_us = large > small ? std::max(0.0, t_small - idle_.us_per_mib * mib_small) : t_large;
+  return absl::OkStatus();
 }
 
 absl::Status LayerCopier::Drain() {
@@ -380,7 +483,16 @@ absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
   w = CuStatus(api->StreamWaitValue32(Cu(io), Cu(copied), seq, CU_STREAM_WAIT_VALUE_EQ),
                "cuStreamWaitValue32(slot copied)");
   if (status.ok()) status = w;
+  const bool timed = status.ok() && time_next_round_;
+  if (timed) status = CudaStatus(cudaEventRecord(timed_[0], io), "cudaEventRecord(timing)");
   if (status.ok()) status = memory->EnqueueScatter(round_ops_);
+  if (timed && status.ok()) {
+    status = CudaStatus(cudaEventRecord(timed_[1], io), "cudaEventRecord(timing)");
+    if (status.ok()) {
+      timed_bytes_ = round_ops_.size() * memory->object_len();
+      time_next_round_ = false;
+    }
+  }
   w = CuStatus(api->StreamWriteValue32(Cu(io), Cu(consumed), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
                "cuStreamWriteValue32(slot consumed)");
   if (status.ok()) status = w;

@@ -14,8 +14,16 @@
 //     whole transfer).
 //   kCopyEngine: the copy engines move every object straight from the registered staging into
 //     its block (one cudaMemcpyBatchAsync per layer): no SM works, at about half the bandwidth
-//     alone, and more than kStaged gets while an engine's kernels hold every SM (measured on the
-//     H200 under MPS: 24-28 GB/s and 0% of the engine's throughput, against 17 GB/s and 6%).
+//     alone; for engines that keep every SM busy.
+//   kAuto: kStaged while its scatter kernels run at speed. The first round (of 1 MiB or more) of
+//     each staged layer is timed on the GPU (events around its kernel); one that takes over
+//     `auto_slow_factor` times as long as the same kernel of that size on the idle GPU (fitted at
+//     creation from two sizes) means other kernels hold the SMs: the scatter kernel waits for SM
+//     slots and takes them from the engine. The next `auto_copy_engine_layers` layers then go as
+//     kCopyEngine, then staged is tried again. On the H200 under MPS, with an engine filling every
+//     SM: auto 0.2% of the engine's throughput and 21.5 GB/s, staged 6.5% and 17.8 GB/s (same run);
+//     alone, auto stays staged. Without MPS the GPU time-slices between processes: the kernel runs
+//     at speed in its slice, so auto stays staged there (docs/gpu.md).
 // Objects whose staging is not in the registered regions given at creation (the store's DRAM tier
 // is ordinary heap memory) take the kStaged way in both modes: `bounce_threads` threads copy them
 // into a pinned bounce buffer (the same geometry as the GPU slots), from which the copy engine
@@ -55,7 +63,7 @@ class CopyPool;
 
 class LayerCopier {
  public:
-  enum class Mode { kStaged, kMapped, kCopyEngine };
+  enum class Mode { kStaged, kMapped, kCopyEngine, kAuto };
   struct Options {
     Mode mode = Mode::kStaged;
     // Size of the GPU staging buffer (rounded up to 4 x 2 MiB), cut into kSlots slots: a slot
@@ -74,6 +82,9 @@ class LayerCopier {
     // of one copy per run: the copy engine walks the pitch itself, where per-run copies cost
     // microseconds of driver work each (a 64 KiB run per block and layer: about 14 GB/s).
     bool strided_copies = true;
+    // kAuto (see above).
+    double auto_slow_factor = 4;
+    uint32_t auto_copy_engine_layers = 64;
   };
   static constexpr uint32_t kSlots = 4;
 
@@ -88,6 +99,10 @@ class LayerCopier {
   ~LayerCopier();
 
   Mode mode() const { return options_.mode; }
+  // kAuto: layers sent through the copy engines so far, and the time a scatter kernel of `bytes`
+  // takes on the idle GPU (microseconds; measured at creation), which timed rounds are held to.
+  uint64_t copy_engine_layers() const;
+  double idle_kernel_us(uint64_t bytes) const;
   // The staging regions an engine memory must know (CudaIpcMemory::Open / WrapLocal): the
   // registered host regions and the GPU staging buffer.
   std::vector<StagingRegion> staging_regions() const;
@@ -139,6 +154,13 @@ class LayerCopier {
   absl::Status FlushRound(CudaIpcMemory* memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CopyIn(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsRegistered(const uint8_t* host, uint64_t len) const;
+  // kAuto: times the scatter kernel on the idle GPU at two sizes (slot 0 -> slot 1, best of
+  // three each) and fits idle_.
+  absl::Status MeasureIdleKernel();
+  absl::StatusOr<double> TimeIdleKernel(uint64_t bytes);  // microseconds
+  // kAuto: reads the timed round, if it has run; a slow one sends the next layers to the copy
+  // engines.
+  void CheckTimedRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many runs from runs_[first] on form one 2D copy (equal lengths, both pitches constant);
   // 1 when strided copies are off or the next run breaks the pattern.
   size_t StridedGroup(size_t first) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -156,7 +178,7 @@ class LayerCopier {
   std::array<cudaEvent_t, kSlots> bounce_free_{};  // recorded on copy_stream_
   std::unique_ptr<CopyPool> pool_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::array<uint32_t, kSlots> uses_ ABSL_GUARDED_BY(mu_){};
   std::array<bool, kSlots> bounce_pending_ ABSL_GUARDED_BY(mu_){};
   // Recorded on the I/O stream after each kPrevious layer, alternately; the previous one is
@@ -164,6 +186,18 @@ class LayerCopier {
   std::array<cudaEvent_t, 2> landed_{};
   uint32_t landed_next_ ABSL_GUARDED_BY(mu_) = 0;
   bool previous_pending_ ABSL_GUARDED_BY(mu_) = false;
+  // kAuto state: timing events around one round's kernel, that round's bytes while its timing
+  // is unread, whether the next round is to be timed.
+  struct IdleKernel {
+    double fixed_us = 0;  // a launch
+    double us_per_mib = 0;
+  } idle_;
+  std::array<cudaEvent_t, 2> timed_{};
+  uint64_t timed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool time_next_round_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t copy_engine_left_ ABSL_GUARDED_BY(mu_) = 0;
+  bool slow_ ABSL_GUARDED_BY(mu_) = false;  // the last timed round was slow (logged on change)
+  uint64_t copy_engine_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;
   // Scratch, reused across calls.
   std::vector<uint32_t> staged_ ABSL_GUARDED_BY(mu_);

@@ -30,6 +30,9 @@ struct Case {
   uint64_t round_bytes = 0;
   bool strided = true;
   bool overlap = false;  // both calls LayerCopier::Wait::kPrevious, then Drain
+  // kAuto: below 1, every timed scatter kernel counts as slow, so the call after one goes by
+  // copy engine.
+  double auto_slow = 4;
 };
 
 class LayerCopierTest : public ::testing::TestWithParam<Case> {};
@@ -83,9 +86,9 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   }
   std::vector<StagingRegion> reg;
   if (pinned) reg.push_back(pinned->staging());
-  auto copier = LayerCopier::Create({c.mode, c.gpu_bytes, c.bounce_threads, c.round_bytes,
-                                     c.strided},
-                                    io->get(), reg);
+  LayerCopier::Options options{c.mode, c.gpu_bytes, c.bounce_threads, c.round_bytes, c.strided};
+  options.auto_slow_factor = c.auto_slow;
+  auto copier = LayerCopier::Create(options, io->get(), reg);
   ASSERT_TRUE(copier.ok()) << copier.status();
   auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
   ASSERT_TRUE(mem.ok()) << mem.status();
@@ -99,6 +102,15 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 76, wait).ok());
   ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 77, wait).ok());
   ASSERT_TRUE((*copier)->Drain().ok());
+  if (c.mode == LayerCopier::Mode::kAuto) {
+    EXPECT_GT((*copier)->idle_kernel_us(1 << 20), 0.0);
+    // The first call's kernel is timed; the second call reads it (overlapped: only if it has run).
+    if (c.auto_slow >= 1) {
+      EXPECT_EQ((*copier)->copy_engine_layers(), 0u);
+    } else if (!c.overlap) {
+      EXPECT_EQ((*copier)->copy_engine_layers(), 1u);
+    }
+  }
   uint32_t word = 0;
   ASSERT_EQ(cudaMemcpy(&word, (*words_array)->word(kLayer), 4, cudaMemcpyDeviceToHost),
             cudaSuccess);
@@ -144,12 +156,20 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                                 true, 1ull << 20, true, true},
                                            Case{LayerCopier::Mode::kMapped, false, 128ull << 20},
                                            Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20},
-                                           Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20}),
+                                           Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20},
+                                           // kAuto at speed stays staged; "slow" switches.
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
+                                                false, 0, true, false, 0.001},
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
+                                                true, 1ull << 20, true, true, 0.001}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(info.param.mode == LayerCopier::Mode::kStaged
                                                   ? "staged"
                                               : info.param.mode == LayerCopier::Mode::kMapped
                                                   ? "mapped"
+                                              : info.param.mode == LayerCopier::Mode::kAuto
+                                                  ? "auto"
                                                   : "copy_engine") +
                                   (info.param.registered ? "_pinned" : "_heap") + "_" +
                                   std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
@@ -159,7 +179,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                        ? "_round" + std::to_string(info.param.round_bytes >> 10) + "k"
                                        : "") +
                                   (info.param.strided ? "" : "_unstrided") +
-                                  (info.param.overlap ? "_overlap" : "");
+                                  (info.param.overlap ? "_overlap" : "") +
+                                  (info.param.auto_slow < 1 ? "_slow" : "");
                          });
 
 TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {

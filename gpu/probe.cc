@@ -1,6 +1,7 @@
 #include "gpu/probe.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/stat.h>
 
 #include <cstring>
 
@@ -48,6 +49,15 @@ absl::StatusOr<DeviceInfo> Probe(int ordinal) {
     return absl::UnavailableError(absl::StrCat(info.name, " lacks unified addressing"));
   }
   return info;
+}
+
+MpsHint FindMps() {
+  MpsHint hint;
+  const char* dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  hint.pipe_directory = dir != nullptr && *dir != '\0' ? dir : "/tmp/nvidia-mps";
+  struct stat st;
+  hint.control_pipe_found = stat((hint.pipe_directory + "/control").c_str(), &st) == 0;
+  return hint;
 }
 
 std::string FormatUuid(const Uuid& u) {

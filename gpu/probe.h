@@ -40,6 +40,17 @@ inline constexpr int kMinComputeMajor = 9;
 // which, for logs and `tuttictl status`.
 absl::StatusOr<DeviceInfo> Probe(int ordinal = 0);
 
+// Whether an MPS control daemon seems to run for this process: its pipe directory
+// ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps) holds the "control" pipe. A hint for logs and
+// status, not a guarantee (a stale pipe, or a daemon that refuses this user, also count): without
+// MPS the GPU time-slices between tuttid and the engines, and an engine that keeps every SM busy
+// loses time to tuttid's kernels (docs/gpu.md).
+struct MpsHint {
+  std::string pipe_directory;
+  bool control_pipe_found = false;
+};
+MpsHint FindMps();
+
 // "GPU-" followed by the 16 bytes in hex, grouped 8-4-4-4-12, lower case.
 std::string FormatUuid(const Uuid& uuid);
 

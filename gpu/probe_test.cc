@@ -1,5 +1,10 @@
 #include "gpu/probe.h"
 
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace tutti::gpu {
@@ -45,6 +50,20 @@ TEST(UuidTest, RejectsMalformed) {
   EXPECT_FALSE(ParseUuid("GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f").ok());    // 31 digits
   EXPECT_FALSE(ParseUuid("GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f00").ok());  // 33 digits
   EXPECT_FALSE(ParseUuid("GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fg").ok());
+}
+
+TEST(MpsHintTest, LooksForTheControlPipeWhereClientsWould) {
+  std::string dir = std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
+                    "/mps_XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ASSERT_EQ(setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1), 0);
+  MpsHint hint = FindMps();
+  EXPECT_EQ(hint.pipe_directory, dir);
+  EXPECT_FALSE(hint.control_pipe_found);
+  ASSERT_EQ(mkfifo((dir + "/control").c_str(), 0600), 0);
+  EXPECT_TRUE(FindMps().control_pipe_found);
+  ASSERT_EQ(unsetenv("CUDA_MPS_PIPE_DIRECTORY"), 0);
+  EXPECT_EQ(FindMps().pipe_directory, "/tmp/nvidia-mps");
 }
 
 }  // namespace

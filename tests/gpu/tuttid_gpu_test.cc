@@ -136,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(Daemons, RoundTripTest,
                          ::testing::Values(DaemonCase{"staged", true}, DaemonCase{"staged", false},
                                            DaemonCase{"mapped", true}, DaemonCase{"mapped", false},
                                            DaemonCase{"copy_engine", true},
-                                           DaemonCase{"copy_engine", false}),
+                                           DaemonCase{"copy_engine", false},
+                                           DaemonCase{"auto", true}, DaemonCase{"auto", false}),
                          [](const ::testing::TestParamInfo<DaemonCase>& i) {
                            return i.param.scatter + (i.param.dram ? "_dram" : "_ssd");
                          });
