@@ -71,14 +71,16 @@ absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Create(
     sizes.push_back(regions[i].size_bytes);
   }
   RETURN_IF_ERROR(ValidatePlacements(sizes, placements, num_blocks, num_objects, object_len));
+  RETURN_IF_ERROR(InstallFaultGuard());
   std::vector<Mapping> maps;
   for (size_t i = 0; i < regions.size(); ++i) {
-    Mapping m{-1, nullptr, regions[i].size_bytes, regions[i].name};
+    Mapping m{-1, nullptr, regions[i].size_bytes, regions[i].name, nullptr};
     absl::Status s = MapRegion(i, regions[i], &m.fd, &m.base);
     if (!s.ok()) {
       UnmapAll(maps);
       return s;
     }
+    m.guard = std::make_unique<GuardedRange>(m.base, m.len);
     maps.push_back(std::move(m));
   }
   return std::unique_ptr<HostMemory>(
@@ -102,6 +104,7 @@ void HostMemory::UnmapAll(const std::vector<Mapping>& maps) {
 
 absl::Status HostMemory::CheckNotShrunk() const {
   for (const Mapping& m : maps_) {
+    if (m.guard->faulted()) return ShrankDuringCopy(m);
     struct stat st;
     if (fstat(m.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < m.len) {
       return absl::FailedPreconditionError(absl::StrCat("shm object ", m.name, " shrank below ",
@@ -112,21 +115,41 @@ absl::Status HostMemory::CheckNotShrunk() const {
   return absl::OkStatus();
 }
 
-uint8_t* HostMemory::Address(uint32_t block, uint32_t object) const {
+absl::Status HostMemory::ShrankDuringCopy(const Mapping& m) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("shm object ", m.name, " shrank during a copy (SIGBUS caught); this memory is ",
+                   "unusable now: detach and attach"));
+}
+
+uint8_t* HostMemory::Address(uint32_t block, uint32_t object, Mapping** mapping) {
   assert(block < num_blocks() && object < num_objects());
   const ObjectPlacement& p = placements_[object];
+  *mapping = &maps_[p.region];
   return maps_[p.region].base + p.offset + uint64_t{block} * p.block_stride;
 }
 
 absl::Status HostMemory::Scatter(absl::Span<const CopyOp> ops) {
   RETURN_IF_ERROR(CheckNotShrunk());
-  for (const CopyOp& op : ops) std::memcpy(Address(op.block, op.object), op.staging, object_len());
+  for (const CopyOp& op : ops) {
+    Mapping* m = nullptr;
+    uint8_t* dst = Address(op.block, op.object, &m);
+    if (!GuardedCopy(*m->guard, dst, op.staging, object_len())) return ShrankDuringCopy(*m);
+  }
   return absl::OkStatus();
 }
 
 absl::Status HostMemory::Gather(absl::Span<const CopyOp> ops) {
   RETURN_IF_ERROR(CheckNotShrunk());
-  for (const CopyOp& op : ops) std::memcpy(op.staging, Address(op.block, op.object), object_len());
+  for (const CopyOp& op : ops) {
+    Mapping* m = nullptr;
+    const uint8_t* src = Address(op.block, op.object, &m);
+    if (!GuardedCopy(*m->guard, op.staging, src, object_len())) return ShrankDuringCopy(*m);
+  }
+  // A fault in one region during this call replaced its pages with zeros after some of the
+  // objects above may have been read: only a call that saw no fault anywhere returns its bytes.
+  for (const Mapping& m : maps_) {
+    if (m.guard->faulted()) return ShrankDuringCopy(m);
+  }
   return absl::OkStatus();
 }
 

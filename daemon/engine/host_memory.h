@@ -2,9 +2,10 @@
 // engines without CUDA IPC). The daemon maps each named object read-write, shared, and copies with
 // memcpy.
 //
-// Hazard: an engine that shrinks (ftruncate) an object after Attach would make copies into the
-// lost pages fault. Scatter and Gather re-check every object's size before copying and fail with
-// FAILED_PRECONDITION if one shrank; a shrink racing with a copy is not caught.
+// An engine that shrinks (ftruncate) an object after Attach takes pages away under the daemon's
+// mapping. Scatter and Gather check every object's size before copying, and copy through
+// GuardedCopy (fault_guard.h), so a shrink racing with a copy is caught too: the call fails with
+// FAILED_PRECONDITION, as does every later one on this memory, and the daemon lives on.
 //
 // Thread-safety: Scatter and Gather may run concurrently (EngineMemory's contract).
 #ifndef TUTTI_DAEMON_ENGINE_HOST_MEMORY_H_
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "daemon/engine/engine_memory.h"
+#include "daemon/engine/fault_guard.h"
 #include "daemon/engine/placement.h"
 
 namespace tutti::engine {
@@ -37,7 +39,8 @@ class HostMemory final : public EngineMemory {
   // Opens (O_RDWR) and maps every region, then validates `placements` (ValidatePlacements) against
   // the declared sizes. Errors, naming the region or placement index: INVALID_ARGUMENT for a bad
   // name, a size of 0, an object smaller than its declared size, no regions, or a bad placement;
-  // FAILED_PRECONDITION (with the errno text) when an object cannot be opened or mapped. Nothing
+  // FAILED_PRECONDITION (with the errno text) when an object cannot be opened or mapped; INTERNAL
+  // if the SIGBUS guard cannot be installed. Nothing
   // stays mapped after an error. The engine may unlink the names after Attach; the mappings stay.
   static absl::StatusOr<std::unique_ptr<HostMemory>> Create(
       const std::vector<HostShmRegion>& regions, const std::vector<ObjectPlacement>& placements,
@@ -56,14 +59,17 @@ class HostMemory final : public EngineMemory {
     uint8_t* base = nullptr;
     uint64_t len = 0;
     std::string name;
+    std::unique_ptr<GuardedRange> guard;  // over [base, base + len)
   };
 
   HostMemory(std::vector<Mapping> maps, std::vector<ObjectPlacement> placements,
              uint32_t num_blocks, uint32_t num_objects, uint32_t object_len);
   static void UnmapAll(const std::vector<Mapping>& maps);
-  // FAILED_PRECONDITION if some object is now smaller than its mapping.
+  // FAILED_PRECONDITION if some object is now smaller than its mapping, or shrank during a copy.
   absl::Status CheckNotShrunk() const;
-  uint8_t* Address(uint32_t block, uint32_t object) const;
+  static absl::Status ShrankDuringCopy(const Mapping& m);
+  // Where object `object` of block `block` lies, and the mapping that holds it.
+  uint8_t* Address(uint32_t block, uint32_t object, Mapping** mapping);
 
   std::vector<Mapping> maps_;
   const std::vector<ObjectPlacement> placements_;

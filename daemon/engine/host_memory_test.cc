@@ -5,11 +5,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -140,6 +143,43 @@ TEST(HostMemoryTest, ShrunkObjectFailsCopiesInsteadOfCrashing) {
   std::vector<CopyOp> ops = {{1, 0, buf.data()}};
   EXPECT_EQ((*mem)->Scatter(ops).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*mem)->Gather(ops).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The engine shrinks its object while the daemon copies: without the SIGBUS guard this kills the
+// test process. Repeated until a shrink has landed mid-copy at least once (it nearly always does
+// at the first try: the size check before the copies takes microseconds, the copies milliseconds).
+TEST(HostMemoryTest, ShrinkRacingWithCopiesFailsThemInsteadOfCrashing) {
+  constexpr uint32_t kBig = 1 << 20, kCount = 32;
+  bool caught_mid_copy = false;
+  for (int attempt = 0; attempt < 20 && !caught_mid_copy; ++attempt) {
+    ShmObject obj(uint64_t{kBig} * kCount);
+    std::memset(obj.data(), 0x77, uint64_t{kBig} * kCount);
+    auto mem = HostMemory::Create({{obj.name(), uint64_t{kBig} * kCount}}, {{0, 0, kBig}}, kCount,
+                                  1, kBig);
+    ASSERT_TRUE(mem.ok()) << mem.status();
+    std::vector<uint8_t> staging(uint64_t{kBig} * kCount);
+    std::vector<CopyOp> ops;
+    for (uint32_t b = 0; b < kCount; ++b) ops.push_back({b, 0, staging.data() + uint64_t{b} * kBig});
+    std::thread engine([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      ASSERT_EQ(ftruncate(obj.fd(), 0), 0);
+    });
+    absl::Status status;
+    for (int i = 0; i < 1000 && status.ok(); ++i) {
+      status = i % 2 == 0 ? (*mem)->Gather(ops) : (*mem)->Scatter(ops);
+      // Every call that succeeded moved the real bytes.
+      if (status.ok() && i % 2 == 0) {
+        ASSERT_EQ(staging[uint64_t{kCount - 1} * kBig + 5], 0x77);
+      }
+    }
+    engine.join();
+    ASSERT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    caught_mid_copy = absl::StrContains(status.message(), "during a copy");
+    // Once shrunk, the memory stays refused, whichever check saw it first.
+    EXPECT_EQ((*mem)->Gather(ops).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*mem)->Scatter(ops).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_TRUE(caught_mid_copy) << "no shrink landed mid-copy in 20 tries";
 }
 
 }  // namespace
