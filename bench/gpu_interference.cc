@@ -238,7 +238,7 @@ absl::Status Run(std::vector<Record>* out) {
                   tag + ".daemon_scatter_alone", alone_gbps});
   std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f; copy-engine layers %llu\n",
               before, during, after,
-              static_cast<unsigned long long>(copier->copy_engine_layers()));
+              static_cast<unsigned long long>(copier->counters().copy_engine_layers));
   return absl::OkStatus();
 }
 

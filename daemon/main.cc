@@ -331,6 +331,12 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                           d->device_mode,
                           {config.pool().dirs().begin(), config.pool().dirs().end()},
                           absl::StrJoin(d->notes, "; ")};
+  if (d->gpu) {
+    info.gpu_layers = [copier = d->gpu->copier.get()] {
+      const gpu::LayerCopier::Counters c = copier->counters();
+      return server::GpuLayerCounts{c.layers, c.copy_engine_layers};
+    };
+  }
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();

@@ -228,11 +228,12 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
     mode = copy_engine_left_ > 0 ? Mode::kCopyEngine : Mode::kStaged;
     if (copy_engine_left_ > 0) {
       --copy_engine_left_;
-      ++copy_engine_total_;
     } else if (timed_bytes_ == 0) {
       time_next_round_ = true;  // the layer's first round
     }
   }
+  ++counters_.layers;
+  if (mode == Mode::kCopyEngine) ++counters_.copy_engine_layers;
   staged_.clear();
   direct_.clear();
   for (uint32_t i = 0; i < ops.size(); ++i) {
@@ -285,7 +286,7 @@ void LayerCopier::CheckTimedRound() {
       log::Get("gpu")->info(
           "gpu{}: scatter kernels at speed again ({} KiB in {:.0f} us, idle GPU {:.0f} us); "
           "retrieved layers staged ({} went through the copy engines)",
-          stream_->device(), bytes >> 10, 1000.0 * ms, idle_us, copy_engine_total_);
+          stream_->device(), bytes >> 10, 1000.0 * ms, idle_us, counters_.copy_engine_layers);
     }
     slow_ = slow;
   }
@@ -296,9 +297,9 @@ double LayerCopier::idle_kernel_us(uint64_t bytes) const {
   return idle_.fixed_us + idle_.us_per_mib * static_cast<double>(bytes) / (1 << 20);
 }
 
-uint64_t LayerCopier::copy_engine_layers() const {
+LayerCopier::Counters LayerCopier::counters() const {
   absl::MutexLock lock(&mu_);
-  return copy_engine_total_;
+  return counters_;
 }
 
 absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint64_t bytes) {

@@ -99,9 +99,15 @@ class LayerCopier {
   ~LayerCopier();
 
   Mode mode() const { return options_.mode; }
-  // kAuto: layers sent through the copy engines so far, and the time a scatter kernel of `bytes`
-  // takes on the idle GPU (microseconds; measured at creation), which timed rounds are held to.
-  uint64_t copy_engine_layers() const;
+  // Layers placed so far (ScatterLayer calls), and how many of them the copy engines moved alone
+  // (every one in kCopyEngine; in kAuto those after a slow kernel).
+  struct Counters {
+    uint64_t layers = 0;
+    uint64_t copy_engine_layers = 0;
+  };
+  Counters counters() const;
+  // kAuto: the time a scatter kernel of `bytes` takes on the idle GPU (microseconds; measured at
+  // creation), which timed rounds are held to.
   double idle_kernel_us(uint64_t bytes) const;
   // The staging regions an engine memory must know (CudaIpcMemory::Open / WrapLocal): the
   // registered host regions and the GPU staging buffer.
@@ -197,7 +203,7 @@ class LayerCopier {
   bool time_next_round_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t copy_engine_left_ ABSL_GUARDED_BY(mu_) = 0;
   bool slow_ ABSL_GUARDED_BY(mu_) = false;  // the last timed round was slow (logged on change)
-  uint64_t copy_engine_total_ ABSL_GUARDED_BY(mu_) = 0;
+  Counters counters_ ABSL_GUARDED_BY(mu_);
   uint32_t next_slot_ ABSL_GUARDED_BY(mu_) = 0;
   // Scratch, reused across calls.
   std::vector<uint32_t> staged_ ABSL_GUARDED_BY(mu_);

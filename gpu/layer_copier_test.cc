@@ -102,13 +102,17 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 76, wait).ok());
   ASSERT_TRUE((*copier)->ScatterLayer(mem->get(), ops, words->get(), kLayer, 77, wait).ok());
   ASSERT_TRUE((*copier)->Drain().ok());
+  EXPECT_EQ((*copier)->counters().layers, 2u);
+  if (c.mode == LayerCopier::Mode::kCopyEngine) {
+    EXPECT_EQ((*copier)->counters().copy_engine_layers, 2u);
+  }
   if (c.mode == LayerCopier::Mode::kAuto) {
     EXPECT_GT((*copier)->idle_kernel_us(1 << 20), 0.0);
     // The first call's kernel is timed; the second call reads it (overlapped: only if it has run).
     if (c.auto_slow >= 1) {
-      EXPECT_EQ((*copier)->copy_engine_layers(), 0u);
+      EXPECT_EQ((*copier)->counters().copy_engine_layers, 0u);
     } else if (!c.overlap) {
-      EXPECT_EQ((*copier)->copy_engine_layers(), 1u);
+      EXPECT_EQ((*copier)->counters().copy_engine_layers, 1u);
     }
   }
   uint32_t word = 0;

@@ -84,6 +84,11 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_store_failed(st.store_failed);
   resp->set_dram_hits(st.dram_hits);
   resp->set_sessions(sessions_->num_sessions());
+  if (info_.gpu_layers) {
+    const GpuLayerCounts g = info_.gpu_layers();
+    resp->set_gpu_layers(g.layers);
+    resp->set_gpu_layers_copy_engine(g.by_copy_engine);
+  }
   for (const store::NamespaceInfo& ns : st.namespaces) {
     tutti::v1::NamespaceStats* row = resp->add_namespaces();
     row->set_namespace_id(ns.id);

@@ -5,6 +5,8 @@
 #ifndef TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_
 #define TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,13 +19,22 @@
 
 namespace tutti::server {
 
-// Facts fixed at start-up that Status reports.
+// Layers the GPU copier placed, and those the copy engines moved alone.
+struct GpuLayerCounts {
+  uint64_t layers = 0;
+  uint64_t by_copy_engine = 0;
+};
+
+// Facts fixed at start-up that Status reports, and where Stats finds the GPU's counts.
 struct DaemonInfo {
   std::string version;
   std::string io_backend;            // e.g. "uring"
   std::string device_mode = "host";  // "host" or "cuda"
   std::vector<std::string> pool_dirs;
   std::string notes;  // fallbacks taken at start, in words
+  // cuda mode: the layer copier's counts (gpu/layer_copier.h), read at each Stats; empty in host
+  // mode.
+  std::function<GpuLayerCounts()> gpu_layers;
 };
 
 class AdminService final : public tutti::v1::Admin::Service {

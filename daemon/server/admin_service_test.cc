@@ -99,6 +99,24 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   EXPECT_EQ(stats.namespaces(0).model_id(), "test-model");
   EXPECT_EQ(stats.namespaces(0).blocks_ssd(), 3u);
   EXPECT_EQ(stats.namespaces(0).namespace_id(), ss.sessions(0).namespace_id());
+  EXPECT_EQ(stats.gpu_layers(), 0u);  // host mode
+}
+
+TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {
+  GpuLayerCounts counts{10, 4};
+  EnvOptions options;
+  options.gpu_layers = [&counts] { return counts; };
+  ServiceEnv env(options);
+  tutti::v1::StatsResponse stats;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(env.admin().Stats(&c1, {}, &stats).ok());
+  EXPECT_EQ(stats.gpu_layers(), 10u);
+  EXPECT_EQ(stats.gpu_layers_copy_engine(), 4u);
+  counts = {42, 40};
+  grpc::ClientContext c2;
+  ASSERT_TRUE(env.admin().Stats(&c2, {}, &stats).ok());
+  EXPECT_EQ(stats.gpu_layers(), 42u);
+  EXPECT_EQ(stats.gpu_layers_copy_engine(), 40u);
 }
 
 TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {

@@ -134,9 +134,9 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   kv_service_ = std::make_unique<KvCacheService>(
       KvCacheOptions{options.max_blocks_per_call}, raw_store, sessions_.get(),
       options.opener ? options.opener : HostMemoryOpener(), &gate_);
-  admin_service_ = std::make_unique<AdminService>(
-      DaemonInfo{"test", "memory", "host", {state_dir_ + "/pool"}, ""}, raw_store, sessions_.get(),
-      &session_clock_, &gate_);
+  DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
+  admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),
+                                                  &session_clock_, &gate_);
   auto server =
       Server::Start({socket_path_, 0660, ""}, {kv_service_.get(), admin_service_.get()}, &gate_);
   EXPECT_TRUE(server.ok()) << server.status();

@@ -5,6 +5,7 @@
 #define TUTTI_DAEMON_SERVER_SERVICE_TEST_ENV_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,7 @@ struct EnvOptions {
   uint32_t max_blocks_per_call = 16;
   MemoryOpener opener;  // empty: HostMemoryOpener()
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
+  std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
 };
 
 class ServiceEnv {

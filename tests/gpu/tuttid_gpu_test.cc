@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_engine.h"
 #include "tests/gpu/tuttid_runner.h"
+#include "tutti/v1/admin.grpc.pb.h"
 
 namespace tutti::gputest {
 namespace {
@@ -128,6 +129,17 @@ TEST_P(RoundTripTest, EachFormatByteExactWhileTheStreamWaitsPerLayer) {
     auto engine = GpuEngine::Create(shape, (*daemon)->socket(), shape.model_id);
     ASSERT_TRUE(engine.ok()) << engine.status() << "\n" << (*daemon)->LogTail();
     RoundTrip(**engine, 40, 11 + static_cast<int>(format));
+  }
+  // Three formats x 4 layers retrieved; tuttictl stats' counts follow the copier.
+  auto admin = tutti::v1::Admin::NewStub(UnixChannel((*daemon)->socket()));
+  grpc::ClientContext ctx;
+  tutti::v1::StatsResponse stats;
+  ASSERT_TRUE(admin->Stats(&ctx, {}, &stats).ok());
+  EXPECT_GE(stats.gpu_layers(), 12u);
+  if (c.scatter == "copy_engine") {
+    EXPECT_EQ(stats.gpu_layers_copy_engine(), stats.gpu_layers());
+  } else if (c.scatter != "auto") {
+    EXPECT_EQ(stats.gpu_layers_copy_engine(), 0u);
   }
   EXPECT_EQ(*(*daemon)->Stop(), 0) << (*daemon)->LogTail();
 }
