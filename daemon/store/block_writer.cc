@@ -136,17 +136,36 @@ absl::Status BlockStore::Impl::Recover() {
 }
 
 absl::Status BlockStore::Impl::WriteCheckpoint() {
+  // What a checkpoint holds (namespaces, entries, their slots and checksums) changes only under
+  // journal_mu_, which the caller holds throughout; MarkBad, which needs only mu_, hides a block
+  // whose record is harmless either way (it fails verification again). So the store's lock is
+  // taken per chunk of slots, and lookups and reads wait for one chunk's copy at most, not for
+  // the whole file to be encoded and written.
   return journal_->Checkpoint([this](Journal::Emitter& out) {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, info] : namespaces_) {
-      out.Emit(NamespaceRecord{id, info.descriptor.SerializeAsString()});
+    uint64_t num_slots = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, info] : namespaces_) {
+        out.Emit(NamespaceRecord{id, info.descriptor.SerializeAsString()});
+      }
+      num_slots = index_.num_slots();
     }
-    index_.ForEach([&](const Entry* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      if (e->bad) return;
-      auto sums = index_.Checksums(*e);
-      out.Emit(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
-                         std::vector<uint64_t>(sums.begin(), sums.end())});
-    });
+    std::vector<PutRecord> chunk;
+    for (uint64_t first = 0; first < num_slots; first += kCheckpointChunkSlots) {
+      chunk.clear();
+      {
+        absl::MutexLock lock(&mu_);
+        const uint64_t end = std::min(num_slots, first + kCheckpointChunkSlots);
+        for (uint64_t slot = first; slot < end; ++slot) {
+          const Entry* e = index_.AtSlot(slot);
+          if (e == nullptr || e->bad) continue;
+          auto sums = index_.Checksums(*e);
+          chunk.push_back(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
+                                    std::vector<uint64_t>(sums.begin(), sums.end())});
+        }
+      }
+      for (const PutRecord& r : chunk) out.Emit(r);
+    }
   });
 }
 
