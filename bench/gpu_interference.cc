@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, path, "mapped",
           "per pass) or \"staged\" (gpu::LayerCopier as tuttid: copy engine into GPU staging, "
           "then a device-to-device scatter, a layer at a time) or \"copy_engine\" (LayerCopier "
           "moving every object by the copy engines, no SMs)");
+ABSL_FLAG(std::string, direction, "retrieve",
+          "what the daemon does: \"retrieve\" (scatter layers into the engine's blocks) or "
+          "\"store\" (gather them out, LayerCopier::Gather, one call per layer)");
 ABSL_FLAG(double, overlap_s, 1.5, "seconds of scatter while the engine computes");
 ABSL_FLAG(std::string, label, "no_mps", "set-up name for the results (no_mps, mps)");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append results to");
@@ -175,7 +178,15 @@ absl::Status Run(std::vector<Record>* out) {
                                                            copier->staging_regions(), io.get()));
   std::vector<std::vector<engine::CopyOp>> layer_ops(kLayers);
   for (const engine::CopyOp& op : ops) layer_ops[op.object / 2].push_back(op);
+  const bool store = absl::GetFlag(FLAGS_direction) == "store";
+  if (!store && absl::GetFlag(FLAGS_direction) != "retrieve") {
+    return absl::InvalidArgumentError("--direction: retrieve or store");
+  }
   std::function<absl::Status()> pass = [&]() -> absl::Status {
+    if (store) {
+      for (const auto& lops : layer_ops) RETURN_IF_ERROR(copier->Gather(mem.get(), lops));
+      return absl::OkStatus();
+    }
     if (!staged) {
       RETURN_IF_ERROR(mem->EnqueueScatter(ops));
       return mem->Synchronize();
@@ -225,7 +236,7 @@ absl::Status Run(std::vector<Record>* out) {
   const double after = Rate(ends, t2 + 100000000, t2 + 1000000000);
   const double alone = (before + after) / 2;
   const std::string tag =
-      absl::StrCat(absl::GetFlag(FLAGS_label), ".", absl::GetFlag(FLAGS_path), ".",
+      absl::StrCat(absl::GetFlag(FLAGS_label), store ? ".store." : ".", absl::GetFlag(FLAGS_path), ".",
                    sms == 0 ? "all_sms" : absl::StrCat("sms", sms),
                    io->is_green() || sms == 0 ? "" : "_not_green", "_ctas", io->ctas(),
                    path != "copy_engine" && round_bytes > 0 ? absl::StrCat("_round", round_bytes >> 10, "k")
@@ -234,11 +245,14 @@ absl::Status Run(std::vector<Record>* out) {
   out->push_back({tag + ".engine_kernels_per_s_during_retrieve", during, "1/s",
                   tag + ".engine_kernels_per_s_alone", alone});
   out->push_back({tag + ".engine_throughput_loss", 100.0 * (1 - during / alone), "%", "", 0});
-  out->push_back({tag + ".daemon_scatter_during_engine", during_gbps, "GB/s",
-                  tag + ".daemon_scatter_alone", alone_gbps});
-  std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f; copy-engine layers %llu\n",
+  const std::string copy = store ? ".daemon_gather" : ".daemon_scatter";
+  out->push_back({tag + copy + "_during_engine", during_gbps, "GB/s", tag + copy + "_alone",
+                  alone_gbps});
+  std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f; copy-engine layers %llu, "
+              "gathers %llu\n",
               before, during, after,
-              static_cast<unsigned long long>(copier->counters().copy_engine_layers));
+              static_cast<unsigned long long>(copier->counters().copy_engine_layers),
+              static_cast<unsigned long long>(copier->counters().copy_engine_gathers));
   return absl::OkStatus();
 }
 

@@ -84,11 +84,20 @@ absl::Status CudaIpcMemory::EnqueueGather(absl::Span<const engine::CopyOp> ops) 
 }
 
 absl::Status CudaIpcMemory::EnqueueScatterByCopyEngine(absl::Span<const engine::CopyOp> ops) {
+  return EnqueueByCopyEngine(ops, CopyDirection::kToEngine);
+}
+
+absl::Status CudaIpcMemory::EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops) {
+  return EnqueueByCopyEngine(ops, CopyDirection::kFromEngine);
+}
+
+absl::Status CudaIpcMemory::EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops,
+                                                CopyDirection direction) {
   thread_local std::vector<CopyDesc> descs;  // these keep their capacity across calls
   thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<size_t> sizes;
-  RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, CopyDirection::kToEngine, &descs));
+  RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
   if (descs.empty()) return absl::OkStatus();
   dsts.clear();
   srcs.clear();
@@ -104,7 +113,8 @@ absl::Status CudaIpcMemory::EnqueueScatterByCopyEngine(absl::Span<const engine::
   absl::MutexLock lock(&stream_->mutex());
   return CudaStatus(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), descs.size(),
                                          &attr, &attr_index, 1, stream_->stream()),
-                    "cudaMemcpyBatchAsync(scatter)");
+                    direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
+                                                          : "cudaMemcpyBatchAsync(gather)");
 }
 
 absl::Status CudaIpcMemory::Scatter(absl::Span<const engine::CopyOp> ops) {

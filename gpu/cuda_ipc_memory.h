@@ -70,9 +70,11 @@ class CudaIpcMemory final : public engine::EngineMemory {
   // stream has passed them (Synchronize, or an event/ready word enqueued after).
   [[nodiscard]] absl::Status EnqueueScatter(absl::Span<const engine::CopyOp> ops);
   [[nodiscard]] absl::Status EnqueueGather(absl::Span<const engine::CopyOp> ops);
-  // Like EnqueueScatter, but the copy engines move each object (one cudaMemcpyBatchAsync, with
-  // cudaMemcpyFlagPreferOverlapWithCompute): no SM runs, at about half the kernel's bandwidth.
+  // Like EnqueueScatter and EnqueueGather, but the copy engines move each object (one
+  // cudaMemcpyBatchAsync, with cudaMemcpyFlagPreferOverlapWithCompute): no SM runs, at about half
+  // the kernel's bandwidth.
   [[nodiscard]] absl::Status EnqueueScatterByCopyEngine(absl::Span<const engine::CopyOp> ops);
+  [[nodiscard]] absl::Status EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops);
   [[nodiscard]] absl::Status Synchronize() { return stream_->Synchronize(); }
 
   // Device address of region `i` in this process (tests and diagnostics).
@@ -85,6 +87,7 @@ class CudaIpcMemory final : public engine::EngineMemory {
         layout_(layout),
         stream_(stream) {}
   absl::Status Enqueue(absl::Span<const engine::CopyOp> ops, CopyDirection direction);
+  absl::Status EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops, CopyDirection direction);
 
   const EngineLayout layout_;
   IoStream* const stream_;

@@ -54,6 +54,7 @@ if has retrieve; then
 fi
 
 if has interference; then
+  # TUTTI_INTERFERENCE_FLAGS: more flags for every variant (--direction=store: the daemon gathers).
   # PATH:SMS:CTAS[:ROUND_KIB[:MPS_PRIORITY]] of the daemon's copies: the staged path (copy engine, then a short
   # device-to-device kernel) with whole-slot rounds and with tuttid's default 8 MiB rounds and
   # smaller ones (shorter kernels hold the engine's SM slots for less time).
@@ -62,7 +63,7 @@ if has interference; then
     for v in $variants; do
       IFS=: read -r path sms ctas round prio <<< "$v"
       timeout 60 "$run" bench/gpu_interference --path="$path" --sms="$sms" --ctas="$ctas" \
-        --round_kib="${round:-0}" --mps_priority="${prio:--1}" \
+        --round_kib="${round:-0}" --mps_priority="${prio:--1}" ${TUTTI_INTERFERENCE_FLAGS:-} \
         --label="$1" --out="$out/gpu_interference.jsonl" --machine="$machine" \
         >> "$out/interference.log" 2>&1
       summary+=("gpu_interference $1 $v rc=$?")
@@ -107,7 +108,7 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader >>
   echo
   [[ -f "$out/bench.log" ]] && grep -E '^(I/O stream|metric|[a-z_0-9]+ +[0-9.]+ )' "$out/bench.log"
   [[ -f "$out/retrieve.log" ]] && grep -E '^(I/O stream|stored|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/retrieve.log" | cut -c1-150
-  [[ -f "$out/interference.log" ]] && grep -E 'loss|daemon_scatter|copy-engine|rror' "$out/interference.log" | cut -c1-150
+  [[ -f "$out/interference.log" ]] && grep -E 'loss|daemon_(scatter|gather)|copy-engine|rror' "$out/interference.log" | cut -c1-150
   [[ -f "$out/tests.log" ]] && grep -E '^(survivor|daemon killed)|Failure|FAILED  \]' "$out/tests.log" | head -30 | cut -c1-200
   [[ -f "$out/dead_memory.log" ]] && cat "$out/dead_memory.log" | cut -c1-150
   [[ -f "$out/owner_death.log" ]] && grep -v '^$' "$out/owner_death.log" | cut -c1-160

@@ -271,9 +271,10 @@ void LayerCopier::CheckTimedRound() {
   const cudaError_t e = cudaEventElapsedTime(&ms, timed_[0], timed_[1]);
   const uint64_t bytes = timed_bytes_;
   timed_bytes_ = 0;
-  if (e != cudaSuccess || bytes < (1ull << 20)) return;  // tiny rounds: launch latency rules
-  const double idle_us = idle_kernel_us(bytes);
-  const bool slow = 1000.0 * ms > options_.auto_slow_factor * idle_us;
+  if (e != cudaSuccess || bytes < kMinTimedBytes) return;  // tiny rounds: launch latency rules
+  const double us = 1000.0 * ms;
+  const double idle_us = idle_.Us(bytes);
+  const bool slow = us > options_.auto_slow_factor * idle_us;
   if (slow != slow_) {
     // Logged when it changes only: under a steadily busy engine the retry every
     // auto_copy_engine_layers layers finds it slow again.
@@ -281,39 +282,55 @@ void LayerCopier::CheckTimedRound() {
       log::Get("gpu")->info(
           "gpu{}: a scatter kernel of {} KiB took {:.0f} us (idle GPU {:.0f} us): other kernels "
           "hold the SMs; retrieved layers go through the copy engines alone, {} at a time",
-          stream_->device(), bytes >> 10, 1000.0 * ms, idle_us, options_.auto_copy_engine_layers);
+          stream_->device(), bytes >> 10, us, idle_us, options_.auto_copy_engine_layers);
     } else {
       log::Get("gpu")->info(
           "gpu{}: scatter kernels at speed again ({} KiB in {:.0f} us, idle GPU {:.0f} us); "
           "retrieved layers staged ({} went through the copy engines)",
-          stream_->device(), bytes >> 10, 1000.0 * ms, idle_us, counters_.copy_engine_layers);
+          stream_->device(), bytes >> 10, us, idle_us, counters_.copy_engine_layers);
     }
     slow_ = slow;
   }
   if (slow) copy_engine_left_ = options_.auto_copy_engine_layers;
 }
 
-double LayerCopier::idle_kernel_us(uint64_t bytes) const {
-  return idle_.fixed_us + idle_.us_per_mib * static_cast<double>(bytes) / (1 << 20);
+absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.gathers;
+    if (options_.mode == Mode::kCopyEngine || options_.mode == Mode::kAuto) {
+      ++counters_.copy_engine_gathers;
+      RETURN_IF_ERROR(memory->EnqueueGatherByCopyEngine(ops));
+    } else {
+      RETURN_IF_ERROR(memory->EnqueueGather(ops));
+    }
+  }
+  return stream_->Synchronize();
 }
+
+double LayerCopier::IdleKernel::Us(uint64_t bytes) const {
+  return fixed_us + us_per_mib * static_cast<double>(bytes) / (1 << 20);
+}
+
+double LayerCopier::idle_kernel_us(uint64_t bytes) const { return idle_.Us(bytes); }
 
 LayerCopier::Counters LayerCopier::counters() const {
   absl::MutexLock lock(&mu_);
   return counters_;
 }
 
-absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint64_t bytes) {
+absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint8_t* dst, uint64_t bytes) {
   constexpr uint32_t kObject = 32 << 10;
   std::vector<CopyDesc> descs;
   for (uint64_t off = 0; off + kObject <= bytes; off += kObject) {
-    descs.push_back({gpu_base_ + off, gpu_base_ + slot_bytes_ + off});
+    descs.push_back({gpu_base_ + off, dst + off});
   }
   double best = 0;
   for (int i = 0; i < 4; ++i) {  // the first is a warm-up
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[0], stream_->stream()), "event"));
     RETURN_IF_ERROR(CudaStatus(LaunchCopyObjects(descs.data(), descs.size(), kObject,
                                                  stream_->ctas(), stream_->stream()),
-                               "scatter kernel (idle timing)"));
+                               "copy kernel (idle timing)"));
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[1], stream_->stream()), "event"));
     RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(timed_[1]), "event"));
     float ms = 0;
@@ -323,19 +340,26 @@ absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint64_t bytes) {
   return best;
 }
 
-absl::Status LayerCopier::MeasureIdleKernel() {
-  // Two sizes, so that short rounds are not judged by a long kernel's rate: a launch costs
+absl::StatusOr<LayerCopier::IdleKernel> LayerCopier::FitIdleKernel(uint8_t* dst,
+                                                                    uint64_t max_bytes) {
+  // Two sizes, so that short kernels are not judged by a long one's rate: a launch costs
   // microseconds whatever it moves.
-  const uint64_t large = std::min<uint64_t>(slot_bytes_, 8ull << 20);
-  const uint64_t small = std::min<uint64_t>(large, 1ull << 20);
-  ASSIGN_OR_RETURN(const double t_large, TimeIdleKernel(large));
-  ASSIGN_OR_RETURN(const double t_small, TimeIdleKernel(small));
+  const uint64_t large = std::min<uint64_t>(max_bytes, 8ull << 20);
+  const uint64_t small = std::min<uint64_t>(large, kMinTimedBytes);
+  ASSIGN_OR_RETURN(const double t_large, TimeIdleKernel(dst, large));
+  ASSIGN_OR_RETURN(const double t_small, TimeIdleKernel(dst, small));
   const double mib_large = static_cast<double>(large) / (1 << 20);
   const double mib_small = static_cast<double>(small) / (1 << 20);
-  idle_.us_per_mib =
+  IdleKernel idle;
+  idle.us_per_mib =
       large > small ? std::max(0.0, (t_large - t_small) / (mib_large - mib_small)) : 0.0;
   // No round is larger than a slot, so a single size (small slots) bounds every round.
-  idle_.fixed_us = large > small ? std::max(0.0, t_small - idle_.us_per_mib * mib_small) : t_large;
+  idle.fixed_us = large > small ? std::max(0.0, t_small - idle.us_per_mib * mib_small) : t_large;
+  return idle;
+}
+
+absl::Status LayerCopier::MeasureIdleKernel() {
+  ASSIGN_OR_RETURN(idle_, FitIdleKernel(gpu_base_ + slot_bytes_, slot_bytes_));
   return absl::OkStatus();
 }
 

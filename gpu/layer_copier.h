@@ -99,11 +99,22 @@ class LayerCopier {
   ~LayerCopier();
 
   Mode mode() const { return options_.mode; }
+  // Store: copies `ops` out of the engine's blocks into registered staging and waits for them.
+  // kStaged and kMapped: the gather kernel (about 51 GB/s alone on the H200, but its SMs work for
+  // the whole PCIe transfer: 14% of a busy engine's throughput under MPS, 44% without);
+  // kCopyEngine and kAuto: the copy engines (about 31 GB/s, no SMs, 0% of the engine's). kAuto
+  // does not switch here as it does for retrieves: under load the gather kernel is only about
+  // twice as slow (it waits on PCIe either way), too close to tell, and a store is background
+  // work the engine does not wait on per layer. Errors as CudaIpcMemory::Gather.
+  absl::Status Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops);
+
   // Layers placed so far (ScatterLayer calls), and how many of them the copy engines moved alone
-  // (every one in kCopyEngine; in kAuto those after a slow kernel).
+  // (every one in kCopyEngine; in kAuto those after a slow kernel); the same for Gather calls.
   struct Counters {
     uint64_t layers = 0;
     uint64_t copy_engine_layers = 0;
+    uint64_t gathers = 0;  // Gather calls
+    uint64_t copy_engine_gathers = 0;
   };
   Counters counters() const;
   // kAuto: the time a scatter kernel of `bytes` takes on the idle GPU (microseconds; measured at
@@ -160,10 +171,18 @@ class LayerCopier {
   absl::Status FlushRound(CudaIpcMemory* memory) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CopyIn(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsRegistered(const uint8_t* host, uint64_t len) const;
-  // kAuto: times the scatter kernel on the idle GPU at two sizes (slot 0 -> slot 1, best of
-  // three each) and fits idle_.
+  struct IdleKernel {
+    double fixed_us = 0;  // a launch
+    double us_per_mib = 0;
+    double Us(uint64_t bytes) const;
+  };
+  // kAuto: kernels smaller than this are not judged.
+  static constexpr uint64_t kMinTimedBytes = 1ull << 20;
+  // kAuto: fits idle_ (the scatter kernel, slot 0 -> slot 1) on the idle GPU.
   absl::Status MeasureIdleKernel();
-  absl::StatusOr<double> TimeIdleKernel(uint64_t bytes);  // microseconds
+  // The copy kernel from slot 0 to `dst` at two sizes up to `max_bytes`, best of three each.
+  absl::StatusOr<IdleKernel> FitIdleKernel(uint8_t* dst, uint64_t max_bytes);
+  absl::StatusOr<double> TimeIdleKernel(uint8_t* dst, uint64_t bytes);  // microseconds
   // kAuto: reads the timed round, if it has run; a slow one sends the next layers to the copy
   // engines.
   void CheckTimedRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -194,10 +213,7 @@ class LayerCopier {
   bool previous_pending_ ABSL_GUARDED_BY(mu_) = false;
   // kAuto state: timing events around one round's kernel, that round's bytes while its timing
   // is unread, whether the next round is to be timed.
-  struct IdleKernel {
-    double fixed_us = 0;  // a launch
-    double us_per_mib = 0;
-  } idle_;
+  IdleKernel idle_;
   std::array<cudaEvent_t, 2> timed_{};
   uint64_t timed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool time_next_round_ ABSL_GUARDED_BY(mu_) = false;

@@ -187,6 +187,86 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                   (info.param.auto_slow < 1 ? "_slow" : "");
                          });
 
+struct GatherCase {
+  LayerCopier::Mode mode;
+  double auto_slow = 4;
+  uint64_t expect_copy_engine_gathers;
+};
+
+class LayerCopierGatherTest : public ::testing::TestWithParam<GatherCase> {};
+
+// Gathers every layer of `used` random blocks into registered staging, twice, and checks every
+// staged byte each time, and which way each went.
+TEST_P(LayerCopierGatherTest, GathersExactly) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  const GatherCase c = GetParam();
+  constexpr uint32_t kLayers = 3, kBlocks = 96, kUsed = 40, kObj = 64 * 1024;
+  const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kFusedKv, kLayers, kBlocks, kObj);
+  auto io = IoStream::Create({0, 8, 0});
+  ASSERT_TRUE(io.ok()) << io.status();
+  std::vector<void*> regions;
+  std::vector<LocalRegion> local;
+  for (uint32_t r = 0; r < kv.region_sizes.size(); ++r) {
+    std::vector<uint8_t> image(kv.region_sizes[r], kPoison);
+    for (uint32_t obj = 0; obj < kv.layout.placements.size(); ++obj) {
+      const engine::ObjectPlacement& pl = kv.layout.placements[obj];
+      if (pl.region != r) continue;
+      for (uint32_t b = 0; b < kBlocks; ++b) {
+        testing::FillObject(9, b, obj, image.data() + pl.offset + uint64_t{b} * pl.block_stride,
+                            kObj);
+      }
+    }
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, image.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(p, image.data(), image.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    regions.push_back(p);
+    local.push_back({p, image.size()});
+  }
+  const std::vector<uint32_t> blocks = testing::RandomBlocks(5, kUsed, kBlocks);
+  auto pinned = PinnedRegion::Allocate(uint64_t{kUsed} * kLayers * 2 * kObj);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  std::vector<engine::CopyOp> ops;
+  uint8_t* next = (*pinned)->host();
+  for (uint32_t b : blocks) {
+    for (uint32_t obj = 0; obj < kLayers * 2; ++obj, next += kObj) ops.push_back({b, obj, next});
+  }
+  LayerCopier::Options options{c.mode, 8ull << 20};
+  options.auto_slow_factor = c.auto_slow;
+  auto copier = LayerCopier::Create(options, io->get(), {(*pinned)->staging()});
+  ASSERT_TRUE(copier.ok()) << copier.status();
+  auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  std::vector<uint8_t> want(kObj);
+  for (int round = 0; round < 2; ++round) {
+    std::memset((*pinned)->host(), 0, uint64_t{kUsed} * kLayers * 2 * kObj);
+    ASSERT_TRUE((*copier)->Gather(mem->get(), ops).ok()) << "round " << round;
+    uint32_t wrong = 0;
+    for (const engine::CopyOp& op : ops) {
+      testing::FillObject(9, op.block, op.object, want.data(), kObj);
+      if (std::memcmp(op.staging, want.data(), kObj) != 0) ++wrong;
+    }
+    EXPECT_EQ(wrong, 0u) << "round " << round;
+  }
+  EXPECT_EQ((*copier)->counters().gathers, 2u);
+  EXPECT_EQ((*copier)->counters().copy_engine_gathers, c.expect_copy_engine_gathers);
+  mem->reset();
+  for (void* p : regions) cudaFree(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierGatherTest,
+                         ::testing::Values(GatherCase{LayerCopier::Mode::kStaged, 4, 0},
+                                           GatherCase{LayerCopier::Mode::kMapped, 4, 0},
+                                           GatherCase{LayerCopier::Mode::kCopyEngine, 4, 2},
+                                           GatherCase{LayerCopier::Mode::kAuto, 4, 2}),
+                         [](const ::testing::TestParamInfo<GatherCase>& info) {
+                           return std::string(info.param.mode == LayerCopier::Mode::kStaged ? "staged"
+                                              : info.param.mode == LayerCopier::Mode::kMapped
+                                                  ? "mapped"
+                                              : info.param.mode == LayerCopier::Mode::kAuto
+                                                  ? "auto"
+                                                  : "copy_engine");
+                         });
+
 TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
   TUTTI_SKIP_WITHOUT_GPU();
   auto io = IoStream::Create({0, 8, 0});

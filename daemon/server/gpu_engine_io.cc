@@ -75,7 +75,7 @@ class GpuEngineIo final : public EngineIo {
   absl::Status Gather(absl::Span<const engine::CopyOp> ops) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(Usable());
-    return memory_->Gather(ops);
+    return context_.copier->Gather(memory_.get(), ops);
   }
 
   absl::Status SignalCaptured(uint32_t ticket) override {
