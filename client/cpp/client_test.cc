@@ -106,7 +106,7 @@ class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     FixtureConfig config;
-    config.session_ttl_ms = 2000;
+    config.session_ttl_ms = session_ttl_ms_;
     auto daemon = TuttidFixture::Create(config);
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = std::move(*daemon);
@@ -173,8 +173,32 @@ class ClientTest : public ::testing::Test {
     return false;
   }
 
+  uint32_t session_ttl_ms_ = 2000;
   std::unique_ptr<TuttidFixture> daemon_;
 };
+
+// tuttid's default session TTL: a KeepAlive every 7.5 s.
+class DefaultTtlClientTest : public ClientTest {
+ protected:
+  DefaultTtlClientTest() { session_ttl_ms_ = 30000; }
+};
+
+// An engine that makes no call while tuttid restarts is attached again about a second after it is
+// back (the client watches the connection), not at its next KeepAlive 7.5 s after attaching.
+TEST_F(DefaultTtlClientTest, IdleClientReattachesSoonAfterARestart) {
+  Engine e = Engine::Make(Shape(), 8);
+  auto c = Attach(e);
+  ASSERT_NE(c, nullptr);
+  const absl::Time attached = absl::Now();
+  ASSERT_TRUE(daemon_->Stop().ok());
+  Start();
+  const absl::Time restarted = absl::Now();
+  ASSERT_LT(restarted - attached, absl::Seconds(4)) << "restart too slow to tell";
+  ASSERT_TRUE(AwaitGeneration(*c, 2, absl::Seconds(20))) << daemon_->LogTail();
+  EXPECT_LT(absl::Now() - restarted, absl::Seconds(3));
+  auto lease = c->Lookup(Keys(9, 2));  // the new session answers
+  EXPECT_TRUE(lease.ok()) << lease.status().ToString();
+}
 
 TEST_F(ClientTest, StoreLookupRetrieveLayerByLayer) {
   Engine e = Engine::Make(Shape(), 96);

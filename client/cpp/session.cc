@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
   std::unique_ptr<Session> session(new Session(options, *channel, std::move(request)));
   if (absl::Status s = session->AttachNow(options.call_timeout); !s.ok()) return s;
   session->thread_ = std::thread(&Session::Loop, session.get());
+  session->watcher_ = std::thread(&Session::WatchChannel, session.get());
   return session;
 }
 
@@ -101,6 +102,27 @@ void Session::Loop() {
   }
 }
 
+void Session::WatchChannel() {
+  grpc_connectivity_state state = channel_->GetState(false);
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    // Bounded waits, so that a stop is seen within one of them.
+    if (!channel_->WaitForStateChange(
+            state, absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)))) {
+      continue;
+    }
+    const grpc_connectivity_state now = channel_->GetState(false);
+    if (state == GRPC_CHANNEL_READY && now != GRPC_CHANNEL_READY) {
+      absl::MutexLock lock(&mu_);
+      wake_ = true;  // Loop's KeepAlive finds out whether the session is gone
+    }
+    state = now;
+  }
+}
+
 absl::Duration Session::Tick(absl::Duration backoff) {
   State state;
   Current cur;
@@ -137,6 +159,7 @@ void Session::StopThread() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 absl::Status Session::Detach() {

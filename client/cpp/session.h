@@ -1,10 +1,12 @@
 // Internal: one engine's attachment to tuttid, kept alive and re-made when tuttid comes back.
 //
-// A background thread calls KeepAlive every session_ttl / 4. When tuttid is unreachable or no
-// longer knows the session (it restarted), the session is "lost": calls get UNAVAILABLE, and the
-// thread re-sends the same AttachRequest (backing off from 50 ms to 1 s) until tuttid answers;
-// then the session id changes and the generation grows by one. Leases and transfers of an older
-// generation are void.
+// A background thread calls KeepAlive every session_ttl / 4, and at once when the connection to
+// tuttid drops (a second thread watches the channel), so an idle engine notices a restart within
+// about a second rather than at the next KeepAlive. When tuttid is unreachable or no longer knows
+// the session (it restarted), the session is "lost": calls get UNAVAILABLE, and the thread
+// re-sends the same AttachRequest (backing off from 50 ms to 1 s) until tuttid answers; then the
+// session id changes and the generation grows by one. Leases and transfers of an older generation
+// are void.
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef TUTTI_CLIENT_CPP_SESSION_H_
@@ -73,6 +75,8 @@ class Session {
   absl::Status AttachNow(absl::Duration deadline);
   void MarkLost(uint64_t generation, const absl::Status& why);
   void Loop();
+  // Wakes Loop when the channel leaves READY (tuttid closed the connection or died).
+  void WatchChannel();
   // One round of the loop; returns how long to sleep before the next.
   absl::Duration Tick(absl::Duration backoff);
   void StopThread();
@@ -90,6 +94,7 @@ class Session {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
+  std::thread watcher_;
 };
 
 }  // namespace tutti::client::internal

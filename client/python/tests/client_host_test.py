@@ -4,7 +4,6 @@ into other blocks (each layer checked as soon as its wait returns), release; a t
 in the middle of a retrieve (every wait returns, the blocks are reported failed); attach errors.
 """
 
-import os
 import time
 import unittest
 
@@ -161,6 +160,22 @@ class HostModeTest(unittest.TestCase):
                 c.retrieve(old, keys, list(range(20)))  # a lease of the old session
             c.release(old)
             self.retrieve_and_verify(c, e, keys, 32)
+
+    def test_idle_client_reattaches_soon_after_a_restart(self):
+        # tuttid's default session TTL: a KeepAlive every 7.5 s. The client watches the connection,
+        # so an engine that makes no call is attached again about a second after tuttid is back.
+        self.daemon.cleanup()
+        self.daemon = Tuttid(session_ttl_ms=30000).start()
+        e = self.engine(8)
+        with e.attach(self.daemon) as c:
+            attached = time.monotonic()
+            self.assertEqual(self.daemon.stop(), 0)
+            self.daemon.start()
+            restarted = time.monotonic()
+            self.assertLess(restarted - attached, 4.0, "restart too slow to tell")
+            self.assertTrue(self.await_generation(c, 2), self.daemon.log_tail())
+            self.assertLess(time.monotonic() - restarted, 3.0)
+            c.lookup(keys_of(9, 2))  # the new session answers
 
     def test_tuttid_killed_mid_retrieve(self):
         e = self.engine(224)

@@ -282,6 +282,10 @@ class Client:
             raise
         self._thread = threading.Thread(target=self._loop, name="tutti-keepalive", daemon=True)
         self._thread.start()
+        # The connection dropping (tuttid stopped or died) wakes the keep-alive thread at once, so
+        # an idle engine re-attaches about a second after a restart, not at its next KeepAlive.
+        self._connectivity = None
+        self._channel.subscribe(self._on_connectivity, try_to_connect=False)
 
     @classmethod
     def attach(cls, namespace: Namespace, num_blocks: int, objects: Sequence[ObjectTensor],
@@ -338,6 +342,14 @@ class Client:
         elif isinstance(err, errors.NotFound):
             with self._cv:
                 self._wake = True
+                self._cv.notify_all()
+
+    def _on_connectivity(self, state):
+        with self._cv:
+            was_ready = self._connectivity == grpc.ChannelConnectivity.READY
+            self._connectivity = state
+            if was_ready and state != grpc.ChannelConnectivity.READY:
+                self._wake = True  # the loop's KeepAlive finds out whether the session is gone
                 self._cv.notify_all()
 
     def _mark_lost(self, generation):
@@ -500,6 +512,7 @@ class Client:
             sid = self._session_id if self._state == "attached" else 0
             self._state = "detached"
             self._session_id = 0
+        self._channel.unsubscribe(self._on_connectivity)
         if threading.current_thread() is not self._thread:
             self._thread.join()
         if sid:
