@@ -172,9 +172,9 @@ class HostModeTest(unittest.TestCase):
             self.assertEqual(self.daemon.stop(), 0)
             self.daemon.start()
             restarted = time.monotonic()
-            self.assertLess(restarted - attached, 4.0, "restart too slow to tell")
+            self.assertLess(restarted - attached, 3.5, "restart too slow to tell")
             self.assertTrue(self.await_generation(c, 2), self.daemon.log_tail())
-            self.assertLess(time.monotonic() - restarted, 3.0)
+            self.assertLess(time.monotonic() - restarted, 3.5)  # >= 7.5 - 3.5 s without the watch
             c.lookup(keys_of(9, 2))  # the new session answers
 
     def test_tuttid_killed_mid_retrieve(self):
