@@ -41,6 +41,10 @@ struct StoreOptions {
   uint64_t retrieve_staging_bytes = 256ull << 20;
   uint32_t checkpoint_every = 65536;  // journal records between checkpoints
   uint32_t write_batch_blocks = 64;   // blocks per writer batch (one sync pair each)
+  // Slots whose entries a checkpoint copies under the store's lock at a time, so lookups wait
+  // for one chunk's copy at most; 0: the whole checkpoint encoded and written under one hold, as
+  // before chunking (bench/checkpoint_bench compares them).
+  uint64_t checkpoint_chunk_slots = 1024;
 };
 
 // What happened to one block of a Capture.

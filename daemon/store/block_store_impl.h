@@ -95,8 +95,6 @@ class BlockStore::Impl {
   void Publish(absl::Span<PendingBlock* const> batch);
   void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
-  // Slots whose entries one checkpoint copies under mu_ at a time.
-  static constexpr uint64_t kCheckpointChunkSlots = 1024;
   void ReapStalePending();
   // Hides `e` and appends its Delete record. The slot stays taken until the
   // record is durable.

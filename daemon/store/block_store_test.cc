@@ -217,30 +217,38 @@ TEST_F(BlockStoreTest, RestartKeepsEveryCommittedBlock) {
   EXPECT_TRUE(ReadAndVerify(keys).empty());
 }
 
-// More slots than the checkpoint copies under the store's lock at once (1024), so checkpoints
-// are written chunk by chunk: taken every 600 journal records while storing, then at shutdown.
+// More slots than the checkpoint copies under the store's lock at once (1024 by default), so
+// checkpoints are written chunk by chunk: taken every 600 journal records while storing, then at
+// shutdown.
 class BigBlockStoreTest : public BlockStoreTest {
  protected:
   BigBlockStoreTest() { capacity_ = 96ull << 20; }
+
+  void StoreCrashReopenAndVerify() {
+    options_.checkpoint_every = 600;
+    Open();
+    auto keys = Keys(0, 2400);
+    for (const CaptureOutcome& o : Store(keys)) ASSERT_EQ(o, CaptureOutcome::kDurable);
+    // A power cut: recovery from the last running checkpoint plus the journal after it.
+    disk_->PowerCut();
+    store_.reset();
+    disk_->Restart();
+    Open();
+    EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
+    store_->Unpin(ns_, keys);
+    Open();  // clean shutdown: one checkpoint holds everything
+    EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
+    for (size_t i = 0; i < keys.size(); i += 32) {
+      EXPECT_TRUE(ReadAndVerify(absl::MakeConstSpan(keys).subspan(i, 32)).empty()) << i;
+    }
+  }
 };
 
-TEST_F(BigBlockStoreTest, CheckpointsInChunksKeepEveryBlock) {
-  options_.checkpoint_every = 600;
-  Open();
-  auto keys = Keys(0, 2400);
-  for (const CaptureOutcome& o : Store(keys)) ASSERT_EQ(o, CaptureOutcome::kDurable);
-  // A power cut: recovery from the last running checkpoint plus the journal after it.
-  disk_->PowerCut();
-  store_.reset();
-  disk_->Restart();
-  Open();
-  EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
-  store_->Unpin(ns_, keys);
-  Open();  // clean shutdown: one checkpoint holds everything
-  EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
-  for (size_t i = 0; i < keys.size(); i += 32) {
-    EXPECT_TRUE(ReadAndVerify(absl::MakeConstSpan(keys).subspan(i, 32)).empty()) << i;
-  }
+TEST_F(BigBlockStoreTest, CheckpointsInChunksKeepEveryBlock) { StoreCrashReopenAndVerify(); }
+
+TEST_F(BigBlockStoreTest, CheckpointsUnderOneHoldKeepEveryBlock) {
+  options_.checkpoint_chunk_slots = 0;
+  StoreCrashReopenAndVerify();
 }
 
 TEST_F(BlockStoreTest, PowerCutLosesNoDurableBlockAndServesNoTornOne) {

@@ -150,19 +150,33 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
       }
       num_slots = index_.num_slots();
     }
+    const uint64_t step = options_.checkpoint_chunk_slots;
+    // One chunk's entries, emitted (encoded and written) after the lock is let go; with step 0
+    // everything is emitted under one hold, as before chunking (for comparison only).
     std::vector<PutRecord> chunk;
-    for (uint64_t first = 0; first < num_slots; first += kCheckpointChunkSlots) {
+    auto copy = [&](uint64_t first, uint64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (uint64_t slot = first; slot < end; ++slot) {
+        const Entry* e = index_.AtSlot(slot);
+        if (e == nullptr || e->bad) continue;
+        auto sums = index_.Checksums(*e);
+        chunk.push_back(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
+                                  std::vector<uint64_t>(sums.begin(), sums.end())});
+        if (step == 0) {
+          out.Emit(chunk.back());
+          chunk.clear();
+        }
+      }
+    };
+    if (step == 0) {
+      absl::MutexLock lock(&mu_);
+      copy(0, num_slots);
+      return;
+    }
+    for (uint64_t first = 0; first < num_slots; first += step) {
       chunk.clear();
       {
         absl::MutexLock lock(&mu_);
-        const uint64_t end = std::min(num_slots, first + kCheckpointChunkSlots);
-        for (uint64_t slot = first; slot < end; ++slot) {
-          const Entry* e = index_.AtSlot(slot);
-          if (e == nullptr || e->bad) continue;
-          auto sums = index_.Checksums(*e);
-          chunk.push_back(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
-                                    std::vector<uint64_t>(sums.begin(), sums.end())});
-        }
+        copy(first, std::min(num_slots, first + step));
       }
       for (const PutRecord& r : chunk) out.Emit(r);
     }
