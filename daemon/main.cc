@@ -334,7 +334,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   if (d->gpu) {
     info.gpu_layers = [copier = d->gpu->copier.get()] {
       const gpu::LayerCopier::Counters c = copier->counters();
-      return server::GpuLayerCounts{c.layers, c.copy_engine_layers};
+      return server::GpuLayerCounts{c.layers, c.copy_engine_layers, c.gathers,
+                                    c.copy_engine_gathers};
     };
   }
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),

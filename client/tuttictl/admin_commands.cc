@@ -176,9 +176,11 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
     kv.Add("errors", absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
                                   ", store rejected (full) ", r.store_rejected(), ", store failed ",
                                   r.store_failed()));
-    if (r.gpu_layers() > 0) {
+    if (r.gpu_layers() > 0 || r.gpu_gathers() > 0) {
       kv.Add("gpu layers", absl::StrCat(r.gpu_layers(), " placed, ", r.gpu_layers_copy_engine(),
                                         " by the copy engines alone"));
+      kv.Add("gpu gathers", absl::StrCat(r.gpu_gathers(), " (stores), ",
+                                         r.gpu_gathers_copy_engine(), " by the copy engines"));
     }
     std::string out = kv.Render();
     if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
@@ -213,6 +215,8 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
         {"store_failed", r.store_failed()},
         {"gpu_layers", r.gpu_layers()},
         {"gpu_layers_copy_engine", r.gpu_layers_copy_engine()},
+        {"gpu_gathers", r.gpu_gathers()},
+        {"gpu_gathers_copy_engine", r.gpu_gathers_copy_engine()},
     };
     for (const auto& [key, value] : fields) j.Key(key).Uint(value);
     j.Key("namespaces").BeginArray();

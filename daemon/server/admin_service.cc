@@ -88,6 +88,8 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
     const GpuLayerCounts g = info_.gpu_layers();
     resp->set_gpu_layers(g.layers);
     resp->set_gpu_layers_copy_engine(g.by_copy_engine);
+    resp->set_gpu_gathers(g.gathers);
+    resp->set_gpu_gathers_copy_engine(g.gathers_by_copy_engine);
   }
   for (const store::NamespaceInfo& ns : st.namespaces) {
     tutti::v1::NamespaceStats* row = resp->add_namespaces();

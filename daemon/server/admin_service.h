@@ -19,10 +19,12 @@
 
 namespace tutti::server {
 
-// Layers the GPU copier placed, and those the copy engines moved alone.
+// Layers the GPU copier placed and gathers it did, and those the copy engines moved alone.
 struct GpuLayerCounts {
   uint64_t layers = 0;
   uint64_t by_copy_engine = 0;
+  uint64_t gathers = 0;
+  uint64_t gathers_by_copy_engine = 0;
 };
 
 // Facts fixed at start-up that Status reports, and where Stats finds the GPU's counts.

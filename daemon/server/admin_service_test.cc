@@ -103,7 +103,7 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
 }
 
 TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {
-  GpuLayerCounts counts{10, 4};
+  GpuLayerCounts counts{10, 4, 3, 3};
   EnvOptions options;
   options.gpu_layers = [&counts] { return counts; };
   ServiceEnv env(options);
@@ -112,11 +112,15 @@ TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {
   ASSERT_TRUE(env.admin().Stats(&c1, {}, &stats).ok());
   EXPECT_EQ(stats.gpu_layers(), 10u);
   EXPECT_EQ(stats.gpu_layers_copy_engine(), 4u);
-  counts = {42, 40};
+  EXPECT_EQ(stats.gpu_gathers(), 3u);
+  EXPECT_EQ(stats.gpu_gathers_copy_engine(), 3u);
+  counts = {42, 40, 5, 0};
   grpc::ClientContext c2;
   ASSERT_TRUE(env.admin().Stats(&c2, {}, &stats).ok());
   EXPECT_EQ(stats.gpu_layers(), 42u);
   EXPECT_EQ(stats.gpu_layers_copy_engine(), 40u);
+  EXPECT_EQ(stats.gpu_gathers(), 5u);
+  EXPECT_EQ(stats.gpu_gathers_copy_engine(), 0u);
 }
 
 TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {

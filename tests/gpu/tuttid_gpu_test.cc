@@ -136,11 +136,15 @@ TEST_P(RoundTripTest, EachFormatByteExactWhileTheStreamWaitsPerLayer) {
   tutti::v1::StatsResponse stats;
   ASSERT_TRUE(admin->Stats(&ctx, {}, &stats).ok());
   EXPECT_GE(stats.gpu_layers(), 12u);
+  EXPECT_GE(stats.gpu_gathers(), 3u);  // each format's blocks were stored
   if (c.scatter == "copy_engine") {
     EXPECT_EQ(stats.gpu_layers_copy_engine(), stats.gpu_layers());
   } else if (c.scatter != "auto") {
     EXPECT_EQ(stats.gpu_layers_copy_engine(), 0u);
   }
+  // Stores gather by the copy engines in copy_engine and auto, by the kernel otherwise.
+  EXPECT_EQ(stats.gpu_gathers_copy_engine(),
+            c.scatter == "copy_engine" || c.scatter == "auto" ? stats.gpu_gathers() : 0u);
   EXPECT_EQ(*(*daemon)->Stop(), 0) << (*daemon)->LogTail();
 }
 
