@@ -103,24 +103,20 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
 }
 
 TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {
-  GpuLayerCounts counts{10, 4, 3, 3};
+  GpuLayerCounts counts;
   EnvOptions options;
   options.gpu_layers = [&counts] { return counts; };
   ServiceEnv env(options);
-  tutti::v1::StatsResponse stats;
-  grpc::ClientContext c1;
-  ASSERT_TRUE(env.admin().Stats(&c1, {}, &stats).ok());
-  EXPECT_EQ(stats.gpu_layers(), 10u);
-  EXPECT_EQ(stats.gpu_layers_copy_engine(), 4u);
-  EXPECT_EQ(stats.gpu_gathers(), 3u);
-  EXPECT_EQ(stats.gpu_gathers_copy_engine(), 3u);
-  counts = {42, 40, 5, 0};
-  grpc::ClientContext c2;
-  ASSERT_TRUE(env.admin().Stats(&c2, {}, &stats).ok());
-  EXPECT_EQ(stats.gpu_layers(), 42u);
-  EXPECT_EQ(stats.gpu_layers_copy_engine(), 40u);
-  EXPECT_EQ(stats.gpu_gathers(), 5u);
-  EXPECT_EQ(stats.gpu_gathers_copy_engine(), 0u);
+  for (const GpuLayerCounts& now : {GpuLayerCounts{10, 4, 3, 3}, GpuLayerCounts{42, 40, 5, 0}}) {
+    counts = now;
+    grpc::ClientContext ctx;
+    tutti::v1::StatsResponse stats;
+    ASSERT_TRUE(env.admin().Stats(&ctx, {}, &stats).ok());
+    EXPECT_EQ(stats.gpu_layers(), now.layers);
+    EXPECT_EQ(stats.gpu_layers_copy_engine(), now.by_copy_engine);
+    EXPECT_EQ(stats.gpu_gathers(), now.gathers);
+    EXPECT_EQ(stats.gpu_gathers_copy_engine(), now.gathers_by_copy_engine);
+  }
 }
 
 TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {
