@@ -10,6 +10,8 @@ set -u
 out="${OUT:-/tmp/tutti-gpu-out}"
 mkdir -p "$out"
 run=.bundle/run.sh
+# The C++ client's GPU test starts tuttid itself.
+[[ -z "${TUTTID_BIN:-}" && -x .bundle/tuttid.sh ]] && export TUTTID_BIN="$PWD/.bundle/tuttid.sh"
 parts="${*:-tests retrieve interference deadmem}"
 smi="$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv,noheader 2>&1 | head -1)"
 machine="nvidia-h200 device machine: $smi"

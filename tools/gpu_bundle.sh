@@ -74,6 +74,12 @@ if [ -x "$here/bin/$prog" ]; then exec "$here/bin/$prog" "$@"; fi
 exec "$prog" "$@"
 RUN
 chmod +x "$out/run.sh"
+# tuttid as one executable path, for tests and scripts that start it themselves (TUTTID_BIN,
+# gpu_e2e.py --tuttid).
+if [[ -x "$out/bin/daemon/tuttid" ]]; then
+  printf '#!/bin/sh\nexec "$(dirname "$0")/run.sh" daemon/tuttid "$@"\n' > "$out/tuttid.sh"
+  chmod +x "$out/tuttid.sh"
+fi
 
 exclude="$(git rev-parse --git-dir)/info/exclude"
 mkdir -p "$(dirname "$exclude")"
