@@ -63,6 +63,7 @@ def layout_of(shape, dtype_bytes):
 
 
 DEV = "cuda"  # --cpu-dry-run: "cpu" (host mode over shared memory, float32, tiny shapes)
+SCATTER = ""  # --scatter: tuttid's gpu.scatter ("": its default)
 _SHM = {}
 
 
@@ -90,7 +91,9 @@ def attach(cache, ns, daemon):
 
 
 def gpu_config():
-    return 'gpu { mode: "cuda" }' if DEV == "cuda" else 'gpu { mode: "host" }'
+    if DEV != "cuda":
+        return 'gpu { mode: "host" }'
+    return 'gpu { mode: "cuda"%s }' % (' scatter: "%s"' % SCATTER if SCATTER else "")
 
 
 def sync():
@@ -432,8 +435,8 @@ def write_ttft(args, rows, errs, suffix):
     date = time.strftime("%Y-%m-%d")
     gpu = torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu dry run"
     machine = "nvidia-h200 device machine (%s, Firecracker VM, pool on virtio disk)" % gpu
-    command = "python3 tests/e2e/gpu_e2e.py --parts ttft --prefixes %s --suffix %d" % (
-        args.prefixes, suffix)
+    command = "python3 tests/e2e/gpu_e2e.py --parts ttft --prefixes %s --suffix %d%s" % (
+        args.prefixes, suffix, " --scatter " + SCATTER if SCATTER else "")
     path = os.path.join(args.out, "e2e_ttft.jsonl")
     with open(path, "a") as f:
         for p, r in rows.items():
@@ -444,7 +447,9 @@ def write_ttft(args, rows, errs, suffix):
                 value = min(r[tier])
                 f.write(json.dumps({
                     "bench": "e2e_ttft",
-                    "metric": "ttft_llama3_8b_shape_prefix%d_new%d_%s" % (p, suffix, tier),
+                    "metric": "ttft_llama3_8b_shape_prefix%d_new%d_%s%s" % (
+                        p, suffix, tier, "_scatter_" + SCATTER if SCATTER and tier != "full"
+                        else ""),
                     "value": round(value, 2), "unit": "ms",
                     "baseline_name": "full_recompute", "baseline_value": round(base, 2),
                     "ratio": round(value / base, 4), "machine": machine, "date": date,
@@ -473,10 +478,14 @@ def main():
     ap.add_argument("--watchdog", type=float, default=0,
                     help="seconds per part before stacks and tuttid logs are printed and the "
                     "run exits with 3 (0: none)")
+    ap.add_argument("--scatter", default="",
+                    help="tuttid's gpu.scatter (auto, staged, copy_engine, mapped; default: "
+                    "tuttid's own)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="run correct/ttft on the CPU in host mode with tiny shapes (logic only)")
     args = ap.parse_args()
-    global DEV
+    global DEV, SCATTER
+    SCATTER = args.scatter
     if args.cpu_dry_run:
         DEV = "cpu"
     os.makedirs(args.out, exist_ok=True)
