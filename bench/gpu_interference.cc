@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -165,13 +166,12 @@ absl::Status Run(std::vector<Record>* out) {
     }
   }
   const std::string path = absl::GetFlag(FLAGS_path);
-  const bool staged = path != "mapped";  // through a LayerCopier
+  const std::optional<gpu::LayerCopier::Mode> mode = gpu::LayerCopier::ModeFromName(path);
+  if (!mode.has_value()) return absl::InvalidArgumentError("--path: " + path);
+  const bool staged = *mode != gpu::LayerCopier::Mode::kMapped;  // through a LayerCopier
   const uint64_t round_bytes = uint64_t{absl::GetFlag(FLAGS_round_kib)} << 10;
   ASSIGN_OR_RETURN(auto copier,
-                   gpu::LayerCopier::Create({path == "copy_engine" ? gpu::LayerCopier::Mode::kCopyEngine
-                                             : path == "auto"      ? gpu::LayerCopier::Mode::kAuto
-                                                                   : gpu::LayerCopier::Mode::kStaged,
-                                             pass_bytes / kLayers,
+                   gpu::LayerCopier::Create({*mode, pass_bytes / kLayers,
                                              /*bounce_threads=*/4, round_bytes},
                                             io.get(), {staging->staging()}));
   ASSIGN_OR_RETURN(auto mem, gpu::CudaIpcMemory::WrapLocal(kv.layout, local,

@@ -227,12 +227,8 @@ absl::Status RunInProc() {
   variants.push_back({gpu::LayerCopier::Mode::kCopyEngine, 0});
   variants.push_back({gpu::LayerCopier::Mode::kAuto, kDefaultRoundBytes});
   for (const auto& [mode, round] : variants) {
-    const std::string name =
-        mode == gpu::LayerCopier::Mode::kCopyEngine ? std::string("copy_engine")
-        : mode == gpu::LayerCopier::Mode::kAuto     ? std::string("auto_round8192k")
-        : mode == gpu::LayerCopier::Mode::kMapped
-            ? "mapped"
-            : (round == 0 ? std::string("staged") : absl::StrCat("staged_round", round >> 10, "k"));
+    const std::string name = absl::StrCat(std::string(gpu::LayerCopier::ModeName(mode)),
+                                          round == 0 ? "" : absl::StrCat("_round", round >> 10, "k"));
     ASSIGN_OR_RETURN(auto copier,
                      gpu::LayerCopier::Create({mode, s.layer_bytes, /*bounce_threads=*/4, round},
                                               s.io.get(), {s.pinned->staging()}));

@@ -273,11 +273,9 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
     ASSIGN_OR_RETURN(rt->dram, gpu::PinnedRegion::Register(dram.data(), dram.size()));
     registered.push_back(rt->dram->staging());
   }
+  // ValidateConfig admits only the copier's names.
   const gpu::LayerCopier::Mode mode =
-      g.scatter() == "mapped"          ? gpu::LayerCopier::Mode::kMapped
-      : g.scatter() == "copy_engine" ? gpu::LayerCopier::Mode::kCopyEngine
-      : g.scatter() == "auto"        ? gpu::LayerCopier::Mode::kAuto
-                                     : gpu::LayerCopier::Mode::kStaged;
+      gpu::LayerCopier::ModeFromName(g.scatter()).value_or(gpu::LayerCopier::Mode::kStaged);
   ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
                                                          /*bounce_threads=*/4, g.round_bytes()},
                                                         rt->stream.get(), registered));
@@ -286,7 +284,8 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
       "cuda mode on GPU ", g.device(), " (", device.name, ", ", device.uuid_text, "): I/O ",
       rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
       g.scatter(),
-      (g.scatter() == "staged" || g.scatter() == "auto") && g.round_bytes() > 0
+      (mode == gpu::LayerCopier::Mode::kStaged || mode == gpu::LayerCopier::Mode::kAuto) &&
+              g.round_bytes() > 0
           ? absl::StrCat(" in rounds of at most ", g.round_bytes() >> 10, " KiB")
           : std::string(),
       "; ", staging.size() >> 20, " MiB of staging and ", dram.size() >> 20,

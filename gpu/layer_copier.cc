@@ -197,6 +197,27 @@ LayerCopier::~LayerCopier() {
   if (gpu_base_ != nullptr) cudaFree(gpu_base_);
 }
 
+std::string_view LayerCopier::ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kStaged:
+      return "staged";
+    case Mode::kMapped:
+      return "mapped";
+    case Mode::kCopyEngine:
+      return "copy_engine";
+    case Mode::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+std::optional<LayerCopier::Mode> LayerCopier::ModeFromName(std::string_view name) {
+  for (Mode m : {Mode::kStaged, Mode::kMapped, Mode::kCopyEngine, Mode::kAuto}) {
+    if (ModeName(m) == name) return m;
+  }
+  return std::nullopt;
+}
+
 std::vector<StagingRegion> LayerCopier::staging_regions() const {
   std::vector<StagingRegion> out = registered_list_;
   out.push_back(StagingRegion{gpu_base_, kSlots * slot_bytes_, gpu_base_});
@@ -225,11 +246,12 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   Mode mode = options_.mode;
   if (mode == Mode::kAuto) {
     CheckTimedRound();
-    mode = copy_engine_left_ > 0 ? Mode::kCopyEngine : Mode::kStaged;
     if (copy_engine_left_ > 0) {
+      mode = Mode::kCopyEngine;
       --copy_engine_left_;
-    } else if (timed_bytes_ == 0) {
-      time_next_round_ = true;  // the layer's first round
+    } else {
+      mode = Mode::kStaged;
+      if (timed_bytes_ == 0) time_next_round_ = true;  // the layer's first round
     }
   }
   ++counters_.layers;
@@ -319,18 +341,18 @@ LayerCopier::Counters LayerCopier::counters() const {
   return counters_;
 }
 
-absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint8_t* dst, uint64_t bytes) {
+absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint64_t bytes) {
   constexpr uint32_t kObject = 32 << 10;
   std::vector<CopyDesc> descs;
   for (uint64_t off = 0; off + kObject <= bytes; off += kObject) {
-    descs.push_back({gpu_base_ + off, dst + off});
+    descs.push_back({gpu_base_ + off, gpu_base_ + slot_bytes_ + off});
   }
   double best = 0;
   for (int i = 0; i < 4; ++i) {  // the first is a warm-up
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[0], stream_->stream()), "event"));
     RETURN_IF_ERROR(CudaStatus(LaunchCopyObjects(descs.data(), descs.size(), kObject,
                                                  stream_->ctas(), stream_->stream()),
-                               "copy kernel (idle timing)"));
+                               "scatter kernel (idle timing)"));
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[1], stream_->stream()), "event"));
     RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(timed_[1]), "event"));
     float ms = 0;
@@ -340,26 +362,19 @@ absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint8_t* dst, uint64_t bytes)
   return best;
 }
 
-absl::StatusOr<LayerCopier::IdleKernel> LayerCopier::FitIdleKernel(uint8_t* dst,
-                                                                    uint64_t max_bytes) {
-  // Two sizes, so that short kernels are not judged by a long one's rate: a launch costs
+absl::Status LayerCopier::MeasureIdleKernel() {
+  // Two sizes, so that short rounds are not judged by a long kernel's rate: a launch costs
   // microseconds whatever it moves.
-  const uint64_t large = std::min<uint64_t>(max_bytes, 8ull << 20);
+  const uint64_t large = std::min<uint64_t>(slot_bytes_, 8ull << 20);
   const uint64_t small = std::min<uint64_t>(large, kMinTimedBytes);
-  ASSIGN_OR_RETURN(const double t_large, TimeIdleKernel(dst, large));
-  ASSIGN_OR_RETURN(const double t_small, TimeIdleKernel(dst, small));
+  ASSIGN_OR_RETURN(const double t_large, TimeIdleKernel(large));
+  ASSIGN_OR_RETURN(const double t_small, TimeIdleKernel(small));
   const double mib_large = static_cast<double>(large) / (1 << 20);
   const double mib_small = static_cast<double>(small) / (1 << 20);
-  IdleKernel idle;
-  idle.us_per_mib =
+  idle_.us_per_mib =
       large > small ? std::max(0.0, (t_large - t_small) / (mib_large - mib_small)) : 0.0;
   // No round is larger than a slot, so a single size (small slots) bounds every round.
-  idle.fixed_us = large > small ? std::max(0.0, t_small - idle.us_per_mib * mib_small) : t_large;
-  return idle;
-}
-
-absl::Status LayerCopier::MeasureIdleKernel() {
-  ASSIGN_OR_RETURN(idle_, FitIdleKernel(gpu_base_ + slot_bytes_, slot_bytes_));
+  idle_.fixed_us = large > small ? std::max(0.0, t_small - idle_.us_per_mib * mib_small) : t_large;
   return absl::OkStatus();
 }
 

@@ -43,6 +43,8 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -87,6 +89,11 @@ class LayerCopier {
     uint32_t auto_copy_engine_layers = 64;
   };
   static constexpr uint32_t kSlots = 4;
+
+  // The names config's gpu.scatter uses: "staged", "mapped", "copy_engine", "auto"; nullopt for
+  // any other name.
+  static std::string_view ModeName(Mode mode);
+  static std::optional<Mode> ModeFromName(std::string_view name);
 
   // Allocates the GPU staging buffer, the slot words, the copy stream and (with bounce threads)
   // the pinned bounce buffer and its threads. INVALID_ARGUMENT for an empty buffer or a bad
@@ -178,11 +185,10 @@ class LayerCopier {
   };
   // kAuto: kernels smaller than this are not judged.
   static constexpr uint64_t kMinTimedBytes = 1ull << 20;
-  // kAuto: fits idle_ (the scatter kernel, slot 0 -> slot 1) on the idle GPU.
+  // kAuto: fits idle_ to the scatter kernel (slot 0 -> slot 1) timed on the idle GPU at two sizes.
   absl::Status MeasureIdleKernel();
-  // The copy kernel from slot 0 to `dst` at two sizes up to `max_bytes`, best of three each.
-  absl::StatusOr<IdleKernel> FitIdleKernel(uint8_t* dst, uint64_t max_bytes);
-  absl::StatusOr<double> TimeIdleKernel(uint8_t* dst, uint64_t bytes);  // microseconds
+  // The scatter kernel over `bytes` of slot 0 into slot 1, best of three (microseconds).
+  absl::StatusOr<double> TimeIdleKernel(uint64_t bytes);
   // kAuto: reads the timed round, if it has run; a slow one sends the next layers to the copy
   // engines.
   void CheckTimedRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

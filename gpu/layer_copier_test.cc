@@ -168,13 +168,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                            Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
                                                 true, 1ull << 20, true, true, 0.001}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(info.param.mode == LayerCopier::Mode::kStaged
-                                                  ? "staged"
-                                              : info.param.mode == LayerCopier::Mode::kMapped
-                                                  ? "mapped"
-                                              : info.param.mode == LayerCopier::Mode::kAuto
-                                                  ? "auto"
-                                                  : "copy_engine") +
+                           return std::string(LayerCopier::ModeName(info.param.mode)) +
                                   (info.param.registered ? "_pinned" : "_heap") + "_" +
                                   std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
                                   std::to_string(info.param.bounce_threads) +
@@ -189,7 +183,6 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
 
 struct GatherCase {
   LayerCopier::Mode mode;
-  double auto_slow = 4;
   uint64_t expect_copy_engine_gathers;
 };
 
@@ -230,9 +223,7 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
   for (uint32_t b : blocks) {
     for (uint32_t obj = 0; obj < kLayers * 2; ++obj, next += kObj) ops.push_back({b, obj, next});
   }
-  LayerCopier::Options options{c.mode, 8ull << 20};
-  options.auto_slow_factor = c.auto_slow;
-  auto copier = LayerCopier::Create(options, io->get(), {(*pinned)->staging()});
+  auto copier = LayerCopier::Create({c.mode, 8ull << 20}, io->get(), {(*pinned)->staging()});
   ASSERT_TRUE(copier.ok()) << copier.status();
   auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
   ASSERT_TRUE(mem.ok()) << mem.status();
@@ -254,18 +245,23 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierGatherTest,
-                         ::testing::Values(GatherCase{LayerCopier::Mode::kStaged, 4, 0},
-                                           GatherCase{LayerCopier::Mode::kMapped, 4, 0},
-                                           GatherCase{LayerCopier::Mode::kCopyEngine, 4, 2},
-                                           GatherCase{LayerCopier::Mode::kAuto, 4, 2}),
+                         ::testing::Values(GatherCase{LayerCopier::Mode::kStaged, 0},
+                                           GatherCase{LayerCopier::Mode::kMapped, 0},
+                                           GatherCase{LayerCopier::Mode::kCopyEngine, 2},
+                                           GatherCase{LayerCopier::Mode::kAuto, 2}),
                          [](const ::testing::TestParamInfo<GatherCase>& info) {
-                           return std::string(info.param.mode == LayerCopier::Mode::kStaged ? "staged"
-                                              : info.param.mode == LayerCopier::Mode::kMapped
-                                                  ? "mapped"
-                                              : info.param.mode == LayerCopier::Mode::kAuto
-                                                  ? "auto"
-                                                  : "copy_engine");
+                           return std::string(LayerCopier::ModeName(info.param.mode));
                          });
+
+// Runs without a GPU: the names gpu.scatter takes (config/config.cc checks the same four).
+TEST(LayerCopierModeTest, NamesRoundTrip) {
+  for (auto m : {LayerCopier::Mode::kStaged, LayerCopier::Mode::kMapped,
+                 LayerCopier::Mode::kCopyEngine, LayerCopier::Mode::kAuto}) {
+    EXPECT_EQ(LayerCopier::ModeFromName(LayerCopier::ModeName(m)), m);
+  }
+  EXPECT_EQ(LayerCopier::ModeName(LayerCopier::Mode::kCopyEngine), "copy_engine");
+  EXPECT_FALSE(LayerCopier::ModeFromName("dma").has_value());
+}
 
 TEST(LayerCopierCreateTest, RejectsObjectsLargerThanTheBuffer) {
   TUTTI_SKIP_WITHOUT_GPU();

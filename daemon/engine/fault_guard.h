@@ -34,8 +34,6 @@ class GuardedRange {
   GuardedRange(const GuardedRange&) = delete;
   GuardedRange& operator=(const GuardedRange&) = delete;
 
-  uint8_t* base() const { return base_; }
-  uint64_t len() const { return len_; }
   bool contains(const void* p) const {
     const auto* b = static_cast<const uint8_t*>(p);
     return b >= base_ && b < base_ + len_;
