@@ -2,7 +2,6 @@
 // journal, recovery. One thread (writer_) runs WriteBatch; Evict and
 // RegisterNamespace share the journal under journal_mu_.
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -354,11 +353,7 @@ std::vector<uint8_t*> BlockStore::Impl::CopyToDram(absl::Span<PendingBlock* cons
     }
   }
   for (size_t b = 0; b < batch.size(); ++b) {
-    if (chunks[b] == nullptr) continue;
-    const PendingBlock* p = batch[b];
-    for (size_t j = 0; j < p->frames.size(); ++j) {
-      std::memcpy(chunks[b] + j * p->object_len, p->frames[j], p->object_len);
-    }
+    if (chunks[b] != nullptr) DramTier::FillChunk(chunks[b], batch[b]->object_len, batch[b]->frames);
   }
   return chunks;
 }

@@ -16,10 +16,14 @@ void DramTier::Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t o
   if (uint64_t{object_len} * objects.size() > chunk_bytes_) return;
   uint8_t* chunk = TakeChunk();
   if (chunk == nullptr) return;
+  FillChunk(chunk, object_len, objects);
+  InsertChunk(ns, key, epoch, object_len, static_cast<uint32_t>(objects.size()), chunk);
+}
+
+void DramTier::FillChunk(uint8_t* chunk, uint32_t object_len, absl::Span<uint8_t* const> objects) {
   for (size_t i = 0; i < objects.size(); ++i) {
     std::memcpy(chunk + i * object_len, objects[i], object_len);
   }
-  InsertChunk(ns, key, epoch, object_len, static_cast<uint32_t>(objects.size()), chunk);
 }
 
 uint8_t* DramTier::TakeChunk() {

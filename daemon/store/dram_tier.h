@@ -49,6 +49,8 @@ class DramTier {
   // by readers; the caller fills it with the block's objects, back to back; InsertChunk (under the
   // lock) caches it, or GiveBack returns it unused. Precondition: the block fits in a chunk.
   uint8_t* TakeChunk();
+  // Fills a chunk: `objects`, each `object_len` bytes, back to back.
+  static void FillChunk(uint8_t* chunk, uint32_t object_len, absl::Span<uint8_t* const> objects);
   void InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
                    uint32_t num_objects, uint8_t* chunk);
   void GiveBack(uint8_t* chunk);
