@@ -67,21 +67,49 @@ absl::Status CheckAbsolutePath(absl::string_view field, const std::string& path)
   return Bad(field, absl::StrCat("\"", path, "\""), "must be an absolute path");
 }
 
-absl::Status ValidateListen(const tutti::v1::ListenConfig& l) {
-  RETURN_IF_ERROR(CheckAbsolutePath("listen.socket_path", l.socket_path()));
-  if (l.socket_path().size() > kMaxSocketPath) {
-    return Bad("listen.socket_path", absl::StrCat("\"", l.socket_path(), "\""),
-               absl::StrCat("must be at most ", kMaxSocketPath, " characters (sun_path)"));
+absl::Status CheckSocket(absl::string_view field, const std::string& path, size_t suffix) {
+  RETURN_IF_ERROR(CheckAbsolutePath(field, path));
+  if (path.size() + suffix > kMaxSocketPath) {
+    return Bad(field, absl::StrCat("\"", path, "\""),
+               absl::StrCat("must be at most ", kMaxSocketPath - suffix, " characters (sun_path",
+                            suffix > 0 ? ", with the \".handoff\" socket beside it)" : ")"));
   }
-  if (l.socket_mode() > 0777) {
-    return Bad("listen.socket_mode", absl::StrFormat("0%o", l.socket_mode()),
-               "must be a permission mode in [0, 0777]");
+  return absl::OkStatus();
+}
+
+absl::Status CheckAccess(absl::string_view mode_field, uint32_t mode,
+                         absl::string_view group_field, const std::string& group) {
+  if (mode > 0777) {
+    return Bad(mode_field, absl::StrFormat("0%o", mode), "must be a permission mode in [0, 0777]");
   }
-  if (l.socket_group().size() > 32 || l.socket_group().find_first_of("/: ") != std::string::npos) {
-    return Bad("listen.socket_group", absl::StrCat("\"", l.socket_group(), "\""),
+  if (group.size() > 32 || group.find_first_of("/: ") != std::string::npos) {
+    return Bad(group_field, absl::StrCat("\"", group, "\""),
                "must be a group name of at most 32 characters, or empty");
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string AdminSocketPath(const tutti::v1::ListenConfig& l) {
+  return l.admin_socket_path().empty() ? l.socket_path() + ".admin" : l.admin_socket_path();
+}
+
+namespace {
+
+absl::Status ValidateListen(const tutti::v1::ListenConfig& l) {
+  RETURN_IF_ERROR(CheckSocket("listen.socket_path", l.socket_path(), sizeof(".handoff") - 1));
+  RETURN_IF_ERROR(
+      CheckAccess("listen.socket_mode", l.socket_mode(), "listen.socket_group", l.socket_group()));
+  if (!l.admin_socket_path().empty()) {
+    RETURN_IF_ERROR(CheckSocket("listen.admin_socket_path", l.admin_socket_path(), 0));
+  }
+  if (AdminSocketPath(l) == l.socket_path()) {
+    return Bad("listen.admin_socket_path", absl::StrCat("\"", l.admin_socket_path(), "\""),
+               "must differ from listen.socket_path (engines must not reach the operator API)");
+  }
+  return CheckAccess("listen.admin_socket_mode", l.admin_socket_mode(),
+                     "listen.admin_socket_group", l.admin_socket_group());
 }
 
 absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
@@ -123,7 +151,21 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
                absl::StrCat("must be in [", layer_bytes, ", ", kTiB,
                             "] (at least limits.max_blocks_per_call x 2 x pool.object_bytes)"));
   }
-  return CheckRange("limits.max_sessions", l.max_sessions(), 1, 65536);
+  RETURN_IF_ERROR(CheckRange("limits.max_sessions", l.max_sessions(), 1, 65536));
+  RETURN_IF_ERROR(
+      CheckRange("limits.max_sessions_per_user", l.max_sessions_per_user(), 1, l.max_sessions()));
+  RETURN_IF_ERROR(
+      CheckRange("limits.max_leases_per_session", l.max_leases_per_session(), 1, 1u << 20));
+  RETURN_IF_ERROR(CheckRange("limits.max_pinned_blocks_per_session",
+                             l.max_pinned_blocks_per_session(), l.max_blocks_per_call(),
+                             1u << 30));
+  RETURN_IF_ERROR(CheckRange("limits.max_pinned_blocks", l.max_pinned_blocks(),
+                             l.max_pinned_blocks_per_session(), uint64_t{1} << 34));
+  RETURN_IF_ERROR(
+      CheckRange("limits.max_calls_per_session", l.max_calls_per_session(), 1, 4096));
+  RETURN_IF_ERROR(CheckRange("limits.max_namespaces", l.max_namespaces(), 1, 1u << 20));
+  // A session needs two threads at least (a Retrieve stream and a KeepAlive).
+  return CheckRange("limits.max_rpc_threads", l.max_rpc_threads(), 8, 65536);
 }
 
 absl::Status ValidateDram(const tutti::v1::DramTierConfig& d, const tutti::v1::PoolConfig& p) {
@@ -172,7 +214,7 @@ void PrintMessage(const google::protobuf::Message& m, int indent, std::string* o
       continue;
     }
     std::string v;
-    if (f->name() == "socket_mode") {
+    if (f->name() == "socket_mode" || f->name() == "admin_socket_mode") {
       v = absl::StrFormat("0%o", r->GetUInt32(m, f));
     } else {
       google::protobuf::TextFormat::PrintFieldValueToString(m, f, -1, &v);

@@ -26,6 +26,10 @@ inline constexpr uint32_t kMaxObjectsPerSlot = 496;
 // The text of config/default.textproto, embedded in the binary. Lives forever.
 std::string_view DefaultConfigText();
 
+// The operator API's socket: listen.admin_socket_path, or socket_path + ".admin" when empty.
+// tuttictl derives it the same way from its --socket.
+std::string AdminSocketPath(const tutti::v1::ListenConfig& listen);
+
 // Returns the embedded default config, unvalidated (it is valid: config_test checks it).
 tutti::v1::Config DefaultConfig();
 

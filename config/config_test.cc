@@ -84,9 +84,18 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("state_dir: \"\"", {"state_dir"});
   ExpectRejected("listen { socket_path: \"tuttid.sock\" }", {"listen.socket_path", "absolute"});
   ExpectRejected("listen { socket_path: \"/" + std::string(120, 'a') + "\" }",
-                 {"listen.socket_path", "107"});
+                 {"listen.socket_path", "99"});
   ExpectRejected("listen { socket_mode: 01777 }", {"listen.socket_mode", "0777"});
   ExpectRejected("listen { socket_group: \"a/b\" }", {"listen.socket_group"});
+  ExpectRejected("listen { admin_socket_mode: 01777 }", {"listen.admin_socket_mode"});
+  ExpectRejected("listen { admin_socket_path: \"/run/tutti/tuttid.sock\" }",
+                 {"listen.admin_socket_path", "must differ"});
+  ExpectRejected("limits { max_sessions_per_user: 65 }", {"limits.max_sessions_per_user"});
+  ExpectRejected("limits { max_leases_per_session: 0 }", {"limits.max_leases_per_session"});
+  ExpectRejected("limits { max_pinned_blocks_per_session: 10 }",
+                 {"limits.max_pinned_blocks_per_session"});
+  ExpectRejected("limits { max_calls_per_session: 0 }", {"limits.max_calls_per_session"});
+  ExpectRejected("limits { max_rpc_threads: 2 }", {"limits.max_rpc_threads"});
   ExpectRejected("pool { dirs: \"ssd\" }", {"pool.dirs[0]", "absolute"});
   ExpectRejected("pool { dirs: \"/a\" dirs: \"/a\" }", {"pool.dirs[1]", "repeat"});
   ExpectRejected("pool { capacity_bytes: 1000 }", {"pool.capacity_bytes", "67108864"});

@@ -34,7 +34,10 @@
 #include "daemon/io/io_factory.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
+#include "daemon/common/handoff.h"
 #include "daemon/server/admin_service.h"
+#include "daemon/server/credentials.h"
+#include "daemon/server/handoff_server.h"
 #include "daemon/server/engine_watcher.h"
 #include "daemon/server/gpu_engine_io.h"
 #include "daemon/server/kvcache_service.h"
@@ -154,6 +157,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.store_staging_bytes = config.limits().store_staging_bytes();
   o.retrieve_staging_bytes = config.limits().retrieve_staging_bytes();
   o.checkpoint_every = config.journal().checkpoint_every();
+  o.max_namespaces = config.limits().max_namespaces();
   return o;
 }
 
@@ -186,13 +190,16 @@ struct Daemon {
   std::string device_mode = "host";
   std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
+  std::unique_ptr<server::CredentialTable> credentials;
   std::unique_ptr<store::BlockStore> store;
   std::unique_ptr<GpuRuntime> gpu;
   std::unique_ptr<server::SessionManager> sessions;
   std::unique_ptr<server::EngineWatcher> watcher;
   std::unique_ptr<server::KvCacheService> kv;
   std::unique_ptr<server::AdminService> admin;
-  std::unique_ptr<server::Server> server;
+  std::unique_ptr<server::Server> server;        // engines: the KvCache service
+  std::unique_ptr<server::HandoffServer> handoff;  // engines' credentials and memory
+  std::unique_ptr<server::Server> admin_server;  // operators: the Admin service
   std::unique_ptr<server::Reaper> reaper;
 };
 
@@ -306,14 +313,26 @@ absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, D
   return absl::OkStatus();
 }
 
-// Sessions, both services, the socket, and the reaper.
+// Sessions, both services, the three sockets, and the reaper.
 absl::Status StartServing(const v1::Config& config, Daemon* d) {
   const auto& limits = config.limits();
+  server::SessionManager::Options session_options;
+  session_options.session_ttl_ms = limits.session_ttl_ms();
+  session_options.lease_ttl_ms = limits.lease_ttl_ms();
+  session_options.max_sessions = limits.max_sessions();
+  session_options.max_sessions_per_user = limits.max_sessions_per_user();
+  session_options.max_leases_per_session = limits.max_leases_per_session();
+  session_options.max_pinned_blocks_per_session = limits.max_pinned_blocks_per_session();
+  session_options.max_pinned_blocks = limits.max_pinned_blocks();
   d->sessions = std::make_unique<server::SessionManager>(
-      server::SessionManager::Options{limits.session_ttl_ms(), limits.lease_ttl_ms(),
-                                      limits.max_sessions()},
-      Clock::Real(),
+      session_options, Clock::Real(),
       [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); });
+  // A credential waits at most a session TTL for its Attach; a user may have as many waiting as
+  // it may have sessions.
+  d->credentials = std::make_unique<server::CredentialTable>(
+      server::CredentialTable::Options{limits.session_ttl_ms(), 4 * limits.max_sessions(),
+                                       limits.max_sessions_per_user()},
+      Clock::Real());
   ASSIGN_OR_RETURN(
       d->watcher, server::EngineWatcher::Create([s = d->sessions.get()](uint64_t id, uint32_t pid) {
         (void)s->Close(id,
@@ -323,8 +342,9 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
       d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
              : server::HostMemoryOpener();
   d->kv = std::make_unique<server::KvCacheService>(
-      server::KvCacheOptions{limits.max_blocks_per_call()}, d->store.get(), d->sessions.get(),
-      std::move(opener), &d->gate, d->watcher.get());
+      server::KvCacheOptions{limits.max_blocks_per_call(), limits.max_calls_per_session()},
+      d->store.get(), d->sessions.get(), d->credentials.get(), std::move(opener), &d->gate,
+      d->watcher.get());
   server::DaemonInfo info{kVersion,
                           d->io_backend,
                           d->device_mode,
@@ -340,9 +360,17 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
-  ASSIGN_OR_RETURN(d->server, server::Server::Start({listen.socket_path(), listen.socket_mode(),
-                                                     listen.socket_group()},
-                                                    {d->kv.get(), d->admin.get()}, &d->gate));
+  const server::SocketAccess engines{listen.socket_mode(), listen.socket_group()};
+  ASSIGN_OR_RETURN(d->handoff, server::HandoffServer::Start(HandoffPath(listen.socket_path()),
+                                                            engines, d->credentials.get()));
+  ASSIGN_OR_RETURN(
+      d->admin_server,
+      server::Server::Start({config::AdminSocketPath(listen),
+                             {listen.admin_socket_mode(), listen.admin_socket_group()}},
+                            {d->admin.get()}));
+  ASSIGN_OR_RETURN(d->server,
+                   server::Server::Start({listen.socket_path(), engines, limits.max_rpc_threads()},
+                                         {d->kv.get()}, &d->gate));
   const uint32_t reap_ms =
       std::clamp<uint32_t>(std::min(limits.session_ttl_ms(), limits.lease_ttl_ms()) / 4, 10, 1000);
   d->reaper = std::make_unique<server::Reaper>(d->sessions.get(), reap_ms);
@@ -353,6 +381,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
 // makes every captured block durable before the store checkpoints and closes.
 void Stop(Daemon* d) {
   d->server->Shutdown(kShutdownGrace);  // returns once every handler has returned
+  d->admin_server->Shutdown(absl::ZeroDuration());  // the gate answers its calls UNAVAILABLE now
+  d->handoff.reset();
   d->reaper.reset();
   d->watcher.reset();
   d->sessions.reset();  // drops every lease's pins and every engine mapping
@@ -368,7 +398,8 @@ absl::Status Run() {
   log->info("tuttid {} starting; effective configuration:\n{}", kVersion,
             config::RenderConfig(config));
   // Fail before touching the pool if another daemon serves this socket (Server::Start checks too).
-  if (server::ProbeSocket(config.listen().socket_path()) == server::SocketState::kAnswering) {
+  if (server::ProbeSocket(config.listen().socket_path(), SOCK_STREAM) ==
+      server::SocketState::kAnswering) {
     return absl::FailedPreconditionError(
         absl::StrCat("another server (tuttid?) is answering on ", config.listen().socket_path()));
   }
@@ -377,8 +408,10 @@ absl::Status Run() {
   RETURN_IF_ERROR(OpenStore(config, &daemon));
   if (device.has_value()) RETURN_IF_ERROR(StartGpu(config, *device, &daemon));
   RETURN_IF_ERROR(StartServing(config, &daemon));
-  log->info("ready: serving on unix:{} ({}; io backend {})", config.listen().socket_path(),
-            absl::StrJoin(daemon.notes, "; "), daemon.io_backend);
+  log->info("ready: engines on unix:{} (and {}), operators on unix:{} ({}; io backend {})",
+            config.listen().socket_path(), daemon.handoff->path(),
+            config::AdminSocketPath(config.listen()), absl::StrJoin(daemon.notes, "; "),
+            daemon.io_backend);
   NotifySystemd("READY=1");
   const int sig = WaitForStopSignal();
   log->info("{}: stopping; in-flight calls get {}", strsignal(sig),

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "client/hostengine/connect.h"
+#include "daemon/common/handoff.h"
 #include "grpcpp/client_context.h"
 
 namespace tutti::hostengine {
@@ -25,8 +26,10 @@ void AddBlocks(absl::Span<const Key> keys, absl::Span<const uint32_t> engine_blo
 
 }  // namespace
 
-EngineClient::EngineClient(std::shared_ptr<grpc::Channel> channel, absl::Duration call_timeout)
+EngineClient::EngineClient(std::shared_ptr<grpc::Channel> channel, std::string socket_path,
+                           absl::Duration call_timeout)
     : channel_(std::move(channel)),
+      socket_path_(std::move(socket_path)),
       stub_(tutti::v1::KvCache::NewStub(channel_)),
       call_timeout_(call_timeout) {}
 
@@ -41,9 +44,17 @@ std::unique_ptr<grpc::ClientContext> EngineClient::NewContext() const {
   return ctx;
 }
 
-absl::StatusOr<AttachResponse> EngineClient::Attach(const AttachRequest& request) {
+absl::StatusOr<std::string> EngineClient::HandOff(absl::Span<const int> fds) const {
+  return tutti::HandOff(socket_path_, fds, call_timeout_);
+}
+
+absl::StatusOr<AttachResponse> EngineClient::Attach(AttachRequest request,
+                                                    absl::Span<const int> fds) {
   if (attached()) return absl::FailedPreconditionError("already attached");
   StopKeepAlive();
+  absl::StatusOr<std::string> credential = HandOff(fds);
+  if (!credential.ok()) return credential.status();
+  request.set_credential(*credential);
   AttachResponse response;
   auto ctx = NewContext();
   absl::Status status = FromGrpc(stub_->Attach(ctx.get(), request, &response));

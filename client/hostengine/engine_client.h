@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -28,17 +29,22 @@ namespace tutti::hostengine {
 
 class EngineClient {
  public:
-  // `channel` (from ConnectToTuttid) is shared. Every call gets a deadline of `call_timeout`.
-  explicit EngineClient(std::shared_ptr<grpc::Channel> channel,
-                        absl::Duration call_timeout = absl::Seconds(120));
+  // `channel` (from ConnectToTuttid to `socket_path`) is shared; `socket_path` also locates the
+  // handoff socket. Every call gets a deadline of `call_timeout`.
+  EngineClient(std::shared_ptr<grpc::Channel> channel, std::string socket_path,
+               absl::Duration call_timeout = absl::Seconds(120));
   // Stops the keep-alive thread and detaches (best effort) if attached.
   ~EngineClient();
   EngineClient(const EngineClient&) = delete;
   EngineClient& operator=(const EngineClient&) = delete;
 
-  // Attaches and starts a thread calling KeepAlive every session_ttl_ms / 4. FAILED_PRECONDITION
-  // if already attached; otherwise the daemon's error.
-  absl::StatusOr<tutti::v1::AttachResponse> Attach(const tutti::v1::AttachRequest& request);
+  // Hands `fds` over (HandOff), attaches with the credential, and starts a thread calling
+  // KeepAlive every session_ttl_ms / 4. FAILED_PRECONDITION if already attached; otherwise the
+  // handoff's or the daemon's error.
+  absl::StatusOr<tutti::v1::AttachResponse> Attach(tutti::v1::AttachRequest request,
+                                                   absl::Span<const int> fds);
+  // A credential for `fds` from the handoff socket, for raw requests (bad-input tests).
+  absl::StatusOr<std::string> HandOff(absl::Span<const int> fds) const;
   // Stops the keep-alive thread and detaches. FAILED_PRECONDITION if not attached.
   absl::Status Detach();
 
@@ -76,6 +82,7 @@ class EngineClient {
   void StopKeepAlive();
 
   std::shared_ptr<grpc::Channel> channel_;
+  const std::string socket_path_;
   std::unique_ptr<tutti::v1::KvCache::Stub> stub_;
   const absl::Duration call_timeout_;
   std::atomic<uint64_t> session_id_{0};

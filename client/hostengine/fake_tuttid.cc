@@ -12,6 +12,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/common/clock.h"
+#include "daemon/common/handoff.h"
+#include "daemon/server/credentials.h"
+#include "daemon/server/handoff_server.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "tutti/v1/admin.grpc.pb.h"
@@ -53,10 +57,15 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
       return grpc::Status(StatusCode::INVALID_ARGUMENT, "want one host_shm region");
     }
     const auto& shm = req->regions(0).host_shm();
-    const int fd = shm_open(shm.name().c_str(), O_RDWR, 0);
-    if (fd < 0) return grpc::Status(StatusCode::INVALID_ARGUMENT, "shm_open " + shm.name());
+    absl::StatusOr<server::Credential> credential = credentials_.Redeem(req->credential());
+    if (!credential.ok()) {
+      return grpc::Status(StatusCode::PERMISSION_DENIED, std::string(credential.status().message()));
+    }
+    if (shm.fd_index() >= credential->fds.size()) {
+      return grpc::Status(StatusCode::INVALID_ARGUMENT, "fd_index");
+    }
+    const int fd = credential->fds[shm.fd_index()].get();
     void* p = mmap(nullptr, shm.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (p == MAP_FAILED) return grpc::Status(StatusCode::INVALID_ARGUMENT, "mmap");
     const auto& layout = req->namespace_().layout();
     Session s;
@@ -266,17 +275,27 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   uint64_t store_calls_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t keepalives_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t lookups_ ABSL_GUARDED_BY(mu_) = 0;
+  server::CredentialTable credentials_{server::CredentialTable::Options{}, Clock::Real()};
+  std::unique_ptr<server::HandoffServer> handoff_;
 };
 
 absl::StatusOr<std::unique_ptr<FakeTuttid>> FakeTuttid::Start(const std::string& socket_path) {
   unlink(socket_path.c_str());
   auto impl = std::make_unique<Impl>();
   grpc::ServerBuilder builder;
+  unlink((socket_path + ".admin").c_str());
+  // Both services on the engine socket and the admin socket: a fake need not keep them apart.
   builder.AddListeningPort(absl::StrCat("unix:", socket_path), grpc::InsecureServerCredentials());
+  builder.AddListeningPort(absl::StrCat("unix:", socket_path, ".admin"),
+                           grpc::InsecureServerCredentials());
   builder.RegisterService(static_cast<v1::KvCache::Service*>(impl.get()));
   builder.RegisterService(static_cast<v1::Admin::Service*>(impl.get()));
   impl->server_ = builder.BuildAndStart();
   if (!impl->server_) return absl::InternalError("cannot serve on " + socket_path);
+  auto handoff =
+      server::HandoffServer::Start(HandoffPath(socket_path), {0600, ""}, &impl->credentials_);
+  if (!handoff.ok()) return handoff.status();
+  impl->handoff_ = std::move(*handoff);
   return std::unique_ptr<FakeTuttid>(new FakeTuttid(std::move(impl)));
 }
 

@@ -57,6 +57,7 @@ tutti::v1::AttachRequest HostEngine::MakeAttachRequest(const EngineIdentity& id)
   tutti::v1::HostShmRegion* shm = req.add_regions()->mutable_host_shm();
   shm->set_name(region_->name());
   shm->set_size_bytes(region_->size());
+  shm->set_fd_index(0);
   for (const auto& placement : shape_.Placements(num_blocks_)) *req.add_placements() = placement;
   req.set_num_blocks(num_blocks_);
   return req;

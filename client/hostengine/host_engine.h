@@ -56,8 +56,11 @@ class HostEngine {
   uint64_t VerifyBlock(uint32_t block, const Key& key, uint32_t layer_begin = 0,
                        uint32_t layer_end = 0) const;
 
-  // An AttachRequest naming this engine's region, placements, block count and namespace.
+  // An AttachRequest naming this engine's region (as the first descriptor of the handoff:
+  // fds()), placements, block count and namespace; the credential is EngineClient::Attach's.
   tutti::v1::AttachRequest MakeAttachRequest(const EngineIdentity& id) const;
+  // The descriptors to hand over with MakeAttachRequest's request, in fd_index order.
+  std::vector<int> fds() const { return {region_->fd()}; }
 
  private:
   HostEngine(const KvShape& shape, uint32_t num_blocks, std::unique_ptr<ShmRegion> region)

@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::string_view pr
   if (size == 0) return absl::InvalidArgumentError("shm size must be > 0");
   std::random_device rd;
   const std::string name = absl::StrFormat("/%s-%d-%08x%08x", prefix, getpid(), rd(), rd());
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0660);
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return ErrnoStatus("shm_open", name, errno);
   // posix_fallocate reserves the pages now, so a full /dev/shm is an error here rather than a
   // SIGBUS on first touch.
@@ -83,18 +83,20 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::string_view pr
   }
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   err = errno;
-  close(fd);
   if (p == MAP_FAILED) {
+    close(fd);
     shm_unlink(name.c_str());
     return ErrnoStatus("mmap", name, err);
   }
   const int slot = ClaimSlot(name);
-  return std::unique_ptr<ShmRegion>(new ShmRegion(name, static_cast<uint8_t*>(p), size, slot));
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion(name, static_cast<uint8_t*>(p), size, slot, fd));
 }
 
 ShmRegion::~ShmRegion() {
   Unlink();
   munmap(data_, size_);
+  close(fd_);
 }
 
 void ShmRegion::ReleaseSlot() {

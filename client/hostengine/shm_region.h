@@ -1,7 +1,7 @@
 // A POSIX shared-memory object created by a host-mode engine for its KV cache, mapped read-write.
 //
 // The name is unique ("/<prefix>-<pid>-<random hex>"); the object is created with O_EXCL and mode
-// 0660 (the daemon's group may map it). The destructor unmaps it and removes the name. Call
+// 0600: tuttid never opens it by name: the engine hands it the descriptor (fd()). The destructor unmaps it and removes the name. Call
 // Unlink() as soon as the daemon has mapped the region (after Attach) so that not even a SIGKILL of
 // this process can leave the name behind; the mapping stays valid. For the window before that,
 // UnlinkOnFatalSignals() installs handlers (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that remove the
@@ -39,20 +39,24 @@ class ShmRegion {
   // The shm_open name, with its leading '/'. Still returned after Unlink.
   const std::string& name() const { return name_; }
   uint8_t* data() const { return data_; }
+  // The object's descriptor (read-write), what the engine hands tuttid (daemon/common/handoff.h).
+  // Owned by the region; valid after Unlink too.
+  int fd() const { return fd_; }
   uint64_t size() const { return size_; }
 
   // Installs the handlers described above, once per process. Safe to call more than once.
   static void UnlinkOnFatalSignals();
 
  private:
-  ShmRegion(std::string name, uint8_t* data, uint64_t size, int slot)
-      : name_(std::move(name)), data_(data), size_(size), slot_(slot) {}
+  ShmRegion(std::string name, uint8_t* data, uint64_t size, int slot, int fd)
+      : name_(std::move(name)), data_(data), size_(size), slot_(slot), fd_(fd) {}
   void ReleaseSlot();
 
   std::string name_;
   uint8_t* data_;
   uint64_t size_;
   int slot_;  // index in the signal handler's table of live names; -1 for none
+  int fd_;
   bool linked_ = true;
 };
 

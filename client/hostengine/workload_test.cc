@@ -35,11 +35,11 @@ class WorkloadTest : public ::testing::Test {
     fake_ = std::move(*fake);
     auto channel = ConnectToTuttid(socket_, absl::Seconds(5));
     ASSERT_TRUE(channel.ok()) << channel.status();
-    client_ = std::make_unique<EngineClient>(*channel);
+    client_ = std::make_unique<EngineClient>(*channel, socket_);
     auto engine = HostEngine::Create(SmallShape(), 16, "tutti-wl-test");
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
-    auto attach = client_->Attach(engine_->MakeAttachRequest(EngineIdentity()));
+    auto attach = client_->Attach(engine_->MakeAttachRequest(EngineIdentity()), engine_->fds());
     ASSERT_TRUE(attach.ok()) << attach.status();
   }
   void TearDown() override {

@@ -25,7 +25,7 @@ absl::Status CallAdmin(const GlobalOptions& options,
                                                                Response*),
                        const Request& request, Response* response) {
   const absl::Duration timeout = absl::Milliseconds(options.timeout_ms);
-  ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(options.socket, timeout));
+  ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(AdminSocket(options), timeout));
   auto stub = v1::Admin::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

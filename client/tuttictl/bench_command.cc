@@ -111,9 +111,9 @@ absl::StatusOr<BenchResult> BenchCommand::RunPhases(const GlobalOptions& options
                    hostengine::HostEngine::Create(shape_, engine_blocks_, "tutti-bench"));
   ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(
                                      options.socket, absl::Milliseconds(options.timeout_ms)));
-  hostengine::EngineClient client(channel);
+  hostengine::EngineClient client(channel, options.socket);
   identity_.engine_id = absl::StrCat("tuttictl-bench pid ", getpid());
-  auto attach = client.Attach(engine->MakeAttachRequest(identity_));
+  auto attach = client.Attach(engine->MakeAttachRequest(identity_), engine->fds());
   if (!attach.ok()) {
     return absl::Status(attach.status().code(),
                         absl::StrCat("Attach: tuttid: ", attach.status().message()));

@@ -20,10 +20,16 @@ enum ExitCode { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
 
 // Flags every subcommand takes.
 struct GlobalOptions {
-  std::string socket;           // tuttid's unix socket
+  std::string socket;           // tuttid's engine socket (bench)
+  std::string admin_socket;     // the operator API's socket; empty: socket + ".admin"
   bool json = false;            // JSON instead of tables
   uint64_t timeout_ms = 10000;  // connect and admin-call deadline
 };
+
+// The socket admin commands connect to.
+inline std::string AdminSocket(const GlobalOptions& o) {
+  return o.admin_socket.empty() ? o.socket + ".admin" : o.admin_socket;
+}
 
 class Command {
  public:

@@ -10,7 +10,10 @@ namespace tutti::tuttictl {
 namespace {
 
 void RegisterGlobalFlags(FlagSet& flags, GlobalOptions& options, bool& help) {
-  flags.String("socket", &options.socket, "tuttid's unix socket");
+  flags.String("socket", &options.socket, "tuttid's engine socket (bench uses it)");
+  flags.String("admin_socket", &options.admin_socket,
+               "tuttid's operator socket (status, sessions, stats, evict); default: the "
+               "engine socket + \".admin\" (listen.admin_socket_path)");
   flags.Bool("json", &options.json, "print JSON instead of tables");
   flags.Uint64("timeout_ms", &options.timeout_ms, "deadline to connect and for admin calls");
   flags.Bool("help", &help, "show help");

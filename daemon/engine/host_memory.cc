@@ -16,70 +16,54 @@
 namespace tutti::engine {
 namespace {
 
-constexpr size_t kMaxShmName = 200;
-
-// Opens and maps one region; on error nothing is left open.
-absl::Status MapRegion(size_t index, const HostShmRegion& r, int* fd_out, uint8_t** base_out) {
-  const std::string what = absl::StrCat("regions[", index, "] (", r.name, ")");
+// Checks and maps one region's descriptor; on error nothing is left mapped (the caller still
+// owns the descriptor).
+absl::Status MapRegion(size_t index, const HostShmRegion& r, uint8_t** base_out) {
+  const std::string what = absl::StrCat("regions[", index, "] (", r.label, ")");
   if (r.size_bytes == 0) return absl::InvalidArgumentError(what + ": size_bytes is 0");
-  const int fd = shm_open(r.name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": shm_open: ", strerror(errno)));
-  }
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(what, ": fstat: ", strerror(err)));
+  if (fstat(r.fd.get(), &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": fstat: ", strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        what + ": the descriptor is not shared memory (a regular file: shm_open or memfd_create)");
+  }
+  const int flags = fcntl(r.fd.get(), F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return absl::InvalidArgumentError(what + ": the descriptor is not open read-write");
   }
   if (static_cast<uint64_t>(st.st_size) < r.size_bytes) {
-    close(fd);
     return absl::InvalidArgumentError(absl::StrCat(what, ": size_bytes ", r.size_bytes,
                                                    " exceeds the object's size ", st.st_size));
   }
-  void* p = mmap(nullptr, r.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = mmap(nullptr, r.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd.get(), 0);
   if (p == MAP_FAILED) {
-    const int err = errno;
-    close(fd);
-    return absl::FailedPreconditionError(absl::StrCat(what, ": mmap: ", strerror(err)));
+    return absl::FailedPreconditionError(absl::StrCat(what, ": mmap: ", strerror(errno)));
   }
-  *fd_out = fd;
   *base_out = static_cast<uint8_t*>(p);
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status ValidateShmName(const std::string& name) {
-  if (name.size() < 2 || name.size() > kMaxShmName || name[0] != '/' ||
-      name.find('/', 1) != std::string::npos || name.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm name \"", name, "\": must be '/' followed by 1 to ", kMaxShmName - 1,
-                     " characters, none of them '/'"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<HostMemory>> HostMemory::Create(
-    const std::vector<HostShmRegion>& regions, const std::vector<ObjectPlacement>& placements,
+    std::vector<HostShmRegion> regions, const std::vector<ObjectPlacement>& placements,
     uint32_t num_blocks, uint32_t num_objects, uint32_t object_len) {
   if (regions.empty()) return absl::InvalidArgumentError("regions: at least one is needed");
   std::vector<uint64_t> sizes;
-  for (size_t i = 0; i < regions.size(); ++i) {
-    absl::Status s = ValidateShmName(regions[i].name);
-    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: ", s.message()));
-    sizes.push_back(regions[i].size_bytes);
-  }
+  for (const HostShmRegion& r : regions) sizes.push_back(r.size_bytes);
   RETURN_IF_ERROR(ValidatePlacements(sizes, placements, num_blocks, num_objects, object_len));
   RETURN_IF_ERROR(InstallFaultGuard());
   std::vector<Mapping> maps;
   for (size_t i = 0; i < regions.size(); ++i) {
-    Mapping m{-1, nullptr, regions[i].size_bytes, regions[i].name, nullptr};
-    absl::Status s = MapRegion(i, regions[i], &m.fd, &m.base);
+    uint8_t* base = nullptr;
+    absl::Status s = MapRegion(i, regions[i], &base);
     if (!s.ok()) {
       UnmapAll(maps);
       return s;
     }
+    Mapping m{std::move(regions[i].fd), base, regions[i].size_bytes, regions[i].label, nullptr};
     m.guard = std::make_unique<GuardedRange>(m.base, m.len);
     maps.push_back(std::move(m));
   }
@@ -96,17 +80,14 @@ HostMemory::HostMemory(std::vector<Mapping> maps, std::vector<ObjectPlacement> p
 HostMemory::~HostMemory() { UnmapAll(maps_); }
 
 void HostMemory::UnmapAll(const std::vector<Mapping>& maps) {
-  for (const Mapping& m : maps) {
-    munmap(m.base, m.len);
-    close(m.fd);
-  }
+  for (const Mapping& m : maps) munmap(m.base, m.len);  // the descriptors close with `maps`
 }
 
 absl::Status HostMemory::CheckNotShrunk() const {
   for (const Mapping& m : maps_) {
     if (m.guard->faulted()) return ShrankDuringCopy(m);
     struct stat st;
-    if (fstat(m.fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < m.len) {
+    if (fstat(m.fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < m.len) {
       return absl::FailedPreconditionError(absl::StrCat("shm object ", m.name, " shrank below ",
                                                         m.len,
                                                         " bytes after Attach; detach and attach"));

@@ -1,6 +1,9 @@
-// EngineMemory over POSIX shared memory the engine created (host mode: CI, CPU engines, and GPU
-// engines without CUDA IPC). The daemon maps each named object read-write, shared, and copies with
-// memcpy.
+// EngineMemory over shared memory the engine created (host mode: CI, CPU engines, and GPU engines
+// without CUDA IPC). The engine hands the daemon its descriptors (daemon/common/handoff.h); the
+// daemon maps each one read-write, shared, and copies with memcpy. It never opens memory by name:
+// it can only reach what the engine itself could open. Pages are not touched at Attach (no
+// MAP_POPULATE): a sparse region costs nothing until blocks are copied into it, and only the
+// bytes the layout places blocks at are ever touched.
 //
 // An engine that shrinks (ftruncate) an object after Attach takes pages away under the daemon's
 // mapping. Scatter and Gather check every object's size before copying, and copy through
@@ -19,31 +22,30 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "daemon/common/unique_fd.h"
 #include "daemon/engine/engine_memory.h"
 #include "daemon/engine/fault_guard.h"
 #include "daemon/engine/placement.h"
 
 namespace tutti::engine {
 
-// A shared-memory object named by the engine (tutti.v1.HostShmRegion).
+// A shared-memory object the engine handed over (tutti.v1.HostShmRegion).
 struct HostShmRegion {
-  std::string name;  // shm_open name: '/' then 1..199 characters, none of them '/'
+  std::string label;  // for messages: the engine's name for it, escaped
+  UniqueFd fd;        // a regular file (shm or memfd) the engine opened read-write
   uint64_t size_bytes = 0;
 };
 
-// Returns OK if `name` is a valid shm_open name by the rule above, else INVALID_ARGUMENT.
-absl::Status ValidateShmName(const std::string& name);
-
 class HostMemory final : public EngineMemory {
  public:
-  // Opens (O_RDWR) and maps every region, then validates `placements` (ValidatePlacements) against
-  // the declared sizes. Errors, naming the region or placement index: INVALID_ARGUMENT for a bad
-  // name, a size of 0, an object smaller than its declared size, no regions, or a bad placement;
-  // FAILED_PRECONDITION (with the errno text) when an object cannot be opened or mapped; INTERNAL
-  // if the SIGBUS guard cannot be installed. Nothing
-  // stays mapped after an error. The engine may unlink the names after Attach; the mappings stay.
+  // Validates `placements` (ValidatePlacements) against the declared sizes, then maps every
+  // region's descriptor, taking ownership of them. Errors, naming the region or placement index:
+  // INVALID_ARGUMENT for a size of 0, a descriptor that is not a regular file, not open
+  // read-write, or smaller than its declared size, no regions, or a bad placement;
+  // FAILED_PRECONDITION (with the errno text) when a region cannot be mapped; INTERNAL if the
+  // SIGBUS guard cannot be installed. Nothing stays mapped after an error.
   static absl::StatusOr<std::unique_ptr<HostMemory>> Create(
-      const std::vector<HostShmRegion>& regions, const std::vector<ObjectPlacement>& placements,
+      std::vector<HostShmRegion> regions, const std::vector<ObjectPlacement>& placements,
       uint32_t num_blocks, uint32_t num_objects, uint32_t object_len);
 
   // Unmaps every region. Callers keep the object alive (shared_ptr) while a copy is in flight.
@@ -55,7 +57,7 @@ class HostMemory final : public EngineMemory {
 
  private:
   struct Mapping {
-    int fd = -1;
+    UniqueFd fd;
     uint8_t* base = nullptr;
     uint64_t len = 0;
     std::string name;

@@ -187,10 +187,10 @@ absl::StatusOr<std::unique_ptr<EngineIo>> OpenGpu(const tutti::v1::AttachRequest
 MemoryOpener GpuMemoryOpener(GpuIoContext context) {
   MemoryOpener host = HostMemoryOpener();
   return
-      [context, host](const tutti::v1::AttachRequest& req,
-                      const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+      [context, host](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
+                      Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
         ASSIGN_OR_RETURN(const bool cuda, AllCudaIpc(req));
-        if (!cuda) return host(req, ns);
+        if (!cuda) return host(req, ns, credential);
         return OpenGpu(req, ns, context);
       };
 }

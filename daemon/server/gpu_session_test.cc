@@ -108,10 +108,9 @@ class GpuSessionTest : public ::testing::Test {
     EnvOptions o;
     o.dram_bytes = dram_bytes;
     MemoryOpener host = HostMemoryOpener();
-    o.opener = [host, log](
-                   const tutti::v1::AttachRequest& req,
-                   const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
-      ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, host(req, ns));
+    o.opener = [host, log](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
+                           Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, host(req, ns, credential));
       return std::unique_ptr<EngineIo>(new FakeDeviceIo(std::move(io), log));
     };
     return o;
@@ -271,7 +270,7 @@ TEST_F(GpuSessionTest, ClosingTheSessionStopsWordsForLaterFailures) {
 TEST(HostSessionTest, ReadyWordsNeedGpuMemory) {
   ServiceEnv env;
   ShmEngine engine;
-  tutti::v1::AttachRequest req = engine.AttachRequest();
+  tutti::v1::AttachRequest req = env.AttachRequest(engine);
   req.mutable_ready_words()->set_count(3);
   grpc::ClientContext ctx;
   tutti::v1::AttachResponse resp;

@@ -1,13 +1,12 @@
 #include "daemon/server/kvcache_service.h"
 
-#include <signal.h>
-
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/common/client_text.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/engine/host_memory.h"
@@ -19,6 +18,8 @@ namespace {
 using tutti::v1::MemoryRegion;
 
 constexpr size_t kMaxEngineId = 256;
+constexpr size_t kMaxModelId = 256;
+constexpr size_t kMaxHashScheme = 64;
 
 tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
   switch (o) {
@@ -47,8 +48,8 @@ std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& 
 }  // namespace
 
 MemoryOpener HostMemoryOpener() {
-  return [](const tutti::v1::AttachRequest& req,
-            const store::NamespaceInfo& ns) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+  return [](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
+            Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
     if (req.has_ready_words()) {
       return absl::InvalidArgumentError(
           "ready_words: only with cuda_ipc regions (GPU mode); host-mode engines learn of "
@@ -66,33 +67,68 @@ MemoryOpener HostMemoryOpener() {
       if (r.kind_case() != MemoryRegion::kHostShm) {
         return absl::InvalidArgumentError(absl::StrCat("regions[", i, "]: no kind set"));
       }
-      regions.push_back({r.host_shm().name(), r.host_shm().size_bytes()});
+      const std::string field = absl::StrCat("regions[", i, "]");
+      RETURN_IF_ERROR(CheckClientText(field + ".host_shm.name", r.host_shm().name(), 200));
+      const uint32_t index = r.host_shm().fd_index();
+      if (index >= credential.fds.size() || !credential.fds[index].valid()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".host_shm.fd_index = ", index, ": the handoff carried ",
+            credential.fds.size(), " descriptors, each usable by one region"));
+      }
+      regions.push_back({r.host_shm().name(), std::move(credential.fds[index]),
+                         r.host_shm().size_bytes()});
     }
     ASSIGN_OR_RETURN(auto memory,
-                     engine::HostMemory::Create(regions, Placements(req), req.num_blocks(),
-                                                ns.num_objects, ns.object_len));
+                     engine::HostMemory::Create(std::move(regions), Placements(req),
+                                                req.num_blocks(), ns.num_objects, ns.object_len));
     return MakeHostEngineIo(std::move(memory));
   };
 }
 
 KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
-                               SessionManager* sessions, MemoryOpener opener, CallGate* gate,
-                               EngineWatcher* watcher)
+                               SessionManager* sessions, CredentialTable* credentials,
+                               MemoryOpener opener, CallGate* gate, EngineWatcher* watcher)
     : options_(options),
       store_(store),
       sessions_(sessions),
+      credentials_(credentials),
       opener_(std::move(opener)),
       gate_(gate),
       watcher_(watcher) {}
 
+absl::StatusOr<KvCacheService::SessionCall> KvCacheService::EnterSession(uint64_t session_id) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(session_id));
+  if (session->calls.fetch_add(1) >= options_.max_calls_per_session) {
+    session->calls.fetch_sub(1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session ", session_id, " has ", options_.max_calls_per_session,
+                     " calls in flight (limits.max_calls_per_session); wait for one to end"));
+  }
+  return SessionCall(std::move(session));
+}
+
 // --- Attach, KeepAlive, Release, Detach ---
+
+namespace {
+
+absl::Status CheckAttachText(const tutti::v1::AttachRequest& req) {
+  RETURN_IF_ERROR(CheckClientText("engine_id", req.engine_id(), kMaxEngineId));
+  RETURN_IF_ERROR(CheckClientText("namespace.model_id", req.namespace_().model_id(), kMaxModelId));
+  return CheckClientText("namespace.hash_scheme", req.namespace_().hash_scheme(), kMaxHashScheme);
+}
+
+}  // namespace
 
 absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
                                       tutti::v1::AttachResponse* resp) {
-  if (req.engine_id().size() > kMaxEngineId) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("engine_id: at most ", kMaxEngineId, " characters"));
+  if (req.credential().empty()) {
+    return absl::PermissionDeniedError(
+        "credential: missing; hand the engine's memory over on the handoff socket "
+        "(<socket>.handoff, docs/security.md) first; attaching memory by name is not allowed");
   }
+  // Redeemed first, so that a refused Attach closes the descriptors it handed over.
+  ASSIGN_OR_RETURN(Credential credential, credentials_->Redeem(req.credential()));
+  RETURN_IF_ERROR(CheckAttachText(req));
   if (req.num_blocks() == 0) return absl::InvalidArgumentError("num_blocks must be at least 1");
   if (sessions_->num_sessions() >= sessions_->options().max_sessions) {
     return absl::ResourceExhaustedError(
@@ -100,18 +136,15 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
                      " sessions (limits.max_sessions); detach one first"));
   }
   if (!req.has_namespace_()) return absl::InvalidArgumentError("namespace: missing");
-  const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
-  if (watch && kill(static_cast<pid_t>(req.engine_pid()), 0) != 0 && errno == ESRCH) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("engine_pid ", req.engine_pid(),
-                     ": no such process (it exited, or lives in another pid namespace)"));
-  }
+  // Nothing is journaled before the namespace and the memory have proved good.
+  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->CheckNamespace(req.namespace_()));
+  ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, opener_(req, info, credential));
   ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
-  ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(ns));
-  ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, opener_(req, info));
+  const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
+  const auto pid = static_cast<uint32_t>(credential.peer.pid);
   ASSIGN_OR_RETURN(SessionRef session,
                    sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io),
-                                   watch ? req.engine_pid() : 0));
+                                   watch ? pid : 0, credential.peer.uid));
   if (watch) RETURN_IF_ERROR(WatchEngine(session));
   resp->set_session_id(session->id);
   resp->set_namespace_id(ns);
@@ -127,7 +160,8 @@ grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::Attac
     absl::Status s = DoAttach(*req, resp);
     if (!s.ok()) {
       TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::info, 1,
-                            "attach of engine \"{}\" refused: {}", req->engine_id(), s.ToString());
+                            "attach of engine \"{}\" refused: {}", Escaped(req->engine_id()),
+                            Escaped(s.ToString(), 1024));
     }
     return s;
   });
@@ -136,17 +170,17 @@ grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::Attac
 grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*, const tutti::v1::KeepAliveRequest* req,
                                        tutti::v1::KeepAliveResponse* resp) {
   return ServeCall(gate_, [&] {
-    absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
-    if (session.ok()) resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
-    return session.status();
+    absl::StatusOr<SessionCall> call = EnterSession(req->session_id());
+    if (call.ok()) resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
+    return call.status();
   });
 }
 
 grpc::Status KvCacheService::Release(grpc::ServerContext*, const tutti::v1::ReleaseRequest* req,
                                      tutti::v1::ReleaseResponse*) {
   return ServeCall(gate_, [&] {
-    absl::StatusOr<SessionRef> session = sessions_->Touch(req->session_id());
-    if (!session.ok()) return session.status();
+    absl::StatusOr<SessionCall> call = EnterSession(req->session_id());
+    if (!call.ok()) return call.status();
     return sessions_->Release(req->session_id(), req->lease_id());
   });
 }
@@ -160,7 +194,8 @@ grpc::Status KvCacheService::Detach(grpc::ServerContext*, const tutti::v1::Detac
 
 absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
                                       tutti::v1::LookupResponse* resp) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  const SessionRef& session = call.session();
   ASSIGN_OR_RETURN(std::vector<Key> keys, ParseKeys(req.keys(), options_.max_blocks_per_call));
   const uint32_t hits = keys.empty() ? 0 : store_->LookupAndPin(session->ns, keys);
   resp->set_hits(hits);
@@ -168,7 +203,7 @@ absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
   keys.resize(hits);
   absl::StatusOr<uint64_t> lease = sessions_->AddLease(session->id, keys);
   if (!lease.ok()) {
-    store_->Unpin(session->ns, keys);  // the session went away meanwhile
+    store_->Unpin(session->ns, keys);  // the session went away meanwhile, or a limit was hit
     return lease.status();
   }
   resp->set_lease_id(*lease);
@@ -256,7 +291,8 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
 
 absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
                                         grpc::ServerContext* ctx, const Emit& emit) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  const SessionRef& session = call.session();
   EngineIo* io = session->io.get();
   if (io->is_device() && session->retrieving.exchange(true)) {
     return absl::FailedPreconditionError(
@@ -320,7 +356,8 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
 
 absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
                                      tutti::v1::StoreResponse* resp) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  const SessionRef& session = call.session();
   EngineIo* io = session->io.get();
   if (io->has_ready_words() && session->storing.exchange(true)) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -1,5 +1,11 @@
 // The engine API (tutti.v1.KvCache) over the block store and the session manager.
 //
+// Attach redeems the credential of the engine's handoff (daemon/common/handoff.h): missing,
+// unknown, used or expired -> PERMISSION_DENIED. Its text fields must be printable and short
+// (INVALID_ARGUMENT naming the field); the namespace and the memory are validated before anything
+// is journaled; limits (sessions in all and per user, namespaces) -> RESOURCE_EXHAUSTED naming
+// the limit. A session may have max_calls_per_session calls in flight; more -> RESOURCE_EXHAUSTED.
+//
 // Every request is validated before it touches the store: unknown session or lease -> NOT_FOUND;
 // malformed keys (not 16 bytes), duplicate keys or engine blocks, engine blocks outside the
 // session's memory, a bad layer range, or more than max_blocks_per_call blocks -> INVALID_ARGUMENT;
@@ -27,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/engine/engine_memory.h"
 #include "daemon/server/call_gate.h"
+#include "daemon/server/credentials.h"
 #include "daemon/server/engine_io.h"
 #include "daemon/server/engine_watcher.h"
 #include "daemon/server/sessions.h"
@@ -36,27 +43,33 @@
 namespace tutti::server {
 
 // Opens the engine memory an Attach request names (regions, placements, ready words), shaped as
-// `ns` says (objects per block, object length). The seam between host mode and GPU mode
+// `ns` says (objects per block, object length), with the descriptors the engine handed over
+// (`credential`; the opener may take them). The seam between host mode and GPU mode
 // (daemon/server/gpu_engine_io.h).
 using MemoryOpener = std::function<absl::StatusOr<std::unique_ptr<EngineIo>>(
-    const tutti::v1::AttachRequest& request, const store::NamespaceInfo& ns)>;
+    const tutti::v1::AttachRequest& request, const store::NamespaceInfo& ns,
+    Credential& credential)>;
 
-// Host mode: every region must be host_shm (HostMemory). Any cuda_ipc region is
-// FAILED_PRECONDITION ("cuda_ipc needs a GPU build/daemon in cuda mode"); ready_words or a region
-// with no kind are INVALID_ARGUMENT; then HostMemory::Create's errors.
+// Host mode: every region must be host_shm (HostMemory) naming one of the credential's
+// descriptors by fd_index, each descriptor used once. Any cuda_ipc region is FAILED_PRECONDITION
+// ("cuda_ipc needs a GPU build/daemon in cuda mode"); ready_words, a region with no kind, a bad
+// fd_index or name are INVALID_ARGUMENT; then HostMemory::Create's errors.
 MemoryOpener HostMemoryOpener();
 
 struct KvCacheOptions {
   uint32_t max_blocks_per_call = 2048;
+  uint32_t max_calls_per_session = 64;
 };
 
 class KvCacheService final : public tutti::v1::KvCache::Service {
  public:
-  // `store`, `sessions`, `gate` and `watcher` must outlive the service. Every call passes through
-  // `gate`. With a `watcher`, an Attach that names engine_pid is watched: the session closes when
-  // that process exits. Without one, engine_pid is ignored.
+  // `store`, `sessions`, `credentials`, `gate` and `watcher` must outlive the service. Every call
+  // passes through `gate`. With a `watcher`, an Attach with a nonzero engine_pid is watched: the
+  // session closes when the process that made the handoff exits. Without one, engine_pid is
+  // ignored.
   KvCacheService(const KvCacheOptions& options, store::BlockStore* store, SessionManager* sessions,
-                 MemoryOpener opener, CallGate* gate, EngineWatcher* watcher = nullptr);
+                 CredentialTable* credentials, MemoryOpener opener, CallGate* gate,
+                 EngineWatcher* watcher = nullptr);
 
   grpc::Status Attach(grpc::ServerContext* ctx, const tutti::v1::AttachRequest* req,
                       tutti::v1::AttachResponse* resp) override;
@@ -80,6 +93,22 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   using Emit = std::function<bool(const tutti::v1::RetrieveProgress&)>;
 
   absl::Status DoAttach(const tutti::v1::AttachRequest& req, tutti::v1::AttachResponse* resp);
+  // The session of a call, admitted as one of its max_calls_per_session (and marked alive); the
+  // slot is returned when the SessionCall is destroyed.
+  class SessionCall {
+   public:
+    explicit SessionCall(SessionRef session) : session_(std::move(session)) {}
+    SessionCall(SessionCall&&) = default;
+    SessionCall& operator=(SessionCall&&) = delete;
+    ~SessionCall() {
+      if (session_ != nullptr) session_->calls.fetch_sub(1);
+    }
+    const SessionRef& session() const { return session_; }
+
+   private:
+    SessionRef session_;
+  };
+  absl::StatusOr<SessionCall> EnterSession(uint64_t session_id);
   absl::Status DoLookup(const tutti::v1::LookupRequest& req, tutti::v1::LookupResponse* resp);
   // Layers [*next, *end) are the admitted Retrieve's words not yet written; RetrieveLayers
   // advances *next as layers land and narrows *end once the layer range is known.
@@ -97,6 +126,7 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   const KvCacheOptions options_;
   store::BlockStore* const store_;
   SessionManager* const sessions_;
+  CredentialTable* const credentials_;
   const MemoryOpener opener_;
   CallGate* const gate_;
   EngineWatcher* const watcher_;

@@ -187,53 +187,118 @@ TEST_F(KvCacheServiceTest, AttachErrors) {
     tutti::v1::AttachResponse resp;
     return env_.kv().Attach(&ctx, req, &resp);
   };
-  auto req = engine.AttachRequest();
+  auto req = env_.AttachRequest(engine);
   req.mutable_regions(0)->mutable_cuda_ipc()->set_ipc_handle(std::string(64, 'h'));
   ExpectError(attach(req), grpc::StatusCode::FAILED_PRECONDITION,
               "cuda_ipc needs a GPU build/daemon in cuda mode");
 
-  req = engine.AttachRequest();
-  req.mutable_regions(0)->mutable_host_shm()->set_name("no-slash");
-  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "regions[0]");
-  req.mutable_regions(0)->mutable_host_shm()->set_name("/tutti_svc_test_absent");
-  ExpectError(attach(req), grpc::StatusCode::FAILED_PRECONDITION, "shm_open");
+  req = env_.AttachRequest(engine);
+  req.mutable_regions(0)->mutable_host_shm()->set_name("/tutti\n[info] forged");
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT,
+              "regions[0].host_shm.name: control character");
+  req = env_.AttachRequest(engine);
+  req.mutable_regions(0)->mutable_host_shm()->set_fd_index(1);
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "fd_index = 1");
 
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.mutable_regions(0)->mutable_host_shm()->set_size_bytes(kEngineBlocks * kBlockBytes + 1);
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "exceeds the object's size");
 
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.set_num_blocks(kEngineBlocks + 1);  // the last block runs past the region
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "placements[");
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.mutable_placements()->RemoveLast();
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "placements: 3 given");
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.mutable_placements(2)->set_region(1);
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "placements[2].region");
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.clear_regions();
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "regions");
 
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.clear_namespace_();
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "namespace");
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.mutable_namespace_()->mutable_layout()->set_format(tutti::v1::KV_FORMAT_UNSPECIFIED);
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "format");
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.mutable_namespace_()->mutable_layout()->set_head_dim(4096);  // 256 KiB objects > 4 KiB
   ExpectError(attach(req), grpc::StatusCode::FAILED_PRECONDITION, "pool");
-  req = engine.AttachRequest();
+  req = env_.AttachRequest(engine);
   req.set_num_blocks(0);
   ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "num_blocks");
 
   EXPECT_EQ(env_.sessions().num_sessions(), 0u);
+  EXPECT_EQ(env_.credentials().outstanding(), 0u);  // every refused Attach used its credential up
   // Fill every session slot; the next is RESOURCE_EXHAUSTED; the others keep working.
   std::vector<uint64_t> ids;
   for (int i = 0; i < 4; ++i) ids.push_back(env_.Attach(engine));
-  ExpectError(attach(engine.AttachRequest()), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_sessions");
+  ExpectError(attach(env_.AttachRequest(engine)), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_sessions");
   ExpectStillServing(ids[0]);
+}
+
+// Memory is reached only through descriptors the engine handed over: a request naming shm
+// objects (as v1 before the handoff allowed) is refused, as is a credential used twice.
+TEST_F(KvCacheServiceTest, AttachNeedsAFreshCredential) {
+  ShmEngine engine;
+  auto attach = [this](const tutti::v1::AttachRequest& req) {
+    grpc::ClientContext ctx;
+    tutti::v1::AttachResponse resp;
+    return env_.kv().Attach(&ctx, req, &resp);
+  };
+  ExpectError(attach(engine.AttachRequest()), grpc::StatusCode::PERMISSION_DENIED,
+              "credential: missing");
+  tutti::v1::AttachRequest req = env_.AttachRequest(engine);
+  ASSERT_TRUE(attach(req).ok());
+  ExpectError(attach(req), grpc::StatusCode::PERMISSION_DENIED, "already used or expired");
+  req.set_credential(std::string(16, 'x'));
+  ExpectError(attach(req), grpc::StatusCode::PERMISSION_DENIED, "unknown");
+}
+
+// Client text is checked before anything is kept: no forged log lines, no namespace journaled for
+// an Attach that fails, and no namespace flood.
+TEST_F(KvCacheServiceTest, AttachChecksTextAndJournalsNothingItRefuses) {
+  ShmEngine engine;
+  auto attach = [this](const tutti::v1::AttachRequest& req) {
+    grpc::ClientContext ctx;
+    tutti::v1::AttachResponse resp;
+    return env_.kv().Attach(&ctx, req, &resp);
+  };
+  auto req = env_.AttachRequest(engine, "engine\n2026-12-01 [info] forged line");
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "engine_id: control character");
+  req = env_.AttachRequest(engine);
+  req.mutable_namespace_()->set_model_id(std::string(3 << 20, 'm'));
+  ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "namespace.model_id:");
+  const size_t before = env_.store().Stats().namespaces.size();
+  for (int i = 0; i < 5; ++i) {
+    req = env_.AttachRequest(engine);
+    req.mutable_namespace_()->set_model_id(absl::StrCat("fresh-model-", i));
+    req.mutable_regions(0)->mutable_host_shm()->set_size_bytes(kEngineBlocks * kBlockBytes + 1);
+    ExpectError(attach(req), grpc::StatusCode::INVALID_ARGUMENT, "exceeds the object's size");
+  }
+  EXPECT_EQ(env_.store().Stats().namespaces.size(), before);
+}
+
+TEST(KvCacheLimitsTest, NamespacesAreBounded) {
+  EnvOptions options;
+  options.max_namespaces = 2;
+  ServiceEnv env(options);
+  ShmEngine engine;
+  for (int i = 0; i < 3; ++i) {
+    auto req = env.AttachRequest(engine);
+    req.mutable_namespace_()->set_model_id(absl::StrCat("model-", i));
+    grpc::ClientContext ctx;
+    tutti::v1::AttachResponse resp;
+    const grpc::Status s = env.kv().Attach(&ctx, req, &resp);
+    if (i < 2) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+      EXPECT_THAT(s.error_message(), HasSubstr("limits.max_namespaces"));
+    }
+  }
 }
 
 TEST_F(KvCacheServiceTest, LookupErrors) {

@@ -18,14 +18,17 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/server/call_gate.h"
+#include "daemon/server/socket_files.h"
 #include "grpcpp/server.h"
 
 namespace tutti::server {
 
 struct ServerOptions {
   std::string socket_path;  // absolute; at most 107 characters
-  uint32_t socket_mode = 0660;
-  std::string socket_group;  // empty: keep the daemon's group
+  SocketAccess access;
+  // The most threads gRPC may run for this server's calls (0: gRPC's default, unbounded). Past
+  // it, new calls are answered RESOURCE_EXHAUSTED.
+  uint32_t max_threads = 0;
 };
 
 class Server {
@@ -59,10 +62,6 @@ class Server {
   CallGate* const gate_;
   bool shut_down_ = false;
 };
-
-// What is at a socket path now. For Start and for tools that wait for the daemon.
-enum class SocketState { kAbsent, kStale, kAnswering, kNotASocket };
-SocketState ProbeSocket(const std::string& path);
 
 }  // namespace tutti::server
 

@@ -50,53 +50,53 @@ TEST(ServerTest, CreatesDirectorySetsModeAndRemovesSocketAtExit) {
   TempSocket socket;
   const std::string& path = socket.path();
   {
-    auto server = Server::Start({path, 0640, ""}, {});
+    auto server = Server::Start({path, {0640, ""}}, {});
     ASSERT_TRUE(server.ok()) << server.status();
     EXPECT_EQ((*server)->target(), "unix:" + path);
     struct stat st;
     ASSERT_EQ(stat(path.c_str(), &st), 0);
     EXPECT_TRUE(S_ISSOCK(st.st_mode));
     EXPECT_EQ(st.st_mode & 0777, 0640u);
-    EXPECT_EQ(ProbeSocket(path), SocketState::kAnswering);
+    EXPECT_EQ(ProbeSocket(path, SOCK_STREAM), SocketState::kAnswering);
   }
-  EXPECT_EQ(ProbeSocket(path), SocketState::kAbsent);
+  EXPECT_EQ(ProbeSocket(path, SOCK_STREAM), SocketState::kAbsent);
 }
 
 TEST(ServerTest, RefusesWhenAnotherServerAnswers) {
   TempSocket socket;
   const std::string& path = socket.path();
-  auto first = Server::Start({path, 0660, ""}, {});
+  auto first = Server::Start({path, {0660, ""}}, {});
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = Server::Start({path, 0660, ""}, {});
+  auto second = Server::Start({path, {0660, ""}}, {});
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("answering"));
-  EXPECT_EQ(ProbeSocket(path), SocketState::kAnswering);  // the first one is untouched
+  EXPECT_EQ(ProbeSocket(path, SOCK_STREAM), SocketState::kAnswering);  // the first one is untouched
 }
 
 TEST(ServerTest, ReplacesAStaleSocket) {
   TempSocket socket;
   const std::string& path = socket.path();
-  auto first = Server::Start({path, 0660, ""}, {});  // creates the directory
+  auto first = Server::Start({path, {0660, ""}}, {});  // creates the directory
   ASSERT_TRUE(first.ok()) << first.status();
   first->reset();
   MakeStaleSocket(path);
-  EXPECT_EQ(ProbeSocket(path), SocketState::kStale);
-  auto server = Server::Start({path, 0660, ""}, {});
+  EXPECT_EQ(ProbeSocket(path, SOCK_STREAM), SocketState::kStale);
+  auto server = Server::Start({path, {0660, ""}}, {});
   ASSERT_TRUE(server.ok()) << server.status();
-  EXPECT_EQ(ProbeSocket(path), SocketState::kAnswering);
+  EXPECT_EQ(ProbeSocket(path, SOCK_STREAM), SocketState::kAnswering);
 }
 
 TEST(ServerTest, RefusesToRemoveANonSocket) {
   TempSocket socket;
   const std::string& path = socket.path();
-  auto first = Server::Start({path, 0660, ""}, {});
+  auto first = Server::Start({path, {0660, ""}}, {});
   ASSERT_TRUE(first.ok()) << first.status();
   first->reset();
   const int fd = open(path.c_str(), O_CREAT | O_WRONLY, 0600);
   ASSERT_GE(fd, 0);
   close(fd);
-  auto server = Server::Start({path, 0660, ""}, {});
+  auto server = Server::Start({path, {0660, ""}}, {});
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("not a socket"));
@@ -106,12 +106,12 @@ TEST(ServerTest, RefusesToRemoveANonSocket) {
 TEST(ServerTest, UnknownGroupOnlyWarns) {
   TempSocket socket;
   const std::string& path = socket.path();
-  auto server = Server::Start({path, 0660, "no-such-group-tutti"}, {});
+  auto server = Server::Start({path, {0660, "no-such-group-tutti"}}, {});
   ASSERT_TRUE(server.ok()) << server.status();
 }
 
 TEST(ServerTest, RejectsRelativeOrLongPaths) {
-  EXPECT_EQ(Server::Start({"relative.sock", 0660, ""}, {}).status().code(),
+  EXPECT_EQ(Server::Start({"relative.sock", {0660, ""}}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Server::Start({"/" + std::string(120, 'a'), 0660, ""}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/common/handoff.h"
 #include "daemon/pool/layout.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -123,24 +124,32 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.store_staging_bytes = 4ull << 20;
   so.retrieve_staging_bytes = 4ull << 20;
   so.dram_bytes = options.dram_bytes;
+  so.max_namespaces = options.max_namespaces;
   auto st = store::BlockStore::Open(so, std::move(*backend), Clock::Real());
   EXPECT_TRUE(st.ok()) << st.status();
   store_ = std::move(*st);
 
   store::BlockStore* raw_store = store_.get();
-  sessions_ = std::make_unique<SessionManager>(
-      SessionManager::Options{30000, 10000, options.max_sessions}, &session_clock_,
+  SessionManager::Options session_options = options.sessions;
+  session_options.session_ttl_ms = 30000;
+  session_options.lease_ttl_ms = 10000;
+  session_options.max_sessions = options.max_sessions;
+  sessions_ = std::make_unique<SessionManager>(session_options, &session_clock_,
       [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); });
   kv_service_ = std::make_unique<KvCacheService>(
-      KvCacheOptions{options.max_blocks_per_call}, raw_store, sessions_.get(),
-      options.opener ? options.opener : HostMemoryOpener(), &gate_);
+      KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session}, raw_store,
+      sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(),
+      &gate_);
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),
                                                   &session_clock_, &gate_);
   auto server =
-      Server::Start({socket_path_, 0660, ""}, {kv_service_.get(), admin_service_.get()}, &gate_);
+      Server::Start({socket_path_, {0660, ""}}, {kv_service_.get(), admin_service_.get()}, &gate_);
   EXPECT_TRUE(server.ok()) << server.status();
   server_ = std::move(*server);
+  auto handoff = HandoffServer::Start(HandoffPath(socket_path_), {0660, ""}, &credentials_);
+  EXPECT_TRUE(handoff.ok()) << handoff.status();
+  handoff_ = std::move(*handoff);
   channel_ = grpc::CreateChannel(server_->target(), grpc::InsecureChannelCredentials());
   kv_ = tutti::v1::KvCache::NewStub(channel_);
   admin_ = tutti::v1::Admin::NewStub(channel_);
@@ -149,6 +158,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
 ServiceEnv::~ServiceEnv() {
   server_->Shutdown(absl::Seconds(5));
   server_.reset();
+  handoff_.reset();
   admin_service_.reset();
   kv_service_.reset();
   sessions_.reset();
@@ -157,10 +167,20 @@ ServiceEnv::~ServiceEnv() {
   std::filesystem::remove_all(socket_dir_);
 }
 
+tutti::v1::AttachRequest ServiceEnv::AttachRequest(const ShmEngine& engine,
+                                                   const std::string& engine_id) {
+  tutti::v1::AttachRequest req = engine.AttachRequest(engine_id);
+  const int fds[] = {engine.fd()};
+  absl::StatusOr<std::string> credential = HandOff(socket_path_, fds);
+  EXPECT_TRUE(credential.ok()) << credential.status();
+  if (credential.ok()) req.set_credential(*credential);
+  return req;
+}
+
 uint64_t ServiceEnv::Attach(const ShmEngine& engine) {
   grpc::ClientContext ctx;
   tutti::v1::AttachResponse resp;
-  grpc::Status s = kv_->Attach(&ctx, engine.AttachRequest(), &resp);
+  grpc::Status s = kv_->Attach(&ctx, AttachRequest(engine), &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return resp.session_id();
 }

@@ -14,6 +14,8 @@
 #include "daemon/common/types.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/server/admin_service.h"
+#include "daemon/server/credentials.h"
+#include "daemon/server/handoff_server.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/server.h"
 #include "daemon/server/sessions.h"
@@ -36,6 +38,7 @@ class ShmEngine {
   ShmEngine();
   ~ShmEngine();
   const std::string& name() const { return name_; }
+  int fd() const { return fd_; }
   uint8_t* object(uint32_t block, uint32_t obj) {
     return base_ + block * kBlockBytes + uint64_t{obj} * kObjectLen;
   }
@@ -43,7 +46,7 @@ class ShmEngine {
   void Fill(uint32_t block, uint64_t seed);
   bool Check(uint32_t block, uint64_t seed, uint32_t layer_begin = 0, uint32_t layer_end = kLayers);
   void Zero(uint32_t block);
-  // An Attach request for this memory.
+  // An Attach request for this memory, without a credential (ServiceEnv::AttachRequest adds one).
   tutti::v1::AttachRequest AttachRequest(const std::string& engine_id = "test-engine") const;
 
  private:
@@ -58,6 +61,9 @@ std::string KeyBytes(uint64_t v);
 struct EnvOptions {
   uint32_t max_sessions = 4;
   uint32_t max_blocks_per_call = 16;
+  SessionManager::Options sessions;  // max_sessions is taken from above
+  uint32_t max_calls_per_session = 64;
+  uint32_t max_namespaces = 1024;
   MemoryOpener opener;  // empty: HostMemoryOpener()
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
@@ -78,8 +84,13 @@ class ServiceEnv {
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   Server& server() { return *server_; }
 
-  // Attaches `engine`; returns the session id (0 after a failed ASSERT).
+  // Hands `engine`'s memory over on the handoff socket and returns its AttachRequest with the
+  // credential (fd_index 0). An empty credential after a failed EXPECT.
+  tutti::v1::AttachRequest AttachRequest(const ShmEngine& engine,
+                                         const std::string& engine_id = "test-engine");
+  // Attaches `engine`; returns the session id (0 after a failed EXPECT).
   uint64_t Attach(const ShmEngine& engine);
+  CredentialTable& credentials() { return credentials_; }
 
  private:
   std::string state_dir_;
@@ -88,6 +99,8 @@ class ServiceEnv {
   ManualClock session_clock_{1'000'000};
   io::MemoryBackend* backend_ = nullptr;  // owned by the store
   CallGate gate_;
+  CredentialTable credentials_{CredentialTable::Options{}, Clock::Real()};
+  std::unique_ptr<HandoffServer> handoff_;
   std::unique_ptr<store::BlockStore> store_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<KvCacheService> kv_service_;

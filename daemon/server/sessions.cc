@@ -27,11 +27,18 @@ SessionManager::~SessionManager() {
 
 absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, NamespaceId ns,
                                                 std::string model_id, std::shared_ptr<EngineIo> io,
-                                                uint32_t engine_pid) {
+                                                uint32_t engine_pid, uint32_t uid) {
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "already ", sessions_.size(), " sessions (limits.max_sessions); detach one first"));
+  }
+  const auto of_uid = std::count_if(sessions_.begin(), sessions_.end(),
+                                    [uid](const auto& e) { return e.second.state->uid == uid; });
+  if (static_cast<uint64_t>(of_uid) >= options_.max_sessions_per_user) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", uid, " already has ", of_uid,
+                     " sessions (limits.max_sessions_per_user); detach one first"));
   }
   auto state = std::make_shared<SessionState>();
   state->id = next_session_id_++;
@@ -40,12 +47,13 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
   state->model_id = std::move(model_id);
   state->io = std::move(io);
   state->engine_pid = engine_pid;
+  state->uid = uid;
   Session& s = sessions_[state->id];
   s.state = state;
   s.last_seen_ms = clock_->NowMs();
   log::Get("server")->info(
-      "session {}: attached engine \"{}\" pid {} namespace {:016x} ({} blocks, {}{})", state->id,
-      state->engine_id, engine_pid, ns, state->io->num_blocks(), state->io->kind(),
+      "session {}: attached engine \"{}\" pid {} uid {} namespace {:016x} ({} blocks, {}{})",
+      state->id, state->engine_id, engine_pid, uid, ns, state->io->num_blocks(), state->io->kind(),
       state->io->has_ready_words() ? ", ready words" : "");
   return SessionRef(state);
 }
@@ -81,9 +89,41 @@ absl::StatusOr<uint64_t> SessionManager::AddLease(uint64_t session_id, std::vect
   absl::MutexLock lock(&mu_);
   auto s = FindLocked(session_id);
   if (!s.ok()) return s.status();
+  Session& session = **s;
+  const uint64_t n = keys.size();
+  if (session.leases.size() >= options_.max_leases_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", session_id, " holds ", session.leases.size(),
+        " leases (limits.max_leases_per_session); Release them or Retrieve under them"));
+  }
+  if (session.pinned + n > options_.max_pinned_blocks_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session ", session_id, " pins ", session.pinned, " blocks and asks for ", n,
+        " more (limits.max_pinned_blocks_per_session = ", options_.max_pinned_blocks_per_session,
+        "); Release leases first"));
+  }
+  if (pinned_total_ + n > options_.max_pinned_blocks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the sessions pin ", pinned_total_, " blocks (limits.max_pinned_blocks = ",
+        options_.max_pinned_blocks, "); try again once leases end"));
+  }
+  session.pinned += n;
+  pinned_total_ += n;
   const uint64_t id = next_lease_id_++;
-  (*s)->leases[id] = Lease{std::move(keys), clock_->NowMs() + options_.lease_ttl_ms};
+  session.leases[id] = Lease{std::move(keys), clock_->NowMs() + options_.lease_ttl_ms};
   return id;
+}
+
+void SessionManager::EndLeaseLocked(Session& s, Lease& lease, Ended* ended) {
+  s.pinned -= lease.keys.size();
+  pinned_total_ -= lease.keys.size();
+  ended->unpins.emplace_back(s.state->ns, std::move(lease.keys));
+}
+
+void SessionManager::UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys) {
+  unpin_(ns, keys);
+  absl::MutexLock lock(&mu_);
+  pinned_total_ -= keys.size();
 }
 
 absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
@@ -98,7 +138,11 @@ absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
                                                         " is not pinned under lease ", lease_id));
     }
   }
-  auto claimed = std::make_unique<ClaimedLease>(s->state->ns, std::move(it->second.keys), unpin_);
+  // A claimed lease leaves its session's counts; its pins stay in pinned_total_ until it ends.
+  s->pinned -= it->second.keys.size();
+  auto claimed = std::make_unique<ClaimedLease>(
+      s->state->ns, std::move(it->second.keys),
+      [this](NamespaceId ns, absl::Span<const Key> keys) { UnpinClaimed(ns, keys); });
   s->leases.erase(it);
   return claimed;
 }
@@ -109,7 +153,7 @@ absl::Status SessionManager::Release(uint64_t session_id, uint64_t lease_id) {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(auto found, FindLeaseLocked(session_id, lease_id));
     auto [s, it] = found;
-    ended.unpins.emplace_back(s->state->ns, std::move(it->second.keys));
+    EndLeaseLocked(*s, it->second, &ended);
     s->leases.erase(it);
   }
   Finish(std::move(ended));
@@ -133,7 +177,7 @@ void SessionManager::CloseLocked(uint64_t session_id, Ended* ended) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   Session& s = it->second;
-  for (auto& [id, lease] : s.leases) ended->unpins.emplace_back(s.state->ns, std::move(lease.keys));
+  for (auto& [id, lease] : s.leases) EndLeaseLocked(s, lease, ended);
   s.state->closed.store(true);
   ended->ios.push_back(s.state->io);
   sessions_.erase(it);  // the state goes when the last in-flight request drops its SessionRef
@@ -153,7 +197,7 @@ std::pair<uint32_t, uint32_t> SessionManager::Reap() {
       }
       for (auto it = s.leases.begin(); it != s.leases.end();) {
         if (it->second.expires_ms <= now) {
-          ended.unpins.emplace_back(s.state->ns, std::move(it->second.keys));
+          EndLeaseLocked(s, it->second, &ended);
           s.leases.erase(it++);
           ++leases_ended;
         } else {
@@ -194,7 +238,8 @@ std::vector<SessionSummary> SessionManager::List() const {
     row.ns = s.state->ns;
     row.model_id = s.state->model_id;
     row.leases = s.leases.size();
-    for (const auto& [lid, lease] : s.leases) row.pinned_blocks += lease.keys.size();
+    row.pinned_blocks = s.pinned;
+    row.uid = s.state->uid;
     row.idle_ms = static_cast<uint64_t>(std::max<int64_t>(0, now - s.last_seen_ms));
     row.num_blocks = s.state->io->num_blocks();
     out.push_back(std::move(row));

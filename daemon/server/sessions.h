@@ -48,7 +48,9 @@ struct SessionState {
   NamespaceId ns = 0;
   std::string model_id;
   uint32_t engine_pid = 0;  // 0: not watched
+  uint32_t uid = 0;         // the engine's user, as the handoff socket saw it
   std::shared_ptr<EngineIo> io;
+  mutable std::atomic<uint32_t> calls{0};  // calls of this session in flight (KvCacheService)
   mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
   // Set while a Retrieve (Store) that writes ready words runs: one at a time per session.
   mutable std::atomic<bool> retrieving{false};
@@ -82,6 +84,7 @@ struct SessionSummary {
   uint32_t pinned_blocks = 0;
   uint64_t idle_ms = 0;
   uint32_t num_blocks = 0;
+  uint32_t uid = 0;
 };
 
 class SessionManager {
@@ -90,6 +93,10 @@ class SessionManager {
     uint32_t session_ttl_ms = 30000;
     uint32_t lease_ttl_ms = 30000;
     uint32_t max_sessions = 64;
+    uint32_t max_sessions_per_user = 64;
+    uint32_t max_leases_per_session = 1u << 20;
+    uint64_t max_pinned_blocks_per_session = 1ull << 32;
+    uint64_t max_pinned_blocks = 1ull << 40;  // all sessions' leases, claimed ones included
   };
   using Unpinner = ClaimedLease::Unpinner;
 
@@ -100,15 +107,20 @@ class SessionManager {
 
   const Options& options() const { return options_; }
 
-  // Opens a session. RESOURCE_EXHAUSTED when max_sessions are open. `io` must not be null.
+  // Opens a session for user `uid`. RESOURCE_EXHAUSTED (naming the limit) when max_sessions are
+  // open, or max_sessions_per_user of `uid`. `io` must not be null.
   absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
-                                  std::shared_ptr<EngineIo> io, uint32_t engine_pid = 0);
+                                  std::shared_ptr<EngineIo> io, uint32_t engine_pid = 0,
+                                  uint32_t uid = 0);
 
   // Returns the session and marks it alive now. NOT_FOUND for an unknown (or expired) id.
   absl::StatusOr<SessionRef> Touch(uint64_t session_id);
 
   // Records `keys` (already pinned by the caller) as a new lease of the session and returns its
-  // id (never 0). NOT_FOUND if the session is gone: the caller still owns the pins then.
+  // id (never 0). NOT_FOUND if the session is gone; RESOURCE_EXHAUSTED, naming the limit, when the
+  // session holds max_leases_per_session leases, or the lease would take its pins past
+  // max_pinned_blocks_per_session or everyone's past max_pinned_blocks. On error the caller still
+  // owns the pins.
   absl::StatusOr<uint64_t> AddLease(uint64_t session_id, std::vector<Key> keys);
 
   // Takes lease `lease_id` out of the session for a Retrieve of `keys`: the lease no longer
@@ -141,6 +153,7 @@ class SessionManager {
     std::shared_ptr<SessionState> state;
     int64_t last_seen_ms = 0;
     absl::flat_hash_map<uint64_t, Lease> leases;
+    uint64_t pinned = 0;  // keys of `leases`
   };
   // What ending leases and sessions leaves to do once the lock is dropped.
   struct Ended {
@@ -155,6 +168,10 @@ class SessionManager {
                                                                           uint64_t lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(uint64_t session_id, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `lease` of `s` (to be unpinned by Finish) and takes its pins off the counts.
+  void EndLeaseLocked(Session& s, Lease& lease, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unpins a claimed lease's keys and takes them off pinned_total_.
+  void UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys);
   void Finish(Ended ended);
 
   const Options options_;
@@ -164,6 +181,7 @@ class SessionManager {
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t pinned_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Calls SessionManager::Reap every `period_ms` on its own thread until destroyed.

@@ -104,7 +104,8 @@ struct BlockStore::Impl::ReadItem {
   bool failed = false;
 };
 
-absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
+absl::StatusOr<NamespaceInfo> BlockStore::Impl::CheckNamespace(
+    const tutti::v1::Namespace& ns) const {
   ASSIGN_OR_RETURN(NamespaceInfo info, DescribeNamespace(ns));
   const auto& layout = options_.layout;
   if (RoundUp4K(info.object_len) > layout.object_bytes() ||
@@ -114,9 +115,19 @@ absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1:
         layout.object_bytes(), " bytes (pool.max_objects, pool.object_bytes); the namespace needs ",
         info.num_objects, " objects of ", info.object_len, " bytes"));
   }
+  return info;
+}
+
+absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
+  ASSIGN_OR_RETURN(const NamespaceInfo info, CheckNamespace(ns));
   {
     absl::MutexLock lock(&mu_);
     if (namespaces_.contains(info.id)) return info.id;
+    if (namespaces_.size() >= options_.max_namespaces) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the store keeps ", namespaces_.size(),
+                       " namespaces (limits.max_namespaces); a new one is refused"));
+    }
   }
   absl::MutexLock jlock(&journal_mu_);
   journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
@@ -480,6 +491,11 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
 
 BlockStore::BlockStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 BlockStore::~BlockStore() = default;
+
+absl::StatusOr<NamespaceInfo> BlockStore::CheckNamespace(
+    const tutti::v1::Namespace& ns) const {
+  return impl_->CheckNamespace(ns);
+}
 
 absl::StatusOr<NamespaceId> BlockStore::RegisterNamespace(const tutti::v1::Namespace& ns) {
   return impl_->RegisterNamespace(ns);

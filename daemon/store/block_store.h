@@ -40,6 +40,7 @@ struct StoreOptions {
   uint64_t store_staging_bytes = 256ull << 20;
   uint64_t retrieve_staging_bytes = 256ull << 20;
   uint32_t checkpoint_every = 65536;  // journal records between checkpoints
+  uint32_t max_namespaces = 1024;     // RegisterNamespace refuses new ones past it
   uint32_t write_batch_blocks = 64;   // blocks per writer batch (one sync pair each)
   // Slots whose entries a checkpoint copies under the store's lock at a time, so lookups wait
   // for one chunk's copy at most; 0: the whole checkpoint encoded and written under one hold, as
@@ -98,10 +99,14 @@ class BlockStore {
   // Flushes (writes every captured block), checkpoints and stops the writer.
   ~BlockStore();
 
+  // Validates `ns` and checks that this pool can hold its blocks, registering
+  // nothing: FAILED_PRECONDITION if its objects are larger than the pool's
+  // object_bytes or more than max_objects per block; INVALID_ARGUMENT for a
+  // layout with a zero field, an overflowing size or an unknown format.
+  absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
   // Returns the id of `ns`, registering (and journaling) it on first sight.
-  // FAILED_PRECONDITION if its objects are larger than the pool's object_bytes
-  // or more than max_objects per block; INVALID_ARGUMENT for a layout with a
-  // zero field or an unknown format.
+  // CheckNamespace's errors; RESOURCE_EXHAUSTED when max_namespaces are
+  // kept already.
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;

@@ -57,6 +57,7 @@ class BlockStore::Impl {
 
   absl::Status Init();  // staging, recovery, writer thread
 
+  absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);

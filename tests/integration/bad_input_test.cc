@@ -83,8 +83,13 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(daemon_->running());
   }
 
+  // A valid request with a fresh credential for engine a's memory.
   v1::AttachRequest GoodAttach() const {
-    return a_->engine->MakeAttachRequest(hostengine::EngineIdentity());
+    v1::AttachRequest req = a_->engine->MakeAttachRequest(hostengine::EngineIdentity());
+    absl::StatusOr<std::string> credential = a_->client->HandOff(a_->engine->fds());
+    EXPECT_TRUE(credential.ok()) << credential.status();
+    if (credential.ok()) req.set_credential(*credential);
+    return req;
   }
   grpc::Status Attach(const v1::AttachRequest& req) {
     v1::AttachResponse resp;
@@ -233,17 +238,19 @@ TEST_F(BadInputTest, LayoutDoesNotFitOrIsMalformed) {
   ExpectCode(Attach(req), StatusCode::INVALID_ARGUMENT, "tp_rank >= tp_size");
 }
 
-TEST_F(BadInputTest, MalformedMemoryNames) {
+TEST_F(BadInputTest, MalformedMemoryNamesAndCredentials) {
   for (const std::string& name :
-       {std::string("no-slash"), std::string("/a/b"), std::string("/"), std::string(""),
-        "/" + std::string(250, 'x'), std::string("/nul\0in", 7)}) {
+       {"/" + std::string(250, 'x'), std::string("/nul\0in", 7), std::string("/new\nline")}) {
     v1::AttachRequest req = GoodAttach();
     req.mutable_regions(0)->mutable_host_shm()->set_name(name);
     ExpectCode(Attach(req), StatusCode::INVALID_ARGUMENT, "shm name '" + name + "'");
   }
   v1::AttachRequest req = GoodAttach();
-  req.mutable_regions(0)->mutable_host_shm()->set_name("/tutti-no-such-object-here");
-  ExpectCode(Attach(req), StatusCode::FAILED_PRECONDITION, "a name that does not exist");
+  req.clear_credential();  // memory named, not handed over: v1 before the handoff
+  ExpectCode(Attach(req), StatusCode::PERMISSION_DENIED, "no credential");
+  req = GoodAttach();
+  req.mutable_regions(0)->mutable_host_shm()->set_fd_index(3);
+  ExpectCode(Attach(req), StatusCode::INVALID_ARGUMENT, "an fd_index past the handoff");
   req = GoodAttach();  // claims more bytes than the object has
   req.mutable_regions(0)->mutable_host_shm()->set_size_bytes(a_->engine->region().size() * 2);
   req.set_num_blocks(kEngineBlocks);

@@ -42,8 +42,9 @@ absl::StatusOr<EngineSession> AttachEngine(const TuttidProcess& daemon,
   auto engine = hostengine::HostEngine::Create(shape, num_blocks, "tutti-it");
   if (!engine.ok()) return engine.status();
   s.engine = std::move(*engine);
-  s.client = std::make_unique<hostengine::EngineClient>(daemon.channel(), absl::Seconds(60));
-  auto attach = s.client->Attach(s.engine->MakeAttachRequest(id));
+  s.client = std::make_unique<hostengine::EngineClient>(daemon.channel(), daemon.socket(),
+                                                        absl::Seconds(60));
+  auto attach = s.client->Attach(s.engine->MakeAttachRequest(id), s.engine->fds());
   if (!attach.ok()) return attach.status();
   s.attach = *attach;
   return s;

@@ -120,14 +120,17 @@ absl::Status TuttidProcess::WaitReady(int timeout_s) {
       return absl::UnavailableError(
           absl::StrCat("tuttid exited during start-up (wait status ", status, ")"));
     }
-    auto channel = hostengine::ConnectToTuttid(env_->socket(), absl::Seconds(1));
-    if (channel.ok()) {
-      auto admin = tutti::v1::Admin::NewStub(*channel);
+    // The admin socket opens after the handoff socket and before the engine socket.
+    auto admin_channel = hostengine::ConnectToTuttid(env_->admin_socket(), absl::Seconds(1));
+    if (admin_channel.ok()) {
+      auto admin = tutti::v1::Admin::NewStub(*admin_channel);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
       tutti::v1::StatusResponse resp;
-      if (admin->Status(&ctx, tutti::v1::StatusRequest(), &resp).ok()) {
+      auto channel = hostengine::ConnectToTuttid(env_->socket(), absl::Seconds(1));
+      if (channel.ok() && admin->Status(&ctx, tutti::v1::StatusRequest(), &resp).ok()) {
         channel_ = *channel;
+        admin_channel_ = *admin_channel;
         admin_ = std::move(admin);
         return absl::OkStatus();
       }
@@ -146,6 +149,7 @@ absl::StatusOr<int> TuttidProcess::Stop(int timeout_s) {
   // Close our connection first: an idle gRPC client does not read the server's GOAWAY, and the
   // daemon's shutdown would wait out its whole grace period for the connection to go.
   admin_.reset();
+  admin_channel_.reset();
   channel_.reset();
   kill(pid_, SIGTERM);
   const int status = WaitForExit(pid_, absl::Seconds(timeout_s));

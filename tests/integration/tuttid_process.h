@@ -52,6 +52,7 @@ class TuttidEnv {
   const std::string& state_dir() const { return state_dir_; }
   const std::string& pool_dir() const { return pool_dir_; }
   const std::string& socket() const { return socket_; }
+  std::string admin_socket() const { return socket_ + ".admin"; }
   const std::string& config_path() const { return config_path_; }
 
   // Sum over the pool files of (apparent size, allocated bytes = st_blocks * 512).
@@ -88,8 +89,11 @@ class TuttidProcess {
   bool running() const { return running_.load(); }
   pid_t pid() const { return pid_; }
 
+  // The engine socket's channel, and the operator API on the admin socket.
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::shared_ptr<grpc::Channel> admin_channel() const { return admin_channel_; }
   tutti::v1::Admin::Stub& admin() { return *admin_; }
+  const std::string& socket() const { return env_->socket(); }
   // The last `bytes` of this run's log (stderr and stdout).
   std::string LogTail(size_t bytes = 4000) const;
   const std::string& log_path() const { return log_path_; }
@@ -103,6 +107,7 @@ class TuttidProcess {
   std::atomic<bool> running_{false};
   std::string log_path_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<grpc::Channel> admin_channel_;
   std::unique_ptr<tutti::v1::Admin::Stub> admin_;
 };
 

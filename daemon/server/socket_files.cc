@@ -1,0 +1,72 @@
+#include "daemon/server/socket_files.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/dirs.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+
+namespace tutti::server {
+
+SocketState ProbeSocket(const std::string& path, int type) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return SocketState::kAbsent;
+  if (!S_ISSOCK(st.st_mode)) return SocketState::kNotASocket;
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0) return SocketState::kStale;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool answered = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return answered ? SocketState::kAnswering : SocketState::kStale;
+}
+
+absl::Status PrepareSocketPath(const std::string& path, int type) {
+  RETURN_IF_ERROR(MakeDirs(path.substr(0, path.find_last_of('/')), 0755));
+  switch (ProbeSocket(path, type)) {
+    case SocketState::kAbsent:
+      return absl::OkStatus();
+    case SocketState::kAnswering:
+      return absl::FailedPreconditionError(
+          absl::StrCat("another server (tuttid?) is answering on ", path, "; stop it first"));
+    case SocketState::kNotASocket:
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; not removing it"));
+    case SocketState::kStale:
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot remove stale socket ", path, ": ", strerror(errno)));
+      }
+      log::Get("server")->info("removed stale socket {}", path);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+void ApplySocketAccess(const std::string& path, const SocketAccess& access) {
+  auto log = log::Get("server");
+  if (chmod(path.c_str(), access.mode) != 0) {
+    log->warn("chmod {:o} {}: {}", access.mode, path, strerror(errno));
+  }
+  if (access.group.empty()) return;
+  struct group grp, *found = nullptr;
+  char buf[4096];
+  if (getgrnam_r(access.group.c_str(), &grp, buf, sizeof(buf), &found) != 0 || found == nullptr) {
+    log->warn("group \"{}\" does not exist; {} keeps the daemon's group", access.group, path);
+    return;
+  }
+  if (chown(path.c_str(), static_cast<uid_t>(-1), found->gr_gid) != 0) {
+    log->warn("chgrp {} {}: {}", access.group, path, strerror(errno));
+  }
+}
+
+}  // namespace tutti::server

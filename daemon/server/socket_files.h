@@ -1,0 +1,39 @@
+// Unix socket files of tuttid: probing, preparing the path, and setting who may connect.
+//
+// Thread-safety: free functions; PrepareSocketPath and BindUnixSocket change the process umask
+// for a moment and are meant for start-up.
+#ifndef TUTTI_DAEMON_SERVER_SOCKET_FILES_H_
+#define TUTTI_DAEMON_SERVER_SOCKET_FILES_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tutti::server {
+
+// What is at a socket path now. For Start and for tools that wait for the daemon. `type` is the
+// socket type to connect with (SOCK_STREAM for gRPC sockets).
+enum class SocketState { kAbsent, kStale, kAnswering, kNotASocket };
+SocketState ProbeSocket(const std::string& path, int type);
+
+// Creates the path's directory (0755) if missing; refuses (FAILED_PRECONDITION) when a server
+// answers on the path or it is not a socket; removes a stale socket file.
+absl::Status PrepareSocketPath(const std::string& path, int type);
+
+// Who may connect to a socket file: its mode and, when `group` is not empty, its group.
+struct SocketAccess {
+  uint32_t mode = 0660;
+  std::string group;  // empty: keep the daemon's group
+};
+
+// Sets the socket file's mode and group. A group that does not exist, or a chmod/chown that
+// fails, is logged as a warning and the file keeps what it has (owner-only until then: sockets
+// are created with umask 0177).
+void ApplySocketAccess(const std::string& path, const SocketAccess& access);
+
+}  // namespace tutti::server
+
+#endif  // TUTTI_DAEMON_SERVER_SOCKET_FILES_H_
