@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -181,12 +182,23 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
     EXPECT_THAT(err, HasSubstr("is answering on " + sock));
     EXPECT_NE(access((dir + "/other").c_str(), F_OK), 0);
 
-    // An engine that stays connected (idle) must not hold the shutdown for the grace period.
-    auto channel = grpc::CreateChannel("unix:" + sock, grpc::InsecureChannelCredentials());
-    auto admin = tutti::v1::Admin::NewStub(channel);
+    // The operator API is on its own socket, owner-only by default; engines' socket has none.
+    struct stat st;
+    ASSERT_EQ(stat((sock + ".admin").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ASSERT_EQ(stat((sock + ".handoff").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISSOCK(st.st_mode));
+    auto admin_channel =
+        grpc::CreateChannel("unix:" + sock + ".admin", grpc::InsecureChannelCredentials());
+    auto admin = tutti::v1::Admin::NewStub(admin_channel);
     grpc::ClientContext ctx;
     tutti::v1::StatusResponse status;
     ASSERT_TRUE(admin->Status(&ctx, {}, &status).ok());
+    // An engine that stays connected (idle) must not hold the shutdown for the grace period.
+    auto channel = grpc::CreateChannel("unix:" + sock, grpc::InsecureChannelCredentials());
+    grpc::ClientContext engine_ctx;
+    EXPECT_EQ(tutti::v1::Admin::NewStub(channel)->Status(&engine_ctx, {}, &status).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
     const absl::Time stop_start = absl::Now();
     kill(pid, sig);
     EXPECT_EQ(notify.Receive(), "STOPPING=1");
@@ -195,6 +207,8 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
     const std::string text = ReadAll(log);
     EXPECT_THAT(text, HasSubstr("stopped cleanly"));
     EXPECT_EQ(access(sock.c_str(), F_OK), -1) << "the socket file is removed at exit";
+    EXPECT_EQ(access((sock + ".admin").c_str(), F_OK), -1);
+    EXPECT_EQ(access((sock + ".handoff").c_str(), F_OK), -1);
     if (sig == SIGINT) {
       EXPECT_THAT(text, HasSubstr("opened"));  // the restart reused the pool
     }

@@ -1,6 +1,11 @@
 #include "client/cpp/attach_request.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <map>
 
@@ -90,6 +95,7 @@ absl::StatusOr<tutti::v1::AttachRequest> BuildHostAttach(const AttachOptions& o)
       return absl::InvalidArgumentError("host_regions: name, data and size must be set");
     }
     tutti::v1::HostShmRegion* shm = req.add_regions()->mutable_host_shm();
+    shm->set_fd_index(static_cast<uint32_t>(req.regions_size() - 1));  // OpenHostRegions' order
     shm->set_name(r.shm_name);
     shm->set_size_bytes(r.size);
   }
@@ -113,6 +119,21 @@ absl::StatusOr<tutti::v1::AttachRequest> BuildHostAttach(const AttachOptions& o)
     }
   }
   return req;
+}
+
+absl::StatusOr<std::vector<UniqueFd>> OpenHostRegions(const AttachOptions& o) {
+  std::vector<UniqueFd> fds;
+  if (o.mode != MemoryMode::kHost) return fds;
+  for (size_t i = 0; i < o.host_regions.size(); ++i) {
+    UniqueFd fd(shm_open(o.host_regions[i].shm_name.c_str(), O_RDWR | O_CLOEXEC, 0));
+    if (!fd.valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("host_regions[", i, "]: shm_open(",
+                                                     o.host_regions[i].shm_name,
+                                                     "): ", strerror(errno)));
+    }
+    fds.push_back(std::move(fd));
+  }
+  return fds;
 }
 
 absl::StatusOr<tutti::v1::AttachRequest> BuildCudaAttach(const AttachOptions& o, Device& device,

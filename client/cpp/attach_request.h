@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/cpp/device.h"
+#include "daemon/common/unique_fd.h"
 #include "tutti/client.h"
 #include "tutti/v1/kvcache.pb.h"
 
@@ -26,7 +27,13 @@ tutti::v1::Namespace ToProto(const ModelNamespace& ns);
 
 // Host mode: every object's blocks must lie inside one of options.host_regions (INVALID_ARGUMENT
 // naming the object otherwise). Runs CheckOptions first.
+// Region i is handed over as descriptor i of the handoff (fd_index i).
 absl::StatusOr<tutti::v1::AttachRequest> BuildHostAttach(const AttachOptions& options);
+
+// Host mode: opens each of options.host_regions by its shm name, read-write, in order: the
+// descriptors the session hands tuttid before every Attach (tuttid never opens names itself).
+// Nothing in cuda mode. INVALID_ARGUMENT naming the region and errno when one cannot be opened.
+absl::StatusOr<std::vector<UniqueFd>> OpenHostRegions(const AttachOptions& options);
 
 // Cuda mode: one region per device allocation that holds objects (an object's blocks must lie in
 // one allocation: INVALID_ARGUMENT otherwise) and the ready words. Runs

@@ -118,12 +118,14 @@ Result<std::unique_ptr<Client>> Client::Attach(const AttachOptions& options) {
     request = internal::BuildHostAttach(options);
   }
   if (!request.ok()) return FromAbsl(request.status());
+  absl::StatusOr<std::vector<UniqueFd>> fds = internal::OpenHostRegions(options);
+  if (!fds.ok()) return FromAbsl(fds.status());
   internal::SessionOptions so;
   so.socket_path = options.socket_path;
   so.connect_timeout = absl::Milliseconds(options.connect_timeout_ms);
   so.call_timeout = absl::Milliseconds(options.call_timeout_ms);
   so.reattach = options.reattach;
-  auto session = Session::Open(so, *std::move(request));
+  auto session = Session::Open(so, *std::move(request), *std::move(fds));
   if (!session.ok()) return FromAbsl(session.status());
   rep->session = std::move(*session);
   return std::unique_ptr<Client>(new Client(std::move(rep)));

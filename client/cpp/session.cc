@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/hostengine/connect.h"
+#include "daemon/common/handoff.h"
 
 namespace tutti::client::internal {
 namespace {
@@ -14,11 +15,13 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& options,
-                                                       tutti::v1::AttachRequest request) {
+                                                       tutti::v1::AttachRequest request,
+                                                       std::vector<UniqueFd> fds) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       hostengine::ConnectToTuttid(options.socket_path, options.connect_timeout);
   if (!channel.ok()) return channel.status();
-  std::unique_ptr<Session> session(new Session(options, *channel, std::move(request)));
+  std::unique_ptr<Session> session(
+      new Session(options, *channel, std::move(request), std::move(fds)));
   if (absl::Status s = session->AttachNow(options.call_timeout); !s.ok()) return s;
   session->thread_ = std::thread(&Session::Loop, session.get());
   session->watcher_ = std::thread(&Session::WatchChannel, session.get());
@@ -26,11 +29,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
 }
 
 Session::Session(const SessionOptions& options, std::shared_ptr<grpc::Channel> channel,
-                 tutti::v1::AttachRequest request)
+                 tutti::v1::AttachRequest request, std::vector<UniqueFd> fds)
     : options_(options),
       channel_(std::move(channel)),
       stub_(tutti::v1::KvCache::NewStub(channel_)),
-      request_(std::move(request)) {}
+      request_(std::move(request)),
+      fds_(std::move(fds)) {}
 
 Session::~Session() { (void)Detach(); }
 
@@ -41,10 +45,16 @@ std::unique_ptr<grpc::ClientContext> Session::NewContext() const {
 }
 
 absl::Status Session::AttachNow(absl::Duration deadline) {
+  std::vector<int> fds;
+  for (const UniqueFd& fd : fds_) fds.push_back(fd.get());
+  absl::StatusOr<std::string> credential = HandOff(options_.socket_path, fds, deadline);
+  if (!credential.ok()) return credential.status();
+  tutti::v1::AttachRequest request = request_;
+  request.set_credential(*credential);
   tutti::v1::AttachResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  absl::Status s = hostengine::FromGrpc(stub_->Attach(&ctx, request_, &response));
+  absl::Status s = hostengine::FromGrpc(stub_->Attach(&ctx, request, &response));
   if (!s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (state_ == State::kDetached) return absl::FailedPreconditionError("detached");

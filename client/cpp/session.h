@@ -16,12 +16,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/common/unique_fd.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "tutti/client.h"
@@ -38,10 +40,13 @@ struct SessionOptions {
 
 class Session {
  public:
-  // Connects and attaches with `request`. UNAVAILABLE when tuttid cannot be reached (the message
-  // says why); otherwise tuttid's error for the Attach.
+  // Connects and attaches with `request`, handing `fds` (the host regions' descriptors, by
+  // fd_index; none in cuda mode) over before each Attach, re-attaches included: the session
+  // keeps them. UNAVAILABLE when tuttid cannot be reached (the message says why); otherwise the
+  // handoff's or tuttid's error for the Attach.
   static absl::StatusOr<std::unique_ptr<Session>> Open(const SessionOptions& options,
-                                                       tutti::v1::AttachRequest request);
+                                                       tutti::v1::AttachRequest request,
+                                                       std::vector<UniqueFd> fds);
   // Stops the thread and detaches (best effort).
   ~Session();
   Session(const Session&) = delete;
@@ -71,7 +76,7 @@ class Session {
   enum class State { kAttached, kLost, kDetached };
 
   Session(const SessionOptions& options, std::shared_ptr<grpc::Channel> channel,
-          tutti::v1::AttachRequest request);
+          tutti::v1::AttachRequest request, std::vector<UniqueFd> fds);
   absl::Status AttachNow(absl::Duration deadline);
   void MarkLost(uint64_t generation, const absl::Status& why);
   void Loop();
@@ -84,7 +89,8 @@ class Session {
   const SessionOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<tutti::v1::KvCache::Stub> stub_;
-  const tutti::v1::AttachRequest request_;
+  const tutti::v1::AttachRequest request_;  // without its credential
+  const std::vector<UniqueFd> fds_;
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kLost;

@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -25,8 +26,15 @@ absl::Status CallAdmin(const GlobalOptions& options,
                                                                Response*),
                        const Request& request, Response* response) {
   const absl::Duration timeout = absl::Milliseconds(options.timeout_ms);
-  ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(AdminSocket(options), timeout));
-  auto stub = v1::Admin::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      hostengine::ConnectToTuttid(AdminSocket(options), timeout);
+  if (!channel.ok() && absl::StrContains(channel.status().message(), "Permission denied")) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        channel.status().message(), "; the operator socket is for tuttid's user and root "
+        "(listen.admin_socket_mode, listen.admin_socket_group): try sudo"));
+  }
+  if (!channel.ok()) return channel.status();
+  auto stub = v1::Admin::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   absl::Status status = hostengine::FromGrpc(((*stub).*method)(&ctx, request, response));

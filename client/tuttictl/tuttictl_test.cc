@@ -144,7 +144,7 @@ TEST(TuttictlUnreachableTest, SaysHowToCheck) {
   const CtlRun r = Tuttictl({"status", "--socket", "/tmp/tutti-nothing-here.sock"});
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.out, "");
-  EXPECT_NE(r.err.find("cannot reach tuttid at /tmp/tutti-nothing-here.sock: No such file or "
+  EXPECT_NE(r.err.find("cannot reach tuttid at /tmp/tutti-nothing-here.sock.admin: No such file or "
                        "directory; is it running? (systemctl status tuttid)"),
             std::string::npos)
       << r.err;
