@@ -324,8 +324,10 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
                                             bool* reaped, CaptureOutcome* outcome) {
   const uint64_t bytes = uint64_t{info.num_objects} * RoundUp4K(info.object_len);
   StoreStaging::Grant g = store_staging_->TryTake(owner, bytes);
-  if (g.data == nullptr && !*reaped) {
-    *reaped = true;  // stale partial blocks may be what holds it
+  // Stale partial blocks may be what holds it: look once per call, and at most once per
+  // millisecond (a scan of every pending block) however many calls are refused.
+  if (g.data == nullptr && !*reaped && clock_->NowMs() != last_reap_ms_) {
+    *reaped = true;
     ReapStalePendingLocked();
     g = store_staging_->TryTake(owner, bytes);
   }
@@ -531,6 +533,10 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
                                                              Clock* clock) {
   if (backend == nullptr || clock == nullptr) {
     return absl::InvalidArgumentError("BlockStore::Open needs a backend and a clock");
+  }
+  if (options.pending_ttl_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StoreOptions.pending_ttl_ms must be > 0, got ",
+                                                   options.pending_ttl_ms));
   }
   if (backend->num_files() != options.layout.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),

@@ -103,7 +103,8 @@ struct StoreStats {
   uint64_t evictions = 0, verify_errors = 0, io_errors = 0, store_rejected = 0, store_failed = 0;
   // Of store_rejected: blocks refused for their owner's cap (kRejectedOwnerLimit).
   uint64_t store_rejected_owner_limit = 0;
-  // Partial blocks dropped: expired (pending_ttl_ms) or their owner gone (DropPending).
+  // Partial blocks dropped: expired (pending_ttl_ms); or their owner gone (DropPending) or the
+  // copy of the call that made them failed.
   uint64_t pending_expired = 0, pending_dropped = 0;
   // Store staging in bytes: in use now, and the whole.
   uint64_t store_staging_used = 0, store_staging_bytes = 0;
@@ -117,7 +118,7 @@ class BlockStore {
   // the pool, and starts the writer thread. `backend` must have
   // layout.num_files() files of layout.file_bytes(). `clock` must outlive the
   // store. Errors: DATA_LOSS for a corrupt checkpoint, INVALID_ARGUMENT for
-  // options that do not fit the backend.
+  // options that do not fit the backend or a pending_ttl_ms <= 0.
   static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options,
                                                           std::unique_ptr<io::IoBackend> backend,
                                                           Clock* clock);

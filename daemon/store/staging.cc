@@ -67,6 +67,7 @@ StoreStaging::Grant StoreStaging::TryTake(uint64_t owner, uint64_t bytes) {
   if (first == pages_) return Grant{nullptr, Refusal::kFull};
   Mark(first, n, true);
   used_pages_ += n;
+  if (first == first_maybe_free_) first_maybe_free_ = first + n;
   if (owner != 0) owner_bytes_[owner] += n * kPage;
   return Grant{base_ + first * kPage, Refusal::kNone};
 }
@@ -74,8 +75,10 @@ StoreStaging::Grant StoreStaging::TryTake(uint64_t owner, uint64_t bytes) {
 void StoreStaging::Give(uint64_t owner, uint8_t* data, uint64_t bytes) {
   const uint64_t n = (bytes + kPage - 1) / kPage;
   absl::MutexLock lock(&mu_);
-  Mark(static_cast<uint64_t>(data - base_) / kPage, n, false);
+  const uint64_t first = static_cast<uint64_t>(data - base_) / kPage;
+  Mark(first, n, false);
   used_pages_ -= n;
+  first_maybe_free_ = std::min(first_maybe_free_, first);
   if (owner == 0) return;
   auto it = owner_bytes_.find(owner);
   it->second -= n * kPage;
@@ -84,7 +87,7 @@ void StoreStaging::Give(uint64_t owner, uint8_t* data, uint64_t bytes) {
 
 uint64_t StoreStaging::FindFree(uint64_t n) const {
   uint64_t run = 0, start = 0;
-  for (uint64_t i = 0; i < pages_;) {
+  for (uint64_t i = first_maybe_free_; i < pages_;) {
     const uint64_t word = used_bits_[i / 64];
     if (i % 64 == 0 && word == ~0ull) {  // 64 taken pages
       run = 0;

@@ -86,6 +86,7 @@ class StoreStaging {
   mutable absl::Mutex mu_;
   std::vector<uint64_t> used_bits_ ABSL_GUARDED_BY(mu_);  // bit i: page i taken
   uint64_t used_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t first_maybe_free_ ABSL_GUARDED_BY(mu_) = 0;  // every page below it is taken
   absl::flat_hash_map<uint64_t, uint64_t> owner_bytes_ ABSL_GUARDED_BY(mu_);
 };
 
