@@ -231,6 +231,32 @@ bool LayerCopier::IsRegistered(const uint8_t* host, uint64_t len) const {
 absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                                        ReadyWords* words, uint32_t word, uint32_t ticket,
                                        Wait wait) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = ScatterLayerLocked(memory, ops, words, word, ticket, wait);
+  if (s.ok()) return s;
+  // Copies of this layer (and an earlier kPrevious one) may be queued on either stream, reading
+  // host staging that the caller gives back as soon as this returns.
+  previous_pending_ = false;
+  WaitStreamsAfterError();
+  return s;
+}
+
+void LayerCopier::WaitStreamsAfterError() {
+  // Each stream's waits on the other's words end: FlushRound enqueues both words even after an
+  // error.
+  const cudaError_t copy = cudaStreamSynchronize(copy_stream_);
+  const absl::Status io = stream_->Synchronize();
+  if (copy != cudaSuccess || !io.ok()) {
+    log::Get("gpu")->error("gpu{}: waiting for the streams after a failed copy: copy stream {}, "
+                           "I/O stream {}",
+                           stream_->device(), cudaGetErrorString(copy), io.ToString());
+  }
+}
+
+absl::Status LayerCopier::ScatterLayerLocked(CudaIpcMemory* memory,
+                                             absl::Span<const engine::CopyOp> ops,
+                                             ReadyWords* words, uint32_t word, uint32_t ticket,
+                                             Wait wait) {
   const uint64_t len = memory->object_len();
   if (len > slot_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -242,7 +268,6 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
                                                      ops[i].object, " out of range"));
     }
   }
-  absl::MutexLock lock(&mu_);
   Mode mode = options_.mode;
   if (mode == Mode::kAuto) {
     CheckTimedRound();
@@ -317,17 +342,22 @@ void LayerCopier::CheckTimedRound() {
 }
 
 absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops) {
+  absl::Status s;
   {
     absl::MutexLock lock(&mu_);
     ++counters_.gathers;
     if (options_.mode == Mode::kCopyEngine || options_.mode == Mode::kAuto) {
       ++counters_.copy_engine_gathers;
-      RETURN_IF_ERROR(memory->EnqueueGatherByCopyEngine(ops));
+      s = memory->EnqueueGatherByCopyEngine(ops);
     } else {
-      RETURN_IF_ERROR(memory->EnqueueGather(ops));
+      s = memory->EnqueueGather(ops);
     }
   }
-  return stream_->Synchronize();
+  if (s.ok()) return stream_->Synchronize();
+  // A failed enqueue may have queued part of the copies into the store's staging, which the
+  // caller gives back once this returns.
+  WaitStreamsAfterError();
+  return s;
 }
 
 double LayerCopier::IdleKernel::Us(uint64_t bytes) const {

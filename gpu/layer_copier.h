@@ -112,7 +112,8 @@ class LayerCopier {
   // kCopyEngine and kAuto: the copy engines (about 31 GB/s, no SMs, 0% of the engine's). kAuto
   // does not switch here as it does for retrieves: under load the gather kernel is only about
   // twice as slow (it waits on PCIe either way), too close to tell, and a store is background
-  // work the engine does not wait on per layer. Errors as CudaIpcMemory::Gather.
+  // work the engine does not wait on per layer. Errors as CudaIpcMemory::Gather. Returns, also on
+  // error, only once no copy it enqueued can still write the staging.
   absl::Status Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops);
 
   // Layers placed so far (ScatterLayer calls), and how many of them the copy engines moved alone
@@ -145,7 +146,9 @@ class LayerCopier {
   // if `words` is not null, enqueues words->Signal(word, ticket), then waits as `wait` says.
   // INVALID_ARGUMENT for an op outside `memory`'s layout (nothing is enqueued) or an object
   // larger than a slot; INTERNAL for CUDA errors. On error the word is not written: the caller
-  // decides (the server still writes it, see daemon/server/engine_io.h).
+  // decides (the server still writes it, see daemon/server/engine_io.h). An error returns only
+  // once both streams are past every copy enqueued so far, so the sources of this layer and of
+  // any earlier kPrevious layer may be reused at once (whatever `wait` says).
   [[nodiscard]] absl::Status ScatterLayer(CudaIpcMemory* memory,
                                           absl::Span<const engine::CopyOp> ops, ReadyWords* words,
                                           uint32_t word, uint32_t ticket,
@@ -168,6 +171,12 @@ class LayerCopier {
   };
 
   LayerCopier(const Options& options, IoStream* stream);
+  absl::Status ScatterLayerLocked(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
+                                  ReadyWords* words, uint32_t word, uint32_t ticket, Wait wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failed enqueue: waits until the copy stream and the I/O stream have passed everything
+  // enqueued so far (logged, not returned, if that fails too: the first error is the caller's).
+  void WaitStreamsAfterError();
   absl::Status Init(absl::Span<const StagingRegion> registered);
   // Enqueues the staged part of `ops` (the ones at `indices`) in rounds of one slot each.
   absl::Status EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,

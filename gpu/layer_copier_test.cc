@@ -253,6 +253,99 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierGatherTest,
                            return std::string(LayerCopier::ModeName(info.param.mode));
                          });
 
+// Issue 9: after an error with copies already enqueued, ScatterLayer returned while the copy
+// stream and the I/O stream could still read the layer's host staging, which the store then gave
+// back to its pool (and reused for other reads). An error must return only once both streams are
+// past those copies. Each case fails after enqueueing a 48 MiB layer; right after the error the
+// I/O stream (which waits on every slot's copy) must be idle, and the engine must hold the bytes
+// the staging had at the call even though the staging is overwritten at once.
+struct ErrorCase {
+  const char* name;
+  LayerCopier::Mode mode;
+  LayerCopier::Wait wait;
+  bool bad_word;     // fail at the ready word, after every copy is enqueued
+  bool slots_known;  // false: the engine memory does not know the GPU staging slots, so the first
+                     // round's scatter fails after its copy into the slot is enqueued
+};
+
+class LayerCopierErrorTest : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(LayerCopierErrorTest, ErrorReturnsOnlyOnceQueuedCopiesHaveReadTheStaging) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  const ErrorCase c = GetParam();
+  constexpr uint32_t kLayers = 2, kBlocks = 96, kObj = 256 * 1024, kLayer = 1;
+  const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kFusedKv, kLayers, kBlocks, kObj);
+  auto io = IoStream::Create({0, 8, 0});
+  ASSERT_TRUE(io.ok()) << io.status();
+  std::vector<void*> regions;
+  std::vector<LocalRegion> local;
+  for (uint64_t size : kv.region_sizes) {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
+    regions.push_back(p);
+    local.push_back({p, size});
+  }
+  const uint64_t staging_bytes = uint64_t{kBlocks} * 2 * kObj;
+  auto pinned = PinnedRegion::Allocate(staging_bytes);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  std::vector<engine::CopyOp> ops;
+  uint8_t* next = (*pinned)->host();
+  for (uint32_t b : testing::RandomBlocks(3, kBlocks, kBlocks)) {
+    for (uint32_t p = 0; p < 2; ++p, next += kObj) {
+      testing::FillObject(3, b, kLayer * 2 + p, next, kObj);
+      ops.push_back({b, kLayer * 2 + p, next});
+    }
+  }
+  auto copier = LayerCopier::Create({c.mode, 128ull << 20, 0}, io->get(), {(*pinned)->staging()});
+  ASSERT_TRUE(copier.ok()) << copier.status();
+  std::vector<StagingRegion> known = (*copier)->staging_regions();
+  if (!c.slots_known) known.pop_back();  // the GPU staging buffer comes last
+  auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, known, io->get());
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  auto words_array = ReadyWordArray::Create(0, kLayers);
+  ASSERT_TRUE(words_array.ok()) << words_array.status();
+  auto words = ReadyWords::WrapLocal((*words_array)->word(0), kLayers, io->get());
+  ASSERT_TRUE(words.ok()) << words.status();
+
+  const uint32_t word = c.bad_word ? kLayers + 5 : kLayer;
+  absl::Status s = (*copier)->ScatterLayer(mem->get(), ops, words->get(), word, 9, c.wait);
+  const cudaError_t busy = cudaStreamQuery((*io)->stream());  // at once, before anything else
+  std::memset((*pinned)->host(), 0xee, staging_bytes);  // the store reuses the staging
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(busy, cudaSuccess) << "ScatterLayer returned an error with copies still queued: "
+                               << cudaGetErrorName(busy);
+  ASSERT_TRUE((*copier)->Drain().ok());
+  if (c.slots_known) {  // every copy ran, from the staging as it was during the call
+    std::vector<uint8_t> got(kv.region_sizes[kLayer]), want(kObj);
+    ASSERT_EQ(cudaMemcpy(got.data(), regions[kLayer], got.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    uint32_t wrong = 0;
+    for (const engine::CopyOp& op : ops) {
+      const engine::ObjectPlacement& pl = kv.layout.placements[op.object];
+      testing::FillObject(3, op.block, op.object, want.data(), kObj);
+      wrong += std::memcmp(got.data() + pl.offset + uint64_t{op.block} * pl.block_stride,
+                           want.data(), kObj) != 0;
+    }
+    EXPECT_EQ(wrong, 0u) << "objects copied from staging overwritten after the error returned";
+  }
+  mem->reset();
+  for (void* p : regions) cudaFree(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ErrorPaths, LayerCopierErrorTest,
+    ::testing::Values(
+        ErrorCase{"staged_bad_word", LayerCopier::Mode::kStaged, LayerCopier::Wait::kLanded, true,
+                  true},
+        ErrorCase{"staged_bad_word_overlapped", LayerCopier::Mode::kStaged,
+                  LayerCopier::Wait::kPrevious, true, true},
+        ErrorCase{"copy_engine_bad_word", LayerCopier::Mode::kCopyEngine,
+                  LayerCopier::Wait::kLanded, true, true},
+        ErrorCase{"staged_scatter_fails_after_copy_in", LayerCopier::Mode::kStaged,
+                  LayerCopier::Wait::kLanded, false, false}),
+    [](const ::testing::TestParamInfo<ErrorCase>& info) { return std::string(info.param.name); });
+
 // Runs without a GPU: the names gpu.scatter takes (config/config.cc checks the same four).
 TEST(LayerCopierModeTest, NamesRoundTrip) {
   for (auto m : {LayerCopier::Mode::kStaged, LayerCopier::Mode::kMapped,

@@ -30,6 +30,7 @@ tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
     case store::CaptureOutcome::kAlreadyPresent:
       return tutti::v1::STORE_ALREADY_PRESENT;
     case store::CaptureOutcome::kRejectedFull:
+    case store::CaptureOutcome::kRejectedOwnerLimit:
       return tutti::v1::STORE_REJECTED_FULL;
     case store::CaptureOutcome::kFailed:
       return tutti::v1::STORE_FAILED;
@@ -349,7 +350,7 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   };
   ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
                    store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
-                                   req.wait_durable()));
+                                   req.wait_durable(), session.id));
   for (store::CaptureOutcome o : outcomes) resp->add_outcomes(ToProto(o));
   return absl::OkStatus();
 }

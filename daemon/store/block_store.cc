@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -81,13 +82,17 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) 
   return info;
 }
 
-std::vector<uint8_t*> BlockStore::Impl::StagingObjects(uint8_t* chunk, uint32_t num_objects) const {
-  const auto& layout = options_.layout;
-  const uint32_t d = layout.num_files();
-  const uint64_t f = layout.frames_per_slot_per_file();
+std::vector<uint8_t*> BlockStore::Impl::StagingObjects(uint8_t* chunk, uint32_t num_objects,
+                                                       uint32_t frame_bytes) const {
+  const uint32_t d = options_.layout.num_files();
   std::vector<uint8_t*> frames(num_objects);
-  for (uint32_t j = 0; j < num_objects; ++j) {
-    frames[j] = chunk + ((j % d) * f + j / d) * uint64_t{layout.object_bytes()};
+  uint64_t share_start = 0;  // frames before file share r
+  for (uint32_t r = 0; r < std::min(d, num_objects); ++r) {
+    const uint32_t count = (num_objects - r + d - 1) / d;
+    for (uint32_t k = 0; k < count; ++k) {
+      frames[r + k * d] = chunk + (share_start + k) * frame_bytes;
+    }
+    share_start += count;
   }
   return frames;
 }
@@ -326,9 +331,36 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   return status;
 }
 
+uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t owner,
+                                            bool* reaped, CaptureOutcome* outcome) {
+  const uint64_t bytes = uint64_t{info.num_objects} * RoundUp4K(info.object_len);
+  StoreStaging::Grant g = store_staging_->TryTake(owner, bytes);
+  // Stale partial blocks may be what holds it: look once per call, and at most once per
+  // millisecond (a scan of every pending block) however many calls are refused.
+  if (g.data == nullptr && !*reaped && clock_->NowMs() != last_reap_ms_) {
+    *reaped = true;
+    ReapStalePendingLocked();
+    g = store_staging_->TryTake(owner, bytes);
+  }
+  if (g.data != nullptr) return g.data;
+  ++stats_.store_rejected;
+  if (g.refusal == StoreStaging::Refusal::kOwnerLimit) {
+    ++stats_.store_rejected_owner_limit;
+    *outcome = CaptureOutcome::kRejectedOwnerLimit;
+  } else {
+    *outcome = CaptureOutcome::kRejectedFull;
+  }
+  return nullptr;
+}
+
+void BlockStore::Impl::ReleasePending(PendingBlock* p) {
+  store_staging_->Give(p->owner, p->chunk, p->chunk_bytes);
+  pending_.erase(PendingKey{p->ns, p->key});
+}
+
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer& gather, bool wait_durable) {
+    const Gatherer& gather, bool wait_durable, uint64_t owner) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
@@ -341,6 +373,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   std::vector<PendingBlock*> created;
   {
     absl::MutexLock lock(&mu_);
+    bool reaped = false;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (index_.Find(ns, keys[i]) != nullptr) {
         outcomes[i] = CaptureOutcome::kAlreadyPresent;
@@ -349,27 +382,27 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
       auto it = pending_.find(PendingKey{ns, keys[i]});
       PendingBlock* p = it == pending_.end() ? nullptr : it->second.get();
       if (p == nullptr) {
+        uint8_t* chunk = TakeBlockStaging(info, owner, &reaped, &outcomes[i]);
+        if (chunk == nullptr) continue;
         auto fresh = std::make_unique<PendingBlock>();
-        std::vector<uint8_t*> chunk;
-        if (!store_frames_->TryTake(1, &chunk)) {
-          outcomes[i] = CaptureOutcome::kRejectedFull;
-          ++stats_.store_rejected;
-          continue;
-        }
-        fresh->chunk = chunk[0];
-        fresh->frames = StagingObjects(fresh->chunk, info.num_objects);
+        fresh->owner = owner;
+        fresh->chunk = chunk;
+        fresh->frame_bytes = RoundUp4K(info.object_len);
+        fresh->chunk_bytes = uint64_t{info.num_objects} * fresh->frame_bytes;
+        fresh->frames = StagingObjects(chunk, info.num_objects, fresh->frame_bytes);
         fresh->ns = ns;
         fresh->key = keys[i];
         fresh->object_len = info.object_len;
         fresh->parts = info.parts;
         fresh->layer_captured.assign(layers, 0);
         fresh->layers_left = layers;
-        fresh->created_ms = clock_->NowMs();
+        fresh->touched_ms = clock_->NowMs();
         p = fresh.get();
         pending_.emplace(PendingKey{ns, keys[i]}, std::move(fresh));
         created.push_back(p);
-      } else if (p->queued) {
-        outcomes[i] = CaptureOutcome::kAlreadyPresent;
+      } else if (p->queued || p->abandoned) {
+        // Queued: being written. Abandoned: its owner went away; it goes when its copy ends.
+        outcomes[i] = p->queued ? CaptureOutcome::kAlreadyPresent : CaptureOutcome::kFailed;
         continue;
       }
       touched[i] = p;
@@ -396,16 +429,23 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     if (p != nullptr) --p->capturing;
   }
   if (!gathered.ok()) {
+    // Blocks this call made go (unless another call is filling one: the reaper drops it if it
+    // stays partial); so do abandoned ones nobody copies into now.
     for (PendingBlock* p : created) {
-      if (p->capturing > 0) continue;  // another call is filling it; the reaper drops it if stale
-      store_frames_->Give({p->chunk});
-      pending_.erase(PendingKey{p->ns, p->key});
+      if (p->capturing == 0) p->abandoned = true;
     }
+    ReleaseAbandoned(touched);
     return gathered;
   }
+  const int64_t now = clock_->NowMs();
   for (size_t i = 0; i < keys.size(); ++i) {
     PendingBlock* p = touched[i];
     if (p == nullptr) continue;
+    if (p->abandoned) {
+      outcomes[i] = CaptureOutcome::kFailed;
+      continue;
+    }
+    p->touched_ms = now;
     for (uint32_t l = layer_begin; l < layer_end; ++l) {
       if (!p->layer_captured[l]) {
         p->layer_captured[l] = 1;
@@ -421,6 +461,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
       p->tickets.push_back(tickets[i]);
     }
   }
+  ReleaseAbandoned(touched);
   if (wait_durable) {
     auto all_done = [&tickets]() {
       for (const auto& t : tickets) {
@@ -434,6 +475,36 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     }
   }
   return outcomes;
+}
+
+void BlockStore::Impl::ReleaseAbandoned(absl::Span<PendingBlock* const> touched) {
+  // `touched` may name a block more than once (a key repeated in one call): release each once.
+  absl::flat_hash_set<PendingBlock*> gone;
+  for (PendingBlock* p : touched) {
+    if (p != nullptr && p->abandoned && p->capturing == 0 && !p->queued) gone.insert(p);
+  }
+  for (PendingBlock* p : gone) {
+    ++stats_.pending_dropped;
+    ReleasePending(p);
+  }
+}
+
+uint64_t BlockStore::Impl::DropPending(uint64_t owner) {
+  if (owner == 0) return 0;
+  absl::MutexLock lock(&mu_);
+  uint64_t dropped = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    PendingBlock* p = (it++)->second.get();  // advanced first: ReleasePending erases p's entry
+    if (p->owner != owner || p->queued || p->abandoned) continue;
+    ++dropped;
+    if (p->capturing > 0) {
+      p->abandoned = true;  // the Capture copying into it releases it
+    } else {
+      ++stats_.pending_dropped;
+      ReleasePending(p);
+    }
+  }
+  return dropped;
 }
 
 void BlockStore::Impl::Flush() {
@@ -452,6 +523,8 @@ StoreStats BlockStore::Impl::Stats() const {
   s.slot_bytes = options_.layout.slot_bytes();
   s.dram_capacity = dram_->capacity();
   s.dram_used = dram_->used();
+  s.store_staging_used = store_staging_->used_bytes();
+  s.store_staging_bytes = store_staging_->capacity_bytes();
   s.namespaces.clear();
   absl::flat_hash_map<NamespaceId, uint64_t> blocks;
   index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });
@@ -471,6 +544,10 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
                                                              Clock* clock) {
   if (backend == nullptr || clock == nullptr) {
     return absl::InvalidArgumentError("BlockStore::Open needs a backend and a clock");
+  }
+  if (options.pending_ttl_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("StoreOptions.pending_ttl_ms must be > 0, got ",
+                                                   options.pending_ttl_ms));
   }
   if (backend->num_files() != options.layout.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),
@@ -513,9 +590,10 @@ absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32
 }
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer& gather, bool wait_durable) {
-  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable);
+    const Gatherer& gather, bool wait_durable, uint64_t owner) {
+  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable, owner);
 }
+uint64_t BlockStore::DropPending(uint64_t owner) { return impl_->DropPending(owner); }
 void BlockStore::Flush() { impl_->Flush(); }
 std::pair<uint64_t, uint64_t> BlockStore::Evict(NamespaceId ns) { return impl_->Evict(ns); }
 StoreStats BlockStore::Stats() const { return impl_->Stats(); }

@@ -37,7 +37,18 @@ struct StoreOptions {
   std::string state_dir;    // journal and checkpoint live here; must exist
   pool::PoolLayout layout;  // of the pool files the backend has open, in order
   uint64_t dram_bytes = 0;  // DRAM tier capacity; 0 = off
+  // Staging for captured blocks not yet written, counted in bytes: a block takes
+  // num_objects x its object size rounded up to 4 KiB (at least one slot's worth is kept).
   uint64_t store_staging_bytes = 256ull << 20;
+  // The most store staging one owner (Capture's `owner`, a session) holds at a time, partial and
+  // queued blocks together; 0: a quarter of store_staging_bytes. Never below one block of the
+  // pool's largest shape (max_objects x object_bytes), so every owner can store. Owner 0 is not
+  // capped.
+  uint64_t max_staging_bytes_per_owner = 0;
+  // A partially captured block (some layers still missing) whose last layer arrived this long ago
+  // is dropped and its staging freed (checked by the writer when idle, at least every 500 ms, and
+  // by any Capture that finds staging short).
+  int64_t pending_ttl_ms = 5000;
   uint64_t retrieve_staging_bytes = 256ull << 20;
   uint32_t checkpoint_every = 65536;  // journal records between checkpoints
   uint32_t max_namespaces = 1024;     // RegisterNamespace refuses new ones past it
@@ -48,8 +59,17 @@ struct StoreOptions {
   uint64_t checkpoint_chunk_slots = 1024;
 };
 
-// What happened to one block of a Capture.
-enum class CaptureOutcome { kCaptured, kDurable, kAlreadyPresent, kRejectedFull, kFailed };
+// What happened to one block of a Capture. Both rejections copy nothing and are worth retrying
+// later: kRejectedFull when store staging as a whole is full, kRejectedOwnerLimit when the
+// caller's owner already holds StoreOptions::max_staging_bytes_per_owner.
+enum class CaptureOutcome {
+  kCaptured,
+  kDurable,
+  kAlreadyPresent,
+  kRejectedFull,
+  kFailed,
+  kRejectedOwnerLimit,
+};
 
 // One object to copy out of staging into the engine (retrieve). `item` indexes
 // the keys of Read.
@@ -82,6 +102,13 @@ struct StoreStats {
   uint64_t lookups = 0, lookup_hits = 0, lookup_misses = 0;
   uint64_t blocks_retrieved = 0, blocks_stored = 0, bytes_read = 0, bytes_written = 0;
   uint64_t evictions = 0, verify_errors = 0, io_errors = 0, store_rejected = 0, store_failed = 0;
+  // Of store_rejected: blocks refused for their owner's cap (kRejectedOwnerLimit).
+  uint64_t store_rejected_owner_limit = 0;
+  // Partial blocks dropped: expired (pending_ttl_ms); or their owner gone (DropPending) or the
+  // copy of the call that made them failed.
+  uint64_t pending_expired = 0, pending_dropped = 0;
+  // Store staging in bytes: in use now, and the whole.
+  uint64_t store_staging_used = 0, store_staging_bytes = 0;
   uint64_t dram_hits = 0;
   std::vector<NamespaceInfo> namespaces;
 };
@@ -92,7 +119,7 @@ class BlockStore {
   // the pool, and starts the writer thread. `backend` must have
   // layout.num_files() files of layout.file_bytes(). `clock` must outlive the
   // store. Errors: DATA_LOSS for a corrupt checkpoint, INVALID_ARGUMENT for
-  // options that do not fit the backend.
+  // options that do not fit the backend or a pending_ttl_ms <= 0.
   static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options,
                                                           std::unique_ptr<io::IoBackend> backend,
                                                           Clock* clock);
@@ -131,17 +158,29 @@ class BlockStore {
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                     uint32_t layer_end, const LayerSink& sink);
 
-  // Captures layers [layer_begin, layer_end) of each key: reserves staging,
+  // Captures layers [layer_begin, layer_end) of each key for `owner` (a
+  // session id; 0: no owner, not capped): reserves staging (a block's first
+  // call takes staging for the whole block, charged to that call's owner),
   // calls `gather` once with every object to copy, and returns one outcome per
   // key. A key's block is queued for writing once all its layers are captured
-  // (over one or more calls); partial captures not completed within
-  // `pending_ttl_ms` are dropped. With wait_durable, returns after the queued
-  // blocks are durable (kDurable) or failed (kFailed). A gather error fails the
-  // whole call (nothing queued).
+  // (over one or more calls); a partial block whose last layer came more than
+  // StoreOptions::pending_ttl_ms ago is dropped. Blocks refused staging are
+  // kRejectedFull or kRejectedOwnerLimit (which limit). With wait_durable,
+  // returns after the queued blocks are durable (kDurable) or failed
+  // (kFailed). A gather error fails the whole call (nothing queued). Errors:
+  // NOT_FOUND unknown namespace, INVALID_ARGUMENT bad layer range, or the
+  // gatherer's.
   using Gatherer = std::function<absl::Status(absl::Span<const GatherOp> ops)>;
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer& gather, bool wait_durable);
+                                                      const Gatherer& gather, bool wait_durable,
+                                                      uint64_t owner = 0);
+
+  // Drops every partially captured block of `owner` (> 0) and frees its
+  // staging: for a session that went away. Blocks a Capture is copying into now
+  // are dropped when that call ends; blocks already queued for writing are
+  // written. Returns how many blocks were dropped or marked.
+  uint64_t DropPending(uint64_t owner);
 
   // Makes every block captured so far durable (or failed). For shutdown and
   // tests.

@@ -31,16 +31,21 @@ struct PendingBlock {
   Key key;
   uint32_t object_len = 0;
   uint32_t parts = 0;
-  // Staging for the whole block: one chunk of D x F frames from the store pool,
-  // laid out file-major so each pool file's share of the slot is contiguous
-  // (see StagingObject).
+  // Staging for the whole block: one run of num_objects frames of frame_bytes
+  // (the object size rounded up to 4 KiB) from store staging, charged to
+  // `owner`, laid out file-major so each pool file's share of the slot is
+  // contiguous (see StagingObjects).
+  uint64_t owner = 0;
   uint8_t* chunk = nullptr;
+  uint64_t chunk_bytes = 0;
+  uint32_t frame_bytes = 0;
   std::vector<uint8_t*> frames;         // per object: its frame inside `chunk`
   std::vector<uint8_t> layer_captured;  // per layer
   uint32_t layers_left = 0;
-  int64_t created_ms = 0;
+  int64_t touched_ms = 0;  // created, or its last layers captured: the pending TTL runs from here
   bool queued = false;
-  int capturing = 0;  // Capture calls copying into `frames` now
+  bool abandoned = false;  // DropPending while a Capture copied into it: dropped when that ends
+  int capturing = 0;       // Capture calls copying into `frames` now
   std::vector<std::shared_ptr<DurableTicket>> tickets;
   // Set by the writer.
   uint64_t slot = 0;
@@ -66,7 +71,9 @@ class BlockStore::Impl {
                     uint32_t layer_end, const LayerSink& sink);
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer& gather, bool wait_durable);
+                                                      const Gatherer& gather, bool wait_durable,
+                                                      uint64_t owner);
+  uint64_t DropPending(uint64_t owner);
   void Flush();
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
   StoreStats Stats() const;
@@ -96,7 +103,13 @@ class BlockStore::Impl {
   void Publish(absl::Span<PendingBlock* const> batch);
   void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
   absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  // Drops partial blocks past the pending TTL and abandoned ones nobody copies into.
   void ReapStalePending();
+  void ReapStalePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `p`'s staging back and erases it from pending_ (destroys *p).
+  void ReleasePending(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the abandoned blocks of `touched` that no Capture copies into any more.
+  void ReleaseAbandoned(absl::Span<PendingBlock* const> touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hides `e` and appends its Delete record. The slot stays taken until the
   // record is durable.
   void HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
@@ -104,16 +117,23 @@ class BlockStore::Impl {
 
   // block_store.cc
   void MarkBad(NamespaceId ns, const Key& key);
-  // The frame of each object in a block's staging chunk: file-major, object j
-  // at (j % D) * F + j / D, matching where the slot's objects lie in the pool
-  // files.
-  std::vector<uint8_t*> StagingObjects(uint8_t* chunk, uint32_t num_objects) const;
+  // The frame of each object in a block's staging chunk of num_objects frames
+  // of `frame_bytes`: file-major, the objects j = r, r + D, r + 2D, ... (those
+  // one pool file holds) consecutive, file share r after share r - 1, matching
+  // where the slot's objects lie in the pool files.
+  std::vector<uint8_t*> StagingObjects(uint8_t* chunk, uint32_t num_objects,
+                                       uint32_t frame_bytes) const;
+  // Takes staging for a new pending block of `info` for `owner`; on refusal
+  // (after one reap of stale blocks per call, *reaped tracks it) returns null
+  // and sets *outcome.
+  uint8_t* TakeBlockStaging(const NamespaceInfo& info, uint64_t owner, bool* reaped,
+                            CaptureOutcome* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreOptions options_;
   const std::unique_ptr<io::IoBackend> backend_;
   Clock* const clock_;
   std::unique_ptr<Region> region_;
-  std::unique_ptr<FramePool> store_frames_;  // frames are whole-block chunks
+  std::unique_ptr<StoreStaging> store_staging_;
   std::unique_ptr<FramePool> read_frames_;
   uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
 
@@ -130,6 +150,7 @@ class BlockStore::Impl {
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t last_reap_ms_ ABSL_GUARDED_BY(mu_) = 0;
   StoreStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };

@@ -16,8 +16,9 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);
 
 namespace {
 
-constexpr int64_t kPendingTtlMs = 60000;
 constexpr absl::Duration kWriterIdleWake = absl::Milliseconds(500);
+// The writer looks for stale partial blocks at least this often, busy or not.
+constexpr int64_t kReapEveryMs = 500;
 
 uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
@@ -49,13 +50,18 @@ BlockStore::Impl::~Impl() {
 absl::Status BlockStore::Impl::Init() {
   const uint32_t frame = options_.layout.object_bytes();
   const uint64_t chunk = options_.layout.slot_bytes() - pool::kSlotHeaderBytes;
-  const uint64_t store_bytes = std::max<uint64_t>(options_.store_staging_bytes, chunk);
+  const uint64_t store_bytes = std::max<uint64_t>(options_.store_staging_bytes, chunk) /
+                               StoreStaging::kPage * StoreStaging::kPage;
+  const uint64_t largest_block = uint64_t{options_.layout.max_objects()} * frame;
+  const uint64_t owner_cap = std::max<uint64_t>(
+      largest_block, options_.max_staging_bytes_per_owner != 0
+                         ? options_.max_staging_bytes_per_owner
+                         : store_bytes / 4);
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
   const uint64_t header_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
   ASSIGN_OR_RETURN(region_, Region::Create(store_bytes + read_bytes + header_bytes));
   uint8_t* base = region_->span().data();
-  store_frames_ =
-      std::make_unique<FramePool>(absl::MakeSpan(base, store_bytes), static_cast<uint32_t>(chunk));
+  store_staging_ = std::make_unique<StoreStaging>(absl::MakeSpan(base, store_bytes), owner_cap);
   read_frames_ = std::make_unique<FramePool>(absl::MakeSpan(base + store_bytes, read_bytes), frame);
   header_buffers_ = base + store_bytes + read_bytes;
   if (options_.dram_bytes >= chunk) {
@@ -207,25 +213,32 @@ void BlockStore::Impl::WriterLoop() {
       }
       if (!batch.empty()) ++writing_;
     }
-    if (batch.empty()) {
-      ReapStalePending();
-      continue;
-    }
-    WriteBatch(std::move(batch));
+    // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
+    ReapStalePending();
+    if (!batch.empty()) WriteBatch(std::move(batch));
   }
 }
 
 void BlockStore::Impl::ReapStalePending() {
   absl::MutexLock lock(&mu_);
+  if (clock_->NowMs() - last_reap_ms_ < kReapEveryMs) return;
+  ReapStalePendingLocked();
+}
+
+void BlockStore::Impl::ReapStalePendingLocked() {
   const int64_t now = clock_->NowMs();
+  last_reap_ms_ = now;
   for (auto it = pending_.begin(); it != pending_.end();) {
-    PendingBlock* p = it->second.get();
-    if (!p->queued && p->capturing == 0 && now - p->created_ms > kPendingTtlMs) {
-      store_frames_->Give({p->chunk});
-      pending_.erase(it++);
+    PendingBlock* p = (it++)->second.get();  // advanced first: ReleasePending erases p's entry
+    if (p->queued || p->capturing > 0) continue;
+    if (p->abandoned) {
+      ++stats_.pending_dropped;
+    } else if (now - p->touched_ms >= options_.pending_ttl_ms) {
+      ++stats_.pending_expired;
     } else {
-      ++it;
+      continue;
     }
+    ReleasePending(p);
   }
 }
 
@@ -257,18 +270,27 @@ void BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
 }
 
 // Appends the writes of block `p`: per pool file, the slot's objects in that
-// file as one run (they are consecutive frames there and in the file-major
-// staging chunk), then the header.
+// file as one run when staging frames are as large as the pool's (they are
+// consecutive frames there and in the file-major staging chunk), else one
+// write of each object's 4 KiB-rounded bytes; then the header.
 void BlockStore::Impl::AppendBlockWrites(const PendingBlock& p, uint8_t* header,
                                          std::vector<io::IoRequest>* reqs) const {
   const auto& layout = options_.layout;
   const uint32_t d = layout.num_files();
   const uint32_t n = static_cast<uint32_t>(p.frames.size());
-  for (uint32_t r = 0; r < std::min(d, n); ++r) {
-    const uint32_t count = (n - r + d - 1) / d;
-    const pool::Location loc = layout.ObjectLocation(p.slot, r);
-    reqs->push_back(io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[r],
-                                  count * layout.object_bytes(), 0});
+  if (p.frame_bytes == layout.object_bytes()) {
+    for (uint32_t r = 0; r < std::min(d, n); ++r) {
+      const uint32_t count = (n - r + d - 1) / d;
+      const pool::Location loc = layout.ObjectLocation(p.slot, r);
+      reqs->push_back(io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[r],
+                                    count * layout.object_bytes(), 0});
+    }
+  } else {
+    for (uint32_t j = 0; j < n; ++j) {
+      const pool::Location loc = layout.ObjectLocation(p.slot, j);
+      reqs->push_back(
+          io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[j], p.frame_bytes, 0});
+    }
   }
   const pool::Location hl = layout.HeaderLocation(p.slot);
   reqs->push_back(io::IoRequest{io::Op::kWrite, hl.file, hl.offset, header,
@@ -335,8 +357,7 @@ void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
     t->outcome = outcome;
     t->done = true;
   }
-  store_frames_->Give({p->chunk});
-  pending_.erase(PendingKey{p->ns, p->key});  // destroys *p
+  ReleasePending(p);  // destroys *p
 }
 
 // Copies the durable blocks of `batch` into DRAM-tier chunks. Chunks are taken under the lock

@@ -37,6 +37,90 @@ void FramePool::Give(absl::Span<uint8_t* const> frames) {
   frames_.insert(frames_.end(), frames.begin(), frames.end());
 }
 
+StoreStaging::StoreStaging(absl::Span<uint8_t> region, uint64_t owner_cap_bytes)
+    : base_(region.data()), pages_(region.size() / kPage), owner_cap_(owner_cap_bytes) {
+  used_bits_.assign((pages_ + 63) / 64, 0);
+  // Bits past the last page read as taken, so no run crosses the end.
+  if (pages_ % 64 != 0) used_bits_.back() = ~0ull << (pages_ % 64);
+}
+
+uint64_t StoreStaging::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_pages_ * kPage;
+}
+
+uint64_t StoreStaging::owner_bytes(uint64_t owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owner_bytes_.find(owner);
+  return it == owner_bytes_.end() ? 0 : it->second;
+}
+
+StoreStaging::Grant StoreStaging::TryTake(uint64_t owner, uint64_t bytes) {
+  const uint64_t n = (bytes + kPage - 1) / kPage;
+  absl::MutexLock lock(&mu_);
+  if (owner != 0) {
+    auto it = owner_bytes_.find(owner);
+    const uint64_t held = it == owner_bytes_.end() ? 0 : it->second;
+    if (held + n * kPage > owner_cap_) return Grant{nullptr, Refusal::kOwnerLimit};
+  }
+  const uint64_t first = used_pages_ + n > pages_ ? pages_ : FindFree(n);
+  if (first == pages_) return Grant{nullptr, Refusal::kFull};
+  Mark(first, n, true);
+  used_pages_ += n;
+  if (first == first_maybe_free_) first_maybe_free_ = first + n;
+  if (owner != 0) owner_bytes_[owner] += n * kPage;
+  return Grant{base_ + first * kPage, Refusal::kNone};
+}
+
+void StoreStaging::Give(uint64_t owner, uint8_t* data, uint64_t bytes) {
+  const uint64_t n = (bytes + kPage - 1) / kPage;
+  absl::MutexLock lock(&mu_);
+  const uint64_t first = static_cast<uint64_t>(data - base_) / kPage;
+  Mark(first, n, false);
+  used_pages_ -= n;
+  first_maybe_free_ = std::min(first_maybe_free_, first);
+  if (owner == 0) return;
+  auto it = owner_bytes_.find(owner);
+  it->second -= n * kPage;
+  if (it->second == 0) owner_bytes_.erase(it);
+}
+
+uint64_t StoreStaging::FindFree(uint64_t n) const {
+  uint64_t run = 0, start = 0;
+  for (uint64_t i = first_maybe_free_; i < pages_;) {
+    const uint64_t word = used_bits_[i / 64];
+    if (i % 64 == 0 && word == ~0ull) {  // 64 taken pages
+      run = 0;
+      i += 64;
+      continue;
+    }
+    if (i % 64 == 0 && word == 0) {  // 64 free pages (never the padded last word)
+      if (run == 0) start = i;
+      run += 64;
+      i += 64;
+    } else if (word >> (i % 64) & 1) {
+      run = 0;
+      ++i;
+    } else {
+      if (run++ == 0) start = i;
+      ++i;
+    }
+    if (run >= n) return start;
+  }
+  return pages_;
+}
+
+void StoreStaging::Mark(uint64_t first, uint64_t n, bool used) {
+  for (uint64_t i = first; i < first + n; ++i) {
+    const uint64_t bit = 1ull << (i % 64);
+    if (used) {
+      used_bits_[i / 64] |= bit;
+    } else {
+      used_bits_[i / 64] &= ~bit;
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Region>> Region::Create(uint64_t bytes) {
   constexpr uint64_t kHuge = 2ull << 20;
   const uint64_t size = std::max<uint64_t>(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);

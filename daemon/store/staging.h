@@ -1,6 +1,7 @@
 // Staging memory: one region allocated at start (page-aligned, never freed
-// while the store lives), cut into equal frames and handed out in
-// all-or-nothing batches. No allocation on the I/O path.
+// while the store lives). Retrieves take it as equal frames in all-or-nothing
+// batches (FramePool); stores take it in bytes, a contiguous run per block,
+// counted per owner (StoreStaging). No allocation on the I/O path.
 //
 // Thread-safe.
 #ifndef TUTTI_DAEMON_STORE_STAGING_H_
@@ -10,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -40,6 +42,52 @@ class FramePool {
   uint64_t total_ = 0;
   mutable absl::Mutex mu_;
   std::vector<uint8_t*> frames_ ABSL_GUARDED_BY(mu_);
+};
+
+// Store staging, counted in bytes: each grant is one contiguous run of 4 KiB
+// pages (first fit), so a block takes what its own objects need, not a whole
+// pool slot. Every grant belongs to an owner (a session id; 0 = no owner),
+// and an owner other than 0 holds at most `owner_cap_bytes` at a time, so one
+// client cannot take all staging from the others.
+class StoreStaging {
+ public:
+  static constexpr uint64_t kPage = 4096;
+  enum class Refusal { kNone, kFull, kOwnerLimit };
+  struct Grant {
+    uint8_t* data = nullptr;  // null when refused
+    Refusal refusal = Refusal::kNone;
+  };
+
+  // Pages are carved out of `region` (which the caller owns and must outlive
+  // the staging); a partial last page is not used.
+  StoreStaging(absl::Span<uint8_t> region, uint64_t owner_cap_bytes);
+
+  uint64_t capacity_bytes() const { return pages_ * kPage; }
+  uint64_t owner_cap_bytes() const { return owner_cap_; }
+  uint64_t used_bytes() const;
+  uint64_t owner_bytes(uint64_t owner) const;
+
+  // Takes `bytes` (rounded up to whole pages, > 0) as one run for `owner`.
+  // Refused (nothing taken) with kOwnerLimit when the owner would hold more
+  // than its cap, else with kFull when no free run is long enough.
+  Grant TryTake(uint64_t owner, uint64_t bytes);
+  // Returns a grant: `data` and `bytes` as given to and returned by TryTake,
+  // for the same owner.
+  void Give(uint64_t owner, uint8_t* data, uint64_t bytes);
+
+ private:
+  // First page of a free run of `n` pages, or pages_ when there is none.
+  uint64_t FindFree(uint64_t n) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Mark(uint64_t first, uint64_t n, bool used) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  uint8_t* const base_;
+  const uint64_t pages_;
+  const uint64_t owner_cap_;
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> used_bits_ ABSL_GUARDED_BY(mu_);  // bit i: page i taken
+  uint64_t used_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t first_maybe_free_ ABSL_GUARDED_BY(mu_) = 0;  // every page below it is taken
+  absl::flat_hash_map<uint64_t, uint64_t> owner_bytes_ ABSL_GUARDED_BY(mu_);
 };
 
 // An anonymous, page-aligned mapping that is unmapped on destruction.
