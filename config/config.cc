@@ -164,6 +164,13 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
   RETURN_IF_ERROR(
       CheckRange("limits.max_calls_per_session", l.max_calls_per_session(), 1, 4096));
   RETURN_IF_ERROR(CheckRange("limits.max_namespaces", l.max_namespaces(), 1, 1u << 20));
+  if (l.max_store_staging_bytes_per_session() != 0) {
+    RETURN_IF_ERROR(CheckRange("limits.max_store_staging_bytes_per_session",
+                               l.max_store_staging_bytes_per_session(), block_bytes,
+                               l.store_staging_bytes()));
+  }
+  RETURN_IF_ERROR(
+      CheckRange("limits.partial_store_ttl_ms", l.partial_store_ttl_ms(), 100, 3600000));
   // A session needs two threads at least (a Retrieve stream and a KeepAlive).
   return CheckRange("limits.max_rpc_threads", l.max_rpc_threads(), 8, 65536);
 }

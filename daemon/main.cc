@@ -158,6 +158,8 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.retrieve_staging_bytes = config.limits().retrieve_staging_bytes();
   o.checkpoint_every = config.journal().checkpoint_every();
   o.max_namespaces = config.limits().max_namespaces();
+  o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
+  o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
   return o;
 }
 
@@ -326,7 +328,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   session_options.max_pinned_blocks = limits.max_pinned_blocks();
   d->sessions = std::make_unique<server::SessionManager>(
       session_options, Clock::Real(),
-      [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); });
+      [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); },
+      [s = d->store.get()](uint64_t session_id) { s->DropPending(session_id); });
   // A credential waits at most a session TTL for its Attach; a user may have as many waiting as
   // it may have sessions.
   d->credentials = std::make_unique<server::CredentialTable>(

@@ -351,7 +351,20 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
                    store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
                                    req.wait_durable(), session.id));
-  for (store::CaptureOutcome o : outcomes) resp->add_outcomes(ToProto(o));
+  bool full = false, session_share = false;
+  for (store::CaptureOutcome o : outcomes) {
+    resp->add_outcomes(ToProto(o));
+    full |= o == store::CaptureOutcome::kRejectedFull;
+    session_share |= o == store::CaptureOutcome::kRejectedOwnerLimit;
+  }
+  if (session_share) {
+    resp->set_rejected_why(absl::StrCat(
+        "session ", session.id, " holds its share of store staging "
+        "(limits.max_store_staging_bytes_per_session); retry once its blocks are written"));
+  } else if (full) {
+    resp->set_rejected_why(
+        "store staging is full (limits.store_staging_bytes); retry later or drop the blocks");
+  }
   return absl::OkStatus();
 }
 

@@ -135,7 +135,8 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   session_options.lease_ttl_ms = 10000;
   session_options.max_sessions = options.max_sessions;
   sessions_ = std::make_unique<SessionManager>(session_options, &session_clock_,
-      [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); });
+      [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); },
+      [raw_store](uint64_t session_id) { raw_store->DropPending(session_id); });
   kv_service_ = std::make_unique<KvCacheService>(
       KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session}, raw_store,
       sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(),

@@ -11,8 +11,9 @@
 
 namespace tutti::server {
 
-SessionManager::SessionManager(const Options& options, Clock* clock, Unpinner unpin)
-    : options_(options), clock_(clock), unpin_(std::move(unpin)) {}
+SessionManager::SessionManager(const Options& options, Clock* clock, Unpinner unpin,
+                               std::function<void(uint64_t)> closed)
+    : options_(options), clock_(clock), unpin_(std::move(unpin)), closed_(std::move(closed)) {}
 
 SessionManager::~SessionManager() {
   Ended ended;
@@ -180,6 +181,7 @@ void SessionManager::CloseLocked(uint64_t session_id, Ended* ended) {
   for (auto& [id, lease] : s.leases) EndLeaseLocked(s, lease, ended);
   s.state->closed.store(true);
   ended->ios.push_back(s.state->io);
+  ended->closed.push_back(session_id);
   sessions_.erase(it);  // the state goes when the last in-flight request drops its SessionRef
 }
 
@@ -219,6 +221,9 @@ std::pair<uint32_t, uint32_t> SessionManager::Reap() {
 
 void SessionManager::Finish(Ended ended) {
   for (const auto& io : ended.ios) io->Close();  // first: stop copies before pins go
+  if (closed_) {
+    for (uint64_t id : ended.closed) closed_(id);
+  }
   for (const auto& [ns, keys] : ended.unpins) unpin_(ns, keys);
 }
 

@@ -101,7 +101,10 @@ class SessionManager {
   using Unpinner = ClaimedLease::Unpinner;
 
   // `clock` must outlive the manager. `unpin` drops one pin of each key (BlockStore::Unpin).
-  SessionManager(const Options& options, Clock* clock, Unpinner unpin);
+  // `closed`, if set, is called once per ended session (after its EngineIo is closed, without
+  // the lock), e.g. to drop its partly captured blocks (BlockStore::DropPending).
+  SessionManager(const Options& options, Clock* clock, Unpinner unpin,
+                 std::function<void(uint64_t session_id)> closed = nullptr);
   // Ends every lease (unpinning) and closes every session.
   ~SessionManager();
 
@@ -159,6 +162,7 @@ class SessionManager {
   struct Ended {
     std::vector<std::pair<NamespaceId, std::vector<Key>>> unpins;
     std::vector<std::shared_ptr<EngineIo>> ios;  // of closed sessions
+    std::vector<uint64_t> closed;                // their ids
   };
 
   using LeaseMap = absl::flat_hash_map<uint64_t, Lease>;
@@ -177,6 +181,7 @@ class SessionManager {
   const Options options_;
   Clock* const clock_;
   const Unpinner unpin_;
+  const std::function<void(uint64_t)> closed_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -41,9 +41,9 @@ struct StoreOptions {
   // num_objects x its object size rounded up to 4 KiB (at least one slot's worth is kept).
   uint64_t store_staging_bytes = 256ull << 20;
   // The most store staging one owner (Capture's `owner`, a session) holds at a time, partial and
-  // queued blocks together; 0: a quarter of store_staging_bytes. Never below one block of the
-  // pool's largest shape (max_objects x object_bytes), so every owner can store. Owner 0 is not
-  // capped.
+  // queued blocks together; 0: three quarters of store_staging_bytes, so the others always keep a
+  // quarter. Never below one block of the pool's largest shape (max_objects x object_bytes), so
+  // every owner can store. Owner 0 is not capped.
   uint64_t max_staging_bytes_per_owner = 0;
   // A partially captured block (some layers still missing) whose last layer arrived this long ago
   // is dropped and its staging freed (checked by the writer when idle, at least every 500 ms, and

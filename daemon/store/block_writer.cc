@@ -56,7 +56,7 @@ absl::Status BlockStore::Impl::Init() {
   const uint64_t owner_cap = std::max<uint64_t>(
       largest_block, options_.max_staging_bytes_per_owner != 0
                          ? options_.max_staging_bytes_per_owner
-                         : store_bytes / 4);
+                         : store_bytes / 4 * 3);
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
   const uint64_t header_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
   ASSIGN_OR_RETURN(region_, Region::Create(store_bytes + read_bytes + header_bytes));

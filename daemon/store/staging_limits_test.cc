@@ -201,16 +201,16 @@ class OwnerLimitTest : public StagingLimitsTest {
 TEST_F(OwnerLimitTest, OneLayerStoreOfManyBlocksLeavesStagingForOthers) {
   OpenSmall();
   const auto hog = Capture(Keys(0, 512), 0, 1, /*owner=*/7);
-  EXPECT_EQ(Count(hog, CaptureOutcome::kCaptured), 4u) << "a quarter of staging";
-  EXPECT_EQ(Count(hog, CaptureOutcome::kRejectedOwnerLimit), 508u);
+  EXPECT_EQ(Count(hog, CaptureOutcome::kCaptured), 12u) << "three quarters of staging";
+  EXPECT_EQ(Count(hog, CaptureOutcome::kRejectedOwnerLimit), 500u);
   EXPECT_EQ(Count(hog, CaptureOutcome::kRejectedFull), 0u) << "the owner's cap, not the whole";
   const std::vector<Key> other = Keys(1000, 4);
   const auto out = Capture(other, 0, 4, /*owner=*/8, /*wait=*/true);
   EXPECT_EQ(Count(out, CaptureOutcome::kDurable), 4u);
   const StoreStats st = store_->Stats();
-  EXPECT_EQ(st.store_rejected, 508u);
-  EXPECT_EQ(st.store_rejected_owner_limit, 508u);
-  EXPECT_EQ(st.store_staging_used, 4 * kBlock) << "the hog's partial blocks";
+  EXPECT_EQ(st.store_rejected, 500u);
+  EXPECT_EQ(st.store_rejected_owner_limit, 500u);
+  EXPECT_EQ(st.store_staging_used, 12 * kBlock) << "the hog's partial blocks";
 }
 
 TEST_F(OwnerLimitTest, CapCountsQueuedBlocksAndIsConfigurable) {
@@ -258,14 +258,14 @@ TEST_F(OwnerLimitTest, PartialBlocksExpireAfterThePendingTtlFromTheirLastLayer) 
 
 TEST_F(OwnerLimitTest, DropPendingFreesAClosedSessionsPartialBlocks) {
   OpenSmall();
-  const std::vector<Key> keys = Keys(0, 5);
+  const std::vector<Key> keys = Keys(0, 13);
   const auto out = Capture(keys, 0, 1, /*owner=*/5);
-  EXPECT_EQ(Count(out, CaptureOutcome::kCaptured), 4u);
+  EXPECT_EQ(Count(out, CaptureOutcome::kCaptured), 12u);  // three quarters of 16 blocks
   EXPECT_EQ(store_->DropPending(6), 0u) << "another owner's";
-  EXPECT_EQ(store_->DropPending(5), 4u);
+  EXPECT_EQ(store_->DropPending(5), 12u);
   const StoreStats st = store_->Stats();
   EXPECT_EQ(st.store_staging_used, 0u);
-  EXPECT_EQ(st.pending_dropped, 4u);
+  EXPECT_EQ(st.pending_dropped, 12u);
   // The rest of a dropped block's layers do not complete it.
   EXPECT_EQ(Capture(absl::MakeSpan(keys).subspan(0, 1), 1, 4, 9, true)[0],
             CaptureOutcome::kCaptured);
