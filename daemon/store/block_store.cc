@@ -102,6 +102,7 @@ struct BlockStore::Impl::ReadItem {
   std::shared_ptr<const DramBlock> dram;
   uint32_t ssd_index = 0;  // position among the SSD items, for staging frames
   bool failed = false;
+  bool gone = false;  // left the index before this read: failed in its first layer
 };
 
 absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
@@ -118,9 +119,11 @@ absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1:
     absl::MutexLock lock(&mu_);
     if (namespaces_.contains(info.id)) return info.id;
   }
-  absl::MutexLock jlock(&journal_mu_);
-  journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
-  RETURN_IF_ERROR(journal_->Sync());
+  // Shared with other registrations, exclusive with a checkpoint, which must not
+  // fall between the record and the entry. Never behind the writer's pool I/O.
+  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
+  const uint64_t seq = journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
+  RETURN_IF_ERROR(journal_->Sync(seq));
   absl::MutexLock lock(&mu_);
   namespaces_.emplace(info.id, info);
   log::Get("store")->info("namespace {:016x}: model {} layers {} parts {} object {} bytes", info.id,
@@ -142,7 +145,7 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
   uint32_t hits = 0;
   for (const Key& key : keys) {
     Entry* e = index_.Find(ns, key);
-    if (e == nullptr || e->bad) break;
+    if (e == nullptr) break;
     ++e->pins;
     index_.Touch(e);
     ++hits;
@@ -156,16 +159,70 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
 void BlockStore::Impl::Unpin(NamespaceId ns, absl::Span<const Key> keys) {
   absl::MutexLock lock(&mu_);
   for (const Key& key : keys) {
-    Entry* e = index_.Find(ns, key);
-    if (e != nullptr && e->pins > 0) --e->pins;
+    const PendingKey pk{ns, key};
+    auto retired = retired_.find(pk);
+    if (retired != retired_.end() && retired->second.pins > 0) {
+      --retired->second.pins;  // pins taken before the block left the index go first
+    } else if (Entry* e = index_.Find(ns, key); e != nullptr && e->pins > 0) {
+      --e->pins;
+    }
+    if (retired != retired_.end()) MaybeReleaseRetired(pk);
   }
 }
 
-void BlockStore::Impl::MarkBad(NamespaceId ns, const Key& key) {
+void BlockStore::Impl::MaybeReleaseRetired(const PendingKey& key) {
+  auto it = retired_.find(key);
+  if (it == retired_.end() || it->second.pins > 0) return;
+  const Entry* live = index_.Find(key.first, key.second);
+  if (live != nullptr && live->pins > 0) return;  // a holder may be any of the key's readers
+  std::vector<RetiredSlot>& slots = it->second.slots;
+  for (auto s = slots.begin(); s != slots.end();) {
+    if (s->delete_durable) {
+      index_.ReleaseSlot(s->slot);
+      s = slots.erase(s);
+    } else {
+      ++s;
+    }
+  }
+  if (slots.empty()) retired_.erase(it);
+}
+
+void BlockStore::Impl::RetireFailedBlock(NamespaceId ns, const Key& key, uint64_t epoch) {
+  const PendingKey pk{ns, key};
+  uint64_t seq = 0, slot = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = index_.Find(ns, key);
+    if (e == nullptr || e->epoch != epoch) return;  // already retired, or replaced meanwhile
+    slot = e->slot;
+    RetiredKey& r = retired_[pk];
+    r.pins += e->pins;
+    r.slots.push_back(RetiredSlot{slot, epoch, false});
+    dram_->Erase(ns, key);
+    e->pins = 0;
+    index_.Remove(e);  // the slot stays taken until released from retired_
+    // Appended after the entry left the index: a checkpoint never keeps it.
+    seq = journal_->Append(DeleteRecord{ns, key, slot, epoch});
+  }
+  // Outside mu_: a slot is rewritten only after its Delete is durable.
+  const absl::Status synced = journal_->Sync(seq);
   absl::MutexLock lock(&mu_);
-  Entry* e = index_.Find(ns, key);
-  if (e != nullptr) index_.MarkBad(e);
-  dram_->Erase(ns, key);
+  auto it = retired_.find(pk);
+  if (it == retired_.end()) return;
+  for (auto s = it->second.slots.begin(); s != it->second.slots.end(); ++s) {
+    if (s->slot != slot || s->epoch != epoch) continue;
+    if (synced.ok()) {
+      s->delete_durable = true;
+    } else {
+      // Its Put may still be the journal's last word on the slot: keep the slot
+      // out of use until restart (recovery finds the block bad again).
+      log::Get("store")->error("slot {}: journal sync failed ({}); unused until restart", slot,
+                               synced.ToString());
+      it->second.slots.erase(s);
+    }
+    break;
+  }
+  MaybeReleaseRetired(pk);
 }
 
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
@@ -183,12 +240,17 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) {
       Entry* e = index_.Find(ns, keys[i]);
-      if (e == nullptr || e->pins == 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
-      }
       ReadItem& it = items[i];
       it.key = keys[i];
+      if (e == nullptr || e->pins == 0) {
+        auto retired = retired_.find(PendingKey{ns, keys[i]});
+        if (retired == retired_.end() || retired->second.pins == 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
+        }
+        it.failed = it.gone = true;  // pinned, but its block left the index after a failed read
+        continue;
+      }
       it.slot = e->slot;
       it.epoch = e->epoch;
       it.checksums = index_.Checksums(*e);
@@ -257,6 +319,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     newly_failed.clear();
     for (uint32_t i = 0; i < items.size(); ++i) {
       ReadItem& it = items[i];
+      if (it.gone && layer == layer_begin) newly_failed.push_back(i);
       if (it.failed) continue;
       if (it.dram) {
         for (uint32_t p = 0; p < info.parts; ++p) {
@@ -295,11 +358,12 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   auto log = log::Get("store");
   uint64_t served = 0;
   for (const ReadItem& it : items) {
+    if (it.gone) continue;
     if (it.failed) {
-      MarkBad(ns, it.key);
+      RetireFailedBlock(ns, it.key, it.epoch);
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                             "namespace {:016x} block {} slot {}: read or verification failed; "
-                            "served as a miss",
+                            "served as a miss and dropped from the index",
                             ns, it.key.Hex(), it.slot);
     } else {
       ++served;
@@ -441,6 +505,10 @@ StoreStats BlockStore::Impl::Stats() const {
   s.slot_bytes = options_.layout.slot_bytes();
   s.dram_capacity = dram_->capacity();
   s.dram_used = dram_->used();
+  if (const absl::Status lost = journal_->durability(); !lost.ok()) {
+    s.durability_lost = true;
+    s.durability_error = std::string(lost.message());
+  }
   s.namespaces.clear();
   absl::flat_hash_map<NamespaceId, uint64_t> blocks;
   index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });
