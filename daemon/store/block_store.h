@@ -178,7 +178,8 @@ class BlockStore {
                                                       const Gatherer& gather, bool wait_durable);
 
   // Returns once every block queued so far (all its layers captured) is durable
-  // or failed. For shutdown and tests.
+  // or failed, and the writer is idle (a checkpoint it started is done). For
+  // shutdown and tests.
   void Flush();
 
   // Evicts every unpinned block of `ns` (0: of every namespace). Returns

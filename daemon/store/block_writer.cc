@@ -293,6 +293,8 @@ void BlockStore::Impl::WriterLoop() {
       continue;
     }
     WriteBatch(std::move(batch));
+    absl::MutexLock lock(&mu_);
+    --writing_;  // after the batch's checkpoint, if any: Flush waits for it too
   }
 }
 
@@ -465,7 +467,6 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
     stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);
   }
-  --writing_;
 }
 
 void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
