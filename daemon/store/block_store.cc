@@ -102,7 +102,8 @@ struct BlockStore::Impl::ReadItem {
   std::shared_ptr<const DramBlock> dram;
   uint32_t ssd_index = 0;  // position among the SSD items, for staging frames
   bool failed = false;
-  bool gone = false;  // left the index before this read: failed in its first layer
+  bool failed_early = false;  // failed before any I/O: reported in the first layer
+  bool gone = false;          // its block left the index before this read
 };
 
 absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
@@ -236,6 +237,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   }
   std::vector<ReadItem> items(keys.size());
   uint32_t ssd_items = 0;
+  uint64_t unfit = 0;
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -248,12 +250,17 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
           return absl::FailedPreconditionError(
               absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
         }
-        it.failed = it.gone = true;  // pinned, but its block left the index after a failed read
+        it.failed = it.failed_early = it.gone = true;  // pinned before a failed read dropped it
         continue;
       }
       it.slot = e->slot;
       it.epoch = e->epoch;
       it.checksums = index_.Checksums(*e);
+      if (e->num_objects != info.num_objects || e->object_len != info.object_len) {
+        it.failed = it.failed_early = true;  // an entry that does not fit its namespace
+        ++unfit;
+        continue;
+      }
       it.dram = dram_->Find(ns, keys[i], e->epoch);
       if (!it.dram) it.ssd_index = ssd_items++;
     }
@@ -319,7 +326,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     newly_failed.clear();
     for (uint32_t i = 0; i < items.size(); ++i) {
       ReadItem& it = items[i];
-      if (it.gone && layer == layer_begin) newly_failed.push_back(i);
+      if (it.failed_early && layer == layer_begin) newly_failed.push_back(i);
       if (it.failed) continue;
       if (it.dram) {
         for (uint32_t p = 0; p < info.parts; ++p) {
@@ -373,7 +380,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   absl::MutexLock lock(&mu_);
   stats_.blocks_retrieved += served;
   stats_.bytes_read += served * nlayers * info.parts * uint64_t{info.object_len};
-  stats_.verify_errors += verify_errors;
+  stats_.verify_errors += verify_errors + unfit;
   stats_.io_errors += io_errors;
   stats_.dram_hits += dram_hits;
   return status;
