@@ -188,42 +188,56 @@ void BlockStore::Impl::MaybeReleaseRetired(const PendingKey& key) {
   if (slots.empty()) retired_.erase(it);
 }
 
-void BlockStore::Impl::RetireFailedBlock(NamespaceId ns, const Key& key, uint64_t epoch) {
-  const PendingKey pk{ns, key};
-  uint64_t seq = 0, slot = 0;
+void BlockStore::Impl::RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed) {
+  if (failed.empty()) return;
+  struct Retiring {
+    PendingKey key;
+    uint64_t slot, epoch;
+  };
+  std::vector<Retiring> retiring;
+  uint64_t last_delete = 0;
   {
     absl::MutexLock lock(&mu_);
-    Entry* e = index_.Find(ns, key);
-    if (e == nullptr || e->epoch != epoch) return;  // already retired, or replaced meanwhile
-    slot = e->slot;
-    RetiredKey& r = retired_[pk];
-    r.pins += e->pins;
-    r.slots.push_back(RetiredSlot{slot, epoch, false});
-    dram_->Erase(ns, key);
-    e->pins = 0;
-    index_.Remove(e);  // the slot stays taken until released from retired_
-    // Appended after the entry left the index: a checkpoint never keeps it.
-    seq = journal_->Append(DeleteRecord{ns, key, slot, epoch});
-  }
-  // Outside mu_: a slot is rewritten only after its Delete is durable.
-  const absl::Status synced = journal_->Sync(seq);
-  absl::MutexLock lock(&mu_);
-  auto it = retired_.find(pk);
-  if (it == retired_.end()) return;
-  for (auto s = it->second.slots.begin(); s != it->second.slots.end(); ++s) {
-    if (s->slot != slot || s->epoch != epoch) continue;
-    if (synced.ok()) {
-      s->delete_durable = true;
-    } else {
-      // Its Put may still be the journal's last word on the slot: keep the slot
-      // out of use until restart (recovery finds the block bad again).
-      log::Get("store")->error("slot {}: journal sync failed ({}); unused until restart", slot,
-                               synced.ToString());
-      it->second.slots.erase(s);
+    for (const FailedBlock& f : failed) {
+      Entry* e = index_.Find(ns, f.key);
+      if (e == nullptr || e->epoch != f.epoch) continue;  // already retired, or replaced meanwhile
+      const PendingKey pk{ns, f.key};
+      RetiredKey& r = retired_[pk];
+      r.pins += e->pins;
+      r.slots.push_back(RetiredSlot{e->slot, e->epoch, false});
+      retiring.push_back(Retiring{pk, e->slot, e->epoch});
+      dram_->Erase(ns, f.key);
+      e->pins = 0;
+      index_.Remove(e);  // the slot stays taken until released from retired_
+      // Appended after the entry left the index: a checkpoint never keeps it.
+      last_delete = journal_->Append(DeleteRecord{ns, f.key, retiring.back().slot, f.epoch});
     }
-    break;
   }
-  MaybeReleaseRetired(pk);
+  if (retiring.empty()) return;
+  // Outside mu_, one sync for all: a slot is rewritten only after its Delete is durable.
+  const absl::Status synced = journal_->Sync(last_delete);
+  if (!synced.ok()) {
+    // Their Puts may still be the journal's last word on the slots: keep them out of use until
+    // restart (recovery finds the blocks bad again).
+    log::Get("store")->error("journal sync failed ({}); {} slots of failed blocks unused until "
+                             "restart", synced.ToString(), retiring.size());
+  }
+  absl::MutexLock lock(&mu_);
+  for (const Retiring& r : retiring) {
+    auto it = retired_.find(r.key);
+    if (it == retired_.end()) continue;
+    std::vector<RetiredSlot>& slots = it->second.slots;
+    for (auto s = slots.begin(); s != slots.end(); ++s) {
+      if (s->slot != r.slot || s->epoch != r.epoch) continue;
+      if (synced.ok()) {
+        s->delete_durable = true;
+      } else {
+        slots.erase(s);
+      }
+      break;
+    }
+    MaybeReleaseRetired(r.key);
+  }
 }
 
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
@@ -364,10 +378,11 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   if (!frames.empty()) read_frames_->Give(frames);
   auto log = log::Get("store");
   uint64_t served = 0;
+  std::vector<FailedBlock> failed;
   for (const ReadItem& it : items) {
     if (it.gone) continue;
     if (it.failed) {
-      RetireFailedBlock(ns, it.key, it.epoch);
+      failed.push_back(FailedBlock{it.key, it.epoch});
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                             "namespace {:016x} block {} slot {}: read or verification failed; "
                             "served as a miss and dropped from the index",
@@ -377,6 +392,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
       dram_hits += it.dram != nullptr;
     }
   }
+  RetireFailedBlocks(ns, failed);
   absl::MutexLock lock(&mu_);
   stats_.blocks_retrieved += served;
   stats_.bytes_read += served * nlayers * info.parts * uint64_t{info.object_len};

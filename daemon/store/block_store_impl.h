@@ -135,11 +135,15 @@ class BlockStore::Impl {
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_store.cc
-  // Takes the block (ns, key) of `epoch` out of the index after a failed read:
-  // journals its Delete, moves the key's pins to retired_, and frees the slot
-  // once that is safe (see RetiredSlot). A no-op if the key now names another
-  // block.
-  void RetireFailedBlock(NamespaceId ns, const Key& key, uint64_t epoch);
+  // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
+  // index after a failed read: journals their Deletes (one sync for all), moves
+  // their keys' pins to retired_, and frees each slot once that is safe (see
+  // RetiredSlot). Skips a key that now names another block.
+  struct FailedBlock {
+    Key key;
+    uint64_t epoch = 0;
+  };
+  void RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed);
   // Releases the retired slots of `key` whose Delete is durable, if no pin of
   // the key is left.
   void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
