@@ -103,7 +103,8 @@ class DurabilityTest : public ::testing::Test {
   }
 
   std::shared_ptr<io::MemoryDisk> NewDisk() {
-    auto disk = io::MemoryDisk::Create({options_.layout.file_bytes(), options_.layout.file_bytes()});
+    auto disk =
+        io::MemoryDisk::Create({options_.layout.file_bytes(), options_.layout.file_bytes()});
     EXPECT_TRUE(disk.ok());
     return *disk;
   }

@@ -682,7 +682,8 @@ absl::Status Journal::CheckInPlace() {
   absl::MutexLock lock(&append_mu_);
   if (durability_.ok()) {
     durability_ = absl::FailedPreconditionError(absl::StrCat(
-        why, " while the daemon runs: the journal is no longer where a restart reads it, so "
+        why,
+        " while the daemon runs: the journal is no longer where a restart reads it, so "
         "nothing stored from now on is durable and blocks stored before may be gone; restart "
         "the daemon on an intact state directory"));
     log::Get("journal")->critical("DURABILITY LOST: {}", std::string(durability_.message()));

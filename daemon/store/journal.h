@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/types.h"

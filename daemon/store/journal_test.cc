@@ -430,7 +430,8 @@ TEST_F(JournalTest, StateDirectoryLockRefusesASecondOpenNamingTheHolder) {
   EXPECT_NE(second.status().message().find(dir_), std::string::npos) << second.status();
   EXPECT_NE(second.status().message().find(absl::StrCat("pid ", getpid())), std::string::npos)
       << second.status();
-  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1"})) << "the refused open wrote nothing";
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1"}))
+      << "the refused open wrote nothing";
   // The holder is unaffected, and its lock goes with it.
   first->Append(Put(1));
   ASSERT_TRUE(first->Sync().ok());

@@ -33,10 +33,10 @@ TEST(StateDirTest, ASecondDaemonOnTheSameStateDirectoryIsRefusedAndTheFirstKeeps
   ASSERT_TRUE(first.ok()) << first.status();
 
   const std::string log = (*second_env)->root() + "/second.log";
-  auto pid = SpawnLogged({TuttidBinary(), "--config=" + (*second_env)->config_path(),
-                          "--state_dir=" + (*first_env)->state_dir(),
-                          "--socket=" + (*second_env)->socket()},
-                         log);
+  auto pid = SpawnLogged(
+      {TuttidBinary(), "--config=" + (*second_env)->config_path(),
+       "--state_dir=" + (*first_env)->state_dir(), "--socket=" + (*second_env)->socket()},
+      log);
   ASSERT_TRUE(pid.ok()) << pid.status();
   const int status = WaitForExit(*pid, absl::Seconds(60));
   ASSERT_NE(status, -1) << "the second daemon started on a state directory in use:\n"
