@@ -33,7 +33,8 @@ struct PoolFiles {
   std::string UuidHex() const;
 
   // Opened O_RDWR | O_DIRECT, in the order of the directories, each locked with flock(LOCK_EX) for
-  // as long as the fd stays open, so a second daemon cannot open the same pool.
+  // as long as the fd stays open (with whoever TakeFds handed it to), so a second daemon cannot
+  // open the same pool. The lock covers the pool files only, not the store's state directory.
   std::vector<int> fds;
   std::vector<std::string> paths;
   std::array<uint8_t, 16> uuid{};  // shared by every file of the pool
@@ -53,9 +54,12 @@ using ProgressFn = std::function<void(const std::string& path, uint64_t done, ui
 //  - FAILED_PRECONDITION: a directory is missing; its filesystem lacks O_DIRECT; some directories
 //    have a pool file and others not; a file is locked by another process; or the superblocks do
 //    not match `layout` or each other (the message says which fields differ and what to do).
-//  - RESOURCE_EXHAUSTED: a filesystem lacks the space (names the directory and bytes needed).
-//  - DATA_LOSS: a superblock is corrupt, or a file's size is not what its superblock says.
+//  - RESOURCE_EXHAUSTED: a filesystem lacks the space to create a file (names the directory and
+//    bytes needed) or to restore a truncated one.
+//  - DATA_LOSS: a superblock is corrupt, or a file is too short to hold one.
 //  - INTERNAL: another system call failed (with its errno text).
+// A file whose superblock is intact but whose size differs from it (truncated or grown) is not an
+// error: its size is restored (logged as an error); blocks in a lost tail then fail verification.
 // A file locked by another process is retried for up to `lock_wait` first: a previous daemon that
 // was just killed releases its lock only once the kernel has torn down its io_uring rings.
 absl::StatusOr<PoolFiles> OpenOrCreatePool(const std::vector<std::string>& dirs,

@@ -107,6 +107,8 @@ struct BlockStore::Impl::ReadItem {
   std::shared_ptr<const DramBlock> dram;
   uint32_t ssd_index = 0;  // position among the SSD items, for staging frames
   bool failed = false;
+  bool failed_early = false;  // failed before any I/O: reported in the first layer
+  bool gone = false;          // its block left the index before this read
 };
 
 absl::StatusOr<NamespaceInfo> BlockStore::Impl::CheckNamespace(
@@ -134,9 +136,11 @@ absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1:
                        " namespaces (limits.max_namespaces); a new one is refused"));
     }
   }
-  absl::MutexLock jlock(&journal_mu_);
-  journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
-  RETURN_IF_ERROR(journal_->Sync());
+  // Shared with other registrations, exclusive with a checkpoint, which must not
+  // fall between the record and the entry. Never behind the writer's pool I/O.
+  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
+  const uint64_t seq = journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
+  RETURN_IF_ERROR(journal_->Sync(seq));
   absl::MutexLock lock(&mu_);
   namespaces_.emplace(info.id, info);
   log::Get("store")->info("namespace {:016x}: model {} layers {} parts {} object {} bytes", info.id,
@@ -158,7 +162,7 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
   uint32_t hits = 0;
   for (const Key& key : keys) {
     Entry* e = index_.Find(ns, key);
-    if (e == nullptr || e->bad) break;
+    if (e == nullptr) break;
     ++e->pins;
     index_.Touch(e);
     ++hits;
@@ -172,16 +176,84 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
 void BlockStore::Impl::Unpin(NamespaceId ns, absl::Span<const Key> keys) {
   absl::MutexLock lock(&mu_);
   for (const Key& key : keys) {
-    Entry* e = index_.Find(ns, key);
-    if (e != nullptr && e->pins > 0) --e->pins;
+    const PendingKey pk{ns, key};
+    auto retired = retired_.find(pk);
+    if (retired != retired_.end() && retired->second.pins > 0) {
+      --retired->second.pins;  // pins taken before the block left the index go first
+    } else if (Entry* e = index_.Find(ns, key); e != nullptr && e->pins > 0) {
+      --e->pins;
+    }
+    if (retired != retired_.end()) MaybeReleaseRetired(pk);
   }
 }
 
-void BlockStore::Impl::MarkBad(NamespaceId ns, const Key& key) {
+void BlockStore::Impl::MaybeReleaseRetired(const PendingKey& key) {
+  auto it = retired_.find(key);
+  if (it == retired_.end() || it->second.pins > 0) return;
+  const Entry* live = index_.Find(key.first, key.second);
+  if (live != nullptr && live->pins > 0) return;  // a holder may be any of the key's readers
+  std::vector<RetiredSlot>& slots = it->second.slots;
+  for (auto s = slots.begin(); s != slots.end();) {
+    if (s->delete_durable) {
+      index_.ReleaseSlot(s->slot);
+      s = slots.erase(s);
+    } else {
+      ++s;
+    }
+  }
+  if (slots.empty()) retired_.erase(it);
+}
+
+void BlockStore::Impl::RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed) {
+  if (failed.empty()) return;
+  struct Retiring {
+    PendingKey key;
+    uint64_t slot, epoch;
+  };
+  std::vector<Retiring> retiring;
+  uint64_t last_delete = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const FailedBlock& f : failed) {
+      Entry* e = index_.Find(ns, f.key);
+      if (e == nullptr || e->epoch != f.epoch) continue;  // already retired, or replaced meanwhile
+      const PendingKey pk{ns, f.key};
+      RetiredKey& r = retired_[pk];
+      r.pins += e->pins;
+      r.slots.push_back(RetiredSlot{e->slot, e->epoch, false});
+      retiring.push_back(Retiring{pk, e->slot, e->epoch});
+      dram_->Erase(ns, f.key);
+      e->pins = 0;
+      index_.Remove(e);  // the slot stays taken until released from retired_
+      // Appended after the entry left the index: a checkpoint never keeps it.
+      last_delete = journal_->Append(DeleteRecord{ns, f.key, retiring.back().slot, f.epoch});
+    }
+  }
+  if (retiring.empty()) return;
+  // Outside mu_, one sync for all: a slot is rewritten only after its Delete is durable.
+  const absl::Status synced = journal_->Sync(last_delete);
+  if (!synced.ok()) {
+    // Their Puts may still be the journal's last word on the slots: keep them out of use until
+    // restart (recovery finds the blocks bad again).
+    log::Get("store")->error("journal sync failed ({}); {} slots of failed blocks unused until "
+                             "restart", synced.ToString(), retiring.size());
+  }
   absl::MutexLock lock(&mu_);
-  Entry* e = index_.Find(ns, key);
-  if (e != nullptr) index_.MarkBad(e);
-  dram_->Erase(ns, key);
+  for (const Retiring& r : retiring) {
+    auto it = retired_.find(r.key);
+    if (it == retired_.end()) continue;
+    std::vector<RetiredSlot>& slots = it->second.slots;
+    for (auto s = slots.begin(); s != slots.end(); ++s) {
+      if (s->slot != r.slot || s->epoch != r.epoch) continue;
+      if (synced.ok()) {
+        s->delete_durable = true;
+      } else {
+        slots.erase(s);
+      }
+      break;
+    }
+    MaybeReleaseRetired(r.key);
+  }
 }
 
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
@@ -195,19 +267,30 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   }
   std::vector<ReadItem> items(keys.size());
   uint32_t ssd_items = 0;
+  uint64_t unfit = 0;
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) {
       Entry* e = index_.Find(ns, keys[i]);
-      if (e == nullptr || e->pins == 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
-      }
       ReadItem& it = items[i];
       it.key = keys[i];
+      if (e == nullptr || e->pins == 0) {
+        auto retired = retired_.find(PendingKey{ns, keys[i]});
+        if (retired == retired_.end() || retired->second.pins == 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
+        }
+        it.failed = it.failed_early = it.gone = true;  // pinned before a failed read dropped it
+        continue;
+      }
       it.slot = e->slot;
       it.epoch = e->epoch;
       it.checksums = index_.Checksums(*e);
+      if (e->num_objects != info.num_objects || e->object_len != info.object_len) {
+        it.failed = it.failed_early = true;  // an entry that does not fit its namespace
+        ++unfit;
+        continue;
+      }
       it.dram = dram_->Find(ns, keys[i], e->epoch);
       if (!it.dram) it.ssd_index = ssd_items++;
     }
@@ -273,6 +356,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     newly_failed.clear();
     for (uint32_t i = 0; i < items.size(); ++i) {
       ReadItem& it = items[i];
+      if (it.failed_early && layer == layer_begin) newly_failed.push_back(i);
       if (it.failed) continue;
       if (it.dram) {
         for (uint32_t p = 0; p < info.parts; ++p) {
@@ -310,22 +394,25 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   if (!frames.empty()) read_frames_->Give(frames);
   auto log = log::Get("store");
   uint64_t served = 0;
+  std::vector<FailedBlock> failed;
   for (const ReadItem& it : items) {
+    if (it.gone) continue;
     if (it.failed) {
-      MarkBad(ns, it.key);
+      failed.push_back(FailedBlock{it.key, it.epoch});
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                             "namespace {:016x} block {} slot {}: read or verification failed; "
-                            "served as a miss",
+                            "served as a miss and dropped from the index",
                             ns, it.key.Hex(), it.slot);
     } else {
       ++served;
       dram_hits += it.dram != nullptr;
     }
   }
+  RetireFailedBlocks(ns, failed);
   absl::MutexLock lock(&mu_);
   stats_.blocks_retrieved += served;
   stats_.bytes_read += served * nlayers * info.parts * uint64_t{info.object_len};
-  stats_.verify_errors += verify_errors;
+  stats_.verify_errors += verify_errors + unfit;
   stats_.io_errors += io_errors;
   stats_.dram_hits += dram_hits;
   return status;
@@ -525,6 +612,10 @@ StoreStats BlockStore::Impl::Stats() const {
   s.dram_used = dram_->used();
   s.store_staging_used = store_staging_->used_bytes();
   s.store_staging_bytes = store_staging_->capacity_bytes();
+  if (const absl::Status lost = journal_->durability(); !lost.ok()) {
+    s.durability_lost = true;
+    s.durability_error = std::string(lost.message());
+  }
   s.namespaces.clear();
   absl::flat_hash_map<NamespaceId, uint64_t> blocks;
   index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });

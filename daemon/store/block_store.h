@@ -8,11 +8,20 @@
 // syncs, journals a Put and syncs the journal; only then is the key visible to
 // LookupAndPin. A crash at any point loses at most blocks not yet visible; a
 // block whose bytes do not verify on read (checksum seeded by namespace, key,
-// epoch and object index) is reported failed and counted, never served.
+// epoch and object index) or cannot be read (I/O error, short read) is reported
+// failed and counted, never served, and leaves the index (a journaled Delete),
+// so a later Lookup misses and a later Capture stores it again.
+//
+// If the journal file or the state directory is removed or replaced while the
+// store runs, durability is lost: every later block fails (kFailed), nothing is
+// acknowledged durable again, and Stats() says so (durability_lost); a restart
+// is needed.
 //
 // Thread-safety: every public method is thread-safe. Internally one writer
-// thread owns slot allocation, writes and the journal; reads run on the
-// caller's thread and the I/O backend's.
+// thread owns slot allocation and pool writes; the journal is shared by the
+// writer, Evict, RegisterNamespace and failed reads, none of which waits for
+// another's pool writes or pool syncs (block_store_impl.h states the rules);
+// reads run on the caller's thread and the I/O backend's.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_H_
 
@@ -34,7 +43,9 @@
 namespace tutti::store {
 
 struct StoreOptions {
-  std::string state_dir;    // journal and checkpoint live here; must exist
+  // Journal, checkpoint and the state lock live here; must exist. One store at
+  // a time: the lock is held for the store's life.
+  std::string state_dir;
   pool::PoolLayout layout;  // of the pool files the backend has open, in order
   uint64_t dram_bytes = 0;  // DRAM tier capacity; 0 = off
   // Staging for captured blocks not yet written, counted in bytes: a block takes
@@ -50,8 +61,11 @@ struct StoreOptions {
   // by any Capture that finds staging short).
   int64_t pending_ttl_ms = 5000;
   uint64_t retrieve_staging_bytes = 256ull << 20;
-  uint32_t checkpoint_every = 65536;  // journal records between checkpoints
-  uint32_t max_namespaces = 1024;     // RegisterNamespace refuses new ones past it
+  // Journal records between checkpoints. A failed checkpoint is retried after
+  // a back-off (1 s, doubling to 5 min, on the store's clock); meanwhile the
+  // journal keeps growing in its current file.
+  uint32_t checkpoint_every = 65536;
+  uint32_t max_namespaces = 1024;  // RegisterNamespace refuses new ones past it
   uint32_t write_batch_blocks = 64;   // blocks per writer batch (one sync pair each)
   // Slots whose entries a checkpoint copies under the store's lock at a time, so lookups wait
   // for one chunk's copy at most; 0: the whole checkpoint encoded and written under one hold, as
@@ -110,20 +124,38 @@ struct StoreStats {
   // Store staging in bytes: in use now, and the whole.
   uint64_t store_staging_used = 0, store_staging_bytes = 0;
   uint64_t dram_hits = 0;
+  uint64_t checkpoint_failures = 0;  // attempts that failed since start
+  // Used slot headers found at start among the first slots of a pool whose
+  // journal recovered no block: blocks the index cannot find (the state
+  // directory was lost or replaced). 0 when the index was not empty.
+  uint64_t unindexed_slot_headers = 0;
+  // True once the journal file or the state directory was found removed or
+  // replaced: nothing is durable any more; `durability_error` says what
+  // happened. Stays true until restart.
+  bool durability_lost = false;
+  std::string durability_error;
   std::vector<NamespaceInfo> namespaces;
 };
 
 class BlockStore {
  public:
-  // Recovers the index from the journal in options.state_dir, checks it against
-  // the pool, and starts the writer thread. `backend` must have
-  // layout.num_files() files of layout.file_bytes(). `clock` must outlive the
-  // store. Errors: DATA_LOSS for a corrupt checkpoint, INVALID_ARGUMENT for
-  // options that do not fit the backend or a pending_ttl_ms <= 0.
+  // Takes options.state_dir's lock, recovers the index from its journal and
+  // checkpoint, and starts the writer thread. The pool is not read to check the
+  // index (every read verifies instead), except when the index comes back
+  // empty: then the headers of the pool's first slots are counted, and used ones
+  // are reported (a warning, and StoreStats::unindexed_slot_headers). `backend`
+  // must have layout.num_files() files of layout.file_bytes(). `clock` must
+  // outlive the store. Errors: INVALID_ARGUMENT for a null backend or clock, or
+  // options that do not fit the backend or a pending_ttl_ms <= 0; FAILED_PRECONDITION if state_dir is
+  // missing or held by another store (the message names the holder's pid);
+  // DATA_LOSS for a corrupt checkpoint or a missing journal file;
+  // RESOURCE_EXHAUSTED if staging cannot be mapped; INTERNAL for a failed
+  // system call.
   static absl::StatusOr<std::unique_ptr<BlockStore>> Open(const StoreOptions& options,
                                                           std::unique_ptr<io::IoBackend> backend,
                                                           Clock* clock);
-  // Flushes (writes every captured block), checkpoints and stops the writer.
+  // Writes every fully captured block (partial captures are dropped),
+  // checkpoints, stops the writer and releases the state directory's lock.
   ~BlockStore();
 
   // Validates `ns` and checks that this pool can hold its blocks, registering
@@ -132,27 +164,34 @@ class BlockStore {
   // layout with a zero field, an overflowing size or an unknown format.
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
   // Returns the id of `ns`, registering (and journaling) it on first sight.
-  // CheckNamespace's errors; RESOURCE_EXHAUSTED when max_namespaces are
-  // kept already.
+  // CheckNamespace's errors; RESOURCE_EXHAUSTED when max_namespaces are kept
+  // already; the journal's error if its record cannot be made durable
+  // (FAILED_PRECONDITION once durability is lost). Waits for a running
+  // checkpoint, never for the writer's pool writes or syncs.
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
 
   // Returns how many leading `keys` are present (durable), and pins those: a
   // pinned block is never evicted or overwritten. Each pin must be dropped by
-  // one Unpin of the same key.
+  // one Unpin of the same key. Pins count per key: a pin outlives its block
+  // leaving the index after a failed read, and that block's slot is reused only
+  // once every pin of the key is dropped.
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
 
   // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls
   // `sink` once per layer, in layer order, with that layer's objects of every
   // item not failed so far and the items that failed in this layer (I/O error,
-  // short read, checksum or key mismatch: counted, logged, and never passed to
-  // the sink). The `src` pointers are valid only during the call. A sink error
-  // stops the read and is returned. Preconditions: keys pinned by the caller, 0
-  // <= layer_begin < layer_end <= layers of `ns`. Errors: NOT_FOUND unknown
-  // namespace, FAILED_PRECONDITION key not pinned, INVALID_ARGUMENT bad layer
-  // range.
+  // short read, or an object whose checksum, seeded by namespace, key and epoch,
+  // does not match: counted, logged, never passed to the sink, and the block
+  // leaves the index). A pinned key whose block left the index since it was
+  // pinned fails in the first layer. The `src` pointers are valid only during
+  // the call. A sink error stops the read and is returned. Preconditions: keys
+  // pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`.
+  // Errors: NOT_FOUND unknown namespace, FAILED_PRECONDITION key not pinned,
+  // INVALID_ARGUMENT bad layer range, RESOURCE_EXHAUSTED if one layer of the
+  // read needs more frames than retrieve_staging_bytes holds.
   using LayerSink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
                                                absl::Span<const uint32_t> failed_items)>;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
@@ -182,12 +221,16 @@ class BlockStore {
   // written. Returns how many blocks were dropped or marked.
   uint64_t DropPending(uint64_t owner);
 
-  // Makes every block captured so far durable (or failed). For shutdown and
-  // tests.
+  // Returns once every block queued so far (all its layers captured) is durable
+  // or failed, and the writer is idle (a checkpoint it started is done). For
+  // shutdown and tests.
   void Flush();
 
   // Evicts every unpinned block of `ns` (0: of every namespace). Returns
-  // evicted and skipped (pinned) counts.
+  // evicted and skipped (pinned) counts. The slots are reused once the Deletes
+  // are durable; if the journal cannot sync them, they stay unused until
+  // restart. Waits for a journal sync at most, never for the writer's pool
+  // writes or syncs.
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
 
   StoreStats Stats() const;

@@ -1,5 +1,20 @@
-// Private to daemon/store: the state behind BlockStore. Lock order: journal_mu_
-// before mu_.
+// Private to daemon/store: the state behind BlockStore.
+//
+// Lock order: checkpoint_mu_, then the journal's Sync lock (inside Journal::Sync
+// and Checkpoint), then mu_, then the journal's append lock (inside
+// Journal::Append). So: Journal::Append may be called with mu_ held; Journal::Sync
+// and WriteCheckpoint never are. No lock is held across a pool write or a pool
+// file's sync.
+//
+// Durability rules the writer, Evict and RegisterNamespace keep without a common
+// lock: a Put is appended only after its block's data and header are synced, and
+// the block is published (made visible) only after the Sync covering the Put
+// returns OK; a slot is rewritten only after the Delete of its previous block is
+// durable; a namespace record and the namespace's entry in namespaces_ are atomic
+// with respect to a checkpoint (checkpoint_mu_), and every other record is
+// appended after its effect on the index (a Delete) or before a checkpoint on the
+// same thread (the writer's Puts), so a checkpoint never drops a record whose
+// effect it does not hold.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 
@@ -86,23 +101,41 @@ class BlockStore::Impl {
   using PendingKey = std::pair<NamespaceId, Key>;
   struct ReadItem;
 
+  // A block whose read failed, taken out of the index (Lookup misses, Capture
+  // stores it again) while its slot waits: it is released once its Delete is
+  // durable and no pin of its key is left (pins are per key: those taken before
+  // the failure stay counted in `pins` and are dropped first by Unpin).
+  struct RetiredSlot {
+    uint64_t slot = 0;
+    uint64_t epoch = 0;
+    bool delete_durable = false;
+  };
+  struct RetiredKey {
+    uint32_t pins = 0;
+    std::vector<RetiredSlot> slots;
+  };
+
   // block_writer.cc
   absl::Status Recover();
+  // Counts the slot headers among the first slots of the pool that decode: the
+  // blocks a pool holds that an empty index cannot find.
+  uint64_t CountUsedSlotHeaders(uint64_t max_slots);
   void WriterLoop();
   void WriteBatch(std::vector<PendingBlock*> batch);
   // Gives each block of `batch` a slot, evicting where the pool is full; `victim_slots` gets the
   // slots whose Delete records must be durable before they are rewritten.
-  void AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  // Returns the journal sequence number of the last Delete appended (0: none).
+  uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
   void WriteObjects(absl::Span<PendingBlock* const> batch);
   void AppendBlockWrites(const PendingBlock& p, uint8_t* header,
                          std::vector<io::IoRequest>* reqs) const;
-  absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch);
   std::vector<uint8_t*> CopyToDram(absl::Span<PendingBlock* const> batch);
   void Publish(absl::Span<PendingBlock* const> batch);
-  void MaybeCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
-  absl::Status WriteCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_);
+  // Writer thread only: checkpoints when checkpoint_every records are in the
+  // journal, and after a failure not before the back-off has passed.
+  void MaybeCheckpoint();
+  absl::Status WriteCheckpoint() ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
   // Drops partial blocks past the pending TTL and abandoned ones nobody copies into.
   void ReapStalePending();
   void ReapStalePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -110,13 +143,24 @@ class BlockStore::Impl {
   void ReleasePending(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the abandoned blocks of `touched` that no Capture copies into any more.
   void ReleaseAbandoned(absl::Span<PendingBlock* const> touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hides `e` and appends its Delete record. The slot stays taken until the
-  // record is durable.
-  void HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(journal_mu_, mu_);
+  // Hides `e` and appends its Delete record; returns the record's sequence
+  // number. The slot stays taken until the record is durable.
+  uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_store.cc
-  void MarkBad(NamespaceId ns, const Key& key);
+  // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
+  // index after a failed read: journals their Deletes (one sync for all), moves
+  // their keys' pins to retired_, and frees each slot once that is safe (see
+  // RetiredSlot). Skips a key that now names another block.
+  struct FailedBlock {
+    Key key;
+    uint64_t epoch = 0;
+  };
+  void RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed);
+  // Releases the retired slots of `key` whose Delete is durable, if no pin of
+  // the key is left.
+  void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The frame of each object in a block's staging chunk of num_objects frames
   // of `frame_bytes`: file-major, the objects j = r, r + D, r + 2D, ... (those
   // one pool file holds) consecutive, file share r after share r - 1, matching
@@ -137,8 +181,14 @@ class BlockStore::Impl {
   std::unique_ptr<FramePool> read_frames_;
   uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
 
-  absl::Mutex journal_mu_;
-  std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(journal_mu_);
+  // Set by Recover before the writer starts; thread-safe itself.
+  std::unique_ptr<Journal> journal_;
+  // Shared by RegisterNamespace (from its record's append to its entry in
+  // namespaces_), exclusive for a checkpoint.
+  absl::Mutex checkpoint_mu_;
+  // Writer thread only (and the destructor, after it stopped).
+  int64_t checkpoint_retry_ms_ = 0;   // no checkpoint attempt before this time
+  uint32_t checkpoint_failed_in_row_ = 0;
 
   mutable absl::Mutex mu_;
   Index index_ ABSL_GUARDED_BY(mu_);
@@ -146,6 +196,7 @@ class BlockStore::Impl {
   std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PendingKey, RetiredKey> retired_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

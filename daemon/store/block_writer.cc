@@ -1,11 +1,13 @@
 // BlockStore's writer: slot allocation and eviction, writes, durability, the
-// journal, recovery. One thread (writer_) runs WriteBatch; Evict and
-// RegisterNamespace share the journal under journal_mu_.
+// journal, recovery. One thread (writer_) runs WriteBatch; Evict,
+// RegisterNamespace and failed reads append to the same journal, which is
+// thread-safe (the rules are in block_store_impl.h).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
+#include "daemon/io/aligned_buffer.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"
@@ -19,6 +21,11 @@ namespace {
 constexpr absl::Duration kWriterIdleWake = absl::Milliseconds(500);
 // The writer looks for stale partial blocks at least this often, busy or not.
 constexpr int64_t kReapEveryMs = 500;
+// Slot headers read at start when the journal recovered no block.
+constexpr uint64_t kProbeSlots = 1024;
+// Back-off after a failed checkpoint: 1 s, doubling, at most 5 min.
+constexpr int64_t kCheckpointRetryMinMs = 1000;
+constexpr int64_t kCheckpointRetryMaxMs = 300000;
 
 uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
@@ -37,13 +44,26 @@ BlockStore::Impl::~Impl() {
     stopping_ = true;
   }
   if (writer_.joinable()) writer_.join();
-  absl::MutexLock jlock(&journal_mu_);
   if (journal_ == nullptr) return;
+  auto log = log::Get("store");
+  if (absl::Status lost = journal_->durability(); !lost.ok()) {
+    log->error(
+        "stopping without a final checkpoint: {} Blocks acknowledged durable before that are "
+        "not described by anything in the state directory",
+        std::string(lost.message()));
+    return;
+  }
   absl::Status s = journal_->Sync();
-  if (s.ok()) s = WriteCheckpoint();
   if (!s.ok()) {
-    log::Get("store")->error("final checkpoint failed: {}; the journal still holds everything",
-                             s.ToString());
+    log->error("final journal sync failed: {}; no checkpoint written. The journal holds every "
+               "block acknowledged durable; blocks after its last good sync were not acknowledged",
+               s.ToString());
+    return;
+  }
+  s = WriteCheckpoint();
+  if (!s.ok()) {
+    log->error("final checkpoint failed: {}; the journal still holds every block acknowledged "
+               "durable, and the next start replays it", s.ToString());
   }
 }
 
@@ -88,8 +108,9 @@ absl::Status BlockStore::Impl::Init() {
 absl::Status BlockStore::Impl::Recover() {
   auto log = log::Get("store");
   uint64_t skipped = 0, max_epoch = 0;
+  // The visitor runs inside Journal::Open, before any other thread exists, and
+  // without mu_: Open takes the journal's own locks, which come before mu_.
   RecoveryVisitor visitor;
-  absl::ReleasableMutexLock lock(&mu_);  // no other thread yet; keeps the annotations honest
   visitor.on_namespace = [&](const NamespaceRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     tutti::v1::Namespace ns;
     if (!ns.ParseFromString(r.descriptor)) {
@@ -125,27 +146,68 @@ absl::Status BlockStore::Impl::Recover() {
   RecoveryReport report;
   auto journal = Journal::Open(options_.state_dir, visitor, &report);
   if (!journal.ok()) return journal.status();
+  absl::ReleasableMutexLock lock(&mu_);
   index_.RebuildFreeList();
   next_epoch_ = max_epoch + 1;
-  lock.Release();
-  absl::MutexLock jlock(&journal_mu_);
   journal_ = std::move(journal).value();
-  absl::MutexLock relock(&mu_);
+  const bool empty = index_.size() == 0;
   log->info(
-      "recovered {} blocks in {} namespaces from {} journal records ({} "
-      "torn tails, {} "
+      "recovered {} blocks in {} namespaces from {} journal records ({} torn tails, {} "
       "skipped); {} of {} slots free",
       index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
       index_.free_slots(), index_.num_slots());
+  lock.Release();
+  if (!empty) return absl::OkStatus();
+  const uint64_t probed = std::min(index_.num_slots(), kProbeSlots);
+  const uint64_t used = CountUsedSlotHeaders(probed);
+  if (used > 0) {
+    log->warn(
+        "the journal in {} holds no block, but {} of the first {} slot headers of the pool hold "
+        "one: the state directory was probably removed or replaced while the pool was kept. "
+        "Those blocks cannot be found and their slots will be overwritten; if the old state "
+        "directory still exists, stop tuttid and put it back",
+        options_.state_dir, used, probed);
+  }
+  absl::MutexLock relock(&mu_);
+  stats_.unindexed_slot_headers = used;
   return absl::OkStatus();
 }
 
+uint64_t BlockStore::Impl::CountUsedSlotHeaders(uint64_t max_slots) {
+  const auto& layout = options_.layout;
+  const uint32_t d = layout.num_files();
+  const uint64_t slots = std::min(layout.num_slots(), max_slots);
+  const uint64_t per_file = (slots + d - 1) / d;  // headers of slots f, f + d, ... in file f
+  const uint64_t file_bytes = per_file * pool::kSlotHeaderBytes;
+  io::AlignedBuffer buf(file_bytes * d);
+  std::vector<io::IoRequest> reqs;
+  for (uint32_t f = 0; f < d && f < slots; ++f) {
+    const pool::Location first = layout.HeaderLocation(f);
+    reqs.push_back(io::IoRequest{io::Op::kRead, f, first.offset, buf.data() + f * file_bytes,
+                                 static_cast<uint32_t>(file_bytes), 0});
+  }
+  backend_->Execute(absl::MakeSpan(reqs));
+  uint64_t used = 0;
+  for (uint64_t slot = 0; slot < slots; ++slot) {
+    const io::IoRequest& req = reqs[slot % d];
+    if (req.result != req.len) continue;
+    const uint8_t* page = buf.data() + (slot % d) * file_bytes + (slot / d) * pool::kSlotHeaderBytes;
+    used += pool::DecodeSlotHeader(absl::MakeConstSpan(page, pool::kSlotHeaderBytes)).ok();
+  }
+  return used;
+}
+
 absl::Status BlockStore::Impl::WriteCheckpoint() {
-  // What a checkpoint holds (namespaces, entries, their slots and checksums) changes only under
-  // journal_mu_, which the caller holds throughout; MarkBad, which needs only mu_, hides a block
-  // whose record is harmless either way (it fails verification again). So the store's lock is
-  // taken per chunk of slots, and lookups and reads wait for one chunk's copy at most, not for
-  // the whole file to be encoded and written.
+  // Every record appended before the checkpoint has its effect in what the
+  // snapshot reads: Deletes are appended after their entry left the index, the
+  // writer's Puts are published before it checkpoints (on the same thread), and
+  // a namespace record is appended and applied under checkpoint_mu_, held
+  // shared. Records appended meanwhile (Evict's and failed reads' Deletes) go to
+  // the new generation and replay over the snapshot whether or not it saw
+  // their effect. So the store's lock is taken per chunk of slots, and lookups
+  // and reads wait for one chunk's copy at most, not for the whole file to be
+  // encoded and written.
+  absl::WriterMutexLock exclusive(&checkpoint_mu_);
   return journal_->Checkpoint([this](Journal::Emitter& out) {
     uint64_t num_slots = 0;
     {
@@ -162,7 +224,7 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
     auto copy = [&](uint64_t first, uint64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (uint64_t slot = first; slot < end; ++slot) {
         const Entry* e = index_.AtSlot(slot);
-        if (e == nullptr || e->bad) continue;
+        if (e == nullptr) continue;
         auto sums = index_.Checksums(*e);
         chunk.push_back(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
                                   std::vector<uint64_t>(sums.begin(), sums.end())});
@@ -190,11 +252,30 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
 
 void BlockStore::Impl::MaybeCheckpoint() {
   if (journal_->records_since_checkpoint() < options_.checkpoint_every) return;
+  const int64_t now = clock_->NowMs();
+  if (now < checkpoint_retry_ms_) return;
   absl::Status s = WriteCheckpoint();
-  if (!s.ok()) {
-    TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 30,
-                          "checkpoint failed: {}; journal keeps growing", s.ToString());
+  auto log = log::Get("store");
+  if (s.ok()) {
+    if (checkpoint_failed_in_row_ > 0) {
+      log->info("checkpoint written after {} failed attempts", checkpoint_failed_in_row_);
+    }
+    checkpoint_failed_in_row_ = 0;
+    checkpoint_retry_ms_ = 0;
+    return;
   }
+  const int64_t backoff = std::min(
+      kCheckpointRetryMaxMs, kCheckpointRetryMinMs << std::min<uint32_t>(checkpoint_failed_in_row_, 9));
+  ++checkpoint_failed_in_row_;
+  checkpoint_retry_ms_ = now + backoff;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.checkpoint_failures;
+  }
+  log->error(
+      "checkpoint in {} failed: {}; records keep going to the current journal file; attempt {} "
+      "failed, next in {} s",
+      options_.state_dir, s.ToString(), checkpoint_failed_in_row_, backoff / 1000);
 }
 
 void BlockStore::Impl::WriterLoop() {
@@ -215,7 +296,10 @@ void BlockStore::Impl::WriterLoop() {
     }
     // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
     ReapStalePending();
-    if (!batch.empty()) WriteBatch(std::move(batch));
+    if (batch.empty()) continue;
+    WriteBatch(std::move(batch));
+    absl::MutexLock lock(&mu_);
+    --writing_;  // after the batch's checkpoint, if any: Flush waits for it too
   }
 }
 
@@ -242,15 +326,17 @@ void BlockStore::Impl::ReapStalePendingLocked() {
   }
 }
 
-void BlockStore::Impl::HideForEviction(Entry* e) {
-  journal_->Append(DeleteRecord{e->ns, e->key, e->slot, e->epoch});
+uint64_t BlockStore::Impl::HideForEviction(Entry* e) {
+  const DeleteRecord record{e->ns, e->key, e->slot, e->epoch};
   dram_->Erase(e->ns, e->key);
-  index_.Remove(e);
+  index_.Remove(e);  // before the append: a checkpoint never holds a block whose Delete it drops
   ++stats_.evictions;
+  return journal_->Append(record);
 }
 
-void BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
-                                   std::vector<uint64_t>* victim_slots) {
+uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
+                                       std::vector<uint64_t>* victim_slots) {
+  uint64_t last_delete = 0;
   absl::MutexLock lock(&mu_);
   for (PendingBlock* p : batch) {
     p->ok = false;
@@ -261,12 +347,13 @@ void BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
     } else if (Entry* victim = index_.Victim()) {
       p->slot = victim->slot;
       victim_slots->push_back(victim->slot);
-      HideForEviction(victim);
+      last_delete = HideForEviction(victim);
       p->has_slot = true;
     }
     p->ok = p->has_slot;
     p->epoch = next_epoch_++;
   }
+  return last_delete;
 }
 
 // Appends the writes of block `p`: per pool file, the slot's objects in that
@@ -343,13 +430,13 @@ absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock* const> b
   for (uint32_t f = 0; f < backend_->num_files(); ++f) {
     RETURN_IF_ERROR(backend_->Sync(f));
   }
-  bool any = false;
+  uint64_t last_put = 0;
   for (PendingBlock* p : batch) {
     if (!p->ok) continue;
-    journal_->Append(PutRecord{p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums});
-    any = true;
+    last_put =
+        journal_->Append(PutRecord{p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums});
   }
-  return any ? journal_->Sync() : absl::OkStatus();
+  return last_put > 0 ? journal_->Sync(last_put) : absl::OkStatus();
 }
 
 void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
@@ -402,18 +489,24 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
     stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);
   }
-  --writing_;
 }
 
 void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
   auto log = log::Get("store");
-  absl::MutexLock jlock(&journal_mu_);
+  if (absl::Status lost = journal_->durability(); !lost.ok()) {
+    // Nothing can be made durable: fail the batch before it evicts or writes.
+    TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "batch of {} blocks failed: {}",
+                          batch.size(), std::string(lost.message()));
+    for (PendingBlock* p : batch) p->ok = false;
+    Publish(batch);
+    return;
+  }
   std::vector<uint64_t> victim_slots;
-  AssignSlots(batch, &victim_slots);
+  const uint64_t last_delete = AssignSlots(batch, &victim_slots);
   if (!victim_slots.empty()) {
     // The evicted blocks' Delete records must be durable before their slots are
     // overwritten.
-    absl::Status s = journal_->Sync();
+    absl::Status s = journal_->Sync(last_delete);
     if (!s.ok()) {
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "journal sync failed: {}", s.ToString());
       for (PendingBlock* p : batch) {
@@ -455,9 +548,8 @@ void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
 }
 
 std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
-  absl::MutexLock jlock(&journal_mu_);
   std::vector<uint64_t> slots;
-  uint64_t skipped = 0;
+  uint64_t skipped = 0, last_delete = 0;
   {
     absl::MutexLock lock(&mu_);
     std::vector<Entry*> victims;
@@ -471,10 +563,13 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
     });
     for (Entry* e : victims) {
       slots.push_back(e->slot);
-      HideForEviction(e);
+      last_delete = HideForEviction(e);
     }
   }
-  absl::Status s = journal_->Sync();
+  if (slots.empty()) return {0, skipped};
+  // Outside mu_, and never behind the writer's pool writes: only behind a
+  // journal sync in progress, if any.
+  absl::Status s = journal_->Sync(last_delete);
   absl::MutexLock lock(&mu_);
   if (s.ok()) {
     for (uint64_t slot : slots) index_.ReleaseSlot(slot);

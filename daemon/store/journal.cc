@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@ constexpr size_t kFraming = 16;              // length, type, checksum
 constexpr char kCheckpointName[] = "checkpoint";
 constexpr char kCheckpointTmpName[] = "checkpoint.tmp";
 constexpr char kJournalPrefix[] = "journal.";
+constexpr char kLockName[] = "lock";
 constexpr size_t kFlushBytes = 1 << 20;
 
 // --- Encoding ---
@@ -505,6 +507,36 @@ absl::StatusOr<int> CreateGeneration(const std::string& dir, uint64_t gen) {
   return fd;
 }
 
+// Takes the state directory's lock: flock(LOCK_EX | LOCK_NB) on "lock", whose
+// content is the holder's pid. Returns the fd that holds it.
+absl::StatusOr<int> TakeStateLock(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kLockName);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno(absl::StrCat("open ", path), errno);
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+    close(fd);
+    if (err != EWOULDBLOCK) return Errno(absl::StrCat("flock ", path), err);
+    std::string holder(pid, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state dir ", dir, " is in use by another process (pid ",
+        holder.empty() ? "unknown" : holder, " holds ", path,
+        "): two daemons on one state directory would overwrite each other's journal; stop the "
+        "other one or give this one its own state_dir"));
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    const int err = errno;
+    close(fd);
+    return Errno(absl::StrCat("write ", path), err);
+  }
+  return fd;
+}
+
 // Writes checkpoint.tmp (header, the snapshot's records, end record), syncs it
 // and renames it to "checkpoint", then syncs the directory.
 absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
@@ -545,9 +577,14 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_
     return absl::FailedPreconditionError(
         absl::StrCat("state dir ", state_dir, " does not exist or is not a directory"));
   }
+  std::unique_ptr<Journal> j(new Journal());
+  j->state_dir_ = state_dir;
+  j->dir_dev_ = st.st_dev;
+  j->dir_ino_ = st.st_ino;
+  ASSIGN_OR_RETURN(j->lock_fd_, TakeStateLock(state_dir));  // before anything is read
+
   unlink(absl::StrCat(state_dir, "/", kCheckpointTmpName).c_str());  // an unfinished checkpoint
   ASSIGN_OR_RETURN(std::vector<uint64_t> gens, ListGenerations(state_dir));
-
   uint64_t base = 0;  // generation of the checkpoint; 0 without one
   const std::string ckpt = absl::StrCat(state_dir, "/", kCheckpointName);
   if (stat(ckpt.c_str(), &st) == 0) {
@@ -557,89 +594,190 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_
   for (uint64_t gen : gens) {
     RETURN_IF_ERROR(ReplayJournal(JournalPath(state_dir, gen), gen, visitor, report));
   }
-  std::unique_ptr<Journal> j(new Journal());
-  j->state_dir_ = state_dir;
   const uint64_t next = std::max(base, gens.empty() ? 0 : gens.back()) + 1;
-  ASSIGN_OR_RETURN(j->fd_, CreateGeneration(state_dir, next));
-  j->generation_ = next;
+  {
+    absl::MutexLock lock(&j->sync_mu_);
+    RETURN_IF_ERROR(j->StartGeneration(next));
+  }
   report->generation = next;
   log::Get("journal")->info(
-      "{}: recovered {} records (checkpoint generation "
-      "{}, {} journal files, {} torn tails); "
+      "{}: recovered {} records (checkpoint generation {}, {} journal files, {} torn tails); "
       "appending to generation {}",
       state_dir, report->records, base, gens.size(), report->torn_tails, next);
   return j;
 }
 
 Journal::~Journal() {
+  absl::MutexLock lock(&sync_mu_);
   if (fd_ >= 0) close(fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // releases the state directory's lock
 }
 
-void Journal::Append(const PutRecord& r) {
+absl::Status Journal::StartGeneration(uint64_t gen) {
+  ASSIGN_OR_RETURN(const int fd, CreateGeneration(state_dir_, gen));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return Errno(absl::StrCat("fstat ", JournalPath(state_dir_, gen)), err);
+  }
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  file_dev_ = st.st_dev;
+  file_ino_ = st.st_ino;
+  generation_ = gen;
+  return absl::OkStatus();
+}
+
+uint64_t Journal::Append(const PutRecord& r) {
+  absl::MutexLock lock(&append_mu_);
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
+  return ++appended_seq_;
 }
 
-void Journal::Append(const DeleteRecord& r) {
+uint64_t Journal::Append(const DeleteRecord& r) {
+  absl::MutexLock lock(&append_mu_);
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
+  return ++appended_seq_;
 }
 
-void Journal::Append(const NamespaceRecord& r) {
+uint64_t Journal::Append(const NamespaceRecord& r) {
+  absl::MutexLock lock(&append_mu_);
   Encode(&buffer_, r);
   ++records_since_checkpoint_;
+  return ++appended_seq_;
 }
 
-absl::Status Journal::Sync() {
-  if (buffer_.empty()) return absl::OkStatus();
-  absl::Status s;
-  if (fd_ < 0) {
-    // A previous failure closed the file; appends continue in a fresh
-    // generation.
-    auto fd = CreateGeneration(state_dir_, generation_ + 1);
-    if (fd.ok()) {
-      fd_ = *fd;
-      ++generation_;
+uint64_t Journal::records_since_checkpoint() const {
+  absl::MutexLock lock(&append_mu_);
+  return records_since_checkpoint_;
+}
+
+absl::Status Journal::durability() const {
+  absl::MutexLock lock(&append_mu_);
+  return durability_;
+}
+
+absl::Status Journal::CheckInPlace() {
+  std::string why;
+  struct stat st;
+  if (stat(state_dir_.c_str(), &st) != 0) {
+    why = absl::StrCat("state dir ", state_dir_, " is gone (stat: ", std::strerror(errno), ")");
+  } else if (st.st_dev != dir_dev_ || st.st_ino != dir_ino_) {
+    why = absl::StrCat("state dir ", state_dir_, " was replaced by another directory");
+  } else if (fd_ >= 0) {
+    const std::string path = JournalPath(state_dir_, generation_);
+    struct stat fst;
+    if (fstat(fd_, &fst) != 0) {
+      why = absl::StrCat("fstat ", path, ": ", std::strerror(errno));
+    } else if (fst.st_nlink == 0) {
+      why = absl::StrCat("journal file ", path, " was deleted");
+    } else if (stat(path.c_str(), &st) != 0 || st.st_dev != file_dev_ || st.st_ino != file_ino_) {
+      why = absl::StrCat("journal file ", path, " was moved or replaced");
     }
-    s = fd.status();
   }
+  if (why.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&append_mu_);
+  if (durability_.ok()) {
+    durability_ = absl::FailedPreconditionError(absl::StrCat(
+        why,
+        " while the daemon runs: the journal is no longer where a restart reads it, so "
+        "nothing stored from now on is durable and blocks stored before may be gone; restart "
+        "the daemon on an intact state directory"));
+    log::Get("journal")->critical("DURABILITY LOST: {}", std::string(durability_.message()));
+  }
+  return durability_;
+}
+
+absl::Status Journal::WriteAndSync(const std::string& data) {
+  if (data.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckInPlace());
+  // After a failure closed the file, appends continue in a fresh generation.
+  if (fd_ < 0) RETURN_IF_ERROR(StartGeneration(generation_ + 1));
   const std::string path = JournalPath(state_dir_, generation_);
-  if (s.ok()) s = WriteAll(fd_, buffer_, path);
+  absl::Status s = WriteAll(fd_, data, path);
   if (s.ok()) s = SyncFd(fd_, path);
-  if (s.ok()) {
-    buffer_.clear();
-    return absl::OkStatus();
-  }
+  if (s.ok()) return CheckInPlace();
   // The file may now end in a partial record, and after a failed fdatasync the
-  // kernel may have dropped the dirty pages: never append to it again. Drop the
-  // unsynced records (the caller does not publish them); the next Sync starts a
-  // new generation, which recovery reads after this one.
+  // kernel may have dropped the dirty pages: never append to it again. The
+  // caller does not publish the records; the next write starts a new
+  // generation, which recovery reads after this one.
   log::Get("journal")->error("{}: {}; abandoning this journal file", path, s.ToString());
-  buffer_.clear();
-  if (fd_ >= 0) close(fd_);
+  close(fd_);
   fd_ = -1;
   return s;
 }
 
+absl::Status Journal::SyncBuffer() {
+  std::string data;
+  uint64_t last;
+  {
+    absl::MutexLock lock(&append_mu_);
+    data.swap(buffer_);
+    last = appended_seq_;
+  }
+  const uint64_t after = taken_seq_;
+  taken_seq_ = last;
+  absl::Status s = WriteAndSync(data);
+  if (s.ok()) {
+    durable_seq_ = last;
+    return s;
+  }
+  if (lost_.size() == kMaxLostRanges) lost_.erase(lost_.begin());
+  lost_.push_back(LostRange{after, last, s});
+  return s;
+}
+
+absl::Status Journal::Sync(uint64_t seq) {
+  absl::MutexLock lock(&sync_mu_);
+  for (const LostRange& r : lost_) {
+    if (seq > r.after && seq <= r.last) return r.status;
+  }
+  if (seq <= durable_seq_) return absl::OkStatus();
+  return SyncBuffer();
+}
+
+absl::Status Journal::Sync() {
+  uint64_t seq;
+  {
+    absl::MutexLock lock(&append_mu_);
+    seq = appended_seq_;
+  }
+  return Sync(seq);
+}
+
 absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter&)>& snapshot) {
-  RETURN_IF_ERROR(Sync());
+  absl::MutexLock lock(&sync_mu_);
+  RETURN_IF_ERROR(SyncBuffer());
+  RETURN_IF_ERROR(CheckInPlace());
   // 1. A new, durable, empty generation: from now on recovery needs the
-  // checkpoint that follows,
-  //    or, if we crash before its rename, the old checkpoint plus every journal
-  //    file.
-  const uint64_t next = generation_ + 1;
-  ASSIGN_OR_RETURN(const int fd, CreateGeneration(state_dir_, next));
-  if (fd_ >= 0) close(fd_);
-  fd_ = fd;
-  generation_ = next;
+  //    checkpoint that follows, or, if we crash before its rename, the old
+  //    checkpoint plus every journal file. After a failed attempt the
+  //    generation it started is used again: its records replay over a later
+  //    snapshot just as over one taken at its start.
+  if (rotate_) {
+    RETURN_IF_ERROR(StartGeneration(generation_ + 1));
+    rotate_ = false;
+  }
+  uint64_t counted;
+  {
+    absl::MutexLock alock(&append_mu_);
+    counted = records_since_checkpoint_;
+  }
   // 2. The snapshot, written aside and renamed into place.
-  RETURN_IF_ERROR(WriteCheckpoint(state_dir_, next, snapshot));
-  records_since_checkpoint_ = 0;
+  RETURN_IF_ERROR(WriteCheckpoint(state_dir_, generation_, snapshot));
+  rotate_ = true;
+  {
+    absl::MutexLock alock(&append_mu_);
+    records_since_checkpoint_ -= counted;  // those appended meanwhile are in the new generation
+  }
   // 3. Older generations are now redundant.
   auto gens = ListGenerations(state_dir_);
   if (!gens.ok()) return absl::OkStatus();  // removed at the next Open instead
   for (uint64_t gen : *gens) {
-    if (gen < next) unlink(JournalPath(state_dir_, gen).c_str());
+    if (gen < generation_) unlink(JournalPath(state_dir_, gen).c_str());
   }
   return absl::OkStatus();
 }

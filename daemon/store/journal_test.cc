@@ -84,9 +84,12 @@ class JournalTest : public ::testing::Test {
     return j.ok() ? *std::move(j) : nullptr;
   }
 
+  // The files of `dir` but the state lock (StateDirectoryLock* tests look at that one).
   std::vector<std::string> Files(const std::string& dir) {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().filename() != "lock") names.push_back(e.path().filename());
+    }
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -415,6 +418,114 @@ TEST_F(JournalTest, FailedSyncAbandonsTheFileAndLaterRecordsSurvive) {
   ASSERT_NE(Open(dir_, &r), nullptr);
   EXPECT_EQ(r.records, (std::vector<std::string>{Str(Put(1)), Str(Put(4))}));
   EXPECT_EQ(r.report.torn_tails, 1u);
+}
+
+TEST_F(JournalTest, StateDirectoryLockRefusesASecondOpenNamingTheHolder) {
+  Recovered r1;
+  auto first = Open(dir_, &r1);
+  ASSERT_NE(first, nullptr);
+  Recovered r2;
+  auto second = Journal::Open(dir_, r2.visitor(), &r2.report);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_NE(second.status().message().find(dir_), std::string::npos) << second.status();
+  EXPECT_NE(second.status().message().find(absl::StrCat("pid ", getpid())), std::string::npos)
+      << second.status();
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1"}))
+      << "the refused open wrote nothing";
+  // The holder is unaffected, and its lock goes with it.
+  first->Append(Put(1));
+  ASSERT_TRUE(first->Sync().ok());
+  first.reset();
+  Recovered r3;
+  ASSERT_NE(Open(dir_, &r3), nullptr);
+  EXPECT_EQ(r3.records, (std::vector<std::string>{Str(Put(1))}));
+}
+
+TEST_F(JournalTest, DeletedJournalFileLosesDurabilityForGood) {
+  Recovered r;
+  auto j = Open(dir_, &r);
+  const uint64_t kept = j->Append(Put(1));
+  ASSERT_TRUE(j->Sync(kept).ok());
+  EXPECT_TRUE(j->durability().ok());
+  fs::remove(dir_ + "/journal.1");
+  const uint64_t seq = j->Append(Put(2));
+  const absl::Status s = j->Sync(seq);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(dir_ + "/journal.1"), std::string::npos) << s;
+  EXPECT_EQ(j->durability().code(), absl::StatusCode::kFailedPrecondition);
+  j->Append(Put(3));
+  EXPECT_EQ(j->Sync().code(), absl::StatusCode::kFailedPrecondition) << "sticky";
+  EXPECT_FALSE(j->Checkpoint([](Journal::Emitter&) {}).ok());
+}
+
+TEST_F(JournalTest, RemovedOrReplacedStateDirectoryLosesDurability) {
+  for (bool replace : {false, true}) {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Put(1));
+    ASSERT_TRUE(j->Sync().ok());
+    fs::remove_all(dir_);
+    if (replace) fs::create_directories(dir_);  // an empty directory where the state was
+    j->Append(Put(2));
+    EXPECT_EQ(j->Sync().code(), absl::StatusCode::kFailedPrecondition) << replace;
+    EXPECT_FALSE(j->durability().ok());
+    j.reset();
+    fs::create_directories(dir_);
+  }
+}
+
+TEST_F(JournalTest, SyncOfALostRecordFailsEvenAfterALaterSyncSucceeds) {
+  Recovered r0;
+  auto j = Open(dir_, &r0);
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = fs::file_size(dir_ + "/journal.1") + 50;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const uint64_t lost = j->Append(Put(2, 40));
+  const absl::Status failed = j->Sync(lost);
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, SIG_DFL);
+  ASSERT_FALSE(failed.ok());
+  const uint64_t later = j->Append(Put(3));
+  ASSERT_TRUE(j->Sync(later).ok());
+  EXPECT_EQ(j->Sync(lost).code(), failed.code()) << "the lost record is never reported durable";
+  EXPECT_TRUE(j->durability().ok()) << "a write error is not a lost state directory";
+}
+
+TEST_F(JournalTest, FailingCheckpointAddsAtMostOneJournalFileAndARetryRecoversEverything) {
+  Recovered r0;
+  auto j = Open(dir_, &r0);
+  // A directory where the checkpoint's temporary file goes: creating it fails
+  // (EISDIR) even for root, which ignores permission bits.
+  fs::create_directories(dir_ + "/checkpoint.tmp");
+  std::vector<uint64_t> live;
+  for (uint64_t n = 0; n < 5; ++n) {
+    j->Append(Put(n));
+    live.push_back(n);
+    ASSERT_TRUE(j->Sync().ok());
+    const absl::Status s = j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); });
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("checkpoint.tmp"), std::string::npos) << s;
+  }
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint.tmp", "journal.1", "journal.2"}));
+  EXPECT_EQ(j->records_since_checkpoint(), 5u);
+  fs::remove(dir_ + "/checkpoint.tmp");
+  ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.2"}));
+  EXPECT_EQ(j->records_since_checkpoint(), 0u);
+  j->Append(Put(9));
+  ASSERT_TRUE(j->Sync().ok());
+  j.reset();
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  // The checkpoint (namespaces 1 and 2, puts 0..4), then journal.2 replayed over it.
+  std::vector<std::string> want = {Str(Ns(1)), Str(Ns(2))};
+  for (uint64_t n : live) want.push_back(Str(Put(n)));
+  for (uint64_t n = 1; n < 5; ++n) want.push_back(Str(Put(n)));
+  want.push_back(Str(Put(9)));
+  EXPECT_EQ(r.records, want);
 }
 
 }  // namespace
