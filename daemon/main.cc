@@ -353,6 +353,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                           d->device_mode,
                           {config.pool().dirs().begin(), config.pool().dirs().end()},
                           absl::StrJoin(d->notes, "; ")};
+  info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   if (d->gpu) {
     info.gpu_layers = [copier = d->gpu->copier.get()] {
       const gpu::LayerCopier::Counters c = copier->counters();

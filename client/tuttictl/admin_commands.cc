@@ -106,6 +106,14 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     kv.Add("dram tier", DramText(r.dram_capacity_bytes(), r.dram_used_bytes()));
     kv.Add("sessions", absl::StrCat(r.sessions()));
     if (!r.notes().empty()) kv.Add("notes", r.notes());
+    if (r.durability_lost()) {
+      kv.Add("DURABILITY LOST", absl::StrCat(r.durability_error(), " (stores fail; restart)"));
+    }
+    if (r.unindexed_slot_headers() > 0) {
+      kv.Add("unindexed blocks",
+             absl::StrCat(r.unindexed_slot_headers(),
+                          " used slots the journal does not know (state directory lost?)"));
+    }
     return kv.Render();
   }
   std::string Json(const v1::StatusResponse& r) const override {
@@ -121,6 +129,9 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     j.Key("dram_capacity_bytes").Uint(r.dram_capacity_bytes());
     j.Key("dram_used_bytes").Uint(r.dram_used_bytes());
     j.Key("sessions").Uint(r.sessions()).Key("notes").String(r.notes());
+    j.Key("durability_lost").Bool(r.durability_lost());
+    j.Key("durability_error").String(r.durability_error());
+    j.Key("unindexed_slot_headers").Uint(r.unindexed_slot_headers());
     return j.EndObject().str();
   }
 };

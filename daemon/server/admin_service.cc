@@ -32,6 +32,9 @@ void AdminService::FillStatus(tutti::v1::StatusResponse* resp) const {
   resp->set_notes(info_.notes);
   resp->set_dram_capacity_bytes(st.dram_capacity);
   resp->set_dram_used_bytes(st.dram_used);
+  resp->set_durability_lost(st.durability_lost);
+  resp->set_durability_error(st.durability_error);
+  resp->set_unindexed_slot_headers(st.unindexed_slot_headers);
 }
 
 grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusRequest*,
@@ -84,6 +87,14 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_store_failed(st.store_failed);
   resp->set_dram_hits(st.dram_hits);
   resp->set_sessions(sessions_->num_sessions());
+  resp->set_store_rejected_session_limit(st.store_rejected_owner_limit);
+  resp->set_partial_stores_expired(st.pending_expired);
+  resp->set_partial_stores_dropped(st.pending_dropped);
+  resp->set_store_staging_used_bytes(st.store_staging_used);
+  resp->set_store_staging_bytes(st.store_staging_bytes);
+  resp->set_checkpoint_failures(st.checkpoint_failures);
+  resp->set_durability_lost(st.durability_lost);
+  if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.gpu_layers) {
     const GpuLayerCounts g = info_.gpu_layers();
     resp->set_gpu_layers(g.layers);

@@ -37,6 +37,7 @@ struct DaemonInfo {
   // cuda mode: the layer copier's counts (gpu/layer_copier.h), read at each Stats; empty in host
   // mode.
   std::function<GpuLayerCounts()> gpu_layers;
+  std::function<uint32_t()> handoffs_outstanding;  // CredentialTable::outstanding; may be empty
 };
 
 class AdminService final : public tutti::v1::Admin::Service {
