@@ -5,7 +5,6 @@ sized to the call; a session that ends cancels the calls waiting on it at once.
 """
 
 import os
-import struct
 import threading
 import time
 import unittest
