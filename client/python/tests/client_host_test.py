@@ -1,9 +1,14 @@
 """The Python client against the real tuttid in host mode: store, lookup, layer-by-layer retrieve
 into other blocks (each layer checked as soon as its wait returns), release; a tuttid restart
 (the client re-attaches by itself, the cache is still there, old leases are void); tuttid killed
-in the middle of a retrieve (every wait returns, the blocks are reported failed); attach errors.
+in the middle of a retrieve (every wait returns, the blocks are reported failed); attach errors;
+the handoff (tuttid maps the descriptor, not a name; no credential, no session); a stopped
+(SIGSTOP) tuttid costs a lookup seconds, not the old 120 s call deadline.
 """
 
+import os
+import signal
+import threading
 import time
 import unittest
 
@@ -20,9 +25,10 @@ NS = tutti.Namespace(model_id="python-host-test", layout=LAYOUT)
 class Engine:
     """A host-mode engine: a vLLM-style fused cache [layers, 2, blocks, 16, 8, 128] in shm."""
 
-    def __init__(self, num_blocks):
+    def __init__(self, num_blocks, named=False):
         self.num_blocks = num_blocks
-        self.shm = tutti.SharedMemory(tutti.cache_bytes(LAYOUT, num_blocks), prefix="tutti-pytest")
+        self.shm = tutti.SharedMemory(tutti.cache_bytes(LAYOUT, num_blocks), prefix="tutti-pytest",
+                                      named=named)
         self.cache, self.per_layer = tutti.host_cache_tensor(LAYOUT, num_blocks, torch.float32,
                                                              self.shm)
         self.objects = tutti.objects_from_tensors(LAYOUT, self.per_layer)
@@ -66,8 +72,8 @@ class HostModeTest(unittest.TestCase):
             e.close()
         self.daemon.cleanup()
 
-    def engine(self, blocks):
-        e = Engine(blocks)
+    def engine(self, blocks, named=False):
+        e = Engine(blocks, named)
         self.engines.append(e)
         return e
 
@@ -233,6 +239,74 @@ class HostModeTest(unittest.TestCase):
         self.assertFalse(c.info["attached"])
         with self.assertRaises(tutti.FailedPrecondition):
             c.lookup(keys_of(6, 1))
+
+    def test_tuttid_maps_the_descriptor_not_the_name(self):
+        e = self.engine(16, named=True)
+        e.shm.unlink()  # no name left that tuttid could open
+        self.assertFalse(os.path.exists("/dev/shm" + e.shm.name))
+        with e.attach(self.daemon) as c:
+            keys = keys_of(7, 4)
+            self.store_all(c, e, keys)  # tuttid read the blocks through the descriptor
+            self.retrieve_and_verify(c, e, keys, 8)  # and wrote them back through it
+            self.assertEqual(self.daemon.stop(), 0)
+            self.daemon.start()
+            self.assertTrue(self.await_generation(c, 2), self.daemon.log_tail())  # the fd again
+            self.retrieve_and_verify(c, e, keys, 4)
+
+    def test_attach_without_a_credential_is_refused(self):
+        import grpc
+        from tutti import client as tc
+        from tutti.v1 import kvcache_pb2_grpc as pb_grpc
+        e = self.engine(4)
+        req = tc.build_host_attach("no-handoff", NS, 4, e.objects, [e.shm.region()])
+        with grpc.insecure_channel("unix:" + self.daemon.socket) as channel:
+            stub = pb_grpc.KvCacheStub(channel)
+            for credential in (b"", b"x" * 16):
+                req.credential = credential
+                with self.assertRaises(grpc.RpcError) as cm:
+                    stub.Attach(req, timeout=10)
+                self.assertEqual(cm.exception.code(), grpc.StatusCode.PERMISSION_DENIED,
+                                 cm.exception.details())
+        with e.attach(self.daemon) as c:  # the same request after a handoff
+            self.assertTrue(c.info["attached"])
+
+    def test_a_stopped_tuttid_costs_a_lookup_seconds(self):
+        # session_ttl_ms 2000: the KeepAlive (every 0.5 s) times out first and the lookup is
+        # cancelled; 30000: the lookup's own deadline (Timeouts.short, 5 s) ends it.
+        for ttl in (2000, 30000):
+            with self.subTest(session_ttl_ms=ttl):
+                self.daemon.cleanup()
+                self.daemon = Tuttid(session_ttl_ms=ttl).start()
+                self.lookup_while_stopped(self.engine(4))
+
+    def lookup_while_stopped(self, e):
+        with e.attach(self.daemon) as c:
+            os.kill(self.daemon.proc.pid, signal.SIGSTOP)
+            try:
+                outcome = []
+                t = threading.Thread(target=lambda: outcome.append(self.try_lookup(c)),
+                                     daemon=True)
+                start = time.monotonic()
+                t.start()
+                t.join(10.0)  # the old client waited out its 120 s call deadline here
+                self.assertFalse(t.is_alive(), "a lookup against a stopped tuttid still waits")
+                took = time.monotonic() - start
+                err, = outcome
+                self.assertIsInstance(err, tutti.Unavailable)
+                print("stopped tuttid: lookup returned after %.1f s: %s" % (took, err))
+            finally:
+                os.kill(self.daemon.proc.pid, signal.SIGCONT)
+            # Attached again: a new session where the old one was given up (2000), else the old.
+            self.assertTrue(self.await_generation(c, 1), self.daemon.log_tail())
+            self.assertEqual(c.lookup(keys_of(8, 2)).hits, 0)
+
+    @staticmethod
+    def try_lookup(c):
+        try:
+            c.lookup(keys_of(8, 2))
+            return None
+        except tutti.TuttiError as e:
+            return e
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ class PlacementTest(unittest.TestCase):
                 self.assertEqual(o.block_stride, 4096)
             req = tc.build_host_attach("e", NS, 8, objs, [shm.region()])
             self.assertEqual(req.regions[0].host_shm.name, shm.name)
+            self.assertEqual(req.regions[0].host_shm.fd_index, 0)
+            self.assertEqual(req.credential, b"")  # the Client adds one per Attach
             self.assertEqual([p.offset for p in req.placements], [i * 8 * 4096 for i in range(4)])
             self.assertEqual(req.namespace.hash_scheme, "tutti-sha256-v1")
             self.assertEqual(req.namespace.layout.format, 2)
@@ -218,18 +220,57 @@ class TransferTest(unittest.TestCase):
 
 
 class SharedMemoryTest(unittest.TestCase):
-    def test_name_mode_and_unlink(self):
+    def test_memfd_by_default_no_name_to_open(self):
+        import os
+        shm = tutti.SharedMemory(4096, prefix="tutti-unit")
+        name, addr, size = region = shm.region()
+        self.assertTrue(name.startswith("memfd:tutti-unit-"))
+        self.assertEqual((addr, size), (shm.address, 4096))
+        self.assertEqual(region.fd, shm.fd)
+        self.assertEqual(os.fstat(shm.fd).st_size, 4096)
+        self.assertEqual(os.readlink("/proc/self/fd/%d" % shm.fd).split(" ")[0],
+                         "/" + name)  # the kernel's name for it: "/memfd:<label> (deleted)"
+        self.assertFalse(os.path.exists("/dev/shm/" + name[len("memfd:"):]))
+        fd = shm.fd
+        shm.close()
+        with self.assertRaises(OSError):
+            os.fstat(fd)  # closed with it
+        with self.assertRaises(ValueError):
+            shm.region()
+        shm.close()  # idempotent
+
+    def test_named_mode_and_unlink(self):
         import os
         import stat
-        shm = tutti.SharedMemory(4096, prefix="tutti-unit")
+        shm = tutti.SharedMemory(4096, prefix="tutti-unit", named=True)
         path = "/dev/shm" + shm.name
         self.assertTrue(os.path.exists(path))
-        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o660)
-        shm.close()
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)  # tuttid gets the fd
+        shm.unlink()
         self.assertFalse(os.path.exists(path))
+        self.assertEqual(os.fstat(shm.region().fd).st_size, 4096)  # still there to hand over
+        shm.close()
         shm.close()  # idempotent
         with self.assertRaises(ValueError):
             tutti.SharedMemory(4096, prefix="bad/prefix")
+
+    def test_region_descriptors_for_the_handoff(self):
+        import os
+        shm = tutti.SharedMemory(8192, prefix="tutti-unit", named=True)
+        try:
+            fds = tc.region_fds([shm.region(), (shm.name, shm.address, 4096)])
+            try:
+                inode = os.fstat(shm.fd).st_ino
+                self.assertEqual([os.fstat(fd).st_ino for fd in fds], [inode, inode])
+                self.assertNotIn(shm.fd, fds)  # the Client's own, closed at detach
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            with self.assertRaisesRegex(tutti.InvalidArgument,
+                                        r"host_regions\[0\] \(/tutti-no-such\): shm_open"):
+                tc.region_fds([("/tutti-no-such", shm.address, 4096)])
+        finally:
+            shm.close()
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ look up cached prefixes, load them layer by layer into the engine's own blocks, 
 See docs/clients.md.
 """
 
+from tutti._calls import Timeouts
 from tutti._hash import HASH_SCHEME, chain_keys
-from tutti._shm import SharedMemory
-from tutti.errors import (FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted,
-                          TuttiError, Unavailable)
+from tutti._shm import HostRegion, SharedMemory
+from tutti.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
+                          PermissionDenied, ResourceExhausted, TuttiError, Unavailable)
 from tutti.layout import (KvLayout, Namespace, ObjectTensor, cache_bytes, host_cache_tensor,
                           objects_from_tensors)
 
@@ -35,8 +36,9 @@ except ImportError as _e:  # the generated gRPC code is missing (a source checko
                       "client/python/make_site.sh DIR" % _e) from None
 
 __all__ = [
-    "HASH_SCHEME", "chain_keys", "SharedMemory", "TuttiError", "Unavailable", "NotFound",
-    "InvalidArgument", "FailedPrecondition", "ResourceExhausted", "KvLayout", "Namespace",
-    "ObjectTensor", "cache_bytes", "host_cache_tensor", "objects_from_tensors", "DEFAULT_SOCKET",
-    "Client", "Lease", "RetrieveOutcome", "Retrieval",
+    "HASH_SCHEME", "chain_keys", "HostRegion", "SharedMemory", "TuttiError", "Unavailable",
+    "DeadlineExceeded", "NotFound", "InvalidArgument", "FailedPrecondition", "ResourceExhausted",
+    "PermissionDenied", "KvLayout", "Namespace", "ObjectTensor", "cache_bytes",
+    "host_cache_tensor", "objects_from_tensors", "DEFAULT_SOCKET", "Client", "Lease",
+    "RetrieveOutcome", "Retrieval", "Timeouts",
 ]

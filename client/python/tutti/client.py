@@ -2,8 +2,9 @@
 load them layer by layer into the engine's own blocks, store new blocks.
 
 Same operations and failure model as the C++ library (client/cpp/include/tutti/client.h):
-- host mode: the KV cache is in POSIX shared memory; Retrieval.wait_layer blocks until tuttid
-  reports the layer copied.
+- host mode: the KV cache is in shared memory (tutti.SharedMemory: a memfd by default) whose
+  descriptors the client hands to tuttid before every Attach (tutti._handoff); Retrieval.wait_layer
+  blocks until tuttid reports the layer copied.
 - cuda mode: the KV cache is device memory; the client exports IPC handles of the allocations that
   hold it and allocates ready words; wait_layer enqueues a GPU-side wait on the engine's stream and
   returns at once.
@@ -11,6 +12,8 @@ A broken transfer (a failed block, tuttid dying, a refused call) never leaves th
 every layer wait is released (in cuda mode the client writes the ready words itself) and
 Retrieval.wait() names the blocks to recompute. When tuttid goes away the client re-attaches by
 itself once it is back; meanwhile calls raise tutti.Unavailable (treat as a miss / dropped save).
+Every call has a deadline sized to it (tutti.Timeouts), and the calls in flight when the session
+ends (tuttid expired it, stopped answering or went away) are cancelled at once with Unavailable.
 
 Thread-safety: a Client may be used from several threads; its Retrieves run one at a time
 (retrieve() waits until the previous transfer ended). A Retrieval is used by one thread.
@@ -25,7 +28,10 @@ from typing import List, Optional, Sequence, Tuple
 import grpc
 
 from tutti import errors
-from tutti.layout import FORMATS, KvLayout, Namespace, ObjectTensor
+from tutti._attach import build_cuda_attach, build_host_attach, region_fds, with_credential
+from tutti._calls import InFlight, Timeouts
+from tutti._handoff import hand_off
+from tutti.layout import Namespace, ObjectTensor
 from tutti.v1 import kvcache_pb2 as pb
 from tutti.v1 import kvcache_pb2_grpc as pb_grpc
 
@@ -68,87 +74,6 @@ def _probe(path):
                                  "tuttid)" % (path, e.strerror or e)) from None
     finally:
         s.close()
-
-
-def _namespace_proto(ns: Namespace):
-    l = ns.layout
-    return pb.Namespace(
-        model_id=ns.model_id, tp_rank=ns.tp_rank, tp_size=ns.tp_size, hash_scheme=ns.hash_scheme,
-        layout=pb.KvLayout(num_layers=l.num_layers, kv_heads=l.kv_heads, head_dim=l.head_dim,
-                           dtype_bytes=l.dtype_bytes, block_tokens=l.block_tokens,
-                           format=FORMATS[l.format]))
-
-
-def _check_objects(layout: KvLayout, num_blocks, objects):
-    layout.check()
-    if num_blocks <= 0:
-        raise errors.InvalidArgument("num_blocks must be at least 1")
-    want = layout.num_layers * layout.parts
-    if len(objects) != want:
-        raise errors.InvalidArgument("objects: %d entries; the layout has %d (num_layers x %d "
-                                     "parts, layer-major)" % (len(objects), want, layout.parts))
-    for i, o in enumerate(objects):
-        if not o.base:
-            raise errors.InvalidArgument("objects[%d]: null" % i)
-        if num_blocks > 1 and o.block_stride < layout.object_bytes:
-            raise errors.InvalidArgument("objects[%d]: block_stride %d is smaller than an object "
-                                         "(%d bytes)" % (i, o.block_stride, layout.object_bytes))
-
-
-def _extent(layout, num_blocks, o):
-    return (num_blocks - 1) * o.block_stride + layout.object_bytes
-
-
-def build_host_attach(engine_id, ns, num_blocks, objects, host_regions):
-    """The AttachRequest of a host-mode engine; every object's blocks must lie in one of
-    `host_regions` [(shm_name, address, size)]."""
-    _check_objects(ns.layout, num_blocks, objects)
-    if not host_regions:
-        raise errors.InvalidArgument("host mode needs host_regions (shared memory)")
-    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid())
-    req.namespace.CopyFrom(_namespace_proto(ns))
-    for name, _, size in host_regions:
-        req.regions.add().host_shm.CopyFrom(pb.HostShmRegion(name=name, size_bytes=size))
-    for i, o in enumerate(objects):
-        extent = _extent(ns.layout, num_blocks, o)
-        for r, (_, start, size) in enumerate(host_regions):
-            if start <= o.base and o.base - start + extent <= size:
-                req.placements.add(region=r, offset=o.base - start, block_stride=o.block_stride)
-                break
-        else:
-            raise errors.InvalidArgument("objects[%d]: its %d blocks (%d bytes from its base) do "
-                                         "not lie inside any of the host_regions" %
-                                         (i, num_blocks, extent))
-    return req
-
-
-def build_cuda_attach(engine_id, ns, num_blocks, objects, device, words, cuda=None):
-    """The AttachRequest of a cuda-mode engine: one region per device allocation that holds
-    objects, the ready words and this process's pid. `cuda` is the driver module (tests pass
-    a fake)."""
-    if cuda is None:
-        from tutti import _cuda as cuda
-    _check_objects(ns.layout, num_blocks, objects)
-    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid())
-    req.namespace.CopyFrom(_namespace_proto(ns))
-    uuid = cuda.gpu_uuid(device)
-    region_of = {}
-    for i, o in enumerate(objects):
-        base, size = cuda.allocation_of(device, o.base)
-        offset = o.base - base
-        if offset + _extent(ns.layout, num_blocks, o) > size:
-            raise errors.InvalidArgument("objects[%d]: its blocks run past the end of the device "
-                                         "allocation that holds its base" % i)
-        if base not in region_of:
-            region_of[base] = len(req.regions)
-            req.regions.add().cuda_ipc.CopyFrom(pb.CudaIpcRegion(
-                ipc_handle=cuda.ipc_handle(device, base), size_bytes=size, gpu_uuid=uuid))
-        req.placements.add(region=region_of[base], offset=offset, block_stride=o.block_stride)
-    handle, size, words_uuid = words.export()
-    req.ready_words.region.CopyFrom(pb.CudaIpcRegion(ipc_handle=handle, size_bytes=size,
-                                                     gpu_uuid=words_uuid))
-    req.ready_words.count = words.count
-    return req
 
 
 def _stream_handle(stream):
@@ -241,15 +166,26 @@ class Client:
     """One engine attached to tuttid. Use Client.attach(...)."""
 
     def __init__(self, socket_path, request, words=None, device=None, reattach=True,
-                 connect_timeout=5.0, call_timeout=120.0):
+                 connect_timeout=5.0, call_timeout=None, timeouts=None, fds=()):
+        """`fds`: the host regions' descriptors, in region order, owned by the Client from here
+        on (closed at detach, or here on failure); the handoff sends them before every Attach."""
+        self._fds = list(fds)
+        try:
+            self._timeouts = _pick_timeouts(call_timeout, timeouts)
+            self._open(socket_path, request, words, device, reattach, connect_timeout)
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def _open(self, socket_path, request, words, device, reattach, connect_timeout):
         self._socket_path = socket_path
         self._request = request
         self._words = words
         self._device = device
         self._reattach = reattach
-        self._call_timeout = call_timeout
         self._connect_timeout = connect_timeout
         self._num_layers = request.namespace.layout.num_layers
+        self._parts = max(len(request.placements) // max(self._num_layers, 1), 1)
         _probe(socket_path)
         self._channel = grpc.insecure_channel(
             "unix:" + socket_path,
@@ -265,6 +201,7 @@ class Client:
         self._stub = pb_grpc.KvCacheStub(self._channel)
         self._cv = threading.Condition()
         self._state = "lost"
+        self._lost_why = "not attached yet"
         self._session_id = 0
         self._generation = 0
         self._attach_response = pb.AttachResponse()
@@ -275,8 +212,9 @@ class Client:
         self._retrieve_lock = threading.Lock()
         self._store_lock = threading.Lock()  # cuda mode: tuttid takes one Store at a time
         self._inflight = None
+        self._calls = InFlight()
         try:
-            self._attach_now(call_timeout)
+            self._attach_now(self._timeouts.attach)
         except BaseException:
             self._channel.close()
             raise
@@ -292,9 +230,13 @@ class Client:
                host_regions: Optional[Sequence[Tuple[str, int, int]]] = None,
                cuda_device: Optional[int] = None, socket_path: str = DEFAULT_SOCKET,
                engine_id: str = "python-engine", reattach: bool = True,
-               connect_timeout: float = 5.0, call_timeout: float = 120.0) -> "Client":
-        """Connects and attaches. Host mode: pass host_regions [(shm_name, address, size)] that
-        hold every object. Cuda mode: pass cuda_device; every object is device memory there.
+               connect_timeout: float = 5.0, call_timeout: Optional[float] = None,
+               timeouts: Optional[Timeouts] = None) -> "Client":
+        """Connects, hands the memory over and attaches. Host mode: pass host_regions
+        [(name, address, size)] that hold every object: SharedMemory.region() (which carries its
+        descriptor), or the name of a POSIX shm object this process can open read-write (opened
+        now, kept open). Cuda mode: pass cuda_device; every object is device memory there.
+        Deadlines: `timeouts` (default Timeouts()), or `call_timeout` seconds for every call.
         Raises InvalidArgument for inconsistent arguments, Unavailable when tuttid cannot be
         reached, and tuttid's error otherwise (e.g. FailedPrecondition when its pool cannot hold
         this layout). The memory must outlive the Client."""
@@ -305,19 +247,22 @@ class Client:
                 req = build_cuda_attach(engine_id, namespace, num_blocks, objects, cuda_device,
                                         words)
                 return cls(socket_path, req, words, cuda_device, reattach, connect_timeout,
-                           call_timeout)
+                           call_timeout, timeouts)
             except BaseException:
                 words.close()
                 raise
         req = build_host_attach(engine_id, namespace, num_blocks, objects, host_regions)
-        return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout)
+        return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout, timeouts,
+                   fds=region_fds(host_regions))
 
     # --- session ---
     def _attach_now(self, timeout):
+        """Hands over the memory (a new credential each time: single use) and attaches."""
+        credential = hand_off(self._socket_path, self._fds, timeout)
         try:
-            resp = self._stub.Attach(self._request, timeout=timeout)
+            resp = self._stub.Attach(with_credential(self._request, credential), timeout=timeout)
         except grpc.RpcError as e:
-            raise errors.from_rpc(e) from None
+            raise self._error("Attach", e, timeout, "attach") from None
         with self._cv:
             if self._state == "detached":
                 return
@@ -331,31 +276,36 @@ class Client:
             if self._state == "attached":
                 return self._session_id, self._generation
             if self._state == "lost":
-                raise errors.Unavailable("lost the session with tuttid at %s; %s" % (
-                    self._socket_path, "re-attaching in the background" if self._reattach
-                    else "reattach is off"))
+                raise errors.Unavailable("lost the session with tuttid at %s (%s); %s" % (
+                    self._socket_path, self._lost_why, "re-attaching in the background"
+                    if self._reattach else "reattach is off"))
             raise errors.FailedPrecondition("detached from tuttid")
 
     def _observe(self, err, generation):
-        if isinstance(err, errors.Unavailable):
-            self._mark_lost(generation)
-        elif isinstance(err, errors.NotFound):
-            with self._cv:
-                self._wake = True
-                self._cv.notify_all()
+        if isinstance(err, errors.DeadlineExceeded) or isinstance(err, errors.NotFound):
+            self._wake_loop()  # its KeepAlive finds out whether the session is gone
+        elif isinstance(err, errors.Unavailable):
+            self._mark_lost(generation, err.message)
+
+    def _wake_loop(self):
+        with self._cv:
+            self._wake = True
+            self._cv.notify_all()
 
     def _on_connectivity(self, state):
         with self._cv:
             was_ready = self._connectivity == grpc.ChannelConnectivity.READY
             self._connectivity = state
-            if was_ready and state != grpc.ChannelConnectivity.READY:
-                self._wake = True  # the loop's KeepAlive finds out whether the session is gone
-                self._cv.notify_all()
+        if was_ready and state != grpc.ChannelConnectivity.READY:
+            self._wake_loop()
 
-    def _mark_lost(self, generation):
+    def _mark_lost(self, generation, why):
+        """Ends session `generation`: its calls in flight are cancelled, re-attach starts."""
+        self._calls.end(generation, why)
         with self._cv:
             if self._state == "attached" and generation == self._generation:
                 self._state = "lost"
+                self._lost_why = why
                 self._session_id = 0
                 self._wake = True
                 self._cv.notify_all()
@@ -375,21 +325,28 @@ class Client:
             state, sid, gen = self._state, self._session_id, self._generation
             period = max(self._attach_response.session_ttl_ms / 4000.0, 0.01)
         if state == "attached":
-            try:
-                self._stub.KeepAlive(pb.KeepAliveRequest(session_id=sid), timeout=max(period, 1.0))
-            except grpc.RpcError as e:
-                if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND,
-                                grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._mark_lost(gen)
-                    return _MIN_BACKOFF
-            return period
+            self._keep_alive(sid, gen, min(max(period, 1.0), self._timeouts.short))
+            return period if self._calls.why(gen) is None else _MIN_BACKOFF
         if state == "lost" and self._reattach:
             try:
-                self._attach_now(max(self._connect_timeout, 1.0))
+                self._attach_now(min(self._timeouts.attach, max(self._connect_timeout, 1.0)))
                 return period
             except errors.TuttiError:
                 return min(backoff * 2, _MAX_BACKOFF)
         return _MAX_BACKOFF
+
+    def _keep_alive(self, sid, gen, timeout):
+        try:
+            self._stub.KeepAlive(pb.KeepAliveRequest(session_id=sid), timeout=timeout)
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.NOT_FOUND:
+                self._mark_lost(gen, "tuttid no longer knows session %d: it expired or tuttid "
+                                     "restarted" % sid)
+            elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self._mark_lost(gen, "tuttid did not answer a KeepAlive within %.1f s" % timeout)
+            elif code == grpc.StatusCode.UNAVAILABLE:
+                self._mark_lost(gen, "tuttid went away: %s" % (e.details() or "unavailable"))
 
     def _next_ticket(self):
         with self._ticket_lock:
@@ -398,20 +355,47 @@ class Client:
                 self._ticket = 1
             return self._ticket
 
-    def _call(self, method, request, generation):
+    def _error(self, name, rpc_error, timeout, field_name, generation=None):
+        """The TuttiError for a failed call `name` whose deadline was `timeout` s (Timeouts.
+        `field_name`): its session's end when it was cancelled for that, else tuttid's answer."""
+        why = self._calls.why(generation) if generation is not None else None
+        code = rpc_error.code() if isinstance(rpc_error, grpc.RpcError) else None
+        if why is not None and (code in (None, grpc.StatusCode.CANCELLED)):
+            return errors.Unavailable("%s cancelled: the session with tuttid at %s ended (%s)" %
+                                      (name, self._socket_path, why))
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return errors.DeadlineExceeded(
+                "tuttid at %s did not answer %s within %.1f s (Timeouts.%s); is it stopped or "
+                "overloaded?" % (self._socket_path, name, timeout, field_name))
+        return errors.from_rpc(rpc_error)
+
+    def _call(self, name, request, generation, timeout, field_name="short"):
+        """Unary call `name` under session `generation`, cancelled if the session ends."""
+        call = getattr(self._stub, name).future(request, timeout=timeout)
+        self._calls.add(generation, call)
         try:
-            return method(request, timeout=self._call_timeout)
-        except grpc.RpcError as e:
-            err = errors.from_rpc(e)
+            return call.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as e:
+            err = self._error(name, e, timeout, field_name, generation)
             self._observe(err, generation)
             raise err from None
+        finally:
+            self._calls.discard(generation, call)
+
+    def _transfer_bytes(self, blocks, layer_begin, layer_end):
+        layers = (layer_end or self._num_layers) - layer_begin
+        with self._cv:
+            object_bytes = self._attach_response.object_bytes
+        return blocks * max(layers, 0) * self._parts * object_bytes
 
     # --- the engine API ---
     def lookup(self, keys: Sequence[bytes]) -> Lease:
         """How many leading keys of one chain are cached; they are pinned under the lease.
-        Raises Unavailable while tuttid is unreachable (treat as a miss)."""
+        Raises Unavailable while tuttid is unreachable or does not answer within Timeouts.short
+        (treat as a miss)."""
         sid, gen = self._current()
-        resp = self._call(self._stub.Lookup, pb.LookupRequest(session_id=sid, keys=list(keys)), gen)
+        resp = self._call("Lookup", pb.LookupRequest(session_id=sid, keys=list(keys)), gen,
+                          self._timeouts.short)
         return Lease(resp.lease_id, resp.hits, resp.lease_ttl_ms, gen)
 
     def retrieve(self, lease: Lease, keys: Sequence[bytes], engine_blocks: Sequence[int],
@@ -419,7 +403,9 @@ class Client:
         """Starts copying layers [layer_begin, layer_end) (0: all) of keys[i] into engine block
         engine_blocks[i]; the keys must be under `lease` (it ends with the transfer). Returns at
         once; wait per layer with Retrieval.wait_layer. Waits first for the previous Retrieve of
-        this Client to end. Raises Unavailable for a lease from before a re-attach."""
+        this Client to end. Raises Unavailable for a lease from before a re-attach. The transfer
+        breaks (code DEADLINE_EXCEEDED) past Timeouts.for_retrieve, and at once (UNAVAILABLE)
+        when the session ends."""
         if len(keys) != len(engine_blocks) or not keys:
             raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
                                                                           len(engine_blocks)))
@@ -447,15 +433,23 @@ class Client:
 
     def _read_stream(self, r, req, generation):
         code, message = "OK", ""
+        timeout, field_name = self._timeouts.for_retrieve(
+            self._transfer_bytes(len(req.blocks), req.layer_begin, req.layer_end))
+        stream = None
         try:
-            for progress in self._stub.Retrieve(req, timeout=self._call_timeout):
+            stream = self._stub.Retrieve(req, timeout=timeout)
+            self._calls.add(generation, stream)
+            for progress in stream:
                 r._on_progress(progress.layer, progress.failed)
         except grpc.RpcError as e:
-            err = errors.from_rpc(e)
+            err = self._error("Retrieve", e, timeout, field_name, generation)
             self._observe(err, generation)
             code, message = err.code, err.message
         except Exception as e:  # never leave the engine waiting
             code, message = "INTERNAL", repr(e)
+        finally:
+            if stream is not None:
+                self._calls.discard(generation, stream)
         r._on_end(code, message)
 
     def _finish_inflight(self):
@@ -470,7 +464,7 @@ class Client:
         "durable", "already_present", "rejected_full", "failed") once captured (durable with
         wait_durable): from then on the engine may overwrite the blocks. cuda mode: `stream` (the
         one that computed the blocks; None: torch's current stream) is synchronized first, and
-        Stores run one at a time (tuttid's per-session rule)."""
+        Stores run one at a time (tuttid's per-session rule). Deadline: Timeouts.for_store."""
         if len(keys) != len(engine_blocks) or not keys:
             raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
                                                                           len(engine_blocks)))
@@ -487,7 +481,9 @@ class Client:
                               wait_durable=wait_durable, ticket=self._next_ticket())
         for k, b in zip(keys, engine_blocks):
             req.blocks.add(key=k, engine_block=int(b))
-        resp = self._call(self._stub.Store, req, gen)
+        timeout, field_name = self._timeouts.for_store(
+            self._transfer_bytes(len(keys), layer_begin, layer_end), wait_durable)
+        resp = self._call("Store", req, gen, timeout, field_name)
         if len(resp.outcomes) != len(keys):
             raise errors.TuttiError("tuttid answered Store with a wrong number of outcomes",
                                     "INTERNAL")
@@ -500,10 +496,12 @@ class Client:
         sid, gen = self._current()
         if lease.generation != gen:
             return
-        self._call(self._stub.Release, pb.ReleaseRequest(session_id=sid, lease_id=lease.id), gen)
+        self._call("Release", pb.ReleaseRequest(session_id=sid, lease_id=lease.id), gen,
+                   self._timeouts.short)
 
     def detach(self):
-        """Waits for a Retrieve in flight, stops the keep-alive thread, detaches. Idempotent."""
+        """Waits for a Retrieve in flight, stops the keep-alive thread, detaches, closes the
+        host regions' descriptors (the memory itself stays the caller's). Idempotent."""
         with self._retrieve_lock:
             self._finish_inflight()
         with self._cv:
@@ -517,15 +515,21 @@ class Client:
             self._thread.join()
         if sid:
             try:
-                self._stub.Detach(pb.DetachRequest(session_id=sid), timeout=5.0)
+                self._stub.Detach(pb.DetachRequest(session_id=sid), timeout=self._timeouts.short)
             except grpc.RpcError:
                 pass
         self._channel.close()
+        self._close_fds()
         if self._words is not None:
             self._words.close()
             self._words = None
 
     close = detach
+
+    def _close_fds(self):
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
 
     def __enter__(self):
         return self
@@ -533,6 +537,11 @@ class Client:
     def __exit__(self, *exc):
         self.detach()
         return False
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """The deadlines this Client's calls get."""
+        return self._timeouts
 
     @property
     def info(self):
@@ -545,3 +554,14 @@ class Client:
                         max_blocks_per_call=a.max_blocks_per_call,
                         session_ttl_ms=a.session_ttl_ms, attached=self._state == "attached",
                         mode="cuda" if self._words is not None else "host")
+
+
+def _pick_timeouts(call_timeout, timeouts):
+    if call_timeout is not None and timeouts is not None:
+        raise errors.InvalidArgument("give call_timeout or timeouts, not both")
+    if call_timeout is not None:
+        t = Timeouts.uniform(call_timeout)
+    else:
+        t = timeouts if timeouts is not None else Timeouts()
+    t.check()
+    return t

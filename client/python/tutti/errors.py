@@ -20,6 +20,12 @@ class Unavailable(TuttiError):
     code = "UNAVAILABLE"
 
 
+class DeadlineExceeded(Unavailable):
+    """tuttid did not answer within the call's deadline (stopped, or overloaded): an Unavailable,
+    so an engine treats it alike; its code says which."""
+    code = "DEADLINE_EXCEEDED"
+
+
 class NotFound(TuttiError):
     code = "NOT_FOUND"
 
@@ -36,8 +42,13 @@ class ResourceExhausted(TuttiError):
     code = "RESOURCE_EXHAUSTED"
 
 
-_BY_CODE = {c.code: c for c in (Unavailable, NotFound, InvalidArgument, FailedPrecondition,
-                                ResourceExhausted)}
+class PermissionDenied(TuttiError):
+    """tuttid refused the caller: e.g. an Attach without a valid handoff credential."""
+    code = "PERMISSION_DENIED"
+
+
+_BY_CODE = {c.code: c for c in (Unavailable, DeadlineExceeded, NotFound, InvalidArgument,
+                                FailedPrecondition, ResourceExhausted, PermissionDenied)}
 
 
 def error(code, message):

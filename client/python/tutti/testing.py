@@ -1,7 +1,8 @@
 """A real tuttid for tests and examples: writes a config into a fresh directory (the pool on a
 filesystem that takes O_DIRECT: $TEST_TMPDIR, else /var/tmp; the socket under /tmp), starts the
 tuttid binary, waits until its socket answers, stops (SIGTERM) or kills (SIGKILL) it, and restarts
-it on the same pool and journal.
+it on the same pool and journal. `socket` is the engines' socket (its handoff socket beside it:
+socket + ".handoff"), `admin_socket` the operators' (socket + ".admin", tuttictl's --socket).
 
     with tutti.testing.Tuttid(binary="bazel-bin/daemon/tuttid") as daemon:
         client = tutti.Client.attach(..., socket_path=daemon.socket)
@@ -65,6 +66,7 @@ class Tuttid:
         self.root = root or tempfile.mkdtemp(prefix="tuttid-py-", dir=base)
         self._sock_dir = tempfile.mkdtemp(prefix="tutti-py-sock-", dir="/tmp")
         self.socket = os.path.join(self._sock_dir, "tuttid.sock")
+        self.admin_socket = self.socket + ".admin"
         os.makedirs(os.path.join(self.root, "state"), exist_ok=True)
         os.makedirs(os.path.join(self.root, "pool"), exist_ok=True)
         self.config_path = os.path.join(self.root, "tuttid.textproto")

@@ -1,0 +1,254 @@
+"""The client's handoff and call deadlines against a fake tuttid (tests/fake_tuttid.py): every
+Attach, re-attaches included, is preceded by a handoff carrying the regions' descriptors (none in
+cuda mode) and carries its credential; a call tuttid never answers returns within its deadline,
+sized to the call; a session that ends cancels the calls waiting on it at once.
+"""
+
+import os
+import threading
+import time
+import unittest
+
+import torch
+
+import tutti
+from tutti import _handoff
+from tutti import client as tc
+
+from fake_tuttid import FakeTuttid, handoff_count
+
+LAYOUT = tutti.KvLayout(num_layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, block_tokens=16)
+NS = tutti.Namespace(model_id="m", layout=LAYOUT)
+KEYS = tutti.chain_keys(range(64), 16)
+
+
+def timed(fn):
+    """(the exception fn raised or None, seconds it took)."""
+    start = time.monotonic()
+    try:
+        fn()
+        return None, time.monotonic() - start
+    except Exception as e:  # the test inspects it
+        return e, time.monotonic() - start
+
+
+class Engine:
+    def __init__(self, num_blocks=8, **shm_args):
+        self.shm = tutti.SharedMemory(tutti.cache_bytes(LAYOUT, num_blocks), "tutti-calls",
+                                      **shm_args)
+        _, per_layer = tutti.host_cache_tensor(LAYOUT, num_blocks, torch.float16, self.shm)
+        self.objects = tutti.objects_from_tensors(LAYOUT, per_layer)
+        self.num_blocks = num_blocks
+
+    def attach(self, daemon, **kw):
+        return tutti.Client.attach(NS, self.num_blocks, self.objects,
+                                   host_regions=[self.shm.region()], socket_path=daemon.socket,
+                                   **kw)
+
+
+class HandoffTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = FakeTuttid().start()
+        self.engine = Engine()
+
+    def tearDown(self):
+        self.daemon.close()
+        self.engine.shm.close()
+
+    def test_attach_hands_over_the_region_and_redeems_the_credential(self):
+        with self.engine.attach(self.daemon) as c:
+            self.assertTrue(c.info["attached"])
+        (payload, nfds), = self.daemon.handoffs
+        self.assertEqual((payload[:8], handoff_count(payload), nfds), (b"TUTTIHO1", 1, 1))
+        req = self.daemon.attaches[0]
+        self.assertEqual(len(req.credential), 16)
+        self.assertEqual(req.regions[0].host_shm.fd_index, 0)
+        self.assertEqual(req.regions[0].host_shm.size_bytes, self.engine.shm.size)
+
+    def test_the_descriptor_is_the_memory(self):
+        sent = []
+        real = _handoff.socket.send_fds
+
+        def spy(sock, buffers, fds):
+            sent.extend(os.fstat(fd).st_ino for fd in fds)
+            return real(sock, buffers, fds)
+
+        _handoff.socket.send_fds = spy
+        try:
+            with self.engine.attach(self.daemon):
+                pass
+        finally:
+            _handoff.socket.send_fds = real
+        self.assertEqual(sent, [os.fstat(self.engine.shm.fd).st_ino])
+
+    def test_reattach_hands_over_again(self):
+        self.daemon.session_ttl_ms = 400  # KeepAlive every 0.1 s
+        with self.engine.attach(self.daemon) as c:
+            with self.daemon.lock:
+                self.daemon.expired = True
+            deadline = time.monotonic() + 10
+            while c.info["generation"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertEqual(c.info["generation"], 2)
+        self.assertEqual([n for _, n in self.daemon.handoffs], [1, 1])
+        self.assertNotEqual(self.daemon.attaches[0].credential, self.daemon.attaches[1].credential)
+
+    def test_cuda_mode_hands_over_no_descriptor(self):
+        req = tc.build_cuda_attach("e", NS, 8, [tutti.ObjectTensor(0x1000 + i * 8 * 4096, 4096)
+                                               for i in range(4)], 0, _Words(), _Cuda())
+        c = tc.Client(self.daemon.socket, req)  # what attach(cuda_device=...) builds, less the GPU
+        c.detach()
+        (payload, nfds), = self.daemon.handoffs
+        self.assertEqual((handoff_count(payload), nfds), (0, 0))
+        self.assertEqual(len(self.daemon.attaches[0].credential), 16)
+
+    def test_refusal_and_silence_of_the_handoff_socket(self):
+        with self.assertRaisesRegex(tutti.PermissionDenied, "refused the handoff: nope"):
+            _handoff._parse_reply("p", b"ER" + bytes([7]) + b"nope")
+        with self.assertRaisesRegex(tutti.ResourceExhausted, "limit"):
+            _handoff._parse_reply("p", b"ER" + bytes([8]) + b"limit")
+        with self.assertRaisesRegex(tutti.Unavailable, "not a handoff"):
+            _handoff._parse_reply("p", b"OK")
+        with self.assertRaisesRegex(tutti.InvalidArgument, "at most 16"):
+            _handoff.hand_off(self.daemon.socket, [0] * 17, 1.0)
+        with self.assertRaisesRegex(tutti.Unavailable, "handoff"):
+            _handoff.hand_off("/tmp/tutti-no-such-dir/s", [], 1.0)
+
+
+class _Cuda:
+    def gpu_uuid(self, device):
+        return "GPU-fake"
+
+    def allocation_of(self, device, ptr):
+        return 0x1000, 4 * 8 * 4096
+
+    def ipc_handle(self, device, base):
+        return b"h" * 64
+
+
+class _Words:
+    count = 3
+
+    def export(self):
+        return b"w" * 64, 12, "GPU-fake"
+
+    def close(self):
+        pass
+
+
+class DeadlineTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = FakeTuttid().start()
+        self.engine = Engine()
+
+    def tearDown(self):
+        self.daemon.close()
+        self.engine.shm.close()
+
+    def test_a_lookup_tuttid_never_answers_returns_within_the_default_deadline(self):
+        with self.engine.attach(self.daemon) as c:
+            self.assertEqual(c.timeouts.short, 5.0)
+            self.daemon.hang.set()
+            err, took = timed(lambda: c.lookup(KEYS))
+            self.assertIsInstance(err, tutti.DeadlineExceeded)  # an Unavailable: a miss
+            self.assertIsInstance(err, tutti.Unavailable)
+            self.assertIn("did not answer Lookup within 5.0 s", str(err))
+            self.assertLess(took, 7.0)
+            self.assertGreater(took, 4.0)
+            self.assertTrue(c.info["attached"])  # KeepAlive still answers: the session lives
+
+    def test_user_deadlines(self):
+        with self.engine.attach(self.daemon, timeouts=tutti.Timeouts(short=0.3)) as c:
+            self.daemon.hang.set()
+            err, took = timed(lambda: c.release(tc.Lease(7, 1, 1000, c.info["generation"])))
+            self.assertIsInstance(err, tutti.DeadlineExceeded)
+            self.assertLess(took, 2.0)
+        self.daemon.hang.clear()
+        with self.engine.attach(self.daemon, call_timeout=0.3) as c:
+            self.assertEqual(c.timeouts.durable, 0.3)
+            self.daemon.hang.set()
+            err, took = timed(lambda: c.store(KEYS, [0, 1, 2, 3], wait_durable=True))
+            self.assertIn("Timeouts.durable", str(err))
+            self.assertLess(took, 2.0)
+        with self.assertRaisesRegex(tutti.InvalidArgument, "Timeouts.short"):
+            self.engine.attach(self.daemon, timeouts=tutti.Timeouts(short=0))
+
+    def test_transfer_deadlines_grow_with_their_bytes(self):
+        t = tutti.Timeouts()
+        small, field = t.for_store(4 << 20, wait_durable=False)
+        self.assertEqual(field, "store")
+        self.assertAlmostEqual(small, 10.0 + 1 / 16)
+        big, field = t.for_store(4 << 30, wait_durable=True)
+        self.assertEqual((big, field), (30.0 + 64.0, "durable"))
+        self.assertEqual(t.for_retrieve(64 << 20), (11.0, "retrieve"))
+        self.assertEqual(tutti.Timeouts.uniform(120).for_store(4 << 30, True), (120, "durable"))
+
+
+class SessionEndTest(unittest.TestCase):
+    """A session that ends cancels its calls at once, long deadlines notwithstanding."""
+
+    def setUp(self):
+        self.daemon = FakeTuttid(session_ttl_ms=400).start()  # KeepAlive every 0.1 s
+        self.engine = Engine()
+        self.client = self.engine.attach(self.daemon, timeouts=tutti.Timeouts(
+            short=60, store=60, durable=60, retrieve=60), reattach=False)
+
+    def tearDown(self):
+        self.daemon.ended.set()  # calls still hanging return
+        self.client.detach()
+        self.daemon.close()
+        self.engine.shm.close()
+
+    def expire_soon(self, after=0.3):
+        def expire():
+            time.sleep(after)
+            with self.daemon.lock:
+                self.daemon.expired = True
+        threading.Thread(target=expire, daemon=True).start()
+
+    def test_lookup_cancelled_when_keepalive_finds_the_session_gone(self):
+        self.daemon.hang.set()
+        self.expire_soon()
+        err, took = timed(lambda: self.client.lookup(KEYS))
+        self.assertIsInstance(err, tutti.Unavailable)
+        self.assertNotIsInstance(err, tutti.DeadlineExceeded)
+        self.assertRegex(str(err), "Lookup cancelled: .*no longer knows session 1")
+        self.assertLess(took, 3.0)
+        with self.assertRaisesRegex(tutti.Unavailable, "no longer knows session 1"):
+            self.client.lookup(KEYS)  # at once, without reaching tuttid
+
+    def test_store_cancelled_too(self):
+        self.daemon.hang.set()
+        self.expire_soon()
+        err, took = timed(lambda: self.client.store(KEYS, [0, 1, 2, 3], wait_durable=True))
+        self.assertRegex(str(err), "UNAVAILABLE: Store cancelled")
+        self.assertLess(took, 3.0)
+
+    def test_retrieve_breaks_and_releases_its_waits(self):
+        lease = self.client.lookup(KEYS)
+        self.daemon.hang.set()
+        r = self.client.retrieve(lease, KEYS, [4, 5, 6, 7])
+        r.wait_layer(0)
+        self.expire_soon(0.0)
+        start = time.monotonic()
+        with self.assertRaises(tutti.TuttiError) as cm:
+            r.wait_layer(1)
+        self.assertEqual(cm.exception.code, "ABORTED")
+        out = r.wait(timeout=5)
+        self.assertLess(time.monotonic() - start, 3.0)
+        self.assertEqual((out.code, out.failed, out.layers_done), ("UNAVAILABLE", [0, 1, 2, 3], 1))
+        self.assertIn("Retrieve cancelled", out.message)
+
+    def test_a_call_after_the_end_never_waits(self):
+        self.expire_soon(0.0)
+        deadline = time.monotonic() + 5
+        while self.client.info["attached"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.daemon.hang.set()
+        err, took = timed(lambda: self.client.lookup(KEYS))
+        self.assertIsInstance(err, tutti.Unavailable)
+        self.assertLess(took, 0.5)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
