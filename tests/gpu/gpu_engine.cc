@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/common/handoff.h"
 #include "daemon/common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "grpcpp/client_context.h"
@@ -147,6 +148,9 @@ absl::Status GpuEngine::Attach(const std::string& socket, const std::string& eng
   rw->mutable_region()->set_gpu_uuid(words.gpu_uuid);
   rw->set_count(shape_.layers + 1);
   req.set_engine_pid(static_cast<uint32_t>(getpid()));
+  // GPU memory travels as IPC handles; the handoff carries only who this engine is.
+  ASSIGN_OR_RETURN(std::string credential, HandOff(socket, {}));
+  req.set_credential(credential);
   grpc::ClientContext ctx;
   tutti::v1::AttachResponse resp;
   RETURN_IF_ERROR(Rpc(stub_->Attach(&ctx, req, &resp), "Attach"));
