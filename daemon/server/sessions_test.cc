@@ -253,3 +253,94 @@ TEST(ReaperTest, ReapsPeriodically) {
 
 }  // namespace
 }  // namespace tutti::server
+
+namespace tutti::server {
+namespace {
+
+// Issue 9: one client's Lookups took 51,216 leases (22.9 million pins) and starved the rest; one
+// client took every session. Each bound answers RESOURCE_EXHAUSTED naming its limit, and the
+// counts come back as leases end (release, claim, expiry, close).
+class SessionLimitsTest : public ::testing::Test {
+ protected:
+  static SessionManager::Options Limits() {
+    SessionManager::Options o;
+    o.session_ttl_ms = 1000;
+    o.lease_ttl_ms = 500;
+    o.max_sessions = 8;
+    o.max_sessions_per_user = 2;
+    o.max_leases_per_session = 3;
+    o.max_pinned_blocks_per_session = 10;
+    o.max_pinned_blocks = 15;
+    return o;
+  }
+  uint64_t Open(uint32_t uid) {
+    auto s = sessions_.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, uid);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? (*s)->id : 0;
+  }
+  absl::StatusOr<uint64_t> Lease(uint64_t session, uint64_t first, uint64_t n) {
+    std::vector<Key> keys;
+    for (uint64_t i = 0; i < n; ++i) keys.push_back(K(first + i));
+    pins_.Pin(keys);
+    absl::StatusOr<uint64_t> id = sessions_.AddLease(session, keys);
+    if (!id.ok()) pins_.Unpin(7, keys);  // the caller keeps the pins on error
+    return id;
+  }
+  static void ExpectLimit(const absl::Status& s, const std::string& limit) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(limit));
+  }
+
+  ManualClock clock_{1000};
+  FakePins pins_;
+  SessionManager sessions_{Limits(), &clock_,
+                           [this](NamespaceId ns, absl::Span<const Key> keys) {
+                             pins_.Unpin(ns, keys);
+                           }};
+};
+
+TEST_F(SessionLimitsTest, SessionsPerUser) {
+  Open(1000);
+  const uint64_t second = Open(1000);
+  ExpectLimit(sessions_.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, 1000).status(),
+              "limits.max_sessions_per_user");
+  EXPECT_TRUE(sessions_.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, 1001).ok())
+      << "another user still attaches";
+  ASSERT_TRUE(sessions_.Close(second).ok());
+  EXPECT_TRUE(sessions_.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, 1000).ok());
+}
+
+TEST_F(SessionLimitsTest, LeasesAndPinsPerSessionAndInAll) {
+  const uint64_t a = Open(1), b = Open(2);
+  ASSERT_TRUE(Lease(a, 0, 1).ok());
+  ASSERT_TRUE(Lease(a, 10, 1).ok());
+  auto third = Lease(a, 20, 1);
+  ASSERT_TRUE(third.ok());
+  ExpectLimit(Lease(a, 30, 1).status(), "limits.max_leases_per_session");
+  ASSERT_TRUE(sessions_.Release(a, *third).ok());
+  ExpectLimit(Lease(a, 30, 9).status(), "limits.max_pinned_blocks_per_session");
+  ASSERT_TRUE(Lease(a, 30, 8).ok());  // 10 pinned: at the session's bound
+  // b may pin only what is left of everyone's 15.
+  ExpectLimit(Lease(b, 100, 6).status(), "limits.max_pinned_blocks");
+  auto b_lease = Lease(b, 100, 5);
+  ASSERT_TRUE(b_lease.ok());
+  // A claimed lease still holds its pins in all, and frees them when it ends.
+  {
+    std::vector<Key> keys;
+    for (uint64_t i = 0; i < 5; ++i) keys.push_back(K(100 + i));
+    auto claimed = sessions_.ClaimLease(b, *b_lease, keys);
+    ASSERT_TRUE(claimed.ok());
+    ExpectLimit(Lease(b, 200, 1).status(), "limits.max_pinned_blocks");
+  }
+  EXPECT_TRUE(Lease(b, 200, 5).ok());
+  // Expiry and close give everything back.
+  clock_.AdvanceMs(600);
+  sessions_.Reap();
+  EXPECT_EQ(pins_.Total(), 0);
+  EXPECT_TRUE(Lease(b, 300, 10).ok());
+  ASSERT_TRUE(sessions_.Close(b).ok());
+  EXPECT_TRUE(Lease(a, 400, 10).ok());
+}
+
+}  // namespace
+}  // namespace tutti::server
