@@ -301,6 +301,28 @@ TEST(KvCacheLimitsTest, NamespacesAreBounded) {
   }
 }
 
+// Issue 9: 1,000 open Retrieves of one client made 999 daemon threads. A session has at most
+// max_calls_per_session calls in flight (64 here); past them its calls are refused, naming the
+// limit, and other sessions are not affected.
+TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
+  ShmEngine engine;
+  const uint64_t busy = env_.Attach(engine), other = env_.Attach(engine);
+  auto state = env_.sessions().Touch(busy);
+  ASSERT_TRUE(state.ok());
+  (*state)->calls.store(64);  // as if 64 calls of `busy` were running
+  tutti::v1::LookupResponse resp;
+  ExpectError(Lookup(busy, {KeyBytes(1)}, &resp), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "limits.max_calls_per_session");
+  tutti::v1::StoreResponse sresp;
+  ExpectError(Store(busy, {{1, 0}}, &sresp), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "limits.max_calls_per_session");
+  ExpectStillServing(other);
+  EXPECT_EQ((*state)->calls.load(), 64u) << "a refused call takes no slot";
+  (*state)->calls.store(0);
+  ExpectStillServing(busy);
+  EXPECT_EQ((*state)->calls.load(), 0u) << "a finished call gives its slot back";
+}
+
 TEST_F(KvCacheServiceTest, LookupErrors) {
   ShmEngine engine;
   const uint64_t session = env_.Attach(engine);
