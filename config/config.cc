@@ -70,10 +70,10 @@ absl::Status RefuseRepeatedSingularFields(const std::vector<internal::FieldMenti
   const internal::FieldMention* first = nullptr;
   const internal::FieldMention* again = internal::FindRepeatedSingular(fields, &first);
   if (again == nullptr) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "line ", again->line + 1, ", column ", again->column + 1, ": ", again->path,
-      " is given twice (first at line ", first->line + 1, ", column ", first->column + 1,
-      "); a field that is not a list may appear once"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("line ", again->line + 1, ", column ", again->column + 1, ": ", again->path,
+                   " is given twice (first at line ", first->line + 1, ", column ",
+                   first->column + 1, "); a field that is not a list may appear once"));
 }
 
 absl::Status Bad(absl::string_view field, const std::string& value, absl::string_view allowed) {
@@ -213,9 +213,10 @@ void PrintMessage(const google::protobuf::Message& m, int indent, std::string* o
   }
 }
 
-// errno as a status about the config file `path`: "config <path>: <what>: <strerror>".
+// errno as a status about the config file `path`: "cannot read config <path>: <what>: <strerror>".
 absl::Status FileError(const std::string& path, const char* what, int err) {
-  const std::string message = absl::StrCat("config ", path, ": ", what, ": ", std::strerror(err));
+  const std::string message =
+      absl::StrCat("cannot read config ", path, ": ", what, ": ", std::strerror(err));
   switch (err) {
     case ENOENT:
       return absl::NotFoundError(message);
@@ -242,8 +243,8 @@ absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
   } else if (!S_ISREG(st.st_mode)) {
     status = FileError(path, "not a regular file", EINVAL);
   } else if (static_cast<uint64_t>(st.st_size) > kMaxConfigFileBytes) {
-    status = absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", st.st_size,
-                                                     " bytes; at most ", kMaxConfigFileBytes));
+    status = absl::InvalidArgumentError(
+        absl::StrCat("config ", path, ": ", st.st_size, " bytes; at most ", kMaxConfigFileBytes));
   }
   char buf[16384];
   while (status.ok()) {
@@ -272,7 +273,8 @@ Config DefaultConfig() {
 
 absl::StatusOr<Config> LoadConfig(std::string_view text) {
   Config config = DefaultConfig();
-  const std::vector<internal::FieldMention> fields = internal::ScanFields(text, Config::descriptor());
+  const std::vector<internal::FieldMention> fields =
+      internal::ScanFields(text, Config::descriptor());
   FirstErrorCollector errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);

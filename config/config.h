@@ -43,8 +43,8 @@ absl::StatusOr<tutti::v1::Config> LoadConfig(std::string_view text);
 // Reads the config file at `path` (which must be a regular file of at most 1 MiB) and loads it as
 // LoadConfig does. Every error names `path`: NOT_FOUND (no such file), PERMISSION_DENIED,
 // FAILED_PRECONDITION (not a regular file, e.g. a directory or a FIFO; a read error), each
-// "config <path>: <what>: <strerror>"; INVALID_ARGUMENT "<path>: " + LoadConfig's error, or for a
-// file larger than 1 MiB.
+// "cannot read config <path>: <what>: <strerror>"; INVALID_ARGUMENT "<path>: " + LoadConfig's
+// error, or for a file larger than 1 MiB.
 absl::StatusOr<tutti::v1::Config> LoadConfigFile(const std::string& path);
 
 // Checks every field against its allowed range and the fields against each other. Returns the first

@@ -97,7 +97,8 @@ TEST(ConfigTest, AFieldGivenTwiceIsRefusedNamingIt) {
   ExpectRejected("limits { store_staging_bytes: 268435456 store_staging_bytes: 536870912 }",
                  {"line 1, column 41: limits.store_staging_bytes is given twice",
                   "first at line 1, column 10"});
-  ExpectRejected("state_dir: \"/a\"\nstate_dir: \"/b\"", {"line 2, column 1: state_dir is given twice"});
+  ExpectRejected("state_dir: \"/a\"\nstate_dir: \"/b\"",
+                 {"line 2, column 1: state_dir is given twice"});
   // Also across two blocks of one sub-message, and the sub-message itself.
   ExpectRejected("pool { object_bytes: 8192 }\npool { max_objects: 8 }",
                  {"line 2, column 1: pool is given twice"});

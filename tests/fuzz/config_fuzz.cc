@@ -19,8 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string rendered = tutti::config::RenderConfig(*config);
   absl::StatusOr<tutti::v1::Config> again = tutti::config::LoadConfig(rendered);
   if (!again.ok() || again->SerializeAsString() != config->SerializeAsString()) {
-    std::fprintf(stderr, "rendering does not reload: %s\n%s\n",
-                 again.status().ToString().c_str(), rendered.c_str());
+    std::fprintf(stderr, "rendering does not reload: %s\n%s\n", again.status().ToString().c_str(),
+                 rendered.c_str());
     abort();
   }
   return 0;

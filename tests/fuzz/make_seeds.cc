@@ -45,7 +45,8 @@ void ConfigSeeds() {
       {"empty", ""},
       {"default", std::string(config::DefaultConfigText())},
       {"rendered", config::RenderConfig(config::DefaultConfig())},
-      {"dirs", "pool { dirs: \"/ssd0\" dirs: [\"/ssd1\", \"/ssd2\"] capacity_bytes: 1099511627776 }"},
+      {"dirs",
+       "pool { dirs: \"/ssd0\" dirs: [\"/ssd1\", \"/ssd2\"] capacity_bytes: 1099511627776 }"},
       {"octal_mode", "listen { socket_mode: 0600 socket_group: \"tutti\" }\n"},
       {"gpu", "gpu { mode: \"cuda\" device: 1 io_sm_count: 16 scatter: \"copy_engine\" }"},
       {"limits", "limits < max_sessions: 8; lease_ttl_ms: 1000 >\nlog_level: \"debug\""},
@@ -81,7 +82,8 @@ void JournalSeeds(const std::string& scratch) {
   store::RecoveryReport report;
   auto journal = store::Journal::Open(scratch, {}, &report);
   if (!journal.ok()) abort();
-  (*journal)->Append(store::NamespaceRecord{77, server::testing::TestNamespace().SerializeAsString()});
+  (*journal)->Append(
+      store::NamespaceRecord{77, server::testing::TestNamespace().SerializeAsString()});
   for (uint64_t s = 0; s < 4; ++s) (*journal)->Append(Put(s, 4));
   (*journal)->Append(store::DeleteRecord{77, Put(1, 4).key, 1, 2});
   if (!(*journal)->Sync().ok()) abort();
@@ -121,8 +123,8 @@ void SlotHeaderSeeds() {
     h.object_len = 32768;
     for (uint32_t o = 0; o < n; ++o) h.checksums.push_back(o * 0x9e3779b97f4a7c15ull);
     std::string page(pool::kSlotHeaderBytes, '\0');
-    if (!pool::EncodeSlotHeader(h, absl::MakeSpan(reinterpret_cast<uint8_t*>(page.data()),
-                                                  page.size()))
+    if (!pool::EncodeSlotHeader(
+             h, absl::MakeSpan(reinterpret_cast<uint8_t*>(page.data()), page.size()))
              .ok()) {
       abort();
     }
@@ -158,8 +160,8 @@ void SuperblockSeeds(const std::string& scratch) {
   // One field off, re-sealed (the target re-seals too; sealed here so the raw pass also gets past
   // the checksum).
   const std::vector<std::pair<std::string, size_t>> fields = {
-      {"version", 8}, {"file_index", 12}, {"num_files", 16}, {"object_bytes", 20},
-      {"max_objects", 24}, {"num_slots", 32}, {"file_bytes", 40}};
+      {"version", 8},      {"file_index", 12}, {"num_files", 16}, {"object_bytes", 20},
+      {"max_objects", 24}, {"num_slots", 32},  {"file_bytes", 40}};
   for (const auto& [name, at] : fields) {
     std::string s = sb;
     s[at] ^= 0x01;
@@ -236,11 +238,13 @@ void ServiceSeeds() {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: make_seeds CORPUS_DIR SCRATCH_DIR (on a filesystem with O_DIRECT)\n");
+    std::fprintf(stderr,
+                 "usage: make_seeds CORPUS_DIR SCRATCH_DIR (on a filesystem with O_DIRECT)\n");
     return 2;
   }
   tutti::fuzz::g_root = argv[1];
-  const std::string scratch = std::string(argv[2]) + "/tutti_make_seeds." + std::to_string(getpid());
+  const std::string scratch =
+      std::string(argv[2]) + "/tutti_make_seeds." + std::to_string(getpid());
   tutti::fuzz::ConfigSeeds();
   tutti::fuzz::JournalSeeds(scratch);
   tutti::fuzz::SlotHeaderSeeds();

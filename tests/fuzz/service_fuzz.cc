@@ -3,9 +3,10 @@
 // engine live for the whole run. An input is one request: byte 0 picks the method, byte 1 bit 0
 // puts the env's own session id into it (so the handlers past the session check are reached), the
 // rest is the serialized request; byte 1 bit 1 makes Retrieve and Release use the lease of a
-// Lookup of the request's keys, done first (so Retrieve gets past the lease check). Attach is fuzzed too, and is expected to fail cleanly (fuzzed
-// bytes cannot name the engine's shm object). Every call must return (no crash, no hang); the
-// session is re-attached if a fuzzed Detach or Release ended it.
+// Lookup of the request's keys, done first (so Retrieve gets past the lease check). Attach is
+// fuzzed too, and is expected to fail cleanly (fuzzed bytes cannot name the engine's shm object).
+// Every call must return (no crash, no hang); the session is re-attached if a fuzzed Detach or
+// Release ended it.
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -20,7 +21,16 @@ namespace {
 using tutti::server::testing::ServiceEnv;
 using tutti::server::testing::ShmEngine;
 
-enum Method : uint8_t { kAttach, kKeepAlive, kLookup, kRetrieve, kStore, kRelease, kDetach, kCount };
+enum Method : uint8_t {
+  kAttach,
+  kKeepAlive,
+  kLookup,
+  kRetrieve,
+  kStore,
+  kRelease,
+  kDetach,
+  kCount
+};
 
 struct World {
   std::unique_ptr<ServiceEnv> env;

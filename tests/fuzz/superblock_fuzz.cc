@@ -1,6 +1,6 @@
 // Fuzz target: superblock decoding, through pool::OpenOrCreatePool over a one-file pool whose first
-// 4 KiB are the input (as given, then with the checksum re-sealed). The file is sparse, sized as the
-// layout expects. Opening either succeeds with the layout's pool or is refused with
+// 4 KiB are the input (as given, then with the checksum re-sealed). The file is sparse, sized as
+// the layout expects. Opening either succeeds with the layout's pool or is refused with
 // FAILED_PRECONDITION or DATA_LOSS and a message; the fuzz file is never replaced.
 #include <fcntl.h>
 #include <unistd.h>
