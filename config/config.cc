@@ -1,5 +1,11 @@
 #include "config/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -8,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "config/text_scan.h"
 #include "daemon/common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -28,21 +35,46 @@ constexpr size_t kMaxSocketPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
 constexpr uint32_t kMaxGpuDevice = 63;
 constexpr uint32_t kMaxIoSms = 1024;
 constexpr uint32_t kMaxCopyCtas = 65535;
+constexpr uint64_t kMaxConfigFileBytes = 1 * kMiB;
 
-// Remembers the first parse error with its 1-based position.
+// Remembers the first parse error and its position (0-based, as the tokenizer counts).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    if (error_.empty()) {
-      error_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
+    if (!has_error_) {
+      has_error_ = true;
+      line_ = line;
+      column_ = column;
+      message_ = message;
     }
   }
-  const std::string& error() const { return error_; }
+  // INVALID_ARGUMENT "line <l>, column <c>: <field path>: <what>" (1-based; the path of the field
+  // the error is in, when the scan of the text reached it).
+  absl::Status ToStatus(const std::vector<internal::FieldMention>& fields) const {
+    if (!has_error_) return absl::InvalidArgumentError("cannot parse the config");
+    const std::string path = internal::FieldAt(fields, line_, column_);
+    return absl::InvalidArgumentError(absl::StrCat("line ", line_ + 1, ", column ", column_ + 1,
+                                                   ": ", path, path.empty() ? "" : ": ", message_));
+  }
 
  private:
-  std::string error_;
+  bool has_error_ = false;
+  int line_ = 0;
+  int column_ = 0;
+  std::string message_;
 };
+
+// INVALID_ARGUMENT naming a non-repeated field that the text gives more than once.
+absl::Status RefuseRepeatedSingularFields(const std::vector<internal::FieldMention>& fields) {
+  const internal::FieldMention* first = nullptr;
+  const internal::FieldMention* again = internal::FindRepeatedSingular(fields, &first);
+  if (again == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("line ", again->line + 1, ", column ", again->column + 1, ": ", again->path,
+                   " is given twice (first at line ", first->line + 1, ", column ",
+                   first->column + 1, "); a field that is not a list may appear once"));
+}
 
 absl::Status Bad(absl::string_view field, const std::string& value, absl::string_view allowed) {
   return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", allowed));
@@ -230,6 +262,53 @@ void PrintMessage(const google::protobuf::Message& m, int indent, std::string* o
   }
 }
 
+// errno as a status about the config file `path`: "cannot read config <path>: <what>: <strerror>".
+absl::Status FileError(const std::string& path, const char* what, int err) {
+  const std::string message =
+      absl::StrCat("cannot read config ", path, ": ", what, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::FailedPreconditionError(message);
+  }
+}
+
+// The whole of the regular file at `path` (at most kMaxConfigFileBytes).
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
+  // O_NONBLOCK: a FIFO must not hang start-up; it is refused below like any non-regular file.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return FileError(path, "open", errno);
+  std::string text;
+  struct stat st {};
+  absl::Status status;
+  if (fstat(fd, &st) != 0) {
+    status = FileError(path, "fstat", errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    status = FileError(path, "not a regular file", EISDIR);
+  } else if (!S_ISREG(st.st_mode)) {
+    status = FileError(path, "not a regular file", EINVAL);
+  } else if (static_cast<uint64_t>(st.st_size) > kMaxConfigFileBytes) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("config ", path, ": ", st.st_size, " bytes; at most ", kMaxConfigFileBytes));
+  }
+  char buf[16384];
+  while (status.ok()) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) status = FileError(path, "read", errno);
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxConfigFileBytes) status = FileError(path, "read", EFBIG);
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
 }  // namespace
 
 std::string_view DefaultConfigText() { return kDefaultConfigText; }
@@ -243,15 +322,25 @@ Config DefaultConfig() {
 
 absl::StatusOr<Config> LoadConfig(std::string_view text) {
   Config config = DefaultConfig();
+  const std::vector<internal::FieldMention> fields =
+      internal::ScanFields(text, Config::descriptor());
   FirstErrorCollector errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   // Merge, not Parse: fields set in `text` overwrite the defaults, zero values included.
-  if (!parser.MergeFromString(std::string(text), &config)) {
-    return absl::InvalidArgumentError(
-        errors.error().empty() ? std::string("cannot parse the config") : errors.error());
-  }
+  if (!parser.MergeFromString(std::string(text), &config)) return errors.ToStatus(fields);
+  RETURN_IF_ERROR(RefuseRepeatedSingularFields(fields));
   RETURN_IF_ERROR(ValidateConfig(config));
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadConfigFile(path));
+  absl::StatusOr<Config> config = LoadConfig(text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
   return config;
 }
 

@@ -36,9 +36,20 @@ tutti::v1::Config DefaultConfig();
 // Parses `text` (a text-format tutti.v1.Config, possibly empty) on top of the embedded defaults:
 // every field `text` sets replaces the default, including zero values; `pool.dirs` given in
 // `text` replace the (empty) default list. Then validates the result (ValidateConfig).
-// Errors: INVALID_ARGUMENT "line <l>, column <c>: <what>" for parse errors and unknown fields,
-// or ValidateConfig's error.
+// Errors, all INVALID_ARGUMENT:
+//  - "line <l>, column <c>: <field path>: <what>" for parse errors and unknown fields (the path,
+//    e.g. "pool.object_bytes", is left out where the error is before any field name);
+//  - "line <l>, column <c>: <field path> is given twice (first at ...)" for a field that is not a
+//    list given more than once, sub-messages included ("pool { } pool { }");
+//  - ValidateConfig's error.
 absl::StatusOr<tutti::v1::Config> LoadConfig(std::string_view text);
+
+// Reads the config file at `path` (which must be a regular file of at most 1 MiB) and loads it as
+// LoadConfig does. Every error names `path`: NOT_FOUND (no such file), PERMISSION_DENIED,
+// FAILED_PRECONDITION (not a regular file, e.g. a directory or a FIFO; a read error), each
+// "cannot read config <path>: <what>: <strerror>"; INVALID_ARGUMENT "<path>: " + LoadConfig's
+// error, or for a file larger than 1 MiB.
+absl::StatusOr<tutti::v1::Config> LoadConfigFile(const std::string& path);
 
 // Checks every field against its allowed range and the fields against each other. Returns the first
 // problem as INVALID_ARGUMENT "<field path> = <value>: <allowed range>", e.g.

@@ -1,5 +1,9 @@
 #include "config/config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -77,6 +81,82 @@ TEST(ConfigTest, ParseErrorsCarryLineAndColumn) {
   ExpectRejected("pool { object_bytes: \"big\" }", {"line 1, column "});
   ExpectRejected("pool {", {"line 1, column "});
   ExpectRejected("unknown: 3", {"line 1, column ", "no field named \"unknown\""});
+}
+
+TEST(ConfigTest, ParseErrorsNameTheFieldPath) {
+  ExpectRejected("state_dir: \"/x\"\npool { bogus_field: 1 }\n",
+                 {"line 2, column 19: pool.bogus_field: "});
+  ExpectRejected("pool { object_bytes: \"big\" }", {"line 1, column 22: pool.object_bytes: "});
+  ExpectRejected("# a comment\nlimits {\n  max_sessions: 4\n  lease_ttl_ms: -5\n}",
+                 {"line 4, column ", "limits.lease_ttl_ms: "});
+  ExpectRejected("pool { dirs: \"/a\" dirs: 7 }", {"pool.dirs[1]: "});
+  ExpectRejected("dram { capacity_bytes: 99999999999999999999999 }", {"dram.capacity_bytes: "});
+}
+
+TEST(ConfigTest, AFieldGivenTwiceIsRefusedNamingIt) {
+  ExpectRejected("limits { store_staging_bytes: 268435456 store_staging_bytes: 536870912 }",
+                 {"line 1, column 41: limits.store_staging_bytes is given twice",
+                  "first at line 1, column 10"});
+  ExpectRejected("state_dir: \"/a\"\nstate_dir: \"/b\"",
+                 {"line 2, column 1: state_dir is given twice"});
+  // Also across two blocks of one sub-message, and the sub-message itself.
+  ExpectRejected("pool { object_bytes: 8192 }\npool { max_objects: 8 }",
+                 {"line 2, column 1: pool is given twice"});
+  // Zero values count: proto3 keeps no presence, the text does.
+  ExpectRejected("dram { capacity_bytes: 0 capacity_bytes: 0 }", {"dram.capacity_bytes"});
+  // Lists may repeat, in either syntax.
+  auto c = LoadConfig("pool { dirs: \"/a\" dirs: [\"/b\", \"/c\"] dirs: \"/d\" }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pool().dirs_size(), 4);
+}
+
+// A file in the test's temp directory, removed at the end.
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/config_file_test_" + std::to_string(getpid());
+    ASSERT_EQ(mkdir(dir_.c_str(), 0700), 0) << strerror(errno);
+  }
+  void TearDown() override {
+    unlink(file().c_str());
+    rmdir(dir_.c_str());
+  }
+  std::string file() const { return dir_ + "/tuttid.textproto"; }
+  void Write(const std::string& text) { std::ofstream(file()) << text; }
+
+  std::string dir_;
+};
+
+TEST_F(ConfigFileTest, ARegularFileIsLoaded) {
+  Write("state_dir: \"/srv/tutti\"\n");
+  auto c = LoadConfigFile(file());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state_dir(), "/srv/tutti");
+}
+
+TEST_F(ConfigFileTest, ADirectoryIsRefusedNamingThePathAndErrno) {
+  auto c = LoadConfigFile(dir_);
+  ASSERT_FALSE(c.ok()) << "a directory was read as an empty config";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(dir_));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(strerror(EISDIR)));
+}
+
+TEST_F(ConfigFileTest, MissingFifoAndUnreadableFilesAreRefused) {
+  auto missing = LoadConfigFile(dir_ + "/nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr(strerror(ENOENT)));
+  ASSERT_EQ(mkfifo(file().c_str(), 0600), 0) << strerror(errno);
+  auto fifo = LoadConfigFile(file());  // must not block waiting for a writer
+  EXPECT_EQ(fifo.status().code(), absl::StatusCode::kFailedPrecondition) << fifo.status();
+  EXPECT_THAT(std::string(fifo.status().message()), HasSubstr("not a regular file"));
+}
+
+TEST_F(ConfigFileTest, ErrorsInTheTextNameTheFile) {
+  Write("pool { object_bytes: 1000 }\n");
+  auto c = LoadConfigFile(file());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(file() + ": pool.object_bytes = 1000"));
 }
 
 TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {

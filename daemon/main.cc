@@ -86,26 +86,10 @@ void NotifySystemd(const char* state) {
   close(fd);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("cannot read config ", path, ": ", strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 absl::StatusOr<v1::Config> LoadEffectiveConfig() {
-  std::string text;
   const std::string path = absl::GetFlag(FLAGS_config);
-  if (!path.empty()) {
-    ASSIGN_OR_RETURN(text, ReadFile(path));
-  }
-  absl::StatusOr<v1::Config> loaded = config::LoadConfig(text);
-  if (!loaded.ok() && !path.empty()) {
-    return absl::Status(loaded.status().code(),
-                        absl::StrCat(path, ": ", loaded.status().message()));
-  }
+  absl::StatusOr<v1::Config> loaded =
+      path.empty() ? config::LoadConfig("") : config::LoadConfigFile(path);
   ASSIGN_OR_RETURN(v1::Config config, std::move(loaded));
   if (!absl::GetFlag(FLAGS_state_dir).empty()) config.set_state_dir(absl::GetFlag(FLAGS_state_dir));
   if (!absl::GetFlag(FLAGS_socket).empty()) {

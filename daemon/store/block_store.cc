@@ -68,12 +68,17 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) 
     default:
       return absl::InvalidArgumentError("namespace.layout.format must be SEPARATE, FUSED or MLA");
   }
-  const uint64_t object_len =
-      uint64_t{l.block_tokens()} * l.kv_heads() * l.head_dim() * l.dtype_bytes();
-  if (object_len > (1ull << 30)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("namespace.layout: object of ", object_len,
-                     " bytes (tokens x heads x dim x dtype) is too large"));
+  // Checked: four uint32 factors can exceed 2^64 and wrap to a small, valid-looking size.
+  uint64_t object_len = l.block_tokens();
+  const bool overflow = __builtin_mul_overflow(object_len, uint64_t{l.kv_heads()}, &object_len) ||
+                        __builtin_mul_overflow(object_len, uint64_t{l.head_dim()}, &object_len) ||
+                        __builtin_mul_overflow(object_len, uint64_t{l.dtype_bytes()}, &object_len);
+  if (overflow || object_len > (1ull << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace.layout: block_tokens x kv_heads x head_dim x dtype_bytes = ", l.block_tokens(),
+        " x ", l.kv_heads(), " x ", l.head_dim(), " x ", l.dtype_bytes(), " = ",
+        overflow ? std::string("more than 2^64") : absl::StrCat(object_len),
+        " bytes per object; at most 1073741824"));
   }
   info.id = NamespaceIdOf(ns);
   info.descriptor = ns;

@@ -29,6 +29,14 @@ constexpr int64_t kCheckpointRetryMaxMs = 300000;
 
 uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
+// Region::Create(bytes), its error prefixed with the config fields that sized the region.
+absl::StatusOr<std::unique_ptr<Region>> CreateRegion(uint64_t bytes, const std::string& sized_by) {
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Create(bytes);
+  if (region.ok()) return region;
+  return absl::Status(region.status().code(),
+                      absl::StrCat(sized_by, ": ", region.status().message()));
+}
+
 }  // namespace
 
 BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend,
@@ -79,13 +87,19 @@ absl::Status BlockStore::Impl::Init() {
                          : store_bytes / 4 * 3);
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
   const uint64_t header_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
-  ASSIGN_OR_RETURN(region_, Region::Create(store_bytes + read_bytes + header_bytes));
+  ASSIGN_OR_RETURN(region_, CreateRegion(store_bytes + read_bytes + header_bytes,
+                                         absl::StrCat("limits.store_staging_bytes = ",
+                                                      options_.store_staging_bytes,
+                                                      ", limits.retrieve_staging_bytes = ",
+                                                      options_.retrieve_staging_bytes)));
   uint8_t* base = region_->span().data();
   store_staging_ = std::make_unique<StoreStaging>(absl::MakeSpan(base, store_bytes), owner_cap);
   read_frames_ = std::make_unique<FramePool>(absl::MakeSpan(base + store_bytes, read_bytes), frame);
   header_buffers_ = base + store_bytes + read_bytes;
   if (options_.dram_bytes >= chunk) {
-    ASSIGN_OR_RETURN(dram_region_, Region::Create(options_.dram_bytes / chunk * chunk));
+    ASSIGN_OR_RETURN(dram_region_,
+                     CreateRegion(options_.dram_bytes / chunk * chunk,
+                                  absl::StrCat("dram.capacity_bytes = ", options_.dram_bytes)));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -130,7 +130,7 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Create(uint64_t bytes) {
       mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map ", size, " bytes of staging memory: ", std::strerror(errno)));
+        absl::StrCat("mmap of ", size, " bytes: ", std::strerror(errno)));
   }
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
