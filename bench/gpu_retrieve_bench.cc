@@ -295,7 +295,7 @@ std::string DaemonConfig(uint64_t dram_bytes) {
       "pool { capacity_bytes: ", 6ull << 30, " object_bytes: 32768 max_objects: 64 }\n",
       "io { backend: \"uring\" queue_depth: 64 }\n", "dram { capacity_bytes: ", dram_bytes, " }\n",
       "limits { max_blocks_per_call: 2048 store_staging_bytes: 268435456 "
-      "retrieve_staging_bytes: 536870912 }\n",
+      "retrieve_staging_bytes: 536870912 max_store_staging_bytes_per_session: 268435456 }\n",
       "gpu { mode: \"cuda\" io_sm_count: ", absl::GetFlag(FLAGS_sms), " scatter: \"",
       absl::GetFlag(FLAGS_scatter), "\" }\n");
 }

@@ -51,9 +51,12 @@ absl::StatusOr<std::unique_ptr<TuttidFixture>> TuttidFixture::Create(const Fixtu
       "io { backend: \"uring\" queue_depth: 32 }\n"
       "dram { capacity_bytes: %d }\n"
       "limits { max_blocks_per_call: 512 session_ttl_ms: %d lease_ttl_ms: 30000\n"
-      "         store_staging_bytes: %d retrieve_staging_bytes: %d }\n%s\n",
+      "         store_staging_bytes: %d retrieve_staging_bytes: %d\n"
+      // One engine per fixture: its session may use all of staging.
+      "         max_store_staging_bytes_per_session: %d }\n%s\n",
       f->root_, f->socket_, f->root_, c.capacity_bytes, c.object_bytes, c.max_objects, c.dram_bytes,
-      c.session_ttl_ms, c.store_staging_bytes, c.retrieve_staging_bytes, c.extra);
+      c.session_ttl_ms, c.store_staging_bytes, c.retrieve_staging_bytes, c.store_staging_bytes,
+      c.extra);
   return f;
 }
 

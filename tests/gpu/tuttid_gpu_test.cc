@@ -39,7 +39,7 @@ std::string DaemonConfig(const std::string& scatter, uint64_t dram_bytes) {
       "dram { capacity_bytes: ",
       dram_bytes, " }\n",
       "limits { max_blocks_per_call: 512 store_staging_bytes: 268435456 "
-      "retrieve_staging_bytes: 268435456 }\n"
+      "retrieve_staging_bytes: 268435456 max_store_staging_bytes_per_session: 268435456 }\n"
       "gpu { mode: \"cuda\" io_sm_count: 16 scatter: \"",
       scatter, "\" }\n");
 }
@@ -131,7 +131,7 @@ TEST_P(RoundTripTest, EachFormatByteExactWhileTheStreamWaitsPerLayer) {
     RoundTrip(**engine, 40, 11 + static_cast<int>(format));
   }
   // Three formats x 4 layers retrieved; tuttictl stats' counts follow the copier.
-  auto admin = tutti::v1::Admin::NewStub(UnixChannel((*daemon)->socket()));
+  auto admin = tutti::v1::Admin::NewStub(UnixChannel((*daemon)->socket() + ".admin"));
   grpc::ClientContext ctx;
   tutti::v1::StatsResponse stats;
   ASSERT_TRUE(admin->Stats(&ctx, {}, &stats).ok());

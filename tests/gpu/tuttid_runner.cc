@@ -20,6 +20,14 @@
 namespace tutti::gputest {
 namespace {
 
+// `body` with the pool in `dir`: added to its pool section (a field may be given once), or as one.
+std::string WithPoolDir(const std::string& body, const std::string& dir) {
+  const std::string dirs = "pool { dirs: \"" + dir + "\" ";
+  const size_t at = body.find("pool {");
+  if (at == std::string::npos) return body + "\n" + dirs + "}";
+  return body.substr(0, at) + dirs + body.substr(at + 6);
+}
+
 namespace fs = std::filesystem;
 
 // $TUTTI_GPU_TEST_DIR (on the GPU machine) or a directory that takes O_DIRECT.
@@ -62,8 +70,7 @@ absl::StatusOr<std::unique_ptr<TuttidRunner>> TuttidRunner::Start(const std::str
   std::ofstream(r->config_path_) << "state_dir: \"" << r->root_ << "/state\"\n"
                                  << "listen { socket_path: \"" << r->socket_
                                  << "\" socket_mode: 384 }\n"
-                                 << "pool { dirs: \"" << r->root_ << "/pool\" }\n"
-                                 << config_body << "\n";
+                                 << WithPoolDir(config_body, r->root_ + "/pool") << "\n";
   absl::Status s = r->Launch(ready_s);
   if (!s.ok()) return s;
   return r;
@@ -74,7 +81,7 @@ absl::Status TuttidRunner::Launch(int ready_s) {
   auto pid = tutti::testing::SpawnLogged({bin, "--config=" + config_path_}, log_path_);
   if (!pid.ok()) return pid.status();
   pid_ = *pid;
-  channel_ = UnixChannel(socket_);
+  channel_ = UnixChannel(socket_ + ".admin");  // the operator socket: Admin.Status
   admin_ = tutti::v1::Admin::NewStub(channel_);
   const absl::Time deadline = absl::Now() + absl::Seconds(ready_s);
   while (absl::Now() < deadline) {
