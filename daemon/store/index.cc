@@ -44,11 +44,6 @@ void Index::Remove(Entry* e) {
 
 void Index::Touch(Entry* e) { lru_.splice(lru_.end(), lru_, e->lru); }
 
-void Index::MarkBad(Entry* e) {
-  e->bad = true;
-  lru_.splice(lru_.begin(), lru_, e->lru);
-}
-
 Entry* Index::Victim() const {
   for (Entry* e : lru_) {
     if (e->pins == 0) return e;

@@ -25,7 +25,6 @@ struct Entry {
   uint32_t object_len = 0;
   uint32_t num_objects = 0;
   uint32_t pins = 0;
-  bool bad = false;  // failed verification: invisible to lookups, evicted first
   std::list<Entry*>::iterator lru;
 };
 
@@ -48,11 +47,7 @@ class Index {
 
   // Marks `e` most recently used.
   void Touch(Entry* e);
-  // Hides nothing yet, but makes `e` the first eviction candidate and invisible
-  // to lookups.
-  void MarkBad(Entry* e);
-  // The least recently used unpinned entry (bad entries first), or null if all
-  // are pinned.
+  // The least recently used unpinned entry, or null if all are pinned.
   Entry* Victim() const;
 
   // Takes a free slot; false if none is free.
