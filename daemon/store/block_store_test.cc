@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
+#include "daemon/store/store_test_util.h"
 #include "gtest/gtest.h"
 
 namespace tutti::store {
@@ -19,25 +20,10 @@ constexpr uint32_t kObjectLen = 2048;  // 16 tokens x 1 head x 64 dim x 2 bytes:
 constexpr uint32_t kFrame = 4096;
 
 tutti::v1::Namespace TestNamespace(const std::string& model = "m") {
-  tutti::v1::Namespace ns;
-  ns.set_model_id(model);
-  ns.set_hash_scheme("test");
-  ns.set_tp_size(1);
-  auto* l = ns.mutable_layout();
-  l->set_num_layers(kLayers);
-  l->set_kv_heads(1);
-  l->set_head_dim(64);
-  l->set_dtype_bytes(2);
-  l->set_block_tokens(16);
-  l->set_format(tutti::v1::KV_FORMAT_SEPARATE);
-  return ns;
+  return testing::TestNamespace(kLayers, 1, model);
 }
 
-Key K(uint32_t i) {
-  Key k;
-  for (int b = 0; b < 16; ++b) k.bytes[b] = static_cast<uint8_t>((i * 131 + b * 7) ^ (i >> 8));
-  return k;
-}
+Key K(uint32_t i) { return testing::TestKey(i); }
 
 uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
   return static_cast<uint8_t>(key.bytes[offset % 16] * 31 + object * 17 + offset / 16);

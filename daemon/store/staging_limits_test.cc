@@ -9,6 +9,7 @@
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/staging.h"
+#include "daemon/store/store_test_util.h"
 #include "gtest/gtest.h"
 
 namespace tutti::store {
@@ -21,25 +22,10 @@ struct Shape {
 };
 
 tutti::v1::Namespace NamespaceOf(const Shape& shape) {
-  tutti::v1::Namespace ns;
-  ns.set_model_id("m");
-  ns.set_hash_scheme("test");
-  ns.set_tp_size(1);
-  auto* l = ns.mutable_layout();
-  l->set_num_layers(shape.layers);
-  l->set_kv_heads(shape.object_len / 2048);
-  l->set_head_dim(64);
-  l->set_dtype_bytes(2);
-  l->set_block_tokens(16);
-  l->set_format(tutti::v1::KV_FORMAT_SEPARATE);
-  return ns;
+  return testing::TestNamespace(shape.layers, shape.object_len / 2048);
 }
 
-Key K(uint32_t i) {
-  Key k;
-  for (int b = 0; b < 16; ++b) k.bytes[b] = static_cast<uint8_t>((i * 131 + b * 7) ^ (i >> 8));
-  return k;
-}
+Key K(uint32_t i) { return testing::TestKey(i); }
 
 std::vector<Key> Keys(uint32_t first, uint32_t n) {
   std::vector<Key> keys;

@@ -1,0 +1,39 @@
+// Shared by the block store's tests: a small test namespace and distinct keys. Test-only.
+#ifndef TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
+#define TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "daemon/common/types.h"
+#include "tutti/v1/kvcache.pb.h"
+
+namespace tutti::store::testing {
+
+// SEPARATE K and V, 16 tokens x `kv_heads` x 64 dims x 2 bytes (2 KiB per head) per object.
+inline tutti::v1::Namespace TestNamespace(uint32_t layers, uint32_t kv_heads = 1,
+                                          const std::string& model = "m") {
+  tutti::v1::Namespace ns;
+  ns.set_model_id(model);
+  ns.set_hash_scheme("test");
+  ns.set_tp_size(1);
+  auto* l = ns.mutable_layout();
+  l->set_num_layers(layers);
+  l->set_kv_heads(kv_heads);
+  l->set_head_dim(64);
+  l->set_dtype_bytes(2);
+  l->set_block_tokens(16);
+  l->set_format(tutti::v1::KV_FORMAT_SEPARATE);
+  return ns;
+}
+
+// Key i: distinct for every i, all 16 bytes used.
+inline Key TestKey(uint32_t i) {
+  Key k;
+  for (int b = 0; b < 16; ++b) k.bytes[b] = static_cast<uint8_t>((i * 131 + b * 7) ^ (i >> 8));
+  return k;
+}
+
+}  // namespace tutti::store::testing
+
+#endif  // TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
