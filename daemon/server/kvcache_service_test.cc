@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/server/service_test_env.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -321,6 +322,33 @@ TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
   (*state)->calls.store(0);
   ExpectStillServing(busy);
   EXPECT_EQ((*state)->calls.load(), 0u) << "a finished call gives its slot back";
+}
+
+// Issue 9: bytes that do not decode as the method's message got INTERNAL with an empty message.
+TEST_F(KvCacheServiceTest, UndecodableRequestsAreInvalidArgument) {
+  grpc::GenericStub stub(env_.channel());
+  grpc::CompletionQueue cq;
+  const std::string truncated("\x0a\x10" "ab", 4);        // engine_id: 16 bytes announced, 2 sent
+  const std::string not_utf8("\x0a\x03\xff\xfe\xfd", 5);  // engine_id: not UTF-8
+  for (const std::string& junk : {truncated, not_utf8}) {
+    grpc::ClientContext ctx;
+    grpc::Slice slice(junk);
+    grpc::ByteBuffer request(&slice, 1), response;
+    auto call = stub.PrepareUnaryCall(&ctx, "/tutti.v1.KvCache/Attach", request, &cq);
+    call->StartCall();
+    grpc::Status status;
+    call->Finish(&response, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ExpectError(status, grpc::StatusCode::INVALID_ARGUMENT, "could not be decoded");
+    EXPECT_THAT(status.error_message(), HasSubstr("/tutti.v1.KvCache/Attach"));
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST_F(KvCacheServiceTest, LookupErrors) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
+#include "daemon/server/decode_errors.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -39,6 +40,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + options.socket_path, grpc::InsecureServerCredentials());
   for (grpc::Service* s : services) builder.RegisterService(s);
+  builder.experimental().SetInterceptorCreators(DecodeErrorInterceptors());
   if (options.max_threads > 0) {
     // Each call in flight holds one of gRPC's threads (a Retrieve for its whole stream): the quota
     // bounds them, so a flood of calls is answered RESOURCE_EXHAUSTED instead of growing threads.
