@@ -282,6 +282,7 @@ class HostModeTest(unittest.TestCase):
     def lookup_while_stopped(self, e):
         with e.attach(self.daemon) as c:
             os.kill(self.daemon.proc.pid, signal.SIGSTOP)
+            self.await_stopped(self.daemon.proc.pid)
             try:
                 outcome = []
                 t = threading.Thread(target=lambda: outcome.append(self.try_lookup(c)),
@@ -299,6 +300,18 @@ class HostModeTest(unittest.TestCase):
             # Attached again: a new session where the old one was given up (2000), else the old.
             self.assertTrue(self.await_generation(c, 1), self.daemon.log_tail())
             self.assertEqual(c.lookup(keys_of(8, 2)).hits, 0)
+
+    @staticmethod
+    def await_stopped(pid):
+        # kill() only queues SIGSTOP: on a loaded machine tuttid's threads may still answer a
+        # moment after it returns. Wait until the kernel reports the process stopped.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+            time.sleep(0.01)
+        raise AssertionError("tuttid did not stop")
 
     @staticmethod
     def try_lookup(c):
