@@ -13,6 +13,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/create_channel.h"
+#include "tutti/v1/kvcache.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -115,6 +122,87 @@ TEST(ServerTest, RejectsRelativeOrLongPaths) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Server::Start({"/" + std::string(120, 'a'), 0660, ""}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+
+// KeepAlive holds its thread until released: a stand-in for calls that run long (Retrieve).
+class HoldingService final : public tutti::v1::KvCache::Service {
+ public:
+  grpc::Status KeepAlive(grpc::ServerContext*, const tutti::v1::KeepAliveRequest*,
+                         tutti::v1::KeepAliveResponse*) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++entered_;
+    }
+    release_.WaitForNotification();
+    return grpc::Status::OK;
+  }
+  int entered() {
+    absl::MutexLock lock(&mu_);
+    return entered_;
+  }
+  void Release() { release_.Notify(); }
+
+ private:
+  absl::Mutex mu_;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Notification release_;
+};
+
+int ThreadsOfThisProcess() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.exists();
+  return n;
+}
+
+// Issue 9: 1,000 open Retrieves made 999 daemon threads. With max_threads, gRPC's resource quota
+// bounds the threads: calls past it are answered RESOURCE_EXHAUSTED instead of each getting one.
+TEST(ServerTest, MaxThreadsBoundsTheThreadsOfCallsInFlight) {
+  TempSocket socket;
+  HoldingService service;
+  constexpr int kCalls = 48;
+  constexpr uint32_t kMaxThreads = 8;
+  const int before = ThreadsOfThisProcess();
+  auto server = Server::Start({socket.path(), {0600, ""}, kMaxThreads}, {&service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = tutti::v1::KvCache::NewStub(
+      grpc::CreateChannel((*server)->target(), grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  struct Call {
+    grpc::ClientContext ctx;
+    tutti::v1::KeepAliveResponse resp;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<tutti::v1::KeepAliveResponse>> reader;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    auto c = std::make_unique<Call>();
+    c->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    c->reader = stub->AsyncKeepAlive(&c->ctx, tutti::v1::KeepAliveRequest(), &cq);
+    c->reader->Finish(&c->resp, &c->status, c.get());
+    calls.push_back(std::move(c));
+  }
+  // Let the server take in what it will.
+  absl::SleepFor(absl::Seconds(2));
+  const int held = service.entered();
+  const int threads = ThreadsOfThisProcess() - before;
+  service.Release();
+  int exhausted = 0, ok = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    void* tag = nullptr;
+    bool got = false;
+    ASSERT_TRUE(cq.Next(&tag, &got));
+    const grpc::Status& s = static_cast<Call*>(tag)->status;
+    ok += s.ok();
+    exhausted += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }
+  EXPECT_LT(held, kCalls) << "every call got a thread";
+  EXPECT_LE(held, static_cast<int>(kMaxThreads));
+  EXPECT_LT(threads, kCalls / 2) << "threads grew with the calls";
+  EXPECT_EQ(ok + exhausted, kCalls) << "the others were refused, not failed otherwise";
+  EXPECT_GT(exhausted, 0);
+  cq.Shutdown();
+  (*server)->Shutdown(absl::ZeroDuration());
 }
 
 }  // namespace
