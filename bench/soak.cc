@@ -101,7 +101,7 @@ void CountError(PhaseStats& st, const char* call, const absl::Status& s) {
 class Worker {
  public:
   Worker(EngineSession session, uint64_t seed)
-      : s_(std::move(session)), rng_(seed), chain_(hostengine::MakeKeyChain(seed, 1 << 16)) {}
+      : s_(std::move(session)), seed_(seed), rng_(seed), chain_(NewChain()) {}
 
   void Run(Shared& shared) {
     while (!shared.stop.load()) {
@@ -152,8 +152,14 @@ class Worker {
     }
   }
 
+  // A fresh chain of keys never stored, so the mix of calls stays the same however long it runs.
+  std::vector<Key> NewChain() { return hostengine::MakeKeyChain(seed_ * 1000003 + epoch_++, 1 << 14); }
+
   void StoreNext(PhaseStats& st) {
-    if (stored_ + kStoreBatch > chain_.size()) return LookupMiss(st);
+    if (stored_ + kStoreBatch > chain_.size()) {
+      chain_ = NewChain();
+      stored_ = 0;
+    }
     auto keys = absl::MakeConstSpan(chain_).subspan(stored_, kStoreBatch);
     std::vector<uint32_t> blocks(kStoreBatch);
     for (uint32_t i = 0; i < kStoreBatch; ++i) {
@@ -173,8 +179,10 @@ class Worker {
   }
 
   EngineSession s_;
+  const uint64_t seed_;
+  uint64_t epoch_ = 0;
   std::mt19937_64 rng_;
-  const std::vector<Key> chain_;
+  std::vector<Key> chain_;
   uint64_t stored_ = 0;
   PhaseStats stats_[kPhases];
 };
@@ -283,7 +291,7 @@ int Main(int argc, char** argv) {
   config.store_staging_bytes = 64ull << 20;
   config.extra_limits = absl::StrCat("max_sessions: ", sessions + 8,
                                      " max_sessions_per_user: ", sessions + 8,
-                                     " max_pinned_blocks_per_session: 16384");
+                                     " max_pinned_blocks_per_session: 4096");
   config.log_level = "warn";
   auto env = testing::TuttidEnv::Create(config);
   if (!env.ok()) return fprintf(stderr, "%s\n", env.status().ToString().c_str()), 2;
