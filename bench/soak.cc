@@ -153,7 +153,9 @@ class Worker {
   }
 
   // A fresh chain of keys never stored, so the mix of calls stays the same however long it runs.
-  std::vector<Key> NewChain() { return hostengine::MakeKeyChain(seed_ * 1000003 + epoch_++, 1 << 14); }
+  std::vector<Key> NewChain() {
+    return hostengine::MakeKeyChain(seed_ * 1000003 + epoch_++, 1 << 14);
+  }
 
   void StoreNext(PhaseStats& st) {
     if (stored_ + kStoreBatch > chain_.size()) {
@@ -198,8 +200,7 @@ struct AbuseTally {
   }
 };
 
-void AbuseLookups(EngineSession& s, const std::vector<Key>& stored, Shared& shared,
-                  AbuseTally& t) {
+void AbuseLookups(EngineSession& s, const std::vector<Key>& stored, Shared& shared, AbuseTally& t) {
   while (!shared.stop.load()) {
     t.calls++;
     auto r = s.client->Lookup(stored);  // never released: leases pile up to the limits
@@ -207,7 +208,8 @@ void AbuseLookups(EngineSession& s, const std::vector<Key>& stored, Shared& shar
       t.ok++;
       t.Count(absl::StrCat("Lookup(", stored.size(), " keys):OK hits=", r->hits()));
     } else {
-      t.Count(absl::StrCat("Lookup(", stored.size(), " keys):", absl::StatusCodeToString(r.status().code()), ": ",
+      t.Count(absl::StrCat("Lookup(", stored.size(),
+                           " keys):", absl::StatusCodeToString(r.status().code()), ": ",
                            r.status().message().substr(0, 60)));
     }
   }
@@ -231,9 +233,9 @@ void AbusePartialStores(EngineSession& s, uint64_t seed, Shared& shared, AbuseTa
     for (auto o : *r) n[o]++;
     for (const auto& [o, c] : n) {
       absl::MutexLock l(&t.mu);
-      t.by_outcome[absl::StrCat("Store(layer 0 of 256):",
-                                tutti::v1::StoreOutcome_Name(
-                                    static_cast<tutti::v1::StoreOutcome>(o)))] += c;
+      t.by_outcome[absl::StrCat(
+          "Store(layer 0 of 256):",
+          tutti::v1::StoreOutcome_Name(static_cast<tutti::v1::StoreOutcome>(o)))] += c;
     }
   }
 }
@@ -289,9 +291,9 @@ int Main(int argc, char** argv) {
   testing::TuttidConfig config;
   config.capacity_bytes = 256ull << 20;  // 64 sessions x 8-block stores fill it: eviction runs
   config.store_staging_bytes = 64ull << 20;
-  config.extra_limits = absl::StrCat("max_sessions: ", sessions + 8,
-                                     " max_sessions_per_user: ", sessions + 8,
-                                     " max_pinned_blocks_per_session: 4096");
+  config.extra_limits =
+      absl::StrCat("max_sessions: ", sessions + 8, " max_sessions_per_user: ", sessions + 8,
+                   " max_pinned_blocks_per_session: 4096");
   config.log_level = "warn";
   auto env = testing::TuttidEnv::Create(config);
   if (!env.ok()) return fprintf(stderr, "%s\n", env.status().ToString().c_str()), 2;
@@ -384,10 +386,10 @@ int Main(int argc, char** argv) {
         MapText(st.errors), "}; store outcomes {", MapText(st.store_outcomes), "}");
     emit({absl::StrCat(ph, "_lookup_p50_us"), hostengine::Quantile(st.lookup_us, 0.5), "us", base,
           base_p50, detail});
-    emit({absl::StrCat(ph, "_lookup_p99_us"), hostengine::Quantile(st.lookup_us, 0.99), "us",
-          base, base_p99, std::nullopt});
-    emit({absl::StrCat(ph, "_error_rate"), err, "errors/call", base_err > 0 ? base : "",
-          base_err, std::nullopt});
+    emit({absl::StrCat(ph, "_lookup_p99_us"), hostengine::Quantile(st.lookup_us, 0.99), "us", base,
+          base_p99, std::nullopt});
+    emit({absl::StrCat(ph, "_error_rate"), err, "errors/call", base_err > 0 ? base : "", base_err,
+          std::nullopt});
     wrong += st.wrong_bytes;
   }
   {
@@ -403,8 +405,8 @@ int Main(int argc, char** argv) {
     rss_max = std::max(rss_max, s.rss_kb);
     fd_min = std::min(fd_min, s.fds);
     fd_max = std::max(fd_max, s.fds);
-    trace.push_back(absl::StrCat(s.t_s, "s:", kPhaseNames[s.phase], ":", s.rss_kb, "kB/",
-                                 s.fds, "fd/", s.threads, "thr"));
+    trace.push_back(absl::StrCat(s.t_s, "s:", kPhaseNames[s.phase], ":", s.rss_kb, "kB/", s.fds,
+                                 "fd/", s.threads, "thr"));
   }
   // Flatness: the last sample against the first after all sessions attached.
   const Sample& first = samples[1 < samples.size() ? 1 : 0];

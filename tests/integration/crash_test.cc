@@ -36,7 +36,7 @@
 namespace tutti::testing {
 namespace {
 
-constexpr int kDefaultCycles = 40;  // CI: a few seconds here
+constexpr int kDefaultCycles = 40;          // CI: a few seconds here
 constexpr uint32_t kDurablePerRound = 160;  // the most the durable storer sends in a round
 constexpr uint32_t kCapturedPerRound = 64;  // the most the capture-only storer sends
 constexpr uint32_t kBatch = 8;
@@ -91,8 +91,9 @@ class Ledger {
     for (const auto& [k, e] : keys_) {
       if (e.ns == ns) out.emplace_back(k, e);
     }
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.second.last_touch < b.second.last_touch; });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+      return a.second.last_touch < b.second.last_touch;
+    });
     return out;
   }
   // Acknowledged keys of namespace 0, for the reader.
@@ -116,11 +117,11 @@ class Ledger {
 };
 
 struct Totals {
-  uint64_t acked = 0;           // blocks acknowledged DURABLE over the run
-  uint64_t verified = 0;        // acknowledged blocks retrieved and verified by the checks
-  uint64_t evicted = 0;         // acknowledged blocks found gone, not protected: capacity
-  uint64_t lost = 0;            // acknowledged and protected, yet missing or failed
-  uint64_t wrong_blocks = 0;    // served with a wrong byte (acknowledged or not)
+  uint64_t acked = 0;            // blocks acknowledged DURABLE over the run
+  uint64_t verified = 0;         // acknowledged blocks retrieved and verified by the checks
+  uint64_t evicted = 0;          // acknowledged blocks found gone, not protected: capacity
+  uint64_t lost = 0;             // acknowledged and protected, yet missing or failed
+  uint64_t wrong_blocks = 0;     // served with a wrong byte (acknowledged or not)
   uint64_t reader_verified = 0;  // blocks the in-round reader retrieved and verified
 };
 
@@ -207,8 +208,7 @@ void CheckNamespace(TuttidProcess& daemon, Ledger& ledger, int ns, uint64_t prot
         if (e.acked && is_protected) {
           ++totals.lost;
           ADD_FAILURE() << "round " << round << ": acknowledged block lost, touched "
-                        << now - e.last_touch << " touches ago (protected below " << protect
-                        << ")";
+                        << now - e.last_touch << " touches ago (protected below " << protect << ")";
         }
         totals.evicted += e.acked;
         ledger.Drop(keys[i]);
@@ -246,8 +246,7 @@ void StoreAndKill(TuttidProcess& daemon, uint64_t seed, int round, int batches, 
     durable_done.store(true);
   });
   std::thread c([&] {
-    StoreUntilKilled(*captured, 1, captured_keys, false, ledger, captured_progress,
-                     captured_acked);
+    StoreUntilKilled(*captured, 1, captured_keys, false, ledger, captured_progress, captured_acked);
   });
   std::thread r([&] { ReadUntilKilled(*reader, ledger, seed ^ round, totals); });
   while (durable_progress.load() < batches && !durable_done.load()) {
@@ -268,8 +267,7 @@ void StoreAndKill(TuttidProcess& daemon, uint64_t seed, int round, int batches, 
           finished_first ? " (the storer had finished)" : "");
 }
 
-void CheckAll(TuttidProcess& daemon, Ledger& ledger, uint64_t protect, int round,
-              Totals& totals) {
+void CheckAll(TuttidProcess& daemon, Ledger& ledger, uint64_t protect, int round, Totals& totals) {
   for (int ns = 0; ns < kNamespaces; ++ns) {
     CheckNamespace(daemon, ledger, ns, protect, round, totals);
   }

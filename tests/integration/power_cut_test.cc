@@ -15,8 +15,8 @@
 // What it does not cut: the journal and checkpoint live in a real state directory, which the
 // memory backend does not cover; they keep every byte written, synced or not.
 //
-// Rounds: $TUTTI_POWER_CUT_ROUNDS (default 300, the CI run: seconds). Seeded: $TUTTI_TEST_SEED. Prints one
-// "power cut summary" line.
+// Rounds: $TUTTI_POWER_CUT_ROUNDS (default 300, the CI run: seconds). Seeded: $TUTTI_TEST_SEED.
+// Prints one "power cut summary" line.
 #include <unistd.h>
 
 #include <algorithm>
@@ -171,8 +171,9 @@ class PowerCutTest : public ::testing::Test {
   // Verifies the whole ledger against the reopened store, least recently touched first.
   void Verify(int round, uint64_t protect) {
     std::vector<std::pair<Key, Ledger::Entry>> order(ledger_.keys.begin(), ledger_.keys.end());
-    std::sort(order.begin(), order.end(),
-              [](const auto& a, const auto& b) { return a.second.last_touch < b.second.last_touch; });
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return a.second.last_touch < b.second.last_touch;
+    });
     const uint64_t now = ledger_.clock;
     const uint64_t wrong_before = tally_.wrong_bytes;
     for (const auto& [key, e] : order) {
