@@ -34,13 +34,13 @@ std::string ConfigText(const TuttidEnv& env) {
       "io { backend: \"%s\" queue_depth: %d }\n"
       "dram { capacity_bytes: %d }\n"
       "limits { max_blocks_per_call: %d session_ttl_ms: %d lease_ttl_ms: %d\n"
-      "         store_staging_bytes: %d retrieve_staging_bytes: %d }\n"
+      "         store_staging_bytes: %d retrieve_staging_bytes: %d %s }\n"
       "journal { checkpoint_every: %d }\n"
       "log_level: \"%s\"\n",
       env.state_dir(), env.socket(), env.pool_dir(), c.capacity_bytes, c.object_bytes,
       c.max_objects, c.backend, c.queue_depth, c.dram_bytes, c.max_blocks_per_call,
       c.session_ttl_ms, c.lease_ttl_ms, c.store_staging_bytes, c.retrieve_staging_bytes,
-      c.checkpoint_every, c.log_level);
+      c.extra_limits, c.checkpoint_every, c.log_level);
 }
 
 }  // namespace

@@ -38,6 +38,9 @@ struct TuttidConfig {
   uint64_t retrieve_staging_bytes = 32ull << 20;
   uint32_t checkpoint_every = 65536;
   std::string log_level = "info";
+  // More LimitsConfig fields in text format, written inside the limits block, e.g.
+  // "max_sessions: 80 max_sessions_per_user: 80"; empty: none.
+  std::string extra_limits;
 };
 
 // Where one daemon's files live; the same env across restarts keeps the pool and journal.
