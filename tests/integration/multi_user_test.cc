@@ -52,6 +52,21 @@ void BecomeOrDie(const Identity& id) {
   }
 }
 
+// True when a child can switch to the test's uids (not in every container).
+bool CanBecomeOthers() {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const gid_t groups[] = {kTuttiGid};
+    _exit(setgroups(1, groups) == 0 && setresgid(kEngineGid, kEngineGid, kEngineGid) == 0 &&
+                  setresuid(kEngineUid, kEngineUid, kEngineUid) == 0
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 // Runs `party` as `id` in a child; returns what it reported ("" = all its checks held).
 std::string RunAs(const Identity& id, const std::function<std::string()>& party) {
   int fds[2];
@@ -84,6 +99,10 @@ class MultiUserTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root to take on other users' identities";
+    if (!CanBecomeOthers()) {
+      GTEST_SKIP() << "this root cannot take on other uids (no CAP_SETUID, or a user namespace "
+                      "that does not map them)";
+    }
     auto base = MakeTempDir("/tmp/tutti-mu-XXXXXX");
     ASSERT_TRUE(base.ok()) << base.status();
     base_ = *base;
