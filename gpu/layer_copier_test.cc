@@ -18,6 +18,18 @@ using testing::KvFormat;
 
 constexpr uint8_t kPoison = 0x5a;
 
+// The engine's regions of `kv` in device memory, every byte kPoison.
+void AllocatePoisoned(const testing::KvLayout& kv, std::vector<void*>* regions,
+                      std::vector<LocalRegion>* local) {
+  for (uint64_t size : kv.region_sizes) {
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
+    regions->push_back(p);
+    local->push_back({p, size});
+  }
+}
+
 struct Case {
   LayerCopier::Mode mode;
   bool registered;  // staging in registered (pinned) memory, or heap memory like the DRAM tier
@@ -49,13 +61,8 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
 
   std::vector<void*> regions;
   std::vector<LocalRegion> local;
-  for (uint64_t size : kv.region_sizes) {
-    void* p = nullptr;
-    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
-    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
-    regions.push_back(p);
-    local.push_back({p, size});
-  }
+  AllocatePoisoned(kv, &regions, &local);
+  if (HasFatalFailure()) return;
   // Staging with a 4 KiB gap after every third object, so runs break and merge.
   const uint64_t chunk = uint64_t{kLayers} * 2 * kObj;
   const uint64_t staging_bytes =
@@ -279,13 +286,8 @@ TEST_P(LayerCopierErrorTest, ErrorReturnsOnlyOnceQueuedCopiesHaveReadTheStaging)
   ASSERT_TRUE(io.ok()) << io.status();
   std::vector<void*> regions;
   std::vector<LocalRegion> local;
-  for (uint64_t size : kv.region_sizes) {
-    void* p = nullptr;
-    ASSERT_EQ(cudaMalloc(&p, size), cudaSuccess);
-    ASSERT_EQ(cudaMemset(p, kPoison, size), cudaSuccess);
-    regions.push_back(p);
-    local.push_back({p, size});
-  }
+  AllocatePoisoned(kv, &regions, &local);
+  if (HasFatalFailure()) return;
   const uint64_t staging_bytes = uint64_t{kBlocks} * 2 * kObj;
   auto pinned = PinnedRegion::Allocate(staging_bytes);
   ASSERT_TRUE(pinned.ok()) << pinned.status();
