@@ -46,7 +46,9 @@ class Engine:
                                    **kw)
 
 
-class HandoffTest(unittest.TestCase):
+class FakeDaemonTest(unittest.TestCase):
+    """An engine and a fake tuttid, for each test."""
+
     def setUp(self):
         self.daemon = FakeTuttid().start()
         self.engine = Engine()
@@ -54,6 +56,9 @@ class HandoffTest(unittest.TestCase):
     def tearDown(self):
         self.daemon.close()
         self.engine.shm.close()
+
+
+class HandoffTest(FakeDaemonTest):
 
     def test_attach_hands_over_the_region_and_redeems_the_credential(self):
         with self.engine.attach(self.daemon) as c:
@@ -136,14 +141,7 @@ class _Words:
         pass
 
 
-class DeadlineTest(unittest.TestCase):
-    def setUp(self):
-        self.daemon = FakeTuttid().start()
-        self.engine = Engine()
-
-    def tearDown(self):
-        self.daemon.close()
-        self.engine.shm.close()
+class DeadlineTest(FakeDaemonTest):
 
     def test_a_lookup_tuttid_never_answers_returns_within_the_default_deadline(self):
         with self.engine.attach(self.daemon) as c:
