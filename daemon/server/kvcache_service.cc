@@ -239,10 +239,9 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
   // only enqueued, so the next layer's copies overlap its tail; its progress is held back until
   // the next layer's call has seen it land. The last layer, and any layer with SSD staging (reused
   // once the sink returns), waits until it has landed.
-  const absl::Span<uint8_t> dram = store_->dram_region();
-  auto stays = [&](absl::Span<const engine::CopyOp> layer_ops) {
-    for (const engine::CopyOp& op : layer_ops) {
-      if (op.staging < dram.data() || op.staging >= dram.data() + dram.size()) return false;
+  auto stays = [](absl::Span<const store::ScatterOp> objects) {
+    for (const store::ScatterOp& op : objects) {
+      if (!op.from_dram) return false;
     }
     return true;
   };
@@ -259,7 +258,7 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
         // CopyOp serves both directions; a scatter only reads `staging`.
         ops.push_back({batch.engine_blocks[op.item], op.object, const_cast<uint8_t*>(op.src)});
       }
-      const bool overlap = io->is_device() && layer + 1 < layers.end && stays(ops);
+      const bool overlap = io->is_device() && layer + 1 < layers.end && stays(objects);
       RETURN_IF_ERROR(overlap ? io->EnqueueLayer(layer, ops, req.ticket())
                               : io->ScatterLayer(layer, ops, req.ticket()));
       *next = layer + 1;

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 #include "absl/container/flat_hash_set.h"
@@ -349,6 +350,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     }
   };
   uint32_t next_submit = layer_begin;
+  const auto started = std::chrono::steady_clock::now();
   absl::Status status;
   uint64_t verify_errors = 0, io_errors = 0, dram_hits = 0;
   std::vector<ScatterOp> ops;
@@ -366,7 +368,7 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
       if (it.dram) {
         for (uint32_t p = 0; p < info.parts; ++p) {
           const uint32_t obj = layer * info.parts + p;
-          ops.push_back(ScatterOp{i, obj, it.dram->object(obj)});
+          ops.push_back(ScatterOp{i, obj, it.dram->object(obj), /*from_dram=*/true});
         }
         continue;
       }
@@ -414,6 +416,17 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     }
   }
   RetireFailedBlocks(ns, failed);
+  if (status.ok()) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const uint64_t layer_bytes = uint64_t{nlayers} * info.parts * info.object_len;
+    // A Read with any SSD block is paced by the SSD: its time is charged to the SSD bytes.
+    if (ssd_items > 0) {
+      read_bandwidth_.Record(datapath::Tier::kSsd, (served - dram_hits) * layer_bytes, seconds);
+    } else {
+      read_bandwidth_.Record(datapath::Tier::kDram, dram_hits * layer_bytes, seconds);
+    }
+  }
   absl::MutexLock lock(&mu_);
   stats_.blocks_retrieved += served;
   stats_.bytes_read += served * nlayers * info.parts * uint64_t{info.object_len};
@@ -680,6 +693,10 @@ uint32_t BlockStore::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
   return impl_->LookupAndPin(ns, keys);
 }
 void BlockStore::Unpin(NamespaceId ns, absl::Span<const Key> keys) { impl_->Unpin(ns, keys); }
+const datapath::BandwidthMeter& BlockStore::read_bandwidth() const {
+  return impl_->read_bandwidth();
+}
+
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                               uint32_t layer_end, const LayerSink& sink) {
   return impl_->Read(ns, keys, layer_begin, layer_end, sink);

@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
+#include "daemon/datapath/bandwidth.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 #include "tutti/v1/kvcache.pb.h"
@@ -91,6 +92,9 @@ struct ScatterOp {
   uint32_t item;
   uint32_t object;  // layer * parts + part
   const uint8_t* src;
+  // `src` is in the DRAM tier and stays valid until Read returns (not only during the sink's
+  // call): the sink may leave its copy in flight until a later layer.
+  bool from_dram = false;
 };
 
 // One object to copy from the engine into staging (store).
@@ -242,6 +246,8 @@ class BlockStore {
   // The DRAM tier's memory (empty when the tier is off): the source of DRAM-tier hits, handed to
   // LayerSink. Stable for the store's life; a GPU daemon registers it like staging_region().
   absl::Span<uint8_t> dram_region() const;
+  // What Reads measured: bytes per second delivered to the sink from each tier.
+  const datapath::BandwidthMeter& read_bandwidth() const;
 
   class Impl;
 

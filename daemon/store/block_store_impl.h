@@ -96,6 +96,7 @@ class BlockStore::Impl {
   absl::Span<uint8_t> dram_region() const {
     return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
   }
+  const datapath::BandwidthMeter& read_bandwidth() const { return read_bandwidth_; }
 
  private:
   using PendingKey = std::pair<NamespaceId, Key>;
@@ -203,6 +204,7 @@ class BlockStore::Impl {
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t last_reap_ms_ ABSL_GUARDED_BY(mu_) = 0;
   StoreStats stats_ ABSL_GUARDED_BY(mu_);
+  datapath::BandwidthMeter read_bandwidth_;
   std::thread writer_;
 };
 
