@@ -248,11 +248,14 @@ absl::Status Run(std::vector<Record>* out) {
   const std::string copy = store ? ".daemon_gather" : ".daemon_scatter";
   out->push_back({tag + copy + "_during_engine", during_gbps, "GB/s", tag + copy + "_alone",
                   alone_gbps});
+  const tutti::gpu::LayerCopier::Counters c = copier->counters();
   std::printf("engine kernels/s: before %.1f, during %.1f, after %.1f; copy-engine layers %llu, "
-              "gathers %llu\n",
-              before, during, after,
-              static_cast<unsigned long long>(copier->counters().copy_engine_layers),
-              static_cast<unsigned long long>(copier->counters().copy_engine_gathers));
+              "gathers %llu; auto rounds timed %llu, slow %llu (%llu uncorrected)\n",
+              before, during, after, static_cast<unsigned long long>(c.copy_engine_layers),
+              static_cast<unsigned long long>(c.copy_engine_gathers),
+              static_cast<unsigned long long>(c.timed_rounds),
+              static_cast<unsigned long long>(c.slow_rounds),
+              static_cast<unsigned long long>(c.slow_rounds_uncorrected));
   return absl::OkStatus();
 }
 

@@ -11,7 +11,17 @@
 //    from sending the Retrieve to the last layer's ready word releasing the engine's stream, and
 //    the time to layer 0 and to the last layer.
 //  ssd: the same with the DRAM tier off, so reads hit the pool files (O_DIRECT, io_uring), against
-//    raw liburing O_DIRECT reads of the same file at the same object size and queue depth.
+//    raw liburing O_DIRECT random reads of the same file and span at the same queue depth, of the
+//    object size (32 KiB) and of 1 MiB (ssd_read_vs_raw_1mib); tuttid's CPU seconds per GB moved
+//    (utime + stime of its process over the retrieves); --ssd_label names the variant, and
+//    --extent_slots / --max_read_bytes set tuttid's pool.extent_slots and datapath.max_read_bytes
+//    (1 and 32768: the per-object reads of format 1), so two runs compare the layouts.
+//  stores: SSD-tier retrieve GB/s while a second engine stores new blocks continuously (no
+//    wait for durability, rejected blocks dropped) against retrieve alone, same daemon, alternated
+//    (retrieve_with_stores_vs_alone); then how long store staging takes to drain once stores stop.
+//
+// Every part that runs tuttid in GPU mode prints how many layers its copier sent through the copy
+// engines (gpu.scatter "auto" switches when its timed scatter kernels run slow).
 //
 // JSON lines (bench, metric, value, unit, baseline_name, baseline_value, ratio, machine, date,
 // command) are appended to --out.
@@ -21,18 +31,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
@@ -45,7 +59,7 @@
 #include "tests/gpu/gpu_engine.h"
 #include "tests/gpu/tuttid_runner.h"
 
-ABSL_FLAG(std::string, parts, "inproc,dram,ssd", "which parts to run");
+ABSL_FLAG(std::string, parts, "inproc,dram,ssd", "which parts to run (inproc, dram, ssd, stores)");
 ABSL_FLAG(uint32_t, blocks, 2048, "blocks per retrieve (inproc, dram)");
 ABSL_FLAG(uint32_t, ssd_blocks, 512, "blocks per retrieve from the SSD tier");
 ABSL_FLAG(uint32_t, engine_blocks, 8192, "engine blocks per layer tensor");
@@ -54,6 +68,10 @@ ABSL_FLAG(uint32_t, sms, 16, "I/O green-context SMs (inproc and tuttid)");
 ABSL_FLAG(std::string, scatter, "auto", "tuttid's gpu.scatter for the dram and ssd parts");
 ABSL_FLAG(std::vector<std::string>, round_kib, std::vector<std::string>({"0", "8192", "2048"}),
           "inproc staged: copy-then-scatter round sizes to measure, KiB (0: a whole slot)");
+ABSL_FLAG(std::string, ssd_label, "", "ssd and stores parts: suffix of their metric names");
+ABSL_FLAG(uint32_t, extent_slots, 0, "tuttid's pool.extent_slots (0: its default)");
+ABSL_FLAG(uint32_t, max_read_bytes, 0, "tuttid's datapath.max_read_bytes (0: its default)");
+ABSL_FLAG(double, ssd_pool_gib, 6, "pool size of the ssd and stores parts, GiB");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append to");
 ABSL_FLAG(std::string, machine, "", "machine description");
 
@@ -291,8 +309,15 @@ absl::Status RunInProc() {
 // ---- through tuttid ----
 
 std::string DaemonConfig(uint64_t dram_bytes) {
+  const uint32_t extent_slots = absl::GetFlag(FLAGS_extent_slots);
+  const uint32_t max_read = absl::GetFlag(FLAGS_max_read_bytes);
+  const uint64_t pool_bytes =
+      dram_bytes > 0 ? 6ull << 30
+                     : static_cast<uint64_t>(absl::GetFlag(FLAGS_ssd_pool_gib) * (1 << 30));
   return absl::StrCat(
-      "pool { capacity_bytes: ", 6ull << 30, " object_bytes: 32768 max_objects: 64 }\n",
+      "pool { capacity_bytes: ", pool_bytes, " object_bytes: 32768 max_objects: 64",
+      extent_slots > 0 ? absl::StrCat(" extent_slots: ", extent_slots) : "", " }\n",
+      max_read > 0 ? absl::StrCat("datapath { max_read_bytes: ", max_read, " }\n") : "",
       "io { backend: \"uring\" queue_depth: 64 }\n", "dram { capacity_bytes: ", dram_bytes, " }\n",
       "limits { max_blocks_per_call: 2048 store_staging_bytes: 268435456 "
       "retrieve_staging_bytes: 536870912 max_store_staging_bytes_per_session: 268435456 }\n",
@@ -366,6 +391,36 @@ absl::StatusOr<std::unique_ptr<GpuEngine>> StoredEngine(TuttidRunner& d, uint32_
   return e;
 }
 
+// utime + stime of process `pid`, seconds; 0 if it cannot be read.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+  double utime = 0, stime = 0;  // fields 14 and 15 of stat(5); f[0] is field 3
+  if (f.size() < 13 || !absl::SimpleAtod(f[11], &utime) || !absl::SimpleAtod(f[12], &stime)) {
+    return 0;
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Layers tuttid's copier placed, and those the copy engines moved alone.
+void PrintCopierCounts(TuttidRunner& d, const char* part) {
+  grpc::ClientContext ctx;
+  tutti::v1::StatsResponse st;
+  if (d.admin().Stats(&ctx, tutti::v1::StatsRequest(), &st).ok()) {
+    std::printf("%s: copy-engine layers %llu of %llu\n", part,
+                static_cast<unsigned long long>(st.gpu_layers_copy_engine()),
+                static_cast<unsigned long long>(st.gpu_layers()));
+  }
+}
+
+std::string Labelled(const std::string& metric) {
+  const std::string label = absl::GetFlag(FLAGS_ssd_label);
+  return label.empty() ? metric : absl::StrCat(metric, "_", label);
+}
+
 absl::Status RunDram(double contiguous_gbps) {
   const uint32_t n = absl::GetFlag(FLAGS_blocks);
   ASSIGN_OR_RETURN(auto d, TuttidRunner::Start(DaemonConfig(5ull << 30)));
@@ -375,17 +430,19 @@ absl::Status RunDram(double contiguous_gbps) {
        contiguous_gbps > 0 ? "contiguous_pinned_to_gpu" : "", contiguous_gbps});
   Add({"tuttid_dram_layer0_ready", r.layer0_ms, "ms", "", 0});
   Add({"tuttid_dram_last_layer_ready", r.last_ms, "ms", "", 0});
+  PrintCopierCounts(*d, "dram");
   e.reset();
   return d->Stop().status();
 }
 
-// Raw O_DIRECT random reads of `object` bytes at `qd` over [0, span) of `path` for `seconds`.
+// Raw O_DIRECT random reads of `obj` bytes (aligned to their size) at `qd` over [0, span) of
+// `path` for `seconds`.
 absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t qd,
-                               double seconds) {
+                               double seconds, uint64_t obj = kObj) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
   void* buf = nullptr;
-  if (posix_memalign(&buf, 4096, uint64_t{qd} * kObj) != 0) {
+  if (posix_memalign(&buf, 4096, uint64_t{qd} * obj) != 0) {
     close(fd);
     return absl::ResourceExhaustedError("posix_memalign for the raw reads");
   }
@@ -396,11 +453,11 @@ absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t 
     return absl::InternalError(absl::StrCat("io_uring_queue_init: ", strerror(-rc)));
   }
   std::mt19937_64 rng(9);
-  const uint64_t objects = span / kObj;
+  const uint64_t objects = span / obj;
   auto issue = [&](uint32_t slot) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    io_uring_prep_read(sqe, fd, static_cast<uint8_t*>(buf) + uint64_t{slot} * kObj, kObj,
-                       (rng() % objects) * kObj);
+    io_uring_prep_read(sqe, fd, static_cast<uint8_t*>(buf) + uint64_t{slot} * obj, obj,
+                       (rng() % objects) * obj);
     io_uring_sqe_set_data64(sqe, slot);
   };
   for (uint32_t i = 0; i < qd; ++i) issue(i);
@@ -412,12 +469,12 @@ absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t 
     io_uring_cqe* cqe;
     io_uring_for_each_cqe(&ring, head, cqe) {
       ++seen;
-      done += cqe->res == static_cast<int>(kObj);
+      done += cqe->res == static_cast<int>(obj);
       issue(static_cast<uint32_t>(cqe->user_data));
     }
     io_uring_cq_advance(&ring, seen);
   }
-  const double gbps = done * double(kObj) / Seconds(start) / 1e9;
+  const double gbps = done * double(obj) / Seconds(start) / 1e9;
   io_uring_queue_exit(&ring);
   free(buf);
   close(fd);
@@ -428,21 +485,108 @@ absl::Status RunSsd() {
   const uint32_t n = absl::GetFlag(FLAGS_ssd_blocks);
   ASSIGN_OR_RETURN(auto d, TuttidRunner::Start(DaemonConfig(0)));
   ASSIGN_OR_RETURN(auto e, StoredEngine(*d, n));
-  std::vector<double> tuttid, raw, first, last;
+  std::vector<double> tuttid, raw, raw_1m, first, last;
+  double cpu_s = 0, moved_gb = 0;
   const std::string pool = d->root() + "/pool/tutti.pool";
   const uint64_t span = e->LayerBytes(n) * kLayers;  // the slots written first
   for (uint32_t r = 0; r < 3; ++r) {                 // alternate, so drift hits both
+    const double cpu0 = CpuSeconds(d->pid());
     ASSIGN_OR_RETURN(Retrieved got, RetrieveMedian(*e, n, 1));
+    cpu_s += CpuSeconds(d->pid()) - cpu0;
+    moved_gb += span / 1e9;
     tuttid.push_back(got.gbps);
     first.push_back(got.layer0_ms);
     last.push_back(got.last_ms);
     ASSIGN_OR_RETURN(double raw_gbps, RawRead(pool, span, 64, got.last_ms * 1e-3));
     raw.push_back(raw_gbps);
+    ASSIGN_OR_RETURN(double raw_1m_gbps, RawRead(pool, span, 64, got.last_ms * 1e-3, 1 << 20));
+    raw_1m.push_back(raw_1m_gbps);
   }
-  Add({"raw_odirect_read_32k_qd64", Median(raw), "GB/s", "", 0});
-  Add({"tuttid_ssd_retrieve", Median(tuttid), "GB/s", "raw_odirect_read_32k_qd64", Median(raw)});
-  Add({"tuttid_ssd_layer0_ready", Median(first), "ms", "", 0});
-  Add({"tuttid_ssd_last_layer_ready", Median(last), "ms", "", 0});
+  PrintCopierCounts(*d, "ssd");
+  Add({Labelled("raw_odirect_read_32k_qd64"), Median(raw), "GB/s", "", 0});
+  Add({Labelled("raw_odirect_read_1m_qd64"), Median(raw_1m), "GB/s", "", 0});
+  Add({Labelled("tuttid_ssd_retrieve"), Median(tuttid), "GB/s",
+       Labelled("raw_odirect_read_32k_qd64"), Median(raw)});
+  Add({Labelled("ssd_read_vs_raw_1mib"), Median(tuttid), "GB/s",
+       Labelled("raw_odirect_read_1m_qd64"), Median(raw_1m)});
+  Add({Labelled("tuttid_ssd_cpu_s_per_gb"), moved_gb > 0 ? cpu_s / moved_gb : 0, "s/GB", "", 0});
+  Add({Labelled("tuttid_ssd_layer0_ready"), Median(first), "ms", "", 0});
+  Add({Labelled("tuttid_ssd_last_layer_ready"), Median(last), "ms", "", 0});
+  e.reset();
+  return d->Stop().status();
+}
+
+// A second engine storing new blocks (64 per call, all layers, no wait for durability) until
+// `stop`; counts blocks captured and refused.
+struct StoreStream {
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> captured{0}, refused{0};
+  absl::Status status;
+  void Run(GpuEngine* w, uint32_t blocks) {
+    const std::vector<uint32_t> ids = Iota(blocks);
+    uint32_t next_key = 1u << 20;
+    while (!stop.load()) {
+      std::vector<uint32_t> keys(64);
+      for (uint32_t& k : keys) k = next_key++;
+      const std::vector<uint32_t> from(ids.begin(), ids.begin() + 64);
+      absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> out = w->Store(from, keys, false);
+      if (!out.ok()) {
+        status = out.status();
+        return;
+      }
+      for (auto o : *out) (o == tutti::v1::STORE_REJECTED_FULL ? refused : captured)++;
+    }
+  }
+};
+
+absl::Status RunStores() {
+  const uint32_t n = absl::GetFlag(FLAGS_ssd_blocks);
+  ASSIGN_OR_RETURN(auto d, TuttidRunner::Start(DaemonConfig(0)));
+  ASSIGN_OR_RETURN(auto e, StoredEngine(*d, n));
+  EngineShape shape = e->shape();
+  shape.model_id = "llama-3-8b-shaped-writer";
+  ASSIGN_OR_RETURN(auto w, GpuEngine::Create(shape, d->socket(), "bench-writer"));
+  RETURN_IF_ERROR(w->Fill(Iota(64), Iota(64), 2));
+  std::vector<double> alone, with;
+  uint64_t captured = 0, refused = 0;
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSIGN_OR_RETURN(Retrieved a, RetrieveMedian(*e, n, 1));
+    alone.push_back(a.gbps);
+    StoreStream stream;
+    std::thread writer([&] { stream.Run(w.get(), 64); });
+    absl::SleepFor(absl::Milliseconds(300));  // a backlog builds up first
+    absl::StatusOr<Retrieved> b = RetrieveMedian(*e, n, 1);
+    stream.stop = true;
+    writer.join();
+    RETURN_IF_ERROR(b.status());
+    RETURN_IF_ERROR(stream.status);
+    with.push_back(b->gbps);
+    captured += stream.captured;
+    refused += stream.refused;
+    // Drained: store staging empty again (every captured block written or failed).
+    const absl::Time stopped = absl::Now();
+    uint64_t used = 1;
+    while (used > 0 && absl::Now() - stopped < absl::Seconds(60)) {
+      grpc::ClientContext ctx;
+      tutti::v1::StatsResponse st;
+      if (!d->admin().Stats(&ctx, tutti::v1::StatsRequest(), &st).ok()) break;
+      used = st.store_staging_used_bytes();
+      if (used > 0) absl::SleepFor(absl::Milliseconds(20));
+    }
+    std::printf("stores round %u: alone %.2f GB/s, with stores %.2f GB/s; %llu captured, %llu "
+                "refused; staging %s %.2f s after stores stopped\n",
+                r, a.gbps, b->gbps, static_cast<unsigned long long>(stream.captured.load()),
+                static_cast<unsigned long long>(stream.refused.load()),
+                used == 0 ? "empty" : "STILL IN USE", Seconds(stopped));
+    Add({Labelled("store_backlog_drain_s"), Seconds(stopped), "s", "", 0});
+  }
+  PrintCopierCounts(*d, "stores");
+  Add({Labelled("retrieve_with_stores_vs_alone"), Median(with), "GB/s",
+       Labelled("tuttid_ssd_retrieve_alone"), Median(alone)});
+  Add({Labelled("stores_during_retrieve_blocks"), static_cast<double>(captured), "blocks", "", 0});
+  Add({Labelled("stores_refused_during_retrieve_blocks"), static_cast<double>(refused), "blocks",
+       "", 0});
+  w.reset();
   e.reset();
   return d->Stop().status();
 }
@@ -465,6 +609,7 @@ absl::Status Run() {
   }
   if (parts.find("dram") != std::string::npos) RETURN_IF_ERROR(RunDram(contiguous));
   if (parts.find("ssd") != std::string::npos) RETURN_IF_ERROR(RunSsd());
+  if (parts.find("stores") != std::string::npos) RETURN_IF_ERROR(RunStores());
   return absl::OkStatus();
 }
 

@@ -123,6 +123,12 @@ class LayerCopier {
     uint64_t copy_engine_layers = 0;
     uint64_t gathers = 0;  // Gather calls
     uint64_t copy_engine_gathers = 0;
+    // kAuto: rounds timed and judged, and those judged slow. `slow_rounds_uncorrected`: those
+    // that would have been slow had the time the host took to enqueue the kernel not been taken
+    // off (see CheckTimedRound).
+    uint64_t timed_rounds = 0;
+    uint64_t slow_rounds = 0;
+    uint64_t slow_rounds_uncorrected = 0;
   };
   Counters counters() const;
   // kAuto: the time a scatter kernel of `bytes` takes on the idle GPU (microseconds; measured at
@@ -231,6 +237,9 @@ class LayerCopier {
   IdleKernel idle_;
   std::array<cudaEvent_t, 2> timed_{};
   uint64_t timed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Host time from recording the first timing event to recording the second (enqueueing the
+  // kernel between them), microseconds.
+  double timed_host_us_ ABSL_GUARDED_BY(mu_) = 0;
   bool time_next_round_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t copy_engine_left_ ABSL_GUARDED_BY(mu_) = 0;
   bool slow_ ABSL_GUARDED_BY(mu_) = false;  // the last timed round was slow (logged on change)
