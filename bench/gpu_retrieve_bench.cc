@@ -534,7 +534,12 @@ struct StoreStream {
         status = out.status();
         return;
       }
-      for (auto o : *out) (o == tutti::v1::STORE_REJECTED_FULL ? refused : captured)++;
+      uint64_t rejected = 0;
+      for (auto o : *out) rejected += o == tutti::v1::STORE_REJECTED_FULL;
+      refused += rejected;
+      captured += out->size() - rejected;
+      // As an engine would: a full backlog is retried later, not at once.
+      if (rejected == out->size()) absl::SleepFor(absl::Milliseconds(2));
     }
   }
 };

@@ -336,10 +336,10 @@ void LayerCopier::CheckTimedRound() {
   const double gpu_us = 1000.0 * ms;
   const double us = std::max(0.0, gpu_us - timed_host_us_);
   const double idle_us = idle_.Us(bytes);
-  const bool slow = us > options_.auto_slow_factor * idle_us;
+  const bool slow = us >= options_.auto_slow_factor * idle_us;  // factor 0: always
   ++counters_.timed_rounds;
   counters_.slow_rounds += slow;
-  counters_.slow_rounds_uncorrected += gpu_us > options_.auto_slow_factor * idle_us;
+  counters_.slow_rounds_uncorrected += gpu_us >= options_.auto_slow_factor * idle_us;
   TUTTI_LOG_EVERY_N_SEC(log::Get("gpu"), spdlog::level::debug, 1,
                         "gpu{}: timed round of {} KiB: {:.0f} us between its events, {:.0f} us "
                         "of them enqueueing; idle GPU {:.0f} us",

@@ -18,7 +18,10 @@
 //   kAuto: kStaged while its scatter kernels run at speed. The first round (of 1 MiB or more) of
 //     each staged layer is timed on the GPU (events around its kernel); one that takes over
 //     `auto_slow_factor` times as long as the same kernel of that size on the idle GPU (fitted at
-//     creation from two sizes) means other kernels hold the SMs: the scatter kernel waits for SM
+//     creation from two sizes; the host's time to enqueue the kernel between the events is taken
+//     off, since on an idle stream the first event fires before the kernel is even queued: left
+//     in, it made auto switch with no engine beside it) means other kernels hold the SMs: the
+//     scatter kernel waits for SM
 //     slots and takes them from the engine. The next `auto_copy_engine_layers` layers then go as
 //     kCopyEngine, then staged is tried again. On the H200 under MPS, with an engine filling every
 //     SM: auto 0.2% of the engine's throughput and 21.5 GB/s, staged 6.5% and 17.8 GB/s (same run);
@@ -84,7 +87,7 @@ class LayerCopier {
     // of one copy per run: the copy engine walks the pitch itself, where per-run copies cost
     // microseconds of driver work each (a 64 KiB run per block and layer: about 14 GB/s).
     bool strided_copies = true;
-    // kAuto (see above).
+    // kAuto (see above). 0: every timed round is slow (tests).
     double auto_slow_factor = 4;
     uint32_t auto_copy_engine_layers = 64;
   };
