@@ -167,6 +167,7 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
     failed.clear();
     Check(r, layer, in, lease_of(layer), &result.failures, &ops, &failed);
     result.status = sink(layer, ops, failed);
+    ++result.layers_done;
   }
   return result;  // `window` waits for reads still in flight, then gives its leases back
 }

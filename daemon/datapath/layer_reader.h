@@ -70,6 +70,7 @@ struct LayerReadResult {
   // Per item: why it failed (kBeforeRead for kFailed sources), or kNone if it was served every
   // layer the read reached.
   std::vector<ReadFailure> failures;
+  uint32_t layers_done = 0;  // sink calls made
 };
 
 struct LayerReaderOptions {
