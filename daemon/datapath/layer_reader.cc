@@ -1,6 +1,7 @@
 #include "daemon/datapath/layer_reader.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -120,7 +121,12 @@ void LayerReader::Check(const LayerReadRequest& r, uint32_t layer, const InFligh
         ops->push_back(ScatterOp{i, object, src.dram + uint64_t{object} * r.object_len, true});
         continue;
       }
-      const PlannedObject& o = in.plan.objects[in.plan.object_of[i * r.parts + p]];
+      const uint32_t index = in.plan.object_of[i * r.parts + p];
+      if (index == kNoObject) {  // not planned: cannot happen for an item not failed
+        (*failures)[i] = ReadFailure::kIoError;
+        break;
+      }
+      const PlannedObject& o = in.plan.objects[index];
       const uint8_t* bytes = lease.data() + o.staging_offset;
       const ReadFailure f = CheckObject(r, src, object, o, in, bytes);
       if (f != ReadFailure::kNone) {
@@ -148,6 +154,7 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
   Window window;
   result.status = TakeWindow(layer_bytes, r.layer_end - r.layer_begin, &window);
   if (!result.status.ok()) return result;
+  const auto started = std::chrono::steady_clock::now();
   static const StagingLease kNoLease;
   auto lease_of = [&](uint32_t layer) -> const StagingLease& {
     return window.leases.empty() ? kNoLease
@@ -169,6 +176,8 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
     result.status = sink(layer, ops, failed);
     ++result.layers_done;
   }
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;  // `window` waits for reads still in flight, then gives its leases back
 }
 

@@ -71,6 +71,8 @@ struct LayerReadResult {
   // layer the read reached.
   std::vector<ReadFailure> failures;
   uint32_t layers_done = 0;  // sink calls made
+  // From the first read posted (staging taken) to the last sink call's return.
+  double seconds = 0;
 };
 
 struct LayerReaderOptions {

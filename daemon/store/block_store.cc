@@ -6,12 +6,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
@@ -313,21 +311,17 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(GatherReadItems(ns, info, keys, &items, &sources, &unfit));
   }
-  const auto started = std::chrono::steady_clock::now();
   const datapath::LayerReadResult result = reader_->Read(
       datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts, info.object_len},
       sink);
   if (result.layers_done == 0) return result.status;  // refused before reading anything
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  FinishRead(ns, info, layer_end - layer_begin, items, result, unfit, seconds);
+  FinishRead(ns, info, layer_end - layer_begin, items, result, unfit);
   return result.status;
 }
 
 void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
                                   absl::Span<const ReadItem> items,
-                                  const datapath::LayerReadResult& result, uint64_t unfit,
-                                  double seconds) {
+                                  const datapath::LayerReadResult& result, uint64_t unfit) {
   using datapath::ReadFailure;
   auto log = log::Get("store");
   uint64_t served = 0, dram_hits = 0, ssd_items = 0, verify_errors = 0, io_errors = 0;
@@ -355,9 +349,10 @@ void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uin
     const uint64_t layer_bytes = uint64_t{nlayers} * info.parts * info.object_len;
     // A Read with any SSD block is paced by the SSD: its time is charged to the SSD bytes.
     if (ssd_items > 0) {
-      read_bandwidth_.Record(datapath::Tier::kSsd, (served - dram_hits) * layer_bytes, seconds);
+      read_bandwidth_.Record(datapath::Tier::kSsd, (served - dram_hits) * layer_bytes,
+                             result.seconds);
     } else {
-      read_bandwidth_.Record(datapath::Tier::kDram, dram_hits * layer_bytes, seconds);
+      read_bandwidth_.Record(datapath::Tier::kDram, dram_hits * layer_bytes, result.seconds);
     }
   }
   absl::MutexLock lock(&mu_);

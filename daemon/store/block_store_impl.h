@@ -162,7 +162,7 @@ class BlockStore::Impl {
   // After a Read: retires the failed blocks, records the bandwidth sample and counts stats.
   void FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
                   absl::Span<const ReadItem> items, const datapath::LayerReadResult& result,
-                  uint64_t unfit, double seconds);
+                  uint64_t unfit);
   // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
   // index after a failed read: journals their Deletes (one sync for all), moves
   // their keys' pins to retired_, and frees each slot once that is safe (see
