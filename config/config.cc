@@ -231,6 +231,15 @@ absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
   return CheckOneOf("gpu.scatter", g.scatter(), {"auto", "staged", "mapped", "copy_engine"});
 }
 
+absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
+  if (d.max_read_bytes() % 4096 != 0 || d.max_read_bytes() < 4 * kKiB ||
+      d.max_read_bytes() > 64 * kMiB) {
+    return Bad("datapath.max_read_bytes", absl::StrCat(d.max_read_bytes()),
+               absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
+  }
+  return absl::OkStatus();
+}
+
 // Prints every field, zero values included, so the log shows the whole effective config.
 void PrintMessage(const google::protobuf::Message& m, int indent, std::string* out) {
   const auto* d = m.GetDescriptor();
@@ -354,6 +363,7 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(
       CheckRange("journal.checkpoint_every", c.journal().checkpoint_every(), 1, 1u << 30));
   RETURN_IF_ERROR(ValidateGpu(c.gpu()));
+  RETURN_IF_ERROR(ValidateDatapath(c.datapath()));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

@@ -50,6 +50,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
   EXPECT_EQ(c->gpu().scatter(), "auto");
   EXPECT_EQ(c->gpu().round_bytes(), 8ull << 20);
+  EXPECT_EQ(c->datapath().max_read_bytes(), 1ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
 
@@ -240,6 +241,18 @@ TEST(ConfigTest, RenderShowsEveryFieldAndReloads) {
   auto again = LoadConfig(text);
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << text;
   EXPECT_EQ(again->SerializeAsString(), c->SerializeAsString());
+}
+
+TEST(ConfigTest, MaxReadBytesIsAMultipleOf4096From4KiBTo64MiB) {
+  for (const char* bad : {"0", "4095", "6000", "67112960"}) {
+    ExpectRejected(std::string("datapath { max_read_bytes: ") + bad + " }",
+                   {"datapath.max_read_bytes", bad, "multiple of 4096"});
+  }
+  for (uint64_t good : {4096ull, 1ull << 20, 64ull << 20}) {
+    auto c = LoadConfig("datapath { max_read_bytes: " + std::to_string(good) + " }");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->datapath().max_read_bytes(), good);
+  }
 }
 
 }  // namespace

@@ -140,6 +140,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.dram_bytes = config.dram().capacity_bytes();
   o.store_staging_bytes = config.limits().store_staging_bytes();
   o.retrieve_staging_bytes = config.limits().retrieve_staging_bytes();
+  o.max_read_bytes = static_cast<uint32_t>(config.datapath().max_read_bytes());
   o.checkpoint_every = config.journal().checkpoint_every();
   o.max_namespaces = config.limits().max_namespaces();
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();

@@ -6,12 +6,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
@@ -103,18 +101,14 @@ std::vector<uint8_t*> BlockStore::Impl::StagingObjects(uint8_t* chunk, uint32_t 
   return frames;
 }
 
-// One block of a Read: where its bytes come from, and whether it has failed.
+// One block of a Read, as the store knows it (datapath::ReadSource says where its bytes come from).
 struct BlockStore::Impl::ReadItem {
   Key key;
   uint64_t slot = 0;
   uint64_t epoch = 0;
-  // Into the index's checksum table: stable while the block is pinned (its slot cannot be reused).
-  absl::Span<const uint64_t> checksums;
+  // Holds the DRAM tier's copy for the whole Read.
   std::shared_ptr<const DramBlock> dram;
-  uint32_t ssd_index = 0;  // position among the SSD items, for staging frames
-  bool failed = false;
-  bool failed_early = false;  // failed before any I/O: reported in the first layer
-  bool gone = false;          // its block left the index before this read
+  bool gone = false;  // its block left the index before this read
 };
 
 absl::StatusOr<NamespaceInfo> BlockStore::Impl::CheckNamespace(
@@ -262,6 +256,45 @@ void BlockStore::Impl::RetireFailedBlocks(NamespaceId ns, absl::Span<const Faile
   }
 }
 
+absl::Status BlockStore::Impl::GatherReadItems(NamespaceId ns, const NamespaceInfo& info,
+                                              absl::Span<const Key> keys,
+                                              std::vector<ReadItem>* items,
+                                              std::vector<datapath::ReadSource>* sources,
+                                              uint64_t* unfit) {
+  using From = datapath::ReadSource::From;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Entry* e = index_.Find(ns, keys[i]);
+    ReadItem& it = (*items)[i];
+    datapath::ReadSource& src = (*sources)[i];
+    it.key = src.key = keys[i];
+    if (e == nullptr || e->pins == 0) {
+      auto retired = retired_.find(PendingKey{ns, keys[i]});
+      if (retired == retired_.end() || retired->second.pins == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
+      }
+      it.gone = true;  // pinned before a failed read dropped it
+      src.from = From::kFailed;
+      continue;
+    }
+    it.slot = src.slot = e->slot;
+    it.epoch = src.epoch = e->epoch;
+    // Into the index's checksum table: stable while the block is pinned (its slot cannot be reused).
+    src.checksums = index_.Checksums(*e);
+    if (e->num_objects != info.num_objects || e->object_len != info.object_len) {
+      src.from = From::kFailed;  // an entry that does not fit its namespace
+      ++*unfit;
+      continue;
+    }
+    it.dram = dram_->Find(ns, keys[i], e->epoch);
+    if (it.dram) {
+      src.from = From::kDram;
+      src.dram = it.dram->data;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
                                     uint32_t layer_begin, uint32_t layer_end,
                                     const LayerSink& sink) {
@@ -272,139 +305,35 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
                                                    ") is not within [0, ", layers, ")"));
   }
   std::vector<ReadItem> items(keys.size());
-  uint32_t ssd_items = 0;
+  std::vector<datapath::ReadSource> sources(keys.size());
   uint64_t unfit = 0;
   {
     absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      Entry* e = index_.Find(ns, keys[i]);
-      ReadItem& it = items[i];
-      it.key = keys[i];
-      if (e == nullptr || e->pins == 0) {
-        auto retired = retired_.find(PendingKey{ns, keys[i]});
-        if (retired == retired_.end() || retired->second.pins == 0) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("block ", keys[i].Hex(), " is not pinned: Lookup it first"));
-        }
-        it.failed = it.failed_early = it.gone = true;  // pinned before a failed read dropped it
-        continue;
-      }
-      it.slot = e->slot;
-      it.epoch = e->epoch;
-      it.checksums = index_.Checksums(*e);
-      if (e->num_objects != info.num_objects || e->object_len != info.object_len) {
-        it.failed = it.failed_early = true;  // an entry that does not fit its namespace
-        ++unfit;
-        continue;
-      }
-      it.dram = dram_->Find(ns, keys[i], e->epoch);
-      if (!it.dram) it.ssd_index = ssd_items++;
-    }
+    RETURN_IF_ERROR(GatherReadItems(ns, info, keys, &items, &sources, &unfit));
   }
-  const uint32_t read_len = RoundUp4K(info.object_len);
-  const uint64_t frames_per_layer = uint64_t{ssd_items} * info.parts;
-  if (frames_per_layer > read_frames_->total_frames()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "one layer of this read needs ", frames_per_layer,
-        " staging frames; limits.retrieve_staging_bytes holds ", read_frames_->total_frames()));
-  }
-  // Take staging for a window of layers: at least one, up to four when free.
-  const uint32_t nlayers = layer_end - layer_begin;
-  uint32_t window = 1;
-  std::vector<uint8_t*> frames;
-  if (frames_per_layer > 0) {
-    read_frames_->Take(frames_per_layer, &frames);
-    while (window < std::min<uint32_t>(nlayers, 4) &&
-           read_frames_->TryTake(frames_per_layer, &frames)) {
-      ++window;
-    }
-  }
-  struct LayerIo {
-    std::vector<io::IoRequest> reqs;
-    std::vector<int64_t> first_req;  // per item: index of its first request, or -1
-    std::unique_ptr<absl::Notification> done;
-  };
-  std::vector<LayerIo> ios(window);
-  auto submit = [&](uint32_t layer) {
-    LayerIo& lio = ios[(layer - layer_begin) % window];
-    uint8_t** base = frames.data() + ((layer - layer_begin) % window) * frames_per_layer;
-    lio.reqs.clear();
-    lio.first_req.assign(items.size(), -1);
-    for (uint32_t i = 0; i < items.size(); ++i) {
-      const ReadItem& it = items[i];
-      if (it.dram || it.failed) continue;
-      lio.first_req[i] = static_cast<int64_t>(lio.reqs.size());
-      for (uint32_t p = 0; p < info.parts; ++p) {
-        const uint32_t obj = layer * info.parts + p;
-        const pool::Location loc = options_.layout.ObjectLocation(it.slot, obj);
-        lio.reqs.push_back(io::IoRequest{io::Op::kRead, loc.file, loc.offset,
-                                         base[it.ssd_index * info.parts + p], read_len, 0});
-      }
-    }
-    lio.done = std::make_unique<absl::Notification>();
-    absl::Notification* n = lio.done.get();
-    if (lio.reqs.empty()) {
-      n->Notify();  // every block of this layer comes from the DRAM tier
-    } else {
-      backend_->Submit(absl::MakeSpan(lio.reqs), [n] { n->Notify(); });
-    }
-  };
-  uint32_t next_submit = layer_begin;
-  const auto started = std::chrono::steady_clock::now();
-  absl::Status status;
-  uint64_t verify_errors = 0, io_errors = 0, dram_hits = 0;
-  std::vector<ScatterOp> ops;
-  std::vector<uint32_t> newly_failed;
-  for (uint32_t layer = layer_begin; layer < layer_end && status.ok(); ++layer) {
-    while (next_submit < layer_end && next_submit < layer + window) submit(next_submit++);
-    LayerIo& lio = ios[(layer - layer_begin) % window];
-    if (lio.done) lio.done->WaitForNotification();
-    ops.clear();
-    newly_failed.clear();
-    for (uint32_t i = 0; i < items.size(); ++i) {
-      ReadItem& it = items[i];
-      if (it.failed_early && layer == layer_begin) newly_failed.push_back(i);
-      if (it.failed) continue;
-      if (it.dram) {
-        for (uint32_t p = 0; p < info.parts; ++p) {
-          const uint32_t obj = layer * info.parts + p;
-          ops.push_back(ScatterOp{i, obj, it.dram->object(obj), /*from_dram=*/true});
-        }
-        continue;
-      }
-      const size_t ops_before = ops.size();
-      for (uint32_t p = 0; p < info.parts && !it.failed; ++p) {
-        const uint32_t obj = layer * info.parts + p;
-        const io::IoRequest& req = lio.reqs[lio.first_req[i] + p];
-        if (req.result != read_len) {
-          ++io_errors;
-          it.failed = true;
-        } else if (pool::ObjectChecksum(ns, it.key, it.epoch, obj, req.buf, info.object_len) !=
-                   it.checksums[obj]) {
-          ++verify_errors;
-          it.failed = true;
-        } else {
-          ops.push_back(ScatterOp{i, obj, static_cast<const uint8_t*>(req.buf)});
-        }
-      }
-      if (it.failed) {
-        ops.resize(ops_before);
-        newly_failed.push_back(i);
-      }
-    }
-    status = sink(layer, ops, newly_failed);
-  }
-  // Wait for reads still in flight before giving their staging back.
-  for (uint32_t l = layer_begin; l < next_submit; ++l) {
-    ios[(l - layer_begin) % window].done->WaitForNotification();
-  }
-  if (!frames.empty()) read_frames_->Give(frames);
+  const datapath::LayerReadResult result = reader_->Read(
+      datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts, info.object_len},
+      sink);
+  if (result.layers_done == 0) return result.status;  // refused before reading anything
+  FinishRead(ns, info, layer_end - layer_begin, items, result, unfit);
+  return result.status;
+}
+
+void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
+                                  absl::Span<const ReadItem> items,
+                                  const datapath::LayerReadResult& result, uint64_t unfit) {
+  using datapath::ReadFailure;
   auto log = log::Get("store");
-  uint64_t served = 0;
+  uint64_t served = 0, dram_hits = 0, ssd_items = 0, verify_errors = 0, io_errors = 0;
   std::vector<FailedBlock> failed;
-  for (const ReadItem& it : items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ReadItem& it = items[i];
+    const ReadFailure f = result.failures[i];
+    ssd_items += f != ReadFailure::kBeforeRead && it.dram == nullptr;
+    verify_errors += f == ReadFailure::kChecksum;
+    io_errors += f == ReadFailure::kIoError || f == ReadFailure::kShortRead;
     if (it.gone) continue;
-    if (it.failed) {
+    if (f != ReadFailure::kNone) {
       failed.push_back(FailedBlock{it.key, it.epoch});
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                             "namespace {:016x} block {} slot {}: read or verification failed; "
@@ -416,15 +345,14 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     }
   }
   RetireFailedBlocks(ns, failed);
-  if (status.ok()) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (result.status.ok()) {
     const uint64_t layer_bytes = uint64_t{nlayers} * info.parts * info.object_len;
     // A Read with any SSD block is paced by the SSD: its time is charged to the SSD bytes.
     if (ssd_items > 0) {
-      read_bandwidth_.Record(datapath::Tier::kSsd, (served - dram_hits) * layer_bytes, seconds);
+      read_bandwidth_.Record(datapath::Tier::kSsd, (served - dram_hits) * layer_bytes,
+                             result.seconds);
     } else {
-      read_bandwidth_.Record(datapath::Tier::kDram, dram_hits * layer_bytes, seconds);
+      read_bandwidth_.Record(datapath::Tier::kDram, dram_hits * layer_bytes, result.seconds);
     }
   }
   absl::MutexLock lock(&mu_);
@@ -433,7 +361,6 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
   stats_.verify_errors += verify_errors + unfit;
   stats_.io_errors += io_errors;
   stats_.dram_hits += dram_hits;
-  return status;
 }
 
 uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t owner,
@@ -630,6 +557,12 @@ StoreStats BlockStore::Impl::Stats() const {
   s.dram_used = dram_->used();
   s.store_staging_used = store_staging_->used_bytes();
   s.store_staging_bytes = store_staging_->capacity_bytes();
+  const datapath::ReadCountersSnapshot reads = reader_->counters();
+  s.read_ios = reads.ios;
+  s.read_io_bytes = reads.io_bytes;
+  s.read_objects = reads.objects;
+  s.read_merged_ios = reads.merged_ios;
+  s.read_staging_waits = reads.staging_waits;
   if (const absl::Status lost = journal_->durability(); !lost.ok()) {
     s.durability_lost = true;
     s.durability_error = std::string(lost.message());
@@ -657,6 +590,11 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
   if (options.pending_ttl_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("StoreOptions.pending_ttl_ms must be > 0, got ",
                                                    options.pending_ttl_ms));
+  }
+  if (options.max_read_bytes < 4096 || options.max_read_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StoreOptions.max_read_bytes must be a positive multiple of 4096, got ",
+        options.max_read_bytes));
   }
   if (backend->num_files() != options.layout.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),

@@ -37,6 +37,7 @@
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
 #include "daemon/datapath/bandwidth.h"
+#include "daemon/datapath/scatter_op.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 #include "tutti/v1/kvcache.pb.h"
@@ -62,6 +63,9 @@ struct StoreOptions {
   // by any Capture that finds staging short).
   int64_t pending_ttl_ms = 5000;
   uint64_t retrieve_staging_bytes = 256ull << 20;
+  // Adjacent objects of one layer are read in one I/O of at most this many bytes (a multiple of
+  // 4096, >= 4096; datapath.max_read_bytes).
+  uint32_t max_read_bytes = 1u << 20;
   // Journal records between checkpoints. A failed checkpoint is retried after
   // a back-off (1 s, doubling to 5 min, on the store's clock); meanwhile the
   // journal keeps growing in its current file.
@@ -86,16 +90,8 @@ enum class CaptureOutcome {
   kRejectedOwnerLimit,
 };
 
-// One object to copy out of staging into the engine (retrieve). `item` indexes
-// the keys of Read.
-struct ScatterOp {
-  uint32_t item;
-  uint32_t object;  // layer * parts + part
-  const uint8_t* src;
-  // `src` is in the DRAM tier and stays valid until Read returns (not only during the sink's
-  // call): the sink may leave its copy in flight until a later layer.
-  bool from_dram = false;
-};
+// One object to copy out of staging into the engine (retrieve); see daemon/datapath/scatter_op.h.
+using ScatterOp = datapath::ScatterOp;
 
 // One object to copy from the engine into staging (store).
 struct GatherOp {
@@ -128,6 +124,11 @@ struct StoreStats {
   // Store staging in bytes: in use now, and the whole.
   uint64_t store_staging_used = 0, store_staging_bytes = 0;
   uint64_t dram_hits = 0;
+  // Pool reads of Retrieves: I/Os posted, the bytes they asked for, the objects they carried
+  // (read_objects / read_ios: objects merged per I/O), those carrying more than one object, and
+  // Reads that waited for retrieve staging.
+  uint64_t read_ios = 0, read_io_bytes = 0, read_objects = 0, read_merged_ios = 0;
+  uint64_t read_staging_waits = 0;
   uint64_t checkpoint_failures = 0;  // attempts that failed since start
   // Used slot headers found at start among the first slots of a pool whose
   // journal recovered no block: blocks the index cannot find (the state
@@ -195,7 +196,8 @@ class BlockStore {
   // pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`.
   // Errors: NOT_FOUND unknown namespace, FAILED_PRECONDITION key not pinned,
   // INVALID_ARGUMENT bad layer range, RESOURCE_EXHAUSTED if one layer of the
-  // read needs more frames than retrieve_staging_bytes holds.
+  // read needs more staging than retrieve_staging_bytes holds. The reads are
+  // planned, posted and checked by datapath::LayerReader (layer_reader.h).
   using LayerSink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
                                                absl::Span<const uint32_t> failed_items)>;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,

@@ -25,6 +25,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/datapath/layer_reader.h"
+#include "daemon/datapath/staging_lease.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/dram_tier.h"
 #include "daemon/store/index.h"
@@ -150,6 +152,17 @@ class BlockStore::Impl {
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_store.cc
+  // Under mu_: finds each pinned key's block and where its bytes come from (`sources`); counts
+  // in *unfit the entries that do not fit their namespace. FAILED_PRECONDITION for a key not
+  // pinned.
+  absl::Status GatherReadItems(NamespaceId ns, const NamespaceInfo& info,
+                               absl::Span<const Key> keys, std::vector<ReadItem>* items,
+                               std::vector<datapath::ReadSource>* sources, uint64_t* unfit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a Read: retires the failed blocks, records the bandwidth sample and counts stats.
+  void FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
+                  absl::Span<const ReadItem> items, const datapath::LayerReadResult& result,
+                  uint64_t unfit);
   // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
   // index after a failed read: journals their Deletes (one sync for all), moves
   // their keys' pins to retired_, and frees each slot once that is safe (see
@@ -179,7 +192,9 @@ class BlockStore::Impl {
   Clock* const clock_;
   std::unique_ptr<Region> region_;
   std::unique_ptr<StoreStaging> store_staging_;
-  std::unique_ptr<FramePool> read_frames_;
+  // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
+  std::unique_ptr<datapath::StagingPool> read_staging_;
+  std::unique_ptr<datapath::LayerReader> reader_;
   uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
 
   // Set by Recover before the writer starts; thread-safe itself.

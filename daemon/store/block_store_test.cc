@@ -369,5 +369,70 @@ TEST_F(BlockStoreTest, DramTierServesHitsAndSsdServesAfterRestart) {
   EXPECT_EQ(store_->Stats().dram_hits, 0u);
 }
 
+// One pool file: a block's K and V of a layer lie in adjacent frames and are read in one I/O.
+class OneFileBlockStoreTest : public BlockStoreTest {
+ protected:
+  void SetUp() override {
+    BlockStoreTest::SetUp();
+    auto layout = pool::PoolLayout::Compute(capacity_, 1, kFrame, kObjects);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    options_.layout = *layout;
+    auto disk = io::MemoryDisk::Create({layout->file_bytes()});
+    ASSERT_TRUE(disk.ok());
+    disk_ = *disk;
+  }
+};
+
+TEST_F(OneFileBlockStoreTest, AdjacentObjectsAreReadInOneIoAndCounted) {
+  Open();
+  auto keys = Keys(0, 20);
+  Store(keys);
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 20u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  StoreStats st = store_->Stats();
+  EXPECT_EQ(st.read_ios, 20u * kLayers);
+  EXPECT_EQ(st.read_objects, 20u * kObjects);
+  EXPECT_EQ(st.read_merged_ios, 20u * kLayers);
+  EXPECT_EQ(st.read_io_bytes, 20u * kObjects * kFrame);
+  store_->Unpin(ns_, keys);
+  // max_read_bytes of one frame: one I/O per object again.
+  options_.max_read_bytes = kFrame;
+  Open();
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 20u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  st = store_->Stats();
+  EXPECT_EQ(st.read_ios, 20u * kObjects);
+  EXPECT_EQ(st.read_merged_ios, 0u);
+}
+
+// A merged read cut short serves nothing of the block it did not cover; that block is counted,
+// reported failed and leaves the index.
+TEST_F(OneFileBlockStoreTest, ShortMergedReadFailsTheBlockItDidNotCover) {
+  Open();
+  auto keys = Keys(0, 4);
+  Store(keys);
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 4u);
+  disk_->ShortenNextReads(0, 1, kFrame);  // the first I/O of layer 0 brings K but not V
+  std::vector<uint32_t> failed = ReadAndVerify(keys);
+  ASSERT_EQ(failed.size(), 1u);
+  store_->Unpin(ns_, keys);
+  EXPECT_EQ(store_->Stats().io_errors, 1u);
+  uint32_t hits = 0;
+  for (const Key& k : keys) {
+    const uint32_t hit = store_->LookupAndPin(ns_, absl::MakeConstSpan(&k, 1));
+    if (hit) store_->Unpin(ns_, absl::MakeConstSpan(&k, 1));
+    hits += hit;
+    if (k == keys[failed[0]]) EXPECT_EQ(hit, 0u);
+  }
+  EXPECT_EQ(hits, 3u);
+}
+
+TEST_F(BlockStoreTest, MaxReadBytesMustBeAMultipleOf4096) {
+  options_.max_read_bytes = 6000;
+  auto store = BlockStore::Open(options_, io::MemoryBackend::CreateOn(disk_), &clock_);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("max_read_bytes"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tutti::store

@@ -94,7 +94,13 @@ absl::Status BlockStore::Impl::Init() {
                                                       options_.retrieve_staging_bytes)));
   uint8_t* base = region_->span().data();
   store_staging_ = std::make_unique<StoreStaging>(absl::MakeSpan(base, store_bytes), owner_cap);
-  read_frames_ = std::make_unique<FramePool>(absl::MakeSpan(base + store_bytes, read_bytes), frame);
+  read_staging_ =
+      std::make_unique<datapath::StagingPool>(absl::MakeSpan(base + store_bytes, read_bytes));
+  reader_ = std::make_unique<datapath::LayerReader>(
+      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 4},
+      read_staging_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+        backend_->Submit(batch, std::move(done));
+      });
   header_buffers_ = base + store_bytes + read_bytes;
   if (options_.dram_bytes >= chunk) {
     ASSIGN_OR_RETURN(dram_region_,

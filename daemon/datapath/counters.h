@@ -1,0 +1,45 @@
+// What the read side of the data path did, counted since start: for stats and the operations
+// export. Thread-safe (relaxed atomics; a snapshot is not one instant across fields).
+#ifndef TUTTI_DAEMON_DATAPATH_COUNTERS_H_
+#define TUTTI_DAEMON_DATAPATH_COUNTERS_H_
+
+#include <atomic>
+#include <cstdint>
+
+namespace tutti::datapath {
+
+struct ReadCountersSnapshot {
+  uint64_t ios = 0;             // pool reads posted
+  uint64_t io_bytes = 0;        // bytes those reads asked for
+  uint64_t objects = 0;         // objects they carried (objects / ios: objects merged per I/O)
+  uint64_t merged_ios = 0;      // reads that carried more than one object
+  uint64_t staging_waits = 0;   // reads that waited for staging to be given back
+};
+
+class ReadCounters {
+ public:
+  void AddLayer(uint64_t ios, uint64_t bytes, uint64_t objects, uint64_t merged) {
+    ios_.fetch_add(ios, std::memory_order_relaxed);
+    io_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    objects_.fetch_add(objects, std::memory_order_relaxed);
+    merged_ios_.fetch_add(merged, std::memory_order_relaxed);
+  }
+  void AddStagingWait() { staging_waits_.fetch_add(1, std::memory_order_relaxed); }
+
+  ReadCountersSnapshot Snapshot() const {
+    ReadCountersSnapshot s;
+    s.ios = ios_.load(std::memory_order_relaxed);
+    s.io_bytes = io_bytes_.load(std::memory_order_relaxed);
+    s.objects = objects_.load(std::memory_order_relaxed);
+    s.merged_ios = merged_ios_.load(std::memory_order_relaxed);
+    s.staging_waits = staging_waits_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+ private:
+  std::atomic<uint64_t> ios_{0}, io_bytes_{0}, objects_{0}, merged_ios_{0}, staging_waits_{0};
+};
+
+}  // namespace tutti::datapath
+
+#endif  // TUTTI_DAEMON_DATAPATH_COUNTERS_H_

@@ -1,0 +1,125 @@
+// The read side of the data path: a Retrieve's layers, planned, posted, checked and released.
+//
+// LayerReader::Read walks layers [layer_begin, layer_end) with a window of up to `window_layers`
+// layers in flight, one staging lease per layer of the window (the first lease waits for staging,
+// the others are taken only if free now). For each layer it plans the pool reads (read_plan.h:
+// adjacent objects merged up to max_read_bytes), posts them through `post`, waits for them,
+// verifies each object's checksum, and calls the sink once with the layer's objects of every item
+// not failed so far (DRAM-tier items from their DRAM copy, the others from the lease) and the
+// items that failed in this layer. An item fails on an I/O error, a short read (a merged read
+// that came back short serves the objects it covered fully and fails the others), or a checksum
+// mismatch; a failed item is reported once and never served again.
+//
+// Release: every lease goes back, and every posted read has completed, before Read returns, on
+// every path (sink error included).
+//
+// Thread-safety: Read may run on many threads at once; `post` must then be callable concurrently.
+// Lifetime: the staging pool and whatever `post` reaches must outlive the reader.
+#ifndef TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
+#define TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "daemon/common/types.h"
+#include "daemon/datapath/counters.h"
+#include "daemon/datapath/read_plan.h"
+#include "daemon/datapath/scatter_op.h"
+#include "daemon/datapath/staging_lease.h"
+#include "daemon/io/io_backend.h"
+#include "daemon/pool/layout.h"
+
+namespace tutti::datapath {
+
+// One block of a read.
+struct ReadSource {
+  enum class From : uint8_t {
+    kSsd,     // read from `slot` and verified against `checksums`
+    kDram,    // served from `dram`
+    kFailed,  // failed before the read (the caller knows why): reported in the first layer
+  };
+  From from = From::kSsd;
+  uint64_t slot = 0;
+  // The checksum seed with the read's namespace, and one checksum per object of the block
+  // (caller-owned, valid for the whole Read).
+  Key key;
+  uint64_t epoch = 0;
+  absl::Span<const uint64_t> checksums;
+  // kDram: the block's objects back to back, object_len bytes each; valid for the whole Read.
+  const uint8_t* dram = nullptr;
+};
+
+enum class ReadFailure : uint8_t { kNone, kIoError, kShortRead, kChecksum, kBeforeRead };
+
+struct LayerReadRequest {
+  NamespaceId ns = 0;
+  absl::Span<const ReadSource> items;
+  uint32_t layer_begin = 0;
+  uint32_t layer_end = 0;
+  uint32_t parts = 0;
+  uint32_t object_len = 0;
+};
+
+struct LayerReadResult {
+  // OK, the sink's error (the read stopped there), or RESOURCE_EXHAUSTED (nothing read) when one
+  // layer needs more staging than the pool holds.
+  absl::Status status;
+  // Per item: why it failed (kBeforeRead for kFailed sources), or kNone if it was served every
+  // layer the read reached.
+  std::vector<ReadFailure> failures;
+  uint32_t layers_done = 0;  // sink calls made
+  // From the first read posted (staging taken) to the last sink call's return.
+  double seconds = 0;
+};
+
+struct LayerReaderOptions {
+  pool::PoolLayout layout;
+  uint32_t max_read_bytes = 1u << 20;  // a multiple of 4096, >= 4096
+  uint32_t window_layers = 4;          // >= 1
+};
+
+class LayerReader {
+ public:
+  // Starts `batch` (its span and buffers valid until `done` runs) and returns; runs `done` once
+  // every request's result is set. The block store passes its backend's Submit.
+  using PostFn = std::function<void(absl::Span<io::IoRequest> batch, std::function<void()> done)>;
+  // Called once per layer, in order; `objects` in staging are valid only during the call. An
+  // error stops the read and is returned.
+  using Sink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
+                                          absl::Span<const uint32_t> failed_items)>;
+
+  LayerReader(const LayerReaderOptions& options, StagingPool* staging, PostFn post);
+
+  // Preconditions: request.items' slots and layers lie within the layout; layer_begin <
+  // layer_end; RoundUp4K(object_len) <= layout.object_bytes().
+  LayerReadResult Read(const LayerReadRequest& request, const Sink& sink);
+
+  ReadCountersSnapshot counters() const { return counters_.Snapshot(); }
+
+ private:
+  struct InFlight;
+  struct Window;
+  // Takes the window's leases: the first one waits, the others only if free now.
+  absl::Status TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window);
+  void Post(const LayerReadRequest& r, uint32_t layer, absl::Span<const ReadFailure> failures,
+            const StagingLease& lease, InFlight* in);
+  // Checks one layer's completed reads: appends the layer's ScatterOps to `ops` and the items
+  // failing in it to `failed`, recording why in `failures`.
+  void Check(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
+             const StagingLease& lease, std::vector<ReadFailure>* failures,
+             std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const;
+  ReadFailure CheckObject(const LayerReadRequest& r, const ReadSource& src, uint32_t object,
+                          const PlannedObject& o, const InFlight& in, const uint8_t* bytes) const;
+
+  const LayerReaderOptions options_;
+  StagingPool* const staging_;
+  const PostFn post_;
+  ReadCounters counters_;
+};
+
+}  // namespace tutti::datapath
+
+#endif  // TUTTI_DAEMON_DATAPATH_LAYER_READER_H_

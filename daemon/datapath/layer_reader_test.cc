@@ -1,0 +1,427 @@
+#include "daemon/datapath/layer_reader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "daemon/io/memory_backend.h"
+#include "daemon/pool/slot_header.h"
+#include "gtest/gtest.h"
+
+namespace tutti::datapath {
+namespace {
+
+constexpr NamespaceId kNs = 77;
+constexpr uint32_t kFrame = 4096;
+constexpr uint32_t kParts = 2;
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kObjects = kParts * kLayers;
+
+Key KeyOf(uint32_t i) {
+  Key k;
+  k.bytes[0] = static_cast<uint8_t>(i + 1);
+  k.bytes[15] = 0x5a;
+  return k;
+}
+
+uint8_t ContentByte(uint32_t item, uint32_t object, uint32_t offset) {
+  return static_cast<uint8_t>(item * 31 + object * 17 + offset / 64 + 1);
+}
+
+// A page-aligned region for staging.
+struct Memory {
+  explicit Memory(uint64_t bytes)
+      : data(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes))), size(bytes) {}
+  ~Memory() { std::free(data); }
+  uint8_t* data;
+  uint64_t size;
+};
+
+// Pool files in memory, read by a fake post that completes inline and lets a test change what a
+// request returns (partial and failed completions).
+class FakePool {
+ public:
+  FakePool(const pool::PoolLayout& layout, uint32_t object_len)
+      : layout_(layout), object_len_(object_len),
+        files_(layout.num_files(), std::vector<uint8_t>(layout.file_bytes(), 0)) {}
+
+  // Writes block `item` (with its checksums) into `slot`.
+  void Put(uint32_t item, uint64_t slot) {
+    auto& sums = checksums_[item];
+    sums.resize(kObjects);
+    for (uint32_t j = 0; j < std::min(kObjects, layout_.max_objects()); ++j) {
+      const pool::Location loc = layout_.ObjectLocation(slot, j);
+      uint8_t* dst = files_[loc.file].data() + loc.offset;
+      for (uint32_t b = 0; b < object_len_; ++b) dst[b] = ContentByte(item, j, b);
+      sums[j] = pool::ObjectChecksum(kNs, KeyOf(item), 1, j, dst, object_len_);
+    }
+  }
+  ReadSource Source(uint32_t item, uint64_t slot) const {
+    ReadSource s;
+    s.slot = slot;
+    s.key = KeyOf(item);
+    s.epoch = 1;
+    s.checksums = checksums_.at(item);
+    return s;
+  }
+  void Corrupt(uint64_t slot, uint32_t object) {
+    const pool::Location loc = layout_.ObjectLocation(slot, object);
+    files_[loc.file][loc.offset + 5] ^= 0xff;
+  }
+
+  LayerReader::PostFn Post() {
+    return [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+      ++batches;
+      for (io::IoRequest& r : batch) {
+        std::memcpy(r.buf, files_[r.file].data() + r.offset, r.len);
+        r.result = r.len;
+        if (fault) fault(r);
+        posted.push_back(r);
+      }
+      done();
+    };
+  }
+
+  std::function<void(io::IoRequest&)> fault;
+  std::vector<io::IoRequest> posted;
+  int batches = 0;
+
+ private:
+  const pool::PoolLayout layout_;
+  const uint32_t object_len_;
+  std::vector<std::vector<uint8_t>> files_;
+  std::map<uint32_t, std::vector<uint64_t>> checksums_;
+};
+
+pool::PoolLayout Layout(uint32_t files, uint32_t max_objects = kObjects, uint32_t frame = kFrame) {
+  auto layout = pool::PoolLayout::Compute(16ull << 20, files, frame, max_objects);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *layout;
+}
+
+// What a sink saw.
+struct Seen {
+  std::vector<uint32_t> layers;
+  std::map<uint32_t, std::vector<uint32_t>> failed;  // per layer
+  std::map<std::pair<uint32_t, uint32_t>, int> served;  // (item, object) -> times
+  int bad_bytes = 0;
+  int from_dram = 0;
+};
+
+LayerReader::Sink Recorder(Seen* seen, uint32_t object_len) {
+  return [seen, object_len](uint32_t layer, absl::Span<const ScatterOp> ops,
+                            absl::Span<const uint32_t> failed) {
+    seen->layers.push_back(layer);
+    seen->failed[layer].assign(failed.begin(), failed.end());
+    for (const ScatterOp& op : ops) {
+      EXPECT_EQ(op.object / kParts, layer);
+      ++seen->served[{op.item, op.object}];
+      seen->from_dram += op.from_dram;
+      for (uint32_t b = 0; b < object_len; ++b) {
+        seen->bad_bytes += op.src[b] != ContentByte(op.item, op.object, b);
+      }
+    }
+    return absl::OkStatus();
+  };
+}
+
+class LayerReaderTest : public ::testing::Test {
+ protected:
+  void Make(const pool::PoolLayout& layout, uint32_t object_len, uint64_t staging_bytes,
+            uint32_t max_read_bytes = 1u << 20) {
+    object_len_ = object_len;
+    fake_ = std::make_unique<FakePool>(layout, object_len);
+    memory_ = std::make_unique<Memory>(staging_bytes);
+    staging_ = std::make_unique<StagingPool>(absl::MakeSpan(memory_->data, memory_->size));
+    reader_ = std::make_unique<LayerReader>(LayerReaderOptions{layout, max_read_bytes, 4},
+                                            staging_.get(), fake_->Post());
+  }
+  LayerReadResult Read(absl::Span<const ReadSource> items, Seen* seen) {
+    return reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, object_len_},
+                         Recorder(seen, object_len_));
+  }
+
+  uint32_t object_len_ = kFrame;
+  std::unique_ptr<FakePool> fake_;
+  std::unique_ptr<Memory> memory_;
+  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<LayerReader> reader_;
+};
+
+// One file: each block's K and V are adjacent frames, read in one I/O per block and layer.
+TEST_F(LayerReaderTest, ServesEveryObjectVerifiedAndMergesAdjacentFrames) {
+  Make(Layout(1), kFrame, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 8; ++i) {
+    fake_->Put(i, 7 - i);
+    items.push_back(fake_->Source(i, 7 - i));
+  }
+  Seen seen;
+  const LayerReadResult result = Read(items, &seen);
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_EQ(seen.layers, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(seen.served.size(), 8u * kObjects);
+  for (const auto& [object, times] : seen.served) EXPECT_EQ(times, 1);
+  EXPECT_EQ(seen.bad_bytes, 0);
+  for (ReadFailure f : result.failures) EXPECT_EQ(f, ReadFailure::kNone);
+  const ReadCountersSnapshot c = reader_->counters();
+  EXPECT_EQ(c.ios, 8u * kLayers);
+  EXPECT_EQ(c.objects, 8u * kObjects);
+  EXPECT_EQ(c.merged_ios, 8u * kLayers);
+  EXPECT_EQ(c.io_bytes, 8u * kObjects * kFrame);
+  EXPECT_EQ(staging_->used_bytes(), 0u);
+}
+
+// Objects (rounded to 4 KiB) shorter than a frame: one I/O per object, as before merging.
+TEST_F(LayerReaderTest, PartialFrameObjectsAreReadOneByOne) {
+  Make(Layout(1, kObjects, 2 * kFrame), kFrame, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 3; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen seen;
+  ASSERT_TRUE(Read(items, &seen).status.ok());
+  EXPECT_EQ(seen.bad_bytes, 0);
+  EXPECT_EQ(reader_->counters().ios, 3u * kObjects);
+  EXPECT_EQ(reader_->counters().merged_ios, 0u);
+}
+
+TEST_F(LayerReaderTest, DramItemsAndEarlyFailuresNeedNoIo) {
+  Make(Layout(2), kFrame, 64 * kFrame);
+  std::vector<uint8_t> dram(uint64_t{kObjects} * kFrame);
+  for (uint32_t j = 0; j < kObjects; ++j) {
+    for (uint32_t b = 0; b < kFrame; ++b) dram[j * kFrame + b] = ContentByte(0, j, b);
+  }
+  fake_->Put(1, 4);
+  std::vector<ReadSource> items(3);
+  items[0].from = ReadSource::From::kDram;
+  items[0].dram = dram.data();
+  items[1] = fake_->Source(1, 4);
+  items[2].from = ReadSource::From::kFailed;
+  Seen seen;
+  const LayerReadResult result = Read(items, &seen);
+  ASSERT_TRUE(result.status.ok());
+  EXPECT_EQ(seen.bad_bytes, 0);
+  EXPECT_EQ(seen.from_dram, static_cast<int>(kObjects));
+  EXPECT_EQ(seen.served.size(), 2u * kObjects);
+  EXPECT_EQ(seen.failed[0], std::vector<uint32_t>{2});  // reported in the first layer only
+  EXPECT_TRUE(seen.failed[1].empty());
+  EXPECT_EQ(result.failures[2], ReadFailure::kBeforeRead);
+  EXPECT_EQ(result.failures[0], ReadFailure::kNone);
+  // Only item 1's objects were read.
+  EXPECT_EQ(reader_->counters().objects, kObjects);
+}
+
+TEST_F(LayerReaderTest, AllFromDramTakesNoStaging) {
+  Make(Layout(2), kFrame, 4096);
+  std::vector<uint8_t> dram(uint64_t{kObjects} * kFrame);
+  for (uint32_t j = 0; j < kObjects; ++j) {
+    for (uint32_t b = 0; b < kFrame; ++b) dram[j * kFrame + b] = ContentByte(0, j, b);
+  }
+  std::vector<ReadSource> items(1);
+  items[0].from = ReadSource::From::kDram;
+  items[0].dram = dram.data();
+  Seen seen;
+  ASSERT_TRUE(Read(items, &seen).status.ok());
+  EXPECT_EQ(seen.served.size(), kObjects);
+  EXPECT_EQ(fake_->batches, 0);
+}
+
+TEST_F(LayerReaderTest, IoErrorFailsTheItemOnceAndItIsNotReadAgain) {
+  const pool::PoolLayout layout = Layout(2);
+  Make(layout, kFrame / 2, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 4; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  const pool::Location bad = layout.ObjectLocation(2, 1 * kParts + 1);  // item 2, layer 1, V
+  fake_->fault = [bad](io::IoRequest& r) {
+    if (r.file == bad.file && r.offset == bad.offset) r.result = -EIO;
+  };
+  Seen seen;
+  const LayerReadResult result = Read(items, &seen);
+  ASSERT_TRUE(result.status.ok());
+  EXPECT_EQ(result.failures[2], ReadFailure::kIoError);
+  EXPECT_EQ(seen.failed[1], std::vector<uint32_t>{2});
+  EXPECT_TRUE(seen.failed[2].empty());
+  // Item 2 served layer 0 only; the others every layer.
+  EXPECT_EQ(seen.served.count({2, 0}), 1u);
+  EXPECT_EQ(seen.served.count({2, 2}), 0u);  // layer 1's K is dropped with its failed V
+  EXPECT_EQ(seen.served.count({2, 4}), 0u);
+  EXPECT_EQ(seen.served.size(), 3u * kObjects + kParts);
+  EXPECT_EQ(seen.bad_bytes, 0);
+}
+
+TEST_F(LayerReaderTest, FailedItemIsNotPostedInLaterWindows) {
+  const pool::PoolLayout layout = Layout(2);
+  Make(layout, kFrame / 2, 2 * kParts * kFrame);  // one layer of two blocks: a window of one
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 2; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  const pool::Location bad = layout.ObjectLocation(1, 0);
+  fake_->fault = [bad](io::IoRequest& r) {
+    if (r.file == bad.file && r.offset == bad.offset) r.result = -EIO;
+  };
+  Seen seen;
+  ASSERT_TRUE(Read(items, &seen).status.ok());
+  EXPECT_EQ(seen.failed[0], std::vector<uint32_t>{1});
+  EXPECT_EQ(fake_->batches, static_cast<int>(kLayers));
+  // Layer 0: both blocks; layers 1-3: block 0 only.
+  EXPECT_EQ(fake_->posted.size(), 2u * kParts + (kLayers - 1) * kParts);
+}
+
+// Two files, two objects per block: file 0 holds slot 0's K, slot 1's V, slot 2's K, slot 3's V
+// back to back, read in one I/O. Cut short after two frames, it serves those two and fails the
+// blocks whose objects it did not cover.
+TEST_F(LayerReaderTest, ShortMergedReadServesTheObjectsItCovered) {
+  const pool::PoolLayout layout = Layout(2, kParts);
+  ASSERT_EQ(layout.frames_per_slot_per_file(), 1u);
+  Make(layout, kFrame, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 4; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  fake_->fault = [](io::IoRequest& r) {
+    if (r.file == 0) r.result = 2 * kFrame;
+  };
+  Seen seen;
+  LayerReadResult result =
+      reader_->Read(LayerReadRequest{kNs, items, 0, 1, kParts, kFrame}, Recorder(&seen, kFrame));
+  ASSERT_TRUE(result.status.ok());
+  ASSERT_EQ(fake_->posted.size(), 2u);
+  EXPECT_EQ(fake_->posted[0].len, 4 * kFrame);
+  EXPECT_EQ(result.failures[0], ReadFailure::kNone);
+  EXPECT_EQ(result.failures[1], ReadFailure::kNone);
+  EXPECT_EQ(result.failures[2], ReadFailure::kShortRead);
+  EXPECT_EQ(result.failures[3], ReadFailure::kShortRead);
+  EXPECT_EQ(seen.failed[0], (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(seen.served.size(), 2u * kParts);
+  EXPECT_EQ(seen.bad_bytes, 0);
+}
+
+TEST_F(LayerReaderTest, ChecksumMismatchFailsOnlyThatBlock) {
+  Make(Layout(1), kFrame, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 3; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  fake_->Corrupt(1, 2 * kParts);  // slot 1, layer 2, K
+  Seen seen;
+  const LayerReadResult result = Read(items, &seen);
+  ASSERT_TRUE(result.status.ok());
+  EXPECT_EQ(result.failures[1], ReadFailure::kChecksum);
+  EXPECT_EQ(seen.failed[2], std::vector<uint32_t>{1});
+  EXPECT_EQ(seen.served.count({1, 2 * kParts}), 0u);
+  EXPECT_EQ(seen.served.count({1, 2 * kParts + 1}), 0u);  // its V too: the block failed
+  EXPECT_EQ(seen.served.count({1, 1 * kParts}), 1u);
+  EXPECT_EQ(seen.bad_bytes, 0);
+}
+
+TEST_F(LayerReaderTest, SinkErrorStopsTheReadAndReleasesStaging) {
+  Make(Layout(2), kFrame, 64 * kFrame);
+  fake_->Put(0, 0);
+  std::vector<ReadSource> items{fake_->Source(0, 0)};
+  std::vector<uint32_t> layers;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
+      [&](uint32_t layer, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
+        layers.push_back(layer);
+        return layer == 1 ? absl::CancelledError("gone") : absl::OkStatus();
+      });
+  EXPECT_EQ(result.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(layers, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(staging_->used_bytes(), 0u);
+  EXPECT_EQ(result.failures[0], ReadFailure::kNone);
+}
+
+TEST_F(LayerReaderTest, LayerLargerThanStagingIsRefusedBeforeAnyIo) {
+  Make(Layout(2), kFrame, 2 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 2; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen seen;
+  const LayerReadResult result = Read(items, &seen);
+  EXPECT_EQ(result.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(result.status.message().find("limits.retrieve_staging_bytes"), std::string::npos);
+  EXPECT_EQ(fake_->batches, 0);
+  EXPECT_TRUE(seen.layers.empty());
+}
+
+// The window is as deep as free staging allows, at most four layers.
+TEST_F(LayerReaderTest, WindowHoldsAsManyLayersAsStagingAllows) {
+  for (uint32_t layers_of_staging : {1u, 2u, 4u, 8u}) {
+    Make(Layout(2), kFrame, layers_of_staging * kParts * kFrame);
+    fake_->Put(0, 0);
+    std::vector<ReadSource> items{fake_->Source(0, 0)};
+    std::vector<int> posted_at_sink;
+    reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
+                  [&](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
+                    posted_at_sink.push_back(fake_->batches);
+                    return absl::OkStatus();
+                  });
+    EXPECT_EQ(posted_at_sink[0], static_cast<int>(std::min(layers_of_staging, kLayers)))
+        << layers_of_staging;
+    EXPECT_EQ(posted_at_sink.back(), static_cast<int>(kLayers));
+  }
+}
+
+// Through the memory backend: completions on its thread, injected I/O errors and short reads.
+TEST(LayerReaderBackendTest, ReadsThroughMemoryBackendWithFaults) {
+  const pool::PoolLayout layout = Layout(2);
+  auto backend = io::MemoryBackend::Create({layout.file_bytes(), layout.file_bytes()});
+  ASSERT_TRUE(backend.ok());
+  io::MemoryBackend& b = **backend;
+  std::vector<std::vector<uint64_t>> sums(6, std::vector<uint64_t>(kObjects));
+  Memory page(kFrame);
+  for (uint32_t i = 0; i < 6; ++i) {
+    for (uint32_t j = 0; j < kObjects; ++j) {
+      for (uint32_t x = 0; x < kFrame; ++x) page.data[x] = ContentByte(i, j, x);
+      sums[i][j] = pool::ObjectChecksum(kNs, KeyOf(i), 1, j, page.data, kFrame);
+      const pool::Location loc = layout.ObjectLocation(i, j);
+      io::IoRequest w{io::Op::kWrite, loc.file, loc.offset, page.data, kFrame, 0};
+      b.Execute(absl::MakeSpan(&w, 1));
+      ASSERT_EQ(w.result, kFrame);
+    }
+  }
+  std::vector<ReadSource> items(6);
+  for (uint32_t i = 0; i < 6; ++i) {
+    items[i].slot = i;
+    items[i].key = KeyOf(i);
+    items[i].epoch = 1;
+    items[i].checksums = sums[i];
+  }
+  Memory staging_memory(64 * kFrame);
+  StagingPool staging(absl::MakeSpan(staging_memory.data, staging_memory.size));
+  LayerReader reader(LayerReaderOptions{layout, 1u << 20, 4}, &staging,
+                     [&b](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+                       b.Submit(batch, std::move(done));
+                     });
+  b.disk().FailNext(1, io::Op::kRead, 1, EIO);
+  Seen seen;
+  const LayerReadResult result =
+      reader.Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, Recorder(&seen, kFrame));
+  ASSERT_TRUE(result.status.ok());
+  EXPECT_EQ(seen.bad_bytes, 0);
+  // Layer 0's first read of file 1 failed: the items it carried failed, the others were served.
+  int failed = 0;
+  for (ReadFailure f : result.failures) failed += f == ReadFailure::kIoError;
+  EXPECT_GE(failed, 1);
+  EXPECT_EQ(seen.failed[0].size(), static_cast<size_t>(failed));
+  EXPECT_EQ(seen.served.size(), (6u - failed) * kObjects);
+  EXPECT_EQ(staging.used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace tutti::datapath
