@@ -111,9 +111,11 @@ class Results:
 
 
 def _round(x, digits=3):
+    """JSON has no NaN: an unmeasured figure is written null."""
     if x is None or isinstance(x, str):
         return x
-    return round(float(x), digits)
+    x = float(x)
+    return None if x != x else round(x, digits)
 
 
 class Budget:
@@ -789,11 +791,13 @@ def part_stores(args, results):
                          "(wait_durable false, rejected_full retried) %s GB/s, alone (after a "
                          "warm-up) %s GB/s; during the reads the stream captured %d blocks "
                          "(%.2f GB) and had %d rejected_full, the pool got %.2f GB written "
-                         "(%.2f GB/s); %s during the reads: max %s, mean %s bytes" % (
+                         "(%.2f GB/s); %s during the reads (%d Stats samples): max %s, mean %s "
+                         "bytes" % (
                              shape.layers, n, n * reader.block_bytes / 2**30, args.runs,
                              [round(x, 3) for x in with_stores], [round(x, 3) for x in alone],
                              captured, captured * writer.block_bytes / GB, rejected, wrote,
-                             wrote / (t_end - t_reads), field, max(during, default=None),
+                             wrote / (t_end - t_reads), field, len(during),
+                             max(during, default=None),
                              int(statistics.mean(during)) if during else None))
         results.add("e2e_retrieve_with_stores", "write_backlog_drain_s", drained_s, "s",
                     note="seconds from the store stream's stop (reads paused too) until %s "
@@ -861,8 +865,9 @@ def throttled_grid(args, results, budget, shares, bench, daemon, throttle, Ts):
 
     before = load_gbps()
     raw, _, _ = raw_gbps(daemon, args.qd, None, 1, seconds=3.0)
+    cap = min(raw, before) / 2  # half of what tuttid gets from the disk (else the cap may not bind)
     try:
-        how = throttle.apply(daemon.proc.pid, daemon.pool_files()[0], raw * GB / 2)
+        how = throttle.apply(daemon.proc.pid, daemon.pool_files()[0], cap * GB)
     except diskio.ThrottleError as e:
         log("throttle: not done (%s); falling back to the 70B per-GPU shard shape" % e)
         return None
@@ -874,8 +879,9 @@ def throttled_grid(args, results, budget, shares, bench, daemon, throttle, Ts):
             "falling back to the 70B per-GPU shard shape" % (after, before))
         return None
     results.add("e2e_ttft_grid", "ssd_gbps_throttled", after, "GB/s", "ssd_gbps_unthrottled",
-                before, note="tuttid's load-all of T=%d; %s (half the raw 1 MiB random read "
-                             "%.3f GB/s measured just before)" % (T, how, raw))
+                before, note="tuttid's load-all of T=%d; %s: half of min(raw 1 MiB random "
+                             "reads %.3f GB/s, tuttid's load-all %.3f GB/s) measured just "
+                             "before" % (T, how, raw, before))
     recompute = measure_recompute(bench, results, prompts, args.runs, "throttled_")
     ratios, errs = run_points(bench, results, budget, prompts, shares, "ssd", recompute,
                               args.runs, "throttled_")
