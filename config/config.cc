@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <string>
@@ -218,6 +219,21 @@ absl::Status ValidateDram(const tutti::v1::DramTierConfig& d, const tutti::v1::P
 
 // The GPU section is checked here as far as it can be without a GPU; the device's SM count is
 // checked against io_sm_count at start (IoStream::ValidateOptions).
+// A read bandwidth prior: 0 (the default) or a finite rate of 1 MB/s .. 10 TB/s.
+absl::Status CheckBandwidthPrior(absl::string_view field, double v) {
+  if (v == 0 || (std::isfinite(v) && v >= 1e6 && v <= 1e13)) return absl::OkStatus();
+  return Bad(field, absl::StrCat(v), "must be 0 (the default) or in [1e6, 1e13] bytes/s");
+}
+
+// The load-or-recompute fields (5-7) of datapath.
+absl::Status ValidateDecision(const tutti::v1::DatapathConfig& d) {
+  RETURN_IF_ERROR(
+      CheckBandwidthPrior("datapath.ssd_read_prior_bytes_per_sec", d.ssd_read_prior_bytes_per_sec()));
+  RETURN_IF_ERROR(CheckBandwidthPrior("datapath.dram_read_prior_bytes_per_sec",
+                                      d.dram_read_prior_bytes_per_sec()));
+  return CheckOneOf("datapath.decision", d.decision(), {"", "auto", "off"});
+}
+
 absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
   RETURN_IF_ERROR(CheckOneOf("gpu.mode", g.mode(), {"auto", "cuda", "host"}));
   RETURN_IF_ERROR(CheckRange("gpu.device", g.device(), 0, kMaxGpuDevice));
@@ -364,6 +380,7 @@ absl::Status ValidateConfig(const Config& c) {
       CheckRange("journal.checkpoint_every", c.journal().checkpoint_every(), 1, 1u << 30));
   RETURN_IF_ERROR(ValidateGpu(c.gpu()));
   RETURN_IF_ERROR(ValidateDatapath(c.datapath()));
+  RETURN_IF_ERROR(ValidateDecision(c.datapath()));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

@@ -221,6 +221,26 @@ TEST(ConfigTest, GpuSection) {
   EXPECT_TRUE(LoadConfig("gpu { mode: \"host\" io_sm_count: 128 }").ok());
 }
 
+TEST(ConfigTest, DatapathDecisionFields) {
+  ExpectRejected("datapath { decision: \"always\" }", {"datapath.decision", "auto", "off"});
+  ExpectRejected("datapath { ssd_read_prior_bytes_per_sec: -1 }",
+                 {"datapath.ssd_read_prior_bytes_per_sec", "1e6"});
+  ExpectRejected("datapath { ssd_read_prior_bytes_per_sec: 100 }",
+                 {"datapath.ssd_read_prior_bytes_per_sec"});
+  ExpectRejected("datapath { dram_read_prior_bytes_per_sec: nan }",
+                 {"datapath.dram_read_prior_bytes_per_sec"});
+  ExpectRejected("datapath { dram_read_prior_bytes_per_sec: inf }",
+                 {"datapath.dram_read_prior_bytes_per_sec"});
+  auto c = LoadConfig(
+      "datapath { decision: \"off\" ssd_read_prior_bytes_per_sec: 2.5e9 "
+      "dram_read_prior_bytes_per_sec: 5e10 }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->datapath().decision(), "off");
+  EXPECT_EQ(c->datapath().ssd_read_prior_bytes_per_sec(), 2.5e9);
+  EXPECT_TRUE(LoadConfig("datapath { decision: \"auto\" }").ok());
+  EXPECT_TRUE(LoadConfig("").ok()) << "absent: the defaults (auto, 1e9, 20e9)";
+}
+
 TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
   // 2048 blocks x 2 x 32 KiB = 128 MiB.
   ExpectRejected("limits { retrieve_staging_bytes: 134217727 }",

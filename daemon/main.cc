@@ -31,6 +31,7 @@
 #include "daemon/common/dirs.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
+#include "daemon/decision/advisor.h"
 #include "daemon/io/io_factory.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
@@ -145,6 +146,13 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_namespaces = config.limits().max_namespaces();
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
   o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
+  const v1::DatapathConfig& dp = config.datapath();  // 0: the meter's default prior
+  if (dp.ssd_read_prior_bytes_per_sec() > 0) {
+    o.bandwidth.ssd_prior_bytes_per_sec = dp.ssd_read_prior_bytes_per_sec();
+  }
+  if (dp.dram_read_prior_bytes_per_sec() > 0) {
+    o.bandwidth.dram_prior_bytes_per_sec = dp.dram_read_prior_bytes_per_sec();
+  }
   return o;
 }
 
@@ -182,6 +190,7 @@ struct Daemon {
   std::unique_ptr<GpuRuntime> gpu;
   std::unique_ptr<server::SessionManager> sessions;
   std::unique_ptr<server::EngineWatcher> watcher;
+  std::unique_ptr<decision::Advisor> advisor;
   std::unique_ptr<server::KvCacheService> kv;
   std::unique_ptr<server::AdminService> admin;
   std::unique_ptr<server::Server> server;        // engines: the KvCache service
@@ -329,16 +338,18 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   server::MemoryOpener opener =
       d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
              : server::HostMemoryOpener();
+  d->advisor = std::make_unique<decision::Advisor>(config.datapath().decision() != "off");
   d->kv = std::make_unique<server::KvCacheService>(
       server::KvCacheOptions{limits.max_blocks_per_call(), limits.max_calls_per_session()},
       d->store.get(), d->sessions.get(), d->credentials.get(), std::move(opener), &d->gate,
-      d->watcher.get());
+      d->watcher.get(), d->advisor.get());
   server::DaemonInfo info{kVersion,
                           d->io_backend,
                           d->device_mode,
                           {config.pool().dirs().begin(), config.pool().dirs().end()},
                           absl::StrJoin(d->notes, "; ")};
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
+  info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
   if (d->gpu) {
     info.gpu_layers = [copier = d->gpu->copier.get()] {
       const gpu::LayerCopier::Counters c = copier->counters();

@@ -131,19 +131,50 @@ Result<std::unique_ptr<Client>> Client::Attach(const AttachOptions& options) {
   return std::unique_ptr<Client>(new Client(std::move(rep)));
 }
 
-Result<Lease> Client::Lookup(const std::vector<BlockKey>& keys) {
+Result<Lease> Client::Lookup(const std::vector<BlockKey>& keys, uint32_t prompt_tokens) {
   absl::StatusOr<Session::Current> cur = rep_->session->current();
   if (!cur.ok()) return FromAbsl(cur.status());
   tutti::v1::LookupRequest request;
   request.set_session_id(cur->session_id);
   for (const BlockKey& k : keys) request.add_keys(KeyString(k));
+  request.set_prompt_tokens(prompt_tokens);
   tutti::v1::LookupResponse response;
   auto ctx = rep_->session->NewContext();
   absl::Status s =
       hostengine::FromGrpc(rep_->session->stub().Lookup(ctx.get(), request, &response));
   rep_->session->Observe(s, cur->generation);
   if (!s.ok()) return FromAbsl(s);
-  return Lease{response.lease_id(), response.hits(), response.lease_ttl_ms(), cur->generation};
+  Lease lease{response.lease_id(), response.hits(), response.lease_ttl_ms(), cur->generation};
+  lease.load_blocks = response.load_blocks();
+  lease.predicted_ttft_ms = response.predicted_ttft_ms();
+  lease.predicted_recompute_ms = response.predicted_recompute_ms();
+  lease.predicted_load_all_ms = response.predicted_load_all_ms();
+  lease.decision_id = response.decision_id();
+  return lease;
+}
+
+Result<ComputeReport> Client::ReportCompute(const std::vector<ComputeSample>& samples,
+                                            uint64_t decision_id, double measured_ttft_ms) {
+  absl::StatusOr<Session::Current> cur = rep_->session->current();
+  if (!cur.ok()) return FromAbsl(cur.status());
+  tutti::v1::ReportComputeRequest request;
+  request.set_session_id(cur->session_id);
+  for (const ComputeSample& c : samples) {
+    tutti::v1::ComputeSample* s = request.add_samples();
+    s->set_new_tokens(c.new_tokens);
+    s->set_context_tokens(c.context_tokens);
+    s->set_layer_ms(c.layer_ms);
+    s->set_overhead_ms(c.overhead_ms);
+  }
+  request.set_decision_id(decision_id);
+  request.set_measured_ttft_ms(measured_ttft_ms);
+  tutti::v1::ReportComputeResponse response;
+  auto ctx = rep_->session->NewContext();
+  absl::Status s =
+      hostengine::FromGrpc(rep_->session->stub().ReportCompute(ctx.get(), request, &response));
+  rep_->session->Observe(s, cur->generation);
+  if (!s.ok()) return FromAbsl(s);
+  return ComputeReport{response.decision_found(), response.prediction_error()};
 }
 
 Result<std::unique_ptr<Retrieval>> Client::Retrieve(const Lease& lease,

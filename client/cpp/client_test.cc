@@ -229,6 +229,49 @@ TEST_F(ClientTest, StoreLookupRetrieveLayerByLayer) {
   EXPECT_EQ(other->id, 0u);
 }
 
+TEST_F(ClientTest, LoadOrRecomputeAdviceAndComputeReports) {
+  Engine e = Engine::Make(Shape(), 16);
+  auto c = Attach(e);
+  ASSERT_NE(c, nullptr);
+  const auto keys = Keys(4, 8);
+  StoreAll(*c, e, keys);
+  const uint32_t prompt = 8 * 16 + 5;
+  auto plain = c->Lookup(keys, prompt);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->load_blocks, 8u) << "no compute reported yet: load every hit";
+  EXPECT_EQ(plain->decision_id, 0u);
+  ASSERT_TRUE(c->Release(*plain).ok());
+
+  auto bad = c->ReportCompute({{16, 16, 0.0, 0}});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("samples[0].layer_ms"), std::string::npos);
+  auto good = c->ReportCompute({{128, 128, 1.0, 0.5}, {64, 64, 0.5, 0.5}, {32, 32, 0.25, 0.5}});
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_FALSE(good->decision_found);
+
+  auto lease = c->Lookup(keys, prompt);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_NE(lease->decision_id, 0u);
+  EXPECT_LE(lease->load_blocks, lease->hits);
+  EXPECT_LE(lease->predicted_ttft_ms, lease->predicted_recompute_ms);
+  EXPECT_LE(lease->predicted_ttft_ms, lease->predicted_load_all_ms);
+  EXPECT_GT(lease->predicted_ttft_ms, 0.5) << "at least the overhead";
+  if (lease->load_blocks > 0) {
+    std::vector<BlockKey> head(keys.begin(), keys.begin() + lease->load_blocks);
+    std::vector<uint32_t> blocks(head.size());
+    std::iota(blocks.begin(), blocks.end(), 8);
+    auto r = c->Retrieve(*lease, head, blocks);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE((*r)->Wait().status.ok());
+  } else {
+    ASSERT_TRUE(c->Release(*lease).ok());
+  }
+  auto measured = c->ReportCompute({}, lease->decision_id, lease->predicted_ttft_ms * 1.1);
+  ASSERT_TRUE(measured.ok()) << measured.status().ToString();
+  EXPECT_TRUE(measured->decision_found);
+  EXPECT_NEAR(measured->prediction_error, 0.1 / 1.1, 1e-9);
+}
+
 TEST_F(ClientTest, PartialLayerRangeAndBadCalls) {
   Engine e = Engine::Make(Shape(), 16);
   auto c = Attach(e);

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/hostengine/connect.h"
 #include "client/tuttictl/command.h"
@@ -201,6 +202,13 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
       kv.Add("gpu gathers", absl::StrCat(r.gpu_gathers(), " (stores), ",
                                          r.gpu_gathers_copy_engine(), " by the copy engines"));
     }
+    kv.Add("decisions",
+           r.prediction_errors() == 0
+               ? absl::StrCat(r.decisions(), " (no measured TTFT reported)")
+               : absl::StrFormat("%u, TTFT prediction error over %u: mean %.1f%%, last %.1f%%",
+                                 r.decisions(), r.prediction_errors(),
+                                 100 * r.prediction_error_mean(),
+                                 100 * r.prediction_error_last()));
     std::string out = kv.Render();
     if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
     Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});
@@ -236,8 +244,12 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
         {"gpu_layers_copy_engine", r.gpu_layers_copy_engine()},
         {"gpu_gathers", r.gpu_gathers()},
         {"gpu_gathers_copy_engine", r.gpu_gathers_copy_engine()},
+        {"decisions", r.decisions()},
+        {"prediction_errors", r.prediction_errors()},
     };
     for (const auto& [key, value] : fields) j.Key(key).Uint(value);
+    j.Key("prediction_error_mean").Double(r.prediction_error_mean());
+    j.Key("prediction_error_last").Double(r.prediction_error_last());
     j.Key("namespaces").BeginArray();
     for (const auto& ns : r.namespaces()) {
       j.BeginObject().Key("namespace_id").String(NamespaceHex(ns.namespace_id()));

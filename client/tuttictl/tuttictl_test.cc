@@ -78,8 +78,12 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   EXPECT_EQ(stats.code, 0);
   EXPECT_NE(stats.out.find("\"blocks_stored\":20"), std::string::npos) << stats.out;
   EXPECT_NE(stats.out.find("\"namespace_id\":\"0xabcdef0123456789\""), std::string::npos);
+  EXPECT_NE(stats.out.find("\"decisions\":0,\"prediction_errors\":0,\"prediction_error_mean\":"),
+            std::string::npos)
+      << stats.out;
   const CtlRun human = Tuttictl({"stats", "--socket", socket_});
   EXPECT_NE(human.out.find("0xabcdef0123456789  bench-llama3-8b"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("0 (no measured TTFT reported)"), std::string::npos) << human.out;
 
   // A retrieve-only run with the same seed finds everything; another seed misses everything.
   const CtlRun again = Tuttictl(Bench({"--phase=retrieve", "--verify", "--json"}));

@@ -95,6 +95,13 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_checkpoint_failures(st.checkpoint_failures);
   resp->set_durability_lost(st.durability_lost);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
+  if (info_.decision_stats) {
+    const decision::AdvisorStats d = info_.decision_stats();
+    resp->set_decisions(d.decisions);
+    resp->set_prediction_errors(d.prediction_errors);
+    resp->set_prediction_error_mean(d.prediction_error_mean);
+    resp->set_prediction_error_last(d.prediction_error_last);
+  }
   if (info_.gpu_layers) {
     const GpuLayerCounts g = info_.gpu_layers();
     resp->set_gpu_layers(g.layers);

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/common/clock.h"
+#include "daemon/decision/advisor.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
@@ -38,6 +39,7 @@ struct DaemonInfo {
   // mode.
   std::function<GpuLayerCounts()> gpu_layers;
   std::function<uint32_t()> handoffs_outstanding;  // CredentialTable::outstanding; may be empty
+  std::function<decision::AdvisorStats()> decision_stats;  // Advisor::Stats; may be empty
 };
 
 class AdminService final : public tutti::v1::Admin::Service {

@@ -88,14 +88,17 @@ MemoryOpener HostMemoryOpener() {
 
 KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore* store,
                                SessionManager* sessions, CredentialTable* credentials,
-                               MemoryOpener opener, CallGate* gate, EngineWatcher* watcher)
+                               MemoryOpener opener, CallGate* gate, EngineWatcher* watcher,
+                               decision::Advisor* advisor)
     : options_(options),
       store_(store),
       sessions_(sessions),
       credentials_(credentials),
       opener_(std::move(opener)),
       gate_(gate),
-      watcher_(watcher) {}
+      watcher_(watcher),
+      own_advisor_(advisor == nullptr ? std::make_unique<decision::Advisor>(true) : nullptr),
+      advisor_(advisor == nullptr ? own_advisor_.get() : advisor) {}
 
 absl::StatusOr<KvCacheService::SessionCall> KvCacheService::EnterSession(uint64_t session_id) {
   ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(session_id));
@@ -198,9 +201,18 @@ absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
   ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
   const SessionRef& session = call.session();
   ASSIGN_OR_RETURN(std::vector<Key> keys, ParseKeys(req.keys(), options_.max_blocks_per_call));
-  const uint32_t hits = keys.empty() ? 0 : store_->LookupAndPin(session->ns, keys);
+  if (req.prompt_tokens() > decision::kMaxContextTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_tokens = ", req.prompt_tokens(),
+                                                   ": must be at most ",
+                                                   decision::kMaxContextTokens));
+  }
+  std::vector<bool> in_dram;
+  const uint32_t hits = keys.empty() ? 0 : store_->LookupAndPin(session->ns, keys, &in_dram);
   resp->set_hits(hits);
-  if (hits == 0) return absl::OkStatus();
+  if (hits == 0) {
+    AdviseLookup(*session, req.prompt_tokens(), in_dram, resp);
+    return absl::OkStatus();
+  }
   keys.resize(hits);
   absl::StatusOr<uint64_t> lease = sessions_->AddLease(session->id, keys);
   if (!lease.ok()) {
@@ -209,6 +221,7 @@ absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
   }
   resp->set_lease_id(*lease);
   resp->set_lease_ttl_ms(sessions_->options().lease_ttl_ms);
+  AdviseLookup(*session, req.prompt_tokens(), in_dram, resp);
   return absl::OkStatus();
 }
 

@@ -16,6 +16,11 @@
 // Thread-safety: gRPC calls the handlers from many threads at once; they share only the store and
 // the session manager, both thread-safe.
 //
+// Load or recompute (docs/decision.md): a Lookup with prompt_tokens gets the advisor's split
+// (load_blocks and the predictions) from the tier of each hit and the store's read bandwidth
+// meter; ReportCompute feeds the advisor the engine's measured compute times and TTFTs.
+// prompt_tokens above 16777216 and bad samples are INVALID_ARGUMENT naming the field.
+//
 // GPU mode (sessions whose EngineIo is device memory): a session has at most one Retrieve in
 // flight, and with ready words at most one Store; another is FAILED_PRECONDITION and writes no
 // word. Once a Retrieve is admitted, every ready word of its layer range is written with its ticket
@@ -28,10 +33,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/engine/engine_memory.h"
+#include "daemon/decision/advisor.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/credentials.h"
 #include "daemon/server/engine_io.h"
@@ -66,10 +73,11 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   // `store`, `sessions`, `credentials`, `gate` and `watcher` must outlive the service. Every call
   // passes through `gate`. With a `watcher`, an Attach with a nonzero engine_pid is watched: the
   // session closes when the process that made the handoff exits. Without one, engine_pid is
-  // ignored.
+  // ignored. `advisor` (load or recompute) must outlive the service too; without one the service
+  // keeps its own, enabled.
   KvCacheService(const KvCacheOptions& options, store::BlockStore* store, SessionManager* sessions,
                  CredentialTable* credentials, MemoryOpener opener, CallGate* gate,
-                 EngineWatcher* watcher = nullptr);
+                 EngineWatcher* watcher = nullptr, decision::Advisor* advisor = nullptr);
 
   grpc::Status Attach(grpc::ServerContext* ctx, const tutti::v1::AttachRequest* req,
                       tutti::v1::AttachResponse* resp) override;
@@ -87,6 +95,8 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
                        tutti::v1::ReleaseResponse* resp) override;
   grpc::Status Detach(grpc::ServerContext* ctx, const tutti::v1::DetachRequest* req,
                       tutti::v1::DetachResponse* resp) override;
+  grpc::Status ReportCompute(grpc::ServerContext* ctx, const tutti::v1::ReportComputeRequest* req,
+                             tutti::v1::ReportComputeResponse* resp) override;
 
  private:
   // Emits one progress message; false when the stream is gone.
@@ -110,6 +120,11 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   };
   absl::StatusOr<SessionCall> EnterSession(uint64_t session_id);
   absl::Status DoLookup(const tutti::v1::LookupRequest& req, tutti::v1::LookupResponse* resp);
+  // Sets resp's load_blocks and, when the advisor predicts, the predictions (kvcache_decision.cc).
+  void AdviseLookup(const SessionState& session, uint32_t prompt_tokens,
+                    const std::vector<bool>& hit_in_dram, tutti::v1::LookupResponse* resp);
+  absl::Status DoReportCompute(const tutti::v1::ReportComputeRequest& req,
+                               tutti::v1::ReportComputeResponse* resp);
   // Layers [*next, *end) are the admitted Retrieve's words not yet written; RetrieveLayers
   // advances *next as layers land and narrows *end once the layer range is known.
   absl::Status DoRetrieve(const tutti::v1::RetrieveRequest& req, grpc::ServerContext* ctx,
@@ -130,6 +145,8 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   const MemoryOpener opener_;
   CallGate* const gate_;
   EngineWatcher* const watcher_;
+  std::unique_ptr<decision::Advisor> own_advisor_;  // when none was given
+  decision::Advisor* const advisor_;
 };
 
 }  // namespace tutti::server

@@ -125,6 +125,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.retrieve_staging_bytes = 4ull << 20;
   so.dram_bytes = options.dram_bytes;
   so.max_namespaces = options.max_namespaces;
+  so.bandwidth = options.bandwidth;
   auto st = store::BlockStore::Open(so, std::move(*backend), Clock::Real());
   EXPECT_TRUE(st.ok()) << st.status();
   store_ = std::move(*st);
@@ -137,11 +138,13 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   sessions_ = std::make_unique<SessionManager>(session_options, &session_clock_,
       [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); },
       [raw_store](uint64_t session_id) { raw_store->DropPending(session_id); });
+  advisor_ = std::make_unique<decision::Advisor>(options.decision);
   kv_service_ = std::make_unique<KvCacheService>(
       KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session}, raw_store,
       sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(),
-      &gate_);
+      &gate_, nullptr, advisor_.get());
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
+  info.decision_stats = [a = advisor_.get()] { return a->Stats(); };
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),
                                                   &session_clock_, &gate_);
   auto server =
@@ -162,6 +165,7 @@ ServiceEnv::~ServiceEnv() {
   handoff_.reset();
   admin_service_.reset();
   kv_service_.reset();
+  advisor_.reset();
   sessions_.reset();
   store_.reset();
   std::filesystem::remove_all(state_dir_);

@@ -12,6 +12,7 @@
 
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
+#include "daemon/decision/advisor.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/server/admin_service.h"
 #include "daemon/server/credentials.h"
@@ -67,6 +68,9 @@ struct EnvOptions {
   MemoryOpener opener;  // empty: HostMemoryOpener()
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
+  bool decision = true;  // the advisor enabled (datapath.decision "auto") or off
+  // The store's read bandwidth priors (no test read is large enough to be measured).
+  datapath::BandwidthOptions bandwidth;
 };
 
 class ServiceEnv {
@@ -103,6 +107,7 @@ class ServiceEnv {
   std::unique_ptr<HandoffServer> handoff_;
   std::unique_ptr<store::BlockStore> store_;
   std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<decision::Advisor> advisor_;
   std::unique_ptr<KvCacheService> kv_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<Server> server_;

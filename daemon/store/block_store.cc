@@ -157,14 +157,17 @@ absl::StatusOr<NamespaceInfo> BlockStore::Impl::GetNamespace(NamespaceId id) con
   return it->second;
 }
 
-uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
+uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys,
+                                        std::vector<bool>* in_dram) {
   absl::MutexLock lock(&mu_);
+  if (in_dram != nullptr) in_dram->clear();
   uint32_t hits = 0;
   for (const Key& key : keys) {
     Entry* e = index_.Find(ns, key);
     if (e == nullptr) break;
     ++e->pins;
     index_.Touch(e);
+    if (in_dram != nullptr) in_dram->push_back(dram_->Find(ns, key, e->epoch) != nullptr);
     ++hits;
   }
   ++stats_.lookups;
@@ -627,8 +630,9 @@ absl::StatusOr<NamespaceId> BlockStore::RegisterNamespace(const tutti::v1::Names
 absl::StatusOr<NamespaceInfo> BlockStore::GetNamespace(NamespaceId id) const {
   return impl_->GetNamespace(id);
 }
-uint32_t BlockStore::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys) {
-  return impl_->LookupAndPin(ns, keys);
+uint32_t BlockStore::LookupAndPin(NamespaceId ns, absl::Span<const Key> keys,
+                                  std::vector<bool>* in_dram) {
+  return impl_->LookupAndPin(ns, keys, in_dram);
 }
 void BlockStore::Unpin(NamespaceId ns, absl::Span<const Key> keys) { impl_->Unpin(ns, keys); }
 const datapath::BandwidthMeter& BlockStore::read_bandwidth() const {

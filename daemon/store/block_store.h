@@ -76,6 +76,8 @@ struct StoreOptions {
   // for one chunk's copy at most; 0: the whole checkpoint encoded and written under one hold, as
   // before chunking (bench/checkpoint_bench compares them).
   uint64_t checkpoint_chunk_slots = 1024;
+  // Priors of the read bandwidth meter (datapath.*_read_prior_bytes_per_sec).
+  datapath::BandwidthOptions bandwidth;
 };
 
 // What happened to one block of a Capture. Both rejections copy nothing and are worth retrying
@@ -181,8 +183,11 @@ class BlockStore {
   // pinned block is never evicted or overwritten. Each pin must be dropped by
   // one Unpin of the same key. Pins count per key: a pin outlives its block
   // leaving the index after a failed read, and that block's slot is reused only
-  // once every pin of the key is dropped.
-  uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
+  // once every pin of the key is dropped. With `in_dram`, it is replaced by one
+  // flag per hit: whether that block is in the DRAM tier now (else a read goes
+  // to the SSD).
+  uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys,
+                        std::vector<bool>* in_dram = nullptr);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
 
   // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls

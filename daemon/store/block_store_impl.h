@@ -82,7 +82,7 @@ class BlockStore::Impl {
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
-  uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys);
+  uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys, std::vector<bool>* in_dram);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                     uint32_t layer_end, const LayerSink& sink);

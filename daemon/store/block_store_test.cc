@@ -436,3 +436,26 @@ TEST_F(BlockStoreTest, MaxReadBytesMustBeAMultipleOf4096) {
 
 }  // namespace
 }  // namespace tutti::store
+
+namespace tutti::store {
+namespace {
+
+TEST_F(BlockStoreTest, LookupSaysWhichHitsAreInTheDramTierAndThePriorsReachTheMeter) {
+  options_.dram_bytes = 1 << 20;
+  options_.bandwidth.ssd_prior_bytes_per_sec = 3e9;
+  options_.bandwidth.dram_prior_bytes_per_sec = 40e9;
+  Open();
+  EXPECT_EQ(store_->read_bandwidth().BytesPerSecond(datapath::Tier::kSsd), 3e9);
+  EXPECT_EQ(store_->read_bandwidth().BytesPerSecond(datapath::Tier::kDram), 40e9);
+  auto keys = Keys(0, 3);
+  Store(keys);
+  std::vector<bool> in_dram = {false};  // replaced, not appended to
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys, &in_dram), 3u);
+  EXPECT_EQ(in_dram, std::vector<bool>(3, true));
+  Open();  // the DRAM tier starts empty
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys, &in_dram), 3u);
+  EXPECT_EQ(in_dram, std::vector<bool>(3, false));
+}
+
+}  // namespace
+}  // namespace tutti::store

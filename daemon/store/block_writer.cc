@@ -44,7 +44,8 @@ BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBacken
     : options_(options),
       backend_(std::move(backend)),
       clock_(clock),
-      index_(options.layout.num_slots(), options.layout.max_objects()) {}
+      index_(options.layout.num_slots(), options.layout.max_objects()),
+      read_bandwidth_(options.bandwidth) {}
 
 BlockStore::Impl::~Impl() {
   {

@@ -207,11 +207,34 @@ struct AttachOptions {
 
 // Blocks [0, hits) of a looked-up chain are present and pinned until Retrieve ends, Release, or
 // the lease times out (lease_ttl_ms). hits = 0 holds nothing.
+// Load or recompute (docs/decision.md): retrieve the first load_blocks (<= hits) keys and compute
+// the rest of the prompt; the Retrieve ends the lease's other pins too. load_blocks = hits unless
+// Lookup was given prompt_tokens and tuttid could predict (then decision_id != 0 and the
+// predicted times to first token are set, in ms: for load_blocks, for loading nothing, for
+// loading every hit).
 struct Lease {
   uint64_t id = 0;
   uint32_t hits = 0;
   uint32_t ttl_ms = 0;
   uint64_t generation = 0;  // Client::generation() when it was granted
+  uint32_t load_blocks = 0;
+  double predicted_ttft_ms = 0;
+  double predicted_recompute_ms = 0;
+  double predicted_load_all_ms = 0;
+  uint64_t decision_id = 0;
+};
+
+// One prefill's measured per-layer compute (Client::ReportCompute).
+struct ComputeSample {
+  uint32_t new_tokens = 0;      // tokens computed (>= 1)
+  uint32_t context_tokens = 0;  // the whole context, the new tokens included (>= new_tokens)
+  double layer_ms = 0;          // mean time of one layer's forward (> 0)
+  double overhead_ms = 0;       // the prefill's time outside the layers (>= 0)
+};
+
+struct ComputeReport {
+  bool decision_found = false;  // the decision_id was known to tuttid
+  double prediction_error = 0;  // |predicted - measured| / measured, when found
 };
 
 enum class StoreOutcome : int {
@@ -292,8 +315,17 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // How many leading keys of one chain are cached; those are pinned under the returned lease.
-  // UNAVAILABLE while tuttid is unreachable (treat as a miss).
-  Result<Lease> Lookup(const std::vector<BlockKey>& keys);
+  // With prompt_tokens (the whole prompt's length, cached or not), tuttid also advises how many
+  // of the hits to load (Lease::load_blocks). UNAVAILABLE while tuttid is unreachable (treat as a
+  // miss); INVALID_ARGUMENT for prompt_tokens above 16777216.
+  Result<Lease> Lookup(const std::vector<BlockKey>& keys, uint32_t prompt_tokens = 0);
+
+  // Reports measured compute times of this engine's prefills (at most 1024 samples) for tuttid's
+  // load-or-recompute model and, with decision_id (Lease::decision_id) and measured_ttft_ms > 0,
+  // the time to first token that the prefill after that decision took. INVALID_ARGUMENT naming
+  // the field for a bad value (nothing is recorded then); UNAVAILABLE while tuttid is unreachable.
+  Result<ComputeReport> ReportCompute(const std::vector<ComputeSample>& samples,
+                                      uint64_t decision_id = 0, double measured_ttft_ms = 0);
 
   // Starts copying layers [layer_begin, layer_end) (layer_end 0: all) of keys[i] into engine block
   // engine_blocks[i]; every key must be under `lease` (the lease ends with the transfer). Returns

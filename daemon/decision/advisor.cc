@@ -1,0 +1,126 @@
+#include "daemon/decision/advisor.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/decision/split.h"
+
+namespace tutti::decision {
+namespace {
+
+absl::Status Bad(const std::string& field, double value, const char* allowed) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", allowed));
+}
+
+absl::Status ValidateSample(size_t i, const ComputeSample& s) {
+  const std::string field = absl::StrCat("samples[", i, "]");
+  if (s.context_tokens > kMaxContextTokens) {
+    return Bad(field + ".context_tokens", s.context_tokens,
+               absl::StrCat("must be at most ", kMaxContextTokens).c_str());
+  }
+  if (s.new_tokens == 0 || s.new_tokens > s.context_tokens) {
+    return Bad(field + ".new_tokens", s.new_tokens,
+               "must be in [1, context_tokens] (context_tokens counts the new tokens too)");
+  }
+  if (!std::isfinite(s.layer_ms) || s.layer_ms <= 0) {
+    return Bad(field + ".layer_ms", s.layer_ms, "must be finite and > 0");
+  }
+  if (!std::isfinite(s.overhead_ms) || s.overhead_ms < 0) {
+    return Bad(field + ".overhead_ms", s.overhead_ms, "must be finite and >= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t decision_id,
+                            double measured_ttft_ms) {
+  if (samples.size() > kMaxSamplesPerReport) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "samples: ", samples.size(), " given, at most ", kMaxSamplesPerReport, " per call"));
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (absl::Status s = ValidateSample(i, samples[i]); !s.ok()) return s;
+  }
+  if ((decision_id == 0) != (measured_ttft_ms == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decision_id = ", decision_id, ", measured_ttft_ms = ", measured_ttft_ms,
+        ": give both (the TTFT measured after that decision) or neither"));
+  }
+  if (decision_id != 0 && (!std::isfinite(measured_ttft_ms) || measured_ttft_ms <= 0)) {
+    return Bad("measured_ttft_ms", measured_ttft_ms, "must be finite and > 0");
+  }
+  return absl::OkStatus();
+}
+
+Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& shape,
+                       uint32_t prompt_tokens, const std::vector<bool>& hit_in_dram,
+                       const Bandwidths& bandwidths) {
+  Advice advice;
+  advice.load_blocks = static_cast<uint32_t>(hit_in_dram.size());
+  if (!enabled_ || prompt_tokens == 0) return advice;
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(ns);
+  if (it == models_.end() || it->second.empty()) return advice;
+  const ComputeModel& model = it->second;
+  SplitInput in;
+  in.num_layers = shape.num_layers;
+  in.block_tokens = shape.block_tokens;
+  in.prompt_tokens = prompt_tokens;
+  in.layer_bytes = shape.layer_bytes;
+  in.hit_in_dram = hit_in_dram;
+  in.dram_bytes_per_sec = bandwidths.dram_bytes_per_sec;
+  in.ssd_bytes_per_sec = bandwidths.ssd_bytes_per_sec;
+  in.overhead_ms = model.OverheadMs();
+  in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
+  const Split split = ChooseSplit(in);
+  advice = Advice{split.load_blocks, true, split.ttft_ms, split.recompute_ms, split.load_all_ms,
+                  next_decision_id_++};
+  RememberLocked(advice.decision_id, Decision{session, split.ttft_ms});
+  ++stats_.decisions;
+  return advice;
+}
+
+void Advisor::RememberLocked(uint64_t id, Decision d) {
+  decisions_[id] = d;
+  decision_order_.push_back(id);
+  if (decision_order_.size() > kMaxDecisions) {
+    decisions_.erase(decision_order_.front());
+    decision_order_.pop_front();
+  }
+}
+
+absl::StatusOr<ReportResult> Advisor::Report(NamespaceId ns, uint64_t session,
+                                             absl::Span<const ComputeSample> samples,
+                                             uint64_t decision_id, double measured_ttft_ms) {
+  if (absl::Status s = ValidateReport(samples, decision_id, measured_ttft_ms); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  if (!samples.empty()) {
+    ComputeModel& model = models_[ns];
+    for (const ComputeSample& s : samples) model.Add(s);
+  }
+  if (decision_id == 0) return ReportResult{};
+  return CompareLocked(session, decision_id, measured_ttft_ms);
+}
+
+ReportResult Advisor::CompareLocked(uint64_t session, uint64_t decision_id,
+                                    double measured_ttft_ms) {
+  auto it = decisions_.find(decision_id);
+  if (it == decisions_.end() || it->second.session != session) return ReportResult{};
+  const double error = std::fabs(it->second.predicted_ttft_ms - measured_ttft_ms) /
+                       measured_ttft_ms;
+  decisions_.erase(it);  // one measurement per decision; its id leaves decision_order_ later
+  ++stats_.prediction_errors;
+  error_sum_ += error;
+  stats_.prediction_error_mean = error_sum_ / stats_.prediction_errors;
+  stats_.prediction_error_last = error;
+  return ReportResult{true, error};
+}
+
+AdvisorStats Advisor::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace tutti::decision

@@ -1,0 +1,116 @@
+// The load-or-recompute advisor behind Lookup and ReportCompute: one compute model per namespace
+// (tuttid runs one per GPU, so a namespace's model is its engine's rate on this GPU), the split
+// chosen per Lookup (split.h), and the prediction error of the TTFTs engines report back.
+//
+// Advice is given only when asked (prompt_tokens > 0), when the advisor is enabled
+// (datapath.decision "auto") and once the namespace has compute samples; otherwise every hit is
+// to be loaded and nothing is predicted. Each decision gets an id (never 0) and is remembered,
+// with its session, among the newest kMaxDecisions, so that a measured TTFT reported for it can be
+// compared with the prediction.
+//
+// Thread-safety: every method is thread-safe (one mutex; nothing is held across calls).
+#ifndef TUTTI_DAEMON_DECISION_ADVISOR_H_
+#define TUTTI_DAEMON_DECISION_ADVISOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "daemon/common/types.h"
+#include "daemon/decision/compute_model.h"
+
+namespace tutti::decision {
+
+// Bounds of ReportCompute's input.
+inline constexpr size_t kMaxSamplesPerReport = 1024;
+inline constexpr uint32_t kMaxContextTokens = 1u << 24;
+
+// What the split needs to know of a namespace.
+struct NamespaceShape {
+  uint32_t num_layers = 0;
+  uint32_t block_tokens = 0;
+  uint64_t layer_bytes = 0;  // one block's bytes of one layer (object_len x parts)
+};
+
+struct Bandwidths {
+  double dram_bytes_per_sec = 0;
+  double ssd_bytes_per_sec = 0;
+};
+
+struct Advice {
+  uint32_t load_blocks = 0;
+  bool predicted = false;  // false: load_blocks = hits, the rest is 0
+  double ttft_ms = 0, recompute_ms = 0, load_all_ms = 0;
+  uint64_t decision_id = 0;
+};
+
+struct ReportResult {
+  bool decision_found = false;
+  double prediction_error = 0;  // |predicted - measured| / measured, when found
+};
+
+struct AdvisorStats {
+  uint64_t decisions = 0;           // advice given with a prediction
+  uint64_t prediction_errors = 0;   // measured TTFTs compared with their prediction
+  double prediction_error_mean = 0;
+  double prediction_error_last = 0;
+};
+
+// INVALID_ARGUMENT naming the first bad field ("samples[3].layer_ms = nan: ..."): more than
+// kMaxSamplesPerReport samples; new_tokens 0 or above context_tokens; context_tokens above
+// kMaxContextTokens; layer_ms not finite or <= 0; overhead_ms not finite or < 0; decision_id
+// and measured_ttft_ms not given together; measured_ttft_ms not finite or <= 0.
+absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t decision_id,
+                            double measured_ttft_ms);
+
+class Advisor {
+ public:
+  static constexpr size_t kMaxDecisions = 4096;
+
+  explicit Advisor(bool enabled) : enabled_(enabled) {}
+
+  bool enabled() const { return enabled_; }
+
+  // The split for a Lookup of `session` in `ns` whose hits lie in the tiers `hit_in_dram` says (one
+  // per hit, chain order). Preconditions: shape fields >= 1, bandwidths > 0. With prompt_tokens 0,
+  // the advisor off or no samples for `ns`: load_blocks = hits, predicted false, decision_id 0.
+  Advice Advise(NamespaceId ns, uint64_t session, const NamespaceShape& shape,
+                uint32_t prompt_tokens, const std::vector<bool>& hit_in_dram,
+                const Bandwidths& bandwidths);
+
+  // Adds `samples` to the model of `ns` and, with a decision_id, compares measured_ttft_ms with
+  // that decision's prediction (found only if it was `session`'s and is still remembered).
+  // ValidateReport's errors, recording nothing.
+  absl::StatusOr<ReportResult> Report(NamespaceId ns, uint64_t session,
+                                      absl::Span<const ComputeSample> samples,
+                                      uint64_t decision_id, double measured_ttft_ms);
+
+  AdvisorStats Stats() const;
+
+ private:
+  struct Decision {
+    uint64_t session = 0;
+    double predicted_ttft_ms = 0;
+  };
+  void RememberLocked(uint64_t id, Decision d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ReportResult CompareLocked(uint64_t session, uint64_t decision_id, double measured_ttft_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const bool enabled_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<NamespaceId, ComputeModel> models_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Decision> decisions_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> decision_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  uint64_t next_decision_id_ ABSL_GUARDED_BY(mu_) = 1;
+  AdvisorStats stats_ ABSL_GUARDED_BY(mu_);
+  double error_sum_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tutti::decision
+
+#endif  // TUTTI_DAEMON_DECISION_ADVISOR_H_

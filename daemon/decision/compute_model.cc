@@ -1,0 +1,112 @@
+#include "daemon/decision/compute_model.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <utility>
+
+namespace tutti::decision {
+namespace {
+
+// Features scaled so that the normal equations stay well conditioned at 32K-token contexts.
+constexpr double kScale1 = 1e3, kScale2 = 1e6;
+
+using Row = std::array<double, 3>;
+
+Row Features(const ComputeSample& s) {
+  const double n = s.new_tokens;
+  const double k = static_cast<double>(s.context_tokens) - n;
+  return {1.0, n / kScale1, (n * k + n * n / 2) / kScale2};
+}
+
+// Solves a * x = b (3x3) by Gaussian elimination with partial pivoting; false when a pivot is
+// negligible against the matrix's largest diagonal entry.
+bool Solve3(std::array<Row, 3> a, Row b, Row* x) {
+  const double scale = std::max({a[0][0], a[1][1], a[2][2]});
+  for (int col = 0; col < 3; ++col) {
+    int pivot = col;
+    for (int r = col + 1; r < 3; ++r) {
+      if (std::fabs(a[r][col]) > std::fabs(a[pivot][col])) pivot = r;
+    }
+    if (std::fabs(a[pivot][col]) <= 1e-9 * scale) return false;
+    std::swap(a[col], a[pivot]);
+    std::swap(b[col], b[pivot]);
+    for (int r = col + 1; r < 3; ++r) {
+      const double f = a[r][col] / a[col][col];
+      for (int c = col; c < 3; ++c) a[r][c] -= f * a[col][c];
+      b[r] -= f * b[col];
+    }
+  }
+  for (int r = 2; r >= 0; --r) {
+    double v = b[r];
+    for (int c = r + 1; c < 3; ++c) v -= a[r][c] * (*x)[c];
+    (*x)[r] = v / a[r][r];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<LayerFit> FitLayer(const std::deque<ComputeSample>& samples) {
+  if (samples.size() < ComputeModel::kMinSamples) return std::nullopt;
+  std::array<Row, 3> ata{};
+  Row aty{};
+  for (const ComputeSample& s : samples) {
+    const Row f = Features(s);
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) ata[i][j] += f[i] * f[j];
+      aty[i] += f[i] * s.layer_ms;
+    }
+  }
+  Row c{};
+  if (!Solve3(ata, aty, &c)) return std::nullopt;
+  return LayerFit{c[0], c[1] / kScale1, c[2] / kScale2};
+}
+
+void ComputeModel::Add(const ComputeSample& sample) {
+  std::deque<ComputeSample>& kind =
+      sample.new_tokens == sample.context_tokens ? plain_ : prefixed_;
+  kind.push_back(sample);
+  if (kind.size() > kMaxSamples) kind.pop_front();
+  Refit();
+}
+
+void ComputeModel::Refit() {
+  plain_fit_ = FitLayer(plain_);
+  prefixed_fit_ = FitLayer(prefixed_);
+  double yn = 0, nn = 0;
+  for (const auto* kind : {&plain_, &prefixed_}) {
+    for (const ComputeSample& s : *kind) {
+      yn += s.layer_ms * s.new_tokens;
+      nn += static_cast<double>(s.new_tokens) * s.new_tokens;
+    }
+  }
+  per_token_ms_ = nn > 0 ? yn / nn : 0;
+}
+
+std::optional<double> ComputeModel::LayerMs(uint32_t context_tokens,
+                                            uint32_t cached_tokens) const {
+  if (empty()) return std::nullopt;
+  const double n = static_cast<double>(context_tokens) - cached_tokens;
+  const std::optional<LayerFit>& own = cached_tokens == 0 ? plain_fit_ : prefixed_fit_;
+  const std::optional<LayerFit>& other = cached_tokens == 0 ? prefixed_fit_ : plain_fit_;
+  double ms = per_token_ms_ * n;
+  if (own.has_value()) {
+    ms = own->Eval(n, cached_tokens);
+  } else if (other.has_value()) {
+    ms = other->Eval(n, cached_tokens);
+  }
+  return std::max(ms, 0.0);
+}
+
+double ComputeModel::OverheadMs() const {
+  double sum = 0;
+  size_t count = 0;
+  for (const auto* kind : {&plain_, &prefixed_}) {
+    for (const ComputeSample& s : *kind) sum += s.overhead_ms;
+    count += kind->size();
+  }
+  return count == 0 ? 0 : sum / count;
+}
+
+}  // namespace tutti::decision

@@ -1,0 +1,71 @@
+// The engine's compute rate for one namespace: per-layer prefill time as a function of the tokens
+// computed and the tokens already cached, fitted by least squares to the samples engines report.
+//
+// Model (n new tokens computed with k = T - n tokens' KV already present):
+//   layer_ms(n, k) = c0 + c1 * n + c2 * (n * k + n * n / 2)
+// c1 covers the per-token matmuls, c2 attention (each new token attends to the k cached tokens and
+// on average half of the new ones). Two fits are kept: one over samples with k == 0 (plain causal
+// prefill) and one over samples with k > 0, because torch SDPA takes a slower kernel once a prefix
+// exists (../shared/FACTS.md: 45.9 ms at T = 32K, k = 4K against 37.7 ms at k = 0). A prediction
+// uses the fit of its own kind, or the other one while its own has fewer than kMinSamples samples
+// or cannot be solved (every sample of the same shape); with neither, a fit through the origin
+// proportional to n over all samples. The prefill's time outside the layers (embedding, head,
+// calls) is the mean of the samples' overhead_ms.
+//
+// Memory is bounded: the newest kMaxSamples samples of each kind are kept, the fits recomputed on
+// each Add.
+//
+// Thread-safety: none; the Advisor guards each model.
+#ifndef TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
+#define TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+namespace tutti::decision {
+
+// One prefill's measurement (the engine API's ComputeSample). Preconditions of Add: 1 <= new_tokens
+// <= context_tokens; layer_ms > 0 and overhead_ms >= 0, both finite (Advisor validates).
+struct ComputeSample {
+  uint32_t new_tokens = 0;
+  uint32_t context_tokens = 0;
+  double layer_ms = 0;
+  double overhead_ms = 0;
+};
+
+// layer_ms = c0 + c1 * n + c2 * (n * k + n * n / 2).
+struct LayerFit {
+  double c0 = 0, c1 = 0, c2 = 0;
+  double Eval(double n, double k) const { return c0 + c1 * n + c2 * (n * k + n * n / 2); }
+};
+
+// The least-squares fit of `samples` to the model, or nullopt when fewer than kMinSamples are
+// given or the normal equations are singular (the samples do not tell the three terms apart).
+std::optional<LayerFit> FitLayer(const std::deque<ComputeSample>& samples);
+
+class ComputeModel {
+ public:
+  static constexpr size_t kMaxSamples = 256;  // per kind (k == 0, k > 0)
+  static constexpr size_t kMinSamples = 3;
+
+  void Add(const ComputeSample& sample);
+  bool empty() const { return plain_.empty() && prefixed_.empty(); }
+  // Predicted per-layer ms for computing the last T - k of T tokens with the first k cached
+  // (k < T), never below 0. nullopt when no sample was added.
+  std::optional<double> LayerMs(uint32_t context_tokens, uint32_t cached_tokens) const;
+  // Mean overhead_ms of the kept samples (0 when none).
+  double OverheadMs() const;
+
+ private:
+  void Refit();
+
+  std::deque<ComputeSample> plain_;     // k == 0
+  std::deque<ComputeSample> prefixed_;  // k > 0
+  std::optional<LayerFit> plain_fit_, prefixed_fit_;
+  double per_token_ms_ = 0;  // the fallback: layer_ms proportional to n, over all samples
+};
+
+}  // namespace tutti::decision
+
+#endif  // TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_

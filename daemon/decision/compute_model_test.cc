@@ -1,0 +1,70 @@
+// The compute model's least-squares fits recover the coefficients of exact samples.
+#include "daemon/decision/compute_model.h"
+
+#include "gtest/gtest.h"
+
+namespace tutti::decision {
+namespace {
+
+constexpr LayerFit kPlain{0.05, 2e-3, 3e-8};     // plain causal prefill (k == 0)
+constexpr LayerFit kPrefixed{0.3, 1e-3, 5e-8};   // with a prefix cached (k > 0)
+
+ComputeSample Exact(const LayerFit& f, uint32_t n, uint32_t t, double overhead = 0) {
+  return ComputeSample{n, t, f.Eval(n, static_cast<double>(t) - n), overhead};
+}
+
+TEST(FitLayerTest, RecoversTheCoefficientsOfExactSamples) {
+  std::deque<ComputeSample> s = {Exact(kPlain, 512, 512), Exact(kPlain, 4096, 4096),
+                                 Exact(kPlain, 16384, 16384), Exact(kPlain, 32768, 32768)};
+  const std::optional<LayerFit> fit = FitLayer(s);
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_NEAR(fit->c0, kPlain.c0, 1e-6);
+  EXPECT_NEAR(fit->c1, kPlain.c1, 1e-9);
+  EXPECT_NEAR(fit->c2, kPlain.c2, 1e-13);
+}
+
+TEST(FitLayerTest, TooFewOrAlikeSamplesDoNotFit) {
+  EXPECT_FALSE(FitLayer({Exact(kPlain, 512, 512), Exact(kPlain, 1024, 1024)}).has_value());
+  EXPECT_FALSE(FitLayer({Exact(kPlain, 512, 512), Exact(kPlain, 512, 512),
+                         Exact(kPlain, 512, 512)})
+                   .has_value());
+}
+
+TEST(ComputeModelTest, EachKindUsesItsOwnFit) {
+  ComputeModel m;
+  EXPECT_FALSE(m.LayerMs(1000, 0).has_value());
+  for (uint32_t n : {1024u, 8192u, 32768u}) m.Add(Exact(kPlain, n, n, 2.0));
+  for (auto [n, t] : {std::pair{1024u, 4096u}, {3000u, 32768u}, {16384u, 32768u}, {600u, 4096u}}) {
+    m.Add(Exact(kPrefixed, n, t, 4.0));
+  }
+  EXPECT_NEAR(*m.LayerMs(16384, 0), kPlain.Eval(16384, 0), 1e-6);
+  EXPECT_NEAR(*m.LayerMs(32768, 29488), kPrefixed.Eval(3280, 29488), 1e-6);
+  EXPECT_NEAR(m.OverheadMs(), (3 * 2.0 + 4 * 4.0) / 7, 1e-12);
+}
+
+TEST(ComputeModelTest, AKindWithTooFewSamplesFallsBackToTheOther) {
+  ComputeModel m;
+  for (uint32_t n : {1024u, 8192u, 32768u}) m.Add(Exact(kPlain, n, n));
+  m.Add(Exact(kPrefixed, 1000, 2000));  // one prefixed sample: not enough for its own fit
+  EXPECT_NEAR(*m.LayerMs(32768, 16384), kPlain.Eval(16384, 16384), 1e-6);
+}
+
+TEST(ComputeModelTest, SamplesOfOneShapeScaleWithTheNewTokens) {
+  ComputeModel m;
+  for (int i = 0; i < 3; ++i) m.Add(ComputeSample{1000, 1000, 2.0, 0});
+  EXPECT_NEAR(*m.LayerMs(2000, 0), 4.0, 1e-12);
+  EXPECT_NEAR(*m.LayerMs(2000, 1500), 1.0, 1e-12);
+}
+
+TEST(ComputeModelTest, KeepsOnlyTheNewestSamples) {
+  ComputeModel m;
+  const LayerFit old{5.0, 1e-2, 1e-6};
+  for (size_t i = 0; i < 100; ++i) m.Add(Exact(old, 100 + i, 100 + i));
+  for (size_t i = 0; i < ComputeModel::kMaxSamples; ++i) {
+    m.Add(Exact(kPlain, 100 + 100 * i, 100 + 100 * i));
+  }
+  EXPECT_NEAR(*m.LayerMs(20000, 0), kPlain.Eval(20000, 0), 1e-6) << "the old samples are gone";
+}
+
+}  // namespace
+}  // namespace tutti::decision

@@ -1,0 +1,107 @@
+// The split against the formula of split.h, with hand-computed cases.
+#include "daemon/decision/split.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tutti::decision {
+namespace {
+
+// 4 layers, 10-token blocks of 1 MB per layer, a 101-token prompt with 10 hits; compute costs
+// 0.01 ms per new token per layer. Then TTFT(k) = L + 3 max(C, L) + C with L = k x 1e9 / bw
+// ms and C = 0.01 (101 - 10k) ms.
+SplitInput Base(const std::vector<bool>& in_dram, double dram_bps, double ssd_bps) {
+  SplitInput in;
+  in.num_layers = 4;
+  in.block_tokens = 10;
+  in.prompt_tokens = 101;
+  in.layer_bytes = 1'000'000;
+  in.hit_in_dram = in_dram;
+  in.dram_bytes_per_sec = dram_bps;
+  in.ssd_bytes_per_sec = ssd_bps;
+  in.layer_ms = [](uint32_t t, uint32_t k) { return 0.01 * (t - k); };
+  return in;
+}
+
+const std::vector<bool> kAllDram(10, true), kAllSsd(10, false);
+
+TEST(SplitTest, AllDramLoadsEverything) {
+  // L = 0.001 ms per block: k = 10 gives L = C = 0.01, TTFT 0.05; k = 0 gives 4 x 1.01.
+  const Split s = ChooseSplit(Base(kAllDram, 1e12, 1e8));
+  EXPECT_EQ(s.load_blocks, 10u);
+  EXPECT_NEAR(s.ttft_ms, 0.05, 1e-9);
+  EXPECT_NEAR(s.recompute_ms, 4.04, 1e-9);
+  EXPECT_NEAR(s.load_all_ms, 0.05, 1e-9);
+}
+
+TEST(SplitTest, SlowSsdRecomputes) {
+  // L = 10 ms per block: k = 1 already costs 10 + 3 x 10 + 0.91 = 40.91 > 4.04.
+  const Split s = ChooseSplit(Base(kAllSsd, 1e12, 1e8));
+  EXPECT_EQ(s.load_blocks, 0u);
+  EXPECT_NEAR(s.ttft_ms, 4.04, 1e-9);
+  EXPECT_NEAR(s.load_all_ms, 4 * 100.0 + 0.01, 1e-6);
+  EXPECT_NEAR(PredictTtftMs(Base(kAllSsd, 1e12, 1e8), 1), 40.91, 1e-9);
+}
+
+TEST(SplitTest, MidBandwidthPicksTheInteriorOptimum) {
+  // L = 0.1 k. For k <= 5 (L <= C): TTFT = 4.04 - 0.3 k, least at k = 5: 2.54. k = 6: 4 x 0.6 +
+  // 0.41 = 2.81. Loading all: 4 x 1.0 + 0.01 = 4.01.
+  const Split s = ChooseSplit(Base(kAllSsd, 1e12, 1e10));
+  EXPECT_EQ(s.load_blocks, 5u);
+  EXPECT_NEAR(s.ttft_ms, 2.54, 1e-9);
+  EXPECT_NEAR(s.recompute_ms, 4.04, 1e-9);
+  EXPECT_NEAR(s.load_all_ms, 4.01, 1e-9);
+  EXPECT_LT(s.ttft_ms, s.recompute_ms);
+  EXPECT_LT(s.ttft_ms, s.load_all_ms);
+}
+
+TEST(SplitTest, MixedTiersCountEachBlocksTier) {
+  // Blocks 0-2 in DRAM (0.001 ms), the rest on a 10 ms SSD: k = 3 gives 0.003 + 4 x 0.71.
+  std::vector<bool> dram_first(10, false);
+  dram_first[0] = dram_first[1] = dram_first[2] = true;
+  const Split s = ChooseSplit(Base(dram_first, 1e12, 1e8));
+  EXPECT_EQ(s.load_blocks, 3u);
+  EXPECT_NEAR(s.ttft_ms, 0.003 + 4 * 0.71, 1e-9);
+  // The same tiers the other way round: the slow block first makes every k > 0 lose.
+  std::vector<bool> ssd_first(10, true);
+  ssd_first[0] = false;
+  EXPECT_EQ(ChooseSplit(Base(ssd_first, 1e12, 1e8)).load_blocks, 0u);
+}
+
+TEST(SplitTest, TiesGoToMoreLoading) {
+  // One layer, 1-token blocks, 1 ms per block and 1 ms per new token: TTFT(k) = 2 + k + (11 - k).
+  SplitInput in;
+  in.num_layers = 1;
+  in.block_tokens = 1;
+  in.prompt_tokens = 11;
+  in.layer_bytes = 1;
+  in.hit_in_dram = std::vector<bool>(10, false);
+  in.dram_bytes_per_sec = 1e3;
+  in.ssd_bytes_per_sec = 1e3;
+  in.overhead_ms = 2;
+  in.layer_ms = [](uint32_t t, uint32_t k) { return 1.0 * (t - k); };
+  const Split s = ChooseSplit(in);
+  EXPECT_EQ(s.load_blocks, 10u);
+  EXPECT_EQ(s.ttft_ms, 13.0);
+  EXPECT_EQ(s.recompute_ms, 13.0);
+}
+
+TEST(SplitTest, AtLeastOnePromptTokenIsComputed) {
+  // A 40-token prompt whose 10 hits cover 100 tokens: at most 3 blocks (30 tokens) are loaded.
+  SplitInput in = Base(kAllDram, 1e12, 1e8);
+  in.prompt_tokens = 40;
+  EXPECT_EQ(ChooseSplit(in).load_blocks, 3u);
+  in.prompt_tokens = 30;  // 3 blocks would leave nothing to compute
+  EXPECT_EQ(ChooseSplit(in).load_blocks, 2u);
+}
+
+TEST(SplitTest, NoHitsRecomputes) {
+  const Split s = ChooseSplit(Base({}, 1e12, 1e8));
+  EXPECT_EQ(s.load_blocks, 0u);
+  EXPECT_NEAR(s.ttft_ms, 4.04, 1e-9);
+  EXPECT_NEAR(s.load_all_ms, 4.04, 1e-9);
+}
+
+}  // namespace
+}  // namespace tutti::decision

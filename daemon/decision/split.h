@@ -1,0 +1,54 @@
+// The load-or-recompute split: how many leading cached blocks of a prompt to load so that the
+// predicted time to first token is least. Pure arithmetic over its inputs (docs/decision.md).
+//
+// Loading k blocks (K = k * block_tokens tokens) leaves n = T - K tokens to compute. Layers are
+// pipelined: layer l's KV loads while layer l - 1 computes, so with
+//   load(k)    = sum over the first k blocks b of layer_bytes / bandwidth(tier of b)   (per layer)
+//   compute(k) = the compute model's layer time for n new tokens with K cached          (per layer)
+// the predicted time to first token over N layers is
+//   TTFT(k) = overhead + load(k) + (N - 1) * max(compute(k), load(k)) + compute(k)
+// (load layer 0; then each layer l < N - 1 computes while layer l + 1 loads; the last layer
+// computes alone). Candidates are k in [0, kmax], kmax = min(hits, (T - 1) / block_tokens): at
+// least one prompt token is always computed, since the first token's logits need it. The least
+// TTFT wins; ties go to more loading.
+//
+// Thread-safety: pure functions.
+#ifndef TUTTI_DAEMON_DECISION_SPLIT_H_
+#define TUTTI_DAEMON_DECISION_SPLIT_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace tutti::decision {
+
+struct SplitInput {
+  uint32_t num_layers = 0;         // N (>= 1)
+  uint32_t block_tokens = 0;       // tokens per block (>= 1)
+  uint32_t prompt_tokens = 0;      // T (>= 1)
+  uint64_t layer_bytes = 0;        // one block's bytes of one layer (all its parts)
+  std::vector<bool> hit_in_dram;   // one per hit, in chain order: DRAM tier (true) or SSD
+  double dram_bytes_per_sec = 0;   // > 0
+  double ssd_bytes_per_sec = 0;    // > 0
+  double overhead_ms = 0;
+  // Per-layer compute ms of the last T - K of T tokens with the first K cached (K < T).
+  std::function<double(uint32_t context_tokens, uint32_t cached_tokens)> layer_ms;
+};
+
+struct Split {
+  uint32_t load_blocks = 0;
+  double ttft_ms = 0;        // TTFT(load_blocks)
+  double recompute_ms = 0;   // TTFT(0)
+  double load_all_ms = 0;    // TTFT(kmax)
+};
+
+// TTFT(k) for one k in [0, kmax] of `in` (the formula above). Preconditions as for ChooseSplit.
+double PredictTtftMs(const SplitInput& in, uint32_t load_blocks);
+
+// The k in [0, kmax] with the least TTFT(k) (ties: the larger k). Preconditions: num_layers,
+// block_tokens, prompt_tokens >= 1, both bandwidths > 0, layer_ms set.
+Split ChooseSplit(const SplitInput& in);
+
+}  // namespace tutti::decision
+
+#endif  // TUTTI_DAEMON_DECISION_SPLIT_H_
