@@ -123,7 +123,8 @@ class BlockStore::Impl {
   uint64_t CountUsedSlotHeaders(uint64_t max_slots);
   void WriterLoop();
   void WriteBatch(std::vector<PendingBlock*> batch);
-  // Gives each block of `batch` a slot, evicting where the pool is full; `victim_slots` gets the
+  // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
+  // allow), evicting where the pool is full; `victim_slots` gets the
   // slots whose Delete records must be durable before they are rewritten.
   // Returns the journal sequence number of the last Delete appended (0: none).
   uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
