@@ -166,7 +166,7 @@ class BlockStore::Impl {
   // The frame of each object in a block's staging chunk of num_objects frames
   // of `frame_bytes`: file-major, the objects j = r, r + D, r + 2D, ... (those
   // one pool file holds) consecutive, file share r after share r - 1. In the
-  // pool file (format 2) those objects are G frames apart, so they share one
+  // pool file (format 2) those objects are D x G frames apart, so they share one
   // write only with G = 1 and D = 1 (see AppendBlockWrites).
   std::vector<uint8_t*> StagingObjects(uint8_t* chunk, uint32_t num_objects,
                                        uint32_t frame_bytes) const;
