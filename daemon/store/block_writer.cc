@@ -400,7 +400,7 @@ uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
 // Appends the writes of block `p`: its objects in staging order (StagingObjects:
 // file share after file share), one write each, where an object continues the
 // previous one both in the pool file and in staging the two share a write (with
-// one extent slot per file and group, a file's share of the slot); then the header.
+// G = 1 and D = 1 the whole slot is one write, as in format 1); then the header.
 void BlockStore::Impl::AppendBlockWrites(const PendingBlock& p, uint8_t* header,
                                          std::vector<io::IoRequest>* reqs) const {
   const auto& layout = options_.layout;
