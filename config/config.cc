@@ -159,7 +159,8 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
     return Bad("pool.object_bytes", absl::StrCat(p.object_bytes()),
                absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
   }
-  return CheckRange("pool.max_objects", p.max_objects(), 1, kMaxObjectsPerSlot);
+  RETURN_IF_ERROR(CheckRange("pool.max_objects", p.max_objects(), 1, kMaxObjectsPerSlot));
+  return CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots);
 }
 
 absl::Status ValidateIo(const tutti::v1::IoConfig& io) {

@@ -22,6 +22,9 @@ namespace tutti::config {
 // The largest number of objects one pool slot may hold (its header has one checksum per object).
 // Equal to pool::kMaxObjectsPerSlot; daemon/main.cc asserts that.
 inline constexpr uint32_t kMaxObjectsPerSlot = 496;
+// The largest pool.extent_slots (0 is automatic). Equal to pool::kMaxExtentSlots; daemon/main.cc
+// asserts that.
+inline constexpr uint32_t kMaxExtentSlots = 4096;
 
 // The text of config/default.textproto, embedded in the binary. Lives forever.
 std::string_view DefaultConfigText();

@@ -186,6 +186,7 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { object_bytes: 134217728 }", {"pool.object_bytes", "67108864"});
   ExpectRejected("pool { max_objects: 0 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
+  ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
   ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory"});
   ExpectRejected("io { queue_depth: 0 }", {"io.queue_depth", "[1, 4096]"});
   ExpectRejected("io { queue_depth: 5000 }", {"io.queue_depth"});

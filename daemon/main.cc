@@ -63,6 +63,8 @@ namespace {
 constexpr char kVersion[] = "0.1.0";
 static_assert(config::kMaxObjectsPerSlot == pool::kMaxObjectsPerSlot,
               "config validation and the pool layout disagree on objects per slot");
+static_assert(config::kMaxExtentSlots == pool::kMaxExtentSlots,
+              "config validation and the pool layout disagree on extent slots");
 
 // How long SIGTERM lets in-flight calls finish before cancelling them.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
@@ -205,10 +207,13 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
   ASSIGN_OR_RETURN(
       const pool::PoolLayout layout,
       pool::PoolLayout::Compute(config.pool().capacity_bytes(), config.pool().dirs_size(),
-                                config.pool().object_bytes(), config.pool().max_objects()));
-  log::Get("main")->info("pool: {} files of {} bytes, {} slots of {} objects x {} bytes",
-                         layout.num_files(), layout.file_bytes(), layout.num_slots(),
-                         layout.max_objects(), layout.object_bytes());
+                                config.pool().object_bytes(), config.pool().max_objects(),
+                                config.pool().extent_slots()));
+  log::Get("main")->info(
+      "pool: {} files of {} bytes, {} slots of {} objects x {} bytes, in extents of {} slots per "
+      "file (pool.extent_slots = {})",
+      layout.num_files(), layout.file_bytes(), layout.num_slots(), layout.max_objects(),
+      layout.object_bytes(), layout.extent_slots(), config.pool().extent_slots());
   ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend, OpenBackend(config, layout));
   d->io_backend = std::string(backend->name());
   if (d->io_backend == "memory") {

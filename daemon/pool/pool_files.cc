@@ -31,13 +31,14 @@ using internal::Put64;
 
 constexpr char kTmpSuffix[] = ".tmp";
 constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'P', 'O', 'L'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kPerSlotFormatVersion = 1;  // before extents: refused, see FORMAT.md
 constexpr size_t kChecksumAt = kSuperblockBytes - 8;
 constexpr uint64_t kPreallocChunk = 1ull << 30;
 
 struct Superblock {
   uint32_t version = kFormatVersion;
-  uint32_t file_index = 0, num_files = 0, object_bytes = 0, max_objects = 0;
+  uint32_t file_index = 0, num_files = 0, object_bytes = 0, max_objects = 0, extent_slots = 0;
   uint64_t num_slots = 0, file_bytes = 0;
   std::array<uint8_t, 16> uuid{};
   uint64_t created_unix = 0;  // informational
@@ -60,6 +61,7 @@ Superblock FromLayout(const PoolLayout& l, uint32_t index, const std::array<uint
   sb.num_files = l.num_files();
   sb.object_bytes = l.object_bytes();
   sb.max_objects = l.max_objects();
+  sb.extent_slots = l.extent_slots();
   sb.num_slots = l.num_slots();
   sb.file_bytes = l.file_bytes();
   sb.uuid = uuid;
@@ -75,6 +77,7 @@ void EncodeSuperblock(const Superblock& sb, uint8_t* p) {
   Put32(p + 16, sb.num_files);
   Put32(p + 20, sb.object_bytes);
   Put32(p + 24, sb.max_objects);
+  Put32(p + 28, sb.extent_slots);
   Put64(p + 32, sb.num_slots);
   Put64(p + 40, sb.file_bytes);
   std::memcpy(p + 48, sb.uuid.data(), 16);
@@ -95,6 +98,15 @@ absl::StatusOr<Superblock> DecodeSuperblock(const uint8_t* p, const std::string&
   }
   Superblock sb;
   sb.version = Get32(p + 8);
+  if (sb.version == kPerSlotFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is a pool of format version 1 (the per-slot layout); this tuttid reads only format ",
+        kFormatVersion,
+        " (extents) and does not convert pools. Stop tuttid, move the pool files (tutti.pool in "
+        "every pool.dirs directory) and the journal and checkpoint files of the state directory "
+        "(journal.*, checkpoint) away, or delete them, then restart: tuttid creates a version-2 "
+        "pool. The old pool's cached blocks are lost; they are a cache"));
+  }
   if (sb.version != kFormatVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " has pool format version ", sb.version, "; this tuttid reads version ",
@@ -104,6 +116,7 @@ absl::StatusOr<Superblock> DecodeSuperblock(const uint8_t* p, const std::string&
   sb.num_files = Get32(p + 16);
   sb.object_bytes = Get32(p + 20);
   sb.max_objects = Get32(p + 24);
+  sb.extent_slots = Get32(p + 28);
   sb.num_slots = Get64(p + 32);
   sb.file_bytes = Get64(p + 40);
   std::memcpy(sb.uuid.data(), p + 48, 16);
@@ -120,6 +133,7 @@ std::string LayoutDifferences(const Superblock& have, const Superblock& want) {
   cmp("files", have.num_files, want.num_files);
   cmp("object_bytes", have.object_bytes, want.object_bytes);
   cmp("max_objects", have.max_objects, want.max_objects);
+  cmp("extent_slots", have.extent_slots, want.extent_slots);
   cmp("slots", have.num_slots, want.num_slots);
   cmp("file_bytes", have.file_bytes, want.file_bytes);
   return absl::StrJoin(diffs, "; ");
@@ -388,7 +402,7 @@ absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Supe
     return absl::FailedPreconditionError(absl::StrCat(
         path, " was created for another pool layout (", diff,
         "). Restore pool.capacity_bytes, "
-        "pool.object_bytes, pool.max_objects and pool.dirs to the values the pool was created "
+        "pool.object_bytes, pool.max_objects, pool.extent_slots and pool.dirs to the values the pool was created "
         "with, or move the pool files away (their cached blocks are lost) to start an empty pool"));
   }
   if (have->file_index != i) {

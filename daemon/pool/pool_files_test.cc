@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -13,15 +14,30 @@
 
 #include "absl/time/clock.h"
 #include "daemon/io/test_util.h"
+#include "daemon/pool/endian.h"
 #include "gtest/gtest.h"
+#include "xxhash.h"
 
 namespace tutti::pool {
 namespace {
 
-PoolLayout Layout(uint32_t files, uint32_t object_bytes = 65536, uint64_t per_file = 4 << 20) {
-  auto l = PoolLayout::Compute(per_file * files, files, object_bytes, 4);
+PoolLayout Layout(uint32_t files, uint32_t object_bytes = 65536, uint64_t per_file = 4 << 20,
+                  uint32_t extent_slots = 0) {
+  auto l = PoolLayout::Compute(per_file * files, files, object_bytes, 4, extent_slots);
   EXPECT_TRUE(l.ok()) << l.status();
   return *l;
+}
+
+// Rewrites the superblock of `path` through `edit` (given the 4 KiB page), checksum updated.
+void EditSuperblock(const std::string& path, const std::function<void(uint8_t*)>& edit) {
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  uint8_t page[4096];
+  ASSERT_EQ(pread(fd, page, sizeof page, 0), 4096);
+  edit(page);
+  internal::Put64(page + 4088, XXH3_64bits(page, 4088));
+  ASSERT_EQ(pwrite(fd, page, sizeof page, 0), 4096);
+  close(fd);
 }
 
 bool Contains(const absl::Status& s, const std::string& text) {
@@ -127,6 +143,55 @@ TEST_F(PoolFilesTest, LayoutMismatchSaysWhatDiffersAndWhatToDo) {
   auto bigger = OpenOrCreatePool(dirs, Layout(2, 65536, 8 << 20));
   ASSERT_EQ(bigger.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(bigger.status(), "file_bytes: pool")) << bigger.status();
+}
+
+TEST_F(PoolFilesTest, ExtentSlotsAreStoredAndAMismatchIsRefused) {
+  const auto dirs = Dirs({"a", "b"});
+  // 7 MiB of frames per file, 4 x 4 KiB per slot: 224 extents of G = 2 or 112 of G = 4, the
+  // same slots and file size; only the extents differ.
+  const PoolLayout two = Layout(2, 4096, 8 << 20, 2);
+  const PoolLayout four = Layout(2, 4096, 8 << 20, 4);
+  ASSERT_EQ(two.extent_slots(), 2u);
+  ASSERT_EQ(four.extent_slots(), 4u);
+  ASSERT_EQ(two.num_slots(), four.num_slots());
+  ASSERT_EQ(two.file_bytes(), four.file_bytes());
+  ASSERT_TRUE(OpenOrCreatePool(dirs, two).ok());
+  FILE* f = fopen((dirs[1] + "/tutti.pool").c_str(), "rb");
+  ASSERT_NE(f, nullptr);
+  uint8_t page[32];
+  ASSERT_EQ(fread(page, 1, sizeof page, f), sizeof page);
+  fclose(f);
+  EXPECT_EQ(internal::Get32(page + 8), 2u) << "format version";
+  EXPECT_EQ(internal::Get32(page + 28), 2u) << "extent slots at offset 28";
+  auto other = OpenOrCreatePool(dirs, four);
+  ASSERT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Contains(other.status(), "extent_slots: pool 2, configuration 4")) << other.status();
+  EXPECT_TRUE(Contains(other.status(), "pool.extent_slots")) << other.status();
+  EXPECT_TRUE(OpenOrCreatePool(dirs, two).ok());
+}
+
+TEST_F(PoolFilesTest, FormatOnePoolIsRefusedWithWhatToDo) {
+  const auto dirs = Dirs({"a"});
+  ASSERT_TRUE(OpenOrCreatePool(dirs, Layout(1)).ok());
+  const std::string path = dirs[0] + "/tutti.pool";
+  // A format-1 superblock: version 1, offset 28 reserved (0), valid checksum.
+  EditSuperblock(path, [](uint8_t* p) {
+    internal::Put32(p + 8, 1);
+    internal::Put32(p + 28, 0);
+  });
+  auto pool = OpenOrCreatePool(dirs, Layout(1));
+  ASSERT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition) << pool.status();
+  for (const char* text : {path.c_str(), "format version 1", "per-slot layout", "journal",
+                           "checkpoint", "move the pool files", "delete them",
+                           "creates a version-2 pool", "cached blocks are lost"}) {
+    EXPECT_TRUE(Contains(pool.status(), text)) << text << ": " << pool.status();
+  }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0) << "left in place";
+  EditSuperblock(path, [](uint8_t* p) { internal::Put32(p + 8, 3); });
+  pool = OpenOrCreatePool(dirs, Layout(1));
+  ASSERT_EQ(pool.status().code(), absl::StatusCode::kFailedPrecondition) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), "format version 3")) << pool.status();
 }
 
 TEST_F(PoolFilesTest, ReorderedOrMixedDirectoriesAreRefused) {

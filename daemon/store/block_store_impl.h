@@ -125,7 +125,8 @@ class BlockStore::Impl {
   uint64_t CountUsedSlotHeaders(uint64_t max_slots);
   void WriterLoop();
   void WriteBatch(std::vector<PendingBlock*> batch);
-  // Gives each block of `batch` a slot, evicting where the pool is full; `victim_slots` gets the
+  // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
+  // allow), evicting where the pool is full; `victim_slots` gets the
   // slots whose Delete records must be durable before they are rewritten.
   // Returns the journal sequence number of the last Delete appended (0: none).
   uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
@@ -177,8 +178,9 @@ class BlockStore::Impl {
   void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The frame of each object in a block's staging chunk of num_objects frames
   // of `frame_bytes`: file-major, the objects j = r, r + D, r + 2D, ... (those
-  // one pool file holds) consecutive, file share r after share r - 1, matching
-  // where the slot's objects lie in the pool files.
+  // one pool file holds) consecutive, file share r after share r - 1. In the
+  // pool file (format 2) those objects are D x G frames apart, so they share one
+  // write only with G = 1 and D = 1 (see AppendBlockWrites).
   std::vector<uint8_t*> StagingObjects(uint8_t* chunk, uint32_t num_objects,
                                        uint32_t frame_bytes) const;
   // Takes staging for a new pending block of `info` for `owner`; on refusal

@@ -29,6 +29,18 @@ constexpr int64_t kCheckpointRetryMaxMs = 300000;
 
 uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
+// One write never grows past this by merging objects.
+constexpr uint64_t kMaxMergedWriteBytes = 1ull << 30;
+
+// True if `len` bytes from `buf` written at `loc` extend `last` at its end, in the file and in
+// memory alike.
+bool ContinuesWrite(const io::IoRequest& last, const pool::Location& loc, const uint8_t* buf,
+                    uint32_t len) {
+  return last.file == loc.file && last.offset + last.len == loc.offset &&
+         static_cast<const uint8_t*>(last.buf) + last.len == buf &&
+         uint64_t{last.len} + len <= kMaxMergedWriteBytes;
+}
+
 // Region::Create(bytes), its error prefixed with the config fields that sized the region.
 absl::StatusOr<std::unique_ptr<Region>> CreateRegion(uint64_t bytes, const std::string& sized_by) {
   absl::StatusOr<std::unique_ptr<Region>> region = Region::Create(bytes);
@@ -355,20 +367,35 @@ uint64_t BlockStore::Impl::HideForEviction(Entry* e) {
   return journal_->Append(record);
 }
 
+// The blocks of one batch that need a slot get consecutive slots where the free
+// slots allow (Index::TakeSlots), in batch order: a Capture's blocks arrive in
+// the write queue one after another, so one layer of them lies in adjacent
+// frames. Slots still wanted come from evicting the least recently used blocks
+// one by one, as before; their slots join the batch's, sorted.
 uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
                                        std::vector<uint64_t>* victim_slots) {
   uint64_t last_delete = 0;
   absl::MutexLock lock(&mu_);
+  std::vector<PendingBlock*> wanting;
   for (PendingBlock* p : batch) {
     p->ok = false;
     p->has_slot = false;
     if (index_.Find(p->ns, p->key) != nullptr) continue;  // stored meanwhile; dropped later
-    if (index_.TakeSlot(&p->slot)) {
-      p->has_slot = true;
-    } else if (Entry* victim = index_.Victim()) {
-      p->slot = victim->slot;
-      victim_slots->push_back(victim->slot);
-      last_delete = HideForEviction(victim);
+    wanting.push_back(p);
+  }
+  std::vector<uint64_t> slots = index_.TakeSlots(wanting.size());
+  while (slots.size() < wanting.size()) {
+    Entry* victim = index_.Victim();
+    if (victim == nullptr) break;  // the rest are pinned: those blocks fail
+    slots.push_back(victim->slot);
+    victim_slots->push_back(victim->slot);
+    last_delete = HideForEviction(victim);
+  }
+  std::sort(slots.begin(), slots.end());
+  for (size_t i = 0; i < wanting.size(); ++i) {
+    PendingBlock* p = wanting[i];
+    if (i < slots.size()) {
+      p->slot = slots[i];
       p->has_slot = true;
     }
     p->ok = p->has_slot;
@@ -377,25 +404,23 @@ uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
   return last_delete;
 }
 
-// Appends the writes of block `p`: per pool file, the slot's objects in that
-// file as one run when staging frames are as large as the pool's (they are
-// consecutive frames there and in the file-major staging chunk), else one
-// write of each object's 4 KiB-rounded bytes; then the header.
+// Appends the writes of block `p`: its objects in staging order (StagingObjects:
+// file share after file share), one write each, where an object continues the
+// previous one both in the pool file and in staging the two share a write (with
+// G = 1 and D = 1 the whole slot is one write, as in format 1); then the header.
 void BlockStore::Impl::AppendBlockWrites(const PendingBlock& p, uint8_t* header,
                                          std::vector<io::IoRequest>* reqs) const {
   const auto& layout = options_.layout;
   const uint32_t d = layout.num_files();
   const uint32_t n = static_cast<uint32_t>(p.frames.size());
-  if (p.frame_bytes == layout.object_bytes()) {
-    for (uint32_t r = 0; r < std::min(d, n); ++r) {
-      const uint32_t count = (n - r + d - 1) / d;
-      const pool::Location loc = layout.ObjectLocation(p.slot, r);
-      reqs->push_back(io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[r],
-                                    count * layout.object_bytes(), 0});
-    }
-  } else {
-    for (uint32_t j = 0; j < n; ++j) {
+  const size_t first = reqs->size();
+  for (uint32_t r = 0; r < std::min(d, n); ++r) {
+    for (uint32_t j = r; j < n; j += d) {
       const pool::Location loc = layout.ObjectLocation(p.slot, j);
+      if (reqs->size() > first && ContinuesWrite(reqs->back(), loc, p.frames[j], p.frame_bytes)) {
+        reqs->back().len += p.frame_bytes;
+        continue;
+      }
       reqs->push_back(
           io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[j], p.frame_bytes, 0});
     }

@@ -1,6 +1,7 @@
 #include "daemon/store/index.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace tutti::store {
 
@@ -9,9 +10,8 @@ Index::Index(uint64_t num_slots, uint32_t max_objects)
       slot_owner_(num_slots, nullptr),
       slot_taken_(num_slots, 0),
       checksums_(num_slots * max_objects, 0) {
-  free_.reserve(num_slots);
-  // Hand out low slots first: pops come from the back.
-  for (uint64_t s = num_slots; s > 0; --s) free_.push_back(s - 1);
+  if (num_slots > 0) AddRun(0, num_slots);
+  free_count_ = num_slots;
 }
 
 Entry* Index::Find(NamespaceId ns, const Key& key) const {
@@ -51,30 +51,111 @@ Entry* Index::Victim() const {
   return nullptr;
 }
 
+void Index::AddRun(uint64_t start, uint64_t length) {
+  runs_.emplace(start, length);
+  by_length_.emplace(length, start);
+}
+
+void Index::EraseRun(absl::btree_map<uint64_t, uint64_t>::iterator run) {
+  by_length_.erase({run->second, run->first});
+  runs_.erase(run);
+}
+
+void Index::TakeFromRun(absl::btree_map<uint64_t, uint64_t>::iterator run, uint64_t n,
+                        std::vector<uint64_t>* out) {
+  const uint64_t start = run->first, length = run->second;
+  EraseRun(run);
+  if (n < length) AddRun(start + n, length - n);
+  for (uint64_t s = start; s < start + n; ++s) {
+    slot_taken_[s] = 1;
+    out->push_back(s);
+  }
+  free_count_ -= n;
+}
+
+std::vector<uint64_t> Index::TakeSlots(uint64_t n) {
+  std::vector<uint64_t> out;
+  out.reserve(std::min(n, free_count_));
+  while (out.size() < n && !by_length_.empty()) {
+    const uint64_t want = n - out.size();
+    if (by_length_.begin()->first < want) {  // no run is long enough: the longest, whole
+      TakeFromRun(runs_.find(by_length_.begin()->second), by_length_.begin()->first, &out);
+      continue;
+    }
+    auto run = runs_.begin();
+    while (run->second < want) ++run;  // ends: some run is long enough
+    TakeFromRun(run, want, &out);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool Index::TakeSlot(uint64_t* slot) {
-  if (free_.empty()) return false;
-  *slot = free_.back();
-  free_.pop_back();
-  slot_taken_[*slot] = 1;
+  const std::vector<uint64_t> one = TakeSlots(1);
+  if (one.empty()) return false;
+  *slot = one[0];
   return true;
+}
+
+// Puts taken `slot` back, merging it with the free runs on either side.
+void Index::FreeRun(uint64_t slot) {
+  uint64_t start = slot, length = 1;
+  auto next = runs_.find(slot + 1);
+  if (next != runs_.end()) {
+    length += next->second;
+    EraseRun(next);
+  }
+  auto after = runs_.lower_bound(slot);
+  if (after != runs_.begin()) {
+    auto prev = std::prev(after);
+    if (prev->first + prev->second == slot) {
+      start = prev->first;
+      length += prev->second;
+      EraseRun(prev);
+    }
+  }
+  AddRun(start, length);
+  ++free_count_;
+}
+
+// Takes free `slot` out of the run holding it, splitting the run.
+void Index::RemoveFree(uint64_t slot) {
+  auto run = std::prev(runs_.upper_bound(slot));  // exists: slot is free
+  const uint64_t start = run->first, length = run->second;
+  EraseRun(run);
+  if (slot > start) AddRun(start, slot - start);
+  if (slot + 1 < start + length) AddRun(slot + 1, start + length - slot - 1);
+  --free_count_;
 }
 
 void Index::ReleaseSlot(uint64_t slot) {
   if (!slot_taken_[slot]) return;
   slot_taken_[slot] = 0;
-  free_.push_back(slot);
+  FreeRun(slot);
 }
 
 bool Index::ClaimSlot(uint64_t slot) {
   if (slot_taken_[slot]) return false;
   slot_taken_[slot] = 1;
+  RemoveFree(slot);
   return true;
 }
 
 void Index::RebuildFreeList() {
-  free_.clear();
-  for (uint64_t s = slot_taken_.size(); s > 0; --s) {
-    if (!slot_taken_[s - 1]) free_.push_back(s - 1);
+  runs_.clear();
+  by_length_.clear();
+  free_count_ = 0;
+  const uint64_t n = slot_taken_.size();
+  for (uint64_t s = 0; s < n;) {
+    if (slot_taken_[s]) {
+      ++s;
+      continue;
+    }
+    uint64_t end = s;
+    while (end < n && !slot_taken_[end]) ++end;
+    AddRun(s, end - s);
+    free_count_ += end - s;
+    s = end;
   }
 }
 

@@ -1,5 +1,7 @@
 // The in-memory index: (namespace, key) -> slot, recency, pins, and slot
-// ownership.
+// ownership. Free slots are kept as runs of consecutive slots, so that the
+// blocks of one store batch can go into consecutive slots (pool format 2 puts
+// one layer's objects of consecutive slots next to each other on disk).
 //
 // Not thread-safe: BlockStore guards it with its mutex. Entries are owned by
 // the index; pointers to them stay valid until Remove.
@@ -11,6 +13,8 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "daemon/common/types.h"
@@ -50,12 +54,19 @@ class Index {
   // The least recently used unpinned entry, or null if all are pinned.
   Entry* Victim() const;
 
-  // Takes a free slot; false if none is free.
+  // Takes a free slot (the lowest one); false if none is free.
   bool TakeSlot(uint64_t* slot);
-  // Returns a slot to the free list.
+  // Takes min(n, free_slots()) free slots, returned in ascending order: the
+  // lowest n consecutive free slots if there are n in a row; else the longest
+  // run of free slots whole (the lowest of equally long ones), and so on with
+  // what is still wanted, until n are taken or none is free. Costs O(log runs)
+  // per run taken, plus a walk over the runs below the one chosen.
+  std::vector<uint64_t> TakeSlots(uint64_t n);
+  // Returns a slot to the free slots; no-op if it is free already.
   void ReleaseSlot(uint64_t slot);
   // During recovery: marks `slot` taken. Returns false if it already was. Call
-  // RebuildFreeList once recovery is done, before any TakeSlot.
+  // RebuildFreeList once recovery is done, before any TakeSlot (the free runs
+  // are kept up to date anyway; RebuildFreeList recomputes them).
   bool ClaimSlot(uint64_t slot);
   void RebuildFreeList();
   // Entry occupying `slot`, or null.
@@ -67,7 +78,9 @@ class Index {
 
   uint64_t size() const { return map_.size(); }
   uint64_t num_slots() const { return slot_owner_.size(); }
-  uint64_t free_slots() const { return free_.size(); }
+  uint64_t free_slots() const { return free_count_; }
+  // Runs of consecutive free slots (for tests and stats).
+  uint64_t free_runs() const { return runs_.size(); }
 
   // Calls fn(Entry*) for every entry; fn must not insert or remove.
   template <typename Fn>
@@ -92,8 +105,27 @@ class Index {
   absl::flat_hash_map<MapKey, std::unique_ptr<Entry>> map_;
   std::list<Entry*> lru_;  // front: least recently used
   std::vector<Entry*> slot_owner_;
+  // Taking a slot out of the free runs, or putting it back: the runs' only editors.
+  void AddRun(uint64_t start, uint64_t length);
+  void EraseRun(absl::btree_map<uint64_t, uint64_t>::iterator run);
+  void FreeRun(uint64_t slot);    // slot was taken
+  void RemoveFree(uint64_t slot);  // slot was free
+  // Takes the first `n` slots of `run` (n <= its length), appending them to `out`.
+  void TakeFromRun(absl::btree_map<uint64_t, uint64_t>::iterator run, uint64_t n,
+                   std::vector<uint64_t>* out);
+
+  struct LongerFirst {
+    bool operator()(const std::pair<uint64_t, uint64_t>& a,
+                    const std::pair<uint64_t, uint64_t>& b) const {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    }
+  };
+
   std::vector<uint8_t> slot_taken_;
-  std::vector<uint64_t> free_;
+  // The free slots: exactly the slots s with !slot_taken_[s], as maximal runs.
+  absl::btree_map<uint64_t, uint64_t> runs_;  // start -> length
+  absl::btree_set<std::pair<uint64_t, uint64_t>, LongerFirst> by_length_;  // (length, start)
+  uint64_t free_count_ = 0;
   std::vector<uint64_t> checksums_;  // num_slots x max_objects
 };
 

@@ -1,6 +1,10 @@
 #include "daemon/store/index.h"
 
+#include <algorithm>
+#include <random>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -63,6 +67,119 @@ TEST(IndexTest, RecoveryClaimsDoNotDuplicateFreeSlots) {
   uint64_t s;
   while (index.TakeSlot(&s)) EXPECT_TRUE(taken.insert(s).second) << "slot " << s << " twice";
   EXPECT_EQ(taken, (std::set<uint64_t>{0, 2, 3, 4}));
+}
+
+
+using Slots = std::vector<uint64_t>;
+
+TEST(IndexTest, TakeSlotsHandsOutConsecutiveSlotsLowestFirst) {
+  Index index(16, 1);
+  EXPECT_EQ(index.TakeSlots(4), (Slots{0, 1, 2, 3}));
+  EXPECT_EQ(index.TakeSlots(3), (Slots{4, 5, 6}));
+  uint64_t slot;
+  ASSERT_TRUE(index.TakeSlot(&slot));
+  EXPECT_EQ(slot, 7u);
+  EXPECT_EQ(index.free_slots(), 8u);
+  EXPECT_EQ(index.free_runs(), 1u);
+  EXPECT_EQ(index.TakeSlots(0), Slots{});
+}
+
+// Takes every slot of `index`, then frees `slots`.
+void FreeOnly(Index* index, const Slots& slots) {
+  EXPECT_EQ(index->TakeSlots(index->num_slots()).size(), index->num_slots());
+  for (uint64_t s : slots) index->ReleaseSlot(s);
+}
+
+TEST(IndexTest, TakeSlotsFallsBackToTheLongestRunsWhenFragmented) {
+  Index index(20, 1);
+  FreeOnly(&index, {2, 3, 7, 8, 9, 10, 11, 14, 15, 16, 19});
+  EXPECT_EQ(index.free_runs(), 4u);
+  // The lowest run that holds 3 (2-3 does not; 7-11 does), from its start.
+  EXPECT_EQ(index.TakeSlots(3), (Slots{7, 8, 9}));
+  // Free now: 2-3, 10-11, 14-16, 19. No run of 6: 14-16 (longest), then 2-3 (the lowest of the
+  // two longest left), then the lowest run that holds the last one: 10.
+  EXPECT_EQ(index.TakeSlots(6), (Slots{2, 3, 10, 14, 15, 16}));
+  EXPECT_EQ(index.TakeSlots(5), (Slots{11, 19})) << "fewer than asked: all that is free";
+  EXPECT_EQ(index.TakeSlots(1), Slots{});
+  uint64_t slot;
+  EXPECT_FALSE(index.TakeSlot(&slot));
+  EXPECT_EQ(index.free_slots(), 0u);
+  EXPECT_EQ(index.free_runs(), 0u);
+}
+
+TEST(IndexTest, ReleasedSlotsMergeIntoRunsAndAreReused) {
+  Index index(10, 1);
+  FreeOnly(&index, {5, 3, 4});
+  EXPECT_EQ(index.free_runs(), 1u) << "3, 4, 5 merged";
+  index.ReleaseSlot(4);  // already free: nothing changes
+  EXPECT_EQ(index.free_slots(), 3u);
+  index.ReleaseSlot(0);
+  EXPECT_EQ(index.free_runs(), 2u);
+  EXPECT_EQ(index.TakeSlots(3), (Slots{3, 4, 5}));
+  EXPECT_EQ(index.TakeSlots(2), (Slots{0}));
+  // Recovery claims split runs.
+  Index recovering(10, 1);
+  EXPECT_TRUE(recovering.ClaimSlot(4));
+  EXPECT_EQ(recovering.free_runs(), 2u);
+  EXPECT_EQ(recovering.free_slots(), 9u);
+  recovering.ReleaseSlot(4);  // as replay does when a later record moves the block
+  EXPECT_EQ(recovering.free_runs(), 1u);
+  EXPECT_TRUE(recovering.ClaimSlot(4));
+  recovering.RebuildFreeList();
+  EXPECT_EQ(recovering.free_runs(), 2u);
+  EXPECT_EQ(recovering.TakeSlots(5), (Slots{5, 6, 7, 8, 9})) << "0-3 is too short";
+}
+
+// The policy of TakeSlots, computed from a plain set of free slots.
+Slots ReferenceTake(std::set<uint64_t>* free, uint64_t n) {
+  Slots out;
+  while (out.size() < n && !free->empty()) {
+    std::vector<std::pair<uint64_t, uint64_t>> runs;  // (start, length), ascending
+    for (uint64_t s : *free) {
+      if (!runs.empty() && runs.back().first + runs.back().second == s) {
+        ++runs.back().second;
+      } else {
+        runs.push_back({s, 1});
+      }
+    }
+    const uint64_t want = n - out.size();
+    std::pair<uint64_t, uint64_t> pick{0, 0};
+    for (const auto& r : runs) {
+      if (r.second >= want) {
+        pick = {r.first, want};
+        break;
+      }
+      if (r.second > pick.second) pick = r;
+    }
+    for (uint64_t s = pick.first; s < pick.first + pick.second; ++s) {
+      free->erase(s);
+      out.push_back(s);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(IndexTest, TakeSlotsMatchesItsPolicyUnderRandomTakesAndReleases) {
+  std::mt19937 rng(12345);
+  Index index(200, 1);
+  std::set<uint64_t> free;
+  for (uint64_t s = 0; s < 200; ++s) free.insert(s);
+  Slots taken;
+  for (int step = 0; step < 3000; ++step) {
+    if (rng() % 2 == 0 && !taken.empty()) {
+      const size_t i = rng() % taken.size();
+      index.ReleaseSlot(taken[i]);
+      free.insert(taken[i]);
+      taken.erase(taken.begin() + i);
+    } else {
+      const uint64_t n = 1 + rng() % 12;
+      const Slots got = index.TakeSlots(n);
+      ASSERT_EQ(got, ReferenceTake(&free, n)) << "step " << step;
+      taken.insert(taken.end(), got.begin(), got.end());
+    }
+    ASSERT_EQ(index.free_slots(), free.size());
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // every block after it as failed (a counted verification error, then a miss), never as data.
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "client/hostengine/content.h"
 #include "client/hostengine/workload.h"
@@ -34,9 +36,16 @@ TEST(DamagedPoolTest, TruncatedPoolFileCostsOnlyTheBlocksItLost) {
     auto code = (*daemon)->Stop();
     ASSERT_TRUE(code.ok() && *code == 0);
   }
-  // Slots are handed out from 0 up: cut the file inside slot 100's objects.
+  // Slots are handed out from 0 up: cut the file just past the last frame of slots 0..99. With
+  // extents a group's slots share each object's run, so every later slot has a frame past it.
+  uint64_t cut = 0;
+  for (uint64_t slot = 0; slot < 100; ++slot) {
+    for (uint32_t j = 0; j < layout->max_objects(); ++j) {
+      cut = std::max(cut, layout->ObjectLocation(slot, j).offset + layout->object_bytes());
+    }
+  }
   const std::string path = (*env)->pool_dir() + "/tutti.pool";
-  ASSERT_EQ(truncate(path.c_str(), layout->ObjectLocation(100, 0).offset), 0);
+  ASSERT_EQ(truncate(path.c_str(), cut), 0);
 
   auto daemon = TuttidProcess::Start(**env);
   ASSERT_TRUE(daemon.ok()) << daemon.status() << " (a truncated pool must not stop the daemon)";
