@@ -97,8 +97,10 @@ class FakePool {
   std::map<uint32_t, std::vector<uint64_t>> checksums_;
 };
 
+// One slot per extent group (extent_slots 1): each slot's objects follow each other on a file, as
+// in pool format 1, which the cases below lay out by hand.
 pool::PoolLayout Layout(uint32_t files, uint32_t max_objects = kObjects, uint32_t frame = kFrame) {
-  auto layout = pool::PoolLayout::Compute(16ull << 20, files, frame, max_objects);
+  auto layout = pool::PoolLayout::Compute(16ull << 20, files, frame, max_objects, 1);
   EXPECT_TRUE(layout.ok()) << layout.status();
   return *layout;
 }
@@ -283,7 +285,7 @@ TEST_F(LayerReaderTest, FailedItemIsNotPostedInLaterWindows) {
 // blocks whose objects it did not cover.
 TEST_F(LayerReaderTest, ShortMergedReadServesTheObjectsItCovered) {
   const pool::PoolLayout layout = Layout(2, kParts);
-  ASSERT_EQ(layout.frames_per_slot_per_file(), 1u);
+  ASSERT_EQ(layout.extent_slots(), 1u);
   Make(layout, kFrame, 64 * kFrame);
   std::vector<ReadSource> items;
   for (uint32_t i = 0; i < 4; ++i) {
