@@ -234,9 +234,11 @@ TEST_F(LayerReaderTest, AllFromDramTakesNoStaging) {
   EXPECT_EQ(fake_->batches, 0);
 }
 
+// Objects of half a frame (4 KiB in 8 KiB frames) are read one I/O each, so a failed I/O names one
+// object of one item.
 TEST_F(LayerReaderTest, IoErrorFailsTheItemOnceAndItIsNotReadAgain) {
-  const pool::PoolLayout layout = Layout(2);
-  Make(layout, kFrame / 2, 64 * kFrame);
+  const pool::PoolLayout layout = Layout(2, kObjects, 2 * kFrame);
+  Make(layout, kFrame, 64 * kFrame);
   std::vector<ReadSource> items;
   for (uint32_t i = 0; i < 4; ++i) {
     fake_->Put(i, i);
@@ -261,8 +263,8 @@ TEST_F(LayerReaderTest, IoErrorFailsTheItemOnceAndItIsNotReadAgain) {
 }
 
 TEST_F(LayerReaderTest, FailedItemIsNotPostedInLaterWindows) {
-  const pool::PoolLayout layout = Layout(2);
-  Make(layout, kFrame / 2, 2 * kParts * kFrame);  // one layer of two blocks: a window of one
+  const pool::PoolLayout layout = Layout(2, kObjects, 2 * kFrame);  // one I/O per object
+  Make(layout, kFrame, 2 * kParts * kFrame);  // one layer of two blocks: a window of one
   std::vector<ReadSource> items;
   for (uint32_t i = 0; i < 2; ++i) {
     fake_->Put(i, i);

@@ -128,9 +128,10 @@ TEST(ReadPlanTest, TodaysLayoutEveryShapeAndSlotSet) {
   }
 }
 
-// One file, K and V of a slot in adjacent frames: one I/O per block.
+// One file, one slot per extent group (pool format 1's layout), K and V of a slot in adjacent
+// frames: one I/O per block.
 TEST(ReadPlanTest, OneFileMergesKAndVOfEachSlot) {
-  auto layout = pool::PoolLayout::Compute(64ull << 20, 1, kFrame, 8);
+  auto layout = pool::PoolLayout::Compute(64ull << 20, 1, kFrame, 8, /*extent_slots=*/1);
   ASSERT_TRUE(layout.ok());
   const std::vector<PlanItem> items = Slots({3, 0, 5});
   const LayerPlan plan = PlanLayer(*layout, PlanRequest{items, 1, 2, kFrame, 1u << 20});
