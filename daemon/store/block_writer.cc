@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/io/aligned_buffer.h"
@@ -109,6 +110,12 @@ absl::Status BlockStore::Impl::Init() {
             : dram_region_->span().subspan(0, options_.dram_bytes / chunk * chunk),
         chunk);
   }
+  io_sink_ = datapath::BackendSink(backend_.get());
+  datapath::IoSchedulerOptions sched;
+  sched.num_devices = backend_->num_files();
+  sched.write_bytes_in_flight_while_reading = options_.write_bytes_in_flight_while_reading;
+  sched.max_write_bytes_in_flight = options_.max_write_bytes_in_flight;
+  ASSIGN_OR_RETURN(scheduler_, datapath::IoScheduler::Create(sched, io_sink_.get(), clock_));
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {
     log::Get("store")->warn("staging not registered with the I/O backend ({}); continuing",
@@ -420,7 +427,10 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
     AppendBlockWrites(*p, header, &reqs);
     end_req[b] = reqs.size();
   }
-  backend_->Execute(absl::MakeSpan(reqs));
+  // Through the scheduler: the pool's reads go first, these fill the time they leave.
+  auto written = std::make_shared<absl::Notification>();
+  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(reqs), [written] { written->Notify(); });
+  written->WaitForNotification();
   uint64_t errors = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     PendingBlock* p = batch[b];
