@@ -144,6 +144,9 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_namespaces = config.limits().max_namespaces();
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
   o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
+  o.max_write_backlog_bytes = config.datapath().max_write_backlog_bytes();
+  o.max_write_backlog_age_ms = config.datapath().max_write_backlog_age_ms();
+  o.write_bytes_in_flight_while_reading = config.datapath().write_bytes_in_flight_while_reading();
   return o;
 }
 

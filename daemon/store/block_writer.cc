@@ -114,7 +114,8 @@ absl::Status BlockStore::Impl::Init() {
   datapath::IoSchedulerOptions sched;
   sched.num_devices = backend_->num_files();
   sched.write_bytes_in_flight_while_reading = options_.write_bytes_in_flight_while_reading;
-  sched.max_write_bytes_in_flight = options_.max_write_bytes_in_flight;
+  sched.max_write_bytes_in_flight = std::max(options_.max_write_bytes_in_flight,
+                                             options_.write_bytes_in_flight_while_reading);
   ASSIGN_OR_RETURN(scheduler_, datapath::IoScheduler::Create(sched, io_sink_.get(), clock_));
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {
