@@ -33,10 +33,6 @@ void AdminService::FillStatus(tutti::v1::StatusResponse* resp) const {
   resp->set_dram_capacity_bytes(st.dram_capacity);
   resp->set_dram_used_bytes(st.dram_used);
   resp->set_durability_lost(st.durability_lost);
-  resp->set_write_backlog_bytes(st.write_backlog_bytes);
-  resp->set_write_backlog_blocks(st.write_backlog_blocks);
-  resp->set_write_backlog_age_ms(st.write_backlog_age_ms);
-  resp->set_store_rejected_backlog(st.store_rejected_backlog);
   resp->set_durability_error(st.durability_error);
   resp->set_unindexed_slot_headers(st.unindexed_slot_headers);
 }
