@@ -195,10 +195,11 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
            absl::StrCat(r.write_backlog_blocks(), " blocks, ", HumanBytes(r.write_backlog_bytes()),
                         ", oldest waiting ", r.write_backlog_age_ms(), " ms"));
     kv.Add("evictions", absl::StrCat(r.evictions()));
-    kv.Add("errors", absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
-                                  ", store rejected (full) ", r.store_rejected(), " (of them for the "
-                                  "write backlog ", r.store_rejected_backlog(), "), store failed ",
-                                  r.store_failed()));
+    kv.Add("errors",
+           absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
+                        ", store rejected (full) ", r.store_rejected(),
+                        " (of them for the write backlog ", r.store_rejected_backlog(),
+                        "), store failed ", r.store_failed()));
     if (r.gpu_layers() > 0 || r.gpu_gathers() > 0) {
       kv.Add("gpu layers", absl::StrCat(r.gpu_layers(), " placed, ", r.gpu_layers_copy_engine(),
                                         " by the copy engines alone"));

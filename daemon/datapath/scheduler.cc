@@ -156,7 +156,8 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::TakeWritesLocked(uint32_t de
       em->device = device;
       em->cls = IoClass::kWrite;
     }
-    const uint64_t waited = static_cast<uint64_t>(std::max<int64_t>(0, now - dev.writes.front().posted_ms));
+    const uint64_t waited =
+        static_cast<uint64_t>(std::max<int64_t>(0, now - dev.writes.front().posted_ms));
     stats_.write_wait_ms += waited;
     stats_.write_wait_max_ms = std::max(stats_.write_wait_max_ms, waited);
     em->Add(std::move(dev.writes.front()), io::Op::kWrite);

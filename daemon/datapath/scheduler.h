@@ -95,8 +95,8 @@ class IoScheduler {
     int64_t posted_ms;
   };
   struct Device {
-    std::deque<Item> writes;        // queued, FIFO
-    uint64_t reads_in_flight = 0;   // requests emitted and not completed
+    std::deque<Item> writes;       // queued, FIFO
+    uint64_t reads_in_flight = 0;  // requests emitted and not completed
     uint64_t write_bytes_in_flight = 0;
   };
 

@@ -192,9 +192,8 @@ TEST_F(SchedulerTest, MultiDeviceBatchIsSplitAndJoinedCompletedInAnyOrder) {
   while (sink_.at(two).reqs[0].file != 2) ++two;
   ASSERT_EQ(sink_.at(two).reqs.size(), 2u);
   EXPECT_EQ(sink_.at(two).reqs[1].offset, 4 * kKiB);
-  sink_.Complete(two, [](const io::IoRequest& q) {
-    return q.offset == 0 ? int64_t{-EIO} : int64_t{q.len};
-  });
+  sink_.Complete(
+      two, [](const io::IoRequest& q) { return q.offset == 0 ? int64_t{-EIO} : int64_t{q.len}; });
   EXPECT_EQ(done, 0);
   sink_.Complete(1);
   EXPECT_EQ(done, 0);

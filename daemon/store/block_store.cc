@@ -450,7 +450,8 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
   if (g.data != nullptr && !BacklogFull()) return g.data;
   ++stats_.store_rejected;
   if (g.data != nullptr) {
-    // Staging has room but the writer is behind: staging's own refusal, when both hold, comes first.
+    // Staging has room but the writer is behind (staging's own refusal, when both hold, comes
+    // first).
     store_staging_->Give(owner, g.data, bytes);
     ++stats_.store_rejected_backlog;
     *outcome = CaptureOutcome::kRejectedBacklog;
@@ -659,10 +660,10 @@ StoreStats BlockStore::Impl::Stats() const {
   s.store_staging_bytes = store_staging_->capacity_bytes();
   s.write_backlog_bytes = backlog_bytes_;
   s.write_backlog_blocks = backlog_queued_ms_.size();
-  s.write_backlog_age_ms =
-      backlog_queued_ms_.empty()
-          ? 0
-          : static_cast<uint64_t>(std::max<int64_t>(0, clock_->NowMs() - *backlog_queued_ms_.begin()));
+  if (!backlog_queued_ms_.empty()) {
+    s.write_backlog_age_ms = static_cast<uint64_t>(
+        std::max<int64_t>(0, clock_->NowMs() - *backlog_queued_ms_.begin()));
+  }
   s.io = scheduler_->stats();
   if (const absl::Status lost = journal_->durability(); !lost.ok()) {
     s.durability_lost = true;
@@ -693,8 +694,9 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
                                                    options.pending_ttl_ms));
   }
   if (options.max_write_backlog_age_ms <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StoreOptions.max_write_backlog_age_ms must be > 0, got ", options.max_write_backlog_age_ms));
+    return absl::InvalidArgumentError(
+        absl::StrCat("StoreOptions.max_write_backlog_age_ms must be > 0, got ",
+                     options.max_write_backlog_age_ms));
   }
   if (backend->num_files() != options.layout.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),

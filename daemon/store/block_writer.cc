@@ -430,7 +430,8 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
   }
   // Through the scheduler: the pool's reads go first, these fill the time they leave.
   auto written = std::make_shared<absl::Notification>();
-  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(reqs), [written] { written->Notify(); });
+  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(reqs),
+                   [written] { written->Notify(); });
   written->WaitForNotification();
   uint64_t errors = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
