@@ -218,6 +218,25 @@ absl::Status ValidateDram(const tutti::v1::DramTierConfig& d, const tutti::v1::P
                           "] (at least one block: pool.max_objects x pool.object_bytes)"));
 }
 
+// The write backlog and the write caps of the I/O scheduler (datapath fields 2-4).
+absl::Status ValidateWriteBacklog(const tutti::v1::DatapathConfig& d,
+                                  const tutti::v1::LimitsConfig& l,
+                                  const tutti::v1::PoolConfig& p) {
+  const uint64_t block_bytes = uint64_t{p.max_objects()} * p.object_bytes();
+  const uint64_t v = d.max_write_backlog_bytes();
+  if (v != 0 && (v < block_bytes || v > l.store_staging_bytes())) {
+    return Bad("datapath.max_write_backlog_bytes", absl::StrCat(v),
+               absl::StrCat("must be 0 (limits.store_staging_bytes) or in [", block_bytes, ", ",
+                            l.store_staging_bytes(),
+                            "] (at least one block: pool.max_objects x pool.object_bytes; at most "
+                            "limits.store_staging_bytes, which holds the backlog)"));
+  }
+  RETURN_IF_ERROR(CheckRange("datapath.max_write_backlog_age_ms", d.max_write_backlog_age_ms(),
+                             100, 3600000));
+  return CheckRange("datapath.write_bytes_in_flight_while_reading",
+                    d.write_bytes_in_flight_while_reading(), 4 * kKiB, kGiB);
+}
+
 // The GPU section is checked here as far as it can be without a GPU; the device's SM count is
 // checked against io_sm_count at start (IoStream::ValidateOptions).
 // A read bandwidth prior: 0 (the default) or a finite rate of 1 MB/s .. 10 TB/s.
@@ -382,6 +401,7 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateGpu(c.gpu()));
   RETURN_IF_ERROR(ValidateDatapath(c.datapath()));
   RETURN_IF_ERROR(ValidateDecision(c.datapath()));
+  RETURN_IF_ERROR(ValidateWriteBacklog(c.datapath(), c.limits(), c.pool()));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

@@ -240,6 +240,24 @@ TEST(ConfigTest, DatapathDecisionFields) {
   EXPECT_EQ(c->datapath().ssd_read_prior_bytes_per_sec(), 2.5e9);
   EXPECT_TRUE(LoadConfig("datapath { decision: \"auto\" }").ok());
   EXPECT_TRUE(LoadConfig("").ok()) << "absent: the defaults (auto, 1e9, 20e9)";
+TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
+  auto c = LoadConfig("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->datapath().max_write_backlog_bytes(), 0u);  // 0: limits.store_staging_bytes
+  EXPECT_EQ(c->datapath().max_write_backlog_age_ms(), 10000u);
+  EXPECT_EQ(c->datapath().write_bytes_in_flight_while_reading(), 1u << 20);
+  // One default block is 64 x 32 KiB = 2 MiB; staging 256 MiB.
+  ExpectRejected("datapath { max_write_backlog_bytes: 2097151 }",
+                 {"datapath.max_write_backlog_bytes", "2097152", "pool.max_objects"});
+  ExpectRejected("datapath { max_write_backlog_bytes: 268435457 }",
+                 {"datapath.max_write_backlog_bytes", "limits.store_staging_bytes"});
+  EXPECT_TRUE(LoadConfig("datapath { max_write_backlog_bytes: 268435456 }").ok());
+  ExpectRejected("datapath { max_write_backlog_age_ms: 0 }",
+                 {"datapath.max_write_backlog_age_ms", "[100, 3600000]"});
+  ExpectRejected("datapath { write_bytes_in_flight_while_reading: 0 }",
+                 {"datapath.write_bytes_in_flight_while_reading"});
+  ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2147483648 }",
+                 {"datapath.write_bytes_in_flight_while_reading"});
 }
 
 TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {

@@ -155,6 +155,9 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   if (dp.dram_read_prior_bytes_per_sec() > 0) {
     o.bandwidth.dram_prior_bytes_per_sec = dp.dram_read_prior_bytes_per_sec();
   }
+  o.max_write_backlog_bytes = config.datapath().max_write_backlog_bytes();
+  o.max_write_backlog_age_ms = config.datapath().max_write_backlog_age_ms();
+  o.write_bytes_in_flight_while_reading = config.datapath().write_bytes_in_flight_while_reading();
   return o;
 }
 

@@ -238,6 +238,10 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     resp->set_lookups(lookups_);
     resp->set_blocks_stored(blocks_.size());
     resp->set_sessions(sessions_.size());
+    resp->set_write_backlog_bytes(3 * kBlockBytes);  // fixed figures, for tuttictl's output
+    resp->set_write_backlog_blocks(3);
+    resp->set_write_backlog_age_ms(250);
+    resp->set_store_rejected_backlog(2);
     v1::NamespaceStats* ns = resp->add_namespaces();
     ns->set_namespace_id(0xabcdef0123456789ull);
     ns->set_model_id("bench-llama3-8b");

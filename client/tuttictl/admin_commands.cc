@@ -192,10 +192,15 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
                                      " into engines"));
     kv.Add("stored", absl::StrCat(r.blocks_stored(), " blocks durable, ",
                                   HumanBytes(r.bytes_written()), " written"));
+    kv.Add("write backlog",
+           absl::StrCat(r.write_backlog_blocks(), " blocks, ", HumanBytes(r.write_backlog_bytes()),
+                        ", oldest waiting ", r.write_backlog_age_ms(), " ms"));
     kv.Add("evictions", absl::StrCat(r.evictions()));
-    kv.Add("errors", absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
-                                  ", store rejected (full) ", r.store_rejected(), ", store failed ",
-                                  r.store_failed()));
+    kv.Add("errors",
+           absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
+                        ", store rejected (full) ", r.store_rejected(),
+                        " (of them for the write backlog ", r.store_rejected_backlog(),
+                        "), store failed ", r.store_failed()));
     if (r.gpu_layers() > 0 || r.gpu_gathers() > 0) {
       kv.Add("gpu layers", absl::StrCat(r.gpu_layers(), " placed, ", r.gpu_layers_copy_engine(),
                                         " by the copy engines alone"));
@@ -240,6 +245,10 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
         {"io_errors", r.io_errors()},
         {"store_rejected", r.store_rejected()},
         {"store_failed", r.store_failed()},
+        {"store_rejected_backlog", r.store_rejected_backlog()},
+        {"write_backlog_bytes", r.write_backlog_bytes()},
+        {"write_backlog_blocks", r.write_backlog_blocks()},
+        {"write_backlog_age_ms", r.write_backlog_age_ms()},
         {"gpu_layers", r.gpu_layers()},
         {"gpu_layers_copy_engine", r.gpu_layers_copy_engine()},
         {"gpu_gathers", r.gpu_gathers()},

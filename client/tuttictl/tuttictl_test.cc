@@ -84,6 +84,16 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   const CtlRun human = Tuttictl({"stats", "--socket", socket_});
   EXPECT_NE(human.out.find("0xabcdef0123456789  bench-llama3-8b"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("0 (no measured TTFT reported)"), std::string::npos) << human.out;
+  // The write backlog (the fake reports 3 blocks of 2 MiB, 250 ms, 2 refused).
+  EXPECT_NE(stats.out.find("\"write_backlog_bytes\":6291456,\"write_backlog_blocks\":3,"
+                           "\"write_backlog_age_ms\":250"),
+            std::string::npos)
+      << stats.out;
+  EXPECT_NE(stats.out.find("\"store_rejected_backlog\":2"), std::string::npos) << stats.out;
+  EXPECT_NE(human.out.find("write backlog  3 blocks, 6.0 MiB, oldest waiting 250 ms"),
+            std::string::npos)
+      << human.out;
+  EXPECT_NE(human.out.find("(of them for the write backlog 2)"), std::string::npos) << human.out;
 
   // A retrieve-only run with the same seed finds everything; another seed misses everything.
   const CtlRun again = Tuttictl(Bench({"--phase=retrieve", "--verify", "--json"}));

@@ -94,6 +94,10 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_store_staging_bytes(st.store_staging_bytes);
   resp->set_checkpoint_failures(st.checkpoint_failures);
   resp->set_durability_lost(st.durability_lost);
+  resp->set_write_backlog_bytes(st.write_backlog_bytes);
+  resp->set_write_backlog_blocks(st.write_backlog_blocks);
+  resp->set_write_backlog_age_ms(st.write_backlog_age_ms);
+  resp->set_store_rejected_backlog(st.store_rejected_backlog);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.decision_stats) {
     const decision::AdvisorStats d = info_.decision_stats();

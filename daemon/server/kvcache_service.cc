@@ -31,6 +31,7 @@ tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
       return tutti::v1::STORE_ALREADY_PRESENT;
     case store::CaptureOutcome::kRejectedFull:
     case store::CaptureOutcome::kRejectedOwnerLimit:
+    case store::CaptureOutcome::kRejectedBacklog:
       return tutti::v1::STORE_REJECTED_FULL;
     case store::CaptureOutcome::kFailed:
       return tutti::v1::STORE_FAILED;
@@ -363,13 +364,19 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
                    store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
                                    req.wait_durable(), session.id));
-  bool full = false, session_share = false;
+  bool full = false, session_share = false, backlog = false;
   for (store::CaptureOutcome o : outcomes) {
     resp->add_outcomes(ToProto(o));
     full |= o == store::CaptureOutcome::kRejectedFull;
     session_share |= o == store::CaptureOutcome::kRejectedOwnerLimit;
+    backlog |= o == store::CaptureOutcome::kRejectedBacklog;
   }
-  if (session_share) {
+  if (backlog) {
+    resp->set_rejected_why(
+        "the write backlog is past its bound (datapath.max_write_backlog_bytes or "
+        "datapath.max_write_backlog_age_ms): the pool is writing slower than blocks arrive; "
+        "retry later or drop the blocks");
+  } else if (session_share) {
     resp->set_rejected_why(absl::StrCat(
         "session ", session.id, " holds its share of store staging "
         "(limits.max_store_staging_bytes_per_session); retry once its blocks are written"));

@@ -305,6 +305,37 @@ TEST(KvCacheLimitsTest, NamespacesAreBounded) {
 // Issue 9: 1,000 open Retrieves of one client made 999 daemon threads. A session has at most
 // max_calls_per_session calls in flight (64 here); past them its calls are refused, naming the
 // limit, and other sessions are not affected.
+TEST(KvCacheBacklogTest, PastTheWriteBacklogStoreAnswersFullWithTheReason) {
+  EnvOptions options;
+  options.max_write_backlog_bytes = 1;  // one queued block is past it
+  ServiceEnv env(options);
+  ShmEngine engine;
+  const uint64_t session = env.Attach(engine);
+  env.backend().SetPaused(true);  // the writer's pool writes wait
+  auto store = [&](uint64_t key, tutti::v1::StoreResponse* resp) {
+    engine.Fill(0, key);
+    tutti::v1::StoreRequest req;
+    req.set_session_id(session);
+    AddPairs({{key, 0}}, &req);
+    grpc::ClientContext ctx;
+    return env.kv().Store(&ctx, req, resp);
+  };
+  tutti::v1::StoreResponse first, second;
+  ASSERT_TRUE(store(1, &first).ok());
+  EXPECT_THAT(first.outcomes(), ElementsAre(tutti::v1::STORE_CAPTURED));
+  ASSERT_TRUE(store(2, &second).ok());
+  EXPECT_THAT(second.outcomes(), ElementsAre(tutti::v1::STORE_REJECTED_FULL));
+  EXPECT_THAT(second.rejected_why(), HasSubstr("datapath.max_write_backlog_bytes"));
+  grpc::ClientContext ctx;
+  tutti::v1::StatsResponse stats;
+  ASSERT_TRUE(env.admin().Stats(&ctx, {}, &stats).ok());
+  EXPECT_EQ(stats.write_backlog_blocks(), 1u);
+  EXPECT_GT(stats.write_backlog_bytes(), 0u);
+  EXPECT_EQ(stats.store_rejected_backlog(), 1u);
+  EXPECT_EQ(stats.store_rejected(), 1u);
+  env.backend().SetPaused(false);
+}
+
 TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
   ShmEngine engine;
   const uint64_t busy = env_.Attach(engine), other = env_.Attach(engine);

@@ -124,6 +124,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.store_staging_bytes = 4ull << 20;
   so.retrieve_staging_bytes = 4ull << 20;
   so.dram_bytes = options.dram_bytes;
+  so.max_write_backlog_bytes = options.max_write_backlog_bytes;
   so.max_namespaces = options.max_namespaces;
   so.bandwidth = options.bandwidth;
   auto st = store::BlockStore::Open(so, std::move(*backend), Clock::Real());

@@ -377,8 +377,16 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
     ReapStalePendingLocked();
     g = store_staging_->TryTake(owner, bytes);
   }
-  if (g.data != nullptr) return g.data;
+  if (g.data != nullptr && !BacklogFull()) return g.data;
   ++stats_.store_rejected;
+  if (g.data != nullptr) {
+    // Staging has room but the writer is behind (staging's own refusal, when both hold, comes
+    // first).
+    store_staging_->Give(owner, g.data, bytes);
+    ++stats_.store_rejected_backlog;
+    *outcome = CaptureOutcome::kRejectedBacklog;
+    return nullptr;
+  }
   if (g.refusal == StoreStaging::Refusal::kOwnerLimit) {
     ++stats_.store_rejected_owner_limit;
     *outcome = CaptureOutcome::kRejectedOwnerLimit;
@@ -388,7 +396,28 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
   return nullptr;
 }
 
+bool BlockStore::Impl::BacklogFull() const {
+  const uint64_t max_bytes = options_.max_write_backlog_bytes != 0
+                                 ? options_.max_write_backlog_bytes
+                                 : store_staging_->capacity_bytes();
+  if (backlog_bytes_ >= max_bytes) return true;
+  return !backlog_queued_ms_.empty() &&
+         clock_->NowMs() - *backlog_queued_ms_.begin() >= options_.max_write_backlog_age_ms;
+}
+
+void BlockStore::Impl::QueueForWriter(PendingBlock* p) {
+  p->queued = true;
+  p->queued_ms = clock_->NowMs();
+  backlog_bytes_ += p->chunk_bytes;
+  backlog_queued_ms_.insert(p->queued_ms);
+  write_queue_.push_back(p);
+}
+
 void BlockStore::Impl::ReleasePending(PendingBlock* p) {
+  if (p->queued) {
+    backlog_bytes_ -= p->chunk_bytes;
+    backlog_queued_ms_.erase(backlog_queued_ms_.find(p->queued_ms));
+  }
   store_staging_->Give(p->owner, p->chunk, p->chunk_bytes);
   pending_.erase(PendingKey{p->ns, p->key});
 }
@@ -488,8 +517,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
       }
     }
     if (p->layers_left == 0 && !p->queued && p->capturing == 0) {
-      p->queued = true;
-      write_queue_.push_back(p);
+      QueueForWriter(p);
     }
     if (wait_durable && p->queued) {
       tickets[i] = std::make_shared<DurableTicket>();
@@ -566,6 +594,13 @@ StoreStats BlockStore::Impl::Stats() const {
   s.read_objects = reads.objects;
   s.read_merged_ios = reads.merged_ios;
   s.read_staging_waits = reads.staging_waits;
+  s.write_backlog_bytes = backlog_bytes_;
+  s.write_backlog_blocks = backlog_queued_ms_.size();
+  if (!backlog_queued_ms_.empty()) {
+    s.write_backlog_age_ms = static_cast<uint64_t>(
+        std::max<int64_t>(0, clock_->NowMs() - *backlog_queued_ms_.begin()));
+  }
+  s.io = scheduler_->stats();
   if (const absl::Status lost = journal_->durability(); !lost.ok()) {
     s.durability_lost = true;
     s.durability_error = std::string(lost.message());
@@ -598,6 +633,11 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
     return absl::InvalidArgumentError(absl::StrCat(
         "StoreOptions.max_read_bytes must be a positive multiple of 4096, got ",
         options.max_read_bytes));
+  }
+  if (options.max_write_backlog_age_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StoreOptions.max_write_backlog_age_ms must be > 0, got ",
+                     options.max_write_backlog_age_ms));
   }
   if (backend->num_files() != options.layout.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),

@@ -38,6 +38,7 @@
 #include "daemon/common/types.h"
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/datapath/scatter_op.h"
+#include "daemon/datapath/scheduler.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 #include "tutti/v1/kvcache.pb.h"
@@ -78,11 +79,24 @@ struct StoreOptions {
   uint64_t checkpoint_chunk_slots = 1024;
   // Priors of the read bandwidth meter (datapath.*_read_prior_bytes_per_sec).
   datapath::BandwidthOptions bandwidth;
+  // The write backlog: blocks fully captured and queued for the writer (or being written), not
+  // yet durable. While it holds max_write_backlog_bytes (0: store_staging_bytes) or more, or its
+  // oldest block has waited max_write_backlog_age_ms (on the store's clock) or longer, Capture
+  // refuses new blocks at once (kRejectedBacklog; kRejectedFull where staging is full too);
+  // blocks already begun are still taken, so the backlog may pass the byte bound by those.
+  uint64_t max_write_backlog_bytes = 0;
+  int64_t max_write_backlog_age_ms = 10000;
+  // The I/O scheduler's write caps per pool file (datapath/scheduler.h): while it has reads in
+  // flight, and without.
+  uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
+  uint64_t max_write_bytes_in_flight = 8ull << 20;
 };
 
-// What happened to one block of a Capture. Both rejections copy nothing and are worth retrying
+// What happened to one block of a Capture. The rejections copy nothing and are worth retrying
 // later: kRejectedFull when store staging as a whole is full, kRejectedOwnerLimit when the
-// caller's owner already holds StoreOptions::max_staging_bytes_per_owner.
+// caller's owner already holds StoreOptions::max_staging_bytes_per_owner, kRejectedBacklog when
+// the write backlog is past StoreOptions::max_write_backlog_bytes or max_write_backlog_age_ms
+// (the server answers both kRejectedOwnerLimit and kRejectedBacklog as "full").
 enum class CaptureOutcome {
   kCaptured,
   kDurable,
@@ -90,6 +104,7 @@ enum class CaptureOutcome {
   kRejectedFull,
   kFailed,
   kRejectedOwnerLimit,
+  kRejectedBacklog,
 };
 
 // One object to copy out of staging into the engine (retrieve); see daemon/datapath/scatter_op.h.
@@ -120,6 +135,13 @@ struct StoreStats {
   uint64_t evictions = 0, verify_errors = 0, io_errors = 0, store_rejected = 0, store_failed = 0;
   // Of store_rejected: blocks refused for their owner's cap (kRejectedOwnerLimit).
   uint64_t store_rejected_owner_limit = 0;
+  // Of store_rejected: blocks refused for the write backlog's bounds (kRejectedBacklog).
+  uint64_t store_rejected_backlog = 0;
+  // The write backlog now (see StoreOptions::max_write_backlog_bytes): its staging bytes, its
+  // blocks, and how long its oldest block has waited (0 when empty).
+  uint64_t write_backlog_bytes = 0, write_backlog_blocks = 0, write_backlog_age_ms = 0;
+  // The per-device I/O scheduler's counters (reads and writes posted, emitted, write waits).
+  datapath::IoSchedulerStats io;
   // Partial blocks dropped: expired (pending_ttl_ms); or their owner gone (DropPending) or the
   // copy of the call that made them failed.
   uint64_t pending_expired = 0, pending_dropped = 0;
@@ -153,7 +175,8 @@ class BlockStore {
   // are reported (a warning, and StoreStats::unindexed_slot_headers). `backend`
   // must have layout.num_files() files of layout.file_bytes(). `clock` must
   // outlive the store. Errors: INVALID_ARGUMENT for a null backend or clock, or
-  // options that do not fit the backend or a pending_ttl_ms <= 0; FAILED_PRECONDITION if state_dir is
+  // options that do not fit the backend, a pending_ttl_ms or max_write_backlog_age_ms <= 0
+  // or a zero write cap; FAILED_PRECONDITION if state_dir is
   // missing or held by another store (the message names the holder's pid);
   // DATA_LOSS for a corrupt checkpoint or a missing journal file;
   // RESOURCE_EXHAUSTED if staging cannot be mapped; INTERNAL for a failed
@@ -215,7 +238,9 @@ class BlockStore {
   // key. A key's block is queued for writing once all its layers are captured
   // (over one or more calls); a partial block whose last layer came more than
   // StoreOptions::pending_ttl_ms ago is dropped. Blocks refused staging are
-  // kRejectedFull or kRejectedOwnerLimit (which limit). With wait_durable,
+  // kRejectedFull or kRejectedOwnerLimit (which limit); new blocks while the
+  // write backlog is past its bounds are kRejectedBacklog (Capture never waits
+  // for the writer to refuse or accept). With wait_durable,
   // returns after the queued blocks are durable (kDurable) or failed
   // (kFailed). A gather error fails the whole call (nothing queued). Errors:
   // NOT_FOUND unknown namespace, INVALID_ARGUMENT bad layer range, or the

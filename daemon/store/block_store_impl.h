@@ -20,6 +20,7 @@
 
 #include <deque>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -61,6 +62,7 @@ struct PendingBlock {
   uint32_t layers_left = 0;
   int64_t touched_ms = 0;  // created, or its last layers captured: the pending TTL runs from here
   bool queued = false;
+  int64_t queued_ms = 0;  // when queued: its wait in the write backlog runs from here
   bool abandoned = false;  // DropPending while a Capture copied into it: dropped when that ends
   int capturing = 0;       // Capture calls copying into `frames` now
   std::vector<std::shared_ptr<DurableTicket>> tickets;
@@ -184,14 +186,23 @@ class BlockStore::Impl {
   std::vector<uint8_t*> StagingObjects(uint8_t* chunk, uint32_t num_objects,
                                        uint32_t frame_bytes) const;
   // Takes staging for a new pending block of `info` for `owner`; on refusal
-  // (after one reap of stale blocks per call, *reaped tracks it) returns null
-  // and sets *outcome.
+  // (after one reap of stale blocks per call, *reaped tracks it), or while the
+  // write backlog is past a bound (BacklogFull), returns null and sets *outcome.
   uint8_t* TakeBlockStaging(const NamespaceInfo& info, uint64_t owner, bool* reaped,
                             CaptureOutcome* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The write backlog (StoreOptions::max_write_backlog_bytes): true while it is past a bound, so
+  // new blocks are refused.
+  bool BacklogFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `p` (fully captured) for the writer; it is in the backlog until ReleasePending.
+  void QueueForWriter(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StoreOptions options_;
   const std::unique_ptr<io::IoBackend> backend_;
   Clock* const clock_;
+  // Pool reads and writes go through the scheduler (reads first), into backend_; syncs go to
+  // backend_ directly. Made by Init.
+  std::unique_ptr<datapath::IoSink> io_sink_;
+  std::unique_ptr<datapath::IoScheduler> scheduler_;
   std::unique_ptr<Region> region_;
   std::unique_ptr<StoreStaging> store_staging_;
   // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
@@ -216,6 +227,9 @@ class BlockStore::Impl {
   absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PendingKey, RetiredKey> retired_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
+  // The write backlog: queued blocks (in write_queue_ or being written) until released.
+  uint64_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::multiset<int64_t> backlog_queued_ms_ ABSL_GUARDED_BY(mu_);  // each block's queued_ms
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;

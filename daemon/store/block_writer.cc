@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/io/aligned_buffer.h"
@@ -112,7 +113,8 @@ absl::Status BlockStore::Impl::Init() {
   reader_ = std::make_unique<datapath::LayerReader>(
       datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 4},
       read_staging_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
-        backend_->Submit(batch, std::move(done));
+        // Reads go through the scheduler (made below, before any Read), ahead of writes.
+        scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
       });
   header_buffers_ = base + store_bytes + read_bytes;
   if (options_.dram_bytes >= chunk) {
@@ -128,6 +130,13 @@ absl::Status BlockStore::Impl::Init() {
             : dram_region_->span().subspan(0, options_.dram_bytes / chunk * chunk),
         chunk);
   }
+  io_sink_ = datapath::BackendSink(backend_.get());
+  datapath::IoSchedulerOptions sched;
+  sched.num_devices = backend_->num_files();
+  sched.write_bytes_in_flight_while_reading = options_.write_bytes_in_flight_while_reading;
+  sched.max_write_bytes_in_flight = std::max(options_.max_write_bytes_in_flight,
+                                             options_.write_bytes_in_flight_while_reading);
+  ASSIGN_OR_RETURN(scheduler_, datapath::IoScheduler::Create(sched, io_sink_.get(), clock_));
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {
     log::Get("store")->warn("staging not registered with the I/O backend ({}); continuing",
@@ -452,7 +461,11 @@ void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
     AppendBlockWrites(*p, header, &reqs);
     end_req[b] = reqs.size();
   }
-  backend_->Execute(absl::MakeSpan(reqs));
+  // Through the scheduler: the pool's reads go first, these fill the time they leave.
+  auto written = std::make_shared<absl::Notification>();
+  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(reqs),
+                   [written] { written->Notify(); });
+  written->WaitForNotification();
   uint64_t errors = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     PendingBlock* p = batch[b];

@@ -1,0 +1,205 @@
+#include "daemon/datapath/scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tutti::datapath {
+namespace {
+
+class BackendSinkImpl final : public IoSink {
+ public:
+  explicit BackendSinkImpl(io::IoBackend* backend) : backend_(backend) {}
+  void Emit(absl::Span<io::IoRequest> batch, std::function<void()> done) override {
+    backend_->Submit(batch, std::move(done));
+  }
+
+ private:
+  io::IoBackend* const backend_;
+};
+
+}  // namespace
+
+std::unique_ptr<IoSink> BackendSink(io::IoBackend* backend) {
+  return std::make_unique<BackendSinkImpl>(backend);
+}
+
+// A caller's batch: `done` runs when the last of its `remaining` requests has its result.
+struct IoScheduler::Batch {
+  Batch(std::function<void()> d, size_t n) : done(std::move(d)), remaining(n) {}
+  std::function<void()> done;
+  std::atomic<size_t> remaining;
+};
+
+// One per-device batch handed to the sink: copies of the callers' requests (contiguous, as the
+// sink needs them), and where each came from.
+struct IoScheduler::Emission {
+  uint32_t device = 0;
+  IoClass cls = IoClass::kRead;
+  std::vector<io::IoRequest> reqs;
+  std::vector<Item> items;  // items[i] is reqs[i]'s origin
+  uint64_t bytes = 0;
+
+  void Add(Item item, io::Op op) {
+    reqs.push_back(*item.req);
+    reqs.back().op = op;
+    reqs.back().result = 0;
+    bytes += item.req->len;
+    items.push_back(std::move(item));
+  }
+};
+
+namespace {
+
+// Counts `n` requests of `batch` complete; runs its `done` after the last.
+template <typename BatchPtr>
+void Finish(const BatchPtr& batch, size_t n) {
+  if (batch->remaining.fetch_sub(n) == n) batch->done();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedulerOptions& options,
+                                                                 IoSink* sink, Clock* clock) {
+  if (sink == nullptr || clock == nullptr) {
+    return absl::InvalidArgumentError("IoScheduler::Create needs a sink and a clock");
+  }
+  if (options.num_devices == 0) {
+    return absl::InvalidArgumentError("IoSchedulerOptions.num_devices must be > 0");
+  }
+  if (options.write_bytes_in_flight_while_reading == 0 || options.max_write_bytes_in_flight == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IoSchedulerOptions: write_bytes_in_flight_while_reading (",
+        options.write_bytes_in_flight_while_reading, ") and max_write_bytes_in_flight (",
+        options.max_write_bytes_in_flight, ") must be > 0"));
+  }
+  return std::unique_ptr<IoScheduler>(new IoScheduler(options, sink, clock));
+}
+
+IoScheduler::IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock)
+    : options_(options), sink_(sink), clock_(clock), devices_(options.num_devices) {}
+
+IoScheduler::~IoScheduler() = default;
+
+void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::function<void()> done) {
+  if (batch.empty()) {
+    done();
+    return;
+  }
+  auto b = std::make_shared<Batch>(std::move(done), batch.size());
+  const int64_t now = clock_->NowMs();
+  size_t invalid = 0;
+  std::vector<std::unique_ptr<Emission>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::vector<Item>> reads(cls == IoClass::kRead ? devices_.size() : 0);
+    std::vector<bool> wrote(cls == IoClass::kWrite ? devices_.size() : 0, false);
+    for (io::IoRequest& r : batch) {
+      if (r.file >= devices_.size()) {
+        r.result = -EINVAL;
+        ++invalid;
+        continue;
+      }
+      Item item{&r, b, now};
+      if (cls == IoClass::kRead) {
+        ++stats_.reads_posted;
+        reads[r.file].push_back(std::move(item));
+      } else {
+        ++stats_.writes_posted;
+        ++stats_.writes_queued;
+        stats_.write_bytes_queued += r.len;
+        devices_[r.file].writes.push_back(std::move(item));
+        wrote[r.file] = true;
+      }
+    }
+    for (uint32_t d = 0; d < devices_.size(); ++d) {
+      std::unique_ptr<Emission> em;
+      if (cls == IoClass::kRead && !reads[d].empty()) {
+        em = MakeReadsLocked(d, std::move(reads[d]));
+      } else if (cls == IoClass::kWrite && wrote[d]) {
+        em = TakeWritesLocked(d);
+      }
+      if (em != nullptr) out.push_back(std::move(em));
+    }
+  }
+  for (auto& em : out) Send(std::move(em));
+  if (invalid > 0) Finish(b, invalid);
+}
+
+std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t device,
+                                                                    std::vector<Item> items) {
+  auto em = std::make_unique<Emission>();
+  em->device = device;
+  em->cls = IoClass::kRead;
+  for (Item& item : items) em->Add(std::move(item), io::Op::kRead);
+  devices_[device].reads_in_flight += em->reqs.size();
+  stats_.reads_emitted += em->reqs.size();
+  stats_.read_bytes += em->bytes;
+  return em;
+}
+
+std::unique_ptr<IoScheduler::Emission> IoScheduler::TakeWritesLocked(uint32_t device) {
+  Device& dev = devices_[device];
+  const uint64_t cap = dev.reads_in_flight > 0 ? options_.write_bytes_in_flight_while_reading
+                                               : options_.max_write_bytes_in_flight;
+  const int64_t now = clock_->NowMs();
+  std::unique_ptr<Emission> em;
+  while (!dev.writes.empty()) {
+    const uint32_t len = dev.writes.front().req->len;
+    // Within the cap; or alone, so a write larger than the cap still goes.
+    if (dev.write_bytes_in_flight > 0 && dev.write_bytes_in_flight + len > cap) break;
+    if (em == nullptr) {
+      em = std::make_unique<Emission>();
+      em->device = device;
+      em->cls = IoClass::kWrite;
+    }
+    const uint64_t waited =
+        static_cast<uint64_t>(std::max<int64_t>(0, now - dev.writes.front().posted_ms));
+    stats_.write_wait_ms += waited;
+    stats_.write_wait_max_ms = std::max(stats_.write_wait_max_ms, waited);
+    em->Add(std::move(dev.writes.front()), io::Op::kWrite);
+    dev.writes.pop_front();
+    dev.write_bytes_in_flight += len;
+    --stats_.writes_queued;
+    stats_.write_bytes_queued -= len;
+    ++stats_.writes_emitted;
+    stats_.write_bytes += len;
+  }
+  return em;
+}
+
+void IoScheduler::Send(std::unique_ptr<Emission> em) {
+  Emission* raw = em.release();  // owned by the completion: OnDone deletes it
+  sink_->Emit(absl::MakeSpan(raw->reqs), [this, raw] { OnDone(raw); });
+}
+
+void IoScheduler::OnDone(Emission* raw) {
+  std::unique_ptr<Emission> em(raw);
+  for (size_t i = 0; i < em->reqs.size(); ++i) em->items[i].req->result = em->reqs[i].result;
+  std::unique_ptr<Emission> next;
+  {
+    absl::MutexLock lock(&mu_);
+    Device& dev = devices_[em->device];
+    if (em->cls == IoClass::kRead) {
+      dev.reads_in_flight -= em->reqs.size();
+    } else {
+      dev.write_bytes_in_flight -= em->bytes;
+    }
+    next = TakeWritesLocked(em->device);
+  }
+  if (next != nullptr) Send(std::move(next));
+  // Let go of the emission before the callers' `done`: the last one may destroy the scheduler.
+  std::vector<Item> items = std::move(em->items);
+  em.reset();
+  for (const Item& item : items) Finish(item.batch, 1);
+}
+
+IoSchedulerStats IoScheduler::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace tutti::datapath

@@ -1,0 +1,122 @@
+// The per-device I/O scheduler (the data path's "post" step, in Seastar's manner): reads always
+// go first, writes fill the time reads leave.
+//
+// Callers Post batches of requests of one class (reads or writes) with io::IoBackend::Submit's
+// contract. The scheduler splits each batch by device (a device is a pool file index), keeps one
+// queue per device and emits per-device batches into an IoSink: production's sink submits to an
+// io::IoBackend (BackendSink), tests record the emissions and complete them by hand.
+//
+// Policy, per device:
+//  - Reads are emitted at once, never held back (the backend issues them before writes too).
+//  - Writes wait in FIFO order. While the device has reads in flight, at most
+//    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most
+//    `max_write_bytes_in_flight`. A write larger than the cap goes alone when no write is in
+//    flight, so every write makes progress.
+//  - Each time an emission completes, the device's queue is looked at again: writes drain once
+//    reads stop.
+//
+// Thread-safety: Post and stats() may be called from any thread, concurrently. The scheduler
+// never calls the sink or a caller's `done` with its lock held, so `done` may Post again and a
+// sink may complete an emission inside Emit (on the posting thread). A caller's `done` runs on
+// the thread that completes the batch's last request: a sink's thread, or the caller's own inside
+// Post (an empty batch, a request naming no device, or a sink that completes inline).
+#ifndef TUTTI_DAEMON_DATAPATH_SCHEDULER_H_
+#define TUTTI_DAEMON_DATAPATH_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "daemon/common/clock.h"
+#include "daemon/io/io_backend.h"
+
+namespace tutti::datapath {
+
+enum class IoClass : uint8_t { kRead, kWrite };
+
+// Where the scheduler's per-device batches go.
+class IoSink {
+ public:
+  virtual ~IoSink() = default;
+  // Starts every request of `batch` (all of one device and one class) and returns. `done` must
+  // run exactly once, after every request's `result` is set (len, a short count, or -errno), on
+  // any thread, possibly inside Emit. `batch`'s memory and buffers stay valid until then.
+  virtual void Emit(absl::Span<io::IoRequest> batch, std::function<void()> done) = 0;
+};
+
+// A sink that submits each emission to `backend` (io::IoBackend::Submit), which must outlive it.
+std::unique_ptr<IoSink> BackendSink(io::IoBackend* backend);
+
+struct IoSchedulerOptions {
+  uint32_t num_devices = 1;  // requests naming a file >= this complete with -EINVAL
+  uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
+  uint64_t max_write_bytes_in_flight = 8ull << 20;
+};
+
+struct IoSchedulerStats {
+  uint64_t reads_posted = 0, writes_posted = 0;    // requests
+  uint64_t reads_emitted = 0, writes_emitted = 0;  // requests handed to the sink
+  uint64_t read_bytes = 0, write_bytes = 0;        // bytes of the requests emitted
+  // Summed over written requests: clock ms from Post to emission; and the longest such wait.
+  uint64_t write_wait_ms = 0, write_wait_max_ms = 0;
+  uint64_t writes_queued = 0, write_bytes_queued = 0;  // waiting now, every device
+};
+
+class IoScheduler {
+ public:
+  // INVALID_ARGUMENT for a null sink or clock, zero devices, or a zero write cap. `sink` and
+  // `clock` must outlive the scheduler.
+  static absl::StatusOr<std::unique_ptr<IoScheduler>> Create(const IoSchedulerOptions& options,
+                                                             IoSink* sink, Clock* clock);
+  // Precondition: nothing posted is still in flight (every `done` has run).
+  ~IoScheduler();
+
+  // io::IoBackend::Submit's contract: starts every request of `batch` (their `op` is ignored:
+  // `cls` says which) and returns; when each has its `result`, `done` runs once. `batch`'s memory
+  // and every buffer must stay valid until `done` runs. A request naming a file >= num_devices
+  // completes with -EINVAL without reaching the sink.
+  void Post(IoClass cls, absl::Span<io::IoRequest> batch, std::function<void()> done);
+
+  IoSchedulerStats stats() const;
+
+ private:
+  struct Batch;
+  struct Emission;
+  // One caller's request waiting or in flight.
+  struct Item {
+    io::IoRequest* req;
+    std::shared_ptr<Batch> batch;
+    int64_t posted_ms;
+  };
+  struct Device {
+    std::deque<Item> writes;       // queued, FIFO
+    uint64_t reads_in_flight = 0;  // requests emitted and not completed
+    uint64_t write_bytes_in_flight = 0;
+  };
+
+  IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock);
+  // Takes the queued writes of `device` that its cap lets go now, as one emission (null: none).
+  std::unique_ptr<Emission> TakeWritesLocked(uint32_t device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<Emission> MakeReadsLocked(uint32_t device, std::vector<Item> items)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `em` to the sink; OnDone runs when the sink completes it.
+  void Send(std::unique_ptr<Emission> em);
+  void OnDone(Emission* em);
+
+  const IoSchedulerOptions options_;
+  IoSink* const sink_;
+  Clock* const clock_;
+  mutable absl::Mutex mu_;
+  std::vector<Device> devices_ ABSL_GUARDED_BY(mu_);
+  IoSchedulerStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tutti::datapath
+
+#endif  // TUTTI_DAEMON_DATAPATH_SCHEDULER_H_

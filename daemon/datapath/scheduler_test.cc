@@ -1,0 +1,271 @@
+// The I/O scheduler through a sink drained by hand, with a manual clock: read priority, the write
+// caps, partial and failed completions, done exactly once, multi-device batches.
+#include "daemon/datapath/scheduler.h"
+
+#include <cerrno>
+#include <deque>
+
+#include "gtest/gtest.h"
+
+namespace tutti::datapath {
+namespace {
+
+constexpr uint32_t kKiB = 1024;
+
+// Records emissions; the test completes them by hand, in any order.
+class HandSink : public IoSink {
+ public:
+  struct Emitted {
+    absl::Span<io::IoRequest> reqs;
+    std::function<void()> done;
+  };
+  void Emit(absl::Span<io::IoRequest> batch, std::function<void()> done) override {
+    emitted_.push_back(Emitted{batch, std::move(done)});
+  }
+  size_t pending() const { return emitted_.size(); }
+  Emitted& at(size_t i) { return emitted_[i]; }
+  // Completes emission `i` (every request in full unless told otherwise) and forgets it.
+  void Complete(size_t i, std::function<int64_t(const io::IoRequest&)> result = nullptr) {
+    Emitted e = std::move(emitted_[i]);
+    emitted_.erase(emitted_.begin() + static_cast<long>(i));
+    for (io::IoRequest& r : e.reqs) r.result = result ? result(r) : r.len;
+    e.done();
+  }
+
+ private:
+  std::deque<Emitted> emitted_;
+};
+
+io::IoRequest Req(uint32_t file, uint64_t offset, uint32_t len) {
+  return io::IoRequest{io::Op::kRead, file, offset, nullptr, len, -1};
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Make(uint32_t devices, uint64_t while_reading = 64 * kKiB, uint64_t max = 256 * kKiB) {
+    IoSchedulerOptions o;
+    o.num_devices = devices;
+    o.write_bytes_in_flight_while_reading = while_reading;
+    o.max_write_bytes_in_flight = max;
+    auto s = IoScheduler::Create(o, &sink_, &clock_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(s).value();
+  }
+  // Posts `reqs` and counts its done calls in *calls.
+  void Post(IoClass cls, std::vector<io::IoRequest>* reqs, int* calls) {
+    sched_->Post(cls, absl::MakeSpan(*reqs), [calls] { ++*calls; });
+  }
+
+  ManualClock clock_{1000};
+  HandSink sink_;
+  std::unique_ptr<IoScheduler> sched_;
+};
+
+TEST_F(SchedulerTest, CreateRefusesBadOptions) {
+  IoSchedulerOptions o;
+  EXPECT_EQ(IoScheduler::Create(o, nullptr, &clock_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.num_devices = 0;
+  EXPECT_EQ(IoScheduler::Create(o, &sink_, &clock_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.num_devices = 1;
+  o.write_bytes_in_flight_while_reading = 0;
+  EXPECT_EQ(IoScheduler::Create(o, &sink_, &clock_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, ReadPostedAfterQueuedWritesIsEmittedBeforeThem) {
+  Make(1, /*while_reading=*/64 * kKiB, /*max=*/64 * kKiB);
+  std::vector<io::IoRequest> w1{Req(0, 0, 64 * kKiB)}, w2{Req(0, 1 << 20, 64 * kKiB)};
+  std::vector<io::IoRequest> r{Req(0, 2 << 20, 4 * kKiB)};
+  int w1_done = 0, w2_done = 0, r_done = 0;
+  Post(IoClass::kWrite, &w1, &w1_done);
+  Post(IoClass::kWrite, &w2, &w2_done);  // waits: the cap is full
+  ASSERT_EQ(sink_.pending(), 1u);
+  Post(IoClass::kRead, &r, &r_done);
+  ASSERT_EQ(sink_.pending(), 2u) << "the read goes at once, past the queued write";
+  EXPECT_EQ(sink_.at(1).reqs[0].op, io::Op::kRead);
+  EXPECT_EQ(sink_.at(1).reqs[0].offset, 2u << 20);
+  sink_.Complete(0);  // w1
+  EXPECT_EQ(w1_done, 1);
+  ASSERT_EQ(sink_.pending(), 2u) << "w2 goes once w1's bytes leave the cap";
+  EXPECT_EQ(sink_.at(1).reqs[0].op, io::Op::kWrite);
+  EXPECT_EQ(sink_.at(1).reqs[0].offset, 1u << 20);
+  sink_.Complete(0);
+  sink_.Complete(0);
+  EXPECT_EQ(r_done, 1);
+  EXPECT_EQ(w2_done, 1);
+}
+
+TEST_F(SchedulerTest, WritesStayUnderTheCapWhileReadingAndDrainOnceReadsStop) {
+  Make(1, /*while_reading=*/64 * kKiB, /*max=*/256 * kKiB);
+  std::vector<io::IoRequest> r{Req(0, 0, 4 * kKiB)};
+  int r_done = 0, w_done = 0;
+  Post(IoClass::kRead, &r, &r_done);
+  ASSERT_EQ(sink_.pending(), 1u);
+  std::vector<io::IoRequest> w;
+  for (uint32_t i = 0; i < 8; ++i) w.push_back(Req(0, (i + 1) * 64 * kKiB, 32 * kKiB));
+  Post(IoClass::kWrite, &w, &w_done);
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(1).reqs.size(), 2u) << "64 KiB of 32 KiB writes while a read is in flight";
+  EXPECT_EQ(sched_->stats().writes_queued, 6u);
+  // Completing writes while the read stays in flight lets only another 64 KiB go.
+  sink_.Complete(1);
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(1).reqs.size(), 2u);
+  // The read completes: the rest (128 KiB, under the 256 KiB cap) goes with the next completion.
+  sink_.Complete(0);
+  EXPECT_EQ(r_done, 1);
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(1).reqs.size(), 4u) << "with no read, up to 256 KiB in flight";
+  EXPECT_EQ(sched_->stats().writes_queued, 0u);
+  sink_.Complete(0);
+  sink_.Complete(0);
+  EXPECT_EQ(w_done, 1);
+  const IoSchedulerStats st = sched_->stats();
+  EXPECT_EQ(st.writes_posted, 8u);
+  EXPECT_EQ(st.writes_emitted, 8u);
+  EXPECT_EQ(st.write_bytes, 8u * 32 * kKiB);
+  EXPECT_EQ(st.reads_posted, 1u);
+  EXPECT_EQ(st.reads_emitted, 1u);
+  EXPECT_EQ(st.read_bytes, 4u * kKiB);
+}
+
+TEST_F(SchedulerTest, WriteLargerThanTheCapGoesAlone) {
+  Make(1, /*while_reading=*/64 * kKiB, /*max=*/64 * kKiB);
+  std::vector<io::IoRequest> w{Req(0, 0, 256 * kKiB), Req(0, 1 << 20, 4 * kKiB)};
+  int done = 0;
+  Post(IoClass::kWrite, &w, &done);
+  ASSERT_EQ(sink_.pending(), 1u);
+  EXPECT_EQ(sink_.at(0).reqs.size(), 1u);
+  sink_.Complete(0);
+  ASSERT_EQ(sink_.pending(), 1u);
+  sink_.Complete(0);
+  EXPECT_EQ(done, 1);
+}
+
+TEST_F(SchedulerTest, WriteWaitIsMeasuredOnTheClock) {
+  Make(1, /*while_reading=*/4 * kKiB, /*max=*/4 * kKiB);
+  std::vector<io::IoRequest> w{Req(0, 0, 4 * kKiB), Req(0, 4 * kKiB, 4 * kKiB)};
+  int done = 0;
+  Post(IoClass::kWrite, &w, &done);
+  clock_.AdvanceMs(70);
+  sink_.Complete(0);
+  clock_.AdvanceMs(5);
+  sink_.Complete(0);
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(sched_->stats().write_wait_ms, 70u);
+  EXPECT_EQ(sched_->stats().write_wait_max_ms, 70u);
+}
+
+TEST_F(SchedulerTest, PartialAndFailedResultsReachTheCaller) {
+  Make(1);
+  std::vector<io::IoRequest> r{Req(0, 0, 8 * kKiB), Req(0, 8 * kKiB, 8 * kKiB),
+                               Req(0, 16 * kKiB, 8 * kKiB)};
+  int done = 0;
+  Post(IoClass::kRead, &r, &done);
+  ASSERT_EQ(sink_.pending(), 1u);
+  sink_.Complete(0, [](const io::IoRequest& q) -> int64_t {
+    if (q.offset == 0) return q.len;
+    if (q.offset == 8 * kKiB) return 4 * kKiB;  // short
+    return -EIO;
+  });
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(r[0].result, 8 * kKiB);
+  EXPECT_EQ(r[1].result, 4 * kKiB);
+  EXPECT_EQ(r[2].result, -EIO);
+}
+
+TEST_F(SchedulerTest, MultiDeviceBatchIsSplitAndJoinedCompletedInAnyOrder) {
+  Make(3);
+  std::vector<io::IoRequest> r{Req(2, 0, 4 * kKiB), Req(0, 0, 4 * kKiB), Req(2, 4 * kKiB, 4 * kKiB),
+                               Req(1, 0, 4 * kKiB)};
+  int done = 0;
+  Post(IoClass::kRead, &r, &done);
+  ASSERT_EQ(sink_.pending(), 3u) << "one emission per device";
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& reqs = sink_.at(i).reqs;
+    for (const io::IoRequest& q : reqs) EXPECT_EQ(q.file, reqs[0].file);
+  }
+  // The device-2 emission holds both of its requests, in posted order.
+  size_t two = 0;
+  while (sink_.at(two).reqs[0].file != 2) ++two;
+  ASSERT_EQ(sink_.at(two).reqs.size(), 2u);
+  EXPECT_EQ(sink_.at(two).reqs[1].offset, 4 * kKiB);
+  sink_.Complete(
+      two, [](const io::IoRequest& q) { return q.offset == 0 ? int64_t{-EIO} : int64_t{q.len}; });
+  EXPECT_EQ(done, 0);
+  sink_.Complete(1);
+  EXPECT_EQ(done, 0);
+  sink_.Complete(0);
+  EXPECT_EQ(done, 1) << "once, after the last device";
+  EXPECT_EQ(r[0].result, -EIO);
+  EXPECT_EQ(r[1].result, 4 * kKiB);
+  EXPECT_EQ(r[2].result, 4 * kKiB);
+  EXPECT_EQ(r[3].result, 4 * kKiB);
+}
+
+TEST_F(SchedulerTest, WritesOfOneDeviceDoNotWaitForAnotherDevicesReads) {
+  Make(2, /*while_reading=*/4 * kKiB, /*max=*/64 * kKiB);
+  std::vector<io::IoRequest> r{Req(0, 0, 4 * kKiB)};
+  std::vector<io::IoRequest> w{Req(1, 0, 16 * kKiB), Req(1, 16 * kKiB, 16 * kKiB)};
+  int r_done = 0, w_done = 0;
+  Post(IoClass::kRead, &r, &r_done);
+  Post(IoClass::kWrite, &w, &w_done);
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(1).reqs.size(), 2u) << "device 1 reads nothing: its full cap applies";
+  sink_.Complete(1);
+  sink_.Complete(0);
+  EXPECT_EQ(r_done, 1);
+  EXPECT_EQ(w_done, 1);
+}
+
+TEST_F(SchedulerTest, EmptyBatchAndBadFileCompleteAtOnce) {
+  Make(1);
+  std::vector<io::IoRequest> none;
+  int done = 0;
+  Post(IoClass::kRead, &none, &done);
+  EXPECT_EQ(done, 1);
+  std::vector<io::IoRequest> bad{Req(5, 0, 4 * kKiB)};
+  Post(IoClass::kWrite, &bad, &done);
+  EXPECT_EQ(done, 2);
+  EXPECT_EQ(bad[0].result, -EINVAL);
+  EXPECT_EQ(sink_.pending(), 0u);
+  std::vector<io::IoRequest> mixed{Req(5, 0, 4 * kKiB), Req(0, 0, 4 * kKiB)};
+  Post(IoClass::kRead, &mixed, &done);
+  EXPECT_EQ(done, 2) << "the valid request is still in flight";
+  sink_.Complete(0);
+  EXPECT_EQ(done, 3);
+  EXPECT_EQ(mixed[0].result, -EINVAL);
+  EXPECT_EQ(mixed[1].result, 4 * kKiB);
+}
+
+// A sink that completes inside Emit: the caller's done may run inside Post, and may Post again.
+class InlineSink : public IoSink {
+ public:
+  void Emit(absl::Span<io::IoRequest> batch, std::function<void()> done) override {
+    for (io::IoRequest& r : batch) r.result = r.len;
+    ++emissions;
+    done();
+  }
+  int emissions = 0;
+};
+
+TEST(SchedulerInlineTest, DoneMayPostAgain) {
+  ManualClock clock;
+  InlineSink sink;
+  auto sched = IoScheduler::Create(IoSchedulerOptions{}, &sink, &clock);
+  ASSERT_TRUE(sched.ok());
+  std::vector<io::IoRequest> a{Req(0, 0, 4 * kKiB)}, b{Req(0, 4 * kKiB, 4 * kKiB)};
+  int done = 0;
+  (*sched)->Post(IoClass::kWrite, absl::MakeSpan(a), [&] {
+    ++done;
+    (*sched)->Post(IoClass::kRead, absl::MakeSpan(b), [&] { ++done; });
+  });
+  EXPECT_EQ(done, 2);
+  EXPECT_EQ(sink.emissions, 2);
+  EXPECT_EQ(b[0].result, 4 * kKiB);
+}
+
+}  // namespace
+}  // namespace tutti::datapath
