@@ -240,6 +240,8 @@ TEST(ConfigTest, DatapathDecisionFields) {
   EXPECT_EQ(c->datapath().ssd_read_prior_bytes_per_sec(), 2.5e9);
   EXPECT_TRUE(LoadConfig("datapath { decision: \"auto\" }").ok());
   EXPECT_TRUE(LoadConfig("").ok()) << "absent: the defaults (auto, 1e9, 20e9)";
+}
+
 TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   auto c = LoadConfig("");
   ASSERT_TRUE(c.ok()) << c.status();
