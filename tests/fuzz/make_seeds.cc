@@ -177,7 +177,14 @@ std::string Req(uint8_t method, uint8_t flags, const google::protobuf::Message& 
 void ServiceSeeds() {
   using server::testing::KeyBytes;
   enum : uint8_t {
-    kAttach, kKeepAlive, kLookup, kRetrieve, kStore, kRelease, kDetach, kReportCompute
+    kAttach,
+    kKeepAlive,
+    kLookup,
+    kRetrieve,
+    kStore,
+    kRelease,
+    kDetach,
+    kReportCompute
   };
   server::testing::ShmEngine engine;
   tutti::v1::AttachRequest attach = engine.AttachRequest();
