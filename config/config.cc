@@ -247,8 +247,8 @@ absl::Status CheckBandwidthPrior(absl::string_view field, double v) {
 
 // The load-or-recompute fields (5-7) of datapath.
 absl::Status ValidateDecision(const tutti::v1::DatapathConfig& d) {
-  RETURN_IF_ERROR(
-      CheckBandwidthPrior("datapath.ssd_read_prior_bytes_per_sec", d.ssd_read_prior_bytes_per_sec()));
+  RETURN_IF_ERROR(CheckBandwidthPrior("datapath.ssd_read_prior_bytes_per_sec",
+                                      d.ssd_read_prior_bytes_per_sec()));
   RETURN_IF_ERROR(CheckBandwidthPrior("datapath.dram_read_prior_bytes_per_sec",
                                       d.dram_read_prior_bytes_per_sec()));
   return CheckOneOf("datapath.decision", d.decision(), {"", "auto", "off"});

@@ -212,8 +212,7 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
                ? absl::StrCat(r.decisions(), " (no measured TTFT reported)")
                : absl::StrFormat("%u, TTFT prediction error over %u: mean %.1f%%, last %.1f%%",
                                  r.decisions(), r.prediction_errors(),
-                                 100 * r.prediction_error_mean(),
-                                 100 * r.prediction_error_last()));
+                                 100 * r.prediction_error_mean(), 100 * r.prediction_error_last()));
     std::string out = kv.Render();
     if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
     Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});

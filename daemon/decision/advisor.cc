@@ -37,16 +37,16 @@ absl::Status ValidateSample(size_t i, const ComputeSample& s) {
 absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t decision_id,
                             double measured_ttft_ms) {
   if (samples.size() > kMaxSamplesPerReport) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "samples: ", samples.size(), " given, at most ", kMaxSamplesPerReport, " per call"));
+    return absl::InvalidArgumentError(absl::StrCat("samples: ", samples.size(), " given, at most ",
+                                                   kMaxSamplesPerReport, " per call"));
   }
   for (size_t i = 0; i < samples.size(); ++i) {
     if (absl::Status s = ValidateSample(i, samples[i]); !s.ok()) return s;
   }
   if ((decision_id == 0) != (measured_ttft_ms == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "decision_id = ", decision_id, ", measured_ttft_ms = ", measured_ttft_ms,
-        ": give both (the TTFT measured after that decision) or neither"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("decision_id = ", decision_id, ", measured_ttft_ms = ", measured_ttft_ms,
+                     ": give both (the TTFT measured after that decision) or neither"));
   }
   if (decision_id != 0 && (!std::isfinite(measured_ttft_ms) || measured_ttft_ms <= 0)) {
     return Bad("measured_ttft_ms", measured_ttft_ms, "must be finite and > 0");
@@ -75,7 +75,7 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   in.overhead_ms = model.OverheadMs();
   in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
   const Split split = ChooseSplit(in);
-  advice = Advice{split.load_blocks, true, split.ttft_ms, split.recompute_ms, split.load_all_ms,
+  advice = Advice{split.load_blocks,  true, split.ttft_ms, split.recompute_ms, split.load_all_ms,
                   next_decision_id_++};
   RememberLocked(advice.decision_id, Decision{session, split.ttft_ms});
   ++stats_.decisions;
@@ -108,8 +108,8 @@ ReportResult Advisor::CompareLocked(uint64_t session, uint64_t decision_id,
                                     double measured_ttft_ms) {
   auto it = decisions_.find(decision_id);
   if (it == decisions_.end() || it->second.session != session) return ReportResult{};
-  const double error = std::fabs(it->second.predicted_ttft_ms - measured_ttft_ms) /
-                       measured_ttft_ms;
+  const double error =
+      std::fabs(it->second.predicted_ttft_ms - measured_ttft_ms) / measured_ttft_ms;
   decisions_.erase(it);  // one measurement per decision; its id leaves decision_order_ later
   ++stats_.prediction_errors;
   error_sum_ += error;

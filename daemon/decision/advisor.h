@@ -55,8 +55,8 @@ struct ReportResult {
 };
 
 struct AdvisorStats {
-  uint64_t decisions = 0;           // advice given with a prediction
-  uint64_t prediction_errors = 0;   // measured TTFTs compared with their prediction
+  uint64_t decisions = 0;          // advice given with a prediction
+  uint64_t prediction_errors = 0;  // measured TTFTs compared with their prediction
   double prediction_error_mean = 0;
   double prediction_error_last = 0;
 };
@@ -87,8 +87,8 @@ class Advisor {
   // that decision's prediction (found only if it was `session`'s and is still remembered).
   // ValidateReport's errors, recording nothing.
   absl::StatusOr<ReportResult> Report(NamespaceId ns, uint64_t session,
-                                      absl::Span<const ComputeSample> samples,
-                                      uint64_t decision_id, double measured_ttft_ms);
+                                      absl::Span<const ComputeSample> samples, uint64_t decision_id,
+                                      double measured_ttft_ms);
 
   AdvisorStats Stats() const;
 

@@ -109,10 +109,10 @@ TEST(AdvisorTest, ReportValidationNamesTheField) {
                 "samples[0].context_tokens");
   ExpectInvalid(ValidateReport({{10, 10, 1, -1}}, 0, 0), "samples[0].overhead_ms");
   ExpectInvalid(ValidateReport({{10, 10, 1, nan}}, 0, 0), "samples[0].overhead_ms");
-  ExpectInvalid(ValidateReport(std::vector<ComputeSample>(kMaxSamplesPerReport + 1,
-                                                          ComputeSample{1, 1, 1, 0}),
-                               0, 0),
-                "samples: 1025 given");
+  ExpectInvalid(
+      ValidateReport(
+          std::vector<ComputeSample>(kMaxSamplesPerReport + 1, ComputeSample{1, 1, 1, 0}), 0, 0),
+      "samples: 1025 given");
   ExpectInvalid(ValidateReport({}, 5, 0), "decision_id");
   ExpectInvalid(ValidateReport({}, 0, 3.0), "measured_ttft_ms");
   ExpectInvalid(ValidateReport({}, 5, -3.0), "measured_ttft_ms");

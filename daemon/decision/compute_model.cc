@@ -64,8 +64,7 @@ std::optional<LayerFit> FitLayer(const std::deque<ComputeSample>& samples) {
 }
 
 void ComputeModel::Add(const ComputeSample& sample) {
-  std::deque<ComputeSample>& kind =
-      sample.new_tokens == sample.context_tokens ? plain_ : prefixed_;
+  std::deque<ComputeSample>& kind = sample.new_tokens == sample.context_tokens ? plain_ : prefixed_;
   kind.push_back(sample);
   if (kind.size() > kMaxSamples) kind.pop_front();
   Refit();
@@ -84,8 +83,7 @@ void ComputeModel::Refit() {
   per_token_ms_ = nn > 0 ? yn / nn : 0;
 }
 
-std::optional<double> ComputeModel::LayerMs(uint32_t context_tokens,
-                                            uint32_t cached_tokens) const {
+std::optional<double> ComputeModel::LayerMs(uint32_t context_tokens, uint32_t cached_tokens) const {
   if (empty()) return std::nullopt;
   const double n = static_cast<double>(context_tokens) - cached_tokens;
   const std::optional<LayerFit>& own = cached_tokens == 0 ? plain_fit_ : prefixed_fit_;

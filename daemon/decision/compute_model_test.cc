@@ -6,8 +6,8 @@
 namespace tutti::decision {
 namespace {
 
-constexpr LayerFit kPlain{0.05, 2e-3, 3e-8};     // plain causal prefill (k == 0)
-constexpr LayerFit kPrefixed{0.3, 1e-3, 5e-8};   // with a prefix cached (k > 0)
+constexpr LayerFit kPlain{0.05, 2e-3, 3e-8};    // plain causal prefill (k == 0)
+constexpr LayerFit kPrefixed{0.3, 1e-3, 5e-8};  // with a prefix cached (k > 0)
 
 ComputeSample Exact(const LayerFit& f, uint32_t n, uint32_t t, double overhead = 0) {
   return ComputeSample{n, t, f.Eval(n, static_cast<double>(t) - n), overhead};
@@ -25,8 +25,7 @@ TEST(FitLayerTest, RecoversTheCoefficientsOfExactSamples) {
 
 TEST(FitLayerTest, TooFewOrAlikeSamplesDoNotFit) {
   EXPECT_FALSE(FitLayer({Exact(kPlain, 512, 512), Exact(kPlain, 1024, 1024)}).has_value());
-  EXPECT_FALSE(FitLayer({Exact(kPlain, 512, 512), Exact(kPlain, 512, 512),
-                         Exact(kPlain, 512, 512)})
+  EXPECT_FALSE(FitLayer({Exact(kPlain, 512, 512), Exact(kPlain, 512, 512), Exact(kPlain, 512, 512)})
                    .has_value());
 }
 

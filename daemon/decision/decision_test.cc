@@ -1,8 +1,7 @@
 // The split against the formula of split.h, with hand-computed cases.
-#include "daemon/decision/split.h"
-
 #include <vector>
 
+#include "daemon/decision/split.h"
 #include "gtest/gtest.h"
 
 namespace tutti::decision {

@@ -23,13 +23,13 @@
 namespace tutti::decision {
 
 struct SplitInput {
-  uint32_t num_layers = 0;         // N (>= 1)
-  uint32_t block_tokens = 0;       // tokens per block (>= 1)
-  uint32_t prompt_tokens = 0;      // T (>= 1)
-  uint64_t layer_bytes = 0;        // one block's bytes of one layer (all its parts)
-  std::vector<bool> hit_in_dram;   // one per hit, in chain order: DRAM tier (true) or SSD
-  double dram_bytes_per_sec = 0;   // > 0
-  double ssd_bytes_per_sec = 0;    // > 0
+  uint32_t num_layers = 0;        // N (>= 1)
+  uint32_t block_tokens = 0;      // tokens per block (>= 1)
+  uint32_t prompt_tokens = 0;     // T (>= 1)
+  uint64_t layer_bytes = 0;       // one block's bytes of one layer (all its parts)
+  std::vector<bool> hit_in_dram;  // one per hit, in chain order: DRAM tier (true) or SSD
+  double dram_bytes_per_sec = 0;  // > 0
+  double ssd_bytes_per_sec = 0;   // > 0
   double overhead_ms = 0;
   // Per-layer compute ms of the last T - K of T tokens with the first K cached (K < T).
   std::function<double(uint32_t context_tokens, uint32_t cached_tokens)> layer_ms;
@@ -37,9 +37,9 @@ struct SplitInput {
 
 struct Split {
   uint32_t load_blocks = 0;
-  double ttft_ms = 0;        // TTFT(load_blocks)
-  double recompute_ms = 0;   // TTFT(0)
-  double load_all_ms = 0;    // TTFT(kmax)
+  double ttft_ms = 0;       // TTFT(load_blocks)
+  double recompute_ms = 0;  // TTFT(0)
+  double load_all_ms = 0;   // TTFT(kmax)
 };
 
 // TTFT(k) for one k in [0, kmax] of `in` (the formula above). Preconditions as for ChooseSplit.

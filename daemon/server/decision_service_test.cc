@@ -60,8 +60,10 @@ class DecisionServiceTest : public ::testing::Test {
     tutti::v1::LookupResponse resp;
     grpc::ClientContext ctx;
     grpc::Status s = env_.kv().Lookup(&ctx, req, &resp);
-    if (status != nullptr) *status = s;
-    else EXPECT_TRUE(s.ok()) << s.error_message();
+    if (status != nullptr)
+      *status = s;
+    else
+      EXPECT_TRUE(s.ok()) << s.error_message();
     return resp;
   }
 
@@ -173,8 +175,8 @@ TEST_F(DecisionServiceTest, BadReportsAndPromptsAreInvalidArgumentNamingTheField
   const double nan = std::numeric_limits<double>::quiet_NaN();
   ExpectError(Report({Sample(16, 16, 0)}), grpc::StatusCode::INVALID_ARGUMENT,
               "samples[0].layer_ms");
-  ExpectError(Report({Sample(16, 16, 1), Sample(16, 16, -1)}),
-              grpc::StatusCode::INVALID_ARGUMENT, "samples[1].layer_ms");
+  ExpectError(Report({Sample(16, 16, 1), Sample(16, 16, -1)}), grpc::StatusCode::INVALID_ARGUMENT,
+              "samples[1].layer_ms");
   ExpectError(Report({Sample(16, 16, nan)}), grpc::StatusCode::INVALID_ARGUMENT,
               "samples[0].layer_ms");
   ExpectError(Report({Sample(17, 16, 1)}), grpc::StatusCode::INVALID_ARGUMENT,

@@ -37,8 +37,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/engine/engine_memory.h"
 #include "daemon/decision/advisor.h"
+#include "daemon/engine/engine_memory.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/credentials.h"
 #include "daemon/server/engine_io.h"

@@ -142,8 +142,8 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   advisor_ = std::make_unique<decision::Advisor>(options.decision);
   kv_service_ = std::make_unique<KvCacheService>(
       KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session}, raw_store,
-      sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(),
-      &gate_, nullptr, advisor_.get());
+      sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(), &gate_,
+      nullptr, advisor_.get());
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
   info.decision_stats = [a = advisor_.get()] { return a->Stats(); };
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),

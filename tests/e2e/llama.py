@@ -135,10 +135,12 @@ class PagedLlama:
         return out.transpose(0, 1).reshape(n, s.heads * s.head_dim)
 
     @torch.no_grad()
-    def forward(self, tokens, start, block_table, cache, before_layer=None):
+    def forward(self, tokens, start, block_table, cache, before_layer=None, timer=None):
         """Logits (float32, [n, vocab]) of `tokens` at positions [start, start + n). Positions
         below `start` must be in the blocks of `block_table` (a list or tensor of block ids) in
-        `cache` ([layers, 2, blocks, ...]) by the time before_layer(l) returns for layer l."""
+        `cache` ([layers, 2, blocks, ...]) by the time before_layer(l) returns for layer l.
+        timer.mark(what, l) (optional) is called at each layer's start ("layer"), around
+        before_layer ("wait", "resume") and after the last layer ("end")."""
         s = self.shape
         tokens = torch.as_tensor(tokens, device=self.device)
         block_table = torch.as_tensor(block_table, device=self.device, dtype=torch.long)
@@ -148,7 +150,9 @@ class PagedLlama:
         all_blocks, all_offs = self._slots(block_table, 0, end)
         cos, sin = self._rope(torch.arange(start, end, device=self.device))
         h = self.w["model.embed_tokens.weight"][tokens]
+        mark = timer.mark if timer is not None else (lambda what, l: None)
         for l in range(s.layers):
+            mark("layer", l)
             p = "model.layers.%d." % l
             x = _rms_norm(h, self.w[p + "input_layernorm.weight"], s.eps)
             q = (x @ self.w[p + "self_attn.q_proj.weight"].T).view(n, s.heads, s.head_dim)
@@ -159,8 +163,10 @@ class PagedLlama:
             layer_cache = cache[l]
             layer_cache[0][new_blocks, new_offs] = k
             layer_cache[1][new_blocks, new_offs] = v
+            mark("wait", l)
             if before_layer is not None:
                 before_layer(l)
+            mark("resume", l)
             k_all = layer_cache[0][all_blocks, all_offs]
             v_all = layer_cache[1][all_blocks, all_offs]
             attn = self._attend(q, k_all, v_all, start)
@@ -169,5 +175,6 @@ class PagedLlama:
             gate = x @ self.w[p + "mlp.gate_proj.weight"].T
             up = x @ self.w[p + "mlp.up_proj.weight"].T
             h = h + (F.silu(gate) * up) @ self.w[p + "mlp.down_proj.weight"].T
+        mark("end", s.layers)
         h = _rms_norm(h, self.w["model.norm.weight"], s.eps)
         return (h @ self.w["lm_head.weight"].T).float()

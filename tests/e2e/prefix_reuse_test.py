@@ -6,7 +6,9 @@ tuttid. Request A computes a prompt and stores its full blocks. Request B = A's 
 suffix: it loads the prefix from tuttid layer by layer into *different* blocks (A's blocks are
 poisoned with NaN when freed), computes only the suffix, and its logits must match a full
 recomputation of B. Also: tuttid restarted between A and B; a prefix only partly cached; tuttid
-killed while B loads (B recomputes and is still right); and a negative control (a prefix of the
+killed while B loads (B recomputes and is still right); B with the load-or-recompute decision
+(docs/decision.md) at SSD priors that make tuttid advise loading nothing, everything and an
+interior split (each must match the full recompute); and a negative control (a prefix of the
 wrong tokens' KV fails the comparison), which shows the tolerance would catch a wrong load.
 
 Tolerance (float32): max |logit_B(loaded) - logit_B(full)| <= 1e-4 * max(1, max |logit|).
@@ -160,6 +162,50 @@ class PrefixReuseTest(unittest.TestCase):
         again = self.engine.prefill(prompt_b, store=False)
         self.assertEqual(again.hits, 63)  # stored durably before the kill
         self.assert_matches_full(again, prompt_b)
+
+    def restart_with(self, extra):
+        generation = self.client.info["generation"]
+        self.assertEqual(self.daemon.stop(), 0)
+        self.daemon.write_config(extra=extra)
+        self.daemon.start()
+        self.await_reattached(generation + 1)
+
+    def test_decided_split_matches_full_recompute_whatever_the_split(self):
+        # The model restarts empty with tuttid: A's report (200 new tokens, no prefix) is its one
+        # sample, so it predicts c ms per new token and layer, c = A's mean layer time / 200.
+        # One block's layer is 128 KiB: at a prior of 128 KiB / (16 c) per ms a block loads in
+        # the time 16 tokens compute, and with 4 layers TTFT(k) = 1024 c - 48 c k up to k = 8
+        # (load <= compute), 256 c + 48 c k beyond: the best split is 8 of the 12 hits.
+        object_layer = 2 * self.layout.object_bytes
+        for name in ("recompute", "load all", "interior"):
+            prompt_a = self.tokens(200)
+            prompt_b = prompt_a + self.tokens(56)
+            prior = {"recompute": 1e6, "load all": 1e13}.get(name, 1e13)
+            self.restart_with("datapath { ssd_read_prior_bytes_per_sec: %r }" % prior)
+            a = self.engine.prefill(prompt_a)
+            self.assertEqual(a.computed_tokens, 200)
+            self.assertEqual(len(a.layer_ms), SHAPE.layers)
+            if name == "interior":
+                c = sum(a.layer_ms) / len(a.layer_ms) / a.computed_tokens
+                prior = object_layer / (16 * c) * 1e3
+                self.restart_with("datapath { ssd_read_prior_bytes_per_sec: %r }" % prior)
+                self.client.report_compute([tutti.ComputeSample(  # A's sample again, exactly
+                    a.computed_tokens, len(prompt_a), c * a.computed_tokens, a.overhead_ms)])
+            b = self.engine.prefill(prompt_b, decide=True)
+            print("decision %s (prior %.3g B/s): load %d of %d hits, predicted %.1f ms "
+                  "(recompute %.1f, load all %.1f), measured %.1f ms, error %.2f" % (
+                      name, prior, b.hits, b.cached, b.predicted_ttft_ms,
+                      b.predicted_recompute_ms, b.predicted_load_all_ms, b.ttft_ms,
+                      b.prediction_error))
+            self.assertEqual(b.cached, 12)
+            self.assertLessEqual(b.hits, b.cached)
+            self.assertEqual(b.hits, {"recompute": 0, "load all": 12, "interior": 8}[name])
+            self.assertEqual(b.computed_tokens, 256 - 16 * b.hits)
+            self.assertIsNotNone(b.decision_id)
+            self.assertIsNotNone(b.prediction_error, "the measured TTFT reached its decision")
+            self.assertLessEqual(b.predicted_ttft_ms,
+                                 min(b.predicted_recompute_ms, b.predicted_load_all_ms))
+            self.assert_matches_full(b, prompt_b)
 
     def test_negative_control_wrong_prefix_is_caught(self):
         # Store the KV of *other* tokens under B's prefix keys: the comparison must fail.

@@ -176,7 +176,16 @@ std::string Req(uint8_t method, uint8_t flags, const google::protobuf::Message& 
 
 void ServiceSeeds() {
   using server::testing::KeyBytes;
-  enum : uint8_t { kAttach, kKeepAlive, kLookup, kRetrieve, kStore, kRelease, kDetach };
+  enum : uint8_t {
+    kAttach,
+    kKeepAlive,
+    kLookup,
+    kRetrieve,
+    kStore,
+    kRelease,
+    kDetach,
+    kReportCompute
+  };
   server::testing::ShmEngine engine;
   tutti::v1::AttachRequest attach = engine.AttachRequest();
   attach.mutable_regions(0)->mutable_host_shm()->set_name("/tutti_fuzz_no_such_object");
@@ -209,6 +218,24 @@ void ServiceSeeds() {
   Seed("service_fuzz", "lookup", Req(kLookup, 1, lookup));
   lookup.add_keys("not sixteen");
   Seed("service_fuzz", "lookup_bad_key", Req(kLookup, 1, lookup));
+  lookup.clear_keys();
+  for (uint32_t b = 0; b < 5; ++b) lookup.add_keys(KeyBytes(b));
+  lookup.set_prompt_tokens(90);
+  Seed("service_fuzz", "lookup_prompt", Req(kLookup, 1, lookup));
+  tutti::v1::ReportComputeRequest report;
+  for (uint32_t n : {16u, 64u, 80u}) {
+    auto* s = report.add_samples();
+    s->set_new_tokens(n);
+    s->set_context_tokens(80);
+    s->set_layer_ms(0.01 * n);
+    s->set_overhead_ms(0.5);
+  }
+  Seed("service_fuzz", "report_compute", Req(kReportCompute, 1, report));
+  report.set_decision_id(1);
+  report.set_measured_ttft_ms(2.5);
+  Seed("service_fuzz", "report_compute_ttft", Req(kReportCompute, 1, report));
+  report.mutable_samples(0)->set_layer_ms(-1);
+  Seed("service_fuzz", "report_compute_bad", Req(kReportCompute, 1, report));
   tutti::v1::RetrieveRequest retrieve;
   for (uint32_t b = 0; b < 4; ++b) {
     auto* p = retrieve.add_blocks();

@@ -29,6 +29,7 @@ enum Method : uint8_t {
   kStore,
   kRelease,
   kDetach,
+  kReportCompute,
   kCount
 };
 
@@ -137,6 +138,14 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       MaybeOwnSession(own, w->session, &req);
       if (leased) req.set_lease_id(LeaseFor(w, std::vector<std::string>{std::string(16, 'k')}));
       (void)kv.Release(&ctx, req, &resp);
+      return;
+    }
+    case kReportCompute: {
+      tutti::v1::ReportComputeRequest req;
+      tutti::v1::ReportComputeResponse resp;
+      if (!Decode(data, size, &req)) return;
+      MaybeOwnSession(own, w->session, &req);
+      (void)kv.ReportCompute(&ctx, req, &resp);
       return;
     }
     case kDetach:

@@ -126,6 +126,44 @@ class HostModeTest(unittest.TestCase):
             miss = c.lookup(keys_of(2, 3))
             self.assertEqual((miss.hits, miss.id), (0, 0))
 
+    def test_load_or_recompute_advice_and_compute_reports(self):
+        e = self.engine(16)
+        with e.attach(self.daemon) as c:
+            keys = keys_of(4, 8)
+            self.store_all(c, e, keys)
+            prompt = 8 * 16 + 5
+            plain = c.lookup(keys)
+            self.assertEqual((plain.load_blocks, plain.decision_id), (8, None))
+            c.release(plain)
+            early = c.lookup(keys, prompt_tokens=prompt)
+            self.assertEqual(early.load_blocks, 8, "no compute reported yet: load every hit")
+            self.assertIsNone(early.predicted_ttft_ms)
+            c.release(early)
+            with self.assertRaises(tutti.InvalidArgument) as cm:
+                c.report_compute([tutti.ComputeSample(17, 16, 1.0)])
+            self.assertIn("samples[0].new_tokens", cm.exception.message)
+            with self.assertRaises(tutti.InvalidArgument):
+                c.report_compute([tutti.ComputeSample(16, 16, float("nan"))])
+            report = c.report_compute([tutti.ComputeSample(128, 128, 1.0, 0.5),
+                                       tutti.ComputeSample(64, 64, 0.5, 0.5),
+                                       tutti.ComputeSample(32, 32, 0.25, 0.5)])
+            self.assertFalse(report.decision_found)
+            lease = c.lookup(keys, prompt_tokens=prompt)
+            self.assertIsNotNone(lease.decision_id)
+            self.assertLessEqual(lease.load_blocks, lease.hits)
+            self.assertLessEqual(lease.predicted_ttft_ms, lease.predicted_recompute_ms)
+            self.assertLessEqual(lease.predicted_ttft_ms, lease.predicted_load_all_ms)
+            if lease.load_blocks:
+                head = keys[:lease.load_blocks]
+                r = c.retrieve(lease, head, list(range(8, 8 + len(head))))
+                self.assertTrue(r.wait().ok)
+            else:
+                c.release(lease)
+            measured = c.report_compute([], decision_id=lease.decision_id,
+                                        measured_ttft_ms=lease.predicted_ttft_ms * 1.25)
+            self.assertTrue(measured.decision_found)
+            self.assertAlmostEqual(measured.prediction_error, 0.2)
+
     def test_partial_layers_and_refused_calls(self):
         e = self.engine(16)
         with e.attach(self.daemon) as c:

@@ -8,8 +8,8 @@ look up cached prefixes, load them layer by layer into the engine's own blocks, 
     client = tutti.Client.attach(ns, num_blocks, tutti.objects_from_tensors(layout, kv_caches),
                                  cuda_device=0)            # or host_regions=[shm.region()]
     keys = tutti.chain_keys(token_ids, layout.block_tokens)
-    lease = client.lookup(keys)
-    r = client.retrieve(lease, keys[:lease.hits], my_blocks)
+    lease = client.lookup(keys, prompt_tokens=len(token_ids))
+    r = client.retrieve(lease, keys[:lease.load_blocks], my_blocks)  # compute the rest
     for layer in range(layout.num_layers):
         r.wait_layer(layer)                                # then run the layer's attention
     failed = r.wait().failed                               # recompute these blocks
@@ -26,7 +26,8 @@ from tutti.layout import (KvLayout, Namespace, ObjectTensor, cache_bytes, host_c
                           objects_from_tensors)
 
 try:
-    from tutti.client import DEFAULT_SOCKET, Client, Lease, RetrieveOutcome, Retrieval
+    from tutti.client import (DEFAULT_SOCKET, Client, ComputeReport, ComputeSample, Lease,
+                              RetrieveOutcome, Retrieval)
 except ImportError as _e:  # the generated gRPC code is missing (a source checkout)
     if "tutti.v1" not in str(_e) and "kvcache_pb2" not in str(_e):
         raise
@@ -40,5 +41,5 @@ __all__ = [
     "DeadlineExceeded", "NotFound", "InvalidArgument", "FailedPrecondition", "ResourceExhausted",
     "PermissionDenied", "KvLayout", "Namespace", "ObjectTensor", "cache_bytes",
     "host_cache_tensor", "objects_from_tensors", "DEFAULT_SOCKET", "Client", "Lease",
-    "RetrieveOutcome", "Retrieval", "Timeouts",
+    "RetrieveOutcome", "Retrieval", "Timeouts", "ComputeSample", "ComputeReport",
 ]

@@ -45,11 +45,41 @@ _MAX_BACKOFF = 1.0
 @dataclass(frozen=True)
 class Lease:
     """Blocks [0, hits) of the looked-up chain are present and pinned until the Retrieve ends,
-    release(), or ttl_ms passes. hits == 0 holds nothing (id 0)."""
+    release(), or ttl_ms passes. hits == 0 holds nothing (id 0).
+
+    Load or recompute (docs/decision.md): retrieve keys[:load_blocks] (load_blocks <= hits) and
+    compute the rest of the prompt; that Retrieve ends the lease's other pins too. load_blocks ==
+    hits unless lookup() was given prompt_tokens and tuttid could predict; then decision_id != 0
+    and the predicted times to first token (ms) are set: for load_blocks, for loading nothing,
+    for loading every hit. Otherwise they are None."""
     id: int
     hits: int
     ttl_ms: int
     generation: int
+    load_blocks: int = 0
+    predicted_ttft_ms: Optional[float] = None
+    predicted_recompute_ms: Optional[float] = None
+    predicted_load_all_ms: Optional[float] = None
+    decision_id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ComputeSample:
+    """One prefill's measured compute, for report_compute(): new_tokens computed (>= 1) in a
+    context of context_tokens (the new ones included), layer_ms the mean time of one layer's
+    forward (> 0), overhead_ms the prefill's time outside the layers (embedding, head, calls)."""
+    new_tokens: int
+    context_tokens: int
+    layer_ms: float
+    overhead_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ComputeReport:
+    """report_compute()'s answer: whether tuttid knew the decision_id, and then its prediction's
+    error |predicted - measured| / measured."""
+    decision_found: bool
+    prediction_error: Optional[float] = None
 
 
 @dataclass
@@ -389,14 +419,46 @@ class Client:
         return blocks * max(layers, 0) * self._parts * object_bytes
 
     # --- the engine API ---
-    def lookup(self, keys: Sequence[bytes]) -> Lease:
+    def lookup(self, keys: Sequence[bytes], prompt_tokens: Optional[int] = None) -> Lease:
         """How many leading keys of one chain are cached; they are pinned under the lease.
-        Raises Unavailable while tuttid is unreachable or does not answer within Timeouts.short
-        (treat as a miss)."""
+        With prompt_tokens (the whole prompt's length, cached or not) tuttid also advises how many
+        of the hits to load (Lease.load_blocks). Raises Unavailable while tuttid is unreachable or
+        does not answer within Timeouts.short (treat as a miss); InvalidArgument for
+        prompt_tokens outside [0, 16777216]."""
+        if prompt_tokens is not None and not 0 <= int(prompt_tokens) <= 1 << 24:
+            raise errors.InvalidArgument("prompt_tokens = %r: must be in [0, 16777216]" %
+                                         (prompt_tokens,))
         sid, gen = self._current()
-        resp = self._call("Lookup", pb.LookupRequest(session_id=sid, keys=list(keys)), gen,
-                          self._timeouts.short)
-        return Lease(resp.lease_id, resp.hits, resp.lease_ttl_ms, gen)
+        req = pb.LookupRequest(session_id=sid, keys=list(keys),
+                               prompt_tokens=int(prompt_tokens or 0))
+        resp = self._call("Lookup", req, gen, self._timeouts.short)
+        predicted = resp.decision_id != 0
+        return Lease(resp.lease_id, resp.hits, resp.lease_ttl_ms, gen,
+                     load_blocks=resp.load_blocks,
+                     predicted_ttft_ms=resp.predicted_ttft_ms if predicted else None,
+                     predicted_recompute_ms=resp.predicted_recompute_ms if predicted else None,
+                     predicted_load_all_ms=resp.predicted_load_all_ms if predicted else None,
+                     decision_id=resp.decision_id if predicted else None)
+
+    def report_compute(self, samples: Sequence[ComputeSample], decision_id: Optional[int] = None,
+                       measured_ttft_ms: Optional[float] = None) -> ComputeReport:
+        """Reports measured compute of this engine's prefills (at most 1024 ComputeSamples) for
+        tuttid's load-or-recompute model and, with decision_id (Lease.decision_id) and
+        measured_ttft_ms, the time to first token of the prefill that followed that decision.
+        Raises InvalidArgument naming the field for a bad value (nothing is recorded then),
+        Unavailable while tuttid is unreachable."""
+        if (decision_id is None) != (measured_ttft_ms is None):
+            raise errors.InvalidArgument("report_compute: give decision_id and measured_ttft_ms "
+                                         "together, or neither")
+        sid, gen = self._current()
+        req = pb.ReportComputeRequest(session_id=sid, decision_id=int(decision_id or 0),
+                                      measured_ttft_ms=float(measured_ttft_ms or 0.0))
+        for s in samples:
+            req.samples.add(new_tokens=int(s.new_tokens), context_tokens=int(s.context_tokens),
+                            layer_ms=float(s.layer_ms), overhead_ms=float(s.overhead_ms))
+        resp = self._call("ReportCompute", req, gen, self._timeouts.short)
+        return ComputeReport(resp.decision_found,
+                             resp.prediction_error if resp.decision_found else None)
 
     def retrieve(self, lease: Lease, keys: Sequence[bytes], engine_blocks: Sequence[int],
                  layer_begin: int = 0, layer_end: int = 0) -> Retrieval:
