@@ -135,7 +135,8 @@ class PagedLlama:
         return out.transpose(0, 1).reshape(n, s.heads * s.head_dim)
 
     @torch.no_grad()
-    def forward(self, tokens, start, block_table, cache, before_layer=None, timer=None):
+    def forward(self, tokens, start, block_table, cache, before_layer=None, timer=None,
+                last_only=False):
         """Logits (float32, [n, vocab]) of `tokens` at positions [start, start + n). Positions
         below `start` must be in the blocks of `block_table` (a list or tensor of block ids) in
         `cache` ([layers, 2, blocks, ...]) by the time before_layer(l) returns for layer l.
@@ -176,5 +177,7 @@ class PagedLlama:
             up = x @ self.w[p + "mlp.up_proj.weight"].T
             h = h + (F.silu(gate) * up) @ self.w[p + "mlp.down_proj.weight"].T
         mark("end", s.layers)
+        if last_only:  # the first token's logits only: what time to first token needs
+            h = h[-1:]
         h = _rms_norm(h, self.w["model.norm.weight"], s.eps)
         return (h @ self.w["lm_head.weight"].T).float()

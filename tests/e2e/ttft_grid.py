@@ -254,7 +254,7 @@ class Bench:
         try:
             g.sync()
             t0 = time.perf_counter()
-            self.model.forward(tokens, 0, blocks, self.cache)
+            self.model.forward(tokens, 0, blocks, self.cache, last_only=True)
             g.sync()
             return (time.perf_counter() - t0) * 1e3
         finally:
@@ -285,7 +285,8 @@ class Bench:
                 if retrieval is not None:
                     retrieval.wait_layer(layer, stream)
 
-            self.model.forward(tokens[n * BLOCK:], n * BLOCK, blocks, self.cache, before_layer)
+            self.model.forward(tokens[n * BLOCK:], n * BLOCK, blocks, self.cache, before_layer,
+                               last_only=True)
             if retrieval is not None:
                 out = retrieval.wait()
                 if not out.ok or out.failed:
@@ -327,7 +328,8 @@ def timed_layers(bench, tokens, k):
                 marks[i] = time.perf_counter()
         g.sync()
         record(0)
-        bench.model.forward(tokens[k:], k, blocks, bench.cache, lambda l: record(l + 1))
+        bench.model.forward(tokens[k:], k, blocks, bench.cache, lambda l: record(l + 1),
+                            last_only=True)
         record(layers + 1)
         g.sync()
         if g.DEV == "cuda":
