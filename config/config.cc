@@ -251,6 +251,10 @@ absl::Status ValidateDecision(const tutti::v1::DatapathConfig& d) {
                                       d.ssd_read_prior_bytes_per_sec()));
   RETURN_IF_ERROR(CheckBandwidthPrior("datapath.dram_read_prior_bytes_per_sec",
                                       d.dram_read_prior_bytes_per_sec()));
+  if (!(d.decision_min_gain() >= 0 && d.decision_min_gain() <= 0.9)) {
+    return Bad("datapath.decision_min_gain", absl::StrCat(d.decision_min_gain()),
+               "must be in [0, 0.9]");
+  }
   return CheckOneOf("datapath.decision", d.decision(), {"", "auto", "off"});
 }
 

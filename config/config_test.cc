@@ -224,6 +224,8 @@ TEST(ConfigTest, GpuSection) {
 
 TEST(ConfigTest, DatapathDecisionFields) {
   ExpectRejected("datapath { decision: \"always\" }", {"datapath.decision", "auto", "off"});
+  ExpectRejected("datapath { decision_min_gain: 0.95 }", {"datapath.decision_min_gain", "0.9"});
+  ExpectRejected("datapath { decision_min_gain: -0.1 }", {"datapath.decision_min_gain"});
   ExpectRejected("datapath { ssd_read_prior_bytes_per_sec: -1 }",
                  {"datapath.ssd_read_prior_bytes_per_sec", "1e6"});
   ExpectRejected("datapath { ssd_read_prior_bytes_per_sec: 100 }",

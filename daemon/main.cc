@@ -346,7 +346,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   server::MemoryOpener opener =
       d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
              : server::HostMemoryOpener();
-  d->advisor = std::make_unique<decision::Advisor>(config.datapath().decision() != "off");
+  d->advisor = std::make_unique<decision::Advisor>(config.datapath().decision() != "off",
+                                                   config.datapath().decision_min_gain());
   d->kv = std::make_unique<server::KvCacheService>(
       server::KvCacheOptions{limits.max_blocks_per_call(), limits.max_calls_per_session()},
       d->store.get(), d->sessions.get(), d->credentials.get(), std::move(opener), &d->gate,

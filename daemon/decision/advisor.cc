@@ -73,6 +73,7 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   in.dram_bytes_per_sec = bandwidths.dram_bytes_per_sec;
   in.ssd_bytes_per_sec = bandwidths.ssd_bytes_per_sec;
   in.overhead_ms = model.OverheadMs();
+  in.min_interior_gain = min_interior_gain_;
   in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
   const Split split = ChooseSplit(in);
   advice = Advice{split.load_blocks,  true, split.ttft_ms, split.recompute_ms, split.load_all_ms,

@@ -72,7 +72,9 @@ class Advisor {
  public:
   static constexpr size_t kMaxDecisions = 4096;
 
-  explicit Advisor(bool enabled) : enabled_(enabled) {}
+  // `min_interior_gain`: SplitInput::min_interior_gain (config datapath.decision_min_gain).
+  explicit Advisor(bool enabled, double min_interior_gain = 0)
+      : enabled_(enabled), min_interior_gain_(min_interior_gain) {}
 
   bool enabled() const { return enabled_; }
 
@@ -102,6 +104,7 @@ class Advisor {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const bool enabled_;
+  const double min_interior_gain_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<NamespaceId, ComputeModel> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Decision> decisions_ ABSL_GUARDED_BY(mu_);

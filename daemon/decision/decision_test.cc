@@ -55,6 +55,18 @@ TEST(SplitTest, MidBandwidthPicksTheInteriorOptimum) {
   EXPECT_LT(s.ttft_ms, s.load_all_ms);
 }
 
+TEST(SplitTest, AnInteriorSplitMustWinByTheMinimumGain) {
+  // As above: k = 5 predicts 2.54 ms against 4.01 for loading all, a gain of 36.7%.
+  SplitInput in = Base(kAllSsd, 1e12, 1e10);
+  in.min_interior_gain = 0.36;
+  EXPECT_EQ(ChooseSplit(in).load_blocks, 5u);
+  in.min_interior_gain = 0.37;  // not enough: the better pure strategy, loading all (k = 10)
+  const Split s = ChooseSplit(in);
+  EXPECT_EQ(s.load_blocks, 10u);
+  EXPECT_NEAR(s.ttft_ms, 4.01, 1e-9);
+  EXPECT_NEAR(s.recompute_ms, 4.04, 1e-9);
+}
+
 TEST(SplitTest, MixedTiersCountEachBlocksTier) {
   // Blocks 0-2 in DRAM (0.001 ms), the rest on a 10 ms SSD: k = 3 gives 0.003 + 4 x 0.71.
   std::vector<bool> dram_first(10, false);

@@ -47,6 +47,13 @@ Split ChooseSplit(const SplitInput& in) {
       best.ttft_ms = ttft;
     }
   }
+  const double pure_ms = std::min(best.recompute_ms, best.load_all_ms);
+  if (best.load_blocks > 0 && best.load_blocks < kmax &&
+      best.ttft_ms > (1 - in.min_interior_gain) * pure_ms) {
+    const bool load_all = best.load_all_ms <= best.recompute_ms;
+    best.load_blocks = load_all ? kmax : 0;
+    best.ttft_ms = pure_ms;
+  }
   return best;
 }
 
