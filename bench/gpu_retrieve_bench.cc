@@ -71,6 +71,7 @@ ABSL_FLAG(std::vector<std::string>, round_kib, std::vector<std::string>({"0", "8
 ABSL_FLAG(std::string, ssd_label, "", "ssd and stores parts: suffix of their metric names");
 ABSL_FLAG(uint32_t, extent_slots, 0, "tuttid's pool.extent_slots (0: its default)");
 ABSL_FLAG(uint32_t, max_read_bytes, 0, "tuttid's datapath.max_read_bytes (0: its default)");
+ABSL_FLAG(uint32_t, queue_depth, 64, "tuttid's io.queue_depth, and the raw reads' queue depth");
 ABSL_FLAG(double, ssd_pool_gib, 6, "pool size of the ssd and stores parts, GiB");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append to");
 ABSL_FLAG(std::string, machine, "", "machine description");
@@ -245,8 +246,9 @@ absl::Status RunInProc() {
   variants.push_back({gpu::LayerCopier::Mode::kCopyEngine, 0});
   variants.push_back({gpu::LayerCopier::Mode::kAuto, kDefaultRoundBytes});
   for (const auto& [mode, round] : variants) {
-    const std::string name = absl::StrCat(std::string(gpu::LayerCopier::ModeName(mode)),
-                                          round == 0 ? "" : absl::StrCat("_round", round >> 10, "k"));
+    const std::string name =
+        absl::StrCat(std::string(gpu::LayerCopier::ModeName(mode)),
+                     round == 0 ? "" : absl::StrCat("_round", round >> 10, "k"));
     ASSIGN_OR_RETURN(auto copier,
                      gpu::LayerCopier::Create({mode, s.layer_bytes, /*bounce_threads=*/4, round},
                                               s.io.get(), {s.pinned->staging()}));
@@ -277,7 +279,8 @@ absl::Status RunInProc() {
   auto dram_like = [&](uint32_t layer) {
     std::vector<engine::CopyOp> ops;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
-      uint8_t* src = s.chunks->host() + i * kWindow * kParts * kObj + (layer % kWindow) * kParts * kObj;
+      uint8_t* src =
+          s.chunks->host() + i * kWindow * kParts * kObj + (layer % kWindow) * kParts * kObj;
       for (uint32_t p = 0; p < kParts; ++p)
         ops.push_back({s.blocks[i], layer * kParts + p, src + p * kObj});
     }
@@ -318,7 +321,8 @@ std::string DaemonConfig(uint64_t dram_bytes) {
       "pool { capacity_bytes: ", pool_bytes, " object_bytes: 32768 max_objects: 64",
       extent_slots > 0 ? absl::StrCat(" extent_slots: ", extent_slots) : "", " }\n",
       max_read > 0 ? absl::StrCat("datapath { max_read_bytes: ", max_read, " }\n") : "",
-      "io { backend: \"uring\" queue_depth: 64 }\n", "dram { capacity_bytes: ", dram_bytes, " }\n",
+      "io { backend: \"uring\" queue_depth: ", absl::GetFlag(FLAGS_queue_depth), " }\n",
+      "dram { capacity_bytes: ", dram_bytes, " }\n",
       "limits { max_blocks_per_call: 2048 store_staging_bytes: 268435456 "
       "retrieve_staging_bytes: 536870912 max_store_staging_bytes_per_session: 268435456 }\n",
       "gpu { mode: \"cuda\" io_sm_count: ", absl::GetFlag(FLAGS_sms), " scatter: \"",
@@ -437,8 +441,8 @@ absl::Status RunDram(double contiguous_gbps) {
 
 // Raw O_DIRECT random reads of `obj` bytes (aligned to their size) at `qd` over [0, span) of
 // `path` for `seconds`.
-absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t qd,
-                               double seconds, uint64_t obj = kObj) {
+absl::StatusOr<double> RawRead(const std::string& path, uint64_t span, uint32_t qd, double seconds,
+                               uint64_t obj = kObj) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
   void* buf = nullptr;
@@ -489,7 +493,10 @@ absl::Status RunSsd() {
   double cpu_s = 0, moved_gb = 0;
   const std::string pool = d->root() + "/pool/tutti.pool";
   const uint64_t span = e->LayerBytes(n) * kLayers;  // the slots written first
-  for (uint32_t r = 0; r < 3; ++r) {                 // alternate, so drift hits both
+  const uint32_t qd = absl::GetFlag(FLAGS_queue_depth);
+  const std::string raw32 = absl::StrCat("raw_odirect_read_32k_qd", qd);
+  const std::string raw1m = absl::StrCat("raw_odirect_read_1m_qd", qd);
+  for (uint32_t r = 0; r < 3; ++r) {  // alternate, so drift hits both
     const double cpu0 = CpuSeconds(d->pid());
     ASSIGN_OR_RETURN(Retrieved got, RetrieveMedian(*e, n, 1));
     cpu_s += CpuSeconds(d->pid()) - cpu0;
@@ -497,18 +504,16 @@ absl::Status RunSsd() {
     tuttid.push_back(got.gbps);
     first.push_back(got.layer0_ms);
     last.push_back(got.last_ms);
-    ASSIGN_OR_RETURN(double raw_gbps, RawRead(pool, span, 64, got.last_ms * 1e-3));
+    ASSIGN_OR_RETURN(double raw_gbps, RawRead(pool, span, qd, got.last_ms * 1e-3));
     raw.push_back(raw_gbps);
-    ASSIGN_OR_RETURN(double raw_1m_gbps, RawRead(pool, span, 64, got.last_ms * 1e-3, 1 << 20));
+    ASSIGN_OR_RETURN(double raw_1m_gbps, RawRead(pool, span, qd, got.last_ms * 1e-3, 1 << 20));
     raw_1m.push_back(raw_1m_gbps);
   }
   PrintCopierCounts(*d, "ssd");
-  Add({Labelled("raw_odirect_read_32k_qd64"), Median(raw), "GB/s", "", 0});
-  Add({Labelled("raw_odirect_read_1m_qd64"), Median(raw_1m), "GB/s", "", 0});
-  Add({Labelled("tuttid_ssd_retrieve"), Median(tuttid), "GB/s",
-       Labelled("raw_odirect_read_32k_qd64"), Median(raw)});
-  Add({Labelled("ssd_read_vs_raw_1mib"), Median(tuttid), "GB/s",
-       Labelled("raw_odirect_read_1m_qd64"), Median(raw_1m)});
+  Add({Labelled(raw32), Median(raw), "GB/s", "", 0});
+  Add({Labelled(raw1m), Median(raw_1m), "GB/s", "", 0});
+  Add({Labelled("tuttid_ssd_retrieve"), Median(tuttid), "GB/s", Labelled(raw32), Median(raw)});
+  Add({Labelled("ssd_read_vs_raw_1mib"), Median(tuttid), "GB/s", Labelled(raw1m), Median(raw_1m)});
   Add({Labelled("tuttid_ssd_cpu_s_per_gb"), moved_gb > 0 ? cpu_s / moved_gb : 0, "s/GB", "", 0});
   Add({Labelled("tuttid_ssd_layer0_ready"), Median(first), "ms", "", 0});
   Add({Labelled("tuttid_ssd_last_layer_ready"), Median(last), "ms", "", 0});
@@ -578,11 +583,12 @@ absl::Status RunStores() {
       used = st.store_staging_used_bytes();
       if (used > 0) absl::SleepFor(absl::Milliseconds(20));
     }
-    std::printf("stores round %u: alone %.2f GB/s, with stores %.2f GB/s; %llu captured, %llu "
-                "refused; staging %s %.2f s after stores stopped\n",
-                r, a.gbps, b->gbps, static_cast<unsigned long long>(stream.captured.load()),
-                static_cast<unsigned long long>(stream.refused.load()),
-                used == 0 ? "empty" : "STILL IN USE", Seconds(stopped));
+    std::printf(
+        "stores round %u: alone %.2f GB/s, with stores %.2f GB/s; %llu captured, %llu "
+        "refused; staging %s %.2f s after stores stopped\n",
+        r, a.gbps, b->gbps, static_cast<unsigned long long>(stream.captured.load()),
+        static_cast<unsigned long long>(stream.refused.load()),
+        used == 0 ? "empty" : "STILL IN USE", Seconds(stopped));
     Add({Labelled("store_backlog_drain_s"), Seconds(stopped), "s", "", 0});
   }
   PrintCopierCounts(*d, "stores");
