@@ -50,6 +50,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
   EXPECT_EQ(c->gpu().scatter(), "auto");
   EXPECT_EQ(c->gpu().round_bytes(), 8ull << 20);
+  EXPECT_EQ(c->gpu().max_staging_bytes(), 512ull << 20);
   EXPECT_EQ(c->datapath().max_read_bytes(), 1ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
@@ -211,6 +212,8 @@ TEST(ConfigTest, GpuSection) {
                  {"gpu.scatter", "auto", "staged", "mapped", "copy_engine"});
   EXPECT_TRUE(LoadConfig("gpu { scatter: \"copy_engine\" }").ok());
   ExpectRejected("gpu { round_bytes: 2147483648 }", {"gpu.round_bytes"});
+  ExpectRejected("gpu { max_staging_bytes: 4194304 }", {"gpu.max_staging_bytes"});
+  ExpectRejected("gpu { max_staging_bytes: 17179869185 }", {"gpu.max_staging_bytes"});
   auto c = LoadConfig(
       "gpu { mode: \"cuda\" device: 3 io_sm_count: 0 copy_ctas: 8 scatter: \"mapped\" }");
   ASSERT_TRUE(c.ok()) << c.status();

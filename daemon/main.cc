@@ -32,6 +32,7 @@
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/decision/advisor.h"
+#include "daemon/gpu_setup.h"
 #include "daemon/io/io_factory.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
@@ -40,15 +41,10 @@
 #include "daemon/server/credentials.h"
 #include "daemon/server/handoff_server.h"
 #include "daemon/server/engine_watcher.h"
-#include "daemon/server/gpu_engine_io.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/server.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
-#include "gpu/io_stream.h"
-#include "gpu/layer_copier.h"
-#include "gpu/pinned.h"
-#include "gpu/probe.h"
 
 ABSL_FLAG(std::string, config, "",
           "text-proto config file (tutti.v1.Config) merged over the embedded default; empty: the "
@@ -173,16 +169,6 @@ int WaitForStopSignal() {
   return sig;
 }
 
-// The GPU data path of a daemon in cuda mode. Destroyed in reverse order: the copier, then the
-// staging registration, then the stream.
-struct GpuRuntime {
-  gpu::DeviceInfo device;
-  std::unique_ptr<gpu::IoStream> stream;
-  std::unique_ptr<gpu::PinnedRegion> staging;  // the store's staging, page-locked and mapped
-  std::unique_ptr<gpu::PinnedRegion> dram;     // the DRAM tier's region, likewise (if on)
-  std::unique_ptr<gpu::LayerCopier> copier;
-};
-
 // The running daemon's parts. Destroyed in reverse order: serving stops before the sessions,
 // the sessions (and their pins and mappings) go before the GPU runtime and the store.
 struct Daemon {
@@ -192,7 +178,7 @@ struct Daemon {
   server::CallGate gate;
   std::unique_ptr<server::CredentialTable> credentials;
   std::unique_ptr<store::BlockStore> store;
-  std::unique_ptr<GpuRuntime> gpu;
+  std::unique_ptr<gpu_setup::GpuRuntime> gpu;  // cuda mode only
   std::unique_ptr<server::SessionManager> sessions;
   std::unique_ptr<server::EngineWatcher> watcher;
   std::unique_ptr<decision::Advisor> advisor;
@@ -227,96 +213,6 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
   return absl::OkStatus();
 }
 
-// GPU staging for retrieves: one layer of a maximal call, at most 512 MiB, and at least a slot
-// per object (gpu/layer_copier.h).
-uint64_t GpuStagingBytes(const v1::Config& config) {
-  const uint64_t object = config.pool().object_bytes();
-  const uint64_t layer = uint64_t{config.limits().max_blocks_per_call()} * 2 * object;
-  return std::max(gpu::LayerCopier::kSlots * object, std::min<uint64_t>(layer, 512ull << 20));
-}
-
-// Decides the device mode before anything else starts: the device to use in cuda mode, or none
-// (host mode, noted). gpu.mode = cuda without a usable GPU, or an io_sm_count the device cannot
-// give, stops start-up.
-absl::StatusOr<std::optional<gpu::DeviceInfo>> ChooseDevice(const v1::Config& config, Daemon* d) {
-  const v1::GpuConfig& g = config.gpu();
-  if (g.mode() == "host") {
-    d->notes.push_back("host mode (gpu.mode = host): engines attach host shared memory");
-    return std::nullopt;
-  }
-  absl::StatusOr<gpu::DeviceInfo> device = gpu::Probe(static_cast<int>(g.device()));
-  if (!device.ok()) {
-    if (g.mode() == "cuda") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gpu.mode = cuda, but GPU ", g.device(), " is not usable: ", device.status().message()));
-    }
-    d->notes.push_back(absl::StrCat("host mode: no usable GPU (", device.status().message(),
-                                    "); engines attach host shared memory"));
-    return std::nullopt;
-  }
-  absl::Status valid = gpu::IoStream::ValidateOptions(
-      {static_cast<int>(g.device()), g.io_sm_count(), g.copy_ctas()}, device->sm_count);
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("gpu.io_sm_count = ", g.io_sm_count(), ": ",
-                                                   device->name, " has ", device->sm_count,
-                                                   " SMs (", valid.message(), ")"));
-  }
-  return *device;
-}
-
-// Sets up the GPU data path on `device`: the I/O stream (a green context, or an ordinary stream
-// with a note), the store's staging registered as pinned and mapped (once: nothing is registered
-// or allocated on the I/O path), and the layer copier with its GPU staging.
-absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, Daemon* d) {
-  const v1::GpuConfig& g = config.gpu();
-  const gpu::IoStream::Options stream_options{static_cast<int>(g.device()), g.io_sm_count(),
-                                              g.copy_ctas()};
-  auto rt = std::make_unique<GpuRuntime>();
-  rt->device = device;
-  ASSIGN_OR_RETURN(rt->stream, gpu::IoStream::Create(stream_options));
-  const absl::Span<uint8_t> staging = d->store->staging_region();
-  ASSIGN_OR_RETURN(rt->staging, gpu::PinnedRegion::Register(staging.data(), staging.size()));
-  // DRAM-tier hits are copied straight from the tier's region, so it is registered too (without
-  // it they would go through the copier's bounce buffer, at about a third of the speed).
-  std::vector<gpu::StagingRegion> registered = {rt->staging->staging()};
-  const absl::Span<uint8_t> dram = d->store->dram_region();
-  if (!dram.empty()) {
-    ASSIGN_OR_RETURN(rt->dram, gpu::PinnedRegion::Register(dram.data(), dram.size()));
-    registered.push_back(rt->dram->staging());
-  }
-  // ValidateConfig admits only the copier's names.
-  const gpu::LayerCopier::Mode mode =
-      gpu::LayerCopier::ModeFromName(g.scatter()).value_or(gpu::LayerCopier::Mode::kStaged);
-  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
-                                                         /*bounce_threads=*/4, g.round_bytes()},
-                                                        rt->stream.get(), registered));
-  d->device_mode = "cuda";
-  d->notes.push_back(absl::StrCat(
-      "cuda mode on GPU ", g.device(), " (", device.name, ", ", device.uuid_text, "): I/O ",
-      rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
-      g.scatter(),
-      (mode == gpu::LayerCopier::Mode::kStaged || mode == gpu::LayerCopier::Mode::kAuto) &&
-              g.round_bytes() > 0
-          ? absl::StrCat(" in rounds of at most ", g.round_bytes() >> 10, " KiB")
-          : std::string(),
-      "; ", staging.size() >> 20, " MiB of staging and ", dram.size() >> 20,
-      " MiB of DRAM tier registered"));
-  if (!rt->stream->is_green() && g.io_sm_count() > 0) {
-    d->notes.push_back("no green context: the daemon's kernels may use every SM");
-  }
-  if (const gpu::MpsHint mps = gpu::FindMps();
-      !mps.control_pipe_found && mode != gpu::LayerCopier::Mode::kCopyEngine) {
-    // Without MPS, scatter kernels time-slice the GPU with the engine's: "auto" cannot see it.
-    d->notes.push_back(absl::StrCat(
-        "no MPS control daemon found (no ", mps.pipe_directory,
-        "/control): the GPU time-slices between tuttid and the engines, and an engine that keeps "
-        "every SM busy loses about 16% while tuttid retrieves (docs/gpu.md); run "
-        "nvidia-cuda-mps-control -d, or set gpu.scatter: \"copy_engine\""));
-  }
-  d->gpu = std::move(rt);
-  return absl::OkStatus();
-}
-
 // Sessions, both services, the three sockets, and the reaper.
 absl::Status StartServing(const v1::Config& config, Daemon* d) {
   const auto& limits = config.limits();
@@ -344,8 +240,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                        absl::StrCat("engine process ", pid, " exited; its mappings are closed"));
       }));
   server::MemoryOpener opener =
-      d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
-             : server::HostMemoryOpener();
+      d->gpu ? d->gpu->MemoryOpener() : server::HostMemoryOpener();
   d->advisor = std::make_unique<decision::Advisor>(config.datapath().decision() != "off",
                                                    config.datapath().decision_min_gain());
   d->kv = std::make_unique<server::KvCacheService>(
@@ -360,11 +255,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
   if (d->gpu) {
-    info.gpu_layers = [copier = d->gpu->copier.get()] {
-      const gpu::LayerCopier::Counters c = copier->counters();
-      return server::GpuLayerCounts{c.layers, c.copy_engine_layers, c.gathers,
-                                    c.copy_engine_gathers};
-    };
+    info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
+    info.gpu_memory_bytes = d->gpu->memory_bytes();
   }
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
@@ -413,9 +305,14 @@ absl::Status Run() {
         absl::StrCat("another server (tuttid?) is answering on ", config.listen().socket_path()));
   }
   Daemon daemon;
-  ASSIGN_OR_RETURN(const std::optional<gpu::DeviceInfo> device, ChooseDevice(config, &daemon));
+  ASSIGN_OR_RETURN(const std::optional<gpu_setup::ChosenGpu> gpu,
+                   gpu_setup::ChooseDevice(config, &daemon.notes));
   RETURN_IF_ERROR(OpenStore(config, &daemon));
-  if (device.has_value()) RETURN_IF_ERROR(StartGpu(config, *device, &daemon));
+  if (gpu.has_value()) {
+    ASSIGN_OR_RETURN(daemon.gpu,
+                     gpu_setup::StartGpu(config, *gpu, daemon.store.get(), &daemon.notes));
+    daemon.device_mode = "cuda";
+  }
   RETURN_IF_ERROR(StartServing(config, &daemon));
   log->info("ready: engines on unix:{} (and {}), operators on unix:{} ({}; io backend {})",
             config.listen().socket_path(), daemon.handoff->path(),

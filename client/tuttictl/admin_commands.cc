@@ -102,6 +102,10 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     kv.Add("tuttid", absl::StrCat(r.version(), ", up ", HumanDurationMs(r.uptime_ms())));
     kv.Add("io backend", r.io_backend());
     kv.Add("device mode", r.device_mode());
+    if (r.device_mode() == "cuda") {
+      kv.Add("gpu memory", absl::StrCat(r.gpu_memory_bytes() >> 20,
+                                        " MiB taken at start (I/O context, retrieve staging)"));
+    }
     kv.Add("pool dirs", absl::StrJoin(r.pool_dirs(), ", "));
     AddCapacity(r, &kv);
     kv.Add("dram tier", DramText(r.dram_capacity_bytes(), r.dram_used_bytes()));
@@ -133,6 +137,7 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     j.Key("durability_lost").Bool(r.durability_lost());
     j.Key("durability_error").String(r.durability_error());
     j.Key("unindexed_slot_headers").Uint(r.unindexed_slot_headers());
+    j.Key("gpu_memory_bytes").Uint(r.gpu_memory_bytes());
     return j.EndObject().str();
   }
 };

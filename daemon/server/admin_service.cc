@@ -35,6 +35,7 @@ void AdminService::FillStatus(tutti::v1::StatusResponse* resp) const {
   resp->set_durability_lost(st.durability_lost);
   resp->set_durability_error(st.durability_error);
   resp->set_unindexed_slot_headers(st.unindexed_slot_headers);
+  resp->set_gpu_memory_bytes(info_.gpu_memory_bytes);
 }
 
 grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusRequest*,

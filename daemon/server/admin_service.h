@@ -40,6 +40,7 @@ struct DaemonInfo {
   std::function<GpuLayerCounts()> gpu_layers;
   std::function<uint32_t()> handoffs_outstanding;  // CredentialTable::outstanding; may be empty
   std::function<decision::AdvisorStats()> decision_stats;  // Advisor::Stats; may be empty
+  uint64_t gpu_memory_bytes = 0;  // GPU memory the set-up took (daemon/gpu_setup.h); 0 in host mode
 };
 
 class AdminService final : public tutti::v1::Admin::Service {

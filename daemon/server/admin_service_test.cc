@@ -75,6 +75,7 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   EXPECT_GT(st.capacity_bytes(), st.used_bytes());
   EXPECT_GT(st.used_bytes(), 0u);
   EXPECT_EQ(st.pool_dirs_size(), 1);
+  EXPECT_EQ(st.gpu_memory_bytes(), 0u);  // host mode
 
   grpc::ClientContext c2;
   tutti::v1::SessionsResponse ss;
@@ -117,6 +118,16 @@ TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {
     EXPECT_EQ(stats.gpu_gathers(), now.gathers);
     EXPECT_EQ(stats.gpu_gathers_copy_engine(), now.gathers_by_copy_engine);
   }
+}
+
+TEST(AdminServiceGpuTest, StatusReportsTheGpuMemoryTakenAtStart) {
+  EnvOptions options;
+  options.gpu_memory_bytes = 300ull << 20;
+  ServiceEnv env(options);
+  grpc::ClientContext ctx;
+  tutti::v1::StatusResponse st;
+  ASSERT_TRUE(env.admin().Status(&ctx, {}, &st).ok());
+  EXPECT_EQ(st.gpu_memory_bytes(), 300ull << 20);
 }
 
 TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {
