@@ -330,4 +330,52 @@ TEST(TuttidTest, WatchdogHeartbeatAndReloadOnSighup) {
   std::filesystem::remove_all(short_dir);
 }
 
+std::string RunfilePath(const std::string& path) {
+  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
+}
+
+// tuttid@.service's ExecStart, with %i = 3 and its paths moved under `root`, runs tuttid with
+// deploy/tuttid@0.textproto (made small, and without its metrics port); the flags take.
+TEST(TuttidTest, TheTemplateUnitsCommandStartsTuttid) {
+  const std::string unit = ReadAll(RunfilePath("deploy/tuttid@.service"));
+  const size_t at = unit.find("\nExecStart=/usr/bin/tuttid ");
+  ASSERT_NE(at, std::string::npos);
+  const std::string line = unit.substr(at + 27, unit.find('\n', at + 1) - at - 27);
+  std::string root = "/tmp/tuttid_unit_XXXXXX";
+  ASSERT_NE(mkdtemp(root.data()), nullptr);
+  std::string example = ReadAll(RunfilePath("deploy/tuttid@0.textproto"));
+  for (auto [from, to] : {std::pair<std::string, std::string>{"4294967296", "134217728"},
+                          {"127.0.0.1:9464", "off"}}) {
+    ASSERT_NE(example.find(from), std::string::npos) << from;
+    example.replace(example.find(from), from.size(), to);
+  }
+  std::ofstream(root + "/tuttid@3.textproto")
+      << example << "dram { capacity_bytes: 0 }\n"
+      << "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: 134217728 }\n";
+  std::vector<std::string> args;
+  for (absl::string_view piece : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    std::string a(piece);
+    for (const char* dir : {"/etc/tutti", "/var/lib/tutti", "/run/tutti"}) {
+      if (const size_t p = a.find(dir); p != std::string::npos) a.replace(p, strlen(dir), root);
+    }
+    while (a.find("%i") != std::string::npos) a.replace(a.find("%i"), 2, "3");
+    args.push_back(a);
+  }
+  EXPECT_THAT(args, ElementsAre("--config=" + root + "/tuttid@3.textproto",
+                                "--state_dir=" + root + "/3", "--socket=" + root + "/3/tuttid.sock",
+                                "--gpu_device=3"));
+  const std::string notify_path = root + "/notify";
+  NotifySocket notify(notify_path);
+  const std::string log = root + "/log";
+  const pid_t pid = Spawn(args, log, notify_path);
+  notify.ReceiveUntil("READY=1");
+  EXPECT_TRUE(Answers(root + "/3/tuttid.sock"));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
+  const std::string text = ReadAll(log);
+  EXPECT_THAT(text, HasSubstr("state_dir: \"" + root + "/3\""));
+  EXPECT_THAT(text, HasSubstr("device: 3"));
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
