@@ -448,7 +448,9 @@ absl::Status Run() {
   int sig = 0;
   while ((sig = WaitForSignal()) == SIGHUP) {
     notifier->Reloading();
-    log->info("SIGHUP: reloading {}", absl::GetFlag(FLAGS_config));
+    log->info("SIGHUP: reloading {}", absl::GetFlag(FLAGS_config).empty()
+                                           ? "the embedded default config"
+                                           : absl::GetFlag(FLAGS_config));
     config = service::Reload(config, LoadEffectiveConfig(), UnitName(), daemon.store.get());
     notifier->Ready();
   }

@@ -283,11 +283,13 @@ TEST(TuttidTest, WatchdogHeartbeatAndReloadOnSighup) {
             "(oldest 0 ms)");
 
   // A new log level takes: the heartbeat's debug lines appear.
-  std::ofstream(config) << base << "log_level: \"debug\"\n";
+  std::ofstream(config) << base << "log_level: \"debug\"\n"
+                        << "datapath { max_write_backlog_age_ms: 500 }\n";
   kill(pid, SIGHUP);
   notify.ReceiveUntil("RELOADING=1");
   notify.ReceiveUntil("READY=1");
   EXPECT_THAT(ReadAll(log), HasSubstr("reload: log_level: \"info\" -> \"debug\""));
+  EXPECT_THAT(ReadAll(log), HasSubstr("reload: datapath.max_write_backlog_age_ms: 10000 -> 500"));
   notify.ReceiveUntil("WATCHDOG=1");
   notify.ReceiveUntil("WATCHDOG=1");  // the beat before this one has logged
   EXPECT_THAT(ReadAll(log), HasSubstr("heartbeat: serving: 0 sessions"));
@@ -297,7 +299,8 @@ TEST(TuttidTest, WatchdogHeartbeatAndReloadOnSighup) {
                            "dram { capacity_bytes: 0 }\n"
                            "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: "
                            "134217728 }\n"
-                           "log_level: \"debug\"\n";
+                           "log_level: \"debug\"\n"
+                           "datapath { max_write_backlog_age_ms: 500 }\n";
   kill(pid, SIGHUP);
   notify.ReceiveUntil("RELOADING=1");
   notify.ReceiveUntil("READY=1");

@@ -26,15 +26,16 @@ Heartbeat::Check MakeLivenessCheck(const std::string& admin_target, const store:
                                                  absl::FormatDuration(deadline), ": ",
                                                  answer.error_message()));
     }
-    const store::StoreStats stats = store->Stats();
-    if (absl::Milliseconds(stats.write_backlog_age_ms) > max_backlog_age) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the store's writer is stuck: the oldest of ", stats.write_backlog_blocks,
-          " queued blocks has waited ", stats.write_backlog_age_ms, " ms (more than ",
-          absl::FormatDuration(max_backlog_age), ")"));
-    }
-    return absl::OkStatus();
+    return CheckWriterMoves(store->Stats(), max_backlog_age);
   };
+}
+
+absl::Status CheckWriterMoves(const store::StoreStats& stats, absl::Duration max_backlog_age) {
+  if (absl::Milliseconds(stats.write_backlog_age_ms) <= max_backlog_age) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the store's writer is stuck: the oldest of ", stats.write_backlog_blocks,
+      " queued blocks has waited ", stats.write_backlog_age_ms, " ms (more than ",
+      absl::FormatDuration(max_backlog_age), ")"));
 }
 
 std::string SummaryLine(uint32_t sessions, const store::StoreStats& stats) {

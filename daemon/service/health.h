@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "daemon/server/sessions.h"
 #include "daemon/service/heartbeat.h"
@@ -22,6 +23,10 @@ namespace tutti::service {
 // UNAVAILABLE or DEADLINE_EXCEEDED naming what failed. `store` must outlive the check.
 Heartbeat::Check MakeLivenessCheck(const std::string& admin_target, const store::BlockStore* store,
                                    absl::Duration deadline, absl::Duration max_backlog_age);
+
+// The writer part of the liveness check: OK unless the oldest block of the write backlog in
+// `stats` has waited longer than `max_backlog_age` (DEADLINE_EXCEEDED, saying how long).
+absl::Status CheckWriterMoves(const store::StoreStats& stats, absl::Duration max_backlog_age);
 
 // "serving: 2 sessions, 130 of 4096 slots used, write backlog 3 blocks / 6 MiB (oldest 14 ms)".
 std::string SummaryLine(uint32_t sessions, const store::StoreStats& stats);

@@ -86,5 +86,30 @@ TEST(HealthTest, SummaryLine) {
   EXPECT_EQ(SummaryLine(1, {}).substr(0, 20), "serving: 1 session, ");
 }
 
+TEST(HealthTest, WriterThatHoldsABlockPastTheBoundIsStuck) {
+  store::StoreStats st;
+  EXPECT_TRUE(CheckWriterMoves(st, absl::Seconds(30)).ok()) << "an empty backlog";
+  st.write_backlog_blocks = 4;
+  st.write_backlog_age_ms = 30000;
+  EXPECT_TRUE(CheckWriterMoves(st, absl::Seconds(30)).ok());
+  st.write_backlog_age_ms = 30001;
+  const absl::Status stuck = CheckWriterMoves(st, absl::Seconds(30));
+  EXPECT_EQ(stuck.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(stuck.message(),
+            "the store's writer is stuck: the oldest of 4 queued blocks has waited 30001 ms (more "
+            "than 30s)");
+}
+
+TEST(HealthTest, AnOperatorApiThatDoesNotAnswerIsDown) {
+  const Heartbeat::Check check = MakeLivenessCheck(
+      "unix:/nonexistent/tuttid.sock.admin", /*store=*/nullptr, absl::Milliseconds(500),
+      absl::Seconds(30));
+  const absl::Status down = check();
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(down.message()),
+              ::testing::HasSubstr("the operator API on unix:/nonexistent/tuttid.sock.admin did "
+                                   "not answer Status within 500ms"));
+}
+
 }  // namespace
 }  // namespace tutti::service

@@ -38,7 +38,7 @@ ReloadPlan PlanReload(const tutti::v1::Config& running, const tutti::v1::Config&
 // The whole reload: logs why `loaded` is not used if it is an error; else plans, logs each applied
 // and each refused change (naming `unit` in the advice to restart), sets the log level and the
 // store's backlog bounds, and returns the config now in force (`running` where nothing applied).
-// `store` must not be null.
+// `store` must not be null when `loaded` is a config.
 tutti::v1::Config Reload(const tutti::v1::Config& running,
                          const absl::StatusOr<tutti::v1::Config>& loaded, const std::string& unit,
                          store::BlockStore* store);
