@@ -1,11 +1,13 @@
 // tuttid: the tutti KV cache daemon. Reads its configuration, opens the pool and the block store,
 // serves the engine and operator APIs on a unix socket, and on SIGTERM or SIGINT stops accepting,
 // finishes or cancels in-flight work, flushes and checkpoints the store, and exits 0. Any start-up
-// failure prints one line "tuttid: <what>" and exits 1.
+// failure prints one line "tuttid: <what>" and exits 1. SIGHUP re-reads the config file and applies
+// its run-time settings (daemon/service/reload.h). Under systemd (Type=notify) it reports through
+// daemon/service: STATUS= at each start-up step, READY=1 once serving, then a heartbeat (STATUS=
+// summary, WATCHDOG=1 while alive), RELOADING=1 around a reload and STOPPING=1 on SIGTERM.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +46,10 @@
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/server.h"
 #include "daemon/server/sessions.h"
+#include "daemon/service/health.h"
+#include "daemon/service/heartbeat.h"
+#include "daemon/service/notifier.h"
+#include "daemon/service/reload.h"
 #include "daemon/store/block_store.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -51,6 +57,8 @@ ABSL_FLAG(std::string, config, "",
           "embedded default only");
 ABSL_FLAG(std::string, state_dir, "", "overrides state_dir of the config");
 ABSL_FLAG(std::string, socket, "", "overrides listen.socket_path of the config");
+ABSL_FLAG(int32_t, gpu_device, -1,
+          "overrides gpu.device of the config (tuttid@N.service passes N); -1: the config's");
 ABSL_FLAG(bool, print_default_config, false, "print the embedded default config and exit");
 
 namespace tutti {
@@ -65,26 +73,6 @@ static_assert(config::kMaxExtentSlots == pool::kMaxExtentSlots,
 // How long SIGTERM lets in-flight calls finish before cancelling them.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
-// Tells systemd (Type=notify) about a state change, if NOTIFY_SOCKET is set: the sd_notify
-// protocol by hand, one datagram.
-void NotifySystemd(const char* state) {
-  const char* path = getenv("NOTIFY_SOCKET");
-  if (path == nullptr || path[0] == '\0') return;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const size_t len = std::min(strlen(path), sizeof(addr.sun_path) - 1);
-  std::memcpy(addr.sun_path, path, len);
-  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
-  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  const socklen_t addr_len = offsetof(sockaddr_un, sun_path) + len;
-  if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr), addr_len) <
-      0) {
-    log::Get("main")->warn("sd_notify {}: {}", state, strerror(errno));
-  }
-  close(fd);
-}
-
 absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   const std::string path = absl::GetFlag(FLAGS_config);
   absl::StatusOr<v1::Config> loaded =
@@ -93,6 +81,9 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   if (!absl::GetFlag(FLAGS_state_dir).empty()) config.set_state_dir(absl::GetFlag(FLAGS_state_dir));
   if (!absl::GetFlag(FLAGS_socket).empty()) {
     config.mutable_listen()->set_socket_path(absl::GetFlag(FLAGS_socket));
+  }
+  if (absl::GetFlag(FLAGS_gpu_device) >= 0) {
+    config.mutable_gpu()->set_device(static_cast<uint32_t>(absl::GetFlag(FLAGS_gpu_device)));
   }
   RETURN_IF_ERROR(config::ValidateConfig(config));
   if (config.pool().dirs().empty()) config.mutable_pool()->add_dirs(config.state_dir() + "/pool");
@@ -157,12 +148,13 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   return o;
 }
 
-// Blocks until SIGTERM or SIGINT arrives (both are blocked in every thread; see main).
-int WaitForStopSignal() {
+// Blocks until SIGTERM, SIGINT or SIGHUP arrives (all blocked in every thread; see main).
+int WaitForSignal() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   int sig = 0;
   while (sigwait(&set, &sig) != 0) {
   }
@@ -292,8 +284,33 @@ void Stop(Daemon* d) {
   d->store.reset();  // checkpoints and stops the writer
 }
 
+// The systemd unit to restart for a start-up-only setting, for reload's log lines.
+std::string UnitName() {
+  const char* unit = getenv("TUTTID_UNIT");  // set by tuttid@.service
+  return unit != nullptr && unit[0] != '\0' ? unit : "tuttid";
+}
+
+// The heartbeat of a serving daemon: alive while the operator API answers within a quarter of the
+// watchdog interval (at most 5 s) and the writer's oldest queued block waited less than the
+// watchdog interval (at least 30 s: past the backlog's age bound Capture refuses new blocks).
+std::unique_ptr<service::Heartbeat> StartHeartbeat(const v1::Config& config, service::Notifier* n,
+                                                   Daemon* d) {
+  const absl::Duration watchdog = n->WatchdogInterval();
+  const absl::Duration deadline =
+      watchdog > absl::ZeroDuration() ? std::min(absl::Seconds(5), watchdog / 4) : absl::Seconds(5);
+  auto beat = std::make_unique<service::Heartbeat>(
+      n,
+      service::MakeLivenessCheck("unix:" + config::AdminSocketPath(config.listen()),
+                                 d->store.get(), deadline, std::max(absl::Seconds(30), watchdog)),
+      service::MakeSummary(d->store.get(), d->sessions.get()));
+  beat->Start();
+  return beat;
+}
+
 absl::Status Run() {
-  ASSIGN_OR_RETURN(const v1::Config config, LoadEffectiveConfig());
+  const std::unique_ptr<service::Notifier> notifier = service::SystemdNotifier();
+  notifier->Status("reading the configuration");
+  ASSIGN_OR_RETURN(v1::Config config, LoadEffectiveConfig());
   log::SetLevel(config.log_level());
   auto log = log::Get("main");
   log->info("tuttid {} starting; effective configuration:\n{}", kVersion,
@@ -307,22 +324,36 @@ absl::Status Run() {
   Daemon daemon;
   ASSIGN_OR_RETURN(const std::optional<gpu_setup::ChosenGpu> gpu,
                    gpu_setup::ChooseDevice(config, &daemon.notes));
+  notifier->Status("opening the pool and recovering the index");
   RETURN_IF_ERROR(OpenStore(config, &daemon));
   if (gpu.has_value()) {
+    notifier->Status(absl::StrCat("starting the GPU data path on GPU ", config.gpu().device()));
     ASSIGN_OR_RETURN(daemon.gpu,
                      gpu_setup::StartGpu(config, *gpu, daemon.store.get(), &daemon.notes));
     daemon.device_mode = "cuda";
   }
+  notifier->Status("starting the sessions and the sockets");
   RETURN_IF_ERROR(StartServing(config, &daemon));
   log->info("ready: engines on unix:{} (and {}), operators on unix:{} ({}; io backend {})",
             config.listen().socket_path(), daemon.handoff->path(),
             config::AdminSocketPath(config.listen()), absl::StrJoin(daemon.notes, "; "),
             daemon.io_backend);
-  NotifySystemd("READY=1");
-  const int sig = WaitForStopSignal();
+  notifier->Ready();
+  std::unique_ptr<service::Heartbeat> heartbeat = StartHeartbeat(config, notifier.get(), &daemon);
+  int sig = 0;
+  while ((sig = WaitForSignal()) == SIGHUP) {
+    notifier->Reloading();
+    log->info("SIGHUP: reloading {}", absl::GetFlag(FLAGS_config).empty()
+                                           ? "the embedded default config"
+                                           : absl::GetFlag(FLAGS_config));
+    config = service::Reload(config, LoadEffectiveConfig(), UnitName(), daemon.store.get());
+    notifier->Ready();
+  }
   log->info("{}: stopping; in-flight calls get {}", strsignal(sig),
             absl::FormatDuration(kShutdownGrace));
-  NotifySystemd("STOPPING=1");
+  heartbeat->Stop();
+  notifier->Stopping();
+  notifier->Status("stopping: finishing calls, writing captured blocks, checkpointing");
   Stop(&daemon);
   log->info("stopped cleanly");
   return absl::OkStatus();
@@ -332,12 +363,13 @@ absl::Status Run() {
 }  // namespace tutti
 
 int main(int argc, char** argv) {
-  // Block the stop signals before any thread starts, so every thread inherits the mask and only
-  // WaitForStopSignal receives them.
+  // Block the stop and reload signals before any thread starts, so every thread inherits the mask
+  // and only WaitForSignal receives them.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 

@@ -397,12 +397,22 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
 }
 
 bool BlockStore::Impl::BacklogFull() const {
-  const uint64_t max_bytes = options_.max_write_backlog_bytes != 0
-                                 ? options_.max_write_backlog_bytes
-                                 : store_staging_->capacity_bytes();
+  const uint64_t max_bytes =
+      max_backlog_bytes_ != 0 ? max_backlog_bytes_ : store_staging_->capacity_bytes();
   if (backlog_bytes_ >= max_bytes) return true;
   return !backlog_queued_ms_.empty() &&
-         clock_->NowMs() - *backlog_queued_ms_.begin() >= options_.max_write_backlog_age_ms;
+         clock_->NowMs() - *backlog_queued_ms_.begin() >= max_backlog_age_ms_;
+}
+
+absl::Status BlockStore::Impl::SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms) {
+  if (max_age_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write backlog age bound must be > 0 ms, got ", max_age_ms));
+  }
+  absl::MutexLock lock(&mu_);
+  max_backlog_bytes_ = max_bytes;
+  max_backlog_age_ms_ = max_age_ms;
+  return absl::OkStatus();
 }
 
 void BlockStore::Impl::QueueForWriter(PendingBlock* p) {
@@ -692,6 +702,9 @@ uint64_t BlockStore::DropPending(uint64_t owner) { return impl_->DropPending(own
 void BlockStore::Flush() { impl_->Flush(); }
 std::pair<uint64_t, uint64_t> BlockStore::Evict(NamespaceId ns) { return impl_->Evict(ns); }
 StoreStats BlockStore::Stats() const { return impl_->Stats(); }
+absl::Status BlockStore::SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms) {
+  return impl_->SetWriteBacklogBounds(max_bytes, max_age_ms);
+}
 absl::Span<uint8_t> BlockStore::staging_region() const { return impl_->staging_region(); }
 absl::Span<uint8_t> BlockStore::dram_region() const { return impl_->dram_region(); }
 

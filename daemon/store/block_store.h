@@ -271,6 +271,11 @@ class BlockStore {
 
   StoreStats Stats() const;
 
+  // Replaces StoreOptions::max_write_backlog_bytes and max_write_backlog_age_ms (a config
+  // reload); the next Capture uses them. INVALID_ARGUMENT (nothing changed) for max_age_ms <= 0.
+  // Thread-safe.
+  absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
+
   // The pinned-memory candidates: staging the I/O backend reads into and writes
   // from. Stable for the store's life. A GPU device registers it for mapped
   // access.

@@ -96,6 +96,7 @@ class BlockStore::Impl {
   void Flush();
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
   StoreStats Stats() const;
+  absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
   absl::Span<uint8_t> dram_region() const {
     return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
@@ -230,6 +231,9 @@ class BlockStore::Impl {
   // The write backlog: queued blocks (in write_queue_ or being written) until released.
   uint64_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::multiset<int64_t> backlog_queued_ms_ ABSL_GUARDED_BY(mu_);  // each block's queued_ms
+  // Its bounds: options_' at start, then SetWriteBacklogBounds' (a config reload).
+  uint64_t max_backlog_bytes_ ABSL_GUARDED_BY(mu_) = options_.max_write_backlog_bytes;
+  int64_t max_backlog_age_ms_ ABSL_GUARDED_BY(mu_) = options_.max_write_backlog_age_ms;
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
