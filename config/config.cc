@@ -280,6 +280,29 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
   return absl::OkStatus();
 }
 
+// metrics.listen: "" or "off" (no endpoint), or HOST:PORT with an IPv4 address, a host name or a
+// bracketed IPv6 address, and a port in [0, 65535] (0: any free port, logged at start).
+absl::Status ValidateMetrics(const tutti::v1::MetricsConfig& m) {
+  const std::string& v = m.listen();
+  if (v.empty() || v == "off") return absl::OkStatus();
+  const std::string shown = absl::StrCat("\"", v, "\"");
+  constexpr char kForm[] =
+      "must be \"\", \"off\" or HOST:PORT (e.g. \"127.0.0.1:9464\", \"[::1]:9464\"; port in "
+      "[0, 65535])";
+  const size_t colon = v.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == v.size()) {
+    return Bad("metrics.listen", shown, kForm);
+  }
+  const std::string host = v.substr(0, colon), port = v.substr(colon + 1);
+  const bool bracketed = host.front() == '[' && host.back() == ']' && host.size() > 2;
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535 || host.find_first_of(" /,") != std::string::npos ||
+      (!bracketed && host.find_first_of(":[]") != std::string::npos)) {
+    return Bad("metrics.listen", shown, kForm);
+  }
+  return absl::OkStatus();
+}
+
 // Prints every field, zero values included, so the log shows the whole effective config.
 void PrintMessage(const google::protobuf::Message& m, int indent, std::string* out) {
   const auto* d = m.GetDescriptor();
@@ -406,6 +429,7 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateDatapath(c.datapath()));
   RETURN_IF_ERROR(ValidateDecision(c.datapath()));
   RETURN_IF_ERROR(ValidateWriteBacklog(c.datapath(), c.limits(), c.pool()));
+  RETURN_IF_ERROR(ValidateMetrics(c.metrics()));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 
