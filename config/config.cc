@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -280,25 +281,37 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
   return absl::OkStatus();
 }
 
-// metrics.listen: "" or "off" (no endpoint), or HOST:PORT with an IPv4 address, a host name or a
-// bracketed IPv6 address, and a port in [0, 65535] (0: any free port, logged at start).
+// True for a dotted IPv4 address ("127.0.0.1"), each part a decimal in [0, 255].
+bool IsIpv4(const std::string& host) {
+  int parts = 0;
+  size_t i = 0;
+  while (i <= host.size()) {
+    const size_t dot = std::min(host.find('.', i), host.size());
+    const std::string part = host.substr(i, dot - i);
+    if (part.empty() || part.size() > 3 || part.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(part) > 255) {
+      return false;
+    }
+    ++parts;
+    i = dot + 1;
+  }
+  return parts == 4;
+}
+
+// metrics.listen: "" or "off" (no endpoint), or HOST:PORT with HOST an IPv4 address or
+// "localhost" (what prometheus-cpp's server parses exactly: it would bind 999.1.1.1 as
+// 231.1.1.1) and PORT in [0, 65535] (0: any free port, logged at start).
 absl::Status ValidateMetrics(const tutti::v1::MetricsConfig& m) {
   const std::string& v = m.listen();
   if (v.empty() || v == "off") return absl::OkStatus();
-  const std::string shown = absl::StrCat("\"", v, "\"");
-  constexpr char kForm[] =
-      "must be \"\", \"off\" or HOST:PORT (e.g. \"127.0.0.1:9464\", \"[::1]:9464\"; port in "
-      "[0, 65535])";
   const size_t colon = v.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == v.size()) {
-    return Bad("metrics.listen", shown, kForm);
-  }
-  const std::string host = v.substr(0, colon), port = v.substr(colon + 1);
-  const bool bracketed = host.front() == '[' && host.back() == ']' && host.size() > 2;
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) > 65535 || host.find_first_of(" /,") != std::string::npos ||
-      (!bracketed && host.find_first_of(":[]") != std::string::npos)) {
-    return Bad("metrics.listen", shown, kForm);
+  const std::string host = colon == std::string::npos ? "" : v.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : v.substr(colon + 1);
+  if ((host != "localhost" && !IsIpv4(host)) || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535) {
+    return Bad("metrics.listen", absl::StrCat("\"", v, "\""),
+               "must be \"\", \"off\" or HOST:PORT with HOST an IPv4 address or localhost and "
+               "PORT in [0, 65535] (e.g. \"127.0.0.1:9464\")");
   }
   return absl::OkStatus();
 }

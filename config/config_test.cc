@@ -275,13 +275,14 @@ TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
 
 TEST(ConfigTest, MetricsListenIsHostPortOrOff) {
   EXPECT_EQ(DefaultConfig().metrics().listen(), "127.0.0.1:9464");
-  for (const char* ok : {"", "off", "127.0.0.1:9464", "localhost:0", "[::1]:65535"}) {
+  for (const char* ok : {"", "off", "127.0.0.1:9464", "localhost:0", "0.0.0.0:65535"}) {
     auto c = LoadConfig(absl::StrCat("metrics { listen: \"", ok, "\" }"));
     ASSERT_TRUE(c.ok()) << ok << ": " << c.status();
     EXPECT_EQ(c->metrics().listen(), ok);
   }
   for (const char* bad : {"9464", ":9464", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:94a4",
-                          "::1:9464", "a b:1", "127.0.0.1:1234567"}) {
+                          "::1:9464", "[::1]:9464", "999.1.1.1:9464", "1.2.3:9464", "1.2.3.4.5:1",
+                          "1..2.3:1", "example.com:9464", "127.0.0.1:1234567"}) {
     ExpectRejected(absl::StrCat("metrics { listen: \"", bad, "\" }"),
                    {"metrics.listen", bad, "HOST:PORT"});
   }
