@@ -73,7 +73,6 @@ void AddLookupsAndHits(const store::StoreStats& st, Builder* b) {
               {{"tier", "ssd"}});
   b->Family("tutti_namespace_blocks", "Blocks held now, by namespace (id, model) and tier (ssd: "
             "durable in the pool; dram: also in the DRAM tier).", kGauge);
-  if (st.namespaces.empty()) b->Sample(0, {{"namespace", ""}, {"model", ""}, {"tier", "ssd"}});
   for (const store::NamespaceInfo& ns : st.namespaces) {
     char id[17];
     std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(ns.id));
@@ -118,13 +117,11 @@ void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b
   for (size_t d = 0; d < io.devices.size(); ++d) {
     b->Sample(io.devices[d].reads_in_flight, {{"device", std::to_string(d)}});
   }
-  if (io.devices.empty()) b->Sample(0, {{"device", "0"}});
   b->Family("tutti_io_write_bytes_in_flight", "Bytes of pool writes emitted and not completed, "
             "by device.", kGauge);
   for (size_t d = 0; d < io.devices.size(); ++d) {
     b->Sample(io.devices[d].write_bytes_in_flight, {{"device", std::to_string(d)}});
   }
-  if (io.devices.empty()) b->Sample(0, {{"device", "0"}});
   b->Family("tutti_io_latency_seconds", "Completion latency of pool I/O requests, from their "
             "emission to the backend until it completed them, by device and op.",
             MetricType::Histogram);
@@ -133,12 +130,10 @@ void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b
     b->AddHistogram(io.devices[d].write_latency,
                     {{"device", std::to_string(d)}, {"op", "write"}});
   }
-  if (io.devices.empty()) b->AddHistogram({}, {{"device", "0"}, {"op", "read"}});
   b->Family("tutti_pool_device_info", "1 per pool device: its index and directory.", kGauge);
   for (size_t d = 0; d < s.pool_dirs.size(); ++d) {
     b->Sample(1, {{"device", std::to_string(d)}, {"dir", s.pool_dirs[d]}});
   }
-  if (s.pool_dirs.empty()) b->Sample(0, {{"device", ""}, {"dir", ""}});
 }
 
 void AddErrors(const store::StoreStats& st, Builder* b) {

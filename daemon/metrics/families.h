@@ -27,8 +27,10 @@ struct MetricsSnapshot {
   std::vector<std::string> pool_dirs;                // device i: pool file i's directory
 };
 
-// The families of `s`, in a fixed order; every family has at least one sample, label values
-// are as given (the exposer escapes them). Pure: safe from any thread.
+// The families of `s`, always the same ones in the same order. A family labelled by namespace or
+// device has one sample per namespace or device (none when there are none); every other family
+// has its samples always. Label values are as given (the serializer escapes them). Pure: safe
+// from any thread.
 std::vector<prometheus::MetricFamily> BuildFamilies(const MetricsSnapshot& s);
 
 }  // namespace tutti::metrics
