@@ -60,6 +60,38 @@ class Builder {
 constexpr MetricType kCounter = MetricType::Counter;
 constexpr MetricType kGauge = MetricType::Gauge;
 
+// "%016x" of a namespace id, as tuttictl prints it.
+std::string NamespaceLabel(NamespaceId id) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(id));
+  return hex;
+}
+
+// tutti_lookup_hits_total and the others split by namespace (sums equal the totals).
+void AddNamespaceCounters(const store::StoreStats& st, Builder* b) {
+  b->Family("tutti_namespace_lookup_hits_total", "Blocks found by Lookups, by namespace.",
+            kCounter);
+  for (const store::NamespaceInfo& ns : st.namespaces) {
+    b->Sample(ns.lookup_hits,
+              {{"namespace", NamespaceLabel(ns.id)}, {"model", ns.descriptor.model_id()}});
+  }
+  b->Family("tutti_namespace_lookup_misses_total", "Lookups whose chain stopped short, by "
+            "namespace.", kCounter);
+  for (const store::NamespaceInfo& ns : st.namespaces) {
+    b->Sample(ns.lookup_misses,
+              {{"namespace", NamespaceLabel(ns.id)}, {"model", ns.descriptor.model_id()}});
+  }
+  b->Family("tutti_namespace_retrieved_blocks_total", "Blocks retrieved into engine memory, by "
+            "namespace and the tier they were read from.", kCounter);
+  for (const store::NamespaceInfo& ns : st.namespaces) {
+    const std::string id = NamespaceLabel(ns.id);
+    const std::string& model = ns.descriptor.model_id();
+    b->Sample(ns.dram_hits, {{"namespace", id}, {"model", model}, {"tier", "dram"}});
+    b->Sample(ns.blocks_retrieved - std::min(ns.dram_hits, ns.blocks_retrieved),
+              {{"namespace", id}, {"model", model}, {"tier", "ssd"}});
+  }
+}
+
 void AddLookupsAndHits(const store::StoreStats& st, Builder* b) {
   b->Counter("tutti_lookups_total", "Lookups answered.", st.lookups);
   b->Counter("tutti_lookup_hits_total", "Blocks found by Lookups (leading hits of each chain).",
@@ -74,12 +106,12 @@ void AddLookupsAndHits(const store::StoreStats& st, Builder* b) {
   b->Family("tutti_namespace_blocks", "Blocks held now, by namespace (id, model) and tier (ssd: "
             "durable in the pool; dram: also in the DRAM tier).", kGauge);
   for (const store::NamespaceInfo& ns : st.namespaces) {
-    char id[17];
-    std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(ns.id));
+    const std::string id = NamespaceLabel(ns.id);
     const std::string& model = ns.descriptor.model_id();
     b->Sample(ns.blocks, {{"namespace", id}, {"model", model}, {"tier", "ssd"}});
     b->Sample(ns.blocks_dram, {{"namespace", id}, {"model", model}, {"tier", "dram"}});
   }
+  AddNamespaceCounters(st, b);
 }
 
 void AddTraffic(const store::StoreStats& st, Builder* b) {

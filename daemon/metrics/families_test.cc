@@ -61,6 +61,10 @@ MetricsSnapshot FakeSnapshot() {
   ns.descriptor.set_model_id("llama");
   ns.blocks = 40;
   ns.blocks_dram = 8;
+  ns.lookup_hits = 30;
+  ns.lookup_misses = 5;
+  ns.blocks_retrieved = 25;
+  ns.dram_hits = 10;
   st.namespaces.push_back(ns);
   s.read_bandwidth[static_cast<int>(datapath::Tier::kSsd)].bytes_per_sec = 2e9;
   s.read_bandwidth[static_cast<int>(datapath::Tier::kDram)].bytes_per_sec = 3e10;
@@ -118,6 +122,13 @@ TEST(FamiliesTest, HitsTrafficAndErrorsCarryTheSnapshotsValues) {
   EXPECT_EQ(Value(ns, {{"namespace", "0000000000000abc"}, {"model", "llama"}, {"tier", "ssd"}}),
             40);
   EXPECT_EQ(Value(ns, {{"namespace", "0000000000000abc"}, {"tier", "dram"}}), 8);
+  const ClientMetric::Label llama{"namespace", "0000000000000abc"};
+  EXPECT_EQ(Value(Find(fs, "tutti_namespace_lookup_hits_total"), {llama, {"model", "llama"}}), 30);
+  EXPECT_EQ(Value(Find(fs, "tutti_namespace_lookup_misses_total"), {llama}), 5);
+  EXPECT_EQ(Value(Find(fs, "tutti_namespace_retrieved_blocks_total"), {llama, {"tier", "ssd"}}),
+            15);
+  EXPECT_EQ(Value(Find(fs, "tutti_namespace_retrieved_blocks_total"), {llama, {"tier", "dram"}}),
+            10);
   EXPECT_EQ(Value(Find(fs, "tutti_bytes_total"), {{"direction", "write"}}), 40 << 20);
   EXPECT_EQ(Value(Find(fs, "tutti_io_requests_total"), {{"op", "read"}}), 70);
   EXPECT_EQ(Value(Find(fs, "tutti_io_bytes_total"), {{"op", "write"}}), 800);
@@ -176,7 +187,9 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
   const std::vector<MetricFamily> empty = BuildFamilies(MetricsSnapshot{});
   ASSERT_EQ(empty.size(), full.size());
   const std::set<std::string> per_entity = {
-      "tutti_namespace_blocks", "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
+      "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
+      "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
+      "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
       "tutti_io_latency_seconds", "tutti_pool_device_info"};
   for (size_t i = 0; i < empty.size(); ++i) {
     EXPECT_EQ(empty[i].name, full[i].name);

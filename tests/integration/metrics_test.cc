@@ -126,6 +126,11 @@ TEST_F(MetricsTest, CountersMoveWithTrafficAndAgreeWithAdminStats) {
   EXPECT_EQ(SampleValue(after, "tutti_errors_total{kind=\"verify\"}"), 0);
   EXPECT_GT(SampleValue(after, "tutti_pool_slots_used"), 0);
   EXPECT_THAT(after, HasSubstr("tutti_pool_device_info{device=\"0\",dir=\"" + env_->pool_dir()));
+  std::smatch ns;  // the engine's one namespace, hits counted under its id and model
+  ASSERT_TRUE(std::regex_search(
+      after, ns, std::regex("\ntutti_namespace_lookup_hits_total\\{namespace=\"[0-9a-f]{16}\","
+                            "model=\"[^\"]*\"\\} ([0-9]+)\n")));
+  EXPECT_EQ(std::stoul(ns[1]), kBlocks);
 
   auto stats = AdminStats(*daemon_);
   ASSERT_TRUE(stats.ok()) << stats.status();
