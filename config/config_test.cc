@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -273,6 +274,21 @@ TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
                  {"limits.retrieve_staging_bytes", "134217728", "max_blocks_per_call"});
   EXPECT_TRUE(LoadConfig("limits { retrieve_staging_bytes: 134217728 }").ok());
   ExpectRejected("limits { max_blocks_per_call: 8192 }", {"limits.retrieve_staging_bytes"});
+}
+
+TEST(ConfigTest, MetricsListenIsHostPortOrOff) {
+  EXPECT_EQ(DefaultConfig().metrics().listen(), "127.0.0.1:9464");
+  for (const char* ok : {"", "off", "127.0.0.1:9464", "localhost:0", "0.0.0.0:65535"}) {
+    auto c = LoadConfig(absl::StrCat("metrics { listen: \"", ok, "\" }"));
+    ASSERT_TRUE(c.ok()) << ok << ": " << c.status();
+    EXPECT_EQ(c->metrics().listen(), ok);
+  }
+  for (const char* bad : {"9464", ":9464", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:94a4",
+                          "::1:9464", "[::1]:9464", "999.1.1.1:9464", "1.2.3:9464", "1.2.3.4.5:1",
+                          "1..2.3:1", "example.com:9464", "127.0.0.1:1234567"}) {
+    ExpectRejected(absl::StrCat("metrics { listen: \"", bad, "\" }"),
+                   {"metrics.listen", bad, "HOST:PORT"});
+  }
 }
 
 TEST(ConfigTest, RenderShowsEveryFieldAndReloads) {

@@ -36,6 +36,7 @@
 #include "daemon/decision/advisor.h"
 #include "daemon/gpu_setup.h"
 #include "daemon/io/io_factory.h"
+#include "daemon/metrics/exporter.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "daemon/common/handoff.h"
@@ -180,6 +181,7 @@ struct Daemon {
   std::unique_ptr<server::HandoffServer> handoff;  // engines' credentials and memory
   std::unique_ptr<server::Server> admin_server;  // operators: the Admin service
   std::unique_ptr<server::Reaper> reaper;
+  std::unique_ptr<metrics::MetricsExporter> metrics;  // null: metrics.listen is off
 };
 
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
@@ -250,6 +252,11 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
     info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
     info.gpu_memory_bytes = d->gpu->memory_bytes();
   }
+  ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
+                                   config.metrics().listen(),
+                                   {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
+                                    info.decision_stats, info.gpu_layers, info.pool_dirs}));
+  if (d->metrics) log::Get("main")->info("metrics on {}", d->metrics->url());
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
@@ -273,6 +280,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
 // Stops accepting, lets in-flight calls finish (then cancels them), drops every session, and
 // makes every captured block durable before the store checkpoints and closes.
 void Stop(Daemon* d) {
+  d->metrics.reset();  // scrapes read the store and the sessions
   d->server->Shutdown(kShutdownGrace);  // returns once every handler has returned
   d->admin_server->Shutdown(absl::ZeroDuration());  // the gate answers its calls UNAVAILABLE now
   d->handoff.reset();

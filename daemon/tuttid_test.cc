@@ -190,7 +190,8 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
   std::ofstream(config) << "pool { capacity_bytes: 134217728 }\n"
                            "dram { capacity_bytes: 0 }\n"
                            "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: "
-                           "134217728 }\n";
+                           "134217728 }\n"
+                           "metrics { listen: \"off\" }\n";
   // sun_path is short: the sockets go in a directory of their own under /tmp.
   std::string short_dir = "/tmp/tuttid_test_XXXXXX";
   ASSERT_NE(mkdtemp(short_dir.data()), nullptr);

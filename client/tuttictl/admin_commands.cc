@@ -267,7 +267,10 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
     for (const auto& ns : r.namespaces()) {
       j.BeginObject().Key("namespace_id").String(NamespaceHex(ns.namespace_id()));
       j.Key("model_id").String(ns.model_id()).Key("blocks_ssd").Uint(ns.blocks_ssd());
-      j.Key("blocks_dram").Uint(ns.blocks_dram()).EndObject();
+      j.Key("blocks_dram").Uint(ns.blocks_dram()).Key("lookup_hits").Uint(ns.lookup_hits());
+      j.Key("lookup_misses").Uint(ns.lookup_misses());
+      j.Key("blocks_retrieved").Uint(ns.blocks_retrieved()).Key("dram_hits").Uint(ns.dram_hits());
+      j.EndObject();
     }
     return j.EndArray().EndObject().str();
   }

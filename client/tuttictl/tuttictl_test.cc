@@ -78,6 +78,13 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   EXPECT_EQ(stats.code, 0);
   EXPECT_NE(stats.out.find("\"blocks_stored\":20"), std::string::npos) << stats.out;
   EXPECT_NE(stats.out.find("\"namespace_id\":\"0xabcdef0123456789\""), std::string::npos);
+  // Each namespace row carries its share of the hits (as tutti_namespace_* metrics do).
+  const std::string rows = stats.out.substr(std::min(stats.out.find("\"namespaces\""),
+                                                     stats.out.size()));
+  for (const char* key : {"\"lookup_hits\":", "\"lookup_misses\":", "\"blocks_retrieved\":",
+                          "\"dram_hits\":"}) {
+    EXPECT_NE(rows.find(key), std::string::npos) << key << " in " << rows;
+  }
   EXPECT_NE(stats.out.find("\"decisions\":0,\"prediction_errors\":0,\"prediction_error_mean\":"),
             std::string::npos)
       << stats.out;

@@ -120,6 +120,10 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
     row->set_model_id(ns.descriptor.model_id());
     row->set_blocks_ssd(ns.blocks);
     row->set_blocks_dram(ns.blocks_dram);
+    row->set_lookup_hits(ns.lookup_hits);
+    row->set_lookup_misses(ns.lookup_misses);
+    row->set_blocks_retrieved(ns.blocks_retrieved);
+    row->set_dram_hits(ns.dram_hits);
   }
 }
 

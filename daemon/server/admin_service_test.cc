@@ -99,6 +99,8 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   ASSERT_EQ(stats.namespaces_size(), 1);
   EXPECT_EQ(stats.namespaces(0).model_id(), "test-model");
   EXPECT_EQ(stats.namespaces(0).blocks_ssd(), 3u);
+  EXPECT_EQ(stats.namespaces(0).lookup_hits(), 2u);
+  EXPECT_EQ(stats.namespaces(0).lookup_misses(), stats.lookup_misses());
   EXPECT_EQ(stats.namespaces(0).namespace_id(), ss.sessions(0).namespace_id());
   EXPECT_EQ(stats.gpu_layers(), 0u);  // host mode
 }

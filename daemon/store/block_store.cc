@@ -173,6 +173,10 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
   ++stats_.lookups;
   stats_.lookup_hits += hits;
   if (hits < keys.size()) ++stats_.lookup_misses;
+  if (auto it = namespaces_.find(ns); it != namespaces_.end()) {
+    it->second.lookup_hits += hits;
+    it->second.lookup_misses += hits < keys.size();
+  }
   return hits;
 }
 
@@ -364,6 +368,10 @@ void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uin
   stats_.verify_errors += verify_errors + unfit;
   stats_.io_errors += io_errors;
   stats_.dram_hits += dram_hits;
+  if (auto it = namespaces_.find(ns); it != namespaces_.end()) {
+    it->second.blocks_retrieved += served;
+    it->second.dram_hits += dram_hits;
+  }
 }
 
 uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t owner,

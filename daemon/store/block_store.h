@@ -125,6 +125,8 @@ struct NamespaceInfo {
   uint32_t object_len = 0;   // bytes
   uint64_t blocks = 0;       // durable blocks on SSD
   uint64_t blocks_dram = 0;
+  // Since start: as StoreStats' fields of the same names, for this namespace only.
+  uint64_t lookup_hits = 0, lookup_misses = 0, blocks_retrieved = 0, dram_hits = 0;
 };
 
 struct StoreStats {
