@@ -18,6 +18,7 @@
 //     of 64, wait_durable: the control, no eviction), then --evict more blocks, each of which
 //     evicts the least recently used one; the per-block time of both is reported, the difference
 //     being eviction's cost.
+//  7. The index alone (an Index built in the process, no store): Find, and Find + Touch.
 // The state directory (--dir) defaults to /dev/shm so the journal's fdatasync costs nothing and
 // the eviction delta is not buried under it; recovery reads page-cached files either way.
 //
@@ -26,6 +27,7 @@
 //     bazel-bin/bench/scale --blocks=$n --out=$PWD/bench/results/scale.jsonl; done
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -45,11 +47,14 @@
 #include "daemon/common/status_macros.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
+#include "daemon/store/index.h"
 #include "daemon/store/journal.h"
 
 ABSL_FLAG(uint64_t, blocks, 10000, "blocks in the index");
 ABSL_FLAG(uint64_t, samples, 200000, "timed lookups");
 ABSL_FLAG(uint64_t, evict, 4096, "blocks captured into the full pool (each evicts one)");
+ABSL_FLAG(bool, shuffle_slots, false,
+          "fill slots in a random order (as after eviction churn) instead of 0, 1, 2, ...");
 ABSL_FLAG(std::string, dir, "/dev/shm/tutti-scale-bench", "state directory (removed first)");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append to");
 ABSL_FLAG(std::string, machine, "", "machine description for the results");
@@ -112,16 +117,20 @@ struct Run {
   }
 };
 
-// Appends `n` Put records for keys [0, n) in slots [0, n) to the journal in `dir`.
+// Appends `n` Put records for keys [0, n) in slots [0, n) (in a random order with
+// --shuffle_slots) to the journal in `dir`.
 absl::Status FillJournal(const std::string& dir, NamespaceId ns, uint64_t n) {
   ASSIGN_OR_RETURN(auto journal, store::Journal::Open(dir, {}, nullptr));
+  std::vector<uint32_t> slots(n);
+  for (uint64_t i = 0; i < n; ++i) slots[i] = static_cast<uint32_t>(i);
+  if (absl::GetFlag(FLAGS_shuffle_slots)) std::shuffle(slots.begin(), slots.end(), std::mt19937(3));
   store::PutRecord r;
   r.ns = ns;
   r.object_len = 2048;
   r.checksums = {0};
   for (uint64_t i = 0; i < n; ++i) {
     r.key = KeyOf(i);
-    r.slot = i;
+    r.slot = slots[i];
     r.epoch = i + 1;
     r.checksums[0] = i * 31;
     const uint64_t seq = journal->Append(r);
@@ -151,6 +160,29 @@ void MeasureLookups(Run* run, store::BlockStore* store, NamespaceId ns) {
   const auto t0 = SteadyClock::now();
   (void)store->Stats();
   run->Add("stats_call", SecondsSince(t0) * 1e3, "ms");
+}
+
+// The index alone (no store lock, no stats): Find, and Find + Touch, of random present keys, to
+// tell the hash probe from the LRU relink. Median of --samples, in ns.
+void MeasureIndexAlone(Run* run) {
+  store::Index index(run->blocks, 1);
+  for (uint64_t i = 0; i < run->blocks; ++i) index.Insert(1, KeyOf(i), i, i + 1, 2048, {i});
+  const uint64_t samples = absl::GetFlag(FLAGS_samples);
+  for (const bool touch : {false, true}) {
+    std::vector<double> ns;
+    ns.reserve(samples);
+    std::mt19937_64 rng(13);
+    for (uint64_t i = 0; i < samples; ++i) {
+      const Key k = KeyOf(rng() % run->blocks);
+      const auto t0 = SteadyClock::now();
+      store::Entry* e = index.Find(1, k);
+      if (touch) index.Touch(e);
+      ns.push_back(std::chrono::duration<double, std::nano>(SteadyClock::now() - t0).count());
+    }
+    std::sort(ns.begin(), ns.end());
+    run->Add(touch ? "index_find_touch_p50" : "index_find_p50", ns[ns.size() / 2], "ns");
+  }
+
 }
 
 // Captures keys [first, first + n) in batches of 64, waiting for durability; seconds per block.
@@ -231,6 +263,7 @@ absl::Status RunScale(Run* run) {
   }
   store.reset();
   std::filesystem::remove_all(dir);
+  MeasureIndexAlone(run);
   return absl::OkStatus();
 }
 
