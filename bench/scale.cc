@@ -7,9 +7,11 @@
 //  1. Fill: RegisterNamespace through a BlockStore, then --blocks Put records appended to the
 //     journal directly (Journal::Append, a Sync every 65536), exactly as recovery sees a store that
 //     wrote them and crashed before any checkpoint. Not through Capture: at 2M blocks that is 31K
-//     batches of two syncs each and 16 GiB of object writes, which measures the disk, not the index.
+//     batches of two syncs each and 16 GiB of object writes, which measures the disk, not the
+//     index.
 //  2. Recovery from the journal: BlockStore::Open timed; VmRSS before and after gives the store's
-//     memory per block (the index, its checksum table, the journal's read buffer; staging is 2 MiB).
+//     memory per block (the index, its checksum table, the journal's read buffer; staging is 2
+//     MiB).
 //  3. Lookup: --samples single-key LookupAndPin + Unpin of random present keys, each pair timed.
 //     Stats(): one call timed (it walks per-namespace counts).
 //  4. Checkpoint: the store's destructor (final journal sync and checkpoint) timed; file size.
@@ -182,7 +184,6 @@ void MeasureIndexAlone(Run* run) {
     std::sort(ns.begin(), ns.end());
     run->Add(touch ? "index_find_touch_p50" : "index_find_p50", ns[ns.size() / 2], "ns");
   }
-
 }
 
 // Captures keys [first, first + n) in batches of 64, waiting for durability; seconds per block.
@@ -208,10 +209,9 @@ absl::Status RunScale(Run* run) {
   const std::string dir = absl::GetFlag(FLAGS_dir);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  ASSIGN_OR_RETURN(auto layout,
-                   pool::PoolLayout::Compute((run->blocks + kSpareSlots + 512) * kSlotBytes +
-                                                 (4ull << 20),
-                                             1, kObjectBytes, 1));
+  ASSIGN_OR_RETURN(auto layout, pool::PoolLayout::Compute(
+                                    (run->blocks + kSpareSlots + 512) * kSlotBytes + (4ull << 20),
+                                    1, kObjectBytes, 1));
   run->slots = layout.num_slots();
   if (run->slots < run->blocks + kSpareSlots) return absl::InternalError("pool too small");
   ASSIGN_OR_RETURN(auto disk, io::MemoryDisk::Create({layout.file_bytes()}));
@@ -221,8 +221,9 @@ absl::Status RunScale(Run* run) {
   options.store_staging_bytes = 1 << 20;
   options.retrieve_staging_bytes = 1 << 20;
   options.checkpoint_every = 1u << 30;  // only the one at shutdown
-  auto open = [&]() { return store::BlockStore::Open(options, io::MemoryBackend::CreateOn(disk),
-                                                     Clock::Real()); };
+  auto open = [&]() {
+    return store::BlockStore::Open(options, io::MemoryBackend::CreateOn(disk), Clock::Real());
+  };
   NamespaceId ns;
   {
     ASSIGN_OR_RETURN(auto store, open());
@@ -254,8 +255,8 @@ absl::Status RunScale(Run* run) {
 
   const uint64_t free_slots = run->slots - run->blocks;
   ASSIGN_OR_RETURN(const double into_free, CaptureRange(store.get(), ns, run->blocks, free_slots));
-  ASSIGN_OR_RETURN(const double evicting, CaptureRange(store.get(), ns, run->slots,
-                                                       absl::GetFlag(FLAGS_evict)));
+  ASSIGN_OR_RETURN(const double evicting,
+                   CaptureRange(store.get(), ns, run->slots, absl::GetFlag(FLAGS_evict)));
   run->Add("capture_into_free_slot", into_free * 1e6, "us");
   run->Add("capture_evicting", evicting * 1e6, "us", "capture_into_free_slot", into_free * 1e6);
   if (store->Stats().evictions != absl::GetFlag(FLAGS_evict)) {

@@ -13,7 +13,9 @@ Index::Index(uint64_t num_slots, uint32_t max_objects)
       set_(0, SlotHash{entries_.get()}, SlotEq{entries_.get()}),
       slot_taken_(num_slots, 0),
       checksums_(num_slots * max_objects, 0) {
-  for (uint64_t s = 0; s < num_slots; ++s) entries_[s].lru_prev = entries_[s].lru_next = Entry::kUnused;
+  for (uint64_t s = 0; s < num_slots; ++s) {
+    entries_[s].lru_prev = entries_[s].lru_next = Entry::kUnused;
+  }
   Entry& head = entries_[num_slots];
   head.lru_prev = head.lru_next = static_cast<uint32_t>(num_slots);
   set_.reserve(num_slots);  // never rehashed: recovery and filling cost no growth

@@ -162,7 +162,7 @@ class Index {
   // Taking a slot out of the free runs, or putting it back: the runs' only editors.
   void AddRun(uint64_t start, uint64_t length) const;
   void EraseRun(absl::btree_map<uint64_t, uint64_t>::iterator run);
-  void FreeRun(uint64_t slot);    // slot was taken
+  void FreeRun(uint64_t slot);  // slot was taken
   // Takes the first `n` slots of `run` (n <= its length), appending them to `out`.
   void TakeFromRun(absl::btree_map<uint64_t, uint64_t>::iterator run, uint64_t n,
                    std::vector<uint64_t>* out);
@@ -180,7 +180,8 @@ class Index {
   // unless runs_stale_ (ClaimSlot skips them; EnsureRuns recomputes them).
   mutable bool runs_stale_ = false;
   mutable absl::btree_map<uint64_t, uint64_t> runs_;  // start -> length
-  mutable absl::btree_set<std::pair<uint64_t, uint64_t>, LongerFirst> by_length_;  // (length, start)
+  // (length, start)
+  mutable absl::btree_set<std::pair<uint64_t, uint64_t>, LongerFirst> by_length_;
   std::vector<uint64_t> checksums_;  // num_slots x max_objects
 };
 

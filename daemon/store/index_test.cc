@@ -238,7 +238,9 @@ TEST(IndexTest, MatchesAReferenceLruUnderRandomOperations) {
     const auto rk = std::make_pair(ns, id);
     Entry* e = index.Find(ns, key_of(id));
     ASSERT_EQ(e != nullptr, ref.count(rk) == 1) << "step " << step;
-    if (e != nullptr) ASSERT_EQ(e->slot, ref[rk]);
+    if (e != nullptr) {
+      ASSERT_EQ(e->slot, ref[rk]);
+    }
     const int op = rng() % 4;
     if (e == nullptr) {
       uint64_t slot;

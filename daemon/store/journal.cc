@@ -416,7 +416,9 @@ absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryV
     const RecordReader::Result r = reader.Next(&type, &payload);
     if (r != RecordReader::kRecord) return corrupt("ends without its end record");
     if (type == kCheckpointEnd) break;
-    if (!Deliver(type, payload, v, &scratch)) return corrupt(absl::StrCat("bad record of type ", type));
+    if (!Deliver(type, payload, v, &scratch)) {
+      return corrupt(absl::StrCat("bad record of type ", type));
+    }
     ++records;
   }
   PayloadReader end(payload);
