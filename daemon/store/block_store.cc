@@ -624,11 +624,9 @@ StoreStats BlockStore::Impl::Stats() const {
     s.durability_error = std::string(lost.message());
   }
   s.namespaces.clear();
-  absl::flat_hash_map<NamespaceId, uint64_t> blocks;
-  index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });
   for (const auto& [id, info] : namespaces_) {
     NamespaceInfo n = info;
-    n.blocks = blocks.contains(id) ? blocks[id] : 0;
+    n.blocks = index_.CountNamespace(id);  // O(1): Stats never walks the index under mu_
     n.blocks_dram = dram_->CountNamespace(id);
     s.namespaces.push_back(std::move(n));
   }
@@ -661,6 +659,11 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),
                                                    " files; the pool layout has ",
                                                    options.layout.num_files()));
+  }
+  if (options.layout.num_slots() > Index::kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pool has ", options.layout.num_slots(), " slots; the index holds at most ",
+        Index::kMaxSlots, ": use larger objects (pool.object_bytes) or a smaller pool"));
   }
   for (uint32_t f = 0; f < backend->num_files(); ++f) {
     if (backend->file_size(f) < options.layout.file_bytes()) {
