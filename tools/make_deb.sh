@@ -58,6 +58,9 @@ install -m 0644 deploy/debian/default-tuttid "$root/etc/default/tuttid"
 install -m 0644 README.md docs/*.md "$root/usr/share/doc/tutti/"
 install -m 0644 config/default.textproto "$root/usr/share/doc/tutti/default.textproto"
 install -m 0644 config/examples/*.textproto "$root/usr/share/doc/tutti/examples/"
+for example in deploy/*.textproto; do  # per-instance examples (tuttid@0.textproto)
+  [ -f "$example" ] && install -m 0644 "$example" "$root/usr/share/doc/tutti/examples/"
+done
 install -m 0755 deploy/debian/postinst deploy/debian/prerm deploy/debian/postrm "$root/DEBIAN/"
 printf '/etc/tutti/tuttid.textproto\n/etc/default/tuttid\n' >"$root/DEBIAN/conffiles"
 

@@ -9,7 +9,7 @@
 # Usage (as root): tests/vm/run.sh
 # Environment: TUTTI_VM_CACHE  where the guest image is cached (default /var/cache/tutti-vm; built
 #                              by tests/vm/build_image.sh on first use, about 110 MiB downloaded)
-#              TUTTI_VM_TIMEOUT seconds the guest may run (default 1500)
+#              TUTTI_VM_TIMEOUT seconds the guest may run (default 1200)
 #              TUTTI_VM_KEEP=1  keep the work directory (console log, images)
 #              TUTTI_VM_FAULT=norestart  proves the test can fail: the guest gives the unit
 #                              Restart=no, so its kill -9 check must fail (and this script exit 1)
@@ -19,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 here=tests/vm
 cache="${TUTTI_VM_CACHE:-/var/cache/tutti-vm}"
-limit="${TUTTI_VM_TIMEOUT:-1500}"
+limit="${TUTTI_VM_TIMEOUT:-1200}"
 t0=$(date +%s)
 log() { echo "vm: $*"; }
 die() { log "FAILED: $*"; exit 1; }
