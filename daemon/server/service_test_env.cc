@@ -146,6 +146,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
       nullptr, advisor_.get());
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
   info.decision_stats = [a = advisor_.get()] { return a->Stats(); };
+  info.config_text = "pool {\n  dirs: \"test\"\n}\n";
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),
                                                   &session_clock_, &gate_);
   auto server =
