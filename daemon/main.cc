@@ -248,6 +248,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                           absl::StrJoin(d->notes, "; ")};
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
+  info.config_text = config::RenderConfig(config);
   if (d->gpu) {
     info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
     info.gpu_memory_bytes = d->gpu->memory_bytes();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/hostengine/connect.h"
+#include "client/tuttictl/admin_call.h"
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/output.h"
 #include "daemon/common/status_macros.h"
@@ -19,31 +20,6 @@ namespace tutti::tuttictl {
 namespace {
 
 namespace v1 = tutti::v1;
-
-// Connects and calls one Admin method.
-template <typename Request, typename Response>
-absl::Status CallAdmin(const GlobalOptions& options,
-                       grpc::Status (v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                               Response*),
-                       const Request& request, Response* response) {
-  const absl::Duration timeout = absl::Milliseconds(options.timeout_ms);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      hostengine::ConnectToTuttid(AdminSocket(options), timeout);
-  if (!channel.ok() && absl::StrContains(channel.status().message(), "Permission denied")) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        channel.status().message(), "; the operator socket is for tuttid's user and root "
-        "(listen.admin_socket_mode, listen.admin_socket_group): try sudo"));
-  }
-  if (!channel.ok()) return channel.status();
-  auto stub = v1::Admin::NewStub(*channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  absl::Status status = hostengine::FromGrpc(((*stub).*method)(&ctx, request, response));
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("tuttid: ", status.message()));
-  }
-  return absl::OkStatus();
-}
 
 // A command that fetches one Admin report and prints it as text or, with --json, as JSON.
 template <typename Request, typename Response>

@@ -94,6 +94,9 @@ class BlockStore::Impl {
                                                       uint64_t owner);
   uint64_t DropPending(uint64_t owner);
   void Flush();
+  // maintenance.cc
+  bool FlushFor(absl::Duration timeout);
+  absl::StatusOr<ScrubProgress> Scrub(const ScrubOptions& options, const ScrubCallback& progress);
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
   StoreStats Stats() const;
   absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
@@ -154,6 +157,15 @@ class BlockStore::Impl {
   // number. The slot stays taken until the record is durable.
   uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // maintenance.cc: one scrub batch of blocks of `ns` (key and epoch), counted into *progress.
+  struct ScrubTarget;
+  absl::Status ScrubBatch(NamespaceId ns, absl::Span<const ScrubTarget> batch,
+                          ScrubProgress* progress);
+  // Reads the slot headers of `sources` (kSsd ones) through the scheduler and compares each with
+  // its index entry; returns one reason per source ("" if the header matches).
+  std::vector<std::string> CheckHeaders(NamespaceId ns, const NamespaceInfo& info,
+                                        absl::Span<const datapath::ReadSource> sources);
 
   // block_store.cc
   // Under mu_: finds each pinned key's block and where its bytes come from (`sources`); counts
