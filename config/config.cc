@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -268,6 +269,7 @@ absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
   }
   RETURN_IF_ERROR(CheckRange("gpu.copy_ctas", g.copy_ctas(), 0, kMaxCopyCtas));
   RETURN_IF_ERROR(CheckRange("gpu.round_bytes", g.round_bytes(), 0, kGiB));
+  RETURN_IF_ERROR(CheckRange("gpu.max_staging_bytes", g.max_staging_bytes(), 8 * kMiB, 16 * kGiB));
   return CheckOneOf("gpu.scatter", g.scatter(), {"auto", "staged", "mapped", "copy_engine"});
 }
 
@@ -276,6 +278,41 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
       d.max_read_bytes() > 64 * kMiB) {
     return Bad("datapath.max_read_bytes", absl::StrCat(d.max_read_bytes()),
                absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// True for a dotted IPv4 address ("127.0.0.1"), each part a decimal in [0, 255].
+bool IsIpv4(const std::string& host) {
+  int parts = 0;
+  size_t i = 0;
+  while (i <= host.size()) {
+    const size_t dot = std::min(host.find('.', i), host.size());
+    const std::string part = host.substr(i, dot - i);
+    if (part.empty() || part.size() > 3 || part.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(part) > 255) {
+      return false;
+    }
+    ++parts;
+    i = dot + 1;
+  }
+  return parts == 4;
+}
+
+// metrics.listen: "" or "off" (no endpoint), or HOST:PORT with HOST an IPv4 address or
+// "localhost" (what prometheus-cpp's server parses exactly: it would bind 999.1.1.1 as
+// 231.1.1.1) and PORT in [0, 65535] (0: any free port, logged at start).
+absl::Status ValidateMetrics(const tutti::v1::MetricsConfig& m) {
+  const std::string& v = m.listen();
+  if (v.empty() || v == "off") return absl::OkStatus();
+  const size_t colon = v.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : v.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : v.substr(colon + 1);
+  if ((host != "localhost" && !IsIpv4(host)) || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535) {
+    return Bad("metrics.listen", absl::StrCat("\"", v, "\""),
+               "must be \"\", \"off\" or HOST:PORT with HOST an IPv4 address or localhost and "
+               "PORT in [0, 65535] (e.g. \"127.0.0.1:9464\")");
   }
   return absl::OkStatus();
 }
@@ -406,6 +443,7 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateDatapath(c.datapath()));
   RETURN_IF_ERROR(ValidateDecision(c.datapath()));
   RETURN_IF_ERROR(ValidateWriteBacklog(c.datapath(), c.limits(), c.pool()));
+  RETURN_IF_ERROR(ValidateMetrics(c.metrics()));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -50,6 +51,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
   EXPECT_EQ(c->gpu().scatter(), "auto");
   EXPECT_EQ(c->gpu().round_bytes(), 8ull << 20);
+  EXPECT_EQ(c->gpu().max_staging_bytes(), 512ull << 20);
   EXPECT_EQ(c->datapath().max_read_bytes(), 1ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
 }
@@ -211,6 +213,8 @@ TEST(ConfigTest, GpuSection) {
                  {"gpu.scatter", "auto", "staged", "mapped", "copy_engine"});
   EXPECT_TRUE(LoadConfig("gpu { scatter: \"copy_engine\" }").ok());
   ExpectRejected("gpu { round_bytes: 2147483648 }", {"gpu.round_bytes"});
+  ExpectRejected("gpu { max_staging_bytes: 4194304 }", {"gpu.max_staging_bytes"});
+  ExpectRejected("gpu { max_staging_bytes: 17179869185 }", {"gpu.max_staging_bytes"});
   auto c = LoadConfig(
       "gpu { mode: \"cuda\" device: 3 io_sm_count: 0 copy_ctas: 8 scatter: \"mapped\" }");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -270,6 +274,21 @@ TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
                  {"limits.retrieve_staging_bytes", "134217728", "max_blocks_per_call"});
   EXPECT_TRUE(LoadConfig("limits { retrieve_staging_bytes: 134217728 }").ok());
   ExpectRejected("limits { max_blocks_per_call: 8192 }", {"limits.retrieve_staging_bytes"});
+}
+
+TEST(ConfigTest, MetricsListenIsHostPortOrOff) {
+  EXPECT_EQ(DefaultConfig().metrics().listen(), "127.0.0.1:9464");
+  for (const char* ok : {"", "off", "127.0.0.1:9464", "localhost:0", "0.0.0.0:65535"}) {
+    auto c = LoadConfig(absl::StrCat("metrics { listen: \"", ok, "\" }"));
+    ASSERT_TRUE(c.ok()) << ok << ": " << c.status();
+    EXPECT_EQ(c->metrics().listen(), ok);
+  }
+  for (const char* bad : {"9464", ":9464", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:94a4",
+                          "::1:9464", "[::1]:9464", "999.1.1.1:9464", "1.2.3:9464", "1.2.3.4.5:1",
+                          "1..2.3:1", "example.com:9464", "127.0.0.1:1234567"}) {
+    ExpectRejected(absl::StrCat("metrics { listen: \"", bad, "\" }"),
+                   {"metrics.listen", bad, "HOST:PORT"});
+  }
 }
 
 TEST(ConfigTest, RenderShowsEveryFieldAndReloads) {

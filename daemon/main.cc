@@ -1,11 +1,13 @@
 // tuttid: the tutti KV cache daemon. Reads its configuration, opens the pool and the block store,
 // serves the engine and operator APIs on a unix socket, and on SIGTERM or SIGINT stops accepting,
 // finishes or cancels in-flight work, flushes and checkpoints the store, and exits 0. Any start-up
-// failure prints one line "tuttid: <what>" and exits 1.
+// failure prints one line "tuttid: <what>" and exits 1. SIGHUP re-reads the config file and applies
+// its run-time settings (daemon/service/reload.h). Under systemd (Type=notify) it reports through
+// daemon/service: STATUS= at each start-up step, READY=1 once serving, then a heartbeat (STATUS=
+// summary, WATCHDOG=1 while alive), RELOADING=1 around a reload and STOPPING=1 on SIGTERM.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,7 +34,9 @@
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 #include "daemon/decision/advisor.h"
+#include "daemon/gpu_setup.h"
 #include "daemon/io/io_factory.h"
+#include "daemon/metrics/exporter.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "daemon/common/handoff.h"
@@ -40,21 +44,22 @@
 #include "daemon/server/credentials.h"
 #include "daemon/server/handoff_server.h"
 #include "daemon/server/engine_watcher.h"
-#include "daemon/server/gpu_engine_io.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/server.h"
 #include "daemon/server/sessions.h"
+#include "daemon/service/health.h"
+#include "daemon/service/heartbeat.h"
+#include "daemon/service/notifier.h"
+#include "daemon/service/reload.h"
 #include "daemon/store/block_store.h"
-#include "gpu/io_stream.h"
-#include "gpu/layer_copier.h"
-#include "gpu/pinned.h"
-#include "gpu/probe.h"
 
 ABSL_FLAG(std::string, config, "",
           "text-proto config file (tutti.v1.Config) merged over the embedded default; empty: the "
           "embedded default only");
 ABSL_FLAG(std::string, state_dir, "", "overrides state_dir of the config");
 ABSL_FLAG(std::string, socket, "", "overrides listen.socket_path of the config");
+ABSL_FLAG(int32_t, gpu_device, -1,
+          "overrides gpu.device of the config (tuttid@N.service passes N); -1: the config's");
 ABSL_FLAG(bool, print_default_config, false, "print the embedded default config and exit");
 
 namespace tutti {
@@ -69,26 +74,6 @@ static_assert(config::kMaxExtentSlots == pool::kMaxExtentSlots,
 // How long SIGTERM lets in-flight calls finish before cancelling them.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(5);
 
-// Tells systemd (Type=notify) about a state change, if NOTIFY_SOCKET is set: the sd_notify
-// protocol by hand, one datagram.
-void NotifySystemd(const char* state) {
-  const char* path = getenv("NOTIFY_SOCKET");
-  if (path == nullptr || path[0] == '\0') return;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const size_t len = std::min(strlen(path), sizeof(addr.sun_path) - 1);
-  std::memcpy(addr.sun_path, path, len);
-  if (addr.sun_path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
-  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  const socklen_t addr_len = offsetof(sockaddr_un, sun_path) + len;
-  if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&addr), addr_len) <
-      0) {
-    log::Get("main")->warn("sd_notify {}: {}", state, strerror(errno));
-  }
-  close(fd);
-}
-
 absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   const std::string path = absl::GetFlag(FLAGS_config);
   absl::StatusOr<v1::Config> loaded =
@@ -97,6 +82,9 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   if (!absl::GetFlag(FLAGS_state_dir).empty()) config.set_state_dir(absl::GetFlag(FLAGS_state_dir));
   if (!absl::GetFlag(FLAGS_socket).empty()) {
     config.mutable_listen()->set_socket_path(absl::GetFlag(FLAGS_socket));
+  }
+  if (absl::GetFlag(FLAGS_gpu_device) >= 0) {
+    config.mutable_gpu()->set_device(static_cast<uint32_t>(absl::GetFlag(FLAGS_gpu_device)));
   }
   RETURN_IF_ERROR(config::ValidateConfig(config));
   if (config.pool().dirs().empty()) config.mutable_pool()->add_dirs(config.state_dir() + "/pool");
@@ -161,27 +149,18 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   return o;
 }
 
-// Blocks until SIGTERM or SIGINT arrives (both are blocked in every thread; see main).
-int WaitForStopSignal() {
+// Blocks until SIGTERM, SIGINT or SIGHUP arrives (all blocked in every thread; see main).
+int WaitForSignal() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   int sig = 0;
   while (sigwait(&set, &sig) != 0) {
   }
   return sig;
 }
-
-// The GPU data path of a daemon in cuda mode. Destroyed in reverse order: the copier, then the
-// staging registration, then the stream.
-struct GpuRuntime {
-  gpu::DeviceInfo device;
-  std::unique_ptr<gpu::IoStream> stream;
-  std::unique_ptr<gpu::PinnedRegion> staging;  // the store's staging, page-locked and mapped
-  std::unique_ptr<gpu::PinnedRegion> dram;     // the DRAM tier's region, likewise (if on)
-  std::unique_ptr<gpu::LayerCopier> copier;
-};
 
 // The running daemon's parts. Destroyed in reverse order: serving stops before the sessions,
 // the sessions (and their pins and mappings) go before the GPU runtime and the store.
@@ -192,7 +171,7 @@ struct Daemon {
   server::CallGate gate;
   std::unique_ptr<server::CredentialTable> credentials;
   std::unique_ptr<store::BlockStore> store;
-  std::unique_ptr<GpuRuntime> gpu;
+  std::unique_ptr<gpu_setup::GpuRuntime> gpu;  // cuda mode only
   std::unique_ptr<server::SessionManager> sessions;
   std::unique_ptr<server::EngineWatcher> watcher;
   std::unique_ptr<decision::Advisor> advisor;
@@ -202,6 +181,7 @@ struct Daemon {
   std::unique_ptr<server::HandoffServer> handoff;  // engines' credentials and memory
   std::unique_ptr<server::Server> admin_server;  // operators: the Admin service
   std::unique_ptr<server::Reaper> reaper;
+  std::unique_ptr<metrics::MetricsExporter> metrics;  // null: metrics.listen is off
 };
 
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
@@ -224,96 +204,6 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
   }
   ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(MakeStoreOptions(config, layout),
                                                      std::move(backend), Clock::Real()));
-  return absl::OkStatus();
-}
-
-// GPU staging for retrieves: one layer of a maximal call, at most 512 MiB, and at least a slot
-// per object (gpu/layer_copier.h).
-uint64_t GpuStagingBytes(const v1::Config& config) {
-  const uint64_t object = config.pool().object_bytes();
-  const uint64_t layer = uint64_t{config.limits().max_blocks_per_call()} * 2 * object;
-  return std::max(gpu::LayerCopier::kSlots * object, std::min<uint64_t>(layer, 512ull << 20));
-}
-
-// Decides the device mode before anything else starts: the device to use in cuda mode, or none
-// (host mode, noted). gpu.mode = cuda without a usable GPU, or an io_sm_count the device cannot
-// give, stops start-up.
-absl::StatusOr<std::optional<gpu::DeviceInfo>> ChooseDevice(const v1::Config& config, Daemon* d) {
-  const v1::GpuConfig& g = config.gpu();
-  if (g.mode() == "host") {
-    d->notes.push_back("host mode (gpu.mode = host): engines attach host shared memory");
-    return std::nullopt;
-  }
-  absl::StatusOr<gpu::DeviceInfo> device = gpu::Probe(static_cast<int>(g.device()));
-  if (!device.ok()) {
-    if (g.mode() == "cuda") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "gpu.mode = cuda, but GPU ", g.device(), " is not usable: ", device.status().message()));
-    }
-    d->notes.push_back(absl::StrCat("host mode: no usable GPU (", device.status().message(),
-                                    "); engines attach host shared memory"));
-    return std::nullopt;
-  }
-  absl::Status valid = gpu::IoStream::ValidateOptions(
-      {static_cast<int>(g.device()), g.io_sm_count(), g.copy_ctas()}, device->sm_count);
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("gpu.io_sm_count = ", g.io_sm_count(), ": ",
-                                                   device->name, " has ", device->sm_count,
-                                                   " SMs (", valid.message(), ")"));
-  }
-  return *device;
-}
-
-// Sets up the GPU data path on `device`: the I/O stream (a green context, or an ordinary stream
-// with a note), the store's staging registered as pinned and mapped (once: nothing is registered
-// or allocated on the I/O path), and the layer copier with its GPU staging.
-absl::Status StartGpu(const v1::Config& config, const gpu::DeviceInfo& device, Daemon* d) {
-  const v1::GpuConfig& g = config.gpu();
-  const gpu::IoStream::Options stream_options{static_cast<int>(g.device()), g.io_sm_count(),
-                                              g.copy_ctas()};
-  auto rt = std::make_unique<GpuRuntime>();
-  rt->device = device;
-  ASSIGN_OR_RETURN(rt->stream, gpu::IoStream::Create(stream_options));
-  const absl::Span<uint8_t> staging = d->store->staging_region();
-  ASSIGN_OR_RETURN(rt->staging, gpu::PinnedRegion::Register(staging.data(), staging.size()));
-  // DRAM-tier hits are copied straight from the tier's region, so it is registered too (without
-  // it they would go through the copier's bounce buffer, at about a third of the speed).
-  std::vector<gpu::StagingRegion> registered = {rt->staging->staging()};
-  const absl::Span<uint8_t> dram = d->store->dram_region();
-  if (!dram.empty()) {
-    ASSIGN_OR_RETURN(rt->dram, gpu::PinnedRegion::Register(dram.data(), dram.size()));
-    registered.push_back(rt->dram->staging());
-  }
-  // ValidateConfig admits only the copier's names.
-  const gpu::LayerCopier::Mode mode =
-      gpu::LayerCopier::ModeFromName(g.scatter()).value_or(gpu::LayerCopier::Mode::kStaged);
-  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
-                                                         /*bounce_threads=*/4, g.round_bytes()},
-                                                        rt->stream.get(), registered));
-  d->device_mode = "cuda";
-  d->notes.push_back(absl::StrCat(
-      "cuda mode on GPU ", g.device(), " (", device.name, ", ", device.uuid_text, "): I/O ",
-      rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
-      g.scatter(),
-      (mode == gpu::LayerCopier::Mode::kStaged || mode == gpu::LayerCopier::Mode::kAuto) &&
-              g.round_bytes() > 0
-          ? absl::StrCat(" in rounds of at most ", g.round_bytes() >> 10, " KiB")
-          : std::string(),
-      "; ", staging.size() >> 20, " MiB of staging and ", dram.size() >> 20,
-      " MiB of DRAM tier registered"));
-  if (!rt->stream->is_green() && g.io_sm_count() > 0) {
-    d->notes.push_back("no green context: the daemon's kernels may use every SM");
-  }
-  if (const gpu::MpsHint mps = gpu::FindMps();
-      !mps.control_pipe_found && mode != gpu::LayerCopier::Mode::kCopyEngine) {
-    // Without MPS, scatter kernels time-slice the GPU with the engine's: "auto" cannot see it.
-    d->notes.push_back(absl::StrCat(
-        "no MPS control daemon found (no ", mps.pipe_directory,
-        "/control): the GPU time-slices between tuttid and the engines, and an engine that keeps "
-        "every SM busy loses about 16% while tuttid retrieves (docs/gpu.md); run "
-        "nvidia-cuda-mps-control -d, or set gpu.scatter: \"copy_engine\""));
-  }
-  d->gpu = std::move(rt);
   return absl::OkStatus();
 }
 
@@ -344,8 +234,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                        absl::StrCat("engine process ", pid, " exited; its mappings are closed"));
       }));
   server::MemoryOpener opener =
-      d->gpu ? server::GpuMemoryOpener({d->gpu->stream.get(), d->gpu->copier.get()})
-             : server::HostMemoryOpener();
+      d->gpu ? d->gpu->MemoryOpener() : server::HostMemoryOpener();
   d->advisor = std::make_unique<decision::Advisor>(config.datapath().decision() != "off",
                                                    config.datapath().decision_min_gain());
   d->kv = std::make_unique<server::KvCacheService>(
@@ -359,13 +248,16 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                           absl::StrJoin(d->notes, "; ")};
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
+  info.config_text = config::RenderConfig(config);
   if (d->gpu) {
-    info.gpu_layers = [copier = d->gpu->copier.get()] {
-      const gpu::LayerCopier::Counters c = copier->counters();
-      return server::GpuLayerCounts{c.layers, c.copy_engine_layers, c.gathers,
-                                    c.copy_engine_gathers};
-    };
+    info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
+    info.gpu_memory_bytes = d->gpu->memory_bytes();
   }
+  ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
+                                   config.metrics().listen(),
+                                   {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
+                                    info.decision_stats, info.gpu_layers, info.pool_dirs}));
+  if (d->metrics) log::Get("main")->info("metrics on {}", d->metrics->url());
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
@@ -389,6 +281,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
 // Stops accepting, lets in-flight calls finish (then cancels them), drops every session, and
 // makes every captured block durable before the store checkpoints and closes.
 void Stop(Daemon* d) {
+  d->metrics.reset();  // scrapes read the store and the sessions
   d->server->Shutdown(kShutdownGrace);  // returns once every handler has returned
   d->admin_server->Shutdown(absl::ZeroDuration());  // the gate answers its calls UNAVAILABLE now
   d->handoff.reset();
@@ -400,8 +293,33 @@ void Stop(Daemon* d) {
   d->store.reset();  // checkpoints and stops the writer
 }
 
+// The systemd unit to restart for a start-up-only setting, for reload's log lines.
+std::string UnitName() {
+  const char* unit = getenv("TUTTID_UNIT");  // set by tuttid@.service
+  return unit != nullptr && unit[0] != '\0' ? unit : "tuttid";
+}
+
+// The heartbeat of a serving daemon: alive while the operator API answers within a quarter of the
+// watchdog interval (at most 5 s) and the writer's oldest queued block waited less than the
+// watchdog interval (at least 30 s: past the backlog's age bound Capture refuses new blocks).
+std::unique_ptr<service::Heartbeat> StartHeartbeat(const v1::Config& config, service::Notifier* n,
+                                                   Daemon* d) {
+  const absl::Duration watchdog = n->WatchdogInterval();
+  const absl::Duration deadline =
+      watchdog > absl::ZeroDuration() ? std::min(absl::Seconds(5), watchdog / 4) : absl::Seconds(5);
+  auto beat = std::make_unique<service::Heartbeat>(
+      n,
+      service::MakeLivenessCheck("unix:" + config::AdminSocketPath(config.listen()),
+                                 d->store.get(), deadline, std::max(absl::Seconds(30), watchdog)),
+      service::MakeSummary(d->store.get(), d->sessions.get()));
+  beat->Start();
+  return beat;
+}
+
 absl::Status Run() {
-  ASSIGN_OR_RETURN(const v1::Config config, LoadEffectiveConfig());
+  const std::unique_ptr<service::Notifier> notifier = service::SystemdNotifier();
+  notifier->Status("reading the configuration");
+  ASSIGN_OR_RETURN(v1::Config config, LoadEffectiveConfig());
   log::SetLevel(config.log_level());
   auto log = log::Get("main");
   log->info("tuttid {} starting; effective configuration:\n{}", kVersion,
@@ -413,19 +331,38 @@ absl::Status Run() {
         absl::StrCat("another server (tuttid?) is answering on ", config.listen().socket_path()));
   }
   Daemon daemon;
-  ASSIGN_OR_RETURN(const std::optional<gpu::DeviceInfo> device, ChooseDevice(config, &daemon));
+  ASSIGN_OR_RETURN(const std::optional<gpu_setup::ChosenGpu> gpu,
+                   gpu_setup::ChooseDevice(config, &daemon.notes));
+  notifier->Status("opening the pool and recovering the index");
   RETURN_IF_ERROR(OpenStore(config, &daemon));
-  if (device.has_value()) RETURN_IF_ERROR(StartGpu(config, *device, &daemon));
+  if (gpu.has_value()) {
+    notifier->Status(absl::StrCat("starting the GPU data path on GPU ", config.gpu().device()));
+    ASSIGN_OR_RETURN(daemon.gpu,
+                     gpu_setup::StartGpu(config, *gpu, daemon.store.get(), &daemon.notes));
+    daemon.device_mode = "cuda";
+  }
+  notifier->Status("starting the sessions and the sockets");
   RETURN_IF_ERROR(StartServing(config, &daemon));
   log->info("ready: engines on unix:{} (and {}), operators on unix:{} ({}; io backend {})",
             config.listen().socket_path(), daemon.handoff->path(),
             config::AdminSocketPath(config.listen()), absl::StrJoin(daemon.notes, "; "),
             daemon.io_backend);
-  NotifySystemd("READY=1");
-  const int sig = WaitForStopSignal();
+  notifier->Ready();
+  std::unique_ptr<service::Heartbeat> heartbeat = StartHeartbeat(config, notifier.get(), &daemon);
+  int sig = 0;
+  while ((sig = WaitForSignal()) == SIGHUP) {
+    notifier->Reloading();
+    log->info("SIGHUP: reloading {}", absl::GetFlag(FLAGS_config).empty()
+                                           ? "the embedded default config"
+                                           : absl::GetFlag(FLAGS_config));
+    config = service::Reload(config, LoadEffectiveConfig(), UnitName(), daemon.store.get());
+    notifier->Ready();
+  }
   log->info("{}: stopping; in-flight calls get {}", strsignal(sig),
             absl::FormatDuration(kShutdownGrace));
-  NotifySystemd("STOPPING=1");
+  heartbeat->Stop();
+  notifier->Stopping();
+  notifier->Status("stopping: finishing calls, writing captured blocks, checkpointing");
   Stop(&daemon);
   log->info("stopped cleanly");
   return absl::OkStatus();
@@ -435,12 +372,13 @@ absl::Status Run() {
 }  // namespace tutti
 
 int main(int argc, char** argv) {
-  // Block the stop signals before any thread starts, so every thread inherits the mask and only
-  // WaitForStopSignal receives them.
+  // Block the stop and reload signals before any thread starts, so every thread inherits the mask
+  // and only WaitForSignal receives them.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 

@@ -1,5 +1,8 @@
 // tuttid as a process: start-up failures are one line and exit 1; a good start notifies systemd
-// (READY=1), serves, and SIGTERM/SIGINT give STOPPING=1 and exit 0; a restart recovers the state.
+// (STATUS= lines, READY=1 once listening), serves, and SIGTERM/SIGINT give STOPPING=1 and exit 0;
+// a restart recovers the state. With WATCHDOG_USEC it pets the watchdog, except while stopped;
+// SIGHUP applies a new log level and refuses a new pool capacity, serving on.
+#include <poll.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -32,6 +36,7 @@ extern char** environ;
 
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string TuttidPath() {
@@ -52,12 +57,13 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-// Starts tuttid with `args`, stderr to `log`, and NOTIFY_SOCKET=`notify` if not empty.
+// Starts tuttid with `args`, stderr to `log`, NOTIFY_SOCKET=`notify` if not empty, and `extra_env`.
 pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
-            const std::string& notify = "") {
+            const std::string& notify = "", const std::vector<std::string>& extra_env = {}) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
   if (!notify.empty()) env.push_back("NOTIFY_SOCKET=" + notify);
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
   std::vector<char*> argv = {const_cast<char*>("tuttid")};
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -97,10 +103,31 @@ class NotifySocket {
     close(fd_);
     unlink(path_.c_str());
   }
-  std::string Receive() {
-    char buf[256];
-    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+  // The next datagram, or "" after `timeout`.
+  std::string Receive(absl::Duration timeout = absl::Seconds(60)) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) return "";
+    char buf[512];
+    const ssize_t n = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
     return n > 0 ? std::string(buf, n) : "";
+  }
+  // Receives until `want` comes (a heartbeat's STATUS= lines may come between); returns what came
+  // before it. Fails the test if `want` does not come within 60 s.
+  std::vector<std::string> ReceiveUntil(const std::string& want) {
+    std::vector<std::string> before;
+    for (std::string m = Receive(); m != want; m = Receive()) {
+      if (m.empty()) {
+        ADD_FAILURE() << "no " << want << " within 60 s; got " << absl::StrJoin(before, " | ");
+        break;
+      }
+      before.push_back(m);
+    }
+    return before;
+  }
+  // Forgets every datagram received so far.
+  void Drain() {
+    while (!Receive(absl::ZeroDuration()).empty()) {
+    }
   }
 
  private:
@@ -163,7 +190,8 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
   std::ofstream(config) << "pool { capacity_bytes: 134217728 }\n"
                            "dram { capacity_bytes: 0 }\n"
                            "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: "
-                           "134217728 }\n";
+                           "134217728 }\n"
+                           "metrics { listen: \"off\" }\n";
   // sun_path is short: the sockets go in a directory of their own under /tmp.
   std::string short_dir = "/tmp/tuttid_test_XXXXXX";
   ASSERT_NE(mkdtemp(short_dir.data()), nullptr);
@@ -175,7 +203,11 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
     const pid_t pid =
         Spawn({"--config=" + config, "--state_dir=" + dir + "/state", "--socket=" + sock}, log,
               notify_path);
-    ASSERT_EQ(notify.Receive(), "READY=1") << ReadAll(log);
+    EXPECT_THAT(notify.ReceiveUntil("READY=1"),
+                ElementsAre("STATUS=reading the configuration",
+                            "STATUS=opening the pool and recovering the index",
+                            "STATUS=starting the sessions and the sockets"))
+        << ReadAll(log);
     // A second daemon on the same socket refuses before touching its own state directory.
     auto [rc, err] = RunToExit({"--state_dir=" + dir + "/other", "--socket=" + sock});
     EXPECT_EQ(rc, 1);
@@ -201,7 +233,8 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
               grpc::StatusCode::UNIMPLEMENTED);
     const absl::Time stop_start = absl::Now();
     kill(pid, sig);
-    EXPECT_EQ(notify.Receive(), "STOPPING=1");
+    notify.ReceiveUntil("STOPPING=1");
+    EXPECT_THAT(notify.Receive(), HasSubstr("STATUS=stopping"));
     EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
     EXPECT_LT(absl::Now() - stop_start, absl::Seconds(3));
     const std::string text = ReadAll(log);
@@ -214,6 +247,139 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
     }
   }
   std::filesystem::remove_all(short_dir);
+}
+
+// Whether the operator API answers Status.
+bool Answers(const std::string& sock) {
+  auto admin = tutti::v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + sock + ".admin", grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  tutti::v1::StatusResponse status;
+  return admin->Status(&ctx, {}, &status).ok();
+}
+
+TEST(TuttidTest, WatchdogHeartbeatAndReloadOnSighup) {
+  const std::string dir = TmpDir();
+  const std::string config = dir + "/tuttid.textproto";
+  const std::string base =
+      "pool { capacity_bytes: 134217728 }\n"
+      "dram { capacity_bytes: 0 }\n"
+      "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: 134217728 }\n";
+  std::ofstream(config) << base;
+  std::string short_dir = "/tmp/tuttid_test_XXXXXX";
+  ASSERT_NE(mkdtemp(short_dir.data()), nullptr);
+  const std::string sock = short_dir + "/tuttid.sock";
+  const std::string notify_path = short_dir + "/notify";
+  NotifySocket notify(notify_path);
+  const std::string log = dir + "/log";
+  // A watchdog of 400 ms: a beat every 200 ms.
+  const pid_t pid =
+      Spawn({"--config=" + config, "--state_dir=" + dir + "/state", "--socket=" + sock}, log,
+            notify_path, {"WATCHDOG_USEC=400000", "TUTTID_UNIT=tuttid@7"});
+  notify.ReceiveUntil("READY=1");
+  notify.ReceiveUntil("WATCHDOG=1");
+  EXPECT_EQ(notify.Receive(),
+            "STATUS=serving: 0 sessions, 0 of 63 slots used, write backlog 0 blocks / 0 MiB "
+            "(oldest 0 ms)");
+
+  // A new log level takes: the heartbeat's debug lines appear.
+  std::ofstream(config) << base << "log_level: \"debug\"\n"
+                        << "datapath { max_write_backlog_age_ms: 500 }\n";
+  kill(pid, SIGHUP);
+  notify.ReceiveUntil("RELOADING=1");
+  notify.ReceiveUntil("READY=1");
+  EXPECT_THAT(ReadAll(log), HasSubstr("reload: log_level: \"info\" -> \"debug\""));
+  EXPECT_THAT(ReadAll(log), HasSubstr("reload: datapath.max_write_backlog_age_ms: 10000 -> 500"));
+  notify.ReceiveUntil("WATCHDOG=1");
+  notify.ReceiveUntil("WATCHDOG=1");  // the beat before this one has logged
+  EXPECT_THAT(ReadAll(log), HasSubstr("heartbeat: serving: 0 sessions"));
+
+  // A new capacity is refused, named, and the daemon serves on.
+  std::ofstream(config) << "pool { capacity_bytes: 268435456 }\n"
+                           "dram { capacity_bytes: 0 }\n"
+                           "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: "
+                           "134217728 }\n"
+                           "log_level: \"debug\"\n"
+                           "datapath { max_write_backlog_age_ms: 500 }\n";
+  kill(pid, SIGHUP);
+  notify.ReceiveUntil("RELOADING=1");
+  notify.ReceiveUntil("READY=1");
+  EXPECT_THAT(ReadAll(log), HasSubstr("reload: pool.capacity_bytes changed: it takes effect only "
+                                      "at start; restart tuttid@7"));
+  EXPECT_TRUE(Answers(sock));
+
+  // An invalid file changes nothing and says why.
+  std::ofstream(config) << "pool { object_bytes: 1000 }\n";
+  kill(pid, SIGHUP);
+  notify.ReceiveUntil("RELOADING=1");
+  notify.ReceiveUntil("READY=1");
+  EXPECT_THAT(ReadAll(log), HasSubstr("reload refused: " + config +
+                                      ": pool.object_bytes = 1000: must be a multiple of 4096"));
+  EXPECT_TRUE(Answers(sock));
+
+  // A stopped daemon pets nothing (systemd would kill it); continued, it pets again.
+  kill(pid, SIGSTOP);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, WUNTRACED), pid);
+  ASSERT_TRUE(WIFSTOPPED(st));
+  notify.Drain();
+  EXPECT_EQ(notify.Receive(absl::Seconds(1)), "") << "5 beat periods while stopped";
+  kill(pid, SIGCONT);
+  notify.ReceiveUntil("WATCHDOG=1");
+
+  kill(pid, SIGTERM);
+  notify.ReceiveUntil("STOPPING=1");
+  EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
+  std::filesystem::remove_all(short_dir);
+}
+
+std::string RunfilePath(const std::string& path) {
+  return absl::StrCat(getenv("TEST_SRCDIR"), "/", getenv("TEST_WORKSPACE"), "/", path);
+}
+
+// tuttid@.service's ExecStart, with %i = 3 and its paths moved under `root`, runs tuttid with
+// deploy/tuttid@0.textproto (made small, and without its metrics port); the flags take.
+TEST(TuttidTest, TheTemplateUnitsCommandStartsTuttid) {
+  const std::string unit = ReadAll(RunfilePath("deploy/tuttid@.service"));
+  const size_t at = unit.find("\nExecStart=/usr/bin/tuttid ");
+  ASSERT_NE(at, std::string::npos);
+  const std::string line = unit.substr(at + 27, unit.find('\n', at + 1) - at - 27);
+  std::string root = "/tmp/tuttid_unit_XXXXXX";
+  ASSERT_NE(mkdtemp(root.data()), nullptr);
+  std::string example = ReadAll(RunfilePath("deploy/tuttid@0.textproto"));
+  for (auto [from, to] : {std::pair<std::string, std::string>{"4294967296", "134217728"},
+                          {"127.0.0.1:9464", "off"}}) {
+    ASSERT_NE(example.find(from), std::string::npos) << from;
+    example.replace(example.find(from), from.size(), to);
+  }
+  std::ofstream(root + "/tuttid@3.textproto")
+      << example << "dram { capacity_bytes: 0 }\n"
+      << "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: 134217728 }\n";
+  std::vector<std::string> args;
+  for (absl::string_view piece : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    std::string a(piece);
+    for (const char* dir : {"/etc/tutti", "/var/lib/tutti", "/run/tutti"}) {
+      if (const size_t p = a.find(dir); p != std::string::npos) a.replace(p, strlen(dir), root);
+    }
+    while (a.find("%i") != std::string::npos) a.replace(a.find("%i"), 2, "3");
+    args.push_back(a);
+  }
+  EXPECT_THAT(args, ElementsAre("--config=" + root + "/tuttid@3.textproto",
+                                "--state_dir=" + root + "/3", "--socket=" + root + "/3/tuttid.sock",
+                                "--gpu_device=3"));
+  const std::string notify_path = root + "/notify";
+  NotifySocket notify(notify_path);
+  const std::string log = root + "/log";
+  const pid_t pid = Spawn(args, log, notify_path);
+  notify.ReceiveUntil("READY=1");
+  EXPECT_TRUE(Answers(root + "/3/tuttid.sock"));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
+  const std::string text = ReadAll(log);
+  EXPECT_THAT(text, HasSubstr("state_dir: \"" + root + "/3\""));
+  EXPECT_THAT(text, HasSubstr("device: 3"));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

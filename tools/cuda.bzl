@@ -7,9 +7,17 @@ static CUDA runtime. It needs nvcc, not a GPU: CI builds it on machines without 
 A .cu file should include only its own small headers and CUDA's: nvcc parses it with the host
 compiler, and keeping Abseil and the project's C++ away from nvcc keeps the build simple and fast.
 Sources are compiled from the workspace root, so includes are workspace-relative ("gpu/x.h").
+
+Without a toolkit (tools/cuda_configure.bzl) every cuda_library, and every target that depends on
+one, is incompatible: `//...` leaves them out. `if_cuda` picks between a CUDA and a host-only
+choice for the targets that are built either way (tuttid, the client library).
 """
 
-NVCC = "/usr/local/cuda/bin/nvcc"
+load("@cuda//:defs.bzl", "CUDA_AVAILABLE", "CUDA_ONLY", "NVCC")
+
+def if_cuda(with_cuda, without_cuda = []):
+    """`with_cuda` when the build has the CUDA toolkit, else `without_cuda`."""
+    return with_cuda if CUDA_AVAILABLE else without_cuda
 
 NVCC_FLAGS = [
     "-c",
@@ -55,6 +63,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], driver_api = Fals
             message = "nvcc %s" % src,
             tags = kwargs.get("tags", []),
             testonly = kwargs.get("testonly", False),
+            target_compatible_with = CUDA_ONLY,
         )
         objs.append(obj)
     cuda_deps = ["@cuda//:cudart_static"]

@@ -4,13 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The CUDA toolkit is the one dependency Debian does not package (tuttid's GPU code is compiled
-# with it; it runs without a GPU). Say so plainly instead of failing deep inside the build.
-if [ ! -x /usr/local/cuda/bin/nvcc ] || [ ! -f /usr/local/cuda/lib64/libcudart_static.a ]; then
-  echo "install-deps: the CUDA toolkit (nvcc 13, libcudart_static) is not at /usr/local/cuda." >&2
-  echo "install-deps: install NVIDIA's CUDA Toolkit 13 for Debian 12 (no GPU or driver needed" >&2
-  echo "install-deps: to build), or link /usr/local/cuda to where it is, then run this again." >&2
-  exit 1
+# The CUDA toolkit is the one dependency Debian does not package. Without it the build leaves the
+# GPU code out (tools/cuda_configure.bzl) and tuttid runs in host mode only: say so, go on.
+cuda="${CUDA_PATH:-/usr/local/cuda}"
+if [ -n "${TUTTI_NO_CUDA:-}" ] && [ "${TUTTI_NO_CUDA}" != 0 ]; then
+  echo "install-deps: TUTTI_NO_CUDA is set: building without CUDA (host mode only)"
+elif [ ! -x "$cuda/bin/nvcc" ] && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "install-deps: no CUDA toolkit (\$CUDA_PATH or /usr/local/cuda): building without CUDA;"
+  echo "install-deps: tuttid will run in host mode only. For the GPU data path install NVIDIA's"
+  echo "install-deps: CUDA Toolkit 13 for Debian 12 (no GPU or driver is needed to build)."
 fi
 
 mapfile -t wanted < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' -e 's/[[:space:]]//g' deploy/debian-packages.txt)

@@ -4,12 +4,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/clock.h"
@@ -263,6 +265,69 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     return grpc::Status::OK;
   }
 
+  // Verify: its blocks in batches; the keys of FailKey are found bad (and dropped).
+  grpc::Status Verify(ServerContext*, const v1::VerifyRequest* req,
+                      grpc::ServerWriter<v1::VerifyProgress>* writer) override {
+    absl::MutexLock lock(&mu_);
+    const uint64_t total = blocks_.size(), batch = req->batch_blocks() == 0 ? 8 : req->batch_blocks();
+    v1::VerifyProgress last;
+    last.set_blocks_total(total);
+    for (uint64_t done = 0; done < total;) {
+      done = std::min(total, done + batch);
+      v1::VerifyProgress p;
+      p.set_blocks_total(total);
+      p.set_blocks_checked(done);
+      p.set_bytes_read(done * kBlockBytes);
+      p.set_elapsed_seconds(0.5 * static_cast<double>(done) / static_cast<double>(batch));
+      writer->Write(p);
+      last = p;
+    }
+    if (corrupt_for_verify_ && !blocks_.empty()) {
+      corrupt_for_verify_ = false;
+      auto first = std::min_element(blocks_.begin(), blocks_.end(),
+                                    [](const auto& a, const auto& b) { return a.first < b.first; });
+      v1::BadBlock* b = last.add_bad();
+      b->set_namespace_id(0xabcdef0123456789ull);
+      b->set_key_hex(absl::BytesToHexString(first->first));
+      b->set_slot(7);
+      b->set_reason("object checksum mismatch");
+      blocks_.erase(first);
+    }
+    last.set_blocks_bad(last.bad_size());
+    last.set_done(true);
+    writer->Write(last);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Drain(ServerContext*, const v1::DrainRequest* req,
+                     v1::DrainResponse* resp) override {
+    resp->set_backlog_blocks_before(3);
+    resp->set_backlog_bytes_before(3 * kBlockBytes);
+    const bool drained = req->timeout_ms() >= 1000;  // the fake "needs" a second
+    resp->set_backlog_blocks_after(drained ? 0 : 1);
+    resp->set_backlog_bytes_after(drained ? 0 : kBlockBytes);
+    resp->set_elapsed_ms(drained ? 1000 : req->timeout_ms());
+    resp->set_drained(drained);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Config(ServerContext*, const v1::ConfigRequest*, v1::ConfigResponse* resp) override {
+    resp->set_text("pool {\n  dirs: \"/fake/pool\"\n}\nlog_level: \"info\"\n");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status SetLogLevel(ServerContext*, const v1::SetLogLevelRequest* req,
+                           v1::SetLogLevelResponse* resp) override {
+    if (req->subsystem() != "store" && req->subsystem() != "all") {
+      return grpc::Status(StatusCode::NOT_FOUND, "no logger named '" + req->subsystem() + "'");
+    }
+    if (req->level() != "debug" && req->level() != "info") {
+      return grpc::Status(StatusCode::INVALID_ARGUMENT, "unknown log level '" + req->level() + "'");
+    }
+    if (req->subsystem() == "store") resp->set_previous_level("info");
+    return grpc::Status::OK;
+  }
+
   static constexpr uint64_t kCapacity = 1ull << 30;
   static constexpr uint64_t kBlockBytes = 2ull << 20;
 
@@ -274,6 +339,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   absl::flat_hash_map<std::string, std::string> blocks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, bool> failing_ ABSL_GUARDED_BY(mu_);
   bool corrupt_next_ ABSL_GUARDED_BY(mu_) = false;
+  bool corrupt_for_verify_ ABSL_GUARDED_BY(mu_) = false;
   int reject_ ABSL_GUARDED_BY(mu_) = 0;
   int store_error_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t store_calls_ ABSL_GUARDED_BY(mu_) = 0;
@@ -317,6 +383,10 @@ void FakeTuttid::FailKey(const Key& key) {
 void FakeTuttid::RejectNextStores(int n) {
   absl::MutexLock lock(&impl_->mu_);
   impl_->reject_ = n;
+}
+void FakeTuttid::CorruptOneBlockForVerify() {
+  absl::MutexLock lock(&impl_->mu_);
+  impl_->corrupt_for_verify_ = true;
 }
 void FakeTuttid::FailStoresWith(int grpc_code) {
   absl::MutexLock lock(&impl_->mu_);

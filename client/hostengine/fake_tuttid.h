@@ -30,6 +30,8 @@ class FakeTuttid {
   void RejectNextStores(int n);
   // Every Store is answered with this gRPC error code (0: none).
   void FailStoresWith(int grpc_code);
+  // The next Verify finds one stored block bad (the first in key order) and drops it.
+  void CorruptOneBlockForVerify();
 
   uint64_t blocks() const;
   uint64_t store_calls() const;

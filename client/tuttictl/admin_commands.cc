@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/hostengine/connect.h"
+#include "client/tuttictl/admin_call.h"
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/output.h"
 #include "daemon/common/status_macros.h"
@@ -19,31 +20,6 @@ namespace tutti::tuttictl {
 namespace {
 
 namespace v1 = tutti::v1;
-
-// Connects and calls one Admin method.
-template <typename Request, typename Response>
-absl::Status CallAdmin(const GlobalOptions& options,
-                       grpc::Status (v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                               Response*),
-                       const Request& request, Response* response) {
-  const absl::Duration timeout = absl::Milliseconds(options.timeout_ms);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      hostengine::ConnectToTuttid(AdminSocket(options), timeout);
-  if (!channel.ok() && absl::StrContains(channel.status().message(), "Permission denied")) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        channel.status().message(), "; the operator socket is for tuttid's user and root "
-        "(listen.admin_socket_mode, listen.admin_socket_group): try sudo"));
-  }
-  if (!channel.ok()) return channel.status();
-  auto stub = v1::Admin::NewStub(*channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  absl::Status status = hostengine::FromGrpc(((*stub).*method)(&ctx, request, response));
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("tuttid: ", status.message()));
-  }
-  return absl::OkStatus();
-}
 
 // A command that fetches one Admin report and prints it as text or, with --json, as JSON.
 template <typename Request, typename Response>
@@ -102,6 +78,10 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     kv.Add("tuttid", absl::StrCat(r.version(), ", up ", HumanDurationMs(r.uptime_ms())));
     kv.Add("io backend", r.io_backend());
     kv.Add("device mode", r.device_mode());
+    if (r.device_mode() == "cuda") {
+      kv.Add("gpu memory", absl::StrCat(r.gpu_memory_bytes() >> 20,
+                                        " MiB taken at start (I/O context, retrieve staging)"));
+    }
     kv.Add("pool dirs", absl::StrJoin(r.pool_dirs(), ", "));
     AddCapacity(r, &kv);
     kv.Add("dram tier", DramText(r.dram_capacity_bytes(), r.dram_used_bytes()));
@@ -133,6 +113,7 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     j.Key("durability_lost").Bool(r.durability_lost());
     j.Key("durability_error").String(r.durability_error());
     j.Key("unindexed_slot_headers").Uint(r.unindexed_slot_headers());
+    j.Key("gpu_memory_bytes").Uint(r.gpu_memory_bytes());
     return j.EndObject().str();
   }
 };
@@ -262,7 +243,10 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
     for (const auto& ns : r.namespaces()) {
       j.BeginObject().Key("namespace_id").String(NamespaceHex(ns.namespace_id()));
       j.Key("model_id").String(ns.model_id()).Key("blocks_ssd").Uint(ns.blocks_ssd());
-      j.Key("blocks_dram").Uint(ns.blocks_dram()).EndObject();
+      j.Key("blocks_dram").Uint(ns.blocks_dram()).Key("lookup_hits").Uint(ns.lookup_hits());
+      j.Key("lookup_misses").Uint(ns.lookup_misses());
+      j.Key("blocks_retrieved").Uint(ns.blocks_retrieved()).Key("dram_hits").Uint(ns.dram_hits());
+      j.EndObject();
     }
     return j.EndArray().EndObject().str();
   }

@@ -78,6 +78,11 @@ std::vector<std::unique_ptr<Command>> AllCommands() {
   out.push_back(NewSessionsCommand());
   out.push_back(NewStatsCommand());
   out.push_back(NewEvictCommand());
+  out.push_back(NewVerifyCommand());
+  out.push_back(NewDrainCommand());
+  out.push_back(NewDevicesCommand());
+  out.push_back(NewConfigCommand());
+  out.push_back(NewLogLevelCommand());
   out.push_back(NewBenchCommand());
   return out;
 }

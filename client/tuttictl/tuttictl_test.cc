@@ -78,6 +78,13 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   EXPECT_EQ(stats.code, 0);
   EXPECT_NE(stats.out.find("\"blocks_stored\":20"), std::string::npos) << stats.out;
   EXPECT_NE(stats.out.find("\"namespace_id\":\"0xabcdef0123456789\""), std::string::npos);
+  // Each namespace row carries its share of the hits (as tutti_namespace_* metrics do).
+  const std::string rows = stats.out.substr(std::min(stats.out.find("\"namespaces\""),
+                                                     stats.out.size()));
+  for (const char* key : {"\"lookup_hits\":", "\"lookup_misses\":", "\"blocks_retrieved\":",
+                          "\"dram_hits\":"}) {
+    EXPECT_NE(rows.find(key), std::string::npos) << key << " in " << rows;
+  }
   EXPECT_NE(stats.out.find("\"decisions\":0,\"prediction_errors\":0,\"prediction_error_mean\":"),
             std::string::npos)
       << stats.out;
@@ -133,6 +140,76 @@ TEST_F(TuttictlTest, SessionsAndEvict) {
   EXPECT_EQ(r.code, 1);  // the daemon's NOT_FOUND
   EXPECT_NE(r.err.find("tuttid: no such namespace"), std::string::npos) << r.err;
   EXPECT_EQ(Tuttictl({"evict", "--socket", socket_, "--all"}).code, 0);
+}
+
+TEST_F(TuttictlTest, VerifyShowsProgressAndTheBlocksItDropped) {
+  ASSERT_EQ(Tuttictl(Bench({"--phase=store"})).code, 0);
+  CtlRun r = Tuttictl({"verify", "--socket", socket_, "--batch_blocks=8", "--progress=lines"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  // 20 blocks in batches of 8, 0.5 s a batch (the fake's clock): the ETA follows the rate.
+  EXPECT_NE(r.out.find("verify: 8/20 blocks (40.0%), 0 bad, 16.0 MiB read, 32.0 MiB/s, ETA 750ms\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("verify: 20/20 blocks (100.0%)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verified 20 blocks in 1.2s: 0 bad"), std::string::npos) << r.out;
+
+  fake_->CorruptOneBlockForVerify();
+  r = Tuttictl({"verify", "--socket", socket_, "--progress=bar"});
+  EXPECT_EQ(r.code, 1) << "bad blocks make verify fail";
+  EXPECT_NE(r.out.find("\r[############..................] 8/20 blocks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("object checksum mismatch"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("1 bad blocks found and dropped from the index"), std::string::npos) << r.err;
+  EXPECT_EQ(fake_->blocks(), 19u);
+
+  r = Tuttictl({"verify", "--socket", socket_, "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("verify:"), std::string::npos) << "no progress lines with --json";
+  EXPECT_NE(r.out.find("{\"blocks_total\":19,\"blocks_checked\":19,\"blocks_bad\":0,"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(Tuttictl({"verify", "--progress=fancy"}).code, 2);
+}
+
+TEST_F(TuttictlTest, DrainPrintsTheBacklogAndFailsOnTimeout) {
+  CtlRun r = Tuttictl({"drain", "--socket", socket_});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("backlog before  3 blocks (6.0 MiB)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backlog after   0 blocks (0 B)"), std::string::npos) << r.out;
+  r = Tuttictl({"drain", "--socket", socket_, "--wait_ms=10", "--json"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("\"drained\":false"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("did not empty within 10 ms (--wait_ms); 1 blocks not yet durable"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(TuttictlTest, ConfigAndLogLevel) {
+  CtlRun r = Tuttictl({"config", "--socket", socket_});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "pool {\n  dirs: \"/fake/pool\"\n}\nlog_level: \"info\"\n");
+  r = Tuttictl({"config", "--socket", socket_, "--json"});
+  EXPECT_NE(r.out.find("{\"config\":\"pool {\\n"), std::string::npos) << r.out;
+  r = Tuttictl({"log-level", "--socket", socket_, "store", "debug"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "store: info -> debug\n");
+  r = Tuttictl({"log-level", "--socket", socket_, "nope", "debug"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("tuttid: no logger named 'nope'"), std::string::npos) << r.err;
+  EXPECT_EQ(Tuttictl({"log-level", "store"}).code, 2);
+}
+
+TEST_F(TuttictlTest, DevicesSaysWhatThePoolIsOn) {
+  // The fake's pool dir does not exist: reported per directory, and the command fails.
+  CtlRun r = Tuttictl({"devices", "--socket", socket_});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/fake/pool\n  error: stat /fake/pool: No such file or directory"),
+            std::string::npos)
+      << r.out;
+  // A real directory (this machine's disk, NVMe or not), without a daemon.
+  r = Tuttictl({"devices", "--dirs", dir_, "--json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("{\"dirs\":[{\"dir\":\"" + dir_ + "\",\"device\":"), std::string::npos)
+      << r.out;
 }
 
 TEST_F(TuttictlTest, UsageErrorsExit2) {

@@ -13,6 +13,9 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual int64_t NowMs() const = 0;
+  // Monotonic microseconds, for latency measurements; by default NowMs() * 1000 (a manual clock
+  // moves in whole milliseconds).
+  virtual int64_t NowUs() const { return NowMs() * 1000; }
   // The process-wide steady clock. Never null; lives forever.
   static Clock* Real();
 };
@@ -31,6 +34,11 @@ inline Clock* Clock::Real() {
   class SteadyClock : public Clock {
     int64_t NowMs() const override {
       return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    }
+    int64_t NowUs() const override {
+      return std::chrono::duration_cast<std::chrono::microseconds>(
                  std::chrono::steady_clock::now().time_since_epoch())
           .count();
     }

@@ -1,5 +1,10 @@
 #include "daemon/common/log.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 
@@ -27,6 +32,27 @@ bool SetLevel(const std::string& level_name) {
   g_level = level;
   spdlog::set_level(level);
   return true;
+}
+
+absl::StatusOr<std::string> SetSubsystemLevel(const std::string& subsystem,
+                                              const std::string& level_name) {
+  const auto level = spdlog::level::from_str(level_name);
+  if (level == spdlog::level::off && level_name != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown log level '", level_name, "'; one of trace, debug, info, warn, error, critical, off"));
+  }
+  absl::MutexLock lock(&g_mu);
+  std::shared_ptr<spdlog::logger> logger = spdlog::get(subsystem);
+  if (logger == nullptr) {
+    std::vector<std::string> names;
+    spdlog::apply_all([&names](std::shared_ptr<spdlog::logger> l) { names.push_back(l->name()); });
+    std::sort(names.begin(), names.end());
+    return absl::NotFoundError(absl::StrCat("no logger named '", subsystem,
+                                            "'; the subsystems are: ", absl::StrJoin(names, ", ")));
+  }
+  const spdlog::string_view_t previous = spdlog::level::to_string_view(logger->level());
+  logger->set_level(level);
+  return std::string(previous.data(), previous.size());
 }
 
 bool RateLimiter::Allow(uint64_t* suppressed) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "spdlog/spdlog.h"
 
 namespace tutti::log {
@@ -25,6 +26,12 @@ std::shared_ptr<spdlog::logger> Get(const std::string& subsystem);
 
 // Sets the level of every logger, present and future. Returns false for an unknown name.
 bool SetLevel(const std::string& level_name);
+
+// Sets the level of the existing logger named `subsystem` until the next SetLevel (a run-time
+// change by an operator). Returns its previous level's name. INVALID_ARGUMENT for an unknown
+// level; NOT_FOUND for a subsystem with no logger, the message listing those there are.
+absl::StatusOr<std::string> SetSubsystemLevel(const std::string& subsystem,
+                                              const std::string& level_name);
 
 // True at most once per `seconds` for each call site (see TUTTI_LOG_EVERY_N_SEC).
 class RateLimiter {

@@ -42,6 +42,7 @@ struct IoScheduler::Emission {
   std::vector<io::IoRequest> reqs;
   std::vector<Item> items;  // items[i] is reqs[i]'s origin
   uint64_t bytes = 0;
+  int64_t emitted_us = 0;  // clock time handed to the sink
 
   void Add(Item item, io::Op op) {
     reqs.push_back(*item.req);
@@ -61,6 +62,14 @@ void Finish(const BatchPtr& batch, size_t n) {
 }
 
 }  // namespace
+
+void LatencyHistogram::Record(int64_t us, uint64_t n) {
+  us = std::max<int64_t>(us, 0);
+  const auto bound = std::lower_bound(kLatencyBoundsUs.begin(), kLatencyBoundsUs.end(), us);
+  counts[bound - kLatencyBoundsUs.begin()] += n;
+  count += n;
+  sum_us += static_cast<uint64_t>(us) * n;
+}
 
 absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedulerOptions& options,
                                                                  IoSink* sink, Clock* clock) {
@@ -172,6 +181,7 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::TakeWritesLocked(uint32_t de
 }
 
 void IoScheduler::Send(std::unique_ptr<Emission> em) {
+  em->emitted_us = clock_->NowUs();
   Emission* raw = em.release();  // owned by the completion: OnDone deletes it
   sink_->Emit(absl::MakeSpan(raw->reqs), [this, raw] { OnDone(raw); });
 }
@@ -180,13 +190,16 @@ void IoScheduler::OnDone(Emission* raw) {
   std::unique_ptr<Emission> em(raw);
   for (size_t i = 0; i < em->reqs.size(); ++i) em->items[i].req->result = em->reqs[i].result;
   std::unique_ptr<Emission> next;
+  const int64_t latency_us = clock_->NowUs() - em->emitted_us;
   {
     absl::MutexLock lock(&mu_);
     Device& dev = devices_[em->device];
     if (em->cls == IoClass::kRead) {
       dev.reads_in_flight -= em->reqs.size();
+      dev.read_latency.Record(latency_us, em->reqs.size());
     } else {
       dev.write_bytes_in_flight -= em->bytes;
+      dev.write_latency.Record(latency_us, em->reqs.size());
     }
     next = TakeWritesLocked(em->device);
   }
@@ -199,7 +212,13 @@ void IoScheduler::OnDone(Emission* raw) {
 
 IoSchedulerStats IoScheduler::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  IoSchedulerStats s = stats_;
+  s.devices.reserve(devices_.size());
+  for (const Device& d : devices_) {
+    s.devices.push_back(
+        DeviceIoStats{d.read_latency, d.write_latency, d.reads_in_flight, d.write_bytes_in_flight});
+  }
+  return s;
 }
 
 }  // namespace tutti::datapath

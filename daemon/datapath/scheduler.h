@@ -23,6 +23,7 @@
 #ifndef TUTTI_DAEMON_DATAPATH_SCHEDULER_H_
 #define TUTTI_DAEMON_DATAPATH_SCHEDULER_H_
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -59,6 +60,25 @@ struct IoSchedulerOptions {
   uint64_t max_write_bytes_in_flight = 8ull << 20;
 };
 
+// Completion latency of emitted requests, from their emission to the sink until the sink
+// completes them, in clock microseconds. counts[i] (not cumulative) holds latencies <=
+// kLatencyBoundsUs[i] and above the bound before; the last bucket holds the rest.
+inline constexpr std::array<int64_t, 13> kLatencyBoundsUs = {
+    50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
+struct LatencyHistogram {
+  std::array<uint64_t, kLatencyBoundsUs.size() + 1> counts{};
+  uint64_t count = 0;
+  uint64_t sum_us = 0;
+  // Adds `n` requests that took `us` (negative: 0).
+  void Record(int64_t us, uint64_t n);
+};
+
+// One device's (pool file's) latency per class and what it has in flight now.
+struct DeviceIoStats {
+  LatencyHistogram read_latency, write_latency;
+  uint64_t reads_in_flight = 0, write_bytes_in_flight = 0;
+};
+
 struct IoSchedulerStats {
   uint64_t reads_posted = 0, writes_posted = 0;    // requests
   uint64_t reads_emitted = 0, writes_emitted = 0;  // requests handed to the sink
@@ -66,6 +86,7 @@ struct IoSchedulerStats {
   // Summed over written requests: clock ms from Post to emission; and the longest such wait.
   uint64_t write_wait_ms = 0, write_wait_max_ms = 0;
   uint64_t writes_queued = 0, write_bytes_queued = 0;  // waiting now, every device
+  std::vector<DeviceIoStats> devices;                  // one per device, by index
 };
 
 class IoScheduler {
@@ -98,6 +119,7 @@ class IoScheduler {
     std::deque<Item> writes;       // queued, FIFO
     uint64_t reads_in_flight = 0;  // requests emitted and not completed
     uint64_t write_bytes_in_flight = 0;
+    LatencyHistogram read_latency, write_latency;
   };
 
   IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock);

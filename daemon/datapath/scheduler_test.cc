@@ -158,6 +158,52 @@ TEST_F(SchedulerTest, WriteWaitIsMeasuredOnTheClock) {
   EXPECT_EQ(sched_->stats().write_wait_max_ms, 70u);
 }
 
+// Completion latency goes into the device's histogram of its class, one count per request, in the
+// bucket of the clock's time from emission to completion; in-flight figures are per device.
+TEST_F(SchedulerTest, CompletionLatencyIsMeasuredPerDeviceAndClass) {
+  Make(2);
+  std::vector<io::IoRequest> r{Req(1, 0, 4 * kKiB), Req(1, 4 * kKiB, 4 * kKiB)};
+  std::vector<io::IoRequest> w{Req(0, 0, 8 * kKiB)};
+  int done = 0;
+  Post(IoClass::kRead, &r, &done);
+  Post(IoClass::kWrite, &w, &done);
+  IoSchedulerStats s = sched_->stats();
+  ASSERT_EQ(s.devices.size(), 2u);
+  EXPECT_EQ(s.devices[1].reads_in_flight, 2u);
+  EXPECT_EQ(s.devices[0].write_bytes_in_flight, 8 * kKiB);
+  clock_.AdvanceMs(3);
+  sink_.Complete(0);  // the reads: 3 ms
+  clock_.AdvanceMs(40);
+  sink_.Complete(0);  // the write: 43 ms
+  EXPECT_EQ(done, 2);
+  s = sched_->stats();
+  const LatencyHistogram& reads = s.devices[1].read_latency;
+  EXPECT_EQ(reads.count, 2u);
+  EXPECT_EQ(reads.sum_us, 6000u);
+  EXPECT_EQ(reads.counts[6], 2u);  // (2.5 ms, 5 ms]
+  const LatencyHistogram& writes = s.devices[0].write_latency;
+  EXPECT_EQ(writes.count, 1u);
+  EXPECT_EQ(writes.sum_us, 43000u);
+  EXPECT_EQ(writes.counts[9], 1u);  // (25 ms, 50 ms]
+  EXPECT_EQ(s.devices[0].read_latency.count, 0u);
+  EXPECT_EQ(s.devices[1].write_latency.count, 0u);
+  EXPECT_EQ(s.devices[1].reads_in_flight, 0u);
+  EXPECT_EQ(s.devices[0].write_bytes_in_flight, 0u);
+}
+
+TEST(LatencyHistogramTest, BoundsAreInclusiveAndTheLastBucketTakesTheRest) {
+  LatencyHistogram h;
+  h.Record(-5, 1);       // 0
+  h.Record(50, 1);       // <= 50 us
+  h.Record(51, 1);       // (50, 100]
+  h.Record(5000000, 2);  // past 1 s
+  EXPECT_EQ(h.counts[0], 2u);
+  EXPECT_EQ(h.counts[1], 1u);
+  EXPECT_EQ(h.counts[kLatencyBoundsUs.size()], 2u);
+  EXPECT_EQ(h.count, 5u);
+  EXPECT_EQ(h.sum_us, 50u + 51u + 10000000u);
+}
+
 TEST_F(SchedulerTest, PartialAndFailedResultsReachTheCaller) {
   Make(1);
   std::vector<io::IoRequest> r{Req(0, 0, 8 * kKiB), Req(0, 8 * kKiB, 8 * kKiB),

@@ -35,6 +35,7 @@ void AdminService::FillStatus(tutti::v1::StatusResponse* resp) const {
   resp->set_durability_lost(st.durability_lost);
   resp->set_durability_error(st.durability_error);
   resp->set_unindexed_slot_headers(st.unindexed_slot_headers);
+  resp->set_gpu_memory_bytes(info_.gpu_memory_bytes);
 }
 
 grpc::Status AdminService::Status(grpc::ServerContext*, const tutti::v1::StatusRequest*,
@@ -119,6 +120,10 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
     row->set_model_id(ns.descriptor.model_id());
     row->set_blocks_ssd(ns.blocks);
     row->set_blocks_dram(ns.blocks_dram);
+    row->set_lookup_hits(ns.lookup_hits);
+    row->set_lookup_misses(ns.lookup_misses);
+    row->set_blocks_retrieved(ns.blocks_retrieved);
+    row->set_dram_hits(ns.dram_hits);
   }
 }
 
@@ -148,6 +153,117 @@ absl::Status AdminService::DoEvict(const tutti::v1::EvictRequest& req,
 grpc::Status AdminService::Evict(grpc::ServerContext*, const tutti::v1::EvictRequest* req,
                                  tutti::v1::EvictResponse* resp) {
   return ServeCall(gate_, [&] { return DoEvict(*req, resp); });
+}
+
+}  // namespace tutti::server
+
+namespace tutti::server {
+namespace {
+
+void FillProgress(const store::ScrubProgress& p, double seconds, tutti::v1::VerifyProgress* out) {
+  out->set_blocks_total(p.blocks_total);
+  out->set_blocks_checked(p.blocks_checked);
+  out->set_blocks_bad(p.blocks_bad);
+  out->set_bytes_read(p.bytes_read);
+  out->set_elapsed_seconds(seconds);
+  for (const store::ScrubBadBlock& b : p.bad) {
+    tutti::v1::BadBlock* row = out->add_bad();
+    row->set_namespace_id(b.ns);
+    row->set_key_hex(b.key.Hex());
+    row->set_slot(b.slot);
+    row->set_reason(b.reason);
+  }
+}
+
+}  // namespace
+
+absl::Status AdminService::DoVerify(grpc::ServerContext* ctx, const tutti::v1::VerifyRequest& req,
+                                    grpc::ServerWriter<tutti::v1::VerifyProgress>* writer) {
+  if (verifying_.exchange(true)) {
+    return absl::FailedPreconditionError("a verify is running already; wait for it to finish");
+  }
+  const int64_t start = clock_->NowMs();
+  int64_t last_sent = start;
+  auto seconds = [&] { return static_cast<double>(clock_->NowMs() - start) / 1000.0; };
+  store::ScrubOptions options;
+  if (req.batch_blocks() > 0) options.batch_blocks = req.batch_blocks();
+  log::Get("server")->info("verify started ({} blocks per batch)", options.batch_blocks);
+  auto result = store_->Scrub(options, [&](const store::ScrubProgress& p) {
+    if (ctx->IsCancelled()) return false;
+    const int64_t now = clock_->NowMs();
+    if (now - last_sent < static_cast<int64_t>(req.progress_every_ms())) return true;
+    last_sent = now;
+    tutti::v1::VerifyProgress msg;
+    FillProgress(p, seconds(), &msg);
+    return writer->Write(msg);  // false: the client went away
+  });
+  verifying_ = false;
+  if (!result.ok()) return result.status();
+  tutti::v1::VerifyProgress last;
+  FillProgress(*result, seconds(), &last);
+  last.set_done(true);
+  if (!writer->Write(last)) return absl::CancelledError("the client went away");
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::Verify(grpc::ServerContext* ctx, const tutti::v1::VerifyRequest* req,
+                                  grpc::ServerWriter<tutti::v1::VerifyProgress>* writer) {
+  return ServeCall(gate_, [&] { return DoVerify(ctx, *req, writer); });
+}
+
+absl::Status AdminService::DoDrain(const tutti::v1::DrainRequest& req,
+                                   tutti::v1::DrainResponse* resp) {
+  const store::StoreStats before = store_->Stats();
+  resp->set_backlog_blocks_before(before.write_backlog_blocks);
+  resp->set_backlog_bytes_before(before.write_backlog_bytes);
+  const uint64_t timeout_ms = req.timeout_ms() == 0 ? 60000 : req.timeout_ms();
+  const int64_t start = clock_->NowMs();
+  const bool drained = store_->FlushFor(absl::Milliseconds(timeout_ms));
+  const store::StoreStats after = store_->Stats();
+  resp->set_backlog_blocks_after(after.write_backlog_blocks);
+  resp->set_backlog_bytes_after(after.write_backlog_bytes);
+  resp->set_elapsed_ms(static_cast<uint64_t>(clock_->NowMs() - start));
+  resp->set_drained(drained);
+  log::Get("server")->info("drain: backlog {} blocks before, {} after{}",
+                           before.write_backlog_blocks, after.write_backlog_blocks,
+                           drained ? "" : " (timed out)");
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::Drain(grpc::ServerContext*, const tutti::v1::DrainRequest* req,
+                                 tutti::v1::DrainResponse* resp) {
+  return ServeCall(gate_, [&] { return DoDrain(*req, resp); });
+}
+
+grpc::Status AdminService::Config(grpc::ServerContext*, const tutti::v1::ConfigRequest*,
+                                  tutti::v1::ConfigResponse* resp) {
+  return ServeCall(gate_, [&] {
+    resp->set_text(info_.config_text);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status AdminService::DoSetLogLevel(const tutti::v1::SetLogLevelRequest& req,
+                                         tutti::v1::SetLogLevelResponse* resp) {
+  if (req.subsystem() == "all") {
+    if (!log::SetLevel(req.level())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown log level '", req.level(),
+          "'; one of trace, debug, info, warn, error, critical, off"));
+    }
+  } else {
+    ASSIGN_OR_RETURN(std::string previous, log::SetSubsystemLevel(req.subsystem(), req.level()));
+    resp->set_previous_level(std::move(previous));
+  }
+  log::Get("server")->info("log level of {} set to {} by an operator", req.subsystem(),
+                           req.level());
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::SetLogLevel(grpc::ServerContext*,
+                                       const tutti::v1::SetLogLevelRequest* req,
+                                       tutti::v1::SetLogLevelResponse* resp) {
+  return ServeCall(gate_, [&] { return DoSetLogLevel(*req, resp); });
 }
 
 }  // namespace tutti::server

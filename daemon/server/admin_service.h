@@ -1,10 +1,12 @@
-// The operator API (tutti.v1.Admin), used by tuttictl: status, sessions, statistics, eviction.
+// The operator API (tutti.v1.Admin), used by tuttictl: status, sessions, statistics, eviction,
+// verify (the store's scrub), drain, the effective configuration and run-time log levels.
 //
 // Thread-safety: handlers run on many gRPC threads; they only read the store's and the session
-// manager's thread-safe views, and Evict goes through the store.
+// manager's thread-safe views, and Evict, Verify and Drain go through the store.
 #ifndef TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_
 #define TUTTI_DAEMON_SERVER_ADMIN_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -40,6 +42,8 @@ struct DaemonInfo {
   std::function<GpuLayerCounts()> gpu_layers;
   std::function<uint32_t()> handoffs_outstanding;  // CredentialTable::outstanding; may be empty
   std::function<decision::AdvisorStats()> decision_stats;  // Advisor::Stats; may be empty
+  uint64_t gpu_memory_bytes = 0;  // GPU memory the set-up took (daemon/gpu_setup.h); 0 in host mode
+  std::string config_text;  // the effective configuration, as logged at start (Config's answer)
 };
 
 class AdminService final : public tutti::v1::Admin::Service {
@@ -59,12 +63,30 @@ class AdminService final : public tutti::v1::Admin::Service {
   // namespace is NOT_FOUND. Pinned blocks stay and are counted as skipped.
   grpc::Status Evict(grpc::ServerContext* ctx, const tutti::v1::EvictRequest* req,
                      tutti::v1::EvictResponse* resp) override;
+  // Streams progress of BlockStore::Scrub, then a last message with done = true and every bad
+  // block. One verify at a time: a second is FAILED_PRECONDITION while one runs. A client that
+  // goes away stops it (the blocks checked so far stay checked).
+  grpc::Status Verify(grpc::ServerContext* ctx, const tutti::v1::VerifyRequest* req,
+                      grpc::ServerWriter<tutti::v1::VerifyProgress>* writer) override;
+  // Waits up to timeout_ms (0: 60 s) for the write backlog to empty (BlockStore::FlushFor).
+  grpc::Status Drain(grpc::ServerContext* ctx, const tutti::v1::DrainRequest* req,
+                     tutti::v1::DrainResponse* resp) override;
+  grpc::Status Config(grpc::ServerContext* ctx, const tutti::v1::ConfigRequest* req,
+                      tutti::v1::ConfigResponse* resp) override;
+  // log::SetSubsystemLevel, or log::SetLevel for subsystem "all"; its errors.
+  grpc::Status SetLogLevel(grpc::ServerContext* ctx, const tutti::v1::SetLogLevelRequest* req,
+                           tutti::v1::SetLogLevelResponse* resp) override;
 
  private:
   void FillStatus(tutti::v1::StatusResponse* resp) const;
   void FillSessions(tutti::v1::SessionsResponse* resp) const;
   void FillStats(tutti::v1::StatsResponse* resp) const;
   absl::Status DoEvict(const tutti::v1::EvictRequest& req, tutti::v1::EvictResponse* resp);
+  absl::Status DoVerify(grpc::ServerContext* ctx, const tutti::v1::VerifyRequest& req,
+                        grpc::ServerWriter<tutti::v1::VerifyProgress>* writer);
+  absl::Status DoDrain(const tutti::v1::DrainRequest& req, tutti::v1::DrainResponse* resp);
+  absl::Status DoSetLogLevel(const tutti::v1::SetLogLevelRequest& req,
+                             tutti::v1::SetLogLevelResponse* resp);
 
   const DaemonInfo info_;
   store::BlockStore* const store_;
@@ -72,6 +94,7 @@ class AdminService final : public tutti::v1::Admin::Service {
   Clock* const clock_;
   const int64_t start_ms_;
   CallGate* const gate_;
+  std::atomic<bool> verifying_{false};
 };
 
 }  // namespace tutti::server

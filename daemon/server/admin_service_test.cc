@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "daemon/common/log.h"
+#include "daemon/pool/layout.h"
 #include "daemon/server/service_test_env.h"
 #include "gmock/gmock.h"
 #include "grpcpp/completion_queue.h"
@@ -75,6 +77,7 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   EXPECT_GT(st.capacity_bytes(), st.used_bytes());
   EXPECT_GT(st.used_bytes(), 0u);
   EXPECT_EQ(st.pool_dirs_size(), 1);
+  EXPECT_EQ(st.gpu_memory_bytes(), 0u);  // host mode
 
   grpc::ClientContext c2;
   tutti::v1::SessionsResponse ss;
@@ -98,6 +101,8 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   ASSERT_EQ(stats.namespaces_size(), 1);
   EXPECT_EQ(stats.namespaces(0).model_id(), "test-model");
   EXPECT_EQ(stats.namespaces(0).blocks_ssd(), 3u);
+  EXPECT_EQ(stats.namespaces(0).lookup_hits(), 2u);
+  EXPECT_EQ(stats.namespaces(0).lookup_misses(), stats.lookup_misses());
   EXPECT_EQ(stats.namespaces(0).namespace_id(), ss.sessions(0).namespace_id());
   EXPECT_EQ(stats.gpu_layers(), 0u);  // host mode
 }
@@ -117,6 +122,16 @@ TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {
     EXPECT_EQ(stats.gpu_gathers(), now.gathers);
     EXPECT_EQ(stats.gpu_gathers_copy_engine(), now.gathers_by_copy_engine);
   }
+}
+
+TEST(AdminServiceGpuTest, StatusReportsTheGpuMemoryTakenAtStart) {
+  EnvOptions options;
+  options.gpu_memory_bytes = 300ull << 20;
+  ServiceEnv env(options);
+  grpc::ClientContext ctx;
+  tutti::v1::StatusResponse st;
+  ASSERT_TRUE(env.admin().Status(&ctx, {}, &st).ok());
+  EXPECT_EQ(st.gpu_memory_bytes(), 300ull << 20);
 }
 
 TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {
@@ -188,6 +203,142 @@ TEST_F(AdminServiceTest, ReflectionListsTheServices) {
   cq.Shutdown();
   while (Await(&cq)) {
   }
+}
+
+}  // namespace
+}  // namespace tutti::server::testing
+
+namespace tutti::server::testing {
+namespace {
+
+// The store's layout in ServiceEnv (service_test_env.cc): 64 MiB over 2 files, 8 objects a slot.
+pool::PoolLayout EnvLayout() { return *pool::PoolLayout::Compute(64ull << 20, 2, 4096, 8); }
+
+// Whether `key` alone is found by a Lookup of `session` (its lease is dropped again).
+bool Found(ServiceEnv& env, uint64_t session, uint64_t key) {
+  tutti::v1::LookupRequest lr;
+  lr.set_session_id(session);
+  lr.add_keys(KeyBytes(key));
+  grpc::ClientContext ctx;
+  tutti::v1::LookupResponse resp;
+  EXPECT_TRUE(env.kv().Lookup(&ctx, lr, &resp).ok());
+  if (resp.hits() > 0) {
+    tutti::v1::ReleaseRequest rel;
+    rel.set_session_id(session);
+    rel.set_lease_id(resp.lease_id());
+    grpc::ClientContext c2;
+    tutti::v1::ReleaseResponse rr;
+    EXPECT_TRUE(env.kv().Release(&c2, rel, &rr).ok());
+  }
+  return resp.hits() == 1;
+}
+
+class AdminOpsTest : public AdminServiceTest {};
+
+TEST_F(AdminOpsTest, VerifyStreamsProgressAndDropsExactlyTheCorruptBlock) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreAndPin(session, 70, 5, 0);
+  const pool::Location loc = EnvLayout().ObjectLocation(2, 1);
+  env_.backend().disk().Corrupt(loc.file, loc.offset + 9, 1);
+
+  tutti::v1::VerifyRequest req;
+  req.set_batch_blocks(2);
+  grpc::ClientContext ctx;
+  auto reader = env_.admin().Verify(&ctx, req);
+  std::vector<tutti::v1::VerifyProgress> msgs;
+  tutti::v1::VerifyProgress msg;
+  while (reader->Read(&msg)) msgs.push_back(msg);
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(msgs.size(), 4u) << "3 batches of at most 2, then the summary";
+  EXPECT_EQ(msgs[0].blocks_checked(), 2u);
+  EXPECT_EQ(msgs[2].blocks_checked(), 5u);
+  const tutti::v1::VerifyProgress& last = msgs.back();
+  EXPECT_TRUE(last.done());
+  EXPECT_EQ(last.blocks_total(), 5u);
+  EXPECT_EQ(last.blocks_checked(), 5u);
+  EXPECT_EQ(last.blocks_bad(), 1u);
+  ASSERT_EQ(last.bad_size(), 1);
+  EXPECT_EQ(last.bad(0).slot(), 2u);
+  EXPECT_EQ(last.bad(0).reason(), "object checksum mismatch");
+  EXPECT_GT(last.bytes_read(), 0u);
+  int missing = 0;
+  for (uint64_t k = 70; k < 75; ++k) missing += !Found(env_, session, k);
+  EXPECT_EQ(missing, 1) << "only the corrupt block is gone";
+}
+
+TEST_F(AdminOpsTest, DrainWaitsForTheBacklogAndReportsIt) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  env_.backend().SetPaused(true);
+  tutti::v1::StoreRequest sreq;
+  sreq.set_session_id(session);
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto* bp = sreq.add_blocks();
+    bp->set_key(KeyBytes(80 + i));
+    bp->set_engine_block(i);
+  }
+  grpc::ClientContext c1;
+  tutti::v1::StoreResponse sresp;
+  ASSERT_TRUE(env_.kv().Store(&c1, sreq, &sresp).ok());
+
+  tutti::v1::DrainRequest req;
+  req.set_timeout_ms(20);
+  grpc::ClientContext c2;
+  tutti::v1::DrainResponse held;
+  ASSERT_TRUE(env_.admin().Drain(&c2, req, &held).ok());
+  EXPECT_FALSE(held.drained());
+  EXPECT_EQ(held.backlog_blocks_before(), 3u);
+  EXPECT_EQ(held.backlog_blocks_after(), 3u);
+  EXPECT_GT(held.backlog_bytes_before(), 0u);
+
+  env_.backend().SetPaused(false);
+  req.set_timeout_ms(30000);
+  grpc::ClientContext c3;
+  tutti::v1::DrainResponse done;
+  ASSERT_TRUE(env_.admin().Drain(&c3, req, &done).ok());
+  EXPECT_TRUE(done.drained());
+  EXPECT_EQ(done.backlog_blocks_after(), 0u);
+  EXPECT_EQ(done.backlog_bytes_after(), 0u);
+  EXPECT_TRUE(Found(env_, session, 80));
+}
+
+TEST_F(AdminOpsTest, ConfigAnswersTheEffectiveConfigurationText) {
+  grpc::ClientContext ctx;
+  tutti::v1::ConfigResponse resp;
+  ASSERT_TRUE(env_.admin().Config(&ctx, {}, &resp).ok());
+  EXPECT_EQ(resp.text(), "pool {\n  dirs: \"test\"\n}\n");
+}
+
+TEST_F(AdminOpsTest, SetLogLevelChangesOneSubsystemAndRefusesUnknownNames) {
+  tutti::log::Get("store");  // the store logs at start; make sure it exists in this process
+  tutti::v1::SetLogLevelRequest req;
+  req.set_subsystem("store");
+  req.set_level("debug");
+  grpc::ClientContext c1;
+  tutti::v1::SetLogLevelResponse resp;
+  ASSERT_TRUE(env_.admin().SetLogLevel(&c1, req, &resp).ok());
+  EXPECT_EQ(resp.previous_level(), "info");
+  EXPECT_EQ(tutti::log::Get("store")->level(), spdlog::level::debug);
+  EXPECT_EQ(tutti::log::Get("server")->level(), spdlog::level::info) << "other subsystems keep theirs";
+
+  req.set_subsystem("no-such-subsystem");
+  grpc::ClientContext c2;
+  grpc::Status s = env_.admin().SetLogLevel(&c2, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("store"), std::string::npos) << s.error_message();
+
+  req.set_subsystem("store");
+  req.set_level("loud");
+  grpc::ClientContext c3;
+  EXPECT_EQ(env_.admin().SetLogLevel(&c3, req, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  req.set_subsystem("all");
+  req.set_level("info");
+  grpc::ClientContext c4;
+  ASSERT_TRUE(env_.admin().SetLogLevel(&c4, req, &resp).ok());
+  EXPECT_EQ(tutti::log::Get("store")->level(), spdlog::level::info);
 }
 
 }  // namespace

@@ -145,7 +145,9 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
       sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(), &gate_,
       nullptr, advisor_.get());
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
+  info.gpu_memory_bytes = options.gpu_memory_bytes;
   info.decision_stats = [a = advisor_.get()] { return a->Stats(); };
+  info.config_text = "pool {\n  dirs: \"test\"\n}\n";
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),
                                                   &session_clock_, &gate_);
   auto server =

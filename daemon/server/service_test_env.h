@@ -69,6 +69,7 @@ struct EnvOptions {
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
   uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
+  uint64_t gpu_memory_bytes = 0;               // DaemonInfo::gpu_memory_bytes
   bool decision = true;  // the advisor enabled (datapath.decision "auto") or off
   // The store's read bandwidth priors (no test read is large enough to be measured).
   datapath::BandwidthOptions bandwidth;

@@ -173,6 +173,10 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
   ++stats_.lookups;
   stats_.lookup_hits += hits;
   if (hits < keys.size()) ++stats_.lookup_misses;
+  if (auto it = namespaces_.find(ns); it != namespaces_.end()) {
+    it->second.lookup_hits += hits;
+    it->second.lookup_misses += hits < keys.size();
+  }
   return hits;
 }
 
@@ -364,6 +368,10 @@ void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uin
   stats_.verify_errors += verify_errors + unfit;
   stats_.io_errors += io_errors;
   stats_.dram_hits += dram_hits;
+  if (auto it = namespaces_.find(ns); it != namespaces_.end()) {
+    it->second.blocks_retrieved += served;
+    it->second.dram_hits += dram_hits;
+  }
 }
 
 uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t owner,
@@ -397,12 +405,22 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
 }
 
 bool BlockStore::Impl::BacklogFull() const {
-  const uint64_t max_bytes = options_.max_write_backlog_bytes != 0
-                                 ? options_.max_write_backlog_bytes
-                                 : store_staging_->capacity_bytes();
+  const uint64_t max_bytes =
+      max_backlog_bytes_ != 0 ? max_backlog_bytes_ : store_staging_->capacity_bytes();
   if (backlog_bytes_ >= max_bytes) return true;
   return !backlog_queued_ms_.empty() &&
-         clock_->NowMs() - *backlog_queued_ms_.begin() >= options_.max_write_backlog_age_ms;
+         clock_->NowMs() - *backlog_queued_ms_.begin() >= max_backlog_age_ms_;
+}
+
+absl::Status BlockStore::Impl::SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms) {
+  if (max_age_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write backlog age bound must be > 0 ms, got ", max_age_ms));
+  }
+  absl::MutexLock lock(&mu_);
+  max_backlog_bytes_ = max_bytes;
+  max_backlog_age_ms_ = max_age_ms;
+  return absl::OkStatus();
 }
 
 void BlockStore::Impl::QueueForWriter(PendingBlock* p) {
@@ -606,11 +624,9 @@ StoreStats BlockStore::Impl::Stats() const {
     s.durability_error = std::string(lost.message());
   }
   s.namespaces.clear();
-  absl::flat_hash_map<NamespaceId, uint64_t> blocks;
-  index_.ForEach([&blocks](const Entry* e) { ++blocks[e->ns]; });
   for (const auto& [id, info] : namespaces_) {
     NamespaceInfo n = info;
-    n.blocks = blocks.contains(id) ? blocks[id] : 0;
+    n.blocks = index_.CountNamespace(id);  // O(1): Stats never walks the index under mu_
     n.blocks_dram = dram_->CountNamespace(id);
     s.namespaces.push_back(std::move(n));
   }
@@ -643,6 +659,11 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(const StoreOptions&
     return absl::InvalidArgumentError(absl::StrCat("the I/O backend has ", backend->num_files(),
                                                    " files; the pool layout has ",
                                                    options.layout.num_files()));
+  }
+  if (options.layout.num_slots() > Index::kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the pool has ", options.layout.num_slots(), " slots; the index holds at most ",
+        Index::kMaxSlots, ": use larger objects (pool.object_bytes) or a smaller pool"));
   }
   for (uint32_t f = 0; f < backend->num_files(); ++f) {
     if (backend->file_size(f) < options.layout.file_bytes()) {
@@ -692,6 +713,9 @@ uint64_t BlockStore::DropPending(uint64_t owner) { return impl_->DropPending(own
 void BlockStore::Flush() { impl_->Flush(); }
 std::pair<uint64_t, uint64_t> BlockStore::Evict(NamespaceId ns) { return impl_->Evict(ns); }
 StoreStats BlockStore::Stats() const { return impl_->Stats(); }
+absl::Status BlockStore::SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms) {
+  return impl_->SetWriteBacklogBounds(max_bytes, max_age_ms);
+}
 absl::Span<uint8_t> BlockStore::staging_region() const { return impl_->staging_region(); }
 absl::Span<uint8_t> BlockStore::dram_region() const { return impl_->dram_region(); }
 

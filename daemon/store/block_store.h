@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
@@ -125,6 +126,28 @@ struct NamespaceInfo {
   uint32_t object_len = 0;   // bytes
   uint64_t blocks = 0;       // durable blocks on SSD
   uint64_t blocks_dram = 0;
+  // Since start: as StoreStats' fields of the same names, for this namespace only.
+  uint64_t lookup_hits = 0, lookup_misses = 0, blocks_retrieved = 0, dram_hits = 0;
+};
+
+// The scrub (BlockStore::Scrub, maintenance.cc): one block found bad, and the counts so far.
+struct ScrubBadBlock {
+  NamespaceId ns = 0;
+  Key key;
+  uint64_t slot = 0;
+  std::string reason;  // "slot header ...", "object checksum mismatch", "I/O error", ...
+};
+struct ScrubProgress {
+  uint64_t blocks_total = 0;    // blocks in the index when the scrub began
+  uint64_t blocks_checked = 0;  // of those, checked so far (gone meanwhile counts as checked)
+  uint64_t blocks_bad = 0;      // found bad and dropped from the index
+  uint64_t bytes_read = 0;      // headers and objects read from the pool
+  std::vector<ScrubBadBlock> bad;  // in a callback: found in the last batch; at the end: all
+};
+struct ScrubOptions {
+  // Blocks read at a time (each batch waits for the previous one); capped so that one layer of
+  // a batch fits retrieve staging. 0 is taken as 1.
+  uint32_t batch_blocks = 8;
 };
 
 struct StoreStats {
@@ -261,6 +284,19 @@ class BlockStore {
   // or failed, and the writer is idle (a checkpoint it started is done). For
   // shutdown and tests.
   void Flush();
+  // Flush with a deadline: true once the write backlog is empty and the writer idle, false if
+  // `timeout` passed first (blocks keep being written).
+  bool FlushFor(absl::Duration timeout);
+
+  // Checks every block in the index (maintenance.cc): reads its slot header and every object
+  // from the SSD through the I/O scheduler as Reads do (the DRAM copy is not used), compares the
+  // header with the index and each object with its checksum, and drops bad blocks as a failed
+  // Read does (journaled Delete; counted in verify_errors or io_errors; Lookup then misses).
+  // Blocks stored after the scrub began are not checked. Calls `progress` (may be empty) on the
+  // caller's thread after each batch; returning false stops the scrub: CANCELLED. Returns the
+  // totals, with every bad block. Thread-safe; runs alongside engines' traffic.
+  using ScrubCallback = std::function<bool(const ScrubProgress&)>;
+  absl::StatusOr<ScrubProgress> Scrub(const ScrubOptions& options, const ScrubCallback& progress);
 
   // Evicts every unpinned block of `ns` (0: of every namespace). Returns
   // evicted and skipped (pinned) counts. The slots are reused once the Deletes
@@ -270,6 +306,11 @@ class BlockStore {
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
 
   StoreStats Stats() const;
+
+  // Replaces StoreOptions::max_write_backlog_bytes and max_write_backlog_age_ms (a config
+  // reload); the next Capture uses them. INVALID_ARGUMENT (nothing changed) for max_age_ms <= 0.
+  // Thread-safe.
+  absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
 
   // The pinned-memory candidates: staging the I/O backend reads into and writes
   // from. Stable for the store's life. A GPU device registers it for mapped

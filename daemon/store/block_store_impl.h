@@ -94,8 +94,12 @@ class BlockStore::Impl {
                                                       uint64_t owner);
   uint64_t DropPending(uint64_t owner);
   void Flush();
+  // maintenance.cc
+  bool FlushFor(absl::Duration timeout);
+  absl::StatusOr<ScrubProgress> Scrub(const ScrubOptions& options, const ScrubCallback& progress);
   std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
   StoreStats Stats() const;
+  absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
   absl::Span<uint8_t> dram_region() const {
     return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
@@ -153,6 +157,15 @@ class BlockStore::Impl {
   // number. The slot stays taken until the record is durable.
   uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // maintenance.cc: one scrub batch of blocks of `ns` (key and epoch), counted into *progress.
+  struct ScrubTarget;
+  absl::Status ScrubBatch(NamespaceId ns, absl::Span<const ScrubTarget> batch,
+                          ScrubProgress* progress);
+  // Reads the slot headers of `sources` (kSsd ones) through the scheduler and compares each with
+  // its index entry; returns one reason per source ("" if the header matches).
+  std::vector<std::string> CheckHeaders(NamespaceId ns, const NamespaceInfo& info,
+                                        absl::Span<const datapath::ReadSource> sources);
 
   // block_store.cc
   // Under mu_: finds each pinned key's block and where its bytes come from (`sources`); counts
@@ -230,6 +243,9 @@ class BlockStore::Impl {
   // The write backlog: queued blocks (in write_queue_ or being written) until released.
   uint64_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::multiset<int64_t> backlog_queued_ms_ ABSL_GUARDED_BY(mu_);  // each block's queued_ms
+  // Its bounds: options_' at start, then SetWriteBacklogBounds' (a config reload).
+  uint64_t max_backlog_bytes_ ABSL_GUARDED_BY(mu_) = options_.max_write_backlog_bytes;
+  int64_t max_backlog_age_ms_ ABSL_GUARDED_BY(mu_) = options_.max_write_backlog_age_ms;
   int writing_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
+#include "daemon/store/index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -47,6 +48,22 @@ class BlockStoreStartTest : public ::testing::Test {
   StoreOptions options_;
   ManualClock clock_;
 };
+
+TEST_F(BlockStoreStartTest, PoolOfMoreSlotsThanTheIndexHoldsIsRefusedNamingTheLimit) {
+  // 2^32 slots of one 4 KiB object (8 KiB each with the header): only the layout is this large;
+  // the refusal comes before the backend's file sizes are looked at.
+  auto layout = pool::PoolLayout::Compute((Index::kMaxSlots + 4096) * 2 * kFrame, 1, kFrame, 1);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_GT(layout->num_slots(), Index::kMaxSlots);
+  options_.layout = *layout;
+  auto disk = io::MemoryDisk::Create({1 << 20});
+  ASSERT_TRUE(disk.ok());
+  auto store = BlockStore::Open(options_, io::MemoryBackend::CreateOn(*disk), &clock_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << store.status();
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr(absl::StrCat("the index holds at most ", Index::kMaxSlots)));
+}
 
 TEST_F(BlockStoreStartTest, DramTierThatCannotBeMappedNamesItsField) {
   options_.dram_bytes = kPiB;

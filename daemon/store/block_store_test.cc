@@ -139,6 +139,30 @@ TEST_F(BlockStoreTest, StoredBlocksReadBackByteForByteLayerByLayer) {
   EXPECT_EQ(st.verify_errors, 0u);
 }
 
+// Lookups and reads are counted per namespace too (StoreStats::namespaces), each in its own.
+TEST_F(BlockStoreTest, HitsMissesAndRetrievesAreCountedPerNamespace) {
+  Open();
+  auto other = store_->RegisterNamespace(TestNamespace("other"));
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto keys = Keys(0, 6);
+  Store(keys);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 6u);
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  store_->Unpin(ns_, keys);
+  EXPECT_EQ(store_->LookupAndPin(ns_, Keys(100, 2)), 0u);
+  EXPECT_EQ(store_->LookupAndPin(*other, keys), 0u);
+  const StoreStats st = store_->Stats();
+  ASSERT_EQ(st.namespaces.size(), 2u);
+  for (const NamespaceInfo& n : st.namespaces) {
+    const bool mine = n.id == ns_;
+    EXPECT_EQ(n.lookup_hits, mine ? 6u : 0u) << n.descriptor.model_id();
+    EXPECT_EQ(n.lookup_misses, 1u) << n.descriptor.model_id();
+    EXPECT_EQ(n.blocks_retrieved, mine ? 6u : 0u) << n.descriptor.model_id();
+    EXPECT_EQ(n.dram_hits, 0u);
+  }
+  EXPECT_EQ(st.lookup_misses, 2u);
+}
+
 TEST_F(BlockStoreTest, LookupCountsLeadingHitsOnly) {
   Open();
   Store(Keys(0, 3));

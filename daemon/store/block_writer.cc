@@ -261,18 +261,27 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
     }
     const uint64_t step = options_.checkpoint_chunk_slots;
     // One chunk's entries, emitted (encoded and written) after the lock is let go; with step 0
-    // everything is emitted under one hold, as before chunking (for comparison only).
+    // everything is emitted under one hold, as before chunking (for comparison only). The
+    // records are reused from chunk to chunk: no allocation per block once the first is copied.
     std::vector<PutRecord> chunk;
+    size_t used = 0;
     auto copy = [&](uint64_t first, uint64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (uint64_t slot = first; slot < end; ++slot) {
         const Entry* e = index_.AtSlot(slot);
         if (e == nullptr) continue;
+        if (used == chunk.size()) chunk.emplace_back();
+        PutRecord& r = chunk[used];
         auto sums = index_.Checksums(*e);
-        chunk.push_back(PutRecord{e->ns, e->key, e->slot, e->epoch, e->object_len,
-                                  std::vector<uint64_t>(sums.begin(), sums.end())});
+        r.ns = e->ns;
+        r.key = e->key;
+        r.slot = e->slot;
+        r.epoch = e->epoch;
+        r.object_len = e->object_len;
+        r.checksums.assign(sums.begin(), sums.end());
         if (step == 0) {
-          out.Emit(chunk.back());
-          chunk.clear();
+          out.Emit(r);
+        } else {
+          ++used;
         }
       }
     };
@@ -282,12 +291,12 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
       return;
     }
     for (uint64_t first = 0; first < num_slots; first += step) {
-      chunk.clear();
+      used = 0;
       {
         absl::MutexLock lock(&mu_);
         copy(first, std::min(num_slots, first + step));
       }
-      for (const PutRecord& r : chunk) out.Emit(r);
+      for (size_t i = 0; i < used; ++i) out.Emit(chunk[i]);
     }
   });
 }

@@ -1,57 +1,87 @@
 #include "daemon/store/index.h"
 
 #include <algorithm>
+#include <cassert>
 #include <iterator>
 
 namespace tutti::store {
 
 Index::Index(uint64_t num_slots, uint32_t max_objects)
-    : max_objects_(max_objects),
-      slot_owner_(num_slots, nullptr),
+    : num_slots_(num_slots),
+      max_objects_(max_objects),
+      entries_(new Entry[num_slots + 1]),
+      set_(0, SlotHash{entries_.get()}, SlotEq{entries_.get()}),
       slot_taken_(num_slots, 0),
       checksums_(num_slots * max_objects, 0) {
+  for (uint64_t s = 0; s < num_slots; ++s) {
+    entries_[s].lru_prev = entries_[s].lru_next = Entry::kUnused;
+  }
+  Entry& head = entries_[num_slots];
+  head.lru_prev = head.lru_next = static_cast<uint32_t>(num_slots);
+  set_.reserve(num_slots);  // never rehashed: recovery and filling cost no growth
   if (num_slots > 0) AddRun(0, num_slots);
   free_count_ = num_slots;
 }
 
 Entry* Index::Find(NamespaceId ns, const Key& key) const {
-  auto it = map_.find(MapKey{ns, key});
-  return it == map_.end() ? nullptr : it->second.get();
+  auto it = set_.find(KeyRef{ns, &key});
+  return it == set_.end() ? nullptr : &entries_[*it];
 }
 
 Entry* Index::Insert(NamespaceId ns, const Key& key, uint64_t slot, uint64_t epoch,
                      uint32_t object_len, absl::Span<const uint64_t> checksums) {
-  auto e = std::make_unique<Entry>();
+  Entry* e = &entries_[slot];
+  assert(e->lru_next == Entry::kUnused && "Insert into a slot that holds an entry");
   e->ns = ns;
   e->key = key;
   e->slot = slot;
   e->epoch = epoch;
   e->object_len = object_len;
   e->num_objects = static_cast<uint32_t>(std::min<size_t>(checksums.size(), max_objects_));
+  e->pins = 0;
   std::copy_n(checksums.begin(), e->num_objects, &checksums_[slot * max_objects_]);
-  Entry* raw = e.get();
-  raw->lru = lru_.insert(lru_.end(), raw);
-  slot_owner_[slot] = raw;
-  map_.emplace(MapKey{ns, key}, std::move(e));
-  return raw;
+  LinkAtTail(e);
+  set_.insert(static_cast<uint32_t>(slot));
+  ++ns_entries_[ns];
+  return e;
 }
 
 void Index::Remove(Entry* e) {
-  lru_.erase(e->lru);
-  if (slot_owner_[e->slot] == e) slot_owner_[e->slot] = nullptr;
-  map_.erase(MapKey{e->ns, e->key});  // destroys *e
+  set_.erase(static_cast<uint32_t>(e->slot));  // hashes *e: before it is cleared
+  auto count = ns_entries_.find(e->ns);
+  if (--count->second == 0) ns_entries_.erase(count);
+  Unlink(e);
+  e->lru_prev = e->lru_next = Entry::kUnused;
 }
 
-void Index::Touch(Entry* e) { lru_.splice(lru_.end(), lru_, e->lru); }
+void Index::Unlink(Entry* e) {
+  entries_[e->lru_prev].lru_next = e->lru_next;
+  entries_[e->lru_next].lru_prev = e->lru_prev;
+}
+
+void Index::LinkAtTail(Entry* e) {
+  Entry& head = entries_[num_slots_];
+  const uint32_t self = static_cast<uint32_t>(e - entries_.get());
+  e->lru_prev = head.lru_prev;
+  e->lru_next = static_cast<uint32_t>(num_slots_);
+  entries_[head.lru_prev].lru_next = self;
+  head.lru_prev = self;
+}
+
+void Index::Touch(Entry* e) {
+  if (entries_[num_slots_].lru_prev == e->slot) return;  // most recent already
+  Unlink(e);
+  LinkAtTail(e);
+}
 
 Entry* Index::Victim() const {
-  for (Entry* e : lru_) {
-    if (e->pins == 0) return e;
+  for (uint32_t s = entries_[num_slots_].lru_next; s != num_slots_; s = entries_[s].lru_next) {
+    if (entries_[s].pins == 0) return &entries_[s];
   }
   return nullptr;
 }
 
-void Index::AddRun(uint64_t start, uint64_t length) {
+void Index::AddRun(uint64_t start, uint64_t length) const {
   runs_.emplace(start, length);
   by_length_.emplace(length, start);
 }
@@ -74,6 +104,7 @@ void Index::TakeFromRun(absl::btree_map<uint64_t, uint64_t>::iterator run, uint6
 }
 
 std::vector<uint64_t> Index::TakeSlots(uint64_t n) {
+  EnsureRuns();
   std::vector<uint64_t> out;
   out.reserve(std::min(n, free_count_));
   while (out.size() < n && !by_length_.empty()) {
@@ -118,33 +149,39 @@ void Index::FreeRun(uint64_t slot) {
   ++free_count_;
 }
 
-// Takes free `slot` out of the run holding it, splitting the run.
-void Index::RemoveFree(uint64_t slot) {
-  auto run = std::prev(runs_.upper_bound(slot));  // exists: slot is free
-  const uint64_t start = run->first, length = run->second;
-  EraseRun(run);
-  if (slot > start) AddRun(start, slot - start);
-  if (slot + 1 < start + length) AddRun(slot + 1, start + length - slot - 1);
-  --free_count_;
-}
-
 void Index::ReleaseSlot(uint64_t slot) {
   if (!slot_taken_[slot]) return;
   slot_taken_[slot] = 0;
-  FreeRun(slot);
+  if (runs_stale_) {
+    ++free_count_;  // the runs are recomputed anyway
+  } else {
+    FreeRun(slot);
+  }
 }
 
 bool Index::ClaimSlot(uint64_t slot) {
   if (slot_taken_[slot]) return false;
   slot_taken_[slot] = 1;
-  RemoveFree(slot);
+  --free_count_;
+  runs_stale_ = true;
   return true;
 }
 
+uint64_t Index::free_runs() const {
+  EnsureRuns();
+  return runs_.size();
+}
+
 void Index::RebuildFreeList() {
+  runs_stale_ = true;
+  EnsureRuns();
+}
+
+void Index::EnsureRuns() const {
+  if (!runs_stale_) return;
+  runs_stale_ = false;
   runs_.clear();
   by_length_.clear();
-  free_count_ = 0;
   const uint64_t n = slot_taken_.size();
   for (uint64_t s = 0; s < n;) {
     if (slot_taken_[s]) {
@@ -154,7 +191,6 @@ void Index::RebuildFreeList() {
     uint64_t end = s;
     while (end < n && !slot_taken_[end]) ++end;
     AddRun(s, end - s);
-    free_count_ += end - s;
     s = end;
   }
 }

@@ -3,19 +3,31 @@
 // blocks of one store batch can go into consecutive slots (pool format 2 puts
 // one layer's objects of consecutive slots next to each other on disk).
 //
+// Memory is sized by the pool, not by the blocks in it, and allocated once: an
+// Entry of 64 bytes per slot (the entry of slot s lives at s), the checksum
+// table (8 bytes x max_objects per slot), a byte of slot state, and a hash set
+// of slot numbers (4 bytes per bucket plus a control byte, reserved for every
+// slot), about 80 bytes per slot plus the checksums: no allocation per block,
+// and a lookup touches the hash set, the entry and its two LRU neighbours. The
+// LRU list is linked through the entries by slot number. (docs/sizing.md has the
+// figures measured by bench/scale.)
+//
 // Not thread-safe: BlockStore guards it with its mutex. Entries are owned by
-// the index; pointers to them stay valid until Remove.
+// the index; a pointer to one names the block in its slot until Remove (after
+// that it names whatever block is inserted in that slot next).
 #ifndef TUTTI_DAEMON_STORE_INDEX_H_
 #define TUTTI_DAEMON_STORE_INDEX_H_
 
 #include <cstdint>
-#include <list>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/types/span.h"
 #include "daemon/common/types.h"
 
@@ -29,20 +41,31 @@ struct Entry {
   uint32_t object_len = 0;
   uint32_t num_objects = 0;
   uint32_t pins = 0;
-  std::list<Entry*>::iterator lru;
+  // The index's: the LRU neighbours (slot numbers; Index::num_slots() is the
+  // list's head), kUnused in a slot without an entry.
+  uint32_t lru_prev = 0, lru_next = 0;
+  static constexpr uint32_t kUnused = std::numeric_limits<uint32_t>::max();
 };
 
 class Index {
  public:
+  // The most slots an index holds (slot numbers are kept in 32 bits).
+  static constexpr uint64_t kMaxSlots = Entry::kUnused - 1;
+
   // An index over `num_slots` slots of up to `max_objects` objects each.
+  // Precondition: num_slots <= kMaxSlots (BlockStore::Open refuses larger pools).
   Index(uint64_t num_slots, uint32_t max_objects);
+  // The hash set points into entries_: neither copied nor moved.
+  Index(const Index&) = delete;
+  Index& operator=(const Index&) = delete;
 
   // Null if absent.
   Entry* Find(NamespaceId ns, const Key& key) const;
 
   // Adds a visible entry in `slot`, which must have been taken with TakeSlot
   // (or be free during recovery: see ClaimSlot). Stores `checksums` (one per
-  // object) for the slot. Precondition: the key is absent.
+  // object) for the slot. Preconditions: the key is absent, the slot holds no
+  // entry.
   Entry* Insert(NamespaceId ns, const Key& key, uint64_t slot, uint64_t epoch, uint32_t object_len,
                 absl::Span<const uint64_t> checksums);
   // Removes the entry; its slot is NOT freed (free it with ReleaseSlot once
@@ -64,52 +87,82 @@ class Index {
   std::vector<uint64_t> TakeSlots(uint64_t n);
   // Returns a slot to the free slots; no-op if it is free already.
   void ReleaseSlot(uint64_t slot);
-  // During recovery: marks `slot` taken. Returns false if it already was. Call
-  // RebuildFreeList once recovery is done, before any TakeSlot (the free runs
-  // are kept up to date anyway; RebuildFreeList recomputes them).
+  // During recovery: marks `slot` taken, in O(1). Returns false if it already
+  // was. The free runs are recomputed once, in O(slots), by RebuildFreeList or
+  // at the first call that needs them after claims (TakeSlot(s), free_runs()).
   bool ClaimSlot(uint64_t slot);
   void RebuildFreeList();
   // Entry occupying `slot`, or null.
-  Entry* AtSlot(uint64_t slot) const { return slot_owner_[slot]; }
+  Entry* AtSlot(uint64_t slot) const {
+    Entry* e = &entries_[slot];
+    return e->lru_next == Entry::kUnused ? nullptr : e;
+  }
 
   absl::Span<const uint64_t> Checksums(const Entry& e) const {
     return {&checksums_[e.slot * max_objects_], e.num_objects};
   }
 
-  uint64_t size() const { return map_.size(); }
-  uint64_t num_slots() const { return slot_owner_.size(); }
+  uint64_t size() const { return set_.size(); }
+  uint64_t num_slots() const { return num_slots_; }
   uint64_t free_slots() const { return free_count_; }
   // Runs of consecutive free slots (for tests and stats).
-  uint64_t free_runs() const { return runs_.size(); }
+  uint64_t free_runs() const;
+  // Entries of namespace `ns`, in O(1).
+  uint64_t CountNamespace(NamespaceId ns) const {
+    auto it = ns_entries_.find(ns);
+    return it == ns_entries_.end() ? 0 : it->second;
+  }
 
-  // Calls fn(Entry*) for every entry; fn must not insert or remove.
+  // Calls fn(Entry*) for every entry, in slot order; fn must not insert or
+  // remove. Costs O(num_slots()).
   template <typename Fn>
   void ForEach(Fn fn) const {
-    for (const auto& [k, e] : map_) fn(e.get());
+    for (uint64_t s = 0; s < num_slots_; ++s) {
+      if (Entry* e = AtSlot(s)) fn(e);
+    }
   }
 
  private:
-  struct MapKey {
+  // A lookup key; the set's elements are slot numbers whose (ns, key) is in entries_.
+  struct KeyRef {
     NamespaceId ns;
-    Key key;
-    friend bool operator==(const MapKey& a, const MapKey& b) {
-      return a.ns == b.ns && a.key == b.key;
+    const Key* key;
+  };
+  static size_t HashOf(NamespaceId ns, const Key& key) {
+    return absl::Hash<std::pair<NamespaceId, uint64_t>>{}({ns ^ key.hi(), key.lo()});
+  }
+  struct SlotHash {
+    using is_transparent = void;
+    const Entry* entries;
+    size_t operator()(uint32_t slot) const { return HashOf(entries[slot].ns, entries[slot].key); }
+    size_t operator()(const KeyRef& k) const { return HashOf(k.ns, *k.key); }
+  };
+  struct SlotEq {
+    using is_transparent = void;
+    const Entry* entries;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(const KeyRef& k, uint32_t slot) const {
+      return entries[slot].ns == k.ns && entries[slot].key == *k.key;
     }
-    template <typename H>
-    friend H AbslHashValue(H h, const MapKey& k) {
-      return H::combine(std::move(h), k.ns, k.key);
-    }
+    bool operator()(uint32_t slot, const KeyRef& k) const { return (*this)(k, slot); }
   };
 
+  void Unlink(Entry* e);
+  void LinkAtTail(Entry* e);  // most recently used end
+  // Recomputes the runs if claims made them stale.
+  void EnsureRuns() const;
+
+  const uint64_t num_slots_;
   const uint32_t max_objects_;
-  absl::flat_hash_map<MapKey, std::unique_ptr<Entry>> map_;
-  std::list<Entry*> lru_;  // front: least recently used
-  std::vector<Entry*> slot_owner_;
+  // num_slots_ + 1: entry s is slot s's; the last is the LRU list's head
+  // (lru_next: least recently used, lru_prev: most).
+  std::unique_ptr<Entry[]> entries_;
+  absl::flat_hash_set<uint32_t, SlotHash, SlotEq> set_;
+  absl::flat_hash_map<NamespaceId, uint64_t> ns_entries_;
   // Taking a slot out of the free runs, or putting it back: the runs' only editors.
-  void AddRun(uint64_t start, uint64_t length);
+  void AddRun(uint64_t start, uint64_t length) const;
   void EraseRun(absl::btree_map<uint64_t, uint64_t>::iterator run);
-  void FreeRun(uint64_t slot);    // slot was taken
-  void RemoveFree(uint64_t slot);  // slot was free
+  void FreeRun(uint64_t slot);  // slot was taken
   // Takes the first `n` slots of `run` (n <= its length), appending them to `out`.
   void TakeFromRun(absl::btree_map<uint64_t, uint64_t>::iterator run, uint64_t n,
                    std::vector<uint64_t>* out);
@@ -122,10 +175,13 @@ class Index {
   };
 
   std::vector<uint8_t> slot_taken_;
-  // The free slots: exactly the slots s with !slot_taken_[s], as maximal runs.
-  absl::btree_map<uint64_t, uint64_t> runs_;  // start -> length
-  absl::btree_set<std::pair<uint64_t, uint64_t>, LongerFirst> by_length_;  // (length, start)
   uint64_t free_count_ = 0;
+  // The free slots: exactly the slots s with !slot_taken_[s], as maximal runs,
+  // unless runs_stale_ (ClaimSlot skips them; EnsureRuns recomputes them).
+  mutable bool runs_stale_ = false;
+  mutable absl::btree_map<uint64_t, uint64_t> runs_;  // start -> length
+  // (length, start)
+  mutable absl::btree_set<std::pair<uint64_t, uint64_t>, LongerFirst> by_length_;
   std::vector<uint64_t> checksums_;  // num_slots x max_objects
 };
 

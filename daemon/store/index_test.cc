@@ -1,6 +1,7 @@
 #include "daemon/store/index.h"
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <set>
 #include <utility>
@@ -180,6 +181,121 @@ TEST(IndexTest, TakeSlotsMatchesItsPolicyUnderRandomTakesAndReleases) {
     }
     ASSERT_EQ(index.free_slots(), free.size());
   }
+}
+
+
+TEST(IndexTest, CountsEntriesPerNamespace) {
+  Index index(8, 1);
+  std::vector<Entry*> e;
+  for (uint8_t i = 0; i < 5; ++i) {
+    uint64_t slot;
+    ASSERT_TRUE(index.TakeSlot(&slot));
+    e.push_back(index.Insert(i < 3 ? 1 : 2, K(i), slot, i + 1, 4096, {0}));
+  }
+  EXPECT_EQ(index.CountNamespace(1), 3u);
+  EXPECT_EQ(index.CountNamespace(2), 2u);
+  EXPECT_EQ(index.CountNamespace(3), 0u);
+  index.Remove(e[0]);
+  index.Remove(e[3]);
+  index.Remove(e[4]);
+  EXPECT_EQ(index.CountNamespace(1), 2u);
+  EXPECT_EQ(index.CountNamespace(2), 0u);
+  EXPECT_EQ(index.size(), 2u);
+}
+
+TEST(IndexTest, ASlotReusedAfterRemoveHoldsTheNewBlockOnly) {
+  Index index(2, 2);
+  Entry* a = index.Insert(1, K(1), 0, 1, 4096, {11, 12});
+  a->pins = 0;
+  index.Remove(a);
+  EXPECT_EQ(index.AtSlot(0), nullptr);
+  Entry* b = index.Insert(1, K(2), 0, 2, 2048, {21});
+  EXPECT_EQ(index.Find(1, K(1)), nullptr) << "the old key left with its block";
+  EXPECT_EQ(index.Find(1, K(2)), b);
+  EXPECT_EQ(b->pins, 0u);
+  EXPECT_EQ(std::vector<uint64_t>(index.Checksums(*b).begin(), index.Checksums(*b).end()),
+            std::vector<uint64_t>{21});
+  EXPECT_EQ(index.Victim(), b);
+}
+
+// Finds, removals, touches and victims against a reference model (a map and a recency list),
+// over many keys so the hash set probes past collisions and the LRU links are exercised.
+TEST(IndexTest, MatchesAReferenceLruUnderRandomOperations) {
+  constexpr uint64_t kSlots = 300;
+  std::mt19937 rng(99);
+  Index index(kSlots, 1);
+  std::map<std::pair<NamespaceId, uint32_t>, uint64_t> ref;  // (ns, key id) -> slot
+  std::vector<std::pair<NamespaceId, uint32_t>> recency;     // front: least recently used
+  std::set<uint64_t> pinned;
+  auto key_of = [](uint32_t id) {
+    Key k;
+    for (int b = 0; b < 16; ++b) k.bytes[b] = static_cast<uint8_t>(id >> (8 * (b % 4)));
+    return k;
+  };
+  for (int step = 0; step < 20000; ++step) {
+    const NamespaceId ns = 1 + rng() % 2;
+    const uint32_t id = rng() % 500;
+    const auto rk = std::make_pair(ns, id);
+    Entry* e = index.Find(ns, key_of(id));
+    ASSERT_EQ(e != nullptr, ref.count(rk) == 1) << "step " << step;
+    if (e != nullptr) {
+      ASSERT_EQ(e->slot, ref[rk]);
+    }
+    const int op = rng() % 4;
+    if (e == nullptr) {
+      uint64_t slot;
+      if (!index.TakeSlot(&slot)) continue;
+      index.Insert(ns, key_of(id), slot, step, 4096, {slot});
+      ref[rk] = slot;
+      recency.push_back(rk);
+    } else if (op == 0 && pinned.count(e->slot) == 0) {
+      const uint64_t slot = e->slot;
+      index.Remove(e);
+      index.ReleaseSlot(slot);
+      ref.erase(rk);
+      recency.erase(std::find(recency.begin(), recency.end(), rk));
+    } else if (op == 1) {
+      index.Touch(e);
+      recency.erase(std::find(recency.begin(), recency.end(), rk));
+      recency.push_back(rk);
+    } else if (op == 2) {
+      e->pins = e->pins == 0 ? 1 : 0;
+      if (e->pins) {
+        pinned.insert(e->slot);
+      } else {
+        pinned.erase(e->slot);
+      }
+    }
+    Entry* victim = index.Victim();
+    auto want = std::find_if(recency.begin(), recency.end(),
+                             [&](const auto& k) { return pinned.count(ref[k]) == 0; });
+    if (want == recency.end()) {
+      ASSERT_EQ(victim, nullptr) << "step " << step;
+    } else {
+      ASSERT_NE(victim, nullptr) << "step " << step;
+      ASSERT_EQ(victim->slot, ref[*want]) << "step " << step;
+    }
+    ASSERT_EQ(index.size(), ref.size());
+  }
+}
+
+TEST(IndexTest, ClaimsInAnyOrderLeaveExactlyTheUnclaimedSlotsFree) {
+  Index index(64, 1);
+  std::vector<uint64_t> order(64);
+  for (uint64_t s = 0; s < 64; ++s) order[s] = s;
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  std::set<uint64_t> free(order.begin(), order.end());
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_TRUE(index.ClaimSlot(order[i]));
+    free.erase(order[i]);
+    if (i % 7 == 3) {  // as replay does when a later record moves a block
+      index.ReleaseSlot(order[i]);
+      free.insert(order[i]);
+    }
+  }
+  EXPECT_EQ(index.free_slots(), free.size()) << "counted without rebuilding the runs";
+  Slots got = index.TakeSlots(64);  // the runs are recomputed first
+  EXPECT_EQ(got, Slots(free.begin(), free.end()));
 }
 
 }  // namespace

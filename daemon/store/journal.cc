@@ -352,27 +352,30 @@ class CheckpointWriter : public Journal::Emitter {
   absl::Status status_;
 };
 
+// Records decoded during one recovery, reused from record to record so replay
+// allocates nothing per record (a Put's checksums keep their capacity).
+struct DecodeScratch {
+  NamespaceRecord ns;
+  PutRecord put;
+  DeleteRecord del;
+};
+
 // Delivers one record to the visitor. False if the payload does not parse.
-bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v) {
+bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v,
+             DecodeScratch* scratch) {
   switch (type) {
-    case kNamespace: {
-      NamespaceRecord r;
-      if (!Decode(payload, &r)) return false;
-      if (v.on_namespace) v.on_namespace(r);
+    case kNamespace:
+      if (!Decode(payload, &scratch->ns)) return false;
+      if (v.on_namespace) v.on_namespace(scratch->ns);
       return true;
-    }
-    case kPut: {
-      PutRecord r;
-      if (!Decode(payload, &r)) return false;
-      if (v.on_put) v.on_put(r);
+    case kPut:
+      if (!Decode(payload, &scratch->put)) return false;
+      if (v.on_put) v.on_put(scratch->put);
       return true;
-    }
-    case kDelete: {
-      DeleteRecord r;
-      if (!Decode(payload, &r)) return false;
-      if (v.on_delete) v.on_delete(r);
+    case kDelete:
+      if (!Decode(payload, &scratch->del)) return false;
+      if (v.on_delete) v.on_delete(scratch->del);
       return true;
-    }
     default:
       return false;
   }
@@ -408,11 +411,14 @@ absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryV
     return corrupt("bad file header");
   }
   uint64_t records = 0;
+  DecodeScratch scratch;
   for (;;) {
     const RecordReader::Result r = reader.Next(&type, &payload);
     if (r != RecordReader::kRecord) return corrupt("ends without its end record");
     if (type == kCheckpointEnd) break;
-    if (!Deliver(type, payload, v)) return corrupt(absl::StrCat("bad record of type ", type));
+    if (!Deliver(type, payload, v, &scratch)) {
+      return corrupt(absl::StrCat("bad record of type ", type));
+    }
     ++records;
   }
   PayloadReader end(payload);
@@ -440,8 +446,9 @@ absl::Status ReplayJournal(const std::string& path, uint64_t gen, const Recovery
                                               " does not start with its own journal "
                                               "header (a file renamed or copied in?)"));
     }
+    DecodeScratch scratch;
     while ((r = reader.Next(&type, &payload)) == RecordReader::kRecord) {
-      if (!Deliver(type, payload, v)) {
+      if (!Deliver(type, payload, v, &scratch)) {
         r = RecordReader::kTorn;  // well-framed but unreadable: treat as the end
                                   // of this file
         break;

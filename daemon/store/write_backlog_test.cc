@@ -116,6 +116,25 @@ TEST_F(WriteBacklogTest, PastTheAgeBoundNewBlocksAreRefused) {
   EXPECT_EQ(Capture(3), CaptureOutcome::kCaptured);
 }
 
+TEST_F(WriteBacklogTest, BoundsSetAtRunTimeTakeAtTheNextCapture) {
+  Open();
+  backend_->SetPaused(true);
+  EXPECT_EQ(Capture(1), CaptureOutcome::kCaptured);
+  EXPECT_EQ(Capture(2), CaptureOutcome::kCaptured);
+  ASSERT_TRUE(store_->SetWriteBacklogBounds(2 * kBlockBytes, 10000).ok());
+  EXPECT_EQ(Capture(3), CaptureOutcome::kRejectedBacklog) << "the new byte bound holds";
+  ASSERT_TRUE(store_->SetWriteBacklogBounds(0, 10000).ok());  // 0: store staging again
+  EXPECT_EQ(Capture(3), CaptureOutcome::kCaptured);
+  clock_.AdvanceMs(500);
+  ASSERT_TRUE(store_->SetWriteBacklogBounds(0, 500).ok());
+  EXPECT_EQ(Capture(4), CaptureOutcome::kRejectedBacklog) << "the new age bound holds";
+  EXPECT_EQ(store_->SetWriteBacklogBounds(0, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Capture(4), CaptureOutcome::kRejectedBacklog) << "a refused setting changes nothing";
+  EXPECT_EQ(store_->Stats().store_rejected_backlog, 3u);
+  backend_->SetPaused(false);
+  store_->Flush();
+}
+
 TEST_F(WriteBacklogTest, DefaultByteBoundIsStoreStaging) {
   Open();
   backend_->SetPaused(true);

@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<TuttidFixture>> TuttidFixture::Create(const Fixtu
   std::ofstream(f->config_path_) << absl::StrFormat(
       "state_dir: \"%s/state\"\n"
       "listen { socket_path: \"%s\" socket_mode: 384 }\n"
+      "metrics { listen: \"off\" }\n"
       "pool { dirs: \"%s/pool\" capacity_bytes: %d object_bytes: %d max_objects: %d }\n"
       "io { backend: \"uring\" queue_depth: 32 }\n"
       "dram { capacity_bytes: %d }\n"

@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<TuttidRunner>> TuttidRunner::Start(const std::str
   std::ofstream(r->config_path_) << "state_dir: \"" << r->root_ << "/state\"\n"
                                  << "listen { socket_path: \"" << r->socket_
                                  << "\" socket_mode: 384 }\n"
+                                 << "metrics { listen: \"off\" }\n"
                                  << WithPoolDir(config_body, r->root_ + "/pool") << "\n";
   absl::Status s = r->Launch(ready_s);
   if (!s.ok()) return s;

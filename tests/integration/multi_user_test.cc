@@ -122,7 +122,8 @@ class MultiUserTest : public ::testing::Test {
                              "dram { capacity_bytes: 0 }\n"
                              "limits { store_staging_bytes: 4194304 retrieve_staging_bytes: "
                              "33554432 max_blocks_per_call: 64 }\n"
-                             "gpu { mode: \"host\" }\n";
+                             "gpu { mode: \"host\" }\n"
+                             "metrics { listen: \"off\" }\n";
     log_ = base_ + "/tuttid.log";
     // Bazel's runfiles live under root's 0700 home: give the daemon's user a copy it can run.
     const std::string binary = base_ + "/tuttid";

@@ -41,6 +41,9 @@ struct TuttidConfig {
   // More LimitsConfig fields in text format, written inside the limits block, e.g.
   // "max_sessions: 80 max_sessions_per_user: 80"; empty: none.
   std::string extra_limits;
+  // metrics.listen: "off" binds no TCP port (tests run side by side); "127.0.0.1:0": any free
+  // port, logged as "metrics on http://127.0.0.1:PORT/metrics".
+  std::string metrics_listen = "off";
 };
 
 // Where one daemon's files live; the same env across restarts keeps the pool and journal.

@@ -18,6 +18,7 @@ import time
 
 CONFIG = """state_dir: "{root}/state"
 listen {{ socket_path: "{socket}" socket_mode: 384 }}
+metrics {{ listen: "off" }}
 pool {{ dirs: "{root}/pool" capacity_bytes: {capacity} object_bytes: {object_bytes} max_objects: {max_objects} }}
 io {{ backend: "uring" queue_depth: {queue_depth} }}
 dram {{ capacity_bytes: {dram} }}

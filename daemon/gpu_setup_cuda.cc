@@ -1,0 +1,148 @@
+// gpu_setup.h in a build with the CUDA toolkit: the GPU data path of docs/gpu.md.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/status_macros.h"
+#include "daemon/gpu_setup.h"
+#include "daemon/server/gpu_engine_io.h"
+#include "gpu/cuda_status.h"
+#include "gpu/io_stream.h"
+#include "gpu/layer_copier.h"
+#include "gpu/pinned.h"
+#include "gpu/probe.h"
+
+namespace tutti::gpu_setup {
+namespace {
+
+// Destroyed in reverse order: the copier, then the staging registrations, then the stream.
+class CudaRuntime final : public GpuRuntime {
+ public:
+  server::MemoryOpener MemoryOpener() override {
+    return server::GpuMemoryOpener({stream.get(), copier.get()});
+  }
+  server::GpuLayerCounts LayerCounts() const override {
+    const gpu::LayerCopier::Counters c = copier->counters();
+    return server::GpuLayerCounts{c.layers, c.copy_engine_layers, c.gathers,
+                                  c.copy_engine_gathers};
+  }
+  uint64_t memory_bytes() const override { return memory; }
+
+  std::unique_ptr<gpu::IoStream> stream;
+  std::unique_ptr<gpu::PinnedRegion> staging;  // the store's staging, page-locked and mapped
+  std::unique_ptr<gpu::PinnedRegion> dram;     // the DRAM tier's region, likewise (if on)
+  std::unique_ptr<gpu::LayerCopier> copier;
+  uint64_t memory = 0;
+};
+
+// The device's free memory now (creates the primary context if there is none yet).
+absl::StatusOr<uint64_t> FreeDeviceMemory(int ordinal) {
+  RETURN_IF_ERROR(gpu::CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+  size_t free = 0, total = 0;
+  RETURN_IF_ERROR(gpu::CudaStatus(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
+  return free;
+}
+
+std::string RoundsText(const v1::GpuConfig& g, gpu::LayerCopier::Mode mode) {
+  const bool rounds =
+      mode == gpu::LayerCopier::Mode::kStaged || mode == gpu::LayerCopier::Mode::kAuto;
+  if (!rounds || g.round_bytes() == 0) return "";
+  return absl::StrCat(" in rounds of at most ", g.round_bytes() >> 10, " KiB");
+}
+
+}  // namespace
+
+bool BuiltWithCuda() { return true; }
+
+uint64_t GpuStagingBytes(const v1::Config& config) {
+  const uint64_t object = config.pool().object_bytes();
+  const uint64_t layer = uint64_t{config.limits().max_blocks_per_call()} * 2 * object;
+  return std::max(gpu::LayerCopier::kSlots * object,
+                  std::min<uint64_t>(layer, config.gpu().max_staging_bytes()));
+}
+
+absl::StatusOr<std::optional<ChosenGpu>> ChooseDevice(const v1::Config& config,
+                                                      std::vector<std::string>* notes) {
+  const v1::GpuConfig& g = config.gpu();
+  if (g.mode() == "host") {
+    notes->push_back("host mode (gpu.mode = host): engines attach host shared memory");
+    return std::nullopt;
+  }
+  absl::StatusOr<gpu::DeviceInfo> device = gpu::Probe(static_cast<int>(g.device()));
+  if (!device.ok()) {
+    if (g.mode() == "cuda") {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gpu.mode = cuda, but GPU ", g.device(), " is not usable: ", device.status().message()));
+    }
+    notes->push_back(absl::StrCat("host mode: no usable GPU (", device.status().message(),
+                                  "); engines attach host shared memory"));
+    return std::nullopt;
+  }
+  absl::Status valid = gpu::IoStream::ValidateOptions(
+      {static_cast<int>(g.device()), g.io_sm_count(), g.copy_ctas()}, device->sm_count);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("gpu.io_sm_count = ", g.io_sm_count(), ": ",
+                                                   device->name, " has ", device->sm_count,
+                                                   " SMs (", valid.message(), ")"));
+  }
+  return ChosenGpu{static_cast<int>(g.device()), device->name, device->uuid_text,
+                   device->sm_count};
+}
+
+absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
+                                                     const ChosenGpu& chosen,
+                                                     store::BlockStore* store,
+                                                     std::vector<std::string>* notes) {
+  const v1::GpuConfig& g = config.gpu();
+  const uint64_t min_staging = gpu::LayerCopier::kSlots * config.pool().object_bytes();
+  if (g.max_staging_bytes() < min_staging) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu.max_staging_bytes = ", g.max_staging_bytes(), " is less than ",
+        gpu::LayerCopier::kSlots, " x pool.object_bytes (", min_staging,
+        "): each GPU staging slot must hold an object"));
+  }
+  ASSIGN_OR_RETURN(const uint64_t free_before, FreeDeviceMemory(chosen.ordinal));
+  auto rt = std::make_unique<CudaRuntime>();
+  ASSIGN_OR_RETURN(rt->stream,
+                   gpu::IoStream::Create({chosen.ordinal, g.io_sm_count(), g.copy_ctas()}));
+  const absl::Span<uint8_t> staging = store->staging_region();
+  ASSIGN_OR_RETURN(rt->staging, gpu::PinnedRegion::Register(staging.data(), staging.size()));
+  // DRAM-tier hits are copied straight from the tier's region, so it is registered too (without
+  // it they would go through the copier's bounce buffer, at about a third of the speed).
+  std::vector<gpu::StagingRegion> registered = {rt->staging->staging()};
+  const absl::Span<uint8_t> dram = store->dram_region();
+  if (!dram.empty()) {
+    ASSIGN_OR_RETURN(rt->dram, gpu::PinnedRegion::Register(dram.data(), dram.size()));
+    registered.push_back(rt->dram->staging());
+  }
+  // ValidateConfig admits only the copier's names.
+  const gpu::LayerCopier::Mode mode =
+      gpu::LayerCopier::ModeFromName(g.scatter()).value_or(gpu::LayerCopier::Mode::kStaged);
+  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
+                                                         /*bounce_threads=*/4, g.round_bytes()},
+                                                        rt->stream.get(), registered));
+  ASSIGN_OR_RETURN(const uint64_t free_after, FreeDeviceMemory(chosen.ordinal));
+  rt->memory = free_before > free_after ? free_before - free_after : 0;
+  notes->push_back(absl::StrCat(
+      "cuda mode on GPU ", chosen.ordinal, " (", chosen.name, ", ", chosen.uuid_text, "): I/O ",
+      rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
+      g.scatter(), RoundsText(g, mode), "; ", staging.size() >> 20, " MiB of staging and ",
+      dram.size() >> 20, " MiB of DRAM tier registered; ", rt->memory >> 20,
+      " MiB of GPU memory taken at start"));
+  if (!rt->stream->is_green() && g.io_sm_count() > 0) {
+    notes->push_back("no green context: the daemon's kernels may use every SM");
+  }
+  if (const gpu::MpsHint mps = gpu::FindMps();
+      !mps.control_pipe_found && mode != gpu::LayerCopier::Mode::kCopyEngine) {
+    // Without MPS, scatter kernels time-slice the GPU with the engine's: "auto" cannot see it.
+    notes->push_back(absl::StrCat(
+        "no MPS control daemon found (no ", mps.pipe_directory,
+        "/control): the GPU time-slices between tuttid and the engines, and an engine that keeps "
+        "every SM busy loses about 16% while tuttid retrieves (docs/gpu.md); run "
+        "nvidia-cuda-mps-control -d, or set gpu.scatter: \"copy_engine\""));
+  }
+  return rt;
+}
+
+}  // namespace tutti::gpu_setup
