@@ -92,7 +92,13 @@ cleanup() {
   stop_root_processes
   sleep 1
   unmount_all
-  if [ "$keep" -eq 0 ]; then rm -rf --one-file-system "$(dirname "$root")"; fi
+  [ "$keep" -eq 0 ] || return 0
+  # Never delete through a mount still there (the apt cache and the toolkit are bind mounts).
+  if grep -qF " $(dirname "$root")/" /proc/mounts; then
+    echo "fresh-root: $(dirname "$root") still has mounts; not deleting it" >&2
+    return 0
+  fi
+  rm -rf --one-file-system "$(dirname "$root")"
 }
 trap cleanup EXIT
 
