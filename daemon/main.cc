@@ -169,6 +169,7 @@ struct Daemon {
   std::string device_mode = "host";
   std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
+  server::DeviceHealthBoard device_health;  // what tuttictl devices --report sends
   std::unique_ptr<server::CredentialTable> credentials;
   std::unique_ptr<store::BlockStore> store;
   std::unique_ptr<gpu_setup::GpuRuntime> gpu;  // cuda mode only
@@ -249,6 +250,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
   info.config_text = config::RenderConfig(config);
+  info.device_health = &d->device_health;
   if (d->gpu) {
     info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
     info.gpu_memory_bytes = d->gpu->memory_bytes();
@@ -256,7 +258,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
                                    config.metrics().listen(),
                                    {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
-                                    info.decision_stats, info.gpu_layers, info.pool_dirs}));
+                                    info.decision_stats, info.gpu_layers, info.pool_dirs,
+                                    [h = &d->device_health] { return h->Snapshot(); }}));
   if (d->metrics) log::Get("main")->info("metrics on {}", d->metrics->url());
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);

@@ -50,7 +50,9 @@ if [ "$release" -eq 1 ]; then
   install -D -m 0755 "$bin/gpu/tutti-release" "$root/usr/libexec/tutti/tutti-release"
 fi
 strip --strip-debug "$root"/usr/bin/* "$root"/usr/libexec/tutti/* 2>/dev/null || true
-for unit in deploy/*.service; do install -m 0644 "$unit" "$root/usr/lib/systemd/system/"; done
+for unit in deploy/*.service deploy/*.timer; do
+  install -m 0644 "$unit" "$root/usr/lib/systemd/system/"
+done
 install -m 0644 deploy/tutti.sysusers "$root/usr/lib/sysusers.d/tutti.conf"
 install -m 0644 deploy/tutti.tmpfiles "$root/usr/lib/tmpfiles.d/tutti.conf"
 install -m 0644 deploy/debian/tuttid.textproto "$root/etc/tutti/tuttid.textproto"

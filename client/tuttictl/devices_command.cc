@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -92,7 +93,7 @@ void JsonDisk(const Disk& d, const absl::StatusOr<NvmeHealth>& h, JsonWriter& j)
 class DevicesCommand : public Command {
  public:
   std::string name() const override { return "devices"; }
-  std::string usage() const override { return "devices [--dirs DIR,DIR...]"; }
+  std::string usage() const override { return "devices [--dirs DIR,DIR...] [--report]"; }
   std::string summary() const override {
     return "the NVMe controllers and namespaces behind the pool: model, serial, firmware, "
            "capacity, SMART health (root needed for SMART)";
@@ -101,6 +102,9 @@ class DevicesCommand : public Command {
     flags.String("dirs", &dirs_, "pool directories, comma-separated (default: tuttid's status)");
     flags.String("sysfs_root", &sysfs_root_, "where sysfs is mounted");
     flags.String("dev_root", &dev_root_, "where the NVMe controllers' device nodes are");
+    flags.Bool("report", &report_,
+               "also send the health read to tuttid (ReportDevices), which logs a critical "
+               "warning and exports tutti_nvme_* metrics (tuttid cannot read SMART logs itself)");
   }
   absl::Status Run(const GlobalOptions& options, std::ostream& out) override {
     std::vector<std::string> dirs = absl::StrSplit(dirs_, ',', absl::SkipEmpty());
@@ -116,6 +120,7 @@ class DevicesCommand : public Command {
     for (const DirReport& r : reports) {
       if (!r.device.ok()) failed.push_back(r.dir);
     }
+    if (report_) RETURN_IF_ERROR(Report(options, reports));
     if (!failed.empty()) {
       return absl::NotFoundError(absl::StrCat("cannot inspect ", absl::StrJoin(failed, ", ")));
     }
@@ -123,6 +128,35 @@ class DevicesCommand : public Command {
   }
 
  private:
+  // Sends the health of every NVMe disk read (once per disk) to tuttid.
+  static absl::Status Report(const GlobalOptions& options, const std::vector<DirReport>& reports) {
+    v1::ReportDevicesRequest req;
+    absl::flat_hash_set<std::string> seen;
+    for (const DirReport& r : reports) {
+      if (!r.device.ok()) continue;
+      for (size_t i = 0; i < r.device->disks.size(); ++i) {
+        const Disk& d = r.device->disks[i];
+        if (!d.nvme || !r.health[i].ok() || !seen.insert(d.name).second) continue;
+        const NvmeHealth& h = *r.health[i];
+        v1::NvmeDeviceHealth* out = req.add_devices();
+        out->set_device(d.name);
+        out->set_model(h.model);
+        out->set_serial(h.serial);
+        out->set_critical_warning(h.critical_warning);
+        out->set_temperature_c(h.temperature_c);
+        out->set_available_spare_pct(h.available_spare_pct);
+        out->set_percentage_used(h.percentage_used);
+        out->set_media_errors(h.media_errors);
+      }
+    }
+    if (req.devices_size() == 0) {
+      return absl::FailedPreconditionError(
+          "--report: no NVMe health was read (not on NVMe, or not root)");
+    }
+    v1::ReportDevicesResponse resp;
+    return CallAdmin(options, &v1::Admin::Stub::ReportDevices, req, &resp);
+  }
+
   DirReport Inspect(const std::string& dir) const {
     DirReport r{dir, DeviceOfDir(dir, sysfs_root_), {}};
     if (!r.device.ok()) return r;
@@ -176,6 +210,7 @@ class DevicesCommand : public Command {
 
   std::string dirs_;
   std::string sysfs_root_ = "/sys";
+  bool report_ = false;
   std::string dev_root_ = "/dev";
 };
 

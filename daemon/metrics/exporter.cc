@@ -19,6 +19,7 @@ MetricsSnapshot TakeSnapshot(const MetricsSources& src) {
   if (src.handoffs_outstanding) s.handoffs_outstanding = src.handoffs_outstanding();
   if (src.decisions) s.decisions = src.decisions();
   if (src.gpu_layers) s.gpu_layers = src.gpu_layers();
+  if (src.nvme_health) s.nvme_health = src.nvme_health();
   s.pool_dirs = src.pool_dirs;
   return s;
 }

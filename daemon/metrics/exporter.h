@@ -29,6 +29,7 @@ struct MetricsSources {
   std::function<decision::AdvisorStats()> decisions;
   std::function<server::GpuLayerCounts()> gpu_layers;
   std::vector<std::string> pool_dirs;  // device i's directory
+  std::function<std::vector<server::DeviceHealth>()> nvme_health;  // reported NVMe health
 };
 
 // One snapshot of `sources` (store must be non-null). Thread-safe as the sources are.

@@ -256,6 +256,35 @@ void AddGpu(const MetricsSnapshot& s, Builder* b) {
       .Sample(g.gathers - std::min(g.gathers_by_copy_engine, g.gathers), {{"path", "kernel"}});
 }
 
+// NVMe health as last reported by `tuttictl devices --report` (tuttid cannot read SMART logs
+// unprivileged); no samples until a report came.
+void AddNvmeHealth(const MetricsSnapshot& s, Builder* b) {
+  struct Field {
+    const char* name;
+    const char* help;
+    double (*value)(const server::DeviceHealth&);
+  };
+  static const Field kFields[] = {
+      {"tutti_nvme_critical_warning", "The SMART critical-warning bit field of a pool device "
+       "(0: none), as last reported by tuttictl devices --report.",
+       [](const server::DeviceHealth& d) { return double(d.critical_warning); }},
+      {"tutti_nvme_temperature_celsius", "Composite temperature of a pool device.",
+       [](const server::DeviceHealth& d) { return double(d.temperature_c); }},
+      {"tutti_nvme_available_spare_ratio", "Available spare capacity of a pool device (0..1).",
+       [](const server::DeviceHealth& d) { return d.available_spare_pct / 100.0; }},
+      {"tutti_nvme_endurance_used_ratio", "Share of its rated endurance a pool device has used "
+       "(may pass 1).", [](const server::DeviceHealth& d) { return d.percentage_used / 100.0; }},
+      {"tutti_nvme_media_errors", "Media and data integrity errors a pool device has counted.",
+       [](const server::DeviceHealth& d) { return double(d.media_errors); }},
+  };
+  for (const Field& f : kFields) {
+    b->Family(f.name, f.help, MetricType::Gauge);
+    for (const server::DeviceHealth& d : s.nvme_health) {
+      b->Sample(f.value(d), {{"device", d.device}, {"serial", d.serial}, {"model", d.model}});
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<MetricFamily> BuildFamilies(const MetricsSnapshot& s) {
@@ -268,6 +297,7 @@ std::vector<MetricFamily> BuildFamilies(const MetricsSnapshot& s) {
   AddServing(s, &b);
   AddDecisions(s, &b);
   AddGpu(s, &b);
+  AddNvmeHealth(s, &b);
   return b.Take();
 }
 

@@ -11,6 +11,7 @@
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/server/admin_service.h"
+#include "daemon/server/device_health.h"
 #include "daemon/store/block_store.h"
 #include "prometheus/metric_family.h"
 
@@ -25,6 +26,7 @@ struct MetricsSnapshot {
   std::optional<decision::AdvisorStats> decisions;  // absent: no advisor
   std::optional<server::GpuLayerCounts> gpu_layers;  // absent: host mode
   std::vector<std::string> pool_dirs;                // device i: pool file i's directory
+  std::vector<server::DeviceHealth> nvme_health;     // as `tuttictl devices --report` sent it
 };
 
 // The families of `s`, always the same ones in the same order. A family labelled by namespace or

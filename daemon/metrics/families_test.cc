@@ -72,6 +72,16 @@ MetricsSnapshot FakeSnapshot() {
   s.decisions = decision::AdvisorStats{11, 7, 0.25, 0.5};
   s.gpu_layers = server::GpuLayerCounts{64, 16, 32, 32};
   s.pool_dirs = {"/ssd0", "/ssd1"};
+  server::DeviceHealth nvme;
+  nvme.device = "nvme0n1";
+  nvme.model = "QEMU NVMe Ctrl";
+  nvme.serial = "deadbeef";
+  nvme.critical_warning = 4;
+  nvme.temperature_c = 50;
+  nvme.available_spare_pct = 90;
+  nvme.percentage_used = 3;
+  nvme.media_errors = 2;
+  s.nvme_health.push_back(nvme);
   return s;
 }
 
@@ -182,6 +192,17 @@ TEST(FamiliesTest, LatencyHistogramIsCumulativeInSecondsPerDeviceAndOp) {
   EXPECT_EQ(m.histogram.bucket.back().cumulative_count, 4u);
 }
 
+TEST(FamiliesTest, NvmeHealthAsReportedPerDevice) {
+  const std::vector<MetricFamily> fs = BuildFamilies(FakeSnapshot());
+  const std::vector<ClientMetric::Label> dev = {
+      {"device", "nvme0n1"}, {"serial", "deadbeef"}, {"model", "QEMU NVMe Ctrl"}};
+  EXPECT_EQ(Value(Find(fs, "tutti_nvme_critical_warning"), dev), 4);
+  EXPECT_EQ(Value(Find(fs, "tutti_nvme_temperature_celsius"), dev), 50);
+  EXPECT_DOUBLE_EQ(Value(Find(fs, "tutti_nvme_available_spare_ratio"), dev), 0.9);
+  EXPECT_DOUBLE_EQ(Value(Find(fs, "tutti_nvme_endurance_used_ratio"), dev), 0.03);
+  EXPECT_EQ(Value(Find(fs, "tutti_nvme_media_errors"), dev), 2);
+}
+
 TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
   const std::vector<MetricFamily> full = BuildFamilies(FakeSnapshot());
   const std::vector<MetricFamily> empty = BuildFamilies(MetricsSnapshot{});
@@ -190,7 +211,9 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
       "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
       "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
       "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
-      "tutti_io_latency_seconds", "tutti_pool_device_info"};
+      "tutti_io_latency_seconds", "tutti_pool_device_info", "tutti_nvme_critical_warning",
+      "tutti_nvme_temperature_celsius", "tutti_nvme_available_spare_ratio",
+      "tutti_nvme_endurance_used_ratio", "tutti_nvme_media_errors"};
   for (size_t i = 0; i < empty.size(); ++i) {
     EXPECT_EQ(empty[i].name, full[i].name);
     EXPECT_EQ(empty[i].metric.empty(), per_entity.count(empty[i].name) == 1) << empty[i].name;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/common/client_text.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
 
@@ -153,6 +154,37 @@ absl::Status AdminService::DoEvict(const tutti::v1::EvictRequest& req,
 grpc::Status AdminService::Evict(grpc::ServerContext*, const tutti::v1::EvictRequest* req,
                                  tutti::v1::EvictResponse* resp) {
   return ServeCall(gate_, [&] { return DoEvict(*req, resp); });
+}
+
+absl::Status AdminService::DoReportDevices(const tutti::v1::ReportDevicesRequest& req) {
+  if (info_.device_health == nullptr) {
+    return absl::UnimplementedError("this tuttid keeps no device health");
+  }
+  if (req.devices_size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("devices: ", req.devices_size(), " reported; at most 256"));
+  }
+  std::vector<DeviceHealth> devices;
+  for (int i = 0; i < req.devices_size(); ++i) {
+    const tutti::v1::NvmeDeviceHealth& d = req.devices(i);
+    if (d.device().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "].device is empty"));
+    }
+    RETURN_IF_ERROR(CheckClientText(absl::StrCat("devices[", i, "].device"), d.device(), 64));
+    RETURN_IF_ERROR(CheckClientText(absl::StrCat("devices[", i, "].model"), d.model(), 128));
+    RETURN_IF_ERROR(CheckClientText(absl::StrCat("devices[", i, "].serial"), d.serial(), 128));
+    devices.push_back(DeviceHealth{d.device(), d.model(), d.serial(), d.critical_warning(),
+                                   d.temperature_c(), d.available_spare_pct(), d.percentage_used(),
+                                   d.media_errors(), clock_->NowMs()});
+  }
+  info_.device_health->Update(devices);
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::ReportDevices(grpc::ServerContext*,
+                                         const tutti::v1::ReportDevicesRequest* req,
+                                         tutti::v1::ReportDevicesResponse*) {
+  return ServeCall(gate_, [&] { return DoReportDevices(*req); });
 }
 
 }  // namespace tutti::server

@@ -16,6 +16,7 @@
 #include "daemon/common/clock.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/server/call_gate.h"
+#include "daemon/server/device_health.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/admin.grpc.pb.h"
@@ -44,6 +45,9 @@ struct DaemonInfo {
   std::function<decision::AdvisorStats()> decision_stats;  // Advisor::Stats; may be empty
   uint64_t gpu_memory_bytes = 0;  // GPU memory the set-up took (daemon/gpu_setup.h); 0 in host mode
   std::string config_text;  // the effective configuration, as logged at start (Config's answer)
+  // Where ReportDevices puts what it is told (may be null: ReportDevices is then UNIMPLEMENTED).
+  // Must outlive the service.
+  DeviceHealthBoard* device_health = nullptr;
 };
 
 class AdminService final : public tutti::v1::Admin::Service {
@@ -76,6 +80,10 @@ class AdminService final : public tutti::v1::Admin::Service {
   // log::SetSubsystemLevel, or log::SetLevel for subsystem "all"; its errors.
   grpc::Status SetLogLevel(grpc::ServerContext* ctx, const tutti::v1::SetLogLevelRequest* req,
                            tutti::v1::SetLogLevelResponse* resp) override;
+  // Keeps the reported NVMe health (device_health.h). INVALID_ARGUMENT for more than 256 devices
+  // or a device name that is empty, longer than 64 bytes or not printable.
+  grpc::Status ReportDevices(grpc::ServerContext* ctx, const tutti::v1::ReportDevicesRequest* req,
+                             tutti::v1::ReportDevicesResponse* resp) override;
 
  private:
   void FillStatus(tutti::v1::StatusResponse* resp) const;
@@ -87,6 +95,7 @@ class AdminService final : public tutti::v1::Admin::Service {
   absl::Status DoDrain(const tutti::v1::DrainRequest& req, tutti::v1::DrainResponse* resp);
   absl::Status DoSetLogLevel(const tutti::v1::SetLogLevelRequest& req,
                              tutti::v1::SetLogLevelResponse* resp);
+  absl::Status DoReportDevices(const tutti::v1::ReportDevicesRequest& req);
 
   const DaemonInfo info_;
   store::BlockStore* const store_;

@@ -303,6 +303,35 @@ TEST_F(AdminOpsTest, DrainWaitsForTheBacklogAndReportsIt) {
   EXPECT_TRUE(Found(env_, session, 80));
 }
 
+TEST_F(AdminOpsTest, ReportDevicesKeepsTheHealthAndRefusesBadNames) {
+  tutti::v1::ReportDevicesRequest req;
+  tutti::v1::NvmeDeviceHealth* d = req.add_devices();
+  d->set_device("nvme0n1");
+  d->set_model("QEMU NVMe Ctrl");
+  d->set_serial("deadbeef");
+  d->set_critical_warning(4);
+  d->set_temperature_c(50);
+  tutti::v1::ReportDevicesResponse resp;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(env_.admin().ReportDevices(&c1, req, &resp).ok());
+  const std::vector<DeviceHealth> board = env_.device_health().Snapshot();
+  ASSERT_EQ(board.size(), 1u);
+  EXPECT_EQ(board[0].device, "nvme0n1");
+  EXPECT_EQ(board[0].critical_warning, 4u);
+  EXPECT_EQ(board[0].temperature_c, 50);
+
+  d->set_device("nvme\n0");
+  grpc::ClientContext c2;
+  grpc::Status s = env_.admin().ReportDevices(&c2, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("devices[0].device"), std::string::npos) << s.error_message();
+  d->set_device("");
+  grpc::ClientContext c3;
+  EXPECT_EQ(env_.admin().ReportDevices(&c3, req, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(env_.device_health().Snapshot().size(), 1u) << "a refused report changes nothing";
+}
+
 TEST_F(AdminOpsTest, ConfigAnswersTheEffectiveConfigurationText) {
   grpc::ClientContext ctx;
   tutti::v1::ConfigResponse resp;

@@ -148,6 +148,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   info.gpu_memory_bytes = options.gpu_memory_bytes;
   info.decision_stats = [a = advisor_.get()] { return a->Stats(); };
   info.config_text = "pool {\n  dirs: \"test\"\n}\n";
+  info.device_health = &device_health_;
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),
                                                   &session_clock_, &gate_);
   auto server =

@@ -97,6 +97,7 @@ class ServiceEnv {
   // Attaches `engine`; returns the session id (0 after a failed EXPECT).
   uint64_t Attach(const ShmEngine& engine);
   CredentialTable& credentials() { return credentials_; }
+  DeviceHealthBoard& device_health() { return device_health_; }
 
  private:
   std::string state_dir_;
@@ -105,6 +106,7 @@ class ServiceEnv {
   ManualClock session_clock_{1'000'000};
   io::MemoryBackend* backend_ = nullptr;  // owned by the store
   CallGate gate_;
+  DeviceHealthBoard device_health_;
   CredentialTable credentials_{CredentialTable::Options{}, Clock::Real()};
   std::unique_ptr<HandoffServer> handoff_;
   std::unique_ptr<store::BlockStore> store_;

@@ -244,6 +244,15 @@ if has_command devices; then
 else
   skip "smart: tuttictl devices shows the warning" "tuttictl has no devices command (helper ops adds it)"
 fi
+# tuttid cannot read SMART logs unprivileged: the packaged tutti-health@N.service (root) reports
+# them; run it now rather than waiting for its timer.
+if [ -f /usr/lib/systemd/system/tutti-health@.service ]; then
+  inst="${UNIT#tuttid@}"; inst="${inst%.service}"
+  if systemctl start "tutti-health@$inst.service"; then
+    pass "smart: tutti-health@$inst.service reported the devices' health to tuttid"
+  else fail "smart: tutti-health@$inst.service reported the devices' health to tuttid" \
+    "$(systemctl status "tutti-health@$inst.service" --no-pager 2>&1 | tail -5)"; fi
+fi
 if grep -aqi 'critical warning' /usr/bin/tuttid; then
   sleep 15  # tuttid's health poll gets its chance
   logged="$(journalctl -u "$UNIT" --since "@$inject_epoch" --no-pager | grep -iE 'critical|smart')"
