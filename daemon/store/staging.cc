@@ -24,14 +24,6 @@ bool FramePool::TryTake(uint64_t n, std::vector<uint8_t*>* out) {
   return true;
 }
 
-void FramePool::Take(uint64_t n, std::vector<uint8_t*>* out) {
-  absl::MutexLock lock(&mu_);
-  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return frames_.size() >= n; };
-  mu_.Await(absl::Condition(&enough));
-  out->insert(out->end(), frames_.end() - n, frames_.end());
-  frames_.resize(frames_.size() - n);
-}
-
 void FramePool::Give(absl::Span<uint8_t* const> frames) {
   absl::MutexLock lock(&mu_);
   frames_.insert(frames_.end(), frames.begin(), frames.end());

@@ -1,7 +1,8 @@
 // Staging memory: one region allocated at start (page-aligned, never freed
-// while the store lives). Retrieves take it as equal frames in all-or-nothing
-// batches (FramePool); stores take it in bytes, a contiguous run per block,
-// counted per owner (StoreStaging). No allocation on the I/O path.
+// while the store lives). The DRAM tier takes its region as equal frames
+// (FramePool); stores take store staging in bytes, a contiguous run per block,
+// counted per owner (StoreStaging); retrieves take theirs as leases
+// (daemon/datapath/staging_lease.h). No allocation on the I/O path.
 //
 // Thread-safe.
 #ifndef TUTTI_DAEMON_STORE_STAGING_H_
@@ -30,9 +31,6 @@ class FramePool {
   // Appends `n` frames to `out` and returns true, or returns false and takes
   // none.
   bool TryTake(uint64_t n, std::vector<uint8_t*>* out);
-  // Like TryTake, but waits until `n` frames are free. Precondition: n <=
-  // total_frames().
-  void Take(uint64_t n, std::vector<uint8_t*>* out);
   // Returns frames taken from this pool.
   void Give(absl::Span<uint8_t* const> frames);
 
