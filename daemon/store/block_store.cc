@@ -62,10 +62,12 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) 
       info.parts = 2;
       break;
     case tutti::v1::KV_FORMAT_MLA:
+    case tutti::v1::KV_FORMAT_PACKED:
       info.parts = 1;
       break;
     default:
-      return absl::InvalidArgumentError("namespace.layout.format must be SEPARATE, FUSED or MLA");
+      return absl::InvalidArgumentError(
+          "namespace.layout.format must be SEPARATE, FUSED, MLA or PACKED");
   }
   // Checked: four uint32 factors can exceed 2^64 and wrap to a small, valid-looking size.
   uint64_t object_len = l.block_tokens();

@@ -11,7 +11,7 @@ from typing import List, Sequence, Tuple
 
 from tutti._hash import HASH_SCHEME
 
-FORMATS = {"separate": 1, "fused": 2, "mla": 3}
+FORMATS = {"separate": 1, "fused": 2, "mla": 3, "packed": 4}
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class KvLayout:
 
     @property
     def parts(self) -> int:
-        return 1 if self.format == "mla" else 2
+        return 1 if self.format in ("mla", "packed") else 2
 
     @property
     def object_bytes(self) -> int:

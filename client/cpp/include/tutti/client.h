@@ -122,6 +122,7 @@ enum class KvFormat : int {
   kSeparate = 1,  // one K and one V tensor per layer
   kFused = 2,     // one tensor per layer holding K and V (vLLM: [2, blocks, tokens, heads, dim])
   kMla = 3,       // one latent tensor per layer: kv_heads = 1, head_dim = latent width
+  kPacked = 4,    // one tensor per layer, K and V packed in the last dim: head_dim = 2 x head size
 };
 
 struct KvLayout {
@@ -132,7 +133,9 @@ struct KvLayout {
   uint32_t block_tokens = 0;
   KvFormat format = KvFormat::kFused;
 
-  uint32_t parts() const { return format == KvFormat::kMla ? 1 : 2; }
+  uint32_t parts() const {
+    return format == KvFormat::kMla || format == KvFormat::kPacked ? 1 : 2;
+  }
   // Bytes of one (layer, part) object of one block.
   uint64_t object_bytes() const {
     return uint64_t{block_tokens} * kv_heads * head_dim * dtype_bytes;

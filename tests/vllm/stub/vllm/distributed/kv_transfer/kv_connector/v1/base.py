@@ -1,0 +1,137 @@
+"""KVConnectorBase_V1 as in vLLM (vllm/distributed/kv_transfer/kv_connector/v1/base.py): the same
+methods, arguments and defaults; abstract methods raise NotImplementedError."""
+import enum
+from abc import ABC, abstractmethod
+from typing import Any, Optional
+
+
+class KVConnectorRole(enum.Enum):
+    SCHEDULER = 0
+    WORKER = 1
+
+
+class KVConnectorMetadata(ABC):  # noqa: B024
+    pass
+
+
+class KVConnectorHandshakeMetadata(ABC):  # noqa: B024
+    pass
+
+
+class KVConnectorBase_V1(ABC):
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        return False
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        self._connector_metadata: Optional[KVConnectorMetadata] = None
+        self._vllm_config = vllm_config
+        if vllm_config.kv_transfer_config is not None:
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+        else:
+            raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
+        self._kv_cache_config = kv_cache_config
+        self._role = role
+
+    @property
+    def role(self):
+        return self._role
+
+    # --- worker side ---
+    def bind_connector_metadata(self, connector_metadata):
+        self._connector_metadata = connector_metadata
+
+    def clear_connector_metadata(self):
+        self._connector_metadata = None
+
+    def _get_connector_metadata(self):
+        assert self._connector_metadata is not None
+        return self._connector_metadata
+
+    def has_connector_metadata(self) -> bool:
+        return self._connector_metadata is not None
+
+    def register_kv_caches(self, kv_caches):
+        return
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend):
+        return
+
+    def set_host_xfer_buffer_ops(self, copy_operation):
+        return
+
+    def handle_preemptions(self, preempted_req_ids):
+        return
+
+    @abstractmethod
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def wait_for_save(self):
+        raise NotImplementedError
+
+    def get_finished(self, finished_req_ids):
+        return None, None
+
+    def get_block_ids_with_load_errors(self):
+        return set()
+
+    def shutdown(self):
+        return None
+
+    def get_kv_connector_stats(self):
+        return None
+
+    def get_kv_connector_kv_cache_events(self):
+        return None
+
+    def get_handshake_metadata(self):
+        return None
+
+    # --- scheduler side ---
+    @abstractmethod
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        raise NotImplementedError
+
+    @abstractmethod
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        raise NotImplementedError
+
+    @abstractmethod
+    def build_connector_meta(self, scheduler_output):
+        raise NotImplementedError
+
+    def update_connector_output(self, connector_output):
+        return
+
+    def request_finished(self, request, block_ids):
+        return False, None
+
+    def take_events(self):
+        return ()
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        if cls is KVConnectorBase_V1:
+            raise TypeError("get_required_kvcache_layout should not be called on the abstract "
+                            "base class")
+        return None
+
+    def get_finished_count(self):
+        return None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return None
+
+    def reset_cache(self):
+        return None
