@@ -29,6 +29,8 @@ class Request:
         self.pooling_params = None
         self.kv_transfer_params = kv_transfer_params
         self.num_preemptions = 0
+        self.num_cached_tokens = -1
+        self.num_external_computed_tokens = 0
         self.block_hashes = []
         self._block_hasher = block_hasher
         if block_hasher is not None:

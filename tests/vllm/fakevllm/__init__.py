@@ -1,0 +1,1 @@
+"""A fake vLLM engine that drives KV connectors through vLLM's interface (see README.md)."""

@@ -1,0 +1,147 @@
+"""A toy decoder with vLLM's attention-layer contract towards a KV connector.
+
+Every token's KV at (position, layer, head, TP rank) is a deterministic function of its token id
+(kv_values), so any block the model reads can be checked: per layer, the forward pass
+  1. waits for the layer's load (connector.wait_for_layer_load(name)),
+  2. writes the scheduled tokens' KV into their slots (vLLM's reshape_and_cache),
+  3. reads every context token of every scheduled request through its block table and compares it
+     with kv_values (vLLM's attention reads the same slots),
+  4. hands the layer to the connector (connector.save_kv_layer(name, kv_layer, attn_metadata)).
+A mismatch is recorded per request with the vLLM block id that held it. The sampled token is a
+hash of the token ids the last layer's KV decodes to (content element 0 holds the token id), so a
+wrong block also changes the output.
+"""
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Set
+
+import torch
+
+from fakevllm.kv_cache import KvCache, layer_name
+
+VOCAB = 32000
+_MOD = 1000003  # values below 2^20: exact in float32
+
+
+def kv_values(token_ids: torch.Tensor, positions: torch.Tensor, layer: int, num_heads: int,
+              content: int, rank: int) -> torch.Tensor:
+    """The KV of tokens [n] at positions [n]: a float32 tensor [n, heads, content]. Element 0 is
+    the token id, element 1 the position; the rest mixes (token, position, layer, head, rank)."""
+    t = token_ids.to(torch.int64).view(-1, 1, 1)
+    p = positions.to(torch.int64).view(-1, 1, 1)
+    h = torch.arange(num_heads, dtype=torch.int64).view(1, -1, 1)
+    c = torch.arange(content, dtype=torch.int64).view(1, 1, -1)
+    v = (t * 2654435761 + p * 40503 + h * 7919 + c * 31337 + layer * 9973 + rank * 104729) % _MOD
+    v[:, :, 0:1] = t.expand(-1, num_heads, 1)
+    v[:, :, 1:2] = p.expand(-1, num_heads, 1)
+    return v.to(torch.float32)
+
+
+def sample(token_ids: List[int]) -> int:
+    """The toy model's next token for a context of token ids."""
+    digest = hashlib.sha256(repr(list(token_ids)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") % VOCAB
+
+
+@dataclass
+class ScheduledSeq:
+    """One request's part of a step, as the model runner prepared it."""
+    req_id: str
+    token_ids: List[int]      # every token of the request known to the runner
+    block_ids: List[int]      # its block table
+    num_computed: int         # context tokens already in the cache
+    num_scheduled: int        # tokens computed in this step
+
+
+@dataclass
+class ToyAttentionMetadata:
+    """What vLLM hands save_kv_layer as attn_metadata (the fields of its common metadata)."""
+    slot_mapping: torch.Tensor       # [num scheduled tokens]: block_id * block_size + offset
+    query_start_loc: List[int]
+    seq_lens: List[int]
+    block_table: List[List[int]]
+    num_actual_tokens: int
+
+
+@dataclass
+class StepCheck:
+    """Per request, the blocks whose KV was wrong when read (vLLM block ids)."""
+    bad_blocks: Dict[str, Set[int]] = field(default_factory=dict)
+
+
+class ToyAttention:
+    """vLLM's Attention layer as connectors see it through forward_context.no_compile_layers:
+    layer_name and kv_cache (one tensor per virtual engine)."""
+
+    def __init__(self, name, kv_layer):
+        self.layer_name = name
+        self.kv_cache = [kv_layer]
+
+
+def attention_metadata(seqs: List[ScheduledSeq], block_size: int) -> ToyAttentionMetadata:
+    slots, starts, lens = [], [0], []
+    for s in seqs:
+        for pos in range(s.num_computed, s.num_computed + s.num_scheduled):
+            slots.append(s.block_ids[pos // block_size] * block_size + pos % block_size)
+        starts.append(starts[-1] + s.num_scheduled)
+        lens.append(s.num_computed + s.num_scheduled)
+    return ToyAttentionMetadata(torch.tensor(slots, dtype=torch.int64), starts, lens,
+                                [list(s.block_ids) for s in seqs], len(slots))
+
+
+class ToyModel:
+    def __init__(self, cache: KvCache, rank: int):
+        self.cache = cache
+        self.rank = rank
+        g = cache.geometry
+        self.block_size = g.block_size
+        self.num_heads = g.num_kv_heads
+        self.content = 2 * g.head_size
+
+    def _slots(self, seq: ScheduledSeq, begin: int, end: int):
+        pos = torch.arange(begin, end, dtype=torch.int64)
+        table = torch.tensor(seq.block_ids, dtype=torch.int64)
+        return pos, table[pos // self.block_size], pos % self.block_size
+
+    def _write(self, kv_layer, layer: int, seq: ScheduledSeq):
+        begin, end = seq.num_computed, seq.num_computed + seq.num_scheduled
+        pos, blocks, offsets = self._slots(seq, begin, end)
+        tokens = torch.tensor(seq.token_ids[begin:end], dtype=torch.int64)
+        kv = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
+        kv_layer[blocks, :, offsets, :] = kv  # [n, heads, content] at (block, :, offset, :)
+
+    def _check(self, kv_layer, layer: int, seq: ScheduledSeq, check: StepCheck):
+        end = seq.num_computed + seq.num_scheduled
+        pos, blocks, offsets = self._slots(seq, 0, end)
+        tokens = torch.tensor(seq.token_ids[:end], dtype=torch.int64)
+        want = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
+        got = kv_layer[blocks, :, offsets, :]
+        wrong = (got != want).flatten(1).any(dim=1)
+        if bool(wrong.any()):
+            bad = check.bad_blocks.setdefault(seq.req_id, set())
+            bad.update(int(b) for b in blocks[wrong].tolist())
+        return got
+
+    def forward(self, seqs: List[ScheduledSeq], connector, attn_metadata) -> (Dict[str, int],
+                                                                              StepCheck):
+        """Runs every layer over the scheduled tokens; returns the sampled token of each request
+        whose scheduled tokens reach its last known token, and what the reads found wrong."""
+        check = StepCheck()
+        last_read = {}
+        for layer, (name, kv_layer) in enumerate(self.cache.layers.items()):
+            assert name == layer_name(layer)
+            if connector is not None:
+                connector.wait_for_layer_load(name)
+            for s in seqs:
+                self._write(kv_layer, layer, s)
+            for s in seqs:
+                last_read[s.req_id] = self._check(kv_layer, layer, s, check)
+            if connector is not None:
+                connector.save_kv_layer(name, kv_layer, attn_metadata)
+        sampled = {}
+        for s in seqs:
+            if s.num_computed + s.num_scheduled == len(s.token_ids):
+                decoded = last_read[s.req_id][:, 0, 0].to(torch.int64).tolist()
+                sampled[s.req_id] = sample(decoded)
+        return sampled, check
