@@ -149,6 +149,10 @@ class Engine:
         self.scheduler.add_request(request)
         return request
 
+    def block_hashes(self, token_ids: List[int]) -> list:
+        """vLLM's block hashes of a token sequence (what Request.block_hashes holds)."""
+        return Request("block-hashes", token_ids, block_hasher=self.block_hasher).block_hashes
+
     def abort_request(self, req_id: str):
         self.scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
 

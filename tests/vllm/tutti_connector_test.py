@@ -1,0 +1,191 @@
+"""TuttiConnector (tutti.vllm) driven by the fake vLLM engine in host mode against real tuttid
+instances (one per TP rank): store then load with verified bytes in a fresh engine; TP=2 hits
+only where both ranks hold the block (one daemon evicted); a load that fails because a rank's
+tuttid died between the lookup and the load (reported through get_block_ids_with_load_errors,
+recomputed, no hung step); an eviction between lookup and load (the lease keeps the blocks); the
+KV events (take_events) against what was stored and evicted.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "stub"), HERE]
+
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+
+from tutti.testing import Tuttid  # noqa: E402
+
+from fakevllm.engine import Engine, EngineConfig  # noqa: E402
+
+BS = 16
+LAYERS, HEADS, HEAD_SIZE = 4, 4, 64
+OBJECT_BYTES = BS * HEADS * 2 * HEAD_SIZE * 4  # one (layer, block) of the packed cache: 32 KiB
+
+
+def prompt(seed, blocks, tail=5):
+    return [seed * 1000 + i for i in range(blocks * BS + tail)]
+
+
+def find_tuttictl():
+    if os.environ.get("TUTTICTL_BIN"):
+        return os.environ["TUTTICTL_BIN"]
+    root = os.environ.get("TEST_SRCDIR")
+    if root and os.access(os.path.join(root, "tutti/client/tuttictl"), os.X_OK):
+        return os.path.join(root, "tutti/client/tuttictl")
+    return "bazel-bin/client/tuttictl"
+
+
+def evict_all(daemon):
+    out = subprocess.run([find_tuttictl(), "evict", "--socket", daemon.admin_socket, "--all",
+                          "--json"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise AssertionError("tuttictl evict: %s%s" % (out.stdout, out.stderr))
+    return out.stdout
+
+
+class TuttiConnectorTest(unittest.TestCase):
+    def setUp(self):
+        self.daemons, self.engines = [], []
+
+    def tearDown(self):
+        for e in self.engines:
+            e.shutdown()
+        for d in self.daemons:
+            d.cleanup()
+
+    def start_daemons(self, n):
+        for _ in range(n):
+            self.daemons.append(Tuttid(object_bytes=OBJECT_BYTES, max_objects=2 * LAYERS,
+                                       session_ttl_ms=5000).start())
+        return self.daemons
+
+    def engine(self, tp_size=1, extra=None, **kw):
+        cfg = {"sockets": [d.socket for d in self.daemons[:tp_size]]}
+        cfg.update(extra or {})
+        ktc = KVTransferConfig(kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm",
+                               kv_role="kv_both", kv_connector_extra_config=cfg)
+        e = Engine(EngineConfig(kv_transfer_config=ktc, tp_size=tp_size, num_layers=LAYERS,
+                                num_kv_heads=HEADS, head_size=HEAD_SIZE, block_size=BS,
+                                register_host_memory=True, step_timeout=30.0, **kw))
+        self.engines.append(e)
+        return e
+
+    def assertGood(self, r):
+        self.assertTrue(r.verified, r)
+        self.assertTrue(r.correct, r)
+
+    def pump_events(self, engine, done, timeout=20.0):
+        """Runs steps (with sub-block requests that store nothing) until done(engine.events)."""
+        deadline = time.monotonic() + timeout
+        i = 0
+        while not done(engine.events):
+            if time.monotonic() > deadline:
+                self.fail("events not seen within %.0f s: %s" % (timeout, engine.events))
+            i += 1
+            engine.generate([("ping-%d" % i, [7, 7, 7], 1)])
+        return engine.events
+
+    def test_store_then_load_in_a_fresh_engine(self):
+        self.start_daemons(1)
+        for seed, save in ((1, "end"), (11, "layer")):
+            with self.subTest(save=save):
+                p = prompt(seed, 4)
+                first = self.engine(extra={"save": save}).generate([("a", p, 3)])["a"]
+                self.assertGood(first)
+                self.assertEqual(first.stats.external_tokens, 0)
+                self.engines.pop().shutdown()
+                second = self.engine(extra={"save": save}).generate([("b", p, 3)])["b"]
+                self.assertGood(second)
+                self.assertEqual(second.stats.external_tokens, 4 * BS)
+                self.assertEqual(second.stats.computed_tokens, len(p) - 4 * BS + 2)
+                self.assertEqual(second.output_token_ids, first.output_token_ids)
+                self.engines.pop().shutdown()
+
+    def test_tp2_hits_only_where_both_ranks_hold_the_block(self):
+        d0, d1 = self.start_daemons(2)
+        e = self.engine(tp_size=2)
+        p = prompt(2, 4)
+        self.assertGood(e.generate([("a", p, 2)])["a"])
+        evict_all(d1)
+        e.reset_prefix_cache()
+        # q shares p's first 2 blocks: it puts them back on rank 1 (rank 0 has them already).
+        q = prompt(2, 2, tail=0) + prompt(3, 2)
+        rq = e.generate([("q", q, 2)])["q"]
+        self.assertGood(rq)
+        self.assertEqual(rq.stats.external_tokens, 0, "rank 1 held nothing")
+        e.reset_prefix_cache()
+        r = e.generate([("b", p, 2)])["b"]
+        self.assertGood(r)
+        self.assertEqual(r.stats.external_tokens, 2 * BS)
+
+    def test_a_rank_whose_tuttid_dies_before_the_load(self):
+        d0, d1 = self.start_daemons(2)
+        e = self.engine(tp_size=2)
+        p = prompt(4, 3)
+        first = e.generate([("a", p, 2)])["a"]
+        e.reset_prefix_cache()
+
+        def kill_rank1(so):
+            if so.scheduled_new_reqs and so.scheduled_new_reqs[0].req_id == "b":
+                d1.kill()
+        t0 = time.monotonic()
+        r = e.generate([("b", p, 2)], before_execute=kill_rank1)["b"]
+        self.assertLess(time.monotonic() - t0, 30.0)
+        self.assertGood(r)
+        self.assertEqual(r.output_token_ids, first.output_token_ids)
+        self.assertEqual(r.stats.failed_load_tokens, 3 * BS)
+        self.assertIn(1, r.reported_bad_blocks, "rank 1 read its failed blocks and said so")
+        # With rank 1 gone, lookups miss and steps go on.
+        e.reset_prefix_cache()
+        later = e.generate([("c", p, 2)])["c"]
+        self.assertGood(later)
+        self.assertEqual(later.stats.external_tokens, 0)
+
+    def test_eviction_between_lookup_and_load_is_held_off_by_the_lease(self):
+        (d0,) = self.start_daemons(1)
+        e = self.engine()
+        p = prompt(5, 3)
+        e.generate([("a", p, 2)])
+        e.reset_prefix_cache()
+
+        def evict(so):
+            if so.scheduled_new_reqs and so.scheduled_new_reqs[0].req_id == "b":
+                evict_all(d0)
+        r = e.generate([("b", p, 2)], before_execute=evict)["b"]
+        self.assertGood(r)
+        self.assertEqual(r.stats.external_tokens, 3 * BS)
+
+    def test_events_follow_stores_and_evictions(self):
+        (d0,) = self.start_daemons(1)
+        e = self.engine()
+        p = prompt(6, 3)
+        self.assertGood(e.generate([("a", p, 2)])["a"])
+        req_hashes = e.block_hashes(p)
+
+        def stored(events):
+            return [ev for ev in events if isinstance(ev, BlockStored)]
+        self.pump_events(e, lambda evs: sum(len(ev.block_hashes) for ev in stored(evs)) >= 3)
+        hashes, tokens = [], []
+        for ev in stored(e.events):
+            self.assertEqual((ev.medium, ev.block_size), ("DISK", BS))
+            first = req_hashes.index(ev.block_hashes[0])
+            self.assertEqual(ev.parent_block_hash, req_hashes[first - 1] if first else None)
+            hashes += ev.block_hashes
+            tokens += ev.token_ids
+        self.assertEqual(hashes, req_hashes[:3])
+        self.assertEqual(tokens, p[:3 * BS])
+        evict_all(d0)
+        self.pump_events(e, lambda evs: sum(len(ev.block_hashes) for ev in evs
+                                            if isinstance(ev, BlockRemoved)) >= 3)
+        removed = [h for ev in e.events if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
+        self.assertEqual(sorted(removed), sorted(req_hashes[:3]))
+        self.assertFalse(any(isinstance(ev, AllBlocksCleared) for ev in e.events))
+
+
+if __name__ == "__main__":
+    unittest.main()
