@@ -142,6 +142,20 @@ class DirConnectorHarnessTest(unittest.TestCase):
         self.assertTrue(any(r.stats.external_tokens + r.stats.local_hit_tokens > 0
                             for r in resumed), [r.stats for r in resumed])
 
+    def test_lookups_repeat_while_a_request_waits_for_blocks(self):
+        e = self.engine(num_gpu_blocks=8, max_num_batched_tokens=128)
+        p = prompt(15, 3)
+        e.generate([("a", p, 2)])
+        e.reset_prefix_cache()
+        # "long" takes 6 of the 7 usable blocks for its 8 steps; "b" (4 blocks) waits.
+        out = e.generate([("long", prompt(16, 5), 8), ("b", p, 2)])
+        self.assertGood(out["long"])
+        self.assertGood(out["b"])
+        self.assertEqual(out["b"].stats.external_tokens, 3 * BS)
+        lookups = sum(calls.count("get_num_new_matched_tokens") for calls in e.scheduler_calls)
+        allocs = sum(calls.count("update_state_after_alloc") for calls in e.scheduler_calls)
+        self.assertGreater(lookups, allocs + 3, "b is looked up again on every step it waits")
+
     def test_failed_load_is_recomputed_from_the_first_failed_block(self):
         e = self.engine(extra={"fail_loads": {"b": [1]}})
         p = prompt(20, 3)

@@ -6,6 +6,7 @@ recomputed, no hung step); an eviction between lookup and load (the lease keeps 
 KV events (take_events) against what was stored and evicted.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -40,12 +41,21 @@ def find_tuttictl():
     return "bazel-bin/client/tuttictl"
 
 
-def evict_all(daemon):
-    out = subprocess.run([find_tuttictl(), "evict", "--socket", daemon.admin_socket, "--all",
-                          "--json"], capture_output=True, text=True, timeout=30)
+def tuttictl(daemon, *args):
+    out = subprocess.run([find_tuttictl(), args[0], "--socket", daemon.admin_socket] +
+                         list(args[1:]) + ["--json"], capture_output=True, text=True,
+                         timeout=30)
     if out.returncode != 0:
-        raise AssertionError("tuttictl evict: %s%s" % (out.stdout, out.stderr))
-    return out.stdout
+        raise AssertionError("tuttictl %s: %s%s" % (args[0], out.stdout, out.stderr))
+    return json.loads(out.stdout)
+
+
+def evict_all(daemon):
+    return tuttictl(daemon, "evict", "--all")
+
+
+def leases_held(daemon):
+    return sum(s["leases"] for s in tuttictl(daemon, "sessions").get("sessions", []))
 
 
 class TuttiConnectorTest(unittest.TestCase):
@@ -145,6 +155,23 @@ class TuttiConnectorTest(unittest.TestCase):
         later = e.generate([("c", p, 2)])["c"]
         self.assertGood(later)
         self.assertEqual(later.stats.external_tokens, 0)
+
+    def test_repeated_lookups_for_a_waiting_request_hold_one_lease(self):
+        (d0,) = self.start_daemons(1)
+        e = self.engine(num_gpu_blocks=8, max_num_batched_tokens=128)
+        p = prompt(7, 3)
+        e.generate([("a", p, 2)])
+        e.reset_prefix_cache()
+        e.add_request("long", prompt(8, 5), 8)  # takes 6 of the 7 usable blocks for 8 steps
+        b = e.add_request("b", p, 2)            # 4 blocks: waits, looked up on every step
+        for _ in range(4):
+            e.step()
+            self.assertLessEqual(leases_held(d0), 1)
+        e.run_until_done()
+        r = e.result(b)
+        self.assertGood(r)
+        self.assertEqual(r.stats.external_tokens, 3 * BS)
+        self.assertEqual(leases_held(d0), 0, "every lease released once the requests finished")
 
     def test_eviction_between_lookup_and_load_is_held_off_by_the_lease(self):
         (d0,) = self.start_daemons(1)

@@ -142,6 +142,7 @@ class Scheduler:
         return output
 
     def _schedule_waiting(self, budget, num_scheduled, new_blocks, new_reqs, resumed_reqs):
+        skipped = []  # requests the connector cannot answer for yet: back at the head after
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             local_blocks, local_tokens = self.kv_cache_manager.get_computed_blocks(request)
@@ -149,10 +150,8 @@ class Scheduler:
             if self.connector is not None:
                 external, load_async = self.connector.get_num_new_matched_tokens(request,
                                                                                  local_tokens)
-                if external is None:  # the connector cannot tell yet: try again next step
-                    self.waiting.rotate(-1)
-                    if self.waiting[0] is request:
-                        break
+                if external is None:
+                    skipped.append(self.waiting.popleft())
                     continue
                 if load_async:
                     raise NotImplementedError("the harness drives synchronous loads only")
@@ -182,6 +181,7 @@ class Scheduler:
             stats = self.stats[request.request_id]
             stats.local_hit_tokens += local_tokens
             stats.external_tokens += external
+        self.waiting.extendleft(reversed(skipped))
         return budget
 
     def _cached_request_data(self, running_reqs, resumed_reqs, new_blocks) -> CachedRequestData:
