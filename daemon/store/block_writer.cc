@@ -58,7 +58,8 @@ BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBacken
       backend_(std::move(backend)),
       clock_(clock),
       index_(options.layout.num_slots(), options.layout.max_objects()),
-      read_bandwidth_(options.bandwidth) {}
+      read_bandwidth_(options.bandwidth),
+      events_(EventHubOptions{options.max_pending_events, options.pool_id, 0}) {}
 
 BlockStore::Impl::~Impl() {
   {
@@ -149,7 +150,7 @@ absl::Status BlockStore::Impl::Init() {
 
 absl::Status BlockStore::Impl::Recover() {
   auto log = log::Get("store");
-  uint64_t skipped = 0, max_epoch = 0;
+  uint64_t skipped = 0, skipped_puts = 0, max_epoch = 0;
   // The visitor runs inside Journal::Open, before any other thread exists, and
   // without mu_: Open takes the journal's own locks, which come before mu_.
   RecoveryVisitor visitor;
@@ -166,6 +167,7 @@ absl::Status BlockStore::Impl::Recover() {
     max_epoch = std::max(max_epoch, r.epoch);
     if (r.slot >= index_.num_slots() || r.checksums.size() > options_.layout.max_objects()) {
       ++skipped;  // written under another pool geometry
+      ++skipped_puts;
       return;
     }
     if (Entry* old = index_.Find(r.ns, r.key)) {
@@ -198,7 +200,14 @@ absl::Status BlockStore::Impl::Recover() {
       "skipped); {} of {} slots free",
       index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
       index_.free_slots(), index_.num_slots());
+  const uint64_t lost = skipped_puts + CountUnknownNamespaceBlocks();
+  events_.SetBlocksLostAtStart(lost);
   lock.Release();
+  if (lost > 0) {
+    log->warn("recovery kept {} fewer blocks than the journal had (other pool geometry or an "
+              "unreadable namespace record); event subscribers are told (blocks_lost_at_start)",
+              lost);
+  }
   if (!empty) return absl::OkStatus();
   const uint64_t probed = std::min(index_.num_slots(), kProbeSlots);
   const uint64_t used = CountUsedSlotHeaders(probed);
@@ -212,7 +221,16 @@ absl::Status BlockStore::Impl::Recover() {
   }
   absl::MutexLock relock(&mu_);
   stats_.unindexed_slot_headers = used;
+  events_.SetBlocksLostAtStart(lost + used);
   return absl::OkStatus();
+}
+
+uint64_t BlockStore::Impl::CountUnknownNamespaceBlocks() const {
+  uint64_t orphans = 0;
+  index_.ForEach([&](const Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    orphans += !namespaces_.contains(e->ns);
+  });
+  return orphans;
 }
 
 uint64_t BlockStore::Impl::CountUsedSlotHeaders(uint64_t max_slots) {
@@ -381,6 +399,7 @@ uint64_t BlockStore::Impl::HideForEviction(Entry* e) {
   const DeleteRecord record{e->ns, e->key, e->slot, e->epoch};
   dram_->Erase(e->ns, e->key);
   index_.Remove(e);  // before the append: a checkpoint never holds a block whose Delete it drops
+  events_.Publish(record.ns, BlockEventKind::kRemoved, record.key);
   ++stats_.evictions;
   return journal_->Append(record);
 }
@@ -549,6 +568,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
       continue;
     }
     index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
+    events_.Publish(p->ns, BlockEventKind::kStored, p->key);
     if (dram_chunks[b] != nullptr) {
       dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
                          static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
