@@ -22,6 +22,7 @@ constexpr uint32_t kLayers = 2;
 constexpr uint32_t kObjects = 2 * kLayers;
 constexpr uint32_t kObjectLen = 2048;
 constexpr uint32_t kFrame = 4096;
+constexpr uint64_t kPoolBytes = 8ull << 20;
 constexpr uint64_t kPoolId = 0x1122334455667788ull;
 
 Key K(uint32_t i) { return testing::TestKey(i); }
@@ -33,7 +34,7 @@ class BlockStoreEventsTest : public ::testing::Test {
                          ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root_);
     fs::create_directories(root_ + "/state");
-    auto layout = pool::PoolLayout::Compute(1ull << 20, 1, kFrame, kObjects);
+    auto layout = pool::PoolLayout::Compute(kPoolBytes, 1, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
     options_.layout = *layout;
     options_.state_dir = root_ + "/state";
@@ -118,16 +119,18 @@ TEST_F(BlockStoreEventsTest, EvictAndLruEvictionAreRemoved) {
   Open();
   const uint64_t slots = options_.layout.num_slots();
   ASSERT_GE(slots, 4u);
-  std::vector<Key> all;
-  for (uint32_t i = 0; i < slots; ++i) all.push_back(K(100 + i));
-  Store(all);
+  for (uint32_t i = 0; i < slots; i += 8) {
+    std::vector<Key> some;
+    for (uint32_t j = i; j < std::min<uint64_t>(slots, i + 8); ++j) some.push_back(K(1000 + j));
+    Store(some);
+  }
   EXPECT_EQ(Events().size(), slots);
   // The pool is full: one more block evicts the least recently used, K(100).
   Store({K(99)});
   std::vector<BlockEvent> got = Events();
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].kind, BlockEventKind::kRemoved);
-  EXPECT_EQ(got[0].key, K(100));
+  EXPECT_EQ(got[0].key, K(1000));
   EXPECT_EQ(got[1].kind, BlockEventKind::kStored);
   EXPECT_EQ(got[1].key, K(99));
   const auto [evicted, skipped] = store_->Evict(ns_);
@@ -190,7 +193,7 @@ TEST_F(BlockStoreEventsTest, BlocksOfAnotherPoolGeometryAreLostAtStart) {
   Store({K(1), K(2), K(3)});
   store_.reset();
   // The same files under a layout of smaller blocks: recovery skips every Put.
-  auto layout = pool::PoolLayout::Compute(1ull << 20, 1, kFrame, kObjects / 2);
+  auto layout = pool::PoolLayout::Compute(kPoolBytes, 1, kFrame, kObjects / 2);
   ASSERT_TRUE(layout.ok());
   options_.layout = *layout;
   auto store = BlockStore::Open(options_, io::MemoryBackend::CreateOn(disk_), &clock_);
@@ -201,7 +204,7 @@ TEST_F(BlockStoreEventsTest, BlocksOfAnotherPoolGeometryAreLostAtStart) {
 TEST_F(BlockStoreEventsTest, ANewPoolHasANewPoolIdAndAReopenedOneTheSame) {
   const std::string dir = root_ + "/pool";
   fs::create_directories(dir);
-  auto layout = pool::PoolLayout::Compute(1ull << 20, 1, kFrame, kObjects);
+  auto layout = pool::PoolLayout::Compute(kPoolBytes, 1, kFrame, kObjects);
   ASSERT_TRUE(layout.ok());
   uint64_t first = 0;
   {

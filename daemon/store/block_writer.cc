@@ -150,7 +150,9 @@ absl::Status BlockStore::Impl::Init() {
 
 absl::Status BlockStore::Impl::Recover() {
   auto log = log::Get("store");
-  uint64_t skipped = 0, skipped_puts = 0, max_epoch = 0;
+  uint64_t skipped = 0, max_epoch = 0;
+  // Blocks whose latest Put was skipped (and not deleted since): durable blocks not kept.
+  absl::flat_hash_map<PendingKey, uint64_t> skipped_blocks;  // -> the skipped Put's epoch
   // The visitor runs inside Journal::Open, before any other thread exists, and
   // without mu_: Open takes the journal's own locks, which come before mu_.
   RecoveryVisitor visitor;
@@ -167,9 +169,10 @@ absl::Status BlockStore::Impl::Recover() {
     max_epoch = std::max(max_epoch, r.epoch);
     if (r.slot >= index_.num_slots() || r.checksums.size() > options_.layout.max_objects()) {
       ++skipped;  // written under another pool geometry
-      ++skipped_puts;
+      skipped_blocks[PendingKey{r.ns, r.key}] = r.epoch;
       return;
     }
+    skipped_blocks.erase(PendingKey{r.ns, r.key});
     if (Entry* old = index_.Find(r.ns, r.key)) {
       index_.ReleaseSlot(old->slot);
       index_.Remove(old);
@@ -181,6 +184,10 @@ absl::Status BlockStore::Impl::Recover() {
     index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
   };
   visitor.on_delete = [&](const DeleteRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (auto it = skipped_blocks.find(PendingKey{r.ns, r.key});
+        it != skipped_blocks.end() && it->second == r.epoch) {
+      skipped_blocks.erase(it);
+    }
     Entry* e = index_.Find(r.ns, r.key);
     if (e != nullptr && e->epoch == r.epoch) {
       index_.ReleaseSlot(e->slot);
@@ -200,7 +207,7 @@ absl::Status BlockStore::Impl::Recover() {
       "skipped); {} of {} slots free",
       index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
       index_.free_slots(), index_.num_slots());
-  const uint64_t lost = skipped_puts + CountUnknownNamespaceBlocks();
+  const uint64_t lost = skipped_blocks.size() + CountUnknownNamespaceBlocks();
   events_.SetBlocksLostAtStart(lost);
   lock.Release();
   if (lost > 0) {
@@ -221,7 +228,8 @@ absl::Status BlockStore::Impl::Recover() {
   }
   absl::MutexLock relock(&mu_);
   stats_.unindexed_slot_headers = used;
-  events_.SetBlocksLostAtStart(lost + used);
+  // The used headers include the skipped Puts' blocks, if any: the larger count, not the sum.
+  events_.SetBlocksLostAtStart(std::max(lost, used));
   return absl::OkStatus();
 }
 
