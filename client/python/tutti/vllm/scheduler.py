@@ -189,7 +189,7 @@ class TuttiScheduler:
         leases = self._lookup_all(keys, request.num_tokens)
         if leases is None:
             return 0, False
-        hits = min(min(l.load_blocks, l.hits) for l in leases.values())
+        hits = min(min(h.lease.load_blocks, h.lease.hits) for h in leases.values())
         if hits <= local:
             self._release(leases)
             return 0, False
