@@ -175,6 +175,7 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
                  {"listen.admin_socket_path", "must differ"});
   ExpectRejected("limits { max_sessions_per_user: 65 }", {"limits.max_sessions_per_user"});
   ExpectRejected("limits { max_leases_per_session: 0 }", {"limits.max_leases_per_session"});
+  ExpectRejected("limits { max_pending_events: 10 }", {"limits.max_pending_events", "1024"});
   ExpectRejected("limits { max_pinned_blocks_per_session: 10 }",
                  {"limits.max_pinned_blocks_per_session"});
   ExpectRejected("limits { max_calls_per_session: 0 }", {"limits.max_calls_per_session"});

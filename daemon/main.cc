@@ -92,9 +92,11 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
 }
 
 // Opens (creating on first start) the pool files and the I/O backend over them. The "memory"
-// backend keeps the pool in RAM and touches no file.
+// backend keeps the pool in RAM and touches no file. *pool_id: the pool's (store::PoolIdOf of its
+// uuid; 0 for the memory backend, whose pool is new at every start).
 absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& config,
-                                                           const pool::PoolLayout& layout) {
+                                                           const pool::PoolLayout& layout,
+                                                           uint64_t* pool_id) {
   const std::vector<std::string> dirs(config.pool().dirs().begin(), config.pool().dirs().end());
   std::vector<uint64_t> sizes(layout.num_files(), layout.file_bytes());
   std::vector<int> fds;
@@ -118,6 +120,7 @@ absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& con
                          }));
     log->info("pool {}: {} {}", files.UuidHex(), files.created ? "created" : "opened",
               absl::StrJoin(files.paths, ", "));
+    *pool_id = store::PoolIdOf(files.uuid);
     fds = files.TakeFds();
   }
   return io::CreateIoBackend(config.io().backend(), std::move(fds), std::move(sizes),
@@ -136,6 +139,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_namespaces = config.limits().max_namespaces();
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
   o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
+  o.max_pending_events = config.limits().max_pending_events();
   const v1::DatapathConfig& dp = config.datapath();  // 0: the meter's default prior
   if (dp.ssd_read_prior_bytes_per_sec() > 0) {
     o.bandwidth.ssd_prior_bytes_per_sec = dp.ssd_read_prior_bytes_per_sec();
@@ -198,13 +202,16 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
       "file (pool.extent_slots = {})",
       layout.num_files(), layout.file_bytes(), layout.num_slots(), layout.max_objects(),
       layout.object_bytes(), layout.extent_slots(), config.pool().extent_slots());
-  ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend, OpenBackend(config, layout));
+  uint64_t pool_id = 0;
+  ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend,
+                   OpenBackend(config, layout, &pool_id));
   d->io_backend = std::string(backend->name());
   if (d->io_backend == "memory") {
     d->notes.push_back("io backend \"memory\": the pool lives in RAM and nothing persists");
   }
-  ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(MakeStoreOptions(config, layout),
-                                                     std::move(backend), Clock::Real()));
+  store::StoreOptions options = MakeStoreOptions(config, layout);
+  options.pool_id = pool_id;
+  ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(options, std::move(backend), Clock::Real()));
   return absl::OkStatus();
 }
 

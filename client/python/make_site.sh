@@ -14,5 +14,7 @@ plugin="${GRPC_PYTHON_PLUGIN:-/usr/bin/grpc_python_plugin}"
 mkdir -p "$out/tutti/v1"
 cp "$here"/tutti/*.py "$out/tutti/"
 cp "$here"/tutti/v1/__init__.py "$out/tutti/v1/"
+mkdir -p "$out/tutti/vllm"
+cp "$here"/tutti/vllm/*.py "$out/tutti/vllm/"
 protoc -I"$proto_root" --python_out="$out" --grpc_python_out="$out" \
   --plugin=protoc-gen-grpc_python="$plugin" "$proto_root/tutti/v1/kvcache.proto"

@@ -44,6 +44,7 @@
 #include "daemon/server/engine_io.h"
 #include "daemon/server/engine_watcher.h"
 #include "daemon/server/sessions.h"
+#include "daemon/server/watch_events.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/kvcache.grpc.pb.h"
 
@@ -97,6 +98,12 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
                       tutti::v1::DetachResponse* resp) override;
   grpc::Status ReportCompute(grpc::ServerContext* ctx, const tutti::v1::ReportComputeRequest* req,
                              tutti::v1::ReportComputeResponse* resp) override;
+  // The session's namespace's block events (watch_events.h, docs/events.md): unknown session ->
+  // NOT_FOUND, a second stream of one session -> FAILED_PRECONDITION. Ends OK when the session
+  // ends, CANCELLED when the client goes away, UNAVAILABLE at shutdown, RESOURCE_EXHAUSTED for a
+  // subscriber more than limits.max_pending_events behind. Takes no call slot of the session.
+  grpc::Status WatchEvents(grpc::ServerContext* ctx, const tutti::v1::WatchEventsRequest* req,
+                           grpc::ServerWriter<tutti::v1::WatchEventsResponse>* writer) override;
 
  private:
   // Emits one progress message; false when the stream is gone.
@@ -135,6 +142,8 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   absl::Status DoStore(const tutti::v1::StoreRequest& req, tutti::v1::StoreResponse* resp);
   absl::Status StoreBlocks(const tutti::v1::StoreRequest& req, const SessionState& session,
                            bool* signaled, tutti::v1::StoreResponse* resp);
+  absl::Status DoWatchEvents(const tutti::v1::WatchEventsRequest& req, grpc::ServerContext* ctx,
+                             grpc::ServerWriter<tutti::v1::WatchEventsResponse>* writer);
   // Watches the engine's process for session `session`; closes the session if that fails.
   absl::Status WatchEngine(const SessionRef& session);
 
@@ -147,6 +156,7 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   EngineWatcher* const watcher_;
   std::unique_ptr<decision::Advisor> own_advisor_;  // when none was given
   decision::Advisor* const advisor_;
+  WatcherSet watchers_;  // sessions with a WatchEvents stream
 };
 
 }  // namespace tutti::server

@@ -234,6 +234,7 @@ void BlockStore::Impl::RetireFailedBlocks(NamespaceId ns, absl::Span<const Faile
       dram_->Erase(ns, f.key);
       e->pins = 0;
       index_.Remove(e);  // the slot stays taken until released from retired_
+      events_.Publish(ns, BlockEventKind::kRemoved, f.key);
       // Appended after the entry left the index: a checkpoint never keeps it.
       last_delete = journal_->Append(DeleteRecord{ns, f.key, retiring.back().slot, f.epoch});
     }
@@ -701,6 +702,7 @@ void BlockStore::Unpin(NamespaceId ns, absl::Span<const Key> keys) { impl_->Unpi
 const datapath::BandwidthMeter& BlockStore::read_bandwidth() const {
   return impl_->read_bandwidth();
 }
+EventHub& BlockStore::events() const { return impl_->events(); }
 
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                               uint32_t layer_end, const LayerSink& sink) {

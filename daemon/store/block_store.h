@@ -42,6 +42,7 @@
 #include "daemon/datapath/scheduler.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
+#include "daemon/store/events.h"
 #include "tutti/v1/kvcache.pb.h"
 
 namespace tutti::store {
@@ -91,6 +92,11 @@ struct StoreOptions {
   // flight, and without.
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 8ull << 20;
+  // The block events (events.h, BlockStore::events): the pool's id (PoolIdOf of its uuid; 0: a
+  // random one, for a pool that lives only as long as this start) and each namespace's ring size
+  // (limits.max_pending_events).
+  uint64_t pool_id = 0;
+  uint32_t max_pending_events = 65536;
 };
 
 // What happened to one block of a Capture. The rejections copy nothing and are worth retrying
@@ -321,6 +327,15 @@ class BlockStore {
   absl::Span<uint8_t> dram_region() const;
   // What Reads measured: bytes per second delivered to the sink from each tier.
   const datapath::BandwidthMeter& read_bandwidth() const;
+
+  // The pool's block events, per namespace, stable for the store's life. kStored when a block's
+  // Put is durable and it becomes visible to LookupAndPin (not at Capture; never for a key already
+  // present); kRemoved when it leaves the index (LRU eviction by the writer, Evict, retirement
+  // after a failed Read or Scrub). The DRAM tier has none of its own. blocks_lost_at_start: the
+  // blocks recovery knew of and did not keep (Put records it skipped, or with an empty index the
+  // used slot headers it found, as StoreStats::unindexed_slot_headers); recovered blocks give no
+  // event.
+  EventHub& events() const;
 
   class Impl;
 

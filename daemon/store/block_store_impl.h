@@ -105,6 +105,7 @@ class BlockStore::Impl {
     return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
   }
   const datapath::BandwidthMeter& read_bandwidth() const { return read_bandwidth_; }
+  EventHub& events() { return events_; }
 
  private:
   using PendingKey = std::pair<NamespaceId, Key>;
@@ -129,6 +130,9 @@ class BlockStore::Impl {
   // Counts the slot headers among the first slots of the pool that decode: the
   // blocks a pool holds that an empty index cannot find.
   uint64_t CountUsedSlotHeaders(uint64_t max_slots);
+  // Recovery: the recovered blocks of namespaces that were not recovered (their record could not
+  // be read), which no Lookup can reach.
+  uint64_t CountUnknownNamespaceBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriterLoop();
   void WriteBatch(std::vector<PendingBlock*> batch);
   // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
@@ -252,6 +256,7 @@ class BlockStore::Impl {
   int64_t last_reap_ms_ ABSL_GUARDED_BY(mu_) = 0;
   StoreStats stats_ ABSL_GUARDED_BY(mu_);
   datapath::BandwidthMeter read_bandwidth_;
+  EventHub events_;  // thread-safe; its lock is a leaf (taken under mu_ by the hooks)
   std::thread writer_;
 };
 

@@ -58,7 +58,8 @@ BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBacken
       backend_(std::move(backend)),
       clock_(clock),
       index_(options.layout.num_slots(), options.layout.max_objects()),
-      read_bandwidth_(options.bandwidth) {}
+      read_bandwidth_(options.bandwidth),
+      events_(EventHubOptions{options.max_pending_events, options.pool_id, 0}) {}
 
 BlockStore::Impl::~Impl() {
   {
@@ -150,6 +151,8 @@ absl::Status BlockStore::Impl::Init() {
 absl::Status BlockStore::Impl::Recover() {
   auto log = log::Get("store");
   uint64_t skipped = 0, max_epoch = 0;
+  // Blocks whose latest Put was skipped (and not deleted since): durable blocks not kept.
+  absl::flat_hash_map<PendingKey, uint64_t> skipped_blocks;  // -> the skipped Put's epoch
   // The visitor runs inside Journal::Open, before any other thread exists, and
   // without mu_: Open takes the journal's own locks, which come before mu_.
   RecoveryVisitor visitor;
@@ -166,8 +169,10 @@ absl::Status BlockStore::Impl::Recover() {
     max_epoch = std::max(max_epoch, r.epoch);
     if (r.slot >= index_.num_slots() || r.checksums.size() > options_.layout.max_objects()) {
       ++skipped;  // written under another pool geometry
+      skipped_blocks[PendingKey{r.ns, r.key}] = r.epoch;
       return;
     }
+    skipped_blocks.erase(PendingKey{r.ns, r.key});
     if (Entry* old = index_.Find(r.ns, r.key)) {
       index_.ReleaseSlot(old->slot);
       index_.Remove(old);
@@ -179,6 +184,10 @@ absl::Status BlockStore::Impl::Recover() {
     index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
   };
   visitor.on_delete = [&](const DeleteRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (auto it = skipped_blocks.find(PendingKey{r.ns, r.key});
+        it != skipped_blocks.end() && it->second == r.epoch) {
+      skipped_blocks.erase(it);
+    }
     Entry* e = index_.Find(r.ns, r.key);
     if (e != nullptr && e->epoch == r.epoch) {
       index_.ReleaseSlot(e->slot);
@@ -198,7 +207,14 @@ absl::Status BlockStore::Impl::Recover() {
       "skipped); {} of {} slots free",
       index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
       index_.free_slots(), index_.num_slots());
+  const uint64_t lost = skipped_blocks.size() + CountUnknownNamespaceBlocks();
+  events_.SetBlocksLostAtStart(lost);
   lock.Release();
+  if (lost > 0) {
+    log->warn("recovery kept {} fewer blocks than the journal had (other pool geometry or an "
+              "unreadable namespace record); event subscribers are told (blocks_lost_at_start)",
+              lost);
+  }
   if (!empty) return absl::OkStatus();
   const uint64_t probed = std::min(index_.num_slots(), kProbeSlots);
   const uint64_t used = CountUsedSlotHeaders(probed);
@@ -212,7 +228,17 @@ absl::Status BlockStore::Impl::Recover() {
   }
   absl::MutexLock relock(&mu_);
   stats_.unindexed_slot_headers = used;
+  // The used headers include the skipped Puts' blocks, if any: the larger count, not the sum.
+  events_.SetBlocksLostAtStart(std::max(lost, used));
   return absl::OkStatus();
+}
+
+uint64_t BlockStore::Impl::CountUnknownNamespaceBlocks() const {
+  uint64_t orphans = 0;
+  index_.ForEach([&](const Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    orphans += !namespaces_.contains(e->ns);
+  });
+  return orphans;
 }
 
 uint64_t BlockStore::Impl::CountUsedSlotHeaders(uint64_t max_slots) {
@@ -381,6 +407,7 @@ uint64_t BlockStore::Impl::HideForEviction(Entry* e) {
   const DeleteRecord record{e->ns, e->key, e->slot, e->epoch};
   dram_->Erase(e->ns, e->key);
   index_.Remove(e);  // before the append: a checkpoint never holds a block whose Delete it drops
+  events_.Publish(record.ns, BlockEventKind::kRemoved, record.key);
   ++stats_.evictions;
   return journal_->Append(record);
 }
@@ -549,6 +576,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
       continue;
     }
     index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
+    events_.Publish(p->ns, BlockEventKind::kStored, p->key);
     if (dram_chunks[b] != nullptr) {
       dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
                          static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);

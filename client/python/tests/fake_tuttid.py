@@ -31,6 +31,9 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         self.hang = threading.Event()  # set: Lookup, Store, Retrieve, Release never answer
         self.ended = threading.Event()  # set by close(): hanging calls return
         self.calls = []               # names of the calls that reached the server
+        self.retrieves = []           # RetrieveRequests
+        self.events = []              # WatchEventsResponses each WatchEvents stream sends
+        self.watches = []             # WatchEventsRequests
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         pb_grpc.add_KvCacheServicer_to_server(self, self._server)
         self._server.add_insecure_port("unix:" + self.socket)
@@ -121,11 +124,22 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
     def Retrieve(self, request, context):
         with self.lock:
             self.calls.append("Retrieve")
+            self.retrieves.append(request)
         yield pb.RetrieveProgress(layer=request.layer_begin)
         if self.hang.is_set():
             self._hang(context)
         for layer in range(request.layer_begin + 1, request.layer_end):
             yield pb.RetrieveProgress(layer=layer)
+
+    def WatchEvents(self, request, context):
+        with self.lock:
+            self.calls.append("WatchEvents")
+            self.watches.append(request)
+            events = list(self.events)
+        for msg in events:
+            yield msg
+        self.ended.wait()  # open until the client cancels or the test ends
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the fake tuttid stopped")
 
     def Release(self, request, context):
         if self.hang.is_set():

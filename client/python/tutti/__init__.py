@@ -18,6 +18,7 @@ See docs/clients.md.
 """
 
 from tutti._calls import Timeouts
+from tutti._events import BlockEvent, EventBatch
 from tutti._hash import HASH_SCHEME, chain_keys
 from tutti._shm import HostRegion, SharedMemory
 from tutti.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
@@ -41,5 +42,6 @@ __all__ = [
     "DeadlineExceeded", "NotFound", "InvalidArgument", "FailedPrecondition", "ResourceExhausted",
     "PermissionDenied", "KvLayout", "Namespace", "ObjectTensor", "cache_bytes",
     "host_cache_tensor", "objects_from_tensors", "DEFAULT_SOCKET", "Client", "Lease",
-    "RetrieveOutcome", "Retrieval", "Timeouts", "ComputeSample", "ComputeReport",
+    "RetrieveOutcome", "Retrieval", "Timeouts", "ComputeSample", "ComputeReport", "BlockEvent",
+    "EventBatch",
 ]

@@ -41,14 +41,39 @@ def _extent(layout, num_blocks, o):
     return (num_blocks - 1) * o.block_stride + layout.object_bytes
 
 
-def build_host_attach(engine_id, ns, num_blocks, objects, host_regions):
+def check_engine_group(engine_group):
+    """Raises InvalidArgument unless `engine_group` is empty or 16 to 64 bytes."""
+    if not isinstance(engine_group, (bytes, bytearray)):
+        raise errors.InvalidArgument("engine_group: bytes, not %s" % type(engine_group).__name__)
+    if engine_group and not 16 <= len(engine_group) <= 64:
+        raise errors.InvalidArgument("engine_group: %d bytes; give 16 to 64 (random, shared by "
+                                     "the engine's own processes) or none" % len(engine_group))
+    return bytes(engine_group)
+
+
+def build_lookup_only_attach(engine_id, ns, engine_group):
+    """The AttachRequest of a memory-less session (no regions, no placements, num_blocks 0),
+    without its credential: it may Lookup, Release, ReportCompute and WatchEvents; workers of
+    the same `engine_group` (16 to 64 bytes, required here) retrieve under its leases."""
+    ns.layout.check()
+    if not engine_group:
+        raise errors.InvalidArgument("engine_group: a memory-less session needs one (16 to 64 "
+                                     "bytes) for its leases to be of use")
+    req = pb.AttachRequest(engine_id=engine_id, num_blocks=0, engine_pid=os.getpid(),
+                           engine_group=check_engine_group(engine_group))
+    req.namespace.CopyFrom(_namespace_proto(ns))
+    return req
+
+
+def build_host_attach(engine_id, ns, num_blocks, objects, host_regions, engine_group=b""):
     """The AttachRequest of a host-mode engine, without its credential; every object's blocks
     must lie in one of `host_regions` [(name, address, size)]. Region i is the handoff's
     descriptor i (see region_fds)."""
     _check_objects(ns.layout, num_blocks, objects)
     if not host_regions:
         raise errors.InvalidArgument("host mode needs host_regions (shared memory)")
-    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid())
+    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid(),
+                           engine_group=check_engine_group(engine_group))
     req.namespace.CopyFrom(_namespace_proto(ns))
     for i, (name, _, size) in enumerate(host_regions):
         req.regions.add().host_shm.CopyFrom(pb.HostShmRegion(name=name, size_bytes=size,
@@ -66,7 +91,8 @@ def build_host_attach(engine_id, ns, num_blocks, objects, host_regions):
     return req
 
 
-def build_cuda_attach(engine_id, ns, num_blocks, objects, device, words, cuda=None):
+def build_cuda_attach(engine_id, ns, num_blocks, objects, device, words, cuda=None,
+                      engine_group=b""):
     """The AttachRequest of a cuda-mode engine, without its credential (a handoff of no
     descriptors): one region per device allocation that holds objects, the ready words and this
     process's pid. `cuda` is the driver module (tests pass
@@ -74,7 +100,8 @@ def build_cuda_attach(engine_id, ns, num_blocks, objects, device, words, cuda=No
     if cuda is None:
         from tutti import _cuda as cuda
     _check_objects(ns.layout, num_blocks, objects)
-    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid())
+    req = pb.AttachRequest(engine_id=engine_id, num_blocks=num_blocks, engine_pid=os.getpid(),
+                           engine_group=check_engine_group(engine_group))
     req.namespace.CopyFrom(_namespace_proto(ns))
     uuid = cuda.gpu_uuid(device)
     region_of = {}

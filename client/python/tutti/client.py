@@ -28,8 +28,10 @@ from typing import List, Optional, Sequence, Tuple
 import grpc
 
 from tutti import errors
-from tutti._attach import build_cuda_attach, build_host_attach, region_fds, with_credential
+from tutti._attach import (build_cuda_attach, build_host_attach, build_lookup_only_attach,
+                           region_fds, with_credential)
 from tutti._calls import InFlight, Timeouts
+from tutti._events import EventStream
 from tutti._handoff import hand_off
 from tutti.layout import Namespace, ObjectTensor
 from tutti.v1 import kvcache_pb2 as pb
@@ -261,7 +263,7 @@ class Client:
                cuda_device: Optional[int] = None, socket_path: str = DEFAULT_SOCKET,
                engine_id: str = "python-engine", reattach: bool = True,
                connect_timeout: float = 5.0, call_timeout: Optional[float] = None,
-               timeouts: Optional[Timeouts] = None) -> "Client":
+               timeouts: Optional[Timeouts] = None, engine_group: bytes = b"") -> "Client":
         """Connects, hands the memory over and attaches. Host mode: pass host_regions
         [(name, address, size)] that hold every object: SharedMemory.region() (which carries its
         descriptor), or the name of a POSIX shm object this process can open read-write (opened
@@ -269,21 +271,39 @@ class Client:
         Deadlines: `timeouts` (default Timeouts()), or `call_timeout` seconds for every call.
         Raises InvalidArgument for inconsistent arguments, Unavailable when tuttid cannot be
         reached, and tuttid's error otherwise (e.g. FailedPrecondition when its pool cannot hold
-        this layout). The memory must outlive the Client."""
+        this layout). The memory must outlive the Client. `engine_group` (16 to 64 random bytes,
+        or empty: no sharing): this session may retrieve under leases of other sessions of the
+        same group, namespace and user, e.g. a memory-less one (attach_lookup_only)."""
         if cuda_device is not None:
             from tutti import _cuda
             words = _cuda.ReadyWords(cuda_device, namespace.layout.num_layers + 1)
             try:
                 req = build_cuda_attach(engine_id, namespace, num_blocks, objects, cuda_device,
-                                        words)
+                                        words, engine_group=engine_group)
                 return cls(socket_path, req, words, cuda_device, reattach, connect_timeout,
                            call_timeout, timeouts)
             except BaseException:
                 words.close()
                 raise
-        req = build_host_attach(engine_id, namespace, num_blocks, objects, host_regions)
+        req = build_host_attach(engine_id, namespace, num_blocks, objects, host_regions,
+                                engine_group)
         return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout, timeouts,
                    fds=region_fds(host_regions))
+
+    @classmethod
+    def attach_lookup_only(cls, namespace: Namespace, engine_group: bytes,
+                           socket_path: str = DEFAULT_SOCKET, engine_id: str = "python-lookup",
+                           reattach: bool = True, connect_timeout: float = 5.0,
+                           call_timeout: Optional[float] = None,
+                           timeouts: Optional[Timeouts] = None) -> "Client":
+        """A memory-less session (no KV memory is handed over): it may lookup(), release(),
+        report_compute() and watch_events(); retrieve() and store() raise FailedPrecondition
+        (tuttid's answer). Sessions attached with the same `engine_group` (16 to 64 bytes,
+        required), namespace and user retrieve under its leases (retrieve(..., more_leases=)).
+        A vLLM scheduler uses one per TP rank. Raises as attach()."""
+        req = build_lookup_only_attach(engine_id, namespace, engine_group)
+        return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout,
+                   timeouts)
 
     # --- session ---
     def _attach_now(self, timeout):
@@ -460,17 +480,27 @@ class Client:
         return ComputeReport(resp.decision_found,
                              resp.prediction_error if resp.decision_found else None)
 
-    def retrieve(self, lease: Lease, keys: Sequence[bytes], engine_blocks: Sequence[int],
-                 layer_begin: int = 0, layer_end: int = 0) -> Retrieval:
+    def retrieve(self, lease: Optional[Lease], keys: Sequence[bytes],
+                 engine_blocks: Sequence[int], layer_begin: int = 0, layer_end: int = 0,
+                 more_leases: Sequence[int] = ()) -> Retrieval:
         """Starts copying layers [layer_begin, layer_end) (0: all) of keys[i] into engine block
-        engine_blocks[i]; the keys must be under `lease` (it ends with the transfer). Returns at
-        once; wait per layer with Retrieval.wait_layer. Waits first for the previous Retrieve of
-        this Client to end. Raises Unavailable for a lease from before a re-attach. The transfer
-        breaks (code DEADLINE_EXCEEDED) past Timeouts.for_retrieve, and at once (UNAVAILABLE)
-        when the session ends."""
+        engine_blocks[i]; the keys must be under `lease` or one of `more_leases` (lease ids of
+        this session, or of a session of the same engine_group, e.g. a scheduler's memory-less
+        one: RetrieveRequest.lease_ids, at most 1024); all of them end with the transfer.
+        `lease` may be None when more_leases is not empty. Returns at once; wait per layer with
+        Retrieval.wait_layer. Waits first for the previous Retrieve of this Client to end.
+        Raises Unavailable for a lease from before a re-attach (a foreign lease tuttid no longer
+        has breaks the transfer: every block failed). The transfer breaks (code
+        DEADLINE_EXCEEDED) past Timeouts.for_retrieve, and at once (UNAVAILABLE) when the
+        session ends."""
         if len(keys) != len(engine_blocks) or not keys:
             raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
                                                                           len(engine_blocks)))
+        more_leases = [int(i) for i in more_leases]
+        if lease is None and not more_leases:
+            raise errors.InvalidArgument("retrieve: no lease (give lease or more_leases)")
+        if len(more_leases) > 1024:
+            raise errors.InvalidArgument("more_leases: %d ids; at most 1024" % len(more_leases))
         layer_end = layer_end or self._num_layers
         if not 0 <= layer_begin < layer_end <= self._num_layers:
             raise errors.InvalidArgument("layers [%d, %d) of %d" % (layer_begin, layer_end,
@@ -478,12 +508,13 @@ class Client:
         with self._retrieve_lock:
             self._finish_inflight()
             sid, gen = self._current()
-            if lease.generation != gen:
+            if lease is not None and lease.generation != gen:
                 raise errors.Unavailable("the lease is from before tuttid restarted (the client "
                                          "re-attached); look up again")
             ticket = self._next_ticket()
-            req = pb.RetrieveRequest(session_id=sid, lease_id=lease.id, layer_begin=layer_begin,
-                                     layer_end=layer_end, ticket=ticket)
+            req = pb.RetrieveRequest(session_id=sid, lease_id=lease.id if lease else 0,
+                                     layer_begin=layer_begin, layer_end=layer_end, ticket=ticket,
+                                     lease_ids=more_leases)
             for k, b in zip(keys, engine_blocks):
                 req.blocks.add(key=k, engine_block=int(b))
             r = Retrieval(len(keys), layer_begin, layer_end, ticket, self._words)
@@ -551,6 +582,33 @@ class Client:
                                     "INTERNAL")
         return [STORE_OUTCOMES.get(o, "unspecified") for o in resp.outcomes]
 
+    def watch_events(self, after_seq: int = 0, boot_id: int = 0) -> EventStream:
+        """Streams the stores and evictions of this session's namespace (tutti._events): an
+        iterator of EventBatch, resuming after event `after_seq` of tuttid run `boot_id` (both
+        from an earlier stream; 0, 0: from now on). The stream is cancelled when this session
+        ends (next() raises Unavailable) or the Client detaches (iteration ends); cancel() ends
+        it too. A subscriber too far behind is cut off (ResourceExhausted): resume with its last
+        seq. Raises Unavailable while not attached."""
+        sid, gen = self._current()
+        call = self._stub.WatchEvents(pb.WatchEventsRequest(session_id=sid,
+                                                            after_seq=int(after_seq),
+                                                            boot_id=int(boot_id)))
+        self._calls.add(gen, call)
+
+        def on_error(e):
+            if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.CANCELLED and (
+                    self._calls.why(gen) is None or self._stopped()):
+                return None
+            err = self._error("WatchEvents", e, 0, "short", gen)
+            self._observe(err, gen)
+            return err
+
+        return EventStream(call, on_error, lambda: self._calls.discard(gen, call))
+
+    def _stopped(self):
+        with self._cv:
+            return self._stop
+
     def release(self, lease: Lease):
         """Ends a lease that will not be retrieved (one from before a re-attach is already gone)."""
         if lease.id == 0:
@@ -570,8 +628,10 @@ class Client:
             self._stop = True
             self._cv.notify_all()
             sid = self._session_id if self._state == "attached" else 0
+            gen = self._generation
             self._state = "detached"
             self._session_id = 0
+        self._calls.end(gen, "the client detached")  # event streams, calls of other threads
         self._channel.unsubscribe(self._on_connectivity)
         if threading.current_thread() is not self._thread:
             self._thread.join()

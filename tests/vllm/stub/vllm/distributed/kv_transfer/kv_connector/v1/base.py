@@ -119,6 +119,9 @@ class KVConnectorBase_V1(ABC):
     def take_events(self):
         return ()
 
+    def set_xfer_handshake_metadata(self, metadata):
+        return None
+
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         if cls is KVConnectorBase_V1:

@@ -1,0 +1,434 @@
+"""tutti.vllm without a tuttid: the geometry of every KV layout vLLM may hand a worker (the
+physical orders of [layers, blocks, heads, tokens, content], the old fused layouts, MLA), the
+refused hash algorithms, the events' translation, and the scheduler's lookups, loads and saves
+against fake per-rank clients. Needs tests/vllm/stub first on sys.path (the BUILD does it)."""
+
+import itertools
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.environ.get("TEST_SRCDIR", ""), "tutti/tests/vllm/stub")
+                if os.environ.get("TEST_SRCDIR") else
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../tests/vllm/stub"))
+
+import torch  # noqa: E402
+
+from vllm.config import CacheConfig
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        MLAAttentionSpec)
+from vllm.v1.request import Request
+from vllm.utils.hashing import sha256_cbor
+
+import tutti
+from tutti.vllm import geometry as geo
+from tutti.vllm import keys as vkeys
+from tutti.vllm.events import BlockInfo, EventTranslator
+from tutti.vllm.metadata import TuttiHandshake
+from tutti.vllm.scheduler import TuttiScheduler
+
+L, B, H, N, D = 3, 5, 2, 4, 8  # layers, blocks, kv heads, tokens per block, head_size
+NAMES = ["model.layers.%d.self_attn.attn" % i for i in range(L)]
+
+
+def config(spec, names=NAMES, num_blocks=B):
+    return KVCacheConfig(num_blocks, [], [KVCacheGroupSpec(list(names), spec)])
+
+
+SPEC = FullAttentionSpec(block_size=N, num_kv_heads=H, head_size=D, dtype=torch.float16)
+
+
+def packed_caches(order):
+    """Per-layer [blocks, heads, tokens, 2*D] views of one cache whose physical order is
+    `order`, a permutation of "LBHNC" (outermost first)."""
+    sizes = dict(L=L, B=B, H=H, N=N, C=2 * D)
+    phys = torch.arange(L * B * H * N * 2 * D, dtype=torch.float16).view(
+        [sizes[c] for c in order])
+    logical = phys.permute([order.index(c) for c in "LBHNC"])
+    return {NAMES[l]: logical[l] for l in range(L)}, logical
+
+
+class GeometryTest(unittest.TestCase):
+    def test_packed_orders(self):
+        """Every order of [L, B, H, N] with content innermost, and content elsewhere: accepted
+        (PACKED) exactly when one layer's block is contiguous, with its order and placements."""
+        for perm in itertools.permutations("LBHN"):
+            for cpos in range(5):
+                order = "".join(perm[:cpos]) + "C" + "".join(perm[cpos:])
+                caches, logical = packed_caches(order)
+                contiguous = set(order[-3:]) == set("HNC")
+                with self.subTest(order=order):
+                    if not contiguous:
+                        with self.assertRaisesRegex(ValueError, r"layer model\.layers\.\d.*"
+                                                    r"shape \[5, 2, 4, 16\].*not contiguous"):
+                            geo.derive(caches, config(SPEC))
+                        continue
+                    g = geo.derive(caches, config(SPEC))
+                    self.assertEqual(g.layout.format, "packed")
+                    self.assertEqual((g.layout.kv_heads, g.layout.head_dim,
+                                      g.layout.block_tokens), (H, 2 * D, N))
+                    self.assertEqual(g.order, order)
+                    self.assertEqual(g.in_block, order[-3:])
+                    self.assertEqual(len(g.objects), L)
+                    es = 2
+                    for l, o in enumerate(g.objects):
+                        self.assertEqual(o.base, logical[l].data_ptr())
+                        self.assertEqual(o.block_stride, logical.stride(1) * es)
+                        # block b of layer l really is object_bytes from o.base + b * stride
+                        blk = logical[l, 3]
+                        self.assertEqual(blk.data_ptr(), o.base + 3 * o.block_stride)
+
+    def test_default_order_is_lbnhc(self):
+        caches, _ = packed_caches("LBNHC")
+        g = geo.derive(caches)  # no config: shapes alone
+        self.assertEqual((g.order, g.in_block, g.num_blocks), ("LBNHC", "NHC", B))
+
+    def test_layer_names_sorted_by_index(self):
+        caches, logical = packed_caches("LBNHC")
+        shuffled = {NAMES[2]: caches[NAMES[2]], NAMES[0]: caches[NAMES[0]],
+                    NAMES[1]: caches[NAMES[1]]}
+        g = geo.derive(shuffled)
+        self.assertEqual(g.layer_names, tuple(NAMES))
+        self.assertEqual(g.objects[0].base, logical[0].data_ptr())
+        self.assertEqual(g.layer_index(NAMES[2]), 2)
+
+    def test_old_fused_kv_first(self):
+        t = torch.zeros(L, 2, B, N, H, D, dtype=torch.bfloat16)
+        g = geo.derive({NAMES[l]: t[l] for l in range(L)}, config(SPEC))
+        self.assertEqual((g.layout.format, g.layout.head_dim, g.in_block), ("fused", D, "NHD"))
+        self.assertEqual(g.order, "L2BNHD")
+        self.assertEqual(len(g.objects), 2 * L)
+        self.assertEqual(g.objects[1].base, t[0, 1].data_ptr())
+        self.assertEqual(g.objects[0].block_stride, N * H * D * 2)
+        self.assertEqual(g.dtype, "bfloat16")
+
+    def test_old_fused_blocks_first(self):
+        t = torch.zeros(L, B, 2, N, H, D, dtype=torch.float16)
+        g = geo.derive({NAMES[l]: t[l] for l in range(L)}, config(SPEC))
+        self.assertEqual((g.layout.format, g.order), ("fused", "LB2NHD"))
+        k, v = g.objects[2], g.objects[3]  # layer 1
+        self.assertEqual(k.base, t[1, 0, 0].data_ptr())
+        self.assertEqual(v.base, t[1, 0, 1].data_ptr())
+        self.assertEqual(k.block_stride, 2 * N * H * D * 2)
+
+    def test_fused_two_blocks_needs_config(self):
+        t = torch.zeros(L, 2, 2, N, H, D, dtype=torch.float16)  # [B=2, 2, ...]
+        g = geo.derive({NAMES[l]: t[l] for l in range(L)}, config(SPEC, num_blocks=2))
+        self.assertEqual(g.order, "L2BNHD")  # ambiguous: vLLM's KV-first default
+
+    def test_fused_hnd(self):
+        t = torch.zeros(L, 2, B, H, N, D, dtype=torch.float16)
+        g = geo.derive({NAMES[l]: t[l] for l in range(L)}, config(SPEC))
+        self.assertEqual(g.in_block, "HND")
+
+    def test_mla(self):
+        spec = MLAAttentionSpec(block_size=N, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+        t = torch.zeros(L, B, N, 576, dtype=torch.bfloat16)
+        g = geo.derive({NAMES[l]: t[l] for l in range(L)}, config(spec))
+        self.assertEqual((g.layout.format, g.layout.kv_heads, g.layout.head_dim), ("mla", 1, 576))
+        self.assertEqual(g.layout.object_bytes, N * 576 * 2)
+
+    def test_refusals(self):
+        caches, _ = packed_caches("LBNHC")
+        bad = FullAttentionSpec(block_size=N, num_kv_heads=H + 1, head_size=D, dtype=None)
+        with self.assertRaisesRegex(ValueError, "spec says heads 3"):
+            geo.derive(caches, config(bad))
+        two = KVCacheConfig(B, [], [KVCacheGroupSpec(NAMES, SPEC), KVCacheGroupSpec([], SPEC)])
+        with self.assertRaisesRegex(ValueError, "2 groups"):
+            geo.derive(caches, two)
+        with self.assertRaisesRegex(ValueError, "6 dims"):
+            geo.derive({"x": torch.zeros(1, 1, 1, 1, 1, 1)})
+        mixed = dict(caches)
+        mixed[NAMES[1]] = caches[NAMES[1]].to(torch.float32)
+        with self.assertRaisesRegex(ValueError, "every layer alike"):
+            geo.derive(mixed)
+
+
+class KeysTest(unittest.TestCase):
+    def test_refused_hash_algos(self):
+        for algo in ("sha256", "xxhash", "xxhash_cbor", "builtin"):
+            with self.subTest(algo=algo):
+                with self.assertRaisesRegex(ValueError, "--prefix-caching-hash-algo sha256_cbor"):
+                    vkeys.check_hash_algo(CacheConfig(prefix_caching_hash_algo=algo))
+        with self.assertRaisesRegex(ValueError, "--enable-prefix-caching"):
+            vkeys.check_hash_algo(CacheConfig(enable_prefix_caching=False))
+        vkeys.check_hash_algo(CacheConfig())
+
+    def test_keys_and_namespace(self):
+        h = sha256_cbor(("x", (1, 2), None))
+        self.assertEqual(vkeys.key_of(h), h[:16])
+        with self.assertRaisesRegex(ValueError, "sha256_cbor"):
+            vkeys.key_of(12345)
+        caches, _ = packed_caches("LBNHC")
+        g = geo.derive(caches)
+        from vllm.config import ModelConfig
+        ns = vkeys.namespace(ModelConfig(model="m/x", revision="r1"), g, 1, 2, "0.13.0")
+        self.assertEqual(ns.model_id, "m/x@r1|kv=float16|packed:NHC")
+        self.assertEqual(ns.hash_scheme, "vllm-sha256_cbor@0.13.0")
+        self.assertEqual((ns.tp_rank, ns.tp_size), (1, 2))
+
+
+def info(i):
+    return BlockInfo(bytes([i]) * 32, bytes([i - 1]) * 32 if i else None, tuple(range(4)))
+
+
+class EventsTest(unittest.TestCase):
+    def setUp(self):
+        self.t = EventTranslator(tp_size=2, block_size=4)
+        for i in range(4):
+            self.t.remember(bytes([i]) * 16, info(i))
+        self.assertEqual(self.t.on_stream_start(0, 11, 100, 0, False), [])
+        self.assertEqual(self.t.on_stream_start(1, 22, 200, 0, False), [])
+
+    def test_stored_once_every_rank_has_it(self):
+        k = bytes([1]) * 16
+        self.assertEqual(self.t.on_events(0, [("stored", k)]), [])
+        out = self.t.on_events(1, [("stored", k)])
+        self.assertEqual(len(out), 1)
+        e = out[0]
+        self.assertIsInstance(e, BlockStored)
+        self.assertEqual((e.block_hashes, e.parent_block_hash, e.medium, e.block_size),
+                         ([bytes([1]) * 32], bytes([0]) * 32, "DISK", 4))
+        self.assertEqual(e.token_ids, [0, 1, 2, 3])
+        self.assertEqual(self.t.on_events(0, [("stored", k)]), [])  # once
+
+    def test_removed_when_any_rank_removes(self):
+        k = bytes([2]) * 16
+        self.t.on_events(0, [("stored", k)])
+        self.t.on_events(1, [("stored", k)])
+        out = self.t.on_events(1, [("removed", k)])
+        self.assertEqual(out, [BlockRemoved(block_hashes=[bytes([2]) * 32], medium="DISK")])
+        self.assertEqual(self.t.on_events(0, [("removed", k)]), [])
+        self.assertEqual(self.t.on_events(1, [("stored", k)]), [])  # rank 0 no longer has it
+
+    def test_unknown_keys_are_skipped(self):
+        self.assertEqual(self.t.on_events(0, [("stored", b"z" * 16)]), [])
+        self.assertEqual(self.t.unknown_keys, 1)
+
+    def test_restart_rules(self):
+        k = bytes([3]) * 16
+        self.t.on_events(0, [("stored", k)])
+        self.t.on_events(1, [("stored", k)])
+        self.assertEqual(self.t.on_stream_start(0, 11, 100, 0, True), [])     # resumed
+        self.assertEqual(self.t.on_stream_start(0, 11, 101, 0, False), [])    # clean restart
+        self.assertEqual(self.t.on_events(0, [("removed", k)])[0].block_hashes,
+                         [bytes([3]) * 32])  # still announced after the clean restart
+        self.assertEqual(self.t.on_stream_start(0, 11, 102, 5, False), [AllBlocksCleared()])
+        self.assertEqual(self.t.on_stream_start(1, 23, 200, 0, False), [AllBlocksCleared()])
+        self.assertEqual(self.t.on_stream_start(1, 23, 200, 0, False), [AllBlocksCleared()])
+
+    def test_clear_forgets_the_wiped_rank(self):
+        k = bytes([1]) * 16
+        self.t.on_events(0, [("stored", k)])
+        self.t.on_events(1, [("stored", k)])
+        self.t.on_stream_start(1, 99, 201, 0, False)  # rank 1's pool is new
+        self.assertEqual(self.t.on_events(0, [("removed", k)]), [])  # nothing announced now
+        self.t.on_events(0, [("stored", k)])
+        self.assertEqual(len(self.t.on_events(1, [("stored", k)])), 1)
+
+
+class FakeClient:
+    """One rank's tuttid: `have` keys are cached; lookup pins them under a new lease."""
+
+    def __init__(self, have=(), load_blocks=None, fail=False):
+        self.have = set(have)
+        self.load_blocks = load_blocks
+        self.fail = fail
+        self.next_id = 1
+        self.live = {}
+        self.released = []
+        self.lookups = 0
+        self.info = {"attached": True}
+
+    def lookup(self, keys, prompt_tokens=None):
+        self.lookups += 1
+        if self.fail:
+            raise tutti.Unavailable("fake: away")
+        hits = 0
+        while hits < len(keys) and keys[hits] in self.have:
+            hits += 1
+        lb = hits if self.load_blocks is None else min(self.load_blocks, hits)
+        lease = tutti.Lease(self.next_id if hits else 0, hits, 1000, 1, load_blocks=lb)
+        if hits:
+            self.live[lease.id] = lease
+            self.next_id += 1
+        return lease
+
+    def release(self, lease):
+        self.live.pop(lease.id, None)
+        self.released.append(lease.id)
+
+    def detach(self):
+        pass
+
+
+BS = 4
+hasher = get_request_block_hasher(BS, sha256_cbor)
+
+
+def request(rid, ntokens, start=0):
+    return Request(rid, list(range(start, start + ntokens)), block_hasher=hasher)
+
+
+def sched_with(clients, clock=None):
+    shakes = {r: TuttiHandshake(r, "sock%d" % r, None, b"g" * 16) for r in range(len(clients))}
+    s = TuttiScheduler(BS, len(clients), connect=lambda h: clients[h.tp_rank],
+                       watch_events=False, clock=clock or (lambda: 0.0))
+    s.set_handshakes(shakes)
+    return s
+
+
+def keys_of(req, n):
+    return [h[:16] for h in req.block_hashes[:n]]
+
+
+def output(new=(), cached=(), scheduled=None, preempted=None):
+    c = CachedRequestData.make_empty()
+    for rid, computed, new_blocks, resumed in cached:
+        c.req_ids.append(rid)
+        c.new_block_ids.append((new_blocks,) if new_blocks is not None else None)
+        c.num_computed_tokens.append(computed)
+        if resumed:
+            c.resumed_req_ids.add(rid)
+    so = SchedulerOutput.make_empty()
+    so.scheduled_new_reqs = list(new)
+    so.scheduled_cached_reqs = c
+    so.num_scheduled_tokens = dict(scheduled or {})
+    so.preempted_req_ids = set(preempted or ())
+    return so
+
+
+class SchedulerTest(unittest.TestCase):
+    def test_min_over_ranks_and_limit(self):
+        r = request("a", 21)  # 5 full blocks; at most (21-1)//4 = 5 to load
+        r0 = FakeClient(keys_of(r, 5))
+        r1 = FakeClient(keys_of(r, 3))
+        s = sched_with([r0, r1])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (12, False))
+        r20 = request("b", 20)  # 5 full blocks, but at most (20-1)//4 = 4
+        c = FakeClient(keys_of(r20, 5))
+        s2 = sched_with([c])
+        self.assertEqual(s2.get_num_new_matched_tokens(r20, 0), (16, False))
+        self.assertEqual(s2.get_num_new_matched_tokens(r20, 8), (8, False))  # 2 local hits
+
+    def test_load_blocks_advice_and_local_hits(self):
+        r = request("a", 33)
+        s = sched_with([FakeClient(keys_of(r, 8), load_blocks=3)])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (12, False))
+        self.assertEqual(s.get_num_new_matched_tokens(r, 12), (0, False))
+
+    def test_repeat_calls_release_old_leases(self):
+        r = request("a", 17)
+        c0, c1 = FakeClient(keys_of(r, 4)), FakeClient(keys_of(r, 4))
+        s = sched_with([c0, c1])
+        s.get_num_new_matched_tokens(r, 0)
+        s.get_num_new_matched_tokens(r, 0)  # allocation failed: vLLM asks again
+        self.assertEqual((len(c0.live), len(c1.live)), (1, 1))
+        self.assertEqual((c0.released, c1.released), ([1], [1]))
+        s.request_finished(r, [])
+        self.assertEqual((len(c0.live), len(c1.live)), (0, 0))
+
+    def test_any_error_is_a_miss_with_backoff(self):
+        r = request("a", 17)
+        now = [0.0]
+        c0, c1 = FakeClient(keys_of(r, 4)), FakeClient(keys_of(r, 4), fail=True)
+        s = sched_with([c0, c1], clock=lambda: now[0])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+        self.assertEqual(c0.live, {})  # rank 0's pin released
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+        self.assertEqual(c1.lookups, 1)  # backing off: not asked again
+        c1.fail = False
+        now[0] = 10.0
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (16, False))
+
+    def test_no_handshake_no_lookup(self):
+        s = TuttiScheduler(BS, 1, connect=lambda h: None, watch_events=False)
+        self.assertEqual(s.get_num_new_matched_tokens(request("a", 17), 0), (0, False))
+
+    def test_load_then_chunked_prefill_saves(self):
+        r = request("a", 26)  # 6 full blocks, 2 cached on both ranks, 1 local hit
+        c0, c1 = FakeClient(keys_of(r, 2)), FakeClient(keys_of(r, 3))
+        s = sched_with([c0, c1])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 4), (4, False))
+        blocks = [10, 11, 12, 13, 14, 15, 16]
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 4)
+        r.num_computed_tokens = 8
+        nr = NewRequestData.from_request(r, (blocks,))
+        meta = s.build_connector_meta(output(new=[nr], scheduled={"a": 10}))
+        self.assertEqual(len(meta.loads), 1)
+        ld = meta.loads[0]
+        self.assertEqual((ld.keys, ld.block_ids), (keys_of(r, 2)[1:], [11]))
+        self.assertEqual(ld.lease_ids, {0: 1, 1: 1})
+        self.assertEqual(len(meta.saves), 1)  # computed to 18: blocks 2, 3
+        self.assertEqual((meta.saves[0].keys, meta.saves[0].block_ids),
+                         (keys_of(r, 4)[2:], [12, 13]))
+        # next chunk: 18 -> 26, blocks 4, 5 (the last 2 tokens are no full block)
+        meta = s.build_connector_meta(output(cached=[("a", 18, None, False)],
+                                             scheduled={"a": 8}))
+        self.assertEqual(meta.loads, [])
+        self.assertEqual(meta.saves[0].block_ids, [14, 15])
+        meta = s.build_connector_meta(output(cached=[("a", 26, None, False)],
+                                             scheduled={"a": 1}))
+        self.assertEqual(meta.saves, [])
+        # decode fills block 6: tokens 26, 27 generated
+        r.append_output_token_ids([100, 101])
+        meta = s.build_connector_meta(output(cached=[("a", 27, [17], False)],
+                                             scheduled={"a": 1}))
+        self.assertEqual((meta.saves[0].keys, meta.saves[0].block_ids),
+                         ([r.block_hashes[6][:16]], [16]))
+
+    def test_no_load_releases_leases(self):
+        r = request("a", 17)
+        c = FakeClient(keys_of(r, 4))
+        s = sched_with([c])
+        s.get_num_new_matched_tokens(r, 0)
+        s.update_state_after_alloc(r, KVCacheBlocks(([1, 2, 3, 4, 5],)), 0)
+        self.assertEqual(c.live, {})
+        meta = s.build_connector_meta(output(new=[NewRequestData.from_request(r, ([1, 2, 3, 4,
+                                                                                    5],))],
+                                             scheduled={"a": 17}))
+        self.assertEqual(meta.loads, [])
+        self.assertEqual(meta.saves[0].block_ids, [1, 2, 3, 4])
+
+    def test_preemption(self):
+        r = request("a", 16)
+        c = FakeClient()
+        s = sched_with([c])
+        s.get_num_new_matched_tokens(r, 0)
+        s.update_state_after_alloc(r, KVCacheBlocks(([1, 2, 3, 4],)), 0)
+        nr = NewRequestData.from_request(r, ([1, 2, 3, 4],))
+        meta = s.build_connector_meta(output(new=[nr], scheduled={"a": 8}))
+        self.assertEqual(meta.saves[0].block_ids, [1, 2])
+        meta = s.build_connector_meta(output(preempted=["a"]))
+        self.assertEqual(meta.saves, [])
+        # resumed: tuttid has blocks 0, 1 now; vLLM reallocates other blocks
+        c.have.update(keys_of(r, 2))
+        r.num_computed_tokens = 0
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (8, False))
+        s.update_state_after_alloc(r, KVCacheBlocks(([7, 8, 9, 6],)), 8)
+        meta = s.build_connector_meta(output(cached=[("a", 8, [7, 8, 9, 6], True)],
+                                             scheduled={"a": 8}))
+        self.assertEqual(meta.loads[0].block_ids, [7, 8])
+        self.assertEqual(meta.saves[0].block_ids, [9, 6])  # blocks 2, 3: never saved before
+
+    def test_events_remembered_from_saves(self):
+        r = request("a", 8)
+        s = sched_with([FakeClient()])
+        s.get_num_new_matched_tokens(r, 0)
+        s.update_state_after_alloc(r, KVCacheBlocks(([1, 2],)), 0)
+        s.build_connector_meta(output(new=[NewRequestData.from_request(r, ([1, 2],))],
+                                      scheduled={"a": 8}))
+        t = s.translator
+        t.on_stream_start(0, 1, 1, 0, False)
+        out = t.on_events(0, [("stored", r.block_hashes[1][:16])])
+        self.assertEqual(out[0].block_hashes, [r.block_hashes[1]])
+        self.assertEqual(out[0].parent_block_hash, r.block_hashes[0])
+        self.assertEqual(out[0].token_ids, [4, 5, 6, 7])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,134 @@
+"""TuttiConnector: tutti as a vLLM KV connector (KVConnectorBase_V1), loaded out of tree with
+--kv-transfer-config '{"kv_connector": "TuttiConnector", "kv_connector_module_path":
+"tutti.vllm", "kv_role": "kv_both", "kv_connector_extra_config": {...}}' (docs/vllm.md).
+
+It dispatches on its role: SCHEDULER -> tutti.vllm.scheduler.TuttiScheduler, WORKER ->
+tutti.vllm.worker.TuttiWorker; a hook of the other role is a no-op. Extra config:
+  "sockets": [path of TP rank 0's tuttid, ...]  (default /run/tutti/<rank>/tuttid.sock)
+  "save": "end" (default) | "layer"
+  "lookup_timeout_ms": 500   the scheduler's Lookup deadline
+  "events": true             watch tuttid's events for take_events()
+"""
+
+from typing import Any
+
+import vllm
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+
+from tutti.vllm.keys import check_hash_algo
+from tutti.vllm.metadata import TuttiConnectorMetadata
+from tutti.vllm.scheduler import TuttiScheduler, lookup_only_connect
+from tutti.vllm.worker import TuttiWorker
+
+DEFAULT_SOCKET = "/run/tutti/%d/tuttid.sock"
+
+
+def _tp_rank():
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+    return get_tensor_model_parallel_rank()
+
+
+def socket_of(extra, rank):
+    sockets = extra.get("sockets")
+    if sockets is None:
+        return DEFAULT_SOCKET % rank
+    if not isinstance(sockets, (list, tuple)) or rank >= len(sockets):
+        raise ValueError("kv_connector_extra_config sockets: %r has no entry for TP rank %d "
+                         "(a list indexed by TP rank)" % (sockets, rank))
+    return str(sockets[rank])
+
+
+class TuttiConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        check_hash_algo(vllm_config.cache_config)
+        pc = vllm_config.parallel_config
+        if getattr(pc, "pipeline_parallel_size", 1) != 1:
+            raise ValueError("TuttiConnector supports tensor parallelism only "
+                             "(pipeline_parallel_size is %d)" % pc.pipeline_parallel_size)
+        tp_size = int(pc.tensor_parallel_size)
+        block_size = int(vllm_config.cache_config.block_size)
+        self._sched = None
+        self._worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            timeout = float(extra.get("lookup_timeout_ms", 500)) / 1000.0
+            self._sched = TuttiScheduler(block_size, tp_size, lookup_only_connect(timeout),
+                                         watch_events=bool(extra.get("events", True)))
+        else:
+            rank = _tp_rank()
+            self._worker = TuttiWorker(vllm_config.model_config, kv_cache_config, rank, tp_size,
+                                       socket_of(extra, rank), extra.get("save", "end"),
+                                       getattr(vllm, "__version__", "unknown"))
+
+    # --- worker side ---
+    def register_kv_caches(self, kv_caches):
+        self._worker.register_kv_caches(kv_caches)
+
+    def get_handshake_metadata(self):
+        return self._worker.handshake() if self._worker is not None else None
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            self._worker.bind(connector_metadata)
+
+    def clear_connector_metadata(self):
+        super().clear_connector_metadata()
+        if self._worker is not None:
+            self._worker.clear()
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        if self._worker is not None:
+            self._worker.start_load()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._worker is not None:
+            self._worker.wait_layer(layer_name)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        if self._worker is not None:
+            self._worker.save_layer(layer_name, kv_layer)
+
+    def wait_for_save(self):
+        if self._worker is not None:
+            self._worker.wait_for_save()
+
+    def get_block_ids_with_load_errors(self):
+        return self._worker.load_errors() if self._worker is not None else set()
+
+    def get_finished(self, finished_req_ids):
+        return None, None
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._sched is not None:
+            self._sched.shutdown()
+
+    # --- scheduler side ---
+    def set_xfer_handshake_metadata(self, metadata) -> None:
+        if self._sched is not None:
+            self._sched.set_handshakes(metadata)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> TuttiConnectorMetadata:
+        return self._sched.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        self._sched.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        return self._sched.request_finished(request, block_ids)
+
+    def take_events(self):
+        return self._sched.take_events() if self._sched is not None else ()
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        return None

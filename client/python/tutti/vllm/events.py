@@ -1,0 +1,99 @@
+"""tuttid's events (KvCache.WatchEvents, one stream per TP rank) as vLLM KV cache events, for
+the scheduler's take_events(). Pure logic: the scheduler feeds it; nothing here does I/O.
+
+Rules:
+- A key becomes BlockStored (medium "DISK", vLLM's block hash, its parent's hash, its token ids
+  and LoRA, as remembered when this engine scheduled its save) once every TP rank stored it.
+  Keys this engine did not save (another engine of the same namespace) are not announced: their
+  tokens are unknown here.
+- BlockRemoved (the same hash, medium "DISK") as soon as any rank removed an announced key.
+- A rank's new stream that did not resume: a changed pool_id (a new, empty pool), a new boot_id
+  with blocks_lost_at_start > 0, or the same boot_id (events were dropped) -> AllBlocksCleared,
+  and nothing stays announced; a new boot_id that lost nothing -> no event (the blocks are kept).
+  A rank's first stream sets its baseline and emits nothing.
+
+Thread-safety: none; the scheduler serialises calls (one lock).
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+MEDIUM = "DISK"
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    block_hash: bytes
+    parent_hash: Optional[bytes]
+    token_ids: Tuple[int, ...]
+    lora_id: Optional[int] = None
+    lora_name: Optional[str] = None
+
+
+class EventTranslator:
+    def __init__(self, tp_size: int, block_size: int, max_keys: int = 1 << 20):
+        """Remembers at most `max_keys` keys (the oldest saved go first; a forgotten key is
+        announced no more, and its removal is not reported)."""
+        self._tp_size = tp_size
+        self._block_size = block_size
+        self._max_keys = max_keys
+        self._info: "OrderedDict[bytes, BlockInfo]" = OrderedDict()
+        self._holders: Dict[bytes, set] = {}
+        self._announced = set()
+        self._runs: Dict[int, Tuple[int, int]] = {}
+        self.unknown_keys = 0  # events of keys this engine did not save
+
+    def remember(self, key: bytes, info: BlockInfo):
+        """Records what BlockStored will carry for `key` (call when scheduling its save)."""
+        self._info[key] = info
+        self._info.move_to_end(key)
+        while len(self._info) > self._max_keys:
+            old, _ = self._info.popitem(last=False)
+            self._holders.pop(old, None)
+            self._announced.discard(old)
+
+    def on_stream_start(self, rank: int, pool_id: int, boot_id: int, blocks_lost_at_start: int,
+                        resumed: bool) -> List:
+        previous = self._runs.get(rank)
+        self._runs[rank] = (pool_id, boot_id)
+        if previous is None or resumed:
+            return []
+        old_pool, old_boot = previous
+        wiped = pool_id != old_pool
+        lost = boot_id != old_boot and blocks_lost_at_start > 0
+        missed = boot_id == old_boot
+        if not (wiped or lost or missed):
+            return []
+        for holders in self._holders.values():
+            holders.discard(rank)
+        self._announced.clear()
+        return [AllBlocksCleared()]
+
+    def on_events(self, rank: int, events: Sequence[Tuple[str, bytes]]) -> List:
+        """`events`: (kind "stored" | "removed", key) in the rank's stream order."""
+        out = []
+        for kind, key in events:
+            info = self._info.get(key)
+            if info is None:
+                self.unknown_keys += 1
+                continue
+            holders = self._holders.setdefault(key, set())
+            if kind == "stored":
+                holders.add(rank)
+                if len(holders) == self._tp_size and key not in self._announced:
+                    self._announced.add(key)
+                    out.append(self._stored(info))
+            elif kind == "removed":
+                holders.discard(rank)
+                if key in self._announced:
+                    self._announced.discard(key)
+                    out.append(BlockRemoved(block_hashes=[info.block_hash], medium=MEDIUM))
+        return out
+
+    def _stored(self, info: BlockInfo):
+        return BlockStored(block_hashes=[info.block_hash], parent_block_hash=info.parent_hash,
+                           token_ids=list(info.token_ids), block_size=self._block_size,
+                           lora_id=info.lora_id, medium=MEDIUM, lora_name=info.lora_name)

@@ -1,0 +1,45 @@
+"""What the connector's scheduler side hands its workers each step, and what each worker tells
+the scheduler at start-up. All picklable (vLLM sends them between processes).
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorHandshakeMetadata,
+                                                                KVConnectorMetadata)
+
+from tutti.layout import Namespace
+
+
+@dataclass
+class TuttiHandshake(KVConnectorHandshakeMetadata):
+    """One worker (TP rank): the tuttid it attached to, its namespace and its engine_group. vLLM
+    gathers them as {tp_rank: TuttiHandshake} for the scheduler's set_xfer_handshake_metadata."""
+    tp_rank: int
+    socket: str
+    namespace: Namespace
+    engine_group: bytes
+
+
+@dataclass
+class LoadSpec:
+    """Load keys[i] into vLLM block block_ids[i] (the request's blocks after its local prefix
+    hits). lease_ids: TP rank -> the scheduler's lease on that rank's tuttid that pins them."""
+    req_id: str
+    keys: List[bytes]
+    block_ids: List[int]
+    lease_ids: Dict[int, int]
+
+
+@dataclass
+class SaveSpec:
+    """Store vLLM block block_ids[i] as keys[i]: full blocks computed by the end of this step."""
+    req_id: str
+    keys: List[bytes]
+    block_ids: List[int]
+
+
+@dataclass
+class TuttiConnectorMetadata(KVConnectorMetadata):
+    loads: List[LoadSpec] = field(default_factory=list)
+    saves: List[SaveSpec] = field(default_factory=list)

@@ -1,0 +1,397 @@
+"""The connector's scheduler side: one memory-less tuttid session per TP rank, lookups that
+never hold up a step, the loads and saves of each step, and the KV events of every rank.
+
+- get_num_new_matched_tokens: Lookup on every rank (Timeouts.short = extra config
+  "lookup_timeout_ms", default 200); hits = min over ranks of Lease.load_blocks, at most
+  (num_tokens - 1) // block_size blocks (vLLM computes at least the last token). Any error is a
+  miss, and that rank is skipped (a miss) for a back-off (0.5 s doubling to 8 s) or until its
+  session is back. Calling it again for a request releases the leases of the earlier call.
+- update_state_after_alloc: a load of blocks [local hits, hits) of the request's blocks, or the
+  leases released when vLLM loads nothing.
+- build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
+  the end of this step (num_computed_tokens + scheduled tokens, only blocks vLLM has hashed) that
+  were neither loaded, nor local prefix hits, nor saved before (also across preemption).
+- request_finished: releases its leases (a load that will not happen), forgets it; never holds
+  blocks (saves finish inside their step).
+- take_events: what the ranks' WatchEvents streams said (tutti.vllm.events).
+
+Thread-safety: vLLM calls the scheduler hooks from one thread; the event watchers are
+background threads (one per rank) that share only the event queue (a lock).
+"""
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import tutti
+from tutti import errors
+from tutti.vllm.events import BlockInfo, EventTranslator
+from tutti.vllm.keys import keys_of
+from tutti.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata, TuttiHandshake
+
+log = logging.getLogger("tutti.vllm")
+
+MIN_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+MAX_PENDING_EVENTS = 1 << 16
+
+
+class RankLink:
+    """One rank's memory-less session. `connect(handshake)` makes a client (tests: a fake); it
+    is tried now and then again in the background, never on the caller's thread, until it works.
+    client() is None while unattached, away or backing off after a failed call."""
+
+    def __init__(self, handshake: TuttiHandshake, connect: Callable, clock=time.monotonic):
+        self.handshake = handshake
+        self._connect = connect
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._client = None
+        self._connecting = False
+        self._until = 0.0
+        self._backoff = MIN_BACKOFF_S
+        self._closed = False
+        try:
+            self._client = connect(handshake)
+        except Exception as e:  # tuttid not there yet: keep trying in the background
+            log.warning("tuttid of TP rank %d at %s: %s; treating lookups as misses until it "
+                        "answers", handshake.tp_rank, handshake.socket, e)
+            self._fail_locked()
+
+    def client(self):
+        with self._lock:
+            if self._clock() < self._until:
+                return None
+            if self._client is None:
+                self._start_connect_locked()
+                return None
+            if not self._client.info.get("attached", True):
+                return None
+            return self._client
+
+    def attached_client(self):
+        """The client whatever the back-off (for the event watcher), or None."""
+        with self._lock:
+            return self._client
+
+    def failed(self, err):
+        with self._lock:
+            log.info("TP rank %d: %s; lookups miss for %.1f s", self.handshake.tp_rank, err,
+                     self._backoff)
+            self._fail_locked()
+
+    def succeeded(self):
+        with self._lock:
+            self._backoff = MIN_BACKOFF_S
+
+    def _fail_locked(self):
+        self._until = self._clock() + self._backoff
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+
+    def _start_connect_locked(self):
+        if self._connecting or self._closed:
+            return
+        self._connecting = True
+        threading.Thread(target=self._connect_once, daemon=True,
+                         name="tutti-sched-connect").start()
+
+    def _connect_once(self):
+        try:
+            c = self._connect(self.handshake)
+        except Exception:
+            c = None
+        with self._lock:
+            self._connecting = False
+            if c is None:
+                self._fail_locked()
+            elif self._closed:
+                c.detach()
+            else:
+                self._client = c
+                self._backoff = MIN_BACKOFF_S
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            c, self._client = self._client, None
+        if c is not None:
+            c.detach()
+
+
+@dataclass
+class _Pending:
+    keys: List[bytes]
+    leases: Dict[int, object]  # rank -> tutti.Lease
+    local: int
+    hits: int
+
+
+@dataclass
+class _Req:
+    request: object
+    block_ids: List[int] = field(default_factory=list)
+    done: int = 0  # blocks [0, done) need no save: loaded, local prefix hits, or saved
+
+
+class TuttiScheduler:
+    def __init__(self, block_size: int, tp_size: int, connect: Optional[Callable] = None,
+                 watch_events: bool = True, clock=time.monotonic):
+        """`connect(handshake)` returns a client for one rank (default: a memory-less
+        tutti.Client, see lookup_only_connect)."""
+        self.block_size = block_size
+        self.tp_size = tp_size
+        self._connect = connect or lookup_only_connect()
+        self._watch = watch_events
+        self._clock = clock
+        self._links: Dict[int, RankLink] = {}
+        self._pending: Dict[str, _Pending] = {}
+        self._local: Dict[str, int] = {}
+        self._reqs: Dict[str, _Req] = {}
+        self._loads: List[LoadSpec] = []
+        self._events_lock = threading.Lock()
+        self._events = deque(maxlen=MAX_PENDING_EVENTS)
+        self.translator = EventTranslator(tp_size, block_size)
+        self._stop = threading.Event()
+        self._watchers: List[threading.Thread] = []
+        self._streams: Dict[int, object] = {}
+
+    # --- start-up ---
+    def set_handshakes(self, metadata):
+        """vLLM's set_xfer_handshake_metadata: {tp_rank: TuttiHandshake} of every worker."""
+        shakes = _flatten(metadata)
+        missing = sorted(set(range(self.tp_size)) - set(shakes))
+        if missing:
+            raise ValueError("TuttiConnector: no handshake from TP ranks %s (got %s)" %
+                             (missing, sorted(shakes)))
+        for rank in sorted(shakes):
+            self._links[rank] = RankLink(shakes[rank], self._connect, self._clock)
+        if self._watch:
+            for rank, link in self._links.items():
+                t = threading.Thread(target=self._watch_rank, args=(rank, link), daemon=True,
+                                     name="tutti-events-%d" % rank)
+                t.start()
+                self._watchers.append(t)
+
+    # --- lookups ---
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        req_id = request.request_id
+        self._release_pending(req_id)
+        local = num_computed_tokens // self.block_size
+        self._local[req_id] = local
+        max_blocks = max(request.num_tokens - 1, 0) // self.block_size
+        hashes = list(request.block_hashes[:max_blocks])
+        if len(hashes) <= local or len(self._links) != self.tp_size:
+            return 0, False
+        keys = keys_of(hashes)
+        leases = self._lookup_all(keys, request.num_tokens)
+        if leases is None:
+            return 0, False
+        hits = min(min(h.lease.load_blocks, h.lease.hits) for h in leases.values())
+        if hits <= local:
+            self._release(leases)
+            return 0, False
+        self._pending[req_id] = _Pending(keys[:hits], leases, local, hits)
+        return hits * self.block_size - num_computed_tokens, False
+
+    def _lookup_all(self, keys, prompt_tokens):
+        """{rank: Lease} from every rank, or None (a miss; what was pinned is released)."""
+        leases = {}
+        for rank in sorted(self._links):
+            link = self._links[rank]
+            client = link.client()
+            if client is None:
+                self._release(leases)
+                return None
+            try:
+                leases[rank] = (client, client.lookup(keys, prompt_tokens=prompt_tokens))
+            except Exception as e:  # any error: a miss, and back off from this rank
+                link.failed(e)
+                self._release(leases)
+                return None
+            link.succeeded()
+        return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
+
+    def _release(self, leases):
+        for held in leases.values():
+            client, lease = (held.client, held.lease) if isinstance(held, _Held) else held
+            if lease.id == 0:
+                continue
+            try:
+                client.release(lease)
+            except Exception:  # the lease expires on its own
+                pass
+
+    def _release_pending(self, req_id):
+        p = self._pending.pop(req_id, None)
+        if p is not None:
+            self._release(p.leases)
+
+    # --- allocation and steps ---
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        req_id = request.request_id
+        st = self._reqs.setdefault(req_id, _Req(request))
+        st.request = request
+        st.block_ids = list(blocks.get_block_ids()[0])
+        local = self._local.pop(req_id, 0)
+        p = self._pending.pop(req_id, None)
+        done = local
+        if p is not None and num_external_tokens > 0:
+            n = min(num_external_tokens // self.block_size, p.hits - p.local,
+                    len(st.block_ids) - p.local)
+            self._loads.append(LoadSpec(req_id, p.keys[p.local:p.local + n],
+                                        st.block_ids[p.local:p.local + n],
+                                        {r: h.lease.id for r, h in p.leases.items()}))
+            done = p.local + n
+        elif p is not None:
+            self._release(p.leases)
+        st.done = max(st.done, done)
+
+    def build_connector_meta(self, so) -> TuttiConnectorMetadata:
+        saves = []
+        for r in so.scheduled_new_reqs:
+            st = self._reqs.get(r.req_id)
+            if st is not None:
+                st.block_ids = list(r.block_ids[0])
+                end = r.num_computed_tokens + so.num_scheduled_tokens.get(r.req_id, 0)
+                self._collect_save(r.req_id, st, end, saves)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            new = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                st.block_ids = list(new[0]) if new else []
+            elif new:
+                st.block_ids.extend(new[0])
+            end = cached.num_computed_tokens[i] + so.num_scheduled_tokens.get(req_id, 0)
+            self._collect_save(req_id, st, end, saves)
+        for req_id in so.preempted_req_ids or ():
+            self._release_pending(req_id)
+            if req_id in self._reqs:
+                self._reqs[req_id].block_ids = []
+        loads, self._loads = self._loads, []
+        return TuttiConnectorMetadata(loads=loads, saves=saves)
+
+    def _collect_save(self, req_id, st, end_tokens, saves):
+        request = st.request
+        full = min(end_tokens // self.block_size, len(request.block_hashes), len(st.block_ids))
+        if full <= st.done:
+            return
+        hashes = list(request.block_hashes[st.done:full])
+        keys = keys_of(hashes)
+        saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
+        self._remember(request, st.done, full, keys)
+        st.done = full
+
+    def _remember(self, request, begin, end, keys):
+        bs = self.block_size
+        tokens = request.all_token_ids
+        lora = getattr(request, "lora_request", None)
+        lora_id = getattr(lora, "lora_int_id", None) if lora is not None else None
+        lora_name = getattr(lora, "lora_name", None) if lora is not None else None
+        with self._events_lock:
+            for i, key in zip(range(begin, end), keys):
+                parent = request.block_hashes[i - 1] if i > 0 else None
+                self.translator.remember(key, BlockInfo(
+                    request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]),
+                    lora_id, lora_name))
+
+    def update_connector_output(self, connector_output):
+        bad = getattr(connector_output, "invalid_block_ids", None)
+        if bad:
+            log.info("%d blocks failed to load this step; vLLM recomputes them", len(bad))
+
+    def request_finished(self, request, block_ids):
+        req_id = request.request_id
+        self._release_pending(req_id)
+        self._local.pop(req_id, None)
+        self._reqs.pop(req_id, None)
+        return False, None
+
+    # --- events ---
+    def take_events(self):
+        with self._events_lock:
+            out = list(self._events)
+            self._events.clear()
+        return out
+
+    def _watch_rank(self, rank, link):
+        after, boot = 0, 0
+        backoff = MIN_BACKOFF_S
+        while not self._stop.is_set():
+            client = link.attached_client()
+            if client is None:
+                self._stop.wait(backoff)
+                continue
+            try:
+                stream = client.watch_events(after, boot)
+                self._streams[rank] = stream
+                for batch in stream:
+                    after, boot = self._on_batch(rank, batch, after, boot)
+                    backoff = MIN_BACKOFF_S
+            except errors.TuttiError as e:
+                log.debug("TP rank %d events: %s", rank, e)
+            except Exception as e:  # e.g. a tuttid without WatchEvents
+                log.warning("TP rank %d events: %r", rank, e)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _on_batch(self, rank, batch, after, boot):
+        with self._events_lock:
+            if batch.first:
+                self._events.extend(self.translator.on_stream_start(
+                    rank, batch.pool_id, batch.boot_id, batch.blocks_lost_at_start,
+                    batch.resumed))
+                boot = batch.boot_id
+            self._events.extend(self.translator.on_events(
+                rank, [(e.kind, e.key) for e in batch.events]))
+        if batch.events:
+            after = batch.events[-1].seq
+        return after, boot
+
+    def shutdown(self):
+        self._stop.set()
+        for stream in list(self._streams.values()):
+            stream.cancel()
+        for p in list(self._pending):
+            self._release_pending(p)
+        for link in self._links.values():
+            link.close()
+        for t in self._watchers:
+            t.join(timeout=2.0)
+
+
+@dataclass
+class _Held:
+    client: object
+    lease: object
+
+
+def _flatten(metadata):
+    """{tp_rank: TuttiHandshake} from vLLM's merged dict (values may be nested dicts)."""
+    out = {}
+    for k, v in (metadata or {}).items():
+        if isinstance(v, dict):
+            out.update(_flatten(v))
+        elif isinstance(v, TuttiHandshake):
+            out[v.tp_rank] = v
+        else:
+            raise ValueError("TuttiConnector: handshake of rank %r is a %s, not a TuttiHandshake"
+                             % (k, type(v).__name__))
+    return out
+
+
+def lookup_only_connect(lookup_timeout_s: float = 0.5, connect_timeout_s: float = 1.0):
+    """A connect() making memory-less tutti.Clients: lookups get `lookup_timeout_s`."""
+    timeouts = tutti.Timeouts(short=lookup_timeout_s)
+
+    def connect(h: TuttiHandshake):
+        return tutti.Client.attach_lookup_only(h.namespace, h.engine_group, socket_path=h.socket,
+                                               engine_id="vllm-scheduler-rank%d" % h.tp_rank,
+                                               connect_timeout=connect_timeout_s,
+                                               timeouts=timeouts)
+    return connect

@@ -1,0 +1,217 @@
+// KvCache.WatchEvents end to end over the unix socket: the first message's identities, STORED for
+// a durable block with its key, REMOVED for an admin Evict, resume, one stream per session
+// without a call slot, NOT_FOUND, the end of the stream when the session detaches, and a stream
+// that never holds shutdown back.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/server/kvcache_service.h"
+#include "daemon/server/service_test_env.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tutti::server::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using tutti::v1::WatchEventsResponse;
+
+class WatchEventsTest : public ::testing::Test {
+ protected:
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<WatchEventsResponse>> reader;
+  };
+
+  std::unique_ptr<Stream> Watch(uint64_t session, uint64_t after_seq = 0, uint64_t boot_id = 0) {
+    auto s = std::make_unique<Stream>();
+    tutti::v1::WatchEventsRequest req;
+    req.set_session_id(session);
+    req.set_after_seq(after_seq);
+    req.set_boot_id(boot_id);
+    s->reader = env_.kv().WatchEvents(&s->ctx, req);
+    return s;
+  }
+
+  // Reads messages until `n` events have come (the first message's fields into *first if given).
+  std::vector<tutti::v1::BlockEvent> ReadEvents(Stream& s, size_t n,
+                                                WatchEventsResponse* first = nullptr) {
+    std::vector<tutti::v1::BlockEvent> events;
+    WatchEventsResponse msg;
+    bool is_first = first != nullptr;
+    while ((is_first || events.size() < n) && s.reader->Read(&msg)) {
+      if (is_first) *first = msg;
+      is_first = false;
+      events.insert(events.end(), msg.events().begin(), msg.events().end());
+    }
+    EXPECT_EQ(events.size(), n);
+    return events;
+  }
+
+  void StoreBlock(uint64_t session, uint64_t key) {
+    engine_.Fill(0, key);
+    tutti::v1::StoreRequest req;
+    req.set_session_id(session);
+    auto* b = req.add_blocks();
+    b->set_key(KeyBytes(key));
+    b->set_engine_block(0);
+    req.set_wait_durable(true);
+    grpc::ClientContext ctx;
+    tutti::v1::StoreResponse resp;
+    ASSERT_TRUE(env_.kv().Store(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.outcomes(0), tutti::v1::STORE_DURABLE);
+  }
+
+  uint32_t Hits(uint64_t session, uint64_t key) {
+    tutti::v1::LookupRequest req;
+    req.set_session_id(session);
+    req.add_keys(KeyBytes(key));
+    grpc::ClientContext ctx;
+    tutti::v1::LookupResponse resp;
+    grpc::Status s = env_.kv().Lookup(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (resp.lease_id() != 0) {
+      tutti::v1::ReleaseRequest rel;
+      rel.set_session_id(session);
+      rel.set_lease_id(resp.lease_id());
+      grpc::ClientContext c2;
+      tutti::v1::ReleaseResponse rr;
+      EXPECT_TRUE(env_.kv().Release(&c2, rel, &rr).ok());
+    }
+    return resp.hits();
+  }
+
+  static EnvOptions OneCallPerSession() {
+    EnvOptions o;
+    o.max_calls_per_session = 1;
+    return o;
+  }
+
+  ServiceEnv env_{OneCallPerSession()};
+  ShmEngine engine_;
+};
+
+TEST_F(WatchEventsTest, FirstMessageNamesTheRunAndAStoredBlockComesWithItsKey) {
+  const uint64_t session = env_.Attach(engine_);
+  auto stream = Watch(session);
+  WatchEventsResponse first;
+  ReadEvents(*stream, 0, &first);
+  const store::EventHub& hub = env_.store().events();
+  EXPECT_EQ(first.pool_id(), hub.pool_id());
+  EXPECT_EQ(first.boot_id(), hub.boot_id());
+  EXPECT_NE(first.boot_id(), 0u);
+  EXPECT_EQ(first.blocks_lost_at_start(), 0u);
+  EXPECT_FALSE(first.resumed());
+  StoreBlock(session, 41);
+  auto events = ReadEvents(*stream, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq(), 1u);
+  EXPECT_EQ(events[0].kind(), tutti::v1::BLOCK_STORED);
+  EXPECT_EQ(events[0].key(), KeyBytes(41));
+  EXPECT_EQ(Hits(session, 41), 1u) << "a STORED block is visible to Lookup";
+  stream->ctx.TryCancel();
+}
+
+TEST_F(WatchEventsTest, AdminEvictIsRemoved) {
+  const uint64_t session = env_.Attach(engine_);
+  StoreBlock(session, 7);
+  auto stream = Watch(session);
+  ReadEvents(*stream, 0, nullptr);  // nothing asked for: the stream is from now
+  WatchEventsResponse first;
+  ASSERT_TRUE(stream->reader->Read(&first));
+  EXPECT_EQ(first.events_size(), 0) << "from now on: the earlier STORED is not repeated";
+  tutti::v1::EvictRequest req;
+  req.set_all(true);
+  grpc::ClientContext ctx;
+  tutti::v1::EvictResponse resp;
+  ASSERT_TRUE(env_.admin().Evict(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.evicted(), 1u);
+  auto events = ReadEvents(*stream, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq(), 2u);
+  EXPECT_EQ(events[0].kind(), tutti::v1::BLOCK_REMOVED);
+  EXPECT_EQ(events[0].key(), KeyBytes(7));
+  stream->ctx.TryCancel();
+}
+
+TEST_F(WatchEventsTest, ResumeGivesExactlyTheEventsAfterTheSeqOfTheSameRun) {
+  const uint64_t session = env_.Attach(engine_);
+  StoreBlock(session, 1);
+  StoreBlock(session, 2);
+  StoreBlock(session, 3);
+  const uint64_t boot = env_.store().events().boot_id();
+  auto stream = Watch(session, 1, boot);
+  WatchEventsResponse first;
+  auto events = ReadEvents(*stream, 2, &first);
+  EXPECT_TRUE(first.resumed());
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].seq(), 2u);
+  EXPECT_EQ(events[0].key(), KeyBytes(2));
+  EXPECT_EQ(events[1].seq(), 3u);
+  stream->ctx.TryCancel();
+  // Another session of the namespace (this one's stream may still be ending), another run's seq.
+  ShmEngine engine2;
+  auto other_run = Watch(env_.Attach(engine2), 1, boot + 1);
+  first.Clear();
+  ReadEvents(*other_run, 0, &first);
+  EXPECT_EQ(first.boot_id(), boot);
+  EXPECT_FALSE(first.resumed());
+  EXPECT_EQ(first.events_size(), 0);
+  other_run->ctx.TryCancel();
+}
+
+TEST_F(WatchEventsTest, OneStreamPerSessionAndItTakesNoCallSlot) {
+  const uint64_t session = env_.Attach(engine_);
+  auto stream = Watch(session);
+  ReadEvents(*stream, 0, nullptr);
+  WatchEventsResponse msg;
+  ASSERT_TRUE(stream->reader->Read(&msg));  // running
+  // max_calls_per_session is 1: a Lookup still gets in beside the stream.
+  EXPECT_EQ(Hits(session, 5), 0u);
+  auto second = Watch(session);
+  EXPECT_FALSE(second->reader->Read(&msg));
+  grpc::Status s = second->reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("one per session"));
+  stream->ctx.TryCancel();
+}
+
+TEST_F(WatchEventsTest, UnknownSessionIsNotFound) {
+  auto stream = Watch(424242);
+  WatchEventsResponse msg;
+  EXPECT_FALSE(stream->reader->Read(&msg));
+  grpc::Status s = stream->reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+}
+
+TEST_F(WatchEventsTest, TheStreamEndsWhenTheSessionDetaches) {
+  const uint64_t session = env_.Attach(engine_);
+  auto stream = Watch(session);
+  WatchEventsResponse msg;
+  ASSERT_TRUE(stream->reader->Read(&msg));
+  tutti::v1::DetachRequest req;
+  req.set_session_id(session);
+  grpc::ClientContext ctx;
+  tutti::v1::DetachResponse resp;
+  ASSERT_TRUE(env_.kv().Detach(&ctx, req, &resp).ok());
+  EXPECT_FALSE(stream->reader->Read(&msg));
+  grpc::Status s = stream->reader->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(WatchEventsTest, ShutdownEndsARunningStreamWithoutWaitingForTheGrace) {
+  const uint64_t session = env_.Attach(engine_);
+  auto stream = Watch(session);
+  WatchEventsResponse msg;
+  ASSERT_TRUE(stream->reader->Read(&msg));
+  const absl::Time t0 = absl::Now();
+  env_.server().Shutdown(absl::Seconds(30));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10)) << "the stream held shutdown for its grace";
+  EXPECT_FALSE(stream->reader->Read(&msg));
+  grpc::Status s = stream->reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+}
+
+}  // namespace
+}  // namespace tutti::server::testing
