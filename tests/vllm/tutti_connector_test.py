@@ -42,7 +42,7 @@ def find_tuttictl():
 
 
 def tuttictl(daemon, *args):
-    out = subprocess.run([find_tuttictl(), args[0], "--socket", daemon.admin_socket] +
+    out = subprocess.run([find_tuttictl(), args[0], "--socket", daemon.socket] +
                          list(args[1:]) + ["--json"], capture_output=True, text=True,
                          timeout=30)
     if out.returncode != 0:
