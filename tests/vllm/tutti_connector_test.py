@@ -8,6 +8,7 @@ KV events (take_events) against what was stored and evicted.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -212,6 +213,34 @@ class TuttiConnectorTest(unittest.TestCase):
         removed = [h for ev in e.events if isinstance(ev, BlockRemoved) for h in ev.block_hashes]
         self.assertEqual(sorted(removed), sorted(req_hashes[:3]))
         self.assertFalse(any(isinstance(ev, AllBlocksCleared) for ev in e.events))
+
+    def test_a_restart_that_kept_the_pool_clears_nothing_a_wiped_pool_clears_all(self):
+        (d0,) = self.start_daemons(1)
+        e = self.engine()
+        p = prompt(9, 2)
+        self.assertGood(e.generate([("a", p, 2)])["a"])
+        self.pump_events(e, lambda evs: any(isinstance(ev, BlockStored) for ev in evs))
+        d0.restart()
+        e.reset_prefix_cache()
+        deadline = time.monotonic() + 20.0
+        hit = None
+        while hit is None or hit.stats.external_tokens == 0:  # until the sessions are back
+            self.assertLess(time.monotonic(), deadline, "no hit after the restart")
+            hit = e.generate([("b%d" % len(e.step_reports), p, 2)])
+            hit = next(iter(hit.values()))
+            self.assertGood(hit)
+            e.reset_prefix_cache()
+        self.assertEqual(hit.stats.external_tokens, 2 * BS)
+        self.assertFalse(any(isinstance(ev, AllBlocksCleared) for ev in e.events))
+        d0.stop()
+        shutil.rmtree(os.path.join(d0.root, "pool"))
+        shutil.rmtree(os.path.join(d0.root, "state"))
+        os.makedirs(os.path.join(d0.root, "pool"))
+        os.makedirs(os.path.join(d0.root, "state"))
+        d0.start()
+        self.pump_events(e, lambda evs: any(isinstance(ev, AllBlocksCleared) for ev in evs))
+        clears = [ev for ev in e.events if isinstance(ev, AllBlocksCleared)]
+        self.assertEqual(len(clears), 1, "the wiped pool's clear only, none for the restart")
 
 
 if __name__ == "__main__":
