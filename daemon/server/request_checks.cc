@@ -37,6 +37,30 @@ absl::StatusOr<std::vector<Key>> ParseKeys(
   return out;
 }
 
+absl::StatusOr<std::vector<uint64_t>> ParseLeaseIds(const tutti::v1::RetrieveRequest& req) {
+  if (req.lease_ids_size() > kMaxLeasesPerRetrieve) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_ids: ", req.lease_ids_size(),
+                                                   " in one call, at most ",
+                                                   kMaxLeasesPerRetrieve));
+  }
+  std::vector<uint64_t> out;
+  out.reserve(req.lease_ids_size() + 1);
+  if (req.lease_id() != 0 || req.lease_ids().empty()) out.push_back(req.lease_id());
+  absl::flat_hash_map<uint64_t, int> seen;  // lease id -> index in lease_ids, -1: lease_id
+  if (req.lease_id() != 0) seen.emplace(req.lease_id(), -1);
+  for (int i = 0; i < req.lease_ids_size(); ++i) {
+    auto [it, fresh] = seen.emplace(req.lease_ids(i), i);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lease_ids[", i, "]: lease ", req.lease_ids(i), " is named twice (also in ",
+          it->second < 0 ? std::string("lease_id") : absl::StrCat("lease_ids[", it->second, "]"),
+          ")"));
+    }
+    out.push_back(req.lease_ids(i));
+  }
+  return out;
+}
+
 absl::StatusOr<BlockBatch> ParseBlocks(
     const google::protobuf::RepeatedPtrField<tutti::v1::BlockPair>& blocks,
     uint32_t num_engine_blocks, uint32_t max_blocks) {
