@@ -26,6 +26,7 @@ absl::StatusOr<std::vector<Key>> ParseKeys(
   RETURN_IF_ERROR(CheckCount("keys", keys.size(), max_keys));
   std::vector<Key> out(keys.size());
   absl::flat_hash_map<Key, int> seen;
+  seen.reserve(keys.size());  // growing it was most of a 2048-key Lookup's time in tuttid
   for (int i = 0; i < keys.size(); ++i) {
     RETURN_IF_ERROR(ParseKey(keys[i], "keys", i, &out[i]));
     auto [it, fresh] = seen.emplace(out[i], i);
@@ -71,6 +72,8 @@ absl::StatusOr<BlockBatch> ParseBlocks(
   batch.engine_blocks.resize(blocks.size());
   absl::flat_hash_map<Key, int> seen_keys;
   absl::flat_hash_map<uint32_t, int> seen_blocks;
+  seen_keys.reserve(blocks.size());
+  seen_blocks.reserve(blocks.size());
   for (int i = 0; i < blocks.size(); ++i) {
     const auto& pair = blocks[i];
     RETURN_IF_ERROR(ParseKey(pair.key(), "blocks", i, &batch.keys[i]));
