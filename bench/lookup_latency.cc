@@ -5,11 +5,12 @@
 // One tuttid (the uring backend on a small pool), one host-mode session of a small layout (one
 // layer, MLA, 4 KiB objects). The first --chain blocks are stored (durably) first; then
 // --iterations rounds of: Lookup of the stored chain (all hits) + Release of its lease, and Lookup
-// of a chain never stored (all misses) + Release (a no-op for a lease of 0 hits). The baseline,
+// of a chain never stored (all misses) + Release (a no-op for a lease of 0 hits), and Lookup of its
+// first key alone (the fixed cost of a call) + Release. The baseline,
 // measured in the same run over the same socket, is the KeepAlive round trip (gRPC stub).
 //
 // Writes bench/results/lookup_latency.jsonl lines (bench/jsonl.h): p50/p99/max of the hit
-// Lookup, of Lookup + Release, of the miss Lookup, and of KeepAlive; ratios against KeepAlive's
+// Lookup, of Lookup + Release, of the miss Lookup, of the one-key Lookup, and of KeepAlive; ratios against KeepAlive's
 // p50 (p99 against its p99). Never asserts on time; exits 1 if a Lookup answered other than all
 // hits / all misses, or the daemon failed.
 //
@@ -92,7 +93,7 @@ bool StoreChain(client::Client& c, const std::vector<client::BlockKey>& keys) {
 }
 
 struct Samples {
-  std::vector<double> hit, hit_release, miss, keepalive;
+  std::vector<double> hit, hit_release, miss, one_key, keepalive;
   uint64_t wrong = 0;
 };
 
@@ -114,6 +115,12 @@ void Round(client::Client& c, tutti::v1::KvCache::Stub& stub, uint64_t session,
   auto miss = c.Lookup(misses);
   const auto t3 = Clock::now();
   if (!miss.ok() || miss->hits != 0 || !c.Release(*miss).ok()) ++s->wrong;
+  // The fixed cost of a Lookup: one key (a hit), with its Release.
+  const std::vector<client::BlockKey> first(hits.begin(), hits.begin() + 1);
+  const auto t6 = Clock::now();
+  auto one = c.Lookup(first);
+  const auto t7 = Clock::now();
+  if (!one.ok() || one->hits != 1 || !c.Release(*one).ok()) ++s->wrong;
   tutti::v1::KeepAliveRequest req;
   req.set_session_id(session);
   tutti::v1::KeepAliveResponse resp;
@@ -124,6 +131,7 @@ void Round(client::Client& c, tutti::v1::KvCache::Stub& stub, uint64_t session,
   s->hit.push_back(Us(t1 - t0));
   s->hit_release.push_back(Us(t2 - t0));
   s->miss.push_back(Us(t3 - t2));
+  s->one_key.push_back(Us(t7 - t6));
   s->keepalive.push_back(Us(t5 - t4));
 }
 
@@ -194,7 +202,7 @@ int Main(int argc, char** argv) {
     const std::vector<double>* v;
   };
   for (const Series& x : {Series{"lookup_hit", &s.hit}, Series{"lookup_hit_release", &s.hit_release},
-                          Series{"lookup_miss", &s.miss}}) {
+                          Series{"lookup_miss", &s.miss}, Series{"lookup_1key", &s.one_key}}) {
     emit({absl::StrCat(x.name, "_p50_us"), Quantile(*x.v, 0.5), "us", base, ka50, detail});
     emit({absl::StrCat(x.name, "_p99_us"), Quantile(*x.v, 0.99), "us", base, ka99, std::nullopt});
     emit({absl::StrCat(x.name, "_max_us"), Quantile(*x.v, 1.0), "us", "", 0, std::nullopt});
