@@ -148,7 +148,8 @@ class SessionManager {
                                                             absl::Span<const uint64_t> lease_ids,
                                                             absl::Span<const Key> keys);
 
-  // Ends a lease, unpinning its keys. NOT_FOUND as for ClaimLease.
+  // Ends a lease of the session itself (never a group peer's), unpinning its keys. NOT_FOUND as
+  // for an unknown lease.
   absl::Status Release(uint64_t session_id, uint64_t lease_id);
 
   // Closes a session (Detach, or its engine died: `why` is logged): ends its leases and closes
