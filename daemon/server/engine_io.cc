@@ -39,10 +39,32 @@ class HostEngineIo final : public EngineIo {
   std::atomic<bool> closed_{false};
 };
 
+class NoMemoryEngineIo final : public EngineIo {
+ public:
+  std::string_view kind() const override { return "none"; }
+  uint32_t num_blocks() const override { return 0; }
+  bool is_device() const override { return false; }
+  bool has_ready_words() const override { return false; }
+  absl::Status ScatterLayer(uint32_t, absl::Span<const engine::CopyOp>, uint32_t) override {
+    return NoMemory();
+  }
+  absl::Status SignalLayers(uint32_t, uint32_t, uint32_t) override { return absl::OkStatus(); }
+  absl::Status Gather(absl::Span<const engine::CopyOp>) override { return NoMemory(); }
+  absl::Status SignalCaptured(uint32_t) override { return absl::OkStatus(); }
+  void Close() override {}
+
+ private:
+  static absl::Status NoMemory() {
+    return absl::FailedPreconditionError("the session is memory-less: it attached no memory");
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<EngineIo> MakeHostEngineIo(std::unique_ptr<engine::EngineMemory> memory) {
   return std::make_unique<HostEngineIo>(std::move(memory));
 }
+
+std::unique_ptr<EngineIo> MakeNoMemoryEngineIo() { return std::make_unique<NoMemoryEngineIo>(); }
 
 }  // namespace tutti::server

@@ -77,6 +77,11 @@ class EngineIo {
 // progress on another thread keeps it mapped until it returns).
 std::unique_ptr<EngineIo> MakeHostEngineIo(std::unique_ptr<engine::EngineMemory> memory);
 
+// A memory-less session's (AttachRequest with no regions, no placements, num_blocks 0): kind
+// "none", no blocks; every copy fails with FAILED_PRECONDITION (the service refuses Retrieve and
+// Store of such a session before it gets here), the signals are OK no-ops.
+std::unique_ptr<EngineIo> MakeNoMemoryEngineIo();
+
 }  // namespace tutti::server
 
 #endif  // TUTTI_DAEMON_SERVER_ENGINE_IO_H_

@@ -20,6 +20,7 @@ using tutti::v1::MemoryRegion;
 constexpr size_t kMaxEngineId = 256;
 constexpr size_t kMaxModelId = 256;
 constexpr size_t kMaxHashScheme = 64;
+constexpr size_t kMinEngineGroup = 16, kMaxEngineGroup = 64;
 
 tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
   switch (o) {
@@ -122,6 +123,45 @@ absl::Status CheckAttachText(const tutti::v1::AttachRequest& req) {
   return CheckClientText("namespace.hash_scheme", req.namespace_().hash_scheme(), kMaxHashScheme);
 }
 
+absl::Status CheckEngineGroup(const std::string& group) {
+  if (group.empty() || (group.size() >= kMinEngineGroup && group.size() <= kMaxEngineGroup)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("engine_group: ", group.size(),
+                                                 " bytes; must be ", kMinEngineGroup, " to ",
+                                                 kMaxEngineGroup, " (or empty: no sharing)"));
+}
+
+// No regions, no placements, no ready words and num_blocks 0: a lookup-only session.
+bool IsMemoryless(const tutti::v1::AttachRequest& req) {
+  return req.regions().empty() && req.placements().empty() && !req.has_ready_words() &&
+         req.num_blocks() == 0;
+}
+
+// Memory given in part is refused, naming the first field missing.
+absl::Status CheckMemoryGiven(const tutti::v1::AttachRequest& req) {
+  constexpr char kWhole[] =
+      "; a session with memory gives num_blocks, regions and placements, a memory-less one none "
+      "of them";
+  if (req.num_blocks() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_blocks: 0 but memory is given", kWhole));
+  }
+  if (req.regions().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("regions: none given", kWhole));
+  }
+  if (req.placements().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("placements: none given", kWhole));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHasMemory(const SessionState& session, absl::string_view call) {
+  if (!session.memoryless) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("session ", session.id, " is memory-less (it attached no memory): ", call,
+                   " needs a session with memory; Lookup, Release and ReportCompute work"));
+}
+
 }  // namespace
 
 absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
@@ -134,7 +174,9 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   // Redeemed first, so that a refused Attach closes the descriptors it handed over.
   ASSIGN_OR_RETURN(Credential credential, credentials_->Redeem(req.credential()));
   RETURN_IF_ERROR(CheckAttachText(req));
-  if (req.num_blocks() == 0) return absl::InvalidArgumentError("num_blocks must be at least 1");
+  RETURN_IF_ERROR(CheckEngineGroup(req.engine_group()));
+  const bool memoryless = IsMemoryless(req);
+  if (!memoryless) RETURN_IF_ERROR(CheckMemoryGiven(req));
   if (sessions_->num_sessions() >= sessions_->options().max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("already ", sessions_->num_sessions(),
@@ -143,13 +185,17 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   if (!req.has_namespace_()) return absl::InvalidArgumentError("namespace: missing");
   // Nothing is journaled before the namespace and the memory have proved good.
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->CheckNamespace(req.namespace_()));
-  ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, opener_(req, info, credential));
+  std::unique_ptr<EngineIo> io = MakeNoMemoryEngineIo();
+  if (!memoryless) {
+    ASSIGN_OR_RETURN(io, opener_(req, info, credential));
+  }
   ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
   const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
   const auto pid = static_cast<uint32_t>(credential.peer.pid);
   ASSIGN_OR_RETURN(SessionRef session,
                    sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io),
-                                   watch ? pid : 0, credential.peer.uid));
+                                   watch ? pid : 0, credential.peer.uid, req.engine_group(),
+                                   memoryless));
   if (watch) RETURN_IF_ERROR(WatchEngine(session));
   resp->set_session_id(session->id);
   resp->set_namespace_id(ns);
@@ -245,9 +291,10 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
   *next = layers.begin;
   *end = layers.end;
-  // From here on the lease ends with this call, whatever happens.
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> lease_ids, ParseLeaseIds(req));
+  // From here on the leases end with this call, whatever happens.
   ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
-                   sessions_->ClaimLease(session.id, req.lease_id(), batch.keys));
+                   sessions_->ClaimLeases(session.id, lease_ids, batch.keys));
   std::vector<engine::CopyOp> ops;
   // A layer whose objects all come from the DRAM tier (which keeps them for the whole Read) is
   // only enqueued, so the next layer's copies overlap its tail; its progress is held back until
@@ -307,6 +354,7 @@ absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
                                         grpc::ServerContext* ctx, const Emit& emit) {
   ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
   const SessionRef& session = call.session();
+  RETURN_IF_ERROR(CheckHasMemory(*session, "Retrieve"));
   EngineIo* io = session->io.get();
   if (io->is_device() && session->retrieving.exchange(true)) {
     return absl::FailedPreconditionError(
@@ -391,6 +439,7 @@ absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
                                      tutti::v1::StoreResponse* resp) {
   ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
   const SessionRef& session = call.session();
+  RETURN_IF_ERROR(CheckHasMemory(*session, "Store"));
   EngineIo* io = session->io.get();
   if (io->has_ready_words() && session->storing.exchange(true)) {
     return absl::FailedPreconditionError(absl::StrCat(

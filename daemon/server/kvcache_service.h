@@ -13,6 +13,12 @@
 // FAILED_PRECONDITION; too many sessions -> RESOURCE_EXHAUSTED. A bad request never affects other
 // requests or sessions. Any request of a session counts as its keep-alive.
 //
+// Memory-less sessions (no regions, no placements, num_blocks 0; memory given in part is
+// INVALID_ARGUMENT naming the missing field) may Lookup, Release and ReportCompute; their Retrieve
+// and Store are FAILED_PRECONDITION. engine_group: empty or 16 to 64 bytes (INVALID_ARGUMENT). A
+// Retrieve claims lease_id and lease_ids (at most 1024, none twice: INVALID_ARGUMENT) all or none,
+// its own or a group peer's (SessionManager::ClaimLeases); all of them end with the Retrieve.
+//
 // Thread-safety: gRPC calls the handlers from many threads at once; they share only the store and
 // the session manager, both thread-safe.
 //

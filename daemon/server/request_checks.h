@@ -37,6 +37,12 @@ absl::StatusOr<BlockBatch> ParseBlocks(
     const google::protobuf::RepeatedPtrField<tutti::v1::BlockPair>& blocks,
     uint32_t num_engine_blocks, uint32_t max_blocks);
 
+// The leases a Retrieve names: lease_id (unless it is 0 and lease_ids is not empty), then
+// lease_ids; at most kMaxLeasesPerRetrieve in lease_ids, none named twice. Never empty (a lone
+// lease_id 0 is returned as is: the session manager answers NOT_FOUND).
+inline constexpr int kMaxLeasesPerRetrieve = 1024;
+absl::StatusOr<std::vector<uint64_t>> ParseLeaseIds(const tutti::v1::RetrieveRequest& req);
+
 // [begin, end) with end = 0 meaning num_layers; requires begin < end <= num_layers.
 absl::StatusOr<LayerRange> ParseLayerRange(uint32_t begin, uint32_t end, uint32_t num_layers);
 

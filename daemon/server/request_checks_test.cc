@@ -85,5 +85,27 @@ TEST(ParseLayerRangeTest, ZeroEndMeansAllLayers) {
   ExpectInvalid(ParseLayerRange(32, 0, 32).status(), "layer range");
 }
 
+TEST(RequestChecksTest, LeaseIdsOfARetrieve) {
+  tutti::v1::RetrieveRequest req;
+  req.set_lease_id(5);
+  EXPECT_THAT(*ParseLeaseIds(req), ::testing::ElementsAre(5u));
+  req.add_lease_ids(7);
+  req.add_lease_ids(9);
+  EXPECT_THAT(*ParseLeaseIds(req), ::testing::ElementsAre(5u, 7u, 9u));
+  req.set_lease_id(0);  // allowed once lease_ids names some
+  EXPECT_THAT(*ParseLeaseIds(req), ::testing::ElementsAre(7u, 9u));
+  req.add_lease_ids(7);
+  ExpectInvalid(ParseLeaseIds(req).status(), "lease_ids[2]: lease 7 is named twice (also in lease_ids[0])");
+  req.clear_lease_ids();
+  req.set_lease_id(7);
+  req.add_lease_ids(7);
+  ExpectInvalid(ParseLeaseIds(req).status(), "(also in lease_id)");
+  req.clear_lease_ids();
+  for (int i = 0; i < kMaxLeasesPerRetrieve; ++i) req.add_lease_ids(100 + i);
+  EXPECT_EQ(ParseLeaseIds(req)->size(), kMaxLeasesPerRetrieve + 1u);
+  req.add_lease_ids(99);
+  ExpectInvalid(ParseLeaseIds(req).status(), "lease_ids: 1025 in one call, at most 1024");
+}
+
 }  // namespace
 }  // namespace tutti::server

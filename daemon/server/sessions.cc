@@ -28,7 +28,8 @@ SessionManager::~SessionManager() {
 
 absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, NamespaceId ns,
                                                 std::string model_id, std::shared_ptr<EngineIo> io,
-                                                uint32_t engine_pid, uint32_t uid) {
+                                                uint32_t engine_pid, uint32_t uid,
+                                                std::string engine_group, bool memoryless) {
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -49,13 +50,16 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
   state->io = std::move(io);
   state->engine_pid = engine_pid;
   state->uid = uid;
+  state->engine_group = std::move(engine_group);
+  state->memoryless = memoryless;
   Session& s = sessions_[state->id];
   s.state = state;
   s.last_seen_ms = clock_->NowMs();
   log::Get("server")->info(
-      "session {}: attached engine \"{}\" pid {} uid {} namespace {:016x} ({} blocks, {}{})",
+      "session {}: attached engine \"{}\" pid {} uid {} namespace {:016x} ({} blocks, {}{}{})",
       state->id, state->engine_id, engine_pid, uid, ns, state->io->num_blocks(), state->io->kind(),
-      state->io->has_ready_words() ? ", ready words" : "");
+      state->io->has_ready_words() ? ", ready words" : "",
+      state->engine_group.empty() ? "" : ", engine group");
   return SessionRef(state);
 }
 
@@ -121,31 +125,75 @@ void SessionManager::EndLeaseLocked(Session& s, Lease& lease, Ended* ended) {
   ended->unpins.emplace_back(s.state->ns, std::move(lease.keys));
 }
 
-void SessionManager::UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys) {
+void SessionManager::UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys,
+                                  absl::Span<const std::pair<uint64_t, uint64_t>> owners) {
   unpin_(ns, keys);
   absl::MutexLock lock(&mu_);
   pinned_total_ -= keys.size();
+  for (const auto& [owner, n] : owners) {
+    auto it = sessions_.find(owner);  // ids are never reused: a closed owner is simply absent
+    if (it != sessions_.end()) it->second.pinned -= n;
+  }
 }
 
-absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLease(
-    uint64_t session_id, uint64_t lease_id, absl::Span<const Key> keys) {
-  absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(auto found, FindLeaseLocked(session_id, lease_id));
-  auto [s, it] = found;
-  const absl::flat_hash_set<Key> leased(it->second.keys.begin(), it->second.keys.end());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (!leased.contains(keys[i])) {
-      return absl::FailedPreconditionError(absl::StrCat("blocks[", i, "]: key ", keys[i].Hex(),
-                                                        " is not pinned under lease ", lease_id));
+std::vector<SessionManager::Session*> SessionManager::SharersLocked(Session& self) {
+  std::vector<Session*> out = {&self};
+  const SessionState& me = *self.state;
+  if (me.engine_group.empty()) return out;
+  for (auto& [id, other] : sessions_) {
+    const SessionState& o = *other.state;
+    if (id != me.id && o.engine_group == me.engine_group && o.ns == me.ns && o.uid == me.uid) {
+      out.push_back(&other);
     }
   }
-  // A claimed lease leaves its session's counts; its pins stay in pinned_total_ until it ends.
-  s->pinned -= it->second.keys.size();
-  auto claimed = std::make_unique<ClaimedLease>(
-      s->state->ns, std::move(it->second.keys),
-      [this](NamespaceId ns, absl::Span<const Key> keys) { UnpinClaimed(ns, keys); });
-  s->leases.erase(it);
-  return claimed;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLeases(
+    uint64_t session_id, absl::Span<const uint64_t> lease_ids, absl::Span<const Key> keys) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Session * self, FindLocked(session_id));
+  const std::vector<Session*> sharers = SharersLocked(*self);
+  // Every lease is found and the keys checked before any is taken.
+  std::vector<std::pair<Session*, LeaseMap::iterator>> found;
+  found.reserve(lease_ids.size());
+  absl::flat_hash_set<uint64_t> seen;
+  for (uint64_t lease_id : lease_ids) {
+    if (!seen.insert(lease_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("lease ", lease_id, " is named twice"));
+    }
+    auto owner = std::find_if(sharers.begin(), sharers.end(),
+                              [&](Session* s) { return s->leases.contains(lease_id); });
+    if (owner == sharers.end()) {
+      return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not held by session ",
+                                              session_id, " (unknown, released or expired)"));
+    }
+    found.emplace_back(*owner, (*owner)->leases.find(lease_id));
+  }
+  absl::flat_hash_set<Key> leased;
+  for (const auto& [s, it] : found) leased.insert(it->second.keys.begin(), it->second.keys.end());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!leased.contains(keys[i])) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("blocks[", i, "]: key ", keys[i].Hex(), " is not pinned under ",
+                       lease_ids.size() == 1 ? absl::StrCat("lease ", lease_ids[0])
+                                             : absl::StrCat("any of the ", lease_ids.size(),
+                                                            " leases named")));
+    }
+  }
+  // The pins stay on their owners' counts and in pinned_total_ until the claim ends.
+  std::vector<Key> all;
+  std::vector<std::pair<uint64_t, uint64_t>> owners;
+  for (auto& [s, it] : found) {
+    owners.emplace_back(s->state->id, it->second.keys.size());
+    all.insert(all.end(), it->second.keys.begin(), it->second.keys.end());
+    s->leases.erase(it);
+  }
+  return std::make_unique<ClaimedLease>(
+      self->state->ns, std::move(all),
+      [this, owners = std::move(owners)](NamespaceId ns, absl::Span<const Key> keys) {
+        UnpinClaimed(ns, keys, owners);
+      });
 }
 
 absl::Status SessionManager::Release(uint64_t session_id, uint64_t lease_id) {

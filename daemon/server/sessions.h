@@ -2,9 +2,16 @@
 //
 // A session is one attached engine: its identity, namespace, and EngineIo. A lease is a set of
 // keys that a Lookup pinned in the store. Leases end by Release, by a Retrieve that claimed them
-// (ClaimLease), by expiry (lease_ttl_ms after the Lookup), or with their session (Close, or expiry
+// (ClaimLeases), by expiry (lease_ttl_ms after the Lookup), or with their session (Close, or expiry
 // session_ttl_ms after the session's last request). Ending a lease unpins its keys exactly once,
 // through the `unpin` callback given at construction.
+//
+// Sharing (engine groups): a Retrieve of one session may claim a lease of another only when both
+// sessions gave the same non-empty engine_group, have the same namespace and the same uid (vLLM:
+// the scheduler's memory-less session looks up, its workers retrieve). Any other session's lease
+// is NOT_FOUND exactly as an unknown one. A lease's pins count against its owner's limits until
+// they end, claimed or not; a claim outlives its owner's Close safely (the pins end once, with the
+// claim).
 //
 // Pinned handles: requests hold a SessionRef (shared_ptr) while they run, so the session's state
 // lives until the last in-flight request using it has finished, even if the session was closed or
@@ -49,6 +56,8 @@ struct SessionState {
   std::string model_id;
   uint32_t engine_pid = 0;  // 0: not watched
   uint32_t uid = 0;         // the engine's user, as the handoff socket saw it
+  std::string engine_group;  // empty: shares no lease
+  bool memoryless = false;   // attached no memory: no Retrieve or Store
   std::shared_ptr<EngineIo> io;
   mutable std::atomic<uint32_t> calls{0};  // calls of this session in flight (KvCacheService)
   mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
@@ -58,7 +67,8 @@ struct SessionState {
 };
 using SessionRef = std::shared_ptr<const SessionState>;
 
-// A lease taken out of its session by a Retrieve. Unpins its keys when destroyed.
+// Leases taken out of their sessions by a Retrieve. Unpins their keys (once per lease that pinned
+// them) when destroyed.
 class ClaimedLease {
  public:
   using Unpinner = std::function<void(NamespaceId, absl::Span<const Key>)>;
@@ -111,10 +121,12 @@ class SessionManager {
   const Options& options() const { return options_; }
 
   // Opens a session for user `uid`. RESOURCE_EXHAUSTED (naming the limit) when max_sessions are
-  // open, or max_sessions_per_user of `uid`. `io` must not be null.
+  // open, or max_sessions_per_user of `uid`. `io` must not be null (a memory-less session passes
+  // MakeNoMemoryEngineIo() and memoryless = true). `engine_group`: see the file comment.
   absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
                                   std::shared_ptr<EngineIo> io, uint32_t engine_pid = 0,
-                                  uint32_t uid = 0);
+                                  uint32_t uid = 0, std::string engine_group = "",
+                                  bool memoryless = false);
 
   // Returns the session and marks it alive now. NOT_FOUND for an unknown (or expired) id.
   absl::StatusOr<SessionRef> Touch(uint64_t session_id);
@@ -126,14 +138,18 @@ class SessionManager {
   // owns the pins.
   absl::StatusOr<uint64_t> AddLease(uint64_t session_id, std::vector<Key> keys);
 
-  // Takes lease `lease_id` out of the session for a Retrieve of `keys`: the lease no longer
-  // expires; destroying the result unpins it. NOT_FOUND for an unknown session or a lease that is
-  // not the session's (or already ended); FAILED_PRECONDITION (lease untouched) if some key of
-  // `keys` is not in the lease.
-  absl::StatusOr<std::unique_ptr<ClaimedLease>> ClaimLease(uint64_t session_id, uint64_t lease_id,
-                                                           absl::Span<const Key> keys);
+  // Takes leases `lease_ids` (distinct, not empty) out of their sessions for a Retrieve of
+  // `keys` by session `session_id`: each is the session's own or one it may share (file comment).
+  // The leases no longer expire; destroying the result ends them all. All or nothing: NOT_FOUND for
+  // an unknown session, or a lease that is unknown, ended, or another session's that may not be
+  // shared (the message does not tell which); FAILED_PRECONDITION if some key of `keys` is in none
+  // of the leases. On error every lease stays as it was.
+  absl::StatusOr<std::unique_ptr<ClaimedLease>> ClaimLeases(uint64_t session_id,
+                                                            absl::Span<const uint64_t> lease_ids,
+                                                            absl::Span<const Key> keys);
 
-  // Ends a lease, unpinning its keys. NOT_FOUND as for ClaimLease.
+  // Ends a lease of the session itself (never a group peer's), unpinning its keys. NOT_FOUND as
+  // for an unknown lease.
   absl::Status Release(uint64_t session_id, uint64_t lease_id);
 
   // Closes a session (Detach, or its engine died: `why` is logged): ends its leases and closes
@@ -156,7 +172,7 @@ class SessionManager {
     std::shared_ptr<SessionState> state;
     int64_t last_seen_ms = 0;
     absl::flat_hash_map<uint64_t, Lease> leases;
-    uint64_t pinned = 0;  // keys of `leases`
+    uint64_t pinned = 0;  // keys of `leases` and of its leases claimed and not yet ended
   };
   // What ending leases and sessions leaves to do once the lock is dropped.
   struct Ended {
@@ -171,11 +187,15 @@ class SessionManager {
   absl::StatusOr<std::pair<Session*, LeaseMap::iterator>> FindLeaseLocked(uint64_t session_id,
                                                                           uint64_t lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session `self` first, then every other session whose leases `self` may claim.
+  std::vector<Session*> SharersLocked(Session& self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(uint64_t session_id, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `lease` of `s` (to be unpinned by Finish) and takes its pins off the counts.
   void EndLeaseLocked(Session& s, Lease& lease, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unpins a claimed lease's keys and takes them off pinned_total_.
-  void UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys);
+  // Unpins claimed leases' keys and takes them off pinned_total_ and off the counts of those of
+  // their owners (session id, keys) that are still open.
+  void UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys,
+                    absl::Span<const std::pair<uint64_t, uint64_t>> owners);
   void Finish(Ended ended);
 
   const Options options_;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -122,12 +123,12 @@ TEST_F(SessionsTest, ClaimChecksKeysAndUnpinsWhenTheRetrieveEnds) {
   const uint64_t a = OpenSession();
   const uint64_t lease = Lease(a, {K(1), K(2), K(3)});
   std::vector<Key> wrong = {K(1), K(9)};
-  auto bad = sessions_.ClaimLease(a, lease, wrong);
+  auto bad = sessions_.ClaimLeases(a, {lease}, wrong);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("blocks[1]"));
   std::vector<Key> some = {K(3), K(1)};
   {
-    auto claimed = sessions_.ClaimLease(a, lease, some);
+    auto claimed = sessions_.ClaimLeases(a, {lease}, some);
     ASSERT_TRUE(claimed.ok()) << claimed.status();
     // Claimed leases neither expire nor can be released or claimed twice.
     clock_.AdvanceMs(600);
@@ -135,7 +136,7 @@ TEST_F(SessionsTest, ClaimChecksKeysAndUnpinsWhenTheRetrieveEnds) {
     EXPECT_EQ(sessions_.Reap().second, 0u);
     EXPECT_EQ(pins_.Total(), 3);
     EXPECT_EQ(sessions_.Release(a, lease).code(), absl::StatusCode::kNotFound);
-    EXPECT_EQ(sessions_.ClaimLease(a, lease, some).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(sessions_.ClaimLeases(a, {lease}, some).status().code(), absl::StatusCode::kNotFound);
   }
   EXPECT_EQ(pins_.Total(), 0);  // every key of the lease, claimed or not
 }
@@ -328,7 +329,7 @@ TEST_F(SessionLimitsTest, LeasesAndPinsPerSessionAndInAll) {
   {
     std::vector<Key> keys;
     for (uint64_t i = 0; i < 5; ++i) keys.push_back(K(100 + i));
-    auto claimed = sessions_.ClaimLease(b, *b_lease, keys);
+    auto claimed = sessions_.ClaimLeases(b, {*b_lease}, keys);
     ASSERT_TRUE(claimed.ok());
     ExpectLimit(Lease(b, 200, 1).status(), "limits.max_pinned_blocks");
   }
@@ -340,6 +341,147 @@ TEST_F(SessionLimitsTest, LeasesAndPinsPerSessionAndInAll) {
   EXPECT_TRUE(Lease(b, 300, 10).ok());
   ASSERT_TRUE(sessions_.Close(b).ok());
   EXPECT_TRUE(Lease(a, 400, 10).ok());
+}
+
+// Issue 12: a Retrieve of one session under leases of another session of the same engine (vLLM's
+// scheduler looks up in a memory-less session, its worker retrieves).
+class LeaseSharingTest : public ::testing::Test {
+ protected:
+  static constexpr char kGroup[] = "0123456789abcdef";
+  static SessionManager::Options Limits() {
+    SessionManager::Options o;
+    o.session_ttl_ms = 1000;
+    o.lease_ttl_ms = 500;
+    o.max_sessions = 8;
+    o.max_pinned_blocks_per_session = 10;
+    return o;
+  }
+  uint64_t Open(std::string group, NamespaceId ns = 7, uint32_t uid = 1000) {
+    auto s = sessions_.Open("e", ns, "m", std::make_shared<FakeIo>(), 0, uid, std::move(group));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? (*s)->id : 0;
+  }
+  uint64_t Lease(uint64_t session, std::vector<Key> keys) {
+    pins_.Pin(keys);
+    auto id = sessions_.AddLease(session, std::move(keys));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+  absl::Status Claim(uint64_t session, std::vector<uint64_t> leases, std::vector<Key> keys) {
+    return sessions_.ClaimLeases(session, leases, keys).status();
+  }
+  static std::string Unknown(uint64_t lease, uint64_t session) {
+    return absl::StrCat("lease ", lease, " is not held by session ", session,
+                        " (unknown, released or expired)");
+  }
+
+  ManualClock clock_{1000};
+  FakePins pins_;
+  SessionManager sessions_{Limits(), &clock_,
+                           [this](NamespaceId ns, absl::Span<const Key> keys) {
+                             pins_.Unpin(ns, keys);
+                           }};
+};
+
+TEST_F(LeaseSharingTest, AWorkerRetrievesUnderItsSchedulersLease) {
+  const uint64_t scheduler = Open(kGroup), worker = Open(kGroup);
+  const uint64_t lease = Lease(scheduler, {K(1), K(2), K(3)});
+  {
+    auto claimed = sessions_.ClaimLeases(worker, {lease}, {K(2), K(1)});
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    EXPECT_EQ(pins_.Total(), 3);
+    EXPECT_EQ(sessions_.Release(scheduler, lease).code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(pins_.Total(), 0);  // the lease ended with the Retrieve
+  EXPECT_EQ(Claim(worker, {lease}, {K(1)}).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LeaseSharingTest, OtherGroupsNoGroupNamespacesAndUsersSeeNotFound) {
+  const uint64_t scheduler = Open(kGroup);
+  const uint64_t lease = Lease(scheduler, {K(1)});
+  const uint64_t other_group = Open("fedcba9876543210");
+  const uint64_t other_ns = Open(kGroup, 8);
+  const uint64_t other_uid = Open(kGroup, 7, 1001);
+  for (uint64_t thief : {other_group, other_ns, other_uid}) {
+    const absl::Status s = Claim(thief, {lease}, {K(1)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << thief;
+    EXPECT_EQ(s.message(), Unknown(lease, thief)) << "exactly as an unknown lease";
+  }
+  // Without a group nothing is shared, even between sessions alike in all else.
+  const uint64_t plain = Open(""), plain_too = Open("");
+  const uint64_t plain_lease = Lease(plain, {K(2)});
+  EXPECT_EQ(Claim(plain_too, {plain_lease}, {K(2)}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pins_.Total(), 2);  // nothing was taken
+  EXPECT_TRUE(sessions_.Release(scheduler, lease).ok());
+  EXPECT_TRUE(sessions_.Release(plain, plain_lease).ok());
+  EXPECT_EQ(pins_.Total(), 0);
+}
+
+TEST_F(LeaseSharingTest, SeveralLeasesAreClaimedAllOrNothing) {
+  const uint64_t scheduler = Open(kGroup), worker = Open(kGroup);
+  const uint64_t a = Lease(scheduler, {K(1), K(2)});
+  const uint64_t b = Lease(scheduler, {K(1), K(2), K(3)});  // a second request, same prefix
+  const uint64_t own = Lease(worker, {K(4)});
+  // One unknown lease: none is taken.
+  EXPECT_EQ(Claim(worker, {a, b, 999}, {K(1)}).code(), absl::StatusCode::kNotFound);
+  // A key under none of them: none is taken either.
+  const absl::Status missing = Claim(worker, {a, b, own}, {K(1), K(5)});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(missing.message()), ::testing::HasSubstr("blocks[1]"));
+  EXPECT_EQ(Claim(worker, {a, a}, {K(1)}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pins_.Total(), 6);
+  {
+    auto claimed = sessions_.ClaimLeases(worker, {a, b, own}, {K(3), K(4), K(1)});
+    ASSERT_TRUE(claimed.ok()) << claimed.status();
+    EXPECT_EQ(pins_.Total(), 6);
+  }
+  EXPECT_EQ(pins_.Total(), 0);  // each lease unpinned its own keys once
+  // After a refused claim, the good leases are still releasable.
+  const uint64_t c = Lease(scheduler, {K(7)});
+  EXPECT_EQ(Claim(worker, {c, 12345}, {K(7)}).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(sessions_.Release(scheduler, c).ok());
+  EXPECT_EQ(pins_.Total(), 0);
+}
+
+TEST_F(LeaseSharingTest, ClaimedPinsCountAgainstTheOwnerUntilTheyEnd) {
+  const uint64_t scheduler = Open(kGroup), worker = Open(kGroup);
+  std::vector<Key> ten;
+  for (uint64_t i = 0; i < 10; ++i) ten.push_back(K(i));
+  const uint64_t lease = Lease(scheduler, ten);
+  {
+    auto claimed = sessions_.ClaimLeases(worker, {lease}, {K(0)});
+    ASSERT_TRUE(claimed.ok());
+    pins_.Pin({K(50)});
+    auto more = sessions_.AddLease(scheduler, {K(50)});
+    EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(std::string(more.status().message()),
+                ::testing::HasSubstr("limits.max_pinned_blocks_per_session"));
+    pins_.Unpin(7, {K(50)});
+    EXPECT_EQ(sessions_.List()[0].pinned_blocks, 10u);
+    EXPECT_EQ(sessions_.List()[1].pinned_blocks, 0u);
+  }
+  EXPECT_EQ(sessions_.List()[0].pinned_blocks, 0u);
+  pins_.Pin({K(50)});
+  EXPECT_TRUE(sessions_.AddLease(scheduler, {K(50)}).ok());
+}
+
+// The scheduler detaches (or dies) while its worker's Retrieve holds the claim: the pins stay
+// until the Retrieve ends and are dropped once (FakePins fails on a second unpin).
+TEST_F(LeaseSharingTest, TheOwnerClosingMidRetrieveIsSafe) {
+  const uint64_t scheduler = Open(kGroup), worker = Open(kGroup);
+  const uint64_t claimed_lease = Lease(scheduler, {K(1), K(2)});
+  Lease(scheduler, {K(3)});  // not claimed: ends with the session
+  auto claimed = sessions_.ClaimLeases(worker, {claimed_lease}, {K(1), K(2)});
+  ASSERT_TRUE(claimed.ok());
+  ASSERT_TRUE(sessions_.Close(scheduler).ok());
+  EXPECT_EQ(pins_.Total(), 2);  // the Retrieve still reads K(1), K(2)
+  // A new session (a new id) has nothing to do with the old owner's counts.
+  const uint64_t next = Open(kGroup);
+  claimed->reset();
+  EXPECT_EQ(pins_.Total(), 0);
+  EXPECT_EQ(sessions_.List().size(), 2u);
+  for (const SessionSummary& row : sessions_.List()) EXPECT_EQ(row.pinned_blocks, 0u) << row.id;
+  EXPECT_TRUE(sessions_.Close(next).ok());
 }
 
 }  // namespace
