@@ -23,6 +23,7 @@ from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStor
 from tutti.testing import Tuttid  # noqa: E402
 
 from fakevllm.engine import Engine, EngineConfig  # noqa: E402
+from fakevllm.executor import WorkerError  # noqa: E402
 
 BS = 16
 LAYERS, HEADS, HEAD_SIZE = 4, 4, 64
@@ -116,6 +117,35 @@ class TuttiConnectorTest(unittest.TestCase):
                 self.assertEqual(second.stats.computed_tokens, len(p) - 4 * BS + 2)
                 self.assertEqual(second.output_token_ids, first.output_token_ids)
                 self.engines.pop().shutdown()
+
+    def test_chunked_prefill_and_preemption_save_every_full_block(self):
+        self.start_daemons(1)
+        reqs = [("r%d" % i, prompt(20 + i, 3, tail=10), 24) for i in range(3)]
+        tight = self.engine(num_gpu_blocks=12, max_num_batched_tokens=24)
+        out = tight.generate(reqs)
+        for r in out.values():
+            self.assertGood(r)
+        self.assertGreater(sum(r.stats.preemptions for r in out.values()), 0)
+        self.engines.pop().shutdown()
+        again = self.engine().generate([(i + "'", p, 24) for i, p, _ in reqs])
+        for r in again.values():
+            self.assertGood(r)
+            self.assertEqual(r.stats.external_tokens, 3 * BS)
+
+    def test_physical_orders(self):
+        self.start_daemons(1)
+        for seed, order in ((30, "LBHNC"), (31, "BLNHC")):
+            with self.subTest(order=order):
+                p = prompt(seed, 2)
+                self.assertGood(self.engine(order=order).generate([("a", p, 2)])["a"])
+                self.engines.pop().shutdown()
+                r = self.engine(order=order).generate([("b", p, 2)])["b"]
+                self.assertGood(r)
+                self.assertEqual(r.stats.external_tokens, 2 * BS)
+                self.engines.pop().shutdown()
+        with self.assertRaises(WorkerError) as cm:
+            self.engine(order="LHBNC")
+        self.assertIn("is not contiguous", str(cm.exception))
 
     def test_tp2_hits_only_where_both_ranks_hold_the_block(self):
         d0, d1 = self.start_daemons(2)

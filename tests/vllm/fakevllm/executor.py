@@ -36,8 +36,12 @@ class Executor:
             child.close()
             self.conns.append(parent)
             self.procs.append(p)
-        for rank in range(len(configs)):
-            self._receive(rank)
+        try:
+            for rank in range(len(configs)):
+                self._receive(rank)
+        except BaseException:
+            self.shutdown()
+            raise
 
     @property
     def world_size(self) -> int:
