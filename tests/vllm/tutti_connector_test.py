@@ -56,6 +56,21 @@ def evict_all(daemon):
     return tuttictl(daemon, "evict", "--all")
 
 
+def blocks_on_ssd(daemon):
+    return sum(ns["blocks_ssd"] for ns in tuttictl(daemon, "stats").get("namespaces", []))
+
+
+def wait_blocks(daemon, n, timeout=20.0):
+    """Waits until `daemon` holds at least n blocks on its SSD: a Store returns once tuttid
+    captured the bytes, and a block is found by Lookup once it is written."""
+    deadline = time.monotonic() + timeout
+    while blocks_on_ssd(daemon) < n:
+        if time.monotonic() > deadline:
+            raise AssertionError("%s: %d blocks on SSD after %.0f s, want %d" %
+                                 (daemon.socket, blocks_on_ssd(daemon), timeout, n))
+        time.sleep(0.05)
+
+
 def leases_held(daemon):
     return sum(s["leases"] for s in tuttictl(daemon, "sessions").get("sessions", []))
 
@@ -112,6 +127,7 @@ class TuttiConnectorTest(unittest.TestCase):
                 self.assertGood(first)
                 self.assertEqual(first.stats.external_tokens, 0)
                 self.engines.pop().shutdown()
+                wait_blocks(self.daemons[0], 4 if save == "end" else 8)
                 second = self.engine(extra={"save": save}).generate([("b", p, 3)])["b"]
                 self.assertGood(second)
                 self.assertEqual(second.stats.external_tokens, 4 * BS)
@@ -128,6 +144,7 @@ class TuttiConnectorTest(unittest.TestCase):
             self.assertGood(r)
         self.assertGreater(sum(r.stats.preemptions for r in out.values()), 0)
         self.engines.pop().shutdown()
+        wait_blocks(self.daemons[0], 3 * 5)
         again = self.engine().generate([(i + "'", p, 24) for i, p, _ in reqs])
         for r in again.values():
             self.assertGood(r)
@@ -140,6 +157,7 @@ class TuttiConnectorTest(unittest.TestCase):
                 p = prompt(seed, 2)
                 self.assertGood(self.engine(order=order).generate([("a", p, 2)])["a"])
                 self.engines.pop().shutdown()
+                wait_blocks(self.daemons[0], 2 if order == "LBHNC" else 4)
                 r = self.engine(order=order).generate([("b", p, 2)])["b"]
                 self.assertGood(r)
                 self.assertEqual(r.stats.external_tokens, 2 * BS)
@@ -153,6 +171,8 @@ class TuttiConnectorTest(unittest.TestCase):
         e = self.engine(tp_size=2)
         p = prompt(2, 4)
         self.assertGood(e.generate([("a", p, 2)])["a"])
+        wait_blocks(d0, 4)
+        wait_blocks(d1, 4)
         evict_all(d1)
         e.reset_prefix_cache()
         # q shares p's first 2 blocks: it puts them back on rank 1 (rank 0 has them already).
@@ -160,6 +180,7 @@ class TuttiConnectorTest(unittest.TestCase):
         rq = e.generate([("q", q, 2)])["q"]
         self.assertGood(rq)
         self.assertEqual(rq.stats.external_tokens, 0, "rank 1 held nothing")
+        wait_blocks(d1, 4)
         e.reset_prefix_cache()
         r = e.generate([("b", p, 2)])["b"]
         self.assertGood(r)
@@ -170,6 +191,8 @@ class TuttiConnectorTest(unittest.TestCase):
         e = self.engine(tp_size=2)
         p = prompt(4, 3)
         first = e.generate([("a", p, 2)])["a"]
+        wait_blocks(d0, 3)
+        wait_blocks(d1, 3)
         e.reset_prefix_cache()
 
         def kill_rank1_once_loading(so):
@@ -200,6 +223,7 @@ class TuttiConnectorTest(unittest.TestCase):
         e = self.engine(num_gpu_blocks=8, max_num_batched_tokens=128)
         p = prompt(7, 3)
         e.generate([("a", p, 2)])
+        wait_blocks(d0, 3)
         e.reset_prefix_cache()
         e.add_request("long", prompt(8, 5), 8)  # takes 6 of the 7 usable blocks for 8 steps
         b = e.add_request("b", p, 2)            # 4 blocks: waits, looked up on every step
@@ -217,6 +241,7 @@ class TuttiConnectorTest(unittest.TestCase):
         e = self.engine()
         p = prompt(5, 3)
         e.generate([("a", p, 2)])
+        wait_blocks(d0, 3)
         e.reset_prefix_cache()
 
         def evict(so):
