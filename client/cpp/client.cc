@@ -136,7 +136,10 @@ Result<Lease> Client::Lookup(const std::vector<BlockKey>& keys, uint32_t prompt_
   if (!cur.ok()) return FromAbsl(cur.status());
   tutti::v1::LookupRequest request;
   request.set_session_id(cur->session_id);
-  for (const BlockKey& k : keys) request.add_keys(KeyString(k));
+  // One string for the whole chain (LookupRequest.packed_keys): one allocation on each side.
+  std::string* packed = request.mutable_packed_keys();
+  packed->reserve(keys.size() * 16);
+  for (const BlockKey& k : keys) packed->append(KeyString(k));
   request.set_prompt_tokens(prompt_tokens);
   tutti::v1::LookupResponse response;
   auto ctx = rep_->session->NewContext();

@@ -247,7 +247,7 @@ absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
                                       tutti::v1::LookupResponse* resp) {
   ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
   const SessionRef& session = call.session();
-  ASSIGN_OR_RETURN(std::vector<Key> keys, ParseKeys(req.keys(), options_.max_blocks_per_call));
+  ASSIGN_OR_RETURN(std::vector<Key> keys, ParseLookupKeys(req, options_.max_blocks_per_call));
   if (req.prompt_tokens() > decision::kMaxContextTokens) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_tokens = ", req.prompt_tokens(),
                                                    ": must be at most ",

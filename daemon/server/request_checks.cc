@@ -1,6 +1,7 @@
 #include "daemon/server/request_checks.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -24,21 +25,53 @@ absl::Status CheckCount(absl::string_view field, int n, uint32_t max) {
 
 }  // namespace
 
+namespace {
+
+// INVALID_ARGUMENT naming the first key of `keys` that repeats an earlier one.
+absl::Status CheckDistinct(const std::vector<Key>& keys, absl::string_view field) {
+  // Sized once: growing it was most of a 2048-key Lookup's handler time (perf, issue 12).
+  absl::flat_hash_set<Key> seen;
+  seen.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!seen.insert(keys[i]).second) {
+      const auto first = std::find(keys.begin(), keys.begin() + i, keys[i]) - keys.begin();
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: duplicate of ", field, "[", first, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<Key>> ParseKeys(
     const google::protobuf::RepeatedPtrField<std::string>& keys, uint32_t max_keys) {
   RETURN_IF_ERROR(CheckCount("keys", keys.size(), max_keys));
   std::vector<Key> out(keys.size());
-  // Sized once: growing it was most of a 2048-key Lookup's handler time (perf, issue 12).
-  absl::flat_hash_set<Key> seen;
-  seen.reserve(keys.size());
-  for (int i = 0; i < keys.size(); ++i) {
-    RETURN_IF_ERROR(ParseKey(keys[i], "keys", i, &out[i]));
-    if (!seen.insert(out[i]).second) {
-      const auto first = std::find(out.begin(), out.begin() + i, out[i]) - out.begin();
-      return absl::InvalidArgumentError(
-          absl::StrCat("keys[", i, "]: duplicate of keys[", first, "]"));
-    }
+  for (int i = 0; i < keys.size(); ++i) RETURN_IF_ERROR(ParseKey(keys[i], "keys", i, &out[i]));
+  RETURN_IF_ERROR(CheckDistinct(out, "keys"));
+  return out;
+}
+
+absl::StatusOr<std::vector<Key>> ParseLookupKeys(const tutti::v1::LookupRequest& req,
+                                                 uint32_t max_keys) {
+  const std::string& packed = req.packed_keys();
+  if (packed.empty()) return ParseKeys(req.keys(), max_keys);
+  if (!req.keys().empty()) {
+    return absl::InvalidArgumentError("give keys or packed_keys, not both");
   }
+  if (packed.size() % Key::kSize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "packed_keys: ", packed.size(), " bytes; must be a multiple of 16 (16 bytes per key)"));
+  }
+  const size_t n = packed.size() / Key::kSize;
+  RETURN_IF_ERROR(CheckCount("packed_keys", static_cast<int>(std::min<size_t>(n, 1u << 30)),
+                             max_keys));
+  std::vector<Key> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    Key::FromBytes(std::string_view(packed).substr(i * Key::kSize, Key::kSize), &out[i]);
+  }
+  RETURN_IF_ERROR(CheckDistinct(out, "packed_keys"));
   return out;
 }
 

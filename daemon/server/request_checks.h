@@ -31,6 +31,10 @@ struct LayerRange {
 absl::StatusOr<std::vector<Key>> ParseKeys(
     const google::protobuf::RepeatedPtrField<std::string>& keys, uint32_t max_keys);
 
+// A LookupRequest's chain: `keys`, or `packed_keys` (16 bytes per key), not both; as ParseKeys.
+absl::StatusOr<std::vector<Key>> ParseLookupKeys(const tutti::v1::LookupRequest& req,
+                                                 uint32_t max_keys);
+
 // Retrieve and Store pairs: 1 to `max_blocks` pairs; keys 16 bytes and distinct; engine blocks
 // below `num_engine_blocks` and distinct.
 absl::StatusOr<BlockBatch> ParseBlocks(

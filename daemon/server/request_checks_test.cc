@@ -39,6 +39,34 @@ TEST(ParseKeysTest, AcceptsDistinctSixteenByteKeysInOrder) {
   EXPECT_TRUE(ParseKeys({}, 2).ok());
 }
 
+TEST(ParseLookupKeysTest, PackedKeysParseAsTheSameChain) {
+  tutti::v1::LookupRequest req;
+  for (char c : std::string("abc")) req.mutable_packed_keys()->append(std::string(16, c));
+  auto parsed = ParseLookupKeys(req, 8);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 3u);
+  EXPECT_EQ((*parsed)[2].view(), std::string(16, 'c'));
+  tutti::v1::LookupRequest plain;
+  for (char c : std::string("abc")) plain.add_keys(std::string(16, c));
+  auto same = ParseLookupKeys(plain, 8);
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(*same == *parsed);
+}
+
+TEST(ParseLookupKeysTest, RejectsBothFormsRaggedDuplicateAndTooMany) {
+  tutti::v1::LookupRequest both;
+  both.add_keys(std::string(16, 'a'));
+  both.set_packed_keys(std::string(16, 'b'));
+  ExpectInvalid(ParseLookupKeys(both, 8).status(), "give keys or packed_keys, not both");
+  tutti::v1::LookupRequest ragged;
+  ragged.set_packed_keys(std::string(33, 'a'));
+  ExpectInvalid(ParseLookupKeys(ragged, 8).status(), "packed_keys: 33 bytes; must be a multiple");
+  tutti::v1::LookupRequest dup;
+  dup.set_packed_keys(std::string(16, 'a') + std::string(16, 'b') + std::string(16, 'a'));
+  ExpectInvalid(ParseLookupKeys(dup, 8).status(), "packed_keys[2]: duplicate of packed_keys[0]");
+  ExpectInvalid(ParseLookupKeys(dup, 2).status(), "max_blocks_per_call");
+}
+
 TEST(ParseKeysTest, RejectsShortLongDuplicateAndTooMany) {
   google::protobuf::RepeatedPtrField<std::string> keys;
   *keys.Add() = KeyBytes('a');

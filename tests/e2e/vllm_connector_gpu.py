@@ -46,6 +46,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import tutti  # noqa: E402
+import tutti.vllm as tutti_vllm  # noqa: E402
 from tutti.testing import Tuttid  # noqa: E402
 from engine import Engine  # noqa: E402
 from llama import LlamaShape, PagedLlama, random_weights  # noqa: E402
@@ -92,8 +93,7 @@ def new_cache(model, num_blocks):
     shm = tutti.SharedMemory(tutti.cache_bytes(layout, num_blocks), "vllm-gpu-dry")
     cache, _ = tutti.host_cache_tensor(layout, num_blocks, model.dtype, shm)
     _SHM[id(cache)] = shm
-    import tutti.vllm
-    tutti.vllm.register_host_memory(shm)
+    tutti_vllm.register_host_memory(shm)
     return cache
 
 
@@ -138,6 +138,7 @@ class VllmEngine:
         self.blocks = Blocks(cache.shape[2])
         self.hasher = get_request_block_hasher(BLOCK, sha256_cbor)
         self.n = 0
+        self.seen = []
 
     def run(self, tokens, last_only=False):
         """One request's prefill step. A dict: logits, loaded tokens, errors, host timings."""
@@ -186,7 +187,24 @@ class VllmEngine:
                     enqueue_ms=(enqueued - t0) * 1e3, waits_ms=[w * 1e3 for w in waits])
 
     def events(self):
-        return list(self.sched.take_events())
+        got = list(self.sched.take_events())
+        self.seen.extend(got)
+        return got
+
+    def wait_stored(self, blocks, timeout=30.0):
+        """Waits until the BlockStored events (tuttid's stream through take_events) name
+        `blocks` more blocks: a Lookup finds a block only once it is durable."""
+        want = self.stored() + blocks
+        deadline = time.monotonic() + timeout
+        while self.stored() < want:
+            if time.monotonic() > deadline:
+                raise RuntimeError("only %d of %d blocks stored after %.0f s" % (
+                    self.stored(), want, timeout))
+            self.events()
+            time.sleep(0.01)
+
+    def stored(self):
+        return sum(len(e.block_hashes) for e in self.seen if type(e).__name__ == "BlockStored")
 
 
 def direct_engine(model, cache, daemon, ns):
@@ -247,6 +265,7 @@ def part_correct(args, rows):
     with daemon_for(shape, layout, 4 * len(prompt), args) as daemon:
         eng = VllmEngine(model, new_cache(model, nb), daemon.socket, "end", "correct-8l")
         a = eng.run(prompt[:prefix])
+        eng.wait_stored(prefix // BLOCK)
         b = eng.run(prompt)
         d_eng, client = direct_engine(model, new_cache(model, nb), daemon,
                                       tutti.Namespace("direct-8l", layout))
@@ -254,13 +273,13 @@ def part_correct(args, rows):
         d = d_eng.prefill(prompt, store=False)
         full = d_eng.prefill(prompt, use_cache=False, store=False)
         client.detach()
-        events = eng.events()
+        eng.events()
     loaded_ok = b["loaded"] == (prefix // BLOCK) * BLOCK and not b["errors"]
     tail = full.logits[-b["logits"].shape[0]:]
     vs_direct = max_abs(b["logits"], d.logits[-b["logits"].shape[0]:])
     vs_full = max_abs(b["logits"], tail) / float(tail.abs().max())
     agree = float((b["logits"].argmax(-1) == tail.argmax(-1)).float().mean())
-    stored = sum(1 for e in events if type(e).__name__ == "BlockStored")
+    stored = eng.stored()
     row = dict(part="correct", a_loaded=a["loaded"], b_loaded=b["loaded"],
                b_errors=sorted(b["errors"]), direct_hits=d.hits,
                max_abs_vs_direct=vs_direct, rel_err_vs_full=vs_full, argmax_agree_vs_full=agree,
@@ -284,6 +303,7 @@ def part_ttft(args, rows):
             d_eng, client = direct_engine(model, new_cache(model, nb), daemon,
                                           tutti.Namespace("direct-8b-shape", layout))
             eng.run(prompt[:p])
+            eng.wait_stored(p // BLOCK)
             d_eng.prefill(prompt[:p])
             conn, direct, waits, enq, diffs = [], [], [], [], []
             for rep in range(args.reps + 1):
@@ -338,8 +358,10 @@ def part_save(args, rows):
                 r = eng.run([rng.randrange(shape.vocab) for _ in range(p)], last_only=True)
                 if rep:
                     times[m].append(r["ms"])
-        stored = {m: sum(1 for e in eng.events() if type(e).__name__ == "BlockStored")
-                  for m, eng in engines.items()}
+        for eng in engines.values():
+            eng.wait_stored(0)
+            eng.events()
+        stored = {m: eng.stored() for m, eng in engines.items()}
     row = dict(part="save", prompt_tokens=p, reps=args.reps, end_ms=times["end"],
                layer_ms=times["layer"],
                layer_vs_end=statistics.median(times["layer"]) / statistics.median(times["end"]),

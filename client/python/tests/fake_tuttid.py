@@ -112,7 +112,8 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
             self.calls.append("Lookup")
         if self.hang.is_set():
             self._hang(context)
-        return pb.LookupResponse(hits=len(request.keys), lease_id=7, lease_ttl_ms=30000)
+        hits = len(request.keys) or len(request.packed_keys) // 16
+        return pb.LookupResponse(hits=hits, lease_id=7, lease_ttl_ms=30000)
 
     def Store(self, request, context):
         with self.lock:

@@ -449,7 +449,14 @@ class Client:
             raise errors.InvalidArgument("prompt_tokens = %r: must be in [0, 16777216]" %
                                          (prompt_tokens,))
         sid, gen = self._current()
-        req = pb.LookupRequest(session_id=sid, keys=list(keys),
+        keys = [bytes(k) for k in keys]
+        bad = next((i for i, k in enumerate(keys) if len(k) != 16), None)
+        if bad is not None:
+            raise errors.InvalidArgument("keys[%d]: a key must be exactly 16 bytes, got %d" %
+                                         (bad, len(keys[bad])))
+        # One string for the whole chain (LookupRequest.packed_keys): far cheaper to build and
+        # parse than one bytes field per key.
+        req = pb.LookupRequest(session_id=sid, packed_keys=b"".join(keys),
                                prompt_tokens=int(prompt_tokens or 0))
         resp = self._call("Lookup", req, gen, self._timeouts.short)
         predicted = resp.decision_id != 0
