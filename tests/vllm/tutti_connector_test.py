@@ -4,6 +4,9 @@ only where both ranks hold the block (one daemon evicted); a load that fails bec
 tuttid died between the lookup and the load (reported through get_block_ids_with_load_errors,
 recomputed, no hung step); an eviction between lookup and load (the lease keeps the blocks); the
 KV events (take_events) against what was stored and evicted.
+
+TUTTI_HARNESS_DEVICE=cuda:0 (the GPU machine): the same tests in cuda mode, every worker's cache
+in device memory and every tuttid with gpu { mode: "cuda" } (the GPU-side layer waits).
 """
 
 import json
@@ -27,6 +30,7 @@ from fakevllm.executor import WorkerError  # noqa: E402
 
 BS = 16
 LAYERS, HEADS, HEAD_SIZE = 4, 4, 64
+DEVICE = os.environ.get("TUTTI_HARNESS_DEVICE") or None  # e.g. "cuda:0"
 OBJECT_BYTES = BS * HEADS * 2 * HEAD_SIZE * 4  # one (layer, block) of the packed cache: 32 KiB
 
 
@@ -88,7 +92,8 @@ class TuttiConnectorTest(unittest.TestCase):
     def start_daemons(self, n):
         for _ in range(n):
             self.daemons.append(Tuttid(object_bytes=OBJECT_BYTES, max_objects=2 * LAYERS,
-                                       session_ttl_ms=5000).start())
+                                       session_ttl_ms=5000,
+                                       extra='gpu { mode: "cuda" }' if DEVICE else "").start())
         return self.daemons
 
     def engine(self, tp_size=1, extra=None, **kw):
@@ -99,7 +104,8 @@ class TuttiConnectorTest(unittest.TestCase):
                                kv_role="kv_both", kv_connector_extra_config=cfg)
         e = Engine(EngineConfig(kv_transfer_config=ktc, tp_size=tp_size, num_layers=LAYERS,
                                 num_kv_heads=HEADS, head_size=HEAD_SIZE, block_size=BS,
-                                register_host_memory=True, step_timeout=30.0, **kw))
+                                register_host_memory=DEVICE is None, host=DEVICE is None,
+                                device=DEVICE, step_timeout=30.0, **kw))
         self.engines.append(e)
         return e
 

@@ -51,6 +51,7 @@ class EngineConfig:
     max_num_seqs: int = 8
     host: bool = True
     register_host_memory: bool = False
+    device: Optional[str] = None  # "cuda:0": every worker's cache in device memory (host False)
     model: str = "fakevllm/toy-llama"
     hash_algo: str = "sha256_cbor"
     step_timeout: float = 60.0
@@ -107,7 +108,8 @@ class Engine:
                 config.block_size, config.num_kv_heads, config.head_size, torch.float32))])
         self.executor = Executor([WorkerConfig(r, config.tp_size, self.geometry,
                                                self.vllm_config, self.kv_cache_config,
-                                               config.host, config.register_host_memory)
+                                               config.host, config.register_host_memory,
+                                               config.device)
                                   for r in range(config.tp_size)], config.step_timeout)
         try:
             self._start_scheduler()

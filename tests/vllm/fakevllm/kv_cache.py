@@ -64,11 +64,13 @@ class KvCache:
     `tensor` is the logical [L, B, H, N, C] view; `layers` maps each layer name to its
     [B, H, N, C] view (what register_kv_caches receives). Not thread-safe."""
 
-    def __init__(self, geometry: CacheGeometry, host: bool = True):
+    def __init__(self, geometry: CacheGeometry, host: bool = True, device=None):
         geometry.check()
         self.geometry = geometry
         self.shm = None
-        if host:
+        if device is not None:  # cuda mode: device memory, as vLLM allocates it
+            flat = torch.zeros(geometry.numel, dtype=geometry.dtype, device=device)
+        elif host:
             import tutti  # the host-mode region tuttid can map
             self.shm = tutti.SharedMemory(geometry.nbytes, prefix="fakevllm-kv")
             flat = torch.frombuffer(self.shm.buffer, dtype=geometry.dtype, count=geometry.numel)

@@ -109,14 +109,17 @@ class ToyModel:
         pos, blocks, offsets = self._slots(seq, begin, end)
         tokens = torch.tensor(seq.token_ids[begin:end], dtype=torch.int64)
         kv = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
-        kv_layer[blocks, :, offsets, :] = kv  # [n, heads, content] at (block, :, offset, :)
+        dev = kv_layer.device
+        # [n, heads, content] at (block, :, offset, :)
+        kv_layer[blocks.to(dev), :, offsets.to(dev), :] = kv.to(kv_layer.dtype).to(dev)
 
     def _check(self, kv_layer, layer: int, seq: ScheduledSeq, check: StepCheck):
         end = seq.num_computed + seq.num_scheduled
         pos, blocks, offsets = self._slots(seq, 0, end)
         tokens = torch.tensor(seq.token_ids[:end], dtype=torch.int64)
         want = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
-        got = kv_layer[blocks, :, offsets, :]
+        dev = kv_layer.device  # cuda: reading back waits for the stream (its layer waits first)
+        got = kv_layer[blocks.to(dev), :, offsets.to(dev), :].cpu()
         wrong = (got != want).flatten(1).any(dim=1)
         if bool(wrong.any()):
             bad = check.bad_blocks.setdefault(seq.req_id, set())

@@ -42,6 +42,7 @@ class WorkerConfig:
     kv_cache_config: object              # vllm.v1.kv_cache_interface.KVCacheConfig
     host: bool = True
     register_host_memory: bool = False   # call tutti.vllm.register_host_memory(shm) first
+    device: Optional[str] = None         # "cuda:0": the cache in device memory (host False)
 
 
 @dataclass
@@ -87,7 +88,7 @@ class ModelRunner:
         if config.vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(
                 config.vllm_config, KVConnectorRole.WORKER, config.kv_cache_config)
-        self.cache = KvCache(config.geometry, host=config.host)
+        self.cache = KvCache(config.geometry, host=config.host, device=config.device)
         if self.connector is not None:
             if config.register_host_memory:
                 import tutti.vllm
