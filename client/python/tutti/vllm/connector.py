@@ -110,13 +110,13 @@ class TuttiConnector(KVConnectorBase_V1):
         return self._worker.load_errors() if self._worker is not None else set()
 
     def handle_preemptions(self, preempted_req_ids):
-        """vLLM passes the preempted requests' ids (newer vLLM: the step's metadata, whose
-        `preempted` the worker handles in bind_connector_metadata)."""
-        if self._worker is not None and isinstance(preempted_req_ids, (set, frozenset, list,
-                                                                        tuple)):
-            self._worker.handle_preemptions(preempted_req_ids)
-        elif self._worker is not None and isinstance(preempted_req_ids, TuttiConnectorMetadata):
-            self._worker.handle_preemptions(preempted_req_ids.preempted)
+        """Stock vLLM passes the preempted requests' ids; a vLLM that passes the step's metadata
+        instead gets its `preempted` handled (the worker also does so in bind)."""
+        if self._worker is None or preempted_req_ids is None:
+            return
+        if isinstance(preempted_req_ids, TuttiConnectorMetadata):
+            preempted_req_ids = preempted_req_ids.preempted
+        self._worker.handle_preemptions(set(preempted_req_ids))
 
     def get_finished(self, finished_req_ids):
         if self._worker is None:
