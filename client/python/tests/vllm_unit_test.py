@@ -329,7 +329,7 @@ class SchedulerTest(unittest.TestCase):
         s.get_num_new_matched_tokens(r, 0)  # allocation failed: vLLM asks again
         self.assertEqual((len(c0.live), len(c1.live)), (1, 1))
         self.assertEqual((c0.released, c1.released), ([1], [1]))
-        s.request_finished(r, [])
+        self.assertEqual(s.request_finished(r, []), (False, None))  # no saves: blocks free now
         self.assertEqual((len(c0.live), len(c1.live)), (0, 0))
 
     def test_any_error_is_a_miss_with_backoff(self):
@@ -380,6 +380,8 @@ class SchedulerTest(unittest.TestCase):
                                              scheduled={"a": 1}))
         self.assertEqual((meta.saves[0].keys, meta.saves[0].block_ids),
                          ([r.block_hashes[6][:16]], [16]))
+        # it had saves: vLLM keeps its blocks until the workers report it finished_sending
+        self.assertEqual(s.request_finished(r, [10, 11, 12, 13, 14, 15, 16, 17]), (True, None))
 
     def test_no_load_releases_leases(self):
         r = request("a", 17)
@@ -405,6 +407,7 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(meta.saves[0].block_ids, [1, 2])
         meta = s.build_connector_meta(output(preempted=["a"]))
         self.assertEqual(meta.saves, [])
+        self.assertEqual(meta.preempted, ["a"])  # the workers drop its pending saves
         # resumed: tuttid has blocks 0, 1 now; vLLM reallocates other blocks
         c.have.update(keys_of(r, 2))
         r.num_computed_tokens = 0

@@ -44,6 +44,12 @@ _MIN_BACKOFF = 0.05
 _MAX_BACKOFF = 1.0
 
 
+class StoreOutcomes(list):
+    """Client.store's answer: one outcome per key, and `rejected_why` (tuttid's words for the
+    limit that refused the "rejected_full" blocks; "" when none was)."""
+    rejected_why = ""
+
+
 @dataclass(frozen=True)
 class Lease:
     """Blocks [0, hits) of the looked-up chain are present and pinned until the Retrieve ends,
@@ -559,12 +565,13 @@ class Client:
             self._inflight = None
 
     def store(self, keys: Sequence[bytes], engine_blocks: Sequence[int], wait_durable=False,
-              layer_begin=0, layer_end=0, stream=None) -> List[str]:
+              layer_begin=0, layer_end=0, stream=None) -> "StoreOutcomes":
         """Copies engine block engine_blocks[i] as keys[i]; one outcome per key ("captured",
-        "durable", "already_present", "rejected_full", "failed") once captured (durable with
-        wait_durable): from then on the engine may overwrite the blocks. cuda mode: `stream` (the
-        one that computed the blocks; None: torch's current stream) is synchronized first, and
-        Stores run one at a time (tuttid's per-session rule). Deadline: Timeouts.for_store."""
+        "durable", "already_present", "rejected_full", "failed": a StoreOutcomes, with
+        rejected_why) once captured (durable with wait_durable): from then on the engine may
+        overwrite the blocks. cuda mode: `stream` (the one that computed the blocks; None: torch's
+        current stream) is synchronized first, and Stores run one at a time (tuttid's per-session
+        rule). Deadline: Timeouts.for_store."""
         if len(keys) != len(engine_blocks) or not keys:
             raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
                                                                           len(engine_blocks)))
@@ -587,7 +594,9 @@ class Client:
         if len(resp.outcomes) != len(keys):
             raise errors.TuttiError("tuttid answered Store with a wrong number of outcomes",
                                     "INTERNAL")
-        return [STORE_OUTCOMES.get(o, "unspecified") for o in resp.outcomes]
+        out = StoreOutcomes(STORE_OUTCOMES.get(o, "unspecified") for o in resp.outcomes)
+        out.rejected_why = resp.rejected_why
+        return out
 
     def watch_events(self, after_seq: int = 0, boot_id: int = 0) -> EventStream:
         """Streams the stores and evictions of this session's namespace (tutti._events): an

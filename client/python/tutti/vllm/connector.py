@@ -6,6 +6,8 @@ It dispatches on its role: SCHEDULER -> tutti.vllm.scheduler.TuttiScheduler, WOR
 tutti.vllm.worker.TuttiWorker; a hook of the other role is a no-op. Extra config:
   "sockets": [path of TP rank 0's tuttid, ...]  (default /run/tutti/<rank>/tuttid.sock)
   "save": "end" (default) | "layer"
+  "save_retry_deadline_ms": 10000   a block tuttid refused (staging full) is retried this long
+  "max_pending_saves": 4096         refused blocks a worker holds for retries at most
   "lookup_timeout_ms": 500   the scheduler's Lookup deadline
   "events": true             watch tuttid's events for take_events()
 """
@@ -38,6 +40,13 @@ def socket_of(extra, rank):
     return str(sockets[rank])
 
 
+def _number(extra, name, default):
+    v = extra.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ValueError("kv_connector_extra_config %s: %r; give a number >= 0" % (name, v))
+    return v
+
+
 class TuttiConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -57,9 +66,12 @@ class TuttiConnector(KVConnectorBase_V1):
                                          watch_events=bool(extra.get("events", True)))
         else:
             rank = _tp_rank()
-            self._worker = TuttiWorker(vllm_config.model_config, kv_cache_config, rank, tp_size,
-                                       socket_of(extra, rank), extra.get("save", "end"),
-                                       getattr(vllm, "__version__", "unknown"))
+            self._worker = TuttiWorker(
+                vllm_config.model_config, kv_cache_config, rank, tp_size,
+                socket_of(extra, rank), extra.get("save", "end"),
+                getattr(vllm, "__version__", "unknown"),
+                retry_deadline_s=_number(extra, "save_retry_deadline_ms", 10000) / 1000.0,
+                max_pending_saves=int(_number(extra, "max_pending_saves", 4096)))
 
     # --- worker side ---
     def register_kv_caches(self, kv_caches):
@@ -97,8 +109,19 @@ class TuttiConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self):
         return self._worker.load_errors() if self._worker is not None else set()
 
+    def handle_preemptions(self, preempted_req_ids):
+        """Stock vLLM passes the preempted requests' ids; a vLLM that passes the step's metadata
+        instead gets its `preempted` handled (the worker also does so in bind)."""
+        if self._worker is None or preempted_req_ids is None:
+            return
+        if isinstance(preempted_req_ids, TuttiConnectorMetadata):
+            preempted_req_ids = preempted_req_ids.preempted
+        self._worker.handle_preemptions(set(preempted_req_ids))
+
     def get_finished(self, finished_req_ids):
-        return None, None
+        if self._worker is None:
+            return None, None
+        return self._worker.get_finished(finished_req_ids)
 
     def shutdown(self):
         if self._worker is not None:

@@ -41,5 +41,9 @@ class SaveSpec:
 
 @dataclass
 class TuttiConnectorMetadata(KVConnectorMetadata):
+    """A step's loads and saves, and the requests preempted before it (the workers drop their
+    pending saves before vLLM reuses the blocks, even where vLLM does not call
+    handle_preemptions with their ids)."""
     loads: List[LoadSpec] = field(default_factory=list)
     saves: List[SaveSpec] = field(default_factory=list)
+    preempted: List[str] = field(default_factory=list)

@@ -11,8 +11,10 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
   the end of this step (num_computed_tokens + scheduled tokens, only blocks vLLM has hashed) that
   were neither loaded, nor local prefix hits, nor saved before (also across preemption).
-- request_finished: releases its leases (a load that will not happen), forgets it; never holds
-  blocks (saves finish inside their step).
+- request_finished: releases its leases (a load that will not happen), forgets it; returns
+  (True, None) when the request had saves (a worker may still hold pending saves of it: vLLM
+  keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
+  The workers report exactly the requests that had SaveSpecs, so both sides agree.
 - take_events: what the ranks' WatchEvents streams said (tutti.vllm.events).
 
 Thread-safety: vLLM calls the scheduler hooks from one thread; the event watchers are
@@ -150,6 +152,7 @@ class TuttiScheduler:
         self._pending: Dict[str, _Pending] = {}
         self._local: Dict[str, int] = {}
         self._reqs: Dict[str, _Req] = {}
+        self._saved: set = set()  # requests that had saves: request_finished holds their blocks
         self._loads: List[LoadSpec] = []
         self._events_lock = threading.Lock()
         self._events = deque(maxlen=MAX_PENDING_EVENTS)
@@ -269,12 +272,13 @@ class TuttiScheduler:
                 st.block_ids.extend(new[0])
             end = cached.num_computed_tokens[i] + so.num_scheduled_tokens.get(req_id, 0)
             self._collect_save(req_id, st, end, saves)
-        for req_id in so.preempted_req_ids or ():
+        preempted = sorted(so.preempted_req_ids or ())
+        for req_id in preempted:
             self._release_pending(req_id)
             if req_id in self._reqs:
                 self._reqs[req_id].block_ids = []
         loads, self._loads = self._loads, []
-        return TuttiConnectorMetadata(loads=loads, saves=saves)
+        return TuttiConnectorMetadata(loads=loads, saves=saves, preempted=preempted)
 
     def _collect_save(self, req_id, st, end_tokens, saves):
         request = st.request
@@ -284,6 +288,7 @@ class TuttiScheduler:
         hashes = list(request.block_hashes[st.done:full])
         keys = keys_of(hashes)
         saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
+        self._saved.add(req_id)
         self._remember(request, st.done, full, keys)
         st.done = full
 
@@ -310,6 +315,9 @@ class TuttiScheduler:
         self._release_pending(req_id)
         self._local.pop(req_id, None)
         self._reqs.pop(req_id, None)
+        if req_id in self._saved:
+            self._saved.discard(req_id)
+            return True, None
         return False, None
 
     # --- events ---

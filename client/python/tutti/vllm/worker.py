@@ -13,18 +13,25 @@ new full blocks.
   (cuda: after the forward's stream synced). "layer": cuda mode records an event per layer in
   save_layer and a background thread Stores that layer once its event completed (the forward's
   host thread never waits); wait_for_save waits for them. Host mode stores the layer at once.
-  A failed Store is logged and dropped (a later miss).
+  Blocks tuttid refused (store staging full) become pending saves (tutti.vllm.saves), retried
+  whole by a background thread while vLLM holds the blocks: handle_preemptions drops a
+  preempted request's and waits for its retry in flight; get_finished reports a request that
+  had saves in finished_sending once nothing of it is pending (the scheduler's request_finished
+  returned True for exactly those). Given up after retry_deadline_s, when tuttid is away, past
+  max_pending_saves blocks, or on a failed Store: counted and logged with the cause.
 - load_errors: the vLLM block ids of blocks that did not load, in the step they were loaded
   (sync loading: the Retrieve is waited for in wait_for_save / load_errors). A dead tuttid breaks
   the Retrieve (deadline or session end): every block of it is reported.
 
-Thread-safety: vLLM calls the worker hooks from one thread; the layer saver has its own thread.
+Thread-safety: vLLM calls the worker hooks from one thread; the layer saver and the save
+retrier have their own threads.
 """
 
 import logging
 import os
 import queue
 import threading
+import time
 from typing import List, Optional
 
 import tutti
@@ -32,6 +39,7 @@ from tutti import errors
 from tutti.vllm import geometry as geo
 from tutti.vllm.keys import namespace
 from tutti.vllm.metadata import TuttiConnectorMetadata, TuttiHandshake
+from tutti.vllm.saves import PendingSaves
 
 log = logging.getLogger("tutti.vllm")
 
@@ -69,7 +77,8 @@ def _host_regions(g: geo.Geometry):
 class TuttiWorker:
     def __init__(self, model_config, kv_cache_config, tp_rank: int, tp_size: int, socket: str,
                  save_mode: str = "end", vllm_version: str = "unknown",
-                 timeouts: Optional[tutti.Timeouts] = None):
+                 timeouts: Optional[tutti.Timeouts] = None, retry_deadline_s: float = 10.0,
+                 max_pending_saves: int = 4096, clock=time.monotonic):
         if save_mode not in ("end", "layer"):
             raise ValueError("kv_connector_extra_config save: %r; give \"end\" or \"layer\"" %
                              (save_mode,))
@@ -88,6 +97,11 @@ class TuttiWorker:
         self._load_blocks: List[int] = []
         self._errors = set()
         self._saver = None
+        self._step: Optional[_Step] = None
+        self._retry_stream = None
+        self._pending = PendingSaves(self._retry_store, deadline_s=retry_deadline_s,
+                                     max_blocks=max_pending_saves, clock=clock,
+                                     name="TP rank %d" % tp_rank)
 
     # --- start-up ---
     def register_kv_caches(self, kv_caches):
@@ -103,10 +117,19 @@ class TuttiWorker:
         else:
             self.client = tutti.Client.attach(self.namespace, g.num_blocks, list(g.objects),
                                               host_regions=_host_regions(g), **common)
-        if self.save_mode == "layer" and g.device is not None:
-            self._saver = _LayerSaver(self)
+        self._on_attached()
         log.info("TP rank %d attached to tuttid at %s: %s, %s, %d blocks", self.tp_rank,
                  self.socket, self.namespace.model_id, g.order, g.num_blocks)
+
+    def _on_attached(self):
+        """After self.client and self.geometry are set (tests set them to fakes and call this):
+        the layer saver and the retry thread (cuda mode: its Stores sync an idle side stream)."""
+        if self.geometry.device is not None:
+            import torch
+            self._retry_stream = torch.cuda.Stream(device=self.geometry.device)
+            if self.save_mode == "layer":
+                self._saver = _LayerSaver(self)
+        self._pending.start()
 
     def handshake(self) -> TuttiHandshake:
         if self.namespace is None:
@@ -115,7 +138,19 @@ class TuttiWorker:
 
     # --- loads ---
     def bind(self, meta: TuttiConnectorMetadata):
+        """The step's metadata: its preemptions are handled first (as handle_preemptions), its
+        saves' requests are expected in finished_sending (the scheduler holds their blocks)."""
         self._meta = meta
+        self.handle_preemptions(getattr(meta, "preempted", None))
+        saves = list(getattr(meta, "saves", None) or ())
+        self._step = None
+        if not saves:
+            return
+        self._pending.expect(spec.req_id for spec in saves)
+        if self.client is None:
+            self._pending.give_up("not attached", sum(len(s.keys) for s in saves))
+            return
+        self._step = _Step(self, saves)
 
     def start_load(self):
         meta = self._meta
@@ -167,54 +202,129 @@ class TuttiWorker:
 
     # --- saves ---
     def save_layer(self, layer_name, kv_layer):
-        if self.save_mode != "layer" or not self._saves():
+        if self.save_mode != "layer" or self._step is None:
             return
         layer = self.geometry.layer_index(layer_name)
         if self._saver is not None:
-            self._saver.layer_done(layer)
+            self._saver.layer_done(self._step, layer)
         else:
-            self._store(layer, layer + 1)
+            self._step.store(layer, layer + 1)
 
     def wait_for_save(self):
-        if self._saves():
+        step, self._step = self._step, None
+        if step is not None:
             if self.save_mode == "end":
-                self._store(0, 0)
+                step.store(0, 0)
             elif self._saver is not None:
                 self._saver.drain()
+            step.settle()
         self._finish_load()
 
-    def _saves(self):
-        return self._meta.saves if self._meta is not None and self.client is not None else []
+    def handle_preemptions(self, preempted_req_ids):
+        """Before vLLM reuses the blocks of preempted requests: their pending saves are dropped,
+        and a retry Store that reads any of them has ended when this returns."""
+        if self._pending is not None and preempted_req_ids:
+            self._pending.drop(preempted_req_ids)
 
-    def _store(self, layer_begin, layer_end, stream=None):
-        keys, blocks = [], []
-        for spec in self._saves():
-            keys.extend(spec.keys)
-            blocks.extend(spec.block_ids)
-        limit = max(int(self.client.info.get("max_blocks_per_call") or 512), 1)
-        for i in range(0, len(keys), limit):
-            try:
-                self.client.store(keys[i:i + limit], blocks[i:i + limit], layer_begin=layer_begin,
-                                  layer_end=layer_end, stream=stream)
-            except errors.TuttiError as e:
-                log.info("TP rank %d: Store of %d blocks dropped: %s", self.tp_rank,
-                         len(keys[i:i + limit]), e)
+    def get_finished(self, finished_req_ids):
+        """finished_sending: the requests that had saves, that vLLM said finished (in this call
+        or an earlier one), and whose pending saves are stored or given up."""
+        if self._pending is None:
+            done = self._expected & set(finished_req_ids or ())
+            self._expected -= done
+        else:
+            done = self._pending.finished(finished_req_ids or ())
+        return (done or None), None
+
+    def save_stats(self):
+        """Blocks refused, stored late, given up per cause (PendingSaves.stats), or {}."""
+        return self._pending.stats() if self._pending is not None else {}
+
+    def _retry_store(self, keys, blocks):
+        return self.client.store(keys, blocks, stream=self._retry_stream)
 
     def clear(self):
         self._meta = None
+        self._step = None
 
     def shutdown(self):
         if self._saver is not None:
             self._saver.close()
+        self._pending.close()
         if self.client is not None:
             self.client.detach()
             self.client = None
 
 
+class _Step:
+    """One step's saves: the flat (request, key, block) lists of its SaveSpecs, stored by
+    store(layers) once ("end") or per layer ("layer"); settle() hands what tuttid refused to the
+    worker's PendingSaves as whole blocks (all layers). In "layer" mode a block refused at one
+    layer gets none of its later layers this step: sending them would capture a partial block
+    that holds staging until tuttid's partial_store_ttl_ms drops it. A whole-block retry copies
+    only the layers tuttid lacks and completes such a partial if it exists.
+
+    Thread-safety: store() runs on the forward's thread or on the layer saver's, one at a time
+    (the saver's queue); settle() after them (wait_for_save)."""
+
+    def __init__(self, worker, saves):
+        self._w = worker
+        self.reqs, self.keys, self.blocks = [], [], []
+        for spec in saves:
+            self.reqs.extend([spec.req_id] * len(spec.keys))
+            self.keys.extend(spec.keys)
+            self.blocks.extend(spec.block_ids)
+        self.done = set()     # indices that need no more layers (stored, present, or dropped)
+        self.refused = set()  # indices tuttid refused (rejected_full): retried whole
+        self.why = ""
+        self.lost = False     # tuttid away or the Store failed: the rest of the step is dropped
+
+    def store(self, layer_begin, layer_end, stream=None):
+        if self.lost:
+            return
+        w = self._w
+        todo = [i for i in range(len(self.keys)) if i not in self.done]
+        limit = max(int(w.client.info.get("max_blocks_per_call") or 512), 1)
+        for c in range(0, len(todo), limit):
+            part = todo[c:c + limit]
+            try:
+                out = w.client.store([self.keys[i] for i in part], [self.blocks[i] for i in part],
+                                     layer_begin=layer_begin, layer_end=layer_end, stream=stream)
+            except errors.TuttiError as e:
+                left = [i for i in range(len(self.keys)) if i not in self.done]
+                self.done.update(left)
+                self.refused.difference_update(left)
+                self.lost = True
+                cause = ("tuttid away (%s)" if isinstance(e, errors.Unavailable) else
+                         "Store failed (%s)") % e
+                w._pending.give_up(cause, len(left))
+                return
+            self.why = getattr(out, "rejected_why", "") or self.why
+            last = layer_end == 0 or layer_end >= w.geometry.layout.num_layers
+            for i, o in zip(part, out):
+                if o == "rejected_full":
+                    self.refused.add(i)
+                    self.done.add(i)
+                elif o == "failed":
+                    self.done.add(i)
+                    w._pending.give_up("Store outcome failed", 1)
+                elif o == "already_present" or last:
+                    self.done.add(i)
+
+    def settle(self):
+        by_req = {}
+        for i in sorted(self.refused):
+            by_req.setdefault(self.reqs[i], []).append(i)
+        for req_id, idx in by_req.items():
+            self._w._pending.add(req_id, [self.keys[i] for i in idx],
+                                 [self.blocks[i] for i in idx], self.why)
+
+
 class _LayerSaver:
     """cuda mode, save "layer": save_layer records a CUDA event on the forward's stream; this
-    thread makes a side stream wait for it and Stores the layer (Client.store syncs the side
-    stream, not the forward's). drain() waits until every queued layer was stored."""
+    thread waits for the event on the host and Stores the layer (Client.store syncs its idle
+    side stream, not the forward's). drain() waits until every queued layer was handled, so
+    every layer of the step is complete once it returns (pending retries rely on that)."""
 
     def __init__(self, worker: TuttiWorker):
         import torch
@@ -225,10 +335,10 @@ class _LayerSaver:
         self._thread = threading.Thread(target=self._run, daemon=True, name="tutti-layer-save")
         self._thread.start()
 
-    def layer_done(self, layer):
+    def layer_done(self, step, layer):
         ev = self._torch.cuda.Event()
         ev.record(self._torch.cuda.current_stream())
-        self._queue.put((layer, ev))
+        self._queue.put((step, layer, ev))
 
     def _run(self):
         while True:
@@ -236,9 +346,9 @@ class _LayerSaver:
             try:
                 if item is None:
                     return
-                layer, ev = item
-                self._stream.wait_event(ev)
-                self._worker._store(layer, layer + 1, stream=self._stream)
+                step, layer, ev = item
+                ev.synchronize()
+                step.store(layer, layer + 1, stream=self._stream)
             finally:
                 self._queue.task_done()
 
