@@ -121,7 +121,9 @@ class DirConnectorHarnessTest(unittest.TestCase):
         r = e.generate([("a", p, 3)])["a"]
         self.assertGood(r)
         prefill_steps = -(-len(p) // 24)
-        self.assertEqual(len(e.step_reports), prefill_steps + 2)
+        # + 2 decode steps + 1 step that only tells the workers the request finished (vLLM steps
+        # while Scheduler.finished_req_ids is not empty)
+        self.assertEqual(len(e.step_reports), prefill_steps + 3)
         stored = [ev.block_hashes[0] for ev in e.events]
         self.assertEqual(len(stored), 5)
         self.assertEqual(len(set(stored)), 5)
@@ -226,14 +228,20 @@ class DirConnectorHarnessTest(unittest.TestCase):
                        ["wait_for_save", "get_finished", "get_block_ids_with_load_errors",
                         "get_kv_connector_stats", "get_kv_connector_kv_cache_events",
                         "clear_connector_metadata"])
-        for reports in e.step_reports:
+        no_forward = [c for c in worker_step if c not in layer]
+        # The last step only announces the finished request: no forward (vLLM's
+        # kv_connector_no_forward), so no per-layer calls.
+        for reports in e.step_reports[:-1]:
             self.assertEqual(reports[0].calls, worker_step)
+        self.assertEqual(e.step_reports[-1][0].calls, no_forward)
         self.assertEqual(e.scheduler_calls[0],
                          ["get_num_new_matched_tokens", "update_state_after_alloc",
                           "build_connector_meta", "update_connector_output", "take_events"])
-        self.assertEqual(e.scheduler_calls[-1],
+        self.assertEqual(e.scheduler_calls[-2],
                          ["build_connector_meta", "request_finished", "update_connector_output",
                           "take_events"])
+        self.assertEqual(e.scheduler_calls[-1],
+                         ["build_connector_meta", "update_connector_output", "take_events"])
 
     def test_abort_calls_request_finished(self):
         e = self.engine()

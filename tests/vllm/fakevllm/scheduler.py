@@ -60,6 +60,7 @@ class Scheduler:
         self.prev_step_scheduled_req_ids = set()
         self.stats: Dict[str, RequestStats] = {}
         self.events: List = []  # every event connector.take_events() returned, in order
+        self.delayed_frees = set()  # finished requests whose blocks wait for finished_sending
 
     # --- requests ---
     def add_request(self, request: Request):
@@ -68,7 +69,10 @@ class Scheduler:
         self.stats[request.request_id] = RequestStats()
 
     def has_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        """vLLM keeps stepping while requests are unfinished, finished ones are still to be
+        announced to the workers, or finished ones hold blocks the connector is still saving
+        (delayed frees, until every worker reported them in finished_sending)."""
+        return bool(self.waiting or self.running or self.finished_req_ids or self.delayed_frees)
 
     def finish_requests(self, req_ids, status: RequestStatus):
         for req_id in list(req_ids):
@@ -268,6 +272,7 @@ class Scheduler:
         if self.connector is not None:
             self.connector.update_connector_output(kv_out)
         for req_id in kv_out.finished_sending or ():
+            self.delayed_frees.discard(req_id)
             self.kv_cache_manager.free(req_id)
             self.requests.pop(req_id, None)
 
@@ -277,6 +282,8 @@ class Scheduler:
             block_ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
             delay, _params = self.connector.request_finished(request, block_ids)
         self.finished_req_ids.add(request.request_id)
-        if not delay:
+        if delay:
+            self.delayed_frees.add(request.request_id)
+        else:
             self.kv_cache_manager.free(request.request_id)
             self.requests.pop(request.request_id, None)
