@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<DmaBuffer>> ControllerModel::Allocate(size_t size
     return absl::ResourceExhaustedError(absl::StrCat("model DMA: cannot allocate ", bytes, " bytes"));
   }
   std::memset(host, 0, bytes);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   uint64_t iova = next_iova_;
   next_iova_ += bytes + kPage;
   regions_[iova] = Region{host, bytes};
@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<DmaBuffer>> ControllerModel::Map(uint8_t* memory,
   if (reinterpret_cast<uintptr_t>(memory) % kPage != 0 || size == 0) {
     return absl::InvalidArgumentError("model DMA: Map needs page-aligned, non-empty memory");
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   uint64_t iova = next_iova_;
   next_iova_ += RoundUp(size, kPage) + kPage;
   regions_[iova] = Region{memory, size};
@@ -130,12 +130,12 @@ absl::StatusOr<std::unique_ptr<DmaBuffer>> ControllerModel::Map(uint8_t* memory,
 }
 
 void ControllerModel::Unregister(uint64_t iova) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   regions_.erase(iova);
 }
 
 uint8_t* ControllerModel::Translate(uint64_t iova, uint64_t len) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = regions_.upper_bound(iova);
   if (it == regions_.begin()) return nullptr;
   --it;
@@ -145,11 +145,11 @@ uint8_t* ControllerModel::Translate(uint64_t iova, uint64_t len) const {
 }
 
 void ControllerModel::AddFault(const FaultRule& rule) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   faults_.push_back(rule);
 }
 void ControllerModel::ClearFaults() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   faults_.clear();
 }
 void ControllerModel::SetFatal() {
@@ -157,7 +157,7 @@ void ControllerModel::SetFatal() {
   __atomic_fetch_or(&regs_[kRegCsts / 4], kCstsFatal, __ATOMIC_ACQ_REL);
 }
 ModelCounters ControllerModel::counters() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return counters_;
 }
 
@@ -234,7 +234,7 @@ void ControllerModel::Disable() {
   shutdown_at_us_ = 0;
   fatal_ = false;
   SetReg(kRegCsts, 0);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++counters_.resets;
 }
 
@@ -285,7 +285,7 @@ void ControllerModel::Serve(uint16_t sqid, const Sqe& e, std::vector<Done>* out)
 bool ControllerModel::ApplyFault(uint16_t sqid, const Sqe& e, std::vector<Done>* out) {
   FaultRule rule;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     uint64_t slba = e.cdw10 | (static_cast<uint64_t>(e.cdw11) << 32);
     auto it = std::find_if(faults_.begin(), faults_.end(), [&](const FaultRule& r) {
       return r.admin == (sqid == 0) && (r.opcode < 0 || r.opcode == SqeOpcode(e)) &&

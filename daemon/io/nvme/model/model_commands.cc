@@ -22,7 +22,7 @@ void PutString(uint8_t* id, uint32_t offset, uint32_t width, const char* s) {
 
 ControllerModel::Done ControllerModel::Admin(uint16_t sqid, const Sqe& e) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     ++counters_.admin;
   }
   Done d{sqid, SqeCid(e), kStatusSuccess, 0};
@@ -152,7 +152,7 @@ ControllerModel::Done ControllerModel::AbortCommand(uint16_t sqid, const Sqe& e)
   if (it == held_.end()) return Done{sqid, SqeCid(e), kStatusSuccess, 1};
   held_.erase(it);
   Post(Done{target_sq, target_cid, kStatusAbortRequested, 0});
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++counters_.aborts;
   return Done{sqid, SqeCid(e), kStatusSuccess, 0};
 }
@@ -161,7 +161,7 @@ uint16_t ControllerModel::ReadWrite(const Sqe& e) {
   uint8_t op = SqeOpcode(e);
   if (e.nsid != 1) return kStatusInvalidNamespace;
   if (op == kNvmFlush) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     ++counters_.flushes;
     return kStatusSuccess;
   }
@@ -174,7 +174,7 @@ uint16_t ControllerModel::ReadWrite(const Sqe& e) {
   uint64_t len = blocks << options_.lba_shift;
   if (options_.mdts != 0 && len > (kPage << options_.mdts)) return kStatusInvalidField;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     ++(op == kNvmRead ? counters_.reads : counters_.writes);
   }
   uint8_t* media = media_.data() + (slba << options_.lba_shift);
