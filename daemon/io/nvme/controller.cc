@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
 Controller::~Controller() {
   if (!shut_down_ && usable_) {
     absl::Status s = Shutdown();
-    if (!s.ok()) log::Get("nvme")->warn("{}: shutdown at destruction: {}", options_.name, s.ToString());
+    if (!s.ok())
+      log::Get("nvme")->warn("{}: shutdown at destruction: {}", options_.name, s.ToString());
   }
 }
 
@@ -140,7 +141,8 @@ absl::Status Controller::Enable() {
   }
   regs_->Write64(kRegAsq, admin_sq_mem_->iova());
   regs_->Write64(kRegAcq, admin_cq_mem_->iova());
-  regs_->Write32(kRegCc, kCcEnable | CcMps(kPageShift) | CcIoQueueEntrySizes(kSqeSizeLog2, kCqeSizeLog2));
+  regs_->Write32(kRegCc,
+                 kCcEnable | CcMps(kPageShift) | CcIoQueueEntrySizes(kSqeSizeLog2, kCqeSizeLog2));
   return WaitReady(true, "enable");
 }
 
@@ -161,9 +163,9 @@ absl::Status Controller::IdentifyController() {
   info_.volatile_write_cache = id[kIdCtrlVwc] & 1;
   info_.sgl = (Le32(id + kIdCtrlSgls) & 3) != 0;
   if ((id[kIdCtrlSqes] & 0xf) > kSqeSizeLog2 || (id[kIdCtrlCqes] & 0xf) > kCqeSizeLog2) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options_.name, ": controller requires larger queue entries (SQES 0x",
-        absl::Hex(id[kIdCtrlSqes]), ", CQES 0x", absl::Hex(id[kIdCtrlCqes]), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options_.name, ": controller requires larger queue entries (SQES 0x",
+                     absl::Hex(id[kIdCtrlSqes]), ", CQES 0x", absl::Hex(id[kIdCtrlCqes]), ")"));
   }
   return absl::OkStatus();
 }
@@ -174,7 +176,8 @@ absl::Status Controller::IdentifyNamespace() {
   e.nsid = options_.nsid;
   e.dptr[0] = identify_mem_->iova();
   e.cdw10 = kCnsNamespace;
-  ASSIGN_OR_RETURN(uint32_t dw0, AdminCommand(e, absl::StrCat("Identify Namespace ", options_.nsid)));
+  ASSIGN_OR_RETURN(uint32_t dw0,
+                   AdminCommand(e, absl::StrCat("Identify Namespace ", options_.nsid)));
   (void)dw0;
   const uint8_t* id = identify_mem_->host();
   ns_.nsid = options_.nsid;

@@ -22,12 +22,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/clock.h"
 #include "daemon/io/nvme/descriptors.h"
@@ -42,8 +42,8 @@ class QueuePair;
 struct ControllerOptions {
   std::string name = "nvme0";  // log and error prefix
   uint32_t nsid = 1;
-  uint32_t io_queues = 1;          // queue pairs wanted (fewer if the controller grants fewer)
-  uint32_t io_queue_depth = 256;   // entries per queue (at most CAP.MQES + 1)
+  uint32_t io_queues = 1;         // queue pairs wanted (fewer if the controller grants fewer)
+  uint32_t io_queue_depth = 256;  // entries per queue (at most CAP.MQES + 1)
   uint32_t admin_queue_depth = 32;
   uint32_t max_transfer = 128 * 1024;  // bytes per command, further limited by Identify MDTS
   bool use_sgl = true;                 // use SGLs where the controller supports them
@@ -66,7 +66,7 @@ struct ControllerInfo {
 
 struct NamespaceInfo {
   uint32_t nsid = 0;
-  uint64_t blocks = 0;    // NSZE
+  uint64_t blocks = 0;     // NSZE
   uint32_t lba_shift = 0;  // LBADS of the format in use
   uint32_t lba_size() const { return 1u << lba_shift; }
 };
@@ -75,8 +75,7 @@ class Controller {
  public:
   // Brings the controller up (see above). `regs` and `dma` must outlive the result.
   static absl::StatusOr<std::unique_ptr<Controller>> Create(const ControllerOptions& options,
-                                                            RegisterSpace* regs,
-                                                            DmaAllocator* dma);
+                                                            RegisterSpace* regs, DmaAllocator* dma);
   // Shuts down (Shutdown) if that was not done.
   ~Controller();
 
@@ -128,7 +127,8 @@ class Controller {
   absl::Status IdentifyNamespace();
   absl::Status CreateQueuePairs(uint32_t wanted);
   absl::Status CreateIoQueues(QueuePair* qp);
-  absl::StatusOr<Cqe> AdminLocked(Sqe sqe, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Cqe> AdminLocked(Sqe sqe, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RingDoorbell(volatile uint32_t* direct, uint32_t offset, uint32_t value);
   absl::Status Refused(absl::string_view what, uint16_t status) const;
 

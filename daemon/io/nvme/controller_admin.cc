@@ -48,8 +48,8 @@ absl::StatusOr<uint32_t> Controller::AdminCommand(Sqe sqe, absl::string_view wha
 // controller turns fatal.
 absl::StatusOr<Cqe> Controller::AdminLocked(Sqe sqe, absl::string_view what) {
   if (Fatal()) {
-    return absl::UnavailableError(absl::StrCat(options_.name, ": ", what,
-                                               ": controller fatal status (CSTS.CFS) set"));
+    return absl::UnavailableError(
+        absl::StrCat(options_.name, ": ", what, ": controller fatal status (CSTS.CFS) set"));
   }
   const uint16_t cid = next_admin_cid_++;
   sqe.cdw0 = (sqe.cdw0 & 0xffff) | (static_cast<uint32_t>(cid) << 16);
@@ -66,7 +66,8 @@ absl::StatusOr<Cqe> Controller::AdminLocked(Sqe sqe, absl::string_view what) {
       if (CqeCid(c.dw3) == cid) return c;
     }
     if (clock_->NowMs() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(options_.name, ": ", what, " (admin) timed out after ",
+      return absl::DeadlineExceededError(absl::StrCat(options_.name, ": ", what,
+                                                      " (admin) timed out after ",
                                                       options_.admin_timeout_ms, " ms"));
     }
     if (spins % 1024 == 1023 && Fatal()) {
@@ -118,7 +119,8 @@ absl::Status Controller::Abort(uint16_t sqid, uint16_t cid, bool* aborted) {
   Sqe e = {};
   e.cdw0 = Cdw0(kAdminAbort, 0, kPsdtPrp);
   e.cdw10 = sqid | (static_cast<uint32_t>(cid) << 16);
-  ASSIGN_OR_RETURN(uint32_t dw0, AdminCommand(e, absl::StrCat("Abort (SQ ", sqid, " CID ", cid, ")")));
+  ASSIGN_OR_RETURN(uint32_t dw0,
+                   AdminCommand(e, absl::StrCat("Abort (SQ ", sqid, " CID ", cid, ")")));
   *aborted = (dw0 & 1) == 0;
   return absl::OkStatus();
 }
@@ -133,7 +135,8 @@ absl::Status Controller::Reset() {
   if (s.ok()) s = CreateQueuePairs(static_cast<uint32_t>(queue_pairs_.size()));
   if (s.ok() && granted_queues_ < queue_pairs_.size()) {
     s = absl::InternalError(absl::StrCat(options_.name, ": after reset the controller grants ",
-                                         granted_queues_, " queue pairs, not ", queue_pairs_.size()));
+                                         granted_queues_, " queue pairs, not ",
+                                         queue_pairs_.size()));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -173,9 +176,9 @@ absl::Status Controller::Shutdown() {
   const int64_t deadline = clock_->NowMs() + std::max<uint32_t>(info_.ready_timeout_ms, 500);
   while ((regs_->Read32(kRegCsts) & kCstsShstMask) != kCstsShstComplete) {
     if (clock_->NowMs() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          options_.name, ": shutdown: CSTS.SHST not complete within ", info_.ready_timeout_ms,
-          " ms; CSTS 0x", absl::Hex(regs_->Read32(kRegCsts))));
+      return absl::DeadlineExceededError(
+          absl::StrCat(options_.name, ": shutdown: CSTS.SHST not complete within ",
+                       info_.ready_timeout_ms, " ms; CSTS 0x", absl::Hex(regs_->Read32(kRegCsts))));
     }
     std::this_thread::yield();
   }

@@ -47,11 +47,13 @@ class ControllerTest : public ::testing::Test {
     return r;
   }
   void Fill(uint64_t offset, uint64_t len, uint32_t seed) {
-    for (uint64_t i = 0; i < len; ++i) buffer_->host()[offset + i] = static_cast<uint8_t>(seed + i * 31 + i / 4096);
+    for (uint64_t i = 0; i < len; ++i)
+      buffer_->host()[offset + i] = static_cast<uint8_t>(seed + i * 31 + i / 4096);
   }
   bool Check(uint64_t offset, uint64_t len, uint32_t seed) {
     for (uint64_t i = 0; i < len; ++i) {
-      if (buffer_->host()[offset + i] != static_cast<uint8_t>(seed + i * 31 + i / 4096)) return false;
+      if (buffer_->host()[offset + i] != static_cast<uint8_t>(seed + i * 31 + i / 4096))
+        return false;
     }
     return true;
   }
@@ -111,8 +113,9 @@ TEST_F(ControllerTest, BringUpFailsForAMissingNamespace) {
   co.clock = &clock_;
   auto c = Controller::Create(co, model_.get(), model_.get());
   ASSERT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(c.status().message().find("Identify Namespace 2 failed: SCT 0 SC 0xb (Invalid Namespace"),
-            std::string::npos)
+  EXPECT_NE(
+      c.status().message().find("Identify Namespace 2 failed: SCT 0 SC 0xb (Invalid Namespace"),
+      std::string::npos)
       << c.status();
 }
 
@@ -147,7 +150,8 @@ TEST_P(RoundTripTest, DataSurvivesWriteThenRead) {
                         buffer_->host() + writes[5].offset, writes[5].blocks * 512),
             0);
   std::memset(buffer_->host(), 0, buffer_->size());
-  for (const auto& w : writes) reads.push_back(Io(NvmeOp::kRead, w.lba, w.blocks, w.offset + (4 << 20)));
+  for (const auto& w : writes)
+    reads.push_back(Io(NvmeOp::kRead, w.lba, w.blocks, w.offset + (4 << 20)));
   qp()->Execute(absl::MakeSpan(reads));
   for (size_t i = 0; i < reads.size(); ++i) {
     ASSERT_EQ(reads[i].result, int64_t{reads[i].blocks} * 512);
@@ -176,7 +180,8 @@ TEST_P(WrapTest, ManyMoreCommandsThanTheQueueDepth) {
   std::memset(buffer_->host(), 0, buffer_->size());
   for (int round = 0; round < 3; ++round) {
     batch.clear();
-    for (uint32_t i = 0; i < 512; ++i) batch.push_back(Io(NvmeOp::kRead, 511 - i, 1, (511 - i) * kBlock));
+    for (uint32_t i = 0; i < 512; ++i)
+      batch.push_back(Io(NvmeOp::kRead, 511 - i, 1, (511 - i) * kBlock));
     qp()->Execute(absl::MakeSpan(batch));
     for (const auto& r : batch) ASSERT_EQ(r.result, kBlock);
   }
@@ -198,7 +203,7 @@ TEST_F(ControllerTest, ErrorsAndPartialCompletionReachTheRightRequests) {
   for (uint32_t i = 0; i < 8; ++i) batch.push_back(Io(NvmeOp::kRead, i, 1, i * kBlock));
   batch[5].lba = controller_->ns().blocks - 1;  // runs past the namespace's end
   batch[5].blocks = 2;
-  batch[6].offset = buffer_->size();            // not inside the region: cannot be encoded
+  batch[6].offset = buffer_->size();  // not inside the region: cannot be encoded
   qp()->Execute(absl::MakeSpan(batch));
   for (uint32_t i = 0; i < 8; ++i) {
     if (i == 3) {
@@ -272,7 +277,8 @@ TEST_F(ControllerTest, RefusedAbortResets) {
   co.io_timeout_ms = 100;
   Start({}, co);
   model_->AddFault(FaultRule{false, kNvmRead, -1, FaultAction::kStall, 0, 1});
-  model_->AddFault(FaultRule{true, kAdminAbort, -1, FaultAction::kStatus, kStatusAbortLimitExceeded, 1});
+  model_->AddFault(
+      FaultRule{true, kAdminAbort, -1, FaultAction::kStatus, kStatusAbortLimitExceeded, 1});
   NvmeRequest r = Io(NvmeOp::kRead, 0, 1, 0);
   qp()->Submit(absl::MakeSpan(&r, 1));
   clock_.AdvanceMs(100);
@@ -297,7 +303,8 @@ TEST_F(ControllerTest, FatalStatusResetRecreatesQueues) {
   model_->SetFatal();
   ASSERT_TRUE(controller_->Fatal());
   std::vector<NvmeRequest> batch;
-  for (uint32_t i = 0; i < 6; ++i) batch.push_back(Io(NvmeOp::kRead, 100 + i, 1, (64 + i) * kBlock));
+  for (uint32_t i = 0; i < 6; ++i)
+    batch.push_back(Io(NvmeOp::kRead, 100 + i, 1, (64 + i) * kBlock));
   qp()->Submit(absl::MakeSpan(batch));
   EXPECT_EQ(qp()->in_flight(), 3u);
   EXPECT_EQ(qp()->waiting(), 3u);

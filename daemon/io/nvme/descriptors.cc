@@ -9,9 +9,9 @@ namespace tutti::io::nvme {
 namespace {
 
 struct PrpGeometry {
-  uint64_t pages = 0;          // data pages in the region
+  uint64_t pages = 0;  // data pages in the region
   uint32_t entries_per_page = 0;
-  uint32_t window = 0;         // data pages per list page
+  uint32_t window = 0;  // data pages per list page
   uint64_t list_pages = 0;
 };
 
@@ -45,9 +45,9 @@ absl::StatusOr<std::unique_ptr<RegisteredRegion>> RegisteredRegion::Create(
     const DescriptorOptions& options, const DmaBuffer& buffer, DmaAllocator* dma) {
   const uint64_t page = 1ull << options.page_shift;
   if (buffer.size() == 0 || buffer.iova() % page != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("DMA region at iova 0x", absl::Hex(buffer.iova()),
-                                                   " size ", buffer.size(),
-                                                   ": must be non-empty and page-aligned"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DMA region at iova 0x", absl::Hex(buffer.iova()), " size ", buffer.size(),
+                     ": must be non-empty and page-aligned"));
   }
   RegionDescriptor d;
   d.iova = buffer.iova();

@@ -28,7 +28,7 @@ namespace tutti::io::nvme {
 
 struct DescriptorOptions {
   bool use_sgl = false;
-  uint32_t page_shift = 12;       // controller memory page size (CC.MPS)
+  uint32_t page_shift = 12;        // controller memory page size (CC.MPS)
   uint32_t max_transfer = 131072;  // bytes per command (min of MDTS and the driver's limit)
 };
 

@@ -23,11 +23,11 @@
 namespace tutti::io::nvme {
 
 struct SubmissionRing {
-  Sqe* entries = nullptr;                // depth entries, DMA memory
+  Sqe* entries = nullptr;                 // depth entries, DMA memory
   volatile uint32_t* doorbell = nullptr;  // SQ tail doorbell
-  uint32_t depth = 0;                    // entries; at most depth - 1 in flight
-  uint32_t tail = 0;                     // next slot the host writes
-  uint32_t head = 0;                     // controller's head, as last reported in a CQE
+  uint32_t depth = 0;                     // entries; at most depth - 1 in flight
+  uint32_t tail = 0;                      // next slot the host writes
+  uint32_t head = 0;                      // controller's head, as last reported in a CQE
 };
 
 struct CompletionRing {
@@ -129,8 +129,8 @@ TUTTI_HD inline void RingCq(CompletionRing* cq) { PublishDoorbell(cq->doorbell, 
 // inside list page w, so PRP2 is a pointer into the middle of it. window = entries_per_page -
 // max_prp_entries + 1.
 struct RegionDescriptor {
-  uint64_t iova = 0;   // the region's first byte as the controller sees it (IOVA-contiguous)
-  uint64_t size = 0;   // bytes
+  uint64_t iova = 0;  // the region's first byte as the controller sees it (IOVA-contiguous)
+  uint64_t size = 0;  // bytes
   uint64_t prp_list_iova = 0;  // PRP mode: the first list page
   uint32_t page_shift = 12;    // controller memory page size (CC.MPS)
   uint32_t prp_window = 0;     // PRP mode: data pages per list page (see above)
@@ -175,8 +175,8 @@ TUTTI_HD inline bool BuildDataPointer(const RegionDescriptor& r, uint64_t offset
 // (blocks << lba_shift bytes). Returns false if the data pointer cannot be built (see above) or
 // blocks is 0 or more than one command can carry.
 TUTTI_HD inline bool BuildReadWrite(uint8_t opcode, uint16_t cid, uint32_t nsid, uint64_t slba,
-                                    uint32_t blocks, uint32_t lba_shift,
-                                    const RegionDescriptor& r, uint64_t offset, Sqe* e) {
+                                    uint32_t blocks, uint32_t lba_shift, const RegionDescriptor& r,
+                                    uint64_t offset, Sqe* e) {
   if (blocks == 0 || blocks > kMaxBlocksPerCommand) return false;
   uint64_t bytes = static_cast<uint64_t>(blocks) << lba_shift;
   if (bytes > 0xffffffffull) return false;

@@ -101,8 +101,8 @@ size_t QueuePair::Poll() {
       ++completed;
     } else {
       TUTTI_LOG_EVERY_N_SEC(log::Get("nvme"), spdlog::level::warn, 1.0,
-                            "{} q{}: completion for unknown CID {} dropped", controller_->options_.name,
-                            qid(), cid);
+                            "{} q{}: completion for unknown CID {} dropped",
+                            controller_->options_.name, qid(), cid);
     }
   }
   if (completed > 0) controller_->RingDoorbell(cq_doorbell_, cq_doorbell_offset_, ring_.cq.head);
@@ -120,13 +120,18 @@ void QueuePair::Complete(uint16_t cid, uint16_t status) {
   --in_flight_;
   int64_t result;
   if (status == kStatusSuccess) {
-    result = r->op == NvmeOp::kFlush ? 0 : static_cast<int64_t>(r->blocks) << controller_->ns().lba_shift;
+    result = r->op == NvmeOp::kFlush
+                 ? 0
+                 : static_cast<int64_t>(r->blocks) << controller_->ns().lba_shift;
   } else {
     result = timed_out ? -ETIMEDOUT : -StatusToErrno(status);
     TUTTI_LOG_EVERY_N_SEC(log::Get("nvme"), spdlog::level::err, 1.0,
                           "{} q{}: {} LBA {} x {}: {} -> {}", controller_->options_.name, qid(),
-                          r->op == NvmeOp::kRead ? "read" : r->op == NvmeOp::kWrite ? "write" : "flush",
-                          r->lba, r->blocks, StatusText(status), std::strerror(static_cast<int>(-result)));
+                          r->op == NvmeOp::kRead    ? "read"
+                          : r->op == NvmeOp::kWrite ? "write"
+                                                    : "flush",
+                          r->lba, r->blocks, StatusText(status),
+                          std::strerror(static_cast<int>(-result)));
   }
   Finish(r, result, status);
 }
@@ -160,14 +165,16 @@ void QueuePair::CheckTimeouts() {
     absl::Status s = controller_->Abort(qid(), cid, &aborted);
     if (!s.ok()) return Recover(s.ToString().c_str());
     if (!aborted) {
-      log::Get("nvme")->warn("{} q{}: CID {} not aborted by the controller; waiting one more timeout",
-                             controller_->options_.name, qid(), cid);
+      log::Get("nvme")->warn(
+          "{} q{}: CID {} not aborted by the controller; waiting one more timeout",
+          controller_->options_.name, qid(), cid);
     }
   }
 }
 
 void QueuePair::Recover(const char* why) {
-  log::Get("nvme")->error("{} q{}: resetting the controller: {}", controller_->options_.name, qid(), why);
+  log::Get("nvme")->error("{} q{}: resetting the controller: {}", controller_->options_.name, qid(),
+                          why);
   absl::Status s = controller_->Reset();
   (void)s;  // Reset logs its failure and fails every request itself
 }
@@ -205,9 +212,10 @@ absl::Status QueuePair::Flush() {
   flush.op = NvmeOp::kFlush;
   Execute(absl::MakeSpan(&flush, 1));
   if (flush.result == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(
-      controller_->options_.name, " q", qid(), ": Flush failed: ",
-      flush.status != 0 ? StatusText(flush.status) : std::strerror(static_cast<int>(-flush.result))));
+  return absl::InternalError(
+      absl::StrCat(controller_->options_.name, " q", qid(), ": Flush failed: ",
+                   flush.status != 0 ? StatusText(flush.status)
+                                     : std::strerror(static_cast<int>(-flush.result))));
 }
 
 }  // namespace tutti::io::nvme

@@ -83,9 +83,9 @@ class QueuePair {
 
   QueuePair(Controller* controller, uint16_t qid, uint32_t depth, std::unique_ptr<DmaBuffer> sq,
             std::unique_ptr<DmaBuffer> cq);
-  void ResetRing();          // after (re)creation: zeroed CQ, tail = head = 0, phase 1
-  void FailInFlight();       // every tracked command: -ETIMEDOUT if it timed out, else -EIO
-  void FailAll(int error);   // in flight and waiting
+  void ResetRing();         // after (re)creation: zeroed CQ, tail = head = 0, phase 1
+  void FailInFlight();      // every tracked command: -ETIMEDOUT if it timed out, else -EIO
+  void FailAll(int error);  // in flight and waiting
   void Pump();
   bool Encode(NvmeRequest* r, uint16_t cid, Sqe* e) const;
   void Complete(uint16_t cid, uint16_t status);

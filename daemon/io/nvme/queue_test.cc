@@ -99,7 +99,7 @@ TEST(QueueTest, ReadWriteEncoding) {
 TEST(DescriptorsTest, WindowedPrpListsCoverEveryTransfer) {
   auto model = ControllerModel::Create(ModelOptions{}).value();
   DescriptorOptions o;
-  o.max_transfer = 64 << 10;  // 17 entries at most: window 496
+  o.max_transfer = 64 << 10;                        // 17 entries at most: window 496
   auto buf = model->Allocate(1100 * 4096).value();  // more than two list windows
   auto region = RegisteredRegion::Create(o, *buf, model.get()).value();
   const RegionDescriptor& d = region->descriptor();

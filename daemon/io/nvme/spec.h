@@ -190,17 +190,18 @@ inline constexpr uint32_t kMaxBlocksPerCommand = 65536;
 
 // ---- Identify data (byte offsets) ---------------------------------------------------------------
 // Controller (base spec 5.17.2.1, figure "Identify Controller Data Structure").
-inline constexpr uint32_t kIdCtrlVid = 0;       // 2 bytes
-inline constexpr uint32_t kIdCtrlSn = 4;        // 20 ASCII
-inline constexpr uint32_t kIdCtrlMn = 24;       // 40 ASCII
-inline constexpr uint32_t kIdCtrlFr = 64;       // 8 ASCII
-inline constexpr uint32_t kIdCtrlMdts = 77;     // log2 of max transfer in units of CAP.MPSMIN; 0 = none
-inline constexpr uint32_t kIdCtrlCntlid = 78;   // 2 bytes
-inline constexpr uint32_t kIdCtrlSqes = 512;    // required [3:0], max [7:4], log2 bytes
+inline constexpr uint32_t kIdCtrlVid = 0;  // 2 bytes
+inline constexpr uint32_t kIdCtrlSn = 4;   // 20 ASCII
+inline constexpr uint32_t kIdCtrlMn = 24;  // 40 ASCII
+inline constexpr uint32_t kIdCtrlFr = 64;  // 8 ASCII
+inline constexpr uint32_t kIdCtrlMdts =
+    77;  // log2 of max transfer in units of CAP.MPSMIN; 0 = none
+inline constexpr uint32_t kIdCtrlCntlid = 78;  // 2 bytes
+inline constexpr uint32_t kIdCtrlSqes = 512;   // required [3:0], max [7:4], log2 bytes
 inline constexpr uint32_t kIdCtrlCqes = 513;
-inline constexpr uint32_t kIdCtrlNn = 516;      // 4 bytes: number of namespaces
-inline constexpr uint32_t kIdCtrlVwc = 525;     // bit 0: volatile write cache present
-inline constexpr uint32_t kIdCtrlSgls = 536;    // 4 bytes; [1:0] 01 SGLs, 10 SGLs dword-aligned
+inline constexpr uint32_t kIdCtrlNn = 516;    // 4 bytes: number of namespaces
+inline constexpr uint32_t kIdCtrlVwc = 525;   // bit 0: volatile write cache present
+inline constexpr uint32_t kIdCtrlSgls = 536;  // 4 bytes; [1:0] 01 SGLs, 10 SGLs dword-aligned
 // Namespace (NVM command set spec 4.1.5.1).
 inline constexpr uint32_t kIdNsNsze = 0;    // 8 bytes, in LBAs
 inline constexpr uint32_t kIdNsNcap = 8;    // 8 bytes

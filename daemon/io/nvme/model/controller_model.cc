@@ -43,13 +43,13 @@ class ModelBuffer final : public DmaBuffer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ControllerModel>> ControllerModel::Create(
-    const ModelOptions& o) {
+absl::StatusOr<std::unique_ptr<ControllerModel>> ControllerModel::Create(const ModelOptions& o) {
   if (o.max_queue_entries < 2 || o.max_queue_entries > 65536 || o.max_io_queues < 1 ||
       o.max_io_queues > 1024 || o.doorbell_stride > 15 || o.timeout_units == 0 ||
       (o.lba_shift != 9 && o.lba_shift != 12) || o.namespace_blocks == 0) {
-    return absl::InvalidArgumentError("ModelOptions out of range (queue entries 2..65536, "
-                                      "io queues 1..1024, stride <= 15, TO > 0, LBA 512 or 4096)");
+    return absl::InvalidArgumentError(
+        "ModelOptions out of range (queue entries 2..65536, "
+        "io queues 1..1024, stride <= 15, TO > 0, LBA 512 or 4096)");
   }
   return std::unique_ptr<ControllerModel>(new ControllerModel(o));
 }
@@ -108,7 +108,8 @@ absl::StatusOr<std::unique_ptr<DmaBuffer>> ControllerModel::Allocate(size_t size
   size_t bytes = RoundUp(std::max<size_t>(size, 1), kPage);
   auto* host = static_cast<uint8_t*>(std::aligned_alloc(kPage, bytes));
   if (host == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("model DMA: cannot allocate ", bytes, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model DMA: cannot allocate ", bytes, " bytes"));
   }
   std::memset(host, 0, bytes);
   std::lock_guard<std::mutex> lock(mu_);

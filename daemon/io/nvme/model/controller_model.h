@@ -73,9 +73,9 @@ struct ModelCounters {
   uint64_t reads = 0;
   uint64_t writes = 0;
   uint64_t flushes = 0;
-  uint64_t aborts = 0;   // Abort commands that aborted a command
-  uint64_t resets = 0;   // CC.EN 1->0 transitions
-  uint64_t faults = 0;   // fault rules applied
+  uint64_t aborts = 0;  // Abort commands that aborted a command
+  uint64_t resets = 0;  // CC.EN 1->0 transitions
+  uint64_t faults = 0;  // fault rules applied
 };
 
 class ControllerModel final : public RegisterSpace, public DmaAllocator {

@@ -124,9 +124,9 @@ uint16_t ControllerModel::DeleteSq(const Sqe& e) {
   for (const Held& h : held_) {
     if (h.sqid == qid) Post(Done{qid, h.cid, kStatusSqDeletionAbort, 0});
   }
-  held_.erase(std::remove_if(held_.begin(), held_.end(),
-                             [qid](const Held& h) { return h.sqid == qid; }),
-              held_.end());
+  held_.erase(
+      std::remove_if(held_.begin(), held_.end(), [qid](const Held& h) { return h.sqid == qid; }),
+      held_.end());
   sqs_[qid] = Sq{};
   SetReg(SqTailDoorbell(qid, options_.doorbell_stride), 0);
   return kStatusSuccess;
@@ -146,9 +146,8 @@ uint16_t ControllerModel::DeleteCq(const Sqe& e) {
 // Aborts a held command (completing it with Abort Requested); DW0 bit 0 set when there was none.
 ControllerModel::Done ControllerModel::AbortCommand(uint16_t sqid, const Sqe& e) {
   uint16_t target_sq = e.cdw10 & 0xffff, target_cid = e.cdw10 >> 16;
-  auto it = std::find_if(held_.begin(), held_.end(), [&](const Held& h) {
-    return h.sqid == target_sq && h.cid == target_cid;
-  });
+  auto it = std::find_if(held_.begin(), held_.end(),
+                         [&](const Held& h) { return h.sqid == target_sq && h.cid == target_cid; });
   if (it == held_.end()) return Done{sqid, SqeCid(e), kStatusSuccess, 1};
   held_.erase(it);
   Post(Done{target_sq, target_cid, kStatusAbortRequested, 0});
