@@ -22,7 +22,7 @@ class ControllerTest : public ::testing::Test {
  protected:
   void Start(ModelOptions mo = {}, ControllerOptions co = {}) {
     model_ = ControllerModel::Create(mo).value();
-    co.clock = &clock_;
+    if (co.clock == nullptr) co.clock = &clock_;
     auto c = Controller::Create(co, model_.get(), model_.get());
     ASSERT_TRUE(c.ok()) << c.status();
     controller_ = std::move(c).value();
@@ -340,6 +340,28 @@ TEST_F(ControllerTest, FlushIsSentOnlyWithAVolatileWriteCache) {
   Start(mo);
   EXPECT_TRUE(qp()->Flush().ok());
   EXPECT_EQ(model_->counters().flushes, 0u);
+}
+
+// An admin command the controller never answers: DEADLINE_EXCEEDED naming it (real clock: the
+// timeout itself is what is tested).
+TEST_F(ControllerTest, AdminTimeoutNamesTheCommand) {
+  ControllerOptions co;
+  co.clock = Clock::Real();
+  co.admin_timeout_ms = 50;
+  Start({}, co);
+  model_->AddFault(FaultRule{true, kAdminGetFeatures, -1, FaultAction::kStall, 0, 1});
+  Sqe e = {};
+  e.cdw0 = Cdw0(kAdminGetFeatures, 0, kPsdtPrp);
+  e.cdw10 = kFeatureVolatileWriteCache;
+  auto r = controller_->AdminCommand(e, "Get Features (VWC)");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r.status().message().find("nvme0: Get Features (VWC) (admin) timed out after 50 ms"),
+            std::string::npos)
+      << r.status();
+  // The late answer never comes; the next command is matched by its own CID.
+  auto again = controller_->AdminCommand(e, "Get Features (VWC)");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, 1u);
 }
 
 TEST_F(ControllerTest, OrderlyShutdown) {

@@ -7,7 +7,7 @@
 //  - PRP (otherwise): windowed PRP lists (queue.h, RegionDescriptor) in DMA memory, one 8-byte
 //    entry per page of the region plus the windows' overlap: 4 KiB of list per `window` pages,
 //    window = 512 - max_transfer/4KiB. For 60 GB of staging with 128 KiB transfers: 15.7 M pages,
-//    window 481, 32.7 K list pages = 128 MiB. The Tutti paper allocates one 4 KiB PRP list page per
+//    window 480, 32 K list pages = 128 MiB. The Tutti paper allocates one 4 KiB PRP list page per
 //    64 KiB I/O unit: 983 K lists = 3.75 GiB at 60 GB, where SGLs need 15 MB (a 16-byte
 //    descriptor per unit) -- and 0 bytes here, since they ride in the SQE.
 //  DescriptorMemoryBytes() computes these figures; descriptors_test checks them.
