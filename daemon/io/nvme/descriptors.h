@@ -10,7 +10,7 @@
 //    window 480, 32 K list pages = 128 MiB. The Tutti paper allocates one 4 KiB PRP list page per
 //    64 KiB I/O unit: 983 K lists = 3.75 GiB at 60 GB, where SGLs need 15 MB (a 16-byte
 //    descriptor per unit) -- and 0 bytes here, since they ride in the SQE.
-//  DescriptorMemoryBytes() computes these figures; descriptors_test checks them.
+//  DescriptorMemoryBytes() computes these figures; queue_test (DescriptorsTest) checks them.
 //
 // Thread-safety: immutable after Create; descriptor() may be read from any thread (and copied to
 // a GPU).
