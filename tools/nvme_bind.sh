@@ -54,7 +54,7 @@ dev="$sysfs/bus/pci/devices/$addr"
 class="$(cat "$dev/class")"
 [ "$class" = 0x010802 ] || refuse "$addr has PCI class $class: not an NVMe controller (0x010802)"
 
-driver_of() { [ -e "$1/driver" ] && basename "$(readlink "$1/driver")" || echo none; }
+driver_of() { [ -L "$1/driver" ] && basename "$(readlink "$1/driver")" || echo none; }
 group_of() { [ -e "$dev/iommu_group" ] && basename "$(readlink "$dev/iommu_group")" || echo none; }
 
 # The block devices of the controller: namespaces and their partitions (names under /sys/class/block).
