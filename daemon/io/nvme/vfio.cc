@@ -383,8 +383,11 @@ absl::Status OpenContainer(VfioDevice::Parts& p) {
   const std::string group_path = absl::StrCat(p.options.dev_root, "/vfio/", p.group);
   UniqueFd group(::open(group_path.c_str(), O_RDWR | O_CLOEXEC));
   if (!group.valid()) {
-    return ErrnoStatus(errno, "open", group_path,
-                       absl::StrCat("tuttid needs root or the vfio group's owner", kDocs));
+    const int err = errno;
+    return ErrnoStatus(err, "open", group_path,
+                       err == EBUSY
+                           ? "the group is open in another process (or another VfioDevice)"
+                           : absl::StrCat("tuttid needs root or the vfio group's owner", kDocs));
   }
   vfio_group_status status = {};
   status.argsz = sizeof(status);
