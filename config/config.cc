@@ -165,7 +165,8 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
 }
 
 absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
-  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory"}));
+  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds"}));
+  RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
 }
 

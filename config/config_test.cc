@@ -190,7 +190,8 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { max_objects: 0 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
-  ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory"});
+  ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory", "gds"});
+  ExpectRejected("io { backend: \"gds\" fallback: \"memory\" }", {"io.fallback", "fail"});
   ExpectRejected("io { queue_depth: 0 }", {"io.queue_depth", "[1, 4096]"});
   ExpectRejected("io { queue_depth: 5000 }", {"io.queue_depth"});
   ExpectRejected("dram { capacity_bytes: 4096 }", {"dram.capacity_bytes", "0 (off)"});

@@ -94,9 +94,10 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
 // Opens (creating on first start) the pool files and the I/O backend over them. The "memory"
 // backend keeps the pool in RAM and touches no file. *pool_id: the pool's (store::PoolIdOf of its
 // uuid; 0 for the memory backend, whose pool is new at every start).
-absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& config,
-                                                           const pool::PoolLayout& layout,
-                                                           uint64_t* pool_id) {
+// `gpu_staging`: cuda mode (the "gds" backend needs it); falls back per io.fallback.
+absl::StatusOr<io::OpenedBackend> OpenBackend(const v1::Config& config,
+                                              const pool::PoolLayout& layout, bool gpu_staging,
+                                              uint64_t* pool_id) {
   const std::vector<std::string> dirs(config.pool().dirs().begin(), config.pool().dirs().end());
   std::vector<uint64_t> sizes(layout.num_files(), layout.file_bytes());
   std::vector<int> fds;
@@ -123,8 +124,13 @@ absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& con
     *pool_id = store::PoolIdOf(files.uuid);
     fds = files.TakeFds();
   }
-  return io::CreateIoBackend(config.io().backend(), std::move(fds), std::move(sizes),
-                             io::IoOptions{config.io().queue_depth()});
+  io::IoOptions options;
+  options.queue_depth = config.io().queue_depth();
+  options.fallback = config.io().fallback();
+  options.gds.gpu_staging = gpu_staging;
+  const char* cufile = getenv("TUTTI_CUFILE_LIBRARY");  // tests: the fake libcufile
+  if (cufile != nullptr) options.gds.library = cufile;
+  return io::OpenIoBackend(config.io().backend(), std::move(fds), std::move(sizes), options);
 }
 
 store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolLayout& layout) {
@@ -170,6 +176,7 @@ int WaitForSignal() {
 // the sessions (and their pins and mappings) go before the GPU runtime and the store.
 struct Daemon {
   std::string io_backend;
+  io::BackendChoice io_choice;  // the backend running, the one asked for, and why they differ
   std::string device_mode = "host";
   std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
@@ -190,7 +197,7 @@ struct Daemon {
 };
 
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
-absl::Status OpenStore(const v1::Config& config, Daemon* d) {
+absl::Status OpenStore(const v1::Config& config, bool gpu_staging, Daemon* d) {
   RETURN_IF_ERROR(MakeDirs(config.state_dir(), 0750));
   ASSIGN_OR_RETURN(
       const pool::PoolLayout layout,
@@ -203,9 +210,17 @@ absl::Status OpenStore(const v1::Config& config, Daemon* d) {
       layout.num_files(), layout.file_bytes(), layout.num_slots(), layout.max_objects(),
       layout.object_bytes(), layout.extent_slots(), config.pool().extent_slots());
   uint64_t pool_id = 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend,
-                   OpenBackend(config, layout, &pool_id));
+  ASSIGN_OR_RETURN(io::OpenedBackend opened,
+                   OpenBackend(config, layout, gpu_staging, &pool_id));
+  std::unique_ptr<io::IoBackend> backend = std::move(opened.backend);
   d->io_backend = std::string(backend->name());
+  d->io_choice = opened.choice;
+  if (d->io_choice.fell_back()) {
+    log::Get("main")->warn("io backend \"{}\" cannot run here; using \"{}\": {}",
+                           d->io_choice.requested, d->io_choice.backend, d->io_choice.reason);
+    d->notes.push_back(absl::StrCat("io backend \"", d->io_choice.backend, "\" instead of \"",
+                                    d->io_choice.requested, "\" (", d->io_choice.reason, ")"));
+  }
   if (d->io_backend == "memory") {
     d->notes.push_back("io backend \"memory\": the pool lives in RAM and nothing persists");
   }
@@ -257,6 +272,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
   info.config_text = config::RenderConfig(config);
+  info.io_choice = d->io_choice;
   info.device_health = &d->device_health;
   if (d->gpu) {
     info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
@@ -266,7 +282,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                                    config.metrics().listen(),
                                    {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
                                     info.decision_stats, info.gpu_layers, info.pool_dirs,
-                                    [h = &d->device_health] { return h->Snapshot(); }}));
+                                    [h = &d->device_health] { return h->Snapshot(); }, d->io_choice}));
   if (d->metrics) log::Get("main")->info("metrics on {}", d->metrics->url());
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);
@@ -344,7 +360,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(const std::optional<gpu_setup::ChosenGpu> gpu,
                    gpu_setup::ChooseDevice(config, &daemon.notes));
   notifier->Status("opening the pool and recovering the index");
-  RETURN_IF_ERROR(OpenStore(config, &daemon));
+  RETURN_IF_ERROR(OpenStore(config, gpu.has_value(), &daemon));
   if (gpu.has_value()) {
     notifier->Status(absl::StrCat("starting the GPU data path on GPU ", config.gpu().device()));
     ASSIGN_OR_RETURN(daemon.gpu,

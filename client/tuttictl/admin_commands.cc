@@ -77,6 +77,10 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     KeyValues kv;
     kv.Add("tuttid", absl::StrCat(r.version(), ", up ", HumanDurationMs(r.uptime_ms())));
     kv.Add("io backend", r.io_backend());
+    if (!r.io_backend_reason().empty()) {
+      kv.Add("io fallback", absl::StrCat("asked for \"", r.io_backend_requested(), "\": ",
+                                         r.io_backend_reason()));
+    }
     kv.Add("device mode", r.device_mode());
     if (r.device_mode() == "cuda") {
       kv.Add("gpu memory", absl::StrCat(r.gpu_memory_bytes() >> 20,
@@ -102,6 +106,8 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
     j.BeginObject();
     j.Key("version").String(r.version()).Key("uptime_ms").Uint(r.uptime_ms());
     j.Key("io_backend").String(r.io_backend()).Key("device_mode").String(r.device_mode());
+    j.Key("io_backend_requested").String(r.io_backend_requested());
+    j.Key("io_backend_reason").String(r.io_backend_reason());
     j.Key("pool_dirs").BeginArray();
     for (const auto& d : r.pool_dirs()) j.String(d);
     j.EndArray();

@@ -5,42 +5,44 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/io/uring_backend.h"
 
 namespace tutti::io {
 namespace {
 
-using Factory = absl::StatusOr<std::unique_ptr<IoBackend>> (*)(std::vector<int>,
+// Each factory takes the fds it succeeds with; on error `*fds` holds those still open (for
+// OpenIoBackend's fallback, or to be closed).
+using Factory = absl::StatusOr<std::unique_ptr<IoBackend>> (*)(std::vector<int>* fds,
                                                                std::vector<uint64_t>,
                                                                const IoOptions&);
 
-absl::StatusOr<std::unique_ptr<IoBackend>> MakeUring(std::vector<int> fds,
-                                                     std::vector<uint64_t> sizes,
+void CloseAll(std::vector<int>* fds) {
+  for (int fd : *fds) close(fd);
+  fds->clear();
+}
+
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeUring(std::vector<int>* fds,
+                                                     std::vector<uint64_t>,
                                                      const IoOptions& options) {
-  auto backend = UringBackend::Create(std::move(fds), UringOptions{options.queue_depth});
+  std::vector<int> taken = std::move(*fds);  // Create closes them on error too
+  fds->clear();
+  return CreateUringBackend(std::move(taken), UringOptions{options.queue_depth});
+}
+
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeMemory(std::vector<int>* fds,
+                                                      std::vector<uint64_t> sizes,
+                                                      const IoOptions&) {
+  CloseAll(fds);
+  auto backend = MemoryBackend::Create(std::move(sizes));
   if (!backend.ok()) return backend.status();
-  if (!sizes.empty()) {
-    if (sizes.size() != (*backend)->num_files()) {
-      return absl::InvalidArgumentError(absl::StrCat("uring backend: ", (*backend)->num_files(),
-                                                     " pool files but ", sizes.size(), " sizes"));
-    }
-    for (uint32_t f = 0; f < sizes.size(); ++f) {
-      if ((*backend)->file_size(f) != sizes[f]) {
-        return absl::FailedPreconditionError(absl::StrCat("pool file ", f, " is ",
-                                                          (*backend)->file_size(f),
-                                                          " bytes; its layout says ", sizes[f]));
-      }
-    }
-  }
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
-absl::StatusOr<std::unique_ptr<IoBackend>> MakeMemory(std::vector<int> fds,
-                                                      std::vector<uint64_t> sizes,
-                                                      const IoOptions&) {
-  for (int fd : fds) close(fd);
-  auto backend = MemoryBackend::Create(std::move(sizes));
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeGds(std::vector<int>* fds, std::vector<uint64_t>,
+                                                   const IoOptions& options) {
+  auto backend = GdsBackend::Create(fds, options.gds);
   if (!backend.ok()) return backend.status();
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
@@ -49,7 +51,44 @@ struct Entry {
   std::string_view name;
   Factory make;
 };
-constexpr Entry kBackends[] = {{"uring", &MakeUring}, {"memory", &MakeMemory}};
+constexpr Entry kBackends[] = {{"uring", &MakeUring}, {"memory", &MakeMemory}, {"gds", &MakeGds}};
+
+// A pool file that does not match its layout.
+absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
+  if (sizes.empty()) return absl::OkStatus();
+  if (sizes.size() != backend.num_files()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(backend.name()), " backend: ",
+                                                   backend.num_files(), " pool files but ",
+                                                   sizes.size(), " sizes"));
+  }
+  for (uint32_t f = 0; f < sizes.size(); ++f) {
+    if (backend.file_size(f) != sizes[f]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "pool file ", f, " is ", backend.file_size(f), " bytes; its layout says ", sizes[f]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The backend `name` (fds as Factory; INVALID_ARGUMENT for an unknown name, fds untouched).
+absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vector<int>* fds,
+                                                const std::vector<uint64_t>& sizes,
+                                                const IoOptions& options) {
+  for (const Entry& e : kBackends) {
+    if (e.name != name) continue;
+    auto backend = e.make(fds, sizes, options);
+    if (!backend.ok()) return backend.status();
+    absl::Status fits = CheckSizes(**backend, sizes);
+    if (!fits.ok()) return fits;
+    return backend;
+  }
+  std::string allowed;
+  for (std::string_view n : IoBackendNames()) {
+    absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", std::string(n));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("io.backend: unknown backend \"", std::string(name), "\"; allowed: ", allowed));
+}
 
 }  // namespace
 
@@ -63,16 +102,50 @@ absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name
                                                            std::vector<int> fds,
                                                            std::vector<uint64_t> file_sizes,
                                                            const IoOptions& options) {
-  for (const Entry& e : kBackends) {
-    if (e.name == name) return e.make(std::move(fds), std::move(file_sizes), options);
+  auto backend = Make(name, &fds, file_sizes, options);
+  CloseAll(&fds);
+  return backend;
+}
+
+absl::StatusOr<OpenedBackend> OpenIoBackend(std::string_view requested, std::vector<int> fds,
+                                            std::vector<uint64_t> file_sizes,
+                                            const IoOptions& options) {
+  if (!options.fallback.empty() && options.fallback != "uring" && options.fallback != "fail") {
+    CloseAll(&fds);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "io.fallback: \"", options.fallback, "\" is not one of \"uring\", \"fail\""));
   }
-  for (int fd : fds) close(fd);
-  std::string allowed;
-  for (std::string_view n : IoBackendNames()) {
-    absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", std::string(n));
+  OpenedBackend opened;
+  opened.choice.requested = std::string(requested);
+  auto backend = Make(requested, &fds, file_sizes, options);
+  if (backend.ok()) {
+    CloseAll(&fds);
+    opened.backend = *std::move(backend);
+    opened.choice.backend = opened.choice.requested;
+    return opened;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("io.backend: unknown backend \"", std::string(name), "\"; allowed: ", allowed));
+  if (!absl::IsUnavailable(backend.status()) || requested == "uring") {
+    CloseAll(&fds);
+    return backend.status();
+  }
+  if (options.fallback == "fail") {
+    CloseAll(&fds);
+    return absl::FailedPreconditionError(
+        absl::StrCat("io.backend \"", std::string(requested),
+                     "\" cannot run on this host and io.fallback is \"fail\": ",
+                     backend.status().message()));
+  }
+  opened.choice.reason = std::string(backend.status().message());
+  auto uring = Make("uring", &fds, file_sizes, options);
+  CloseAll(&fds);
+  if (!uring.ok()) {
+    return absl::Status(uring.status().code(),
+                        absl::StrCat("fallback to uring (", opened.choice.reason,
+                                     ") failed: ", uring.status().message()));
+  }
+  opened.backend = *std::move(uring);
+  opened.choice.backend = "uring";
+  return opened;
 }
 
 }  // namespace tutti::io

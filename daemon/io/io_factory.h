@@ -10,15 +10,20 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/io/backend_choice.h"
+#include "daemon/io/gds_backend.h"
 #include "daemon/io/io_backend.h"
 
 namespace tutti::io {
 
 struct IoOptions {
   uint32_t queue_depth = 64;  // "uring": requests in flight per file, 1 .. 4096
+  // io.fallback, for OpenIoBackend: "uring" (or empty) or "fail".
+  std::string fallback = "uring";
+  GdsOptions gds;  // "gds": where libcufile is, and whether the daemon has GPU staging
 };
 
-// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory".
+// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds".
 std::vector<std::string_view> IoBackendNames();
 
 // Creates the backend called `name` over the pool's files.
@@ -27,12 +32,32 @@ std::vector<std::string_view> IoBackendNames();
 //    file's actual size, else FAILED_PRECONDITION (a pool file that does not match its layout).
 //  - "memory": files of `file_sizes` bytes in host memory; nothing persists. `fds`, if any, are
 //    closed.
+//  - "gds": cuFile over the same files as "uring" (gds_backend.h); UNAVAILABLE when it cannot
+//    run on this host, the fds closed.
 // Errors: INVALID_ARGUMENT naming the allowed values for an unknown `name`; otherwise those of
-// UringBackend::Create / MemoryDisk::Create.
+// UringBackend::Create / MemoryDisk::Create / GdsBackend::Create.
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,
                                                            std::vector<int> fds,
                                                            std::vector<uint64_t> file_sizes,
                                                            const IoOptions& options = {});
+
+// A backend and what start-up chose.
+struct OpenedBackend {
+  std::unique_ptr<IoBackend> backend;
+  BackendChoice choice;
+};
+
+// What start-up calls: CreateIoBackend(requested, ...), except that when the requested backend
+// cannot run on this host (it answers UNAVAILABLE: no cuFile, no passthrough device, ...) and
+// options.fallback is "uring" or empty, it opens "uring" over the same fds instead and says why in
+// `choice.reason` (the requested backend's message, e.g. "gds: cuFileDriverOpen: ..."). The
+// caller logs it, and puts it in Admin.Status and the metrics.
+// Errors: FAILED_PRECONDITION naming the reason when the requested backend cannot run here and
+// options.fallback is "fail"; INVALID_ARGUMENT for another fallback value; otherwise as
+// CreateIoBackend (the fallback's own errors included). The fds are closed on every error.
+absl::StatusOr<OpenedBackend> OpenIoBackend(std::string_view requested, std::vector<int> fds,
+                                            std::vector<uint64_t> file_sizes,
+                                            const IoOptions& options = {});
 
 }  // namespace tutti::io
 

@@ -13,7 +13,7 @@ namespace tutti::io {
 namespace {
 
 TEST(IoFactoryTest, NamesTheBackends) {
-  EXPECT_EQ(IoBackendNames(), (std::vector<std::string_view>{"uring", "memory"}));
+  EXPECT_EQ(IoBackendNames(), (std::vector<std::string_view>{"uring", "memory", "gds"}));
 }
 
 TEST(IoFactoryTest, UnknownNameListsTheAllowedOnes) {

@@ -21,6 +21,7 @@ MetricsSnapshot TakeSnapshot(const MetricsSources& src) {
   if (src.gpu_layers) s.gpu_layers = src.gpu_layers();
   if (src.nvme_health) s.nvme_health = src.nvme_health();
   s.pool_dirs = src.pool_dirs;
+  s.io_backend = src.io_backend;
   return s;
 }
 

@@ -30,6 +30,7 @@ struct MetricsSources {
   std::function<server::GpuLayerCounts()> gpu_layers;
   std::vector<std::string> pool_dirs;  // device i's directory
   std::function<std::vector<server::DeviceHealth>()> nvme_health;  // reported NVMe health
+  io::BackendChoice io_backend;  // what start-up chose (tutti_io_backend_info)
 };
 
 // One snapshot of `sources` (store must be non-null). Thread-safe as the sources are.

@@ -168,6 +168,14 @@ void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b
   }
 }
 
+// tutti_io_backend_info: one sample, 1, naming the backend running, the one configured, and the
+// reason they differ ("" when they do not).
+void AddIoBackend(const io::BackendChoice& c, Builder* b) {
+  b->Family("tutti_io_backend_info", "1, labelled with the I/O backend running, the one io.backend "
+            "asked for, and why they differ (empty when they do not: no fallback).", kGauge)
+      .Sample(1, {{"backend", c.backend}, {"requested", c.requested}, {"reason", c.reason}});
+}
+
 void AddErrors(const store::StoreStats& st, Builder* b) {
   b->Family("tutti_errors_total", "Failures by kind: verify (checksum or header mismatch, served "
             "as a miss), io (failed or short pool I/O), store_failed (blocks that could not be made "
@@ -292,6 +300,7 @@ std::vector<MetricFamily> BuildFamilies(const MetricsSnapshot& s) {
   AddLookupsAndHits(s.store, &b);
   AddTraffic(s.store, &b);
   AddQueues(s.store, s, &b);
+  AddIoBackend(s.io_backend, &b);
   AddErrors(s.store, &b);
   AddCapacity(s.store, &b);
   AddServing(s, &b);

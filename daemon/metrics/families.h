@@ -10,6 +10,7 @@
 
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/decision/advisor.h"
+#include "daemon/io/backend_choice.h"
 #include "daemon/server/admin_service.h"
 #include "daemon/server/device_health.h"
 #include "daemon/store/block_store.h"
@@ -27,6 +28,7 @@ struct MetricsSnapshot {
   std::optional<server::GpuLayerCounts> gpu_layers;  // absent: host mode
   std::vector<std::string> pool_dirs;                // device i: pool file i's directory
   std::vector<server::DeviceHealth> nvme_health;     // as `tuttictl devices --report` sent it
+  io::BackendChoice io_backend;                      // the I/O backend start-up chose
 };
 
 // The families of `s`, always the same ones in the same order. A family labelled by namespace or

@@ -122,6 +122,17 @@ TEST(FamiliesTest, EveryFamilyIsNamedTuttiWithHelpAndSamplesAndAppearsOnce) {
   EXPECT_GE(fs.size(), 40u);
 }
 
+TEST(FamiliesTest, IoBackendInfoNamesTheBackendTheRequestAndTheReason) {
+  MetricsSnapshot s = FakeSnapshot();
+  s.io_backend = {"uring", "gds", "gds: cuFileDriverOpen: CU_FILE_PLATFORM_NOT_SUPPORTED (5007)"};
+  const std::vector<MetricFamily> fs = BuildFamilies(s);
+  EXPECT_EQ(Value(Find(fs, "tutti_io_backend_info"),
+                  {{"backend", "uring"},
+                   {"requested", "gds"},
+                   {"reason", "gds: cuFileDriverOpen: CU_FILE_PLATFORM_NOT_SUPPORTED (5007)"}}),
+            1);
+}
+
 TEST(FamiliesTest, HitsTrafficAndErrorsCarryTheSnapshotsValues) {
   const std::vector<MetricFamily> fs = BuildFamilies(FakeSnapshot());
   EXPECT_EQ(Value(Find(fs, "tutti_lookup_hits_total")), 30);

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "daemon/common/clock.h"
 #include "daemon/decision/advisor.h"
+#include "daemon/io/backend_choice.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/device_health.h"
 #include "daemon/server/sessions.h"
@@ -48,6 +49,9 @@ struct DaemonInfo {
   // Where ReportDevices puts what it is told (may be null: ReportDevices is then UNIMPLEMENTED).
   // Must outlive the service.
   DeviceHealthBoard* device_health = nullptr;
+  // The backend asked for and why io_backend differs (Status io_backend_requested / _reason);
+  // an empty `requested` reads as io_backend.
+  io::BackendChoice io_choice;
 };
 
 class AdminService final : public tutti::v1::Admin::Service {

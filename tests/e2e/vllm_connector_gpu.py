@@ -24,6 +24,9 @@ Parts:
            finished it (a host wait per layer would make them equal).
   save     A's step time with save "end" (one Store after the forward) vs "layer" (save_kv_layer
            per layer), fresh prompts each.
+  refused  A's 4096-token save (512 MiB) into tuttid's default 256 MiB of store staging: the
+           refused blocks are retried until every block is stored (both save modes), then B
+           loads the whole prefix.
 JSON lines go to DIR/vllm_connector.jsonl.
 """
 
@@ -220,7 +223,7 @@ def direct_engine(model, cache, daemon, ns):
     return Engine(model, cache, client, poison=False), client
 
 
-def daemon_for(shape, layout, total_tokens, args):
+def daemon_for(shape, layout, total_tokens, args, store_staging=None):
     slot = 2 * shape.layers * layout.object_bytes + 8192
     cap = max(int((total_tokens // BLOCK + 256) * slot * 1.2), 256 << 20)
     extra = 'gpu { mode: "cuda" }' if DEV == "cuda" else 'gpu { mode: "host" }'
@@ -229,7 +232,7 @@ def daemon_for(shape, layout, total_tokens, args):
     staging = max(512 << 20, 2 * (total_tokens // BLOCK) * 2 * shape.layers * layout.object_bytes)
     return Tuttid(binary=args.tuttid, object_bytes=layout.object_bytes,
                   max_objects=2 * shape.layers, capacity=cap, dram=cap,
-                  store_staging=min(staging, 6 << 30), retrieve_staging=1 << 30, max_blocks_per_call=4096,
+                  store_staging=store_staging or min(staging, 6 << 30), retrieve_staging=1 << 30, max_blocks_per_call=4096,
                   extra=extra)
 
 
@@ -387,6 +390,34 @@ def part_save(args, rows):
         row["layer_vs_end"]))
 
 
+def part_refused(args, rows):
+    """A 4096-token prompt saves 512 MiB in one step; with tuttid's default 256 MiB of store
+    staging most of it is refused at first: the connector's retries (cuda mode: from a side
+    stream) must get every block stored, in both save modes, and B then loads all of it."""
+    shape, dtype = shapes(True)
+    model = model_of(shape, dtype)
+    layout = layout_of(shape, dtype)
+    rng = random.Random(13)
+    p = int(args.prefixes.split(",")[0])
+    nb = (p + args.suffix) // BLOCK + 8
+    for mode in ("end", "layer"):
+        prefix = [rng.randrange(shape.vocab) for _ in range(p)]
+        with daemon_for(shape, layout, 4 * p, args, store_staging=256 << 20) as daemon:
+            eng = VllmEngine(model, new_cache(model, nb), daemon.socket, mode, "refused-" + mode)
+            a = eng.run(prefix)
+            t0 = time.perf_counter()
+            eng.wait_stored(p // BLOCK, timeout=120.0)
+            stored_s = time.perf_counter() - t0
+            b = eng.run(prefix + [rng.randrange(shape.vocab) for _ in range(args.suffix)])
+            stats = eng.worker._worker.save_stats() if hasattr(eng.worker, "_worker") else {}
+        row = dict(part="refused", save=mode, prompt_tokens=p, store_staging_mib=256,
+                   a_step_ms=a["ms"], all_stored_after_s=stored_s, b_loaded=b["loaded"],
+                   b_errors=sorted(b["errors"]), save_stats=stats,
+                   ok=b["loaded"] == (p // BLOCK) * BLOCK and not b["errors"])
+        rows.append(row)
+        log("refused %s: %s" % (mode, json.dumps(row)))
+
+
 def main():
     global DEV
     ap = argparse.ArgumentParser()
@@ -406,7 +437,8 @@ def main():
     rows, failed = [], []
     for part in args.parts.split(","):
         try:
-            {"correct": part_correct, "ttft": part_ttft, "save": part_save}[part](args, rows)
+            {"correct": part_correct, "ttft": part_ttft, "save": part_save,
+             "refused": part_refused}[part](args, rows)
         except Exception:
             traceback.print_exc()
             failed.append(part)
@@ -422,7 +454,8 @@ def main():
             f.write(json.dumps(dict(meta, **r)) + "\n")
     log("%-8s %s" % ("part", "result"))
     for r in rows:
-        key = {"correct": "ok", "ttft": "ttft_connector_vs_direct", "save": "layer_vs_end"}
+        key = {"correct": "ok", "ttft": "ttft_connector_vs_direct", "save": "layer_vs_end",
+               "refused": "ok"}
         log("%-8s %-6s %s=%s" % (r["part"], r.get("save", ""), key[r["part"]], r[key[r["part"]]]))
     if failed:
         log("FAILED parts: %s" % ",".join(failed))

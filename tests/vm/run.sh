@@ -42,7 +42,7 @@ trap cleanup EXIT
 t=$(date +%s)
 bazel build //daemon:tuttid //client:tuttictl >"$work/bazel.log" 2>&1 ||
   { tail -30 "$work/bazel.log"; die "bazel build failed"; }
-bazel build //daemon/io/nvme:vfio_device_test >>"$work/bazel.log" 2>&1 ||
+bazel build //daemon/io/nvme:vfio_device_test //daemon/io/nvme:vfio_controller_test >>"$work/bazel.log" 2>&1 ||
   { tail -30 "$work/bazel.log"; die "bazel build of the vfio guest test failed"; }
 bazel build //gpu:tutti-release >>"$work/bazel.log" 2>&1 ||
   log "note: //gpu:tutti-release did not build; the package goes without it"
@@ -56,11 +56,12 @@ done
 echo "$v1 $v2" >"$work/payload/versions"
 [ -n "${TUTTI_VM_FAULT:-}" ] && echo "$TUTTI_VM_FAULT" >"$work/payload/fault"
 install -m 0755 "$here/guest_check.sh" "$work/payload/guest_check.sh"
-# The user-space NVMe phase (guest_nvme.sh): the bind tool and the vfio gtest (its libraries,
-# abseil's, are the package's Depends, already in the image).
+# The user-space NVMe phase (guest_nvme.sh): the bind tool and the vfio gtests (their libraries,
+# abseil's and spdlog's, are the package's Depends, already in the image).
 install -m 0644 "$here/guest_nvme.sh" "$work/payload/guest_nvme.sh"
 install -m 0755 tools/nvme_bind.sh "$work/payload/nvme_bind.sh"
 install -m 0755 bazel-bin/daemon/io/nvme/vfio_device_test "$work/payload/vfio_device_test"
+install -m 0755 bazel-bin/daemon/io/nvme/vfio_controller_test "$work/payload/vfio_controller_test"
 depends="$(dpkg-deb -f "$work/payload/tutti_${v1}_amd64.deb" Depends | tr -d ' ' | tr ',' ' ')"
 log "packages tutti $v1 and $v2 built ($(since "$t")); Depends: $depends"
 

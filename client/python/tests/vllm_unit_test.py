@@ -244,8 +244,19 @@ class FakeClient:
         self.lookups = 0
         self.info = {"attached": True}
 
+    def start_lookup(self, keys, prompt_tokens=None):
+        """As tutti.Client: the answer comes with result() (the fake answers at once)."""
+        outer = self
+
+        class Pending:
+            def result(self):
+                return outer.lookup(keys, prompt_tokens)
+        return Pending()
+
     def lookup(self, keys, prompt_tokens=None):
         self.lookups += 1
+        if isinstance(keys, bytes):  # packed, as the connector sends them
+            keys = [keys[i:i + 16] for i in range(0, len(keys), 16)]
         if self.fail:
             raise tutti.Unavailable("fake: away")
         hits = 0
@@ -321,14 +332,24 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(s.get_num_new_matched_tokens(r, 0), (12, False))
         self.assertEqual(s.get_num_new_matched_tokens(r, 12), (0, False))
 
-    def test_repeat_calls_release_old_leases(self):
+    def test_repeat_calls_reuse_a_young_lease_else_release_it(self):
         r = request("a", 17)
+        now = [0.0]
         c0, c1 = FakeClient(keys_of(r, 4)), FakeClient(keys_of(r, 4))
-        s = sched_with([c0, c1])
-        s.get_num_new_matched_tokens(r, 0)
-        s.get_num_new_matched_tokens(r, 0)  # allocation failed: vLLM asks again
+        s = sched_with([c0, c1], clock=lambda: now[0])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (16, False))
+        # allocation failed: vLLM asks again; the pins hold every hit: no new Lookup
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (16, False))
+        self.assertEqual((c0.lookups, c1.lookups), (1, 1))
+        self.assertEqual((c0.released, c1.released), ([], []))
+        # a different local prefix: the old leases are released, a new Lookup is made
+        self.assertEqual(s.get_num_new_matched_tokens(r, 4), (12, False))
+        self.assertEqual((c0.lookups, c0.released, c1.released), (2, [1], [1]))
+        # past half the lease's TTL (fake: 1000 ms): looked up again, the old one released
+        now[0] = 0.6
+        self.assertEqual(s.get_num_new_matched_tokens(r, 4), (12, False))
+        self.assertEqual((c0.lookups, c0.released, c1.released), (3, [1, 2], [1, 2]))
         self.assertEqual((len(c0.live), len(c1.live)), (1, 1))
-        self.assertEqual((c0.released, c1.released), ([1], [1]))
         self.assertEqual(s.request_finished(r, []), (False, None))  # no saves: blocks free now
         self.assertEqual((len(c0.live), len(c1.live)), (0, 0))
 

@@ -427,8 +427,16 @@ class Client:
 
     def _call(self, name, request, generation, timeout, field_name="short"):
         """Unary call `name` under session `generation`, cancelled if the session ends."""
+        return self._finish_call(self._start_call(name, request, generation, timeout,
+                                                  field_name))
+
+    def _start_call(self, name, request, generation, timeout, field_name="short"):
         call = getattr(self._stub, name).future(request, timeout=timeout)
         self._calls.add(generation, call)
+        return (name, call, generation, timeout, field_name)
+
+    def _finish_call(self, started):
+        name, call, generation, timeout, field_name = started
         try:
             return call.result()
         except (grpc.RpcError, grpc.FutureCancelledError) as e:
@@ -445,26 +453,33 @@ class Client:
         return blocks * max(layers, 0) * self._parts * object_bytes
 
     # --- the engine API ---
-    def lookup(self, keys: Sequence[bytes], prompt_tokens: Optional[int] = None) -> Lease:
+    def lookup(self, keys, prompt_tokens: Optional[int] = None) -> Lease:
         """How many leading keys of one chain are cached; they are pinned under the lease.
-        With prompt_tokens (the whole prompt's length, cached or not) tuttid also advises how many
-        of the hits to load (Lease.load_blocks). Raises Unavailable while tuttid is unreachable or
-        does not answer within Timeouts.short (treat as a miss); InvalidArgument for
-        prompt_tokens outside [0, 16777216]."""
+        `keys`: a sequence of 16-byte keys, or one bytes object of them concatenated (the
+        cheaper form for long chains). With prompt_tokens (the whole prompt's length, cached or
+        not) tuttid also advises how many of the hits to load (Lease.load_blocks). Raises
+        Unavailable while tuttid is unreachable or does not answer within Timeouts.short (treat
+        as a miss); InvalidArgument for a key that is not 16 bytes or prompt_tokens outside
+        [0, 16777216]."""
+        return self.start_lookup(keys, prompt_tokens).result()
+
+    def start_lookup(self, keys, prompt_tokens: Optional[int] = None) -> "PendingLookup":
+        """lookup() without waiting for the answer: PendingLookup.result() gives the Lease (or
+        raises as lookup() does). Lets one thread look up on several tuttids (TP ranks) at
+        once. Argument errors are raised here."""
         if prompt_tokens is not None and not 0 <= int(prompt_tokens) <= 1 << 24:
             raise errors.InvalidArgument("prompt_tokens = %r: must be in [0, 16777216]" %
                                          (prompt_tokens,))
+        packed = _packed_keys(keys)
         sid, gen = self._current()
-        keys = [bytes(k) for k in keys]
-        bad = next((i for i, k in enumerate(keys) if len(k) != 16), None)
-        if bad is not None:
-            raise errors.InvalidArgument("keys[%d]: a key must be exactly 16 bytes, got %d" %
-                                         (bad, len(keys[bad])))
         # One string for the whole chain (LookupRequest.packed_keys): far cheaper to build and
         # parse than one bytes field per key.
-        req = pb.LookupRequest(session_id=sid, packed_keys=b"".join(keys),
+        req = pb.LookupRequest(session_id=sid, packed_keys=packed,
                                prompt_tokens=int(prompt_tokens or 0))
-        resp = self._call("Lookup", req, gen, self._timeouts.short)
+        return PendingLookup(self, self._start_call("Lookup", req, gen, self._timeouts.short),
+                             gen)
+
+    def _lease_of(self, resp, gen) -> Lease:
         predicted = resp.decision_id != 0
         return Lease(resp.lease_id, resp.hits, resp.lease_ttl_ms, gen,
                      load_blocks=resp.load_blocks,
@@ -692,6 +707,34 @@ class Client:
                         max_blocks_per_call=a.max_blocks_per_call,
                         session_ttl_ms=a.session_ttl_ms, attached=self._state == "attached",
                         mode="cuda" if self._words is not None else "host")
+
+
+class PendingLookup:
+    """A Lookup in flight (Client.start_lookup). result() waits for it, once."""
+
+    def __init__(self, client, started, generation):
+        self._client, self._started, self._generation = client, started, generation
+
+    def result(self) -> Lease:
+        resp = self._client._finish_call(self._started)
+        return self._client._lease_of(resp, self._generation)
+
+
+def _packed_keys(keys) -> bytes:
+    """The chain as one string of 16-byte keys; InvalidArgument naming a key of another size."""
+    if isinstance(keys, (bytes, bytearray, memoryview)):
+        packed = bytes(keys)
+        if len(packed) % 16:
+            raise errors.InvalidArgument("packed keys: %d bytes, not a multiple of 16" %
+                                         len(packed))
+        return packed
+    keys = list(keys)
+    packed = b"".join(keys)
+    if len(packed) != 16 * len(keys):
+        bad = next(i for i, k in enumerate(keys) if len(k) != 16)
+        raise errors.InvalidArgument("keys[%d]: a key must be exactly 16 bytes, got %d" %
+                                     (bad, len(keys[bad])))
+    return packed
 
 
 def _pick_timeouts(call_timeout, timeouts):

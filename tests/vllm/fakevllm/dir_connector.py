@@ -198,6 +198,10 @@ class DirConnector(KVConnectorBase_V1):
     def get_handshake_metadata(self):
         return DirHandshake(self.rank, self.root)
 
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        self.loaded_layers = {}  # nothing of an earlier step's loads may land in this one
+
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
         self.loaded_layers = {}
@@ -217,6 +221,8 @@ class DirConnector(KVConnectorBase_V1):
         self.virtual_engine = forward_context.virtual_engine
 
     def wait_for_layer_load(self, layer_name):
+        if not self.loaded_layers:  # no load this step (or it starts after the forward)
+            return
         layer = self.layer_index[layer_name]
         dest = self.forward_layers[layer_name].kv_cache[self.virtual_engine]
         for b, data in self.loaded_layers.items():

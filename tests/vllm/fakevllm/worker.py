@@ -143,12 +143,18 @@ class ModelRunner:
         ctx = ForwardContext(no_compile_layers=dict(self.layers),
                              attn_metadata={name: meta for name in self.layers})
         kv_output = None
+        # vLLM's mixin: sync loads start before the forward; without any (has_sync_kv_loads
+        # False) start_load_kv runs after the forward was launched.
+        sync_loads = getattr(so, "has_sync_kv_loads", True)
         if kv is not None:
             kv.bind_connector_metadata(so.kv_connector_metadata)
-            kv.start_load_kv(ctx)
+            if sync_loads:
+                kv.start_load_kv(ctx)
         sampled, check = {}, None
         if so.total_num_scheduled_tokens > 0:
             sampled, check = self.model.forward(seqs, kv, meta)
+        if kv is not None and not sync_loads:
+            kv.start_load_kv(ctx)
         if kv is not None:
             kv.wait_for_save()
             kv_output = KVConnectorOutput()

@@ -14,7 +14,13 @@ all of it is equal.
 from tutti.layout import Namespace
 
 HASH_ALGO = "sha256_cbor"
+try:  # vLLM always has numpy; without it packed_keys_of slices hash by hash
+    import numpy as _np
+except ImportError:  # pragma: no cover
+    _np = None
+
 KEY_BYTES = 16
+HASH_BYTES = 32  # a sha256_cbor block hash
 MAX_MODEL_ID = 256
 
 
@@ -40,6 +46,21 @@ def key_of(block_hash) -> bytes:
 
 def keys_of(block_hashes):
     return [key_of(h) for h in block_hashes]
+
+
+def packed_keys_of(block_hashes) -> bytes:
+    """The keys of `block_hashes` concatenated (Client.lookup's packed form). sha256_cbor hashes
+    are 32 bytes each: then the first 16 of each are taken in one numpy copy, no Python loop per
+    block (the scheduler calls this for every waiting request on every step)."""
+    if _np is not None and set(map(len, block_hashes)) == {HASH_BYTES}:  # all 32 bytes
+        rows = _np.frombuffer(b"".join(block_hashes), dtype=_np.uint8).reshape(-1, HASH_BYTES)
+        return _np.ascontiguousarray(rows[:, :KEY_BYTES]).tobytes()
+    return b"".join(keys_of(block_hashes))  # empty, or other sizes: checked one by one
+
+
+def unpack_keys(packed: bytes, begin: int, end: int):
+    """Keys [begin, end) of a packed chain, as a list."""
+    return [packed[i * KEY_BYTES:(i + 1) * KEY_BYTES] for i in range(begin, end)]
 
 
 def hash_scheme(vllm_version: str) -> str:

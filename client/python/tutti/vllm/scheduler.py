@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional
 import tutti
 from tutti import errors
 from tutti.vllm.events import BlockInfo, EventTranslator
-from tutti.vllm.keys import keys_of
+from tutti.vllm.keys import keys_of, packed_keys_of, unpack_keys
 from tutti.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata, TuttiHandshake
 
 log = logging.getLogger("tutti.vllm")
@@ -125,10 +125,12 @@ class RankLink:
 
 @dataclass
 class _Pending:
-    keys: List[bytes]
+    keys: bytes  # the looked-up chain, packed (16 bytes per key)
     leases: Dict[int, object]  # rank -> tutti.Lease
     local: int
     hits: int
+    chain: int = 0           # blocks looked up
+    fresh_until: float = 0.0  # clock time until which the answer may be given again
 
 
 @dataclass
@@ -181,14 +183,17 @@ class TuttiScheduler:
     # --- lookups ---
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         req_id = request.request_id
-        self._release_pending(req_id)
         local = num_computed_tokens // self.block_size
-        self._local[req_id] = local
         max_blocks = max(request.num_tokens - 1, 0) // self.block_size
+        again = self._repeat(req_id, local, max_blocks)
+        if again is not None:
+            return again
+        self._release_pending(req_id)
+        self._local[req_id] = local
         hashes = list(request.block_hashes[:max_blocks])
         if len(hashes) <= local or len(self._links) != self.tp_size:
             return 0, False
-        keys = keys_of(hashes)
+        keys = packed_keys_of(hashes)
         leases = self._lookup_all(keys, request.num_tokens)
         if leases is None:
             return 0, False
@@ -196,25 +201,48 @@ class TuttiScheduler:
         if hits <= local:
             self._release(leases)
             return 0, False
-        self._pending[req_id] = _Pending(keys[:hits], leases, local, hits)
+        ttl_s = min(h.lease.ttl_ms for h in leases.values()) / 1000.0
+        self._pending[req_id] = _Pending(keys[:hits * 16], leases, local, hits, max_blocks,
+                                         self._clock() + ttl_s / 2)
         return hits * self.block_size - num_computed_tokens, False
 
+    def _repeat(self, req_id, local, max_blocks):
+        """The answer of this request's previous call when nothing it depends on changed: the
+        same local prefix, the same chain, and its leases young (less than half their TTL): the
+        pins keep every hit present, so no Lookup is needed (vLLM asks again every step while a
+        request waits for blocks). None: look up again."""
+        p = self._pending.get(req_id)
+        if (p is None or p.local != local or p.chain != max_blocks
+                or self._clock() >= p.fresh_until):
+            return None
+        return (p.hits - local) * self.block_size, False
+
     def _lookup_all(self, keys, prompt_tokens):
-        """{rank: Lease} from every rank, or None (a miss; what was pinned is released)."""
-        leases = {}
+        """{rank: Lease} from every rank, or None (a miss; what was pinned is released). The
+        ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum."""
+        started, leases, ok = {}, {}, True
         for rank in sorted(self._links):
             link = self._links[rank]
             client = link.client()
             if client is None:
-                self._release(leases)
-                return None
+                ok = False
+                break
             try:
-                leases[rank] = (client, client.lookup(keys, prompt_tokens=prompt_tokens))
+                started[rank] = (client, client.start_lookup(keys, prompt_tokens=prompt_tokens))
             except Exception as e:  # any error: a miss, and back off from this rank
                 link.failed(e)
-                self._release(leases)
-                return None
-            link.succeeded()
+                ok = False
+                break
+        for rank, (client, pending) in started.items():  # collect every answer: pins to release
+            try:
+                leases[rank] = (client, pending.result())
+                self._links[rank].succeeded()
+            except Exception as e:
+                self._links[rank].failed(e)
+                ok = False
+        if not ok:
+            self._release(leases)
+            return None
         return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
 
     def _release(self, leases):
@@ -244,7 +272,7 @@ class TuttiScheduler:
         if p is not None and num_external_tokens > 0:
             n = min(num_external_tokens // self.block_size, p.hits - p.local,
                     len(st.block_ids) - p.local)
-            self._loads.append(LoadSpec(req_id, p.keys[p.local:p.local + n],
+            self._loads.append(LoadSpec(req_id, unpack_keys(p.keys, p.local, p.local + n),
                                         st.block_ids[p.local:p.local + n],
                                         {r: h.lease.id for r, h in p.leases.items()}))
             done = p.local + n
