@@ -301,6 +301,10 @@ check "purge: binaries, units, /etc/tutti, /etc/default/tuttid and /var/lib/tutt
     [ -z "$left" ] || { echo "left:$left"; exit 1; }'
 say "note: after purge the pool directory $POOL (outside /var/lib/tutti) and the tutti user stay, by design"
 
+# --- 12. User-space NVMe: the controller on vfio-pci (guest_nvme.sh; issue 13) -------------------
+if [ -f /payload/guest_nvme.sh ]; then . /payload/guest_nvme.sh
+else skip "vfio: the user-space NVMe phase" "no guest_nvme.sh in the payload"; fi
+
 say "guest checks took $(elapsed) (emulated: means nothing)"
 if [ "$failed" -eq 0 ]; then
   say "RESULT PASS ($passed passed, $failed failed, $skipped skipped)"; exit 0

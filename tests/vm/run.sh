@@ -3,7 +3,8 @@
 # controller (q35, software emulation: TCG) and runs tests/vm/guest_check.sh in it: install the .deb,
 # start the instance with its pool on the NVMe namespace, READY and STATUS, bench --verify, devices,
 # a SMART critical warning injected from here through QMP, kill -9 and SIGSTOP (watchdog) restarts,
-# metrics, upgrade to a higher version (the blocks survive) and purge. The guest's result decides:
+# metrics, upgrade to a higher version (the blocks survive) and purge; then (guest_nvme.sh) the
+# controller bound to vfio-pci behind QEMU's emulated IOMMU, driven by daemon/io/nvme/vfio.h. The guest's result decides:
 # exit 0 only if the guest reported "RESULT PASS" through the isa-debug-exit port.
 #
 # Usage (as root): tests/vm/run.sh
@@ -41,6 +42,8 @@ trap cleanup EXIT
 t=$(date +%s)
 bazel build //daemon:tuttid //client:tuttictl >"$work/bazel.log" 2>&1 ||
   { tail -30 "$work/bazel.log"; die "bazel build failed"; }
+bazel build //daemon/io/nvme:vfio_device_test //daemon/io/nvme:vfio_controller_test >>"$work/bazel.log" 2>&1 ||
+  { tail -30 "$work/bazel.log"; die "bazel build of the vfio guest test failed"; }
 bazel build //gpu:tutti-release >>"$work/bazel.log" 2>&1 ||
   log "note: //gpu:tutti-release did not build; the package goes without it"
 base="0.1.$(git rev-list --count HEAD 2>/dev/null || echo 0)"
@@ -53,6 +56,12 @@ done
 echo "$v1 $v2" >"$work/payload/versions"
 [ -n "${TUTTI_VM_FAULT:-}" ] && echo "$TUTTI_VM_FAULT" >"$work/payload/fault"
 install -m 0755 "$here/guest_check.sh" "$work/payload/guest_check.sh"
+# The user-space NVMe phase (guest_nvme.sh): the bind tool and the vfio gtests (their libraries,
+# abseil's and spdlog's, are the package's Depends, already in the image).
+install -m 0644 "$here/guest_nvme.sh" "$work/payload/guest_nvme.sh"
+install -m 0755 tools/nvme_bind.sh "$work/payload/nvme_bind.sh"
+install -m 0755 bazel-bin/daemon/io/nvme/vfio_device_test "$work/payload/vfio_device_test"
+install -m 0755 bazel-bin/daemon/io/nvme/vfio_controller_test "$work/payload/vfio_controller_test"
 depends="$(dpkg-deb -f "$work/payload/tutti_${v1}_amd64.deb" Depends | tr -d ' ' | tr ',' ' ')"
 log "packages tutti $v1 and $v2 built ($(since "$t")); Depends: $depends"
 
@@ -73,12 +82,14 @@ truncate -s 1G "$work/nvme.img"
 # makes this side set the controller's SMART critical warning (bit 2: reliability degraded) by QMP.
 t=$(date +%s)
 console="$work/console.log"
-qemu-system-x86_64 -machine q35 -accel tcg -cpu max -m 2G -smp 2 \
+# -device intel-iommu (and intel_iommu=on): the emulated IOMMU that vfio-pci needs (guest_nvme.sh);
+# iommu=pt keeps the kernel's own drivers on identity mappings, as fast as without it.
+qemu-system-x86_64 -machine q35 -accel tcg -cpu max -m 2G -smp 2 -device intel-iommu \
   -display none -monitor none -serial "file:$console" -no-reboot \
   -qmp "unix:$work/qmp.sock,server=on,wait=off" \
   -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
   -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
-  -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 systemd.show_status=0" \
+  -append "console=ttyS0 root=/dev/vda rw panic=-1 quiet loglevel=3 systemd.show_status=0 intel_iommu=on iommu=pt" \
   -drive "file=$work/root.qcow2,if=virtio,format=qcow2" \
   -drive "file=$work/payload.img,if=virtio,format=raw,readonly=on" \
   -drive "file=$work/nvme.img,if=none,id=nvm,format=raw" \
