@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
+#include "daemon/io/nvme_open.h"
 #include "daemon/io/uring_backend.h"
 
 namespace tutti::io {
@@ -47,14 +48,28 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeGds(std::vector<int>* fds, std::v
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
+// Each "file" is a whole namespace of options.nvme; `fds` are not used (left for the fallback,
+// closed by the caller).
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeNvme(std::vector<int>*, std::vector<uint64_t>,
+                                                    const IoOptions& options) {
+  NvmeOpenOptions o = options.nvme;
+  o.queue_depth = options.queue_depth;
+  return OpenNvmeBackend(o);
+}
+
 struct Entry {
   std::string_view name;
   Factory make;
+  bool whole_devices;  // each file is a device: a pool file's size must fit in it, not equal it
 };
-constexpr Entry kBackends[] = {{"uring", &MakeUring}, {"memory", &MakeMemory}, {"gds", &MakeGds}};
+constexpr Entry kBackends[] = {{"uring", &MakeUring, false},
+                               {"memory", &MakeMemory, false},
+                               {"gds", &MakeGds, false},
+                               {"nvme", &MakeNvme, true}};
 
-// A pool file that does not match its layout.
-absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
+// A pool file that does not match its layout (or, on whole devices, does not fit).
+absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes,
+                        bool whole_devices) {
   if (sizes.empty()) return absl::OkStatus();
   if (sizes.size() != backend.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(backend.name()), " backend: ",
@@ -62,7 +77,12 @@ absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& s
                                                    sizes.size(), " sizes"));
   }
   for (uint32_t f = 0; f < sizes.size(); ++f) {
-    if (backend.file_size(f) != sizes[f]) {
+    if (whole_devices && backend.file_size(f) < sizes[f]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(std::string(backend.name()), " device ", f, " holds ",
+                       backend.file_size(f), " bytes; pool file ", f, " needs ", sizes[f]));
+    }
+    if (!whole_devices && backend.file_size(f) != sizes[f]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "pool file ", f, " is ", backend.file_size(f), " bytes; its layout says ", sizes[f]));
     }
@@ -78,7 +98,7 @@ absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vect
     if (e.name != name) continue;
     auto backend = e.make(fds, sizes, options);
     if (!backend.ok()) return backend.status();
-    absl::Status fits = CheckSizes(**backend, sizes);
+    absl::Status fits = CheckSizes(**backend, sizes, e.whole_devices);
     if (!fits.ok()) return fits;
     return backend;
   }

@@ -13,6 +13,7 @@
 #include "daemon/io/backend_choice.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/io_backend.h"
+#include "daemon/io/nvme_open.h"
 
 namespace tutti::io {
 
@@ -21,9 +22,12 @@ struct IoOptions {
   // io.fallback, for OpenIoBackend: "uring" (or empty) or "fail".
   std::string fallback = "uring";
   GdsOptions gds;  // "gds": where libcufile is, and whether the daemon has GPU staging
+  // "nvme": io.nvme_devices and io.nvme_nsid (its queue_depth is replaced by the one above).
+  NvmeOpenOptions nvme;
 };
 
-// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds".
+// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds",
+// "nvme".
 std::vector<std::string_view> IoBackendNames();
 
 // Creates the backend called `name` over the pool's files.
@@ -34,6 +38,10 @@ std::vector<std::string_view> IoBackendNames();
 //    closed.
 //  - "gds": cuFile over the same files as "uring" (gds_backend.h); UNAVAILABLE when it cannot
 //    run on this host, the fds closed.
+//  - "nvme": tuttid's own NVMe driver on options.nvme's SSDs (OpenNvmeBackend, nvme_open.h); each
+//    file is a whole namespace. `fds` are closed (pass none); `file_sizes`, if given, must each
+//    fit in its namespace, else FAILED_PRECONDITION. UNAVAILABLE (with ProbeVfio's reason) when
+//    vfio cannot be used here.
 // Errors: INVALID_ARGUMENT naming the allowed values for an unknown `name`; otherwise those of
 // UringBackend::Create / MemoryDisk::Create / GdsBackend::Create.
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,

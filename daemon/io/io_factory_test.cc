@@ -13,7 +13,7 @@ namespace tutti::io {
 namespace {
 
 TEST(IoFactoryTest, NamesTheBackends) {
-  EXPECT_EQ(IoBackendNames(), (std::vector<std::string_view>{"uring", "memory", "gds"}));
+  EXPECT_EQ(IoBackendNames(), (std::vector<std::string_view>{"uring", "memory", "gds", "nvme"}));
 }
 
 TEST(IoFactoryTest, UnknownNameListsTheAllowedOnes) {
@@ -63,6 +63,43 @@ TEST_F(UringFactoryTest, SizeMismatchIsFailedPrecondition) {
   auto b = CreateIoBackend("uring", {fd_}, {2 << 20});
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
   EXPECT_EQ(fcntl(fd_, F_GETFD), -1) << "the backend owned and closed the fd";
+}
+
+}  // namespace
+}  // namespace tutti::io
+
+namespace tutti::io {
+namespace {
+
+// "nvme" where no vfio exists (a sysfs tree without the device).
+IoOptions NvmeWithoutVfio() {
+  IoOptions o;
+  o.nvme.pci_addresses = {"0000:01:00.0"};
+  o.nvme.sysfs_root = ::testing::TempDir() + "/no-sysfs";
+  o.nvme.dev_root = ::testing::TempDir() + "/no-dev";
+  return o;
+}
+
+TEST(IoFactoryTest, NvmeWithoutVfioIsUnavailableWithTheProbeReason) {
+  auto b = CreateIoBackend("nvme", {}, {}, NvmeWithoutVfio());
+  ASSERT_TRUE(absl::IsUnavailable(b.status())) << b.status();
+  EXPECT_NE(b.status().message().find("nvme: 0000:01:00.0: "), std::string::npos) << b.status();
+}
+
+TEST(IoFactoryTest, NvmeWithoutDevicesIsInvalidNotAFallback) {
+  IoOptions o;
+  auto b = OpenIoBackend("nvme", {}, {}, o);
+  ASSERT_TRUE(absl::IsInvalidArgument(b.status())) << b.status();
+  EXPECT_NE(b.status().message().find("io.nvme_devices"), std::string::npos) << b.status();
+}
+
+TEST_F(UringFactoryTest, NvmeWithoutVfioFallsBackToUringSayingWhy) {
+  auto b = OpenIoBackend("nvme", {fd_}, {1 << 20}, NvmeWithoutVfio());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->backend->name(), "uring");
+  EXPECT_EQ(b->choice.requested, "nvme");
+  EXPECT_EQ(b->choice.backend, "uring");
+  EXPECT_EQ(b->choice.reason.rfind("nvme: 0000:01:00.0: ", 0), 0u) << b->choice.reason;
 }
 
 }  // namespace
