@@ -164,8 +164,42 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
   return CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots);
 }
 
+// A PCI address as sysfs spells it: "0000:01:00.0" (domain:bus:device.function, lower-case hex).
+bool IsPciAddress(const std::string& a) {
+  if (a.size() != 12 || a[4] != ':' || a[7] != ':' || a[10] != '.') return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i == 4 || i == 7 || i == 10) continue;
+    if (!((a[i] >= '0' && a[i] <= '9') || (a[i] >= 'a' && a[i] <= 'f'))) return false;
+  }
+  return a[11] <= '7';
+}
+
+// "nvme" needs its SSDs' PCI addresses, each well-formed, none repeated.
+absl::Status ValidateNvme(const tutti::v1::IoConfig& io) {
+  if (io.backend() == "nvme" && io.nvme_devices().empty()) {
+    return Bad("io.nvme_devices", "[]",
+               "io.backend \"nvme\" needs the PCI address of at least one SSD bound to vfio-pci "
+               "(e.g. \"0000:01:00.0\", docs/nvme.md)");
+  }
+  for (int i = 0; i < io.nvme_devices_size(); ++i) {
+    const std::string field = absl::StrCat("io.nvme_devices[", i, "]");
+    const std::string& a = io.nvme_devices(i);
+    if (!IsPciAddress(a)) {
+      return Bad(field, absl::StrCat("\"", a, "\""),
+                 "must be a PCI address DDDD:BB:DD.F in lower-case hex (e.g. \"0000:01:00.0\")");
+    }
+    for (int j = 0; j < i; ++j) {
+      if (io.nvme_devices(j) == a) {
+        return Bad(field, absl::StrCat("\"", a, "\""), "must not repeat another device");
+      }
+    }
+  }
+  return CheckRange("io.nvme_nsid", io.nvme_nsid(), 1, 0xfffffffe);
+}
+
 absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
-  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds"}));
+  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds", "nvme"}));
+  RETURN_IF_ERROR(ValidateNvme(io));
   RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
 }

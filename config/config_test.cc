@@ -36,6 +36,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->pool().max_objects(), 64u);
   EXPECT_EQ(c->io().backend(), "uring");
   EXPECT_EQ(c->io().queue_depth(), 64u);
+  EXPECT_EQ(c->io().nvme_nsid(), 1u);
   EXPECT_EQ(c->dram().capacity_bytes(), 1ull << 30);
   EXPECT_EQ(c->limits().max_blocks_per_call(), 2048u);
   EXPECT_EQ(c->limits().session_ttl_ms(), 30000u);
@@ -190,7 +191,14 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { max_objects: 0 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
-  ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory", "gds"});
+  ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory", "gds", "nvme"});
+  ExpectRejected("io { backend: \"nvme\" }", {"io.nvme_devices", "vfio-pci", "0000:01:00.0"});
+  ExpectRejected("io { backend: \"nvme\" nvme_devices: \"01:00.0\" }", {"io.nvme_devices[0]"});
+  ExpectRejected("io { backend: \"nvme\" nvme_devices: \"0000:01:00.0\" "
+                 "nvme_devices: \"0000:01:00.0\" }",
+                 {"io.nvme_devices[1]", "repeat"});
+  ExpectRejected("io { backend: \"nvme\" nvme_devices: \"0000:01:00.0\" nvme_nsid: 0 }",
+                 {"io.nvme_nsid"});
   ExpectRejected("io { backend: \"gds\" fallback: \"memory\" }", {"io.fallback", "fail"});
   ExpectRejected("io { queue_depth: 0 }", {"io.queue_depth", "[1, 4096]"});
   ExpectRejected("io { queue_depth: 5000 }", {"io.queue_depth"});
@@ -202,6 +210,14 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("limits { max_sessions: 0 }", {"limits.max_sessions"});
   ExpectRejected("journal { checkpoint_every: 0 }", {"journal.checkpoint_every"});
   ExpectRejected("log_level: \"verbose\"", {"log_level", "trace", "error"});
+}
+
+TEST(ConfigTest, NvmeBackendWithItsDevices) {
+  auto c = LoadConfig(
+      "io { backend: \"nvme\" nvme_devices: \"0000:00:04.0\" nvme_devices: \"0000:3b:00.1\" }");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->io().nvme_devices_size(), 2);
+  EXPECT_EQ(c->io().nvme_nsid(), 1u);
 }
 
 TEST(ConfigTest, GpuSection) {
