@@ -128,6 +128,9 @@ absl::StatusOr<io::OpenedBackend> OpenBackend(const v1::Config& config,
   options.queue_depth = config.io().queue_depth();
   options.fallback = config.io().fallback();
   options.gds.gpu_staging = gpu_staging;
+  options.nvme.pci_addresses.assign(config.io().nvme_devices().begin(),
+                                    config.io().nvme_devices().end());
+  options.nvme.nsid = config.io().nvme_nsid();
   const char* cufile = getenv("TUTTI_CUFILE_LIBRARY");  // tests: the fake libcufile
   if (cufile != nullptr) options.gds.library = cufile;
   return io::OpenIoBackend(config.io().backend(), std::move(fds), std::move(sizes), options);
@@ -215,7 +218,9 @@ absl::Status OpenStore(const v1::Config& config, bool gpu_staging, Daemon* d) {
   std::unique_ptr<io::IoBackend> backend = std::move(opened.backend);
   d->io_backend = std::string(backend->name());
   d->io_choice = opened.choice;
-  if (d->io_choice.fell_back()) {
+  if (!d->io_choice.fell_back()) {
+    log::Get("main")->info("io backend \"{}\" (io.backend)", d->io_backend);
+  } else {
     log::Get("main")->warn("io backend \"{}\" cannot run here; using \"{}\": {}",
                            d->io_choice.requested, d->io_choice.backend, d->io_choice.reason);
     d->notes.push_back(absl::StrCat("io backend \"", d->io_choice.backend, "\" instead of \"",

@@ -31,7 +31,7 @@ std::string ConfigText(const TuttidEnv& env) {
       "state_dir: \"%s\"\n"
       "listen { socket_path: \"%s\" socket_mode: 384 }\n"
       "pool { dirs: \"%s\" capacity_bytes: %d object_bytes: %d max_objects: %d }\n"
-      "io { backend: \"%s\" fallback: \"%s\" queue_depth: %d }\n"
+      "io { backend: \"%s\" fallback: \"%s\" queue_depth: %d %s }\n"
       "dram { capacity_bytes: %d }\n"
       "limits { max_blocks_per_call: %d session_ttl_ms: %d lease_ttl_ms: %d\n"
       "         store_staging_bytes: %d retrieve_staging_bytes: %d %s }\n"
@@ -39,7 +39,7 @@ std::string ConfigText(const TuttidEnv& env) {
       "log_level: \"%s\"\n"
       "metrics { listen: \"%s\" }\n",
       env.state_dir(), env.socket(), env.pool_dir(), c.capacity_bytes, c.object_bytes,
-      c.max_objects, c.backend, c.io_fallback, c.queue_depth, c.dram_bytes, c.max_blocks_per_call,
+      c.max_objects, c.backend, c.io_fallback, c.queue_depth, c.extra_io, c.dram_bytes, c.max_blocks_per_call,
       c.session_ttl_ms, c.lease_ttl_ms, c.store_staging_bytes, c.retrieve_staging_bytes,
       c.extra_limits, c.checkpoint_every, c.log_level, c.metrics_listen);
 }

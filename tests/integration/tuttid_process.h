@@ -30,6 +30,7 @@ struct TuttidConfig {
   uint32_t max_objects = 8;
   std::string backend = "uring";
   std::string io_fallback;  // io.fallback: "" (uring), "uring" or "fail"
+  std::string extra_io;     // more IoConfig fields in text format, e.g. "nvme_devices: \"...\""
   uint32_t queue_depth = 32;
   uint64_t dram_bytes = 0;
   uint32_t max_blocks_per_call = 256;

@@ -62,6 +62,9 @@ install -m 0644 "$here/guest_nvme.sh" "$work/payload/guest_nvme.sh"
 install -m 0755 tools/nvme_bind.sh "$work/payload/nvme_bind.sh"
 install -m 0755 bazel-bin/daemon/io/nvme/vfio_device_test "$work/payload/vfio_device_test"
 install -m 0755 bazel-bin/daemon/io/nvme/vfio_controller_test "$work/payload/vfio_controller_test"
+# tuttid and tuttictl for its "nvme" backend (the package is purged by then).
+install -m 0755 bazel-bin/daemon/tuttid "$work/payload/tuttid"
+install -m 0755 bazel-bin/client/tuttictl "$work/payload/tuttictl"
 depends="$(dpkg-deb -f "$work/payload/tutti_${v1}_amd64.deb" Depends | tr -d ' ' | tr ',' ' ')"
 log "packages tutti $v1 and $v2 built ($(since "$t")); Depends: $depends"
 
