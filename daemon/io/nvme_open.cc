@@ -79,6 +79,9 @@ NvmeDeviceOpener VfioOpener(const NvmeOpenOptions& options) {
       return absl::UnavailableError(absl::StrCat("nvme: ", address, ": ", probe.message()));
     }
     auto device = nvme::VfioDevice::Open(vo);
+    if (absl::IsUnavailable(device.status())) {  // busy: not a reason to run elsewhere
+      return absl::FailedPreconditionError(device.status().message());
+    }
     if (!device.ok()) return device.status();
     OpenedNvmeDevice opened;
     opened.regs = &(*device)->registers();
