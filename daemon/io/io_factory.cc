@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
+#include "daemon/io/uring_cmd_backend.h"
 #include "daemon/io/uring_backend.h"
 
 namespace tutti::io {
@@ -45,11 +46,31 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeMemory(std::vector<int> fds,
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
+// `fds`: the namespaces' char devices (OpenPassthroughDevices). A size, if given, is the pool
+// file's and must fit in its namespace.
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringCmd(std::vector<int> fds,
+                                                        std::vector<uint64_t> sizes,
+                                                        const IoOptions& options) {
+  UringCmdOptions o;
+  o.queue_depth = options.queue_depth;
+  auto backend = UringCmdBackend::Create(std::move(fds), o);
+  if (!backend.ok()) return backend.status();
+  for (uint32_t f = 0; f < sizes.size() && f < (*backend)->num_files(); ++f) {
+    if (sizes[f] > (*backend)->file_size(f)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat((*backend)->info(f).device, " holds ", (*backend)->file_size(f),
+                       " bytes; pool file ", f, " needs ", sizes[f]));
+    }
+  }
+  return std::unique_ptr<IoBackend>(*std::move(backend));
+}
+
 struct Entry {
   std::string_view name;
   Factory make;
 };
-constexpr Entry kBackends[] = {{"uring", &MakeUring}, {"memory", &MakeMemory}};
+constexpr Entry kBackends[] = {
+    {"uring", &MakeUring}, {"memory", &MakeMemory}, {"uring_cmd", &MakeUringCmd}};
 
 }  // namespace
 

@@ -18,7 +18,8 @@ struct IoOptions {
   uint32_t queue_depth = 64;  // "uring": requests in flight per file, 1 .. 4096
 };
 
-// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory".
+// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory",
+// "uring_cmd".
 std::vector<std::string_view> IoBackendNames();
 
 // Creates the backend called `name` over the pool's files.
@@ -27,8 +28,12 @@ std::vector<std::string_view> IoBackendNames();
 //    file's actual size, else FAILED_PRECONDITION (a pool file that does not match its layout).
 //  - "memory": files of `file_sizes` bytes in host memory; nothing persists. `fds`, if any, are
 //    closed.
+//  - "uring_cmd": `fds` are NVMe generic char devices (OpenPassthroughDevices in
+//    uring_cmd_backend.h), owned from this call on; each backend "file" is a whole namespace, and
+//    `file_sizes`, if given, must each fit in its namespace, else FAILED_PRECONDITION.
 // Errors: INVALID_ARGUMENT naming the allowed values for an unknown `name`; otherwise those of
-// UringBackend::Create / MemoryDisk::Create.
+// UringBackend::Create / MemoryDisk::Create /
+// UringCmdBackend::Create.
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,
                                                            std::vector<int> fds,
                                                            std::vector<uint64_t> file_sizes,
