@@ -35,8 +35,10 @@
 #include "daemon/common/status_macros.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/gpu_setup.h"
+#include "daemon/io/backend_choice.h"
 #include "daemon/io/io_factory.h"
 #include "daemon/metrics/exporter.h"
+#include "daemon/passthrough_pool.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "daemon/common/handoff.h"
@@ -91,16 +93,17 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   return config;
 }
 
-// Opens (creating on first start) the pool files and the I/O backend over them. The "memory"
-// backend keeps the pool in RAM and touches no file. *pool_id: the pool's (store::PoolIdOf of its
-// uuid; 0 for the memory backend, whose pool is new at every start).
+// Opens (creating on first start) the pool files and the I/O backend `backend` over them. The
+// "memory" backend keeps the pool in RAM and touches no file. *pool_id: the pool's
+// (store::PoolIdOf of its uuid; 0 for the memory backend, whose pool is new at every start).
 absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& config,
+                                                           const std::string& backend,
                                                            const pool::PoolLayout& layout,
                                                            uint64_t* pool_id) {
   const std::vector<std::string> dirs(config.pool().dirs().begin(), config.pool().dirs().end());
   std::vector<uint64_t> sizes(layout.num_files(), layout.file_bytes());
   std::vector<int> fds;
-  if (config.io().backend() != "memory") {
+  if (backend != "memory") {
     // Only the default pool directory is created. A configured one must exist: it is an SSD's
     // mount point, and creating it would silently put the pool on the root filesystem when the SSD
     // is not mounted.
@@ -123,7 +126,7 @@ absl::StatusOr<std::unique_ptr<io::IoBackend>> OpenBackend(const v1::Config& con
     *pool_id = store::PoolIdOf(files.uuid);
     fds = files.TakeFds();
   }
-  return io::CreateIoBackend(config.io().backend(), std::move(fds), std::move(sizes),
+  return io::CreateIoBackend(backend, std::move(fds), std::move(sizes),
                              io::IoOptions{config.io().queue_depth()});
 }
 
@@ -170,6 +173,8 @@ int WaitForSignal() {
 // the sessions (and their pins and mappings) go before the GPU runtime and the store.
 struct Daemon {
   std::string io_backend;
+  io::BackendChoice io_choice;            // what io.backend asked for, and why another runs
+  std::vector<std::string> pool_places;  // pool.dirs, or the raw namespaces of uring_cmd
   std::string device_mode = "host";
   std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
@@ -192,19 +197,32 @@ struct Daemon {
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
 absl::Status OpenStore(const v1::Config& config, Daemon* d) {
   RETURN_IF_ERROR(MakeDirs(config.state_dir(), 0750));
+  ASSIGN_OR_RETURN(PassthroughPool raw, OpenPassthroughPool(config));
+  d->io_choice = raw.choice;
+  if (!d->io_choice.reason.empty()) d->notes.push_back(d->io_choice.reason);
+  d->pool_places.assign(config.pool().dirs().begin(), config.pool().dirs().end());
+  if (raw.backend) {
+    d->pool_places.assign(config.io().passthrough_devices().begin(),
+                          config.io().passthrough_devices().end());
+  }
   ASSIGN_OR_RETURN(
       const pool::PoolLayout layout,
-      pool::PoolLayout::Compute(config.pool().capacity_bytes(), config.pool().dirs_size(),
-                                config.pool().object_bytes(), config.pool().max_objects(),
-                                config.pool().extent_slots()));
+      raw.backend ? absl::StatusOr<pool::PoolLayout>(*raw.layout)
+                  : pool::PoolLayout::Compute(config.pool().capacity_bytes(),
+                                              config.pool().dirs_size(),
+                                              config.pool().object_bytes(),
+                                              config.pool().max_objects(),
+                                              config.pool().extent_slots()));
   log::Get("main")->info(
       "pool: {} files of {} bytes, {} slots of {} objects x {} bytes, in extents of {} slots per "
       "file (pool.extent_slots = {})",
       layout.num_files(), layout.file_bytes(), layout.num_slots(), layout.max_objects(),
       layout.object_bytes(), layout.extent_slots(), config.pool().extent_slots());
-  uint64_t pool_id = 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<io::IoBackend> backend,
-                   OpenBackend(config, layout, &pool_id));
+  uint64_t pool_id = raw.pool_id;
+  std::unique_ptr<io::IoBackend> backend = std::move(raw.backend);
+  if (!backend) {
+    ASSIGN_OR_RETURN(backend, OpenBackend(config, d->io_choice.backend, layout, &pool_id));
+  }
   d->io_backend = std::string(backend->name());
   if (d->io_backend == "memory") {
     d->notes.push_back("io backend \"memory\": the pool lives in RAM and nothing persists");
@@ -252,8 +270,10 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   server::DaemonInfo info{kVersion,
                           d->io_backend,
                           d->device_mode,
-                          {config.pool().dirs().begin(), config.pool().dirs().end()},
+                          d->pool_places,
                           absl::StrJoin(d->notes, "; ")};
+  info.io_backend_requested = d->io_choice.requested;
+  info.io_backend_reason = d->io_choice.reason;
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
   info.config_text = config::RenderConfig(config);

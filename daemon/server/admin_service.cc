@@ -23,6 +23,8 @@ void AdminService::FillStatus(tutti::v1::StatusResponse* resp) const {
   resp->set_version(info_.version);
   resp->set_uptime_ms(static_cast<uint64_t>(clock_->NowMs() - start_ms_));
   resp->set_io_backend(info_.io_backend);
+  resp->set_io_backend_requested(info_.io_backend_requested);
+  resp->set_io_backend_reason(info_.io_backend_reason);
   resp->set_device_mode(info_.device_mode);
   for (const std::string& d : info_.pool_dirs) resp->add_pool_dirs(d);
   resp->set_capacity_bytes(st.slots_total * st.slot_bytes);

@@ -38,6 +38,8 @@ struct DaemonInfo {
   std::string device_mode = "host";  // "host" or "cuda"
   std::vector<std::string> pool_dirs;
   std::string notes;  // fallbacks taken at start, in words
+  std::string io_backend_requested;  // io.backend; differs from io_backend after a fallback
+  std::string io_backend_reason;     // why they differ (io::BackendChoice); empty when they do not
   // cuda mode: the layer copier's counts (gpu/layer_copier.h), read at each Stats; empty in host
   // mode.
   std::function<GpuLayerCounts()> gpu_layers;
