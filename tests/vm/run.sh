@@ -53,6 +53,10 @@ done
 echo "$v1 $v2" >"$work/payload/versions"
 [ -n "${TUTTI_VM_FAULT:-}" ] && echo "$TUTTI_VM_FAULT" >"$work/payload/fault"
 install -m 0755 "$here/guest_check.sh" "$work/payload/guest_check.sh"
+# io_uring passthrough (tests/vm/passthrough_check.sh, sourced by guest_check.sh): its device test.
+bazel build //daemon/io:uring_cmd_device_test >>"$work/bazel.log" 2>&1 ||
+  { tail -30 "$work/bazel.log"; die "bazel build of //daemon/io:uring_cmd_device_test failed"; }
+install -m 0755 "$here/passthrough_check.sh" bazel-bin/daemon/io/uring_cmd_device_test "$work/payload/"
 depends="$(dpkg-deb -f "$work/payload/tutti_${v1}_amd64.deb" Depends | tr -d ' ' | tr ',' ' ')"
 log "packages tutti $v1 and $v2 built ($(since "$t")); Depends: $depends"
 
