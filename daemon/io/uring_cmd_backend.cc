@@ -59,6 +59,7 @@ struct Chunk {
   Part* part = nullptr;
   uint32_t at = 0;
   uint32_t len = 0;
+  bool fixed = false;  // issued with IORING_URING_CMD_FIXED
 };
 
 void FinishPart(Part* part) {
@@ -164,7 +165,8 @@ class UringCmdBackend::NamespaceQueue {
   void Run();
   bool TakeIncoming(bool block);
   void PrepareSqes();
-  void PrepareOne(io_uring_sqe* sqe, const Chunk& c, uint32_t slot);
+  void PrepareOne(io_uring_sqe* sqe, Chunk* c, uint32_t slot);
+  bool RetryPlain(const Chunk& c, int res);
   void SubmitAndWait();
   void ReapCompletions();
   void Complete(uint64_t slot, int res);
@@ -189,13 +191,14 @@ class UringCmdBackend::NamespaceQueue {
   bool fixed_file_ = false;
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
+  bool fixed_refused_ = false;  // the kernel refused a fixed-buffer command: plain ones only
   std::deque<Chunk> reads_, writes_;
   std::vector<Chunk> slots_;  // in-flight commands, by user_data
   std::vector<uint32_t> free_slots_;
   uint32_t in_flight_ = 0;
   std::thread::id owner_;
 
-  std::atomic<uint64_t> commands_{0}, fixed_ops_{0}, controller_errors_{0};
+  std::atomic<uint64_t> commands_{0}, fixed_ops_{0}, controller_errors_{0}, fixed_refusals_{0};
   std::thread thread_;
 };
 
@@ -311,6 +314,7 @@ void UringCmdBackend::NamespaceQueue::AddCounters(UringCmdCounters* c) const {
   c->commands += commands_.load(std::memory_order_relaxed);
   c->fixed_buffer_ops += fixed_ops_.load(std::memory_order_relaxed);
   c->controller_errors += controller_errors_.load(std::memory_order_relaxed);
+  c->fixed_buffer_refusals += fixed_refusals_.load(std::memory_order_relaxed);
 }
 
 void UringCmdBackend::NamespaceQueue::Run() {
@@ -363,20 +367,20 @@ int UringCmdBackend::NamespaceQueue::FixedIndex(const uint8_t* buf, uint32_t len
   return static_cast<int>(chunk);
 }
 
-void UringCmdBackend::NamespaceQueue::PrepareOne(io_uring_sqe* sqe, const Chunk& c,
-                                                 uint32_t slot) {
-  const IoRequest& r = *c.rs->req;
-  uint8_t* buf = static_cast<uint8_t*>(r.buf) + c.at;
+void UringCmdBackend::NamespaceQueue::PrepareOne(io_uring_sqe* sqe, Chunk* c, uint32_t slot) {
+  const IoRequest& r = *c->rs->req;
+  uint8_t* buf = static_cast<uint8_t*>(r.buf) + c->at;
   nvme_cmd::LbaRange range;
   // Submit checked the whole request against limit_; a chunk of it maps too.
-  nvme_cmd::ToLbaRange(geometry_, r.offset + c.at, c.len, limit_, &range);
+  nvme_cmd::ToLbaRange(geometry_, r.offset + c->at, c->len, limit_, &range);
   const nvme_uring_cmd cmd = nvme_cmd::MakeIoCommand(
-      r.op == Op::kRead ? nvme_cmd::kOpRead : nvme_cmd::kOpWrite, info_.nsid, range, buf, c.len);
+      r.op == Op::kRead ? nvme_cmd::kOpRead : nvme_cmd::kOpWrite, info_.nsid, range, buf, c->len);
   io_uring_prep_rw(IORING_OP_URING_CMD, sqe, fixed_file_ ? 0 : fd_, nullptr, 0, 0);
   sqe->cmd_op = NVME_URING_CMD_IO;
   std::memset(sqe->cmd, 0, 80);  // the SQE128's command area
   std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
-  const int fixed = FixedIndex(buf, c.len);
+  const int fixed = fixed_refused_ ? -1 : FixedIndex(buf, c->len);
+  c->fixed = fixed >= 0;
   if (fixed >= 0) {
     sqe->uring_cmd_flags = IORING_URING_CMD_FIXED;
     sqe->buf_index = static_cast<uint16_t>(fixed);
@@ -399,7 +403,7 @@ void UringCmdBackend::NamespaceQueue::PrepareSqes() {
     free_slots_.pop_back();
     slots_[slot] = c;
     ++in_flight_;
-    PrepareOne(sqe, c, slot);
+    PrepareOne(sqe, &slots_[slot], slot);
   }
 }
 
@@ -433,10 +437,30 @@ void UringCmdBackend::NamespaceQueue::LogControllerError(const Chunk& c, int sta
                         nvme_cmd::StatusText(static_cast<uint16_t>(status)));
 }
 
+// Linux 6.1 refuses (EINVAL) a fixed-buffer passthrough command whose registered buffer has more
+// pages from the command's start to the buffer's end than the queue has segments (its
+// blk_rq_map_user_bvec counts the whole rest of the buffer), which a large staging buffer of small
+// pages always does. The command is re-issued with a plain buffer, as is every later one.
+bool UringCmdBackend::NamespaceQueue::RetryPlain(const Chunk& c, int res) {
+  if (!c.fixed || res != -EINVAL) return false;
+  if (!fixed_refused_) {
+    log::Get("io")->warn(
+        "{}: the kernel refused a fixed-buffer NVMe passthrough command (EINVAL; Linux 6.1 does "
+        "so for registered buffers of more pages than the queue's segments); using plain "
+        "buffers on this namespace from now on",
+        info_.device);
+  }
+  fixed_refused_ = true;
+  fixed_refusals_.fetch_add(1, std::memory_order_relaxed);
+  (c.rs->req->op == Op::kRead ? reads_ : writes_).push_front(c);
+  return true;
+}
+
 void UringCmdBackend::NamespaceQueue::Complete(uint64_t slot, int res) {
   const Chunk c = slots_[slot];
   free_slots_.push_back(static_cast<uint32_t>(slot));
   --in_flight_;
+  if (RetryPlain(c, res)) return;
   ReqState* rs = c.rs;
   int err = 0;
   if (res < 0) {

@@ -11,7 +11,10 @@
 // and runs a batch's `done` when its last part finishes. Rings are set up with
 // IORING_SETUP_SQE128 | IORING_SETUP_CQE32 (an NVMe command does not fit a 64-byte SQE); the
 // namespaces are registered files; a buffer given to RegisterBuffer is used through
-// IORING_URING_CMD_FIXED.
+// IORING_URING_CMD_FIXED until the kernel refuses a fixed-buffer command with EINVAL (Linux 6.1
+// does for registered buffers of more pages than the queue's segments, i.e. any large staging
+// buffer of 4 KiB pages): that command is re-issued with a plain buffer, as are all later ones on
+// that namespace (logged once, counted in fixed_buffer_refusals).
 //
 // A request larger than the namespace's largest transfer (MDTS, capped by
 // UringCmdOptions::max_transfer_bytes) is split into several commands; it completes when the last
@@ -71,6 +74,7 @@ struct UringCmdCounters {
   uint64_t commands = 0;          // NVMe I/O commands issued
   uint64_t fixed_buffer_ops = 0;  // of them, with IORING_URING_CMD_FIXED
   uint64_t controller_errors = 0; // completions with a non-zero NVMe status
+  uint64_t fixed_buffer_refusals = 0;  // fixed-buffer commands the kernel refused, re-issued plain
   uint64_t flushes = 0;           // NVMe Flush commands sent by Sync
 };
 

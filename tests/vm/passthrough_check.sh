@@ -30,7 +30,7 @@ else
   # 1. The backend against the block device, both ways, and a controller error.
   pt_out="$(TUTTI_PASSTHROUGH_DEVICE=$PT_NG TUTTI_BLOCK_DEVICE=$PT_BLK timeout 600 \
             /payload/uring_cmd_device_test 2>&1)"; pt_rc=$?
-  echo "$pt_out" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]' | show
+  echo "$pt_out" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|^large registered buffer' | show
   if [ "$pt_rc" = 0 ] && ! echo "$pt_out" | grep -q '^\[  SKIPPED'; then
     pass "passthrough: uring_cmd on $PT_NG and O_DIRECT on $PT_BLK read the same bytes both ways; an out-of-range LBA is -ERANGE"
   else
@@ -60,7 +60,9 @@ CONF
     check "passthrough: tuttictl status says io backend uring_cmd" "another backend" \
       sh -c "timeout 60 tuttictl --socket $PT_SOCK status | grep -E 'io backend +uring_cmd'"
     check "passthrough: tuttictl bench --blocks $PT_BLOCKS --verify on the raw namespace" \
-      "bench failed" pt_ctl bench --blocks "$PT_BLOCKS" --seed "$PT_SEED" --verify
+      "bench failed" pt_ctl bench --blocks "$PT_BLOCKS" --seed "$PT_SEED" --verify ||
+      grep -E ' [EW] ' "$PT_DIR/log1" | tail -20 | show
+    grep -E 'fixed-buffer' "$PT_DIR/log1" | show
     pt_stop
     if pt_start "$PT_DIR/log2"; then
       check "passthrough: after a restart the pool is opened and every block is found (bench --phase retrieve --verify)" \
