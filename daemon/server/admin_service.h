@@ -38,8 +38,6 @@ struct DaemonInfo {
   std::string device_mode = "host";  // "host" or "cuda"
   std::vector<std::string> pool_dirs;
   std::string notes;  // fallbacks taken at start, in words
-  std::string io_backend_requested;  // io.backend; differs from io_backend after a fallback
-  std::string io_backend_reason;     // why they differ (io::BackendChoice); empty when they do not
   // cuda mode: the layer copier's counts (gpu/layer_copier.h), read at each Stats; empty in host
   // mode.
   std::function<GpuLayerCounts()> gpu_layers;
@@ -50,6 +48,8 @@ struct DaemonInfo {
   // Where ReportDevices puts what it is told (may be null: ReportDevices is then UNIMPLEMENTED).
   // Must outlive the service.
   DeviceHealthBoard* device_health = nullptr;
+  std::string io_backend_requested;  // io.backend; differs from io_backend after a fallback
+  std::string io_backend_reason;     // why they differ (io::BackendChoice); empty when they do not
 };
 
 class AdminService final : public tutti::v1::Admin::Service {
