@@ -29,7 +29,17 @@
 namespace tutti::io {
 namespace {
 
-constexpr uint64_t kFixedChunk = 1ull << 30;  // io_uring's largest registered buffer
+// A registered region is registered as pieces of kPieceBytes (fewer pages than any NVMe queue's
+// segment limit: Linux 6.1 counts a fixed buffer's pages from the command's start to the piece's
+// end against it), or larger where the region would need more than io_uring's 16384 buffers.
+// Submit cuts commands at piece boundaries, so every command in the region is a fixed one.
+constexpr uint64_t kPieceBytes = 256 << 10;
+constexpr uint64_t kMaxPieces = 1 << 14;
+
+uint64_t PieceBytes(uint64_t region) {
+  const uint64_t min = (region + kMaxPieces - 1) / kMaxPieces;
+  return std::max(kPieceBytes, (min + 4095) / 4096 * 4096);
+}
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -154,7 +164,7 @@ class UringCmdBackend::NamespaceQueue {
   int fd() const { return fd_; }
   // Queues `items` (all of one part). An empty `items` queues the empty part itself.
   void Post(Part* part, std::vector<Chunk> items);
-  absl::Status RegisterBuffer(absl::Span<uint8_t> region);
+  absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece);
   void UnregisterBuffer();
   void AddCounters(UringCmdCounters* c) const;
 
@@ -191,6 +201,7 @@ class UringCmdBackend::NamespaceQueue {
   bool fixed_file_ = false;
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
+  uint64_t piece_ = 0;
   bool fixed_refused_ = false;  // the kernel refused a fixed-buffer command: plain ones only
   std::deque<Chunk> reads_, writes_;
   std::vector<Chunk> slots_;  // in-flight commands, by user_data
@@ -278,16 +289,18 @@ absl::Status UringCmdBackend::NamespaceQueue::RunOnOwner(std::function<absl::Sta
   return *status;
 }
 
-absl::Status UringCmdBackend::NamespaceQueue::RegisterBuffer(absl::Span<uint8_t> region) {
-  return RunOnOwner([this, region]() -> absl::Status {
+absl::Status UringCmdBackend::NamespaceQueue::RegisterBuffer(absl::Span<uint8_t> region,
+                                                             uint64_t piece) {
+  return RunOnOwner([this, region, piece]() -> absl::Status {
     std::vector<iovec> iovs;
-    for (uint64_t off = 0; off < region.size(); off += kFixedChunk) {
-      iovs.push_back({region.data() + off, std::min<uint64_t>(kFixedChunk, region.size() - off)});
+    for (uint64_t off = 0; off < region.size(); off += piece) {
+      iovs.push_back({region.data() + off, std::min<uint64_t>(piece, region.size() - off)});
     }
     const int r = io_uring_register_buffers(&ring_, iovs.data(), iovs.size());
     if (r == 0) {
       fixed_base_ = region.data();
       fixed_len_ = region.size();
+      piece_ = piece;
       return absl::OkStatus();
     }
     const std::string msg = absl::StrCat(info_.device, ": io_uring_register_buffers(",
@@ -362,8 +375,8 @@ int UringCmdBackend::NamespaceQueue::FixedIndex(const uint8_t* buf, uint32_t len
   if (fixed_base_ == nullptr || buf < fixed_base_) return -1;
   const uint64_t off = static_cast<uint64_t>(buf - fixed_base_);
   if (off >= fixed_len_ || len > fixed_len_ - off) return -1;
-  const uint64_t chunk = off / kFixedChunk;
-  if ((off + len - 1) / kFixedChunk != chunk) return -1;
+  const uint64_t chunk = off / piece_;
+  if ((off + len - 1) / piece_ != chunk) return -1;  // straddles two pieces
   return static_cast<int>(chunk);
 }
 
@@ -529,13 +542,17 @@ absl::Status UringCmdBackend::RegisterBuffer(absl::Span<uint8_t> region) {
   if (buffer_registered_.exchange(true)) {
     return absl::FailedPreconditionError("RegisterBuffer: a buffer is already registered");
   }
+  const uint64_t piece = PieceBytes(region.size());
   for (size_t i = 0; i < queues_.size(); ++i) {
-    absl::Status s = queues_[i]->RegisterBuffer(region);
+    absl::Status s = queues_[i]->RegisterBuffer(region, piece);
     if (s.ok()) continue;
     for (size_t j = 0; j < i; ++j) queues_[j]->UnregisterBuffer();
     buffer_registered_.store(false);
     return s;
   }
+  region_len_.store(region.size(), std::memory_order_relaxed);
+  piece_bytes_.store(piece, std::memory_order_relaxed);
+  region_base_.store(region.data(), std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -555,9 +572,11 @@ void UringCmdBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> 
     ReqState& rs = b->reqs[i];
     rs.req = &r;
     const uint32_t max = infos_[r.file].max_transfer_bytes;
-    for (uint32_t at = 0; at < r.len; at += max) {
-      per_ns[r.file].push_back(Chunk{&rs, nullptr, at, std::min(max, r.len - at)});
+    for (uint32_t at = 0; at < r.len;) {
+      const uint32_t len = ChunkBytes(static_cast<const uint8_t*>(r.buf) + at, r.len - at, max);
+      per_ns[r.file].push_back(Chunk{&rs, nullptr, at, len});
       ++rs.chunks_left;
+      at += len;
     }
     ++reqs_per_ns[r.file];
   }
@@ -581,6 +600,16 @@ void UringCmdBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> 
   for (uint32_t f = 0; f < per_ns.size(); ++f) {
     if (!per_ns[f].empty()) queues_[f]->Post(&b->parts[part_of[f]], std::move(per_ns[f]));
   }
+}
+
+uint32_t UringCmdBackend::ChunkBytes(const uint8_t* buf, uint32_t left, uint32_t max) const {
+  const uint32_t len = std::min(max, left);
+  const uint8_t* base = region_base_.load(std::memory_order_acquire);
+  if (base == nullptr || buf < base) return len;
+  const uint64_t off = static_cast<uint64_t>(buf - base);
+  if (off >= region_len_.load(std::memory_order_relaxed)) return len;
+  const uint64_t piece = piece_bytes_.load(std::memory_order_relaxed);
+  return static_cast<uint32_t>(std::min<uint64_t>(len, piece - off % piece));
 }
 
 absl::Status UringCmdBackend::Sync(uint32_t file) {

@@ -10,11 +10,13 @@
 // queued writes, submits all it prepared with one io_uring_enter, reaps every completion at once,
 // and runs a batch's `done` when its last part finishes. Rings are set up with
 // IORING_SETUP_SQE128 | IORING_SETUP_CQE32 (an NVMe command does not fit a 64-byte SQE); the
-// namespaces are registered files; a buffer given to RegisterBuffer is used through
-// IORING_URING_CMD_FIXED until the kernel refuses a fixed-buffer command with EINVAL (Linux 6.1
-// does for registered buffers of more pages than the queue's segments, i.e. any large staging
-// buffer of 4 KiB pages): that command is re-issued with a plain buffer, as are all later ones on
-// that namespace (logged once, counted in fixed_buffer_refusals).
+// namespaces are registered files; a buffer given to RegisterBuffer is registered in pieces of
+// 256 KiB (more where it would take more than io_uring's 16384 buffers) and used through
+// IORING_URING_CMD_FIXED, commands cut at piece boundaries: Linux 6.1 refuses (EINVAL) a
+// fixed-buffer command whose registered buffer has more pages from the command's start to its end
+// than the queue has segments. Should the kernel still refuse one, that command is re-issued with
+// a plain buffer, as are all later ones on that namespace (logged once, counted in
+// fixed_buffer_refusals).
 //
 // A request larger than the namespace's largest transfer (MDTS, capped by
 // UringCmdOptions::max_transfer_bytes) is split into several commands; it completes when the last
@@ -123,7 +125,13 @@ class UringCmdBackend final : public IoBackend {
   std::vector<uint64_t> sizes_;
   std::vector<NamespaceInfo> infos_;
   std::vector<std::unique_ptr<NamespaceQueue>> queues_;
+  // Bytes of the next command of a request at `buf` with `left` bytes to go: at most `max`, and
+  // ending at the registered region's next piece boundary when `buf` lies in it.
+  uint32_t ChunkBytes(const uint8_t* buf, uint32_t left, uint32_t max) const;
+
   std::atomic<bool> buffer_registered_{false};
+  std::atomic<const uint8_t*> region_base_{nullptr};  // set once RegisterBuffer succeeded
+  std::atomic<uint64_t> region_len_{0}, piece_bytes_{0};
   std::atomic<uint64_t> flushes_{0};
 };
 
