@@ -164,9 +164,30 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
   return CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots);
 }
 
+// "uring_cmd" needs its char devices, each an absolute path, none repeated.
+absl::Status ValidatePassthrough(const tutti::v1::IoConfig& io) {
+  if (io.backend() == "uring_cmd" && io.passthrough_devices().empty()) {
+    return Bad("io.passthrough_devices", "[]",
+               "io.backend \"uring_cmd\" needs at least one NVMe generic char device "
+               "(e.g. \"/dev/ng0n1\")");
+  }
+  for (int i = 0; i < io.passthrough_devices_size(); ++i) {
+    const std::string field = absl::StrCat("io.passthrough_devices[", i, "]");
+    RETURN_IF_ERROR(CheckAbsolutePath(field, io.passthrough_devices(i)));
+    for (int j = 0; j < i; ++j) {
+      if (io.passthrough_devices(j) == io.passthrough_devices(i)) {
+        return Bad(field, absl::StrCat("\"", io.passthrough_devices(i), "\""),
+                   "must not repeat another device");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
-  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds"}));
+  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds", "uring_cmd"}));
   RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
+  RETURN_IF_ERROR(ValidatePassthrough(io));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
 }
 

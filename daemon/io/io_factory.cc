@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
+#include "daemon/io/uring_cmd_backend.h"
 #include "daemon/io/uring_backend.h"
 
 namespace tutti::io {
@@ -47,11 +48,38 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeGds(std::vector<int>* fds, std::v
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
+// `fds`: the namespaces' char devices (OpenPassthroughDevices). A size, if given, is the pool
+// file's and must fit in its namespace.
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringCmd(std::vector<int>* fds,
+                                                        std::vector<uint64_t> sizes,
+                                                        const IoOptions& options) {
+  UringCmdOptions o;
+  o.queue_depth = options.queue_depth;
+  std::vector<int> taken = std::move(*fds);  // Create closes them on error too
+  fds->clear();
+  auto backend = UringCmdBackend::Create(std::move(taken), o);
+  if (!backend.ok()) return backend.status();
+  for (uint32_t f = 0; f < sizes.size() && f < (*backend)->num_files(); ++f) {
+    if (sizes[f] > (*backend)->file_size(f)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat((*backend)->info(f).device, " holds ", (*backend)->file_size(f),
+                       " bytes; pool file ", f, " needs ", sizes[f]));
+    }
+  }
+  return std::unique_ptr<IoBackend>(*std::move(backend));
+}
+
 struct Entry {
   std::string_view name;
   Factory make;
+  // The backend's files are whole devices (namespaces), at least as large as the pool files'
+  // sizes (the factory checks); otherwise each file's size must equal its layout's.
+  bool whole_devices;
 };
-constexpr Entry kBackends[] = {{"uring", &MakeUring}, {"memory", &MakeMemory}, {"gds", &MakeGds}};
+constexpr Entry kBackends[] = {{"uring", &MakeUring, false},
+                               {"memory", &MakeMemory, false},
+                               {"gds", &MakeGds, false},
+                               {"uring_cmd", &MakeUringCmd, true}};
 
 // A pool file that does not match its layout.
 absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
@@ -78,8 +106,10 @@ absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vect
     if (e.name != name) continue;
     auto backend = e.make(fds, sizes, options);
     if (!backend.ok()) return backend.status();
-    absl::Status fits = CheckSizes(**backend, sizes);
-    if (!fits.ok()) return fits;
+    if (!e.whole_devices) {
+      absl::Status fits = CheckSizes(**backend, sizes);
+      if (!fits.ok()) return fits;
+    }
     return backend;
   }
   std::string allowed;

@@ -23,7 +23,8 @@ struct IoOptions {
   GdsOptions gds;  // "gds": where libcufile is, and whether the daemon has GPU staging
 };
 
-// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds".
+// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds",
+// "uring_cmd".
 std::vector<std::string_view> IoBackendNames();
 
 // Creates the backend called `name` over the pool's files.
@@ -34,8 +35,11 @@ std::vector<std::string_view> IoBackendNames();
 //    closed.
 //  - "gds": cuFile over the same files as "uring" (gds_backend.h); UNAVAILABLE when it cannot
 //    run on this host, the fds closed.
+//  - "uring_cmd": `fds` are NVMe generic char devices (OpenPassthroughDevices in
+//    uring_cmd_backend.h), owned from this call on; each backend "file" is a whole namespace, and
+//    `file_sizes`, if given, must each fit in its namespace, else FAILED_PRECONDITION.
 // Errors: INVALID_ARGUMENT naming the allowed values for an unknown `name`; otherwise those of
-// UringBackend::Create / MemoryDisk::Create / GdsBackend::Create.
+// UringBackend::Create / MemoryDisk::Create / GdsBackend::Create / UringCmdBackend::Create.
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,
                                                            std::vector<int> fds,
                                                            std::vector<uint64_t> file_sizes,

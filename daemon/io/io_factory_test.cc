@@ -13,13 +13,14 @@ namespace tutti::io {
 namespace {
 
 TEST(IoFactoryTest, NamesTheBackends) {
-  EXPECT_EQ(IoBackendNames(), (std::vector<std::string_view>{"uring", "memory", "gds"}));
+  EXPECT_EQ(IoBackendNames(),
+            (std::vector<std::string_view>{"uring", "memory", "gds", "uring_cmd"}));
 }
 
 TEST(IoFactoryTest, UnknownNameListsTheAllowedOnes) {
   auto b = CreateIoBackend("spdk", {}, {1 << 20});
   ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(b.status().message().find("uring, memory"), std::string::npos) << b.status();
+  EXPECT_NE(b.status().message().find("uring, memory, gds, uring_cmd"), std::string::npos) << b.status();
   EXPECT_NE(b.status().message().find("spdk"), std::string::npos) << b.status();
 }
 

@@ -62,6 +62,10 @@ install -m 0644 "$here/guest_nvme.sh" "$work/payload/guest_nvme.sh"
 install -m 0755 tools/nvme_bind.sh "$work/payload/nvme_bind.sh"
 install -m 0755 bazel-bin/daemon/io/nvme/vfio_device_test "$work/payload/vfio_device_test"
 install -m 0755 bazel-bin/daemon/io/nvme/vfio_controller_test "$work/payload/vfio_controller_test"
+# io_uring passthrough (tests/vm/passthrough_check.sh, sourced by guest_check.sh): its device test.
+bazel build //daemon/io:uring_cmd_device_test >>"$work/bazel.log" 2>&1 ||
+  { tail -30 "$work/bazel.log"; die "bazel build of //daemon/io:uring_cmd_device_test failed"; }
+install -m 0755 "$here/passthrough_check.sh" bazel-bin/daemon/io/uring_cmd_device_test "$work/payload/"
 depends="$(dpkg-deb -f "$work/payload/tutti_${v1}_amd64.deb" Depends | tr -d ' ' | tr ',' ' ')"
 log "packages tutti $v1 and $v2 built ($(since "$t")); Depends: $depends"
 
