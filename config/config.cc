@@ -197,10 +197,32 @@ absl::Status ValidateNvme(const tutti::v1::IoConfig& io) {
   return CheckRange("io.nvme_nsid", io.nvme_nsid(), 1, 0xfffffffe);
 }
 
+// "uring_cmd" needs its char devices, each an absolute path, none repeated.
+absl::Status ValidatePassthrough(const tutti::v1::IoConfig& io) {
+  if (io.backend() == "uring_cmd" && io.passthrough_devices().empty()) {
+    return Bad("io.passthrough_devices", "[]",
+               "io.backend \"uring_cmd\" needs at least one NVMe generic char device "
+               "(e.g. \"/dev/ng0n1\")");
+  }
+  for (int i = 0; i < io.passthrough_devices_size(); ++i) {
+    const std::string field = absl::StrCat("io.passthrough_devices[", i, "]");
+    RETURN_IF_ERROR(CheckAbsolutePath(field, io.passthrough_devices(i)));
+    for (int j = 0; j < i; ++j) {
+      if (io.passthrough_devices(j) == io.passthrough_devices(i)) {
+        return Bad(field, absl::StrCat("\"", io.passthrough_devices(i), "\""),
+                   "must not repeat another device");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
-  RETURN_IF_ERROR(CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds", "nvme"}));
+  RETURN_IF_ERROR(
+      CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds", "uring_cmd", "nvme"}));
   RETURN_IF_ERROR(ValidateNvme(io));
   RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
+  RETURN_IF_ERROR(ValidatePassthrough(io));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
 }
 

@@ -191,7 +191,8 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { max_objects: 0 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
-  ExpectRejected("io { backend: \"spdk\" }", {"io.backend", "uring", "memory", "gds", "nvme"});
+  ExpectRejected("io { backend: \"spdk\" }",
+                 {"io.backend", "uring", "memory", "gds", "uring_cmd", "nvme"});
   ExpectRejected("io { backend: \"nvme\" }", {"io.nvme_devices", "vfio-pci", "0000:01:00.0"});
   ExpectRejected("io { backend: \"nvme\" nvme_devices: \"01:00.0\" }", {"io.nvme_devices[0]"});
   ExpectRejected("io { backend: \"nvme\" nvme_devices: \"0000:01:00.0\" "
@@ -200,6 +201,14 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("io { backend: \"nvme\" nvme_devices: \"0000:01:00.0\" nvme_nsid: 0 }",
                  {"io.nvme_nsid"});
   ExpectRejected("io { backend: \"gds\" fallback: \"memory\" }", {"io.fallback", "fail"});
+  ExpectRejected("io { backend: \"uring_cmd\" }", {"io.passthrough_devices", "/dev/ng0n1"});
+  ExpectRejected("io { backend: \"uring_cmd\" passthrough_devices: \"ng0n1\" }",
+                 {"io.passthrough_devices[0]"});
+  ExpectRejected(
+      "io { backend: \"uring_cmd\" passthrough_devices: \"/dev/ng0n1\" "
+      "passthrough_devices: \"/dev/ng0n1\" }",
+      {"io.passthrough_devices[1]", "repeat"});
+  ExpectRejected("io { fallback: \"maybe\" }", {"io.fallback", "uring", "fail"});
   ExpectRejected("io { queue_depth: 0 }", {"io.queue_depth", "[1, 4096]"});
   ExpectRejected("io { queue_depth: 5000 }", {"io.queue_depth"});
   ExpectRejected("dram { capacity_bytes: 4096 }", {"dram.capacity_bytes", "0 (off)"});

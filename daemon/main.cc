@@ -35,8 +35,10 @@
 #include "daemon/common/status_macros.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/gpu_setup.h"
+#include "daemon/io/backend_choice.h"
 #include "daemon/io/io_factory.h"
 #include "daemon/metrics/exporter.h"
+#include "daemon/passthrough_pool.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "daemon/common/handoff.h"
@@ -91,17 +93,19 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   return config;
 }
 
-// Opens (creating on first start) the pool files and the I/O backend over them. The "memory"
-// backend keeps the pool in RAM and touches no file. *pool_id: the pool's (store::PoolIdOf of its
-// uuid; 0 for the memory backend, whose pool is new at every start).
-// `gpu_staging`: cuda mode (the "gds" backend needs it); falls back per io.fallback.
+// Opens (creating on first start) the pool files and the I/O backend `requested` over them
+// (falling back per io.fallback: the choice says what runs and why). The "memory" backend keeps
+// the pool in RAM and touches no file. *pool_id: the pool's (store::PoolIdOf of its uuid; 0 for
+// the memory backend, whose pool is new at every start). `gpu_staging`: cuda mode (the "gds"
+// backend needs it).
 absl::StatusOr<io::OpenedBackend> OpenBackend(const v1::Config& config,
+                                              const std::string& requested,
                                               const pool::PoolLayout& layout, bool gpu_staging,
                                               uint64_t* pool_id) {
   const std::vector<std::string> dirs(config.pool().dirs().begin(), config.pool().dirs().end());
   std::vector<uint64_t> sizes(layout.num_files(), layout.file_bytes());
   std::vector<int> fds;
-  if (config.io().backend() != "memory") {
+  if (requested != "memory") {
     // Only the default pool directory is created. A configured one must exist: it is an SSD's
     // mount point, and creating it would silently put the pool on the root filesystem when the SSD
     // is not mounted.
@@ -128,12 +132,9 @@ absl::StatusOr<io::OpenedBackend> OpenBackend(const v1::Config& config,
   options.queue_depth = config.io().queue_depth();
   options.fallback = config.io().fallback();
   options.gds.gpu_staging = gpu_staging;
-  options.nvme.pci_addresses.assign(config.io().nvme_devices().begin(),
-                                    config.io().nvme_devices().end());
-  options.nvme.nsid = config.io().nvme_nsid();
   const char* cufile = getenv("TUTTI_CUFILE_LIBRARY");  // tests: the fake libcufile
   if (cufile != nullptr) options.gds.library = cufile;
-  return io::OpenIoBackend(config.io().backend(), std::move(fds), std::move(sizes), options);
+  return io::OpenIoBackend(requested, std::move(fds), std::move(sizes), options);
 }
 
 store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolLayout& layout) {
@@ -179,7 +180,8 @@ int WaitForSignal() {
 // the sessions (and their pins and mappings) go before the GPU runtime and the store.
 struct Daemon {
   std::string io_backend;
-  io::BackendChoice io_choice;  // the backend running, the one asked for, and why they differ
+  io::BackendChoice io_choice;            // what io.backend asked for, and why another runs
+  std::vector<std::string> pool_places;  // pool.dirs, or the raw namespaces of uring_cmd
   std::string device_mode = "host";
   std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
@@ -202,22 +204,32 @@ struct Daemon {
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
 absl::Status OpenStore(const v1::Config& config, bool gpu_staging, Daemon* d) {
   RETURN_IF_ERROR(MakeDirs(config.state_dir(), 0750));
+  ASSIGN_OR_RETURN(PassthroughPool raw, OpenPassthroughPool(config));
+  d->io_choice = raw.choice;
+  d->pool_places.assign(config.pool().dirs().begin(), config.pool().dirs().end());
+  if (raw.backend) d->pool_places = raw.devices;
   ASSIGN_OR_RETURN(
       const pool::PoolLayout layout,
-      pool::PoolLayout::Compute(config.pool().capacity_bytes(), config.pool().dirs_size(),
-                                config.pool().object_bytes(), config.pool().max_objects(),
-                                config.pool().extent_slots()));
+      raw.backend ? absl::StatusOr<pool::PoolLayout>(*raw.layout)
+                  : pool::PoolLayout::Compute(config.pool().capacity_bytes(),
+                                              config.pool().dirs_size(),
+                                              config.pool().object_bytes(),
+                                              config.pool().max_objects(),
+                                              config.pool().extent_slots()));
   log::Get("main")->info(
       "pool: {} files of {} bytes, {} slots of {} objects x {} bytes, in extents of {} slots per "
       "file (pool.extent_slots = {})",
       layout.num_files(), layout.file_bytes(), layout.num_slots(), layout.max_objects(),
       layout.object_bytes(), layout.extent_slots(), config.pool().extent_slots());
-  uint64_t pool_id = 0;
-  ASSIGN_OR_RETURN(io::OpenedBackend opened,
-                   OpenBackend(config, layout, gpu_staging, &pool_id));
-  std::unique_ptr<io::IoBackend> backend = std::move(opened.backend);
+  uint64_t pool_id = raw.pool_id;
+  std::unique_ptr<io::IoBackend> backend = std::move(raw.backend);
+  if (!backend) {  // not uring_cmd, or uring_cmd fell back to uring on pool.dirs
+    ASSIGN_OR_RETURN(io::OpenedBackend opened,
+                     OpenBackend(config, raw.choice.backend, layout, gpu_staging, &pool_id));
+    backend = std::move(opened.backend);
+    if (!raw.choice.fell_back()) d->io_choice = opened.choice;
+  }
   d->io_backend = std::string(backend->name());
-  d->io_choice = opened.choice;
   if (!d->io_choice.fell_back()) {
     log::Get("main")->info("io backend \"{}\" (io.backend)", d->io_backend);
   } else {
@@ -272,7 +284,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   server::DaemonInfo info{kVersion,
                           d->io_backend,
                           d->device_mode,
-                          {config.pool().dirs().begin(), config.pool().dirs().end()},
+                          d->pool_places,
                           absl::StrJoin(d->notes, "; ")};
   info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
   info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };

@@ -249,6 +249,53 @@ TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {
   std::filesystem::remove_all(short_dir);
 }
 
+// io.backend "uring_cmd" on a device this machine lacks: tuttid starts on io_uring over pool.dirs
+// and says why in its log and in Status; with io.fallback "fail" it refuses to start.
+TEST(TuttidTest, PassthroughFallsBackToUringWithTheReason) {
+  const std::string dir = TmpDir();
+  const std::string config = dir + "/tuttid.textproto";
+  const std::string common =
+      "pool { capacity_bytes: 134217728 }\n"
+      "dram { capacity_bytes: 0 }\n"
+      "limits { store_staging_bytes: 16777216 retrieve_staging_bytes: 134217728 }\n"
+      "metrics { listen: \"off\" }\n";
+  std::ofstream(config) << common
+                        << "io { backend: \"uring_cmd\" passthrough_devices: "
+                           "\"/dev/ng-tutti-none\" }\n";
+  std::string short_dir = "/tmp/tuttid_test_XXXXXX";
+  ASSERT_NE(mkdtemp(short_dir.data()), nullptr);
+  const std::string sock = short_dir + "/tuttid.sock";
+  NotifySocket notify(short_dir + "/notify");
+  const std::string log = dir + "/log";
+  const pid_t pid = Spawn({"--config=" + config, "--state_dir=" + dir + "/state",
+                           "--socket=" + sock},
+                          log, short_dir + "/notify");
+  notify.ReceiveUntil("READY=1");
+  auto admin = tutti::v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + sock + ".admin", grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  tutti::v1::StatusResponse status;
+  ASSERT_TRUE(admin->Status(&ctx, {}, &status).ok()) << ReadAll(log);
+  EXPECT_EQ(status.io_backend(), "uring");
+  EXPECT_EQ(status.io_backend_requested(), "uring_cmd");
+  EXPECT_THAT(status.io_backend_reason(),
+              HasSubstr("uring_cmd cannot run: io.passthrough_devices: open /dev/ng-tutti-none"));
+  EXPECT_THAT(status.notes(), HasSubstr("uring_cmd cannot run"));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(WaitExit(pid), 0) << ReadAll(log);
+  EXPECT_THAT(ReadAll(log), HasSubstr("falling back to uring on pool.dirs"));
+
+  std::ofstream(config) << common
+                        << "io { backend: \"uring_cmd\" passthrough_devices: "
+                           "\"/dev/ng-tutti-none\" fallback: \"fail\" }\n";
+  auto [rc, err] = RunToExit({"--config=" + config, "--state_dir=" + dir + "/state2",
+                              "--socket=" + sock});
+  EXPECT_EQ(rc, 1);
+  EXPECT_THAT(err, HasSubstr("tuttid: io.backend \"uring_cmd\" cannot run (io.fallback is "
+                             "\"fail\"): io.passthrough_devices: open /dev/ng-tutti-none"));
+  std::filesystem::remove_all(short_dir);
+}
+
 // Whether the operator API answers Status.
 bool Answers(const std::string& sock) {
   auto admin = tutti::v1::Admin::NewStub(

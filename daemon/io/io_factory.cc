@@ -8,6 +8,7 @@
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/io/nvme_open.h"
+#include "daemon/io/uring_cmd_backend.h"
 #include "daemon/io/uring_backend.h"
 
 namespace tutti::io {
@@ -48,28 +49,60 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeGds(std::vector<int>* fds, std::v
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
-// Each "file" is a whole namespace of options.nvme; `fds` are not used (left for the fallback,
-// closed by the caller).
-absl::StatusOr<std::unique_ptr<IoBackend>> MakeNvme(std::vector<int>*, std::vector<uint64_t>,
+// `fds`: the namespaces' char devices (OpenPassthroughDevices). A size, if given, is the pool
+// file's and must fit in its namespace.
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringCmd(std::vector<int>* fds,
+                                                        std::vector<uint64_t> sizes,
+                                                        const IoOptions& options) {
+  UringCmdOptions o;
+  o.queue_depth = options.queue_depth;
+  std::vector<int> taken = std::move(*fds);  // Create closes them on error too
+  fds->clear();
+  auto backend = UringCmdBackend::Create(std::move(taken), o);
+  if (!backend.ok()) return backend.status();
+  for (uint32_t f = 0; f < sizes.size() && f < (*backend)->num_files(); ++f) {
+    if (sizes[f] > (*backend)->file_size(f)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat((*backend)->info(f).device, " holds ", (*backend)->file_size(f),
+                       " bytes; pool file ", f, " needs ", sizes[f]));
+    }
+  }
+  return std::unique_ptr<IoBackend>(*std::move(backend));
+}
+
+// Each "file" is a whole namespace of options.nvme (nvme_open.h); `fds` are not used (left for
+// the fallback, closed by the caller). A size, if given, must fit in its namespace.
+absl::StatusOr<std::unique_ptr<IoBackend>> MakeNvme(std::vector<int>*, std::vector<uint64_t> sizes,
                                                     const IoOptions& options) {
   NvmeOpenOptions o = options.nvme;
   o.queue_depth = options.queue_depth;
-  return OpenNvmeBackend(o);
+  auto backend = OpenNvmeBackend(o);
+  if (!backend.ok()) return backend.status();
+  for (uint32_t f = 0; f < sizes.size() && f < (*backend)->num_files(); ++f) {
+    if (sizes[f] > (*backend)->file_size(f)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("nvme ", o.pci_addresses[f], " namespace ", o.nsid, " holds ",
+                       (*backend)->file_size(f), " bytes; pool file ", f, " needs ", sizes[f]));
+    }
+  }
+  return backend;
 }
 
 struct Entry {
   std::string_view name;
   Factory make;
-  bool whole_devices;  // each file is a device: a pool file's size must fit in it, not equal it
+  // The backend's files are whole devices (namespaces), at least as large as the pool files'
+  // sizes (the factory checks); otherwise each file's size must equal its layout's.
+  bool whole_devices;
 };
 constexpr Entry kBackends[] = {{"uring", &MakeUring, false},
                                {"memory", &MakeMemory, false},
                                {"gds", &MakeGds, false},
+                               {"uring_cmd", &MakeUringCmd, true},
                                {"nvme", &MakeNvme, true}};
 
-// A pool file that does not match its layout (or, on whole devices, does not fit).
-absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes,
-                        bool whole_devices) {
+// A pool file that does not match its layout.
+absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
   if (sizes.empty()) return absl::OkStatus();
   if (sizes.size() != backend.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(backend.name()), " backend: ",
@@ -77,12 +110,7 @@ absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& s
                                                    sizes.size(), " sizes"));
   }
   for (uint32_t f = 0; f < sizes.size(); ++f) {
-    if (whole_devices && backend.file_size(f) < sizes[f]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(std::string(backend.name()), " device ", f, " holds ",
-                       backend.file_size(f), " bytes; pool file ", f, " needs ", sizes[f]));
-    }
-    if (!whole_devices && backend.file_size(f) != sizes[f]) {
+    if (backend.file_size(f) != sizes[f]) {
       return absl::FailedPreconditionError(absl::StrCat(
           "pool file ", f, " is ", backend.file_size(f), " bytes; its layout says ", sizes[f]));
     }
@@ -98,8 +126,10 @@ absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vect
     if (e.name != name) continue;
     auto backend = e.make(fds, sizes, options);
     if (!backend.ok()) return backend.status();
-    absl::Status fits = CheckSizes(**backend, sizes, e.whole_devices);
-    if (!fits.ok()) return fits;
+    if (!e.whole_devices) {
+      absl::Status fits = CheckSizes(**backend, sizes);
+      if (!fits.ok()) return fits;
+    }
     return backend;
   }
   std::string allowed;

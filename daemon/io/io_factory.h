@@ -27,7 +27,7 @@ struct IoOptions {
 };
 
 // The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds",
-// "nvme".
+// "uring_cmd", "nvme".
 std::vector<std::string_view> IoBackendNames();
 
 // Creates the backend called `name` over the pool's files.
@@ -38,12 +38,15 @@ std::vector<std::string_view> IoBackendNames();
 //    closed.
 //  - "gds": cuFile over the same files as "uring" (gds_backend.h); UNAVAILABLE when it cannot
 //    run on this host, the fds closed.
+//  - "uring_cmd": `fds` are NVMe generic char devices (OpenPassthroughDevices in
+//    uring_cmd_backend.h), owned from this call on; each backend "file" is a whole namespace, and
+//    `file_sizes`, if given, must each fit in its namespace, else FAILED_PRECONDITION.
 //  - "nvme": tuttid's own NVMe driver on options.nvme's SSDs (OpenNvmeBackend, nvme_open.h); each
-//    file is a whole namespace. `fds` are closed (pass none); `file_sizes`, if given, must each
+//    file is a whole namespace. `fds` are not used; `file_sizes`, if given, must each
 //    fit in its namespace, else FAILED_PRECONDITION. UNAVAILABLE (with ProbeVfio's reason) when
 //    vfio cannot be used here.
 // Errors: INVALID_ARGUMENT naming the allowed values for an unknown `name`; otherwise those of
-// UringBackend::Create / MemoryDisk::Create / GdsBackend::Create.
+// UringBackend::Create / MemoryDisk::Create / GdsBackend::Create / UringCmdBackend::Create.
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,
                                                            std::vector<int> fds,
                                                            std::vector<uint64_t> file_sizes,

@@ -13,13 +13,14 @@ namespace tutti::io {
 namespace {
 
 TEST(IoFactoryTest, NamesTheBackends) {
-  EXPECT_EQ(IoBackendNames(), (std::vector<std::string_view>{"uring", "memory", "gds", "nvme"}));
+  EXPECT_EQ(IoBackendNames(),
+            (std::vector<std::string_view>{"uring", "memory", "gds", "uring_cmd", "nvme"}));
 }
 
 TEST(IoFactoryTest, UnknownNameListsTheAllowedOnes) {
   auto b = CreateIoBackend("spdk", {}, {1 << 20});
   ASSERT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(b.status().message().find("uring, memory"), std::string::npos) << b.status();
+  EXPECT_NE(b.status().message().find("uring, memory, gds, uring_cmd"), std::string::npos) << b.status();
   EXPECT_NE(b.status().message().find("spdk"), std::string::npos) << b.status();
 }
 
@@ -83,7 +84,7 @@ IoOptions NvmeWithoutVfio() {
 TEST(IoFactoryTest, NvmeWithoutVfioIsUnavailableWithTheProbeReason) {
   auto b = CreateIoBackend("nvme", {}, {}, NvmeWithoutVfio());
   ASSERT_TRUE(absl::IsUnavailable(b.status())) << b.status();
-  EXPECT_NE(b.status().message().find("nvme: 0000:01:00.0: "), std::string::npos) << b.status();
+  EXPECT_NE(b.status().message().find("io.nvme_devices: 0000:01:00.0: "), std::string::npos) << b.status();
 }
 
 TEST(IoFactoryTest, NvmeWithoutDevicesIsInvalidNotAFallback) {
@@ -99,7 +100,7 @@ TEST_F(UringFactoryTest, NvmeWithoutVfioFallsBackToUringSayingWhy) {
   EXPECT_EQ(b->backend->name(), "uring");
   EXPECT_EQ(b->choice.requested, "nvme");
   EXPECT_EQ(b->choice.backend, "uring");
-  EXPECT_EQ(b->choice.reason.rfind("nvme: 0000:01:00.0: ", 0), 0u) << b->choice.reason;
+  EXPECT_EQ(b->choice.reason.rfind("io.nvme_devices: 0000:01:00.0: ", 0), 0u) << b->choice.reason;
 }
 
 }  // namespace

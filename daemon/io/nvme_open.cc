@@ -76,7 +76,8 @@ NvmeDeviceOpener VfioOpener(const NvmeOpenOptions& options) {
     vo.dev_root = options.dev_root;
     absl::Status probe = nvme::ProbeVfio(vo);
     if (!probe.ok()) {
-      return absl::UnavailableError(absl::StrCat("nvme: ", address, ": ", probe.message()));
+      return absl::UnavailableError(
+          absl::StrCat("io.nvme_devices: ", address, ": ", probe.message()));
     }
     auto device = nvme::VfioDevice::Open(vo);
     if (absl::IsUnavailable(device.status())) {  // busy: not a reason to run elsewhere

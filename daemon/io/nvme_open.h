@@ -40,8 +40,9 @@ struct OpenedNvmeDevice {
 using NvmeDeviceOpener =
     std::function<absl::StatusOr<OpenedNvmeDevice>(const std::string& pci_address)>;
 
-// The real opener: ProbeVfio (any failure becomes UNAVAILABLE "nvme: ADDR: <the probe's reason>",
-// which start-up's fallback to io_uring reports), then VfioDevice::Open (its errors as they are,
+// The real opener: ProbeVfio (any failure becomes UNAVAILABLE "io.nvme_devices: ADDR: <the
+// probe's reason>", which start-up's fallback to io_uring reports), then VfioDevice::Open (its
+// errors as they are,
 // except its UNAVAILABLE -- the group open in another process, e.g. a second tuttid -- which
 // becomes FAILED_PRECONDITION: a device that is there but busy must not send the pool elsewhere).
 NvmeDeviceOpener VfioOpener(const NvmeOpenOptions& options);

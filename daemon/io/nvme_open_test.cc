@@ -101,7 +101,7 @@ TEST(NvmeOpenTest, WithoutVfioTheProbeReasonComesBackAsUnavailable) {
   o.dev_root = testing::TempDir() + "/no-such-dev";
   auto backend = OpenNvmeBackend(o);
   ASSERT_TRUE(absl::IsUnavailable(backend.status())) << backend.status();
-  EXPECT_EQ(backend.status().message().rfind("nvme: 0000:01:00.0: ", 0), 0u) << backend.status();
+  EXPECT_EQ(backend.status().message().rfind("io.nvme_devices: 0000:01:00.0: ", 0), 0u) << backend.status();
 }
 
 TEST(NvmeOpenTest, NoDevicesIsInvalid) {

@@ -98,7 +98,8 @@ TEST(IoFallbackTest, NvmeWithoutVfioFallsBackToUringWithTheProbeReason) {
   ASSERT_TRUE((*daemon)->admin().Status(&ctx, v1::StatusRequest(), &st).ok());
   EXPECT_EQ(st.io_backend(), "uring");
   EXPECT_EQ(st.io_backend_requested(), "nvme");
-  const std::string reason = std::string("nvme: ") + kNoSuchController + ": ";
+  const std::string reason =
+      std::string("nvme cannot run: io.nvme_devices: ") + kNoSuchController + ": ";
   EXPECT_THAT(st.io_backend_reason(), HasSubstr(reason));
   const std::string log = (*daemon)->LogTail(1 << 20);
   EXPECT_THAT(log, HasSubstr("io backend \"nvme\" cannot run here; using \"uring\": " + reason));
@@ -120,8 +121,8 @@ TEST(IoFallbackTest, NvmeWithFallbackFailRefusesToStartNamingTheReason) {
   auto daemon = TuttidProcess::Start(**env, 20);
   ASSERT_FALSE(daemon.ok());
   EXPECT_THAT(daemon.status().message(),
-              HasSubstr(std::string("io.backend \"nvme\" cannot run on this host and io.fallback "
-                                    "is \"fail\": nvme: ") + kNoSuchController));
+              HasSubstr(std::string("io.backend \"nvme\" cannot run (io.fallback is \"fail\"): "
+                                    "io.nvme_devices: ") + kNoSuchController));
 }
 
 }  // namespace

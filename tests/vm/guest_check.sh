@@ -94,6 +94,8 @@ else fail "install: nothing enabled or started" "found:$surprise"; fi
 # --- 2. The pool on the emulated NVMe namespace --------------------------------------------------
 check "nvme: the emulated controller and namespace are visible" "no /dev/nvme0n1" \
   sh -c 'nvme list && test -b /dev/nvme0n1'
+# io_uring passthrough on the raw namespace, before it gets its filesystem (passthrough_check.sh).
+[ -f /payload/passthrough_check.sh ] && . /payload/passthrough_check.sh
 mkdir -p /mnt/nvme0
 check "nvme: mkfs.ext4 /dev/nvme0n1 and mount it on /mnt/nvme0" "mkfs or mount failed" \
   sh -c "mkfs.ext4 -q -F /dev/nvme0n1 && mount /dev/nvme0n1 /mnt/nvme0 && install -d -o tutti -g tutti -m 0750 $POOL"

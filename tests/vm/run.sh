@@ -65,6 +65,10 @@ install -m 0755 bazel-bin/daemon/io/nvme/vfio_controller_test "$work/payload/vfi
 # tuttid and tuttictl for its "nvme" backend (the package is purged by then).
 install -m 0755 bazel-bin/daemon/tuttid "$work/payload/tuttid"
 install -m 0755 bazel-bin/client/tuttictl "$work/payload/tuttictl"
+# io_uring passthrough (tests/vm/passthrough_check.sh, sourced by guest_check.sh): its device test.
+bazel build //daemon/io:uring_cmd_device_test >>"$work/bazel.log" 2>&1 ||
+  { tail -30 "$work/bazel.log"; die "bazel build of //daemon/io:uring_cmd_device_test failed"; }
+install -m 0755 "$here/passthrough_check.sh" bazel-bin/daemon/io/uring_cmd_device_test "$work/payload/"
 depends="$(dpkg-deb -f "$work/payload/tutti_${v1}_amd64.deb" Depends | tr -d ' ' | tr ',' ' ')"
 log "packages tutti $v1 and $v2 built ($(since "$t")); Depends: $depends"
 
