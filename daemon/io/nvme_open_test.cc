@@ -8,6 +8,7 @@
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/nvme/model/controller_model.h"
 #include "daemon/io/nvme/spec.h"
+#include "daemon/pool/raw_pool.h"
 #include "gtest/gtest.h"
 
 namespace tutti::io {
@@ -17,6 +18,7 @@ using nvme::ControllerModel;
 
 // Opens model controllers; when one is destroyed, records its CSTS.SHST bits at that moment.
 struct ModelOpener {
+  std::vector<std::shared_ptr<ControllerModel>> kept;  // models reopened instead of new ones
   std::vector<std::string> opened, closed;
   std::vector<uint32_t> shst_at_close;
   std::string fail_on;  // an address answered UNAVAILABLE
@@ -24,6 +26,14 @@ struct ModelOpener {
   NvmeDeviceOpener Get() {
     return [this](const std::string& address) -> absl::StatusOr<OpenedNvmeDevice> {
       if (address == fail_on) return absl::UnavailableError("nvme: " + address + ": no vfio");
+      if (opened.size() < kept.size()) {  // the same SSD again, as after a restart
+        OpenedNvmeDevice d;
+        d.owner = kept[opened.size()];
+        d.regs = kept[opened.size()].get();
+        d.dma = kept[opened.size()].get();
+        opened.push_back(address);
+        return d;
+      }
       auto model = ControllerModel::Create(nvme::ModelOptions{});
       if (!model.ok()) return model.status();
       OpenedNvmeDevice d;
@@ -70,6 +80,44 @@ TEST(NvmeOpenTest, OwnsTheDevicesAndShutsTheControllersDownBeforeClosingThem) {
   EXPECT_EQ(models.closed, (std::vector<std::string>{"0000:02:00.0", "0000:01:00.0"}));
   EXPECT_EQ(models.shst_at_close,
             (std::vector<uint32_t>{nvme::kCstsShstComplete, nvme::kCstsShstComplete}));
+}
+
+// The pool on the namespace (daemon/pool/raw_pool.h) over tuttid's driver: created on a fresh
+// namespace, found again after the controller was shut down and brought up anew, and a namespace
+// holding an ext4 superblock is refused with nothing written.
+TEST(NvmeOpenTest, ThePoolOnTheNamespaceSurvivesAControllerRestart) {
+  auto model = ControllerModel::Create(nvme::ModelOptions{});
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::shared_ptr<ControllerModel> ssd(std::move(*model));
+  NvmeOpenOptions o;
+  o.pci_addresses = {"0000:01:00.0"};
+  auto layout = pool::PoolLayout::Compute(16 << 20, 1, 32 << 10, 8, 0);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::array<uint8_t, 16> uuid{};
+  for (int start = 0; start < 2; ++start) {
+    ModelOpener models;
+    models.kept = {ssd};
+    auto backend = OpenNvmeBackend(o, models.Get());
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    auto pool = pool::OpenOrCreateRawPool(backend->get(), o.pci_addresses, *layout);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    EXPECT_EQ(pool->created, start == 0);
+    if (start == 0) uuid = pool->uuid;
+    EXPECT_EQ(pool->uuid, uuid);
+  }
+  EXPECT_EQ(memcmp(ssd->namespace_data(), "TUTTIPOL", 8), 0);
+
+  std::memset(ssd->namespace_data(), 0, 4096);  // now an ext4 filesystem's superblock magic
+  ssd->namespace_data()[1080] = 0x53;
+  ssd->namespace_data()[1081] = 0xef;
+  ModelOpener models;
+  models.kept = {ssd};
+  auto backend = OpenNvmeBackend(o, models.Get());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto pool = pool::OpenOrCreateRawPool(backend->get(), o.pci_addresses, *layout);
+  ASSERT_TRUE(absl::IsFailedPrecondition(pool.status())) << pool.status();
+  EXPECT_NE(pool.status().message().find("ext2/3/4"), std::string::npos) << pool.status();
+  EXPECT_EQ(ssd->namespace_data()[0], 0);  // nothing written
 }
 
 TEST(NvmeOpenTest, AnUnavailableDeviceClosesTheOnesOpenedAndSaysWhy) {
