@@ -7,9 +7,10 @@
 # (open, BAR0 CAP/VS, DMA map/unmap with hugepages, Identify by DMA through the IOMMU, shutdown),
 # /payload/vfio_controller_test runs the controller driver (controller.h, queue_pair.h) on it
 # (bring-up, Identify, reads/writes with the data checked, wrap-around, an out-of-range LBA,
-# Flush, shutdown; SGL and PRP). Then tuttid itself (/payload/tuttid, as root) with
-# io { backend: "nvme" } on the controller: it refuses the namespace while it holds the ext4
-# filesystem; once its first 1 MiB is zeroed it creates its pool there, status says "nvme",
+# Flush, shutdown; SGL and PRP). tuttid itself (/payload/tuttid, as root) with
+# io { backend: "nvme" } on the controller: right after the bind it refuses the namespace, which
+# still holds the ext4 filesystem; after the gtests, its first 1 MiB zeroed, it creates its pool
+# there, status says "nvme",
 # bench --verify, a SIGTERM restart keeps the blocks, and after kill -9 during stores (3 rounds)
 # every store acknowledged before comes back. Last nvme_bind.sh hands the controller back to nvme,
 # whose namespace must read again.
@@ -67,6 +68,9 @@ nvme_tuttid() {
   tn_config "$1"
   tn_start || { fail "nvme backend: tuttid starts" "$(tail -5 "$TN/log")"; return; }
   grep -E 'pool |io backend|nvme ' "$TN/log" | tail -4 | show
+  if grep -q "created on the raw namespaces $1 (tuttid's NVMe driver)" "$TN/log"; then
+    pass "nvme backend: tuttid created its pool on the zeroed namespace"
+  else fail "nvme backend: pool created on the namespace" "no 'created on the raw namespaces $1'"; fi
   out="$(tn status 2>&1)"; echo "$out" | show
   if echo "$out" | grep -qE 'io backend +nvme'; then
     pass "nvme backend: tuttid runs with io.backend \"nvme\" on $1 (status: io backend nvme)"
@@ -117,12 +121,12 @@ nvme_phase() {
   echo 4 >/proc/sys/vm/nr_hugepages  # 8 MiB of 2 MiB pages for the DMA allocator
   check "vfio: nvme_bind.sh bind $addr (nvme -> vfio-pci)" "bind failed" "$bind" bind "$addr" ||
     return
+  nvme_refuses_ext4 "$addr"  # before the gtests, which write LBA 0
   gtest "vfio: vfio_device_test: vfio.h against the controller under the emulated IOMMU" "" \
     6 /payload/vfio_device_test "$addr"
   gtest "vfio: vfio_controller_test: the controller driver (controller.h) over vfio.h: bring-up," \
     "Identify, reads/writes checked, wrap-around, out-of-range LBA, Flush, shutdown (SGL and PRP)" \
     10 /payload/vfio_controller_test "$addr"
-  nvme_refuses_ext4 "$addr"
   # A fresh namespace for the pool: its first 1 MiB zeroed (on the kernel's driver), bound again.
   { "$bind" unbind "$addr" && dd if=/dev/zero of=/dev/nvme0n1 bs=1M count=1 oflag=direct &&
     "$bind" bind "$addr"; } >/dev/null 2>&1 ||
