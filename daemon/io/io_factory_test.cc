@@ -84,7 +84,8 @@ IoOptions NvmeWithoutVfio() {
 TEST(IoFactoryTest, NvmeWithoutVfioIsUnavailableWithTheProbeReason) {
   auto b = CreateIoBackend("nvme", {}, {}, NvmeWithoutVfio());
   ASSERT_TRUE(absl::IsUnavailable(b.status())) << b.status();
-  EXPECT_NE(b.status().message().find("io.nvme_devices: 0000:01:00.0: "), std::string::npos) << b.status();
+  EXPECT_NE(b.status().message().find("io.nvme_devices: 0000:01:00.0: "), std::string::npos)
+      << b.status();
 }
 
 TEST(IoFactoryTest, NvmeWithoutDevicesIsInvalidNotAFallback) {

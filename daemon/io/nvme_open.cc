@@ -118,10 +118,10 @@ absl::StatusOr<std::unique_ptr<IoBackend>> OpenNvmeBackend(const NvmeOpenOptions
     }
     ssds.back().controller = *std::move(controller);
     const nvme::ControllerInfo& info = ssds.back().controller->info();
-    log::Get("nvme")->info("nvme {}: {} (serial {}, firmware {}), namespace {}: {} blocks of {} bytes",
-                           address, info.model, info.serial, info.firmware, options.nsid,
-                           ssds.back().controller->ns().blocks,
-                           ssds.back().controller->ns().lba_size());
+    log::Get("nvme")->info(
+        "nvme {}: {} (serial {}, firmware {}), namespace {}: {} blocks of {} bytes", address,
+        info.model, info.serial, info.firmware, options.nsid, ssds.back().controller->ns().blocks,
+        ssds.back().controller->ns().lba_size());
     devices.push_back({ssds.back().controller.get(), ssds.back().device.dma});
   }
   auto backend = NvmeBackend::Create(NvmeBackendOptions{}, devices);

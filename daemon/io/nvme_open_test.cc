@@ -39,11 +39,12 @@ struct ModelOpener {
       OpenedNvmeDevice d;
       d.regs = model->get();
       d.dma = model->get();
-      d.owner = std::shared_ptr<ControllerModel>(model->release(), [this, address](ControllerModel* m) {
-        shst_at_close.push_back(m->Read32(nvme::kRegCsts) & nvme::kCstsShstMask);
-        closed.push_back(address);
-        delete m;
-      });
+      d.owner =
+          std::shared_ptr<ControllerModel>(model->release(), [this, address](ControllerModel* m) {
+            shst_at_close.push_back(m->Read32(nvme::kRegCsts) & nvme::kCstsShstMask);
+            closed.push_back(address);
+            delete m;
+          });
       opened.push_back(address);
       return d;
     };
@@ -149,7 +150,8 @@ TEST(NvmeOpenTest, WithoutVfioTheProbeReasonComesBackAsUnavailable) {
   o.dev_root = testing::TempDir() + "/no-such-dev";
   auto backend = OpenNvmeBackend(o);
   ASSERT_TRUE(absl::IsUnavailable(backend.status())) << backend.status();
-  EXPECT_EQ(backend.status().message().rfind("io.nvme_devices: 0000:01:00.0: ", 0), 0u) << backend.status();
+  EXPECT_EQ(backend.status().message().rfind("io.nvme_devices: 0000:01:00.0: ", 0), 0u)
+      << backend.status();
 }
 
 TEST(NvmeOpenTest, NoDevicesIsInvalid) {
