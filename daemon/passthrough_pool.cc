@@ -59,7 +59,9 @@ absl::StatusOr<PassthroughPool> OpenPassthroughPool(const v1::Config& config) {
                                    pool::RawPoolCapacity(p.capacity_bytes(), sizes), paths.size(),
                                    p.object_bytes(), p.max_objects(), p.extent_slots()));
   ASSIGN_OR_RETURN(const pool::RawPool raw,
-                   pool::OpenOrCreateRawPool(backend->get(), paths, *out.layout));
+                   pool::OpenOrCreateRawPool(backend->get(), paths, *out.layout,
+                                             name == "nvme" ? "io.nvme_devices"
+                                                            : "io.passthrough_devices"));
   log::Get("main")->info("pool {}: {} on the raw namespaces {} ({})", raw.UuidHex(),
                          raw.created ? "created" : "opened", absl::StrJoin(paths, ", "),
                          name == "nvme" ? "tuttid's NVMe driver" : "io_uring passthrough");

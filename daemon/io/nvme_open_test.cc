@@ -115,8 +115,10 @@ TEST(NvmeOpenTest, ThePoolOnTheNamespaceSurvivesAControllerRestart) {
   models.kept = {ssd};
   auto backend = OpenNvmeBackend(o, models.Get());
   ASSERT_TRUE(backend.ok()) << backend.status();
-  auto pool = pool::OpenOrCreateRawPool(backend->get(), o.pci_addresses, *layout);
+  auto pool =
+      pool::OpenOrCreateRawPool(backend->get(), o.pci_addresses, *layout, "io.nvme_devices");
   ASSERT_TRUE(absl::IsFailedPrecondition(pool.status())) << pool.status();
+  EXPECT_NE(pool.status().message().find("or fix io.nvme_devices"), std::string::npos);
   EXPECT_NE(pool.status().message().find("ext2/3/4"), std::string::npos) << pool.status();
   EXPECT_EQ(ssd->namespace_data()[0], 0);  // nothing written
 }

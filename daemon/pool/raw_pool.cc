@@ -34,10 +34,10 @@ constexpr Signature kSignatures[] = {
     {510, "\x55\xaa", 2, "a DOS partition table or boot sector"},
 };
 
-std::string EraseAdvice() {
+std::string EraseAdvice(const std::string& field) {
   return "tuttid never overwrites it. If nothing on it is needed, erase its first 1 MiB (for "
          "/dev/ngXnY: dd if=/dev/zero of=/dev/nvmeXnY bs=1M count=1 oflag=direct, or nvme "
-         "format), or fix io.passthrough_devices";
+         "format), or fix " + field;
 }
 
 absl::Status Transfer(io::IoBackend* io, io::Op op, uint32_t ns, uint8_t* buf, uint32_t len,
@@ -56,7 +56,8 @@ struct Found {
   Superblock sb;
 };
 
-absl::StatusOr<Found> Inspect(io::IoBackend* io, uint32_t ns, const std::string& device) {
+absl::StatusOr<Found> Inspect(io::IoBackend* io, uint32_t ns, const std::string& device,
+                              const std::string& field) {
   io::AlignedBuffer buf(kRawProbeBytes);
   RETURN_IF_ERROR(Transfer(io, io::Op::kRead, ns, buf.data(), kRawProbeBytes, device));
   Found f;
@@ -65,7 +66,7 @@ absl::StatusOr<Found> Inspect(io::IoBackend* io, uint32_t ns, const std::string&
     if (!sb.ok()) {
       return absl::Status(sb.status().code(),
                           absl::StrCat(sb.status().message(), ". On a raw namespace: ",
-                                       EraseAdvice()));
+                                       EraseAdvice(field)));
     }
     f.sb = *sb;
     return f;
@@ -73,7 +74,7 @@ absl::StatusOr<Found> Inspect(io::IoBackend* io, uint32_t ns, const std::string&
   const std::string what = ForeignContents(buf.data(), kRawProbeBytes);
   if (!what.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(device, " holds ", what, ", not a tutti pool: ", EraseAdvice()));
+        absl::StrCat(device, " holds ", what, ", not a tutti pool: ", EraseAdvice(field)));
   }
   f.fresh = true;
   return f;
@@ -95,23 +96,23 @@ absl::StatusOr<RawPool> Create(io::IoBackend* io, const std::vector<std::string>
 }
 
 absl::Status Check(const Superblock& have, const PoolLayout& layout, uint32_t i,
-                   const Superblock& first, const std::string& device) {
+                   const Superblock& first, const std::string& device, const std::string& field) {
   if (const std::string diff = LayoutDifferences(have, FromLayout(layout, i, {})); !diff.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         device, " holds a pool of another layout (", diff,
         "). Restore pool.capacity_bytes, pool.object_bytes, pool.max_objects, pool.extent_slots "
-        "and io.passthrough_devices to the values it was created with, or erase the first 1 MiB "
+        "and ", field, " to the values it was created with, or erase the first 1 MiB "
         "of every namespace of the pool to start an empty one"));
   }
   if (have.file_index != i) {
     return absl::FailedPreconditionError(absl::StrCat(
-        device, " is namespace ", have.file_index, " of its pool but io.passthrough_devices lists "
-        "it as ", i, ": restore the order of io.passthrough_devices"));
+        device, " is namespace ", have.file_index, " of its pool but ", field,
+        " lists it as ", i, ": restore the order of ", field));
   }
   if (i > 0 && have.uuid != first.uuid) {
     return absl::FailedPreconditionError(absl::StrCat(
         device, " belongs to pool ", Hex(have.uuid), ", the first namespace to pool ",
-        Hex(first.uuid), ": io.passthrough_devices mixes two pools"));
+        Hex(first.uuid), ": ", field, " mixes two pools"));
   }
   return absl::OkStatus();
 }
@@ -139,7 +140,8 @@ std::string ForeignContents(const uint8_t* p, size_t len) {
 
 absl::StatusOr<RawPool> OpenOrCreateRawPool(io::IoBackend* io,
                                             const std::vector<std::string>& devices,
-                                            const PoolLayout& layout) {
+                                            const PoolLayout& layout,
+                                            const std::string& devices_field) {
   const uint32_t n = io->num_files();
   if (layout.num_files() != n || devices.size() != n) {
     return absl::InvalidArgumentError(absl::StrCat("raw pool: ", n, " namespaces, ",
@@ -154,7 +156,7 @@ absl::StatusOr<RawPool> OpenOrCreateRawPool(io::IoBackend* io,
           devices[i], " holds ", io->file_size(i), " bytes; pool file ", i, " needs ",
           layout.file_bytes(), ": lower pool.capacity_bytes"));
     }
-    ASSIGN_OR_RETURN(Found f, Inspect(io, i, devices[i]));
+    ASSIGN_OR_RETURN(Found f, Inspect(io, i, devices[i], devices_field));
     (f.fresh ? fresh : pooled).push_back(devices[i]);
     found.push_back(f);
   }
@@ -164,11 +166,11 @@ absl::StatusOr<RawPool> OpenOrCreateRawPool(io::IoBackend* io,
         absl::StrJoin(fresh, ", "), " ", fresh.size() == 1 ? "is" : "are", " fresh while ",
         absl::StrJoin(pooled, ", "), pooled.size() == 1 ? " holds" : " hold",
         " a tutti pool: if a namespace was replaced or added, "
-        "or a creation was interrupted, restore io.passthrough_devices or erase the first 1 MiB "
+        "or a creation was interrupted, restore ", devices_field, " or erase the first 1 MiB "
         "of every listed namespace to start an empty pool"));
   }
   for (uint32_t i = 0; i < n; ++i) {
-    RETURN_IF_ERROR(Check(found[i].sb, layout, i, found[0].sb, devices[i]));
+    RETURN_IF_ERROR(Check(found[i].sb, layout, i, found[0].sb, devices[i], devices_field));
   }
   RawPool pool;
   pool.uuid = found[0].sb.uuid;

@@ -53,9 +53,10 @@ std::string ForeignContents(const uint8_t* p, size_t len);
 //    some namespaces fresh and others holding a pool (the message names both and what to do).
 //  - DATA_LOSS: a superblock with the pool magic but a bad checksum.
 //  - UNAVAILABLE: reading or writing a namespace failed (with the errno text).
-absl::StatusOr<RawPool> OpenOrCreateRawPool(io::IoBackend* io,
-                                            const std::vector<std::string>& devices,
-                                            const PoolLayout& layout);
+// `devices_field`: the config field that lists them, named in messages.
+absl::StatusOr<RawPool> OpenOrCreateRawPool(
+    io::IoBackend* io, const std::vector<std::string>& devices, const PoolLayout& layout,
+    const std::string& devices_field = "io.passthrough_devices");
 
 }  // namespace tutti::pool
 
