@@ -125,7 +125,8 @@ class Bench {
     ASSIGN_OR_RETURN(cpu_region_, controller_->Register(*cpu_bounce_));
     CUDA_RETURN_IF_ERROR(
         cudaHostRegister(cpu_bounce_->host(), cpu_bounce_->size(), cudaHostRegisterDefault));
-    engine_bytes_ = uint64_t{absl::GetFlag(FLAGS_bulk_mib)} << 20;
+    engine_bytes_ = std::max(uint64_t{absl::GetFlag(FLAGS_bulk_mib)} << 20,
+                             uint64_t{absl::GetFlag(FLAGS_rate_ios)} * kLba);
     CUDA_RETURN_IF_ERROR(cudaMalloc(&engine_, engine_bytes_));
     CUDA_RETURN_IF_ERROR(cudaMalloc(&words_, 64 * sizeof(uint32_t)));
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

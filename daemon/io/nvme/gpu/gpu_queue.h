@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/io/nvme/controller.h"
+#include "daemon/io/nvme/gpu/gpu_plan.h"
 #include "daemon/io/nvme/gpu/gpu_read_kernel.h"
 #include "daemon/io/nvme/queue_pair.h"
 
@@ -52,13 +53,6 @@ struct GpuQueueOptions {
   int64_t timeout_ms = 2000;         // the kernel gives up after this long without a completion
   int64_t abort_wait_ms = 1000;      // recovery: how long an aborted command may take to complete
   DoorbellMemory doorbells = DoorbellMemory::kHostMemory;
-};
-
-// A plan of several layers: every I/O names its layer (< num_layers) and its pieces.
-struct GpuPlan {
-  std::vector<GpuReadIo> ios;
-  std::vector<GpuPiece> pieces;
-  uint32_t num_layers = 0;
 };
 
 struct GpuReadOutcome {

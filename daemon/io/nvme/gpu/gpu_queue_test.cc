@@ -61,7 +61,8 @@ TestPlan MakePlan(uint32_t layers, uint32_t ios_per_layer, uint32_t blocks, uint
   std::iota(chunks.begin(), chunks.end(), 0);
   std::mt19937 rng(seed);
   std::shuffle(chunks.begin(), chunks.end(), rng);
-  std::uniform_int_distribution<uint64_t> lba(0, ns_blocks - blocks);
+  // The first half of the namespace: tests put their faults in the second.
+  std::uniform_int_distribution<uint64_t> lba(0, ns_blocks / 2 - blocks);
   for (uint32_t i = 0; i < n; ++i) {
     GpuReadIo io;
     io.slba = lba(rng);
@@ -272,9 +273,9 @@ TEST_F(GpuQueueTest, LostCompletionResetsTheControllerAndTheQueueCarriesOn) {
   Config s = Defaults();
   ASSERT_NO_FATAL_FAILURE(Start(s));
   TestPlan t = MakePlan(1, 20, 2, s.model.namespace_blocks, 7);
-  t.plan.ios[3].slba = 2000;
+  t.plan.ios[3].slba = 2500;
   FaultRule rule;
-  rule.slba = 2000;
+  rule.slba = 2500;
   rule.action = FaultAction::kDropCompletion;  // nothing for Abort to abort
   model_->AddFault(rule);
   GpuReadOutcome out = Read(t);
