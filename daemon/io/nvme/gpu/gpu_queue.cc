@@ -106,6 +106,11 @@ absl::Status GpuQueue::Init(DmaAllocator* dma) {
   if (options_.doorbells == DoorbellMemory::kIoMemory) {
     RETURN_IF_ERROR(CheckIoMemoryRequirements(geteuid(), ReadDriverVersion()));
     doorbell_flags |= cudaHostRegisterIoMemory;
+    // vfio maps BAR0 lazily: fault the doorbell page in before registering it, by writing what
+    // the doorbells already hold (the rings are idle: rewriting a tail or head is a no-op). The
+    // CPU writes, as the GPU will: nobody reads BAR0's doorbells.
+    PublishDoorbell(ring.sq.doorbell, ring.sq.tail);
+    PublishDoorbell(ring.cq.doorbell, ring.cq.head);
   }
   ASSIGN_OR_RETURN(bounce_, dma->Allocate(uint64_t{options_.slots} * options_.slot_bytes));
   ASSIGN_OR_RETURN(bounce_region_, controller_->Register(*bounce_));
