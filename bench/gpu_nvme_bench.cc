@@ -64,8 +64,7 @@ double ThreadCpuSeconds() {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 double WallSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -92,8 +91,8 @@ GpuPlan MakePlan(uint32_t n, uint32_t io_bytes, uint32_t piece_bytes, uint64_t n
     GpuReadIo io{lba(rng) * 8, io_bytes / kLba, i * layers / n,
                  static_cast<uint32_t>(plan.pieces.size()), per};
     for (uint32_t k = 0; k < per; ++k) {
-      plan.pieces.push_back(
-          GpuPiece{k * piece_bytes, piece_bytes, uint64_t{chunks[uint64_t{i} * per + k]} * piece_bytes});
+      plan.pieces.push_back(GpuPiece{k * piece_bytes, piece_bytes,
+                                     uint64_t{chunks[uint64_t{i} * per + k]} * piece_bytes});
     }
     plan.ios.push_back(io);
   }
@@ -141,10 +140,12 @@ class Bench {
   absl::StatusOr<Measure> Gpu(const GpuPlan& plan) {
     CUDA_RETURN_IF_ERROR(cudaMemset(engine_, 0, engine_bytes_));
     const double w0 = WallSeconds(), c0 = ThreadCpuSeconds();
-    ASSIGN_OR_RETURN(auto out, gpu_->Read(plan, engine_, engine_bytes_, words_, ++ticket_, stream_));
+    ASSIGN_OR_RETURN(auto out,
+                     gpu_->Read(plan, engine_, engine_bytes_, words_, ++ticket_, stream_));
     Measure m{WallSeconds() - w0, ThreadCpuSeconds() - c0};
-    if (!out.ok()) return absl::InternalError(absl::StrCat("GPU read: ", out.summary.done, " of ",
-                                                           plan.ios.size(), " I/Os done"));
+    if (!out.ok())
+      return absl::InternalError(
+          absl::StrCat("GPU read: ", out.summary.done, " of ", plan.ios.size(), " I/Os done"));
     RETURN_IF_ERROR(Verify(plan));
     return m;
   }
@@ -160,8 +161,8 @@ class Bench {
       const size_t n = std::min<size_t>(slots_, plan.ios.size() - first);
       for (size_t k = 0; k < n; ++k) {
         const GpuReadIo& io = plan.ios[first + k];
-        batch[k] = NvmeRequest{NvmeOp::kRead, io.slba, io.blocks, cpu_region_.get(),
-                               k * slot_bytes_};
+        batch[k] =
+            NvmeRequest{NvmeOp::kRead, io.slba, io.blocks, cpu_region_.get(), k * slot_bytes_};
       }
       qp->Execute(absl::MakeSpan(batch.data(), n));
       for (size_t k = 0; k < n; ++k) {
@@ -237,7 +238,8 @@ absl::Status Run(std::vector<Result>* results) {
   // CPU time per GB: io_kib reads, piece_kib pieces.
   const uint32_t io_bytes = absl::GetFlag(FLAGS_io_kib) * 1024;
   const uint32_t piece = std::min(io_bytes, absl::GetFlag(FLAGS_piece_kib) * 1024);
-  const uint32_t bulk_ios = static_cast<uint32_t>((uint64_t{absl::GetFlag(FLAGS_bulk_mib)} << 20) / io_bytes);
+  const uint32_t bulk_ios =
+      static_cast<uint32_t>((uint64_t{absl::GetFlag(FLAGS_bulk_mib)} << 20) / io_bytes);
   GpuPlan bulk = MakePlan(bulk_ios, io_bytes, piece, b.ns_blocks(), 32, 2);
   const double gb = static_cast<double>(bulk_ios) * io_bytes / 1e9;
   std::vector<double> g_cpu, c_cpu, g_gbps, c_gbps;
@@ -249,16 +251,18 @@ absl::Status Run(std::vector<Result>* results) {
     g_gbps.push_back(gb / g.wall_s);
     c_gbps.push_back(gb / c.wall_s);
   }
-  const std::string shape = absl::StrCat(io_bytes / 1024, "KiB reads, ", piece / 1024,
-                                         "KiB pieces, ", bulk_ios, " I/Os");
+  const std::string shape =
+      absl::StrCat(io_bytes / 1024, "KiB reads, ", piece / 1024, "KiB pieces, ", bulk_ios, " I/Os");
   results->push_back({"gpu_initiated_driver_thread_cpu_ms_per_gb", Median(g_cpu), "ms/GB",
                       "cpu_driven_driver_thread_cpu_ms_per_gb", Median(c_cpu),
                       absl::StrCat("CPU time of the thread driving the reads (the model's own "
-                                   "thread excluded); ", shape)});
+                                   "thread excluded); ",
+                                   shape)});
   results->push_back({"gpu_initiated_gb_per_s_vs_model", Median(g_gbps), "GB/s",
                       "cpu_driven_gb_per_s_vs_model", Median(c_gbps),
                       absl::StrCat("against the model (memcpy from host memory), not a device "
-                                   "speed; ", shape)});
+                                   "speed; ",
+                                   shape)});
   return absl::OkStatus();
 }
 
@@ -274,9 +278,8 @@ void Report(const std::vector<Result>& results, const std::string& command) {
   std::printf("\n%-44s %12s %-6s %40s %12s %8s\n", "metric", "value", "unit", "baseline",
               "baseline_v", "ratio");
   for (const Result& r : results) {
-    std::printf("%-44s %12.3f %-6s %40s %12.3f %8.3f\n", r.metric.c_str(), r.value,
-                r.unit.c_str(), r.baseline_name.c_str(), r.baseline_value,
-                r.value / r.baseline_value);
+    std::printf("%-44s %12.3f %-6s %40s %12.3f %8.3f\n", r.metric.c_str(), r.value, r.unit.c_str(),
+                r.baseline_name.c_str(), r.baseline_value, r.value / r.baseline_value);
     if (out.is_open()) out << JsonLine("gpu_nvme_bench", r, machine, date, command) << "\n";
   }
 }

@@ -65,8 +65,8 @@ absl::Status CheckIoMemoryRequirements(uint32_t euid, absl::string_view version_
   }
   if (std::tie(v->major, v->minor, v->patch) <
       std::tie(kMinimum.major, kMinimum.minor, kMinimum.patch)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GPU doorbells: the open NVIDIA module ", have, " is older than 570.133.07"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU doorbells: the open NVIDIA module ", have, " is older than 570.133.07"));
   }
   return absl::OkStatus();
 }

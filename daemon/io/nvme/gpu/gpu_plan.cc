@@ -19,8 +19,8 @@ absl::Status AppendLayerPlan(const datapath::LayerPlan& plan, uint32_t layer, ui
     const datapath::PlannedIo& io = plan.ios[i];
     if ((io.offset & lba_mask) != 0 || (io.len & lba_mask) != 0 || io.len == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "GPU plan: layer ", layer, " I/O ", i, " (file ", io.file, " offset ", io.offset,
-          " len ", io.len, ") is not whole LBAs of ", 1u << lba_shift, " bytes"));
+          "GPU plan: layer ", layer, " I/O ", i, " (file ", io.file, " offset ", io.offset, " len ",
+          io.len, ") is not whole LBAs of ", 1u << lba_shift, " bytes"));
     }
     GpuReadIo r;
     r.slba = lba_of(io.file, io.offset);
@@ -33,9 +33,9 @@ absl::Status AppendLayerPlan(const datapath::LayerPlan& plan, uint32_t layer, ui
       const uint64_t src = o.staging_offset - io.staging_offset;
       const uint64_t dst = dest_of(o.item, o.part);
       if (o.staging_offset < io.staging_offset || src + object_len > io.len || dst % 16 != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "GPU plan: layer ", layer, " object (item ", o.item, ", part ", o.part,
-            "): outside its I/O or destination ", dst, " not a multiple of 16"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("GPU plan: layer ", layer, " object (item ", o.item, ", part ", o.part,
+                         "): outside its I/O or destination ", dst, " not a multiple of 16"));
       }
       add.pieces.push_back(GpuPiece{static_cast<uint32_t>(src), object_len, dst});
     }

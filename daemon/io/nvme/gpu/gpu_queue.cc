@@ -74,9 +74,9 @@ absl::StatusOr<std::unique_ptr<GpuQueue>> GpuQueue::Create(const GpuQueueOptions
   QueuePair* qp = controller->queue_pair(options.queue_index);
   const uint32_t lba = controller->ns().lba_size();
   if (options.slots == 0 || options.slots >= qp->depth() || options.slots > kMaxGpuSlots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GpuQueue: slots ", options.slots, " must be in 1..min(queue depth - 1 = ",
-                     qp->depth() - 1, ", ", kMaxGpuSlots, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GpuQueue: slots ", options.slots, " must be in 1..min(queue depth - 1 = ", qp->depth() - 1,
+        ", ", kMaxGpuSlots, ")"));
   }
   if (options.slot_bytes == 0 || options.slot_bytes % kPage != 0 || options.slot_bytes % lba != 0 ||
       options.slot_bytes > controller->max_transfer()) {
@@ -130,9 +130,9 @@ absl::Status GpuQueue::Init(DmaAllocator* dma) {
   for (volatile uint32_t* db : {ring.sq.doorbell, ring.cq.doorbell}) {
     absl::Status s = add(db, sizeof(uint32_t), doorbell_flags, "doorbell");
     if (!s.ok() && options_.doorbells == DoorbellMemory::kIoMemory) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "GPU doorbells: registering BAR0 as I/O memory failed (", s.message(),
-          "); falling back to the CPU-driven queue pair"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("GPU doorbells: registering BAR0 as I/O memory failed (", s.message(),
+                       "); falling back to the CPU-driven queue pair"));
     }
     RETURN_IF_ERROR(s);
     (db == ring.sq.doorbell ? base_.sq_doorbell : base_.cq_doorbell) =

@@ -57,7 +57,7 @@ struct GpuRingState {
 // What one launch did (host-mapped).
 struct GpuReadSummary {
   uint32_t done = 0, failed = 0, timed_out = 0, not_submitted = 0, bad = 0;
-  uint32_t commands = 0;     // SQEs submitted
+  uint32_t commands = 0;      // SQEs submitted
   uint32_t sq_doorbells = 0;  // SQ tail doorbell writes
   uint32_t cq_laps = 0;       // CQ wrap-arounds (phase flips)
   uint32_t layers_ready = 0;  // ready words written
