@@ -175,6 +175,7 @@ TEST_F(GpuQueueTest, ReadsPlanIntoEngineBlocksWithSgl) {
   EXPECT_EQ(VerifyLanded(t, out), 96u);
   EXPECT_EQ(Words(4), std::vector<uint32_t>(4, kTicket));
   EXPECT_EQ(model_->counters().reads, 96u);
+  for (uint32_t i = 0; i < 96; ++i) EXPECT_EQ(out.ios[i].order, i);  // completed in order
 }
 
 TEST_F(GpuQueueTest, ReadsWithPrpListsWhenTheControllerHasNoSgl) {
@@ -198,6 +199,9 @@ TEST_F(GpuQueueTest, CompletionsOutOfOrder) {
   EXPECT_TRUE(out.ok());
   EXPECT_EQ(VerifyLanded(t, out), 200u);
   EXPECT_EQ(Words(2), std::vector<uint32_t>(2, kTicket));
+  uint32_t inversions = 0;  // a later I/O of the plan retired before an earlier one
+  for (uint32_t i = 1; i < 200; ++i) inversions += out.ios[i].order < out.ios[i - 1].order;
+  EXPECT_GT(inversions, 0u);
 }
 
 TEST_F(GpuQueueTest, WrapAroundAndPhaseFlipOverManyCommandsAndLaunches) {

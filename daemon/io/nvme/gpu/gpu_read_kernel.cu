@@ -30,7 +30,8 @@ struct Owner {
   uint32_t next = 0;  // next I/O of the plan to submit
   uint32_t in_flight = 0;
   uint64_t last_progress_ns = 0;
-  GpuReadSummary sum;  // written to host memory once, at the end (each sysmem read is slow)
+  uint32_t retired = 0;  // I/Os finished so far, in any state
+  GpuReadSummary sum;    // written to host memory once, at the end (each sysmem read is slow)
 };
 
 __device__ void LayerRetired(const GpuReadParams& p, Owner& o, uint32_t layer, bool failed) {
@@ -45,7 +46,7 @@ __device__ void LayerRetired(const GpuReadParams& p, Owner& o, uint32_t layer, b
 
 __device__ void Finish(const GpuReadParams& p, Owner& o, uint32_t io, uint32_t state,
                        uint16_t status, uint16_t cid) {
-  p.results[io] = GpuIoResult{state, status, cid};
+  p.results[io] = GpuIoResult{state, status, cid, o.retired++};
   LayerRetired(p, o, p.ios[io].layer, state != kGpuIoDone);
 }
 

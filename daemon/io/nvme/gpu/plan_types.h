@@ -43,6 +43,7 @@ struct GpuIoResult {
   uint32_t state = kGpuIoPending;
   uint16_t status = 0;  // NVMe status (SCT << 8 | SC) for kGpuIoFailed
   uint16_t cid = 0;     // the command's CID (its bounce slot) once submitted
+  uint32_t order = 0;   // when it was retired: 0 for the launch's first, 1 for the next, ...
 };
 
 // The ring indices between launches (host-mapped): the queue's owner moves between the kernel
