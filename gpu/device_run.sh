@@ -3,8 +3,9 @@
 # on the GPU machine, from the repository root, with the bundle made by tools/gpu_bundle.sh (see
 # BUNDLE_TARGETS in that script's header, or docs/gpu.md).
 # Device tool: run(carry=[".bundle"], command="gpu/device_run.sh [PART...]"), PART among tests,
-# sanitizer, bench (copy kernels), retrieve (through tuttid), interference, deadmem, owner
-# (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
+# sanitizer, bench (copy kernels), retrieve (through tuttid), interference, deadmem, owner,
+# nvme (GPU-initiated NVMe submission against the controller model: its tests and
+# bench/gpu_nvme_bench) (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
 out="${OUT:-/tmp/tutti-gpu-out}"
@@ -88,6 +89,21 @@ if has interference; then
   fi
 fi
 
+# GPU-initiated NVMe submission against the controller model (docs/nvme.md): its tests, then the
+# command rate and CPU time per GB against the CPU-driven queue pair, in one run.
+if has nvme; then
+  for t in daemon/io/nvme/gpu/doorbell_requirements_test daemon/io/nvme/gpu/gpu_queue_test; do
+    timeout 300 "$run" "$t" > "$out/t.log" 2>&1
+    rc=$?
+    cat "$out/t.log" >> "$out/nvme_tests.log"
+    summary+=("$(printf '%-44s rc=%-3s %s' "$t" "$rc" "$(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ test' "$out/t.log" | tr '\n' ' ')")")
+  done
+  rm -f "$out/t.log"
+  timeout 400 "$run" bench/gpu_nvme_bench --reps="${TUTTI_REPS:-3}" --out="$out/gpu_nvme.jsonl" \
+    --machine="$machine" ${TUTTI_NVME_FLAGS:-} >> "$out/nvme_bench.log" 2>&1
+  summary+=("gpu_nvme_bench rc=$?")
+fi
+
 # A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
 if has deadmem; then
   timeout 120 "$run" bench/gpu_dead_memory --out="$out/gpu_dead_memory.jsonl" \
@@ -112,6 +128,8 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader >>
   [[ -f "$out/retrieve.log" ]] && grep -E '^(I/O stream|stored|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/retrieve.log" | cut -c1-150
   [[ -f "$out/interference.log" ]] && grep -E 'loss|daemon_(scatter|gather)|copy-engine|rror' "$out/interference.log" | cut -c1-150
   [[ -f "$out/tests.log" ]] && grep -E '^(survivor|daemon killed)|Failure|FAILED  \]' "$out/tests.log" | head -30 | cut -c1-200
+  [[ -f "$out/nvme_tests.log" ]] && grep -E 'Failure|FAILED  \]|fallback reason' "$out/nvme_tests.log" | head -20 | cut -c1-200
+  [[ -f "$out/nvme_bench.log" ]] && grep -E '^(metric|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/nvme_bench.log" | cut -c1-160
   [[ -f "$out/dead_memory.log" ]] && cat "$out/dead_memory.log" | cut -c1-150
   [[ -f "$out/owner_death.log" ]] && grep -v '^$' "$out/owner_death.log" | cut -c1-160
 } | tee -a "$out/summary.txt"
