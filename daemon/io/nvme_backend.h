@@ -1,6 +1,6 @@
 // The "nvme" I/O backend: pool files are NVMe namespaces driven by tuttid's own driver
 // (nvme/controller.h), one namespace per configured device (io.nvme_devices), byte offsets mapped
-// to LBAs. NOT registered in io_factory yet: the lead wires it (vfio device opening, config).
+// to LBAs. io_factory's "nvme" opens it through nvme_open.h (vfio devices, controllers, config).
 //
 // Each file has one worker thread that owns queue pair 0 of its controller (the one-owner rule of
 // nvme/queue_pair.h); Submit and Sync hand it work by message. Within a job, reads go before
