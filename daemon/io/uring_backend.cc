@@ -15,13 +15,11 @@
 #include <thread>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "daemon/common/log.h"
+#include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
 
 namespace tutti::io {
@@ -116,10 +114,7 @@ class UringBackend::FileQueue {
   const uint32_t index_;
   const uint32_t depth_;
 
-  absl::Mutex mu_;
-  std::vector<Pending> incoming_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void()>> control_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  OwnerMailbox<Pending> mailbox_;
 
   // Owner-thread state.
   io_uring ring_{};
@@ -161,10 +156,7 @@ absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue
 }
 
 UringBackend::FileQueue::~FileQueue() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  mailbox_.Stop();
   if (thread_.joinable()) thread_.join();
   if (ring_.ring_fd >= 0) {
     // The ring's teardown is asynchronous and keeps registered files open (and their flock held)
@@ -177,30 +169,15 @@ UringBackend::FileQueue::~FileQueue() {
 }
 
 void UringBackend::FileQueue::Post(Part* part, std::vector<Pending> items) {
-  absl::MutexLock lock(&mu_);
   if (items.empty()) {
-    incoming_.push_back(Pending{nullptr, part});
-    return;
-  }
-  if (incoming_.empty()) {
-    incoming_ = std::move(items);
+    mailbox_.PostOne(Pending{nullptr, part});
   } else {
-    incoming_.insert(incoming_.end(), items.begin(), items.end());
+    mailbox_.Post(std::move(items));
   }
 }
 
 absl::Status UringBackend::FileQueue::RunOnOwner(std::function<absl::Status()> task) {
-  auto finished = std::make_shared<absl::Notification>();
-  auto status = std::make_shared<absl::Status>();
-  {
-    absl::MutexLock lock(&mu_);
-    control_.push_back([task = std::move(task), finished, status] {
-      *status = task();
-      finished->Notify();
-    });
-  }
-  finished->WaitForNotification();
-  return *status;
+  return mailbox_.RunOnOwner(std::move(task));
 }
 
 absl::Status UringBackend::FileQueue::RegisterBuffer(absl::Span<uint8_t> region) {
@@ -257,23 +234,8 @@ void UringBackend::FileQueue::Run() {
 }
 
 bool UringBackend::FileQueue::TakeIncoming(bool block) {
-  std::vector<Pending> items;
-  std::vector<std::function<void()>> control;
-  bool stopping;
-  {
-    absl::MutexLock lock(&mu_);
-    if (block) {
-      mu_.Await(absl::Condition(
-          +[](FileQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !q->incoming_.empty() || !q->control_.empty() || q->stopping_;
-          },
-          this));
-    }
-    items.swap(incoming_);
-    control.swap(control_);
-    stopping = stopping_;
-  }
-  for (auto& task : control) task();
+  OwnerMailbox<Pending>::Taken taken = mailbox_.Take(block);
+  const std::vector<Pending>& items = taken.items;
   for (const Pending& p : items) {
     if (p.req == nullptr) {
       FinishPart(p.part);
@@ -284,7 +246,7 @@ bool UringBackend::FileQueue::TakeIncoming(bool block) {
     }
   }
   const bool idle = in_flight_ == 0 && reads_.empty() && writes_.empty();
-  return !(stopping && idle && items.empty() && control.empty());
+  return !(taken.stopping && idle && items.empty() && !taken.ran_control);
 }
 
 int UringBackend::FileQueue::FixedIndex(const uint8_t* buf, uint32_t len) const {

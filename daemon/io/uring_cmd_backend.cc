@@ -15,15 +15,13 @@
 #include <thread>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "daemon/common/log.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/nvme_command.h"
+#include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
 
 namespace tutti::io {
@@ -191,10 +189,7 @@ class UringCmdBackend::NamespaceQueue {
   const uint32_t depth_;
   nvme_cmd::Geometry geometry_;
 
-  absl::Mutex mu_;
-  std::vector<Chunk> incoming_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void()>> control_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  OwnerMailbox<Chunk> mailbox_;
 
   // Owner-thread state.
   io_uring ring_{};
@@ -253,10 +248,7 @@ UringCmdBackend::NamespaceQueue::Create(int fd, const NamespaceInfo& info, uint6
 }
 
 UringCmdBackend::NamespaceQueue::~NamespaceQueue() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
+  mailbox_.Stop();
   if (thread_.joinable()) thread_.join();
   if (ring_.ring_fd >= 0) {
     if (fixed_file_) io_uring_unregister_files(&ring_);
@@ -267,26 +259,15 @@ UringCmdBackend::NamespaceQueue::~NamespaceQueue() {
 }
 
 void UringCmdBackend::NamespaceQueue::Post(Part* part, std::vector<Chunk> items) {
-  absl::MutexLock lock(&mu_);
   if (items.empty()) {
-    incoming_.push_back(Chunk{nullptr, part});
-    return;
+    mailbox_.PostOne(Chunk{nullptr, part});
+  } else {
+    mailbox_.Post(std::move(items));
   }
-  incoming_.insert(incoming_.end(), items.begin(), items.end());
 }
 
 absl::Status UringCmdBackend::NamespaceQueue::RunOnOwner(std::function<absl::Status()> task) {
-  auto finished = std::make_shared<absl::Notification>();
-  auto status = std::make_shared<absl::Status>();
-  {
-    absl::MutexLock lock(&mu_);
-    control_.push_back([task = std::move(task), finished, status] {
-      *status = task();
-      finished->Notify();
-    });
-  }
-  finished->WaitForNotification();
-  return *status;
+  return mailbox_.RunOnOwner(std::move(task));
 }
 
 absl::Status UringCmdBackend::NamespaceQueue::RegisterBuffer(absl::Span<uint8_t> region,
@@ -343,23 +324,8 @@ void UringCmdBackend::NamespaceQueue::Run() {
 }
 
 bool UringCmdBackend::NamespaceQueue::TakeIncoming(bool block) {
-  std::vector<Chunk> items;
-  std::vector<std::function<void()>> control;
-  bool stopping;
-  {
-    absl::MutexLock lock(&mu_);
-    if (block) {
-      mu_.Await(absl::Condition(
-          +[](NamespaceQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !q->incoming_.empty() || !q->control_.empty() || q->stopping_;
-          },
-          this));
-    }
-    items.swap(incoming_);
-    control.swap(control_);
-    stopping = stopping_;
-  }
-  for (auto& task : control) task();
+  OwnerMailbox<Chunk>::Taken taken = mailbox_.Take(block);
+  const std::vector<Chunk>& items = taken.items;
   for (const Chunk& c : items) {
     if (c.rs == nullptr) {
       FinishPart(c.part);
@@ -368,7 +334,7 @@ bool UringCmdBackend::NamespaceQueue::TakeIncoming(bool block) {
     }
   }
   const bool idle = in_flight_ == 0 && reads_.empty() && writes_.empty();
-  return !(stopping && idle && items.empty() && control.empty());
+  return !(taken.stopping && idle && items.empty() && !taken.ran_control);
 }
 
 int UringCmdBackend::NamespaceQueue::FixedIndex(const uint8_t* buf, uint32_t len) const {
