@@ -121,9 +121,11 @@ class MultiUserTest : public ::testing::Test {
                              "io { backend: \"memory\" }\n"
                              "dram { capacity_bytes: 0 }\n"
                              "limits { store_staging_bytes: 4194304 retrieve_staging_bytes: "
-                             "33554432 max_blocks_per_call: 64 }\n"
-                             "gpu { mode: \"host\" }\n"
-                             "metrics { listen: \"off\" }\n";
+                             "33554432 max_blocks_per_call: 64 "
+                          << ExtraLimits() << " }\n"
+                          << "gpu { mode: \"host\" }\n"
+                          << MetricsBlock() << "\n"
+                          << ExtraConfig() << "\n";
     log_ = base_ + "/tuttid.log";
     // Bazel's runfiles live under root's 0700 home: give the daemon's user a copy it can run.
     const std::string binary = base_ + "/tuttid";
@@ -145,6 +147,12 @@ class MultiUserTest : public ::testing::Test {
       ASSERT_EQ(WaitForExit(daemon_, absl::Milliseconds(50)), -1) << FileTail(log_, 4000);
     }
   }
+  // Hooks for fixtures of one topic: more limits fields (inside `limits { }`), the metrics block,
+  // and more top-level blocks (none of limits, gpu, metrics, pool, io, dram, listen, state_dir).
+  virtual std::string ExtraLimits() { return ""; }
+  virtual std::string MetricsBlock() { return "metrics { listen: \"off\" }"; }
+  virtual std::string ExtraConfig() { return ""; }
+
   void TearDown() override {
     if (daemon_ > 0) KillAndReap(daemon_);
     if (!base_.empty()) std::filesystem::remove_all(base_);
@@ -301,6 +309,16 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
   EXPECT_TRUE(Untouched(victim));
   EXPECT_TRUE(Untouched(root_only));
 }
+
+// --- Sessions belong to their engine (issue 19, item 1) ---
+
+// --- Pins and the operator ending leases (issue 19, item 2) ---
+
+// --- Namespaces: per user, scoped, removable; capacity share (issue 19, items 2 and 3) ---
+
+// --- The compute model belongs to the namespace owner (issue 19, item 3) ---
+
+// --- The handoff socket and the metrics endpoint (issue 19, items 2 and 4) ---
 
 }  // namespace
 }  // namespace tutti::testing
