@@ -135,7 +135,7 @@ Result<Lease> Client::Lookup(const std::vector<BlockKey>& keys, uint32_t prompt_
   absl::StatusOr<Session::Current> cur = rep_->session->current();
   if (!cur.ok()) return FromAbsl(cur.status());
   tutti::v1::LookupRequest request;
-  request.set_session_id(cur->session_id);
+  cur->Name(&request);
   // One string for the whole chain (LookupRequest.packed_keys): one allocation on each side.
   std::string* packed = request.mutable_packed_keys();
   packed->reserve(keys.size() * 16);
@@ -161,7 +161,7 @@ Result<ComputeReport> Client::ReportCompute(const std::vector<ComputeSample>& sa
   absl::StatusOr<Session::Current> cur = rep_->session->current();
   if (!cur.ok()) return FromAbsl(cur.status());
   tutti::v1::ReportComputeRequest request;
-  request.set_session_id(cur->session_id);
+  cur->Name(&request);
   for (const ComputeSample& c : samples) {
     tutti::v1::ComputeSample* s = request.add_samples();
     s->set_new_tokens(c.new_tokens);
@@ -200,7 +200,7 @@ Result<std::unique_ptr<Retrieval>> Client::Retrieve(const Lease& lease,
                   "again");
   }
   tutti::v1::RetrieveRequest request;
-  request.set_session_id(cur->session_id);
+  cur->Name(&request);
   request.set_lease_id(lease.id);
   AddPairs(keys, engine_blocks, request.mutable_blocks());
   request.set_layer_begin(layer_begin);
@@ -228,7 +228,7 @@ Result<std::vector<StoreOutcome>> Client::Store(const std::vector<BlockKey>& key
   absl::StatusOr<Session::Current> cur = rep_->session->current();
   if (!cur.ok()) return FromAbsl(cur.status());
   tutti::v1::StoreRequest request;
-  request.set_session_id(cur->session_id);
+  cur->Name(&request);
   AddPairs(keys, engine_blocks, request.mutable_blocks());
   request.set_layer_begin(options.layer_begin);
   request.set_layer_end(options.layer_end);
@@ -254,7 +254,7 @@ Status Client::Release(const Lease& lease) {
   if (!cur.ok()) return FromAbsl(cur.status());
   if (lease.generation != cur->generation) return Status();  // gone with the old session
   tutti::v1::ReleaseRequest request;
-  request.set_session_id(cur->session_id);
+  cur->Name(&request);
   request.set_lease_id(lease.id);
   tutti::v1::ReleaseResponse response;
   auto ctx = rep_->session->NewContext();

@@ -60,6 +60,7 @@ absl::Status Session::AttachNow(absl::Duration deadline) {
   if (state_ == State::kDetached) return absl::FailedPreconditionError("detached");
   state_ = State::kAttached;
   session_id_ = response.session_id();
+  token_ = response.session_token();
   attach_ = response;
   ++generation_;
   return absl::OkStatus();
@@ -69,7 +70,7 @@ absl::StatusOr<Session::Current> Session::current() const {
   absl::MutexLock lock(&mu_);
   switch (state_) {
     case State::kAttached:
-      return Current{session_id_, generation_};
+      return Current{session_id_, token_, generation_};
     case State::kLost:
       return absl::UnavailableError(absl::StrCat(
           "lost the session with tuttid at ", options_.socket_path,
@@ -95,6 +96,7 @@ void Session::MarkLost(uint64_t generation, const absl::Status& why) {
   if (state_ != State::kAttached || generation != generation_) return;
   state_ = State::kLost;
   session_id_ = 0;
+  token_.clear();
   wake_ = true;
 }
 
@@ -120,8 +122,8 @@ void Session::WatchChannel() {
       if (stop_) return;
     }
     // Bounded waits, so that a stop is seen within one of them.
-    if (!channel_->WaitForStateChange(
-            state, absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)))) {
+    if (!channel_->WaitForStateChange(state,
+                                      absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)))) {
       continue;
     }
     const grpc_connectivity_state now = channel_->GetState(false);
@@ -140,12 +142,12 @@ absl::Duration Session::Tick(absl::Duration backoff) {
   {
     absl::MutexLock lock(&mu_);
     state = state_;
-    cur = {session_id_, generation_};
+    cur = {session_id_, token_, generation_};
     period = absl::Milliseconds(std::max<uint32_t>(attach_.session_ttl_ms() / 4, 10));
   }
   if (state == State::kAttached) {
     tutti::v1::KeepAliveRequest request;
-    request.set_session_id(cur.session_id);
+    cur.Name(&request);
     tutti::v1::KeepAliveResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(period, absl::Seconds(1))));
@@ -174,16 +176,17 @@ void Session::StopThread() {
 
 absl::Status Session::Detach() {
   StopThread();
-  uint64_t id = 0;
+  Current cur;
   {
     absl::MutexLock lock(&mu_);
-    if (state_ == State::kAttached) id = session_id_;
+    if (state_ == State::kAttached) cur = {session_id_, token_, generation_};
     state_ = State::kDetached;
     session_id_ = 0;
+    token_.clear();
   }
-  if (id == 0) return absl::OkStatus();
+  if (cur.session_id == 0) return absl::OkStatus();
   tutti::v1::DetachRequest request;
-  request.set_session_id(id);
+  cur.Name(&request);
   tutti::v1::DetachResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

@@ -54,7 +54,14 @@ class Session {
 
   struct Current {
     uint64_t session_id = 0;
+    std::string token;  // the Attach's session_token: every call proves the session with it
     uint64_t generation = 0;
+    // Names the session in a request of the engine API: its id and its token.
+    template <class Request>
+    void Name(Request* request) const {
+      request->set_session_id(session_id);
+      request->set_session_token(token);
+    }
   };
   // The live session. UNAVAILABLE while it is lost; FAILED_PRECONDITION after Detach.
   absl::StatusOr<Current> current() const;
@@ -95,6 +102,7 @@ class Session {
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kLost;
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string token_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   tutti::v1::AttachResponse attach_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

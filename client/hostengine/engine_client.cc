@@ -65,18 +65,28 @@ absl::StatusOr<AttachResponse> EngineClient::Attach(AttachRequest request,
   {
     absl::MutexLock lock(&mu_);
     stop_ = false;
+    token_ = response.session_token();
   }
   keepalive_ = std::thread(&EngineClient::KeepAliveLoop, this, response.session_id(),
-                           absl::Milliseconds(ttl_ms / 4));
+                           response.session_token(), absl::Milliseconds(ttl_ms / 4));
   return response;
 }
 
+std::string EngineClient::session_token() const {
+  absl::MutexLock lock(&mu_);
+  return token_;
+}
+
 absl::Status EngineClient::Detach() {
+  tutti::v1::DetachRequest request;
+  Name(&request);
   const uint64_t id = session_id_.exchange(0);
   if (id == 0) return absl::FailedPreconditionError("not attached");
   StopKeepAlive();
-  tutti::v1::DetachRequest request;
-  request.set_session_id(id);
+  {
+    absl::MutexLock lock(&mu_);
+    token_.clear();
+  }
   tutti::v1::DetachResponse response;
   auto ctx = NewContext();
   return FromGrpc(stub_->Detach(ctx.get(), request, &response));
@@ -90,7 +100,7 @@ void EngineClient::StopKeepAlive() {
   if (keepalive_.joinable()) keepalive_.join();
 }
 
-void EngineClient::KeepAliveLoop(uint64_t session_id, absl::Duration period) {
+void EngineClient::KeepAliveLoop(uint64_t session_id, std::string token, absl::Duration period) {
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
@@ -98,6 +108,7 @@ void EngineClient::KeepAliveLoop(uint64_t session_id, absl::Duration period) {
     }
     tutti::v1::KeepAliveRequest request;
     request.set_session_id(session_id);
+    request.set_session_token(token);
     tutti::v1::KeepAliveResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + period));
@@ -107,7 +118,7 @@ void EngineClient::KeepAliveLoop(uint64_t session_id, absl::Duration period) {
 
 absl::StatusOr<tutti::v1::LookupResponse> EngineClient::Lookup(absl::Span<const Key> keys) {
   tutti::v1::LookupRequest request;
-  request.set_session_id(session_id());
+  Name(&request);
   for (const Key& k : keys) request.add_keys(std::string(k.view()));
   tutti::v1::LookupResponse response;
   auto ctx = NewContext();
@@ -120,7 +131,7 @@ absl::StatusOr<EngineClient::RetrieveResult> EngineClient::Retrieve(
     uint64_t lease_id, absl::Span<const Key> keys, absl::Span<const uint32_t> engine_blocks,
     uint32_t layer_begin, uint32_t layer_end) {
   tutti::v1::RetrieveRequest request;
-  request.set_session_id(session_id());
+  Name(&request);
   request.set_lease_id(lease_id);
   AddBlocks(keys, engine_blocks, &request);
   request.set_layer_begin(layer_begin);
@@ -144,7 +155,7 @@ absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> EngineClient::Store(
     absl::Span<const Key> keys, absl::Span<const uint32_t> engine_blocks, bool wait_durable,
     uint32_t layer_begin, uint32_t layer_end) {
   tutti::v1::StoreRequest request;
-  request.set_session_id(session_id());
+  Name(&request);
   AddBlocks(keys, engine_blocks, &request);
   request.set_layer_begin(layer_begin);
   request.set_layer_end(layer_end);
@@ -163,7 +174,7 @@ absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> EngineClient::Store(
 
 absl::Status EngineClient::Release(uint64_t lease_id) {
   tutti::v1::ReleaseRequest request;
-  request.set_session_id(session_id());
+  Name(&request);
   request.set_lease_id(lease_id);
   tutti::v1::ReleaseResponse response;
   auto ctx = NewContext();

@@ -50,6 +50,14 @@ class EngineClient {
 
   bool attached() const { return session_id_.load() != 0; }
   uint64_t session_id() const { return session_id_.load(); }
+  // The Attach's session_token ("" when not attached): every call of the session carries it.
+  std::string session_token() const;
+  // Names this client's session in a raw request: its id and its token.
+  template <class Request>
+  void Name(Request* request) const {
+    request->set_session_id(session_id());
+    request->set_session_token(session_token());
+  }
   // KeepAlive calls that failed since Attach (the session may have expired).
   uint64_t keepalive_failures() const { return keepalive_failures_.load(); }
 
@@ -78,7 +86,7 @@ class EngineClient {
   std::unique_ptr<grpc::ClientContext> NewContext() const;
 
  private:
-  void KeepAliveLoop(uint64_t session_id, absl::Duration period);
+  void KeepAliveLoop(uint64_t session_id, std::string token, absl::Duration period);
   void StopKeepAlive();
 
   std::shared_ptr<grpc::Channel> channel_;
@@ -88,8 +96,9 @@ class EngineClient {
   std::atomic<uint64_t> session_id_{0};
   std::atomic<uint64_t> keepalive_failures_{0};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string token_ ABSL_GUARDED_BY(mu_);
   std::thread keepalive_;
 };
 

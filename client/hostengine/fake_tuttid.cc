@@ -61,7 +61,8 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     const auto& shm = req->regions(0).host_shm();
     absl::StatusOr<server::Credential> credential = credentials_.Redeem(req->credential());
     if (!credential.ok()) {
-      return grpc::Status(StatusCode::PERMISSION_DENIED, std::string(credential.status().message()));
+      return grpc::Status(StatusCode::PERMISSION_DENIED,
+                          std::string(credential.status().message()));
     }
     if (shm.fd_index() >= credential->fds.size()) {
       return grpc::Status(StatusCode::INVALID_ARGUMENT, "fd_index");
@@ -85,6 +86,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     const uint64_t id = ++next_id_;
     sessions_[id] = std::move(s);
     resp->set_session_id(id);
+    resp->set_session_token(TokenOf(id));
     resp->set_namespace_id(0xabcdef0123456789ull);
     resp->set_session_ttl_ms(400);
     resp->set_max_blocks_per_call(4096);
@@ -95,8 +97,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   grpc::Status KeepAlive(ServerContext*, const v1::KeepAliveRequest* req,
                          v1::KeepAliveResponse* resp) override {
     absl::MutexLock lock(&mu_);
-    if (sessions_.count(req->session_id()) == 0)
-      return grpc::Status(StatusCode::NOT_FOUND, "session");
+    if (Find(*req) == sessions_.end()) return grpc::Status(StatusCode::NOT_FOUND, "session");
     ++keepalives_;
     resp->set_session_ttl_ms(400);
     return grpc::Status::OK;
@@ -105,8 +106,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   grpc::Status Lookup(ServerContext*, const v1::LookupRequest* req,
                       v1::LookupResponse* resp) override {
     absl::MutexLock lock(&mu_);
-    if (sessions_.count(req->session_id()) == 0)
-      return grpc::Status(StatusCode::NOT_FOUND, "session");
+    if (Find(*req) == sessions_.end()) return grpc::Status(StatusCode::NOT_FOUND, "session");
     ++lookups_;
     uint32_t hits = 0;
     while (hits < req->keys_size() && blocks_.contains(req->keys(hits))) ++hits;
@@ -123,7 +123,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   grpc::Status Retrieve(ServerContext*, const v1::RetrieveRequest* req,
                         grpc::ServerWriter<v1::RetrieveProgress>* writer) override {
     absl::MutexLock lock(&mu_);
-    auto sit = sessions_.find(req->session_id());
+    auto sit = Find(*req);
     if (sit == sessions_.end()) return grpc::Status(StatusCode::NOT_FOUND, "session");
     if (!leases_.contains(req->lease_id())) return grpc::Status(StatusCode::NOT_FOUND, "lease");
     const Session& s = sit->second;
@@ -159,7 +159,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     absl::MutexLock lock(&mu_);
     ++store_calls_;
     if (store_error_ != 0) return grpc::Status(static_cast<StatusCode>(store_error_), "injected");
-    auto sit = sessions_.find(req->session_id());
+    auto sit = Find(*req);
     if (sit == sessions_.end()) return grpc::Status(StatusCode::NOT_FOUND, "session");
     const Session& s = sit->second;
     for (const auto& pair : req->blocks()) {
@@ -192,7 +192,7 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
 
   grpc::Status Detach(ServerContext*, const v1::DetachRequest* req, v1::DetachResponse*) override {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(req->session_id());
+    auto it = Find(*req);
     if (it == sessions_.end()) return grpc::Status(StatusCode::NOT_FOUND, "session");
     munmap(it->second.base, it->second.size);
     sessions_.erase(it);
@@ -269,7 +269,8 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
   grpc::Status Verify(ServerContext*, const v1::VerifyRequest* req,
                       grpc::ServerWriter<v1::VerifyProgress>* writer) override {
     absl::MutexLock lock(&mu_);
-    const uint64_t total = blocks_.size(), batch = req->batch_blocks() == 0 ? 8 : req->batch_blocks();
+    const uint64_t total = blocks_.size(),
+                   batch = req->batch_blocks() == 0 ? 8 : req->batch_blocks();
     v1::VerifyProgress last;
     last.set_blocks_total(total);
     for (uint64_t done = 0; done < total;) {
@@ -326,6 +327,23 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     }
     if (req->subsystem() == "store") resp->set_previous_level("info");
     return grpc::Status::OK;
+  }
+
+  // As tuttid: a token per session (here derived from the id, not random), and a request whose
+  // token is not its session's names no session.
+  static std::string TokenOf(uint64_t id) {
+    std::string token(16, 't');
+    std::memcpy(token.data(), &id, sizeof(id));
+    return token;
+  }
+  template <class Request>
+  std::map<uint64_t, Session>::iterator Find(const Request& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = sessions_.find(req.session_id());
+    if (it == sessions_.end() || req.session_token() != TokenOf(req.session_id())) {
+      return sessions_.end();
+    }
+    return it;
   }
 
   static constexpr uint64_t kCapacity = 1ull << 30;

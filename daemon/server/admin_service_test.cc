@@ -22,7 +22,7 @@ class AdminServiceTest : public ::testing::Test {
   // Stores `n` blocks from `engine` under keys base.. and pins the first `pinned` by a Lookup.
   void StoreAndPin(uint64_t session, uint64_t base, uint32_t n, uint32_t pinned) {
     tutti::v1::StoreRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.set_wait_durable(true);
     for (uint32_t i = 0; i < n; ++i) {
       auto* bp = req.add_blocks();
@@ -34,7 +34,7 @@ class AdminServiceTest : public ::testing::Test {
     ASSERT_TRUE(env_.kv().Store(&c1, req, &sr).ok());
     if (pinned == 0) return;
     tutti::v1::LookupRequest lr;
-    lr.set_session_id(session);
+    env_.Name(session, &lr);
     for (uint32_t i = 0; i < pinned; ++i) lr.add_keys(KeyBytes(base + i));
     grpc::ClientContext c2;
     tutti::v1::LookupResponse lresp;
@@ -217,14 +217,14 @@ pool::PoolLayout EnvLayout() { return *pool::PoolLayout::Compute(64ull << 20, 2,
 // Whether `key` alone is found by a Lookup of `session` (its lease is dropped again).
 bool Found(ServiceEnv& env, uint64_t session, uint64_t key) {
   tutti::v1::LookupRequest lr;
-  lr.set_session_id(session);
+  env.Name(session, &lr);
   lr.add_keys(KeyBytes(key));
   grpc::ClientContext ctx;
   tutti::v1::LookupResponse resp;
   EXPECT_TRUE(env.kv().Lookup(&ctx, lr, &resp).ok());
   if (resp.hits() > 0) {
     tutti::v1::ReleaseRequest rel;
-    rel.set_session_id(session);
+    env.Name(session, &rel);
     rel.set_lease_id(resp.lease_id());
     grpc::ClientContext c2;
     tutti::v1::ReleaseResponse rr;
@@ -272,7 +272,7 @@ TEST_F(AdminOpsTest, DrainWaitsForTheBacklogAndReportsIt) {
   const uint64_t session = env_.Attach(engine);
   env_.backend().SetPaused(true);
   tutti::v1::StoreRequest sreq;
-  sreq.set_session_id(session);
+  env_.Name(session, &sreq);
   for (uint32_t i = 0; i < 3; ++i) {
     auto* bp = sreq.add_blocks();
     bp->set_key(KeyBytes(80 + i));
@@ -349,7 +349,8 @@ TEST_F(AdminOpsTest, SetLogLevelChangesOneSubsystemAndRefusesUnknownNames) {
   ASSERT_TRUE(env_.admin().SetLogLevel(&c1, req, &resp).ok());
   EXPECT_EQ(resp.previous_level(), "info");
   EXPECT_EQ(tutti::log::Get("store")->level(), spdlog::level::debug);
-  EXPECT_EQ(tutti::log::Get("server")->level(), spdlog::level::info) << "other subsystems keep theirs";
+  EXPECT_EQ(tutti::log::Get("server")->level(), spdlog::level::info)
+      << "other subsystems keep theirs";
 
   req.set_subsystem("no-such-subsystem");
   grpc::ClientContext c2;

@@ -39,7 +39,7 @@ class DecisionServiceTest : public ::testing::Test {
     session_ = env_.Attach(engine_);
     ASSERT_NE(session_, 0u);
     tutti::v1::StoreRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     req.set_wait_durable(true);
     for (uint32_t b = 0; b < 4; ++b) {
       engine_.Fill(b, 100 + b);
@@ -54,7 +54,7 @@ class DecisionServiceTest : public ::testing::Test {
 
   tutti::v1::LookupResponse Lookup(uint32_t prompt_tokens, grpc::Status* status = nullptr) {
     tutti::v1::LookupRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     for (uint64_t k = 100; k < 104; ++k) req.add_keys(KeyBytes(k));
     req.set_prompt_tokens(prompt_tokens);
     tutti::v1::LookupResponse resp;
@@ -71,7 +71,7 @@ class DecisionServiceTest : public ::testing::Test {
                       uint64_t decision_id = 0, double measured = 0,
                       tutti::v1::ReportComputeResponse* resp = nullptr) {
     tutti::v1::ReportComputeRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     for (const auto& s : samples) *req.add_samples() = s;
     req.set_decision_id(decision_id);
     req.set_measured_ttft_ms(measured);
@@ -100,7 +100,7 @@ class DecisionServiceTest : public ::testing::Test {
 
   void Release(uint64_t lease) {
     tutti::v1::ReleaseRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     req.set_lease_id(lease);
     tutti::v1::ReleaseResponse resp;
     grpc::ClientContext ctx;
@@ -137,7 +137,7 @@ TEST_F(DecisionServiceTest, AdvisedPrefixIsRetrievedTheRestOfTheLeaseIsReleased)
 
   // Retrieve only the first load_blocks keys of the lease.
   tutti::v1::RetrieveRequest req;
-  req.set_session_id(session_);
+  env_.Name(session_, &req);
   req.set_lease_id(r.lease_id());
   for (uint32_t b = 0; b < r.load_blocks(); ++b) {
     engine_.Zero(4 + b);
@@ -192,7 +192,7 @@ TEST_F(DecisionServiceTest, BadReportsAndPromptsAreInvalidArgumentNamingTheField
   EXPECT_EQ(Lookup(kPrompt).load_blocks(), 4u) << "nothing of the bad reports was recorded";
 
   tutti::v1::ReportComputeRequest unknown;
-  unknown.set_session_id(session_ + 1000);
+  env_.Name(session_ + 1000, &unknown);
   tutti::v1::ReportComputeResponse resp;
   grpc::ClientContext ctx;
   ExpectError(env_.kv().ReportCompute(&ctx, unknown, &resp), grpc::StatusCode::NOT_FOUND,

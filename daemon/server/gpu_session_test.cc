@@ -118,7 +118,7 @@ class GpuSessionTest : public ::testing::Test {
 
   grpc::Status Store(uint32_t ticket, tutti::v1::StoreResponse* resp) {
     tutti::v1::StoreRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     for (uint32_t b = 0; b < 2; ++b) {
       auto* p = req.add_blocks();
       p->set_key(KeyBytes(500 + b));
@@ -132,7 +132,7 @@ class GpuSessionTest : public ::testing::Test {
 
   uint64_t Lease() {
     tutti::v1::LookupRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     req.add_keys(KeyBytes(500));
     req.add_keys(KeyBytes(501));
     grpc::ClientContext ctx;
@@ -145,7 +145,7 @@ class GpuSessionTest : public ::testing::Test {
   grpc::Status Retrieve(uint64_t lease, uint32_t ticket, uint32_t layer_begin = 0,
                         uint32_t layer_end = 0, std::vector<uint32_t>* progress = nullptr) {
     tutti::v1::RetrieveRequest req;
-    req.set_session_id(session_);
+    env_.Name(session_, &req);
     req.set_lease_id(lease);
     for (uint32_t b = 0; b < 2; ++b) {
       auto* p = req.add_blocks();

@@ -39,7 +39,7 @@ void KvCacheService::AdviseLookup(const SessionState& session, uint32_t prompt_t
 
 absl::Status KvCacheService::DoReportCompute(const tutti::v1::ReportComputeRequest& req,
                                              tutti::v1::ReportComputeResponse* resp) {
-  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
   if (req.samples_size() > static_cast<int>(decision::kMaxSamplesPerReport)) {
     return absl::InvalidArgumentError(absl::StrCat("samples: ", req.samples_size(),
                                                    " given, at most ",

@@ -74,12 +74,12 @@ MemoryOpener HostMemoryOpener() {
       RETURN_IF_ERROR(CheckClientText(field + ".host_shm.name", r.host_shm().name(), 200));
       const uint32_t index = r.host_shm().fd_index();
       if (index >= credential.fds.size() || !credential.fds[index].valid()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".host_shm.fd_index = ", index, ": the handoff carried ",
-            credential.fds.size(), " descriptors, each usable by one region"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".host_shm.fd_index = ", index, ": the handoff carried ",
+                         credential.fds.size(), " descriptors, each usable by one region"));
       }
-      regions.push_back({r.host_shm().name(), std::move(credential.fds[index]),
-                         r.host_shm().size_bytes()});
+      regions.push_back(
+          {r.host_shm().name(), std::move(credential.fds[index]), r.host_shm().size_bytes()});
     }
     ASSIGN_OR_RETURN(auto memory,
                      engine::HostMemory::Create(std::move(regions), Placements(req),
@@ -102,8 +102,9 @@ KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore*
       own_advisor_(advisor == nullptr ? std::make_unique<decision::Advisor>(true) : nullptr),
       advisor_(advisor == nullptr ? own_advisor_.get() : advisor) {}
 
-absl::StatusOr<KvCacheService::SessionCall> KvCacheService::EnterSession(uint64_t session_id) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(session_id));
+absl::StatusOr<KvCacheService::SessionCall> KvCacheService::EnterSession(uint64_t session_id,
+                                                                         std::string_view token) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(session_id, token));
   if (session->calls.fetch_add(1) >= options_.max_calls_per_session) {
     session->calls.fetch_sub(1);
     return absl::ResourceExhaustedError(
@@ -127,9 +128,9 @@ absl::Status CheckEngineGroup(const std::string& group) {
   if (group.empty() || (group.size() >= kMinEngineGroup && group.size() <= kMaxEngineGroup)) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat("engine_group: ", group.size(),
-                                                 " bytes; must be ", kMinEngineGroup, " to ",
-                                                 kMaxEngineGroup, " (or empty: no sharing)"));
+  return absl::InvalidArgumentError(absl::StrCat("engine_group: ", group.size(), " bytes; must be ",
+                                                 kMinEngineGroup, " to ", kMaxEngineGroup,
+                                                 " (or empty: no sharing)"));
 }
 
 // No regions, no placements, no ready words and num_blocks 0: a lookup-only session.
@@ -192,12 +193,13 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
   const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
   const auto pid = static_cast<uint32_t>(credential.peer.pid);
-  ASSIGN_OR_RETURN(SessionRef session,
-                   sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io),
-                                   watch ? pid : 0, credential.peer.uid, req.engine_group(),
-                                   memoryless));
+  ASSIGN_OR_RETURN(
+      SessionRef session,
+      sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io),
+                      watch ? pid : 0, credential.peer.uid, req.engine_group(), memoryless));
   if (watch) RETURN_IF_ERROR(WatchEngine(session));
   resp->set_session_id(session->id);
+  resp->set_session_token(session->token);
   resp->set_namespace_id(ns);
   resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
   resp->set_max_blocks_per_call(options_.max_blocks_per_call);
@@ -221,7 +223,7 @@ grpc::Status KvCacheService::Attach(grpc::ServerContext*, const tutti::v1::Attac
 grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*, const tutti::v1::KeepAliveRequest* req,
                                        tutti::v1::KeepAliveResponse* resp) {
   return ServeCall(gate_, [&] {
-    absl::StatusOr<SessionCall> call = EnterSession(req->session_id());
+    absl::StatusOr<SessionCall> call = EnterSession(req->session_id(), req->session_token());
     if (call.ok()) resp->set_session_ttl_ms(sessions_->options().session_ttl_ms);
     return call.status();
   });
@@ -230,7 +232,7 @@ grpc::Status KvCacheService::KeepAlive(grpc::ServerContext*, const tutti::v1::Ke
 grpc::Status KvCacheService::Release(grpc::ServerContext*, const tutti::v1::ReleaseRequest* req,
                                      tutti::v1::ReleaseResponse*) {
   return ServeCall(gate_, [&] {
-    absl::StatusOr<SessionCall> call = EnterSession(req->session_id());
+    absl::StatusOr<SessionCall> call = EnterSession(req->session_id(), req->session_token());
     if (!call.ok()) return call.status();
     return sessions_->Release(req->session_id(), req->lease_id());
   });
@@ -238,14 +240,18 @@ grpc::Status KvCacheService::Release(grpc::ServerContext*, const tutti::v1::Rele
 
 grpc::Status KvCacheService::Detach(grpc::ServerContext*, const tutti::v1::DetachRequest* req,
                                     tutti::v1::DetachResponse*) {
-  return ServeCall(gate_, [&] { return sessions_->Close(req->session_id()); });
+  return ServeCall(gate_, [&]() -> absl::Status {
+    // Only the session's engine may end it: the token first, as for every other call.
+    RETURN_IF_ERROR(sessions_->Touch(req->session_id(), req->session_token()).status());
+    return sessions_->Close(req->session_id());
+  });
 }
 
 // --- Lookup ---
 
 absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
                                       tutti::v1::LookupResponse* resp) {
-  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
   const SessionRef& session = call.session();
   ASSIGN_OR_RETURN(std::vector<Key> keys, ParseLookupKeys(req, options_.max_blocks_per_call));
   if (req.prompt_tokens() > decision::kMaxContextTokens) {
@@ -352,7 +358,7 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
 
 absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
                                         grpc::ServerContext* ctx, const Emit& emit) {
-  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
   const SessionRef& session = call.session();
   RETURN_IF_ERROR(CheckHasMemory(*session, "Retrieve"));
   EngineIo* io = session->io.get();
@@ -426,7 +432,8 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
         "retry later or drop the blocks");
   } else if (session_share) {
     resp->set_rejected_why(absl::StrCat(
-        "session ", session.id, " holds its share of store staging "
+        "session ", session.id,
+        " holds its share of store staging "
         "(limits.max_store_staging_bytes_per_session); retry once its blocks are written"));
   } else if (full) {
     resp->set_rejected_why(
@@ -437,7 +444,7 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
 
 absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
                                      tutti::v1::StoreResponse* resp) {
-  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id()));
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
   const SessionRef& session = call.session();
   RETURN_IF_ERROR(CheckHasMemory(*session, "Store"));
   EngineIo* io = session->io.get();

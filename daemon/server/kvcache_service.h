@@ -131,7 +131,9 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
    private:
     SessionRef session_;
   };
-  absl::StatusOr<SessionCall> EnterSession(uint64_t session_id);
+  // The session named by a request, if `token` is its token (SessionManager::Touch), holding a
+  // call slot. NOT_FOUND as for an unknown session; RESOURCE_EXHAUSTED past max_calls_per_session.
+  absl::StatusOr<SessionCall> EnterSession(uint64_t session_id, std::string_view token);
   absl::Status DoLookup(const tutti::v1::LookupRequest& req, tutti::v1::LookupResponse* resp);
   // Sets resp's load_blocks and, when the advisor predicts, the predictions (kvcache_decision.cc).
   void AdviseLookup(const SessionState& session, uint32_t prompt_tokens,

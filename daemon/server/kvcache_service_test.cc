@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/server/service_test_env.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 
 namespace tutti::server::testing {
@@ -39,7 +39,7 @@ class KvCacheServiceTest : public ::testing::Test {
   grpc::Status Store(uint64_t session, std::vector<Pair> pairs, tutti::v1::StoreResponse* resp,
                      bool wait_durable = true, uint32_t lb = 0, uint32_t le = 0) {
     tutti::v1::StoreRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     AddPairs(pairs, &req);
     req.set_layer_begin(lb);
     req.set_layer_end(le);
@@ -51,7 +51,7 @@ class KvCacheServiceTest : public ::testing::Test {
   grpc::Status Lookup(uint64_t session, std::vector<std::string> keys,
                       tutti::v1::LookupResponse* resp) {
     tutti::v1::LookupRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     for (auto& k : keys) req.add_keys(k);
     grpc::ClientContext ctx;
     return env_.kv().Lookup(&ctx, req, resp);
@@ -60,7 +60,7 @@ class KvCacheServiceTest : public ::testing::Test {
   grpc::Status Retrieve(uint64_t session, uint64_t lease, std::vector<Pair> pairs,
                         std::vector<RetrieveProgress>* progress, uint32_t lb = 0, uint32_t le = 0) {
     tutti::v1::RetrieveRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.set_lease_id(lease);
     AddPairs(pairs, &req);
     req.set_layer_begin(lb);
@@ -137,7 +137,7 @@ TEST_F(KvCacheServiceTest, StoreLookupRetrieveRoundTrip) {
   // The lease ended with the Retrieve.
   grpc::ClientContext ctx;
   tutti::v1::ReleaseRequest rel;
-  rel.set_session_id(session);
+  env_.Name(session, &rel);
   rel.set_lease_id(lease);
   tutti::v1::ReleaseResponse rr;
   ExpectError(env_.kv().Release(&ctx, rel, &rr), grpc::StatusCode::NOT_FOUND, "lease");
@@ -236,7 +236,8 @@ TEST_F(KvCacheServiceTest, AttachErrors) {
   // Fill every session slot; the next is RESOURCE_EXHAUSTED; the others keep working.
   std::vector<uint64_t> ids;
   for (int i = 0; i < 4; ++i) ids.push_back(env_.Attach(engine));
-  ExpectError(attach(env_.AttachRequest(engine)), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_sessions");
+  ExpectError(attach(env_.AttachRequest(engine)), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "max_sessions");
   ExpectStillServing(ids[0]);
 }
 
@@ -315,7 +316,7 @@ TEST(KvCacheBacklogTest, PastTheWriteBacklogStoreAnswersFullWithTheReason) {
   auto store = [&](uint64_t key, tutti::v1::StoreResponse* resp) {
     engine.Fill(0, key);
     tutti::v1::StoreRequest req;
-    req.set_session_id(session);
+    env.Name(session, &req);
     AddPairs({{key, 0}}, &req);
     grpc::ClientContext ctx;
     return env.kv().Store(&ctx, req, resp);
@@ -339,7 +340,7 @@ TEST(KvCacheBacklogTest, PastTheWriteBacklogStoreAnswersFullWithTheReason) {
 TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
   ShmEngine engine;
   const uint64_t busy = env_.Attach(engine), other = env_.Attach(engine);
-  auto state = env_.sessions().Touch(busy);
+  auto state = env_.sessions().Touch(busy, env_.Token(busy));
   ASSERT_TRUE(state.ok());
   (*state)->calls.store(64);  // as if 64 calls of `busy` were running
   tutti::v1::LookupResponse resp;
@@ -359,7 +360,10 @@ TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
 TEST_F(KvCacheServiceTest, UndecodableRequestsAreInvalidArgument) {
   grpc::GenericStub stub(env_.channel());
   grpc::CompletionQueue cq;
-  const std::string truncated("\x0a\x10" "ab", 4);        // engine_id: 16 bytes announced, 2 sent
+  const std::string truncated(
+      "\x0a\x10"
+      "ab",
+      4);                                                 // engine_id: 16 bytes announced, 2 sent
   const std::string not_utf8("\x0a\x03\xff\xfe\xfd", 5);  // engine_id: not UTF-8
   for (const std::string& junk : {truncated, not_utf8}) {
     grpc::ClientContext ctx;
@@ -459,7 +463,7 @@ TEST_F(KvCacheServiceTest, ReleaseKeepAliveDetach) {
 
   grpc::ClientContext c1;
   tutti::v1::ReleaseRequest rel;
-  rel.set_session_id(session);
+  env_.Name(session, &rel);
   rel.set_lease_id(lease);
   tutti::v1::ReleaseResponse rr;
   ASSERT_TRUE(env_.kv().Release(&c1, rel, &rr).ok());
@@ -469,14 +473,14 @@ TEST_F(KvCacheServiceTest, ReleaseKeepAliveDetach) {
 
   grpc::ClientContext c3;
   tutti::v1::KeepAliveRequest ka;
-  ka.set_session_id(session);
+  env_.Name(session, &ka);
   tutti::v1::KeepAliveResponse kar;
   ASSERT_TRUE(env_.kv().KeepAlive(&c3, ka, &kar).ok());
   EXPECT_EQ(kar.session_ttl_ms(), 30000u);
 
   grpc::ClientContext c4;
   tutti::v1::DetachRequest det;
-  det.set_session_id(session);
+  env_.Name(session, &det);
   tutti::v1::DetachResponse dr;
   ASSERT_TRUE(env_.kv().Detach(&c4, det, &dr).ok());
   grpc::ClientContext c5;
@@ -521,7 +525,7 @@ TEST_F(KvCacheServiceTest, DetachDuringRetrieveKeepsMemoryMappedAndCancels) {
   EXPECT_GT(env_.backend().queued_batches(), 0u);
   grpc::ClientContext ctx;
   tutti::v1::DetachRequest det;
-  det.set_session_id(session);
+  env_.Name(session, &det);
   tutti::v1::DetachResponse dr;
   ASSERT_TRUE(env_.kv().Detach(&ctx, det, &dr).ok());
   env_.backend().SetPaused(false);

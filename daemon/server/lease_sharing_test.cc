@@ -29,7 +29,7 @@ class LeaseSharingServiceTest : public ::testing::Test {
     grpc::ClientContext ctx;
     tutti::v1::AttachResponse resp;
     grpc::Status s = env_.kv().Attach(&ctx, req, &resp);
-    if (session != nullptr) *session = resp.session_id();
+    if (session != nullptr) *session = env_.Remember(resp);
     return s;
   }
   // The engine's request with memory and `group`.
@@ -56,7 +56,7 @@ class LeaseSharingServiceTest : public ::testing::Test {
   // Stores engine blocks 0..n-1 under keys base.. from session `session`, durably.
   void StoreBlocks(uint64_t session, uint64_t base, uint32_t n) {
     tutti::v1::StoreRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.set_wait_durable(true);
     for (uint32_t i = 0; i < n; ++i) {
       engine_.Fill(i, base + i);
@@ -71,7 +71,7 @@ class LeaseSharingServiceTest : public ::testing::Test {
   }
   uint64_t Lookup(uint64_t session, std::vector<uint64_t> keys, uint32_t want_hits) {
     tutti::v1::LookupRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     for (uint64_t k : keys) req.add_keys(KeyBytes(k));
     grpc::ClientContext ctx;
     tutti::v1::LookupResponse resp;
@@ -84,7 +84,7 @@ class LeaseSharingServiceTest : public ::testing::Test {
   grpc::Status Retrieve(uint64_t session, uint64_t lease_id, std::vector<uint64_t> lease_ids,
                         std::vector<std::pair<uint64_t, uint32_t>> pairs) {
     tutti::v1::RetrieveRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.set_lease_id(lease_id);
     for (uint64_t id : lease_ids) req.add_lease_ids(id);
     for (const auto& [key, block] : pairs) {
@@ -102,7 +102,7 @@ class LeaseSharingServiceTest : public ::testing::Test {
   }
   grpc::Status Release(uint64_t session, uint64_t lease) {
     tutti::v1::ReleaseRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.set_lease_id(lease);
     grpc::ClientContext ctx;
     tutti::v1::ReleaseResponse resp;
@@ -133,7 +133,7 @@ TEST_F(LeaseSharingServiceTest, AMemorylessSessionLooksUpAndReleasesButNeitherRe
   ExpectError(Retrieve(scheduler, lease, {}, {{100, 0}}), grpc::StatusCode::FAILED_PRECONDITION,
               "memory-less");
   tutti::v1::StoreRequest store;
-  store.set_session_id(scheduler);
+  env_.Name(scheduler, &store);
   auto* p = store.add_blocks();
   p->set_key(KeyBytes(500));
   p->set_engine_block(0);
@@ -143,7 +143,7 @@ TEST_F(LeaseSharingServiceTest, AMemorylessSessionLooksUpAndReleasesButNeitherRe
               "memory-less");
   EXPECT_TRUE(Release(scheduler, lease).ok()) << "the refused Retrieve left the lease as it was";
   tutti::v1::ReportComputeRequest report;
-  report.set_session_id(scheduler);
+  env_.Name(scheduler, &report);
   grpc::ClientContext rctx;
   tutti::v1::ReportComputeResponse rresp;
   EXPECT_TRUE(env_.kv().ReportCompute(&rctx, report, &rresp).ok());
@@ -228,8 +228,8 @@ TEST_F(LeaseSharingServiceTest, OneBadLeaseClaimsNothingAndDuplicatesAreRefused)
   const uint64_t a = Lookup(scheduler, {100}, 1), b = Lookup(scheduler, {101}, 1);
   ExpectError(Retrieve(worker, 0, {a, b, 424242}, {{100, 0}, {101, 1}}),
               grpc::StatusCode::NOT_FOUND, "lease 424242");
-  ExpectError(Retrieve(worker, 0, {a}, {{100, 0}, {101, 1}}),
-              grpc::StatusCode::FAILED_PRECONDITION, "blocks[1]");
+  ExpectError(Retrieve(worker, 0, {a}, {{100, 0}, {101, 1}}), grpc::StatusCode::FAILED_PRECONDITION,
+              "blocks[1]");
   ExpectError(Retrieve(worker, a, {b, a}, {{100, 0}}), grpc::StatusCode::INVALID_ARGUMENT,
               "lease_ids[1]");
   EXPECT_EQ(Pinned(), 2u);

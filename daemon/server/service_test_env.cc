@@ -136,7 +136,8 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   session_options.session_ttl_ms = 30000;
   session_options.lease_ttl_ms = 10000;
   session_options.max_sessions = options.max_sessions;
-  sessions_ = std::make_unique<SessionManager>(session_options, &session_clock_,
+  sessions_ = std::make_unique<SessionManager>(
+      session_options, &session_clock_,
       [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); },
       [raw_store](uint64_t session_id) { raw_store->DropPending(session_id); });
   advisor_ = std::make_unique<decision::Advisor>(options.decision);
@@ -191,7 +192,17 @@ uint64_t ServiceEnv::Attach(const ShmEngine& engine) {
   tutti::v1::AttachResponse resp;
   grpc::Status s = kv_->Attach(&ctx, AttachRequest(engine), &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  return resp.session_id();
+  return Remember(resp);
+}
+
+uint64_t ServiceEnv::Remember(const tutti::v1::AttachResponse& attached) {
+  tokens_[attached.session_id()] = attached.session_token();
+  return attached.session_id();
+}
+
+std::string ServiceEnv::Token(uint64_t session) const {
+  auto it = tokens_.find(session);
+  return it == tokens_.end() ? "" : it->second;
 }
 
 }  // namespace tutti::server::testing

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,9 +66,9 @@ struct EnvOptions {
   SessionManager::Options sessions;  // max_sessions is taken from above
   uint32_t max_calls_per_session = 64;
   uint32_t max_namespaces = 1024;
-  MemoryOpener opener;  // empty: HostMemoryOpener()
-  uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
-  uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
+  MemoryOpener opener;                         // empty: HostMemoryOpener()
+  uint64_t dram_bytes = 0;                     // the store's DRAM tier; 0: off
+  uint64_t max_write_backlog_bytes = 0;        // StoreOptions's; 0: store staging
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
   uint64_t gpu_memory_bytes = 0;               // DaemonInfo::gpu_memory_bytes
   bool decision = true;  // the advisor enabled (datapath.decision "auto") or off
@@ -94,8 +95,19 @@ class ServiceEnv {
   // credential (fd_index 0). An empty credential after a failed EXPECT.
   tutti::v1::AttachRequest AttachRequest(const ShmEngine& engine,
                                          const std::string& engine_id = "test-engine");
-  // Attaches `engine`; returns the session id (0 after a failed EXPECT).
+  // Attaches `engine`; returns the session id (0 after a failed EXPECT). The env keeps the
+  // session's token (Token, Name).
   uint64_t Attach(const ShmEngine& engine);
+  // Keeps the token of a session attached by the test itself; returns its id.
+  uint64_t Remember(const tutti::v1::AttachResponse& attached);
+  // The token of a session this env attached or remembered ("" for any other id).
+  std::string Token(uint64_t session) const;
+  // Names `session` in `req` as its engine does: its id and its token.
+  template <class Request>
+  void Name(uint64_t session, Request* req) const {
+    req->set_session_id(session);
+    req->set_session_token(Token(session));
+  }
   CredentialTable& credentials() { return credentials_; }
   DeviceHealthBoard& device_health() { return device_health_; }
 
@@ -118,6 +130,7 @@ class ServiceEnv {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tutti::v1::KvCache::Stub> kv_;
   std::unique_ptr<tutti::v1::Admin::Stub> admin_;
+  std::map<uint64_t, std::string> tokens_;
 };
 
 }  // namespace tutti::server::testing

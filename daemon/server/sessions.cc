@@ -1,6 +1,10 @@
 #include "daemon/server/sessions.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -10,6 +14,36 @@
 #include "daemon/common/status_macros.h"
 
 namespace tutti::server {
+namespace {
+
+absl::StatusOr<std::string> NewToken() {
+  std::string token(kSessionTokenBytes, '\0');
+  size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = getrandom(token.data() + got, token.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("no random bytes for a session token: getrandom: ", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return token;
+}
+
+// Equal lengths and bytes, in time that depends on the length only.
+bool SameToken(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+absl::Status UnknownSession(uint64_t session_id) {
+  return absl::NotFoundError(absl::StrCat("session ", session_id, " is unknown or expired"));
+}
+
+}  // namespace
 
 SessionManager::SessionManager(const Options& options, Clock* clock, Unpinner unpin,
                                std::function<void(uint64_t)> closed)
@@ -30,6 +64,7 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
                                                 std::string model_id, std::shared_ptr<EngineIo> io,
                                                 uint32_t engine_pid, uint32_t uid,
                                                 std::string engine_group, bool memoryless) {
+  ASSIGN_OR_RETURN(std::string token, NewToken());
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -44,6 +79,7 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
   }
   auto state = std::make_shared<SessionState>();
   state->id = next_session_id_++;
+  state->token = std::move(token);
   state->engine_id = std::move(engine_id);
   state->ns = ns;
   state->model_id = std::move(model_id);
@@ -65,9 +101,7 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
 
 absl::StatusOr<SessionManager::Session*> SessionManager::FindLocked(uint64_t session_id) {
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("session ", session_id, " is unknown or expired"));
-  }
+  if (it == sessions_.end()) return UnknownSession(session_id);
   return &it->second;
 }
 
@@ -82,10 +116,11 @@ SessionManager::FindLeaseLocked(uint64_t session_id, uint64_t lease_id) {
   return std::make_pair(s, it);
 }
 
-absl::StatusOr<SessionRef> SessionManager::Touch(uint64_t session_id) {
+absl::StatusOr<SessionRef> SessionManager::Touch(uint64_t session_id, std::string_view token) {
   absl::MutexLock lock(&mu_);
   auto s = FindLocked(session_id);
   if (!s.ok()) return s.status();
+  if (!SameToken((*s)->state->token, token)) return UnknownSession(session_id);
   (*s)->last_seen_ms = clock_->NowMs();
   return SessionRef((*s)->state);
 }
@@ -108,9 +143,9 @@ absl::StatusOr<uint64_t> SessionManager::AddLease(uint64_t session_id, std::vect
         "); Release leases first"));
   }
   if (pinned_total_ + n > options_.max_pinned_blocks) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the sessions pin ", pinned_total_, " blocks (limits.max_pinned_blocks = ",
-        options_.max_pinned_blocks, "); try again once leases end"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the sessions pin ", pinned_total_, " blocks (limits.max_pinned_blocks = ",
+                     options_.max_pinned_blocks, "); try again once leases end"));
   }
   session.pinned += n;
   pinned_total_ += n;
@@ -174,11 +209,10 @@ absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLeases(
   for (const auto& [s, it] : found) leased.insert(it->second.keys.begin(), it->second.keys.end());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!leased.contains(keys[i])) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("blocks[", i, "]: key ", keys[i].Hex(), " is not pinned under ",
-                       lease_ids.size() == 1 ? absl::StrCat("lease ", lease_ids[0])
-                                             : absl::StrCat("any of the ", lease_ids.size(),
-                                                            " leases named")));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "blocks[", i, "]: key ", keys[i].Hex(), " is not pinned under ",
+          lease_ids.size() == 1 ? absl::StrCat("lease ", lease_ids[0])
+                                : absl::StrCat("any of the ", lease_ids.size(), " leases named")));
     }
   }
   // The pins stay on their owners' counts and in pinned_total_ until the claim ends.

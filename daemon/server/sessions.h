@@ -19,6 +19,13 @@
 // the manager's destruction) also calls EngineIo::Close() once, without the manager's lock held,
 // so the engine's mappings are released at once and nothing more is copied into its memory.
 //
+// Who may act in a session: the engine that attached it. Open draws a token of 128 random bits
+// (kSessionTokenBytes, from the kernel's CSPRNG) that only the Attach response carries; Touch
+// needs it, and answers a wrong or missing token exactly as an unknown session, so that a caller
+// cannot tell a live session from an unknown id. Every call of the engine API that names a
+// session enters it through Touch; the other methods here trust a session id that Touch (or the
+// daemon itself: expiry, engine death, the operator) produced.
+//
 // Time comes from the injected Clock; Reap() expires what is due (the server calls it
 // periodically through a Reaper; tests call it directly with a ManualClock).
 //
@@ -48,18 +55,21 @@
 
 namespace tutti::server {
 
+inline constexpr size_t kSessionTokenBytes = 16;
+
 // What a request needs of its session. Immutable except the atomics.
 struct SessionState {
   uint64_t id = 0;
+  std::string token;  // kSessionTokenBytes random bytes; never logged or listed
   std::string engine_id;
   NamespaceId ns = 0;
   std::string model_id;
-  uint32_t engine_pid = 0;  // 0: not watched
-  uint32_t uid = 0;         // the engine's user, as the handoff socket saw it
+  uint32_t engine_pid = 0;   // 0: not watched
+  uint32_t uid = 0;          // the engine's user, as the handoff socket saw it
   std::string engine_group;  // empty: shares no lease
   bool memoryless = false;   // attached no memory: no Retrieve or Store
   std::shared_ptr<EngineIo> io;
-  mutable std::atomic<uint32_t> calls{0};  // calls of this session in flight (KvCacheService)
+  mutable std::atomic<uint32_t> calls{0};   // calls of this session in flight (KvCacheService)
   mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
   // Set while a Retrieve (Store) that writes ready words runs: one at a time per session.
   mutable std::atomic<bool> retrieving{false};
@@ -120,16 +130,20 @@ class SessionManager {
 
   const Options& options() const { return options_; }
 
-  // Opens a session for user `uid`. RESOURCE_EXHAUSTED (naming the limit) when max_sessions are
-  // open, or max_sessions_per_user of `uid`. `io` must not be null (a memory-less session passes
-  // MakeNoMemoryEngineIo() and memoryless = true). `engine_group`: see the file comment.
+  // Opens a session for user `uid`, with a fresh random token (SessionState::token).
+  // RESOURCE_EXHAUSTED (naming the limit) when max_sessions are open, or max_sessions_per_user of
+  // `uid`; UNAVAILABLE if the kernel gave no random bytes. `io` must not be null (a memory-less
+  // session passes MakeNoMemoryEngineIo() and memoryless = true). `engine_group`: see the file
+  // comment.
   absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
                                   std::shared_ptr<EngineIo> io, uint32_t engine_pid = 0,
                                   uint32_t uid = 0, std::string engine_group = "",
                                   bool memoryless = false);
 
-  // Returns the session and marks it alive now. NOT_FOUND for an unknown (or expired) id.
-  absl::StatusOr<SessionRef> Touch(uint64_t session_id);
+  // Returns the session and marks it alive now, if `token` is its token (compared in constant
+  // time). NOT_FOUND, with the same message, for an unknown or expired id and for a wrong or
+  // missing token.
+  absl::StatusOr<SessionRef> Touch(uint64_t session_id, std::string_view token);
 
   // Records `keys` (already pinned by the caller) as a new lease of the session and returns its
   // id (never 0). NOT_FOUND if the session is gone; RESOURCE_EXHAUSTED, naming the limit, when the

@@ -73,7 +73,13 @@ class SessionsTest : public ::testing::Test {
   uint64_t OpenSession() {
     auto s = sessions_.Open("engine", 7, "model", std::make_shared<FakeIo>());
     EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? (*s)->id : 0;
+    if (!s.ok()) return 0;
+    tokens_[(*s)->id] = (*s)->token;
+    return (*s)->id;
+  }
+  // Touches `session` as its engine does, with its token.
+  absl::StatusOr<SessionRef> Touch(uint64_t session) {
+    return sessions_.Touch(session, tokens_[session]);
   }
   uint64_t Lease(uint64_t session, std::vector<Key> keys) {
     pins_.Pin(keys);
@@ -85,17 +91,41 @@ class SessionsTest : public ::testing::Test {
   ManualClock clock_{1000};
   FakePins pins_;
   SessionManager sessions_;
+  std::map<uint64_t, std::string> tokens_;
 };
 
 TEST_F(SessionsTest, OpenTouchCloseAndUnknownIds) {
   const uint64_t id = OpenSession();
   EXPECT_EQ(sessions_.num_sessions(), 1u);
-  ASSERT_TRUE(sessions_.Touch(id).ok());
-  EXPECT_EQ((*sessions_.Touch(id))->ns, 7u);
-  EXPECT_EQ(sessions_.Touch(id + 100).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Touch(id).ok());
+  EXPECT_EQ((*Touch(id))->ns, 7u);
+  EXPECT_EQ(Touch(id + 100).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(sessions_.Close(id).ok());
   EXPECT_EQ(sessions_.Close(id).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(sessions_.Touch(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Touch(id).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Issue 19: ids count 1, 2, 3; a caller that guessed one acted in another engine's session. Only
+// the token Open drew (16 random bytes, distinct per session) lets a caller in, and any other
+// token is answered exactly as an unknown id.
+TEST_F(SessionsTest, OnlyTheSessionsTokenEntersItAndAWrongOneLooksUnknown) {
+  const uint64_t a = OpenSession(), b = OpenSession();
+  ASSERT_EQ(tokens_[a].size(), kSessionTokenBytes);
+  EXPECT_NE(tokens_[a], tokens_[b]);
+  EXPECT_NE(tokens_[a], std::string(kSessionTokenBytes, '\0'));
+  ASSERT_TRUE(Touch(a).ok());
+  const absl::Status unknown = sessions_.Touch(a + 100, tokens_[a]).status();
+  ASSERT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  std::string flipped = tokens_[a];
+  flipped[15] ^= 1;
+  for (const std::string& wrong :
+       {std::string(), tokens_[b], flipped, tokens_[a].substr(0, 15), tokens_[a] + "x"}) {
+    const absl::Status s = sessions_.Touch(a, wrong).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+    // The same words as for an unknown id, but for the id itself.
+    EXPECT_EQ(s.message(), absl::StrCat("session ", a, " is unknown or expired"));
+  }
+  EXPECT_EQ(unknown.message(), absl::StrCat("session ", a + 100, " is unknown or expired"));
 }
 
 TEST_F(SessionsTest, MaxSessionsIsResourceExhausted) {
@@ -132,7 +162,7 @@ TEST_F(SessionsTest, ClaimChecksKeysAndUnpinsWhenTheRetrieveEnds) {
     ASSERT_TRUE(claimed.ok()) << claimed.status();
     // Claimed leases neither expire nor can be released or claimed twice.
     clock_.AdvanceMs(600);
-    ASSERT_TRUE(sessions_.Touch(a).ok());
+    ASSERT_TRUE(Touch(a).ok());
     EXPECT_EQ(sessions_.Reap().second, 0u);
     EXPECT_EQ(pins_.Total(), 3);
     EXPECT_EQ(sessions_.Release(a, lease).code(), absl::StatusCode::kNotFound);
@@ -160,11 +190,11 @@ TEST_F(SessionsTest, IdleSessionsExpireWithTheirLeasesAndTouchKeepsThemAlive) {
   Lease(idle, {K(1), K(2)});
   for (int i = 0; i < 4; ++i) {
     clock_.AdvanceMs(400);
-    ASSERT_TRUE(sessions_.Touch(busy).ok());
+    ASSERT_TRUE(Touch(busy).ok());
     sessions_.Reap();
   }
-  EXPECT_EQ(sessions_.Touch(idle).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(sessions_.Touch(busy).ok());
+  EXPECT_EQ(Touch(idle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Touch(busy).ok());
   EXPECT_EQ(pins_.Total(), 0);
   EXPECT_EQ(sessions_.num_sessions(), 1u);
 }
@@ -177,8 +207,9 @@ TEST_F(SessionsTest, CloseClosesTheIoAtOnceAndStateStaysWhileARequestHoldsIt) {
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ((*opened)->engine_pid, 4242u);
   const uint64_t a = (*opened)->id;
+  tokens_[a] = (*opened)->token;
   opened->reset();
-  SessionRef in_flight = *sessions_.Touch(a);
+  SessionRef in_flight = *Touch(a);
   ASSERT_TRUE(sessions_.Close(a, "engine process 4242 exited").ok());
   EXPECT_TRUE(in_flight->closed.load());
   EXPECT_EQ(raw->closes, 1);  // mappings released now, not when the request ends
@@ -294,8 +325,7 @@ class SessionLimitsTest : public ::testing::Test {
 
   ManualClock clock_{1000};
   FakePins pins_;
-  SessionManager sessions_{Limits(), &clock_,
-                           [this](NamespaceId ns, absl::Span<const Key> keys) {
+  SessionManager sessions_{Limits(), &clock_, [this](NamespaceId ns, absl::Span<const Key> keys) {
                              pins_.Unpin(ns, keys);
                            }};
 };
@@ -377,8 +407,7 @@ class LeaseSharingTest : public ::testing::Test {
 
   ManualClock clock_{1000};
   FakePins pins_;
-  SessionManager sessions_{Limits(), &clock_,
-                           [this](NamespaceId ns, absl::Span<const Key> keys) {
+  SessionManager sessions_{Limits(), &clock_, [this](NamespaceId ns, absl::Span<const Key> keys) {
                              pins_.Unpin(ns, keys);
                            }};
 };

@@ -67,7 +67,7 @@ absl::Status KvCacheService::DoWatchEvents(const tutti::v1::WatchEventsRequest& 
                                            grpc::ServerContext* ctx,
                                            grpc::ServerWriter<tutti::v1::WatchEventsResponse>* w) {
   // Not EnterSession: a stream that lasts as long as the session must not hold a call slot.
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id()));
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(req.session_id(), req.session_token()));
   if (!watchers_.TryAdd(session->id)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", session->id, " has a WatchEvents stream already; one per session"));

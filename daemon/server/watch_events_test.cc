@@ -27,7 +27,7 @@ class WatchEventsTest : public ::testing::Test {
   std::unique_ptr<Stream> Watch(uint64_t session, uint64_t after_seq = 0, uint64_t boot_id = 0) {
     auto s = std::make_unique<Stream>();
     tutti::v1::WatchEventsRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.set_after_seq(after_seq);
     req.set_boot_id(boot_id);
     s->reader = env_.kv().WatchEvents(&s->ctx, req);
@@ -52,7 +52,7 @@ class WatchEventsTest : public ::testing::Test {
   void StoreBlock(uint64_t session, uint64_t key) {
     engine_.Fill(0, key);
     tutti::v1::StoreRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     auto* b = req.add_blocks();
     b->set_key(KeyBytes(key));
     b->set_engine_block(0);
@@ -65,7 +65,7 @@ class WatchEventsTest : public ::testing::Test {
 
   uint32_t Hits(uint64_t session, uint64_t key) {
     tutti::v1::LookupRequest req;
-    req.set_session_id(session);
+    env_.Name(session, &req);
     req.add_keys(KeyBytes(key));
     grpc::ClientContext ctx;
     tutti::v1::LookupResponse resp;
@@ -73,7 +73,7 @@ class WatchEventsTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     if (resp.lease_id() != 0) {
       tutti::v1::ReleaseRequest rel;
-      rel.set_session_id(session);
+      env_.Name(session, &rel);
       rel.set_lease_id(resp.lease_id());
       grpc::ClientContext c2;
       tutti::v1::ReleaseResponse rr;
@@ -191,7 +191,7 @@ TEST_F(WatchEventsTest, TheStreamEndsWhenTheSessionDetaches) {
   WatchEventsResponse msg;
   ASSERT_TRUE(stream->reader->Read(&msg));
   tutti::v1::DetachRequest req;
-  req.set_session_id(session);
+  env_.Name(session, &req);
   grpc::ClientContext ctx;
   tutti::v1::DetachResponse resp;
   ASSERT_TRUE(env_.kv().Detach(&ctx, req, &resp).ok());

@@ -62,9 +62,11 @@ bool Decode(const uint8_t* data, size_t size, Request* req) {
   return req->ParseFromArray(data, static_cast<int>(size));
 }
 
+// With `own`, the request names the env's session as its engine does (id and token); otherwise
+// it keeps whatever id and token the input gave.
 template <typename Request>
-void MaybeOwnSession(bool own, uint64_t session, Request* req) {
-  if (own) req->set_session_id(session);
+void MaybeOwnSession(bool own, const ServiceEnv& env, uint64_t session, Request* req) {
+  if (own) env.Name(session, req);
 }
 
 // The lease of a Lookup of `keys` in the env's session (0 if nothing was found).
@@ -73,7 +75,7 @@ uint64_t LeaseFor(World* w, const Keys& keys) {
   grpc::ClientContext ctx;
   tutti::v1::LookupRequest req;
   tutti::v1::LookupResponse resp;
-  req.set_session_id(w->session);
+  w->env->Name(w->session, &req);
   for (const auto& k : keys) req.add_keys(k);
   return w->env->kv().Lookup(&ctx, req, &resp).ok() ? resp.lease_id() : 0;
 }
@@ -98,7 +100,7 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       tutti::v1::KeepAliveRequest req;
       tutti::v1::KeepAliveResponse resp;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       (void)kv.KeepAlive(&ctx, req, &resp);
       return;
     }
@@ -106,14 +108,14 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       tutti::v1::LookupRequest req;
       tutti::v1::LookupResponse resp;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       (void)kv.Lookup(&ctx, req, &resp);
       return;
     }
     case kRetrieve: {
       tutti::v1::RetrieveRequest req;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       if (leased) req.set_lease_id(LeaseFor(w, KeysOf(req)));
       std::unique_ptr<grpc::ClientReader<tutti::v1::RetrieveProgress>> reader =
           kv.Retrieve(&ctx, req);
@@ -127,7 +129,7 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       tutti::v1::StoreRequest req;
       tutti::v1::StoreResponse resp;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       (void)kv.Store(&ctx, req, &resp);
       return;
     }
@@ -135,7 +137,7 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       tutti::v1::ReleaseRequest req;
       tutti::v1::ReleaseResponse resp;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       if (leased) req.set_lease_id(LeaseFor(w, std::vector<std::string>{std::string(16, 'k')}));
       (void)kv.Release(&ctx, req, &resp);
       return;
@@ -144,7 +146,7 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       tutti::v1::ReportComputeRequest req;
       tutti::v1::ReportComputeResponse resp;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       (void)kv.ReportCompute(&ctx, req, &resp);
       return;
     }
@@ -153,7 +155,7 @@ void Call(World* w, Method method, bool own, bool leased, const uint8_t* data, s
       tutti::v1::DetachRequest req;
       tutti::v1::DetachResponse resp;
       if (!Decode(data, size, &req)) return;
-      MaybeOwnSession(own, w->session, &req);
+      MaybeOwnSession(own, *w->env, w->session, &req);
       (void)kv.Detach(&ctx, req, &resp);
       return;
     }
@@ -165,7 +167,7 @@ void KeepSession(World* w) {
   grpc::ClientContext ctx;
   tutti::v1::KeepAliveRequest req;
   tutti::v1::KeepAliveResponse resp;
-  req.set_session_id(w->session);
+  w->env->Name(w->session, &req);
   if (w->env->kv().KeepAlive(&ctx, req, &resp).ok()) return;
   w->session = w->env->Attach(*w->engine);
   if (w->session == 0) abort();

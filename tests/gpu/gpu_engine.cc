@@ -155,6 +155,7 @@ absl::Status GpuEngine::Attach(const std::string& socket, const std::string& eng
   tutti::v1::AttachResponse resp;
   RETURN_IF_ERROR(Rpc(stub_->Attach(&ctx, req, &resp), "Attach"));
   session_id_ = resp.session_id();
+  session_token_ = resp.session_token();
   return absl::OkStatus();
 }
 
@@ -164,6 +165,7 @@ GpuEngine::~GpuEngine() {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     tutti::v1::DetachRequest req;
     req.set_session_id(session_id_);
+    req.set_session_token(session_token_);
     tutti::v1::DetachResponse resp;
     (void)stub_->Detach(&ctx, req, &resp);
   }
@@ -224,6 +226,7 @@ absl::StatusOr<std::vector<tutti::v1::StoreOutcome>> GpuEngine::Store(
     const std::vector<uint32_t>& blocks, const std::vector<uint32_t>& key_ids, bool wait_durable) {
   tutti::v1::StoreRequest req;
   req.set_session_id(session_id_);
+  req.set_session_token(session_token_);
   AddBlocks(*this, blocks, key_ids, &req);
   req.set_wait_durable(wait_durable);
   const uint32_t ticket = NextTicket();
@@ -249,6 +252,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> GpuEngine::Lookup(
     const std::vector<uint32_t>& key_ids) {
   tutti::v1::LookupRequest req;
   req.set_session_id(session_id_);
+  req.set_session_token(session_token_);
   for (uint32_t id : key_ids) req.add_keys(Key(id));
   grpc::ClientContext ctx;
   tutti::v1::LookupResponse resp;
@@ -294,6 +298,7 @@ RetrieveResult GpuEngine::Retrieve(uint64_t lease, const std::vector<uint32_t>& 
                                    const std::function<void(uint32_t)>& on_progress) {
   tutti::v1::RetrieveRequest req;
   req.set_session_id(session_id_);
+  req.set_session_token(session_token_);
   req.set_lease_id(lease);
   AddBlocks(*this, blocks, key_ids, &req);
   req.set_ticket(ticket);

@@ -127,6 +127,7 @@ class GpuEngine {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tutti::v1::KvCache::Stub> stub_;
   uint64_t session_id_ = 0;
+  std::string session_token_;
   uint32_t ticket_ = 0;
 };
 

@@ -98,15 +98,25 @@ class BadInputTest : public ::testing::Test {
     if (s.ok()) {  // should not happen; do not leak the session
       v1::DetachRequest d;
       d.set_session_id(resp.session_id());
+      d.set_session_token(resp.session_token());
       v1::DetachResponse dr;
       auto ctx2 = Ctx();
       stub().Detach(ctx2.get(), d, &dr);
     }
     return s;
   }
+  // Names `session_id` (without a token: another engine's or no session), or 0: a's own session.
+  template <class Request>
+  static void NameSession(uint64_t session_id, Request* req) {
+    if (session_id != 0) {
+      req->set_session_id(session_id);
+    } else {
+      a_->client->Name(req);
+    }
+  }
   grpc::Status Lookup(const std::vector<std::string>& keys, uint64_t session_id = 0) {
     v1::LookupRequest req;
-    req.set_session_id(session_id ? session_id : session());
+    NameSession(session_id, &req);
     for (const auto& k : keys) req.add_keys(k);
     v1::LookupResponse resp;
     auto ctx = Ctx();
@@ -115,7 +125,7 @@ class BadInputTest : public ::testing::Test {
   grpc::Status Store(const std::vector<std::pair<std::string, uint32_t>>& pairs,
                      uint32_t layer_begin = 0, uint32_t layer_end = 0, uint64_t session_id = 0) {
     v1::StoreRequest req;
-    req.set_session_id(session_id ? session_id : session());
+    NameSession(session_id, &req);
     for (const auto& [k, b] : pairs) {
       auto* p = req.add_blocks();
       p->set_key(k);
@@ -131,7 +141,7 @@ class BadInputTest : public ::testing::Test {
   grpc::Status Retrieve(uint64_t lease, const std::vector<std::pair<std::string, uint32_t>>& pairs,
                         uint32_t layer_begin = 0, uint32_t layer_end = 0, uint64_t session_id = 0) {
     v1::RetrieveRequest req;
-    req.set_session_id(session_id ? session_id : session());
+    NameSession(session_id, &req);
     req.set_lease_id(lease);
     for (const auto& [k, b] : pairs) {
       auto* p = req.add_blocks();
@@ -184,6 +194,16 @@ TEST_F(BadInputTest, UnknownSession) {
   v1::DetachResponse dr;
   auto ctx2 = Ctx();
   ExpectCode(stub().Detach(ctx2.get(), d, &dr), StatusCode::NOT_FOUND, "Detach");
+  // Engine b naming engine a's live session (its id, b's own token) is answered as an unknown
+  // session, with the same words, and a's session is untouched.
+  v1::DetachRequest steal;
+  steal.set_session_id(session());
+  steal.set_session_token(b_->client->session_token());
+  auto ctx3 = Ctx();
+  const grpc::Status stolen = stub().Detach(ctx3.get(), steal, &dr);
+  ExpectCode(stolen, StatusCode::NOT_FOUND, "Detach of another engine's session");
+  EXPECT_EQ(stolen.error_message(), absl::StrCat("session ", session(), " is unknown or expired"));
+  EXPECT_TRUE(a_->client->Lookup(stored_).ok()) << "a's session was detached by b";
 }
 
 TEST_F(BadInputTest, UnknownLease) {

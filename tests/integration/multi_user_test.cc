@@ -312,6 +312,218 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
 
 // --- Sessions belong to their engine (issue 19, item 1) ---
 
+// Every call of the engine API naming sessions [1, kProbedIds) with no token, with the prober's
+// own session's token and with 16 random bytes, from a process that attached only its own
+// memory-less session. Returns "" when every call that named another session was answered
+// exactly as an unknown session; otherwise what got through.
+constexpr uint64_t kProbedIds = 64;
+
+std::string ProbeOthersSessions(const std::string& sock, const std::string& who) {
+  auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE}, 1,
+                                               "tutti-mu-probe");
+  if (!engine.ok()) return std::string(engine.status().message());
+  auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+  if (!channel.ok()) return "connect: " + std::string(channel.status().message());
+  hostengine::EngineClient self(*channel, sock, absl::Seconds(30));
+  tutti::v1::AttachRequest memoryless = (*engine)->MakeAttachRequest({});
+  memoryless.clear_regions();
+  memoryless.clear_placements();
+  memoryless.set_num_blocks(0);
+  auto attached = self.Attach(memoryless, {});
+  if (!attached.ok()) return "attach: " + std::string(attached.status().message());
+  std::string random(16, '\0');
+  std::ifstream("/dev/urandom").read(random.data(), 16);
+  auto stub = tutti::v1::KvCache::NewStub(*channel);
+  std::string r;
+  uint64_t probes = 0;
+  for (uint64_t id = 1; id < kProbedIds; ++id) {
+    for (const std::string& token : {std::string(), self.session_token(), random}) {
+      if (id == self.session_id() && token == self.session_token()) continue;
+      auto named = [&](auto* req) {
+        req->set_session_id(id);
+        req->set_session_token(token);
+      };
+      std::vector<std::pair<const char*, grpc::Status>> got;
+      {
+        tutti::v1::KeepAliveRequest q;
+        named(&q);
+        tutti::v1::KeepAliveResponse a;
+        grpc::ClientContext c;
+        got.emplace_back("KeepAlive", stub->KeepAlive(&c, q, &a));
+      }
+      {
+        tutti::v1::LookupRequest q;
+        named(&q);
+        q.add_keys(std::string(16, '\1'));
+        tutti::v1::LookupResponse a;
+        grpc::ClientContext c;
+        got.emplace_back("Lookup", stub->Lookup(&c, q, &a));
+      }
+      {
+        tutti::v1::ReportComputeRequest q;
+        named(&q);
+        auto* sample = q.add_samples();
+        sample->set_new_tokens(16);
+        sample->set_context_tokens(16);
+        sample->set_layer_ms(1);
+        tutti::v1::ReportComputeResponse a;
+        grpc::ClientContext c;
+        got.emplace_back("ReportCompute", stub->ReportCompute(&c, q, &a));
+      }
+      {
+        tutti::v1::StoreRequest q;
+        named(&q);
+        auto* b = q.add_blocks();
+        b->set_key(std::string(16, '\7'));
+        b->set_engine_block(0);
+        tutti::v1::StoreResponse a;
+        grpc::ClientContext c;
+        got.emplace_back("Store", stub->Store(&c, q, &a));
+      }
+      {
+        tutti::v1::RetrieveRequest q;
+        named(&q);
+        for (uint64_t lease = 1; lease < 8; ++lease) q.add_lease_ids(lease);
+        auto* b = q.add_blocks();
+        b->set_key(std::string(16, '\1'));
+        b->set_engine_block(0);
+        grpc::ClientContext c;
+        auto reader = stub->Retrieve(&c, q);
+        tutti::v1::RetrieveProgress p;
+        while (reader->Read(&p)) {
+        }
+        got.emplace_back("Retrieve", reader->Finish());
+      }
+      {
+        tutti::v1::WatchEventsRequest q;
+        named(&q);
+        grpc::ClientContext c;
+        auto reader = stub->WatchEvents(&c, q);
+        tutti::v1::WatchEventsResponse m;
+        if (reader->Read(&m)) {
+          c.TryCancel();
+          while (reader->Read(&m)) {
+          }
+          got.emplace_back("WatchEvents", grpc::Status::OK);
+        } else {
+          got.emplace_back("WatchEvents", reader->Finish());
+        }
+      }
+      for (uint64_t lease = 1; lease < 4; ++lease) {
+        tutti::v1::ReleaseRequest q;
+        named(&q);
+        q.set_lease_id(lease);
+        tutti::v1::ReleaseResponse a;
+        grpc::ClientContext c;
+        got.emplace_back("Release", stub->Release(&c, q, &a));
+      }
+      {
+        tutti::v1::DetachRequest q;
+        named(&q);
+        tutti::v1::DetachResponse a;
+        grpc::ClientContext c;
+        got.emplace_back("Detach", stub->Detach(&c, q, &a));
+      }
+      const std::string unknown = absl::StrCat("session ", id, " is unknown or expired");
+      for (const auto& [rpc, status] : got) {
+        ++probes;
+        if (status.error_code() != grpc::StatusCode::NOT_FOUND ||
+            status.error_message() != unknown) {
+          r += absl::StrCat(who, ": ", rpc, " of session ", id, " with a ", token.size(),
+                            "-byte token: ", status.error_code(), " ", status.error_message(),
+                            "; ");
+        }
+      }
+    }
+  }
+  r += Expect(probes > 8 * 3 * (kProbedIds - 2), absl::StrCat("only ", probes, " probes"));
+  r += Expect(self.Detach().ok(), who + ": its own Detach failed");
+  return r;
+}
+
+// Issue 19, item 1: a user who never attached found another user's live session by KeepAlive
+// over ids 1..199 and acted in it. Now neither a member of the socket group (another uid) nor
+// another process of the engine's own uid gets anything but "unknown session" for any call naming
+// it, and the engine's session, lease, blocks and memory are as they were.
+TEST_F(MultiUserTest, OnlyTheEngineThatAttachedActsInItsSession) {
+  const std::string sock = socket_;
+  int ready[2], go[2], done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t engine_pid = fork();
+  if (engine_pid == 0) {
+    close(ready[0]);
+    close(go[1]);
+    close(done[0]);
+    BecomeOrDie({kEngineUid, kEngineGid, {kTuttiGid}});
+    auto report = [&](const std::string& what) {
+      (void)!write(done[1], what.data(), what.size());
+      _exit(0);
+    };
+    auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE},
+                                                 8, "tutti-mu-victim");
+    if (!engine.ok()) report(std::string(engine.status().message()));
+    auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+    if (!channel.ok()) report(std::string(channel.status().message()));
+    hostengine::EngineClient client(*channel, sock, absl::Seconds(30));
+    auto attach = client.Attach((*engine)->MakeAttachRequest({}), (*engine)->fds());
+    if (!attach.ok()) report("attach: " + std::string(attach.status().message()));
+    (*engine)->region().Unlink();
+    std::vector<Key> keys;
+    for (uint64_t i = 0; i < 4; ++i) {
+      Key k;
+      k.bytes[0] = static_cast<uint8_t>(i + 1);  // block 0's key is 16 bytes of \1 ... and \0
+      keys.push_back(k);
+      (*engine)->FillBlock(i, k);
+    }
+    const std::vector<uint32_t> blocks = {0, 1, 2, 3}, into = {4, 5, 6, 7};
+    auto stored = client.Store(keys, blocks, /*wait_durable=*/true);
+    if (!stored.ok()) report("store: " + std::string(stored.status().message()));
+    auto lookup = client.Lookup(keys);
+    if (!lookup.ok() || lookup->hits() != 4) report("lookup missed");
+    (void)!write(ready[1], "r", 1);
+    char c;
+    if (read(go[0], &c, 1) != 1) report("no go");
+    // After the probes: the same session, its lease, its blocks, its memory.
+    std::string r;
+    auto got = client.Retrieve(lookup->lease_id(), keys, into);
+    r += Expect(got.ok() && got->failed.empty(),
+                "the lease is gone: " + std::string(got.status().message()));
+    uint64_t bad = 0;
+    for (int i = 0; i < 4; ++i) bad += (*engine)->VerifyBlock(blocks[i], keys[i]);
+    for (int i = 0; i < 4; ++i) bad += got.ok() ? (*engine)->VerifyBlock(into[i], keys[i]) : 0;
+    r += Expect(bad == 0, absl::StrCat(bad, " wrong bytes in the engine's blocks"));
+    r += Expect(client.keepalive_failures() == 0, "a KeepAlive of the engine failed");
+    r += Expect(client.Detach().ok(), "the engine's own Detach failed: it was detached");
+    report(r);
+  }
+  close(ready[1]);
+  close(go[0]);
+  close(done[1]);
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the engine did not get ready";
+  EXPECT_EQ(RunAs({kHostileUid, kHostileGid, {kTuttiGid}},
+                  [&] { return ProbeOthersSessions(sock, "another uid in the group"); }),
+            "");
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] { return ProbeOthersSessions(sock, "another process of the engine's uid"); }),
+            "");
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(done[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  int status = 0;
+  waitpid(engine_pid, &status, 0);
+  EXPECT_EQ(out, "");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  close(ready[0]);
+  close(go[1]);
+  close(done[0]);
+}
+
+
 // --- Pins and the operator ending leases (issue 19, item 2) ---
 
 // --- Namespaces: per user, scoped, removable; capacity share (issue 19, items 2 and 3) ---

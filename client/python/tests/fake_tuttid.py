@@ -18,6 +18,11 @@ from tutti.v1 import kvcache_pb2 as pb
 from tutti.v1 import kvcache_pb2_grpc as pb_grpc
 
 
+def _token(session_id):
+    """The fake's session token: derived from the id (tuttid's are random)."""
+    return session_id.to_bytes(8, "little") + b"fake-tok"
+
+
 class FakeTuttid(pb_grpc.KvCacheServicer):
     def __init__(self, session_ttl_ms=60000):
         self._dir = tempfile.mkdtemp(prefix="tutti-fake-", dir="/tmp")
@@ -97,10 +102,18 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
                 os.close(fd)
             self.expired = False
             n = len(self.attaches)
-        return pb.AttachResponse(session_id=n, namespace_id=1, session_ttl_ms=self.session_ttl_ms,
-                                 max_blocks_per_call=512, object_bytes=4096)
+        return pb.AttachResponse(session_id=n, session_token=_token(n), namespace_id=1,
+                                 session_ttl_ms=self.session_ttl_ms, max_blocks_per_call=512,
+                                 object_bytes=4096)
+
+    def _check_session(self, request, context):
+        """As tuttid: a request whose token is not its session's names no session."""
+        if request.session_token != _token(request.session_id):
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          "session %d is unknown or expired" % request.session_id)
 
     def KeepAlive(self, request, context):
+        self._check_session(request, context)
         with self.lock:
             expired = self.expired
         if expired:
@@ -108,6 +121,7 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         return pb.KeepAliveResponse(session_ttl_ms=self.session_ttl_ms)
 
     def Lookup(self, request, context):
+        self._check_session(request, context)
         with self.lock:
             self.calls.append("Lookup")
         if self.hang.is_set():
@@ -116,6 +130,7 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         return pb.LookupResponse(hits=hits, lease_id=7, lease_ttl_ms=30000)
 
     def Store(self, request, context):
+        self._check_session(request, context)
         with self.lock:
             self.calls.append("Store")
         if self.hang.is_set():
@@ -123,6 +138,7 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         return pb.StoreResponse(outcomes=[2] * len(request.blocks))
 
     def Retrieve(self, request, context):
+        self._check_session(request, context)
         with self.lock:
             self.calls.append("Retrieve")
             self.retrieves.append(request)
@@ -133,6 +149,7 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
             yield pb.RetrieveProgress(layer=layer)
 
     def WatchEvents(self, request, context):
+        self._check_session(request, context)
         with self.lock:
             self.calls.append("WatchEvents")
             self.watches.append(request)
@@ -143,11 +160,13 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         context.abort(grpc.StatusCode.UNAVAILABLE, "the fake tuttid stopped")
 
     def Release(self, request, context):
+        self._check_session(request, context)
         if self.hang.is_set():
             self._hang(context)
         return pb.ReleaseResponse()
 
     def Detach(self, request, context):
+        self._check_session(request, context)
         return pb.DetachResponse()
 
 

@@ -44,6 +44,17 @@ _MIN_BACKOFF = 0.05
 _MAX_BACKOFF = 1.0
 
 
+@dataclass(frozen=True)
+class _Name:
+    """How a request names the session: its id and the token Attach gave (tuttid answers any
+    other token as an unknown session; docs/security.md "Sessions")."""
+    id: int
+    token: bytes
+
+    def fields(self):
+        return dict(session_id=self.id, session_token=self.token)
+
+
 class StoreOutcomes(list):
     """Client.store's answer: one outcome per key, and `rejected_why` (tuttid's words for the
     limit that refused the "rejected_full" blocks; "" when none was)."""
@@ -241,6 +252,7 @@ class Client:
         self._state = "lost"
         self._lost_why = "not attached yet"
         self._session_id = 0
+        self._session_token = b""
         self._generation = 0
         self._attach_response = pb.AttachResponse()
         self._stop = False
@@ -324,13 +336,14 @@ class Client:
                 return
             self._state = "attached"
             self._session_id = resp.session_id
+            self._session_token = resp.session_token
             self._attach_response = resp
             self._generation += 1
 
     def _current(self):
         with self._cv:
             if self._state == "attached":
-                return self._session_id, self._generation
+                return _Name(self._session_id, self._session_token), self._generation
             if self._state == "lost":
                 raise errors.Unavailable("lost the session with tuttid at %s (%s); %s" % (
                     self._socket_path, self._lost_why, "re-attaching in the background"
@@ -363,6 +376,7 @@ class Client:
                 self._state = "lost"
                 self._lost_why = why
                 self._session_id = 0
+                self._session_token = b""
                 self._wake = True
                 self._cv.notify_all()
 
@@ -378,7 +392,8 @@ class Client:
 
     def _tick(self, backoff):
         with self._cv:
-            state, sid, gen = self._state, self._session_id, self._generation
+            state, gen = self._state, self._generation
+            sid = _Name(self._session_id, self._session_token)
             period = max(self._attach_response.session_ttl_ms / 4000.0, 0.01)
         if state == "attached":
             self._keep_alive(sid, gen, min(max(period, 1.0), self._timeouts.short))
@@ -393,12 +408,12 @@ class Client:
 
     def _keep_alive(self, sid, gen, timeout):
         try:
-            self._stub.KeepAlive(pb.KeepAliveRequest(session_id=sid), timeout=timeout)
+            self._stub.KeepAlive(pb.KeepAliveRequest(**sid.fields()), timeout=timeout)
         except grpc.RpcError as e:
             code = e.code()
             if code == grpc.StatusCode.NOT_FOUND:
                 self._mark_lost(gen, "tuttid no longer knows session %d: it expired or tuttid "
-                                     "restarted" % sid)
+                                     "restarted" % sid.id)
             elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 self._mark_lost(gen, "tuttid did not answer a KeepAlive within %.1f s" % timeout)
             elif code == grpc.StatusCode.UNAVAILABLE:
@@ -474,7 +489,7 @@ class Client:
         sid, gen = self._current()
         # One string for the whole chain (LookupRequest.packed_keys): far cheaper to build and
         # parse than one bytes field per key.
-        req = pb.LookupRequest(session_id=sid, packed_keys=packed,
+        req = pb.LookupRequest(**sid.fields(), packed_keys=packed,
                                prompt_tokens=int(prompt_tokens or 0))
         return PendingLookup(self, self._start_call("Lookup", req, gen, self._timeouts.short),
                              gen)
@@ -499,7 +514,7 @@ class Client:
             raise errors.InvalidArgument("report_compute: give decision_id and measured_ttft_ms "
                                          "together, or neither")
         sid, gen = self._current()
-        req = pb.ReportComputeRequest(session_id=sid, decision_id=int(decision_id or 0),
+        req = pb.ReportComputeRequest(**sid.fields(), decision_id=int(decision_id or 0),
                                       measured_ttft_ms=float(measured_ttft_ms or 0.0))
         for s in samples:
             req.samples.add(new_tokens=int(s.new_tokens), context_tokens=int(s.context_tokens),
@@ -540,7 +555,7 @@ class Client:
                 raise errors.Unavailable("the lease is from before tuttid restarted (the client "
                                          "re-attached); look up again")
             ticket = self._next_ticket()
-            req = pb.RetrieveRequest(session_id=sid, lease_id=lease.id if lease else 0,
+            req = pb.RetrieveRequest(**sid.fields(), lease_id=lease.id if lease else 0,
                                      layer_begin=layer_begin, layer_end=layer_end, ticket=ticket,
                                      lease_ids=more_leases)
             for k, b in zip(keys, engine_blocks):
@@ -599,7 +614,7 @@ class Client:
 
     def _store(self, keys, engine_blocks, wait_durable, layer_begin, layer_end):
         sid, gen = self._current()
-        req = pb.StoreRequest(session_id=sid, layer_begin=layer_begin, layer_end=layer_end,
+        req = pb.StoreRequest(**sid.fields(), layer_begin=layer_begin, layer_end=layer_end,
                               wait_durable=wait_durable, ticket=self._next_ticket())
         for k, b in zip(keys, engine_blocks):
             req.blocks.add(key=k, engine_block=int(b))
@@ -621,7 +636,7 @@ class Client:
         it too. A subscriber too far behind is cut off (ResourceExhausted): resume with its last
         seq. Raises Unavailable while not attached."""
         sid, gen = self._current()
-        call = self._stub.WatchEvents(pb.WatchEventsRequest(session_id=sid,
+        call = self._stub.WatchEvents(pb.WatchEventsRequest(**sid.fields(),
                                                             after_seq=int(after_seq),
                                                             boot_id=int(boot_id)))
         self._calls.add(gen, call)
@@ -647,7 +662,7 @@ class Client:
         sid, gen = self._current()
         if lease.generation != gen:
             return
-        self._call("Release", pb.ReleaseRequest(session_id=sid, lease_id=lease.id), gen,
+        self._call("Release", pb.ReleaseRequest(**sid.fields(), lease_id=lease.id), gen,
                    self._timeouts.short)
 
     def detach(self):
@@ -658,17 +673,19 @@ class Client:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-            sid = self._session_id if self._state == "attached" else 0
+            sid = (_Name(self._session_id, self._session_token) if self._state == "attached"
+                   else None)
             gen = self._generation
             self._state = "detached"
             self._session_id = 0
+            self._session_token = b""
         self._calls.end(gen, "the client detached")  # event streams, calls of other threads
         self._channel.unsubscribe(self._on_connectivity)
         if threading.current_thread() is not self._thread:
             self._thread.join()
-        if sid:
+        if sid is not None:
             try:
-                self._stub.Detach(pb.DetachRequest(session_id=sid), timeout=self._timeouts.short)
+                self._stub.Detach(pb.DetachRequest(**sid.fields()), timeout=self._timeouts.short)
             except grpc.RpcError:
                 pass
         self._channel.close()
