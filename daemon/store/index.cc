@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <iterator>
+#include <utility>
 
 namespace tutti::store {
 
@@ -34,8 +35,9 @@ Entry* Index::Insert(NamespaceId ns, const Key& key, uint64_t slot, uint64_t epo
   assert(e->lru_next == Entry::kUnused && "Insert into a slot that holds an entry");
   e->ns = ns;
   e->key = key;
-  e->slot = slot;
+  e->slot = static_cast<uint32_t>(slot);
   e->epoch = epoch;
+  e->last_use = ++use_clock_;
   e->object_len = object_len;
   e->num_objects = static_cast<uint32_t>(std::min<size_t>(checksums.size(), max_objects_));
   e->pins = 0;
@@ -69,9 +71,25 @@ void Index::LinkAtTail(Entry* e) {
 }
 
 void Index::Touch(Entry* e) {
+  e->last_use = ++use_clock_;
   if (entries_[num_slots_].lru_prev == e->slot) return;  // most recent already
   Unlink(e);
   LinkAtTail(e);
+}
+
+void Index::SetLastUse(Entry* e, uint64_t last_use) {
+  e->last_use = last_use;
+  use_clock_ = std::max(use_clock_, last_use);
+}
+
+void Index::OrderByLastUse() {
+  std::vector<std::pair<uint64_t, uint32_t>> order;  // (last_use, slot)
+  order.reserve(size());
+  ForEach([&](const Entry* e) { order.emplace_back(e->last_use, e->slot); });
+  std::sort(order.begin(), order.end());
+  Entry& head = entries_[num_slots_];
+  head.lru_prev = head.lru_next = static_cast<uint32_t>(num_slots_);
+  for (const auto& [last_use, slot] : order) LinkAtTail(&entries_[slot]);
 }
 
 Entry* Index::Victim() const {
