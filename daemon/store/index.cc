@@ -78,18 +78,33 @@ void Index::Touch(Entry* e) {
 }
 
 void Index::SetLastUse(Entry* e, uint64_t last_use) {
+  // The list stays in last_use order while each entry set is the most recent one and not older
+  // than the one before it (a checkpoint written in use order, or none).
+  const Entry& prev = entries_[e->lru_prev];
+  if (entries_[num_slots_].lru_prev != e->slot ||
+      (e->lru_prev != num_slots_ && prev.last_use > last_use)) {
+    lru_ordered_ = false;
+  }
   e->last_use = last_use;
   use_clock_ = std::max(use_clock_, last_use);
 }
 
 void Index::OrderByLastUse() {
+  if (lru_ordered_) return;  // Insert and Touch keep it so
+  lru_ordered_ = true;
   std::vector<std::pair<uint64_t, uint32_t>> order;  // (last_use, slot)
   order.reserve(size());
   ForEach([&](const Entry* e) { order.emplace_back(e->last_use, e->slot); });
   std::sort(order.begin(), order.end());
-  Entry& head = entries_[num_slots_];
-  head.lru_prev = head.lru_next = static_cast<uint32_t>(num_slots_);
-  for (const auto& [last_use, slot] : order) LinkAtTail(&entries_[slot]);
+  const uint32_t head = static_cast<uint32_t>(num_slots_);
+  uint32_t prev = head;
+  for (const auto& [last_use, slot] : order) {
+    entries_[slot].lru_prev = prev;
+    entries_[prev].lru_next = slot;
+    prev = slot;
+  }
+  entries_[prev].lru_next = head;
+  entries_[head].lru_prev = prev;
 }
 
 Entry* Index::Victim() const {

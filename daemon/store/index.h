@@ -83,8 +83,9 @@ class Index {
   // clock past it, so that entries inserted after it count as more recent. The
   // LRU list is not reordered: call OrderByLastUse once every entry is in.
   void SetLastUse(Entry* e, uint64_t last_use);
-  // Relinks the LRU list in ascending last_use (ties: slot order). Costs
-  // O(n log n) in the entries, and 16 bytes per entry while it runs.
+  // Relinks the LRU list in ascending last_use. Costs
+  // O(n log n) in the entries, and 16 bytes per entry while it runs, unless no
+  // SetLastUse since the last call put the list out of order (then nothing).
   void OrderByLastUse();
   // The use clock: the last value given to an entry's last_use.
   uint64_t use_clock() const { return use_clock_; }
@@ -189,6 +190,8 @@ class Index {
   };
 
   uint64_t use_clock_ = 0;
+  // False once SetLastUse may have put the LRU list out of last_use order.
+  bool lru_ordered_ = true;
   std::vector<uint8_t> slot_taken_;
   uint64_t free_count_ = 0;
   // The free slots: exactly the slots s with !slot_taken_[s], as maximal runs,
