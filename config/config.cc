@@ -265,6 +265,9 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
       CheckRange("limits.partial_store_ttl_ms", l.partial_store_ttl_ms(), 100, 3600000));
   RETURN_IF_ERROR(
       CheckRange("limits.max_pending_events", l.max_pending_events(), 1024, 1u << 24));
+  // At least one namespace's ring; at most 2^30 events (about 40 GiB).
+  RETURN_IF_ERROR(CheckRange("limits.max_pending_events_total", l.max_pending_events_total(),
+                             l.max_pending_events(), uint64_t{1} << 30));
   // A session needs two threads at least (a Retrieve stream and a KeepAlive).
   return CheckRange("limits.max_rpc_threads", l.max_rpc_threads(), 8, 65536);
 }

@@ -177,6 +177,8 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("limits { max_sessions_per_user: 65 }", {"limits.max_sessions_per_user"});
   ExpectRejected("limits { max_leases_per_session: 0 }", {"limits.max_leases_per_session"});
   ExpectRejected("limits { max_pending_events: 10 }", {"limits.max_pending_events", "1024"});
+  ExpectRejected("limits { max_pending_events_total: 1000 }",
+                 {"limits.max_pending_events_total", "65536"});
   ExpectRejected("limits { max_pinned_blocks_per_session: 10 }",
                  {"limits.max_pinned_blocks_per_session"});
   ExpectRejected("limits { max_calls_per_session: 0 }", {"limits.max_calls_per_session"});

@@ -150,6 +150,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
   o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
   o.max_pending_events = config.limits().max_pending_events();
+  o.max_pending_events_total = config.limits().max_pending_events_total();
   const v1::DatapathConfig& dp = config.datapath();  // 0: the meter's default prior
   if (dp.ssd_read_prior_bytes_per_sec() > 0) {
     o.bandwidth.ssd_prior_bytes_per_sec = dp.ssd_read_prior_bytes_per_sec();

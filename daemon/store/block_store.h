@@ -93,10 +93,12 @@ struct StoreOptions {
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 8ull << 20;
   // The block events (events.h, BlockStore::events): the pool's id (PoolIdOf of its uuid; 0: a
-  // random one, for a pool that lives only as long as this start) and each namespace's ring size
-  // (limits.max_pending_events).
+  // random one, for a pool that lives only as long as this start), each namespace's ring size
+  // (limits.max_pending_events) and the events kept for all namespaces together
+  // (limits.max_pending_events_total).
   uint64_t pool_id = 0;
   uint32_t max_pending_events = 65536;
+  uint64_t max_pending_events_total = 1ull << 20;
 };
 
 // What happened to one block of a Capture. The rejections copy nothing and are worth retrying

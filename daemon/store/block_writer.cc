@@ -59,7 +59,8 @@ BlockStore::Impl::Impl(const StoreOptions& options, std::unique_ptr<io::IoBacken
       clock_(clock),
       index_(options.layout.num_slots(), options.layout.max_objects()),
       read_bandwidth_(options.bandwidth),
-      events_(EventHubOptions{options.max_pending_events, options.pool_id, 0}) {}
+      events_(EventHubOptions{options.max_pending_events, options.pool_id, 0,
+                              options.max_pending_events_total}) {}
 
 BlockStore::Impl::~Impl() {
   {
@@ -181,7 +182,10 @@ absl::Status BlockStore::Impl::Recover() {
       index_.Remove(other);  // a later Put of this slot supersedes it
     }
     index_.ClaimSlot(r.slot);
-    index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
+    Entry* e = index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
+    // A checkpoint's put keeps its last use; a journal's counts as used when it was
+    // stored, after every block of the checkpoint before it (OrderByLastUse below).
+    if (r.last_use != 0) index_.SetLastUse(e, r.last_use);
   };
   visitor.on_delete = [&](const DeleteRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (auto it = skipped_blocks.find(PendingKey{r.ns, r.key});
@@ -199,6 +203,7 @@ absl::Status BlockStore::Impl::Recover() {
   if (!journal.ok()) return journal.status();
   absl::ReleasableMutexLock lock(&mu_);
   index_.RebuildFreeList();
+  index_.OrderByLastUse();  // the LRU list as it was when the checkpoint was written
   next_epoch_ = max_epoch + 1;
   journal_ = std::move(journal).value();
   const bool empty = index_.size() == 0;
@@ -304,6 +309,7 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
         r.epoch = e->epoch;
         r.object_len = e->object_len;
         r.checksums.assign(sums.begin(), sums.end());
+        r.last_use = e->last_use;
         if (step == 0) {
           out.Emit(r);
         } else {

@@ -30,6 +30,7 @@ uint64_t PoolIdOf(const std::array<uint8_t, 16>& uuid) {
 
 EventHub::EventHub(const EventHubOptions& options)
     : max_pending_(std::max<uint32_t>(1, options.max_pending_events)),
+      max_total_(std::max<uint64_t>(1, options.max_pending_events_total)),
       pool_id_(options.pool_id != 0 ? options.pool_id : RandomId()),
       boot_id_(options.boot_id != 0 ? options.boot_id : RandomId()) {}
 
@@ -43,11 +44,25 @@ void EventHub::SetBlocksLostAtStart(uint64_t blocks) {
   blocks_lost_ = blocks;
 }
 
+void EventHub::DropOldest(NamespaceId ns, Ring& ring) {
+  oldest_.erase({ring.events.front().order, ns});
+  ring.events.pop_front();
+  --kept_;
+  if (!ring.events.empty()) oldest_.emplace(ring.events.front().order, ns);
+}
+
 void EventHub::Publish(NamespaceId ns, BlockEventKind kind, const Key& key) {
   absl::MutexLock lock(&mu_);
   Ring& ring = rings_[ns];
-  if (ring.events.size() >= max_pending_) ring.events.pop_front();
-  ring.events.push_back(BlockEvent{++ring.last_seq, kind, key});
+  if (ring.events.size() >= max_pending_) DropOldest(ns, ring);
+  ++published_count_;
+  if (ring.events.empty()) oldest_.emplace(published_count_, ns);
+  ring.events.push_back(Kept{BlockEvent{++ring.last_seq, kind, key}, published_count_});
+  ++kept_;
+  while (kept_ > max_total_) {  // never this event: it is the newest, and max_total_ >= 1
+    const NamespaceId from = oldest_.begin()->second;
+    DropOldest(from, rings_.find(from)->second);
+  }
   published_.SignalAll();
 }
 
@@ -76,15 +91,20 @@ absl::Status EventHub::Next(Cursor* cursor, absl::Time deadline, size_t max_even
   const Ring& ring = rings_.find(cursor->ns)->second;
   const uint64_t first = ring.last_seq - ring.events.size() + 1;
   if (cursor->after_seq + 1 < first) {
+    // A ring shorter than max_pending_ was cut by the total.
+    const std::string kept =
+        ring.events.size() < max_pending_
+            ? absl::StrCat(max_total_,
+                           " for all namespaces together (limits.max_pending_events_total)")
+            : absl::StrCat(max_pending_, " (limits.max_pending_events)");
     return absl::ResourceExhaustedError(absl::StrCat(
         "the subscriber is ", ring.last_seq - cursor->after_seq,
-        " events behind the namespace's last event; tuttid keeps ", max_pending_,
-        " (limits.max_pending_events): the events after seq ", cursor->after_seq,
-        " are gone. Watch again (resumed will be false) and resynchronize"));
+        " events behind the namespace's last event; tuttid keeps ", kept, ": the events after seq ",
+        cursor->after_seq, " are gone. Watch again (resumed will be false) and resynchronize"));
   }
   const size_t begin = cursor->after_seq + 1 - first;
   const size_t n = std::min(max_events, ring.events.size() - begin);
-  out->insert(out->end(), ring.events.begin() + begin, ring.events.begin() + begin + n);
+  for (size_t i = begin; i < begin + n; ++i) out->push_back(ring.events[i].event);
   cursor->after_seq += n;
   return absl::OkStatus();
 }
@@ -93,6 +113,11 @@ void EventHub::Shutdown() {
   absl::MutexLock lock(&mu_);
   shut_down_ = true;
   published_.SignalAll();
+}
+
+uint64_t EventHub::events_kept() const {
+  absl::MutexLock lock(&mu_);
+  return kept_;
 }
 
 uint64_t EventHub::last_seq(NamespaceId ns) const {

@@ -154,6 +154,55 @@ TEST(EventHubTest, ShutdownWakesWaitersWithUnavailable) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
+TEST(EventHubTest, PastTheTotalTheOldestHistoriesAreCutAndTheirSubscribersStartOver) {
+  EventHub hub({8, 0, 0, /*max_pending_events_total=*/10});
+  bool resumed;
+  EventHub::Cursor behind = hub.Subscribe(1, 0, hub.boot_id(), &resumed);
+  for (int i = 0; i < 6; ++i) hub.Publish(1, BlockEventKind::kStored, K(i));
+  for (int i = 0; i < 6; ++i) hub.Publish(2, BlockEventKind::kStored, K(i));
+  EXPECT_EQ(hub.events_kept(), 10u) << "namespace 1's two oldest events left";
+  std::vector<BlockEvent> got;
+  absl::Status s = hub.Next(&behind, Now(), 100, &got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("limits.max_pending_events_total"));
+  hub.Subscribe(1, 1, hub.boot_id(), &resumed);
+  EXPECT_FALSE(resumed) << "seq 2 is gone";
+  EventHub::Cursor c = hub.Subscribe(1, 2, hub.boot_id(), &resumed);
+  EXPECT_TRUE(resumed);
+  ASSERT_TRUE(hub.Next(&c, Now(), 100, &got).ok());
+  EXPECT_EQ(Seqs(got), (std::vector<uint64_t>{3, 4, 5, 6}));
+  // A busy namespace keeps its own ring's worth; the others keep the newest of what is left.
+  for (int i = 0; i < 20; ++i) hub.Publish(3, BlockEventKind::kStored, K(i));
+  EXPECT_EQ(hub.events_kept(), 10u);
+  c = hub.Subscribe(3, 12, hub.boot_id(), &resumed);
+  EXPECT_TRUE(resumed) << "namespace 3 keeps seqs 13..20";
+  hub.Subscribe(2, 4, hub.boot_id(), &resumed);
+  EXPECT_TRUE(resumed) << "namespace 2 keeps seqs 5 and 6";
+  hub.Subscribe(2, 3, hub.boot_id(), &resumed);
+  EXPECT_FALSE(resumed);
+  hub.Subscribe(1, 5, hub.boot_id(), &resumed);
+  EXPECT_FALSE(resumed) << "namespace 1 keeps nothing";
+  c = hub.Subscribe(1, 6, hub.boot_id(), &resumed);
+  EXPECT_TRUE(resumed) << "at its last event: nothing is missing";
+  hub.Publish(1, BlockEventKind::kRemoved, K(0));
+  got.clear();
+  ASSERT_TRUE(hub.Next(&c, Now(), 100, &got).ok());
+  EXPECT_EQ(Seqs(got), (std::vector<uint64_t>{7})) << "its sequence goes on";
+}
+
+TEST(EventHubTest, ManyNamespacesKeepNoMoreThanTheTotal) {
+  EventHub hub({64, 0, 0, /*max_pending_events_total=*/1000});
+  for (int round = 0; round < 64; ++round) {
+    for (NamespaceId ns = 1; ns <= 1024; ++ns) hub.Publish(ns, BlockEventKind::kStored, K(round));
+    EXPECT_LE(hub.events_kept(), 1000u);
+  }
+  EXPECT_EQ(hub.events_kept(), 1000u);
+  EXPECT_EQ(hub.last_seq(1024), 64u);
+  bool resumed;
+  hub.Subscribe(1024, 63, hub.boot_id(), &resumed);
+  EXPECT_TRUE(resumed) << "the newest events are kept";
+}
+
 TEST(EventHubTest, PoolIdIsTheUuidsFirstEightBytesBigEndian) {
   std::array<uint8_t, 16> uuid{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xff};
   EXPECT_EQ(PoolIdOf(uuid), 0x0123456789abcdefull);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <iterator>
+#include <utility>
 
 namespace tutti::store {
 
@@ -34,8 +35,9 @@ Entry* Index::Insert(NamespaceId ns, const Key& key, uint64_t slot, uint64_t epo
   assert(e->lru_next == Entry::kUnused && "Insert into a slot that holds an entry");
   e->ns = ns;
   e->key = key;
-  e->slot = slot;
+  e->slot = static_cast<uint32_t>(slot);
   e->epoch = epoch;
+  e->last_use = ++use_clock_;
   e->object_len = object_len;
   e->num_objects = static_cast<uint32_t>(std::min<size_t>(checksums.size(), max_objects_));
   e->pins = 0;
@@ -69,9 +71,40 @@ void Index::LinkAtTail(Entry* e) {
 }
 
 void Index::Touch(Entry* e) {
+  e->last_use = ++use_clock_;
   if (entries_[num_slots_].lru_prev == e->slot) return;  // most recent already
   Unlink(e);
   LinkAtTail(e);
+}
+
+void Index::SetLastUse(Entry* e, uint64_t last_use) {
+  // The list stays in last_use order while each entry set is the most recent one and not older
+  // than the one before it (a checkpoint written in use order, or none).
+  const Entry& prev = entries_[e->lru_prev];
+  if (entries_[num_slots_].lru_prev != e->slot ||
+      (e->lru_prev != num_slots_ && prev.last_use > last_use)) {
+    lru_ordered_ = false;
+  }
+  e->last_use = last_use;
+  use_clock_ = std::max(use_clock_, last_use);
+}
+
+void Index::OrderByLastUse() {
+  if (lru_ordered_) return;  // Insert and Touch keep it so
+  lru_ordered_ = true;
+  std::vector<std::pair<uint64_t, uint32_t>> order;  // (last_use, slot)
+  order.reserve(size());
+  ForEach([&](const Entry* e) { order.emplace_back(e->last_use, e->slot); });
+  std::sort(order.begin(), order.end());
+  const uint32_t head = static_cast<uint32_t>(num_slots_);
+  uint32_t prev = head;
+  for (const auto& [last_use, slot] : order) {
+    entries_[slot].lru_prev = prev;
+    entries_[prev].lru_next = slot;
+    prev = slot;
+  }
+  entries_[prev].lru_next = head;
+  entries_[head].lru_prev = prev;
 }
 
 Entry* Index::Victim() const {

@@ -36,8 +36,12 @@ namespace tutti::store {
 struct Entry {
   NamespaceId ns = 0;
   Key key;
-  uint64_t slot = 0;
   uint64_t epoch = 0;
+  // The index's use clock when the block was last inserted or touched: the LRU
+  // list is in order of it. Kept in the checkpoint, so that a restart rebuilds
+  // the list in the same order (Index::SetLastUse, OrderByLastUse).
+  uint64_t last_use = 0;
+  uint32_t slot = 0;  // < Index::kMaxSlots
   uint32_t object_len = 0;
   uint32_t num_objects = 0;
   uint32_t pins = 0;
@@ -46,6 +50,7 @@ struct Entry {
   uint32_t lru_prev = 0, lru_next = 0;
   static constexpr uint32_t kUnused = std::numeric_limits<uint32_t>::max();
 };
+static_assert(sizeof(Entry) == 64, "an entry per slot: docs/operations.md counts 64 bytes");
 
 class Index {
  public:
@@ -72,8 +77,18 @@ class Index {
   // that is safe). Precondition: e->pins == 0.
   void Remove(Entry* e);
 
-  // Marks `e` most recently used.
+  // Marks `e` most recently used (its last_use is the use clock's next value).
   void Touch(Entry* e);
+  // Recovery: sets `e`'s last_use as a checkpoint recorded it, and moves the use
+  // clock past it, so that entries inserted after it count as more recent. The
+  // LRU list is not reordered: call OrderByLastUse once every entry is in.
+  void SetLastUse(Entry* e, uint64_t last_use);
+  // Relinks the LRU list in ascending last_use. Costs
+  // O(n log n) in the entries, and 16 bytes per entry while it runs, unless no
+  // SetLastUse since the last call put the list out of order (then nothing).
+  void OrderByLastUse();
+  // The use clock: the last value given to an entry's last_use.
+  uint64_t use_clock() const { return use_clock_; }
   // The least recently used unpinned entry, or null if all are pinned.
   Entry* Victim() const;
 
@@ -174,6 +189,9 @@ class Index {
     }
   };
 
+  uint64_t use_clock_ = 0;
+  // False once SetLastUse may have put the LRU list out of last_use order.
+  bool lru_ordered_ = true;
   std::vector<uint8_t> slot_taken_;
   uint64_t free_count_ = 0;
   // The free slots: exactly the slots s with !slot_taken_[s], as maximal runs,

@@ -56,6 +56,42 @@ TEST(IndexTest, VictimIsLeastRecentlyUsedUnpinnedAndBadFirst) {
   EXPECT_EQ(index.Victim(), nullptr) << "pinned blocks are never victims";
 }
 
+TEST(IndexTest, RecoveryRebuildsTheLruListFromTheLastUseACheckpointKept) {
+  Index index(5, 1);
+  // As recovery inserts a checkpoint's blocks (slot order) with their last uses, then a journal's.
+  const uint64_t last_use[4] = {40, 10, 30, 20};
+  std::vector<Entry*> e;
+  for (uint8_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(index.ClaimSlot(i));
+    e.push_back(index.Insert(1, K(i), i, i + 1, 4096, {0}));
+    index.SetLastUse(e[i], last_use[i]);
+  }
+  ASSERT_TRUE(index.ClaimSlot(4));
+  e.push_back(index.Insert(1, K(4), 4, 5, 4096, {0}));  // a journal's put: newer than all
+  EXPECT_GT(e[4]->last_use, 40u);
+  index.OrderByLastUse();
+  std::vector<Entry*> victims;
+  while (Entry* v = index.Victim()) {
+    victims.push_back(v);
+    index.Remove(v);
+  }
+  EXPECT_EQ(victims, (std::vector<Entry*>{e[1], e[3], e[2], e[0], e[4]}));
+}
+
+TEST(IndexTest, TouchAdvancesTheUseClock) {
+  Index index(2, 1);
+  Entry* a = index.Insert(1, K(0), 0, 1, 4096, {0});
+  Entry* b = index.Insert(1, K(1), 1, 2, 4096, {0});
+  EXPECT_LT(a->last_use, b->last_use);
+  index.Touch(a);
+  EXPECT_GT(a->last_use, b->last_use);
+  EXPECT_EQ(index.use_clock(), a->last_use);
+  index.Touch(a);  // most recent already: the clock still moves
+  EXPECT_EQ(index.use_clock(), a->last_use);
+  index.OrderByLastUse();
+  EXPECT_EQ(index.Victim(), b);
+}
+
 TEST(IndexTest, RecoveryClaimsDoNotDuplicateFreeSlots) {
   Index index(5, 1);
   EXPECT_TRUE(index.ClaimSlot(1));
@@ -69,7 +105,6 @@ TEST(IndexTest, RecoveryClaimsDoNotDuplicateFreeSlots) {
   while (index.TakeSlot(&s)) EXPECT_TRUE(taken.insert(s).second) << "slot " << s << " twice";
   EXPECT_EQ(taken, (std::set<uint64_t>{0, 2, 3, 4}));
 }
-
 
 using Slots = std::vector<uint64_t>;
 
@@ -182,7 +217,6 @@ TEST(IndexTest, TakeSlotsMatchesItsPolicyUnderRandomTakesAndReleases) {
     ASSERT_EQ(index.free_slots(), free.size());
   }
 }
-
 
 TEST(IndexTest, CountsEntriesPerNamespace) {
   Index index(8, 1);

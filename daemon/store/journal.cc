@@ -28,11 +28,16 @@ enum RecordType : uint32_t {
   kPut = 3,
   kDelete = 4,
   kCheckpointEnd = 5,
+  kCheckpointPut = 6,  // a put and its last use (checkpoints of version 2)
 };
 enum FileKind : uint32_t { kJournalFile = 0, kCheckpointFile = 1 };
 
 constexpr char kMagic[8] = {'T', 'U', 'T', 'T', 'I', 'J', 'N', 'L'};
-constexpr uint32_t kVersion = 1;
+// Journal files are still written as version 1 (nothing in them changed);
+// checkpoints as version 2 (their puts are kCheckpointPut). Both are read.
+constexpr uint32_t kJournalVersion = 1;
+constexpr uint32_t kCheckpointVersion = 2;
+constexpr uint32_t kMaxVersion = 2;
 constexpr uint32_t kMaxPayload = 16u << 20;  // larger lengths are garbage (a torn record)
 constexpr size_t kFraming = 16;              // length, type, checksum
 constexpr char kCheckpointName[] = "checkpoint";
@@ -65,7 +70,7 @@ void AppendRecord(std::string* out, RecordType type, Fill fill) {
 void EncodeHeader(std::string* out, FileKind kind, uint64_t gen) {
   AppendRecord(out, kFileHeader, [&](std::string* p) {
     p->append(kMagic, 8);
-    PutU32(p, kVersion);
+    PutU32(p, kind == kCheckpointFile ? kCheckpointVersion : kJournalVersion);
     PutU32(p, kind);
     PutU64(p, gen);
   });
@@ -78,8 +83,10 @@ void Encode(std::string* out, const NamespaceRecord& r) {
   });
 }
 
-void Encode(std::string* out, const PutRecord& r) {
-  AppendRecord(out, kPut, [&](std::string* p) {
+// A put as the journal keeps it (kPut), or as a checkpoint does (kCheckpointPut:
+// the same payload, then the last use).
+void Encode(std::string* out, const PutRecord& r, RecordType type = kPut) {
+  AppendRecord(out, type, [&](std::string* p) {
     PutU64(p, r.ns);
     p->append(r.key.view());
     PutU64(p, r.slot);
@@ -87,6 +94,7 @@ void Encode(std::string* out, const PutRecord& r) {
     PutU32(p, r.object_len);
     PutU32(p, static_cast<uint32_t>(r.checksums.size()));
     for (uint64_t c : r.checksums) PutU64(p, c);
+    if (type == kCheckpointPut) PutU64(p, r.last_use);
   });
 }
 
@@ -142,7 +150,8 @@ bool Decode(std::string_view payload, NamespaceRecord* r) {
   return in.ok();
 }
 
-bool Decode(std::string_view payload, PutRecord* r) {
+// A kPut or kCheckpointPut payload (`type`).
+bool Decode(std::string_view payload, uint32_t type, PutRecord* r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   if (!DecodeKey(in, &r->key)) return false;
@@ -153,6 +162,7 @@ bool Decode(std::string_view payload, PutRecord* r) {
   if (!in.ok() || count > payload.size() / 8) return false;
   r->checksums.resize(count);
   for (uint64_t& c : r->checksums) c = in.U64();
+  r->last_use = type == kCheckpointPut ? in.U64() : 0;
   return in.done();
 }
 
@@ -172,7 +182,9 @@ struct FileHeader {
 
 bool Decode(std::string_view payload, FileHeader* h) {
   PayloadReader in(payload);
-  if (in.Bytes(8) != std::string_view(kMagic, 8) || in.U32() != kVersion) return false;
+  if (in.Bytes(8) != std::string_view(kMagic, 8)) return false;
+  const uint32_t version = in.U32();
+  if (version < 1 || version > kMaxVersion) return false;
   h->kind = static_cast<FileKind>(in.U32());
   h->gen = in.U64();
   return in.done();
@@ -334,7 +346,7 @@ class CheckpointWriter : public Journal::Emitter {
     Add([&](std::string* b) { Encode(b, r); });
   }
   void Emit(const PutRecord& r) override {
-    Add([&](std::string* b) { Encode(b, r); });
+    Add([&](std::string* b) { Encode(b, r, kCheckpointPut); });
   }
   uint64_t records() const { return records_; }
   const absl::Status& status() const { return status_; }
@@ -369,7 +381,8 @@ bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v,
       if (v.on_namespace) v.on_namespace(scratch->ns);
       return true;
     case kPut:
-      if (!Decode(payload, &scratch->put)) return false;
+    case kCheckpointPut:
+      if (!Decode(payload, type, &scratch->put)) return false;
       if (v.on_put) v.on_put(scratch->put);
       return true;
     case kDelete:

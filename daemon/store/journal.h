@@ -39,6 +39,9 @@ struct PutRecord {
   uint64_t epoch = 0;
   uint32_t object_len = 0;
   std::vector<uint64_t> checksums;  // one per object
+  // The block's last use (Entry::last_use) when a checkpoint was written; 0 in
+  // journal records and in checkpoints of format version 1, which do not keep it.
+  uint64_t last_use = 0;
 };
 
 // The block left its slot (evicted or replaced). After this record is durable

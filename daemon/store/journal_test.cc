@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "xxhash.h"
 
 namespace tutti::store {
 namespace {
@@ -526,6 +527,93 @@ TEST_F(JournalTest, FailingCheckpointAddsAtMostOneJournalFileAndARetryRecoversEv
   for (uint64_t n = 1; n < 5; ++n) want.push_back(Str(Put(n)));
   want.push_back(Str(Put(9)));
   EXPECT_EQ(r.records, want);
+}
+
+// A checkpoint keeps each put's last use (format version 2); the journal does not (its puts are
+// in order, and recovery counts them as used when stored).
+TEST_F(JournalTest, ACheckpointKeepsEachBlocksLastUseAndTheJournalDoesNot) {
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) {
+                   e.Emit(Ns(1));
+                   e.Emit(Ns(2));
+                   for (uint64_t n : {0, 1, 2}) {
+                     PutRecord put = Put(n);
+                     put.last_use = 900 - n;
+                     e.Emit(put);
+                   }
+                 }).ok());
+    PutRecord later = Put(3);
+    later.last_use = 5;
+    j->Append(later);
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> uses;  // (slot, last_use)
+  RecoveryVisitor v;
+  v.on_put = [&](const PutRecord& r) { uses.emplace_back(r.slot, r.last_use); };
+  ASSERT_TRUE(Journal::Open(dir_, v, nullptr).ok());
+  EXPECT_EQ(uses, (std::vector<std::pair<uint64_t, uint64_t>>{
+                      {100, 900}, {101, 899}, {102, 898}, {103, 0}}));
+}
+
+// One framed record, as JOURNAL.md describes it.
+std::string Framed(uint32_t type, const std::string& payload) {
+  std::string out;
+  auto u32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  u32(static_cast<uint32_t>(payload.size()));
+  u32(type);
+  out += payload;
+  const uint64_t sum = XXH3_64bits(out.data() + 4, 4 + payload.size());
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(sum >> (8 * i)));
+  return out;
+}
+
+std::string Le(uint64_t v, int bytes) {
+  std::string out;
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  return out;
+}
+
+std::string Header(uint32_t version, uint32_t kind, uint64_t gen) {
+  return Framed(1, "TUTTIJNL" + Le(version, 4) + Le(kind, 4) + Le(gen, 8));
+}
+
+// A checkpoint written before the last use was kept (format version 1: type 3 puts) is still read,
+// its puts without a last use.
+TEST_F(JournalTest, AVersion1CheckpointIsStillRead) {
+  const PutRecord put = Put(7, 2);
+  std::string payload = Le(put.ns, 8) + std::string(put.key.view()) + Le(put.slot, 8) +
+                        Le(put.epoch, 8) + Le(put.object_len, 4) + Le(put.checksums.size(), 4);
+  for (uint64_t c : put.checksums) payload += Le(c, 8);
+  const std::string ns = Le(1, 8) + Ns(1).descriptor;
+  {
+    std::ofstream f(dir_ + "/checkpoint", std::ios::binary);
+    f << Header(1, 1, 4) << Framed(2, ns) << Framed(3, payload) << Framed(5, Le(2, 8));
+  }
+  {
+    std::ofstream f(dir_ + "/journal.4", std::ios::binary);
+    f << Header(1, 0, 4);
+  }
+  uint64_t last_use = 1;
+  RecoveryVisitor v;
+  v.on_put = [&](const PutRecord& r) { last_use = r.last_use; };
+  Recovered r;
+  auto j = Journal::Open(dir_, r.visitor(), &r.report);
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(r.records, (std::vector<std::string>{Str(Ns(1)), Str(put)}));
+  EXPECT_EQ(r.report.generation, 5u);
+  j->reset();
+  ASSERT_TRUE(Journal::Open(dir_, v, nullptr).ok());
+  EXPECT_EQ(last_use, 0u);
+  // A version this tuttid does not know is refused.
+  {
+    std::ofstream f(dir_ + "/checkpoint", std::ios::binary);
+    f << Header(3, 1, 5) << Framed(5, Le(0, 8));
+  }
+  EXPECT_EQ(Journal::Open(dir_, {}, nullptr).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

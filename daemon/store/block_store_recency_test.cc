@@ -1,0 +1,184 @@
+// Recency across a restart: the blocks looked up last are the last evicted, whether or not the
+// store was restarted in between (clean stop, or a crash after a checkpoint). Recovery rebuilds the
+// LRU list from the last use each checkpoint keeps (JOURNAL.md, record type 6).
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/io/memory_backend.h"
+#include "daemon/store/block_store.h"
+#include "daemon/store/store_test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::store {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kObjects = 2 * kLayers;
+constexpr uint32_t kFrame = 4096;
+constexpr uint32_t kSlots = 120;  // 60 hot blocks and 60 cold ones fill the pool
+
+enum class Restart {
+  kNone,                  // the reference: the same store throughout
+  kClean,                 // the store is closed (SIGTERM: a final checkpoint) and reopened
+  kCrashAfterCheckpoint,  // the state directory as a checkpoint after the lookups left it
+};
+
+std::string Name(const ::testing::TestParamInfo<Restart>& info) {
+  switch (info.param) {
+    case Restart::kNone:
+      return "NoRestart";
+    case Restart::kClean:
+      return "CleanRestart";
+    case Restart::kCrashAfterCheckpoint:
+      return "CrashAfterCheckpoint";
+  }
+  return "";
+}
+
+class RecencyTest : public ::testing::TestWithParam<Restart> {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(::testing::TempDir(), "/recency_", getpid(), "_", Name({GetParam(), 0}));
+    fs::remove_all(root_);
+    state_dir_ = root_ + "/state";
+    fs::create_directories(state_dir_);
+    // Extents of 6 slots per file, 2 files: the smallest pool of at least kSlots slots has kSlots.
+    absl::StatusOr<pool::PoolLayout> layout;
+    for (uint64_t capacity = 1ull << 20; capacity < (64ull << 20); capacity += 64 << 10) {
+      layout = pool::PoolLayout::Compute(capacity, 2, kFrame, kObjects, 6);
+      if (layout.ok() && layout->num_slots() >= kSlots) break;
+    }
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    ASSERT_EQ(layout->num_slots(), kSlots);
+    options_.layout = *layout;
+    options_.state_dir = state_dir_;
+    options_.store_staging_bytes = 64 * kObjects * kFrame;
+    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
+    options_.write_batch_blocks = 8;
+    options_.checkpoint_every = 1;  // a checkpoint after every batch
+    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
+    ASSERT_TRUE(disk.ok());
+    disk_ = *disk;
+    Open();
+  }
+  void TearDown() override {
+    store_.reset();
+    fs::remove_all(root_);
+  }
+
+  void Open() {
+    store_.reset();
+    auto store = BlockStore::Open(options_, io::MemoryBackend::CreateOn(disk_), &clock_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(store).value();
+    auto ns = store_->RegisterNamespace(testing::TestNamespace(kLayers));
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    ns_ = *ns;
+  }
+
+  static std::vector<Key> Keys(uint32_t first, uint32_t n) {
+    std::vector<Key> keys;
+    for (uint32_t i = first; i < first + n; ++i) keys.push_back(testing::TestKey(i));
+    return keys;
+  }
+
+  // Stores `keys`, 32 per Capture (staging holds 64 blocks), each call waiting for durability;
+  // then waits for the writer's checkpoint.
+  void Store(const std::vector<Key>& keys) {
+    for (size_t i = 0; i < keys.size(); i += 32) {
+      std::vector<Key> part(keys.begin() + i, keys.begin() + std::min(keys.size(), i + 32));
+      auto out = store_->Capture(
+          ns_, part, 0, kLayers,
+          [](absl::Span<const GatherOp> ops) {
+            for (const GatherOp& op : ops) op.dst[0] = static_cast<uint8_t>(op.item);
+            return absl::OkStatus();
+          },
+          /*wait_durable=*/true);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (CaptureOutcome o : *out) ASSERT_EQ(o, CaptureOutcome::kDurable);
+    }
+    store_->Flush();
+  }
+
+  // Looks up each key (a use), dropping the pin again.
+  void Use(const std::vector<Key>& keys) {
+    for (const Key& k : keys) {
+      ASSERT_EQ(store_->LookupAndPin(ns_, {k}), 1u);
+      store_->Unpin(ns_, {k});
+    }
+  }
+
+  // How many of `keys` the store holds (looks each up: call once, at the end).
+  uint32_t Present(const std::vector<Key>& keys) {
+    uint32_t n = 0;
+    for (const Key& k : keys) {
+      if (store_->LookupAndPin(ns_, {k}) == 1) {
+        ++n;
+        store_->Unpin(ns_, {k});
+      }
+    }
+    return n;
+  }
+
+  // Restarts the store as GetParam() says.
+  void RestartStore() {
+    switch (GetParam()) {
+      case Restart::kNone:
+        return;
+      case Restart::kClean:
+        Open();
+        return;
+      case Restart::kCrashAfterCheckpoint: {
+        // The state directory as the crash would leave it (the last batch's checkpoint, taken
+        // after the lookups, and its journal); the store's own final checkpoint is thrown away.
+        const std::string saved = root_ + "/saved";
+        fs::copy(state_dir_, saved, fs::copy_options::recursive);
+        store_.reset();
+        fs::remove_all(state_dir_);
+        fs::rename(saved, state_dir_);
+        disk_->SimulateCrash();
+        Open();
+        return;
+      }
+    }
+  }
+
+  std::string root_, state_dir_;
+  StoreOptions options_;
+  std::shared_ptr<io::MemoryDisk> disk_;
+  ManualClock clock_;
+  std::unique_ptr<BlockStore> store_;
+  NamespaceId ns_ = 0;
+};
+
+// The hot blocks are stored first (the lowest slots) and looked up after the cold ones were
+// stored; one more cold block's batch then writes a checkpoint. 30 new blocks must evict 30 cold
+// ones and no hot one. (Rebuilding the LRU list in slot order, as recovery did, evicted 30 hot
+// blocks and no cold one.)
+TEST_P(RecencyTest, NewBlocksEvictTheLeastRecentlyUsedAcrossARestart) {
+  const std::vector<Key> hot = Keys(0, kSlots / 2);
+  const std::vector<Key> cold = Keys(1000, kSlots / 2);
+  Store(hot);
+  Store(std::vector<Key>(cold.begin(), cold.end() - 1));
+  Use(hot);
+  Store({cold.back()});
+  ASSERT_EQ(store_->Stats().slots_used, kSlots) << "the pool is full";
+  ASSERT_EQ(store_->Stats().evictions, 0u);
+  RestartStore();
+  Store(Keys(5000, kSlots / 4));
+  EXPECT_EQ(store_->Stats().evictions, kSlots / 4);
+  EXPECT_EQ(Present(hot), hot.size()) << "hot blocks evicted";
+  EXPECT_EQ(Present(cold), cold.size() - kSlots / 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Restarts, RecencyTest,
+                         ::testing::Values(Restart::kNone, Restart::kClean,
+                                           Restart::kCrashAfterCheckpoint),
+                         Name);
+
+}  // namespace
+}  // namespace tutti::store
