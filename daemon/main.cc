@@ -295,8 +295,9 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
     info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
     info.gpu_memory_bytes = d->gpu->memory_bytes();
   }
+  const auto& mc = config.metrics();
   ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
-                                   config.metrics().listen(),
+                                   {mc.listen(), mc.namespace_labels(), mc.basic_auth_file()},
                                    {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
                                     info.decision_stats, info.gpu_layers, info.pool_dirs,
                                     [h = &d->device_health] { return h->Snapshot(); }, d->io_choice}));
