@@ -306,8 +306,11 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
   const server::SocketAccess engines{listen.socket_mode(), listen.socket_group()};
-  ASSIGN_OR_RETURN(d->handoff, server::HandoffServer::Start(HandoffPath(listen.socket_path()),
-                                                            engines, d->credentials.get()));
+  ASSIGN_OR_RETURN(d->handoff,
+                   server::HandoffServer::Start(HandoffPath(listen.socket_path()), engines,
+                                                d->credentials.get(),
+                                                {limits.max_handoff_connections_per_user(),
+                                                 limits.max_handoff_connections()}));
   ASSIGN_OR_RETURN(
       d->admin_server,
       server::Server::Start({config::AdminSocketPath(listen),
