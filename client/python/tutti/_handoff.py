@@ -65,14 +65,13 @@ def hand_off(socket_path, fds, timeout):
                     socket.send_fds(s, [request], list(fds))
                 else:  # GPU mode: the credential alone
                     s.send(request)
-            except OSError:
-                # tuttid refuses a connection past its limits before reading it: the reason may
-                # be waiting.
-                refusal = _waiting_reply(s)
-                if refusal is None:
+                reply = s.recv(MAX_MESSAGE)
+            except (BrokenPipeError, ConnectionResetError):
+                # tuttid refuses a connection past its limits at once, before it reads the
+                # request: the reason may be queued behind the failed send or the reset.
+                reply = _waiting_reply(s)
+                if reply is None:
                     raise
-                return _parse_reply(path, refusal)
-            reply = s.recv(MAX_MESSAGE)
         except socket.timeout:
             raise errors.Unavailable("tuttid's handoff socket %s: no answer within %.1f s; is "
                                      "tuttid stopped?" % (path, timeout)) from None
@@ -98,10 +97,16 @@ def _connect(s, path, deadline):
 
 
 def _waiting_reply(s):
-    try:
-        return s.recv(MAX_MESSAGE, socket.MSG_DONTWAIT) or None
-    except OSError:
-        return None
+    """A reply already queued on `s`, or None. The first read may report the reset (tuttid closed
+    with the request unread) that the kernel gives before the reply queued ahead of it."""
+    for _ in range(2):
+        try:
+            return s.recv(MAX_MESSAGE, socket.MSG_DONTWAIT) or None
+        except ConnectionResetError:
+            continue
+        except OSError:
+            return None
+    return None
 
 
 def _hint(err):
