@@ -157,7 +157,10 @@ absl::Status HandoffServer::RoomFor(uid_t uid) const {
 }
 
 void HandoffServer::AcceptAll(absl::Time now) {
-  for (;;) {
+  // At most this many per round, so that a flood of connections cannot keep the thread from
+  // serving the admitted ones; the rest wait for the next round (poll returns at once).
+  constexpr int kAcceptsPerRound = 1024;
+  for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
     UniqueFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn.valid()) {
       if (errno == EINTR || errno == ECONNABORTED) continue;

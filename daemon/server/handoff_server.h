@@ -71,7 +71,8 @@ class HandoffServer {
   void ServeOrExpire(const std::vector<short>& revents, absl::Time now);
   // OK when a connection of `uid` may be admitted now; else RESOURCE_EXHAUSTED naming the limit.
   absl::Status RoomFor(uid_t uid) const;
-  // Accepts every connection waiting in the backlog: admits it, or refuses it past a limit.
+  // Accepts the connections waiting in the backlog (up to a round's worth): admits each one, or
+  // refuses it past a limit.
   void AcceptAll(absl::Time now);
   // Reads one connection's message and answers it.
   void Serve(int conn);
