@@ -162,6 +162,7 @@ TEST_F(HandoffTest, TheSocketHasTheConfiguredModeAndNoDaemonMeansUnavailable) {
   absl::StatusOr<std::string> t = HandOff(socket_, {});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("tuttid.sock.handoff"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("is tuttid running?"));
 }
 
 // Runs `party` in a child that takes on `uid` (root only); returns what it reported ("" when all
