@@ -75,18 +75,14 @@ void AddNamespaceCounters(const store::StoreStats& st, Builder* b) {
     b->Sample(ns.lookup_hits,
               {{"namespace", NamespaceLabel(ns.id)}, {"model", ns.descriptor.model_id()}});
   }
-  b->Family("tutti_namespace_lookup_misses_total",
-            "Lookups whose chain stopped short, by "
-            "namespace.",
-            kCounter);
+  b->Family("tutti_namespace_lookup_misses_total", "Lookups whose chain stopped short, by "
+            "namespace.", kCounter);
   for (const store::NamespaceInfo& ns : st.namespaces) {
     b->Sample(ns.lookup_misses,
               {{"namespace", NamespaceLabel(ns.id)}, {"model", ns.descriptor.model_id()}});
   }
-  b->Family("tutti_namespace_retrieved_blocks_total",
-            "Blocks retrieved into engine memory, by "
-            "namespace and the tier they were read from.",
-            kCounter);
+  b->Family("tutti_namespace_retrieved_blocks_total", "Blocks retrieved into engine memory, by "
+            "namespace and the tier they were read from.", kCounter);
   for (const store::NamespaceInfo& ns : st.namespaces) {
     const std::string id = NamespaceLabel(ns.id);
     const std::string& model = ns.descriptor.model_id();
@@ -102,16 +98,13 @@ void AddLookupsAndHits(const store::StoreStats& st, Builder* b) {
              st.lookup_hits);
   b->Counter("tutti_lookup_misses_total", "Lookups whose chain stopped short of its last key.",
              st.lookup_misses);
-  b->Family("tutti_retrieved_blocks_total",
-            "Blocks retrieved into engine memory, by the tier "
-            "they were read from.",
-            kCounter)
+  b->Family("tutti_retrieved_blocks_total", "Blocks retrieved into engine memory, by the tier "
+            "they were read from.", kCounter)
       .Sample(st.dram_hits, {{"tier", "dram"}})
-      .Sample(st.blocks_retrieved - std::min(st.dram_hits, st.blocks_retrieved), {{"tier", "ssd"}});
-  b->Family("tutti_namespace_blocks",
-            "Blocks held now, by namespace (id, model) and tier (ssd: "
-            "durable in the pool; dram: also in the DRAM tier).",
-            kGauge);
+      .Sample(st.blocks_retrieved - std::min(st.dram_hits, st.blocks_retrieved),
+              {{"tier", "ssd"}});
+  b->Family("tutti_namespace_blocks", "Blocks held now, by namespace (id, model) and tier (ssd: "
+            "durable in the pool; dram: also in the DRAM tier).", kGauge);
   for (const store::NamespaceInfo& ns : st.namespaces) {
     const std::string id = NamespaceLabel(ns.id);
     const std::string& model = ns.descriptor.model_id();
@@ -122,10 +115,8 @@ void AddLookupsAndHits(const store::StoreStats& st, Builder* b) {
 }
 
 void AddTraffic(const store::StoreStats& st, Builder* b) {
-  b->Family("tutti_bytes_total",
-            "Block bytes moved: read (into engine memory, every tier) and "
-            "written (to the pool).",
-            kCounter)
+  b->Family("tutti_bytes_total", "Block bytes moved: read (into engine memory, every tier) and "
+            "written (to the pool).", kCounter)
       .Sample(st.bytes_read, {{"direction", "read"}})
       .Sample(st.bytes_written, {{"direction", "write"}});
   b->Counter("tutti_stored_blocks_total", "Blocks made durable in the pool.", st.blocks_stored);
@@ -137,10 +128,8 @@ void AddTraffic(const store::StoreStats& st, Builder* b) {
             kCounter)
       .Sample(io.read_bytes, {{"op", "read"}})
       .Sample(io.write_bytes, {{"op", "write"}});
-  b->Counter("tutti_read_objects_total",
-             "Objects carried by pool reads (divided by "
-             "tutti_io_requests_total{op=\"read\"}: objects merged per read).",
-             st.read_objects);
+  b->Counter("tutti_read_objects_total", "Objects carried by pool reads (divided by "
+             "tutti_io_requests_total{op=\"read\"}: objects merged per read).", st.read_objects);
   b->Counter("tutti_read_merged_ios_total", "Pool reads that carried more than one object.",
              st.read_merged_ios);
   b->Counter("tutti_read_staging_waits_total", "Reads that waited for retrieve staging.",
@@ -153,31 +142,25 @@ void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b
            io.writes_queued);
   b->Gauge("tutti_io_write_bytes_queued", "Bytes of the pool writes waiting now.",
            io.write_bytes_queued);
-  b->Counter("tutti_io_write_wait_seconds_total",
-             "Time pool writes waited in the scheduler "
-             "before emission, summed.",
-             io.write_wait_ms * 1e-3);
-  b->Family("tutti_io_reads_in_flight",
-            "Pool reads emitted and not completed, by device (pool "
-            "file index; see tutti_pool_device_info).",
-            kGauge);
+  b->Counter("tutti_io_write_wait_seconds_total", "Time pool writes waited in the scheduler "
+             "before emission, summed.", io.write_wait_ms * 1e-3);
+  b->Family("tutti_io_reads_in_flight", "Pool reads emitted and not completed, by device (pool "
+            "file index; see tutti_pool_device_info).", kGauge);
   for (size_t d = 0; d < io.devices.size(); ++d) {
     b->Sample(io.devices[d].reads_in_flight, {{"device", std::to_string(d)}});
   }
-  b->Family("tutti_io_write_bytes_in_flight",
-            "Bytes of pool writes emitted and not completed, "
-            "by device.",
-            kGauge);
+  b->Family("tutti_io_write_bytes_in_flight", "Bytes of pool writes emitted and not completed, "
+            "by device.", kGauge);
   for (size_t d = 0; d < io.devices.size(); ++d) {
     b->Sample(io.devices[d].write_bytes_in_flight, {{"device", std::to_string(d)}});
   }
-  b->Family("tutti_io_latency_seconds",
-            "Completion latency of pool I/O requests, from their "
+  b->Family("tutti_io_latency_seconds", "Completion latency of pool I/O requests, from their "
             "emission to the backend until it completed them, by device and op.",
             MetricType::Histogram);
   for (size_t d = 0; d < io.devices.size(); ++d) {
     b->AddHistogram(io.devices[d].read_latency, {{"device", std::to_string(d)}, {"op", "read"}});
-    b->AddHistogram(io.devices[d].write_latency, {{"device", std::to_string(d)}, {"op", "write"}});
+    b->AddHistogram(io.devices[d].write_latency,
+                    {{"device", std::to_string(d)}, {"op", "write"}});
   }
   b->Family("tutti_pool_device_info", "1 per pool device: its index and directory.", kGauge);
   for (size_t d = 0; d < s.pool_dirs.size(); ++d) {
@@ -188,46 +171,35 @@ void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b
 // tutti_io_backend_info: one sample, 1, naming the backend running, the one configured, and the
 // reason they differ ("" when they do not).
 void AddIoBackend(const io::BackendChoice& c, Builder* b) {
-  b->Family("tutti_io_backend_info",
-            "1, labelled with the I/O backend running, the one io.backend "
-            "asked for, and why they differ (empty when they do not: no fallback).",
-            kGauge)
+  b->Family("tutti_io_backend_info", "1, labelled with the I/O backend running, the one io.backend "
+            "asked for, and why they differ (empty when they do not: no fallback).", kGauge)
       .Sample(1, {{"backend", c.backend}, {"requested", c.requested}, {"reason", c.reason}});
 }
 
 void AddErrors(const store::StoreStats& st, Builder* b) {
-  b->Family(
-       "tutti_errors_total",
-       "Failures by kind: verify (checksum or header mismatch, served "
-       "as a miss), io (failed or short pool I/O), store_failed (blocks that could not be made "
-       "durable), checkpoint (failed checkpoint attempts).",
-       kCounter)
+  b->Family("tutti_errors_total", "Failures by kind: verify (checksum or header mismatch, served "
+            "as a miss), io (failed or short pool I/O), store_failed (blocks that could not be made "
+            "durable), checkpoint (failed checkpoint attempts).", kCounter)
       .Sample(st.verify_errors, {{"kind", "verify"}})
       .Sample(st.io_errors, {{"kind", "io"}})
       .Sample(st.store_failed, {{"kind", "store_failed"}})
       .Sample(st.checkpoint_failures, {{"kind", "checkpoint"}});
   const uint64_t capped = st.store_rejected_owner_limit + st.store_rejected_backlog;
-  b->Family("tutti_store_rejected_total",
-            "Blocks a Store refused, by reason: staging_full, "
+  b->Family("tutti_store_rejected_total", "Blocks a Store refused, by reason: staging_full, "
             "owner_limit (the session's share of staging), backlog (the write backlog's bounds).",
             kCounter)
-      .Sample(st.store_rejected - std::min(capped, st.store_rejected), {{"reason", "staging_full"}})
+      .Sample(st.store_rejected - std::min(capped, st.store_rejected),
+              {{"reason", "staging_full"}})
       .Sample(st.store_rejected_owner_limit, {{"reason", "owner_limit"}})
       .Sample(st.store_rejected_backlog, {{"reason", "backlog"}});
-  b->Family("tutti_partial_blocks_dropped_total",
-            "Partially captured blocks dropped: expired "
-            "(limits.partial_store_ttl_ms) or abandoned (owner gone or its copy failed).",
-            kCounter)
+  b->Family("tutti_partial_blocks_dropped_total", "Partially captured blocks dropped: expired "
+            "(limits.partial_store_ttl_ms) or abandoned (owner gone or its copy failed).", kCounter)
       .Sample(st.pending_expired, {{"reason", "expired"}})
       .Sample(st.pending_dropped, {{"reason", "abandoned"}});
-  b->Gauge("tutti_durability_lost",
-           "1 once the journal or state directory was removed or "
-           "replaced: nothing is durable until restart.",
-           st.durability_lost ? 1 : 0);
-  b->Gauge("tutti_unindexed_slot_headers",
-           "Used slot headers found at start that the index "
-           "cannot find (state directory lost).",
-           st.unindexed_slot_headers);
+  b->Gauge("tutti_durability_lost", "1 once the journal or state directory was removed or "
+           "replaced: nothing is durable until restart.", st.durability_lost ? 1 : 0);
+  b->Gauge("tutti_unindexed_slot_headers", "Used slot headers found at start that the index "
+           "cannot find (state directory lost).", st.unindexed_slot_headers);
 }
 
 void AddCapacity(const store::StoreStats& st, Builder* b) {
@@ -245,10 +217,8 @@ void AddCapacity(const store::StoreStats& st, Builder* b) {
            st.write_backlog_bytes);
   b->Gauge("tutti_write_backlog_blocks", "Blocks captured and not yet durable.",
            st.write_backlog_blocks);
-  b->Gauge("tutti_write_backlog_age_seconds",
-           "How long the oldest block of the write backlog "
-           "has waited (0: empty).",
-           st.write_backlog_age_ms * 1e-3);
+  b->Gauge("tutti_write_backlog_age_seconds", "How long the oldest block of the write backlog "
+           "has waited (0: empty).", st.write_backlog_age_ms * 1e-3);
 }
 
 void AddServing(const MetricsSnapshot& s, Builder* b) {
@@ -256,17 +226,13 @@ void AddServing(const MetricsSnapshot& s, Builder* b) {
   b->Gauge("tutti_handoffs_outstanding", "Credentials handed out and not yet attached.",
            s.handoffs_outstanding);
   using datapath::Tier;
-  b->Family("tutti_read_bandwidth_bytes_per_second",
-            "Read bandwidth estimate per tier (the "
-            "configured prior until reads have measured it).",
-            kGauge);
+  b->Family("tutti_read_bandwidth_bytes_per_second", "Read bandwidth estimate per tier (the "
+            "configured prior until reads have measured it).", kGauge);
   for (Tier t : {Tier::kDram, Tier::kSsd}) {
     b->Sample(s.read_bandwidth[static_cast<int>(t)].bytes_per_sec, {{"tier", TierName(t)}});
   }
-  b->Family("tutti_read_bandwidth_samples_total",
-            "Reads measured into the bandwidth estimate, "
-            "per tier.",
-            kCounter);
+  b->Family("tutti_read_bandwidth_samples_total", "Reads measured into the bandwidth estimate, "
+            "per tier.", kCounter);
   for (Tier t : {Tier::kDram, Tier::kSsd}) {
     b->Sample(s.read_bandwidth[static_cast<int>(t)].samples, {{"tier", TierName(t)}});
   }
@@ -277,31 +243,23 @@ void AddDecisions(const MetricsSnapshot& s, Builder* b) {
   const decision::AdvisorStats d = s.decisions.value_or(decision::AdvisorStats{});
   b->Counter("tutti_decisions_total", "Load-or-recompute advice given with a prediction.",
              d.decisions);
-  b->Counter("tutti_decision_predictions_checked_total",
-             "Measured TTFTs compared with their "
-             "prediction.",
-             d.prediction_errors);
+  b->Counter("tutti_decision_predictions_checked_total", "Measured TTFTs compared with their "
+             "prediction.", d.prediction_errors);
   b->Gauge("tutti_decision_prediction_error_mean", "Mean relative error of the predicted TTFT.",
            d.prediction_error_mean);
-  b->Gauge("tutti_decision_prediction_error_last",
-           "Relative error of the last predicted TTFT "
-           "checked.",
-           d.prediction_error_last);
+  b->Gauge("tutti_decision_prediction_error_last", "Relative error of the last predicted TTFT "
+           "checked.", d.prediction_error_last);
 }
 
 // cuda mode's layer copier; zeros in host mode.
 void AddGpu(const MetricsSnapshot& s, Builder* b) {
   const server::GpuLayerCounts g = s.gpu_layers.value_or(server::GpuLayerCounts{});
-  b->Family("tutti_gpu_layers_total",
-            "Layers placed into engines' GPU blocks (retrieves), by "
-            "how: copy_engine (the copy engines alone) or kernel (a scatter kernel).",
-            kCounter)
+  b->Family("tutti_gpu_layers_total", "Layers placed into engines' GPU blocks (retrieves), by "
+            "how: copy_engine (the copy engines alone) or kernel (a scatter kernel).", kCounter)
       .Sample(g.by_copy_engine, {{"path", "copy_engine"}})
       .Sample(g.layers - std::min(g.by_copy_engine, g.layers), {{"path", "kernel"}});
-  b->Family("tutti_gpu_gathers_total",
-            "Layers gathered from engines' GPU blocks (stores), by "
-            "how.",
-            kCounter)
+  b->Family("tutti_gpu_gathers_total", "Layers gathered from engines' GPU blocks (stores), by "
+            "how.", kCounter)
       .Sample(g.gathers_by_copy_engine, {{"path", "copy_engine"}})
       .Sample(g.gathers - std::min(g.gathers_by_copy_engine, g.gathers), {{"path", "kernel"}});
 }
@@ -315,18 +273,15 @@ void AddNvmeHealth(const MetricsSnapshot& s, Builder* b) {
     double (*value)(const server::DeviceHealth&);
   };
   static const Field kFields[] = {
-      {"tutti_nvme_critical_warning",
-       "The SMART critical-warning bit field of a pool device "
+      {"tutti_nvme_critical_warning", "The SMART critical-warning bit field of a pool device "
        "(0: none), as last reported by tuttictl devices --report.",
        [](const server::DeviceHealth& d) { return double(d.critical_warning); }},
       {"tutti_nvme_temperature_celsius", "Composite temperature of a pool device.",
        [](const server::DeviceHealth& d) { return double(d.temperature_c); }},
       {"tutti_nvme_available_spare_ratio", "Available spare capacity of a pool device (0..1).",
        [](const server::DeviceHealth& d) { return d.available_spare_pct / 100.0; }},
-      {"tutti_nvme_endurance_used_ratio",
-       "Share of its rated endurance a pool device has used "
-       "(may pass 1).",
-       [](const server::DeviceHealth& d) { return d.percentage_used / 100.0; }},
+      {"tutti_nvme_endurance_used_ratio", "Share of its rated endurance a pool device has used "
+       "(may pass 1).", [](const server::DeviceHealth& d) { return d.percentage_used / 100.0; }},
       {"tutti_nvme_media_errors", "Media and data integrity errors a pool device has counted.",
        [](const server::DeviceHealth& d) { return double(d.media_errors); }},
   };

@@ -24,7 +24,7 @@ struct MetricsSnapshot {
   datapath::TierBandwidth read_bandwidth[datapath::kNumTiers];  // by datapath::Tier
   uint32_t sessions = 0;
   uint32_t handoffs_outstanding = 0;
-  std::optional<decision::AdvisorStats> decisions;   // absent: no advisor
+  std::optional<decision::AdvisorStats> decisions;  // absent: no advisor
   std::optional<server::GpuLayerCounts> gpu_layers;  // absent: host mode
   std::vector<std::string> pool_dirs;                // device i: pool file i's directory
   std::vector<server::DeviceHealth> nvme_health;     // as `tuttictl devices --report` sent it

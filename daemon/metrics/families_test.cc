@@ -189,7 +189,7 @@ TEST(FamiliesTest, LatencyHistogramIsCumulativeInSecondsPerDeviceAndOp) {
   const std::vector<MetricFamily> fs = BuildFamilies(FakeSnapshot());
   const MetricFamily& f = Find(fs, "tutti_io_latency_seconds");
   ASSERT_EQ(f.type, MetricType::Histogram);
-  ASSERT_EQ(f.metric.size(), 4u);       // 2 devices x (read, write)
+  ASSERT_EQ(f.metric.size(), 4u);  // 2 devices x (read, write)
   const ClientMetric& m = f.metric[2];  // device 1, read
   EXPECT_THAT(m.label, ::testing::ElementsAre(ClientMetric::Label{"device", "1"},
                                               ClientMetric::Label{"op", "read"}));
@@ -218,19 +218,13 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
   const std::vector<MetricFamily> full = BuildFamilies(FakeSnapshot());
   const std::vector<MetricFamily> empty = BuildFamilies(MetricsSnapshot{});
   ASSERT_EQ(empty.size(), full.size());
-  const std::set<std::string> per_entity = {"tutti_namespace_blocks",
-                                            "tutti_namespace_lookup_hits_total",
-                                            "tutti_namespace_lookup_misses_total",
-                                            "tutti_namespace_retrieved_blocks_total",
-                                            "tutti_io_reads_in_flight",
-                                            "tutti_io_write_bytes_in_flight",
-                                            "tutti_io_latency_seconds",
-                                            "tutti_pool_device_info",
-                                            "tutti_nvme_critical_warning",
-                                            "tutti_nvme_temperature_celsius",
-                                            "tutti_nvme_available_spare_ratio",
-                                            "tutti_nvme_endurance_used_ratio",
-                                            "tutti_nvme_media_errors"};
+  const std::set<std::string> per_entity = {
+      "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
+      "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
+      "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
+      "tutti_io_latency_seconds", "tutti_pool_device_info", "tutti_nvme_critical_warning",
+      "tutti_nvme_temperature_celsius", "tutti_nvme_available_spare_ratio",
+      "tutti_nvme_endurance_used_ratio", "tutti_nvme_media_errors"};
   for (size_t i = 0; i < empty.size(); ++i) {
     EXPECT_EQ(empty[i].name, full[i].name);
     EXPECT_EQ(empty[i].metric.empty(), per_entity.count(empty[i].name) == 1) << empty[i].name;
