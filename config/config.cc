@@ -268,6 +268,11 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
   // At least one namespace's ring; at most 2^30 events (about 40 GiB).
   RETURN_IF_ERROR(CheckRange("limits.max_pending_events_total", l.max_pending_events_total(),
                              l.max_pending_events(), uint64_t{1} << 30));
+  RETURN_IF_ERROR(
+      CheckRange("limits.max_handoff_connections", l.max_handoff_connections(), 1, 65536));
+  RETURN_IF_ERROR(CheckRange("limits.max_handoff_connections_per_user",
+                             l.max_handoff_connections_per_user(), 1,
+                             l.max_handoff_connections()));
   // A session needs two threads at least (a Retrieve stream and a KeepAlive).
   return CheckRange("limits.max_rpc_threads", l.max_rpc_threads(), 8, 65536);
 }
@@ -363,7 +368,8 @@ bool IsIpv4(const std::string& host) {
 
 // metrics.listen: "" or "off" (no endpoint), or HOST:PORT with HOST an IPv4 address or
 // "localhost" (what prometheus-cpp's server parses exactly: it would bind 999.1.1.1 as
-// 231.1.1.1) and PORT in [0, 65535] (0: any free port, logged at start).
+// 231.1.1.1) and PORT in [0, 65535] (0: any free port, logged at start). metrics.basic_auth_file:
+// "" or an absolute path (its contents and mode are checked when the endpoint starts).
 absl::Status ValidateMetrics(const tutti::v1::MetricsConfig& m) {
   const std::string& v = m.listen();
   if (v.empty() || v == "off") return absl::OkStatus();
@@ -375,6 +381,11 @@ absl::Status ValidateMetrics(const tutti::v1::MetricsConfig& m) {
     return Bad("metrics.listen", absl::StrCat("\"", v, "\""),
                "must be \"\", \"off\" or HOST:PORT with HOST an IPv4 address or localhost and "
                "PORT in [0, 65535] (e.g. \"127.0.0.1:9464\")");
+  }
+  const std::string& auth = m.basic_auth_file();
+  if (!auth.empty() && auth[0] != '/') {
+    return Bad("metrics.basic_auth_file", absl::StrCat("\"", auth, "\""),
+               "must be \"\" or an absolute path (a file of one line \"user:password\")");
   }
   return absl::OkStatus();
 }

@@ -296,8 +296,9 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
     info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
     info.gpu_memory_bytes = d->gpu->memory_bytes();
   }
+  const auto& mc = config.metrics();
   ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
-                                   config.metrics().listen(),
+                                   {mc.listen(), mc.namespace_labels(), mc.basic_auth_file()},
                                    {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
                                     info.decision_stats, info.gpu_layers, info.pool_dirs,
                                     [h = &d->device_health] { return h->Snapshot(); }, d->io_choice}));
@@ -306,8 +307,11 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                                                     d->sessions.get(), Clock::Real(), &d->gate);
   const auto& listen = config.listen();
   const server::SocketAccess engines{listen.socket_mode(), listen.socket_group()};
-  ASSIGN_OR_RETURN(d->handoff, server::HandoffServer::Start(HandoffPath(listen.socket_path()),
-                                                            engines, d->credentials.get()));
+  ASSIGN_OR_RETURN(d->handoff,
+                   server::HandoffServer::Start(HandoffPath(listen.socket_path()), engines,
+                                                d->credentials.get(),
+                                                {limits.max_handoff_connections_per_user(),
+                                                 limits.max_handoff_connections()}));
   ASSIGN_OR_RETURN(
       d->admin_server,
       server::Server::Start({config::AdminSocketPath(listen),

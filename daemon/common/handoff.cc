@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,9 +15,26 @@
 namespace tutti {
 namespace {
 
+// What a failed call on the handoff socket most likely means, for the error message.
+const char* Hint(int err) {
+  switch (err) {
+    case ENOENT:
+    case ECONNREFUSED:
+      return "; is tuttid running?";
+    case EACCES:
+    case EPERM:
+      return "; is this user in the group of tuttid's socket (listen.socket_group)?";
+    case EAGAIN:
+      return "; tuttid did not accept the connection in time (its backlog is full: tuttid is "
+             "overloaded or stuck)";
+    default:
+      return "";
+  }
+}
+
 absl::Status Unreachable(const std::string& path, const char* call, int err) {
-  return absl::UnavailableError(absl::StrCat("tuttid's handoff socket ", path, ": ", call, ": ",
-                                             strerror(err), "; is tuttid running?"));
+  return absl::UnavailableError(
+      absl::StrCat("tuttid's handoff socket ", path, ": ", call, ": ", strerror(err), Hint(err)));
 }
 
 // Waits until `fd` is readable or `timeout` has passed.
@@ -55,6 +73,33 @@ absl::Status SendRequest(int sock, absl::Span<const int> fds) {
   return absl::OkStatus();
 }
 
+// The credential in tuttid's `reply`, or its refusal with the code it gave.
+absl::StatusOr<std::string> ParseReply(const std::string& path, absl::string_view r) {
+  if (r.size() == 2 + kCredentialBytes && r.substr(0, 2) == "OK") {
+    return std::string(r.substr(2));
+  }
+  if (r.size() >= 3 && r.substr(0, 2) == "ER") {
+    return absl::Status(static_cast<absl::StatusCode>(static_cast<uint8_t>(r[2])),
+                        absl::StrCat("tuttid refused the handoff: ", r.substr(3)));
+  }
+  return absl::UnavailableError(absl::StrCat("tuttid's handoff socket ", path, ": an answer of ",
+                                             r.size(), " bytes that is not a handoff"));
+}
+
+// A reply already waiting on `sock`, if any: tuttid refuses a connection past its limits at
+// once, before it reads the request, so a failed send or a reset may have the reason queued.
+// The first call may return the reset (ECONNRESET: tuttid closed with the request unread) that
+// the kernel reports before the reply queued ahead of it.
+std::optional<std::string> WaitingReply(int sock) {
+  char reply[kMaxHandoffMessage];
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const ssize_t n = recv(sock, reply, sizeof(reply), MSG_DONTWAIT);
+    if (n > 0) return std::string(reply, static_cast<size_t>(n));
+    if (n == 0 || errno != ECONNRESET) break;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string HandoffPath(const std::string& socket_path) { return socket_path + ".handoff"; }
@@ -72,29 +117,34 @@ absl::StatusOr<std::string> HandOff(const std::string& socket_path, absl::Span<c
   }
   UniqueFd sock(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return Unreachable(path, "socket", errno);
+  // A connect to a full backlog waits this long (SO_SNDTIMEO) before EAGAIN.
+  const timeval tv = absl::ToTimeval(timeout);
+  setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Unreachable(path, "connect", errno);
   }
-  if (absl::Status s = SendRequest(sock.get(), fds); !s.ok()) return s;
+  if (absl::Status s = SendRequest(sock.get(), fds); !s.ok()) {
+    if (std::optional<std::string> refusal = WaitingReply(sock.get())) {
+      return ParseReply(path, *refusal);
+    }
+    return s;
+  }
   if (!WaitReadable(sock.get(), timeout)) {
     return absl::UnavailableError(absl::StrCat("tuttid's handoff socket ", path, ": no answer in ",
                                                absl::FormatDuration(timeout)));
   }
   char reply[kMaxHandoffMessage];
   const ssize_t n = recv(sock.get(), reply, sizeof(reply), 0);
-  if (n < 0) return Unreachable(path, "recv", errno);
-  const absl::string_view r(reply, static_cast<size_t>(n));
-  if (r.size() == 2 + kCredentialBytes && r.substr(0, 2) == "OK") {
-    return std::string(r.substr(2));
+  if (n < 0) {
+    const int err = errno;
+    if (std::optional<std::string> refusal = WaitingReply(sock.get())) {
+      return ParseReply(path, *refusal);
+    }
+    return Unreachable(path, "recv", err);
   }
-  if (r.size() >= 3 && r.substr(0, 2) == "ER") {
-    return absl::Status(static_cast<absl::StatusCode>(static_cast<uint8_t>(r[2])),
-                        absl::StrCat("tuttid refused the handoff: ", r.substr(3)));
-  }
-  return absl::UnavailableError(absl::StrCat("tuttid's handoff socket ", path,
-                                             ": an answer of ", n, " bytes that is not a handoff"));
+  return ParseReply(path, absl::string_view(reply, static_cast<size_t>(n)));
 }
 
 }  // namespace tutti

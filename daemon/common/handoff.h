@@ -3,7 +3,8 @@
 // gRPC cannot carry file descriptors or tell a server who its peer is, so before Attach an engine
 // makes one exchange on a second unix socket beside tuttid's, HandoffPath(socket_path), of type
 // SOCK_SEQPACKET (one message each way, boundaries kept):
-//   engine -> tuttid: "TUTTIHO1" (8 bytes) then n, a little-endian uint32 (0 <= n <= kMaxHandoffFds),
+//   engine -> tuttid: "TUTTIHO1" (8 bytes) then n, a little-endian uint32 (0 <= n <=
+//   kMaxHandoffFds),
 //                     with exactly n descriptors attached as SCM_RIGHTS (the engine's host-mode KV
 //                     regions: shm or memfd descriptors it opened read-write; none in GPU mode);
 //   tuttid -> engine: "OK" then a 16-byte credential, or "ER", one byte of absl::StatusCode, and
@@ -41,9 +42,12 @@ std::string HandoffPath(const std::string& socket_path);
 // Hands `fds` (not closed; the caller keeps them) and this process's credentials to the tuttid
 // serving `socket_path` and returns the credential to put in AttachRequest.credential. Errors:
 // INVALID_ARGUMENT for more than kMaxHandoffFds descriptors; UNAVAILABLE when the handoff socket
-// cannot be reached or does not answer within `timeout` (the message names the path and errno);
-// the daemon's refusal with its code (INVALID_ARGUMENT, RESOURCE_EXHAUSTED: too many credentials
-// outstanding) and words.
+// cannot be reached, does not accept within `timeout` or does not answer within it (the message
+// names the path, errno, and what it likely means: no tuttid, not in the socket's group, a full
+// backlog); the daemon's refusal, "tuttid refused the handoff: ...", with its code
+// (INVALID_ARGUMENT; RESOURCE_EXHAUSTED: too many credentials outstanding, or too many handoff
+// connections open, naming the limit, e.g. "user 1001 has 16 handoff connections open
+// (limits.max_handoff_connections_per_user)").
 absl::StatusOr<std::string> HandOff(const std::string& socket_path, absl::Span<const int> fds,
                                     absl::Duration timeout = absl::Seconds(10));
 

@@ -1,10 +1,15 @@
 // The exporter over a real block store (in-memory backend): off means no endpoint; a scrape over
-// HTTP shows the store's figures as they move; a taken port is refused naming the field.
+// HTTP shows the store's figures as they move; a taken port is refused naming the field;
+// per-namespace series only when asked for; basic auth when configured; clients that stall
+// mid-request do not stop a scrape.
 #include "daemon/metrics/exporter.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
@@ -41,11 +46,23 @@ class ExporterTest : public ::testing::Test {
     ns_ = *ns;
   }
 
-  absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen) {
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(ExporterOptions options) {
     MetricsSources src;
     src.store = store_.get();
     src.pool_dirs = {"/pool0"};
-    return MetricsExporter::Start(listen, std::move(src));
+    return MetricsExporter::Start(options, std::move(src));
+  }
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen) {
+    return Start(ExporterOptions{listen});
+  }
+
+  // A file of `text` with `mode`, in the test's temporary directory.
+  std::string WriteFile(const std::string& name, const std::string& text, mode_t mode) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+    std::filesystem::remove(path);
+    std::ofstream(path) << text;
+    EXPECT_EQ(chmod(path.c_str(), mode), 0);
+    return path;
   }
 
   void StoreDurable(absl::Span<const Key> keys) {
@@ -76,7 +93,7 @@ TEST_F(ExporterTest, OffOrEmptyServesNothing) {
 }
 
 TEST_F(ExporterTest, NullStoreIsInvalid) {
-  EXPECT_EQ(MetricsExporter::Start("127.0.0.1:0", {}).status().code(),
+  EXPECT_EQ(MetricsExporter::Start({"127.0.0.1:0"}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -113,6 +130,76 @@ TEST_F(ExporterTest, ATakenPortIsUnavailableNamingTheField) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("metrics.listen = \"" + taken));
+}
+
+TEST_F(ExporterTest, NamespaceSeriesOnlyWhenTheOperatorTurnsThemOn) {
+  const std::vector<Key> keys = {store::testing::TestKey(1), store::testing::TestKey(2)};
+  StoreDurable(keys);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), 2u);
+  store_->Unpin(ns_, keys);
+  auto plain = Start("127.0.0.1:0");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto page = HttpGet((*plain)->port(), "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("\ntutti_lookup_hits_total 2\n"));  // the totals stay
+  EXPECT_THAT(*page, Not(HasSubstr("model=")));
+  EXPECT_THAT(*page, Not(HasSubstr("namespace=")));
+
+  auto labelled = Start(ExporterOptions{"127.0.0.1:0", /*namespace_labels=*/true});
+  ASSERT_TRUE(labelled.ok()) << labelled.status();
+  page = HttpGet((*labelled)->port(), "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("tutti_namespace_lookup_hits_total{namespace=\""));
+  EXPECT_THAT(*page, HasSubstr("model=\"m\"} 2\n"));
+}
+
+TEST_F(ExporterTest, BasicAuthRefusesAScrapeWithoutThePassword) {
+  const std::string file = WriteFile("metrics_auth", "prometheus:s3cret\n", 0600);
+  auto e = Start(ExporterOptions{"127.0.0.1:0", false, file});
+  ASSERT_TRUE(e.ok()) << e.status();
+  const int port = (*e)->port();
+  EXPECT_THAT(std::string(HttpGet(port, "/metrics").status().message()), HasSubstr("401"));
+  EXPECT_THAT(std::string(HttpGet(port, "/metrics", 5000, "prometheus:guess").status().message()),
+              HasSubstr("401"));
+  EXPECT_THAT(std::string(HttpGet(port, "/metrics", 5000, "other:s3cret").status().message()),
+              HasSubstr("401"));
+  auto page = HttpGet(port, "/metrics", 5000, "prometheus:s3cret");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("tutti_lookups_total"));
+}
+
+TEST_F(ExporterTest, ABasicAuthFileOthersCanReadOrNotOneLineIsRefusedNamingTheField) {
+  for (const auto& [text, mode] :
+       std::vector<std::pair<std::string, mode_t>>{{"prometheus:s3cret\n", 0644},
+                                                   {"prometheus:s3cret\n", 0640},
+                                                   {"no-colon\n", 0600},
+                                                   {"a:b\nc:d\n", 0600},
+                                                   {":s3cret\n", 0600}}) {
+    const std::string file = WriteFile("metrics_auth_bad", text, mode);
+    auto e = Start(ExporterOptions{"127.0.0.1:0", false, file});
+    ASSERT_FALSE(e.ok()) << text << " mode " << mode;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(e.status().message()), HasSubstr("metrics.basic_auth_file"));
+  }
+  auto missing = Start(ExporterOptions{"127.0.0.1:0", false, "/nonexistent/auth"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// More stalled clients than serving threads: each holds a thread until the request timeout, and
+// the scrape, queued behind them, is served once their threads come free. (With prometheus-cpp's
+// defaults, 2 threads and civetweb's 30 s timeout, the scrape waited minutes.)
+TEST_F(ExporterTest, ClientsStalledMidRequestDoNotStopAScrape) {
+  auto e = Start("127.0.0.1:0");
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::vector<UniqueFd> stalled;
+  for (int i = 0; i < MetricsExporter::kServingThreads + 8; ++i) {
+    absl::StatusOr<UniqueFd> fd = OpenHalfSentRequest((*e)->port());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    stalled.push_back(std::move(*fd));
+  }
+  auto page = HttpGet((*e)->port(), "/metrics", /*timeout_ms=*/30000);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("tutti_lookups_total"));
 }
 
 }  // namespace

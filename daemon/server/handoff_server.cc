@@ -20,8 +20,8 @@ namespace tutti::server {
 namespace {
 
 absl::Status Errno(const std::string& path, const char* call) {
-  return absl::UnavailableError(absl::StrCat("handoff socket ", path, ": ", call, ": ",
-                                             strerror(errno)));
+  return absl::UnavailableError(
+      absl::StrCat("handoff socket ", path, ": ", call, ": ", strerror(errno)));
 }
 
 void Answer(int conn, std::string_view reply) {
@@ -29,8 +29,8 @@ void Answer(int conn, std::string_view reply) {
 }
 
 void Refuse(int conn, const absl::Status& why) {
-  std::string reply = absl::StrCat("ER", std::string(1, static_cast<char>(why.code())),
-                                   why.message());
+  std::string reply =
+      absl::StrCat("ER", std::string(1, static_cast<char>(why.code())), why.message());
   if (reply.size() > kMaxHandoffMessage) reply.resize(kMaxHandoffMessage);
   Answer(conn, reply);
 }
@@ -54,7 +54,8 @@ std::vector<UniqueFd> TakeFds(msghdr* msg) {
 
 absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& path,
                                                                     const SocketAccess& access,
-                                                                    CredentialTable* table) {
+                                                                    CredentialTable* table,
+                                                                    const HandoffLimits& limits) {
   sockaddr_un addr{};
   if (path.empty() || path[0] != '/' || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -69,23 +70,24 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
   const int bound = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   umask(old_umask);
   if (bound != 0) return Errno(path, "bind");
-  if (listen(fd.get(), 128) != 0) return Errno(path, "listen");
+  if (listen(fd.get(), SOMAXCONN) != 0) return Errno(path, "listen");
   ApplySocketAccess(path, access);
   UniqueFd stop(eventfd(0, EFD_CLOEXEC));
   if (!stop.valid()) return Errno(path, "eventfd");
   std::unique_ptr<HandoffServer> server(
-      new HandoffServer(path, std::move(fd), std::move(stop), table));
+      new HandoffServer(path, std::move(fd), std::move(stop), table, limits));
   server->thread_ = std::thread(&HandoffServer::Loop, server.get());
   log::Get("server")->info("handoff socket listening on {}", path);
   return server;
 }
 
 HandoffServer::HandoffServer(std::string path, UniqueFd listen_fd, UniqueFd stop_fd,
-                             CredentialTable* table)
+                             CredentialTable* table, const HandoffLimits& limits)
     : path_(std::move(path)),
       listen_fd_(std::move(listen_fd)),
       stop_fd_(std::move(stop_fd)),
-      table_(table) {}
+      table_(table),
+      limits_(limits) {}
 
 HandoffServer::~HandoffServer() {
   const uint64_t one = 1;
@@ -97,44 +99,92 @@ HandoffServer::~HandoffServer() {
 }
 
 void HandoffServer::Loop() {
-  struct Pending {
-    UniqueFd fd;
-    absl::Time deadline;
-  };
-  std::vector<Pending> pending;
   std::vector<pollfd> polls;
+  std::vector<short> revents;
   for (;;) {
     polls.clear();
     polls.push_back({stop_fd_.get(), POLLIN, 0});
-    const bool room = pending.size() < kMaxPending;
-    polls.push_back({listen_fd_.get(), static_cast<short>(room ? POLLIN : 0), 0});
-    for (const Pending& p : pending) polls.push_back({p.fd.get(), POLLIN, 0});
-    const int n = poll(polls.data(), polls.size(), pending.empty() ? -1 : 100);
+    polls.push_back({listen_fd_.get(), POLLIN, 0});
+    for (const Pending& p : pending_) polls.push_back({p.fd.get(), POLLIN, 0});
+    const int n = poll(polls.data(), polls.size(), pending_.empty() ? -1 : 100);
     if (n < 0 && errno != EINTR) {
       log::Get("server")->error("handoff socket: poll: {}; handoffs stop", strerror(errno));
       return;
     }
     if (polls[0].revents != 0) return;
     const absl::Time now = absl::Now();
-    // Serve readable (or hung-up) connections and drop the late ones; polls[i + 2] is pending[i].
-    std::vector<Pending> kept;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (polls[i + 2].revents != 0) {
-        Serve(pending[i].fd.get());
-      } else if (now < pending[i].deadline) {
-        kept.push_back(std::move(pending[i]));
-      }
+    revents.clear();
+    for (size_t i = 2; i < polls.size(); ++i) revents.push_back(n > 0 ? polls[i].revents : 0);
+    ServeOrExpire(revents, now);
+    if (n > 0 && (polls[1].revents & POLLIN) != 0) AcceptAll(now);
+  }
+}
+
+void HandoffServer::ServeOrExpire(const std::vector<short>& revents, absl::Time now) {
+  std::vector<Pending> kept;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    if (revents[i] == 0 && now < p.deadline) {
+      kept.push_back(std::move(p));
+      continue;
     }
-    pending = std::move(kept);
-    if (polls[1].revents & POLLIN) {
-      UniqueFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (conn.valid()) {
-        pending.push_back({std::move(conn), now + kReadTimeout});
-      } else if (errno != EAGAIN && errno != EINTR) {
+    if (revents[i] != 0) {
+      Serve(p.fd.get());
+    } else {
+      Refuse(p.fd.get(), absl::DeadlineExceededError(absl::StrCat(
+                             "no handoff request within ",
+                             absl::FormatDuration(limits_.read_timeout), " of connecting")));
+    }
+    if (--pending_per_uid_[p.uid] == 0) pending_per_uid_.erase(p.uid);
+  }
+  pending_ = std::move(kept);
+}
+
+absl::Status HandoffServer::RoomFor(uid_t uid) const {
+  if (pending_.size() >= limits_.max_connections) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tuttid has ", pending_.size(),
+                     " handoff connections open (limits.max_handoff_connections)"));
+  }
+  const auto it = pending_per_uid_.find(uid);
+  const uint32_t open = it == pending_per_uid_.end() ? 0 : it->second;
+  if (open >= limits_.max_connections_per_user) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("user ", uid, " has ", open,
+                     " handoff connections open (limits.max_handoff_connections_per_user)"));
+  }
+  return absl::OkStatus();
+}
+
+void HandoffServer::AcceptAll(absl::Time now) {
+  // At most this many per round, so that a flood of connections cannot keep the thread from
+  // serving the admitted ones; the rest wait for the next round (poll returns at once).
+  constexpr int kAcceptsPerRound = 1024;
+  for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
+    UniqueFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!conn.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN) {
         TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::warn, 5,
                               "handoff socket: accept: {}", strerror(errno));
       }
+      return;
     }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      Refuse(conn.get(), absl::InternalError(absl::StrCat("SO_PEERCRED: ", strerror(errno))));
+      continue;
+    }
+    if (absl::Status room = RoomFor(cred.uid); !room.ok()) {
+      TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::warn, 5,
+                            "handoff from pid {} uid {} refused: {}", cred.pid, cred.uid,
+                            std::string(room.message()));
+      Refuse(conn.get(), room);
+      continue;
+    }
+    ++pending_per_uid_[cred.uid];
+    pending_.push_back({std::move(conn), cred.uid, now + limits_.read_timeout});
   }
 }
 
@@ -171,8 +221,7 @@ void HandoffServer::Serve(int conn) {
                                   fds.size(), (msg.msg_flags & MSG_CTRUNC) ? " or more" : "")));
     return;
   }
-  absl::StatusOr<std::string> token =
-      table_->Issue({cred.pid, cred.uid, cred.gid}, std::move(fds));
+  absl::StatusOr<std::string> token = table_->Issue({cred.pid, cred.uid, cred.gid}, std::move(fds));
   if (!token.ok()) {
     TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::warn, 1,
                           "handoff from pid {} uid {} refused: {}", cred.pid, cred.uid,

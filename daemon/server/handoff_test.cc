@@ -1,16 +1,21 @@
+#include "daemon/common/handoff.h"
+
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "daemon/common/handoff.h"
+#include "absl/strings/str_cat.h"
 #include "daemon/server/credentials.h"
 #include "daemon/server/handoff_server.h"
 #include "gmock/gmock.h"
@@ -28,13 +33,42 @@ class HandoffTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
     socket_ = dir_ + "/tuttid.sock";
-    auto server = HandoffServer::Start(HandoffPath(socket_), {0600, ""}, &table_);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
+    Restart({0600, ""}, {});
   }
   void TearDown() override {
     server_.reset();
     std::filesystem::remove_all(dir_);
+  }
+
+  void Restart(const SocketAccess& access, const HandoffLimits& limits) {
+    server_.reset();
+    auto server = HandoffServer::Start(HandoffPath(socket_), access, &table_, limits);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+
+  // A connection to the handoff socket that sends nothing (-1 if connect failed).
+  int Connect() {
+    const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = HandoffPath(socket_);
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ADD_FAILURE() << "connect: " << strerror(errno);
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  // What the daemon sent on `fd` ("" when it closed without a word), waiting up to 10 s.
+  static std::string Await(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) return "(nothing in 10 s)";
+    char reply[512];
+    const ssize_t n = recv(fd, reply, sizeof(reply), MSG_DONTWAIT);
+    return n > 0 ? std::string(reply, n) : std::string();
   }
 
   // A raw exchange, for malformed requests: returns the reply.
@@ -128,6 +162,103 @@ TEST_F(HandoffTest, TheSocketHasTheConfiguredModeAndNoDaemonMeansUnavailable) {
   absl::StatusOr<std::string> t = HandOff(socket_, {});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("tuttid.sock.handoff"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("is tuttid running?"));
+}
+
+// Runs `party` in a child that takes on `uid` (root only); returns what it reported ("" when all
+// its checks held).
+std::string RunAsUid(uid_t uid, const std::function<std::string()>& party) {
+  int out[2];
+  if (pipe(out) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(out[0]);
+    std::string r = setresgid(uid, uid, uid) == 0 && setresuid(uid, uid, uid) == 0
+                        ? party()
+                        : std::string("cannot become uid ") + std::to_string(uid);
+    (void)!write(out[1], r.data(), r.size());
+    _exit(0);
+  }
+  close(out[1]);
+  std::string r;
+  char buf[512];
+  for (ssize_t n; (n = read(out[0], buf, sizeof(buf))) > 0;) r.append(buf, n);
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return r;
+}
+
+TEST_F(HandoffTest, IdleConnectionsPastTheUsersLimitAreToldWhyAndTimeOut) {
+  Restart({0600, ""}, {/*per_user=*/4, /*total=*/8, absl::Milliseconds(300)});
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(Connect());
+  absl::StatusOr<std::string> refused = HandOff(socket_, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat("tuttid refused the handoff: user ", getuid(),
+                                     " has 4 handoff connections open "
+                                     "(limits.max_handoff_connections_per_user)")));
+  // The idle ones are answered at their deadline and closed; their places are free again.
+  for (int fd : idle) {
+    EXPECT_THAT(Await(fd), HasSubstr("no handoff request within 300ms"));
+    close(fd);
+  }
+  EXPECT_TRUE(HandOff(socket_, {}).ok());
+}
+
+// The attack: 200 idle connections of one user (the per-user limit's default is 16).
+// The daemon accepts them all at once (none waits in the backlog) and tells the ones past the
+// limit why; so is the user's next handoff, instead of a connect that fails with EAGAIN.
+TEST_F(HandoffTest, OneUsersIdleConnectionsAreAcceptedAndThosePastTheLimitToldWhy) {
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) idle.push_back(Connect());
+  int told = 0;
+  for (size_t i = 16; i < idle.size(); ++i) {
+    told += Await(idle[i]).find(absl::StrCat("user ", getuid(),
+                                             " has 16 handoff connections "
+                                             "open (limits.max_handoff_connections_per_user)")) !=
+            std::string::npos;
+  }
+  EXPECT_EQ(told, 184);
+  absl::StatusOr<std::string> refused = HandOff(socket_, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("limits.max_handoff_connections_per_user"));
+  for (int fd : idle) close(fd);
+}
+
+TEST_F(HandoffTest, PastTheTotalEveryoneIsToldSo) {
+  Restart({0600, ""}, {/*per_user=*/16, /*total=*/4, absl::Seconds(60)});
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(Connect());
+  absl::StatusOr<std::string> refused = HandOff(socket_, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("tuttid has 4 handoff connections open (limits.max_handoff_connections)"));
+  for (int fd : idle) close(fd);
+}
+
+// With one user's connections at its limit, another user (a real other uid: root only, and not in
+// a sandbox that maps no other uids; tests/integration/multi_user_test.cc runs it with real users
+// too) still gets a credential.
+TEST_F(HandoffTest, AnotherUserStillGetsACredential) {
+  if (geteuid() != 0 || RunAsUid(64105, [] { return std::string(); }) != "") {
+    GTEST_SKIP() << "cannot take on another uid here";
+  }
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  Restart({0666, ""}, {/*per_user=*/16, /*total=*/256, absl::Seconds(60)});
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) idle.push_back(Connect());
+  EXPECT_EQ(HandOff(socket_, {}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(RunAsUid(64105,
+                     [&] {
+                       absl::StatusOr<std::string> t = HandOff(socket_, {});
+                       return t.ok() ? std::string() : t.status().ToString();
+                     }),
+            "");
+  EXPECT_EQ(table_.outstanding(), 1u);
+  for (int fd : idle) close(fd);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The real tuttid with metrics on (metrics.listen "127.0.0.1:0": a free port, read from its log):
+// The real tuttid with metrics on (metrics.listen "127.0.0.1:0": a free port, read from its log;
+// namespace_labels on):
 // /metrics answers over HTTP, promtool accepts the page, the counters move as a host-mode engine
 // stores and retrieves blocks, and they agree with Admin.Stats (tuttictl stats).
 #include <unistd.h>
@@ -56,6 +57,7 @@ class MetricsTest : public ::testing::Test {
   void SetUp() override {
     TuttidConfig config;
     config.metrics_listen = "127.0.0.1:0";
+    config.extra_metrics = "namespace_labels: true";  // the series by namespace, checked below
     auto env = TuttidEnv::Create(config);
     ASSERT_TRUE(env.ok()) << env.status();
     env_ = std::move(*env);

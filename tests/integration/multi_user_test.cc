@@ -7,13 +7,17 @@
 // never touches gRPC: every party runs in a forked child that takes its identity first.
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +31,7 @@
 #include "client/hostengine/engine_client.h"
 #include "client/hostengine/host_engine.h"
 #include "daemon/common/handoff.h"
+#include "daemon/metrics/http_get.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "tests/common/daemon_launch.h"
@@ -531,6 +536,210 @@ TEST_F(MultiUserTest, OnlyTheEngineThatAttachedActsInItsSession) {
 // --- The compute model belongs to the namespace owner (issue 19, item 3) ---
 
 // --- The handoff socket and the metrics endpoint (issue 19, items 2 and 4) ---
+
+// A party running as `id` in a child while the test goes on. The constructor returns once the
+// party wrote its first line (it is ready); Finish() tells it to stop (its `stop` descriptor reads
+// end-of-file) and returns the rest of what it wrote ("" = all its checks held).
+class Background {
+ public:
+  Background(const Identity& id, const std::function<std::string(int stop)>& party,
+             const std::function<void(int report)>& get_ready) {
+    int report[2], stop[2];
+    if (pipe(report) != 0 || pipe(stop) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(report[0]);
+      close(stop[1]);
+      BecomeOrDie(id);
+      get_ready(report[1]);
+      const std::string result = party(stop[0]);
+      (void)!write(report[1], result.data(), result.size());
+      _exit(0);
+    }
+    close(report[1]);
+    close(stop[0]);
+    report_ = report[0];
+    stop_ = stop[1];
+    char c;
+    while (read(report_, &c, 1) == 1 && c != '\n') ready_ += c;
+  }
+  const std::string& ready() const { return ready_; }
+  std::string Finish() {
+    close(stop_);
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = read(report_, buf, sizeof(buf))) > 0;) out.append(buf, n);
+    close(report_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      out += absl::StrCat(" (the party exited with status ", status, ")");
+    }
+    return out;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int report_ = -1, stop_ = -1;
+  std::string ready_;
+};
+
+// A connection to `path` (a SOCK_SEQPACKET unix socket) that sends nothing; -1 on failure.
+int ConnectSeqpacket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What tuttid answered on `fd` within 10 s ("" for nothing).
+std::string AnswerOf(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 10000) != 1) return "";
+  char buf[512];
+  const ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+  return n > 0 ? std::string(buf, n) : "";
+}
+
+// The engine user attaches (handing its memory over), stores and finds 4 blocks, and detaches,
+// `times` times; "" when every step held.
+std::string AttachStoreDetach(const std::string& sock, int times) {
+  for (int round = 0; round < times; ++round) {
+    auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE},
+                                                 8, absl::StrCat("tutti-mu-h", round));
+    if (!engine.ok()) return std::string(engine.status().message());
+    auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+    if (!channel.ok()) return std::string(channel.status().message());
+    hostengine::EngineClient client(*channel, sock, absl::Seconds(30));
+    auto attach = client.Attach((*engine)->MakeAttachRequest({}), (*engine)->fds());
+    (*engine)->region().Unlink();
+    if (!attach.ok()) {
+      return absl::StrCat("attach ", round + 1, " of ", times, ": ", attach.status().message());
+    }
+    std::vector<Key> keys;
+    for (uint64_t i = 0; i < 4; ++i) {
+      Key k;
+      k.bytes[0] = static_cast<uint8_t>(i + 1);
+      keys.push_back(k);
+      (*engine)->FillBlock(i, k);
+    }
+    const std::vector<uint32_t> blocks = {0, 1, 2, 3};
+    auto stored = client.Store(keys, blocks, /*wait_durable=*/true);
+    if (!stored.ok()) return "store: " + std::string(stored.status().message());
+    auto lookup = client.Lookup(keys);
+    if (!lookup.ok() || lookup->hits() != 4) return std::string("lookup missed");
+    if (absl::Status s = client.Release(lookup->lease_id()); !s.ok()) return s.ToString();
+    if (absl::Status s = client.Detach(); !s.ok()) return "detach: " + s.ToString();
+  }
+  return "";
+}
+
+// The issue's attack: a member of the socket's group holds 200 idle connections to the handoff
+// socket and re-opens each one as soon as tuttid answers or drops it. The engine user still
+// attaches 5 times of 5, and the hostile user is told which limit it hit.
+TEST_F(MultiUserTest, OneUsersIdleHandoffConnectionsDoNotStopAnotherEnginesAttach) {
+  const std::string handoff = HandoffPath(socket_);
+  Background hostile(
+      {kHostileUid, kHostileGid, {kTuttiGid}},
+      [&](int stop) {
+        std::vector<int> conns;
+        for (int i = 0; i < 200; ++i) conns.push_back(ConnectSeqpacket(handoff));
+        uint64_t reopened = 0;
+        for (;;) {
+          std::vector<pollfd> polls = {{stop, POLLIN, 0}};
+          for (int fd : conns) polls.push_back({fd, POLLIN, 0});
+          if (poll(polls.data(), polls.size(), 100) < 0 && errno != EINTR) return std::string("poll failed");
+          if (polls[0].revents != 0) break;
+          for (size_t i = 0; i < conns.size(); ++i) {
+            if (polls[i + 1].revents == 0 && conns[i] >= 0) continue;
+            if (conns[i] >= 0) close(conns[i]);
+            conns[i] = ConnectSeqpacket(handoff);
+            ++reopened;
+          }
+        }
+        for (int fd : conns) close(fd);
+        return Expect(reopened > 0, "tuttid never answered or dropped a connection");
+      },
+      [&](int report) {
+        // Ready once 200 are open: the first 16 wait for their request, the others are told why.
+        std::vector<int> held;
+        for (int i = 0; i < 200; ++i) held.push_back(ConnectSeqpacket(handoff));
+        std::string why = AnswerOf(held.back());
+        for (int fd : held) close(fd);
+        why.erase(std::remove(why.begin(), why.end(), '\n'), why.end());
+        (void)!write(report, (why + "\n").data(), why.size() + 1);
+      });
+  EXPECT_NE(hostile.ready().find(absl::StrCat("user ", kHostileUid,
+                                              " has 16 handoff connections "
+                                              "open (limits.max_handoff_connections_per_user)")),
+            std::string::npos)
+      << hostile.ready();
+  const std::string sock = socket_;
+  EXPECT_EQ(
+      RunAs({kEngineUid, kEngineGid, {kTuttiGid}}, [&] { return AttachStoreDetach(sock, 5); }), "");
+  EXPECT_EQ(hostile.Finish(), "");
+}
+
+// Metrics on (a free port, read from the log): the endpoint every local user can reach.
+class MetricsEndpointTest : public MultiUserTest {
+ protected:
+  std::string MetricsBlock() override { return "metrics { listen: \"127.0.0.1:0\" }"; }
+  int MetricsPort() {
+    const std::string log = FileTail(log_, 1 << 20);
+    const std::string head = "metrics on http://127.0.0.1:";
+    const size_t at = log.find(head);
+    return at == std::string::npos ? 0 : std::atoi(log.c_str() + at + head.size());
+  }
+};
+
+TEST_F(MetricsEndpointTest, AStrangerLearnsNoModelsOrNamespacesByDefault) {
+  const int port = MetricsPort();
+  ASSERT_GT(port, 0) << FileTail(log_, 4000);
+  const std::string sock = socket_;
+  ASSERT_EQ(
+      RunAs({kEngineUid, kEngineGid, {kTuttiGid}}, [&] { return AttachStoreDetach(sock, 1); }), "");
+  EXPECT_EQ(RunAs({kStrangerUid, kStrangerGid, {}},
+                  [&] {
+                    auto page = metrics::HttpGet(port, "/metrics");
+                    if (!page.ok()) return "scrape: " + page.status().ToString();
+                    std::string r;
+                    r += Expect(page->find("\ntutti_lookup_hits_total 4\n") != std::string::npos,
+                                "the totals are missing");
+                    for (const char* secret : {"model=", "namespace=", "bench-llama3-8b"}) {
+                      r += Expect(page->find(secret) == std::string::npos,
+                                  absl::StrCat("the page shows ", secret));
+                    }
+                    return r;
+                  }),
+            "");
+}
+
+// More clients stalled mid-request than the endpoint has serving threads (16): a scrape is
+// served once their request timeout frees the threads.
+TEST_F(MetricsEndpointTest, AStrangersStalledRequestsDoNotStopAScrape) {
+  const int port = MetricsPort();
+  ASSERT_GT(port, 0) << FileTail(log_, 4000);
+  EXPECT_EQ(RunAs({kStrangerUid, kStrangerGid, {}},
+                  [&] {
+                    std::vector<UniqueFd> stalled;
+                    for (int i = 0; i < 32; ++i) {
+                      auto fd = metrics::OpenHalfSentRequest(port);
+                      if (!fd.ok()) return fd.status().ToString();
+                      stalled.push_back(std::move(*fd));
+                    }
+                    auto page = metrics::HttpGet(port, "/metrics", /*timeout_ms=*/30000);
+                    if (!page.ok()) return "scrape: " + page.status().ToString();
+                    return Expect(page->find("tutti_lookups_total") != std::string::npos,
+                                  "not a metrics page");
+                  }),
+            "");
+}
+
 
 }  // namespace
 }  // namespace tutti::testing

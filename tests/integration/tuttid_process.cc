@@ -37,11 +37,11 @@ std::string ConfigText(const TuttidEnv& env) {
       "         store_staging_bytes: %d retrieve_staging_bytes: %d %s }\n"
       "journal { checkpoint_every: %d }\n"
       "log_level: \"%s\"\n"
-      "metrics { listen: \"%s\" }\n",
+      "metrics { listen: \"%s\" %s }\n",
       env.state_dir(), env.socket(), env.pool_dir(), c.capacity_bytes, c.object_bytes,
       c.max_objects, c.backend, c.io_fallback, c.queue_depth, c.extra_io, c.dram_bytes, c.max_blocks_per_call,
       c.session_ttl_ms, c.lease_ttl_ms, c.store_staging_bytes, c.retrieve_staging_bytes,
-      c.extra_limits, c.checkpoint_every, c.log_level, c.metrics_listen);
+      c.extra_limits, c.checkpoint_every, c.log_level, c.metrics_listen, c.extra_metrics);
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ struct TuttidConfig {
   // metrics.listen: "off" binds no TCP port (tests run side by side); "127.0.0.1:0": any free
   // port, logged as "metrics on http://127.0.0.1:PORT/metrics".
   std::string metrics_listen = "off";
+  // More MetricsConfig fields in text format, e.g. "namespace_labels: true"; empty: none.
+  std::string extra_metrics;
 };
 
 // Where one daemon's files live; the same env across restarts keeps the pool and journal.

@@ -5,6 +5,8 @@ sized to the call; a session that ends cancels the calls waiting on it at once.
 """
 
 import os
+import socket
+import tempfile
 import threading
 import time
 import unittest
@@ -116,8 +118,34 @@ class HandoffTest(FakeDaemonTest):
             _handoff._parse_reply("p", b"OK")
         with self.assertRaisesRegex(tutti.InvalidArgument, "at most 16"):
             _handoff.hand_off(self.daemon.socket, [0] * 17, 1.0)
-        with self.assertRaisesRegex(tutti.Unavailable, "handoff"):
+        with self.assertRaisesRegex(tutti.Unavailable, "handoff.*is tuttid running"):
             _handoff.hand_off("/tmp/tutti-no-such-dir/s", [], 1.0)
+
+    def test_a_connection_refused_at_once_reports_the_reason(self):
+        # What tuttid does past limits.max_handoff_connections_per_user: it answers before reading
+        # the request and closes, so the send may fail; the reason is still reported.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "s")
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            server.bind(_handoff.handoff_path(path))
+            server.listen(16)
+            reason = (b"user 1001 has 16 handoff connections open "
+                      b"(limits.max_handoff_connections_per_user)")
+
+            def refuse_twice():
+                for _ in range(2):
+                    conn, _ = server.accept()
+                    conn.send(b"ER" + bytes([8]) + reason)
+                    conn.close()
+
+            t = threading.Thread(target=refuse_twice)
+            t.start()
+            for fds in ([], [self.engine.shm.fd]):
+                with self.assertRaisesRegex(tutti.ResourceExhausted,
+                                            "refused the handoff: user 1001 has 16"):
+                    _handoff.hand_off(path, fds, 5.0)
+            t.join()
+            server.close()
 
 
 class _Cuda:

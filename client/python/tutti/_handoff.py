@@ -11,8 +11,10 @@ the kernel, so it maps only memory this process could open, with the rights it o
 Thread-safety: free functions, safe from any thread.
 """
 
+import errno
 import socket
 import struct
+import time
 
 import grpc
 
@@ -42,33 +44,81 @@ def hand_off(socket_path, fds, timeout):
     """Hands `fds` (not closed: the caller keeps them) and this process's credentials to the tuttid
     serving `socket_path`; returns the credential (bytes) for AttachRequest.credential.
     Raises InvalidArgument for more than MAX_FDS descriptors, Unavailable when the handoff socket
-    cannot be reached or does not answer within `timeout` seconds (the message names the path),
-    and tuttid's refusal as the error of its code otherwise (e.g. ResourceExhausted: too many
-    credentials outstanding)."""
+    cannot be reached, does not accept or does not answer within `timeout` seconds (the message
+    names the path and what the error likely means), and tuttid's refusal ("tuttid refused the
+    handoff: ...") as the error of its code otherwise (e.g. ResourceExhausted: too many
+    credentials outstanding, or too many handoff connections of this user open, naming the
+    limit)."""
     if len(fds) > MAX_FDS:
         raise errors.InvalidArgument("handoff: %d descriptors (host_regions); at most %d" %
                                      (len(fds), MAX_FDS))
     path = handoff_path(socket_path)
+    deadline = time.monotonic() + timeout
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        s.settimeout(timeout)
         try:
-            s.connect(path)
+            _connect(s, path, deadline)
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
             request = MAGIC + struct.pack("<I", len(fds))
-            if fds:
-                socket.send_fds(s, [request], list(fds))
-            else:  # GPU mode: the credential alone
-                s.send(request)
-            reply = s.recv(MAX_MESSAGE)
+            try:
+                if fds:
+                    socket.send_fds(s, [request], list(fds))
+                else:  # GPU mode: the credential alone
+                    s.send(request)
+                reply = s.recv(MAX_MESSAGE)
+            except (BrokenPipeError, ConnectionResetError):
+                # tuttid refuses a connection past its limits at once, before it reads the
+                # request: the reason may be queued behind the failed send or the reset.
+                reply = _waiting_reply(s)
+                if reply is None:
+                    raise
         except socket.timeout:
             raise errors.Unavailable("tuttid's handoff socket %s: no answer within %.1f s; is "
                                      "tuttid stopped?" % (path, timeout)) from None
         except OSError as e:
-            raise errors.Unavailable("tuttid's handoff socket %s: %s; is tuttid running?" %
-                                     (path, e.strerror or e)) from None
+            raise errors.Unavailable("tuttid's handoff socket %s: %s%s" %
+                                     (path, e.strerror or e, _hint(e.errno))) from None
     finally:
         s.close()
     return _parse_reply(path, reply)
+
+
+def _connect(s, path, deadline):
+    """Connects `s` to `path`, retrying while tuttid's backlog is full (EAGAIN) until `deadline`."""
+    s.setblocking(False)
+    while True:
+        try:
+            s.connect(path)
+            return
+        except BlockingIOError as e:
+            if e.errno != errno.EAGAIN or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _waiting_reply(s):
+    """A reply already queued on `s`, or None. The first read may report the reset (tuttid closed
+    with the request unread) that the kernel gives before the reply queued ahead of it."""
+    for _ in range(2):
+        try:
+            return s.recv(MAX_MESSAGE, socket.MSG_DONTWAIT) or None
+        except ConnectionResetError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def _hint(err):
+    """What a failed call on the handoff socket most likely means."""
+    if err in (errno.ENOENT, errno.ECONNREFUSED):
+        return "; is tuttid running?"
+    if err in (errno.EACCES, errno.EPERM):
+        return "; is this user in the group of tuttid's socket (listen.socket_group)?"
+    if err == errno.EAGAIN:
+        return ("; tuttid did not accept the connection in time (its backlog is full: tuttid is "
+                "overloaded or stuck)")
+    return ""
 
 
 def _parse_reply(path, reply):
