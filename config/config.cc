@@ -261,8 +261,8 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
                              l.max_pinned_blocks_per_session(), uint64_t{1} << 34));
   RETURN_IF_ERROR(CheckRange("limits.max_pinned_blocks_per_user", l.max_pinned_blocks_per_user(),
                              l.max_blocks_per_call(), uint64_t{1} << 34));
-  RETURN_IF_ERROR(CheckShare("limits.max_pinned_pool_share_per_user",
-                             l.max_pinned_pool_share_per_user()));
+  RETURN_IF_ERROR(
+      CheckShare("limits.max_pinned_pool_share_per_user", l.max_pinned_pool_share_per_user()));
   RETURN_IF_ERROR(CheckShare("limits.max_pinned_pool_share", l.max_pinned_pool_share()));
   RETURN_IF_ERROR(
       CheckRange("limits.max_calls_per_session", l.max_calls_per_session(), 1, 4096));

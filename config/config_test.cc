@@ -179,7 +179,8 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("limits { max_pending_events: 10 }", {"limits.max_pending_events", "1024"});
   ExpectRejected("limits { max_pinned_blocks_per_session: 10 }",
                  {"limits.max_pinned_blocks_per_session"});
-  ExpectRejected("limits { max_pinned_blocks_per_user: 10 }", {"limits.max_pinned_blocks_per_user"});
+  ExpectRejected("limits { max_pinned_blocks_per_user: 10 }",
+                 {"limits.max_pinned_blocks_per_user"});
   ExpectRejected("limits { max_pinned_pool_share_per_user: 0 }",
                  {"limits.max_pinned_pool_share_per_user", "(0, 1]"});
   ExpectRejected("limits { max_pinned_pool_share: 1.5 }", {"limits.max_pinned_pool_share"});

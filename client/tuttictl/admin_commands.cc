@@ -138,9 +138,9 @@ class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsRe
              ">IDLE"});
     for (const auto& s : r.sessions()) {
       t.AddRow({absl::StrCat(s.session_id()), absl::StrCat(s.uid()), s.engine_id(),
-                NamespaceHex(s.namespace_id()),
-                s.model_id(), absl::StrCat(s.num_blocks()), absl::StrCat(s.leases()),
-                absl::StrCat(s.pinned_blocks()), HumanDurationMs(s.idle_ms())});
+                NamespaceHex(s.namespace_id()), s.model_id(), absl::StrCat(s.num_blocks()),
+                absl::StrCat(s.leases()), absl::StrCat(s.pinned_blocks()),
+                HumanDurationMs(s.idle_ms())});
     }
     return t.Render();
   }

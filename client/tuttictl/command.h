@@ -62,8 +62,8 @@ std::unique_ptr<Command> NewDevicesCommand();
 std::unique_ptr<Command> NewConfigCommand();
 std::unique_ptr<Command> NewLogLevelCommand();
 
-// status, sessions, stats, evict, end-session, verify, drain, devices, config, log-level, bench: in the order
-// the help lists them.
+// status, sessions, stats, evict, end-session, verify, drain, devices, config, log-level, bench: in
+// the order the help lists them.
 std::vector<std::unique_ptr<Command>> AllCommands();
 
 // Runs tuttictl with `args` (without the program name); writes results to `out` and errors and

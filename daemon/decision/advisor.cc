@@ -25,17 +25,17 @@ absl::Status ValidateSample(size_t i, const ComputeSample& s) {
                "must be in [1, context_tokens] (context_tokens counts the new tokens too)");
   }
   if (!std::isfinite(s.layer_ms) || s.layer_ms <= 0 || s.layer_ms > kMaxLayerMs) {
-    return Bad(field + ".layer_ms", s.layer_ms,
-               absl::StrCat("must be > 0 and at most ", kMaxLayerMs, " (a minute per layer)")
-                   .c_str());
+    return Bad(
+        field + ".layer_ms", s.layer_ms,
+        absl::StrCat("must be > 0 and at most ", kMaxLayerMs, " (a minute per layer)").c_str());
   }
   const double per_token = s.layer_ms / s.new_tokens;
   if (per_token < kMinLayerMsPerToken || per_token > kMaxLayerMsPerToken) {
-    return Bad(field + ".layer_ms", s.layer_ms,
-               absl::StrCat("is ", per_token, " ms per new token (", s.new_tokens,
-                            "); must be in [", kMinLayerMsPerToken, ", ", kMaxLayerMsPerToken,
-                            "] ms per token and layer")
-                   .c_str());
+    return Bad(
+        field + ".layer_ms", s.layer_ms,
+        absl::StrCat("is ", per_token, " ms per new token (", s.new_tokens, "); must be in [",
+                     kMinLayerMsPerToken, ", ", kMaxLayerMsPerToken, "] ms per token and layer")
+            .c_str());
   }
   if (!std::isfinite(s.overhead_ms) || s.overhead_ms < 0 || s.overhead_ms > kMaxOverheadMs) {
     return Bad(field + ".overhead_ms", s.overhead_ms,
@@ -60,8 +60,8 @@ absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t de
         absl::StrCat("decision_id = ", decision_id, ", measured_ttft_ms = ", measured_ttft_ms,
                      ": give both (the TTFT measured after that decision) or neither"));
   }
-  if (decision_id != 0 &&
-      (!std::isfinite(measured_ttft_ms) || measured_ttft_ms <= 0 || measured_ttft_ms > kMaxTtftMs)) {
+  if (decision_id != 0 && (!std::isfinite(measured_ttft_ms) || measured_ttft_ms <= 0 ||
+                           measured_ttft_ms > kMaxTtftMs)) {
     return Bad("measured_ttft_ms", measured_ttft_ms,
                absl::StrCat("must be > 0 and at most ", kMaxTtftMs, " (an hour)").c_str());
   }
@@ -118,11 +118,11 @@ absl::Status Advisor::AdmitLocked(NamespaceId ns, uint32_t uid, const OwnedModel
   for (size_t i = 0; i < samples.size(); ++i) {
     const std::optional<double> predicted = model->model.Outlier(samples[i]);
     if (!predicted.has_value()) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "samples[", i, "].layer_ms = ", samples[i].layer_ms, ": more than ",
-        ComputeModel::kOutlierFactor, "x off the model's prediction of ", *predicted, " ms for ",
-        samples[i].new_tokens, " of ", samples[i].context_tokens,
-        " tokens (an outlier); nothing of this report is recorded"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples[", i, "].layer_ms = ", samples[i].layer_ms, ": more than ",
+                     ComputeModel::kOutlierFactor, "x off the model's prediction of ", *predicted,
+                     " ms for ", samples[i].new_tokens, " of ", samples[i].context_tokens,
+                     " tokens (an outlier); nothing of this report is recorded"));
   }
   return absl::OkStatus();
 }

@@ -121,13 +121,13 @@ TEST(AdvisorTest, ReportValidationNamesTheField) {
   EXPECT_TRUE(ValidateReport({{10, 10, 1, 0}}, 5, 3.0).ok());
 
   Advisor advisor(true);
-  ExpectInvalid(advisor.Report(kNs, kSession, kUid, {{10, 10, 1, 0}, {10, 10, nan, 0}}, 0, 0).status(),
-                "samples[1]");
+  ExpectInvalid(
+      advisor.Report(kNs, kSession, kUid, {{10, 10, 1, 0}, {10, 10, nan, 0}}, 0, 0).status(),
+      "samples[1]");
   EXPECT_FALSE(
       advisor.Advise(kNs, kSession, kShape, 101, std::vector<bool>(10, true), kBw).predicted)
       << "a refused report records nothing";
 }
-
 
 // Issue 19: samples of 1e300 ms were accepted and forced "load everything".
 TEST(AdvisorTest, SamplesAreBoundedToPhysicalValues) {
@@ -143,9 +143,9 @@ TEST(AdvisorTest, SamplesAreBoundedToPhysicalValues) {
   ExpectInvalid(ValidateReport({}, 5, 1e300), "measured_ttft_ms");
 
   Advisor advisor(true);
-  ExpectInvalid(advisor.Report(kNs, kSession, kUid, {{10, 10, 0.1, 0}, {10, 10, 1e300, 0}}, 0, 0)
-                    .status(),
-                "samples[1]");
+  ExpectInvalid(
+      advisor.Report(kNs, kSession, kUid, {{10, 10, 0.1, 0}, {10, 10, 1e300, 0}}, 0, 0).status(),
+      "samples[1]");
   EXPECT_FALSE(
       advisor.Advise(kNs, kSession, kShape, 101, std::vector<bool>(10, true), kBw).predicted)
       << "nothing of the report was recorded";
@@ -168,8 +168,8 @@ TEST(AdvisorTest, OutliersAgainstTheModelsHistoryAreRefused) {
   ASSERT_TRUE(advisor.Report(kNs, kSession, kUid, {{1000, 1000, 90, 0}}, 0, 0).ok());
 
   Advisor judged(true);
-  ASSERT_TRUE(judged.Report(kNs, kSession, kUid, History(ComputeModel::kOutlierMinSamples), 0, 0)
-                  .ok());
+  ASSERT_TRUE(
+      judged.Report(kNs, kSession, kUid, History(ComputeModel::kOutlierMinSamples), 0, 0).ok());
   const std::vector<bool> hits(10, false);
   const Advice before = judged.Advise(kNs, kSession, kShape, 101, hits, kBw);
   ASSERT_TRUE(before.predicted);
@@ -178,9 +178,9 @@ TEST(AdvisorTest, OutliersAgainstTheModelsHistoryAreRefused) {
       judged.Report(kNs, kSession, kUid, {{1000, 1000, 120, 0}}, 0, 0).status();
   ExpectInvalid(slow, "samples[0].layer_ms = 120");
   EXPECT_THAT(std::string(slow.message()), HasSubstr("8x off the model's prediction"));
-  ExpectInvalid(judged.Report(kNs, kSession, kUid, {{500, 500, 5, 0}, {1000, 1000, 0.5, 0}}, 0, 0)
-                    .status(),
-                "samples[1]");
+  ExpectInvalid(
+      judged.Report(kNs, kSession, kUid, {{500, 500, 5, 0}, {1000, 1000, 0.5, 0}}, 0, 0).status(),
+      "samples[1]");
   const Advice after = judged.Advise(kNs, kSession, kShape, 101, hits, kBw);
   EXPECT_EQ(after.load_blocks, before.load_blocks);
   EXPECT_DOUBLE_EQ(after.ttft_ms, before.ttft_ms) << "refused reports record nothing";

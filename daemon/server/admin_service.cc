@@ -202,8 +202,7 @@ absl::Status AdminService::DoEndSession(const tutti::v1::EndSessionRequest& req,
   return absl::OkStatus();
 }
 
-grpc::Status AdminService::EndSession(grpc::ServerContext*,
-                                      const tutti::v1::EndSessionRequest* req,
+grpc::Status AdminService::EndSession(grpc::ServerContext*, const tutti::v1::EndSessionRequest* req,
                                       tutti::v1::EndSessionResponse* resp) {
   return ServeCall(gate_, [&] { return DoEndSession(*req, resp); });
 }

@@ -141,8 +141,7 @@ absl::StatusOr<uint64_t> SessionManager::AddLease(uint64_t session_id, std::vect
   return id;
 }
 
-absl::Status SessionManager::CheckSharedPinLimitsLocked(const Session& session,
-                                                        uint64_t n) const {
+absl::Status SessionManager::CheckSharedPinLimitsLocked(const Session& session, uint64_t n) const {
   const uint32_t uid = session.state->uid;
   auto of_uid = pinned_by_uid_.find(uid);
   const uint64_t user = of_uid == pinned_by_uid_.end() ? 0 : of_uid->second;
@@ -294,8 +293,8 @@ absl::StatusOr<SessionManager::EndResult> SessionManager::End(uint64_t session_i
   }
   Finish(std::move(ended));
   log::Get("server")->warn("session {}: {} by the operator ({} leases, {} pins released)",
-                           session_id, leases_only ? "leases ended" : "ended",
-                           result.leases_ended, result.pins_released);
+                           session_id, leases_only ? "leases ended" : "ended", result.leases_ended,
+                           result.pins_released);
   return result;
 }
 

@@ -125,7 +125,8 @@ class SessionManager {
   // What End did.
   struct EndResult {
     uint32_t leases_ended = 0;
-    uint64_t pins_released = 0;  // keys of the ended leases (claimed leases end with their Retrieve)
+    uint64_t pins_released =
+        0;  // keys of the ended leases (claimed leases end with their Retrieve)
     bool session_closed = false;
   };
   using Unpinner = ClaimedLease::Unpinner;

@@ -524,8 +524,7 @@ class PinShareTest : public ::testing::Test {
 
   ManualClock clock_{1000};
   FakePins pins_;
-  SessionManager sessions_{Limits(), &clock_,
-                           [this](NamespaceId ns, absl::Span<const Key> keys) {
+  SessionManager sessions_{Limits(), &clock_, [this](NamespaceId ns, absl::Span<const Key> keys) {
                              pins_.Unpin(ns, keys);
                            }};
 };
@@ -566,9 +565,8 @@ TEST_F(PinShareTest, AllUsersTogetherLeaveAQuarterOfThePoolUnpinned) {
 TEST_F(PinShareTest, TheCountBoundsWhereItIsLowerThanTheShare) {
   SessionManager::Options o = Limits();
   o.max_pinned_blocks_per_user = 10;
-  SessionManager m(o, &clock_, [this](NamespaceId ns, absl::Span<const Key> keys) {
-    pins_.Unpin(ns, keys);
-  });
+  SessionManager m(o, &clock_,
+                   [this](NamespaceId ns, absl::Span<const Key> keys) { pins_.Unpin(ns, keys); });
   auto s = m.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, 1000);
   ASSERT_TRUE(s.ok());
   pins_.Pin({K(1)});

@@ -390,8 +390,8 @@ struct MuEngine {
 
 MuEngine AttachMuEngine(const std::string& sock) {
   MuEngine e;
-  auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE},
-                                               64, absl::StrCat("tutti-mu-", getpid()));
+  auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE}, 64,
+                                               absl::StrCat("tutti-mu-", getpid()));
   if (!engine.ok()) return {nullptr, nullptr, std::string(engine.status().message())};
   e.engine = std::move(*engine);
   auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
@@ -483,24 +483,28 @@ TEST_F(MultiUserPinsTest, AHogKeepsToItsShareAndTheOperatorEndsItsLeases) {
   EXPECT_NE(first.find("limits.max_pinned_pool_share_per_user"), std::string::npos) << first;
 
   // Another user stores fresh blocks (evicting the hog's unpinned ones) and pins its own.
-  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}}, [&] {
-              MuEngine e = AttachMuEngine(sock);
-              if (!e.error.empty()) return e.error;
-              std::string r;
-              const uint64_t durable = StoreSeries(e, 2, 0, 64);
-              r += Expect(durable == 64, absl::StrCat("stored ", durable, " of 64"));
-              std::vector<Key> keys;
-              for (uint64_t i = 0; i < 64; ++i) keys.push_back(NumberedKey(2, i));
-              auto lease = e.client->Lookup(keys);
-              r += Expect(lease.ok() && lease->hits() == 64,
-                          "lookup of present blocks: " + lease.status().ToString());
-              if (lease.ok()) r += Expect(e.client->Release(lease->lease_id()).ok(), "release");
-              return r;
-            }),
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    std::string r;
+                    const uint64_t durable = StoreSeries(e, 2, 0, 64);
+                    r += Expect(durable == 64, absl::StrCat("stored ", durable, " of 64"));
+                    std::vector<Key> keys;
+                    for (uint64_t i = 0; i < 64; ++i) keys.push_back(NumberedKey(2, i));
+                    auto lease = e.client->Lookup(keys);
+                    r += Expect(lease.ok() && lease->hits() == 64,
+                                "lookup of present blocks: " + lease.status().ToString());
+                    if (lease.ok())
+                      r += Expect(e.client->Release(lease->lease_id()).ok(), "release");
+                    return r;
+                  }),
             "");
 
   // The operator evicts around the pins, sees whose they are, and ends the hog's session.
-  EXPECT_EQ(RunAs({0, 0, {}}, [&] {
+  EXPECT_EQ(
+      RunAs({0, 0, {}},
+            [&] {
               auto admin = OperatorStub(sock);
               if (admin == nullptr) return std::string("no operator socket");
               std::string r;
@@ -509,9 +513,9 @@ TEST_F(MultiUserPinsTest, AHogKeepsToItsShareAndTheOperatorEndsItsLeases) {
               tutti::v1::EvictResponse evicted;
               grpc::ClientContext c1;
               r += Expect(admin->Evict(&c1, all, &evicted).ok(), "evict");
-              r += Expect(evicted.skipped_pinned() == pinned && evicted.evicted() == slots - pinned,
-                          absl::StrCat("evicted ", evicted.evicted(), ", kept ",
-                                       evicted.skipped_pinned()));
+              r += Expect(
+                  evicted.skipped_pinned() == pinned && evicted.evicted() == slots - pinned,
+                  absl::StrCat("evicted ", evicted.evicted(), ", kept ", evicted.skipped_pinned()));
               grpc::ClientContext c2;
               tutti::v1::SessionsResponse sessions;
               r += Expect(admin->Sessions(&c2, {}, &sessions).ok(), "sessions");
@@ -535,7 +539,7 @@ TEST_F(MultiUserPinsTest, AHogKeepsToItsShareAndTheOperatorEndsItsLeases) {
                                        evicted.skipped_pinned()));
               return r;
             }),
-            "");
+      "");
   EXPECT_EQ(hog_party.Second(), "");
 }
 
@@ -595,41 +599,45 @@ TEST_F(MultiUserSharedNamespaceTest, AnotherUidsReportComputeLeavesTheAdviceUnch
     (void)e.client->Release(r->lease_id());
     return absl::StrCat("hits ", r->hits(), " load ", r->load_blocks());
   };
-  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}}, [&] {
-              MuEngine e = AttachMuEngine(sock);
-              if (!e.error.empty()) return e.error;
-              if (StoreSeries(e, 3, 0, 4) != 4) return std::string("store failed");
-              const grpc::Status s = ReportSamples(*e.client, 0.01, 8);
-              if (!s.ok()) return "owner's report: " + s.error_message();
-              return advice(e);
-            }),
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    if (StoreSeries(e, 3, 0, 4) != 4) return std::string("store failed");
+                    const grpc::Status s = ReportSamples(*e.client, 0.01, 8);
+                    if (!s.ok()) return "owner's report: " + s.error_message();
+                    return advice(e);
+                  }),
             "hits 4 load 4");
-  EXPECT_EQ(RunAs({kHostileUid, kHostileGid, {kTuttiGid}}, [&] {
-              MuEngine e = AttachMuEngine(sock);
-              if (!e.error.empty()) return e.error;
-              std::string r = advice(e) + "; ";
-              const grpc::Status s = ReportSamples(*e.client, 1e-5, 64);
-              r += Expect(s.error_code() == grpc::StatusCode::PERMISSION_DENIED,
-                          "another uid's samples: " + s.error_message());
-              tutti::v1::ReportComputeRequest huge;
-              huge.set_session_id(e.client->session_id());
-              auto* sample = huge.add_samples();
-              sample->set_new_tokens(16);
-              sample->set_context_tokens(16);
-              sample->set_layer_ms(1e300);
-              tutti::v1::ReportComputeResponse resp;
-              auto ctx = e.client->NewContext();
-              r += Expect(e.client->stub().ReportCompute(ctx.get(), huge, &resp).error_code() ==
-                              grpc::StatusCode::INVALID_ARGUMENT,
-                          "a sample of 1e300 ms was accepted");
-              return r + advice(e);
-            }),
+  EXPECT_EQ(RunAs({kHostileUid, kHostileGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    std::string r = advice(e) + "; ";
+                    const grpc::Status s = ReportSamples(*e.client, 1e-5, 64);
+                    r += Expect(s.error_code() == grpc::StatusCode::PERMISSION_DENIED,
+                                "another uid's samples: " + s.error_message());
+                    tutti::v1::ReportComputeRequest huge;
+                    huge.set_session_id(e.client->session_id());
+                    auto* sample = huge.add_samples();
+                    sample->set_new_tokens(16);
+                    sample->set_context_tokens(16);
+                    sample->set_layer_ms(1e300);
+                    tutti::v1::ReportComputeResponse resp;
+                    auto ctx = e.client->NewContext();
+                    r += Expect(
+                        e.client->stub().ReportCompute(ctx.get(), huge, &resp).error_code() ==
+                            grpc::StatusCode::INVALID_ARGUMENT,
+                        "a sample of 1e300 ms was accepted");
+                    return r + advice(e);
+                  }),
             "hits 4 load 4; hits 4 load 4");
-  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}}, [&] {
-              MuEngine e = AttachMuEngine(sock);
-              if (!e.error.empty()) return e.error;
-              return advice(e);
-            }),
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    return advice(e);
+                  }),
             "hits 4 load 4");
 }
 

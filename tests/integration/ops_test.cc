@@ -147,8 +147,8 @@ TEST(OpsTest, APinHogLeavesRoomForStoresAndTheOperatorEndsIt) {
   const std::string sock = "--socket=" + (*env)->socket();
   CommandResult r = RunCommand({ctl, sock, "evict", "--all", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, absl::StrCat("{\"evicted\":", slots - pinned, ",\"skipped_pinned\":", pinned,
-                                "}\n"));
+  EXPECT_EQ(r.out,
+            absl::StrCat("{\"evicted\":", slots - pinned, ",\"skipped_pinned\":", pinned, "}\n"));
   const std::string hog_id = absl::StrCat(hog->client->session_id());
   r = RunCommand({ctl, sock, "sessions", "--json"});
   EXPECT_NE(r.out.find(absl::StrCat("{\"session_id\":", hog_id, ",\"uid\":", getuid())),
@@ -174,8 +174,9 @@ TEST(OpsTest, APinHogLeavesRoomForStoresAndTheOperatorEndsIt) {
   // Then the whole session: its engine's next call finds none.
   r = RunCommand({ctl, sock, "end-session", hog_id, "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, absl::StrCat("{\"session_id\":", hog_id,
-                                ",\"leases_ended\":0,\"pins_released\":0,\"session_closed\":true}\n"));
+  EXPECT_EQ(r.out,
+            absl::StrCat("{\"session_id\":", hog_id,
+                         ",\"leases_ended\":0,\"pins_released\":0,\"session_closed\":true}\n"));
   EXPECT_EQ(hog->client->Lookup(fresh).status().code(), absl::StatusCode::kNotFound);
   r = RunCommand({ctl, sock, "end-session", hog_id});
   EXPECT_EQ(r.exit_code, 1);
