@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/hostengine/content.h"
 #include "client/hostengine/workload.h"
 #include "daemon/pool/layout.h"
 #include "gtest/gtest.h"
