@@ -562,10 +562,18 @@ absl::StatusOr<tutti::v1::LookupResponse> AdvisedLookup(hostengine::EngineClient
   return resp;
 }
 
-// `count` samples of plain prefills at `ms_per_token` per token and layer.
+// ReportCompute in the client's session (the one place that names the session for these calls).
+grpc::Status SessionReportCompute(hostengine::EngineClient& client,
+                                  tutti::v1::ReportComputeRequest req) {
+  req.set_session_id(client.session_id());
+  tutti::v1::ReportComputeResponse resp;
+  auto ctx = client.NewContext();
+  return client.stub().ReportCompute(ctx.get(), req, &resp);
+}
+
+// `count` samples of plain prefills of 16, 32, ... tokens at `ms_per_token` per token and layer.
 grpc::Status ReportSamples(hostengine::EngineClient& client, double ms_per_token, int count) {
   tutti::v1::ReportComputeRequest req;
-  req.set_session_id(client.session_id());
   for (int i = 0; i < count; ++i) {
     auto* s = req.add_samples();
     const uint32_t n = 16 * (i + 1);
@@ -573,9 +581,7 @@ grpc::Status ReportSamples(hostengine::EngineClient& client, double ms_per_token
     s->set_context_tokens(n);
     s->set_layer_ms(ms_per_token * n);
   }
-  tutti::v1::ReportComputeResponse resp;
-  auto ctx = client.NewContext();
-  return client.stub().ReportCompute(ctx.get(), req, &resp);
+  return SessionReportCompute(client, std::move(req));
 }
 
 class MultiUserSharedNamespaceTest : public MultiUserTest {
@@ -618,17 +624,13 @@ TEST_F(MultiUserSharedNamespaceTest, AnotherUidsReportComputeLeavesTheAdviceUnch
                     r += Expect(s.error_code() == grpc::StatusCode::PERMISSION_DENIED,
                                 "another uid's samples: " + s.error_message());
                     tutti::v1::ReportComputeRequest huge;
-                    huge.set_session_id(e.client->session_id());
                     auto* sample = huge.add_samples();
                     sample->set_new_tokens(16);
                     sample->set_context_tokens(16);
                     sample->set_layer_ms(1e300);
-                    tutti::v1::ReportComputeResponse resp;
-                    auto ctx = e.client->NewContext();
-                    r += Expect(
-                        e.client->stub().ReportCompute(ctx.get(), huge, &resp).error_code() ==
-                            grpc::StatusCode::INVALID_ARGUMENT,
-                        "a sample of 1e300 ms was accepted");
+                    r += Expect(SessionReportCompute(*e.client, huge).error_code() ==
+                                    grpc::StatusCode::INVALID_ARGUMENT,
+                                "a sample of 1e300 ms was accepted");
                     return r + advice(e);
                   }),
             "hits 4 load 4; hits 4 load 4");
