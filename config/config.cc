@@ -87,6 +87,12 @@ absl::Status CheckRange(absl::string_view field, uint64_t v, uint64_t lo, uint64
   return Bad(field, absl::StrCat(v), absl::StrCat("must be in [", lo, ", ", hi, "]"));
 }
 
+// A share of the pool: in (0, 1].
+absl::Status CheckShare(absl::string_view field, double v) {
+  if (v > 0 && v <= 1) return absl::OkStatus();
+  return Bad(field, absl::StrCat(v), "must be in (0, 1]");
+}
+
 absl::Status CheckOneOf(absl::string_view field, const std::string& v,
                         const std::vector<std::string>& allowed) {
   for (const auto& a : allowed) {
@@ -253,6 +259,11 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
                              1u << 30));
   RETURN_IF_ERROR(CheckRange("limits.max_pinned_blocks", l.max_pinned_blocks(),
                              l.max_pinned_blocks_per_session(), uint64_t{1} << 34));
+  RETURN_IF_ERROR(CheckRange("limits.max_pinned_blocks_per_user", l.max_pinned_blocks_per_user(),
+                             l.max_blocks_per_call(), uint64_t{1} << 34));
+  RETURN_IF_ERROR(
+      CheckShare("limits.max_pinned_pool_share_per_user", l.max_pinned_pool_share_per_user()));
+  RETURN_IF_ERROR(CheckShare("limits.max_pinned_pool_share", l.max_pinned_pool_share()));
   RETURN_IF_ERROR(
       CheckRange("limits.max_calls_per_session", l.max_calls_per_session(), 1, 4096));
   RETURN_IF_ERROR(CheckRange("limits.max_namespaces", l.max_namespaces(), 1, 1u << 20));

@@ -181,6 +181,11 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
                  {"limits.max_pending_events_total", "65536"});
   ExpectRejected("limits { max_pinned_blocks_per_session: 10 }",
                  {"limits.max_pinned_blocks_per_session"});
+  ExpectRejected("limits { max_pinned_blocks_per_user: 10 }",
+                 {"limits.max_pinned_blocks_per_user"});
+  ExpectRejected("limits { max_pinned_pool_share_per_user: 0 }",
+                 {"limits.max_pinned_pool_share_per_user", "(0, 1]"});
+  ExpectRejected("limits { max_pinned_pool_share: 1.5 }", {"limits.max_pinned_pool_share"});
   ExpectRejected("limits { max_calls_per_session: 0 }", {"limits.max_calls_per_session"});
   ExpectRejected("limits { max_rpc_threads: 2 }", {"limits.max_rpc_threads"});
   ExpectRejected("pool { dirs: \"ssd\" }", {"pool.dirs[0]", "absolute"});

@@ -259,6 +259,10 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   session_options.max_leases_per_session = limits.max_leases_per_session();
   session_options.max_pinned_blocks_per_session = limits.max_pinned_blocks_per_session();
   session_options.max_pinned_blocks = limits.max_pinned_blocks();
+  session_options.max_pinned_blocks_per_user = limits.max_pinned_blocks_per_user();
+  session_options.max_pinned_pool_share_per_user = limits.max_pinned_pool_share_per_user();
+  session_options.max_pinned_pool_share = limits.max_pinned_pool_share();
+  session_options.pool_slots = d->store->Stats().slots_total;
   d->sessions = std::make_unique<server::SessionManager>(
       session_options, Clock::Real(),
       [s = d->store.get()](NamespaceId ns, absl::Span<const Key> keys) { s->Unpin(ns, keys); },

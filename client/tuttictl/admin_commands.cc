@@ -134,11 +134,13 @@ class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsRe
  protected:
   std::string Human(const v1::SessionsResponse& r) const override {
     if (r.sessions_size() == 0) return "no sessions\n";
-    Table t({">SESSION", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED", ">IDLE"});
+    Table t({">SESSION", ">UID", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED",
+             ">IDLE"});
     for (const auto& s : r.sessions()) {
-      t.AddRow({absl::StrCat(s.session_id()), s.engine_id(), NamespaceHex(s.namespace_id()),
-                s.model_id(), absl::StrCat(s.num_blocks()), absl::StrCat(s.leases()),
-                absl::StrCat(s.pinned_blocks()), HumanDurationMs(s.idle_ms())});
+      t.AddRow({absl::StrCat(s.session_id()), absl::StrCat(s.uid()), s.engine_id(),
+                NamespaceHex(s.namespace_id()), s.model_id(), absl::StrCat(s.num_blocks()),
+                absl::StrCat(s.leases()), absl::StrCat(s.pinned_blocks()),
+                HumanDurationMs(s.idle_ms())});
     }
     return t.Render();
   }
@@ -147,7 +149,8 @@ class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsRe
     j.BeginObject().Key("sessions").BeginArray();
     for (const auto& s : r.sessions()) {
       j.BeginObject();
-      j.Key("session_id").Uint(s.session_id()).Key("engine_id").String(s.engine_id());
+      j.Key("session_id").Uint(s.session_id()).Key("uid").Uint(s.uid());
+      j.Key("engine_id").String(s.engine_id());
       j.Key("namespace_id").String(NamespaceHex(s.namespace_id()));
       j.Key("model_id").String(s.model_id()).Key("num_blocks").Uint(s.num_blocks());
       j.Key("leases").Uint(s.leases()).Key("pinned_blocks").Uint(s.pinned_blocks());

@@ -52,6 +52,8 @@ std::unique_ptr<Command> NewStatusCommand();
 std::unique_ptr<Command> NewSessionsCommand();
 std::unique_ptr<Command> NewStatsCommand();
 std::unique_ptr<Command> NewEvictCommand();
+// session_commands.cc
+std::unique_ptr<Command> NewEndSessionCommand();
 std::unique_ptr<Command> NewBenchCommand();
 // ops_commands.cc, devices_command.cc
 std::unique_ptr<Command> NewVerifyCommand();
@@ -60,8 +62,8 @@ std::unique_ptr<Command> NewDevicesCommand();
 std::unique_ptr<Command> NewConfigCommand();
 std::unique_ptr<Command> NewLogLevelCommand();
 
-// status, sessions, stats, evict, verify, drain, devices, config, log-level, bench: in the order
-// the help lists them.
+// status, sessions, stats, evict, end-session, verify, drain, devices, config, log-level, bench: in
+// the order the help lists them.
 std::vector<std::unique_ptr<Command>> AllCommands();
 
 // Runs tuttictl with `args` (without the program name); writes results to `out` and errors and

@@ -223,6 +223,11 @@ TEST_F(TuttictlTest, UsageErrorsExit2) {
   EXPECT_EQ(Tuttictl({"bench", "--blocks=0"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--layers=0"}).code, 2);
   EXPECT_EQ(Tuttictl({"status", "--blocks=3"}).code, 2);  // a bench flag on another command
+  EXPECT_EQ(Tuttictl({"end-session"}).code, 2);
+  EXPECT_EQ(Tuttictl({"end-session", "0"}).code, 2);
+  EXPECT_EQ(Tuttictl({"end-session", "x7"}).code, 2);
+  EXPECT_EQ(Tuttictl({"end-session", "7", "8"}).code, 2);
+  EXPECT_EQ(Tuttictl({"end-session", "7", "--all"}).code, 2);
   const CtlRun help = Tuttictl({"--help"});
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("bench"), std::string::npos);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "daemon/decision/split.h"
 
 namespace tutti::decision {
@@ -23,11 +24,22 @@ absl::Status ValidateSample(size_t i, const ComputeSample& s) {
     return Bad(field + ".new_tokens", s.new_tokens,
                "must be in [1, context_tokens] (context_tokens counts the new tokens too)");
   }
-  if (!std::isfinite(s.layer_ms) || s.layer_ms <= 0) {
-    return Bad(field + ".layer_ms", s.layer_ms, "must be finite and > 0");
+  if (!std::isfinite(s.layer_ms) || s.layer_ms <= 0 || s.layer_ms > kMaxLayerMs) {
+    return Bad(
+        field + ".layer_ms", s.layer_ms,
+        absl::StrCat("must be > 0 and at most ", kMaxLayerMs, " (a minute per layer)").c_str());
   }
-  if (!std::isfinite(s.overhead_ms) || s.overhead_ms < 0) {
-    return Bad(field + ".overhead_ms", s.overhead_ms, "must be finite and >= 0");
+  const double per_token = s.layer_ms / s.new_tokens;
+  if (per_token < kMinLayerMsPerToken || per_token > kMaxLayerMsPerToken) {
+    return Bad(
+        field + ".layer_ms", s.layer_ms,
+        absl::StrCat("is ", per_token, " ms per new token (", s.new_tokens, "); must be in [",
+                     kMinLayerMsPerToken, ", ", kMaxLayerMsPerToken, "] ms per token and layer")
+            .c_str());
+  }
+  if (!std::isfinite(s.overhead_ms) || s.overhead_ms < 0 || s.overhead_ms > kMaxOverheadMs) {
+    return Bad(field + ".overhead_ms", s.overhead_ms,
+               absl::StrCat("must be >= 0 and at most ", kMaxOverheadMs, " (a minute)").c_str());
   }
   return absl::OkStatus();
 }
@@ -48,8 +60,10 @@ absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t de
         absl::StrCat("decision_id = ", decision_id, ", measured_ttft_ms = ", measured_ttft_ms,
                      ": give both (the TTFT measured after that decision) or neither"));
   }
-  if (decision_id != 0 && (!std::isfinite(measured_ttft_ms) || measured_ttft_ms <= 0)) {
-    return Bad("measured_ttft_ms", measured_ttft_ms, "must be finite and > 0");
+  if (decision_id != 0 && (!std::isfinite(measured_ttft_ms) || measured_ttft_ms <= 0 ||
+                           measured_ttft_ms > kMaxTtftMs)) {
+    return Bad("measured_ttft_ms", measured_ttft_ms,
+               absl::StrCat("must be > 0 and at most ", kMaxTtftMs, " (an hour)").c_str());
   }
   return absl::OkStatus();
 }
@@ -62,8 +76,8 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   if (!enabled_ || prompt_tokens == 0) return advice;
   absl::MutexLock lock(&mu_);
   auto it = models_.find(ns);
-  if (it == models_.end() || it->second.empty()) return advice;
-  const ComputeModel& model = it->second;
+  if (it == models_.end() || it->second.model.empty()) return advice;
+  const ComputeModel& model = it->second.model;
   SplitInput in;
   in.num_layers = shape.num_layers;
   in.block_tokens = shape.block_tokens;
@@ -92,14 +106,39 @@ void Advisor::RememberLocked(uint64_t id, Decision d) {
   }
 }
 
-absl::StatusOr<ReportResult> Advisor::Report(NamespaceId ns, uint64_t session,
+absl::Status Advisor::AdmitLocked(NamespaceId ns, uint32_t uid, const OwnedModel* model,
+                                  absl::Span<const ComputeSample> samples) {
+  if (model == nullptr) return absl::OkStatus();
+  if (model->owner_uid != uid) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "the compute model of namespace %016x belongs to the user whose engines first reported "
+        "into it; samples of uid %u are not recorded",
+        ns, uid));
+  }
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const std::optional<double> predicted = model->model.Outlier(samples[i]);
+    if (!predicted.has_value()) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples[", i, "].layer_ms = ", samples[i].layer_ms, ": more than ",
+                     ComputeModel::kOutlierFactor, "x off the model's prediction of ", *predicted,
+                     " ms for ", samples[i].new_tokens, " of ", samples[i].context_tokens,
+                     " tokens (an outlier); nothing of this report is recorded"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReportResult> Advisor::Report(NamespaceId ns, uint64_t session, uint32_t uid,
                                              absl::Span<const ComputeSample> samples,
                                              uint64_t decision_id, double measured_ttft_ms) {
   if (absl::Status s = ValidateReport(samples, decision_id, measured_ttft_ms); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!samples.empty()) {
-    ComputeModel& model = models_[ns];
-    for (const ComputeSample& s : samples) model.Add(s);
+    auto it = models_.find(ns);
+    const OwnedModel* existing = it == models_.end() ? nullptr : &it->second;
+    if (absl::Status s = AdmitLocked(ns, uid, existing, samples); !s.ok()) return s;
+    OwnedModel& owned = models_[ns];
+    if (existing == nullptr) owned.owner_uid = uid;
+    for (const ComputeSample& s : samples) owned.model.Add(s);
   }
   if (decision_id == 0) return ReportResult{};
   return CompareLocked(session, decision_id, measured_ttft_ms);

@@ -8,6 +8,16 @@
 // with its session, among the newest kMaxDecisions, so that a measured TTFT reported for it can be
 // compared with the prediction.
 //
+// A namespace's compute model belongs to its owner (docs/decision.md "Who may feed a model"): the
+// uid of the first session that reported samples into it. Samples from a session of any other uid
+// are PERMISSION_DENIED and recorded nowhere, so another user cannot move the advice a namespace's
+// engines get (with per-user namespaces only the owner's engines reach the namespace anyway; with
+// namespaces shared across users, the first reporter's engines keep the model). A report of a
+// measured TTFT alone (no samples) compares a decision of the caller's own session and is taken
+// from any uid. Samples are bounded to physical values (ValidateReport) and, once the model has
+// enough history, refused as outliers against it (ComputeModel::Outlier); either refusal is
+// INVALID_ARGUMENT naming the sample and records nothing of the report.
+//
 // Thread-safety: every method is thread-safe (one mutex; nothing is held across calls).
 #ifndef TUTTI_DAEMON_DECISION_ADVISOR_H_
 #define TUTTI_DAEMON_DECISION_ADVISOR_H_
@@ -29,6 +39,14 @@ namespace tutti::decision {
 // Bounds of ReportCompute's input.
 inline constexpr size_t kMaxSamplesPerReport = 1024;
 inline constexpr uint32_t kMaxContextTokens = 1u << 24;
+// Physical bounds of one sample: a layer's forward takes at most a minute, and between 1 ns and
+// 1 s per new token (an H200 takes about 1.2 us per token of a 32K-token layer of an 8B model);
+// the prefill's time outside the layers at most a minute; a measured TTFT at most an hour.
+inline constexpr double kMaxLayerMs = 60'000;
+inline constexpr double kMinLayerMsPerToken = 1e-6;
+inline constexpr double kMaxLayerMsPerToken = 1'000;
+inline constexpr double kMaxOverheadMs = 60'000;
+inline constexpr double kMaxTtftMs = 3'600'000;
 
 // What the split needs to know of a namespace.
 struct NamespaceShape {
@@ -63,8 +81,10 @@ struct AdvisorStats {
 
 // INVALID_ARGUMENT naming the first bad field ("samples[3].layer_ms = nan: ..."): more than
 // kMaxSamplesPerReport samples; new_tokens 0 or above context_tokens; context_tokens above
-// kMaxContextTokens; layer_ms not finite or <= 0; overhead_ms not finite or < 0; decision_id
-// and measured_ttft_ms not given together; measured_ttft_ms not finite or <= 0.
+// kMaxContextTokens; layer_ms not finite, <= 0 or above kMaxLayerMs, or layer_ms / new_tokens
+// outside [kMinLayerMsPerToken, kMaxLayerMsPerToken]; overhead_ms not finite, < 0 or above
+// kMaxOverheadMs; decision_id and measured_ttft_ms not given together; measured_ttft_ms not
+// finite, <= 0 or above kMaxTtftMs.
 absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t decision_id,
                             double measured_ttft_ms);
 
@@ -85,10 +105,13 @@ class Advisor {
                 uint32_t prompt_tokens, const std::vector<bool>& hit_in_dram,
                 const Bandwidths& bandwidths);
 
-  // Adds `samples` to the model of `ns` and, with a decision_id, compares measured_ttft_ms with
-  // that decision's prediction (found only if it was `session`'s and is still remembered).
-  // ValidateReport's errors, recording nothing.
-  absl::StatusOr<ReportResult> Report(NamespaceId ns, uint64_t session,
+  // Adds `samples`, reported by `session` of user `uid`, to the model of `ns` (the first uid to
+  // report samples into `ns` becomes the model's owner) and, with a decision_id, compares
+  // measured_ttft_ms with that decision's prediction (found only if it was `session`'s and is
+  // still remembered). All or nothing: ValidateReport's errors; INVALID_ARGUMENT naming the first
+  // sample that is an outlier against the model (ComputeModel::Outlier); PERMISSION_DENIED when
+  // samples are given and the model belongs to another uid.
+  absl::StatusOr<ReportResult> Report(NamespaceId ns, uint64_t session, uint32_t uid,
                                       absl::Span<const ComputeSample> samples, uint64_t decision_id,
                                       double measured_ttft_ms);
 
@@ -99,6 +122,14 @@ class Advisor {
     uint64_t session = 0;
     double predicted_ttft_ms = 0;
   };
+  struct OwnedModel {
+    uint32_t owner_uid = 0;  // the first uid that reported samples into it
+    ComputeModel model;
+  };
+  // PERMISSION_DENIED or the outlier's INVALID_ARGUMENT, as Report says; `model` may be null
+  // (no samples yet: the caller becomes its owner).
+  static absl::Status AdmitLocked(NamespaceId ns, uint32_t uid, const OwnedModel* model,
+                                  absl::Span<const ComputeSample> samples);
   void RememberLocked(uint64_t id, Decision d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ReportResult CompareLocked(uint64_t session, uint64_t decision_id, double measured_ttft_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -106,7 +137,7 @@ class Advisor {
   const bool enabled_;
   const double min_interior_gain_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<NamespaceId, ComputeModel> models_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<NamespaceId, OwnedModel> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Decision> decisions_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> decision_order_ ABSL_GUARDED_BY(mu_);  // oldest first
   uint64_t next_decision_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -101,6 +101,19 @@ std::optional<double> ComputeModel::LayerMs(uint32_t context_tokens, uint32_t ca
   return std::max(ms, 0.0);
 }
 
+std::optional<double> ComputeModel::Outlier(const ComputeSample& sample) const {
+  const bool plain = sample.new_tokens == sample.context_tokens;
+  const std::deque<ComputeSample>& kind = plain ? plain_ : prefixed_;
+  const std::optional<LayerFit>& fit = plain ? plain_fit_ : prefixed_fit_;
+  if (kind.size() < kOutlierMinSamples || !fit.has_value()) return std::nullopt;
+  const double n = sample.new_tokens;
+  const double predicted = std::max(0.0, fit->Eval(n, sample.context_tokens - n));
+  const bool slow = sample.layer_ms > kOutlierFactor * predicted + kOutlierSlackMs;
+  const bool fast = sample.layer_ms * kOutlierFactor + kOutlierSlackMs < predicted;
+  if (slow || fast) return predicted;
+  return std::nullopt;
+}
+
 double ComputeModel::OverheadMs() const {
   double sum = 0;
   size_t count = 0;

@@ -15,6 +15,13 @@
 // Memory is bounded: the newest kMaxSamples samples of each kind are kept, the fits recomputed on
 // each Add.
 //
+// Outliers (Outlier): once a kind has kOutlierMinSamples samples and its own fit, a new sample of
+// that kind whose layer_ms is more than kOutlierFactor (8) times its prediction, or less than an
+// eighth of it, each beyond kOutlierSlackMs (1 ms, so that layers of a few tokens, where the fit's
+// intercept is least certain, are not judged by it), is an outlier: the Advisor refuses it. Per
+// token and per layer that is the same rule (layer_ms / new_tokens against the prediction's).
+// A real change of rate by more than 8x (another GPU) needs a new model: tuttid starts each empty.
+//
 // Thread-safety: none; the Advisor guards each model.
 #ifndef TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
 #define TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
@@ -48,8 +55,14 @@ class ComputeModel {
  public:
   static constexpr size_t kMaxSamples = 256;  // per kind (k == 0, k > 0)
   static constexpr size_t kMinSamples = 3;
+  static constexpr size_t kOutlierMinSamples = 16;  // of the sample's kind
+  static constexpr double kOutlierFactor = 8;
+  static constexpr double kOutlierSlackMs = 1;
 
   void Add(const ComputeSample& sample);
+  // The prediction `sample` is more than kOutlierFactor off (see the file comment), or nullopt
+  // when it is not an outlier or the model has too few samples of its kind to tell.
+  std::optional<double> Outlier(const ComputeSample& sample) const;
   bool empty() const { return plain_.empty() && prefixed_.empty(); }
   // Predicted per-layer ms for computing the last T - k of T tokens with the first k cached
   // (k < T), never below 0. nullopt when no sample was added.

@@ -67,3 +67,31 @@ TEST(ComputeModelTest, KeepsOnlyTheNewestSamples) {
 
 }  // namespace
 }  // namespace tutti::decision
+
+namespace tutti::decision {
+namespace {
+
+TEST(ComputeModelTest, OutliersAreJudgedOnlyAgainstEnoughHistoryOfTheirKind) {
+  ComputeModel m;
+  const LayerFit f{0.05, 2e-3, 3e-8};
+  for (uint32_t i = 0; i < ComputeModel::kOutlierMinSamples - 1; ++i) {
+    const uint32_t n = 512 + 1024 * i;
+    m.Add(ComputeSample{n, n, f.Eval(n, 0), 0});
+  }
+  const double at_8k = f.Eval(8192, 0);  // about 18 ms
+  EXPECT_FALSE(m.Outlier({8192, 8192, 100 * at_8k, 0}).has_value()) << "too little history";
+  m.Add(ComputeSample{8192, 8192, at_8k, 0});
+  const std::optional<double> slow = m.Outlier({8192, 8192, 9 * at_8k + 1, 0});
+  ASSERT_TRUE(slow.has_value());
+  EXPECT_NEAR(*slow, at_8k, 1e-6);
+  EXPECT_TRUE(m.Outlier({8192, 8192, at_8k / 10, 0}).has_value());
+  EXPECT_FALSE(m.Outlier({8192, 8192, 7 * at_8k, 0}).has_value());
+  EXPECT_FALSE(m.Outlier({8192, 8192, at_8k / 7, 0}).has_value());
+  // A few tokens: within the 1 ms slack, whatever the fit's intercept says.
+  EXPECT_FALSE(m.Outlier({1, 1, 0.9, 0}).has_value());
+  // The other kind has no history of its own yet.
+  EXPECT_FALSE(m.Outlier({1024, 8192, 100 * at_8k, 0}).has_value());
+}
+
+}  // namespace
+}  // namespace tutti::decision

@@ -61,6 +61,7 @@ void AdminService::FillSessions(tutti::v1::SessionsResponse* resp) const {
     row->set_pinned_blocks(s.pinned_blocks);
     row->set_idle_ms(s.idle_ms);
     row->set_num_blocks(s.num_blocks);
+    row->set_uid(s.uid);
   }
 }
 
@@ -188,6 +189,22 @@ grpc::Status AdminService::ReportDevices(grpc::ServerContext*,
                                          const tutti::v1::ReportDevicesRequest* req,
                                          tutti::v1::ReportDevicesResponse*) {
   return ServeCall(gate_, [&] { return DoReportDevices(*req); });
+}
+
+absl::Status AdminService::DoEndSession(const tutti::v1::EndSessionRequest& req,
+                                        tutti::v1::EndSessionResponse* resp) {
+  if (req.session_id() == 0) return absl::InvalidArgumentError("session_id 0 names no session");
+  ASSIGN_OR_RETURN(const SessionManager::EndResult ended,
+                   sessions_->End(req.session_id(), req.leases_only()));
+  resp->set_leases_ended(ended.leases_ended);
+  resp->set_pins_released(ended.pins_released);
+  resp->set_session_closed(ended.session_closed);
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::EndSession(grpc::ServerContext*, const tutti::v1::EndSessionRequest* req,
+                                      tutti::v1::EndSessionResponse* resp) {
+  return ServeCall(gate_, [&] { return DoEndSession(*req, resp); });
 }
 
 }  // namespace tutti::server

@@ -1,5 +1,6 @@
 // The operator API (tutti.v1.Admin), used by tuttictl: status, sessions, statistics, eviction,
-// verify (the store's scrub), drain, the effective configuration and run-time log levels.
+// verify (the store's scrub), drain, the effective configuration, run-time log levels, and
+// ending a session's leases or the session (EndSession).
 //
 // Thread-safety: handlers run on many gRPC threads; they only read the store's and the session
 // manager's thread-safe views, and Evict, Verify and Drain go through the store.
@@ -88,6 +89,10 @@ class AdminService final : public tutti::v1::Admin::Service {
   // or a device name that is empty, longer than 64 bytes or not printable.
   grpc::Status ReportDevices(grpc::ServerContext* ctx, const tutti::v1::ReportDevicesRequest* req,
                              tutti::v1::ReportDevicesResponse* resp) override;
+  // SessionManager::End: ends the session's leases (their pins go at once) and, unless
+  // leases_only, the session. NOT_FOUND for an unknown id; INVALID_ARGUMENT for id 0.
+  grpc::Status EndSession(grpc::ServerContext* ctx, const tutti::v1::EndSessionRequest* req,
+                          tutti::v1::EndSessionResponse* resp) override;
 
  private:
   void FillStatus(tutti::v1::StatusResponse* resp) const;
@@ -100,6 +105,8 @@ class AdminService final : public tutti::v1::Admin::Service {
   absl::Status DoSetLogLevel(const tutti::v1::SetLogLevelRequest& req,
                              tutti::v1::SetLogLevelResponse* resp);
   absl::Status DoReportDevices(const tutti::v1::ReportDevicesRequest& req);
+  absl::Status DoEndSession(const tutti::v1::EndSessionRequest& req,
+                            tutti::v1::EndSessionResponse* resp);
 
   const DaemonInfo info_;
   store::BlockStore* const store_;

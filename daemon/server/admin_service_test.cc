@@ -1,6 +1,8 @@
 // The operator API over a unix socket, against the real store, plus the standard health service.
 #include "daemon/server/admin_service.h"
 
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -157,6 +159,43 @@ TEST_F(AdminServiceTest, EvictGuardsAndSkipsPinned) {
   ASSERT_TRUE(env_.admin().Evict(&c3, one, &er).ok());
   EXPECT_EQ(er.evicted(), 3u);
   EXPECT_EQ(er.skipped_pinned(), 1u);
+}
+
+// Issue 19: the operator ends a pin hog's leases (the engine stays), or the whole session.
+TEST_F(AdminServiceTest, EndSessionEndsTheLeasesOrTheSession) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreAndPin(session, 70, 4, 3);
+  grpc::ClientContext c0;
+  tutti::v1::SessionsResponse ss;
+  ASSERT_TRUE(env_.admin().Sessions(&c0, {}, &ss).ok());
+  ASSERT_EQ(ss.sessions_size(), 1);
+  EXPECT_EQ(ss.sessions(0).uid(), getuid());
+
+  tutti::v1::EndSessionRequest leases;
+  leases.set_session_id(session);
+  leases.set_leases_only(true);
+  tutti::v1::EndSessionResponse r;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(env_.admin().EndSession(&c1, leases, &r).ok());
+  EXPECT_EQ(r.leases_ended(), 1u);
+  EXPECT_EQ(r.pins_released(), 3u);
+  EXPECT_FALSE(r.session_closed());
+  ASSERT_EQ(env_.sessions().List().size(), 1u);
+  EXPECT_EQ(env_.sessions().List()[0].pinned_blocks, 0u);
+  EXPECT_EQ(env_.store().Evict(0), (std::pair<uint64_t, uint64_t>{4, 0})) << "nothing pinned";
+
+  tutti::v1::EndSessionRequest whole;
+  whole.set_session_id(session);
+  grpc::ClientContext c2;
+  ASSERT_TRUE(env_.admin().EndSession(&c2, whole, &r).ok());
+  EXPECT_TRUE(r.session_closed());
+  EXPECT_EQ(env_.sessions().num_sessions(), 0u);
+  grpc::ClientContext c3;
+  EXPECT_EQ(env_.admin().EndSession(&c3, whole, &r).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext c4;
+  EXPECT_EQ(env_.admin().EndSession(&c4, tutti::v1::EndSessionRequest(), &r).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(AdminServiceTest, HealthServiceAnswersServing) {

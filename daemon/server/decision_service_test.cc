@@ -70,8 +70,13 @@ class DecisionServiceTest : public ::testing::Test {
   grpc::Status Report(const std::vector<tutti::v1::ComputeSample>& samples,
                       uint64_t decision_id = 0, double measured = 0,
                       tutti::v1::ReportComputeResponse* resp = nullptr) {
+    return ReportAs(session_, samples, decision_id, measured, resp);
+  }
+  grpc::Status ReportAs(uint64_t session, const std::vector<tutti::v1::ComputeSample>& samples,
+                        uint64_t decision_id = 0, double measured = 0,
+                        tutti::v1::ReportComputeResponse* resp = nullptr) {
     tutti::v1::ReportComputeRequest req;
-    env_.Name(session_, &req);
+    env_.Name(session, &req);
     for (const auto& s : samples) *req.add_samples() = s;
     req.set_decision_id(decision_id);
     req.set_measured_ttft_ms(measured);
@@ -197,6 +202,34 @@ TEST_F(DecisionServiceTest, BadReportsAndPromptsAreInvalidArgumentNamingTheField
   grpc::ClientContext ctx;
   ExpectError(env_.kv().ReportCompute(&ctx, unknown, &resp), grpc::StatusCode::NOT_FOUND,
               "session");
+}
+
+// Issue 19: a session of another uid moved a victim's advice from (hits 4, load 4) to (4, 0), and
+// samples of 1e300 ms were accepted.
+TEST_F(DecisionServiceTest, AnotherUidsReportLeavesTheAdviceUnchanged) {
+  ASSERT_TRUE(Report(Linear()).ok());
+  tutti::v1::LookupResponse before = Lookup(kPrompt);
+  ASSERT_EQ(before.load_blocks(), 2u);
+  Release(before.lease_id());
+
+  // A session of another user in the same namespace (as where namespaces are shared).
+  const SessionSummary owner = env_.sessions().List()[0];
+  auto other = env_.sessions().Open("other", owner.ns, owner.model_id, MakeNoMemoryEngineIo(), 0,
+                                    owner.uid + 1, "", /*memoryless=*/true);
+  ASSERT_TRUE(other.ok()) << other.status();
+  tutti::v1::AttachResponse as_attached;  // the other engine calls with its own token
+  as_attached.set_session_id((*other)->id);
+  as_attached.set_session_token((*other)->token);
+  env_.Remember(as_attached);
+  const std::vector<tutti::v1::ComputeSample> free_compute(4, Sample(64, 64, 0.001));
+  ExpectError(ReportAs((*other)->id, free_compute), grpc::StatusCode::PERMISSION_DENIED,
+              "are not recorded");
+  ExpectError(Report({Sample(64, 64, 1e300)}), grpc::StatusCode::INVALID_ARGUMENT,
+              "samples[0].layer_ms = 1e+300");
+  tutti::v1::LookupResponse after = Lookup(kPrompt);
+  EXPECT_EQ(after.load_blocks(), before.load_blocks());
+  EXPECT_DOUBLE_EQ(after.predicted_ttft_ms(), before.predicted_ttft_ms());
+  Release(after.lease_id());
 }
 
 class DecisionOffTest : public DecisionServiceTest {

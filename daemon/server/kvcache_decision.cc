@@ -49,9 +49,9 @@ absl::Status KvCacheService::DoReportCompute(const tutti::v1::ReportComputeReque
   samples.reserve(req.samples_size());
   for (const auto& s : req.samples()) samples.push_back(FromProto(s));
   const SessionState& session = *call.session();
-  ASSIGN_OR_RETURN(
-      decision::ReportResult result,
-      advisor_->Report(session.ns, session.id, samples, req.decision_id(), req.measured_ttft_ms()));
+  ASSIGN_OR_RETURN(decision::ReportResult result,
+                   advisor_->Report(session.ns, session.id, session.uid, samples, req.decision_id(),
+                                    req.measured_ttft_ms()));
   resp->set_decision_found(result.decision_found);
   resp->set_prediction_error(result.prediction_error);
   return absl::OkStatus();

@@ -136,8 +136,8 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   session_options.session_ttl_ms = 30000;
   session_options.lease_ttl_ms = 10000;
   session_options.max_sessions = options.max_sessions;
-  sessions_ = std::make_unique<SessionManager>(
-      session_options, &session_clock_,
+  session_options.pool_slots = store_->Stats().slots_total;  // as tuttid's main does
+  sessions_ = std::make_unique<SessionManager>(session_options, &session_clock_,
       [raw_store](NamespaceId ns, absl::Span<const Key> keys) { raw_store->Unpin(ns, keys); },
       [raw_store](uint64_t session_id) { raw_store->DropPending(session_id); });
   advisor_ = std::make_unique<decision::Advisor>(options.decision);

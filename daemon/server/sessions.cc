@@ -43,11 +43,33 @@ absl::Status UnknownSession(uint64_t session_id) {
   return absl::NotFoundError(absl::StrCat("session ", session_id, " is unknown or expired"));
 }
 
+// `limit`, or `share` of `slots` where that is fewer (at least 1); `slots` 0 bounds nothing.
+uint64_t SharedLimit(uint64_t limit, uint64_t slots, double share) {
+  if (slots == 0) return limit;
+  const auto of_pool = static_cast<uint64_t>(share * static_cast<double>(slots));
+  return std::max<uint64_t>(1, std::min(limit, of_pool));
+}
+
+// "limits.max_pinned_blocks_per_user = 65536" or, where the pool's share is the lower bound,
+// "limits.max_pinned_pool_share_per_user = 0.25 of 1792 slots = 448".
+std::string NameLimit(const char* count_field, uint64_t count, const char* share_field,
+                      double share, uint64_t slots, uint64_t limit) {
+  if (limit == count) return absl::StrCat("limits.", count_field, " = ", count);
+  return absl::StrCat("limits.", share_field, " = ", share, " of ", slots, " slots = ", limit);
+}
+
 }  // namespace
 
 SessionManager::SessionManager(const Options& options, Clock* clock, Unpinner unpin,
                                std::function<void(uint64_t)> closed)
-    : options_(options), clock_(clock), unpin_(std::move(unpin)), closed_(std::move(closed)) {}
+    : options_(options),
+      clock_(clock),
+      unpin_(std::move(unpin)),
+      closed_(std::move(closed)),
+      user_pin_limit_(SharedLimit(options.max_pinned_blocks_per_user, options.pool_slots,
+                                  options.max_pinned_pool_share_per_user)),
+      pin_limit_(SharedLimit(options.max_pinned_blocks, options.pool_slots,
+                             options.max_pinned_pool_share)) {}
 
 SessionManager::~SessionManager() {
   Ended ended;
@@ -142,32 +164,59 @@ absl::StatusOr<uint64_t> SessionManager::AddLease(uint64_t session_id, std::vect
         " more (limits.max_pinned_blocks_per_session = ", options_.max_pinned_blocks_per_session,
         "); Release leases first"));
   }
-  if (pinned_total_ + n > options_.max_pinned_blocks) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the sessions pin ", pinned_total_, " blocks (limits.max_pinned_blocks = ",
-                     options_.max_pinned_blocks, "); try again once leases end"));
-  }
+  RETURN_IF_ERROR(CheckSharedPinLimitsLocked(session, n));
   session.pinned += n;
   pinned_total_ += n;
+  pinned_by_uid_[session.state->uid] += n;
   const uint64_t id = next_lease_id_++;
   session.leases[id] = Lease{std::move(keys), clock_->NowMs() + options_.lease_ttl_ms};
   return id;
 }
 
+absl::Status SessionManager::CheckSharedPinLimitsLocked(const Session& session, uint64_t n) const {
+  const uint32_t uid = session.state->uid;
+  auto of_uid = pinned_by_uid_.find(uid);
+  const uint64_t user = of_uid == pinned_by_uid_.end() ? 0 : of_uid->second;
+  if (user + n > user_pin_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", uid, "'s sessions pin ", user, " blocks and session ", session.state->id,
+        " asks for ", n, " more (",
+        NameLimit("max_pinned_blocks_per_user", options_.max_pinned_blocks_per_user,
+                  "max_pinned_pool_share_per_user", options_.max_pinned_pool_share_per_user,
+                  options_.pool_slots, user_pin_limit_),
+        "); Release leases first"));
+  }
+  if (pinned_total_ + n > pin_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the sessions pin ", pinned_total_, " blocks (",
+        NameLimit("max_pinned_blocks", options_.max_pinned_blocks, "max_pinned_pool_share",
+                  options_.max_pinned_pool_share, options_.pool_slots, pin_limit_),
+        "); try again once leases end"));
+  }
+  return absl::OkStatus();
+}
+
+void SessionManager::TakeOffPinsLocked(Session* s, uint32_t uid, uint64_t n) {
+  if (s != nullptr) s->pinned -= n;
+  pinned_total_ -= n;
+  auto it = pinned_by_uid_.find(uid);
+  if (it == pinned_by_uid_.end()) return;
+  it->second -= n;
+  if (it->second == 0) pinned_by_uid_.erase(it);
+}
+
 void SessionManager::EndLeaseLocked(Session& s, Lease& lease, Ended* ended) {
-  s.pinned -= lease.keys.size();
-  pinned_total_ -= lease.keys.size();
+  TakeOffPinsLocked(&s, s.state->uid, lease.keys.size());
   ended->unpins.emplace_back(s.state->ns, std::move(lease.keys));
 }
 
 void SessionManager::UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys,
-                                  absl::Span<const std::pair<uint64_t, uint64_t>> owners) {
+                                  absl::Span<const ClaimOwner> owners) {
   unpin_(ns, keys);
   absl::MutexLock lock(&mu_);
-  pinned_total_ -= keys.size();
-  for (const auto& [owner, n] : owners) {
-    auto it = sessions_.find(owner);  // ids are never reused: a closed owner is simply absent
-    if (it != sessions_.end()) it->second.pinned -= n;
+  for (const ClaimOwner& owner : owners) {
+    auto it = sessions_.find(owner.session);  // ids are never reused: a closed owner is absent
+    TakeOffPinsLocked(it == sessions_.end() ? nullptr : &it->second, owner.uid, owner.pins);
   }
 }
 
@@ -217,9 +266,9 @@ absl::StatusOr<std::unique_ptr<ClaimedLease>> SessionManager::ClaimLeases(
   }
   // The pins stay on their owners' counts and in pinned_total_ until the claim ends.
   std::vector<Key> all;
-  std::vector<std::pair<uint64_t, uint64_t>> owners;
+  std::vector<ClaimOwner> owners;
   for (auto& [s, it] : found) {
-    owners.emplace_back(s->state->id, it->second.keys.size());
+    owners.push_back(ClaimOwner{s->state->id, s->state->uid, it->second.keys.size()});
     all.insert(all.end(), it->second.keys.begin(), it->second.keys.end());
     s->leases.erase(it);
   }
@@ -254,6 +303,30 @@ absl::Status SessionManager::Close(uint64_t session_id, std::string_view why) {
   Finish(std::move(ended));
   log::Get("server")->info("session {}: {}", session_id, why);
   return absl::OkStatus();
+}
+
+absl::StatusOr<SessionManager::EndResult> SessionManager::End(uint64_t session_id,
+                                                              bool leases_only) {
+  Ended ended;
+  EndResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Session * s, FindLocked(session_id));
+    result.leases_ended = s->leases.size();
+    for (const auto& [id, lease] : s->leases) result.pins_released += lease.keys.size();
+    if (leases_only) {
+      for (auto& [id, lease] : s->leases) EndLeaseLocked(*s, lease, &ended);
+      s->leases.clear();
+    } else {
+      CloseLocked(session_id, &ended);
+      result.session_closed = true;
+    }
+  }
+  Finish(std::move(ended));
+  log::Get("server")->warn("session {}: {} by the operator ({} leases, {} pins released)",
+                           session_id, leases_only ? "leases ended" : "ended", result.leases_ended,
+                           result.pins_released);
+  return result;
 }
 
 void SessionManager::CloseLocked(uint64_t session_id, Ended* ended) {

@@ -13,6 +13,15 @@
 // they end, claimed or not; a claim outlives its owner's Close safely (the pins end once, with the
 // claim).
 //
+// Pin limits (docs/security.md "Pins"): a lease's keys count against its session
+// (max_pinned_blocks_per_session), its session's uid (max_pinned_blocks_per_user, and at most
+// max_pinned_pool_share_per_user of the pool's slots) and everyone (max_pinned_blocks, and at most
+// max_pinned_pool_share of the slots). Keys are counted once per lease that pins them, so the
+// counts are never below the blocks the store holds pinned: with the pool share below 1, at
+// least (1 - max_pinned_pool_share) of the slots are never pinned by leases and a Store always
+// finds blocks to evict into, and one user cannot take more than its share from the others.
+// The operator ends a session's leases, or the session, with End (Admin EndSession).
+//
 // Pinned handles: requests hold a SessionRef (shared_ptr) while they run, so the session's state
 // lives until the last in-flight request using it has finished, even if the session was closed or
 // expired meanwhile; such requests see `closed` and stop early. Ending a session (Close, expiry,
@@ -117,6 +126,18 @@ class SessionManager {
     uint32_t max_leases_per_session = 1u << 20;
     uint64_t max_pinned_blocks_per_session = 1ull << 32;
     uint64_t max_pinned_blocks = 1ull << 40;  // all sessions' leases, claimed ones included
+    uint64_t max_pinned_blocks_per_user = 1ull << 40;  // all sessions of one uid
+    // The pool's slots (StoreStats::slots_total); 0: the shares below bound nothing.
+    uint64_t pool_slots = 0;
+    double max_pinned_pool_share_per_user = 0.25;  // of pool_slots, per uid
+    double max_pinned_pool_share = 0.75;           // of pool_slots, all sessions together
+  };
+  // What End did.
+  struct EndResult {
+    uint32_t leases_ended = 0;
+    uint64_t pins_released =
+        0;  // keys of the ended leases (claimed leases end with their Retrieve)
+    bool session_closed = false;
   };
   using Unpinner = ClaimedLease::Unpinner;
 
@@ -148,7 +169,8 @@ class SessionManager {
   // Records `keys` (already pinned by the caller) as a new lease of the session and returns its
   // id (never 0). NOT_FOUND if the session is gone; RESOURCE_EXHAUSTED, naming the limit, when the
   // session holds max_leases_per_session leases, or the lease would take its pins past
-  // max_pinned_blocks_per_session or everyone's past max_pinned_blocks. On error the caller still
+  // max_pinned_blocks_per_session, its uid's past user_pin_limit() or everyone's past
+  // pin_limit() (all or nothing: a lease never pins part of its keys). On error the caller still
   // owns the pins.
   absl::StatusOr<uint64_t> AddLease(uint64_t session_id, std::vector<Key> keys);
 
@@ -169,6 +191,19 @@ class SessionManager {
   // Closes a session (Detach, or its engine died: `why` is logged): ends its leases and closes
   // its EngineIo (waiting for a copy in progress). NOT_FOUND for an unknown id.
   absl::Status Close(uint64_t session_id, std::string_view why = "detached");
+
+  // The operator's way out of a pin hog (Admin EndSession): ends every lease the session holds
+  // now, unpinning their keys, and unless `leases_only` closes the session as Close does (its
+  // engine's later calls get NOT_FOUND). Leases already claimed by a Retrieve in flight end with
+  // that Retrieve. NOT_FOUND for an unknown id.
+  absl::StatusOr<EndResult> End(uint64_t session_id, bool leases_only);
+
+  // The pins one uid's leases may hold: max_pinned_blocks_per_user, or fewer where
+  // max_pinned_pool_share_per_user of pool_slots is fewer (at least 1).
+  uint64_t user_pin_limit() const { return user_pin_limit_; }
+  // The pins all leases together may hold: max_pinned_blocks, or max_pinned_pool_share of
+  // pool_slots where that is fewer (at least 1).
+  uint64_t pin_limit() const { return pin_limit_; }
 
   // Expires sessions idle longer than session_ttl_ms and leases older than lease_ttl_ms. Returns
   // how many sessions and leases ended.
@@ -208,8 +243,19 @@ class SessionManager {
   void EndLeaseLocked(Session& s, Lease& lease, Ended* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unpins claimed leases' keys and takes them off pinned_total_ and off the counts of those of
   // their owners (session id, keys) that are still open.
+  struct ClaimOwner {
+    uint64_t session = 0;
+    uint32_t uid = 0;
+    uint64_t pins = 0;
+  };
   void UnpinClaimed(NamespaceId ns, absl::Span<const Key> keys,
-                    absl::Span<const std::pair<uint64_t, uint64_t>> owners);
+                    absl::Span<const ClaimOwner> owners);
+  // RESOURCE_EXHAUSTED naming the limit when `n` more pins of `session` would pass its uid's or
+  // everyone's bound.
+  absl::Status CheckSharedPinLimitsLocked(const Session& session, uint64_t n) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes `n` pins of a lease of `s` (whose uid is `uid`) off the counts.
+  void TakeOffPinsLocked(Session* s, uint32_t uid, uint64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Ended ended);
 
   const Options options_;
@@ -221,6 +267,10 @@ class SessionManager {
   uint64_t next_session_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t pinned_total_ ABSL_GUARDED_BY(mu_) = 0;
+  const uint64_t user_pin_limit_;
+  const uint64_t pin_limit_;
+  // Pins of each uid's leases, claimed ones included; a uid with none has no entry.
+  absl::flat_hash_map<uint32_t, uint64_t> pinned_by_uid_ ABSL_GUARDED_BY(mu_);
 };
 
 // Calls SessionManager::Reap every `period_ms` on its own thread until destroyed.

@@ -515,3 +515,137 @@ TEST_F(LeaseSharingTest, TheOwnerClosingMidRetrieveIsSafe) {
 
 }  // namespace
 }  // namespace tutti::server
+
+namespace tutti::server {
+namespace {
+
+// Issue 19: one session pinned the whole pool inside its per-session limits, and one uid with 15
+// sessions took all of max_pinned_blocks. Pins are bounded per uid and as shares of the pool's
+// slots, so another user's Lookups still pin and Stores always find unpinned blocks to evict.
+class PinShareTest : public ::testing::Test {
+ protected:
+  static SessionManager::Options Limits() {
+    SessionManager::Options o;
+    o.max_sessions = 16;
+    o.max_sessions_per_user = 8;
+    o.max_pinned_blocks_per_session = 1000;  // no bound here: the pool is 100 slots
+    o.max_pinned_blocks_per_user = 30;
+    o.pool_slots = 100;  // per user: 25 (a quarter); all: 75
+    return o;
+  }
+  uint64_t Open(uint32_t uid) {
+    auto s = sessions_.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, uid);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? (*s)->id : 0;
+  }
+  absl::StatusOr<uint64_t> Lease(uint64_t session, uint64_t first, uint64_t n) {
+    std::vector<Key> keys;
+    for (uint64_t i = 0; i < n; ++i) keys.push_back(K(first + i));
+    pins_.Pin(keys);
+    absl::StatusOr<uint64_t> id = sessions_.AddLease(session, keys);
+    if (!id.ok()) pins_.Unpin(7, keys);
+    return id;
+  }
+  static void ExpectLimit(const absl::Status& s, const std::string& limit) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(limit));
+  }
+
+  ManualClock clock_{1000};
+  FakePins pins_;
+  SessionManager sessions_{Limits(), &clock_, [this](NamespaceId ns, absl::Span<const Key> keys) {
+                             pins_.Unpin(ns, keys);
+                           }};
+};
+
+TEST_F(PinShareTest, TheLimitsAreTheLowerOfCountAndPoolShare) {
+  EXPECT_EQ(sessions_.user_pin_limit(), 25u);
+  EXPECT_EQ(sessions_.pin_limit(), 75u);
+  SessionManager::Options o = Limits();
+  o.pool_slots = 0;  // no pool known: the counts alone
+  SessionManager counts(o, &clock_, [](NamespaceId, absl::Span<const Key>) {});
+  EXPECT_EQ(counts.user_pin_limit(), 30u);
+  EXPECT_EQ(counts.pin_limit(), o.max_pinned_blocks);
+  o.pool_slots = 3;  // a quarter of 3 slots: still one pin
+  SessionManager tiny(o, &clock_, [](NamespaceId, absl::Span<const Key>) {});
+  EXPECT_EQ(tiny.user_pin_limit(), 1u);
+}
+
+TEST_F(PinShareTest, OneUsersSessionsTogetherKeepToItsShare) {
+  // Four sessions of one uid: each within its own bounds, together at most a quarter of the pool.
+  std::vector<uint64_t> hog;
+  for (int i = 0; i < 4; ++i) hog.push_back(Open(1000));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Lease(hog[i], 100 * i, 6).ok()) << i;
+  ExpectLimit(Lease(hog[0], 900, 2).status(), "limits.max_pinned_pool_share_per_user = 0.25");
+  EXPECT_TRUE(Lease(hog[1], 900, 1).ok()) << "25 of 25: all or nothing, up to the bound";
+  ExpectLimit(Lease(Open(1000), 950, 1).status(), "uid 1000");
+  EXPECT_EQ(pins_.Total(), 25);
+  // Another user keeps its own share.
+  const uint64_t other = Open(1001);
+  EXPECT_TRUE(Lease(other, 2000, 25).ok());
+}
+
+TEST_F(PinShareTest, AllUsersTogetherLeaveAQuarterOfThePoolUnpinned) {
+  for (uint32_t uid = 1; uid <= 3; ++uid) ASSERT_TRUE(Lease(Open(uid), 100 * uid, 25).ok()) << uid;
+  ExpectLimit(Lease(Open(4), 900, 1).status(), "limits.max_pinned_pool_share = 0.75 of 100 slots");
+  EXPECT_EQ(pins_.Total(), 75);
+}
+
+TEST_F(PinShareTest, TheCountBoundsWhereItIsLowerThanTheShare) {
+  SessionManager::Options o = Limits();
+  o.max_pinned_blocks_per_user = 10;
+  SessionManager m(o, &clock_,
+                   [this](NamespaceId ns, absl::Span<const Key> keys) { pins_.Unpin(ns, keys); });
+  auto s = m.Open("e", 7, "m", std::make_shared<FakeIo>(), 0, 1000);
+  ASSERT_TRUE(s.ok());
+  pins_.Pin({K(1)});
+  std::vector<Key> eleven;
+  for (uint64_t i = 0; i < 11; ++i) eleven.push_back(K(i));
+  ExpectLimit(m.AddLease((*s)->id, eleven).status(), "limits.max_pinned_blocks_per_user = 10");
+  ASSERT_TRUE(m.AddLease((*s)->id, {K(1)}).ok());
+}
+
+TEST_F(PinShareTest, ClaimedPinsCountAgainstTheUidUntilTheRetrieveEnds) {
+  const uint64_t a = Open(1000), b = Open(1000);
+  auto lease = Lease(a, 0, 20);
+  ASSERT_TRUE(lease.ok());
+  {
+    std::vector<Key> keys = {K(0)};
+    auto claimed = sessions_.ClaimLeases(a, {*lease}, keys);
+    ASSERT_TRUE(claimed.ok());
+    ASSERT_TRUE(sessions_.Close(a).ok());  // the owner goes; its claim still pins
+    ExpectLimit(Lease(b, 100, 6).status(), "limits.max_pinned_pool_share_per_user");
+  }
+  EXPECT_TRUE(Lease(b, 100, 25).ok()) << "the uid's pins came back with the claim";
+}
+
+TEST_F(PinShareTest, TheOperatorEndsASessionsLeasesOrTheSession) {
+  const uint64_t hog = Open(1000);
+  ASSERT_TRUE(Lease(hog, 0, 10).ok());
+  ASSERT_TRUE(Lease(hog, 100, 15).ok());
+  ExpectLimit(Lease(hog, 200, 1).status(), "limits.max_pinned_pool_share_per_user");
+
+  auto ended = sessions_.End(hog, /*leases_only=*/true);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->leases_ended, 2u);
+  EXPECT_EQ(ended->pins_released, 25u);
+  EXPECT_FALSE(ended->session_closed);
+  EXPECT_EQ(pins_.Total(), 0);
+  ASSERT_TRUE(sessions_.Touch(hog).ok()) << "the session stays";
+  EXPECT_EQ(sessions_.List()[0].leases, 0u);
+  EXPECT_EQ(sessions_.List()[0].pinned_blocks, 0u);
+
+  ASSERT_TRUE(Lease(hog, 300, 25).ok()) << "its uid's share is free again";
+  ended = sessions_.End(hog, /*leases_only=*/false);
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(ended->leases_ended, 1u);
+  EXPECT_EQ(ended->pins_released, 25u);
+  EXPECT_TRUE(ended->session_closed);
+  EXPECT_EQ(pins_.Total(), 0);
+  EXPECT_EQ(sessions_.Touch(hog).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions_.End(hog, true).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(sessions_.End(12345, false).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tutti::server

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -531,9 +533,331 @@ TEST_F(MultiUserTest, OnlyTheEngineThatAttachedActsInItsSession) {
 
 // --- Pins and the operator ending leases (issue 19, item 2) ---
 
+// A party that runs in a child as a user in two steps: `first` (its report is read back at once),
+// then, once Continue is called, `second`; what the child set up in `first` (an attached engine)
+// lives on between them.
+class TwoStepParty {
+ public:
+  TwoStepParty(const Identity& id, std::function<std::string()> first,
+               std::function<std::string()> second) {
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(down[1]);
+      close(up[0]);
+      BecomeOrDie(id);
+      const std::string a = first() + "\n";
+      (void)!write(up[1], a.data(), a.size());
+      char go = 0;
+      if (read(down[0], &go, 1) != 1) _exit(1);
+      const std::string b = second();
+      (void)!write(up[1], b.data(), b.size());
+      _exit(0);
+    }
+    close(down[0]);
+    close(up[1]);
+    to_child_ = down[1];
+    from_child_ = up[0];
+  }
+  ~TwoStepParty() {
+    if (to_child_ >= 0) close(to_child_);
+    if (from_child_ >= 0) close(from_child_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  // The first step's report (without its newline).
+  std::string First() {
+    std::string out;
+    char c;
+    while (read(from_child_, &c, 1) == 1 && c != '\n') out += c;
+    return out;
+  }
+  // Runs the second step and returns its report.
+  std::string Second() {
+    (void)!write(to_child_, "g", 1);
+    close(to_child_);
+    to_child_ = -1;
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(from_child_, buf, sizeof(buf))) > 0) out.append(buf, n);
+    return out;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_child_ = -1, from_child_ = -1;
+};
+
+Key NumberedKey(uint64_t series, uint64_t i) {
+  Key k;
+  const uint64_t v = series << 32 | i;
+  std::memcpy(k.bytes.data(), &v, sizeof(v));
+  k.bytes[15] = 0x5a;
+  return k;
+}
+
+// An engine of 64 blocks of 32 KiB (2 layers), attached as the calling user.
+struct MuEngine {
+  std::unique_ptr<hostengine::HostEngine> engine;
+  std::unique_ptr<hostengine::EngineClient> client;
+  std::string error;
+};
+
+MuEngine AttachMuEngine(const std::string& sock) {
+  MuEngine e;
+  auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE}, 64,
+                                               absl::StrCat("tutti-mu-", getpid()));
+  if (!engine.ok()) return {nullptr, nullptr, std::string(engine.status().message())};
+  e.engine = std::move(*engine);
+  auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+  if (!channel.ok()) return {nullptr, nullptr, std::string(channel.status().message())};
+  e.client = std::make_unique<hostengine::EngineClient>(*channel, sock, absl::Seconds(30));
+  auto attach = e.client->Attach(e.engine->MakeAttachRequest({}), e.engine->fds());
+  if (!attach.ok()) e.error = "attach: " + std::string(attach.status().message());
+  e.engine->region().Unlink();
+  return e;
+}
+
+// Stores keys [first, first + n) of `series` from the engine's blocks, 64 a call; returns how many
+// became durable.
+uint64_t StoreSeries(MuEngine& e, uint64_t series, uint64_t first, uint64_t n) {
+  uint64_t durable = 0;
+  for (uint64_t i = first; i < first + n; i += 64) {
+    std::vector<Key> keys;
+    std::vector<uint32_t> blocks;
+    for (uint64_t j = i; j < std::min(first + n, i + 64); ++j) {
+      keys.push_back(NumberedKey(series, j));
+      blocks.push_back(static_cast<uint32_t>(j - i));
+    }
+    auto outcomes = e.client->Store(keys, blocks, /*wait_durable=*/true);
+    if (!outcomes.ok()) return durable;
+    for (auto o : *outcomes) durable += o == tutti::v1::STORE_DURABLE;
+  }
+  return durable;
+}
+
+std::unique_ptr<tutti::v1::Admin::Stub> OperatorStub(const std::string& sock) {
+  auto channel = hostengine::ConnectToTuttid(sock + ".admin", absl::Seconds(5));
+  return channel.ok() ? tutti::v1::Admin::NewStub(*channel) : nullptr;
+}
+
+class MultiUserPinsTest : public MultiUserTest {
+ protected:
+  std::string ExtraLimits() override { return "lease_ttl_ms: 600000"; }
+};
+
+// One user with many Lookups pinned the whole pool: another user's Store of fresh blocks failed
+// 64 of 64 and its Lookups were refused; the operator could evict nothing and end nothing.
+TEST_F(MultiUserPinsTest, AHogKeepsToItsShareAndTheOperatorEndsItsLeases) {
+  const std::string sock = socket_;
+  // The pool's slots, read as the operator, for the parties to size their work.
+  const std::string slots_text = RunAs({0, 0, {}}, [&] {
+    auto admin = OperatorStub(sock);
+    grpc::ClientContext ctx;
+    tutti::v1::StatusResponse st;
+    if (admin == nullptr || !admin->Status(&ctx, {}, &st).ok()) return std::string("0");
+    return absl::StrCat(st.slots_total());
+  });
+  const uint64_t slots = std::strtoull(slots_text.c_str(), nullptr, 10);
+  ASSERT_GT(slots, 1000u);
+
+  // The hog fills the pool with its blocks and pins as many as it may, 64 a Lookup, then one.
+  MuEngine hog;
+  TwoStepParty hog_party(
+      {kHostileUid, kHostileGid, {kTuttiGid}},
+      [&] {
+        hog = AttachMuEngine(sock);
+        if (!hog.error.empty()) return hog.error;
+        if (StoreSeries(hog, 1, 0, slots) != slots) return std::string("the hog's stores failed");
+        uint64_t pinned = 0;
+        std::string refused;
+        for (uint32_t batch : {64u, 1u}) {
+          while (pinned + batch <= slots) {
+            std::vector<Key> keys;
+            for (uint64_t i = pinned; i < pinned + batch; ++i) keys.push_back(NumberedKey(1, i));
+            auto lease = hog.client->Lookup(keys);
+            if (!lease.ok()) {
+              refused = std::string(lease.status().message());
+              break;
+            }
+            if (lease->hits() != batch) return std::string("the hog's lookup missed");
+            pinned += batch;
+          }
+        }
+        return absl::StrCat(hog.client->session_id(), " ", pinned, " ", refused);
+      },
+      [&] {
+        auto lease = hog.client->Lookup({NumberedKey(1, 0)});
+        return Expect(lease.status().code() == absl::StatusCode::kNotFound,
+                      "the ended session still answers: " + lease.status().ToString());
+      });
+  const std::string first = hog_party.First();
+  uint64_t hog_session = 0, pinned = 0;
+  ASSERT_EQ(std::sscanf(first.c_str(), "%lu %lu", &hog_session, &pinned), 2) << first;
+  EXPECT_EQ(pinned, slots / 4) << first;
+  EXPECT_NE(first.find("limits.max_pinned_pool_share_per_user"), std::string::npos) << first;
+
+  // Another user stores fresh blocks (evicting the hog's unpinned ones) and pins its own.
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    std::string r;
+                    const uint64_t durable = StoreSeries(e, 2, 0, 64);
+                    r += Expect(durable == 64, absl::StrCat("stored ", durable, " of 64"));
+                    std::vector<Key> keys;
+                    for (uint64_t i = 0; i < 64; ++i) keys.push_back(NumberedKey(2, i));
+                    auto lease = e.client->Lookup(keys);
+                    r += Expect(lease.ok() && lease->hits() == 64,
+                                "lookup of present blocks: " + lease.status().ToString());
+                    if (lease.ok())
+                      r += Expect(e.client->Release(lease->lease_id()).ok(), "release");
+                    return r;
+                  }),
+            "");
+
+  // The operator evicts around the pins, sees whose they are, and ends the hog's session.
+  EXPECT_EQ(
+      RunAs({0, 0, {}},
+            [&] {
+              auto admin = OperatorStub(sock);
+              if (admin == nullptr) return std::string("no operator socket");
+              std::string r;
+              tutti::v1::EvictRequest all;
+              all.set_all(true);
+              tutti::v1::EvictResponse evicted;
+              grpc::ClientContext c1;
+              r += Expect(admin->Evict(&c1, all, &evicted).ok(), "evict");
+              r += Expect(
+                  evicted.skipped_pinned() == pinned && evicted.evicted() == slots - pinned,
+                  absl::StrCat("evicted ", evicted.evicted(), ", kept ", evicted.skipped_pinned()));
+              grpc::ClientContext c2;
+              tutti::v1::SessionsResponse sessions;
+              r += Expect(admin->Sessions(&c2, {}, &sessions).ok(), "sessions");
+              bool seen = false;
+              for (const auto& s : sessions.sessions()) {
+                seen |= s.session_id() == hog_session && s.uid() == kHostileUid &&
+                        s.pinned_blocks() == pinned;
+              }
+              r += Expect(seen, "the hog's session is not listed with its uid and pins");
+              tutti::v1::EndSessionRequest end;
+              end.set_session_id(hog_session);
+              tutti::v1::EndSessionResponse ended;
+              grpc::ClientContext c3;
+              r += Expect(admin->EndSession(&c3, end, &ended).ok(), "end-session");
+              r += Expect(ended.session_closed() && ended.pins_released() == pinned,
+                          absl::StrCat("ended: ", ended.ShortDebugString()));
+              grpc::ClientContext c4;
+              r += Expect(admin->Evict(&c4, all, &evicted).ok() && evicted.skipped_pinned() == 0 &&
+                              evicted.evicted() == pinned,
+                          absl::StrCat("after end-session: evicted ", evicted.evicted(), ", kept ",
+                                       evicted.skipped_pinned()));
+              return r;
+            }),
+      "");
+  EXPECT_EQ(hog_party.Second(), "");
+}
+
 // --- Namespaces: per user, scoped, removable; capacity share (issue 19, items 2 and 3) ---
 
 // --- The compute model belongs to the namespace owner (issue 19, item 3) ---
+
+// Lookup of `keys` with the prompt's length, for the advice (as the engine's scheduler asks).
+absl::StatusOr<tutti::v1::LookupResponse> AdvisedLookup(hostengine::EngineClient& client,
+                                                        absl::Span<const Key> keys,
+                                                        uint32_t prompt_tokens) {
+  tutti::v1::LookupRequest req;
+  client.Name(&req);
+  for (const Key& k : keys) req.add_keys(k.bytes.data(), k.bytes.size());
+  req.set_prompt_tokens(prompt_tokens);
+  tutti::v1::LookupResponse resp;
+  auto ctx = client.NewContext();
+  const grpc::Status s = client.stub().Lookup(ctx.get(), req, &resp);
+  if (!s.ok()) return hostengine::FromGrpc(s);
+  return resp;
+}
+
+// ReportCompute in the client's session (the one place that names the session for these calls).
+grpc::Status SessionReportCompute(hostengine::EngineClient& client,
+                                  tutti::v1::ReportComputeRequest req) {
+  client.Name(&req);
+  tutti::v1::ReportComputeResponse resp;
+  auto ctx = client.NewContext();
+  return client.stub().ReportCompute(ctx.get(), req, &resp);
+}
+
+// `count` samples of plain prefills of 16, 32, ... tokens at `ms_per_token` per token and layer.
+grpc::Status ReportSamples(hostengine::EngineClient& client, double ms_per_token, int count) {
+  tutti::v1::ReportComputeRequest req;
+  for (int i = 0; i < count; ++i) {
+    auto* s = req.add_samples();
+    const uint32_t n = 16 * (i + 1);
+    s->set_new_tokens(n);
+    s->set_context_tokens(n);
+    s->set_layer_ms(ms_per_token * n);
+  }
+  return SessionReportCompute(client, std::move(req));
+}
+
+class MultiUserSharedNamespaceTest : public MultiUserTest {
+ protected:
+  // Both users' engines name one namespace (docs/security.md "Namespaces").
+  std::string ExtraConfig() override { return "security { namespace_sharing: \"host\" }"; }
+};
+
+// A session of another uid moved a victim's advice from (hits 4, load 4) to (4, load 0) with
+// samples that made compute look free; now only the model's owner feeds it.
+TEST_F(MultiUserSharedNamespaceTest, AnotherUidsReportComputeLeavesTheAdviceUnchanged) {
+  const std::string sock = socket_;
+  std::vector<Key> keys;
+  for (uint64_t i = 0; i < 4; ++i) keys.push_back(NumberedKey(3, i));
+  constexpr uint32_t kPrompt = 4 * 16 + 1;
+  // The owner's advice: at 0.01 ms per token and layer, 16 tokens cost far more than loading
+  // their 8 KiB layer, so every hit is loaded.
+  const auto advice = [&](MuEngine& e) -> std::string {
+    auto r = AdvisedLookup(*e.client, keys, kPrompt);
+    if (!r.ok()) return "lookup: " + r.status().ToString();
+    (void)e.client->Release(r->lease_id());
+    return absl::StrCat("hits ", r->hits(), " load ", r->load_blocks());
+  };
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    if (StoreSeries(e, 3, 0, 4) != 4) return std::string("store failed");
+                    const grpc::Status s = ReportSamples(*e.client, 0.01, 8);
+                    if (!s.ok()) return "owner's report: " + s.error_message();
+                    return advice(e);
+                  }),
+            "hits 4 load 4");
+  EXPECT_EQ(RunAs({kHostileUid, kHostileGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    std::string r = advice(e) + "; ";
+                    const grpc::Status s = ReportSamples(*e.client, 1e-5, 64);
+                    r += Expect(s.error_code() == grpc::StatusCode::PERMISSION_DENIED,
+                                "another uid's samples: " + s.error_message());
+                    tutti::v1::ReportComputeRequest huge;
+                    auto* sample = huge.add_samples();
+                    sample->set_new_tokens(16);
+                    sample->set_context_tokens(16);
+                    sample->set_layer_ms(1e300);
+                    r += Expect(SessionReportCompute(*e.client, huge).error_code() ==
+                                    grpc::StatusCode::INVALID_ARGUMENT,
+                                "a sample of 1e300 ms was accepted");
+                    return r + advice(e);
+                  }),
+            "hits 4 load 4; hits 4 load 4");
+  EXPECT_EQ(RunAs({kEngineUid, kEngineGid, {kTuttiGid}},
+                  [&] {
+                    MuEngine e = AttachMuEngine(sock);
+                    if (!e.error.empty()) return e.error;
+                    return advice(e);
+                  }),
+            "hits 4 load 4");
+}
 
 // --- The handoff socket and the metrics endpoint (issue 19, items 2 and 4) ---
 

@@ -1,10 +1,13 @@
 // tuttictl's operator commands against the real tuttid on a real pool file: verify finds and
 // drops exactly the blocks corrupted on purpose in the file (one object, one slot header) and
-// shows its progress; drain, config and log-level answer.
+// shows its progress; drain, config and log-level answer. A pin hog leaves room for Stores, and
+// the operator evicts around it and ends its leases.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/hostengine/content.h"
+#include "client/hostengine/workload.h"
 #include "daemon/pool/layout.h"
 #include "gtest/gtest.h"
 #include "tests/integration/harness.h"
@@ -85,6 +88,102 @@ TEST(OpsTest, VerifyDropsExactlyTheCorruptBlocksOfARealPool) {
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   r = RunCommand({ctl, sock, "stats", "--json"});
   EXPECT_NE(r.out.find("\"blocks_ssd\":28"), std::string::npos) << r.out;
+}
+
+// Issue 19: one session's Lookups pinned the whole pool (inside its per-session limits); another
+// engine's Store of fresh blocks then failed 64 of 64 and `tuttictl evict --all` evicted nothing.
+// Now pins hold at most a quarter of the pool per user (three quarters in all), Stores evict the
+// unpinned rest, and the operator ends the hog's leases, then its session.
+TEST(OpsTest, APinHogLeavesRoomForStoresAndTheOperatorEndsIt) {
+  TuttidConfig config;
+  config.capacity_bytes = 64ull << 20;
+  config.object_bytes = 32768;  // 256 KiB blocks: about 240 slots
+  config.lease_ttl_ms = 600000;
+  auto env = TuttidEnv::Create(config);
+  ASSERT_TRUE(env.ok()) << env.status();
+  auto daemon = TuttidProcess::Start(**env);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  hostengine::KvShape shape;
+  shape.layers = 4;
+  auto hog = AttachEngine(**daemon, shape, 64);
+  ASSERT_TRUE(hog.ok()) << hog.status();
+  auto other = AttachEngine(**daemon, shape, 64);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto status = AdminStatus(**daemon);
+  ASSERT_TRUE(status.ok());
+  const uint64_t slots = status->slots_total();
+  ASSERT_GT(slots, 100u);
+
+  // The pool full of blocks, then the hog pins one block per Lookup until it is refused.
+  hostengine::StoreOptions so;
+  so.batch = 32;
+  const std::vector<Key> full = hostengine::MakeKeyChain(41, slots);
+  const auto filled = hostengine::StoreKeys(*other->client, *other->engine, full, so);
+  ASSERT_TRUE(filled.status.ok()) << filled.status;
+  ASSERT_EQ(filled.durable, slots);
+  uint64_t pinned = 0;
+  absl::Status refused;
+  for (const Key& k : full) {
+    auto lease = hog->client->Lookup({k});
+    if (!lease.ok()) {
+      refused = lease.status();
+      break;
+    }
+    ASSERT_EQ(lease->hits(), 1u);
+    ++pinned;
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("limits.max_pinned_pool_share_per_user = 0.25"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(pinned, slots / 4);
+
+  // Another engine's Store of fresh blocks evicts the unpinned ones.
+  const std::vector<Key> fresh = hostengine::MakeKeyChain(42, 64);
+  const auto stored = hostengine::StoreKeys(*other->client, *other->engine, fresh, so);
+  ASSERT_TRUE(stored.status.ok()) << stored.status;
+  EXPECT_EQ(stored.durable, 64u) << "failed " << stored.failed << "\n" << (*daemon)->LogTail();
+
+  const std::string ctl = RunfilePath("client/tuttictl");
+  const std::string sock = "--socket=" + (*env)->socket();
+  CommandResult r = RunCommand({ctl, sock, "evict", "--all", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            absl::StrCat("{\"evicted\":", slots - pinned, ",\"skipped_pinned\":", pinned, "}\n"));
+  const std::string hog_id = absl::StrCat(hog->client->session_id());
+  r = RunCommand({ctl, sock, "sessions", "--json"});
+  EXPECT_NE(r.out.find(absl::StrCat("{\"session_id\":", hog_id, ",\"uid\":", getuid())),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(absl::StrCat("\"pinned_blocks\":", pinned)), std::string::npos) << r.out;
+
+  // The operator ends the hog's leases: the session stays, its pins are gone.
+  r = RunCommand({ctl, sock, "end-session", hog_id, "--leases-only"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, absl::StrCat("session ", hog_id, ": ", pinned, " leases ended, ", pinned,
+                                " pins released; session still attached\n"));
+  r = RunCommand({ctl, sock, "evict", "--all", "--json"});
+  EXPECT_EQ(r.out, absl::StrCat("{\"evicted\":", pinned, ",\"skipped_pinned\":0}\n"));
+  // The uid's share is free again: the other engine stores and pins.
+  const auto again = hostengine::StoreKeys(*other->client, *other->engine, fresh, so);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  auto lease = other->client->Lookup(absl::MakeConstSpan(fresh).subspan(0, 32));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->hits(), 32u);
+  ASSERT_TRUE(other->client->Release(lease->lease_id()).ok());
+
+  // Then the whole session: its engine's next call finds none.
+  r = RunCommand({ctl, sock, "end-session", hog_id, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            absl::StrCat("{\"session_id\":", hog_id,
+                         ",\"leases_ended\":0,\"pins_released\":0,\"session_closed\":true}\n"));
+  EXPECT_EQ(hog->client->Lookup(fresh).status().code(), absl::StatusCode::kNotFound);
+  r = RunCommand({ctl, sock, "end-session", hog_id});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unknown"), std::string::npos) << r.err;
+  r = RunCommand({ctl, sock, "end-session", "x"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
 }  // namespace
