@@ -149,7 +149,15 @@ class MultiUserTest : public ::testing::Test {
       _exit(127);
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (access((socket_ + ".admin").c_str(), F_OK) != 0 || access(socket_.c_str(), F_OK) != 0) {
+    // Ready once the sockets exist AND have their configured mode: tuttid binds them owner-only
+    // and opens them to the group right after, so a party that connects in between (seen in CI)
+    // gets EACCES.
+    auto open_to_group = [](const std::string& path) {
+      struct stat st;
+      return stat(path.c_str(), &st) == 0 && (st.st_mode & 0777) == 0660;
+    };
+    while (access((socket_ + ".admin").c_str(), F_OK) != 0 || !open_to_group(socket_) ||
+           !open_to_group(socket_ + ".handoff")) {
       ASSERT_LT(absl::Now(), deadline) << FileTail(log_, 4000);
       ASSERT_EQ(WaitForExit(daemon_, absl::Milliseconds(50)), -1) << FileTail(log_, 4000);
     }
