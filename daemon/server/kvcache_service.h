@@ -73,6 +73,11 @@ MemoryOpener HostMemoryOpener();
 struct KvCacheOptions {
   uint32_t max_blocks_per_call = 2048;
   uint32_t max_calls_per_session = 64;
+  // security.namespace_sharing: "user" (a namespace is the attaching user's own) or "host" (every
+  // user's engines share namespaces, as before owners existed). An Attach with a namespace_secret
+  // (16 to 64 bytes, else INVALID_ARGUMENT) shares its namespace with the engines that give the
+  // same secret, and with no other, either way.
+  std::string namespace_sharing = "user";
 };
 
 class KvCacheService final : public tutti::v1::KvCache::Service {
