@@ -25,7 +25,11 @@ const std::string kSecret(24, 's');
 
 class NamespaceScopeTest : public ::testing::Test {
  protected:
-  explicit NamespaceScopeTest(EnvOptions options = {}) : env_(options) {}
+  explicit NamespaceScopeTest(EnvOptions options = {}) : env_(EnoughSessions(options)) {}
+  static EnvOptions EnoughSessions(EnvOptions o) {
+    o.max_sessions = 16;
+    return o;
+  }
 
   // Attaches `engine_` (this process's uid) with `secret`; stores `keys` durably.
   AttachResponse AttachOwner(const std::string& secret = "") {
@@ -231,7 +235,6 @@ class NamespaceBoundTest : public NamespaceScopeTest {
  protected:
   static EnvOptions TwoPerUser() {
     EnvOptions o;
-    o.max_sessions = 16;
     o.max_namespaces_per_user = 2;
     o.max_namespaces = 5;
     return o;
