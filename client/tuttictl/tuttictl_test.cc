@@ -219,6 +219,9 @@ TEST_F(TuttictlTest, UsageErrorsExit2) {
   EXPECT_EQ(Tuttictl({"status", "extra"}).code, 2);
   EXPECT_EQ(Tuttictl({"evict"}).code, 2);
   EXPECT_EQ(Tuttictl({"evict", "--all", "--namespace=3"}).code, 2);
+  EXPECT_EQ(Tuttictl({"remove-namespace"}).code, 2);
+  EXPECT_EQ(Tuttictl({"remove-namespace", "0x0"}).code, 2);
+  EXPECT_EQ(Tuttictl({"remove-namespace", "llama"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--phase=sideways"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--blocks=0"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--layers=0"}).code, 2);
