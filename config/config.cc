@@ -509,8 +509,8 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateDecision(c.datapath()));
   RETURN_IF_ERROR(ValidateWriteBacklog(c.datapath(), c.limits(), c.pool()));
   RETURN_IF_ERROR(ValidateMetrics(c.metrics()));
-  RETURN_IF_ERROR(CheckOneOf("security.namespace_sharing", c.security().namespace_sharing(),
-                             {"user", "host"}));
+  RETURN_IF_ERROR(
+      CheckOneOf("security.namespace_sharing", c.security().namespace_sharing(), {"user", "host"}));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

@@ -54,8 +54,8 @@ class RemoveNamespaceCommand : public Command {
       j.Key("evicted").Uint(r.evicted()).Key("sessions_closed").Uint(r.sessions_closed());
       out << j.EndObject().str() << "\n";
     } else {
-      out << "removed namespace " << NamespaceHex(id_) << ": " << r.evicted()
-          << " blocks evicted, " << r.sessions_closed() << " sessions closed\n";
+      out << "removed namespace " << NamespaceHex(id_) << ": " << r.evicted() << " blocks evicted, "
+          << r.sessions_closed() << " sessions closed\n";
     }
     return absl::OkStatus();
   }

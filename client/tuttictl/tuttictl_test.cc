@@ -82,7 +82,7 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   const std::string rows = stats.out.substr(std::min(stats.out.find("\"namespaces\""),
                                                      stats.out.size()));
   for (const char* key : {"\"lookup_hits\":", "\"lookup_misses\":", "\"blocks_retrieved\":",
-                          "\"dram_hits\":"}) {
+                          "\"dram_hits\":", "\"owner_uid\":", "\"sessions\":"}) {
     EXPECT_NE(rows.find(key), std::string::npos) << key << " in " << rows;
   }
   EXPECT_NE(stats.out.find("\"decisions\":0,\"prediction_errors\":0,\"prediction_error_mean\":"),

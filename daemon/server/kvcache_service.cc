@@ -1,10 +1,10 @@
 #include "daemon/server/kvcache_service.h"
 
+#include <xxhash.h>
+
 #include <optional>
 #include <utility>
 #include <vector>
-
-#include <xxhash.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -143,10 +143,9 @@ absl::StatusOr<store::NamespaceScope> ScopeOf(const tutti::v1::AttachRequest& re
     }
     const XXH128_hash_t h =
         XXH3_128bits_withSeed(secret.data(), secret.size(), kNamespaceSecretSeed);
-    return store::NamespaceScope{
-        absl::StrCat("secret:", absl::Hex(h.high64, absl::kZeroPad16),
-                     absl::Hex(h.low64, absl::kZeroPad16)),
-        uid, true};
+    return store::NamespaceScope{absl::StrCat("secret:", absl::Hex(h.high64, absl::kZeroPad16),
+                                              absl::Hex(h.low64, absl::kZeroPad16)),
+                                 uid, true};
   }
   if (host_sharing) return store::NamespaceScope{"", uid, true};
   return store::NamespaceScope{absl::StrCat("uid:", uid), uid, false};
@@ -228,10 +227,9 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
     ASSIGN_OR_RETURN(io, opener_(req, info, credential));
   }
   // The claim keeps the namespace from being dropped as unused until the session is open.
-  ASSIGN_OR_RETURN(
-      const store::NamespaceClaim claim,
-      store_->RegisterNamespace(req.namespace_(), scope,
-                                [this] { return SessionsPerNamespace(*sessions_); }));
+  ASSIGN_OR_RETURN(const store::NamespaceClaim claim,
+                   store_->RegisterNamespace(req.namespace_(), scope,
+                                             [this] { return SessionsPerNamespace(*sessions_); }));
   const NamespaceId ns = claim.id();
   const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
   const auto pid = static_cast<uint32_t>(credential.peer.pid);

@@ -50,8 +50,7 @@ class NamespaceScopeTest : public ::testing::Test {
     *req.mutable_namespace_() = TestNamespace();
     req.mutable_namespace_()->set_model_id(model);
     req.set_namespace_secret(secret);
-    absl::StatusOr<std::string> credential =
-        env_.credentials().Issue(Peer{getpid(), uid, uid}, {});
+    absl::StatusOr<std::string> credential = env_.credentials().Issue(Peer{getpid(), uid, uid}, {});
     EXPECT_TRUE(credential.ok()) << credential.status();
     if (credential.ok()) req.set_credential(*credential);
     grpc::ClientContext ctx;

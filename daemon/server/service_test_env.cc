@@ -145,9 +145,8 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   kv_service_ = std::make_unique<KvCacheService>(
       KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session,
                      options.namespace_sharing},
-      raw_store,
-      sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(), &gate_,
-      nullptr, advisor_.get());
+      raw_store, sessions_.get(), &credentials_,
+      options.opener ? options.opener : HostMemoryOpener(), &gate_, nullptr, advisor_.get());
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
   info.gpu_memory_bytes = options.gpu_memory_bytes;
   info.decision_stats = [a = advisor_.get()] { return a->Stats(); };

@@ -147,8 +147,8 @@ TEST_F(NamespacesTest, AUserPastItsBoundIsRefusedNamingItAndOthersAreNot) {
 TEST_F(NamespacesTest, AClaimedNamespaceIsNotDropped) {
   options_.max_namespaces = 1;
   Open();
-  auto claim = store_->RegisterNamespace(testing::TestNamespace(kLayers, 1, "a"), UserScope(7),
-                                         Sessions());
+  auto claim =
+      store_->RegisterNamespace(testing::TestNamespace(kLayers, 1, "a"), UserScope(7), Sessions());
   ASSERT_TRUE(claim.ok());
   EXPECT_EQ(Register("b", UserScope(8)).status().code(), absl::StatusCode::kResourceExhausted);
   const NamespaceId a = claim->id();
@@ -211,8 +211,7 @@ TEST_F(NamespacesTest, RemoveNamespaceEvictsItsBlocksAndForgetsItForGood) {
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(removed->evicted, 3u);
   EXPECT_THAT(Kept(), UnorderedElementsAreArray({*b}));
-  EXPECT_EQ(store_->RemoveNamespace(*a, Sessions()).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->RemoveNamespace(*a, Sessions()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->Stats().slots_used, 1u);
   Open();
   EXPECT_THAT(Kept(), UnorderedElementsAreArray({*b}));

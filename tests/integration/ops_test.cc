@@ -105,8 +105,8 @@ TEST(OpsTest, RemoveNamespaceFreesItAcrossARestart) {
   const std::string key = "\"namespace_id\":\"";
   const size_t at = r.out.find(key);
   ASSERT_NE(at, std::string::npos) << r.out;
-  const std::string id = r.out.substr(at + key.size(), r.out.find('"', at + key.size()) - at -
-                                                           key.size());
+  const std::string id =
+      r.out.substr(at + key.size(), r.out.find('"', at + key.size()) - at - key.size());
   EXPECT_EQ(RunCommand({ctl, sock, "remove-namespace"}).exit_code, 2);
   r = RunCommand({ctl, sock, "remove-namespace", "0x1234"});
   EXPECT_EQ(r.exit_code, 1) << r.out;
