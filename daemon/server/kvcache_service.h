@@ -4,7 +4,10 @@
 // unknown, used or expired -> PERMISSION_DENIED. Its text fields must be printable and short
 // (INVALID_ARGUMENT naming the field); the namespace and the memory are validated before anything
 // is journaled; limits (sessions in all and per user, namespaces) -> RESOURCE_EXHAUSTED naming
-// the limit. A session may have max_calls_per_session calls in flight; more -> RESOURCE_EXHAUSTED.
+// the limit. The namespace belongs to the attaching user (the credential's uid), or to the
+// engines giving the same namespace_secret, or to every user under namespace_sharing "host"
+// (KvCacheOptions; docs/security.md "Namespaces"). A session may have max_calls_per_session calls
+// in flight; more -> RESOURCE_EXHAUSTED.
 //
 // Every request is validated before it touches the store: unknown session or lease -> NOT_FOUND;
 // malformed keys (not 16 bytes), duplicate keys or engine blocks, engine blocks outside the

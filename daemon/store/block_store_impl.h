@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/staging_lease.h"
@@ -137,8 +138,8 @@ class BlockStore::Impl {
   // dropping an empty one; RESOURCE_EXHAUSTED naming the limit when none can be.
   absl::Status MakeRoomFor(uint32_t uid, const NamespaceSessions& sessions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_mu_);
-  // True if `id` holds no block, none pending or retired, and no claim.
-  bool NamespaceIdle(NamespaceId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The namespaces with blocks pending or retired, or claimed: not idle, whatever their count.
+  absl::flat_hash_set<NamespaceId> NamespacesBusy() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases namespace `id` (whose blocks are gone) and appends its drop record; returns the
   // record's sequence number. Callers hold checkpoint_mu_ (shared) until it is synced.
   uint64_t DropNamespaceLocked(NamespaceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

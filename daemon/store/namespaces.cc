@@ -60,15 +60,12 @@ void BlockStore::Impl::EndClaim(NamespaceId id) {
   if (--it->second == 0) claims_.erase(it);
 }
 
-bool BlockStore::Impl::NamespaceIdle(NamespaceId id) const {
-  if (index_.CountNamespace(id) > 0 || claims_.contains(id)) return false;
-  for (const auto& [key, pending] : pending_) {
-    if (key.first == id) return false;
-  }
-  for (const auto& [key, retired] : retired_) {
-    if (key.first == id) return false;
-  }
-  return true;
+absl::flat_hash_set<NamespaceId> BlockStore::Impl::NamespacesBusy() const {
+  absl::flat_hash_set<NamespaceId> busy;
+  for (const auto& [key, pending] : pending_) busy.insert(key.first);
+  for (const auto& [key, retired] : retired_) busy.insert(key.first);
+  for (const auto& [id, claims] : claims_) busy.insert(id);
+  return busy;
 }
 
 uint64_t BlockStore::Impl::DropNamespaceLocked(NamespaceId id) {
@@ -87,8 +84,10 @@ absl::Status BlockStore::Impl::MakeRoomFor(uint32_t uid, const NamespaceSessions
     for (const auto& [id, info] : namespaces_) own += info.owner_uid == uid;
     user_full = own >= options_.max_namespaces_per_user;
     if (!user_full && namespaces_.size() < options_.max_namespaces) return absl::OkStatus();
+    const absl::flat_hash_set<NamespaceId> busy = NamespacesBusy();
     for (const auto& [id, info] : namespaces_) {
-      if ((!user_full || info.owner_uid == uid) && NamespaceIdle(id)) {
+      if ((!user_full || info.owner_uid == uid) && index_.CountNamespace(id) == 0 &&
+          !busy.contains(id)) {
         const bool others = info.owner_uid != uid;
         candidates.emplace_back(registered_order_[id] + (others ? (1ull << 63) : 0), id);
       }
@@ -102,8 +101,12 @@ absl::Status BlockStore::Impl::MakeRoomFor(uint32_t uid, const NamespaceSessions
   NamespaceId dropped = 0;
   {
     absl::MutexLock lock(&mu_);
+    const absl::flat_hash_set<NamespaceId> busy = NamespacesBusy();
     for (const auto& [order, id] : candidates) {
-      if (in_use.contains(id) || !namespaces_.contains(id) || !NamespaceIdle(id)) continue;
+      if (in_use.contains(id) || !namespaces_.contains(id) || index_.CountNamespace(id) > 0 ||
+          busy.contains(id)) {
+        continue;
+      }
       dropped = id;
       seq = DropNamespaceLocked(id);
       ++stats_.namespaces_dropped;

@@ -3,8 +3,10 @@
 // RemoveNamespace, and the writer keeping each owner within its pool share by evicting the
 // owner's own least recently used blocks.
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
@@ -28,6 +30,15 @@ constexpr uint32_t kFrame = 4096;
 Key K(uint32_t i) { return testing::TestKey(i); }
 
 NamespaceScope UserScope(uint32_t uid) { return {absl::StrCat("uid:", uid), uid, false}; }
+
+// One framed journal record (JOURNAL.md): length, type, payload, XXH3 of type and payload.
+std::string Record(uint32_t type, const std::string& payload) {
+  auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  const std::string typed = u32(type) + payload;
+  const uint64_t sum = XXH3_64bits(typed.data(), typed.size());
+  return u32(static_cast<uint32_t>(payload.size())) + typed +
+         std::string(reinterpret_cast<const char*>(&sum), 8);
+}
 
 class NamespacesTest : public ::testing::Test {
  protected:
@@ -124,6 +135,39 @@ TEST_F(NamespacesTest, TheScopeMakesTheIdAndTheOwnerIsKept) {
   EXPECT_FALSE(info->shared);
   EXPECT_EQ(info->scope, "uid:7");
   EXPECT_TRUE(store_->GetNamespace(*legacy)->shared);
+}
+
+// A journal of a tuttid from before owners (a type 2 namespace record): the namespace comes back
+// shared by every user (owner 0), with its old id, which host sharing still reaches and a user's
+// scope does not.
+TEST_F(NamespacesTest, ANamespaceJournaledBeforeOwnersIsReadAsSharedWithItsOldId) {
+  const tutti::v1::Namespace ns = testing::TestNamespace(kLayers, 1, "old");
+  Open();
+  auto legacy_id = store_->RegisterNamespace(ns);  // the id such a tuttid gave it
+  ASSERT_TRUE(legacy_id.ok());
+  store_.reset();
+  fs::remove_all(state_dir_);
+  fs::create_directories(state_dir_);
+  uint64_t id = *legacy_id;
+  std::string header = "TUTTIJNL";
+  const uint32_t version = 1, kind = 0;
+  const uint64_t gen = 1;
+  header.append(reinterpret_cast<const char*>(&version), 4);
+  header.append(reinterpret_cast<const char*>(&kind), 4);
+  header.append(reinterpret_cast<const char*>(&gen), 8);
+  std::ofstream(state_dir_ + "/journal.1", std::ios::binary)
+      << Record(1, header)
+      << Record(2, std::string(reinterpret_cast<const char*>(&id), 8) + ns.SerializeAsString());
+  Open();
+  auto info = store_->GetNamespace(id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->shared);
+  EXPECT_EQ(info->owner_uid, 0u);
+  EXPECT_EQ(info->scope, "");
+  EXPECT_EQ(*Register("old", NamespaceScope{"", 5, true}), id);
+  EXPECT_NE(*Register("old", UserScope(5)), id);
+  Open();  // now from a checkpoint of type 10 records
+  EXPECT_TRUE(store_->GetNamespace(id)->shared);
 }
 
 TEST_F(NamespacesTest, AUserPastItsBoundIsRefusedNamingItAndOthersAreNot) {
