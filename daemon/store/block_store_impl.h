@@ -140,6 +140,14 @@ class BlockStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_mu_);
   // The namespaces with blocks pending or retired, or claimed: not idle, whatever their count.
   absl::flat_hash_set<NamespaceId> NamespacesBusy() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RemoveNamespace's checks: NOT_FOUND, or FAILED_PRECONDITION while claimed or with sessions.
+  absl::Status CheckRemovable(NamespaceId id, const NamespaceSessions& sessions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_mu_);
+  // Hides every block of `id` (their slots appended to *slots, to be released once the returned
+  // drop record is durable) and drops it; FAILED_PRECONDITION, changing nothing, while some of
+  // its blocks are pinned or being written.
+  absl::StatusOr<uint64_t> EvictAndDropLocked(NamespaceId id, std::vector<uint64_t>* slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases namespace `id` (whose blocks are gone) and appends its drop record; returns the
   // record's sequence number. Callers hold checkpoint_mu_ (shared) until it is synced.
   uint64_t DropNamespaceLocked(NamespaceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

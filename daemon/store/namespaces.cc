@@ -132,9 +132,7 @@ absl::Status BlockStore::Impl::MakeRoomFor(uint32_t uid, const NamespaceSessions
   return journal_->Sync(seq);
 }
 
-absl::StatusOr<RemovedNamespace> BlockStore::Impl::RemoveNamespace(
-    NamespaceId id, const NamespaceSessions& sessions) {
-  absl::MutexLock one_change(&ns_mu_);
+absl::Status BlockStore::Impl::CheckRemovable(NamespaceId id, const NamespaceSessions& sessions) {
   {
     absl::MutexLock lock(&mu_);
     if (!namespaces_.contains(id)) {
@@ -152,44 +150,55 @@ absl::StatusOr<RemovedNamespace> BlockStore::Impl::RemoveNamespace(
         absl::StrCat("namespace ", absl::Hex(id), " has ", it->second,
                      " sessions attached; detach them first (or remove with force)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> BlockStore::Impl::EvictAndDropLocked(NamespaceId id,
+                                                              std::vector<uint64_t>* slots) {
+  std::vector<Entry*> victims;
+  uint64_t pinned = 0, pending = 0;
+  index_.ForEach([&](Entry* e) {
+    if (e->ns != id) return;
+    if (e->pins > 0) {
+      ++pinned;
+    } else {
+      victims.push_back(e);
+    }
+  });
+  for (const auto& [key, p] : pending_) pending += key.first == id;
+  for (const auto& [key, r] : retired_) pinned += key.first == id ? r.pins : 0;
+  if (pinned > 0 || pending > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("namespace ", absl::Hex(id), ": ", pinned,
+                     " blocks pinned (by Lookups awaiting Retrieve) and ", pending,
+                     " being stored; nothing removed. Retry once those end"));
+  }
+  for (Entry* e : victims) {
+    slots->push_back(e->slot);
+    HideForEviction(e);
+  }
+  ++stats_.namespaces_removed;
+  return DropNamespaceLocked(id);
+}
+
+absl::StatusOr<RemovedNamespace> BlockStore::Impl::RemoveNamespace(
+    NamespaceId id, const NamespaceSessions& sessions) {
+  absl::MutexLock one_change(&ns_mu_);
+  RETURN_IF_ERROR(CheckRemovable(id, sessions));
   absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
   std::vector<uint64_t> slots;
-  uint64_t last = 0;
+  absl::StatusOr<uint64_t> last;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<Entry*> victims;
-    uint64_t pinned = 0;
-    index_.ForEach([&](Entry* e) {
-      if (e->ns != id) return;
-      if (e->pins > 0) {
-        ++pinned;
-      } else {
-        victims.push_back(e);
-      }
-    });
-    uint64_t pending = 0;
-    for (const auto& [key, p] : pending_) pending += key.first == id;
-    for (const auto& [key, r] : retired_) pinned += key.first == id ? r.pins : 0;
-    if (pinned > 0 || pending > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("namespace ", absl::Hex(id), ": ", pinned,
-                       " blocks pinned (by Lookups awaiting "
-                       "Retrieve) and ",
-                       pending, " being stored; nothing removed. Retry once those end"));
-    }
-    for (Entry* e : victims) {
-      slots.push_back(e->slot);
-      HideForEviction(e);
-    }
-    last = DropNamespaceLocked(id);
-    ++stats_.namespaces_removed;
+    last = EvictAndDropLocked(id, &slots);
   }
-  absl::Status s = journal_->Sync(last);
+  if (!last.ok()) return last.status();
+  absl::Status s = journal_->Sync(*last);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     log::Get("store")->error(
-        "remove namespace {:016x}: journal sync failed ({}); {} slots unused "
-        "until restart, where the namespace comes back",
+        "remove namespace {:016x}: journal sync failed ({}); {} slots unused until restart, where "
+        "the namespace comes back",
         id, s.ToString(), slots.size());
     return s;
   }
