@@ -267,6 +267,12 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
   RETURN_IF_ERROR(
       CheckRange("limits.max_calls_per_session", l.max_calls_per_session(), 1, 4096));
   RETURN_IF_ERROR(CheckRange("limits.max_namespaces", l.max_namespaces(), 1, 1u << 20));
+  RETURN_IF_ERROR(
+      CheckRange("limits.max_namespaces_per_user", l.max_namespaces_per_user(), 1, 1u << 20));
+  if (!(l.pool_share_per_user() > 0 && l.pool_share_per_user() <= 1)) {
+    return Bad("limits.pool_share_per_user", absl::StrCat(l.pool_share_per_user()),
+               "must be in (0, 1] (1: no bound)");
+  }
   if (l.max_store_staging_bytes_per_session() != 0) {
     RETURN_IF_ERROR(CheckRange("limits.max_store_staging_bytes_per_session",
                                l.max_store_staging_bytes_per_session(), block_bytes,
@@ -528,6 +534,8 @@ absl::Status ValidateConfig(const Config& c) {
   RETURN_IF_ERROR(ValidateDecision(c.datapath()));
   RETURN_IF_ERROR(ValidateWriteBacklog(c.datapath(), c.limits(), c.pool()));
   RETURN_IF_ERROR(ValidateMetrics(c.metrics()));
+  RETURN_IF_ERROR(
+      CheckOneOf("security.namespace_sharing", c.security().namespace_sharing(), {"user", "host"}));
   return CheckOneOf("log_level", c.log_level(), {"trace", "debug", "info", "warn", "error"});
 }
 

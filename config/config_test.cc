@@ -44,6 +44,9 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->limits().store_staging_bytes(), 256ull << 20);
   EXPECT_EQ(c->limits().retrieve_staging_bytes(), 256ull << 20);
   EXPECT_EQ(c->limits().max_sessions(), 64u);
+  EXPECT_EQ(c->limits().max_namespaces_per_user(), 64u);
+  EXPECT_EQ(c->limits().pool_share_per_user(), 1.0);
+  EXPECT_EQ(c->security().namespace_sharing(), "user");
   EXPECT_EQ(c->journal().checkpoint_every(), 65536u);
   EXPECT_EQ(c->log_level(), "info");
   EXPECT_EQ(c->gpu().mode(), "auto");
@@ -188,6 +191,11 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("limits { max_pinned_pool_share: 1.5 }", {"limits.max_pinned_pool_share"});
   ExpectRejected("limits { max_calls_per_session: 0 }", {"limits.max_calls_per_session"});
   ExpectRejected("limits { max_rpc_threads: 2 }", {"limits.max_rpc_threads"});
+  ExpectRejected("limits { max_namespaces_per_user: 0 }", {"limits.max_namespaces_per_user"});
+  ExpectRejected("limits { pool_share_per_user: 0 }", {"limits.pool_share_per_user", "(0, 1]"});
+  ExpectRejected("limits { pool_share_per_user: 1.5 }", {"limits.pool_share_per_user"});
+  ExpectRejected("security { namespace_sharing: \"everyone\" }",
+                 {"security.namespace_sharing", "host"});
   ExpectRejected("pool { dirs: \"ssd\" }", {"pool.dirs[0]", "absolute"});
   ExpectRejected("pool { dirs: \"/a\" dirs: \"/a\" }", {"pool.dirs[1]", "repeat"});
   ExpectRejected("pool { capacity_bytes: 1000 }", {"pool.capacity_bytes", "67108864"});

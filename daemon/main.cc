@@ -147,6 +147,8 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_read_bytes = static_cast<uint32_t>(config.datapath().max_read_bytes());
   o.checkpoint_every = config.journal().checkpoint_every();
   o.max_namespaces = config.limits().max_namespaces();
+  o.max_namespaces_per_user = config.limits().max_namespaces_per_user();
+  o.pool_share_per_user = config.limits().pool_share_per_user();
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
   o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
   o.max_pending_events = config.limits().max_pending_events();
@@ -283,7 +285,8 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   d->advisor = std::make_unique<decision::Advisor>(config.datapath().decision() != "off",
                                                    config.datapath().decision_min_gain());
   d->kv = std::make_unique<server::KvCacheService>(
-      server::KvCacheOptions{limits.max_blocks_per_call(), limits.max_calls_per_session()},
+      server::KvCacheOptions{limits.max_blocks_per_call(), limits.max_calls_per_session(),
+                             config.security().namespace_sharing()},
       d->store.get(), d->sessions.get(), d->credentials.get(), std::move(opener), &d->gate,
       d->watcher.get(), d->advisor.get());
   server::DaemonInfo info{kVersion,

@@ -255,6 +255,8 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
       j.Key("blocks_dram").Uint(ns.blocks_dram()).Key("lookup_hits").Uint(ns.lookup_hits());
       j.Key("lookup_misses").Uint(ns.lookup_misses());
       j.Key("blocks_retrieved").Uint(ns.blocks_retrieved()).Key("dram_hits").Uint(ns.dram_hits());
+      j.Key("owner_uid").Uint(ns.owner_uid()).Key("shared").Bool(ns.shared());
+      j.Key("sessions").Uint(ns.sessions());
       j.EndObject();
     }
     return j.EndArray().EndObject().str();

@@ -61,6 +61,8 @@ std::unique_ptr<Command> NewDrainCommand();
 std::unique_ptr<Command> NewDevicesCommand();
 std::unique_ptr<Command> NewConfigCommand();
 std::unique_ptr<Command> NewLogLevelCommand();
+// namespace_command.cc
+std::unique_ptr<Command> NewRemoveNamespaceCommand();
 
 // status, sessions, stats, evict, end-session, verify, drain, devices, config, log-level, bench: in
 // the order the help lists them.

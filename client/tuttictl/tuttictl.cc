@@ -79,6 +79,7 @@ std::vector<std::unique_ptr<Command>> AllCommands() {
   out.push_back(NewStatsCommand());
   out.push_back(NewEvictCommand());
   out.push_back(NewEndSessionCommand());
+  out.push_back(NewRemoveNamespaceCommand());
   out.push_back(NewVerifyCommand());
   out.push_back(NewDrainCommand());
   out.push_back(NewDevicesCommand());

@@ -82,7 +82,7 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   const std::string rows = stats.out.substr(std::min(stats.out.find("\"namespaces\""),
                                                      stats.out.size()));
   for (const char* key : {"\"lookup_hits\":", "\"lookup_misses\":", "\"blocks_retrieved\":",
-                          "\"dram_hits\":"}) {
+                          "\"dram_hits\":", "\"owner_uid\":", "\"sessions\":"}) {
     EXPECT_NE(rows.find(key), std::string::npos) << key << " in " << rows;
   }
   EXPECT_NE(stats.out.find("\"decisions\":0,\"prediction_errors\":0,\"prediction_error_mean\":"),
@@ -219,6 +219,9 @@ TEST_F(TuttictlTest, UsageErrorsExit2) {
   EXPECT_EQ(Tuttictl({"status", "extra"}).code, 2);
   EXPECT_EQ(Tuttictl({"evict"}).code, 2);
   EXPECT_EQ(Tuttictl({"evict", "--all", "--namespace=3"}).code, 2);
+  EXPECT_EQ(Tuttictl({"remove-namespace"}).code, 2);
+  EXPECT_EQ(Tuttictl({"remove-namespace", "0x0"}).code, 2);
+  EXPECT_EQ(Tuttictl({"remove-namespace", "llama"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--phase=sideways"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--blocks=0"}).code, 2);
   EXPECT_EQ(Tuttictl({"bench", "--layers=0"}).code, 2);

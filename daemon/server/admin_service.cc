@@ -8,6 +8,16 @@
 #include "daemon/common/status_macros.h"
 
 namespace tutti::server {
+namespace {
+
+// Sessions per namespace now (the store's NamespaceSessions).
+absl::flat_hash_map<NamespaceId, uint32_t> SessionsPerNamespace(const SessionManager& sessions) {
+  absl::flat_hash_map<NamespaceId, uint32_t> out;
+  for (const SessionSummary& s : sessions.List()) ++out[s.ns];
+  return out;
+}
+
+}  // namespace
 
 AdminService::AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions,
                            Clock* clock, CallGate* gate)
@@ -119,8 +129,12 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
     resp->set_gpu_gathers(g.gathers);
     resp->set_gpu_gathers_copy_engine(g.gathers_by_copy_engine);
   }
+  const absl::flat_hash_map<NamespaceId, uint32_t> sessions = SessionsPerNamespace(*sessions_);
   for (const store::NamespaceInfo& ns : st.namespaces) {
     tutti::v1::NamespaceStats* row = resp->add_namespaces();
+    row->set_owner_uid(ns.owner_uid);
+    row->set_shared(ns.shared);
+    if (auto it = sessions.find(ns.id); it != sessions.end()) row->set_sessions(it->second);
     row->set_namespace_id(ns.id);
     row->set_model_id(ns.descriptor.model_id());
     row->set_blocks_ssd(ns.blocks);
@@ -158,6 +172,35 @@ absl::Status AdminService::DoEvict(const tutti::v1::EvictRequest& req,
 grpc::Status AdminService::Evict(grpc::ServerContext*, const tutti::v1::EvictRequest* req,
                                  tutti::v1::EvictResponse* resp) {
   return ServeCall(gate_, [&] { return DoEvict(*req, resp); });
+}
+
+absl::Status AdminService::DoRemoveNamespace(const tutti::v1::RemoveNamespaceRequest& req,
+                                             tutti::v1::RemoveNamespaceResponse* resp) {
+  const NamespaceId id = req.namespace_id();
+  if (id == 0) return absl::InvalidArgumentError("namespace_id: 0 names no namespace");
+  RETURN_IF_ERROR(store_->GetNamespace(id).status());
+  auto count = [this] { return SessionsPerNamespace(*sessions_); };
+  if (req.force()) {
+    uint32_t closed = 0;
+    for (const SessionSummary& s : sessions_->List()) {
+      if (s.ns != id) continue;
+      closed += sessions_->Close(s.id, "its namespace was removed by the operator").ok();
+    }
+    resp->set_sessions_closed(closed);
+    // The closed sessions' blocks already queued are still written; wait for them.
+    if (closed > 0) (void)store_->FlushFor(absl::Seconds(10));
+  }
+  ASSIGN_OR_RETURN(const store::RemovedNamespace removed, store_->RemoveNamespace(id, count));
+  resp->set_evicted(removed.evicted);
+  log::Get("server")->info("namespace {:016x} removed: {} blocks evicted, {} sessions closed", id,
+                           removed.evicted, resp->sessions_closed());
+  return absl::OkStatus();
+}
+
+grpc::Status AdminService::RemoveNamespace(grpc::ServerContext*,
+                                           const tutti::v1::RemoveNamespaceRequest* req,
+                                           tutti::v1::RemoveNamespaceResponse* resp) {
+  return ServeCall(gate_, [&] { return DoRemoveNamespace(*req, resp); });
 }
 
 absl::Status AdminService::DoReportDevices(const tutti::v1::ReportDevicesRequest& req) {

@@ -75,6 +75,13 @@ class AdminService final : public tutti::v1::Admin::Service {
   // Streams progress of BlockStore::Scrub, then a last message with done = true and every bad
   // block. One verify at a time: a second is FAILED_PRECONDITION while one runs. A client that
   // goes away stops it (the blocks checked so far stay checked).
+  // Removes a namespace (BlockStore::RemoveNamespace): with force, closes its sessions first and
+  // waits (at most 10 s) for their queued blocks to be written. INVALID_ARGUMENT for id 0,
+  // NOT_FOUND for an unknown one, FAILED_PRECONDITION while it has sessions (without force) or
+  // pinned or unwritten blocks (retry).
+  grpc::Status RemoveNamespace(grpc::ServerContext* ctx,
+                               const tutti::v1::RemoveNamespaceRequest* req,
+                               tutti::v1::RemoveNamespaceResponse* resp) override;
   grpc::Status Verify(grpc::ServerContext* ctx, const tutti::v1::VerifyRequest* req,
                       grpc::ServerWriter<tutti::v1::VerifyProgress>* writer) override;
   // Waits up to timeout_ms (0: 60 s) for the write backlog to empty (BlockStore::FlushFor).
@@ -99,6 +106,8 @@ class AdminService final : public tutti::v1::Admin::Service {
   void FillSessions(tutti::v1::SessionsResponse* resp) const;
   void FillStats(tutti::v1::StatsResponse* resp) const;
   absl::Status DoEvict(const tutti::v1::EvictRequest& req, tutti::v1::EvictResponse* resp);
+  absl::Status DoRemoveNamespace(const tutti::v1::RemoveNamespaceRequest& req,
+                                 tutti::v1::RemoveNamespaceResponse* resp);
   absl::Status DoVerify(grpc::ServerContext* ctx, const tutti::v1::VerifyRequest& req,
                         grpc::ServerWriter<tutti::v1::VerifyProgress>* writer);
   absl::Status DoDrain(const tutti::v1::DrainRequest& req, tutti::v1::DrainResponse* resp);

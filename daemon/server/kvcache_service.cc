@@ -1,5 +1,7 @@
 #include "daemon/server/kvcache_service.h"
 
+#include <xxhash.h>
+
 #include <optional>
 #include <utility>
 #include <vector>
@@ -21,6 +23,8 @@ constexpr size_t kMaxEngineId = 256;
 constexpr size_t kMaxModelId = 256;
 constexpr size_t kMaxHashScheme = 64;
 constexpr size_t kMinEngineGroup = 16, kMaxEngineGroup = 64;
+constexpr size_t kMinNamespaceSecret = 16, kMaxNamespaceSecret = 64;
+constexpr uint64_t kNamespaceSecretSeed = 0x74757474692d6e73;  // "tutti-ns"
 
 tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
   switch (o) {
@@ -33,6 +37,7 @@ tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
     case store::CaptureOutcome::kRejectedFull:
     case store::CaptureOutcome::kRejectedOwnerLimit:
     case store::CaptureOutcome::kRejectedBacklog:
+    case store::CaptureOutcome::kRejectedShare:
       return tutti::v1::STORE_REJECTED_FULL;
     case store::CaptureOutcome::kFailed:
       return tutti::v1::STORE_FAILED;
@@ -124,6 +129,36 @@ absl::Status CheckAttachText(const tutti::v1::AttachRequest& req) {
   return CheckClientText("namespace.hash_scheme", req.namespace_().hash_scheme(), kMaxHashScheme);
 }
 
+// Who the namespace of an Attach belongs to (docs/security.md "Namespaces"): engines giving one
+// namespace_secret share it whatever their users; otherwise the attaching user owns it, unless
+// the operator shares namespaces by host (their scope is then "", as before owners existed). The
+// secret is kept only as its 128-bit hash, salted per purpose.
+absl::StatusOr<store::NamespaceScope> ScopeOf(const tutti::v1::AttachRequest& req, uint32_t uid,
+                                              bool host_sharing) {
+  const std::string& secret = req.namespace_secret();
+  if (!secret.empty()) {
+    if (secret.size() < kMinNamespaceSecret || secret.size() > kMaxNamespaceSecret) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "namespace_secret: ", secret.size(), " bytes; must be ", kMinNamespaceSecret, " to ",
+          kMaxNamespaceSecret, " (or empty: the namespace is the attaching user's own)"));
+    }
+    const XXH128_hash_t h =
+        XXH3_128bits_withSeed(secret.data(), secret.size(), kNamespaceSecretSeed);
+    return store::NamespaceScope{absl::StrCat("secret:", absl::Hex(h.high64, absl::kZeroPad16),
+                                              absl::Hex(h.low64, absl::kZeroPad16)),
+                                 uid, true};
+  }
+  if (host_sharing) return store::NamespaceScope{"", uid, true};
+  return store::NamespaceScope{absl::StrCat("uid:", uid), uid, false};
+}
+
+// Sessions per namespace now (the store's NamespaceSessions).
+absl::flat_hash_map<NamespaceId, uint32_t> SessionsPerNamespace(const SessionManager& sessions) {
+  absl::flat_hash_map<NamespaceId, uint32_t> out;
+  for (const SessionSummary& s : sessions.List()) ++out[s.ns];
+  return out;
+}
+
 absl::Status CheckEngineGroup(const std::string& group) {
   if (group.empty() || (group.size() >= kMinEngineGroup && group.size() <= kMaxEngineGroup)) {
     return absl::OkStatus();
@@ -176,6 +211,8 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   ASSIGN_OR_RETURN(Credential credential, credentials_->Redeem(req.credential()));
   RETURN_IF_ERROR(CheckAttachText(req));
   RETURN_IF_ERROR(CheckEngineGroup(req.engine_group()));
+  ASSIGN_OR_RETURN(const store::NamespaceScope scope,
+                   ScopeOf(req, credential.peer.uid, options_.namespace_sharing == "host"));
   const bool memoryless = IsMemoryless(req);
   if (!memoryless) RETURN_IF_ERROR(CheckMemoryGiven(req));
   if (sessions_->num_sessions() >= sessions_->options().max_sessions) {
@@ -190,7 +227,11 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   if (!memoryless) {
     ASSIGN_OR_RETURN(io, opener_(req, info, credential));
   }
-  ASSIGN_OR_RETURN(const NamespaceId ns, store_->RegisterNamespace(req.namespace_()));
+  // The claim keeps the namespace from being dropped as unused until the session is open.
+  ASSIGN_OR_RETURN(const store::NamespaceClaim claim,
+                   store_->RegisterNamespace(req.namespace_(), scope,
+                                             [this] { return SessionsPerNamespace(*sessions_); }));
+  const NamespaceId ns = claim.id();
   const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
   const auto pid = static_cast<uint32_t>(credential.peer.pid);
   ASSIGN_OR_RETURN(
@@ -418,10 +459,11 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
                    store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
                                    req.wait_durable(), session.id));
-  bool full = false, session_share = false, backlog = false;
+  bool full = false, session_share = false, backlog = false, pool_share = false;
   for (store::CaptureOutcome o : outcomes) {
     resp->add_outcomes(ToProto(o));
     full |= o == store::CaptureOutcome::kRejectedFull;
+    pool_share |= o == store::CaptureOutcome::kRejectedShare;
     session_share |= o == store::CaptureOutcome::kRejectedOwnerLimit;
     backlog |= o == store::CaptureOutcome::kRejectedBacklog;
   }
@@ -438,6 +480,10 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   } else if (full) {
     resp->set_rejected_why(
         "store staging is full (limits.store_staging_bytes); retry later or drop the blocks");
+  } else if (pool_share) {
+    resp->set_rejected_why(
+        "the namespace's owner holds its share of the pool (limits.pool_share_per_user) and "
+        "every one of its blocks is pinned; release leases, or retry once they end");
   }
   return absl::OkStatus();
 }

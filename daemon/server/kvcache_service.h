@@ -4,7 +4,10 @@
 // unknown, used or expired -> PERMISSION_DENIED. Its text fields must be printable and short
 // (INVALID_ARGUMENT naming the field); the namespace and the memory are validated before anything
 // is journaled; limits (sessions in all and per user, namespaces) -> RESOURCE_EXHAUSTED naming
-// the limit. A session may have max_calls_per_session calls in flight; more -> RESOURCE_EXHAUSTED.
+// the limit. The namespace belongs to the attaching user (the credential's uid), or to the
+// engines giving the same namespace_secret, or to every user under namespace_sharing "host"
+// (KvCacheOptions; docs/security.md "Namespaces"). A session may have max_calls_per_session calls
+// in flight; more -> RESOURCE_EXHAUSTED.
 //
 // Every request is validated before it touches the store: unknown session or lease -> NOT_FOUND;
 // malformed keys (not 16 bytes), duplicate keys or engine blocks, engine blocks outside the
@@ -73,6 +76,11 @@ MemoryOpener HostMemoryOpener();
 struct KvCacheOptions {
   uint32_t max_blocks_per_call = 2048;
   uint32_t max_calls_per_session = 64;
+  // security.namespace_sharing: "user" (a namespace is the attaching user's own) or "host" (every
+  // user's engines share namespaces, as before owners existed). An Attach with a namespace_secret
+  // (16 to 64 bytes, else INVALID_ARGUMENT) shares its namespace with the engines that give the
+  // same secret, and with no other, either way.
+  std::string namespace_sharing = "user";
 };
 
 class KvCacheService final : public tutti::v1::KvCache::Service {

@@ -126,6 +126,8 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.dram_bytes = options.dram_bytes;
   so.max_write_backlog_bytes = options.max_write_backlog_bytes;
   so.max_namespaces = options.max_namespaces;
+  so.max_namespaces_per_user = options.max_namespaces_per_user;
+  so.pool_share_per_user = options.pool_share_per_user;
   so.bandwidth = options.bandwidth;
   auto st = store::BlockStore::Open(so, std::move(*backend), Clock::Real());
   EXPECT_TRUE(st.ok()) << st.status();
@@ -142,9 +144,10 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
       [raw_store](uint64_t session_id) { raw_store->DropPending(session_id); });
   advisor_ = std::make_unique<decision::Advisor>(options.decision);
   kv_service_ = std::make_unique<KvCacheService>(
-      KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session}, raw_store,
-      sessions_.get(), &credentials_, options.opener ? options.opener : HostMemoryOpener(), &gate_,
-      nullptr, advisor_.get());
+      KvCacheOptions{options.max_blocks_per_call, options.max_calls_per_session,
+                     options.namespace_sharing},
+      raw_store, sessions_.get(), &credentials_,
+      options.opener ? options.opener : HostMemoryOpener(), &gate_, nullptr, advisor_.get());
   DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
   info.gpu_memory_bytes = options.gpu_memory_bytes;
   info.decision_stats = [a = advisor_.get()] { return a->Stats(); };

@@ -66,9 +66,12 @@ struct EnvOptions {
   SessionManager::Options sessions;  // max_sessions is taken from above
   uint32_t max_calls_per_session = 64;
   uint32_t max_namespaces = 1024;
-  MemoryOpener opener;                         // empty: HostMemoryOpener()
-  uint64_t dram_bytes = 0;                     // the store's DRAM tier; 0: off
-  uint64_t max_write_backlog_bytes = 0;        // StoreOptions's; 0: store staging
+  uint32_t max_namespaces_per_user = 64;   // StoreOptions's
+  double pool_share_per_user = 1.0;        // StoreOptions's
+  std::string namespace_sharing = "user";  // KvCacheOptions's
+  MemoryOpener opener;  // empty: HostMemoryOpener()
+  uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
+  uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
   uint64_t gpu_memory_bytes = 0;               // DaemonInfo::gpu_memory_bytes
   bool decision = true;  // the advisor enabled (datapath.decision "auto") or off

@@ -21,19 +21,21 @@ namespace {
 
 uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
+}  // namespace
+
 // The namespace id: a hash of every field that makes keys comparable, in a
-// fixed encoding.
-NamespaceId NamespaceIdOf(const tutti::v1::Namespace& ns) {
+// fixed encoding, and of its scope (NamespaceScope::scope; "" leaves the id as
+// it was before namespaces had owners).
+NamespaceId NamespaceIdOf(const tutti::v1::Namespace& ns, const std::string& scope) {
   const auto& l = ns.layout();
-  const std::string canonical =
+  std::string canonical =
       absl::StrCat(ns.model_id(), "\x1f", l.num_layers(), ",", l.kv_heads(), ",", l.head_dim(), ",",
                    l.dtype_bytes(), ",", l.block_tokens(), ",", static_cast<int>(l.format()),
                    "\x1f", ns.tp_rank(), "/", ns.tp_size(), "\x1f", ns.hash_scheme());
+  if (!scope.empty()) absl::StrAppend(&canonical, "\x1f", scope);
   const NamespaceId id = XXH3_64bits(canonical.data(), canonical.size());
   return id == 0 ? 1 : id;  // 0 means "every namespace" in the admin API
 }
-
-}  // namespace
 
 // Validates `ns` and describes its blocks. INVALID_ARGUMENT names the bad
 // field.
@@ -81,7 +83,7 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) 
         overflow ? std::string("more than 2^64") : absl::StrCat(object_len),
         " bytes per object; at most 1073741824"));
   }
-  info.id = NamespaceIdOf(ns);
+  info.id = NamespaceIdOf(ns, "");
   info.descriptor = ns;
   info.object_len = static_cast<uint32_t>(object_len);
   info.num_objects = l.num_layers() * info.parts;
@@ -125,29 +127,6 @@ absl::StatusOr<NamespaceInfo> BlockStore::Impl::CheckNamespace(
         info.num_objects, " objects of ", info.object_len, " bytes"));
   }
   return info;
-}
-
-absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns) {
-  ASSIGN_OR_RETURN(const NamespaceInfo info, CheckNamespace(ns));
-  {
-    absl::MutexLock lock(&mu_);
-    if (namespaces_.contains(info.id)) return info.id;
-    if (namespaces_.size() >= options_.max_namespaces) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the store keeps ", namespaces_.size(),
-                       " namespaces (limits.max_namespaces); a new one is refused"));
-    }
-  }
-  // Shared with other registrations, exclusive with a checkpoint, which must not
-  // fall between the record and the entry. Never behind the writer's pool I/O.
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
-  const uint64_t seq = journal_->Append(NamespaceRecord{info.id, ns.SerializeAsString()});
-  RETURN_IF_ERROR(journal_->Sync(seq));
-  absl::MutexLock lock(&mu_);
-  namespaces_.emplace(info.id, info);
-  log::Get("store")->info("namespace {:016x}: model {} layers {} parts {} object {} bytes", info.id,
-                          ns.model_id(), ns.layout().num_layers(), info.parts, info.object_len);
-  return info.id;
 }
 
 absl::StatusOr<NamespaceInfo> BlockStore::Impl::GetNamespace(NamespaceId id) const {
@@ -689,7 +668,23 @@ absl::StatusOr<NamespaceInfo> BlockStore::CheckNamespace(
 }
 
 absl::StatusOr<NamespaceId> BlockStore::RegisterNamespace(const tutti::v1::Namespace& ns) {
-  return impl_->RegisterNamespace(ns);
+  ASSIGN_OR_RETURN(NamespaceId id, impl_->RegisterNamespace(ns, NamespaceScope{}, nullptr));
+  impl_->EndClaim(id);
+  return id;
+}
+absl::StatusOr<NamespaceClaim> BlockStore::RegisterNamespace(const tutti::v1::Namespace& ns,
+                                                             const NamespaceScope& scope,
+                                                             const NamespaceSessions& sessions) {
+  ASSIGN_OR_RETURN(NamespaceId id, impl_->RegisterNamespace(ns, scope, sessions));
+  return NamespaceClaim(this, id);
+}
+absl::StatusOr<RemovedNamespace> BlockStore::RemoveNamespace(NamespaceId id,
+                                                             const NamespaceSessions& sessions) {
+  return impl_->RemoveNamespace(id, sessions);
+}
+void BlockStore::EndClaim(NamespaceId id) { impl_->EndClaim(id); }
+NamespaceClaim::~NamespaceClaim() {
+  if (store_ != nullptr) store_->EndClaim(id_);
 }
 absl::StatusOr<NamespaceInfo> BlockStore::GetNamespace(NamespaceId id) const {
   return impl_->GetNamespace(id);

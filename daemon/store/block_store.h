@@ -29,8 +29,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -74,6 +76,14 @@ struct StoreOptions {
   // journal keeps growing in its current file.
   uint32_t checkpoint_every = 65536;
   uint32_t max_namespaces = 1024;  // RegisterNamespace refuses new ones past it
+  // Namespaces one user (NamespaceScope::uid) may register (limits.max_namespaces_per_user).
+  uint32_t max_namespaces_per_user = 64;
+  // The share of the pool's slots one owner's blocks may hold (limits.pool_share_per_user; 1.0:
+  // no bound). The owner of a block is its namespace's owner_uid, or kSharedOwner for a shared
+  // namespace (all shared namespaces count as one owner). Past the share, the writer gives that
+  // owner's new block the slot of the owner's own least recently used unpinned block; where it has
+  // none, the block is refused (kRejectedShare). Precondition: in (0, 1].
+  double pool_share_per_user = 1.0;
   uint32_t write_batch_blocks = 64;   // blocks per writer batch (one sync pair each)
   // Slots whose entries a checkpoint copies under the store's lock at a time, so lookups wait
   // for one chunk's copy at most; 0: the whole checkpoint encoded and written under one hold, as
@@ -114,6 +124,10 @@ enum class CaptureOutcome {
   kFailed,
   kRejectedOwnerLimit,
   kRejectedBacklog,
+  // The block's owner holds StoreOptions::pool_share_per_user of the pool and none of its own
+  // blocks could be evicted for it (all pinned). Decided by the writer: only a wait_durable
+  // Capture sees it (others saw kCaptured).
+  kRejectedShare,
 };
 
 // One object to copy out of staging into the engine (retrieve); see daemon/datapath/scatter_op.h.
@@ -126,9 +140,29 @@ struct GatherOp {
   uint8_t* dst;
 };
 
+// Who a namespace belongs to (docs/security.md "Namespaces"), as the server decides it from the
+// engine's credential, its namespace_secret and security.namespace_sharing.
+struct NamespaceScope {
+  // Mixed into the namespace id, so that namespaces of different scopes never share blocks or
+  // events: "" for namespaces every user shares (security.namespace_sharing "host", and every
+  // namespace journaled before scopes existed: their ids are unchanged), "uid:<N>" for user N's,
+  // "secret:<hash>" for the engines that give one namespace_secret.
+  std::string scope;
+  // The user registering it: owner of a "uid:" namespace, and charged for a new namespace of any
+  // scope against max_namespaces_per_user.
+  uint32_t uid = 0;
+  bool shared = true;  // false only for a "uid:" scope
+};
+
+// The owner that pool_share_per_user counts a shared namespace's blocks under.
+inline constexpr uint32_t kSharedOwner = 0xffffffffu;
+
 struct NamespaceInfo {
   NamespaceId id = 0;
   tutti::v1::Namespace descriptor;
+  std::string scope;       // NamespaceScope::scope
+  uint32_t owner_uid = 0;  // the user who registered it (0 for namespaces older than owners)
+  bool shared = true;
   uint32_t num_objects = 0;  // layers x parts
   uint32_t parts = 0;        // 2 (K and V) or 1 (MLA)
   uint32_t object_len = 0;   // bytes
@@ -168,6 +202,11 @@ struct StoreStats {
   uint64_t store_rejected_owner_limit = 0;
   // Of store_rejected: blocks refused for the write backlog's bounds (kRejectedBacklog).
   uint64_t store_rejected_backlog = 0;
+  // Blocks refused by the writer for their owner's pool share (kRejectedShare), and blocks
+  // evicted to keep an owner within it.
+  uint64_t store_rejected_share = 0, share_evictions = 0;
+  // Namespaces dropped (empty ones, to make room for a new one) and removed (RemoveNamespace).
+  uint64_t namespaces_dropped = 0, namespaces_removed = 0;
   // The write backlog now (see StoreOptions::max_write_backlog_bytes): its staging bytes, its
   // blocks, and how long its oldest block has waited (0 when empty).
   uint64_t write_backlog_bytes = 0, write_backlog_blocks = 0, write_backlog_age_ms = 0;
@@ -197,6 +236,37 @@ struct StoreStats {
   std::vector<NamespaceInfo> namespaces;
 };
 
+class BlockStore;
+
+// Keeps a namespace from being dropped as empty (or removed) between RegisterNamespace and the
+// session that will use it being counted by the NamespaceSessions the store is given: hold it
+// until that session is open (or its opening failed). Movable; must not outlive the store.
+class NamespaceClaim {
+ public:
+  NamespaceClaim(NamespaceClaim&& other) noexcept
+      : store_(std::exchange(other.store_, nullptr)), id_(other.id_) {}
+  NamespaceClaim& operator=(NamespaceClaim&&) = delete;
+  NamespaceClaim(const NamespaceClaim&) = delete;
+  ~NamespaceClaim();
+  NamespaceId id() const { return id_; }
+
+ private:
+  friend class BlockStore;
+  NamespaceClaim(BlockStore* store, NamespaceId id) : store_(store), id_(id) {}
+  BlockStore* store_;
+  NamespaceId id_;
+};
+
+// Sessions attached to each namespace now, as the server counts them (namespaces not listed
+// have none). Called by the store with its namespace lock held and no other: it must not call
+// back into the store.
+using NamespaceSessions = std::function<absl::flat_hash_map<NamespaceId, uint32_t>()>;
+
+// What RemoveNamespace did.
+struct RemovedNamespace {
+  uint64_t evicted = 0;
+};
+
 class BlockStore {
  public:
   // Takes options.state_dir's lock, recovers the index from its journal and
@@ -224,14 +294,33 @@ class BlockStore {
   // object_bytes or more than max_objects per block; INVALID_ARGUMENT for a
   // layout with a zero field, an overflowing size or an unknown format.
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
-  // Returns the id of `ns`, registering (and journaling) it on first sight.
-  // CheckNamespace's errors; RESOURCE_EXHAUSTED when max_namespaces are kept
-  // already; the journal's error if its record cannot be made durable
+  // Returns the id of `ns`, registering (and journaling) it on first sight, shared by every user
+  // (scope "", uid 0: as before namespaces had owners; tests and tools). CheckNamespace's errors;
+  // RESOURCE_EXHAUSTED when max_namespaces are kept already and none is empty (with no session
+  // known, an empty one is dropped); the journal's error if its record cannot be made durable
   // (FAILED_PRECONDITION once durability is lost). Waits for a running
   // checkpoint, never for the writer's pool writes or syncs.
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
+  // The same for a namespace of `scope` (its id mixes scope.scope in) and a claim on it (see
+  // NamespaceClaim). A new namespace needs room: when scope.uid already registered
+  // max_namespaces_per_user, or the store keeps max_namespaces, one namespace that holds no
+  // blocks (none written or being written), has no sessions (by `sessions`) and no claim is
+  // dropped first (a journaled drop, so a restart does not bring it back): the user's own least
+  // recently registered such one, or for the global bound anyone's. RESOURCE_EXHAUSTED naming
+  // limits.max_namespaces_per_user or limits.max_namespaces when none can be dropped.
+  absl::StatusOr<NamespaceClaim> RegisterNamespace(const tutti::v1::Namespace& ns,
+                                                   const NamespaceScope& scope,
+                                                   const NamespaceSessions& sessions);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
+  // Evicts every block of namespace `id` and forgets it (a journaled drop): its place in
+  // max_namespaces and its user's max_namespaces_per_user is free again, and a later
+  // RegisterNamespace of it starts empty. NOT_FOUND for an unknown id; FAILED_PRECONDITION,
+  // removing nothing but the unpinned blocks, while `sessions` counts sessions on it, it is
+  // claimed, some of its blocks are pinned or being written (the message says which: retry once
+  // they end); the journal's error if the drop cannot be made durable.
+  absl::StatusOr<RemovedNamespace> RemoveNamespace(NamespaceId id,
+                                                   const NamespaceSessions& sessions);
 
   // Returns how many leading `keys` are present (durable), and pins those: a
   // pinned block is never evicted or overwritten. Each pin must be dropped by
@@ -343,6 +432,8 @@ class BlockStore {
 
  private:
   explicit BlockStore(std::unique_ptr<Impl> impl);
+  friend class NamespaceClaim;
+  void EndClaim(NamespaceId id);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,6 +1,6 @@
 // Private to daemon/store: the state behind BlockStore.
 //
-// Lock order: checkpoint_mu_, then the journal's Sync lock (inside Journal::Sync
+// Lock order: ns_mu_, then checkpoint_mu_, then the journal's Sync lock (inside Journal::Sync
 // and Checkpoint), then mu_, then the journal's append lock (inside
 // Journal::Append). So: Journal::Append may be called with mu_ held; Journal::Sync
 // and WriteCheckpoint never are. No lock is held across a pool write or a pool
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/staging_lease.h"
@@ -71,6 +72,7 @@ struct PendingBlock {
   uint64_t epoch = 0;
   bool has_slot = false;
   bool ok = false;
+  bool over_share = false;  // refused: its owner is past pool_share_per_user (kRejectedShare)
   std::vector<uint64_t> checksums;
 };
 
@@ -82,7 +84,13 @@ class BlockStore::Impl {
   absl::Status Init();  // staging, recovery, writer thread
 
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
-  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns);
+  // namespaces.cc
+  absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns,
+                                                const NamespaceScope& scope,
+                                                const NamespaceSessions& sessions);
+  absl::StatusOr<RemovedNamespace> RemoveNamespace(NamespaceId id,
+                                                   const NamespaceSessions& sessions);
+  void EndClaim(NamespaceId id);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys, std::vector<bool>* in_dram);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
@@ -124,6 +132,34 @@ class BlockStore::Impl {
     uint32_t pins = 0;
     std::vector<RetiredSlot> slots;
   };
+
+  // namespaces.cc
+  // Makes room for a new namespace of user `uid` (max_namespaces_per_user, max_namespaces) by
+  // dropping an empty one; RESOURCE_EXHAUSTED naming the limit when none can be.
+  absl::Status MakeRoomFor(uint32_t uid, const NamespaceSessions& sessions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_mu_);
+  // The namespaces with blocks pending or retired, or claimed: not idle, whatever their count.
+  absl::flat_hash_set<NamespaceId> NamespacesBusy() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RemoveNamespace's checks: NOT_FOUND, or FAILED_PRECONDITION while claimed or with sessions.
+  absl::Status CheckRemovable(NamespaceId id, const NamespaceSessions& sessions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_mu_);
+  // Hides every block of `id` (their slots appended to *slots, to be released once the returned
+  // drop record is durable) and drops it; FAILED_PRECONDITION, changing nothing, while some of
+  // its blocks are pinned or being written.
+  absl::StatusOr<uint64_t> EvictAndDropLocked(NamespaceId id, std::vector<uint64_t>* slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases namespace `id` (whose blocks are gone) and appends its drop record; returns the
+  // record's sequence number. Callers hold checkpoint_mu_ (shared) until it is synced.
+  uint64_t DropNamespaceLocked(NamespaceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The owner pool_share_per_user counts namespace `info`'s blocks under.
+  static uint32_t ShareOwner(const NamespaceInfo& info) {
+    return info.shared ? kSharedOwner : info.owner_uid;
+  }
+  // block_writer.cc: the slots wanted by `wanting`, past the owners' pool shares: evicts each
+  // over-share block's owner's own least recently used block (its slot appended to *slots), or
+  // marks the block over_share. Returns the journal sequence number of the last Delete (0: none).
+  uint64_t EvictForShares(absl::Span<PendingBlock* const> wanting, std::vector<uint64_t>* slots,
+                          std::vector<uint64_t>* victim_slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_writer.cc
   absl::Status Recover();
@@ -229,8 +265,11 @@ class BlockStore::Impl {
 
   // Set by Recover before the writer starts; thread-safe itself.
   std::unique_ptr<Journal> journal_;
+  // Held by RegisterNamespace and RemoveNamespace throughout: one namespace change at a time, and
+  // no claim is taken while one decides what is empty.
+  absl::Mutex ns_mu_;
   // Shared by RegisterNamespace (from its record's append to its entry in
-  // namespaces_), exclusive for a checkpoint.
+  // namespaces_) and namespace drops, exclusive for a checkpoint.
   absl::Mutex checkpoint_mu_;
   // Writer thread only (and the destructor, after it stopped).
   int64_t checkpoint_retry_ms_ = 0;   // no checkpoint attempt before this time
@@ -241,6 +280,11 @@ class BlockStore::Impl {
   std::unique_ptr<Region> dram_region_;
   std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
+  // Claims (NamespaceClaim) per namespace; taken with ns_mu_ held too.
+  absl::flat_hash_map<NamespaceId, uint32_t> claims_ ABSL_GUARDED_BY(mu_);
+  // When each namespace was registered (or recovered), in order: the oldest idle one is dropped.
+  absl::flat_hash_map<NamespaceId, uint64_t> registered_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PendingKey, RetiredKey> retired_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);

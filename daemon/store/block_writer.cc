@@ -164,7 +164,17 @@ absl::Status BlockStore::Impl::Recover() {
       return;
     }
     auto info = DescribeNamespace(ns);
-    if (info.ok()) namespaces_[r.ns] = *info;
+    if (!info.ok()) return;
+    info->id = r.ns;
+    info->scope = r.scope;
+    info->owner_uid = r.owner_uid;
+    info->shared = r.shared;
+    namespaces_[r.ns] = *info;
+    registered_order_[r.ns] = next_order_++;
+  };
+  visitor.on_namespace_drop = [&](const NamespaceDropRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    namespaces_.erase(r.ns);
+    registered_order_.erase(r.ns);
   };
   visitor.on_put = [&](const PutRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     max_epoch = std::max(max_epoch, r.epoch);
@@ -286,7 +296,8 @@ absl::Status BlockStore::Impl::WriteCheckpoint() {
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, info] : namespaces_) {
-        out.Emit(NamespaceRecord{id, info.descriptor.SerializeAsString()});
+        out.Emit(NamespaceRecord{id, info.descriptor.SerializeAsString(), info.scope,
+                                 info.owner_uid, info.shared});
       }
       num_slots = index_.num_slots();
     }
@@ -431,10 +442,21 @@ uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
   for (PendingBlock* p : batch) {
     p->ok = false;
     p->has_slot = false;
+    p->over_share = false;
     if (index_.Find(p->ns, p->key) != nullptr) continue;  // stored meanwhile; dropped later
+    if (!namespaces_.contains(p->ns)) continue;           // removed meanwhile: the block fails
     wanting.push_back(p);
   }
-  std::vector<uint64_t> slots = index_.TakeSlots(wanting.size());
+  std::vector<uint64_t> slots;
+  if (options_.pool_share_per_user < 1.0) {
+    last_delete = EvictForShares(wanting, &slots, victim_slots);
+    wanting.erase(std::remove_if(wanting.begin(), wanting.end(),
+                                 [](const PendingBlock* p) { return p->over_share; }),
+                  wanting.end());
+  }
+  const size_t own = slots.size();  // slots evicted from the blocks' own owners
+  std::vector<uint64_t> fresh = index_.TakeSlots(wanting.size() - own);
+  slots.insert(slots.end(), fresh.begin(), fresh.end());
   while (slots.size() < wanting.size()) {
     Entry* victim = index_.Victim();
     if (victim == nullptr) break;  // the rest are pinned: those blocks fail
@@ -451,6 +473,43 @@ uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
     }
     p->ok = p->has_slot;
     p->epoch = next_epoch_++;
+  }
+  return last_delete;
+}
+
+// Each owner's blocks now, and its bound; a block whose owner is at the bound takes the slot of
+// the owner's own least recently used unpinned block (batch blocks count as they are given
+// slots), or is refused.
+uint64_t BlockStore::Impl::EvictForShares(absl::Span<PendingBlock* const> wanting,
+                                          std::vector<uint64_t>* slots,
+                                          std::vector<uint64_t>* victim_slots) {
+  const uint64_t bound = std::max<uint64_t>(
+      1, static_cast<uint64_t>(options_.pool_share_per_user * index_.num_slots()));
+  absl::flat_hash_map<NamespaceId, uint32_t> owner_of;
+  absl::flat_hash_map<uint32_t, uint64_t> blocks;
+  for (const auto& [id, info] : namespaces_) {
+    owner_of[id] = ShareOwner(info);
+    blocks[ShareOwner(info)] += index_.CountNamespace(id);
+  }
+  uint64_t last_delete = 0;
+  for (PendingBlock* p : wanting) {
+    const uint32_t owner = owner_of[p->ns];
+    if (blocks[owner] < bound) {
+      ++blocks[owner];
+      continue;
+    }
+    Entry* victim = index_.VictimWhere([&](const Entry& e) {
+      auto it = owner_of.find(e.ns);
+      return it != owner_of.end() && it->second == owner;
+    });
+    if (victim == nullptr) {
+      p->over_share = true;
+      continue;
+    }
+    slots->push_back(victim->slot);
+    victim_slots->push_back(victim->slot);
+    last_delete = HideForEviction(victim);
+    ++stats_.share_evictions;
   }
   return last_delete;
 }
@@ -574,6 +633,12 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
     PendingBlock* p = batch[b];
     if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
       FinishPending(p, CaptureOutcome::kAlreadyPresent);
+      continue;
+    }
+    if (p->over_share) {
+      ++stats_.store_rejected;
+      ++stats_.store_rejected_share;
+      FinishPending(p, CaptureOutcome::kRejectedShare);
       continue;
     }
     if (!p->ok) {

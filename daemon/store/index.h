@@ -91,6 +91,15 @@ class Index {
   uint64_t use_clock() const { return use_clock_; }
   // The least recently used unpinned entry, or null if all are pinned.
   Entry* Victim() const;
+  // The least recently used unpinned entry for which pred(const Entry&) is true, or null.
+  // Walks the LRU list from its old end: O(entries older than the one found).
+  template <typename Pred>
+  Entry* VictimWhere(Pred pred) const {
+    for (uint32_t s = entries_[num_slots_].lru_next; s != num_slots_; s = entries_[s].lru_next) {
+      if (entries_[s].pins == 0 && pred(entries_[s])) return &entries_[s];
+    }
+    return nullptr;
+  }
 
   // Takes a free slot (the lowest one); false if none is free.
   bool TakeSlot(uint64_t* slot);

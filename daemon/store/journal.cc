@@ -29,6 +29,10 @@ enum RecordType : uint32_t {
   kDelete = 4,
   kCheckpointEnd = 5,
   kCheckpointPut = 6,  // a put and its last use (checkpoints of version 2)
+  // Namespace ownership (docs/security.md "Namespaces"); numbered apart from the types above so
+  // that types added meanwhile by other changes do not collide.
+  kOwnedNamespace = 10,
+  kNamespaceDrop = 11,
 };
 enum FileKind : uint32_t { kJournalFile = 0, kCheckpointFile = 1 };
 
@@ -76,11 +80,20 @@ void EncodeHeader(std::string* out, FileKind kind, uint64_t gen) {
   });
 }
 
+// Always the owned form (type 10); type 2 is only read.
 void Encode(std::string* out, const NamespaceRecord& r) {
-  AppendRecord(out, kNamespace, [&](std::string* p) {
+  AppendRecord(out, kOwnedNamespace, [&](std::string* p) {
     PutU64(p, r.ns);
+    PutU32(p, r.owner_uid);
+    PutU32(p, r.shared ? 1 : 0);
+    PutU32(p, static_cast<uint32_t>(r.scope.size()));
+    p->append(r.scope);
     p->append(r.descriptor);
   });
+}
+
+void Encode(std::string* out, const NamespaceDropRecord& r) {
+  AppendRecord(out, kNamespaceDrop, [&](std::string* p) { PutU64(p, r.ns); });
 }
 
 // A put as the journal keeps it (kPut), or as a checkpoint does (kCheckpointPut:
@@ -143,11 +156,34 @@ class PayloadReader {
 
 bool DecodeKey(PayloadReader& in, Key* key) { return Key::FromBytes(in.Bytes(Key::kSize), key); }
 
-bool Decode(std::string_view payload, NamespaceRecord* r) {
+// Type 2: written before namespaces had owners; shared by every user.
+bool DecodeLegacy(std::string_view payload, NamespaceRecord* r) {
   PayloadReader in(payload);
   r->ns = in.U64();
   r->descriptor = std::string(in.Rest());
+  r->scope.clear();
+  r->owner_uid = 0;
+  r->shared = true;
   return in.ok();
+}
+
+bool Decode(std::string_view payload, NamespaceRecord* r) {
+  PayloadReader in(payload);
+  r->ns = in.U64();
+  r->owner_uid = in.U32();
+  const uint32_t flags = in.U32();
+  const uint32_t scope_len = in.U32();
+  if (!in.ok() || flags > 1) return false;
+  r->shared = flags == 1;
+  r->scope = std::string(in.Bytes(scope_len));
+  r->descriptor = std::string(in.Rest());
+  return in.ok();
+}
+
+bool Decode(std::string_view payload, NamespaceDropRecord* r) {
+  PayloadReader in(payload);
+  r->ns = in.U64();
+  return in.done();
 }
 
 // A kPut or kCheckpointPut payload (`type`).
@@ -368,6 +404,7 @@ class CheckpointWriter : public Journal::Emitter {
 // allocates nothing per record (a Put's checksums keep their capacity).
 struct DecodeScratch {
   NamespaceRecord ns;
+  NamespaceDropRecord drop;
   PutRecord put;
   DeleteRecord del;
 };
@@ -377,8 +414,16 @@ bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v,
              DecodeScratch* scratch) {
   switch (type) {
     case kNamespace:
+      if (!DecodeLegacy(payload, &scratch->ns)) return false;
+      if (v.on_namespace) v.on_namespace(scratch->ns);
+      return true;
+    case kOwnedNamespace:
       if (!Decode(payload, &scratch->ns)) return false;
       if (v.on_namespace) v.on_namespace(scratch->ns);
+      return true;
+    case kNamespaceDrop:
+      if (!Decode(payload, &scratch->drop)) return false;
+      if (v.on_namespace_drop) v.on_namespace_drop(scratch->drop);
       return true;
     case kPut:
     case kCheckpointPut:
@@ -664,6 +709,13 @@ uint64_t Journal::Append(const DeleteRecord& r) {
 }
 
 uint64_t Journal::Append(const NamespaceRecord& r) {
+  absl::MutexLock lock(&append_mu_);
+  Encode(&buffer_, r);
+  ++records_since_checkpoint_;
+  return ++appended_seq_;
+}
+
+uint64_t Journal::Append(const NamespaceDropRecord& r) {
   absl::MutexLock lock(&append_mu_);
   Encode(&buffer_, r);
   ++records_since_checkpoint_;

@@ -53,10 +53,23 @@ struct DeleteRecord {
   uint64_t epoch = 0;  // the epoch of the Put being deleted
 };
 
-// A namespace was seen; `descriptor` is its serialized tutti.v1.Namespace.
+// A namespace was seen; `descriptor` is its serialized tutti.v1.Namespace. Its owner
+// (docs/security.md "Namespaces"): `scope` is mixed into its id by the store ("" for namespaces
+// shared by every user, as all were before scopes existed), `owner_uid` the user who registered
+// it, `shared` whether other users' engines may use it. Records written before owners existed
+// (type 2) come back as scope "", owner_uid 0, shared.
 struct NamespaceRecord {
   NamespaceId ns = 0;
   std::string descriptor;
+  std::string scope;
+  uint32_t owner_uid = 0;
+  bool shared = true;
+};
+
+// The namespace was dropped (empty, or removed by the operator): after this record its id is
+// unknown again until a later NamespaceRecord. Its blocks left the index before it was appended.
+struct NamespaceDropRecord {
+  NamespaceId ns = 0;
 };
 
 // Receives recovered state. Records come in the order they were appended.
@@ -64,6 +77,7 @@ struct RecoveryVisitor {
   std::function<void(const NamespaceRecord&)> on_namespace;
   std::function<void(const PutRecord&)> on_put;
   std::function<void(const DeleteRecord&)> on_delete;
+  std::function<void(const NamespaceDropRecord&)> on_namespace_drop;
 };
 
 struct RecoveryReport {
@@ -103,6 +117,7 @@ class Journal {
   uint64_t Append(const PutRecord& r);
   uint64_t Append(const DeleteRecord& r);
   uint64_t Append(const NamespaceRecord& r);
+  uint64_t Append(const NamespaceDropRecord& r);
 
   // Makes records up to sequence number `seq` durable: writes the buffered
   // records and fdatasyncs the current file, unless an earlier Sync already

@@ -27,7 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/hostengine/connect.h"
 #include "client/hostengine/engine_client.h"
@@ -768,6 +770,297 @@ TEST_F(MultiUserPinsTest, AHogKeepsToItsShareAndTheOperatorEndsItsLeases) {
 }
 
 // --- Namespaces: per user, scoped, removable; capacity share (issue 19, items 2 and 3) ---
+
+// The engines of this section: 2 layers of K and V, 4 KiB objects, 8 blocks of memory (or none).
+hostengine::KvShape NsShape() { return {2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE}; }
+
+Key NsKey(uint32_t i) {
+  Key k;
+  std::memcpy(k.bytes.data(), &i, sizeof(i));
+  k.bytes[15] = 0x5a;
+  return k;
+}
+
+std::vector<Key> NsKeys(uint32_t first, uint32_t n) {
+  std::vector<Key> keys;
+  for (uint32_t i = first; i < first + n; ++i) keys.push_back(NsKey(i));
+  return keys;
+}
+
+// An engine of the party's user, attached to `model` (with `secret`, if not empty).
+struct NsEngine {
+  std::unique_ptr<hostengine::HostEngine> memory;  // null: memory-less
+  std::unique_ptr<hostengine::EngineClient> client;
+  tutti::v1::AttachResponse attached;
+  std::string error;  // why it did not attach
+
+  // Stores keys[i] from engine block i % 8, 8 at a time; "" when every block became durable.
+  std::string Store(const std::vector<Key>& keys) {
+    for (size_t at = 0; at < keys.size(); at += 8) {
+      std::vector<Key> batch(keys.begin() + at, keys.begin() + std::min(keys.size(), at + 8));
+      std::vector<uint32_t> blocks;
+      for (uint32_t b = 0; b < batch.size(); ++b) {
+        memory->FillBlock(b, batch[b]);
+        blocks.push_back(b);
+      }
+      auto stored = client->Store(batch, blocks, /*wait_durable=*/true);
+      if (!stored.ok()) return "store: " + std::string(stored.status().message());
+      for (auto o : *stored) {
+        if (o != tutti::v1::STORE_DURABLE) return absl::StrCat("store outcome ", o);
+      }
+    }
+    return "";
+  }
+  // Leading hits of `keys`, looked up 64 at a time (limits.max_blocks_per_call here).
+  uint32_t Hits(const std::vector<Key>& keys) {
+    uint32_t hits = 0;
+    for (size_t at = 0; at < keys.size(); at += 64) {
+      std::vector<Key> chunk(keys.begin() + at, keys.begin() + std::min(keys.size(), at + 64));
+      auto r = client->Lookup(chunk);
+      if (!r.ok()) return hits;
+      if (r->lease_id() != 0) (void)client->Release(r->lease_id());
+      hits += r->hits();
+      if (r->hits() < chunk.size()) break;
+    }
+    return hits;
+  }
+};
+
+NsEngine AttachNs(const std::string& sock, const std::string& model, bool with_memory,
+                  const std::string& secret = "") {
+  NsEngine e;
+  auto memory = hostengine::HostEngine::Create(NsShape(), 8, "tutti-mu-ns");
+  if (!memory.ok()) {
+    e.error = std::string(memory.status().message());
+    return e;
+  }
+  hostengine::EngineIdentity id;
+  id.engine_id = "mu-ns";
+  id.model_id = model;
+  tutti::v1::AttachRequest req = (*memory)->MakeAttachRequest(id);
+  req.set_namespace_secret(secret);
+  std::vector<int> fds = (*memory)->fds();
+  if (!with_memory) {
+    req.clear_regions();
+    req.clear_placements();
+    req.set_num_blocks(0);
+    fds.clear();
+  }
+  auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+  if (!channel.ok()) {
+    e.error = std::string(channel.status().message());
+    return e;
+  }
+  e.client = std::make_unique<hostengine::EngineClient>(*channel, sock, absl::Seconds(30));
+  auto attached = e.client->Attach(req, fds);
+  (*memory)->region().Unlink();
+  if (!attached.ok()) {
+    e.error = attached.status().ToString();
+    return e;
+  }
+  e.attached = *attached;
+  if (with_memory) e.memory = std::move(memory).value();
+  return e;
+}
+
+// The first message of a WatchEvents of `e`'s session resuming after `after_seq` of `boot_id`.
+// (A raw call: EngineClient has no WatchEvents helper.)
+tutti::v1::WatchEventsResponse FirstEvents(NsEngine& e, uint64_t after_seq, uint64_t boot_id) {
+  tutti::v1::WatchEventsRequest req;
+  e.client->Name(&req);
+  req.set_after_seq(after_seq);
+  req.set_boot_id(boot_id);
+  auto ctx = e.client->NewContext();
+  auto reader = e.client->stub().WatchEvents(ctx.get(), req);
+  tutti::v1::WatchEventsResponse first;
+  if (!reader->Read(&first)) first.set_boot_id(0);
+  ctx->TryCancel();
+  return first;
+}
+
+// What a watcher of `model` sees of its history: the run's boot id from one session's stream,
+// then the events after seq 1 from another's (one stream per session). "events N resumed B".
+std::string HistorySeen(const std::string& sock, const std::string& model,
+                        const std::string& secret = "") {
+  NsEngine first = AttachNs(sock, model, false, secret);
+  NsEngine second = AttachNs(sock, model, false, secret);
+  if (!first.error.empty() || !second.error.empty()) return first.error + second.error;
+  const uint64_t boot = FirstEvents(first, 0, 0).boot_id();
+  const tutti::v1::WatchEventsResponse history = FirstEvents(second, 1, boot);
+  return absl::StrCat("events ", history.events_size(), " resumed ", history.resumed());
+}
+
+// The operator's view (run as root): the namespaces' owners and blocks, as "uid:blocks ...".
+std::string NamespaceOwners(const std::string& sock, uint64_t* slots_total = nullptr) {
+  auto channel = hostengine::ConnectToTuttid(sock + ".admin", absl::Seconds(5));
+  if (!channel.ok()) return std::string(channel.status().message());
+  grpc::ClientContext ctx;
+  tutti::v1::StatsResponse stats;
+  const grpc::Status s = tutti::v1::Admin::NewStub(*channel)->Stats(&ctx, {}, &stats);
+  if (!s.ok()) return s.error_message();
+  if (slots_total != nullptr) *slots_total = stats.slots_total();
+  std::vector<std::string> rows;
+  for (const auto& ns : stats.namespaces()) {
+    rows.push_back(
+        absl::StrCat(ns.shared() ? "shared" : "uid", ns.owner_uid(), ":", ns.blocks_ssd()));
+  }
+  std::sort(rows.begin(), rows.end());
+  return absl::StrJoin(rows, " ");
+}
+
+const Identity kNsEngine{kEngineUid, kEngineGid, {kTuttiGid}};
+const Identity kNsHostile{kHostileUid, kHostileGid, {kTuttiGid}};
+const Identity kNsOperator{0, 0, {}};
+
+TEST_F(MultiUserTest, AnotherUserNamingTheModelSeesNoneOfItsBlocksOrEventsUnlessGivenTheSecret) {
+  const std::string sock = socket_;
+  EXPECT_EQ(RunAs(kNsEngine,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", true);
+                    if (!e.error.empty()) return e.error;
+                    std::string r = e.Store(NsKeys(1, 4));
+                    NsEngine salted = AttachNs(sock, "mu-model", true, std::string(32, 'k'));
+                    if (!salted.error.empty()) return r + salted.error;
+                    return r + salted.Store(NsKeys(1, 4));
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsHostile,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", false);
+                    if (!e.error.empty()) return e.error;
+                    std::string r =
+                        Expect(e.Hits(NsKeys(1, 4)) == 0, "hits on the other user's blocks");
+                    const std::string seen = HistorySeen(sock, "mu-model");
+                    r += Expect(seen == "events 0 resumed 0", "another user's history: " + seen);
+                    NsEngine wrong = AttachNs(sock, "mu-model", false, std::string(32, 'w'));
+                    r += Expect(wrong.error.empty() && wrong.Hits(NsKeys(1, 4)) == 0,
+                                "a wrong secret hit " + wrong.error);
+                    // Given the secret, it shares that namespace (and only that one).
+                    NsEngine given = AttachNs(sock, "mu-model", false, std::string(32, 'k'));
+                    r += Expect(given.error.empty() && given.Hits(NsKeys(1, 4)) == 4,
+                                "the secret's namespace missed " + given.error);
+                    const std::string shared = HistorySeen(sock, "mu-model", std::string(32, 'k'));
+                    r += Expect(shared == "events 3 resumed 1", "the secret's history: " + shared);
+                    return r;
+                  }),
+            "");
+  // The owner's other engines share its namespace.
+  EXPECT_EQ(RunAs(kNsEngine,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", false);
+                    return e.error +
+                           Expect(e.Hits(NsKeys(1, 4)) == 4, "the owner's namespace missed");
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsOperator, [&] { return NamespaceOwners(sock); }),
+            absl::StrCat("shared", kEngineUid, ":4 shared", kHostileUid, ":0 uid", kEngineUid,
+                         ":4 uid", kHostileUid, ":0"));
+}
+
+class HostSharedNamespacesTest : public MultiUserTest {
+ protected:
+  std::string ExtraConfig() override { return "security { namespace_sharing: \"host\" }"; }
+};
+
+TEST_F(HostSharedNamespacesTest, EveryUserSharesAModelsNamespaceWhenTheOperatorSaysSo) {
+  const std::string sock = socket_;
+  EXPECT_EQ(RunAs(kNsEngine,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", true);
+                    return e.error + e.Store(NsKeys(1, 4));
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsHostile,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", false);
+                    std::string r = e.error + Expect(e.Hits(NsKeys(1, 4)) == 4, "shared: missed");
+                    const std::string seen = HistorySeen(sock, "mu-model");
+                    return r + Expect(seen == "events 3 resumed 1", "shared history: " + seen);
+                  }),
+            "");
+}
+
+class NamespaceBoundsTest : public MultiUserTest {
+ protected:
+  std::string ExtraLimits() override { return "max_namespaces_per_user: 3 max_namespaces: 5"; }
+};
+
+TEST_F(NamespaceBoundsTest, OneUserFillingItsNamespacesLeavesOthersAttachingNewModels) {
+  const std::string sock = socket_;
+  EXPECT_EQ(RunAs(kNsHostile,
+                  [&] {
+                    std::string r;
+                    // Attach and detach of fresh models, as fast as it goes: each takes the place
+                    // of an idle one.
+                    for (int i = 0; i < 20 && r.empty(); ++i) {
+                      NsEngine e = AttachNs(sock, absl::StrCat("churn-", i), false);
+                      r += e.error;
+                    }
+                    // Held by sessions, its namespaces stop at its bound, naming it.
+                    std::vector<NsEngine> held;
+                    for (int i = 0; i < 3; ++i)
+                      held.push_back(AttachNs(sock, absl::StrCat("held-", i), false));
+                    for (const NsEngine& e : held) r += e.error;
+                    NsEngine fourth = AttachNs(sock, "held-3", false);
+                    r += Expect(fourth.error.find("RESOURCE_EXHAUSTED") != std::string::npos &&
+                                    fourth.error.find("limits.max_namespaces_per_user") !=
+                                        std::string::npos,
+                                "a fourth namespace: " + fourth.error);
+                    return r;
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsEngine,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "a-new-model", true);
+                    return e.error + e.Store(NsKeys(1, 2));
+                  }),
+            "");
+  const std::string owners = RunAs(kNsOperator, [&] { return NamespaceOwners(sock); });
+  EXPECT_NE(owners.find(absl::StrCat("uid", kEngineUid, ":2")), std::string::npos) << owners;
+  EXPECT_LE(std::count(owners.begin(), owners.end(), ':'), 5) << owners;
+}
+
+class CapacityShareTest : public MultiUserTest {
+ protected:
+  std::string ExtraLimits() override { return "pool_share_per_user: 0.25"; }
+};
+
+TEST_F(CapacityShareTest, AUserPastItsShareEvictsItsOwnBlocksNotTheOtherUsers) {
+  const std::string sock = socket_;
+  uint64_t slots = 0;
+  const std::string total = RunAs(kNsOperator, [&] {
+    uint64_t n = 0;
+    NamespaceOwners(sock, &n);
+    return absl::StrCat(n);
+  });
+  ASSERT_TRUE(absl::SimpleAtoi(total, &slots)) << total;
+  const uint32_t share = static_cast<uint32_t>(slots / 4);
+  EXPECT_EQ(RunAs(kNsEngine,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", true);
+                    return e.error + e.Store(NsKeys(0, 40));
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsHostile,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "junk", true);
+                    std::string r = e.error + e.Store(NsKeys(1000, share + 40));
+                    // Its own oldest blocks made room; its latest are all there.
+                    r += Expect(e.Hits(NsKeys(1000, 1)) == 0, "its oldest block was kept");
+                    return r +
+                           Expect(e.Hits(NsKeys(1000 + 40, share)) == share, "its latest missed");
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsEngine,
+                  [&] {
+                    NsEngine e = AttachNs(sock, "mu-model", false);
+                    return e.error +
+                           Expect(e.Hits(NsKeys(0, 40)) == 40, "the other user's blocks went");
+                  }),
+            "");
+  EXPECT_EQ(RunAs(kNsOperator, [&] { return NamespaceOwners(sock); }),
+            absl::StrCat("uid", kEngineUid, ":40 uid", kHostileUid, ":", share));
+}
 
 // --- The compute model belongs to the namespace owner (issue 19, item 3) ---
 

@@ -186,5 +186,44 @@ TEST(OpsTest, APinHogLeavesRoomForStoresAndTheOperatorEndsIt) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
+// The operator frees a namespace's place: remove-namespace evicts its blocks and forgets it, for
+// good (a restart does not bring it back); an unknown id is an error, a missing one a usage error.
+TEST(OpsTest, RemoveNamespaceFreesItAcrossARestart) {
+  TuttidConfig config;
+  auto env = TuttidEnv::Create(config);
+  ASSERT_TRUE(env.ok()) << env.status();
+  const std::string ctl = RunfilePath("client/tuttictl");
+  const std::string sock = "--socket=" + (*env)->socket();
+  auto daemon = TuttidProcess::Start(**env);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  CommandResult r = RunCommand({ctl, sock, "bench", "--phase=store", "--layers=4", "--kv_heads=1",
+                                "--head_dim=64", "--blocks=20", "--batch=10"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << (*daemon)->LogTail();
+  ASSERT_EQ(RunCommand({ctl, sock, "drain"}).exit_code, 0);
+  r = RunCommand({ctl, sock, "stats", "--json"});
+  const std::string key = "\"namespace_id\":\"";
+  const size_t at = r.out.find(key);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string id =
+      r.out.substr(at + key.size(), r.out.find('"', at + key.size()) - at - key.size());
+  EXPECT_EQ(RunCommand({ctl, sock, "remove-namespace"}).exit_code, 2);
+  r = RunCommand({ctl, sock, "remove-namespace", "0x1234"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.err.find("unknown namespace"), std::string::npos) << r.err;
+  r = RunCommand({ctl, sock, "remove-namespace", id});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << (*daemon)->LogTail();
+  EXPECT_EQ(r.out, "removed namespace " + id + ": 20 blocks evicted, 0 sessions closed\n");
+  r = RunCommand({ctl, sock, "remove-namespace", id, "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  r = RunCommand({ctl, sock, "stats", "--json"});
+  EXPECT_NE(r.out.find("\"namespaces\":[]"), std::string::npos) << r.out;
+  ASSERT_EQ(*(*daemon)->Stop(), 0);
+  daemon = TuttidProcess::Start(**env);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  r = RunCommand({ctl, sock, "stats", "--json"});
+  EXPECT_NE(r.out.find("\"namespaces\":[]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"slots_used\":0"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace tutti::testing
