@@ -26,6 +26,7 @@ tutti::v1::AttachRequest BaseRequest(const AttachOptions& o) {
   *req.mutable_namespace_() = ToProto(o.ns);
   req.set_num_blocks(o.num_blocks);
   req.set_engine_pid(static_cast<uint32_t>(getpid()));
+  req.set_namespace_secret(o.namespace_secret);
   return req;
 }
 

@@ -58,6 +58,9 @@ TEST(AttachRequestTest, HostPlacementsAreOffsetsInTheRegion) {
   EXPECT_EQ(req->namespace_().hash_scheme(), kChainHashScheme);
   EXPECT_EQ(req->engine_pid(), static_cast<uint32_t>(getpid()));
   EXPECT_FALSE(req->has_ready_words());
+  EXPECT_EQ(req->namespace_secret(), "");
+  o.namespace_secret = std::string(16, 's');
+  EXPECT_EQ(BuildHostAttach(o)->namespace_secret(), o.namespace_secret);
 }
 
 TEST(AttachRequestTest, HostObjectsMayLieInDifferentRegions) {

@@ -57,6 +57,28 @@ class SharingTest(unittest.TestCase):
             with self.assertRaisesRegex(tutti.InvalidArgument, "16 to 64"):
                 self.worker(engine_group=bad)
 
+    def test_namespace_secret_on_attach(self):
+        secret = b"s" * 16
+        with self.worker(namespace_secret=secret):
+            pass
+        with tutti.Client.attach_lookup_only(NS, GROUP, socket_path=self.daemon.socket,
+                                             namespace_secret=secret):
+            pass
+        with self.worker():
+            pass
+        self.assertEqual([a.namespace_secret for a in self.daemon.attaches], [secret, secret, b""])
+        for bad in (b"x" * 15, b"x" * 65, "not bytes"):
+            with self.assertRaisesRegex(tutti.InvalidArgument, "namespace_secret"):
+                self.worker(namespace_secret=bad)
+
+    def test_every_call_carries_the_session_token(self):
+        """tuttid answers a call without its session's token as an unknown session (the fake
+        does too); the client sends the token Attach gave on every call of the session."""
+        with self.worker(engine_group=GROUP) as c:
+            lease = c.lookup(KEYS)
+            self.assertTrue(c.retrieve(lease, KEYS[:1], [5]).wait(10).ok)
+            self.assertEqual(list(c.store(KEYS[:1], [1])), ["durable"])
+
     def test_retrieve_under_several_leases(self):
         with self.worker(engine_group=GROUP) as c:
             r = c.retrieve(None, KEYS[:2], [3, 4], more_leases=[11, 12])

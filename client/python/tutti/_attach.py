@@ -51,6 +51,16 @@ def check_engine_group(engine_group):
     return bytes(engine_group)
 
 
+def check_namespace_secret(secret):
+    """Raises InvalidArgument unless `secret` is empty or 16 to 64 bytes."""
+    if not isinstance(secret, (bytes, bytearray)):
+        raise errors.InvalidArgument("namespace_secret: bytes, not %s" % type(secret).__name__)
+    if secret and not 16 <= len(secret) <= 64:
+        raise errors.InvalidArgument("namespace_secret: %d bytes; give 16 to 64 (random, shared "
+                                     "by the engines that may share blocks) or none" % len(secret))
+    return bytes(secret)
+
+
 def build_lookup_only_attach(engine_id, ns, engine_group):
     """The AttachRequest of a memory-less session (no regions, no placements, num_blocks 0),
     without its credential: it may Lookup, Release, ReportCompute and WatchEvents; workers of

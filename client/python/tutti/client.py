@@ -29,7 +29,7 @@ import grpc
 
 from tutti import errors
 from tutti._attach import (build_cuda_attach, build_host_attach, build_lookup_only_attach,
-                           region_fds, with_credential)
+                           check_namespace_secret, region_fds, with_credential)
 from tutti._calls import InFlight, Timeouts
 from tutti._events import EventStream
 from tutti._handoff import hand_off
@@ -281,7 +281,8 @@ class Client:
                cuda_device: Optional[int] = None, socket_path: str = DEFAULT_SOCKET,
                engine_id: str = "python-engine", reattach: bool = True,
                connect_timeout: float = 5.0, call_timeout: Optional[float] = None,
-               timeouts: Optional[Timeouts] = None, engine_group: bytes = b"") -> "Client":
+               timeouts: Optional[Timeouts] = None, engine_group: bytes = b"",
+               namespace_secret: bytes = b"") -> "Client":
         """Connects, hands the memory over and attaches. Host mode: pass host_regions
         [(name, address, size)] that hold every object: SharedMemory.region() (which carries its
         descriptor), or the name of a POSIX shm object this process can open read-write (opened
@@ -291,13 +292,18 @@ class Client:
         reached, and tuttid's error otherwise (e.g. FailedPrecondition when its pool cannot hold
         this layout). The memory must outlive the Client. `engine_group` (16 to 64 random bytes,
         or empty: no sharing): this session may retrieve under leases of other sessions of the
-        same group, namespace and user, e.g. a memory-less one (attach_lookup_only)."""
+        same group, namespace and user, e.g. a memory-less one (attach_lookup_only).
+        `namespace_secret` (16 to 64 random bytes, or empty): tuttid scopes namespaces to the
+        engine's user; engines of any user that give the same secret share one namespace
+        (docs/security.md "Namespaces")."""
+        secret = check_namespace_secret(namespace_secret)
         if cuda_device is not None:
             from tutti import _cuda
             words = _cuda.ReadyWords(cuda_device, namespace.layout.num_layers + 1)
             try:
                 req = build_cuda_attach(engine_id, namespace, num_blocks, objects, cuda_device,
                                         words, engine_group=engine_group)
+                req.namespace_secret = secret
                 return cls(socket_path, req, words, cuda_device, reattach, connect_timeout,
                            call_timeout, timeouts)
             except BaseException:
@@ -305,6 +311,7 @@ class Client:
                 raise
         req = build_host_attach(engine_id, namespace, num_blocks, objects, host_regions,
                                 engine_group)
+        req.namespace_secret = secret
         return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout, timeouts,
                    fds=region_fds(host_regions))
 
@@ -313,13 +320,16 @@ class Client:
                            socket_path: str = DEFAULT_SOCKET, engine_id: str = "python-lookup",
                            reattach: bool = True, connect_timeout: float = 5.0,
                            call_timeout: Optional[float] = None,
-                           timeouts: Optional[Timeouts] = None) -> "Client":
+                           timeouts: Optional[Timeouts] = None,
+                           namespace_secret: bytes = b"") -> "Client":
         """A memory-less session (no KV memory is handed over): it may lookup(), release(),
         report_compute() and watch_events(); retrieve() and store() raise FailedPrecondition
         (tuttid's answer). Sessions attached with the same `engine_group` (16 to 64 bytes,
         required), namespace and user retrieve under its leases (retrieve(..., more_leases=)).
-        A vLLM scheduler uses one per TP rank. Raises as attach()."""
+        A vLLM scheduler uses one per TP rank. `namespace_secret` as for attach(). Raises as
+        attach()."""
         req = build_lookup_only_attach(engine_id, namespace, engine_group)
+        req.namespace_secret = check_namespace_secret(namespace_secret)
         return cls(socket_path, req, None, None, reattach, connect_timeout, call_timeout,
                    timeouts)
 

@@ -206,6 +206,10 @@ struct AttachOptions {
   int connect_timeout_ms = 5000;         // for the first connection
   int call_timeout_ms = 120000;          // deadline of each call
   bool reattach = true;                  // re-attach by itself after tuttid restarts
+  // tuttid keeps each user's namespaces apart; engines of any user that give the same secret
+  // (16 to 64 random bytes) share one namespace (docs/security.md "Namespaces"). Empty: this
+  // user's own. A secret of another length is refused by tuttid (kInvalidArgument).
+  std::string namespace_secret;
 };
 
 // Blocks [0, hits) of a looked-up chain are present and pinned until Retrieve ends, Release, or

@@ -47,6 +47,21 @@ def _number(extra, name, default):
     return v
 
 
+def namespace_secret_of(extra):
+    """kv_connector_extra_config namespace_secret: a string of 16 to 64 bytes (UTF-8) that
+    engines of other users give too when they may share this model's blocks in tuttid
+    (docs/security.md "Namespaces"); absent: the namespace is this user's own."""
+    v = extra.get("namespace_secret", "")
+    if not isinstance(v, str):
+        raise ValueError("kv_connector_extra_config namespace_secret: a string, not %s"
+                         % type(v).__name__)
+    secret = v.encode()
+    if secret and not 16 <= len(secret) <= 64:
+        raise ValueError("kv_connector_extra_config namespace_secret: %d bytes; give 16 to 64 "
+                         "(random) or none" % len(secret))
+    return secret
+
+
 class TuttiConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -71,7 +86,8 @@ class TuttiConnector(KVConnectorBase_V1):
                 socket_of(extra, rank), extra.get("save", "end"),
                 getattr(vllm, "__version__", "unknown"),
                 retry_deadline_s=_number(extra, "save_retry_deadline_ms", 10000) / 1000.0,
-                max_pending_saves=int(_number(extra, "max_pending_saves", 4096)))
+                max_pending_saves=int(_number(extra, "max_pending_saves", 4096)),
+                namespace_secret=namespace_secret_of(extra))
 
     # --- worker side ---
     def register_kv_caches(self, kv_caches):

@@ -19,6 +19,7 @@ class TuttiHandshake(KVConnectorHandshakeMetadata):
     socket: str
     namespace: Namespace
     engine_group: bytes
+    namespace_secret: bytes = b""  # the workers' and the scheduler's sessions share it
 
 
 @dataclass

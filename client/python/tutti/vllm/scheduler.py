@@ -429,5 +429,6 @@ def lookup_only_connect(lookup_timeout_s: float = 0.5, connect_timeout_s: float 
         return tutti.Client.attach_lookup_only(h.namespace, h.engine_group, socket_path=h.socket,
                                                engine_id="vllm-scheduler-rank%d" % h.tp_rank,
                                                connect_timeout=connect_timeout_s,
-                                               timeouts=timeouts)
+                                               timeouts=timeouts,
+                                               namespace_secret=h.namespace_secret)
     return connect

@@ -78,7 +78,8 @@ class TuttiWorker:
     def __init__(self, model_config, kv_cache_config, tp_rank: int, tp_size: int, socket: str,
                  save_mode: str = "end", vllm_version: str = "unknown",
                  timeouts: Optional[tutti.Timeouts] = None, retry_deadline_s: float = 10.0,
-                 max_pending_saves: int = 4096, clock=time.monotonic):
+                 max_pending_saves: int = 4096, clock=time.monotonic,
+                 namespace_secret: bytes = b""):
         if save_mode not in ("end", "layer"):
             raise ValueError("kv_connector_extra_config save: %r; give \"end\" or \"layer\"" %
                              (save_mode,))
@@ -89,6 +90,7 @@ class TuttiWorker:
         self._version = vllm_version
         self._timeouts = timeouts
         self.engine_group = os.urandom(16)
+        self.namespace_secret = namespace_secret
         self.geometry = None
         self.namespace = None
         self.client = None
@@ -110,7 +112,8 @@ class TuttiWorker:
         self.namespace = namespace(self._model_config, g, self.tp_rank, self.tp_size,
                                    self._version)
         common = dict(socket_path=self.socket, engine_id="vllm-worker-rank%d" % self.tp_rank,
-                      engine_group=self.engine_group, timeouts=self._timeouts)
+                      engine_group=self.engine_group, timeouts=self._timeouts,
+                      namespace_secret=self.namespace_secret)
         if g.device is not None:
             self.client = tutti.Client.attach(self.namespace, g.num_blocks, list(g.objects),
                                               cuda_device=g.device, **common)
@@ -134,7 +137,8 @@ class TuttiWorker:
     def handshake(self) -> TuttiHandshake:
         if self.namespace is None:
             raise RuntimeError("TuttiConnector: get_handshake_metadata before register_kv_caches")
-        return TuttiHandshake(self.tp_rank, self.socket, self.namespace, self.engine_group)
+        return TuttiHandshake(self.tp_rank, self.socket, self.namespace, self.engine_group,
+                              self.namespace_secret)
 
     # --- loads ---
     def bind(self, meta: TuttiConnectorMetadata):
