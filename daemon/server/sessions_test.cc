@@ -530,6 +530,7 @@ class PinShareTest : public ::testing::Test {
     o.max_sessions_per_user = 8;
     o.max_pinned_blocks_per_session = 1000;  // no bound here: the pool is 100 slots
     o.max_pinned_blocks_per_user = 30;
+    o.max_pinned_pool_share_per_user = 0.25;
     o.pool_slots = 100;  // per user: 25 (a quarter); all: 75
     return o;
   }

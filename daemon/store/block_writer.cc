@@ -464,6 +464,14 @@ uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
     victim_slots->push_back(victim->slot);
     last_delete = HideForEviction(victim);
   }
+  if (slots.size() < wanting.size()) {
+    TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::warn, 5,
+                          "{} of {} blocks found no slot: every block in the pool is pinned by "
+                          "leases (bounded by limits.max_pinned_pool_share and "
+                          "max_pinned_pool_share_per_user; `tuttictl sessions`, `tuttictl "
+                          "end-session`); they fail and will be misses",
+                          wanting.size() - slots.size(), wanting.size());
+  }
   std::sort(slots.begin(), slots.end());
   for (size_t i = 0; i < wanting.size(); ++i) {
     PendingBlock* p = wanting[i];

@@ -654,7 +654,10 @@ std::unique_ptr<tutti::v1::Admin::Stub> OperatorStub(const std::string& sock) {
 
 class MultiUserPinsTest : public MultiUserTest {
  protected:
-  std::string ExtraLimits() override { return "lease_ttl_ms: 600000"; }
+  // As on a host of four tenants: each may pin a quarter of the pool.
+  std::string ExtraLimits() override {
+    return "lease_ttl_ms: 600000 max_pinned_pool_share_per_user: 0.25";
+  }
 };
 
 // One user with many Lookups pinned the whole pool: another user's Store of fresh blocks failed

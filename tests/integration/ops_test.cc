@@ -31,16 +31,16 @@ TEST(OpsTest, VerifyDropsExactlyTheCorruptBlocksOfARealPool) {
   TuttidConfig config;  // one pool file, 4 KiB objects, 8 per block
   auto env = TuttidEnv::Create(config);
   ASSERT_TRUE(env.ok()) << env.status();
-  auto layout = pool::PoolLayout::Compute(config.capacity_bytes, 1, config.object_bytes,
-                                          config.max_objects);
+  auto layout =
+      pool::PoolLayout::Compute(config.capacity_bytes, 1, config.object_bytes, config.max_objects);
   ASSERT_TRUE(layout.ok());
   const std::string ctl = RunfilePath("client/tuttictl");
   const std::string sock = "--socket=" + (*env)->socket();
   {
     auto daemon = TuttidProcess::Start(**env);
     ASSERT_TRUE(daemon.ok()) << daemon.status();
-    CommandResult r = RunCommand({ctl, sock, "bench", "--phase=store", "--layers=4",
-                                  "--kv_heads=1", "--head_dim=64", "--blocks=30", "--batch=10"});
+    CommandResult r = RunCommand({ctl, sock, "bench", "--phase=store", "--layers=4", "--kv_heads=1",
+                                  "--head_dim=64", "--blocks=30", "--batch=10"});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err << (*daemon)->LogTail();
     r = RunCommand({ctl, sock, "drain", "--json"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -61,9 +61,8 @@ TEST(OpsTest, VerifyDropsExactlyTheCorruptBlocksOfARealPool) {
 
   auto daemon = TuttidProcess::Start(**env);
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  CommandResult r =
-      RunCommand({ctl, sock, "verify", "--batch_blocks=4", "--progress=lines",
-                  "--progress_every_ms=0"});
+  CommandResult r = RunCommand(
+      {ctl, sock, "verify", "--batch_blocks=4", "--progress=lines", "--progress_every_ms=0"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("verify: 4/30 blocks (13.3%)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("verify: 30/30 blocks (100.0%), 2 bad"), std::string::npos) << r.out;
@@ -92,13 +91,14 @@ TEST(OpsTest, VerifyDropsExactlyTheCorruptBlocksOfARealPool) {
 
 // Issue 19: one session's Lookups pinned the whole pool (inside its per-session limits); another
 // engine's Store of fresh blocks then failed 64 of 64 and `tuttictl evict --all` evicted nothing.
-// Now pins hold at most a quarter of the pool per user (three quarters in all), Stores evict the
-// unpinned rest, and the operator ends the hog's leases, then its session.
+// Now pins hold at most a set share of the pool per user (a quarter here; three quarters in all),
+// Stores evict the unpinned rest, and the operator ends the hog's leases, then its session.
 TEST(OpsTest, APinHogLeavesRoomForStoresAndTheOperatorEndsIt) {
   TuttidConfig config;
   config.capacity_bytes = 64ull << 20;
   config.object_bytes = 32768;  // 256 KiB blocks: about 240 slots
   config.lease_ttl_ms = 600000;
+  config.extra_limits = "max_pinned_pool_share_per_user: 0.25";  // as on a host of four tenants
   auto env = TuttidEnv::Create(config);
   ASSERT_TRUE(env.ok()) << env.status();
   auto daemon = TuttidProcess::Start(**env);

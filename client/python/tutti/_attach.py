@@ -41,24 +41,24 @@ def _extent(layout, num_blocks, o):
     return (num_blocks - 1) * o.block_stride + layout.object_bytes
 
 
+def _random_bytes(field, value, who):
+    """`value` as bytes; raises InvalidArgument unless it is empty or 16 to 64 bytes."""
+    if not isinstance(value, (bytes, bytearray)):
+        raise errors.InvalidArgument("%s: bytes, not %s" % (field, type(value).__name__))
+    if value and not 16 <= len(value) <= 64:
+        raise errors.InvalidArgument("%s: %d bytes; give 16 to 64 (random, shared by %s) or none"
+                                     % (field, len(value), who))
+    return bytes(value)
+
+
 def check_engine_group(engine_group):
     """Raises InvalidArgument unless `engine_group` is empty or 16 to 64 bytes."""
-    if not isinstance(engine_group, (bytes, bytearray)):
-        raise errors.InvalidArgument("engine_group: bytes, not %s" % type(engine_group).__name__)
-    if engine_group and not 16 <= len(engine_group) <= 64:
-        raise errors.InvalidArgument("engine_group: %d bytes; give 16 to 64 (random, shared by "
-                                     "the engine's own processes) or none" % len(engine_group))
-    return bytes(engine_group)
+    return _random_bytes("engine_group", engine_group, "the engine's own processes")
 
 
 def check_namespace_secret(secret):
     """Raises InvalidArgument unless `secret` is empty or 16 to 64 bytes."""
-    if not isinstance(secret, (bytes, bytearray)):
-        raise errors.InvalidArgument("namespace_secret: bytes, not %s" % type(secret).__name__)
-    if secret and not 16 <= len(secret) <= 64:
-        raise errors.InvalidArgument("namespace_secret: %d bytes; give 16 to 64 (random, shared "
-                                     "by the engines that may share blocks) or none" % len(secret))
-    return bytes(secret)
+    return _random_bytes("namespace_secret", secret, "the engines that may share blocks")
 
 
 def build_lookup_only_attach(engine_id, ns, engine_group):
