@@ -32,9 +32,12 @@ namespace {
 constexpr char kChildFlag[] = "--engine_child";
 constexpr uint64_t kSeed = 0x7e57;
 
+// A 4 GiB pool of 2 MiB slots (about 2040): two engines of one uid each pin 256 blocks at once,
+// within one user's share of the pins (limits.max_pinned_pool_share_per_user, half the slots)
+// and everyone's (three quarters).
 std::string DaemonConfig(const std::string& scatter, uint64_t dram_bytes) {
   return absl::StrCat(
-      "pool { capacity_bytes: 1073741824 object_bytes: 32768 max_objects: 64 }\n"
+      "pool { capacity_bytes: 4294967296 object_bytes: 32768 max_objects: 64 }\n"
       "io { backend: \"uring\" queue_depth: 64 }\n"
       "dram { capacity_bytes: ",
       dram_bytes, " }\n",
