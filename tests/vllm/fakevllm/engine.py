@@ -24,7 +24,8 @@ import torch
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                         KVCacheTensor)
 from vllm.v1.request import Request, RequestStatus
@@ -117,7 +118,15 @@ class Engine:
             self.executor.shutdown()
             raise
         hash_fn = sha256_cbor if config.hash_algo == "sha256_cbor" else _sha256_pickle
-        self.block_hasher = get_request_block_hasher(config.block_size, hash_fn)
+        # vLLM's engine core seeds its block hashes once per process (init_none_hash): random
+        # unless PYTHONHASHSEED is set. Each Engine is a fresh engine process: its own seed.
+        self.none_hash = init_none_hash(hash_fn) or kv_cache_utils.NONE_HASH
+        hasher = get_request_block_hasher(config.block_size, hash_fn)
+
+        def block_hasher(request):
+            kv_cache_utils.NONE_HASH = self.none_hash
+            return hasher(request)
+        self.block_hasher = block_hasher
         self.step_reports = []   # per step: every rank's StepReport
         self.scheduler_calls = []  # per step: the scheduler connector's calls
         self._expected: Dict[str, List[int]] = {}
@@ -144,8 +153,10 @@ class Engine:
             connector.calls.clear()
 
     # --- requests ---
-    def add_request(self, req_id: str, prompt: List[int], max_tokens: int = 4):
-        request = Request(req_id, prompt, block_hasher=self.block_hasher, max_tokens=max_tokens)
+    def add_request(self, req_id: str, prompt: List[int], max_tokens: int = 4, **fields):
+        """fields: more of Request's (lora_request, cache_salt, mm_features)."""
+        request = Request(req_id, prompt, block_hasher=self.block_hasher, max_tokens=max_tokens,
+                          **fields)
         self._expected[req_id] = expected_output(prompt, max_tokens)
         self._bad[req_id] = {"unreported": {}, "reported": {}}
         self.scheduler.add_request(request)
