@@ -50,6 +50,7 @@ class EngineConfig:
     order: str = DEFAULT_ORDER
     max_num_batched_tokens: int = 64
     max_num_seqs: int = 8
+    max_model_len: int = 4096
     host: bool = True
     register_host_memory: bool = False
     device: Optional[str] = None  # "cuda:0": every worker's cache in device memory (host False)
@@ -140,7 +141,8 @@ class Engine:
                 self.vllm_config, KVConnectorRole.SCHEDULER, self.kv_cache_config)
             connector = _Recorder(self.connector)
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_num_batched_tokens,
-                                                   self.config.max_num_seqs),
+                                                   self.config.max_num_seqs,
+                                                   self.config.max_model_len),
                                    self.config.num_gpu_blocks, self.config.block_size,
                                    connector)
         if connector is not None:
@@ -204,9 +206,9 @@ class Engine:
 
     def generate(self, requests, max_steps: int = 1000, before_execute=None
                  ) -> Dict[str, RequestResult]:
-        """requests: (req_id, prompt token ids, max_tokens) tuples, all added before the first
-        step. Returns each request's RequestResult."""
-        handles = [self.add_request(*r) for r in requests]
+        """requests: (req_id, prompt token ids, max_tokens[, {Request field: value}]) tuples,
+        all added before the first step. Returns each request's RequestResult."""
+        handles = [self.add_request(*r[:3], **(r[3] if len(r) > 3 else {})) for r in requests]
         self.run_until_done(max_steps, before_execute)
         return {h.request_id: self.result(h) for h in handles}
 
