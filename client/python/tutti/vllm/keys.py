@@ -29,6 +29,7 @@ KEY_BYTES = 16
 KEY_SCHEME = "tutti-vllm-keys-v1"
 MAX_MODEL_ID = 256
 _ROOT = hashlib.sha256(b"tutti.vllm block keys v1").digest()
+_NO_EXTRA = b"\x00"  # encode_extra_keys(None)
 
 
 def check_cache_config(cache_config):
@@ -62,6 +63,12 @@ def _encode(x, out):
                          "known: None, bool, int, str, bytes, tuple, list" % (type(x).__name__, x))
 
 
+def _token_bytes(tokens) -> bytes:
+    """Token ids as 8-byte little-endian integers."""
+    tokens = list(tokens)
+    return struct.pack("<%dq" % len(tokens), *tokens)
+
+
 def encode_extra_keys(extra) -> bytes:
     out = bytearray()
     _encode(extra, out)
@@ -90,20 +97,18 @@ class KeyChain:
         n = min(n, len(request.all_token_ids) // bs)
         if n <= have:
             return n
-        tokens = list(request.all_token_ids[have * bs:n * bs])
-        raw = struct.pack("<%dq" % len(tokens), *tokens)
-        width = 8 * bs
+        raw = _token_bytes(request.all_token_ids[have * bs:n * bs])
+        width, last, sha256 = 8 * bs, self._last, hashlib.sha256
+        packed, extras, mm_idx = self._packed, self._extras, self._mm_idx
         for i in range(have, n):
             start = i * bs
-            extra, self._mm_idx = generate_block_hash_extra_keys(request, start, start + bs,
-                                                                 self._mm_idx)
+            extra, mm_idx = generate_block_hash_extra_keys(request, start, start + bs, mm_idx)
             j = (i - have) * width
-            h = hashlib.sha256(self._last)
-            h.update(raw[j:j + width])
-            h.update(encode_extra_keys(extra))
-            self._last = h.digest()
-            self._packed += self._last[:KEY_BYTES]
-            self._extras.append(extra)
+            last = sha256(last + raw[j:j + width] +
+                          (_NO_EXTRA if extra is None else encode_extra_keys(extra))).digest()
+            packed += last[:KEY_BYTES]
+            extras.append(extra)
+        self._last, self._mm_idx = last, mm_idx
         return n
 
     def packed(self, begin: int, end: int) -> bytes:
