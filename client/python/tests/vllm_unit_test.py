@@ -449,6 +449,18 @@ class SchedulerTest(unittest.TestCase):
         c.have.update(keys_of(r2, 3))
         self.assertEqual(s.get_num_new_matched_tokens(r2, 0), (3 * BS, False))  # no back-off
 
+    def test_a_request_that_cannot_be_keyed_neither_loads_nor_saves(self):
+        class Odd:
+            pass
+        r = Request("a", list(range(9)), cache_salt=Odd())
+        s = sched_with([FakeClient()])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+        s.update_state_after_alloc(r, KVCacheBlocks(([1, 2, 3],)), 0)
+        meta = s.build_connector_meta(output(new=[NewRequestData.from_request(r, ([1, 2, 3],))],
+                                             scheduled={"a": 9}))
+        self.assertEqual((meta.loads, meta.saves), ([], []))
+        self.assertEqual(s.request_finished(r, [1, 2, 3]), (False, None))
+
     def test_no_handshake_no_lookup(self):
         s = TuttiScheduler(BS, 1, connect=lambda h: None, watch_events=False)
         self.assertEqual(s.get_num_new_matched_tokens(request("a", 17), 0), (0, False))

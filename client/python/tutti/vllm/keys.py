@@ -11,7 +11,8 @@ never hit. Block i of a request (tokens [i*B, (i+1)*B) of Request.all_token_ids)
 extra_i is what vLLM mixes into its own hash of that block (generate_block_hash_extra_keys:
 LoRA name, multimodal identifiers and offsets, cache_salt on the first block, prompt-embeds
 hashes), so requests vLLM keeps apart stay apart here; encode() is a fixed, typed encoding that
-refuses types it does not know (a wrong key would serve another prompt's KV).
+refuses types it does not know with a ValueError (a wrong key would serve another prompt's KV;
+the scheduler then neither loads nor saves that request).
 
 Namespace: model_id "<model>@<revision>|kv=<dtype>|<format>:<in-block order>", the layout,
 tp_rank/tp_size, hash_scheme "tutti-vllm-keys-v1@<vLLM version>" (the version: multimodal

@@ -174,6 +174,7 @@ class TuttiScheduler:
         self._local: Dict[str, int] = {}
         self._reqs: Dict[str, _Req] = {}
         self._chains: Dict[str, KeyChain] = {}
+        self._unkeyable: set = set()  # requests with an extra key keys.py cannot encode
         self._saved: set = set()  # requests that had saves: request_finished holds their blocks
         self._loads: List[LoadSpec] = []
         self._events_lock = threading.Lock()
@@ -212,9 +213,10 @@ class TuttiScheduler:
         self._local[req_id] = local
         if max_blocks <= local or len(self._links) != self.tp_size:
             return 0, False
-        chain = self._chain(request)
-        n = chain.derive(request, max_blocks)
-        chunks = self._lookup_chunks(chain, n, request.num_tokens)
+        n = self._derive(request, max_blocks)
+        if not n:
+            return 0, False
+        chunks = self._lookup_chunks(self._chains[req_id], n, request.num_tokens)
         hits = sum(c.hits for c in chunks)
         if hits <= local:
             for c in chunks:
@@ -225,11 +227,21 @@ class TuttiScheduler:
                                          self._clock() + ttl_s / 2)
         return hits * self.block_size - num_computed_tokens, False
 
-    def _chain(self, request) -> KeyChain:
-        chain = self._chains.get(request.request_id)
+    def _derive(self, request, n) -> int:
+        """Keys of the request's blocks [0, n): how many it has. 0 for a request whose blocks
+        cannot be keyed (logged once): it neither loads nor saves."""
+        req_id = request.request_id
+        if req_id in self._unkeyable:
+            return 0
+        chain = self._chains.get(req_id)
         if chain is None:
-            chain = self._chains[request.request_id] = KeyChain(self.block_size)
-        return chain
+            chain = self._chains[req_id] = KeyChain(self.block_size)
+        try:
+            return chain.derive(request, n)
+        except ValueError as e:
+            log.warning("request %s: %s; it neither loads from nor saves to tuttid", req_id, e)
+            self._unkeyable.add(req_id)
+            return 0
 
     def _lookup_chunks(self, chain, n, prompt_tokens) -> List[_Chunk]:
         """Looks up blocks [0, n) in chunks of at most max_blocks_per_call keys, the next
@@ -376,10 +388,10 @@ class TuttiScheduler:
 
     def _collect_save(self, req_id, st, end_tokens, saves):
         request = st.request
-        chain = self._chain(request)
-        full = chain.derive(request, min(end_tokens // self.block_size, len(st.block_ids)))
-        if full <= st.done:
+        full = self._derive(request, min(end_tokens // self.block_size, len(st.block_ids)))
+        if full <= st.done or req_id in self._unkeyable:
             return
+        chain = self._chains[req_id]
         keys = chain.keys(st.done, full)
         saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
         self._saved.add(req_id)
@@ -413,6 +425,7 @@ class TuttiScheduler:
         self._local.pop(req_id, None)
         self._reqs.pop(req_id, None)
         self._chains.pop(req_id, None)
+        self._unkeyable.discard(req_id)
         if req_id in self._saved:
             self._saved.discard(req_id)
             return True, None
