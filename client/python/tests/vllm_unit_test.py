@@ -571,5 +571,63 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual([e.extra_keys for e in out], [[("s",)], [None]])  # salt: block 0
 
 
+class LoadsTest(unittest.TestCase):
+    """tutti.vllm.loads: a step's LoadSpecs in Retrieves within tuttid's bounds."""
+
+    class Part:
+        def __init__(self, keys, blocks, leases, broken=False):
+            self.keys, self.blocks, self.leases, self.broken = keys, blocks, leases, broken
+            self.waited = []
+
+        def wait_layer(self, layer, stream=None):
+            self.waited.append(layer)
+            if self.broken:
+                raise tutti.TuttiError("broke", "ABORTED")
+
+        def wait(self, timeout=None):
+            from tutti.client import RetrieveOutcome
+            if self.broken:
+                return RetrieveOutcome("UNAVAILABLE", "gone", list(range(len(self.keys))))
+            return RetrieveOutcome(failed=[0])
+
+    class Client:
+        def __init__(self, broken=()):
+            self.parts, self.broken = [], set(broken)
+
+        def retrieve(self, lease, keys, blocks, more_leases=()):
+            p = LoadsTest.Part(keys, blocks, list(more_leases), len(self.parts) in self.broken)
+            self.parts.append(p)
+            return p
+
+    def specs(self):
+        from tutti.vllm.metadata import LoadSpec
+        return [LoadSpec("a", [b"a%d" % i for i in range(4)], [1, 2, 3, 4], {0: 7}),
+                LoadSpec("a", [b"b"], [5], {0: 8}),
+                LoadSpec("b", [b"c"] * 2, [6, 9], {1: 9}),      # no lease on rank 0
+                LoadSpec("c", [b"d"] * 6, list(range(10, 16)), {0: 10}),  # past one Retrieve
+                LoadSpec("d", [b"e"] * 3, [20, 21, 22], {0: 11})]
+
+    def test_batches_within_the_bounds(self):
+        from tutti.vllm import loads
+        c = self.Client()
+        rs, loading, refused = loads.start(c, self.specs(), 0, 5)
+        self.assertEqual([(p.blocks, p.leases) for p in c.parts],
+                         [([1, 2, 3, 4, 5], [7, 8]), ([20, 21, 22], [11])])
+        self.assertEqual(loading, [1, 2, 3, 4, 5, 20, 21, 22])
+        self.assertEqual(refused, {6, 9} | set(range(10, 16)))
+        self.assertEqual(rs.wait().failed, [0, 5])  # each part's index 0, over the step
+        self.assertIsNone(loads.start(c, [], 0, 5)[0])
+
+    def test_a_broken_part_does_not_skip_the_others_waits(self):
+        from tutti.vllm import loads
+        c = self.Client(broken={0})
+        rs, loading, _ = loads.start(c, self.specs(), 0, 5)
+        with self.assertRaises(tutti.TuttiError):
+            rs.wait_layer(2)
+        self.assertEqual([p.waited for p in c.parts], [[2], [2]])
+        out = rs.wait()
+        self.assertEqual((out.code, out.failed), ("UNAVAILABLE", [0, 1, 2, 3, 4, 5]))
+
+
 if __name__ == "__main__":
     unittest.main()

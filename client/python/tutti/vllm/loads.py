@@ -33,9 +33,17 @@ class Retrievals:
         return bool(self._parts)
 
     def wait_layer(self, layer: int, stream=None):
-        """Retrieval.wait_layer on each (raises as it does)."""
+        """Retrieval.wait_layer on each, every one waited even when one raised (a broken one
+        must not let the forward read another's blocks before they land); then raises the first
+        error."""
+        first = None
         for r, _ in self._parts:
-            r.wait_layer(layer, stream)
+            try:
+                r.wait_layer(layer, stream)
+            except errors.TuttiError as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def wait(self, timeout=None) -> RetrieveOutcome:
         """Waits for all; failed indexes over the step's blocks; code/message: the first broken
