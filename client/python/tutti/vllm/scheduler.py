@@ -14,8 +14,9 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
 - update_state_after_alloc: loads of blocks [local hits, hits) of the request's blocks (one
   LoadSpec per chunk, with that chunk's leases), the leases of chunks not loaded released.
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
-  the end of this step (num_computed_tokens + scheduled tokens, only blocks vLLM has hashed) that
-  were neither loaded, nor local prefix hits, nor saved before (also across preemption).
+  the end of this step (num_computed_tokens + scheduled tokens) that were neither loaded, nor
+  local prefix hits, nor saved before (also across preemption). A request whose blocks cannot be
+  keyed (tutti.vllm.keys refuses an extra key) neither loads nor saves.
 - request_finished: releases its leases (a load that will not happen), forgets it; returns
   (True, None) when the request had saves (a worker may still hold pending saves of it: vLLM
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
