@@ -26,6 +26,7 @@ sys.path[:0] = [os.path.join(HERE, "stub"), HERE]
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
 
 from tutti.testing import Tuttid  # noqa: E402
 
@@ -330,20 +331,34 @@ class TuttiConnectorTest(unittest.TestCase):
         (d0,) = self.start_daemons(1)
         e = self.engine()
         p = prompt(6, 3)
-        self.assertGood(e.generate([("a", p, 2)])["a"])
+        self.assertGood(e.generate([("a", p, 2, {"cache_salt": "s"})])["a"])
         # vLLM's GPU-tier BlockStored carries maybe_convert_block_hash(hash) (an int by
         # default): the disk tier's events join them by it
-        req_hashes = [maybe_convert_block_hash(h) for h in e.block_hashes(p)]
+        req = Request("hashes-of-a", p, block_hasher=e.block_hasher, cache_salt="s")
+        req_hashes = [maybe_convert_block_hash(h) for h in req.block_hashes]
 
         def stored(events):
             return [ev for ev in events if isinstance(ev, BlockStored)]
         self.pump_events(e, lambda evs: sum(len(ev.block_hashes) for ev in stored(evs)) >= 3)
+        # joined by hash with the GPU tier's events of the same blocks: same tokens, same parent
+        gpu = {}
+        for ev in e.gpu_events:
+            for j, h in enumerate(ev.block_hashes):
+                parent = ev.block_hashes[j - 1] if j else ev.parent_block_hash
+                gpu[h] = (parent, ev.token_ids[j * BS:(j + 1) * BS], ev.extra_keys[j])
+        for ev in stored(e.events):
+            for j, h in enumerate(ev.block_hashes):
+                parent = ev.block_hashes[j - 1] if j else ev.parent_block_hash
+                self.assertIn(h, gpu)
+                self.assertEqual((parent, ev.token_ids[j * BS:(j + 1) * BS], ev.extra_keys[j]),
+                                 gpu[h])
         hashes, tokens = [], []
         for ev in stored(e.events):
             self.assertEqual((ev.medium, ev.block_size), ("DISK", BS))
             first = req_hashes.index(ev.block_hashes[0])
             self.assertEqual(ev.parent_block_hash, req_hashes[first - 1] if first else None)
-            self.assertEqual(ev.extra_keys, [None] * len(ev.block_hashes))
+            self.assertEqual(ev.extra_keys, [("s",) if first + j == 0 else None
+                                             for j in range(len(ev.block_hashes))])
             hashes += ev.block_hashes
             tokens += ev.token_ids
         self.assertEqual(hashes, req_hashes[:3])

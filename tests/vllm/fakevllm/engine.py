@@ -232,6 +232,11 @@ class Engine:
     def events(self):
         return self.scheduler.events
 
+    @property
+    def gpu_events(self):
+        """The GPU tier's BlockStored events (fakevllm.block_pool)."""
+        return self.scheduler.kv_cache_manager.gpu_events
+
     def shutdown(self):
         """As EngineCore.shutdown: the executor (workers) first, then the scheduler's
         connector."""
