@@ -82,7 +82,7 @@ def run(tp, iterations, tokens, hashes):
             workers.append(w)
         parallel_state.set_tensor_model_parallel(0, tp)
         # Store the chain on every rank with a plain client of the worker's namespace.
-        keys = tutti_vllm.keys.keys_of(hashes)
+        keys = tutti_vllm.keys.request_keys(Request("keys", tokens), BS, CHAIN)
         for rank, d in enumerate(daemons):
             ns = handshakes[rank].namespace
             # A (layer, block) is contiguous in LBNHC (not in the logical [H, N, C] order).

@@ -3,7 +3,10 @@ instances (one per TP rank): store then load with verified bytes in a fresh engi
 only where both ranks hold the block (one daemon evicted); a load that fails because a rank's
 tuttid died between the lookup and the load (reported through get_block_ids_with_load_errors,
 recomputed, no hung step); an eviction between lookup and load (the lease keeps the blocks); the
-KV events (take_events) against what was stored and evicted.
+KV events (take_events) against what was stored and evicted, joined with vLLM's GPU-tier event
+hashes; a prompt longer than tuttid's max_blocks_per_call hits in full; a Lookup a live tuttid
+refuses is a miss for that request only; a fresh engine (its own random vLLM hash seed, as
+without PYTHONHASHSEED) hits what another stored.
 
 TUTTI_HARNESS_DEVICE=cuda:0 (the GPU machine): the same tests in cuda mode, every worker's cache
 in device memory and every tuttid with gpu { mode: "cuda" } (the GPU-side layer waits).
@@ -22,6 +25,8 @@ sys.path[:0] = [os.path.join(HERE, "stub"), HERE]
 
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
 
 from tutti.testing import Tuttid  # noqa: E402
 
@@ -89,11 +94,12 @@ class TuttiConnectorTest(unittest.TestCase):
         for d in self.daemons:
             d.cleanup()
 
-    def start_daemons(self, n):
+    def start_daemons(self, n, **kw):
+        settings = dict(object_bytes=OBJECT_BYTES, max_objects=2 * LAYERS, session_ttl_ms=5000,
+                        extra='gpu { mode: "cuda" }' if DEVICE else "")
+        settings.update(kw)
         for _ in range(n):
-            self.daemons.append(Tuttid(object_bytes=OBJECT_BYTES, max_objects=2 * LAYERS,
-                                       session_ttl_ms=5000,
-                                       extra='gpu { mode: "cuda" }' if DEVICE else "").start())
+            self.daemons.append(Tuttid(**settings).start())
         return self.daemons
 
     def engine(self, tp_size=1, extra=None, **kw):
@@ -102,10 +108,11 @@ class TuttiConnectorTest(unittest.TestCase):
         cfg.update(extra or {})
         ktc = KVTransferConfig(kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm",
                                kv_role="kv_both", kv_connector_extra_config=cfg)
-        e = Engine(EngineConfig(kv_transfer_config=ktc, tp_size=tp_size, num_layers=LAYERS,
-                                num_kv_heads=HEADS, head_size=HEAD_SIZE, block_size=BS,
+        shape = dict(num_layers=LAYERS, num_kv_heads=HEADS, head_size=HEAD_SIZE)
+        shape.update(kw)
+        e = Engine(EngineConfig(kv_transfer_config=ktc, tp_size=tp_size, block_size=BS,
                                 register_host_memory=DEVICE is None, host=DEVICE is None,
-                                device=DEVICE, step_timeout=30.0, **kw))
+                                device=DEVICE, step_timeout=30.0, **shape))
         self.engines.append(e)
         return e
 
@@ -140,6 +147,69 @@ class TuttiConnectorTest(unittest.TestCase):
                 self.assertEqual(second.stats.computed_tokens, len(p) - 4 * BS + 2)
                 self.assertEqual(second.output_token_ids, first.output_token_ids)
                 self.engines.pop().shutdown()
+
+    def test_a_fresh_engine_hits_without_pythonhashseed(self):
+        """vLLM seeds its block hashes per process (init_none_hash: os.urandom(32) unless
+        PYTHONHASHSEED is set); the connector's keys do not depend on it. cache_salt keeps
+        requests apart as in vLLM."""
+        saved = os.environ.pop("PYTHONHASHSEED", None)
+        try:
+            self.start_daemons(1)
+            p = prompt(12, 3)
+            first = self.engine()
+            self.assertGood(first.generate([("a", p, 2)])["a"])
+            self.assertGood(first.generate([("salted", p, 2, {"cache_salt": "x"})])["salted"])
+            self.engines.pop().shutdown()
+            wait_blocks(self.daemons[0], 6)
+            second = self.engine()
+            self.assertNotEqual(second.block_hashes(p), first.block_hashes(p))
+            r = second.generate([("b", p, 2)])["b"]
+            self.assertGood(r)
+            self.assertEqual(r.stats.external_tokens, 3 * BS)
+            for salt, hit in (("x", 3 * BS), ("y", 0)):
+                r = second.generate([("s" + salt, p, 2, {"cache_salt": salt})])["s" + salt]
+                self.assertGood(r)
+                self.assertEqual(r.stats.external_tokens, hit, salt)
+        finally:
+            if saved is not None:
+                os.environ["PYTHONHASHSEED"] = saved
+
+    def test_a_prompt_past_max_blocks_per_call_hits_in_full(self):
+        """2049 blocks: looked up in two chunks (2048 + 1), each under its own lease, loaded by
+        two Retrieves. Small blocks (4 KiB a layer) keep the pool and the cache small."""
+        small = dict(num_layers=2, num_kv_heads=1, head_size=32, num_gpu_blocks=2100,
+                     max_num_batched_tokens=8192, max_model_len=40000)
+        object_bytes = BS * 1 * 2 * 32 * 4
+        (d0,) = self.start_daemons(1, object_bytes=object_bytes, max_objects=4,
+                                   max_blocks_per_call=2048)
+        n = 2049
+        p = prompt(13, n)
+        first = self.engine(**small).generate([("a", p, 2)])["a"]
+        self.assertGood(first)
+        self.engines.pop().shutdown()
+        wait_blocks(d0, n)
+        r = self.engine(**small).generate([("b", p, 2)])["b"]
+        self.assertGood(r)
+        self.assertEqual(r.stats.external_tokens, n * BS)
+        self.assertEqual(r.stats.computed_tokens, len(p) - n * BS + 1)
+        self.assertEqual(r.output_token_ids, first.output_token_ids)
+        self.assertEqual(leases_held(d0), 0)
+
+    def test_a_lookup_tuttid_refuses_misses_that_request_only(self):
+        """A live tuttid's INVALID_ARGUMENT is no dead rank: the next request still hits."""
+        (d0,) = self.start_daemons(1, max_blocks_per_call=8)
+        e = self.engine(max_num_batched_tokens=512)  # both looked up in one step
+        short, long = prompt(14, 3), prompt(15, 10)
+        self.assertGood(e.generate([("s", short, 2)])["s"])
+        wait_blocks(d0, 3)
+        e.reset_prefix_cache()
+        links = e.connector._sched._links
+        links[0].max_blocks_per_call = lambda: 64  # one Lookup of 10 keys: tuttid refuses it
+        results = e.generate([("l", long, 2), ("s2", short, 2)])
+        self.assertGood(results["l"])
+        self.assertGood(results["s2"])
+        self.assertEqual(results["l"].stats.external_tokens, 0)
+        self.assertEqual(results["s2"].stats.external_tokens, 3 * BS)
 
     def test_chunked_prefill_and_preemption_save_every_full_block(self):
         self.start_daemons(1)
@@ -261,17 +331,34 @@ class TuttiConnectorTest(unittest.TestCase):
         (d0,) = self.start_daemons(1)
         e = self.engine()
         p = prompt(6, 3)
-        self.assertGood(e.generate([("a", p, 2)])["a"])
-        req_hashes = e.block_hashes(p)
+        self.assertGood(e.generate([("a", p, 2, {"cache_salt": "s"})])["a"])
+        # vLLM's GPU-tier BlockStored carries maybe_convert_block_hash(hash) (an int by
+        # default): the disk tier's events join them by it
+        req = Request("hashes-of-a", p, block_hasher=e.block_hasher, cache_salt="s")
+        req_hashes = [maybe_convert_block_hash(h) for h in req.block_hashes]
 
         def stored(events):
             return [ev for ev in events if isinstance(ev, BlockStored)]
         self.pump_events(e, lambda evs: sum(len(ev.block_hashes) for ev in stored(evs)) >= 3)
+        # joined by hash with the GPU tier's events of the same blocks: same tokens, same parent
+        gpu = {}
+        for ev in e.gpu_events:
+            for j, h in enumerate(ev.block_hashes):
+                parent = ev.block_hashes[j - 1] if j else ev.parent_block_hash
+                gpu[h] = (parent, ev.token_ids[j * BS:(j + 1) * BS], ev.extra_keys[j])
+        for ev in stored(e.events):
+            for j, h in enumerate(ev.block_hashes):
+                parent = ev.block_hashes[j - 1] if j else ev.parent_block_hash
+                self.assertIn(h, gpu)
+                self.assertEqual((parent, ev.token_ids[j * BS:(j + 1) * BS], ev.extra_keys[j]),
+                                 gpu[h])
         hashes, tokens = [], []
         for ev in stored(e.events):
             self.assertEqual((ev.medium, ev.block_size), ("DISK", BS))
             first = req_hashes.index(ev.block_hashes[0])
             self.assertEqual(ev.parent_block_hash, req_hashes[first - 1] if first else None)
+            self.assertEqual(ev.extra_keys, [("s",) if first + j == 0 else None
+                                             for j in range(len(ev.block_hashes))])
             hashes += ev.block_hashes
             tokens += ev.token_ids
         self.assertEqual(hashes, req_hashes[:3])

@@ -1,6 +1,7 @@
 """tutti.vllm without a tuttid: the geometry of every KV layout vLLM may hand a worker (the
 physical orders of [layers, blocks, heads, tokens, content], the old fused layouts, MLA), the
-refused hash algorithms, the events' translation, and the scheduler's lookups, loads and saves
+connector's own keys (the same whatever vLLM's per-process seed, apart where vLLM's extra keys
+differ), the events' translation, and the scheduler's lookups, loads and saves
 against fake per-rank clients. Needs tests/vllm/stub first on sys.path (the BUILD does it)."""
 
 import itertools
@@ -149,26 +150,72 @@ class GeometryTest(unittest.TestCase):
 
 
 class KeysTest(unittest.TestCase):
-    def test_refused_hash_algos(self):
-        for algo in ("sha256", "xxhash", "xxhash_cbor", "builtin"):
-            with self.subTest(algo=algo):
-                with self.assertRaisesRegex(ValueError, "--prefix-caching-hash-algo sha256_cbor"):
-                    vkeys.check_hash_algo(CacheConfig(prefix_caching_hash_algo=algo))
+    def test_cache_config(self):
         with self.assertRaisesRegex(ValueError, "--enable-prefix-caching"):
-            vkeys.check_hash_algo(CacheConfig(enable_prefix_caching=False))
-        vkeys.check_hash_algo(CacheConfig())
+            vkeys.check_cache_config(CacheConfig(enable_prefix_caching=False))
+        for algo in ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"):
+            vkeys.check_cache_config(CacheConfig(prefix_caching_hash_algo=algo))
 
-    def test_keys_and_namespace(self):
-        h = sha256_cbor(("x", (1, 2), None))
-        self.assertEqual(vkeys.key_of(h), h[:16])
-        with self.assertRaisesRegex(ValueError, "sha256_cbor"):
-            vkeys.key_of(12345)
+    def test_keys_do_not_depend_on_vllms_seed(self):
+        """vLLM's hashes change with its per-process seed (init_none_hash without
+        PYTHONHASHSEED); the keys do not."""
+        from vllm.v1.core import kv_cache_utils as kcu
+        saved = kcu.NONE_HASH
+        try:
+            tokens = list(range(100, 100 + 4 * BS + 1))
+            kcu.NONE_HASH = b"\x01" * 32
+            a = Request("a", tokens, block_hasher=hasher)
+            kcu.NONE_HASH = b"\x02" * 32
+            b = Request("b", tokens, block_hasher=hasher)
+            self.assertNotEqual(a.block_hashes, b.block_hashes)
+            ka, kb = vkeys.request_keys(a, BS, 10), vkeys.request_keys(b, BS, 10)
+            self.assertEqual(len(ka), 4)
+            self.assertEqual(ka, kb)
+            self.assertEqual(len(set(ka)), 4)
+            # derived in steps (tokens appended) as at once
+            c = Request("c", tokens[:2 * BS + 1], block_hasher=hasher)
+            chain = vkeys.KeyChain(BS)
+            self.assertEqual(chain.derive(c, 10), 2)
+            c.append_output_token_ids(tokens[2 * BS + 1:])
+            self.assertEqual(chain.derive(c, 10), 4)
+            self.assertEqual(chain.keys(0, 4), ka)
+        finally:
+            kcu.NONE_HASH = saved
+
+    def test_extra_keys_keep_requests_apart(self):
+        tokens = list(range(3 * BS))
+
+        class Lora:
+            lora_name, lora_int_id = "adapter-a", 7
+
+        class Pos:
+            offset, length = 2, 3
+
+        class Mm:
+            identifier, mm_position = "img-hash-1", Pos
+
+        plain = vkeys.request_keys(Request("p", tokens), BS, 3)
+        salted = vkeys.request_keys(Request("s", tokens, cache_salt="salt"), BS, 3)
+        lora = vkeys.request_keys(Request("l", tokens, lora_request=Lora()), BS, 3)
+        mm = vkeys.request_keys(Request("m", tokens, mm_features=[Mm]), BS, 3)
+        self.assertEqual(len({tuple(k) for k in (plain, salted, lora, mm)}), 4)
+        self.assertTrue(all(len(set(k)) == 3 for k in (plain, salted, lora, mm)))
+        self.assertEqual(vkeys.request_keys(Request("s2", tokens, cache_salt="salt"), BS, 3),
+                         salted)
+
+        class Odd:
+            pass
+        r = Request("o", tokens, cache_salt=Odd())
+        with self.assertRaisesRegex(ValueError, "extra key is a Odd"):
+            vkeys.request_keys(r, BS, 1)
+
+    def test_namespace(self):
         caches, _ = packed_caches("LBNHC")
         g = geo.derive(caches)
         from vllm.config import ModelConfig
         ns = vkeys.namespace(ModelConfig(model="m/x", revision="r1"), g, 1, 2, "0.13.0")
         self.assertEqual(ns.model_id, "m/x@r1|kv=float16|packed:NHC")
-        self.assertEqual(ns.hash_scheme, "vllm-sha256_cbor@0.13.0")
+        self.assertEqual(ns.hash_scheme, "tutti-vllm-keys-v1@0.13.0")
         self.assertEqual((ns.tp_rank, ns.tp_size), (1, 2))
 
 
@@ -234,15 +281,16 @@ class EventsTest(unittest.TestCase):
 class FakeClient:
     """One rank's tuttid: `have` keys are cached; lookup pins them under a new lease."""
 
-    def __init__(self, have=(), load_blocks=None, fail=False):
+    def __init__(self, have=(), load_blocks=None, fail=False, max_blocks_per_call=None):
         self.have = set(have)
+        self.limit = max_blocks_per_call
         self.load_blocks = load_blocks
         self.fail = fail
         self.next_id = 1
         self.live = {}
         self.released = []
         self.lookups = 0
-        self.info = {"attached": True}
+        self.info = {"attached": True, "max_blocks_per_call": max_blocks_per_call}
 
     def start_lookup(self, keys, prompt_tokens=None):
         """As tutti.Client: the answer comes with result() (the fake answers at once)."""
@@ -259,6 +307,9 @@ class FakeClient:
             keys = [keys[i:i + 16] for i in range(0, len(keys), 16)]
         if self.fail:
             raise tutti.Unavailable("fake: away")
+        if self.limit is not None and len(keys) > self.limit:
+            raise tutti.InvalidArgument("keys: %d in one call, at most %d" % (len(keys),
+                                                                               self.limit))
         hits = 0
         while hits < len(keys) and keys[hits] in self.have:
             hits += 1
@@ -294,7 +345,7 @@ def sched_with(clients, clock=None):
 
 
 def keys_of(req, n):
-    return [h[:16] for h in req.block_hashes[:n]]
+    return vkeys.request_keys(req, BS, n)
 
 
 def output(new=(), cached=(), scheduled=None, preempted=None):
@@ -366,6 +417,50 @@ class SchedulerTest(unittest.TestCase):
         now[0] = 10.0
         self.assertEqual(s.get_num_new_matched_tokens(r, 0), (16, False))
 
+    def test_long_chains_are_looked_up_in_chunks(self):
+        r = request("a", 4 * 11 + 1)  # 11 blocks; tuttid takes 4 keys a Lookup
+        c = FakeClient(keys_of(r, 10), max_blocks_per_call=4)
+        s = sched_with([c])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 4), (9 * BS, False))  # 1 local hit
+        self.assertEqual(c.lookups, 3)  # blocks 0-3, 4-7, 8-10 (2 of 3 hit)
+        self.assertEqual(len(c.live), 3)
+        blocks = list(range(20, 32))
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 9 * BS)
+        meta = s.build_connector_meta(output(new=[NewRequestData.from_request(r, (blocks,))],
+                                             scheduled={"a": 5}))
+        self.assertEqual([ld.block_ids for ld in meta.loads],
+                         [blocks[1:4], blocks[4:8], blocks[8:10]])
+        self.assertEqual([ld.keys for ld in meta.loads],
+                         [keys_of(r, 4)[1:], keys_of(r, 8)[4:], keys_of(r, 10)[8:]])
+        self.assertEqual([ld.lease_ids for ld in meta.loads], [{0: 1}, {0: 2}, {0: 3}])
+        # the next chunk is asked only while the previous one hit in full
+        r2 = request("b", 4 * 11 + 1)
+        c2 = FakeClient(keys_of(r2, 3), max_blocks_per_call=4)
+        self.assertEqual(sched_with([c2]).get_num_new_matched_tokens(r2, 0), (3 * BS, False))
+        self.assertEqual(c2.lookups, 1)
+
+    def test_a_refused_lookup_is_a_miss_without_backoff(self):
+        r = request("a", 4 * 9 + 1)
+        c = FakeClient(keys_of(r, 9), max_blocks_per_call=4)
+        s = sched_with([c])
+        s._links[0].max_blocks_per_call = lambda: 100  # as if the limit were not known
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))  # INVALID_ARGUMENT
+        r2 = request("b", 4 * 3 + 1)
+        c.have.update(keys_of(r2, 3))
+        self.assertEqual(s.get_num_new_matched_tokens(r2, 0), (3 * BS, False))  # no back-off
+
+    def test_a_request_that_cannot_be_keyed_neither_loads_nor_saves(self):
+        class Odd:
+            pass
+        r = Request("a", list(range(9)), cache_salt=Odd())
+        s = sched_with([FakeClient()])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+        s.update_state_after_alloc(r, KVCacheBlocks(([1, 2, 3],)), 0)
+        meta = s.build_connector_meta(output(new=[NewRequestData.from_request(r, ([1, 2, 3],))],
+                                             scheduled={"a": 9}))
+        self.assertEqual((meta.loads, meta.saves), ([], []))
+        self.assertEqual(s.request_finished(r, [1, 2, 3]), (False, None))
+
     def test_no_handshake_no_lookup(self):
         s = TuttiScheduler(BS, 1, connect=lambda h: None, watch_events=False)
         self.assertEqual(s.get_num_new_matched_tokens(request("a", 17), 0), (0, False))
@@ -400,7 +495,7 @@ class SchedulerTest(unittest.TestCase):
         meta = s.build_connector_meta(output(cached=[("a", 27, [17], False)],
                                              scheduled={"a": 1}))
         self.assertEqual((meta.saves[0].keys, meta.saves[0].block_ids),
-                         ([r.block_hashes[6][:16]], [16]))
+                         (keys_of(r, 7)[6:], [16]))
         # it had saves: vLLM keeps its blocks until the workers report it finished_sending
         self.assertEqual(s.request_finished(r, [10, 11, 12, 13, 14, 15, 16, 17]), (True, None))
 
@@ -448,10 +543,90 @@ class SchedulerTest(unittest.TestCase):
                                       scheduled={"a": 8}))
         t = s.translator
         t.on_stream_start(0, 1, 1, 0, False)
-        out = t.on_events(0, [("stored", r.block_hashes[1][:16])])
-        self.assertEqual(out[0].block_hashes, [r.block_hashes[1]])
-        self.assertEqual(out[0].parent_block_hash, r.block_hashes[0])
+        out = t.on_events(0, [("stored", keys_of(r, 2)[1])])
+        # vLLM's hash as vLLM's GPU-tier events carry it: by default the low 64 bits as an int
+        as_int = [int.from_bytes(h, "big") & (1 << 64) - 1 for h in r.block_hashes]
+        self.assertEqual(out[0].block_hashes, [as_int[1]])
+        self.assertEqual(out[0].parent_block_hash, as_int[0])
         self.assertEqual(out[0].token_ids, [4, 5, 6, 7])
+        self.assertEqual(out[0].extra_keys, [None])
+
+    def test_event_hashes_as_bytes_when_vllm_sends_bytes(self):
+        os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
+        try:
+            r = request("a", 9)
+            r.cache_salt = "s"
+            r.block_hashes.clear()
+            r.block_hashes.extend(hasher(r))
+            s = sched_with([FakeClient()])
+            s.get_num_new_matched_tokens(r, 0)
+            s.update_state_after_alloc(r, KVCacheBlocks(([1, 2, 3],)), 0)
+            s.build_connector_meta(output(new=[NewRequestData.from_request(r, ([1, 2, 3],))],
+                                          scheduled={"a": 9}))
+            s.translator.on_stream_start(0, 1, 1, 0, False)
+            out = s.translator.on_events(0, [("stored", k) for k in keys_of(r, 2)])
+        finally:
+            del os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"]
+        self.assertEqual([e.block_hashes for e in out], [[h] for h in r.block_hashes[:2]])
+        self.assertEqual([e.extra_keys for e in out], [[("s",)], [None]])  # salt: block 0
+
+
+class LoadsTest(unittest.TestCase):
+    """tutti.vllm.loads: a step's LoadSpecs in Retrieves within tuttid's bounds."""
+
+    class Part:
+        def __init__(self, keys, blocks, leases, broken=False):
+            self.keys, self.blocks, self.leases, self.broken = keys, blocks, leases, broken
+            self.waited = []
+
+        def wait_layer(self, layer, stream=None):
+            self.waited.append(layer)
+            if self.broken:
+                raise tutti.TuttiError("broke", "ABORTED")
+
+        def wait(self, timeout=None):
+            from tutti.client import RetrieveOutcome
+            if self.broken:
+                return RetrieveOutcome("UNAVAILABLE", "gone", list(range(len(self.keys))))
+            return RetrieveOutcome(failed=[0])
+
+    class Client:
+        def __init__(self, broken=()):
+            self.parts, self.broken = [], set(broken)
+
+        def retrieve(self, lease, keys, blocks, more_leases=()):
+            p = LoadsTest.Part(keys, blocks, list(more_leases), len(self.parts) in self.broken)
+            self.parts.append(p)
+            return p
+
+    def specs(self):
+        from tutti.vllm.metadata import LoadSpec
+        return [LoadSpec("a", [b"a%d" % i for i in range(4)], [1, 2, 3, 4], {0: 7}),
+                LoadSpec("a", [b"b"], [5], {0: 8}),
+                LoadSpec("b", [b"c"] * 2, [6, 9], {1: 9}),      # no lease on rank 0
+                LoadSpec("c", [b"d"] * 6, list(range(10, 16)), {0: 10}),  # past one Retrieve
+                LoadSpec("d", [b"e"] * 3, [20, 21, 22], {0: 11})]
+
+    def test_batches_within_the_bounds(self):
+        from tutti.vllm import loads
+        c = self.Client()
+        rs, loading, refused = loads.start(c, self.specs(), 0, 5)
+        self.assertEqual([(p.blocks, p.leases) for p in c.parts],
+                         [([1, 2, 3, 4, 5], [7, 8]), ([20, 21, 22], [11])])
+        self.assertEqual(loading, [1, 2, 3, 4, 5, 20, 21, 22])
+        self.assertEqual(refused, {6, 9} | set(range(10, 16)))
+        self.assertEqual(rs.wait().failed, [0, 5])  # each part's index 0, over the step
+        self.assertIsNone(loads.start(c, [], 0, 5)[0])
+
+    def test_a_broken_part_does_not_skip_the_others_waits(self):
+        from tutti.vllm import loads
+        c = self.Client(broken={0})
+        rs, loading, _ = loads.start(c, self.specs(), 0, 5)
+        with self.assertRaises(tutti.TuttiError):
+            rs.wait_layer(2)
+        self.assertEqual([p.waited for p in c.parts], [[2], [2]])
+        out = rs.wait()
+        self.assertEqual((out.code, out.failed), ("UNAVAILABLE", [0, 1, 2, 3, 4, 5]))
 
 
 if __name__ == "__main__":

@@ -8,13 +8,18 @@ cache group, as the scheduler uses them:
 - free() returns a request's blocks tail first to the end of the free queue (LRU eviction of the
   cached ones); a block taken from the queue loses its hash.
 - reset_prefix_cache() drops every hash, only while no block is in use.
+- gpu_events: the BlockStored events vLLM's GPU tier publishes as blocks get cached (medium
+  "GPU", hashes through maybe_convert_block_hash, each block's extra keys), for tests that join
+  them with a connector's events.
 Not thread-safe (the scheduler's thread only).
 """
 
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
+from vllm.distributed.kv_events import MEDIUM_GPU, BlockStored
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, maybe_convert_block_hash
 
 
 class BlockPool:
@@ -30,6 +35,7 @@ class BlockPool:
         self.cached: Dict[bytes, int] = {}
         self.req_blocks: Dict[str, List[int]] = {}
         self.num_cached_blocks: Dict[str, int] = {}
+        self.gpu_events: List[BlockStored] = []
 
     # --- prefix cache ---
     def get_computed_blocks(self, request) -> Tuple[List[int], int]:
@@ -109,6 +115,21 @@ class BlockPool:
                 self.block_hash[b] = h
                 self.cached.setdefault(h, b)
         self.num_cached_blocks[request.request_id] = max(done, full)
+        if full > done:
+            self._stored_event(request, done, full)
+
+    def _stored_event(self, request, done, full):
+        bs, hashes, lora = self.block_size, request.block_hashes, request.lora_request
+        extra, mm_idx = [], 0
+        for i in range(done, full):
+            keys, mm_idx = generate_block_hash_extra_keys(request, i * bs, (i + 1) * bs, mm_idx)
+            extra.append(keys)
+        self.gpu_events.append(BlockStored(
+            block_hashes=[maybe_convert_block_hash(h) for h in hashes[done:full]],
+            parent_block_hash=maybe_convert_block_hash(hashes[done - 1]) if done else None,
+            token_ids=list(request.all_token_ids[done * bs:full * bs]), block_size=bs,
+            lora_id=lora.lora_int_id if lora else None, medium=MEDIUM_GPU,
+            lora_name=lora.lora_name if lora else None, extra_keys=extra))
 
     def free(self, req_id: str):
         blocks = self.req_blocks.pop(req_id, [])

@@ -24,7 +24,8 @@ import torch
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                         KVCacheTensor)
 from vllm.v1.request import Request, RequestStatus
@@ -49,6 +50,7 @@ class EngineConfig:
     order: str = DEFAULT_ORDER
     max_num_batched_tokens: int = 64
     max_num_seqs: int = 8
+    max_model_len: int = 4096
     host: bool = True
     register_host_memory: bool = False
     device: Optional[str] = None  # "cuda:0": every worker's cache in device memory (host False)
@@ -117,7 +119,15 @@ class Engine:
             self.executor.shutdown()
             raise
         hash_fn = sha256_cbor if config.hash_algo == "sha256_cbor" else _sha256_pickle
-        self.block_hasher = get_request_block_hasher(config.block_size, hash_fn)
+        # vLLM's engine core seeds its block hashes once per process (init_none_hash): random
+        # unless PYTHONHASHSEED is set. Each Engine is a fresh engine process: its own seed.
+        self.none_hash = init_none_hash(hash_fn) or kv_cache_utils.NONE_HASH
+        hasher = get_request_block_hasher(config.block_size, hash_fn)
+
+        def block_hasher(request):
+            kv_cache_utils.NONE_HASH = self.none_hash
+            return hasher(request)
+        self.block_hasher = block_hasher
         self.step_reports = []   # per step: every rank's StepReport
         self.scheduler_calls = []  # per step: the scheduler connector's calls
         self._expected: Dict[str, List[int]] = {}
@@ -131,7 +141,8 @@ class Engine:
                 self.vllm_config, KVConnectorRole.SCHEDULER, self.kv_cache_config)
             connector = _Recorder(self.connector)
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_num_batched_tokens,
-                                                   self.config.max_num_seqs),
+                                                   self.config.max_num_seqs,
+                                                   self.config.max_model_len),
                                    self.config.num_gpu_blocks, self.config.block_size,
                                    connector)
         if connector is not None:
@@ -144,8 +155,10 @@ class Engine:
             connector.calls.clear()
 
     # --- requests ---
-    def add_request(self, req_id: str, prompt: List[int], max_tokens: int = 4):
-        request = Request(req_id, prompt, block_hasher=self.block_hasher, max_tokens=max_tokens)
+    def add_request(self, req_id: str, prompt: List[int], max_tokens: int = 4, **fields):
+        """fields: more of Request's (lora_request, cache_salt, mm_features)."""
+        request = Request(req_id, prompt, block_hasher=self.block_hasher, max_tokens=max_tokens,
+                          **fields)
         self._expected[req_id] = expected_output(prompt, max_tokens)
         self._bad[req_id] = {"unreported": {}, "reported": {}}
         self.scheduler.add_request(request)
@@ -193,9 +206,9 @@ class Engine:
 
     def generate(self, requests, max_steps: int = 1000, before_execute=None
                  ) -> Dict[str, RequestResult]:
-        """requests: (req_id, prompt token ids, max_tokens) tuples, all added before the first
-        step. Returns each request's RequestResult."""
-        handles = [self.add_request(*r) for r in requests]
+        """requests: (req_id, prompt token ids, max_tokens[, {Request field: value}]) tuples,
+        all added before the first step. Returns each request's RequestResult."""
+        handles = [self.add_request(*r[:3], **(r[3] if len(r) > 3 else {})) for r in requests]
         self.run_until_done(max_steps, before_execute)
         return {h.request_id: self.result(h) for h in handles}
 
@@ -218,6 +231,11 @@ class Engine:
     @property
     def events(self):
         return self.scheduler.events
+
+    @property
+    def gpu_events(self):
+        """The GPU tier's BlockStored events (fakevllm.block_pool)."""
+        return self.scheduler.kv_cache_manager.gpu_events
 
     def shutdown(self):
         """As EngineCore.shutdown: the executor (workers) first, then the scheduler's

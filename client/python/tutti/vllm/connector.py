@@ -17,7 +17,7 @@ from typing import Any
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
-from tutti.vllm.keys import check_hash_algo
+from tutti.vllm.keys import check_cache_config
 from tutti.vllm.metadata import TuttiConnectorMetadata
 from tutti.vllm.scheduler import TuttiScheduler, lookup_only_connect
 from tutti.vllm.worker import TuttiWorker
@@ -66,7 +66,7 @@ class TuttiConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        check_hash_algo(vllm_config.cache_config)
+        check_cache_config(vllm_config.cache_config)
         pc = vllm_config.parallel_config
         if getattr(pc, "pipeline_parallel_size", 1) != 1:
             raise ValueError("TuttiConnector supports tensor parallelism only "

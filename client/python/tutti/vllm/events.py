@@ -2,8 +2,11 @@
 the scheduler's take_events(). Pure logic: the scheduler feeds it; nothing here does I/O.
 
 Rules:
-- A key becomes BlockStored (medium "DISK", vLLM's block hash, its parent's hash, its token ids
-  and LoRA, as remembered when this engine scheduled its save) once every TP rank stored it.
+- A key becomes BlockStored (medium "DISK", vLLM's block hash and its parent's as vLLM's own
+  events give them: maybe_convert_block_hash, a 64-bit integer while
+  VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is on, as by default; its token ids, LoRA and extra_keys,
+  as remembered when this engine scheduled its save) once every TP rank stored it: an indexer
+  joins it with the GPU tier's BlockStored of the same block by hash.
   Keys this engine did not save (another engine of the same namespace) are not announced: their
   tokens are unknown here.
 - BlockRemoved (the same hash, medium "DISK") as soon as any rank removed an announced key.
@@ -17,20 +20,27 @@ Thread-safety: none; the scheduler serialises calls (one lock).
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 MEDIUM = "DISK"
 
 
+def external_hash(block_hash):
+    """vLLM's block hash as vLLM's KV events carry it."""
+    return maybe_convert_block_hash(block_hash)
+
+
 @dataclass(frozen=True)
 class BlockInfo:
-    block_hash: bytes
-    parent_hash: Optional[bytes]
+    block_hash: Any               # external_hash() of vLLM's hash: int or bytes
+    parent_hash: Optional[Any]
     token_ids: Tuple[int, ...]
     lora_id: Optional[int] = None
     lora_name: Optional[str] = None
+    extra_keys: Optional[tuple] = None  # vLLM's extra keys of the block (LoRA, mm, salt)
 
 
 class EventTranslator:
@@ -96,4 +106,5 @@ class EventTranslator:
     def _stored(self, info: BlockInfo):
         return BlockStored(block_hashes=[info.block_hash], parent_block_hash=info.parent_hash,
                            token_ids=list(info.token_ids), block_size=self._block_size,
-                           lora_id=info.lora_id, medium=MEDIUM, lora_name=info.lora_name)
+                           lora_id=info.lora_id, medium=MEDIUM, lora_name=info.lora_name,
+                           extra_keys=[info.extra_keys])

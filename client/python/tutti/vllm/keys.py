@@ -1,71 +1,144 @@
 """Keys and namespaces of the vLLM connector.
 
-Keys: vLLM's own block hashes (Request.block_hashes: chained SHA-256 over CBOR of (parent hash,
-block tokens, extra keys such as LoRA and multimodal hashes) with --prefix-caching-hash-algo
-sha256_cbor), the first 16 bytes of each. They are the same in every process and after restarts;
-vLLM's other algorithms are refused: "sha256" pickles its input (Python-version and
-process dependent), "xxhash*" are not cryptographic (a collision would serve another prompt's KV).
+Keys are the connector's own, the same in every process whatever its environment: vLLM's block
+hashes are not (vLLM seeds the first block's parent with os.urandom(32) unless PYTHONHASHSEED
+is set: init_none_hash in vllm/v1/core/kv_cache_utils.py), so a restarted or second engine would
+never hit. Block i of a request (tokens [i*B, (i+1)*B) of Request.all_token_ids):
+
+  digest_i = SHA-256(digest_{i-1} | tokens as 8-byte little-endian ints | encode(extra_i))
+  digest_{-1} = SHA-256("tutti.vllm block keys v1")        key_i = digest_i[:16]
+
+extra_i is what vLLM mixes into its own hash of that block (generate_block_hash_extra_keys:
+LoRA name, multimodal identifiers and offsets, cache_salt on the first block, prompt-embeds
+hashes), so requests vLLM keeps apart stay apart here; encode() is a fixed, typed encoding that
+refuses types it does not know with a ValueError (a wrong key would serve another prompt's KV;
+the scheduler then neither loads nor saves that request).
 
 Namespace: model_id "<model>@<revision>|kv=<dtype>|<format>:<in-block order>", the layout,
-tp_rank/tp_size, hash_scheme "vllm-sha256_cbor@<vLLM version>". Engines share blocks only when
-all of it is equal.
+tp_rank/tp_size, hash_scheme "tutti-vllm-keys-v1@<vLLM version>" (the version: multimodal
+identifiers are vLLM's). Engines share blocks only when all of it is equal.
 """
+
+import hashlib
+import struct
+
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 
 from tutti.layout import Namespace
 
-HASH_ALGO = "sha256_cbor"
-try:  # vLLM always has numpy; without it packed_keys_of slices hash by hash
-    import numpy as _np
-except ImportError:  # pragma: no cover
-    _np = None
-
 KEY_BYTES = 16
-HASH_BYTES = 32  # a sha256_cbor block hash
+KEY_SCHEME = "tutti-vllm-keys-v1"
 MAX_MODEL_ID = 256
+_ROOT = hashlib.sha256(b"tutti.vllm block keys v1").digest()
+_NO_EXTRA = b"\x00"  # encode_extra_keys(None)
 
 
-def check_hash_algo(cache_config):
-    """Raises ValueError unless vLLM hashes blocks with sha256_cbor, with prefix caching on."""
-    algo = getattr(cache_config, "prefix_caching_hash_algo", None)
-    if algo != HASH_ALGO:
-        raise ValueError("TuttiConnector needs reproducible block hashes: start vLLM with "
-                         "--prefix-caching-hash-algo sha256_cbor (it is %r: its hashes differ "
-                         "between processes or may collide)" % (algo,))
+def check_cache_config(cache_config):
+    """Raises ValueError unless vLLM computes block hashes (prefix caching on): the KV events
+    name blocks by vLLM's hashes. Any --prefix-caching-hash-algo works: keys are tutti's own."""
     if not getattr(cache_config, "enable_prefix_caching", True):
         raise ValueError("TuttiConnector needs vLLM's block hashes: start vLLM with "
                          "--enable-prefix-caching (it is off)")
 
 
-def key_of(block_hash) -> bytes:
-    """The tutti key of one vLLM block hash (bytes of at least 16)."""
-    if not isinstance(block_hash, (bytes, bytearray)) or len(block_hash) < KEY_BYTES:
-        raise ValueError("vLLM block hash %r is not a sha256_cbor digest (bytes of 32); start "
-                         "vLLM with --prefix-caching-hash-algo sha256_cbor" % (block_hash,))
-    return bytes(block_hash[:KEY_BYTES])
+def _encode(x, out):
+    """Appends x's typed encoding to the bytearray `out`."""
+    if x is None:
+        out += b"\x00"
+    elif isinstance(x, bool):
+        out += b"\x01" + bytes([x])
+    elif isinstance(x, int):
+        b = str(x).encode()
+        out += b"\x02" + struct.pack("<I", len(b)) + b
+    elif isinstance(x, str):
+        b = x.encode("utf-8")
+        out += b"\x03" + struct.pack("<I", len(b)) + b
+    elif isinstance(x, (bytes, bytearray)):
+        out += b"\x04" + struct.pack("<I", len(x)) + bytes(x)
+    elif isinstance(x, (tuple, list)):
+        out += b"\x05" + struct.pack("<I", len(x))
+        for e in x:
+            _encode(e, out)
+    else:
+        raise ValueError("TuttiConnector cannot key a block whose vLLM extra key is a %s (%r); "
+                         "known: None, bool, int, str, bytes, tuple, list" % (type(x).__name__, x))
 
 
-def keys_of(block_hashes):
-    return [key_of(h) for h in block_hashes]
+def _token_bytes(tokens) -> bytes:
+    """Token ids as 8-byte little-endian integers."""
+    tokens = list(tokens)
+    return struct.pack("<%dq" % len(tokens), *tokens)
 
 
-def packed_keys_of(block_hashes) -> bytes:
-    """The keys of `block_hashes` concatenated (Client.lookup's packed form). sha256_cbor hashes
-    are 32 bytes each: then the first 16 of each are taken in one numpy copy, no Python loop per
-    block (the scheduler calls this for every waiting request on every step)."""
-    if _np is not None and set(map(len, block_hashes)) == {HASH_BYTES}:  # all 32 bytes
-        rows = _np.frombuffer(b"".join(block_hashes), dtype=_np.uint8).reshape(-1, HASH_BYTES)
-        return _np.ascontiguousarray(rows[:, :KEY_BYTES]).tobytes()
-    return b"".join(keys_of(block_hashes))  # empty, or other sizes: checked one by one
+def encode_extra_keys(extra) -> bytes:
+    out = bytearray()
+    _encode(extra, out)
+    return bytes(out)
 
 
-def unpack_keys(packed: bytes, begin: int, end: int):
+class KeyChain:
+    """The keys of one request's full blocks, derived once each as they are first needed
+    (tokens only ever get appended to a request, so derived keys stay valid, also across
+    preemption). Not thread-safe: the scheduler's thread owns it."""
+
+    def __init__(self, block_size: int):
+        self._bs = block_size
+        self._last = _ROOT
+        self._packed = bytearray()  # KEY_BYTES per derived block
+        self._mm_idx = 0
+        self._extras = []           # vLLM's extra keys of each derived block
+
+    def __len__(self):
+        return len(self._packed) // KEY_BYTES
+
+    def derive(self, request, n: int) -> int:
+        """Derives the keys of blocks [0, n) (fewer when the request has fewer full blocks);
+        returns how many of those n blocks have keys."""
+        bs, have = self._bs, len(self)
+        n = min(n, len(request.all_token_ids) // bs)
+        if n <= have:
+            return n
+        raw = _token_bytes(request.all_token_ids[have * bs:n * bs])
+        width, last, sha256 = 8 * bs, self._last, hashlib.sha256
+        packed, extras, mm_idx = self._packed, self._extras, self._mm_idx
+        for i in range(have, n):
+            start = i * bs
+            extra, mm_idx = generate_block_hash_extra_keys(request, start, start + bs, mm_idx)
+            j = (i - have) * width
+            last = sha256(last + raw[j:j + width] +
+                          (_NO_EXTRA if extra is None else encode_extra_keys(extra))).digest()
+            packed += last[:KEY_BYTES]
+            extras.append(extra)
+        self._last, self._mm_idx = last, mm_idx
+        return n
+
+    def packed(self, begin: int, end: int) -> bytes:
+        """Keys [begin, end) concatenated (Client.lookup's packed form); derive() first."""
+        return bytes(self._packed[begin * KEY_BYTES:end * KEY_BYTES])
+
+    def keys(self, begin: int, end: int):
+        """Keys [begin, end) as a list; derive() first."""
+        return unpack_keys(self._packed, begin, end)
+
+    def extra_keys(self, i: int):
+        """vLLM's extra keys of block i (None: none), as its BlockStored events carry them."""
+        return self._extras[i]
+
+
+def request_keys(request, block_size: int, n: int):
+    """The keys of a request's first n full blocks (a fresh chain: tests and tools)."""
+    chain = KeyChain(block_size)
+    return chain.keys(0, chain.derive(request, n))
+
+
+def unpack_keys(packed, begin: int, end: int):
     """Keys [begin, end) of a packed chain, as a list."""
-    return [packed[i * KEY_BYTES:(i + 1) * KEY_BYTES] for i in range(begin, end)]
+    return [bytes(packed[i * KEY_BYTES:(i + 1) * KEY_BYTES]) for i in range(begin, end)]
 
 
 def hash_scheme(vllm_version: str) -> str:
-    """"vllm-sha256_cbor@<version>" (tuttid takes at most 64 bytes: a longer version is cut)."""
-    return ("vllm-%s@%s" % (HASH_ALGO, vllm_version))[:64]
+    """"tutti-vllm-keys-v1@<version>" (tuttid takes at most 64 bytes: a longer version is cut)."""
+    return ("%s@%s" % (KEY_SCHEME, vllm_version))[:64]
 
 
 def model_id(model_config, geometry) -> str:

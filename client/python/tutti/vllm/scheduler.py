@@ -2,15 +2,21 @@
 never hold up a step, the loads and saves of each step, and the KV events of every rank.
 
 - get_num_new_matched_tokens: Lookup on every rank (Timeouts.short = extra config
-  "lookup_timeout_ms", default 200); hits = min over ranks of Lease.load_blocks, at most
-  (num_tokens - 1) // block_size blocks (vLLM computes at least the last token). Any error is a
-  miss, and that rank is skipped (a miss) for a back-off (0.5 s doubling to 8 s) or until its
-  session is back. Calling it again for a request releases the leases of the earlier call.
-- update_state_after_alloc: a load of blocks [local hits, hits) of the request's blocks, or the
-  leases released when vLLM loads nothing.
+  "lookup_timeout_ms", default 200) of the request's keys (tutti.vllm.keys, derived once per
+  block); hits = min over ranks of Lease.load_blocks, at most (num_tokens - 1) // block_size
+  blocks (vLLM computes at least the last token). A chain longer than tuttid's
+  max_blocks_per_call is looked up in chunks of that many keys, the next chunk only while every
+  key of the previous one hit; each chunk has its own lease per rank. Any error is a miss;
+  UNAVAILABLE (tuttid away or not answering in time) also skips that rank (a miss) for a
+  back-off (0.5 s doubling to 8 s) or until its session is back; other errors are answers of a
+  live tuttid about this request (e.g. INVALID_ARGUMENT), logged, no back-off. Calling it again
+  for a request releases the leases of the earlier call.
+- update_state_after_alloc: loads of blocks [local hits, hits) of the request's blocks (one
+  LoadSpec per chunk, with that chunk's leases), the leases of chunks not loaded released.
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
-  the end of this step (num_computed_tokens + scheduled tokens, only blocks vLLM has hashed) that
-  were neither loaded, nor local prefix hits, nor saved before (also across preemption).
+  the end of this step (num_computed_tokens + scheduled tokens) that were neither loaded, nor
+  local prefix hits, nor saved before (also across preemption). A request whose blocks cannot be
+  keyed (tutti.vllm.keys refuses an extra key) neither loads nor saves.
 - request_finished: releases its leases (a load that will not happen), forgets it; returns
   (True, None) when the request had saves (a worker may still hold pending saves of it: vLLM
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
@@ -30,8 +36,8 @@ from typing import Callable, Dict, List, Optional
 
 import tutti
 from tutti import errors
-from tutti.vllm.events import BlockInfo, EventTranslator
-from tutti.vllm.keys import keys_of, packed_keys_of, unpack_keys
+from tutti.vllm.events import BlockInfo, EventTranslator, external_hash
+from tutti.vllm.keys import KeyChain
 from tutti.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata, TuttiHandshake
 
 log = logging.getLogger("tutti.vllm")
@@ -39,6 +45,7 @@ log = logging.getLogger("tutti.vllm")
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
 MAX_PENDING_EVENTS = 1 << 16
+DEFAULT_MAX_BLOCKS_PER_CALL = 2048  # tuttid's default limits.max_blocks_per_call
 
 
 class RankLink:
@@ -78,6 +85,13 @@ class RankLink:
         """The client whatever the back-off (for the event watcher), or None."""
         with self._lock:
             return self._client
+
+    def max_blocks_per_call(self) -> int:
+        """Keys one Lookup may carry (this rank's tuttid's limits.max_blocks_per_call)."""
+        with self._lock:
+            c = self._client
+        n = c.info.get("max_blocks_per_call") if c is not None else None
+        return max(int(n or DEFAULT_MAX_BLOCKS_PER_CALL), 1)
 
     def failed(self, err):
         with self._lock:
@@ -124,9 +138,15 @@ class RankLink:
 
 
 @dataclass
+class _Chunk:
+    begin: int                 # its first block
+    hits: int                  # blocks [begin, begin + hits) hit on every rank
+    leases: Dict[int, object]  # rank -> _Held: the pins of those blocks
+
+
+@dataclass
 class _Pending:
-    keys: bytes  # the looked-up chain, packed (16 bytes per key)
-    leases: Dict[int, object]  # rank -> tutti.Lease
+    chunks: List[_Chunk]
     local: int
     hits: int
     chain: int = 0           # blocks looked up
@@ -154,6 +174,8 @@ class TuttiScheduler:
         self._pending: Dict[str, _Pending] = {}
         self._local: Dict[str, int] = {}
         self._reqs: Dict[str, _Req] = {}
+        self._chains: Dict[str, KeyChain] = {}
+        self._unkeyable: set = set()  # requests with an extra key keys.py cannot encode
         self._saved: set = set()  # requests that had saves: request_finished holds their blocks
         self._loads: List[LoadSpec] = []
         self._events_lock = threading.Lock()
@@ -190,21 +212,57 @@ class TuttiScheduler:
             return again
         self._release_pending(req_id)
         self._local[req_id] = local
-        hashes = list(request.block_hashes[:max_blocks])
-        if len(hashes) <= local or len(self._links) != self.tp_size:
+        if max_blocks <= local or len(self._links) != self.tp_size:
             return 0, False
-        keys = packed_keys_of(hashes)
-        leases = self._lookup_all(keys, request.num_tokens)
-        if leases is None:
+        n = self._derive(request, max_blocks)
+        if not n:
             return 0, False
-        hits = min(min(h.lease.load_blocks, h.lease.hits) for h in leases.values())
+        chunks = self._lookup_chunks(self._chains[req_id], n, request.num_tokens)
+        hits = sum(c.hits for c in chunks)
         if hits <= local:
-            self._release(leases)
+            for c in chunks:
+                self._release(c.leases)
             return 0, False
-        ttl_s = min(h.lease.ttl_ms for h in leases.values()) / 1000.0
-        self._pending[req_id] = _Pending(keys[:hits * 16], leases, local, hits, max_blocks,
+        ttl_s = min(h.lease.ttl_ms for c in chunks for h in c.leases.values()) / 1000.0
+        self._pending[req_id] = _Pending(chunks, local, hits, max_blocks,
                                          self._clock() + ttl_s / 2)
         return hits * self.block_size - num_computed_tokens, False
+
+    def _derive(self, request, n) -> int:
+        """Keys of the request's blocks [0, n): how many it has. 0 for a request whose blocks
+        cannot be keyed (logged once): it neither loads nor saves."""
+        req_id = request.request_id
+        if req_id in self._unkeyable:
+            return 0
+        chain = self._chains.get(req_id)
+        if chain is None:
+            chain = self._chains[req_id] = KeyChain(self.block_size)
+        try:
+            return chain.derive(request, n)
+        except ValueError as e:
+            log.warning("request %s: %s; it neither loads from nor saves to tuttid", req_id, e)
+            self._unkeyable.add(req_id)
+            return 0
+
+    def _lookup_chunks(self, chain, n, prompt_tokens) -> List[_Chunk]:
+        """Looks up blocks [0, n) in chunks of at most max_blocks_per_call keys, the next
+        chunk only while the previous one hit in full. The chunks that hit something (every
+        rank's leases); none on a miss."""
+        step = min(link.max_blocks_per_call() for link in self._links.values())
+        chunks = []
+        for begin in range(0, n, step):
+            end = min(begin + step, n)
+            leases = self._lookup_all(chain.packed(begin, end), prompt_tokens)
+            if leases is None:
+                break
+            hits = min(min(h.lease.load_blocks, h.lease.hits) for h in leases.values())
+            if hits <= 0:
+                self._release(leases)
+                break
+            chunks.append(_Chunk(begin, hits, leases))
+            if hits < end - begin:
+                break
+        return chunks
 
     def _repeat(self, req_id, local, max_blocks):
         """The answer of this request's previous call when nothing it depends on changed: the
@@ -229,8 +287,8 @@ class TuttiScheduler:
                 break
             try:
                 started[rank] = (client, client.start_lookup(keys, prompt_tokens=prompt_tokens))
-            except Exception as e:  # any error: a miss, and back off from this rank
-                link.failed(e)
+            except Exception as e:  # any error: a miss
+                self._lookup_failed(rank, e)
                 ok = False
                 break
         for rank, (client, pending) in started.items():  # collect every answer: pins to release
@@ -238,12 +296,21 @@ class TuttiScheduler:
                 leases[rank] = (client, pending.result())
                 self._links[rank].succeeded()
             except Exception as e:
-                self._links[rank].failed(e)
+                self._lookup_failed(rank, e)
                 ok = False
         if not ok:
             self._release(leases)
             return None
         return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
+
+    def _lookup_failed(self, rank, err):
+        """UNAVAILABLE: tuttid away or too slow: back off from the rank. Anything else is a
+        live tuttid refusing this Lookup (or a bug here): this request misses, others go on."""
+        if isinstance(err, errors.Unavailable):
+            self._links[rank].failed(err)
+            return
+        self._links[rank].succeeded()
+        log.warning("TP rank %d refused a Lookup (a miss, the rank stays in use): %s", rank, err)
 
     def _release(self, leases):
         for held in leases.values():
@@ -258,7 +325,8 @@ class TuttiScheduler:
     def _release_pending(self, req_id):
         p = self._pending.pop(req_id, None)
         if p is not None:
-            self._release(p.leases)
+            for c in p.chunks:
+                self._release(c.leases)
 
     # --- allocation and steps ---
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
@@ -272,13 +340,24 @@ class TuttiScheduler:
         if p is not None and num_external_tokens > 0:
             n = min(num_external_tokens // self.block_size, p.hits - p.local,
                     len(st.block_ids) - p.local)
-            self._loads.append(LoadSpec(req_id, unpack_keys(p.keys, p.local, p.local + n),
-                                        st.block_ids[p.local:p.local + n],
-                                        {r: h.lease.id for r, h in p.leases.items()}))
+            self._add_loads(req_id, st, p, p.local + n)
             done = p.local + n
         elif p is not None:
-            self._release(p.leases)
+            for c in p.chunks:
+                self._release(c.leases)
         st.done = max(st.done, done)
+
+    def _add_loads(self, req_id, st, p, end):
+        """LoadSpecs of blocks [p.local, end), one per chunk under that chunk's leases (the
+        worker's Retrieve ends them); the leases of chunks outside it are released."""
+        chain = self._chains[req_id]
+        for c in p.chunks:
+            lo, hi = max(c.begin, p.local), min(c.begin + c.hits, end)
+            if lo >= hi:
+                self._release(c.leases)
+                continue
+            self._loads.append(LoadSpec(req_id, chain.keys(lo, hi), st.block_ids[lo:hi],
+                                        {r: h.lease.id for r, h in c.leases.items()}))
 
     def build_connector_meta(self, so) -> TuttiConnectorMetadata:
         saves = []
@@ -310,28 +389,31 @@ class TuttiScheduler:
 
     def _collect_save(self, req_id, st, end_tokens, saves):
         request = st.request
-        full = min(end_tokens // self.block_size, len(request.block_hashes), len(st.block_ids))
-        if full <= st.done:
+        full = self._derive(request, min(end_tokens // self.block_size, len(st.block_ids)))
+        if full <= st.done or req_id in self._unkeyable:
             return
-        hashes = list(request.block_hashes[st.done:full])
-        keys = keys_of(hashes)
+        chain = self._chains[req_id]
+        keys = chain.keys(st.done, full)
         saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
         self._saved.add(req_id)
-        self._remember(request, st.done, full, keys)
+        self._remember(request, chain, st.done, full, keys)
         st.done = full
 
-    def _remember(self, request, begin, end, keys):
+    def _remember(self, request, chain, begin, end, keys):
+        """What BlockStored will say of these blocks: vLLM's hash of each as vLLM's own events
+        give it (events.external_hash), so the disk tier's events join the GPU tier's."""
         bs = self.block_size
         tokens = request.all_token_ids
+        hashes = request.block_hashes
         lora = getattr(request, "lora_request", None)
         lora_id = getattr(lora, "lora_int_id", None) if lora is not None else None
         lora_name = getattr(lora, "lora_name", None) if lora is not None else None
         with self._events_lock:
-            for i, key in zip(range(begin, end), keys):
-                parent = request.block_hashes[i - 1] if i > 0 else None
+            for i, key in zip(range(begin, min(end, len(hashes))), keys):
+                parent = external_hash(hashes[i - 1]) if i > 0 else None
                 self.translator.remember(key, BlockInfo(
-                    request.block_hashes[i], parent, tuple(tokens[i * bs:(i + 1) * bs]),
-                    lora_id, lora_name))
+                    external_hash(hashes[i]), parent, tuple(tokens[i * bs:(i + 1) * bs]),
+                    lora_id, lora_name, chain.extra_keys(i)))
 
     def update_connector_output(self, connector_output):
         bad = getattr(connector_output, "invalid_block_ids", None)
@@ -343,6 +425,8 @@ class TuttiScheduler:
         self._release_pending(req_id)
         self._local.pop(req_id, None)
         self._reqs.pop(req_id, None)
+        self._chains.pop(req_id, None)
+        self._unkeyable.discard(req_id)
         if req_id in self._saved:
             self._saved.discard(req_id)
             return True, None
@@ -395,6 +479,7 @@ class TuttiScheduler:
             stream.cancel()
         for p in list(self._pending):
             self._release_pending(p)
+        self._chains.clear()
         for link in self._links.values():
             link.close()
         for t in self._watchers:

@@ -5,8 +5,8 @@ new full blocks.
 - register_kv_caches: geometry (tutti.vllm.geometry) -> namespace -> Client.attach with a random
   engine_group of this worker. Host mode (CI): the tensors must lie in SharedMemory given to
   register_host_memory() first; cuda mode: the tensors' device.
-- start_load: one Retrieve of every LoadSpec (RetrieveRequest.lease_ids = this rank's leases).
-  At most max_blocks_per_call blocks and 1024 leases per step: the rest are reported failed.
+- start_load: Retrieves of every LoadSpec (RetrieveRequest.lease_ids = this rank's leases), as
+  few as tuttid's bounds allow (max_blocks_per_call blocks, 1024 leases each: tutti.vllm.loads).
 - wait_layer: Retrieval.wait_layer(l) on torch's current stream (cuda: a GPU-side wait, the host
   returns at once; host mode: blocks until the layer landed).
 - saves, "end" (default): one Store per max_blocks_per_call blocks of all layers, in wait_for_save
@@ -37,6 +37,7 @@ from typing import List, Optional
 import tutti
 from tutti import errors
 from tutti.vllm import geometry as geo
+from tutti.vllm import loads
 from tutti.vllm.keys import namespace
 from tutti.vllm.metadata import TuttiConnectorMetadata, TuttiHandshake
 from tutti.vllm.saves import PendingSaves
@@ -45,7 +46,6 @@ log = logging.getLogger("tutti.vllm")
 
 _HOST_MEMORY: List[object] = []
 _HOST_LOCK = threading.Lock()
-MAX_LEASES = 1024
 
 
 def register_host_memory(shm) -> None:
@@ -160,24 +160,10 @@ class TuttiWorker:
         meta = self._meta
         if meta is None or not meta.loads or self.client is None:
             return
-        keys, blocks, leases = [], [], []
         limit = max(int(self.client.info.get("max_blocks_per_call") or 512), 1)
-        for spec in meta.loads:
-            lease = spec.lease_ids.get(self.tp_rank, 0)
-            if not lease or len(keys) + len(spec.keys) > limit or len(leases) >= MAX_LEASES:
-                self._errors.update(spec.block_ids)
-                continue
-            keys.extend(spec.keys)
-            blocks.extend(spec.block_ids)
-            leases.append(lease)
-        if not keys:
-            return
-        try:
-            self._retrieval = self.client.retrieve(None, keys, blocks, more_leases=leases)
-            self._load_blocks = blocks
-        except errors.TuttiError as e:
-            log.info("TP rank %d: Retrieve of %d blocks refused: %s", self.tp_rank, len(keys), e)
-            self._errors.update(blocks)
+        self._retrieval, self._load_blocks, refused = loads.start(self.client, meta.loads,
+                                                                  self.tp_rank, limit)
+        self._errors.update(refused)
 
     def wait_layer(self, layer_name):
         r = self._retrieval

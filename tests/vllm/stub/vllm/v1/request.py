@@ -14,7 +14,8 @@ class RequestStatus(enum.IntEnum):
 
 class Request:
     def __init__(self, request_id, prompt_token_ids, block_hasher=None, max_tokens=16,
-                 lora_request=None, kv_transfer_params=None):
+                 lora_request=None, kv_transfer_params=None, cache_salt=None,
+                 mm_features=None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -24,7 +25,9 @@ class Request:
         self.status = RequestStatus.WAITING
         self.max_tokens = max_tokens
         self.lora_request = lora_request
-        self.mm_features = []
+        self.mm_features = list(mm_features or [])
+        self.cache_salt = cache_salt
+        self.prompt_embeds = None
         self.sampling_params = None
         self.pooling_params = None
         self.kv_transfer_params = kv_transfer_params
