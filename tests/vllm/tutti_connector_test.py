@@ -89,16 +89,16 @@ class TuttiConnectorTest(unittest.TestCase):
         for d in self.daemons:
             d.cleanup()
 
-    def start_daemons(self, n):
+    def start_daemons(self, n, **kw):
         for _ in range(n):
             self.daemons.append(Tuttid(object_bytes=OBJECT_BYTES, max_objects=2 * LAYERS,
-                                       session_ttl_ms=5000,
+                                       session_ttl_ms=5000, **kw,
                                        extra='gpu { mode: "cuda" }' if DEVICE else "").start())
-        return self.daemons
+        return self.daemons[-n:]
 
     def engine(self, tp_size=1, extra=None, **kw):
         # CI shares 2 cores among many tests: a Lookup past the default 500 ms would be a miss.
-        cfg = {"sockets": [d.socket for d in self.daemons[:tp_size]], "lookup_timeout_ms": 5000}
+        cfg = {"sockets": [d.socket for d in self.daemons[-tp_size:]], "lookup_timeout_ms": 5000}
         cfg.update(extra or {})
         ktc = KVTransferConfig(kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm",
                                kv_role="kv_both", kv_connector_extra_config=cfg)
@@ -256,6 +256,35 @@ class TuttiConnectorTest(unittest.TestCase):
         r = e.generate([("b", p, 2)], before_execute=evict)["b"]
         self.assertGood(r)
         self.assertEqual(r.stats.external_tokens, 3 * BS)
+
+    def test_a_failed_load_stores_no_block_computed_on_it(self):
+        # vLLM's order: wait_for_save before get_block_ids_with_load_errors. Two requests' loads
+        # in one step exceed max_blocks_per_call, so the second request's load fails; the block
+        # it computes in that step over the unloaded prefix must not be stored, and the blocks
+        # vLLM recomputes afterwards must be: a fresh engine then loads all three, correct.
+        for save in ("end", "layer"):
+            with self.subTest(save=save):
+                (d0,) = self.start_daemons(1, max_blocks_per_call=3)
+                seed = 60 if save == "end" else 70
+                a, b = prompt(seed, 2, tail=0), prompt(seed + 1, 2, tail=0)
+                tail = prompt(seed + 2, 1)
+                first = self.engine(extra={"save": save}).generate([("a", a + [1], 1),
+                                                                    ("b", b + [1], 1)])
+                self.engines.pop().shutdown()
+                wait_blocks(d0, 4)
+                both = self.engine(extra={"save": save}).generate([("a2", a + tail, 1),
+                                                                   ("b2", b + tail, 1)])
+                self.engines.pop().shutdown()
+                for r in list(first.values()) + list(both.values()):
+                    self.assertGood(r)
+                self.assertEqual(both["a2"].stats.external_tokens, 2 * BS)
+                self.assertEqual(both["b2"].stats.failed_load_tokens, 2 * BS)
+                wait_blocks(d0, 6)
+                again = self.engine(extra={"save": save}).generate([("b3", b + tail, 2)])["b3"]
+                self.assertGood(again)
+                self.assertEqual(again.stats.external_tokens, 3 * BS)
+                self.engines.pop().shutdown()
+                self.daemons.pop().cleanup()
 
     def test_events_follow_stores_and_evictions(self):
         (d0,) = self.start_daemons(1)
