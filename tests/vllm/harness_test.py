@@ -181,7 +181,8 @@ class DirConnectorHarnessTest(unittest.TestCase):
         r = e.generate([("b", p, 2)])["b"]
         self.assertFalse(r.verified)
         self.assertFalse(r.correct)
-        self.assertEqual(len(set(r.unreported_bad_blocks[0])), 1, "block 2, in every step")
+        self.assertEqual(len(set(r.unreported_bad_blocks[0])), 2,
+                         "block 2, and the tail block computed over it")
 
     def test_tp2_hits_need_every_rank(self):
         e = self.engine(tp_size=2)
