@@ -261,7 +261,8 @@ class TuttiConnectorTest(unittest.TestCase):
         # vLLM's order: wait_for_save before get_block_ids_with_load_errors. Two requests' loads
         # in one step exceed max_blocks_per_call, so the second request's load fails; the block
         # it computes in that step over the unloaded prefix must not be stored, and the blocks
-        # vLLM recomputes afterwards must be: a fresh engine then loads all three, correct.
+        # vLLM recomputes afterwards must be: a fresh engine then loads all three, correct. (The
+        # worker drops every save of that step; a2's is saved again in its next step.)
         for save in ("end", "layer"):
             with self.subTest(save=save):
                 (d0,) = self.start_daemons(1, max_blocks_per_call=3)
@@ -272,7 +273,7 @@ class TuttiConnectorTest(unittest.TestCase):
                                                                     ("b", b + [1], 1)])
                 self.engines.pop().shutdown()
                 wait_blocks(d0, 4)
-                both = self.engine(extra={"save": save}).generate([("a2", a + tail, 1),
+                both = self.engine(extra={"save": save}).generate([("a2", a + tail, 2),
                                                                    ("b2", b + tail, 1)])
                 self.engines.pop().shutdown()
                 for r in list(first.values()) + list(both.values()):

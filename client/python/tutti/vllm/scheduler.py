@@ -11,6 +11,9 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
   the end of this step (num_computed_tokens + scheduled tokens, only blocks vLLM has hashed) that
   were neither loaded, nor local prefix hits, nor saved before (also across preemption).
+- update_connector_output: blocks that failed to load (invalid_block_ids) make the saves of the
+  last steps (the workers dropped those of a step whose load failed) and of the blocks from each
+  request's first failed one due again: they are saved once vLLM has recomputed them.
 - request_finished: releases its leases (a load that will not happen), forgets it; returns
   (True, None) when the request had saves (a worker may still hold pending saves of it: vLLM
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
@@ -156,6 +159,9 @@ class TuttiScheduler:
         self._reqs: Dict[str, _Req] = {}
         self._saved: set = set()  # requests that had saves: request_finished holds their blocks
         self._loads: List[LoadSpec] = []
+        # Per recent step (two: async scheduling runs one ahead): {req_id: its `done` before the
+        # step's saves}, to save again what workers dropped after a failed load.
+        self._recent_saves = deque(maxlen=2)
         self._events_lock = threading.Lock()
         self._events = deque(maxlen=MAX_PENDING_EVENTS)
         self.translator = EventTranslator(tp_size, block_size)
@@ -282,6 +288,7 @@ class TuttiScheduler:
 
     def build_connector_meta(self, so) -> TuttiConnectorMetadata:
         saves = []
+        self._recent_saves.append({})
         for r in so.scheduled_new_reqs:
             st = self._reqs.get(r.req_id)
             if st is not None:
@@ -316,6 +323,7 @@ class TuttiScheduler:
         hashes = list(request.block_hashes[st.done:full])
         keys = keys_of(hashes)
         saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
+        self._recent_saves[-1].setdefault(req_id, st.done)
         self._saved.add(req_id)
         self._remember(request, st.done, full, keys)
         st.done = full
@@ -337,6 +345,21 @@ class TuttiScheduler:
         bad = getattr(connector_output, "invalid_block_ids", None)
         if bad:
             log.info("%d blocks failed to load this step; vLLM recomputes them", len(bad))
+            self._save_again(set(bad))
+
+    def _save_again(self, bad):
+        """After a failed load: the blocks whose saves workers dropped, and each request's blocks
+        from its first failed one (vLLM recomputes them), are saved when next computed."""
+        for step in self._recent_saves:
+            for req_id, done in step.items():
+                st = self._reqs.get(req_id)
+                if st is not None:
+                    st.done = min(st.done, done)
+        self._recent_saves.clear()
+        for st in self._reqs.values():
+            first = next((i for i, b in enumerate(st.block_ids) if b in bad), None)
+            if first is not None:
+                st.done = min(st.done, first)
 
     def request_finished(self, request, block_ids):
         req_id = request.request_id
