@@ -246,6 +246,21 @@ class DirConnectorHarnessTest(unittest.TestCase):
         self.assertEqual(e.scheduler_calls[-1],
                          ["build_connector_meta", "update_connector_output", "take_events"])
 
+    def test_full_cuda_graphs_skip_the_layer_hooks(self):
+        # vLLM's default cudagraph_mode replays uniform-decode batches as FULL graphs, without
+        # the layer hooks, unless the connector requires PIECEWISE.
+        p = prompt(51, 1)
+        for piecewise in (True, False):
+            with self.subTest(piecewise=piecewise):
+                e = self.engine(extra={"piecewise": piecewise}, num_layers=2)
+                self.assertEqual(e.cudagraph_mode,
+                                 "PIECEWISE" if piecewise else "FULL_AND_PIECEWISE")
+                self.assertGood(e.generate([("a", p, 3)])["a"])
+                decode = e.step_reports[1][0].calls  # one token: a uniform-decode batch
+                self.assertEqual("save_kv_layer" in decode, piecewise)
+                self.assertEqual("wait_for_layer_load" in decode, piecewise)
+                self.assertIn("wait_for_save", decode)
+
     def test_abort_calls_request_finished(self):
         e = self.engine()
         e.add_request("a", prompt(60, 2), 50)

@@ -3,7 +3,8 @@ instances (one per TP rank): store then load with verified bytes in a fresh engi
 only where both ranks hold the block (one daemon evicted); a load that fails because a rank's
 tuttid died between the lookup and the load (reported through get_block_ids_with_load_errors,
 recomputed, no hung step); an eviction between lookup and load (the lease keeps the blocks); the
-KV events (take_events) against what was stored and evicted.
+KV events (take_events) against what was stored and evicted; a load that fails (per-call bound)
+stores nothing computed over it; FULL CUDA graph replays (no layer hooks) are refused.
 
 TUTTI_HARNESS_DEVICE=cuda:0 (the GPU machine): the same tests in cuda mode, every worker's cache
 in device memory and every tuttid with gpu { mode: "cuda" } (the GPU-side layer waits).
@@ -286,6 +287,23 @@ class TuttiConnectorTest(unittest.TestCase):
                 self.assertEqual(again.stats.external_tokens, 3 * BS)
                 self.engines.pop().shutdown()
                 self.daemons.pop().cleanup()
+
+    def test_full_cuda_graph_replays_keep_the_layer_hooks(self):
+        # vLLM replays uniform-decode batches as FULL CUDA graphs (its default cudagraph_mode)
+        # unless the connector requires PIECEWISE: the blocks decode completes would never be
+        # saved per layer, and a load that leaves one token to compute would not be waited for.
+        (d0,) = self.start_daemons(1)
+        p = prompt(80, 1)
+        e = self.engine(extra={"save": "layer"})
+        self.assertEqual(e.cudagraph_mode, "PIECEWISE")
+        first = e.generate([("a", p, 44)])["a"]  # 21 + 44 tokens: decode completes 3 blocks
+        self.assertGood(first)
+        self.engines.pop().shutdown()
+        wait_blocks(d0, 4)
+        whole = p + first.output_token_ids  # 65 tokens: 4 blocks to load, 1 token to compute
+        r = self.engine(extra={"save": "layer"}).generate([("b", whole, 2)])["b"]
+        self.assertGood(r)
+        self.assertEqual(r.stats.external_tokens, 4 * BS)
 
     def test_events_follow_stores_and_evictions(self):
         (d0,) = self.start_daemons(1)

@@ -55,6 +55,9 @@ class EngineConfig:
     model: str = "fakevllm/toy-llama"
     hash_algo: str = "sha256_cbor"
     step_timeout: float = 60.0
+    # vLLM's default: FULL graphs for uniform-decode batches, PIECEWISE for the rest; a
+    # connector whose requires_piecewise_for_cudagraph(extra config) is True makes it PIECEWISE.
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
 
 
 @dataclass
@@ -84,6 +87,17 @@ def expected_output(prompt: List[int], max_tokens: int) -> List[int]:
     return out
 
 
+def _cudagraph_mode(config: EngineConfig) -> str:
+    """vLLM's config: PIECEWISE where the connector's class requires it."""
+    ktc = config.kv_transfer_config
+    if ktc is None or config.cudagraph_mode in ("NONE", "PIECEWISE"):
+        return config.cudagraph_mode
+    cls = KVConnectorFactory.get_connector_class(ktc)
+    if cls.requires_piecewise_for_cudagraph(dict(ktc.kv_connector_extra_config or {})):
+        return "PIECEWISE"
+    return config.cudagraph_mode
+
+
 def _sha256_pickle(x) -> bytes:
     return hashlib.sha256(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
@@ -106,10 +120,11 @@ class Engine:
             kv_cache_tensors=[KVCacheTensor(size=self.geometry.nbytes, shared_by=names)],
             kv_cache_groups=[KVCacheGroupSpec(names, FullAttentionSpec(
                 config.block_size, config.num_kv_heads, config.head_size, torch.float32))])
+        self.cudagraph_mode = _cudagraph_mode(config)
         self.executor = Executor([WorkerConfig(r, config.tp_size, self.geometry,
                                                self.vllm_config, self.kv_cache_config,
                                                config.host, config.register_host_memory,
-                                               config.device)
+                                               config.device, self.cudagraph_mode)
                                   for r in range(config.tp_size)], config.step_timeout)
         try:
             self._start_scheduler()

@@ -14,7 +14,9 @@ KVConnectorModelRunnerMixin and attention layers do:
   clear_connector_metadata()
 
 A step with no scheduled tokens runs the same calls without the forward pass (vLLM's
-kv_connector_no_forward). The runner keeps each request's tokens and block table as vLLM's
+kv_connector_no_forward). A step replayed as a FULL CUDA graph (cudagraph_mode FULL, or
+FULL_AND_PIECEWISE for a uniform-decode batch: one token per request) runs the forward without
+the layer hooks (wait_for_layer_load, save_kv_layer): they are Python, not in the graph. The runner keeps each request's tokens and block table as vLLM's
 persistent batch does (new requests, running ones with new blocks, resumed ones replacing theirs,
 sampled tokens appended by the runner itself, output tokens the scheduler dropped cut off).
 """
@@ -43,6 +45,7 @@ class WorkerConfig:
     host: bool = True
     register_host_memory: bool = False   # call tutti.vllm.register_host_memory(shm) first
     device: Optional[str] = None         # "cuda:0": the cache in device memory (host False)
+    cudagraph_mode: str = "NONE"         # as resolved by the engine (fakevllm.engine)
 
 
 @dataclass
@@ -152,7 +155,8 @@ class ModelRunner:
                 kv.start_load_kv(ctx)
         sampled, check = {}, None
         if so.total_num_scheduled_tokens > 0:
-            sampled, check = self.model.forward(seqs, kv, meta)
+            hooks = None if self._full_graph(so) else kv
+            sampled, check = self.model.forward(seqs, hooks, meta)
         if kv is not None and not sync_loads:
             kv.start_load_kv(ctx)
         if kv is not None:
@@ -176,6 +180,14 @@ class ModelRunner:
                                                    for r in ids],
                                 kv_connector_output=kv_output)
         return out, report
+
+    def _full_graph(self, so) -> bool:
+        """Whether vLLM would replay this batch as a FULL CUDA graph."""
+        mode = self.config.cudagraph_mode
+        if mode == "FULL":
+            return True
+        return (mode == "FULL_AND_PIECEWISE" and
+                all(n == 1 for n in so.num_scheduled_tokens.values()))
 
     def _scheduled_seqs(self, so) -> List[ScheduledSeq]:
         seqs = []

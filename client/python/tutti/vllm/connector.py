@@ -171,3 +171,10 @@ class TuttiConnector(KVConnectorBase_V1):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         return None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
+        """True whatever the config: loads reach the forward through wait_for_layer_load
+        (every save mode) and "layer" saves through save_kv_layer, which a FULL CUDA graph's
+        replay skips (it would read KV not yet loaded, and never save what decode completes)."""
+        return True
