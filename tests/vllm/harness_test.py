@@ -225,10 +225,8 @@ class DirConnectorHarnessTest(unittest.TestCase):
         e = self.engine(num_layers=2)
         e.generate([("a", prompt(50, 1), 2)])
         layer = ["wait_for_layer_load", "save_kv_layer"]
-        # No request loads (a miss): has_sync_kv_loads is False and vLLM starts the (empty)
-        # loads after the forward was launched.
-        worker_step = (["bind_connector_metadata"] + layer * 2 +
-                       ["start_load_kv", "wait_for_save", "get_finished",
+        worker_step = (["bind_connector_metadata", "start_load_kv"] + layer * 2 +
+                       ["wait_for_save", "get_finished",
                         "get_block_ids_with_load_errors", "get_kv_connector_stats",
                         "get_kv_connector_kv_cache_events", "clear_connector_metadata"])
         no_forward = [c for c in worker_step if c not in layer]

@@ -288,6 +288,13 @@ class TuttiConnectorTest(unittest.TestCase):
                 self.engines.pop().shutdown()
                 self.daemons.pop().cleanup()
 
+    def test_a_best_effort_cache_needs_no_kv_delivery(self):
+        # base.py: best-effort caches return False (the default follows kv_role, True here).
+        self.start_daemons(1)
+        e = self.engine()
+        self.assertTrue(e.vllm_config.kv_transfer_config.is_kv_producer)
+        self.assertFalse(e.connector.requires_kv_delivery)
+
     def test_full_cuda_graph_replays_keep_the_layer_hooks(self):
         # vLLM replays uniform-decode batches as FULL CUDA graphs (its default cudagraph_mode)
         # unless the connector requires PIECEWISE: the blocks decode completes would never be

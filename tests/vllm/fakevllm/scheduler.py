@@ -91,7 +91,6 @@ class Scheduler:
 
     # --- schedule ---
     def schedule(self) -> SchedulerOutput:
-        self._sync_loads = False  # set when a request of this step loads synchronously
         budget = self.config.max_num_batched_tokens
         num_scheduled: Dict[str, int] = {}
         new_blocks: Dict[str, list] = {}
@@ -136,8 +135,7 @@ class Scheduler:
             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0], finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[],
-            preempted_req_ids={r.request_id for r in preempted},
-            has_sync_kv_loads=self._sync_loads)
+            preempted_req_ids={r.request_id for r in preempted})
         self.prev_step_scheduled_req_ids = set(num_scheduled)
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output)
@@ -162,8 +160,6 @@ class Scheduler:
                 if load_async:
                     raise NotImplementedError("the harness drives synchronous loads only")
                 request.num_external_computed_tokens = external
-                if external:
-                    self._sync_loads = True
             computed = local_tokens + external
             n = min(request.num_tokens - computed, budget)
             blocks = self.kv_cache_manager.allocate_slots(

@@ -146,19 +146,15 @@ class ModelRunner:
         ctx = ForwardContext(no_compile_layers=dict(self.layers),
                              attn_metadata={name: meta for name in self.layers})
         kv_output = None
-        # vLLM's mixin: sync loads start before the forward; without any (has_sync_kv_loads
-        # False) start_load_kv runs after the forward was launched.
-        sync_loads = getattr(so, "has_sync_kv_loads", True)
+        # vLLM's mixin at the commit docs/vllm.md names: every step's loads start before the
+        # forward (its SchedulerOutput has no has_sync_kv_loads).
         if kv is not None:
             kv.bind_connector_metadata(so.kv_connector_metadata)
-            if sync_loads:
-                kv.start_load_kv(ctx)
+            kv.start_load_kv(ctx)
         sampled, check = {}, None
         if so.total_num_scheduled_tokens > 0:
             hooks = None if self._full_graph(so) else kv
             sampled, check = self.model.forward(seqs, hooks, meta)
-        if kv is not None and not sync_loads:
-            kv.start_load_kv(ctx)
         if kv is not None:
             kv.wait_for_save()
             kv_output = KVConnectorOutput()

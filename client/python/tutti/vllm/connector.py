@@ -63,6 +63,12 @@ def namespace_secret_of(extra):
 
 
 class TuttiConnector(KVConnectorBase_V1):
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: tutti is a best-effort cache; a save lost to a preemption is a later miss,
+        never a reason for vLLM to recompute the request."""
+        return False
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
