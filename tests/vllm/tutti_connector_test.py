@@ -295,6 +295,23 @@ class TuttiConnectorTest(unittest.TestCase):
         self.assertTrue(e.vllm_config.kv_transfer_config.is_kv_producer)
         self.assertFalse(e.connector.requires_kv_delivery)
 
+    def test_saves_stop_at_the_publishable_hashes(self):
+        # base.py: content-addressed connectors apply request.num_publishable_block_hashes
+        # before storing by hash (EAGLE successor-aware hashes: here they lag a step behind).
+        (d0,) = self.start_daemons(1)
+        e = self.engine(eagle_prefix_cache_hashing=True, max_num_batched_tokens=24)
+        saved = {}
+
+        def check(so):
+            for spec in so.kv_connector_metadata.saves:
+                saved[spec.req_id] = saved.get(spec.req_id, 0) + len(spec.keys)
+                fence = e.scheduler.requests[spec.req_id].num_publishable_block_hashes
+                self.assertLessEqual(saved[spec.req_id], fence, "saved past the fence")
+        r = e.generate([("a", prompt(90, 4), 3)], before_execute=check)["a"]
+        self.assertGood(r)
+        self.assertGreaterEqual(saved.get("a", 0), 3)
+        wait_blocks(d0, saved["a"])
+
     def test_full_cuda_graph_replays_keep_the_layer_hooks(self):
         # vLLM replays uniform-decode batches as FULL CUDA graphs (its default cudagraph_mode)
         # unless the connector requires PIECEWISE: the blocks decode completes would never be

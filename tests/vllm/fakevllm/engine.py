@@ -58,6 +58,9 @@ class EngineConfig:
     # vLLM's default: FULL graphs for uniform-decode batches, PIECEWISE for the rest; a
     # connector whose requires_piecewise_for_cudagraph(extra config) is True makes it PIECEWISE.
     cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    # EAGLE successor-aware prefix-cache hashing, told to the connectors
+    # (set_eagle_prefix_cache_hashing): requests' num_publishable_block_hashes fence their blocks.
+    eagle_prefix_cache_hashing: bool = False
 
 
 @dataclass
@@ -148,7 +151,9 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_num_batched_tokens,
                                                    self.config.max_num_seqs),
                                    self.config.num_gpu_blocks, self.config.block_size,
-                                   connector)
+                                   connector, self.config.eagle_prefix_cache_hashing)
+        if connector is not None and self.config.eagle_prefix_cache_hashing:
+            self.connector.set_eagle_prefix_cache_hashing(True)
         if connector is not None:
             merged = {}
             for worker_dict in self.executor.get_kv_connector_handshake_metadata():

@@ -48,7 +48,12 @@ class SchedulerConfig:
 
 class Scheduler:
     def __init__(self, sched_config: SchedulerConfig, num_gpu_blocks: int, block_size: int,
-                 connector=None):
+                 connector=None, eagle_prefix_cache_hashing: bool = False):
+        """eagle_prefix_cache_hashing: requests' num_publishable_block_hashes lag their
+        computed blocks by one step (vLLM publishes a block once the step after the one that
+        computed it acknowledged its draft KV); preemption resets it."""
+        self.eagle_hashing = eagle_prefix_cache_hashing
+        self._acked: Dict[str, int] = {}  # tokens computed by the steps whose output came back
         self.config = sched_config
         self.block_size = block_size
         self.kv_cache_manager = BlockPool(num_gpu_blocks, block_size)
@@ -205,6 +210,8 @@ class Scheduler:
         self.kv_cache_manager.free(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.invalidate_eagle_hash_publication()
+        self._acked.pop(request.request_id, None)
         request.num_preemptions += 1
         self.stats[request.request_id].preemptions += 1
         self.waiting.appendleft(request)
@@ -220,6 +227,10 @@ class Scheduler:
             request = self.requests.get(req_id)
             if req_id in failed or request is None or request.is_finished():
                 continue
+            if self.eagle_hashing:  # what the step before this one computed is acknowledged
+                request.mark_eagle_hashes_publishable(self._acked.get(req_id, 0),
+                                                      self.block_size)
+                self._acked[req_id] = request.num_computed_tokens
             index = runner_output.req_id_to_index[req_id]
             for token in runner_output.sampled_token_ids[index]:
                 request.append_output_token_ids(token)

@@ -152,6 +152,13 @@ class TuttiConnector(KVConnectorBase_V1):
             self._sched.shutdown()
 
     # --- scheduler side ---
+    def set_eagle_prefix_cache_hashing(self, enabled: bool) -> None:
+        """vLLM's engine-wide hash protocol: with EAGLE successor-aware hashes, a request's
+        blocks are stored only up to its num_publishable_block_hashes."""
+        super().set_eagle_prefix_cache_hashing(enabled)
+        if self._sched is not None:
+            self._sched.publish_fence = bool(enabled)
+
     def set_xfer_handshake_metadata(self, metadata) -> None:
         if self._sched is not None:
             self._sched.set_handshakes(metadata)

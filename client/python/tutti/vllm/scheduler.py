@@ -10,7 +10,10 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
   leases released when vLLM loads nothing.
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
   the end of this step (num_computed_tokens + scheduled tokens, only blocks vLLM has hashed) that
-  were neither loaded, nor local prefix hits, nor saved before (also across preemption).
+  were neither loaded, nor local prefix hits, nor saved before (also across preemption). With
+  publish_fence (vLLM's EAGLE successor-aware hashes) only blocks below the request's
+  num_publishable_block_hashes (base.py: applied before storing by hash); the rest when a
+  later step finds them publishable.
 - update_connector_output: blocks that failed to load (invalid_block_ids) make the saves of the
   last steps (the workers dropped those of a step whose load failed) and of the blocks from each
   request's first failed one due again: they are saved once vLLM has recomputed them.
@@ -150,6 +153,7 @@ class TuttiScheduler:
         tutti.Client, see lookup_only_connect)."""
         self.block_size = block_size
         self.tp_size = tp_size
+        self.publish_fence = False  # TuttiConnector.set_eagle_prefix_cache_hashing
         self._connect = connect or lookup_only_connect()
         self._watch = watch_events
         self._clock = clock
@@ -318,6 +322,8 @@ class TuttiScheduler:
     def _collect_save(self, req_id, st, end_tokens, saves):
         request = st.request
         full = min(end_tokens // self.block_size, len(request.block_hashes), len(st.block_ids))
+        if self.publish_fence:
+            full = min(full, int(getattr(request, "num_publishable_block_hashes", 0)))
         if full <= st.done:
             return
         hashes = list(request.block_hashes[st.done:full])
