@@ -15,8 +15,9 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
   num_publishable_block_hashes (base.py: applied before storing by hash); the rest when a
   later step finds them publishable.
 - update_connector_output: blocks that failed to load (invalid_block_ids) make the saves of the
-  last steps (the workers dropped those of a step whose load failed) and of the blocks from each
-  request's first failed one due again: they are saved once vLLM has recomputed them.
+  last steps (the workers dropped those of a step whose load failed) and, for each request whose
+  own load failed, its blocks from the first failed one due again: they are saved once vLLM has
+  recomputed them (a block a request shares as a GPU prefix hit is saved by the loader).
 - request_finished: releases its leases (a load that will not happen), forgets it; returns
   (True, None) when the request had saves (a worker may still hold pending saves of it: vLLM
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
@@ -144,6 +145,7 @@ class _Req:
     request: object
     block_ids: List[int] = field(default_factory=list)
     done: int = 0  # blocks [0, done) need no save: loaded, local prefix hits, or saved
+    loaded: tuple = (0, 0)  # the blocks [begin, end) of its load
 
 
 class TuttiScheduler:
@@ -286,6 +288,7 @@ class TuttiScheduler:
                                         st.block_ids[p.local:p.local + n],
                                         {r: h.lease.id for r, h in p.leases.items()}))
             done = p.local + n
+            st.loaded = (p.local, done)
         elif p is not None:
             self._release(p.leases)
         st.done = max(st.done, done)
@@ -362,8 +365,10 @@ class TuttiScheduler:
                 if st is not None:
                     st.done = min(st.done, done)
         self._recent_saves.clear()
-        for st in self._reqs.values():
-            first = next((i for i, b in enumerate(st.block_ids) if b in bad), None)
+        for st in self._reqs.values():  # its own load's failed blocks, not a shared prefix's
+            begin, end = st.loaded
+            first = next((i for i in range(begin, min(end, len(st.block_ids)))
+                          if st.block_ids[i] in bad), None)
             if first is not None:
                 st.done = min(st.done, first)
 
