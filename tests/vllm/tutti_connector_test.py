@@ -288,6 +288,29 @@ class TuttiConnectorTest(unittest.TestCase):
                 self.engines.pop().shutdown()
                 self.daemons.pop().cleanup()
 
+    def test_tp2_a_load_failed_on_one_rank_stores_nothing_on_the_other(self):
+        # Rank 0's tuttid takes 3 blocks per call, rank 1's 512: b2's load fails on rank 0 only.
+        # Rank 1's KV of b2's block 2 is then computed from rank 0's garbage too (the ranks'
+        # attention is all-reduced): rank 1 must not store it either.
+        d0 = self.start_daemons(1, max_blocks_per_call=3)[0]
+        d1 = self.start_daemons(1)[0]
+        a, b, tail = prompt(100, 2, tail=0), prompt(101, 2, tail=0), prompt(102, 1)
+        self.engine(tp_size=2).generate([("a", a + [1], 1), ("b", b + [1], 1)])
+        self.engines.pop().shutdown()
+        wait_blocks(d0, 4)
+        wait_blocks(d1, 4)
+        both = self.engine(tp_size=2).generate([("a2", a + tail, 2), ("b2", b + tail, 1)])
+        self.engines.pop().shutdown()
+        for r in both.values():
+            self.assertGood(r)
+        self.assertEqual(both["b2"].stats.failed_load_tokens, 2 * BS)
+        self.assertEqual(list(both["b2"].reported_bad_blocks), [0])
+        wait_blocks(d0, 6)
+        wait_blocks(d1, 6)
+        again = self.engine(tp_size=2).generate([("b3", b + tail, 2)])["b3"]
+        self.assertGood(again)
+        self.assertEqual(again.stats.external_tokens, 3 * BS)
+
     def test_a_best_effort_cache_needs_no_kv_delivery(self):
         # base.py: best-effort caches return False (the default follows kv_role, True here).
         self.start_daemons(1)

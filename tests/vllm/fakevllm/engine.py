@@ -15,7 +15,10 @@ invalid_block_ids that worker's connector reported in that step (else the reques
 """
 
 import hashlib
+import os
 import pickle
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -124,10 +127,13 @@ class Engine:
             kv_cache_groups=[KVCacheGroupSpec(names, FullAttentionSpec(
                 config.block_size, config.num_kv_heads, config.head_size, torch.float32))])
         self.cudagraph_mode = _cudagraph_mode(config)
+        self._dist_dir = tempfile.mkdtemp(prefix="fakevllm-dist-",
+                                          dir=os.environ.get("TEST_TMPDIR"))
+        dist_init = "file://" + os.path.join(self._dist_dir, "init")
         self.executor = Executor([WorkerConfig(r, config.tp_size, self.geometry,
                                                self.vllm_config, self.kv_cache_config,
                                                config.host, config.register_host_memory,
-                                               config.device, self.cudagraph_mode)
+                                               config.device, self.cudagraph_mode, dist_init)
                                   for r in range(config.tp_size)], config.step_timeout)
         try:
             self._start_scheduler()
@@ -245,6 +251,7 @@ class Engine:
         try:
             self.executor.shutdown()
         finally:
+            shutil.rmtree(self._dist_dir, ignore_errors=True)
             if self.connector is not None:
                 self.connector.shutdown()
 

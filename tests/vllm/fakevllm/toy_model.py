@@ -11,7 +11,8 @@ Every token's KV at (position, layer, head, TP rank) is a deterministic function
 A mismatch is recorded per request with the vLLM block id that held it. As in a real model, the
 KV a layer writes depends on what the layers before it read: once a request read wrong context
 KV at a layer, every later layer writes its scheduled tokens' KV wrong (off by one), so blocks
-computed on top of a failed load are wrong too. The sampled token is a hash of the token ids the
+computed on top of a failed load are wrong too; under TP on every rank (the attention output is
+all-reduced over the ranks: here the taint, over vLLM's TP group). The sampled token is a hash of the token ids the
 last layer's KV decodes to (content element 0 holds the token id), so a wrong block also changes
 the output.
 """
@@ -94,6 +95,17 @@ def attention_metadata(seqs: List[ScheduledSeq], block_size: int) -> ToyAttentio
                                 [list(s.block_ids) for s in seqs], len(slots))
 
 
+def _all_ranks(tainted: Set[str], seqs: List[ScheduledSeq]) -> Set[str]:
+    """The requests tainted on any TP rank (every rank runs the same batch)."""
+    from vllm.distributed import parallel_state
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return tainted
+    import torch.distributed as dist
+    flags = torch.tensor([int(s.req_id in tainted) for s in seqs], dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=parallel_state.get_tp_group().cpu_group)
+    return {s.req_id for s, f in zip(seqs, flags.tolist()) if f}
+
+
 class ToyModel:
     def __init__(self, cache: KvCache, rank: int):
         self.cache = cache
@@ -154,6 +166,7 @@ class ToyModel:
                                                          check)
                 if wrong:
                     tainted.add(s.req_id)
+            tainted = _all_ranks(tainted, seqs)
             if connector is not None:
                 connector.save_kv_layer(name, kv_layer, attn_metadata)
         sampled = {}

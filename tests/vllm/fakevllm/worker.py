@@ -46,6 +46,7 @@ class WorkerConfig:
     register_host_memory: bool = False   # call tutti.vllm.register_host_memory(shm) first
     device: Optional[str] = None         # "cuda:0": the cache in device memory (host False)
     cudagraph_mode: str = "NONE"         # as resolved by the engine (fakevllm.engine)
+    dist_init: Optional[str] = None      # TP > 1: torch.distributed init_method (gloo)
 
 
 @dataclass
@@ -87,6 +88,11 @@ class ModelRunner:
     def __init__(self, config: WorkerConfig):
         self.config = config
         parallel_state.set_tensor_model_parallel(config.rank, config.tp_size)
+        if config.tp_size > 1:  # vLLM's TP group (its CPU side): the toy model's all-reduce
+            import torch.distributed as dist
+            dist.init_process_group("gloo", init_method=config.dist_init, rank=config.rank,
+                                    world_size=config.tp_size)
+            parallel_state.set_tp_cpu_group(dist.group.WORLD)
         self.connector = None
         if config.vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(

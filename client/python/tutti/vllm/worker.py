@@ -17,10 +17,12 @@ new full blocks.
   requests', and those of requests whose GPU prefix hits are blocks being loaded), so nothing of
   the step is stored before the load's outcome is known: wait_for_save waits for the Retrieve
   first ("layer": the step's layers are held and stored whole there). If any load of the step
-  failed on this rank, every save of the step is dropped (counted, cause "computed over a failed
-  load"); the scheduler side saves again what vLLM recomputes (TuttiScheduler
-  .update_connector_output). vLLM calls wait_for_save before get_block_ids_with_load_errors, and
-  a stored block cannot be taken back.
+  failed on any TP rank (under TP every rank's KV past the loaded prefix depends on every rank's
+  loaded KV: the ranks agree through one all-reduce over vLLM's TP CPU group, in each step that
+  loads), every save of the step is dropped (counted, cause "computed over a failed load"); the
+  scheduler side saves again what vLLM recomputes (TuttiScheduler.update_connector_output). vLLM
+  calls wait_for_save before get_block_ids_with_load_errors, and a stored block cannot be taken
+  back.
   Blocks tuttid refused (store staging full) become pending saves (tutti.vllm.saves), retried
   whole by a background thread while vLLM holds the blocks: handle_preemptions drops a
   preempted request's and waits for its retry in flight; get_finished reports a request that
@@ -63,6 +65,17 @@ def register_host_memory(shm) -> None:
         _HOST_MEMORY.append(shm)
 
 
+def any_tp_rank(flag: bool) -> bool:
+    """Whether `flag` is True on any TP rank: an all-reduce over vLLM's TP group (its gloo CPU
+    group). Every rank must call it in the same step."""
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=get_tp_group().cpu_group)
+    return bool(t.item())
+
+
 def _host_regions(g: geo.Geometry):
     """The registered SharedMemory regions that hold every object of `g`."""
     with _HOST_LOCK:
@@ -87,7 +100,9 @@ class TuttiWorker:
                  save_mode: str = "end", vllm_version: str = "unknown",
                  timeouts: Optional[tutti.Timeouts] = None, retry_deadline_s: float = 10.0,
                  max_pending_saves: int = 4096, clock=time.monotonic,
-                 namespace_secret: bytes = b""):
+                 namespace_secret: bytes = b"", any_rank=any_tp_rank):
+        """any_rank(flag): whether flag is True on any TP rank (called by every rank in each
+        step that loads, when tp_size > 1)."""
         if save_mode not in ("end", "layer"):
             raise ValueError("kv_connector_extra_config save: %r; give \"end\" or \"layer\"" %
                              (save_mode,))
@@ -98,6 +113,7 @@ class TuttiWorker:
         self._version = vllm_version
         self._timeouts = timeouts
         self.engine_group = os.urandom(16)
+        self._any_rank = any_rank
         self.namespace_secret = namespace_secret
         self.geometry = None
         self.namespace = None
@@ -235,6 +251,9 @@ class TuttiWorker:
         if step is not None and self._saver is not None:
             self._saver.drain()
         self._finish_load()
+        meta = self._meta
+        if self.tp_size > 1 and meta is not None and getattr(meta, "loads", None):
+            self._load_failed = self._any_rank(self._load_failed)
         if step is None:
             return
         if self._load_failed:
