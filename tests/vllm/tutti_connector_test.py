@@ -338,7 +338,8 @@ class TuttiConnectorTest(unittest.TestCase):
     def test_full_cuda_graph_replays_keep_the_layer_hooks(self):
         # vLLM replays uniform-decode batches as FULL CUDA graphs (its default cudagraph_mode)
         # unless the connector requires PIECEWISE: the blocks decode completes would never be
-        # saved per layer, and a load that leaves one token to compute would not be waited for.
+        # saved per layer, and a load that leaves one token to compute would not be waited for
+        # (in host mode its transfer lands before the read anyway: only the mode shows that).
         (d0,) = self.start_daemons(1)
         p = prompt(80, 1)
         e = self.engine(extra={"save": "layer"})
