@@ -12,9 +12,9 @@ A mismatch is recorded per request with the vLLM block id that held it. As in a 
 KV a layer writes depends on what the layers before it read: once a request read wrong context
 KV at a layer, every later layer writes its scheduled tokens' KV wrong (off by one), so blocks
 computed on top of a failed load are wrong too; under TP on every rank (the attention output is
-all-reduced over the ranks: here the taint, over vLLM's TP group). The sampled token is a hash of the token ids the
-last layer's KV decodes to (content element 0 holds the token id), so a wrong block also changes
-the output.
+all-reduced over the ranks: here the taint, over vLLM's TP group). The sampled token is a hash
+of the token ids the last layer's KV decodes to (content element 0 holds the token id), so a
+wrong block also changes the output.
 """
 
 import hashlib

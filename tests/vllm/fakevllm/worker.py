@@ -16,9 +16,11 @@ KVConnectorModelRunnerMixin and attention layers do:
 A step with no scheduled tokens runs the same calls without the forward pass (vLLM's
 kv_connector_no_forward). A step replayed as a FULL CUDA graph (cudagraph_mode FULL, or
 FULL_AND_PIECEWISE for a uniform-decode batch: one token per request) runs the forward without
-the layer hooks (wait_for_layer_load, save_kv_layer): they are Python, not in the graph. The runner keeps each request's tokens and block table as vLLM's
-persistent batch does (new requests, running ones with new blocks, resumed ones replacing theirs,
-sampled tokens appended by the runner itself, output tokens the scheduler dropped cut off).
+the layer hooks (wait_for_layer_load, save_kv_layer): they are Python, not in the graph. The
+runner keeps each request's tokens and block table as vLLM's persistent batch does (new
+requests, running ones with new blocks, resumed ones replacing theirs, sampled tokens appended by
+the runner itself, output tokens the scheduler dropped cut off). Under TP the workers form a
+gloo group, vLLM's TP CPU group (vllm.distributed.parallel_state.get_tp_group).
 """
 
 import pickle
