@@ -181,7 +181,8 @@ class DirConnectorHarnessTest(unittest.TestCase):
         r = e.generate([("b", p, 2)])["b"]
         self.assertFalse(r.verified)
         self.assertFalse(r.correct)
-        self.assertEqual(len(set(r.unreported_bad_blocks[0])), 1, "block 2, in every step")
+        self.assertEqual(len(set(r.unreported_bad_blocks[0])), 2,
+                         "block 2, and the tail block computed over it")
 
     def test_tp2_hits_need_every_rank(self):
         e = self.engine(tp_size=2)
@@ -224,10 +225,8 @@ class DirConnectorHarnessTest(unittest.TestCase):
         e = self.engine(num_layers=2)
         e.generate([("a", prompt(50, 1), 2)])
         layer = ["wait_for_layer_load", "save_kv_layer"]
-        # No request loads (a miss): has_sync_kv_loads is False and vLLM starts the (empty)
-        # loads after the forward was launched.
-        worker_step = (["bind_connector_metadata"] + layer * 2 +
-                       ["start_load_kv", "wait_for_save", "get_finished",
+        worker_step = (["bind_connector_metadata", "start_load_kv"] + layer * 2 +
+                       ["wait_for_save", "get_finished",
                         "get_block_ids_with_load_errors", "get_kv_connector_stats",
                         "get_kv_connector_kv_cache_events", "clear_connector_metadata"])
         no_forward = [c for c in worker_step if c not in layer]
@@ -244,6 +243,21 @@ class DirConnectorHarnessTest(unittest.TestCase):
                           "take_events"])
         self.assertEqual(e.scheduler_calls[-1],
                          ["build_connector_meta", "update_connector_output", "take_events"])
+
+    def test_full_cuda_graphs_skip_the_layer_hooks(self):
+        # vLLM's default cudagraph_mode replays uniform-decode batches as FULL graphs, without
+        # the layer hooks, unless the connector requires PIECEWISE.
+        p = prompt(51, 1)
+        for piecewise in (True, False):
+            with self.subTest(piecewise=piecewise):
+                e = self.engine(extra={"piecewise": piecewise}, num_layers=2)
+                self.assertEqual(e.cudagraph_mode,
+                                 "PIECEWISE" if piecewise else "FULL_AND_PIECEWISE")
+                self.assertGood(e.generate([("a", p, 3)])["a"])
+                decode = e.step_reports[1][0].calls  # one token: a uniform-decode batch
+                self.assertEqual("save_kv_layer" in decode, piecewise)
+                self.assertEqual("wait_for_layer_load" in decode, piecewise)
+                self.assertIn("wait_for_save", decode)
 
     def test_abort_calls_request_finished(self):
         e = self.engine()

@@ -6,7 +6,8 @@ recomputed, no hung step); an eviction between lookup and load (the lease keeps 
 KV events (take_events) against what was stored and evicted, joined with vLLM's GPU-tier event
 hashes; a prompt longer than tuttid's max_blocks_per_call hits in full; a Lookup a live tuttid
 refuses is a miss for that request only; a fresh engine (its own random vLLM hash seed, as
-without PYTHONHASHSEED) hits what another stored.
+without PYTHONHASHSEED) hits what another stored; a load that fails stores nothing computed over it;
+FULL CUDA graph replays (no layer hooks) are refused.
 
 TUTTI_HARNESS_DEVICE=cuda:0 (the GPU machine): the same tests in cuda mode, every worker's cache
 in device memory and every tuttid with gpu { mode: "cuda" } (the GPU-side layer waits).
@@ -84,6 +85,16 @@ def leases_held(daemon):
     return sum(s["leases"] for s in tuttictl(daemon, "sessions").get("sessions", []))
 
 
+
+def lose_lease(req_id, rank):
+    """A before_execute hook: the LoadSpec of `req_id` names, on `rank`, a lease tuttid does not
+    know (as one that expired between the scheduler's Lookup and the worker's Retrieve)."""
+    def hook(so):
+        for spec in so.kv_connector_metadata.loads:
+            if spec.req_id == req_id:
+                spec.lease_ids[rank] = 1 << 40
+    return hook
+
 class TuttiConnectorTest(unittest.TestCase):
     def setUp(self):
         self.daemons, self.engines = [], []
@@ -100,11 +111,11 @@ class TuttiConnectorTest(unittest.TestCase):
         settings.update(kw)
         for _ in range(n):
             self.daemons.append(Tuttid(**settings).start())
-        return self.daemons
+        return self.daemons[-n:]
 
     def engine(self, tp_size=1, extra=None, **kw):
         # CI shares 2 cores among many tests: a Lookup past the default 500 ms would be a miss.
-        cfg = {"sockets": [d.socket for d in self.daemons[:tp_size]], "lookup_timeout_ms": 5000}
+        cfg = {"sockets": [d.socket for d in self.daemons[-tp_size:]], "lookup_timeout_ms": 5000}
         cfg.update(extra or {})
         ktc = KVTransferConfig(kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm",
                                kv_role="kv_both", kv_connector_extra_config=cfg)
@@ -326,6 +337,106 @@ class TuttiConnectorTest(unittest.TestCase):
         r = e.generate([("b", p, 2)], before_execute=evict)["b"]
         self.assertGood(r)
         self.assertEqual(r.stats.external_tokens, 3 * BS)
+
+    def test_a_failed_load_stores_no_block_computed_on_it(self):
+        # vLLM's order: wait_for_save before get_block_ids_with_load_errors. Two requests load in
+        # one step, in two Retrieves (max_blocks_per_call 3); the second request's lease is gone
+        # when the worker retrieves under it (as after its expiry: tuttid, up, answers NOT_FOUND),
+        # so its load fails; the block it computes in that step over the unloaded prefix must not
+        # be stored, and the blocks vLLM recomputes afterwards must be: a fresh engine then loads
+        # all three, correct. (The worker drops every save of that step; a2's is saved again in
+        # its next step.)
+        for save in ("end", "layer"):
+            with self.subTest(save=save):
+                (d0,) = self.start_daemons(1, max_blocks_per_call=3)
+                seed = 60 if save == "end" else 70
+                a, b = prompt(seed, 2, tail=0), prompt(seed + 1, 2, tail=0)
+                tail = prompt(seed + 2, 1)
+                first = self.engine(extra={"save": save}).generate([("a", a + [1], 1),
+                                                                    ("b", b + [1], 1)])
+                self.engines.pop().shutdown()
+                wait_blocks(d0, 4)
+                both = self.engine(extra={"save": save}).generate(
+                    [("a2", a + tail, 2), ("b2", b + tail, 1)],
+                    before_execute=lose_lease("b2", rank=0))
+                self.engines.pop().shutdown()
+                for r in list(first.values()) + list(both.values()):
+                    self.assertGood(r)
+                self.assertEqual(both["a2"].stats.external_tokens, 2 * BS)
+                self.assertEqual(both["b2"].stats.failed_load_tokens, 2 * BS)
+                wait_blocks(d0, 6)
+                again = self.engine(extra={"save": save}).generate([("b3", b + tail, 2)])["b3"]
+                self.assertGood(again)
+                self.assertEqual(again.stats.external_tokens, 3 * BS)
+                self.engines.pop().shutdown()
+                self.daemons.pop().cleanup()
+
+    def test_tp2_a_load_failed_on_one_rank_stores_nothing_on_the_other(self):
+        # b2's lease on rank 0 is gone when rank 0 retrieves (rank 0's tuttid takes 3 blocks per
+        # call, so a2 and b2 load in two Retrieves there): b2's load fails on rank 0 only.
+        # Rank 1's KV of b2's block 2 is then computed from rank 0's garbage too (the ranks'
+        # attention is all-reduced): rank 1 must not store it either.
+        d0 = self.start_daemons(1, max_blocks_per_call=3)[0]
+        d1 = self.start_daemons(1)[0]
+        a, b, tail = prompt(100, 2, tail=0), prompt(101, 2, tail=0), prompt(102, 1)
+        self.engine(tp_size=2).generate([("a", a + [1], 1), ("b", b + [1], 1)])
+        self.engines.pop().shutdown()
+        wait_blocks(d0, 4)
+        wait_blocks(d1, 4)
+        both = self.engine(tp_size=2).generate([("a2", a + tail, 2), ("b2", b + tail, 1)],
+                                               before_execute=lose_lease("b2", rank=0))
+        self.engines.pop().shutdown()
+        for r in both.values():
+            self.assertGood(r)
+        self.assertEqual(both["b2"].stats.failed_load_tokens, 2 * BS)
+        self.assertEqual(list(both["b2"].reported_bad_blocks), [0])
+        wait_blocks(d0, 6)
+        wait_blocks(d1, 6)
+        again = self.engine(tp_size=2).generate([("b3", b + tail, 2)])["b3"]
+        self.assertGood(again)
+        self.assertEqual(again.stats.external_tokens, 3 * BS)
+
+    def test_a_best_effort_cache_needs_no_kv_delivery(self):
+        # base.py: best-effort caches return False (the default follows kv_role, True here).
+        self.start_daemons(1)
+        e = self.engine()
+        self.assertTrue(e.vllm_config.kv_transfer_config.is_kv_producer)
+        self.assertFalse(e.connector.requires_kv_delivery)
+
+    def test_saves_stop_at_the_publishable_hashes(self):
+        # base.py: content-addressed connectors apply request.num_publishable_block_hashes
+        # before storing by hash (EAGLE successor-aware hashes: here they lag a step behind).
+        (d0,) = self.start_daemons(1)
+        e = self.engine(eagle_prefix_cache_hashing=True, max_num_batched_tokens=24)
+        saved = {}
+
+        def check(so):
+            for spec in so.kv_connector_metadata.saves:
+                saved[spec.req_id] = saved.get(spec.req_id, 0) + len(spec.keys)
+                fence = e.scheduler.requests[spec.req_id].num_publishable_block_hashes
+                self.assertLessEqual(saved[spec.req_id], fence, "saved past the fence")
+        r = e.generate([("a", prompt(90, 4), 3)], before_execute=check)["a"]
+        self.assertGood(r)
+        self.assertGreaterEqual(saved.get("a", 0), 3)
+        wait_blocks(d0, saved["a"])
+
+    def test_full_cuda_graph_replays_keep_the_layer_hooks(self):
+        # vLLM replays uniform-decode batches as FULL CUDA graphs (its default cudagraph_mode)
+        # unless the connector requires PIECEWISE: the blocks decode completes would never be
+        # saved per layer, and a load that leaves one token to compute would not be waited for
+        # (in host mode its transfer lands before the read anyway: only the mode shows that).
+        (d0,) = self.start_daemons(1)
+        p = prompt(80, 1)
+        e = self.engine(extra={"save": "layer"})
+        self.assertEqual(e.cudagraph_mode, "PIECEWISE")
+        first = e.generate([("a", p, 44)])["a"]  # 21 + 44 tokens: decode completes 3 blocks
+        self.assertGood(first)
+        self.engines.pop().shutdown()
+        wait_blocks(d0, 4)
+        whole = p + first.output_token_ids  # 65 tokens: 4 blocks to load, 1 token to compute
+        r = self.engine(extra={"save": "layer"}).generate([("b", whole, 2)])["b"]
+        self.assertGood(r)
+        self.assertEqual(r.stats.external_tokens, 4 * BS)
 
     def test_events_follow_stores_and_evictions(self):
         (d0,) = self.start_daemons(1)

@@ -14,6 +14,8 @@ kv_connector_extra_config:
   fail_ranks     the ranks whose workers fail them (default: every rank)
   corrupt_loads  like fail_loads, but the blocks get another block's bytes and nothing is
                  reported: the harness must catch it
+  piecewise      requires_piecewise_for_cudagraph (default true: its loads and saves are per
+                 layer); false lets the engine replay FULL graphs, without its layer hooks
 """
 
 import os
@@ -185,6 +187,10 @@ class DirConnector(KVConnectorBase_V1):
     def take_events(self):
         events, self.events = self.events, []
         return events
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        return bool(extra_config.get("piecewise", True))
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches):

@@ -15,7 +15,10 @@ invalid_block_ids that worker's connector reported in that step (else the reques
 """
 
 import hashlib
+import os
 import pickle
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -57,6 +60,12 @@ class EngineConfig:
     model: str = "fakevllm/toy-llama"
     hash_algo: str = "sha256_cbor"
     step_timeout: float = 60.0
+    # vLLM's default: FULL graphs for uniform-decode batches, PIECEWISE for the rest; a
+    # connector whose requires_piecewise_for_cudagraph(extra config) is True makes it PIECEWISE.
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    # EAGLE successor-aware prefix-cache hashing, told to the connectors
+    # (set_eagle_prefix_cache_hashing): requests' num_publishable_block_hashes fence their blocks.
+    eagle_prefix_cache_hashing: bool = False
 
 
 @dataclass
@@ -86,6 +95,17 @@ def expected_output(prompt: List[int], max_tokens: int) -> List[int]:
     return out
 
 
+def _cudagraph_mode(config: EngineConfig) -> str:
+    """vLLM's config: PIECEWISE where the connector's class requires it."""
+    ktc = config.kv_transfer_config
+    if ktc is None or config.cudagraph_mode in ("NONE", "PIECEWISE"):
+        return config.cudagraph_mode
+    cls = KVConnectorFactory.get_connector_class(ktc)
+    if cls.requires_piecewise_for_cudagraph(dict(ktc.kv_connector_extra_config or {})):
+        return "PIECEWISE"
+    return config.cudagraph_mode
+
+
 def _sha256_pickle(x) -> bytes:
     return hashlib.sha256(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
@@ -108,10 +128,14 @@ class Engine:
             kv_cache_tensors=[KVCacheTensor(size=self.geometry.nbytes, shared_by=names)],
             kv_cache_groups=[KVCacheGroupSpec(names, FullAttentionSpec(
                 config.block_size, config.num_kv_heads, config.head_size, torch.float32))])
+        self.cudagraph_mode = _cudagraph_mode(config)
+        self._dist_dir = tempfile.mkdtemp(prefix="fakevllm-dist-",
+                                          dir=os.environ.get("TEST_TMPDIR"))
+        dist_init = "file://" + os.path.join(self._dist_dir, "init")
         self.executor = Executor([WorkerConfig(r, config.tp_size, self.geometry,
                                                self.vllm_config, self.kv_cache_config,
                                                config.host, config.register_host_memory,
-                                               config.device)
+                                               config.device, self.cudagraph_mode, dist_init)
                                   for r in range(config.tp_size)], config.step_timeout)
         try:
             self._start_scheduler()
@@ -144,7 +168,9 @@ class Engine:
                                                    self.config.max_num_seqs,
                                                    self.config.max_model_len),
                                    self.config.num_gpu_blocks, self.config.block_size,
-                                   connector)
+                                   connector, self.config.eagle_prefix_cache_hashing)
+        if connector is not None and self.config.eagle_prefix_cache_hashing:
+            self.connector.set_eagle_prefix_cache_hashing(True)
         if connector is not None:
             merged = {}
             for worker_dict in self.executor.get_kv_connector_handshake_metadata():
@@ -243,6 +269,7 @@ class Engine:
         try:
             self.executor.shutdown()
         finally:
+            shutil.rmtree(self._dist_dir, ignore_errors=True)
             if self.connector is not None:
                 self.connector.shutdown()
 

@@ -48,7 +48,12 @@ class SchedulerConfig:
 
 class Scheduler:
     def __init__(self, sched_config: SchedulerConfig, num_gpu_blocks: int, block_size: int,
-                 connector=None):
+                 connector=None, eagle_prefix_cache_hashing: bool = False):
+        """eagle_prefix_cache_hashing: requests' num_publishable_block_hashes lag their
+        computed blocks by one step (vLLM publishes a block once the step after the one that
+        computed it acknowledged its draft KV); preemption resets it."""
+        self.eagle_hashing = eagle_prefix_cache_hashing
+        self._acked: Dict[str, int] = {}  # tokens computed by the steps whose output came back
         self.config = sched_config
         self.block_size = block_size
         self.kv_cache_manager = BlockPool(num_gpu_blocks, block_size)
@@ -91,7 +96,6 @@ class Scheduler:
 
     # --- schedule ---
     def schedule(self) -> SchedulerOutput:
-        self._sync_loads = False  # set when a request of this step loads synchronously
         budget = self.config.max_num_batched_tokens
         num_scheduled: Dict[str, int] = {}
         new_blocks: Dict[str, list] = {}
@@ -136,8 +140,7 @@ class Scheduler:
             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0], finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[],
-            preempted_req_ids={r.request_id for r in preempted},
-            has_sync_kv_loads=self._sync_loads)
+            preempted_req_ids={r.request_id for r in preempted})
         self.prev_step_scheduled_req_ids = set(num_scheduled)
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output)
@@ -162,8 +165,6 @@ class Scheduler:
                 if load_async:
                     raise NotImplementedError("the harness drives synchronous loads only")
                 request.num_external_computed_tokens = external
-                if external:
-                    self._sync_loads = True
             computed = local_tokens + external
             n = min(request.num_tokens - computed, budget)
             blocks = self.kv_cache_manager.allocate_slots(
@@ -209,6 +210,8 @@ class Scheduler:
         self.kv_cache_manager.free(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.invalidate_eagle_hash_publication()
+        self._acked.pop(request.request_id, None)
         request.num_preemptions += 1
         self.stats[request.request_id].preemptions += 1
         self.waiting.appendleft(request)
@@ -224,6 +227,10 @@ class Scheduler:
             request = self.requests.get(req_id)
             if req_id in failed or request is None or request.is_finished():
                 continue
+            if self.eagle_hashing:  # what the step before this one computed is acknowledged
+                request.mark_eagle_hashes_publishable(self._acked.get(req_id, 0),
+                                                      self.block_size)
+                self._acked[req_id] = request.num_computed_tokens
             index = runner_output.req_id_to_index[req_id]
             for token in runner_output.sampled_token_ids[index]:
                 request.append_output_token_ids(token)

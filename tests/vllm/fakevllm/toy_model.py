@@ -5,10 +5,15 @@ Every token's KV at (position, layer, head, TP rank) is a deterministic function
   1. waits for the layer's load (connector.wait_for_layer_load(name)),
   2. writes the scheduled tokens' KV into their slots (vLLM's reshape_and_cache),
   3. reads every context token of every scheduled request through its block table and compares it
-     with kv_values (vLLM's attention reads the same slots),
+     with kv_values (vLLM's attention reads the same slots; the tokens written in this step are
+     compared with what was written),
   4. hands the layer to the connector (connector.save_kv_layer(name, kv_layer, attn_metadata)).
-A mismatch is recorded per request with the vLLM block id that held it. The sampled token is a
-hash of the token ids the last layer's KV decodes to (content element 0 holds the token id), so a
+A mismatch is recorded per request with the vLLM block id that held it. As in a real model, the
+KV a layer writes depends on what the layers before it read: once a request read wrong context
+KV at a layer, every later layer writes its scheduled tokens' KV wrong (off by one), so blocks
+computed on top of a failed load are wrong too; under TP on every rank (the attention output is
+all-reduced over the ranks: here the taint, over vLLM's TP group). The sampled token is a hash
+of the token ids the last layer's KV decodes to (content element 0 holds the token id), so a
 wrong block also changes the output.
 """
 
@@ -90,6 +95,17 @@ def attention_metadata(seqs: List[ScheduledSeq], block_size: int) -> ToyAttentio
                                 [list(s.block_ids) for s in seqs], len(slots))
 
 
+def _all_ranks(tainted: Set[str], seqs: List[ScheduledSeq]) -> Set[str]:
+    """The requests tainted on any TP rank (every rank runs the same batch)."""
+    from vllm.distributed import parallel_state
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return tainted
+    import torch.distributed as dist
+    flags = torch.tensor([int(s.req_id in tainted) for s in seqs], dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=parallel_state.get_tp_group().cpu_group)
+    return {s.req_id for s, f in zip(seqs, flags.tolist()) if f}
+
+
 class ToyModel:
     def __init__(self, cache: KvCache, rank: int):
         self.cache = cache
@@ -104,42 +120,53 @@ class ToyModel:
         table = torch.tensor(seq.block_ids, dtype=torch.int64)
         return pos, table[pos // self.block_size], pos % self.block_size
 
-    def _write(self, kv_layer, layer: int, seq: ScheduledSeq):
+    def _write(self, kv_layer, layer: int, seq: ScheduledSeq, tainted: bool):
+        """Writes the scheduled tokens' KV; `tainted`: an earlier layer read wrong context, so
+        this KV is wrong too. Returns what was written ([n, heads, content])."""
         begin, end = seq.num_computed, seq.num_computed + seq.num_scheduled
         pos, blocks, offsets = self._slots(seq, begin, end)
         tokens = torch.tensor(seq.token_ids[begin:end], dtype=torch.int64)
         kv = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
+        if tainted:
+            kv += 1.0
         dev = kv_layer.device
         # [n, heads, content] at (block, :, offset, :)
         kv_layer[blocks.to(dev), :, offsets.to(dev), :] = kv.to(kv_layer.dtype).to(dev)
+        return kv
 
-    def _check(self, kv_layer, layer: int, seq: ScheduledSeq, check: StepCheck):
-        end = seq.num_computed + seq.num_scheduled
+    def _check(self, kv_layer, layer: int, seq: ScheduledSeq, written, check: StepCheck):
+        """Reads the request's context; True if a token before this step's read wrong."""
+        begin, end = seq.num_computed, seq.num_computed + seq.num_scheduled
         pos, blocks, offsets = self._slots(seq, 0, end)
-        tokens = torch.tensor(seq.token_ids[:end], dtype=torch.int64)
-        want = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
+        tokens = torch.tensor(seq.token_ids[:begin], dtype=torch.int64)
+        want = torch.cat([kv_values(tokens, pos[:begin], layer, self.num_heads, self.content,
+                                    self.rank), written])
         dev = kv_layer.device  # cuda: reading back waits for the stream (its layer waits first)
         got = kv_layer[blocks.to(dev), :, offsets.to(dev), :].cpu()
         wrong = (got != want).flatten(1).any(dim=1)
         if bool(wrong.any()):
             bad = check.bad_blocks.setdefault(seq.req_id, set())
             bad.update(int(b) for b in blocks[wrong].tolist())
-        return got
+        return got, bool(wrong[:begin].any())
 
     def forward(self, seqs: List[ScheduledSeq], connector, attn_metadata) -> (Dict[str, int],
                                                                               StepCheck):
         """Runs every layer over the scheduled tokens; returns the sampled token of each request
         whose scheduled tokens reach its last known token, and what the reads found wrong."""
         check = StepCheck()
-        last_read = {}
+        last_read, tainted = {}, set()
         for layer, (name, kv_layer) in enumerate(self.cache.layers.items()):
             assert name == layer_name(layer)
             if connector is not None:
                 connector.wait_for_layer_load(name)
+            written = {s.req_id: self._write(kv_layer, layer, s, s.req_id in tainted)
+                       for s in seqs}
             for s in seqs:
-                self._write(kv_layer, layer, s)
-            for s in seqs:
-                last_read[s.req_id] = self._check(kv_layer, layer, s, check)
+                last_read[s.req_id], wrong = self._check(kv_layer, layer, s, written[s.req_id],
+                                                         check)
+                if wrong:
+                    tainted.add(s.req_id)
+            tainted = _all_ranks(tainted, seqs)
             if connector is not None:
                 connector.save_kv_layer(name, kv_layer, attn_metadata)
         sampled = {}

@@ -14,9 +14,13 @@ KVConnectorModelRunnerMixin and attention layers do:
   clear_connector_metadata()
 
 A step with no scheduled tokens runs the same calls without the forward pass (vLLM's
-kv_connector_no_forward). The runner keeps each request's tokens and block table as vLLM's
-persistent batch does (new requests, running ones with new blocks, resumed ones replacing theirs,
-sampled tokens appended by the runner itself, output tokens the scheduler dropped cut off).
+kv_connector_no_forward). A step replayed as a FULL CUDA graph (cudagraph_mode FULL, or
+FULL_AND_PIECEWISE for a uniform-decode batch: one token per request) runs the forward without
+the layer hooks (wait_for_layer_load, save_kv_layer): they are Python, not in the graph. The
+runner keeps each request's tokens and block table as vLLM's persistent batch does (new
+requests, running ones with new blocks, resumed ones replacing theirs, sampled tokens appended by
+the runner itself, output tokens the scheduler dropped cut off). Under TP the workers form a
+gloo group, vLLM's TP CPU group (vllm.distributed.parallel_state.get_tp_group).
 """
 
 import pickle
@@ -43,6 +47,8 @@ class WorkerConfig:
     host: bool = True
     register_host_memory: bool = False   # call tutti.vllm.register_host_memory(shm) first
     device: Optional[str] = None         # "cuda:0": the cache in device memory (host False)
+    cudagraph_mode: str = "NONE"         # as resolved by the engine (fakevllm.engine)
+    dist_init: Optional[str] = None      # TP > 1: torch.distributed init_method (gloo)
 
 
 @dataclass
@@ -84,6 +90,11 @@ class ModelRunner:
     def __init__(self, config: WorkerConfig):
         self.config = config
         parallel_state.set_tensor_model_parallel(config.rank, config.tp_size)
+        if config.tp_size > 1:  # vLLM's TP group (its CPU side): the toy model's all-reduce
+            import torch.distributed as dist
+            dist.init_process_group("gloo", init_method=config.dist_init, rank=config.rank,
+                                    world_size=config.tp_size)
+            parallel_state.set_tp_cpu_group(dist.group.WORLD)
         self.connector = None
         if config.vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(
@@ -143,18 +154,15 @@ class ModelRunner:
         ctx = ForwardContext(no_compile_layers=dict(self.layers),
                              attn_metadata={name: meta for name in self.layers})
         kv_output = None
-        # vLLM's mixin: sync loads start before the forward; without any (has_sync_kv_loads
-        # False) start_load_kv runs after the forward was launched.
-        sync_loads = getattr(so, "has_sync_kv_loads", True)
+        # vLLM's mixin at the commit docs/vllm.md names: every step's loads start before the
+        # forward (its SchedulerOutput has no has_sync_kv_loads).
         if kv is not None:
             kv.bind_connector_metadata(so.kv_connector_metadata)
-            if sync_loads:
-                kv.start_load_kv(ctx)
+            kv.start_load_kv(ctx)
         sampled, check = {}, None
         if so.total_num_scheduled_tokens > 0:
-            sampled, check = self.model.forward(seqs, kv, meta)
-        if kv is not None and not sync_loads:
-            kv.start_load_kv(ctx)
+            hooks = None if self._full_graph(so) else kv
+            sampled, check = self.model.forward(seqs, hooks, meta)
         if kv is not None:
             kv.wait_for_save()
             kv_output = KVConnectorOutput()
@@ -176,6 +184,14 @@ class ModelRunner:
                                                    for r in ids],
                                 kv_connector_output=kv_output)
         return out, report
+
+    def _full_graph(self, so) -> bool:
+        """Whether vLLM would replay this batch as a FULL CUDA graph."""
+        mode = self.config.cudagraph_mode
+        if mode == "FULL":
+            return True
+        return (mode == "FULL_AND_PIECEWISE" and
+                all(n == 1 for n in so.num_scheduled_tokens.values()))
 
     def _scheduled_seqs(self, so) -> List[ScheduledSeq]:
         seqs = []

@@ -63,6 +63,12 @@ def namespace_secret_of(extra):
 
 
 class TuttiConnector(KVConnectorBase_V1):
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: tutti is a best-effort cache; a save lost to a preemption is a later miss,
+        never a reason for vLLM to recompute the request."""
+        return False
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
@@ -146,6 +152,13 @@ class TuttiConnector(KVConnectorBase_V1):
             self._sched.shutdown()
 
     # --- scheduler side ---
+    def set_eagle_prefix_cache_hashing(self, enabled: bool) -> None:
+        """vLLM's engine-wide hash protocol: with EAGLE successor-aware hashes, a request's
+        blocks are stored only up to its num_publishable_block_hashes."""
+        super().set_eagle_prefix_cache_hashing(enabled)
+        if self._sched is not None:
+            self._sched.publish_fence = bool(enabled)
+
     def set_xfer_handshake_metadata(self, metadata) -> None:
         if self._sched is not None:
             self._sched.set_handshakes(metadata)
@@ -171,3 +184,10 @@ class TuttiConnector(KVConnectorBase_V1):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         return None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
+        """True whatever the config: loads reach the forward through wait_for_layer_load
+        (every save mode) and "layer" saves through save_kv_layer, which a FULL CUDA graph's
+        replay skips (it would read KV not yet loaded, and never save what decode completes)."""
+        return True

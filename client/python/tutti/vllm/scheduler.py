@@ -16,7 +16,14 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
   the end of this step (num_computed_tokens + scheduled tokens) that were neither loaded, nor
   local prefix hits, nor saved before (also across preemption). A request whose blocks cannot be
-  keyed (tutti.vllm.keys refuses an extra key) neither loads nor saves.
+  keyed (tutti.vllm.keys refuses an extra key) neither loads nor saves. With
+  publish_fence (vLLM's EAGLE successor-aware hashes) only blocks below the request's
+  num_publishable_block_hashes (base.py: applied before storing by hash); the rest when a
+  later step finds them publishable.
+- update_connector_output: blocks that failed to load (invalid_block_ids) make the saves of the
+  last steps (the workers dropped those of a step whose load failed) and, for each request whose
+  own load failed, its blocks from the first failed one due again: they are saved once vLLM has
+  recomputed them (a block a request shares as a GPU prefix hit is saved by the loader).
 - request_finished: releases its leases (a load that will not happen), forgets it; returns
   (True, None) when the request had saves (a worker may still hold pending saves of it: vLLM
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
@@ -158,6 +165,7 @@ class _Req:
     request: object
     block_ids: List[int] = field(default_factory=list)
     done: int = 0  # blocks [0, done) need no save: loaded, local prefix hits, or saved
+    loaded: tuple = (0, 0)  # the blocks [begin, end) of its load
 
 
 class TuttiScheduler:
@@ -167,6 +175,7 @@ class TuttiScheduler:
         tutti.Client, see lookup_only_connect)."""
         self.block_size = block_size
         self.tp_size = tp_size
+        self.publish_fence = False  # TuttiConnector.set_eagle_prefix_cache_hashing
         self._connect = connect or lookup_only_connect()
         self._watch = watch_events
         self._clock = clock
@@ -178,6 +187,9 @@ class TuttiScheduler:
         self._unkeyable: set = set()  # requests with an extra key keys.py cannot encode
         self._saved: set = set()  # requests that had saves: request_finished holds their blocks
         self._loads: List[LoadSpec] = []
+        # Per recent step (two: async scheduling runs one ahead): {req_id: its `done` before the
+        # step's saves}, to save again what workers dropped after a failed load.
+        self._recent_saves = deque(maxlen=2)
         self._events_lock = threading.Lock()
         self._events = deque(maxlen=MAX_PENDING_EVENTS)
         self.translator = EventTranslator(tp_size, block_size)
@@ -342,6 +354,7 @@ class TuttiScheduler:
                     len(st.block_ids) - p.local)
             self._add_loads(req_id, st, p, p.local + n)
             done = p.local + n
+            st.loaded = (p.local, done)
         elif p is not None:
             for c in p.chunks:
                 self._release(c.leases)
@@ -361,6 +374,7 @@ class TuttiScheduler:
 
     def build_connector_meta(self, so) -> TuttiConnectorMetadata:
         saves = []
+        self._recent_saves.append({})
         for r in so.scheduled_new_reqs:
             st = self._reqs.get(r.req_id)
             if st is not None:
@@ -390,11 +404,14 @@ class TuttiScheduler:
     def _collect_save(self, req_id, st, end_tokens, saves):
         request = st.request
         full = self._derive(request, min(end_tokens // self.block_size, len(st.block_ids)))
+        if self.publish_fence:
+            full = min(full, int(getattr(request, "num_publishable_block_hashes", 0)))
         if full <= st.done or req_id in self._unkeyable:
             return
         chain = self._chains[req_id]
         keys = chain.keys(st.done, full)
         saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
+        self._recent_saves[-1].setdefault(req_id, st.done)
         self._saved.add(req_id)
         self._remember(request, chain, st.done, full, keys)
         st.done = full
@@ -419,6 +436,23 @@ class TuttiScheduler:
         bad = getattr(connector_output, "invalid_block_ids", None)
         if bad:
             log.info("%d blocks failed to load this step; vLLM recomputes them", len(bad))
+            self._save_again(set(bad))
+
+    def _save_again(self, bad):
+        """After a failed load: the blocks whose saves workers dropped, and each request's blocks
+        from its first failed one (vLLM recomputes them), are saved when next computed."""
+        for step in self._recent_saves:
+            for req_id, done in step.items():
+                st = self._reqs.get(req_id)
+                if st is not None:
+                    st.done = min(st.done, done)
+        self._recent_saves.clear()
+        for st in self._reqs.values():  # its own load's failed blocks, not a shared prefix's
+            begin, end = st.loaded
+            first = next((i for i in range(begin, min(end, len(st.block_ids)))
+                          if st.block_ids[i] in bad), None)
+            if first is not None:
+                st.done = min(st.done, first)
 
     def request_finished(self, request, block_ids):
         req_id = request.request_id

@@ -13,6 +13,16 @@ new full blocks.
   (cuda: after the forward's stream synced). "layer": cuda mode records an event per layer in
   save_layer and a background thread Stores that layer once its event completed (the forward's
   host thread never waits); wait_for_save waits for them. Host mode stores the layer at once.
+- saves of a step that loads: its blocks may be computed on top of the loaded ones (the loading
+  requests', and those of requests whose GPU prefix hits are blocks being loaded), so nothing of
+  the step is stored before the load's outcome is known: wait_for_save waits for the Retrieve
+  first ("layer": the step's layers are held and stored whole there). If any load of the step
+  failed on any TP rank (under TP every rank's KV past the loaded prefix depends on every rank's
+  loaded KV: the ranks agree through one all-reduce over vLLM's TP CPU group, in each step that
+  loads), every save of the step is dropped (counted, cause "computed over a failed load"); the
+  scheduler side saves again what vLLM recomputes (TuttiScheduler.update_connector_output). vLLM
+  calls wait_for_save before get_block_ids_with_load_errors, and a stored block cannot be taken
+  back.
   Blocks tuttid refused (store staging full) become pending saves (tutti.vllm.saves), retried
   whole by a background thread while vLLM holds the blocks: handle_preemptions drops a
   preempted request's and waits for its retry in flight; get_finished reports a request that
@@ -55,6 +65,17 @@ def register_host_memory(shm) -> None:
         _HOST_MEMORY.append(shm)
 
 
+def any_tp_rank(flag: bool) -> bool:
+    """Whether `flag` is True on any TP rank: an all-reduce over vLLM's TP group (its gloo CPU
+    group). Every rank must call it in the same step."""
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=get_tp_group().cpu_group)
+    return bool(t.item())
+
+
 def _host_regions(g: geo.Geometry):
     """The registered SharedMemory regions that hold every object of `g`."""
     with _HOST_LOCK:
@@ -79,7 +100,9 @@ class TuttiWorker:
                  save_mode: str = "end", vllm_version: str = "unknown",
                  timeouts: Optional[tutti.Timeouts] = None, retry_deadline_s: float = 10.0,
                  max_pending_saves: int = 4096, clock=time.monotonic,
-                 namespace_secret: bytes = b""):
+                 namespace_secret: bytes = b"", any_rank=any_tp_rank):
+        """any_rank(flag): whether flag is True on any TP rank (called by every rank in each
+        step that loads, when tp_size > 1)."""
         if save_mode not in ("end", "layer"):
             raise ValueError("kv_connector_extra_config save: %r; give \"end\" or \"layer\"" %
                              (save_mode,))
@@ -90,6 +113,7 @@ class TuttiWorker:
         self._version = vllm_version
         self._timeouts = timeouts
         self.engine_group = os.urandom(16)
+        self._any_rank = any_rank
         self.namespace_secret = namespace_secret
         self.geometry = None
         self.namespace = None
@@ -97,6 +121,7 @@ class TuttiWorker:
         self._meta = None
         self._retrieval = None
         self._load_blocks: List[int] = []
+        self._load_failed = False  # a load of this step failed on this rank
         self._errors = set()
         self._saver = None
         self._step: Optional[_Step] = None
@@ -145,6 +170,7 @@ class TuttiWorker:
         """The step's metadata: its preemptions are handled first (as handle_preemptions), its
         saves' requests are expected in finished_sending (the scheduler holds their blocks)."""
         self._meta = meta
+        self._load_failed = False
         self.handle_preemptions(getattr(meta, "preempted", None))
         saves = list(getattr(meta, "saves", None) or ())
         self._step = None
@@ -154,7 +180,7 @@ class TuttiWorker:
         if self.client is None:
             self._pending.give_up("not attached", sum(len(s.keys) for s in saves))
             return
-        self._step = _Step(self, saves)
+        self._step = _Step(self, saves, held=bool(getattr(meta, "loads", None)))
 
     def start_load(self):
         meta = self._meta
@@ -164,6 +190,8 @@ class TuttiWorker:
         self._retrieval, self._load_blocks, refused = loads.start(self.client, meta.loads,
                                                                   self.tp_rank, limit)
         self._errors.update(refused)
+        if refused:
+            self._load_failed = True
 
     def wait_layer(self, layer_name):
         r = self._retrieval
@@ -182,7 +210,10 @@ class TuttiWorker:
         if not outcome.ok:
             log.info("TP rank %d: Retrieve broke (%s: %s); %d blocks recomputed", self.tp_rank,
                      outcome.code, outcome.message, len(self._load_blocks))
-        self._errors.update(self._load_blocks[i] for i in outcome.failed)
+        failed = [self._load_blocks[i] for i in outcome.failed]
+        if failed or not outcome.ok:
+            self._load_failed = True
+        self._errors.update(failed)
         self._load_blocks = []
 
     def load_errors(self):
@@ -201,14 +232,22 @@ class TuttiWorker:
             self._step.store(layer, layer + 1)
 
     def wait_for_save(self):
+        """The step's saves, once its load's outcome is known (the module's docstring)."""
         step, self._step = self._step, None
-        if step is not None:
-            if self.save_mode == "end":
-                step.store(0, 0)
-            elif self._saver is not None:
-                self._saver.drain()
-            step.settle()
+        if step is not None and self._saver is not None:
+            self._saver.drain()
         self._finish_load()
+        meta = self._meta
+        if self.tp_size > 1 and meta is not None and getattr(meta, "loads", None):
+            self._load_failed = self._any_rank(self._load_failed)
+        if step is None:
+            return
+        if self._load_failed:
+            step.drop("computed over a failed load")
+        elif self.save_mode == "end" or step.held:
+            step.held = False
+            step.store(0, 0)
+        step.settle()
 
     def handle_preemptions(self, preempted_req_ids):
         """Before vLLM reuses the blocks of preempted requests: their pending saves are dropped,
@@ -257,8 +296,9 @@ class _Step:
     Thread-safety: store() runs on the forward's thread or on the layer saver's, one at a time
     (the saver's queue); settle() after them (wait_for_save)."""
 
-    def __init__(self, worker, saves):
+    def __init__(self, worker, saves, held=False):
         self._w = worker
+        self.held = held      # the step loads: nothing is stored before wait_for_save
         self.reqs, self.keys, self.blocks = [], [], []
         for spec in saves:
             self.reqs.extend([spec.req_id] * len(spec.keys))
@@ -269,8 +309,18 @@ class _Step:
         self.why = ""
         self.lost = False     # tuttid away or the Store failed: the rest of the step is dropped
 
+    def drop(self, cause):
+        """Nothing more of the step is stored: counted as given up for `cause`."""
+        left = [i for i in range(len(self.keys)) if i not in self.done]
+        self.done.update(left)
+        self.refused.clear()
+        self.lost = True
+        if left:
+            log.info("TP rank %d: %d blocks not stored: %s", self._w.tp_rank, len(left), cause)
+            self._w._pending.give_up(cause, len(left))
+
     def store(self, layer_begin, layer_end, stream=None):
-        if self.lost:
+        if self.lost or self.held:
             return
         w = self._w
         todo = [i for i in range(len(self.keys)) if i not in self.done]

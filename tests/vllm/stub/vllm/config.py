@@ -43,6 +43,10 @@ class KVTransferConfig:
         if self.engine_id is None:
             self.engine_id = str(uuid.uuid4())
 
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_producer", "kv_both")
+
     def get_from_extra_config(self, key, default) -> Any:
         return self.kv_connector_extra_config.get(key, default)
 

@@ -35,9 +35,19 @@ class Request:
         self.num_cached_tokens = -1
         self.num_external_computed_tokens = 0
         self.block_hashes = []
+        # Leading (EAGLE successor-aware) hashes whose KV is ready for content-addressed
+        # publication; advanced by mark_eagle_hashes_publishable.
+        self.num_publishable_block_hashes = 0
         self._block_hasher = block_hasher
         if block_hasher is not None:
             self.block_hashes.extend(block_hasher(self))
+
+    def mark_eagle_hashes_publishable(self, num_tokens, hash_block_size):
+        n = min(len(self.block_hashes), min(self.num_tokens, num_tokens) // hash_block_size)
+        self.num_publishable_block_hashes = max(self.num_publishable_block_hashes, n)
+
+    def invalidate_eagle_hash_publication(self, num_hashes=0):
+        self.num_publishable_block_hashes = min(self.num_publishable_block_hashes, num_hashes)
 
     @property
     def output_token_ids(self):

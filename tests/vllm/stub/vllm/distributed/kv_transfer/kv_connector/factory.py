@@ -10,6 +10,11 @@ class KVConnectorFactory:
         ktc = config.kv_transfer_config
         if ktc is None or not ktc.kv_connector_module_path:
             raise ValueError("kv_connector_module_path must be set for %r" % (ktc,))
-        module = importlib.import_module(ktc.kv_connector_module_path)
-        connector_cls = getattr(module, ktc.kv_connector)
-        return connector_cls(config, role, kv_cache_config)
+        return cls.get_connector_class(ktc)(config, role, kv_cache_config)
+
+    @classmethod
+    def get_connector_class(cls, kv_transfer_config):
+        """The connector's class (vLLM's config asks it, e.g., whether it needs PIECEWISE CUDA
+        graphs, before any connector is built)."""
+        module = importlib.import_module(kv_transfer_config.kv_connector_module_path)
+        return getattr(module, kv_transfer_config.kv_connector)

@@ -58,9 +58,6 @@ class SchedulerOutput:
     preempted_req_ids: Optional[set] = None
     pending_structured_output_tokens: bool = False
     kv_connector_metadata: Any = None
-    # Whether a request of this step loads synchronously (vLLM since 2026-08: the model runner
-    # starts such loads before the forward, others after it is launched).
-    has_sync_kv_loads: bool = False
     ec_connector_metadata: Any = None
 
     @classmethod

@@ -23,6 +23,16 @@ class KVConnectorBase_V1(ABC):
     def prefer_cross_layer_blocks(self) -> bool:
         return False
 
+    @property
+    def supports_eagle_prefix_cache_hashing(self) -> bool:
+        return False
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """True: a request preempted while its hand-off is pending is recomputed. Defaults to
+        the producer role; best-effort caches return False (a dropped save is a later miss)."""
+        return self._kv_transfer_config.is_kv_producer
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         self._connector_metadata: Optional[KVConnectorMetadata] = None
         self._vllm_config = vllm_config
@@ -32,6 +42,10 @@ class KVConnectorBase_V1(ABC):
             raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
         self._kv_cache_config = kv_cache_config
         self._role = role
+        self.use_eagle_prefix_cache_hashing = False
+
+    def set_eagle_prefix_cache_hashing(self, enabled: bool) -> None:
+        self.use_eagle_prefix_cache_hashing = enabled
 
     @property
     def role(self):
@@ -128,6 +142,13 @@ class KVConnectorBase_V1(ABC):
             raise TypeError("get_required_kvcache_layout should not be called on the abstract "
                             "base class")
         return None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
+        """True: vLLM runs PIECEWISE CUDA graphs only (its layer hooks run between the pieces);
+        False: FULL graphs may be replayed, in which wait_for_layer_load and save_kv_layer do
+        not run."""
+        return False
 
     def get_finished_count(self):
         return None
