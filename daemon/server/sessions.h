@@ -135,8 +135,8 @@ class SessionManager {
   // What End did.
   struct EndResult {
     uint32_t leases_ended = 0;
-    uint64_t pins_released =
-        0;  // keys of the ended leases (claimed leases end with their Retrieve)
+    // Keys of the ended leases (claimed leases end with their Retrieve).
+    uint64_t pins_released = 0;
     bool session_closed = false;
   };
   using Unpinner = ClaimedLease::Unpinner;
