@@ -130,7 +130,7 @@ class SessionManager {
     // The pool's slots (StoreStats::slots_total); 0: the shares below bound nothing.
     uint64_t pool_slots = 0;
     double max_pinned_pool_share_per_user = 0.5;  // of pool_slots, per uid
-    double max_pinned_pool_share = 0.75;           // of pool_slots, all sessions together
+    double max_pinned_pool_share = 0.75;          // of pool_slots, all sessions together
   };
   // What End did.
   struct EndResult {
