@@ -7,14 +7,14 @@
 #include "absl/strings/str_format.h"
 
 namespace tutti::tuttictl {
-namespace {
-
 bool ParseUnsigned(const std::string& text, uint64_t* out) {
   if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
     return absl::SimpleHexAtoi(absl::string_view(text).substr(2), out);
   }
   return !text.empty() && text[0] != '-' && text[0] != '+' && absl::SimpleAtoi(text, out);
 }
+
+namespace {
 
 const char* TypeName(int type) {
   static const char* kNames[] = {"", "<string>", "<n>", "<n>"};

@@ -16,6 +16,10 @@
 
 namespace tutti::tuttictl {
 
+// Decimal, or hex after "0x"/"0X", as unsigned flags take them (also for positional ids). False
+// for anything else, a sign included.
+bool ParseUnsigned(const std::string& text, uint64_t* out);
+
 class FlagSet {
  public:
   // Registers a flag whose value is written into `*out` when given; `*out` keeps its default

@@ -4,10 +4,10 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/tuttictl/admin_call.h"
 #include "client/tuttictl/command.h"
+#include "client/tuttictl/flags.h"
 #include "client/tuttictl/output.h"
 #include "daemon/common/status_macros.h"
 
@@ -33,12 +33,9 @@ class RemoveNamespaceCommand : public Command {
           "remove-namespace takes one namespace id (as `tuttictl stats` prints it), got ",
           args.size(), " arguments"));
     }
-    const std::string& a = args[0];
-    const bool hex =
-        a.rfind("0x", 0) == 0 && absl::SimpleHexAtoi(absl::string_view(a).substr(2), &id_);
-    if ((!hex && !absl::SimpleAtoi(a, &id_)) || id_ == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", a, "' is not a namespace id (0x followed by hex, or decimal; not 0)"));
+    if (!ParseUnsigned(args[0], &id_) || id_ == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", args[0], "' is not a namespace id (0x followed by hex, or decimal; not 0)"));
     }
     return absl::OkStatus();
   }

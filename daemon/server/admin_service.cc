@@ -8,16 +8,6 @@
 #include "daemon/common/status_macros.h"
 
 namespace tutti::server {
-namespace {
-
-// Sessions per namespace now (the store's NamespaceSessions).
-absl::flat_hash_map<NamespaceId, uint32_t> SessionsPerNamespace(const SessionManager& sessions) {
-  absl::flat_hash_map<NamespaceId, uint32_t> out;
-  for (const SessionSummary& s : sessions.List()) ++out[s.ns];
-  return out;
-}
-
-}  // namespace
 
 AdminService::AdminService(DaemonInfo info, store::BlockStore* store, SessionManager* sessions,
                            Clock* clock, CallGate* gate)
@@ -129,7 +119,7 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
     resp->set_gpu_gathers(g.gathers);
     resp->set_gpu_gathers_copy_engine(g.gathers_by_copy_engine);
   }
-  const absl::flat_hash_map<NamespaceId, uint32_t> sessions = SessionsPerNamespace(*sessions_);
+  const absl::flat_hash_map<NamespaceId, uint32_t> sessions = sessions_->SessionsPerNamespace();
   for (const store::NamespaceInfo& ns : st.namespaces) {
     tutti::v1::NamespaceStats* row = resp->add_namespaces();
     row->set_owner_uid(ns.owner_uid);
@@ -179,7 +169,7 @@ absl::Status AdminService::DoRemoveNamespace(const tutti::v1::RemoveNamespaceReq
   const NamespaceId id = req.namespace_id();
   if (id == 0) return absl::InvalidArgumentError("namespace_id: 0 names no namespace");
   RETURN_IF_ERROR(store_->GetNamespace(id).status());
-  auto count = [this] { return SessionsPerNamespace(*sessions_); };
+  auto count = [this] { return sessions_->SessionsPerNamespace(); };
   if (req.force()) {
     uint32_t closed = 0;
     for (const SessionSummary& s : sessions_->List()) {
@@ -342,9 +332,9 @@ absl::Status AdminService::DoSetLogLevel(const tutti::v1::SetLogLevelRequest& re
                                          tutti::v1::SetLogLevelResponse* resp) {
   if (req.subsystem() == "all") {
     if (!log::SetLevel(req.level())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown log level '", req.level(),
-          "'; one of trace, debug, info, warn, error, critical, off"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown log level '", req.level(),
+                       "'; one of trace, debug, info, warn, error, critical, off"));
     }
   } else {
     ASSIGN_OR_RETURN(std::string previous, log::SetSubsystemLevel(req.subsystem(), req.level()));

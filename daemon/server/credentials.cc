@@ -1,13 +1,10 @@
 #include "daemon/server/credentials.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/handoff.h"
+#include "daemon/common/random.h"
 
 namespace tutti::server {
 
@@ -15,10 +12,8 @@ CredentialTable::CredentialTable(const Options& options, Clock* clock)
     : options_(options), clock_(clock) {}
 
 absl::StatusOr<std::string> CredentialTable::Issue(const Peer& peer, std::vector<UniqueFd> fds) {
-  std::string token(kCredentialBytes, '\0');
-  if (getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
-    return absl::InternalError(absl::StrCat("getrandom: ", strerror(errno)));
-  }
+  absl::StatusOr<std::string> token = RandomBytes(kCredentialBytes);
+  if (!token.ok()) return token.status();
   absl::MutexLock lock(&mu_);
   ReapLocked();
   if (entries_.size() >= options_.max_outstanding) {
@@ -33,7 +28,7 @@ absl::StatusOr<std::string> CredentialTable::Issue(const Peer& peer, std::vector
                                                      options_.max_per_uid, " per user)"));
   }
   ++mine;
-  entries_[token] = Entry{Credential{peer, std::move(fds)}, clock_->NowMs() + options_.ttl_ms};
+  entries_[*token] = Entry{Credential{peer, std::move(fds)}, clock_->NowMs() + options_.ttl_ms};
   return token;
 }
 

@@ -22,8 +22,8 @@ using tutti::v1::MemoryRegion;
 constexpr size_t kMaxEngineId = 256;
 constexpr size_t kMaxModelId = 256;
 constexpr size_t kMaxHashScheme = 64;
-constexpr size_t kMinEngineGroup = 16, kMaxEngineGroup = 64;
-constexpr size_t kMinNamespaceSecret = 16, kMaxNamespaceSecret = 64;
+// engine_group and namespace_secret: random bytes the engines choose, or none.
+constexpr size_t kMinSharedBytes = 16, kMaxSharedBytes = 64;
 constexpr uint64_t kNamespaceSecretSeed = 0x74757474692d6e73;  // "tutti-ns"
 
 tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
@@ -129,6 +129,18 @@ absl::Status CheckAttachText(const tutti::v1::AttachRequest& req) {
   return CheckClientText("namespace.hash_scheme", req.namespace_().hash_scheme(), kMaxHashScheme);
 }
 
+// `field` empty, or kMinSharedBytes to kMaxSharedBytes long; INVALID_ARGUMENT naming it and
+// what empty means otherwise.
+absl::Status CheckSharedBytes(absl::string_view field, const std::string& value,
+                              absl::string_view empty_means) {
+  if (value.empty() || (value.size() >= kMinSharedBytes && value.size() <= kMaxSharedBytes)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", value.size(), " bytes; must be ",
+                                                 kMinSharedBytes, " to ", kMaxSharedBytes,
+                                                 " (or empty: ", empty_means, ")"));
+}
+
 // Who the namespace of an Attach belongs to (docs/security.md "Namespaces"): engines giving one
 // namespace_secret share it whatever their users; otherwise the attaching user owns it, unless
 // the operator shares namespaces by host (their scope is then "", as before owners existed). The
@@ -137,11 +149,8 @@ absl::StatusOr<store::NamespaceScope> ScopeOf(const tutti::v1::AttachRequest& re
                                               bool host_sharing) {
   const std::string& secret = req.namespace_secret();
   if (!secret.empty()) {
-    if (secret.size() < kMinNamespaceSecret || secret.size() > kMaxNamespaceSecret) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "namespace_secret: ", secret.size(), " bytes; must be ", kMinNamespaceSecret, " to ",
-          kMaxNamespaceSecret, " (or empty: the namespace is the attaching user's own)"));
-    }
+    RETURN_IF_ERROR(
+        CheckSharedBytes("namespace_secret", secret, "the namespace is the attaching user's own"));
     const XXH128_hash_t h =
         XXH3_128bits_withSeed(secret.data(), secret.size(), kNamespaceSecretSeed);
     return store::NamespaceScope{absl::StrCat("secret:", absl::Hex(h.high64, absl::kZeroPad16),
@@ -150,22 +159,6 @@ absl::StatusOr<store::NamespaceScope> ScopeOf(const tutti::v1::AttachRequest& re
   }
   if (host_sharing) return store::NamespaceScope{"", uid, true};
   return store::NamespaceScope{absl::StrCat("uid:", uid), uid, false};
-}
-
-// Sessions per namespace now (the store's NamespaceSessions).
-absl::flat_hash_map<NamespaceId, uint32_t> SessionsPerNamespace(const SessionManager& sessions) {
-  absl::flat_hash_map<NamespaceId, uint32_t> out;
-  for (const SessionSummary& s : sessions.List()) ++out[s.ns];
-  return out;
-}
-
-absl::Status CheckEngineGroup(const std::string& group) {
-  if (group.empty() || (group.size() >= kMinEngineGroup && group.size() <= kMaxEngineGroup)) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat("engine_group: ", group.size(), " bytes; must be ",
-                                                 kMinEngineGroup, " to ", kMaxEngineGroup,
-                                                 " (or empty: no sharing)"));
 }
 
 // No regions, no placements, no ready words and num_blocks 0: a lookup-only session.
@@ -210,7 +203,7 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   // Redeemed first, so that a refused Attach closes the descriptors it handed over.
   ASSIGN_OR_RETURN(Credential credential, credentials_->Redeem(req.credential()));
   RETURN_IF_ERROR(CheckAttachText(req));
-  RETURN_IF_ERROR(CheckEngineGroup(req.engine_group()));
+  RETURN_IF_ERROR(CheckSharedBytes("engine_group", req.engine_group(), "no sharing"));
   ASSIGN_OR_RETURN(const store::NamespaceScope scope,
                    ScopeOf(req, credential.peer.uid, options_.namespace_sharing == "host"));
   const bool memoryless = IsMemoryless(req);
@@ -230,7 +223,7 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   // The claim keeps the namespace from being dropped as unused until the session is open.
   ASSIGN_OR_RETURN(const store::NamespaceClaim claim,
                    store_->RegisterNamespace(req.namespace_(), scope,
-                                             [this] { return SessionsPerNamespace(*sessions_); }));
+                                             [this] { return sessions_->SessionsPerNamespace(); }));
   const NamespaceId ns = claim.id();
   const bool watch = watcher_ != nullptr && req.engine_pid() != 0;
   const auto pid = static_cast<uint32_t>(credential.peer.pid);

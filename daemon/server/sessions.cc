@@ -1,32 +1,23 @@
 #include "daemon/server/sessions.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/common/log.h"
+#include "daemon/common/random.h"
 #include "daemon/common/status_macros.h"
 
 namespace tutti::server {
 namespace {
 
 absl::StatusOr<std::string> NewToken() {
-  std::string token(kSessionTokenBytes, '\0');
-  size_t got = 0;
-  while (got < token.size()) {
-    const ssize_t n = getrandom(token.data() + got, token.size() - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::UnavailableError(
-          absl::StrCat("no random bytes for a session token: getrandom: ", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
+  absl::StatusOr<std::string> token = RandomBytes(kSessionTokenBytes);
+  if (!token.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("no random bytes for a session token: ", token.status().message()));
   }
   return token;
 }
@@ -385,6 +376,13 @@ void SessionManager::Finish(Ended ended) {
 uint32_t SessionManager::num_sessions() const {
   absl::MutexLock lock(&mu_);
   return sessions_.size();
+}
+
+absl::flat_hash_map<NamespaceId, uint32_t> SessionManager::SessionsPerNamespace() const {
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_map<NamespaceId, uint32_t> out;
+  for (const auto& [id, s] : sessions_) ++out[s.state->ns];
+  return out;
 }
 
 std::vector<SessionSummary> SessionManager::List() const {

@@ -211,6 +211,9 @@ class SessionManager {
 
   uint32_t num_sessions() const;
   std::vector<SessionSummary> List() const;
+  // How many sessions each namespace has now (namespaces without one are absent): the store's
+  // NamespaceSessions, which decides whether a namespace is unused.
+  absl::flat_hash_map<NamespaceId, uint32_t> SessionsPerNamespace() const;
 
  private:
   struct Lease {

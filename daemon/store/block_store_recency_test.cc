@@ -80,12 +80,6 @@ class RecencyTest : public ::testing::TestWithParam<Restart> {
     ns_ = *ns;
   }
 
-  static std::vector<Key> Keys(uint32_t first, uint32_t n) {
-    std::vector<Key> keys;
-    for (uint32_t i = first; i < first + n; ++i) keys.push_back(testing::TestKey(i));
-    return keys;
-  }
-
   // Stores `keys`, 32 per Capture (staging holds 64 blocks), each call waiting for durability;
   // then waits for the writer's checkpoint.
   void Store(const std::vector<Key>& keys) {
@@ -160,8 +154,8 @@ class RecencyTest : public ::testing::TestWithParam<Restart> {
 // ones and no hot one. (Rebuilding the LRU list in slot order, as recovery did, evicted 30 hot
 // blocks and no cold one.)
 TEST_P(RecencyTest, NewBlocksEvictTheLeastRecentlyUsedAcrossARestart) {
-  const std::vector<Key> hot = Keys(0, kSlots / 2);
-  const std::vector<Key> cold = Keys(1000, kSlots / 2);
+  const std::vector<Key> hot = testing::TestKeys(0, kSlots / 2);
+  const std::vector<Key> cold = testing::TestKeys(1000, kSlots / 2);
   Store(hot);
   Store(std::vector<Key>(cold.begin(), cold.end() - 1));
   Use(hot);
@@ -169,7 +163,7 @@ TEST_P(RecencyTest, NewBlocksEvictTheLeastRecentlyUsedAcrossARestart) {
   ASSERT_EQ(store_->Stats().slots_used, kSlots) << "the pool is full";
   ASSERT_EQ(store_->Stats().evictions, 0u);
   RestartStore();
-  Store(Keys(5000, kSlots / 4));
+  Store(testing::TestKeys(5000, kSlots / 4));
   EXPECT_EQ(store_->Stats().evictions, kSlots / 4);
   EXPECT_EQ(Present(hot), hot.size()) << "hot blocks evicted";
   EXPECT_EQ(Present(cold), cold.size() - kSlots / 4);

@@ -46,12 +46,6 @@ class SlotAllocationTest : public ::testing::Test {
     ns_ = *ns;
   }
 
-  static std::vector<Key> Keys(uint32_t first, uint32_t n) {
-    std::vector<Key> keys;
-    for (uint32_t i = first; i < first + n; ++i) keys.push_back(testing::TestKey(i));
-    return keys;
-  }
-
   // Stores `keys` in one Capture call (at most 32: staging holds 64 blocks) and waits.
   void Store(const std::vector<Key>& keys) {
     auto out = store_->Capture(
@@ -70,8 +64,12 @@ class SlotAllocationTest : public ::testing::Test {
     auto reader = io::MemoryBackend::CreateOn(disk_);
     io::AlignedBuffer page(pool::kSlotHeaderBytes);
     const pool::Location at = options_.layout.HeaderLocation(slot);
-    io::IoRequest req{io::Op::kRead, at.file, at.offset, page.data(),
-                      static_cast<uint32_t>(pool::kSlotHeaderBytes), 0};
+    io::IoRequest req{io::Op::kRead,
+                      at.file,
+                      at.offset,
+                      page.data(),
+                      static_cast<uint32_t>(pool::kSlotHeaderBytes),
+                      0};
     reader->Execute(absl::MakeSpan(&req, 1));
     EXPECT_EQ(req.result, static_cast<int64_t>(pool::kSlotHeaderBytes));
     auto h = pool::DecodeSlotHeader(absl::MakeConstSpan(page.data(), pool::kSlotHeaderBytes));
@@ -88,10 +86,10 @@ class SlotAllocationTest : public ::testing::Test {
 };
 
 TEST_F(SlotAllocationTest, ABatchGetsConsecutiveFreeSlotsAfterScatteredReleases) {
-  Store(Keys(0, 32));
-  Store(Keys(32, 32));
+  Store(testing::TestKeys(0, 32));
+  Store(testing::TestKeys(32, 32));
   EXPECT_EQ(store_->Evict(ns_).first, 64u);  // frees slots 0..63 in the index's hash order
-  const std::vector<Key> keys = Keys(1000, 24);
+  const std::vector<Key> keys = testing::TestKeys(1000, 24);
   Store(keys);
   for (uint64_t s = 0; s < keys.size(); ++s) {
     EXPECT_EQ(KeyInSlot(s), keys[s]) << "block " << s << " not in slot " << s;
@@ -99,19 +97,19 @@ TEST_F(SlotAllocationTest, ABatchGetsConsecutiveFreeSlotsAfterScatteredReleases)
 }
 
 TEST_F(SlotAllocationTest, EvictedSlotsAreUsedInOrderAndTheVictimsAreTheLeastRecentlyUsed) {
-  for (uint32_t i = 0; i < 192; i += 32) Store(Keys(i, 32));  // slot s holds key s
+  for (uint32_t i = 0; i < 192; i += 32) Store(testing::TestKeys(i, 32));  // slot s holds key s
   // Use every block, the last stored first: the least recently used is now the one in slot 191.
   for (uint32_t i = 192; i > 0; --i) {
-    const std::vector<Key> one = Keys(i - 1, 1);
+    const std::vector<Key> one = testing::TestKeys(i - 1, 1);
     ASSERT_EQ(store_->LookupAndPin(ns_, one), 1u);
     store_->Unpin(ns_, one);
   }
-  const std::vector<Key> fresh = Keys(5000, 8);
+  const std::vector<Key> fresh = testing::TestKeys(5000, 8);
   Store(fresh);
   for (uint64_t i = 0; i < fresh.size(); ++i) {
     EXPECT_EQ(KeyInSlot(184 + i), fresh[i]) << "victims' slots 184..191, in batch order";
   }
-  const std::vector<Key> kept = Keys(0, 184), evicted = Keys(184, 8);
+  const std::vector<Key> kept = testing::TestKeys(0, 184), evicted = testing::TestKeys(184, 8);
   EXPECT_EQ(store_->LookupAndPin(ns_, kept), 184u);
   store_->Unpin(ns_, kept);
   for (const Key& k : evicted) EXPECT_EQ(store_->LookupAndPin(ns_, {k}), 0u);

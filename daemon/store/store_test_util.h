@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "daemon/common/types.h"
 #include "tutti/v1/kvcache.pb.h"
@@ -32,6 +33,13 @@ inline Key TestKey(uint32_t i) {
   Key k;
   for (int b = 0; b < 16; ++b) k.bytes[b] = static_cast<uint8_t>((i * 131 + b * 7) ^ (i >> 8));
   return k;
+}
+
+// Keys first .. first + n - 1.
+inline std::vector<Key> TestKeys(uint32_t first, uint32_t n) {
+  std::vector<Key> keys;
+  for (uint32_t i = first; i < first + n; ++i) keys.push_back(TestKey(i));
+  return keys;
 }
 
 }  // namespace tutti::store::testing
