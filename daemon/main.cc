@@ -33,6 +33,7 @@
 #include "daemon/common/dirs.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
+#include "daemon/datapath/work_pool.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/gpu_setup.h"
 #include "daemon/io/backend_choice.h"
@@ -145,6 +146,9 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.store_staging_bytes = config.limits().store_staging_bytes();
   o.retrieve_staging_bytes = config.limits().retrieve_staging_bytes();
   o.max_read_bytes = static_cast<uint32_t>(config.datapath().max_read_bytes());
+  o.checksum_threads = config.datapath().checksum_threads() != 0
+                           ? config.datapath().checksum_threads()
+                           : datapath::WorkPool::DefaultThreads();
   o.checkpoint_every = config.journal().checkpoint_every();
   o.max_namespaces = config.limits().max_namespaces();
   o.max_namespaces_per_user = config.limits().max_namespaces_per_user();

@@ -71,6 +71,9 @@ struct StoreOptions {
   // Adjacent objects of one layer are read in one I/O of at most this many bytes (a multiple of
   // 4096, >= 4096; datapath.max_read_bytes).
   uint32_t max_read_bytes = 1u << 20;
+  // Threads computing object checksums for reads and writes (datapath.checksum_threads); 0: run
+  // them on the thread of the transfer.
+  uint32_t checksum_threads = 0;
   // Journal records between checkpoints. A failed checkpoint is retried after
   // a back-off (1 s, doubling to 5 min, on the store's clock); meanwhile the
   // journal keeps growing in its current file.

@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/staging_lease.h"
+#include "daemon/datapath/work_pool.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/dram_tier.h"
 #include "daemon/store/index.h"
@@ -258,6 +259,9 @@ class BlockStore::Impl {
   std::unique_ptr<datapath::IoScheduler> scheduler_;
   std::unique_ptr<Region> region_;
   std::unique_ptr<StoreStaging> store_staging_;
+  // Object checksums off the transfer's own thread: reads' verification and writes' checksums
+  // (options_.checksum_threads; none: inline).
+  std::unique_ptr<datapath::WorkPool> checksum_pool_;
   // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
   std::unique_ptr<datapath::StagingPool> read_staging_;
   std::unique_ptr<datapath::LayerReader> reader_;

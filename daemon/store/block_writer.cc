@@ -112,6 +112,7 @@ absl::Status BlockStore::Impl::Init() {
   store_staging_ = std::make_unique<StoreStaging>(absl::MakeSpan(base, store_bytes), owner_cap);
   read_staging_ =
       std::make_unique<datapath::StagingPool>(absl::MakeSpan(base + store_bytes, read_bytes));
+  checksum_pool_ = std::make_unique<datapath::WorkPool>(options_.checksum_threads, "tutti-sum");
   reader_ = std::make_unique<datapath::LayerReader>(
       datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 4},
       read_staging_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
