@@ -35,8 +35,14 @@
 #include "daemon/store/index.h"
 #include "daemon/store/journal.h"
 #include "daemon/store/staging.h"
+#include "daemon/store/write_plan.h"
 
 namespace tutti::store {
+
+// Writer batches in flight at once (write_pipeline.cc).
+inline constexpr uint32_t kPipelineBatches = 2;
+// At most this many threads sync pool files in parallel, besides the writer.
+inline constexpr uint32_t kMaxSyncThreads = 15;
 
 // The result of one captured block, shared with a Capture call waiting for
 // durability.
@@ -170,17 +176,39 @@ class BlockStore::Impl {
   // Recovery: the recovered blocks of namespaces that were not recovered (their record could not
   // be read), which no Lookup can reach.
   uint64_t CountUnknownNamespaceBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WriterLoop();
-  void WriteBatch(std::vector<PendingBlock*> batch);
   // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
   // allow), evicting where the pool is full; `victim_slots` gets the
   // slots whose Delete records must be durable before they are rewritten.
   // Returns the journal sequence number of the last Delete appended (0: none).
   uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
-  void WriteObjects(absl::Span<PendingBlock* const> batch);
-  void AppendBlockWrites(const PendingBlock& p, uint8_t* header,
-                         std::vector<io::IoRequest>* reqs) const;
-  absl::Status CommitToJournal(absl::Span<PendingBlock* const> batch);
+
+  // write_pipeline.cc: the writer thread's batches, from slots to publication. Up to
+  // kPipelineBatches batches are in flight: a batch's checksums and writes overlap the previous
+  // one's writes, pool syncs and journal commit. Each batch keeps the rules of the top of this
+  // file: its Puts are appended only after its writes completed and the pool files they went to
+  // were synced; an evicted block's Delete is durable before its slot's writes are posted.
+  struct InFlightBatch;
+  void WriterLoop();
+  // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
+  // (write_batch_blocks pages), and the batch's merged writes posted; `written` is set (under mu_)
+  // once they all completed.
+  std::unique_ptr<InFlightBatch> StartBatch(std::vector<PendingBlock*> blocks, uint8_t* headers);
+  // Each ok block's object checksums, on checksum_pool_ (and this thread).
+  void ComputeChecksums(absl::Span<PendingBlock* const> blocks);
+  // Encodes each ok block's slot header into a page of `headers`, the pages handed out in the
+  // order of the headers' places in the pool, so headers adjacent in a file share a write; a block
+  // whose header cannot be encoded fails. Then plans the writes of every ok block.
+  WritePlan PlanBatchWrites(absl::Span<PendingBlock* const> blocks, uint8_t* headers);
+  // Commits `batches` (oldest first, every one `written`): fails the blocks of failed writes,
+  // syncs the pool files written (in parallel), appends every ok block's Put and syncs the journal
+  // once, then publishes each batch in order and checkpoints if due.
+  void CommitBatches(std::vector<std::unique_ptr<InFlightBatch>> batches);
+  // Marks the blocks of `b` covered by a write that failed (logged with its errno) as failed;
+  // returns how many blocks failed so.
+  uint64_t FailBlocksOfFailedWrites(const InFlightBatch& b);
+  // fdatasync of every file flagged in `files`, in parallel (sync_pool_); the first error, after
+  // logging each.
+  absl::Status SyncPoolFiles(const std::vector<bool>& files);
   std::vector<uint8_t*> CopyToDram(absl::Span<PendingBlock* const> batch);
   void Publish(absl::Span<PendingBlock* const> batch);
   // Writer thread only: checkpoints when checkpoint_every records are in the
@@ -265,7 +293,11 @@ class BlockStore::Impl {
   // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
   std::unique_ptr<datapath::StagingPool> read_staging_;
   std::unique_ptr<datapath::LayerReader> reader_;
-  uint8_t* header_buffers_ = nullptr;  // write_batch_blocks x 4 KiB, writer-owned
+  // kPipelineBatches sets of write_batch_blocks x 4 KiB slot-header pages, one per batch in
+  // flight; writer-owned.
+  uint8_t* header_buffers_ = nullptr;
+  // Pool-file syncs of a commit, in parallel: one thread fewer than files (the writer takes one).
+  std::unique_ptr<datapath::WorkPool> sync_pool_;
 
   // Set by Recover before the writer starts; thread-safe itself.
   std::unique_ptr<Journal> journal_;

@@ -1,12 +1,12 @@
-// BlockStore's writer: slot allocation and eviction, writes, durability, the
-// journal, recovery. One thread (writer_) runs WriteBatch; Evict,
-// RegisterNamespace and failed reads append to the same journal, which is
-// thread-safe (the rules are in block_store_impl.h).
+// BlockStore's writer: start-up, recovery, checkpoints, slot allocation and eviction. One thread
+// (writer_) runs the write pipeline (write_pipeline.cc), which takes its batches' slots here;
+// Evict, RegisterNamespace and failed reads append to the same journal, which is thread-safe (the
+// rules are in block_store_impl.h).
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/common/status_macros.h"
@@ -19,7 +19,6 @@ absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);
 
 namespace {
 
-constexpr absl::Duration kWriterIdleWake = absl::Milliseconds(500);
 // The writer looks for stale partial blocks at least this often, busy or not.
 constexpr int64_t kReapEveryMs = 500;
 // Slot headers read at start when the journal recovered no block.
@@ -27,20 +26,6 @@ constexpr uint64_t kProbeSlots = 1024;
 // Back-off after a failed checkpoint: 1 s, doubling, at most 5 min.
 constexpr int64_t kCheckpointRetryMinMs = 1000;
 constexpr int64_t kCheckpointRetryMaxMs = 300000;
-
-uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
-
-// One write never grows past this by merging objects.
-constexpr uint64_t kMaxMergedWriteBytes = 1ull << 30;
-
-// True if `len` bytes from `buf` written at `loc` extend `last` at its end, in the file and in
-// memory alike.
-bool ContinuesWrite(const io::IoRequest& last, const pool::Location& loc, const uint8_t* buf,
-                    uint32_t len) {
-  return last.file == loc.file && last.offset + last.len == loc.offset &&
-         static_cast<const uint8_t*>(last.buf) + last.len == buf &&
-         uint64_t{last.len} + len <= kMaxMergedWriteBytes;
-}
 
 // Region::Create(bytes), its error prefixed with the config fields that sized the region.
 absl::StatusOr<std::unique_ptr<Region>> CreateRegion(uint64_t bytes, const std::string& sized_by) {
@@ -102,7 +87,8 @@ absl::Status BlockStore::Impl::Init() {
                          ? options_.max_staging_bytes_per_owner
                          : store_bytes / 4 * 3);
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
-  const uint64_t header_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
+  const uint64_t header_bytes =
+      uint64_t{kPipelineBatches} * options_.write_batch_blocks * pool::kSlotHeaderBytes;
   ASSIGN_OR_RETURN(region_, CreateRegion(store_bytes + read_bytes + header_bytes,
                                          absl::StrCat("limits.store_staging_bytes = ",
                                                       options_.store_staging_bytes,
@@ -113,6 +99,9 @@ absl::Status BlockStore::Impl::Init() {
   read_staging_ =
       std::make_unique<datapath::StagingPool>(absl::MakeSpan(base + store_bytes, read_bytes));
   checksum_pool_ = std::make_unique<datapath::WorkPool>(options_.checksum_threads, "tutti-sum");
+  // One file's sync runs on the writer itself.
+  sync_pool_ = std::make_unique<datapath::WorkPool>(
+      std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
   reader_ = std::make_unique<datapath::LayerReader>(
       datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 4},
       read_staging_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
@@ -147,6 +136,7 @@ absl::Status BlockStore::Impl::Init() {
   }
   RETURN_IF_ERROR(Recover());
   writer_ = std::thread([this] { WriterLoop(); });
+  pthread_setname_np(writer_.native_handle(), "tutti-writer");
   return absl::OkStatus();
 }
 
@@ -373,31 +363,6 @@ void BlockStore::Impl::MaybeCheckpoint() {
       options_.state_dir, s.ToString(), checkpoint_failed_in_row_, backoff / 1000);
 }
 
-void BlockStore::Impl::WriterLoop() {
-  for (;;) {
-    std::vector<PendingBlock*> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !write_queue_.empty() || stopping_;
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), kWriterIdleWake);
-      if (write_queue_.empty() && stopping_) return;
-      while (!write_queue_.empty() && batch.size() < options_.write_batch_blocks) {
-        batch.push_back(write_queue_.front());
-        write_queue_.pop_front();
-      }
-      if (!batch.empty()) ++writing_;
-    }
-    // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
-    ReapStalePending();
-    if (batch.empty()) continue;
-    WriteBatch(std::move(batch));
-    absl::MutexLock lock(&mu_);
-    --writing_;  // after the batch's checkpoint, if any: Flush waits for it too
-  }
-}
-
 void BlockStore::Impl::ReapStalePending() {
   absl::MutexLock lock(&mu_);
   if (clock_->NowMs() - last_reap_ms_ < kReapEveryMs) return;
@@ -521,206 +486,6 @@ uint64_t BlockStore::Impl::EvictForShares(absl::Span<PendingBlock* const> wantin
     ++stats_.share_evictions;
   }
   return last_delete;
-}
-
-// Appends the writes of block `p`: its objects in staging order (StagingObjects:
-// file share after file share), one write each, where an object continues the
-// previous one both in the pool file and in staging the two share a write (with
-// G = 1 and D = 1 the whole slot is one write, as in format 1); then the header.
-void BlockStore::Impl::AppendBlockWrites(const PendingBlock& p, uint8_t* header,
-                                         std::vector<io::IoRequest>* reqs) const {
-  const auto& layout = options_.layout;
-  const uint32_t d = layout.num_files();
-  const uint32_t n = static_cast<uint32_t>(p.frames.size());
-  const size_t first = reqs->size();
-  for (uint32_t r = 0; r < std::min(d, n); ++r) {
-    for (uint32_t j = r; j < n; j += d) {
-      const pool::Location loc = layout.ObjectLocation(p.slot, j);
-      if (reqs->size() > first && ContinuesWrite(reqs->back(), loc, p.frames[j], p.frame_bytes)) {
-        reqs->back().len += p.frame_bytes;
-        continue;
-      }
-      reqs->push_back(
-          io::IoRequest{io::Op::kWrite, loc.file, loc.offset, p.frames[j], p.frame_bytes, 0});
-    }
-  }
-  const pool::Location hl = layout.HeaderLocation(p.slot);
-  reqs->push_back(io::IoRequest{io::Op::kWrite, hl.file, hl.offset, header,
-                                static_cast<uint32_t>(pool::kSlotHeaderBytes), 0});
-}
-
-void BlockStore::Impl::WriteObjects(absl::Span<PendingBlock* const> batch) {
-  std::vector<io::IoRequest> reqs;
-  std::vector<size_t> first_req(batch.size()), end_req(batch.size());
-  for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock* p = batch[b];
-    first_req[b] = end_req[b] = reqs.size();
-    if (!p->ok) continue;
-    const uint32_t n = static_cast<uint32_t>(p->frames.size());
-    p->checksums.resize(n);
-    for (uint32_t j = 0; j < n; ++j) {
-      p->checksums[j] =
-          pool::ObjectChecksum(p->ns, p->key, p->epoch, j, p->frames[j], p->object_len);
-    }
-    uint8_t* header = header_buffers_ + b * pool::kSlotHeaderBytes;
-    pool::SlotHeader h{p->ns, p->key, p->epoch, p->object_len, p->checksums};
-    if (!pool::EncodeSlotHeader(h, absl::MakeSpan(header, pool::kSlotHeaderBytes)).ok()) {
-      p->ok = false;
-      continue;
-    }
-    AppendBlockWrites(*p, header, &reqs);
-    end_req[b] = reqs.size();
-  }
-  // Through the scheduler: the pool's reads go first, these fill the time they leave.
-  auto written = std::make_shared<absl::Notification>();
-  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(reqs),
-                   [written] { written->Notify(); });
-  written->WaitForNotification();
-  uint64_t errors = 0;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock* p = batch[b];
-    for (size_t r = first_req[b]; r < end_req[b] && p->ok; ++r) {
-      if (reqs[r].result != reqs[r].len) {
-        p->ok = false;
-        ++errors;
-        TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 5,
-                              "pool file {} offset {}: write failed ({}); block {} dropped",
-                              reqs[r].file, reqs[r].offset, reqs[r].result, p->key.Hex());
-      }
-    }
-  }
-  if (errors > 0) {
-    absl::MutexLock lock(&mu_);
-    stats_.io_errors += errors;
-  }
-}
-
-absl::Status BlockStore::Impl::CommitToJournal(absl::Span<PendingBlock* const> batch) {
-  for (uint32_t f = 0; f < backend_->num_files(); ++f) {
-    RETURN_IF_ERROR(backend_->Sync(f));
-  }
-  uint64_t last_put = 0;
-  for (PendingBlock* p : batch) {
-    if (!p->ok) continue;
-    last_put =
-        journal_->Append(PutRecord{p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums});
-  }
-  return last_put > 0 ? journal_->Sync(last_put) : absl::OkStatus();
-}
-
-void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
-  for (auto& t : p->tickets) {
-    t->outcome = outcome;
-    t->done = true;
-  }
-  ReleasePending(p);  // destroys *p
-}
-
-// Copies the durable blocks of `batch` into DRAM-tier chunks. Chunks are taken under the lock
-// (taking one may evict) but filled outside it, so lookups and reads never wait on the copies.
-std::vector<uint8_t*> BlockStore::Impl::CopyToDram(absl::Span<PendingBlock* const> batch) {
-  std::vector<uint8_t*> chunks(batch.size(), nullptr);
-  {
-    absl::MutexLock lock(&mu_);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const PendingBlock* p = batch[b];
-      if (p->ok && uint64_t{p->object_len} * p->frames.size() <= dram_->chunk_bytes()) {
-        chunks[b] = dram_->TakeChunk();
-      }
-    }
-  }
-  for (size_t b = 0; b < batch.size(); ++b) {
-    if (chunks[b] != nullptr) DramTier::FillChunk(chunks[b], batch[b]->object_len, batch[b]->frames);
-  }
-  return chunks;
-}
-
-void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
-  const std::vector<uint8_t*> dram_chunks = CopyToDram(batch);
-  absl::MutexLock lock(&mu_);
-  for (size_t b = 0; b < batch.size(); ++b) {
-    PendingBlock* p = batch[b];
-    if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
-      FinishPending(p, CaptureOutcome::kAlreadyPresent);
-      continue;
-    }
-    if (p->over_share) {
-      ++stats_.store_rejected;
-      ++stats_.store_rejected_share;
-      FinishPending(p, CaptureOutcome::kRejectedShare);
-      continue;
-    }
-    if (!p->ok) {
-      ++stats_.store_failed;
-      FinishPending(p, CaptureOutcome::kFailed);
-      continue;
-    }
-    index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
-    events_.Publish(p->ns, BlockEventKind::kStored, p->key);
-    if (dram_chunks[b] != nullptr) {
-      dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
-                         static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
-    }
-    ++stats_.blocks_stored;
-    stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
-    FinishPending(p, CaptureOutcome::kDurable);
-  }
-}
-
-void BlockStore::Impl::WriteBatch(std::vector<PendingBlock*> batch) {
-  auto log = log::Get("store");
-  if (absl::Status lost = journal_->durability(); !lost.ok()) {
-    // Nothing can be made durable: fail the batch before it evicts or writes.
-    TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "batch of {} blocks failed: {}",
-                          batch.size(), std::string(lost.message()));
-    for (PendingBlock* p : batch) p->ok = false;
-    Publish(batch);
-    return;
-  }
-  std::vector<uint64_t> victim_slots;
-  const uint64_t last_delete = AssignSlots(batch, &victim_slots);
-  if (!victim_slots.empty()) {
-    // The evicted blocks' Delete records must be durable before their slots are
-    // overwritten.
-    absl::Status s = journal_->Sync(last_delete);
-    if (!s.ok()) {
-      TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "journal sync failed: {}", s.ToString());
-      for (PendingBlock* p : batch) {
-        if (p->has_slot && std::count(victim_slots.begin(), victim_slots.end(), p->slot)) {
-          p->ok = false;
-          p->has_slot = false;  // out of use until restart: its old block may
-                                // still be journaled
-        }
-      }
-    }
-  }
-  const absl::Time t0 = absl::Now();
-  WriteObjects(batch);
-  const absl::Time t1 = absl::Now();
-  absl::Status committed = CommitToJournal(batch);
-  const absl::Time t2 = absl::Now();
-  log->debug(
-      "batch of {} blocks: checksum and write {:.2f} ms, sync and "
-      "journal {:.2f} ms",
-      batch.size(), absl::ToDoubleMilliseconds(t1 - t0), absl::ToDoubleMilliseconds(t2 - t1));
-  if (!committed.ok()) {
-    TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
-                          "making a batch of {} blocks durable failed: {}; dropped", batch.size(),
-                          committed.ToString());
-    for (PendingBlock* p : batch) p->ok = false;
-  }
-  {
-    // A failed block gives its slot back. Should its Put have reached the
-    // journal anyway, the object checksums (seeded by key and epoch) make the
-    // next block in that slot fail to verify under the old key, so a stale
-    // record can only produce a miss.
-    absl::MutexLock lock(&mu_);
-    for (PendingBlock* p : batch) {
-      if (!p->ok && p->has_slot) index_.ReleaseSlot(p->slot);
-    }
-  }
-  Publish(batch);
-  MaybeCheckpoint();
 }
 
 std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {

@@ -55,6 +55,7 @@ ABSL_FLAG(uint32_t, write_batch_blocks, 64, "StoreOptions::write_batch_blocks");
 ABSL_FLAG(uint64_t, store_staging_mib, 256, "limits.store_staging_bytes, MiB");
 ABSL_FLAG(uint32_t, queue_depth, 64, "io.queue_depth of the store's backend");
 ABSL_FLAG(uint32_t, raw_qd, 16, "raw baseline: writes in flight per file");
+ABSL_FLAG(uint32_t, raw_write_kib, 1024, "raw baseline: KiB per write");
 ABSL_FLAG(bool, raw, true, "run the raw baseline too");
 ABSL_FLAG(bool, store, true, "run the store");
 ABSL_FLAG(std::string, log_level, "warn", "tuttid's log level (debug shows each batch's times)");
@@ -68,7 +69,6 @@ constexpr uint32_t kLayers = 32;
 constexpr uint32_t kObjectBytes = 32 << 10;
 constexpr uint32_t kObjects = 2 * kLayers;
 constexpr uint64_t kBlockBytes = uint64_t{kObjects} * kObjectBytes;
-constexpr uint32_t kRawWrite = 1 << 20;
 
 double Seconds(SteadyClock::time_point t0) {
   return std::chrono::duration<double>(SteadyClock::now() - t0).count();
@@ -289,8 +289,9 @@ double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& 
   return gbs;
 }
 
-// One file's raw writer: `bytes` of 1 MiB writes from `offset` on, `qd` in flight.
+// One file's raw writer: `bytes` of --raw_write_kib writes from `offset` on, `qd` in flight.
 void RawWriter(const std::string& path, uint64_t offset, uint64_t bytes, uint32_t qd) {
+  const uint32_t kRawWrite = absl::GetFlag(FLAGS_raw_write_kib) << 10;
   const int fd = open(path.c_str(), O_RDWR | O_DIRECT);
   if (fd < 0) {
     std::perror(path.c_str());
@@ -334,7 +335,8 @@ void RawWriter(const std::string& path, uint64_t offset, uint64_t bytes, uint32_
 
 double RunRaw(const pool::PoolLayout& layout, const std::vector<std::string>& dirs,
               uint64_t bytes) {
-  const uint64_t per_file = bytes / dirs.size() / kRawWrite * kRawWrite;
+  const uint32_t write = absl::GetFlag(FLAGS_raw_write_kib) << 10;
+  const uint64_t per_file = bytes / dirs.size() / (1 << 20) * (1 << 20);
   const uint64_t frame_area = 1ull << 20;  // any 1 MiB aligned offset past the headers
   const uint64_t start =
       (layout.file_bytes() - per_file) / frame_area * frame_area;  // the tail of each file
@@ -345,7 +347,8 @@ double RunRaw(const pool::PoolLayout& layout, const std::vector<std::string>& di
                          absl::GetFlag(FLAGS_raw_qd));
   }
   for (auto& t : writers) t.join();
-  return m.Report("raw 1 MiB O_DIRECT writes", per_file * dirs.size());
+  return m.Report(absl::StrCat("raw ", write >> 10, " KiB O_DIRECT writes").c_str(),
+                  per_file * dirs.size());
 }
 
 int Main() {

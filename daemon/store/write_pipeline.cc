@@ -1,0 +1,353 @@
+// BlockStore's write pipeline, on the writer thread: batches of queued blocks get slots
+// (block_writer.cc), checksums (on the checksum pool), slot headers and merged writes posted to
+// the I/O scheduler; once a batch's writes completed, the pool files written are synced in
+// parallel, the Puts appended and the journal synced once for every batch committed together, and
+// the blocks published. While one batch is being written the next one is prepared and posted, so
+// the devices have its writes queued while the first is synced and committed.
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/common/log.h"
+#include "daemon/pool/slot_header.h"
+#include "daemon/store/block_store_impl.h"
+
+namespace tutti::store {
+namespace {
+
+constexpr absl::Duration kWriterIdleWake = absl::Milliseconds(500);
+// Objects checksummed per task of the checksum pool (8 x 32 KiB: a quarter MiB).
+constexpr size_t kChecksumGrain = 8;
+// One write never grows past this by merging pieces.
+constexpr uint32_t kMaxMergedWriteBytes = 1u << 30;
+
+uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
+
+double MsBetween(absl::Time a, absl::Time b) { return absl::ToDoubleMilliseconds(b - a); }
+
+}  // namespace
+
+struct BlockStore::Impl::InFlightBatch {
+  std::vector<PendingBlock*> blocks;
+  WritePlan plan;
+  bool written = false;  // guarded by Impl::mu_: every write of `plan` completed
+  bool durability_lost = false;  // failed whole at its start: the journal can make nothing durable
+  absl::Time started, posted;
+};
+
+void BlockStore::Impl::WriterLoop() {
+  std::deque<std::unique_ptr<InFlightBatch>> in_flight;  // oldest first
+  uint64_t started = 0;  // batches started: batch i uses header set i % kPipelineBatches
+  for (;;) {
+    std::vector<PendingBlock*> blocks;
+    size_t written = 0;  // the oldest batches in flight, as far as they are written
+    {
+      absl::MutexLock lock(&mu_);
+      // Start a batch while there is room (the devices get its writes queued behind the
+      // previous batch's); else commit the oldest once it is written.
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (in_flight.size() < kPipelineBatches && !write_queue_.empty()) ||
+               (!in_flight.empty() && in_flight.front()->written) ||
+               (stopping_ && in_flight.empty());
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), kWriterIdleWake);
+      if (write_queue_.empty() && stopping_ && in_flight.empty()) return;
+      if (in_flight.size() < kPipelineBatches) {
+        while (!write_queue_.empty() && blocks.size() < options_.write_batch_blocks) {
+          blocks.push_back(write_queue_.front());
+          write_queue_.pop_front();
+        }
+        if (!blocks.empty()) ++writing_;
+      }
+      while (written < in_flight.size() && in_flight[written]->written) ++written;
+    }
+    // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
+    ReapStalePending();
+    if (!blocks.empty()) {
+      uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
+                                               options_.write_batch_blocks *
+                                               pool::kSlotHeaderBytes;
+      in_flight.push_back(StartBatch(std::move(blocks), headers));
+      continue;
+    }
+    if (written == 0) continue;
+    std::vector<std::unique_ptr<InFlightBatch>> done;
+    for (size_t i = 0; i < written; ++i) {
+      done.push_back(std::move(in_flight.front()));
+      in_flight.pop_front();
+    }
+    CommitBatches(std::move(done));
+  }
+}
+
+std::unique_ptr<BlockStore::Impl::InFlightBatch> BlockStore::Impl::StartBatch(
+    std::vector<PendingBlock*> blocks, uint8_t* headers) {
+  auto log = log::Get("store");
+  auto b = std::make_unique<InFlightBatch>();
+  b->blocks = std::move(blocks);
+  b->started = absl::Now();
+  if (absl::Status lost = journal_->durability(); !lost.ok()) {
+    // Nothing can be made durable: fail the batch before it evicts or writes.
+    TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "batch of {} blocks failed: {}",
+                          b->blocks.size(), std::string(lost.message()));
+    for (PendingBlock* p : b->blocks) p->ok = false;
+    b->durability_lost = true;
+  } else {
+    std::vector<uint64_t> victim_slots;
+    const uint64_t last_delete = AssignSlots(b->blocks, &victim_slots);
+    if (!victim_slots.empty()) {
+      // The evicted blocks' Delete records must be durable before their slots are
+      // overwritten.
+      absl::Status s = journal_->Sync(last_delete);
+      if (!s.ok()) {
+        TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "journal sync failed: {}",
+                              s.ToString());
+        for (PendingBlock* p : b->blocks) {
+          if (p->has_slot && std::count(victim_slots.begin(), victim_slots.end(), p->slot)) {
+            p->ok = false;
+            p->has_slot = false;  // out of use until restart: its old block may
+                                  // still be journaled
+          }
+        }
+      }
+    }
+    ComputeChecksums(b->blocks);
+    b->plan = PlanBatchWrites(b->blocks, headers);
+  }
+  b->posted = absl::Now();
+  // Through the scheduler: the pool's reads go first, these fill the time they leave. An empty
+  // plan completes at once, on this thread.
+  InFlightBatch* raw = b.get();
+  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(raw->plan.writes), [this, raw] {
+    absl::MutexLock lock(&mu_);
+    raw->written = true;
+  });
+  return b;
+}
+
+void BlockStore::Impl::ComputeChecksums(absl::Span<PendingBlock* const> blocks) {
+  std::vector<std::pair<PendingBlock*, uint32_t>> objects;  // (block, object index)
+  for (PendingBlock* p : blocks) {
+    if (!p->ok) continue;
+    const uint32_t n = static_cast<uint32_t>(p->frames.size());
+    p->checksums.resize(n);
+    for (uint32_t j = 0; j < n; ++j) objects.emplace_back(p, j);
+  }
+  checksum_pool_->ParallelFor(objects.size(), kChecksumGrain, [&objects](size_t i) {
+    PendingBlock* p = objects[i].first;
+    const uint32_t j = objects[i].second;
+    p->checksums[j] = pool::ObjectChecksum(p->ns, p->key, p->epoch, j, p->frames[j], p->object_len);
+  });
+}
+
+WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> blocks,
+                                            uint8_t* headers) {
+  const auto& layout = options_.layout;
+  std::vector<uint32_t> order;  // ok blocks, by where their headers go
+  for (uint32_t b = 0; b < blocks.size(); ++b) {
+    if (blocks[b]->ok) order.push_back(b);
+  }
+  auto header_place = [&](uint32_t b) {
+    const pool::Location l = layout.HeaderLocation(blocks[b]->slot);
+    return std::make_pair(l.file, l.offset);
+  };
+  std::sort(order.begin(), order.end(),
+            [&](uint32_t a, uint32_t b) { return header_place(a) < header_place(b); });
+  std::vector<WritePiece> pieces;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint32_t b = order[i];
+    PendingBlock* p = blocks[b];
+    uint8_t* header = headers + i * pool::kSlotHeaderBytes;
+    const pool::SlotHeader h{p->ns, p->key, p->epoch, p->object_len, p->checksums};
+    if (!pool::EncodeSlotHeader(h, absl::MakeSpan(header, pool::kSlotHeaderBytes)).ok()) {
+      p->ok = false;
+      continue;
+    }
+    for (uint32_t j = 0; j < p->frames.size(); ++j) {
+      const pool::Location loc = layout.ObjectLocation(p->slot, j);
+      pieces.push_back(WritePiece{b, loc.file, loc.offset, p->frames[j], p->frame_bytes});
+    }
+    const pool::Location hl = layout.HeaderLocation(p->slot);
+    pieces.push_back(
+        WritePiece{b, hl.file, hl.offset, header, static_cast<uint32_t>(pool::kSlotHeaderBytes)});
+  }
+  return PlanWrites(std::move(pieces), kMaxMergedWriteBytes);
+}
+
+uint64_t BlockStore::Impl::FailBlocksOfFailedWrites(const InFlightBatch& b) {
+  uint64_t failed_writes = 0;
+  const std::vector<bool> failed =
+      BlocksOfFailedWrites(b.plan, static_cast<uint32_t>(b.blocks.size()), &failed_writes);
+  if (failed_writes == 0) return 0;
+  for (size_t w = 0; w < b.plan.writes.size(); ++w) {
+    const io::IoRequest& r = b.plan.writes[w];
+    if (r.result == static_cast<int64_t>(r.len)) continue;
+    const PlannedWrite& c = b.plan.covers[w];
+    const std::string error = r.result < 0 ? std::strerror(static_cast<int>(-r.result))
+                                           : absl::StrCat("short: ", r.result, " bytes");
+    TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 5,
+                          "pool file {} offset {}: write of {} bytes failed ({}, {}); block {} "
+                          "dropped, {} blocks in all",
+                          r.file, r.offset, r.len, r.result, error,
+                          b.blocks[b.plan.pieces[c.first_piece].block]->key.Hex(),
+                          c.num_pieces);
+  }
+  uint64_t blocks = 0;
+  for (size_t i = 0; i < b.blocks.size(); ++i) {
+    if (failed[i] && b.blocks[i]->ok) {
+      b.blocks[i]->ok = false;
+      ++blocks;
+    }
+  }
+  return blocks;
+}
+
+absl::Status BlockStore::Impl::SyncPoolFiles(const std::vector<bool>& files) {
+  std::vector<uint32_t> list;
+  for (uint32_t f = 0; f < files.size(); ++f) {
+    if (files[f]) list.push_back(f);
+  }
+  std::vector<absl::Status> results(list.size());
+  sync_pool_->ParallelFor(list.size(), 1, [&](size_t i) { results[i] = backend_->Sync(list[i]); });
+  absl::Status first;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (results[i].ok()) continue;
+    TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 5, "pool file {}: sync failed: {}",
+                          list[i], results[i].ToString());
+    if (first.ok()) first = results[i];
+  }
+  return first;
+}
+
+void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>> batches) {
+  auto log = log::Get("store");
+  const absl::Time t0 = absl::Now();
+  uint64_t io_errors = 0, ok_blocks = 0, all_blocks = 0;
+  std::vector<bool> files(backend_->num_files(), false);
+  for (const auto& b : batches) {
+    io_errors += FailBlocksOfFailedWrites(*b);
+    for (const io::IoRequest& r : b->plan.writes) {
+      if (r.result == static_cast<int64_t>(r.len)) files[r.file] = true;
+    }
+    for (const PendingBlock* p : b->blocks) ok_blocks += p->ok;
+    all_blocks += b->blocks.size();
+  }
+  if (io_errors > 0) {
+    absl::MutexLock lock(&mu_);
+    stats_.io_errors += io_errors;
+  }
+  // Each Put only after the pool syncs covering its block's writes (all completed before them).
+  absl::Status committed;
+  if (ok_blocks > 0) committed = SyncPoolFiles(files);
+  if (ok_blocks > 0 && committed.ok()) {
+    uint64_t last_put = 0;
+    for (const auto& b : batches) {
+      for (const PendingBlock* p : b->blocks) {
+        if (!p->ok) continue;
+        last_put = journal_->Append(
+            PutRecord{p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums});
+      }
+    }
+    committed = journal_->Sync(last_put);
+  }
+  const absl::Time t1 = absl::Now();
+  if (!committed.ok()) {
+    TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
+                          "making {} blocks of {} batches durable failed: {}; dropped", ok_blocks,
+                          batches.size(), committed.ToString());
+    for (const auto& b : batches) {
+      for (PendingBlock* p : b->blocks) p->ok = false;
+    }
+  }
+  {
+    // A failed block gives its slot back. Should its Put have reached the
+    // journal anyway, the object checksums (seeded by key and epoch) make the
+    // next block in that slot fail to verify under the old key, so a stale
+    // record can only produce a miss.
+    absl::MutexLock lock(&mu_);
+    for (const auto& b : batches) {
+      for (PendingBlock* p : b->blocks) {
+        if (!p->ok && p->has_slot) index_.ReleaseSlot(p->slot);
+      }
+    }
+  }
+  for (const auto& b : batches) {
+    log->debug("batch of {} blocks in {} writes: slots and checksums {:.2f} ms, writes {:.2f} ms",
+               b->blocks.size(), b->plan.writes.size(), MsBetween(b->started, b->posted),
+               MsBetween(b->posted, t0));
+    Publish(b->blocks);
+  }
+  log->debug("{} batches of {} blocks committed: pool syncs and journal {:.2f} ms", batches.size(),
+             all_blocks, MsBetween(t0, t1));
+  if (std::any_of(batches.begin(), batches.end(),
+                  [](const auto& b) { return !b->durability_lost; })) {
+    MaybeCheckpoint();
+  }
+  absl::MutexLock lock(&mu_);
+  writing_ -= static_cast<int>(batches.size());  // after the checkpoint: Flush waits for it too
+}
+
+void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
+  for (auto& t : p->tickets) {
+    t->outcome = outcome;
+    t->done = true;
+  }
+  ReleasePending(p);  // destroys *p
+}
+
+// Copies the durable blocks of `batch` into DRAM-tier chunks. Chunks are taken under the lock
+// (taking one may evict) but filled outside it, on the checksum pool, so lookups and reads never
+// wait on the copies.
+std::vector<uint8_t*> BlockStore::Impl::CopyToDram(absl::Span<PendingBlock* const> batch) {
+  std::vector<uint8_t*> chunks(batch.size(), nullptr);
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const PendingBlock* p = batch[b];
+      if (p->ok && uint64_t{p->object_len} * p->frames.size() <= dram_->chunk_bytes()) {
+        chunks[b] = dram_->TakeChunk();
+      }
+    }
+  }
+  checksum_pool_->ParallelFor(batch.size(), 1, [&](size_t b) {
+    if (chunks[b] != nullptr) DramTier::FillChunk(chunks[b], batch[b]->object_len, batch[b]->frames);
+  });
+  return chunks;
+}
+
+void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
+  const std::vector<uint8_t*> dram_chunks = CopyToDram(batch);
+  absl::MutexLock lock(&mu_);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    PendingBlock* p = batch[b];
+    if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
+      FinishPending(p, CaptureOutcome::kAlreadyPresent);
+      continue;
+    }
+    if (p->over_share) {
+      ++stats_.store_rejected;
+      ++stats_.store_rejected_share;
+      FinishPending(p, CaptureOutcome::kRejectedShare);
+      continue;
+    }
+    if (!p->ok) {
+      ++stats_.store_failed;
+      FinishPending(p, CaptureOutcome::kFailed);
+      continue;
+    }
+    index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
+    events_.Publish(p->ns, BlockEventKind::kStored, p->key);
+    if (dram_chunks[b] != nullptr) {
+      dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
+                         static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
+    }
+    ++stats_.blocks_stored;
+    stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
+    FinishPending(p, CaptureOutcome::kDurable);
+  }
+}
+
+}  // namespace tutti::store
