@@ -386,6 +386,48 @@ uint8_t* BlockStore::Impl::TakeBlockStaging(const NamespaceInfo& info, uint64_t 
   return nullptr;
 }
 
+uint8_t* BlockStore::Impl::TakeSharedStaging(const NamespaceInfo& info, uint64_t owner,
+                                             uint32_t blocks) {
+  const auto& layout = options_.layout;
+  const uint32_t frame = RoundUp4K(info.object_len);
+  if (blocks < 2 || frame != layout.object_bytes() || layout.extent_slots() < 2 || BacklogFull()) {
+    return nullptr;
+  }
+  return store_staging_->TryTake(owner, uint64_t{blocks} * info.num_objects * frame).data;
+}
+
+std::vector<uint8_t*> BlockStore::Impl::TakeNewBlockStaging(const NamespaceInfo& info,
+                                                            uint64_t owner, NewBlockStaging* call,
+                                                            CaptureOutcome* outcome) {
+  const uint32_t frame = RoundUp4K(info.object_len);
+  if (call->used == call->lanes && !call->shared_refused) {
+    call->lanes = std::min(call->left, options_.layout.extent_slots());
+    call->used = 0;
+    call->run = TakeSharedStaging(info, owner, call->lanes);
+    if (call->run == nullptr) {
+      call->lanes = 0;
+      call->shared_refused = true;
+    }
+  }
+  --call->left;
+  if (call->used < call->lanes) {
+    return InterleavedFrames(call->run, call->lanes, call->used++, info.num_objects, frame);
+  }
+  uint8_t* own = TakeBlockStaging(info, owner, &call->reaped, outcome);
+  if (own == nullptr) return {};
+  return StagingObjects(own, info.num_objects, frame);
+}
+
+uint32_t BlockStore::Impl::CountNewBlocks(NamespaceId ns, absl::Span<const Key> keys) const {
+  absl::flat_hash_set<Key> seen;
+  uint32_t fresh = 0;
+  for (const Key& k : keys) {
+    if (!seen.insert(k).second) continue;
+    fresh += index_.Find(ns, k) == nullptr && !pending_.contains(PendingKey{ns, k});
+  }
+  return fresh;
+}
+
 bool BlockStore::Impl::BacklogFull() const {
   const uint64_t max_bytes =
       max_backlog_bytes_ != 0 ? max_backlog_bytes_ : store_staging_->capacity_bytes();
@@ -418,7 +460,7 @@ void BlockStore::Impl::ReleasePending(PendingBlock* p) {
     backlog_bytes_ -= p->chunk_bytes;
     backlog_queued_ms_.erase(backlog_queued_ms_.find(p->queued_ms));
   }
-  store_staging_->Give(p->owner, p->chunk, p->chunk_bytes);
+  store_staging_->GiveFrames(p->owner, p->frames, p->frame_bytes);
   pending_.erase(PendingKey{p->ns, p->key});
 }
 
@@ -437,7 +479,8 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   std::vector<PendingBlock*> created;
   {
     absl::MutexLock lock(&mu_);
-    bool reaped = false;
+    NewBlockStaging fresh_staging;
+    fresh_staging.left = CountNewBlocks(ns, keys);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (index_.Find(ns, keys[i]) != nullptr) {
         outcomes[i] = CaptureOutcome::kAlreadyPresent;
@@ -446,14 +489,14 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
       auto it = pending_.find(PendingKey{ns, keys[i]});
       PendingBlock* p = it == pending_.end() ? nullptr : it->second.get();
       if (p == nullptr) {
-        uint8_t* chunk = TakeBlockStaging(info, owner, &reaped, &outcomes[i]);
-        if (chunk == nullptr) continue;
+        std::vector<uint8_t*> frames =
+            TakeNewBlockStaging(info, owner, &fresh_staging, &outcomes[i]);
+        if (frames.empty()) continue;
         auto fresh = std::make_unique<PendingBlock>();
         fresh->owner = owner;
-        fresh->chunk = chunk;
         fresh->frame_bytes = RoundUp4K(info.object_len);
         fresh->chunk_bytes = uint64_t{info.num_objects} * fresh->frame_bytes;
-        fresh->frames = StagingObjects(chunk, info.num_objects, fresh->frame_bytes);
+        fresh->frames = std::move(frames);
         fresh->ns = ns;
         fresh->key = keys[i];
         fresh->object_len = info.object_len;

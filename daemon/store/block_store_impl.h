@@ -57,15 +57,16 @@ struct PendingBlock {
   Key key;
   uint32_t object_len = 0;
   uint32_t parts = 0;
-  // Staging for the whole block: one run of num_objects frames of frame_bytes
-  // (the object size rounded up to 4 KiB) from store staging, charged to
-  // `owner`, laid out file-major so each pool file's share of the slot is
-  // contiguous (see StagingObjects).
+  // Staging for the whole block: num_objects frames of frame_bytes (the object size rounded up
+  // to 4 KiB, chunk_bytes in all) from store staging, charged to `owner` and given back frame by
+  // frame (StoreStaging::GiveFrames): a run of its own, laid out file-major so each pool file's
+  // share of the slot is contiguous (StagingObjects), or a lane of a run shared with the other
+  // blocks one Capture call started, their objects interleaved (InterleavedFrames) so that object
+  // j of blocks written to consecutive slots of one extent group is one write.
   uint64_t owner = 0;
-  uint8_t* chunk = nullptr;
   uint64_t chunk_bytes = 0;
   uint32_t frame_bytes = 0;
-  std::vector<uint8_t*> frames;         // per object: its frame inside `chunk`
+  std::vector<uint8_t*> frames;         // per object: its frame in store staging
   std::vector<uint8_t> layer_captured;  // per layer
   uint32_t layers_left = 0;
   int64_t touched_ms = 0;  // created, or its last layers captured: the pending TTL runs from here
@@ -272,6 +273,30 @@ class BlockStore::Impl {
   // write backlog is past a bound (BacklogFull), returns null and sets *outcome.
   uint8_t* TakeBlockStaging(const NamespaceInfo& info, uint64_t owner, bool* reaped,
                             CaptureOutcome* outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Staging for `blocks` new blocks of `info` at once, for one Capture call, when their objects
+  // can share writes (each fills its pool frame, and an extent group holds more than one slot);
+  // null when not, for fewer than two blocks, while the write backlog is past a bound, or when
+  // staging refuses the whole run. Counts nothing as refused.
+  uint8_t* TakeSharedStaging(const NamespaceInfo& info, uint64_t owner, uint32_t blocks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The new blocks of one Capture call, in key order, get their staging through this: lanes of
+  // shared runs of up to G (extent_slots) blocks while staging grants them (TakeSharedStaging),
+  // else a run each (TakeBlockStaging, after the first shared run refused).
+  struct NewBlockStaging {
+    uint32_t left = 0;  // new blocks still to come in the call (CountNewBlocks)
+    uint8_t* run = nullptr;
+    uint32_t lanes = 0, used = 0;  // of `run`
+    bool shared_refused = false;
+    bool reaped = false;  // TakeBlockStaging's once-per-call reap
+  };
+  // The frames of the next new block of the call; empty with *outcome set when refused.
+  std::vector<uint8_t*> TakeNewBlockStaging(const NamespaceInfo& info, uint64_t owner,
+                                            NewBlockStaging* call, CaptureOutcome* outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The keys of `keys` (first occurrences) that are neither stored nor pending: the blocks a
+  // Capture call of them starts.
+  uint32_t CountNewBlocks(NamespaceId ns, absl::Span<const Key> keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The write backlog (StoreOptions::max_write_backlog_bytes): true while it is past a bound, so
   // new blocks are refused.
   bool BacklogFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -77,6 +77,18 @@ void StoreStaging::Give(uint64_t owner, uint8_t* data, uint64_t bytes) {
   if (it->second == 0) owner_bytes_.erase(it);
 }
 
+void StoreStaging::GiveFrames(uint64_t owner, absl::Span<uint8_t* const> frames,
+                              uint32_t frame_bytes) {
+  std::vector<uint8_t*> sorted(frames.begin(), frames.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t end = i + 1;
+    while (end < sorted.size() && sorted[end] == sorted[end - 1] + frame_bytes) ++end;
+    Give(owner, sorted[i], uint64_t{frame_bytes} * (end - i));
+    i = end;
+  }
+}
+
 uint64_t StoreStaging::FindFree(uint64_t n) const {
   uint64_t run = 0, start = 0;
   for (uint64_t i = first_maybe_free_; i < pages_;) {
@@ -137,6 +149,15 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Create(uint64_t bytes) {
 
 Region::~Region() {
   if (data_ != nullptr) munmap(data_, size_);
+}
+
+std::vector<uint8_t*> InterleavedFrames(uint8_t* run, uint32_t lanes, uint32_t lane,
+                                        uint32_t num_objects, uint32_t frame_bytes) {
+  std::vector<uint8_t*> frames(num_objects);
+  for (uint32_t j = 0; j < num_objects; ++j) {
+    frames[j] = run + (uint64_t{j} * lanes + lane) * frame_bytes;
+  }
+  return frames;
 }
 
 }  // namespace tutti::store

@@ -70,8 +70,11 @@ class StoreStaging {
   // than its cap, else with kFull when no free run is long enough.
   Grant TryTake(uint64_t owner, uint64_t bytes);
   // Returns a grant: `data` and `bytes` as given to and returned by TryTake,
-  // for the same owner.
+  // for the same owner; or any run of whole pages of one.
   void Give(uint64_t owner, uint8_t* data, uint64_t bytes);
+  // Gives back `frames` of `frame_bytes` (a 4 KiB multiple) each, parts of grants of `owner`:
+  // frames adjacent in memory as one run.
+  void GiveFrames(uint64_t owner, absl::Span<uint8_t* const> frames, uint32_t frame_bytes);
 
  private:
   // First page of a free run of `n` pages, or pages_ when there is none.
@@ -87,6 +90,13 @@ class StoreStaging {
   uint64_t first_maybe_free_ ABSL_GUARDED_BY(mu_) = 0;  // every page below it is taken
   absl::flat_hash_map<uint64_t, uint64_t> owner_bytes_ ABSL_GUARDED_BY(mu_);
 };
+
+// The frames of block `lane` of `lanes` blocks of `num_objects` frames of `frame_bytes` that share
+// one run of staging at `run`, object-major: object j of block i is frame j x lanes + i, so object
+// j of blocks i and i + 1 are adjacent (as object j of consecutive slots of one extent group are
+// in a pool file, daemon/pool/layout.h).
+std::vector<uint8_t*> InterleavedFrames(uint8_t* run, uint32_t lanes, uint32_t lane,
+                                        uint32_t num_objects, uint32_t frame_bytes);
 
 // An anonymous, page-aligned mapping that is unmapped on destruction.
 class Region {

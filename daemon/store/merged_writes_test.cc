@@ -1,0 +1,172 @@
+// The writer's merged writes (issue 20): blocks one Capture call starts share interleaved staging,
+// so object j of blocks written to consecutive slots of one extent group, and slot headers
+// adjacent in a pool file, go in one write each. They must leave exactly the bytes and the
+// journal that one write per piece leaves; a failed write fails exactly the blocks it covered; a
+// failed pool sync fails the whole batch.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/io/memory_backend.h"
+#include "daemon/store/block_store.h"
+#include "daemon/store/store_test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::store {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint32_t kLayers = 4;
+constexpr uint32_t kObjects = 2 * kLayers;
+constexpr uint32_t kObjectLen = 4096;  // 16 tokens x 2 heads x 64 dims x 2 bytes: a whole frame
+constexpr uint32_t kFrame = 4096;
+constexpr uint32_t kExtentSlots = 4;   // G: object j of 4 consecutive slots are 4 adjacent frames
+constexpr uint32_t kBlocks = 8;        // one extent of 2 files: slots 0-3 (group 0), 4-7 (group 1)
+
+uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
+  return static_cast<uint8_t>(key.bytes[offset % 16] * 31 + object * 17 + offset / 16);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// One store over its own memory disk and state directory.
+struct TestStore {
+  std::string state_dir;
+  std::shared_ptr<io::MemoryDisk> disk;
+  std::unique_ptr<BlockStore> store;
+  NamespaceId ns = 0;
+};
+
+class MergedWritesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(::testing::TempDir(), "/merged_", getpid(), "_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects, kExtentSlots);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    ASSERT_EQ(layout->extent_slots(), kExtentSlots);
+    options_.layout = *layout;
+    options_.store_staging_bytes = 64 * kObjects * kFrame;
+    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
+    options_.write_batch_blocks = kBlocks;
+  }
+  void TearDown() override {
+    stores_.clear();
+    fs::remove_all(root_);
+  }
+
+  TestStore& Open() {
+    auto s = std::make_unique<TestStore>();
+    s->state_dir = absl::StrCat(root_, "/state", stores_.size());
+    fs::create_directories(s->state_dir);
+    auto disk =
+        io::MemoryDisk::Create({options_.layout.file_bytes(), options_.layout.file_bytes()});
+    EXPECT_TRUE(disk.ok()) << disk.status();
+    s->disk = *disk;
+    StoreOptions options = options_;
+    options.state_dir = s->state_dir;
+    auto store = BlockStore::Open(options, io::MemoryBackend::CreateOn(s->disk), &clock_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    s->store = std::move(store).value();
+    auto ns = s->store->RegisterNamespace(testing::TestNamespace(kLayers, 2));
+    EXPECT_TRUE(ns.ok()) << ns.status();
+    s->ns = *ns;
+    stores_.push_back(std::move(s));
+    return *stores_.back();
+  }
+
+  // Stores `keys` in one Capture call (whole blocks), waiting until they are durable or failed.
+  static std::vector<CaptureOutcome> Store(TestStore& s, absl::Span<const Key> keys) {
+    std::vector<Key> copy(keys.begin(), keys.end());
+    auto gather = [copy](absl::Span<const GatherOp> ops) {
+      for (const GatherOp& op : ops) {
+        for (uint32_t i = 0; i < kObjectLen; ++i) op.dst[i] = ContentByte(copy[op.item], op.object, i);
+      }
+      return absl::OkStatus();
+    };
+    auto out = s.store->Capture(s.ns, keys, 0, kLayers, gather, /*wait_durable=*/true);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : std::vector<CaptureOutcome>();
+  }
+
+  // Which of `keys` Lookup finds (pins dropped again).
+  static std::vector<bool> Visible(TestStore& s, absl::Span<const Key> keys) {
+    std::vector<bool> found;
+    for (const Key& k : keys) {
+      const bool hit = s.store->LookupAndPin(s.ns, absl::MakeConstSpan(&k, 1)) == 1;
+      if (hit) s.store->Unpin(s.ns, absl::MakeConstSpan(&k, 1));
+      found.push_back(hit);
+    }
+    return found;
+  }
+
+  std::string root_;
+  StoreOptions options_;
+  ManualClock clock_;
+  std::vector<std::unique_ptr<TestStore>> stores_;
+};
+
+TEST_F(MergedWritesTest, MergedWritesLeaveTheBytesAndJournalOfOneWriteEach) {
+  const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
+  TestStore& merged = Open();
+  TestStore& single = Open();
+  for (CaptureOutcome o : Store(merged, keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
+  for (const Key& k : keys) EXPECT_EQ(Store(single, absl::MakeConstSpan(&k, 1))[0], CaptureOutcome::kDurable);
+  uint64_t merged_writes = 0, single_writes = 0;
+  for (uint32_t f = 0; f < 2; ++f) {
+    const uint64_t bytes = options_.layout.file_bytes();
+    EXPECT_TRUE(merged.disk->Peek(f, 0, bytes) == single.disk->Peek(f, 0, bytes)) << "file " << f;
+    merged_writes += merged.disk->counts(f).writes;
+    single_writes += single.disk->counts(f).writes;
+  }
+  // One block alone: each of its 8 objects and its header is a write of its own. Eight blocks of
+  // one call: object j of each group of 4 slots is one write, and so are the 4 headers per file.
+  EXPECT_EQ(single_writes, kBlocks * (kObjects + 1));
+  EXPECT_EQ(merged_writes, 2 * kObjects + 2);
+  const std::string journal = ReadFile(merged.state_dir + "/journal.1");
+  EXPECT_FALSE(journal.empty());
+  EXPECT_TRUE(journal == ReadFile(single.state_dir + "/journal.1"));
+}
+
+TEST_F(MergedWritesTest, AFailedMergedWriteFailsExactlyTheBlocksItCovered) {
+  const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
+  TestStore& s = Open();
+  // File 1's first two writes, in (offset) order: the headers of slots 1, 3, 5 and 7 (slot s's
+  // header is in file s % 2), then object 0 of slots 4-7 (group 1 puts object 0 in file 1).
+  s.disk->FailNext(1, io::Op::kWrite, 2, EIO);
+  const std::vector<CaptureOutcome> out = Store(s, keys);
+  const std::vector<bool> durable = {true, false, true, false, false, false, false, false};
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    EXPECT_EQ(out[b], durable[b] ? CaptureOutcome::kDurable : CaptureOutcome::kFailed) << b;
+  }
+  EXPECT_EQ(Visible(s, keys), durable);
+  EXPECT_EQ(s.store->Stats().io_errors, 6u) << "blocks, as before merging";
+  for (CaptureOutcome o : Store(s, keys)) {
+    EXPECT_NE(o, CaptureOutcome::kFailed) << "stored again (or already there)";
+  }
+  EXPECT_EQ(Visible(s, keys), std::vector<bool>(kBlocks, true));
+}
+
+TEST_F(MergedWritesTest, AFailedPoolSyncFailsTheWholeBatch) {
+  const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
+  TestStore& s = Open();
+  s.disk->FailNextSync(1, 1, EIO);
+  for (CaptureOutcome o : Store(s, keys)) EXPECT_EQ(o, CaptureOutcome::kFailed);
+  EXPECT_EQ(Visible(s, keys), std::vector<bool>(kBlocks, false));
+  EXPECT_EQ(s.store->Stats().store_failed, kBlocks);
+  for (CaptureOutcome o : Store(s, keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
+  EXPECT_EQ(Visible(s, keys), std::vector<bool>(kBlocks, true));
+}
+
+}  // namespace
+}  // namespace tutti::store
