@@ -114,8 +114,8 @@ absl::Status BlockStore::Impl::Init() {
       std::make_unique<datapath::StagingPool>(absl::MakeSpan(base + store_bytes, read_bytes));
   checksum_pool_ = std::make_unique<datapath::WorkPool>(options_.checksum_threads, "tutti-sum");
   reader_ = std::make_unique<datapath::LayerReader>(
-      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 4},
-      read_staging_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes},
+      read_staging_.get(), checksum_pool_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
         // Reads go through the scheduler (made below, before any Read), ahead of writes.
         scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
       });
