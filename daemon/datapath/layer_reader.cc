@@ -226,21 +226,30 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
     return window.leases.empty() ? kNoLease
                                  : window.leases[(layer - r.layer_begin) % window.size()];
   };
+  // With two leases or more, a layer's staging stays untouched until the sink's next call has
+  // returned (the sink may leave its engine copy in flight until then): the lease of layer l - 1
+  // is posted into again once sink(l) returns. With one lease it is reused once sink(l) returns.
+  const bool staging_stays = window.leases.size() >= 2;
   uint32_t next_post = r.layer_begin;
-  std::vector<ScatterOp> ops;
-  std::vector<uint32_t> failed;
-  for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
-    for (; next_post < r.layer_end && next_post < layer + window.size(); ++next_post) {
+  auto post_until = [&](uint32_t limit) {
+    for (; next_post < r.layer_end && next_post < limit; ++next_post) {
       InFlight& in = window.layers[(next_post - r.layer_begin) % window.size()];
       Post(r, next_post, result.failures, lease_of(next_post), &in);
     }
-    const InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
+  };
+  post_until(r.layer_begin + window.size());
+  std::vector<ScatterOp> ops;
+  std::vector<uint32_t> failed;
+  for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
+    InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
     in.Wait();
     ops.clear();
     failed.clear();
     Collect(r, layer, in, lease_of(layer), &result.failures, &ops, &failed);
+    for (ScatterOp& op : ops) op.stays = op.from_dram || staging_stays;
     result.status = sink(layer, ops, failed);
     ++result.layers_done;
+    post_until(layer + window.size() + (staging_stays ? 0 : 1));
   }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -388,6 +388,43 @@ TEST_F(LayerReaderTest, WindowHoldsAsManyLayersAsStagingAllows) {
   }
 }
 
+// With staging for two layers or more, a layer's objects stay valid until the sink's next call
+// returns (the engine copy may still read them): the reader posts into that staging only after.
+// With one layer of staging they are valid only during the call.
+TEST_F(LayerReaderTest, StagingStaysUntilTheNextSinkCallReturns) {
+  for (uint32_t layers_of_staging : {1u, 2u, 3u}) {
+    Make(Layout(2), kFrame, layers_of_staging * 2 * kParts * kFrame);
+    std::vector<ReadSource> items;
+    for (uint32_t i = 0; i < 2; ++i) {
+      fake_->Put(i, i);
+      items.push_back(fake_->Source(i, i));
+    }
+    std::vector<ScatterOp> previous;
+    int stale = 0, stays = 0, calls = 0;
+    LayerReadResult result = reader_->Read(
+        LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
+        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t>) {
+          for (const ScatterOp& op : previous) {  // still what the previous call was given
+            for (uint32_t b = 0; b < kFrame; ++b)
+              stale += op.src[b] != ContentByte(op.item, op.object, b);
+          }
+          previous.assign(ops.begin(), ops.end());
+          for (const ScatterOp& op : ops) stays += op.stays;
+          ++calls;
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(result.status.ok()) << layers_of_staging;
+    ASSERT_EQ(calls, static_cast<int>(kLayers));
+    if (layers_of_staging == 1) {
+      EXPECT_EQ(stays, 0);
+      EXPECT_GT(stale, 0);  // the single lease was read into again before the next call
+    } else {
+      EXPECT_EQ(stays, static_cast<int>(kLayers * 2 * kParts)) << layers_of_staging;
+      EXPECT_EQ(stale, 0) << layers_of_staging;
+    }
+  }
+}
+
 // Through the memory backend: completions on its thread, injected I/O errors and short reads.
 TEST(LayerReaderBackendTest, ReadsThroughMemoryBackendWithFaults) {
   const pool::PoolLayout layout = Layout(2);
