@@ -226,10 +226,13 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
     return window.leases.empty() ? kNoLease
                                  : window.leases[(layer - r.layer_begin) % window.size()];
   };
-  // With two leases or more, a layer's staging stays untouched until the sink's next call has
-  // returned (the sink may leave its engine copy in flight until then): the lease of layer l - 1
-  // is posted into again once sink(l) returns. With one lease it is reused once sink(l) returns.
-  const bool staging_stays = window.leases.size() >= 2;
+  // With three leases or more (or one per layer of the read), a layer's staging stays untouched
+  // until the sink's next call has returned (the sink may leave its engine copy in flight until
+  // then): the lease of layer l - 1 is posted into again once sink(l) returns. With fewer, a lease
+  // is reused once its layer's sink call returns: holding one of two back would leave a single
+  // layer of reads in flight.
+  const bool staging_stays =
+      window.leases.size() >= std::min<uint32_t>(3, r.layer_end - r.layer_begin);
   uint32_t next_post = r.layer_begin;
   auto post_until = [&](uint32_t limit) {
     for (; next_post < r.layer_end && next_post < limit; ++next_post) {
