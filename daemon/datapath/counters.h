@@ -9,11 +9,11 @@
 namespace tutti::datapath {
 
 struct ReadCountersSnapshot {
-  uint64_t ios = 0;             // pool reads posted
-  uint64_t io_bytes = 0;        // bytes those reads asked for
-  uint64_t objects = 0;         // objects they carried (objects / ios: objects merged per I/O)
-  uint64_t merged_ios = 0;      // reads that carried more than one object
-  uint64_t staging_waits = 0;   // reads that waited for staging to be given back
+  uint64_t ios = 0;            // pool reads posted
+  uint64_t io_bytes = 0;       // bytes those reads asked for
+  uint64_t objects = 0;        // objects they carried (objects / ios: objects merged per I/O)
+  uint64_t merged_ios = 0;     // reads that carried more than one object
+  uint64_t staging_waits = 0;  // reads that waited for staging to be given back
 };
 
 class ReadCounters {

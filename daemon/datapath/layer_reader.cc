@@ -1,6 +1,7 @@
 #include "daemon/datapath/layer_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -12,12 +13,22 @@
 
 namespace tutti::datapath {
 
-// One layer's reads in flight: its plan, its requests, and their completion. Waits for posted
-// reads when destroyed, so staging outlives every read into it.
+// One layer's reads in flight: its plan, its requests, each planned object's outcome, and the
+// count of batches and checks not done. Waits for them when destroyed, so staging outlives every
+// read into it and every check of it.
 struct LayerReader::InFlight {
+  uint32_t layer = 0;
+  const uint8_t* staging = nullptr;  // the lease's bytes
   LayerPlan plan;
   std::vector<io::IoRequest> reqs;
+  // Per planned object, written by the one check that covers it before `done` is notified.
+  std::vector<ReadFailure> object_failures;
+  // Batches posted and not yet split into checks, plus checks scheduled and not finished.
+  std::atomic<uint32_t> pending{0};
   std::unique_ptr<absl::Notification> done;
+  void Finish(uint32_t n) {
+    if (pending.fetch_sub(n, std::memory_order_acq_rel) == n) done->Notify();
+  }
   void Wait() const {
     if (done != nullptr) done->WaitForNotification();
   }
@@ -32,8 +43,16 @@ struct LayerReader::Window {
   uint32_t size() const { return static_cast<uint32_t>(layers.size()); }
 };
 
-LayerReader::LayerReader(const LayerReaderOptions& options, StagingPool* staging, PostFn post)
-    : options_(options), staging_(staging), post_(std::move(post)) {}
+namespace {
+
+// Objects checked per task: 32 objects of 32 KiB are 1 MiB, about 0.1 ms of hashing.
+constexpr uint32_t kObjectsPerCheck = 32;
+
+}  // namespace
+
+LayerReader::LayerReader(const LayerReaderOptions& options, StagingPool* staging, WorkPool* checks,
+                         PostFn post)
+    : options_(options), staging_(staging), checks_(checks), post_(std::move(post)) {}
 
 absl::Status LayerReader::TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window) {
   const uint32_t wanted = std::max<uint32_t>(1, std::min(layers, options_.window_layers));
@@ -42,10 +61,9 @@ absl::Status LayerReader::TakeWindow(uint64_t layer_bytes, uint32_t layers, Wind
     return absl::OkStatus();
   }
   if (layer_bytes > staging_->capacity_bytes()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("one layer of this read needs ", layer_bytes,
-                     " bytes of staging; limits.retrieve_staging_bytes holds ",
-                     staging_->capacity_bytes()));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one layer of this read needs ", layer_bytes,
+        " bytes of staging; limits.retrieve_staging_bytes holds ", staging_->capacity_bytes()));
   }
   std::optional<StagingLease> first = staging_->TryTake(layer_bytes);
   if (!first.has_value()) {
@@ -73,8 +91,11 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
       items[i].slot = r.items[i].slot;
     }
   }
-  in->plan = PlanLayer(options_.layout, PlanRequest{items, layer, r.parts, r.object_len,
-                                                    options_.max_read_bytes});
+  in->plan = PlanLayer(options_.layout,
+                       PlanRequest{items, layer, r.parts, r.object_len, options_.max_read_bytes});
+  in->layer = layer;
+  in->staging = lease.data();
+  in->object_failures.assign(in->plan.objects.size(), ReadFailure::kNone);
   in->reqs.clear();
   uint64_t bytes = 0, merged = 0;
   for (const PlannedIo& io : in->plan.ios) {
@@ -84,22 +105,69 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
     merged += io.num_objects > 1;
   }
   counters_.AddLayer(in->reqs.size(), bytes, in->plan.objects.size(), merged);
+  // Batches: runs of the plan's reads (sorted by file) of one file and at most post_bytes.
+  std::vector<std::pair<uint32_t, uint32_t>> batches;
+  for (uint32_t i = 0; i < in->reqs.size();) {
+    uint32_t end = i + 1;
+    uint64_t batch_bytes = in->reqs[i].len;
+    while (end < in->reqs.size() && in->reqs[end].file == in->reqs[i].file &&
+           batch_bytes + in->reqs[end].len <= options_.post_bytes) {
+      batch_bytes += in->reqs[end].len;
+      ++end;
+    }
+    batches.emplace_back(i, end);
+    i = end;
+  }
   in->done = std::make_unique<absl::Notification>();
-  absl::Notification* n = in->done.get();
-  if (in->reqs.empty()) {
-    n->Notify();
-  } else {
-    post_(absl::MakeSpan(in->reqs), [n] { n->Notify(); });
+  if (batches.empty()) {
+    in->done->Notify();
+    return;
+  }
+  // Every batch is counted before the first is posted: one may complete at once.
+  in->pending.store(static_cast<uint32_t>(batches.size()), std::memory_order_relaxed);
+  for (const auto& [begin, end] : batches) {
+    post_(absl::MakeSpan(in->reqs).subspan(begin, end - begin),
+          [this, &r, in, begin = begin, end = end] { OnReadsDone(r, in, begin, end); });
   }
 }
 
-ReadFailure LayerReader::CheckObject(const LayerReadRequest& r, const ReadSource& src,
-                                     uint32_t object, const PlannedObject& o, const InFlight& in,
-                                     const uint8_t* bytes) const {
+void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin,
+                              uint32_t end) {
+  const uint32_t first = in->plan.ios[begin].first_object;
+  const uint32_t last = in->plan.ios[end - 1].first_object + in->plan.ios[end - 1].num_objects;
+  const uint32_t tasks = (last - first + kObjectsPerCheck - 1) / kObjectsPerCheck;
+  // This batch's count becomes its tasks' count before any of them can finish.
+  if (tasks > 1) in->pending.fetch_add(tasks - 1, std::memory_order_relaxed);
+  for (uint32_t t = first; t < last; t += kObjectsPerCheck) {
+    const uint32_t t_end = std::min(last, t + kObjectsPerCheck);
+    auto check = [this, &r, in, t, t_end] {
+      CheckObjects(r, in, t, t_end);
+      in->Finish(1);
+    };
+    if (checks_ != nullptr) {
+      checks_->Schedule(std::move(check));
+    } else {
+      check();
+    }
+  }
+}
+
+void LayerReader::CheckObjects(const LayerReadRequest& r, InFlight* in, uint32_t begin,
+                               uint32_t end) const {
+  for (uint32_t k = begin; k < end; ++k) {
+    const PlannedObject& o = in->plan.objects[k];
+    in->object_failures[k] = CheckObject(r, o, *in, in->staging + o.staging_offset);
+  }
+}
+
+ReadFailure LayerReader::CheckObject(const LayerReadRequest& r, const PlannedObject& o,
+                                     const InFlight& in, const uint8_t* bytes) const {
   const io::IoRequest& req = in.reqs[o.io];
   const uint64_t end_in_io = o.staging_offset - in.plan.ios[o.io].staging_offset + in.plan.read_len;
   if (req.result < 0) return ReadFailure::kIoError;
   if (static_cast<uint64_t>(req.result) < end_in_io) return ReadFailure::kShortRead;
+  const ReadSource& src = r.items[o.item];
+  const uint32_t object = in.layer * r.parts + o.part;
   if (pool::ObjectChecksum(r.ns, src.key, src.epoch, object, bytes, r.object_len) !=
       src.checksums[object]) {
     return ReadFailure::kChecksum;
@@ -107,9 +175,9 @@ ReadFailure LayerReader::CheckObject(const LayerReadRequest& r, const ReadSource
   return ReadFailure::kNone;
 }
 
-void LayerReader::Check(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
-                        const StagingLease& lease, std::vector<ReadFailure>* failures,
-                        std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const {
+void LayerReader::Collect(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
+                          const StagingLease& lease, std::vector<ReadFailure>* failures,
+                          std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const {
   for (uint32_t i = 0; i < r.items.size(); ++i) {
     const ReadSource& src = r.items[i];
     if (src.from == ReadSource::From::kFailed && layer == r.layer_begin) failed->push_back(i);
@@ -126,14 +194,12 @@ void LayerReader::Check(const LayerReadRequest& r, uint32_t layer, const InFligh
         (*failures)[i] = ReadFailure::kIoError;
         break;
       }
-      const PlannedObject& o = in.plan.objects[index];
-      const uint8_t* bytes = lease.data() + o.staging_offset;
-      const ReadFailure f = CheckObject(r, src, object, o, in, bytes);
-      if (f != ReadFailure::kNone) {
-        (*failures)[i] = f;
+      if (in.object_failures[index] != ReadFailure::kNone) {
+        (*failures)[i] = in.object_failures[index];
         break;
       }
-      ops->push_back(ScatterOp{i, object, bytes, false});
+      ops->push_back(
+          ScatterOp{i, object, lease.data() + in.plan.objects[index].staging_offset, false});
     }
     if ((*failures)[i] != ReadFailure::kNone) {
       ops->resize(ops_before);
@@ -160,21 +226,33 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
     return window.leases.empty() ? kNoLease
                                  : window.leases[(layer - r.layer_begin) % window.size()];
   };
+  // With three leases or more (or one per layer of the read), a layer's staging stays untouched
+  // until the sink's next call has returned (the sink may leave its engine copy in flight until
+  // then): the lease of layer l - 1 is posted into again once sink(l) returns. With fewer, a lease
+  // is reused once its layer's sink call returns: holding one of two back would leave a single
+  // layer of reads in flight.
+  const bool staging_stays =
+      window.leases.size() >= std::min<uint32_t>(3, r.layer_end - r.layer_begin);
   uint32_t next_post = r.layer_begin;
-  std::vector<ScatterOp> ops;
-  std::vector<uint32_t> failed;
-  for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
-    for (; next_post < r.layer_end && next_post < layer + window.size(); ++next_post) {
+  auto post_until = [&](uint32_t limit) {
+    for (; next_post < r.layer_end && next_post < limit; ++next_post) {
       InFlight& in = window.layers[(next_post - r.layer_begin) % window.size()];
       Post(r, next_post, result.failures, lease_of(next_post), &in);
     }
-    const InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
+  };
+  post_until(r.layer_begin + window.size());
+  std::vector<ScatterOp> ops;
+  std::vector<uint32_t> failed;
+  for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
+    InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
     in.Wait();
     ops.clear();
     failed.clear();
-    Check(r, layer, in, lease_of(layer), &result.failures, &ops, &failed);
+    Collect(r, layer, in, lease_of(layer), &result.failures, &ops, &failed);
+    for (ScatterOp& op : ops) op.stays = op.from_dram || staging_stays;
     result.status = sink(layer, ops, failed);
     ++result.layers_done;
+    post_until(layer + window.size() + (staging_stays ? 0 : 1));
   }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

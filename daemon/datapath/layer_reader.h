@@ -3,18 +3,22 @@
 // LayerReader::Read walks layers [layer_begin, layer_end) with a window of up to `window_layers`
 // layers in flight, one staging lease per layer of the window (the first lease waits for staging,
 // the others are taken only if free now). For each layer it plans the pool reads (read_plan.h:
-// adjacent objects merged up to max_read_bytes), posts them through `post`, waits for them,
-// verifies each object's checksum, and calls the sink once with the layer's objects of every item
-// not failed so far (DRAM-tier items from their DRAM copy, the others from the lease) and the
-// items that failed in this layer. An item fails on an I/O error, a short read (a merged read
-// that came back short serves the objects it covered fully and fails the others), or a checksum
-// mismatch; a failed item is reported once and never served again.
+// adjacent objects merged up to max_read_bytes) and posts them through `post` in small batches of
+// one device each (at most `post_bytes`), so every device works on the layer at once and the
+// checks start as soon as the first reads land. Each batch's objects are checked where it
+// completes, on the `checks` pool (the calling thread never hashes): an object fails on an I/O
+// error, a short read (a merged read that came back short serves the objects it covered fully and
+// fails the others), or a checksum mismatch. Once a layer's reads and checks are all done, the
+// calling thread calls the sink once with the layer's objects of every item not failed so far
+// (DRAM-tier items from their DRAM copy, the others from the lease) and the items that failed in
+// this layer; a failed item is reported once and never served again. Meanwhile the layers after
+// it are being read and checked.
 //
-// Release: every lease goes back, and every posted read has completed, before Read returns, on
-// every path (sink error included).
+// Release: every lease goes back, and every posted read and its check have completed, before Read
+// returns, on every path (sink error included).
 //
 // Thread-safety: Read may run on many threads at once; `post` must then be callable concurrently.
-// Lifetime: the staging pool and whatever `post` reaches must outlive the reader.
+// Lifetime: the staging pool, the check pool and whatever `post` reaches must outlive the reader.
 #ifndef TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
 #define TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
 
@@ -29,6 +33,7 @@
 #include "daemon/datapath/read_plan.h"
 #include "daemon/datapath/scatter_op.h"
 #include "daemon/datapath/staging_lease.h"
+#include "daemon/datapath/work_pool.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 
@@ -78,7 +83,10 @@ struct LayerReadResult {
 struct LayerReaderOptions {
   pool::PoolLayout layout;
   uint32_t max_read_bytes = 1u << 20;  // a multiple of 4096, >= 4096
-  uint32_t window_layers = 4;          // >= 1
+  uint32_t window_layers = 8;          // >= 1; staging may allow fewer
+  // Reads of one device are posted in batches of at most this many bytes (at least one read), so
+  // checks follow the reads as they land.
+  uint32_t post_bytes = 4u << 20;
 };
 
 class LayerReader {
@@ -91,7 +99,9 @@ class LayerReader {
   using Sink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
                                           absl::Span<const uint32_t> failed_items)>;
 
-  LayerReader(const LayerReaderOptions& options, StagingPool* staging, PostFn post);
+  // `checks` runs the object checks (null: on the thread completing each batch).
+  LayerReader(const LayerReaderOptions& options, StagingPool* staging, WorkPool* checks,
+              PostFn post);
 
   // Preconditions: request.items' slots and layers lie within the layout; layer_begin <
   // layer_end; RoundUp4K(object_len) <= layout.object_bytes().
@@ -106,16 +116,21 @@ class LayerReader {
   absl::Status TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window);
   void Post(const LayerReadRequest& r, uint32_t layer, absl::Span<const ReadFailure> failures,
             const StagingLease& lease, InFlight* in);
-  // Checks one layer's completed reads: appends the layer's ScatterOps to `ops` and the items
-  // failing in it to `failed`, recording why in `failures`.
-  void Check(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
-             const StagingLease& lease, std::vector<ReadFailure>* failures,
-             std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const;
-  ReadFailure CheckObject(const LayerReadRequest& r, const ReadSource& src, uint32_t object,
-                          const PlannedObject& o, const InFlight& in, const uint8_t* bytes) const;
+  // Runs on the thread completing reads [begin, end) of `in`: schedules their objects' checks.
+  void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end);
+  // Checks objects [begin, end) of `in`'s plan, recording each one's outcome in `in`.
+  void CheckObjects(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end) const;
+  ReadFailure CheckObject(const LayerReadRequest& r, const PlannedObject& o, const InFlight& in,
+                          const uint8_t* bytes) const;
+  // Collects one checked layer: appends its ScatterOps to `ops` and the items failing in it to
+  // `failed`, recording why in `failures`.
+  void Collect(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
+               const StagingLease& lease, std::vector<ReadFailure>* failures,
+               std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const;
 
   const LayerReaderOptions options_;
   StagingPool* const staging_;
+  WorkPool* const checks_;
   const PostFn post_;
   ReadCounters counters_;
 };

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "daemon/io/memory_backend.h"
@@ -46,7 +47,8 @@ struct Memory {
 class FakePool {
  public:
   FakePool(const pool::PoolLayout& layout, uint32_t object_len)
-      : layout_(layout), object_len_(object_len),
+      : layout_(layout),
+        object_len_(object_len),
         files_(layout.num_files(), std::vector<uint8_t>(layout.file_bytes(), 0)) {}
 
   // Writes block `item` (with its checksums) into `slot`.
@@ -55,6 +57,7 @@ class FakePool {
     sums.resize(kObjects);
     for (uint32_t j = 0; j < std::min(kObjects, layout_.max_objects()); ++j) {
       const pool::Location loc = layout_.ObjectLocation(slot, j);
+      layer_at_[{loc.file, loc.offset}] = j / kParts;
       uint8_t* dst = files_[loc.file].data() + loc.offset;
       for (uint32_t b = 0; b < object_len_; ++b) dst[b] = ContentByte(item, j, b);
       sums[j] = pool::ObjectChecksum(kNs, KeyOf(item), 1, j, dst, object_len_);
@@ -75,7 +78,8 @@ class FakePool {
 
   LayerReader::PostFn Post() {
     return [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
-      ++batches;
+      // A layer's reads may come in several batches (one device each): count layers.
+      if (!batch.empty()) layers_posted.insert(layer_at_.at({batch[0].file, batch[0].offset}));
       for (io::IoRequest& r : batch) {
         std::memcpy(r.buf, files_[r.file].data() + r.offset, r.len);
         r.result = r.len;
@@ -88,13 +92,15 @@ class FakePool {
 
   std::function<void(io::IoRequest&)> fault;
   std::vector<io::IoRequest> posted;
-  int batches = 0;
+  std::set<uint32_t> layers_posted;
+  int batches() const { return static_cast<int>(layers_posted.size()); }  // layers posted
 
  private:
   const pool::PoolLayout layout_;
   const uint32_t object_len_;
   std::vector<std::vector<uint8_t>> files_;
   std::map<uint32_t, std::vector<uint64_t>> checksums_;
+  std::map<std::pair<uint32_t, uint64_t>, uint32_t> layer_at_;  // (file, offset) -> layer
 };
 
 // One slot per extent group (extent_slots 1): each slot's objects follow each other on a file, as
@@ -108,7 +114,7 @@ pool::PoolLayout Layout(uint32_t files, uint32_t max_objects = kObjects, uint32_
 // What a sink saw.
 struct Seen {
   std::vector<uint32_t> layers;
-  std::map<uint32_t, std::vector<uint32_t>> failed;  // per layer
+  std::map<uint32_t, std::vector<uint32_t>> failed;     // per layer
   std::map<std::pair<uint32_t, uint32_t>, int> served;  // (item, object) -> times
   int bad_bytes = 0;
   int from_dram = 0;
@@ -140,7 +146,7 @@ class LayerReaderTest : public ::testing::Test {
     memory_ = std::make_unique<Memory>(staging_bytes);
     staging_ = std::make_unique<StagingPool>(absl::MakeSpan(memory_->data, memory_->size));
     reader_ = std::make_unique<LayerReader>(LayerReaderOptions{layout, max_read_bytes, 4},
-                                            staging_.get(), fake_->Post());
+                                            staging_.get(), &checks_, fake_->Post());
   }
   LayerReadResult Read(absl::Span<const ReadSource> items, Seen* seen) {
     return reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, object_len_},
@@ -151,6 +157,7 @@ class LayerReaderTest : public ::testing::Test {
   std::unique_ptr<FakePool> fake_;
   std::unique_ptr<Memory> memory_;
   std::unique_ptr<StagingPool> staging_;
+  WorkPool checks_{2, "checks"};  // checks run off the reading thread, as in tuttid
   std::unique_ptr<LayerReader> reader_;
 };
 
@@ -231,7 +238,7 @@ TEST_F(LayerReaderTest, AllFromDramTakesNoStaging) {
   Seen seen;
   ASSERT_TRUE(Read(items, &seen).status.ok());
   EXPECT_EQ(seen.served.size(), kObjects);
-  EXPECT_EQ(fake_->batches, 0);
+  EXPECT_EQ(fake_->batches(), 0);
 }
 
 // Objects of half a frame (4 KiB in 8 KiB frames) are read one I/O each, so a failed I/O names one
@@ -277,7 +284,7 @@ TEST_F(LayerReaderTest, FailedItemIsNotPostedInLaterWindows) {
   Seen seen;
   ASSERT_TRUE(Read(items, &seen).status.ok());
   EXPECT_EQ(seen.failed[0], std::vector<uint32_t>{1});
-  EXPECT_EQ(fake_->batches, static_cast<int>(kLayers));
+  EXPECT_EQ(fake_->batches(), static_cast<int>(kLayers));
   // Layer 0: both blocks; layers 1-3: block 0 only.
   EXPECT_EQ(fake_->posted.size(), 2u * kParts + (kLayers - 1) * kParts);
 }
@@ -336,12 +343,12 @@ TEST_F(LayerReaderTest, SinkErrorStopsTheReadAndReleasesStaging) {
   fake_->Put(0, 0);
   std::vector<ReadSource> items{fake_->Source(0, 0)};
   std::vector<uint32_t> layers;
-  const LayerReadResult result = reader_->Read(
-      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
-      [&](uint32_t layer, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-        layers.push_back(layer);
-        return layer == 1 ? absl::CancelledError("gone") : absl::OkStatus();
-      });
+  const LayerReadResult result =
+      reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
+                    [&](uint32_t layer, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
+                      layers.push_back(layer);
+                      return layer == 1 ? absl::CancelledError("gone") : absl::OkStatus();
+                    });
   EXPECT_EQ(result.status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(layers, (std::vector<uint32_t>{0, 1}));
   EXPECT_EQ(staging_->used_bytes(), 0u);
@@ -359,7 +366,7 @@ TEST_F(LayerReaderTest, LayerLargerThanStagingIsRefusedBeforeAnyIo) {
   const LayerReadResult result = Read(items, &seen);
   EXPECT_EQ(result.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(result.status.message().find("limits.retrieve_staging_bytes"), std::string::npos);
-  EXPECT_EQ(fake_->batches, 0);
+  EXPECT_EQ(fake_->batches(), 0);
   EXPECT_TRUE(seen.layers.empty());
 }
 
@@ -372,12 +379,49 @@ TEST_F(LayerReaderTest, WindowHoldsAsManyLayersAsStagingAllows) {
     std::vector<int> posted_at_sink;
     reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
                   [&](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-                    posted_at_sink.push_back(fake_->batches);
+                    posted_at_sink.push_back(fake_->batches());
                     return absl::OkStatus();
                   });
     EXPECT_EQ(posted_at_sink[0], static_cast<int>(std::min(layers_of_staging, kLayers)))
         << layers_of_staging;
     EXPECT_EQ(posted_at_sink.back(), static_cast<int>(kLayers));
+  }
+}
+
+// With staging for three layers or more, a layer's objects stay valid until the sink's next call
+// returns (the engine copy may still read them): the reader posts into that staging only after.
+// With one or two layers of staging they are valid only during the call.
+TEST_F(LayerReaderTest, StagingStaysUntilTheNextSinkCallReturns) {
+  for (uint32_t layers_of_staging : {1u, 2u, 3u, 4u}) {
+    Make(Layout(2), kFrame, layers_of_staging * 2 * kParts * kFrame);
+    std::vector<ReadSource> items;
+    for (uint32_t i = 0; i < 2; ++i) {
+      fake_->Put(i, i);
+      items.push_back(fake_->Source(i, i));
+    }
+    std::vector<ScatterOp> previous;
+    int stale = 0, stays = 0, calls = 0;
+    LayerReadResult result = reader_->Read(
+        LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
+        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t>) {
+          for (const ScatterOp& op : previous) {  // still what the previous call was given
+            for (uint32_t b = 0; b < kFrame; ++b)
+              stale += op.src[b] != ContentByte(op.item, op.object, b);
+          }
+          previous.assign(ops.begin(), ops.end());
+          for (const ScatterOp& op : ops) stays += op.stays;
+          ++calls;
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(result.status.ok()) << layers_of_staging;
+    ASSERT_EQ(calls, static_cast<int>(kLayers));
+    if (layers_of_staging < 3) {
+      EXPECT_EQ(stays, 0) << layers_of_staging;
+      EXPECT_GT(stale, 0) << layers_of_staging;  // read into again before the next call
+    } else {
+      EXPECT_EQ(stays, static_cast<int>(kLayers * 2 * kParts)) << layers_of_staging;
+      EXPECT_EQ(stale, 0) << layers_of_staging;
+    }
   }
 }
 
@@ -408,14 +452,15 @@ TEST(LayerReaderBackendTest, ReadsThroughMemoryBackendWithFaults) {
   }
   Memory staging_memory(64 * kFrame);
   StagingPool staging(absl::MakeSpan(staging_memory.data, staging_memory.size));
-  LayerReader reader(LayerReaderOptions{layout, 1u << 20, 4}, &staging,
+  WorkPool checks(2, "checks");
+  LayerReader reader(LayerReaderOptions{layout, 1u << 20, 4}, &staging, &checks,
                      [&b](absl::Span<io::IoRequest> batch, std::function<void()> done) {
                        b.Submit(batch, std::move(done));
                      });
   b.disk().FailNext(1, io::Op::kRead, 1, EIO);
   Seen seen;
-  const LayerReadResult result =
-      reader.Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, Recorder(&seen, kFrame));
+  const LayerReadResult result = reader.Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, Recorder(&seen, kFrame));
   ASSERT_TRUE(result.status.ok());
   EXPECT_EQ(seen.bad_bytes, 0);
   // Layer 0's first read of file 1 failed: the items it carried failed, the others were served.

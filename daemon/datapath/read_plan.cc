@@ -54,8 +54,7 @@ LayerPlan PlanLayerAt(const ObjectLocator& locate, uint32_t frame_bytes,
       plan.ios.push_back(PlannedIo{w.loc.file, w.loc.offset, 0, plan.staging_bytes, index, 0});
     }
     PlannedIo& io = plan.ios.back();
-    plan.objects.push_back(PlannedObject{w.item, w.part,
-                                         static_cast<uint32_t>(plan.ios.size() - 1),
+    plan.objects.push_back(PlannedObject{w.item, w.part, static_cast<uint32_t>(plan.ios.size() - 1),
                                          io.staging_offset + io.len});
     plan.object_of[w.item * request.parts + w.part] = index;
     io.len += plan.read_len;

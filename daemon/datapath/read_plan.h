@@ -39,27 +39,27 @@ struct PlanItem {
 struct PlanRequest {
   absl::Span<const PlanItem> items;
   uint32_t layer = 0;
-  uint32_t parts = 0;        // objects per layer: object (layer * parts + part) of each slot
-  uint32_t object_len = 0;   // bytes of an object; read rounded up to 4 KiB
+  uint32_t parts = 0;       // objects per layer: object (layer * parts + part) of each slot
+  uint32_t object_len = 0;  // bytes of an object; read rounded up to 4 KiB
   uint32_t max_read_bytes = 1u << 20;  // a multiple of 4096, >= 4096
 };
 
 // One read of the pool.
 struct PlannedIo {
   uint32_t file = 0;
-  uint64_t offset = 0;           // in the file; 4 KiB aligned
-  uint32_t len = 0;              // 4 KiB multiple
-  uint64_t staging_offset = 0;   // into the layer's staging
-  uint32_t first_object = 0;     // index into LayerPlan::objects
-  uint32_t num_objects = 0;      // consecutive in LayerPlan::objects
+  uint64_t offset = 0;          // in the file; 4 KiB aligned
+  uint32_t len = 0;             // 4 KiB multiple
+  uint64_t staging_offset = 0;  // into the layer's staging
+  uint32_t first_object = 0;    // index into LayerPlan::objects
+  uint32_t num_objects = 0;     // consecutive in LayerPlan::objects
 };
 
 // One object the plan reads.
 struct PlannedObject {
   uint32_t item = 0;
   uint32_t part = 0;
-  uint32_t io = 0;               // index into LayerPlan::ios
-  uint64_t staging_offset = 0;   // into the layer's staging; within its I/O
+  uint32_t io = 0;              // index into LayerPlan::ios
+  uint64_t staging_offset = 0;  // into the layer's staging; within its I/O
 };
 
 struct LayerPlan {

@@ -74,7 +74,8 @@ void CheckPlan(const ObjectLocator& locate, uint32_t frame_bytes, const PlanRequ
     }
     for (uint32_t j = io.first_object; j < io.first_object + io.num_objects; ++j) {
       EXPECT_EQ(plan.objects[j].io, k);
-      EXPECT_EQ(plan.objects[j].staging_offset, io.staging_offset + (j - io.first_object) * read_len);
+      EXPECT_EQ(plan.objects[j].staging_offset,
+                io.staging_offset + (j - io.first_object) * read_len);
     }
     if (k > 0) {
       const PlannedIo& prev = plan.ios[k - 1];
@@ -107,10 +108,10 @@ TEST(ReadPlanTest, TodaysLayoutEveryShapeAndSlotSet) {
         for (int set = 0; set < 4; ++set) {
           std::vector<PlanItem> items;
           for (uint64_t s = 0; s < 24; ++s) {
-            if (set == 0) items.push_back(PlanItem{s});                        // consecutive
-            if (set == 1) items.push_back(PlanItem{rng() % slots});            // random, repeats
+            if (set == 0) items.push_back(PlanItem{s});              // consecutive
+            if (set == 1) items.push_back(PlanItem{rng() % slots});  // random, repeats
             if (set == 2) items.push_back(s % 3 == 0 ? PlanItem{} : PlanItem{s});  // gaps
-            if (set == 3) items.push_back(PlanItem{23 - s});                   // descending
+            if (set == 3) items.push_back(PlanItem{23 - s});                       // descending
           }
           for (uint32_t layer = 0; (layer + 1) * parts <= max_objects; ++layer) {
             for (uint32_t len : {kFrame, kFrame / 2, 100u}) {

@@ -13,10 +13,12 @@ struct ScatterOp {
   uint32_t item;
   uint32_t object;  // layer * parts + part
   const uint8_t* src;
-  // `src` is in the DRAM tier and stays valid until the read returns (not only during the sink's
-  // call): the sink may leave its copy in flight until a later layer. Otherwise `src` is in
-  // staging, valid only during the sink's call.
+  // `src` is in the DRAM tier (valid until the read returns), else in read staging.
   bool from_dram = false;
+  // `src` stays valid until the sink's next call returns (or the read returns, whichever comes
+  // first), not only during this call: the sink may leave its copy in flight until then, and
+  // must have finished it before returning an error. Otherwise valid only during the call.
+  bool stays = false;
 };
 
 }  // namespace tutti::datapath

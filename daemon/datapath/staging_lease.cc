@@ -74,9 +74,8 @@ absl::StatusOr<StagingLease> StagingPool::Take(uint64_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("a staging lease of 0 bytes");
   const uint64_t rounded = RoundUpPage(bytes);
   if (rounded > capacity_) {
-    return absl::ResourceExhaustedError(absl::StrCat("a staging lease of ", bytes,
-                                                     " bytes; the staging pool holds ",
-                                                     capacity_));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a staging lease of ", bytes, " bytes; the staging pool holds ", capacity_));
   }
   absl::MutexLock lock(&mu_);
   std::optional<uint64_t> start;

@@ -18,7 +18,8 @@ constexpr uint64_t kPage = StagingPool::kPage;
 // A page-aligned region of `pages` pages.
 struct Region {
   explicit Region(uint64_t pages)
-      : data(static_cast<uint8_t*>(std::aligned_alloc(kPage, pages * kPage))), bytes(pages * kPage) {}
+      : data(static_cast<uint8_t*>(std::aligned_alloc(kPage, pages * kPage))),
+        bytes(pages * kPage) {}
   ~Region() { std::free(data); }
   absl::Span<uint8_t> span() { return {data, bytes}; }
   uint8_t* data;

@@ -96,7 +96,8 @@ class FakeDeviceIo final : public EngineIo {
 
 class GpuSessionTest : public ::testing::Test {
  protected:
-  explicit GpuSessionTest(uint64_t dram_bytes = 0) : env_(Options(&log_, dram_bytes)) {
+  explicit GpuSessionTest(uint64_t dram_bytes = 0, uint64_t retrieve_staging_bytes = 4ull << 20)
+      : env_(Options(&log_, dram_bytes, retrieve_staging_bytes)) {
     session_ = env_.Attach(engine_);
     for (uint32_t b = 0; b < 2; ++b) engine_.Fill(b, 500 + b);
     tutti::v1::StoreResponse resp;
@@ -104,9 +105,10 @@ class GpuSessionTest : public ::testing::Test {
     EXPECT_EQ(log_.Take(), (Signals{{kLayers, 3}}));  // captured
   }
 
-  static EnvOptions Options(DeviceLog* log, uint64_t dram_bytes) {
+  static EnvOptions Options(DeviceLog* log, uint64_t dram_bytes, uint64_t retrieve_staging_bytes) {
     EnvOptions o;
     o.dram_bytes = dram_bytes;
+    o.retrieve_staging_bytes = retrieve_staging_bytes;
     MemoryOpener host = HostMemoryOpener();
     o.opener = [host, log](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
                            Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
@@ -177,7 +179,29 @@ TEST_F(GpuSessionTest, RetrieveWritesEachLayerWordOnceAfterItsCopy) {
   EXPECT_TRUE(engine_.Check(5, 501));
 }
 
-TEST_F(GpuSessionTest, LayersFromTheSsdTierWaitUntilLanded) {
+// With staging for several layers, the reader leaves a layer's staging untouched until the next
+// layer's call returns: every SSD layer but the last is only enqueued, as DRAM-tier layers are.
+TEST_F(GpuSessionTest, SsdLayersOverlapWhenStagingHoldsSeveralLayers) {
+  std::vector<uint32_t> progress;
+  ASSERT_TRUE(Retrieve(Lease(), 14, 0, 0, &progress).ok());
+  EXPECT_EQ(progress, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(log_.Take(), (Signals{{0, 14}, {1, 14}}));
+  EXPECT_TRUE(engine_.Check(4, 500));
+  EXPECT_TRUE(engine_.Check(5, 501));
+  absl::MutexLock lock(&log_.mu);
+  EXPECT_EQ(log_.enqueued, (std::vector<uint32_t>{0}));  // the last layer waits until landed
+  EXPECT_EQ(log_.drains, 0);
+}
+
+// Staging for exactly one layer (2 blocks x 2 objects of 4 KiB): the reader reuses it once the
+// sink returns, so every layer waits until landed.
+class GpuSessionOneLayerStagingTest : public GpuSessionTest {
+ protected:
+  GpuSessionOneLayerStagingTest()
+      : GpuSessionTest(0, /*retrieve_staging_bytes=*/2 * kParts * 4096) {}
+};
+
+TEST_F(GpuSessionOneLayerStagingTest, LayersFromTheSsdTierWaitUntilLanded) {
   std::vector<uint32_t> progress;
   ASSERT_TRUE(Retrieve(Lease(), 14, 0, 0, &progress).ok());
   EXPECT_EQ(progress, (std::vector<uint32_t>{0, 1}));

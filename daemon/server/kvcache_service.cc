@@ -336,13 +336,14 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
   ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
                    sessions_->ClaimLeases(session.id, lease_ids, batch.keys));
   std::vector<engine::CopyOp> ops;
-  // A layer whose objects all come from the DRAM tier (which keeps them for the whole Read) is
-  // only enqueued, so the next layer's copies overlap its tail; its progress is held back until
-  // the next layer's call has seen it land. The last layer, and any layer with SSD staging (reused
-  // once the sink returns), waits until it has landed.
+  // A layer whose sources stay valid until the next layer's call returns (the DRAM tier, or
+  // staging the reader does not reuse before then: ScatterOp::stays) is only enqueued, so the next
+  // layer's copies overlap its tail; its progress is held back until the next layer's call has
+  // seen it land. The last layer, and a layer whose staging is reused once the sink returns,
+  // waits until it has landed.
   auto stays = [](absl::Span<const store::ScatterOp> objects) {
     for (const store::ScatterOp& op : objects) {
-      if (!op.from_dram) return false;
+      if (!op.stays) return false;
     }
     return true;
   };
@@ -377,8 +378,8 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
       }
       return absl::OkStatus();
     }();
-    // Nothing may still read the DRAM tier once Read has returned. The held layer has landed
-    // then, but the call fails: the client counts every block failed, so it is not reported.
+    // Nothing may still read the DRAM tier or staging once Read has returned. The held layer has
+    // landed then, but the call fails: the client counts every block failed, so it is not reported.
     if (!s.ok() && held.has_value()) {
       (void)io->Drain();
       held.reset();

@@ -122,7 +122,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.state_dir = state_dir_;
   so.layout = *layout;
   so.store_staging_bytes = 4ull << 20;
-  so.retrieve_staging_bytes = 4ull << 20;
+  so.retrieve_staging_bytes = options.retrieve_staging_bytes;
   so.dram_bytes = options.dram_bytes;
   so.max_write_backlog_bytes = options.max_write_backlog_bytes;
   so.max_namespaces = options.max_namespaces;

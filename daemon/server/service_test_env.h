@@ -71,6 +71,7 @@ struct EnvOptions {
   std::string namespace_sharing = "user";  // KvCacheOptions's
   MemoryOpener opener;  // empty: HostMemoryOpener()
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
+  uint64_t retrieve_staging_bytes = 4ull << 20;  // StoreOptions's
   uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
   uint64_t gpu_memory_bytes = 0;               // DaemonInfo::gpu_memory_bytes

@@ -103,8 +103,8 @@ absl::Status BlockStore::Impl::Init() {
   sync_pool_ = std::make_unique<datapath::WorkPool>(
       std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
   reader_ = std::make_unique<datapath::LayerReader>(
-      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 4},
-      read_staging_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes},
+      read_staging_.get(), checksum_pool_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
         // Reads go through the scheduler (made below, before any Read), ahead of writes.
         scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
       });

@@ -1,0 +1,1669 @@
+"""ssd_array: tuttid's SSD tier against the raw rate of an emulated NVMe array, in one run
+(issue 20 section 3). Runs on the GPU machine; --local runs it here in host mode.
+
+    python3 bench/ssd_array.py --tuttid BIN [--rawio CMD] [--configs tmpfs:1,...,loop:4]
+                               [--parts array,dram,ttft] [--gib 8] [--label before] [--out FILE]
+
+The array is built by the script, one configuration at a time:
+  tmpfs:N  N directories on --base (/dev/shm: tmpfs, which takes O_DIRECT there), one per device.
+  loop:N   N loop devices over tmpfs image files, each ext4-formatted and mounted, in a cgroup
+           whose io.max caps each device at --io-cap-gbps (default 2.5) for reads and for writes
+           (cgroup v2; v1 blkio throttling where v2 has no io controller). tuttid and the raw tool
+           enter that cgroup before they start (a `sh -c 'echo $$ > cgroup.procs; exec ...'`
+           wrapper), so every read and write of theirs is capped.
+These are emulations: tmpfs and loop devices over RAM, not NVMe.
+
+Parts:
+  array  per configuration: (e) raw baseline (bench/raw_array_io: one io_uring and thread per file,
+         O_DIRECT, --io-kib requests at --qd each, random offsets over --gib of files on the same
+         devices, each run moving as many bytes as tuttid's transfer, repeated for at least
+         --raw-min-seconds, the best counting), write then read before tuttid, read then write
+         after it; (a) tuttid with
+         pool.dirs on the devices, DRAM tier off, state on tmpfs; (b) --sessions sessions with a
+         Llama-3-8B-shaped KV cache (32 layers x K,V objects of 16 tokens x 8 heads x 128 dims
+         bf16 = 32 KiB, 2 MiB a block) in GPU memory (--local: shared host memory), random
+         content; --gib of blocks stored and made durable, timed; (c) every layer of every block
+         retrieved into other blocks of the same cache (calls of at most max_blocks_per_call
+         blocks, one Retrieve per session at a time, sessions at once), --retrieve-rounds times,
+         and every retrieved byte compared with the stored one (a checker self-test first proves
+         a flipped byte is caught); (d) tuttid's CPU over each phase from /proc: CPU seconds per
+         GB, the busiest thread's share of a core (io_uring's iou-* workers reported apart).
+  dram   once: the same store and retrieve with the DRAM tier on and big enough (reads served
+         from DRAM), against the contiguous pinned host-to-GPU copy rate (torch, 1 GiB), also
+         measured once per run whenever array or dram runs.
+  ttft   Llama-3-8B shape (random weights, bf16), T = --ttft-tokens (32768), --ttft-share (0.98)
+         of it cached, load-all, prefix on a tmpfs:--ttft-devices (8) array: TTFT from the SSD tier
+         (DRAM tier off), recompute-all, from the DRAM tier; against the pipeline's limit: the
+         prefix's bytes at the raw read rate of the same array in this run plus one layer's
+         compute of the new tokens (CUDA events).
+
+Results: one JSON line per figure appended to --out (bench, metric, value = ratio = measured /
+baseline, unit "ratio", baseline_name, baseline_value, measured_value, measured_unit, n_devices,
+emulation, tuttid_gbps, baseline_gbps, raw_gbps, cpu_s_per_gb, busiest_thread {name, share},
+iou_workers, label, machine, date, command, note, and the parameters), and a table at the end.
+Metrics: ssd_array_read_vs_raw (tuttid retrieve GB/s / min(raw read GB/s, pinned copy GB/s)),
+ssd_array_store_vs_raw_write (store-to-durable GB/s / raw write GB/s), ssd_array_dram_vs_copy
+(DRAM-tier retrieve / pinned copy), ssd_array_ttft_vs_recompute (SSD-tier TTFT / recompute-all),
+ssd_array_ttft_vs_limit (SSD-tier TTFT / (prefix bytes at the raw read rate + one layer's
+compute)), ssd_array_ttft_dram_vs_recompute. Raw rates are the mean of the best before and the
+best after tuttid; tuttid's retrieve is the best of --retrieve-rounds. On loop configurations the cgroup's
+own I/O counters must show tuttid's reads and writes on the capped devices (else the run fails).
+
+Everything made is torn down (tuttid stopped, mounts unmounted, loop devices detached, cgroup
+removed, files deleted) on success, failure, SIGTERM/SIGINT and --watchdog; leftovers of an
+earlier run that was killed (its pid gone) are removed at start. Exit status: 0, 1 when a part
+failed (the reason is printed), 2 for a bad setup (named before anything is built).
+"""
+
+import argparse
+import faulthandler
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+E2E = os.path.join(REPO, "tests", "e2e")
+sys.path.insert(0, E2E)
+# CUDA IPC exports cudaMalloc allocations; torch's expandable segments (cuMemCreate) have none.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+
+GB = 1e9
+GiB = 1 << 30
+MiB = 1 << 20
+PREFIX = "tutti-ssd-array-"
+# Llama-3-8B's KV shape: 32 layers x (K, V), 16 tokens x 8 KV heads x 128 dims, bf16.
+LAYERS, KV_HEADS, HEAD_DIM, BLOCK_TOKENS, DTYPE_BYTES = 32, 8, 128, 16, 2
+OBJECT_BYTES = BLOCK_TOKENS * KV_HEADS * HEAD_DIM * DTYPE_BYTES  # 32 KiB
+BLOCK_BYTES = 2 * LAYERS * OBJECT_BYTES                          # 2 MiB
+SLOT_BYTES = BLOCK_BYTES + 8192                                  # a pool slot: objects + header
+
+
+class BenchError(RuntimeError):
+    """A step that failed, with what to do about it."""
+
+
+class SetupError(BenchError):
+    """The machine or the arguments cannot run this benchmark (exit 2)."""
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# --- teardown ----------------------------------------------------------------------------------
+
+class Teardown:
+    """A stack of undo steps. run_to(mark) undoes everything pushed after `mark`, newest first;
+    a failing step is logged and the rest still run. Safe to call from a signal handler or the
+    watchdog thread (each step runs once)."""
+
+    def __init__(self):
+        self._steps = []
+        self._lock = threading.RLock()
+
+    def push(self, what, fn):
+        with self._lock:
+            self._steps.append((what, fn))
+
+    def mark(self):
+        with self._lock:
+            return len(self._steps)
+
+    def run_to(self, mark=0):
+        failed = []
+        while True:
+            with self._lock:
+                if len(self._steps) <= mark:
+                    break
+                what, fn = self._steps.pop()
+            try:
+                fn()
+            except Exception as e:  # keep undoing the rest
+                failed.append(what)
+                log("teardown: %s failed: %r" % (what, e))
+        return failed
+
+
+TEARDOWN = Teardown()
+CHILDREN = set()  # raw tools running (the watchdog kills them before it tears down)
+
+
+def kill_children():
+    for p in list(CHILDREN):
+        try:
+            p.kill()
+        except OSError:
+            pass
+
+
+def unmount(mnt):
+    """Unmounts `mnt`, waiting a little for a process that still holds it; lazily at last."""
+    for attempt in range(20):
+        try:
+            run_cmd(["umount", mnt], "umount " + mnt)
+            return
+        except BenchError as e:
+            if "busy" not in str(e):
+                raise
+            time.sleep(0.25)
+    log("umount %s: still busy after 5 s; unmounting lazily" % mnt)
+    run_cmd(["umount", "-l", mnt], "umount -l " + mnt)
+
+
+def run_cmd(cmd, what, timeout=600, check=True):
+    """Runs `cmd` (a list); returns stdout. Raises BenchError with its stderr when it fails."""
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+    except FileNotFoundError:
+        raise BenchError("%s: %s not found" % (what, cmd[0])) from None
+    except subprocess.TimeoutExpired:
+        raise BenchError("%s: `%s` took more than %d s" % (what, shlex.join(cmd), timeout)) \
+            from None
+    if check and p.returncode != 0:
+        raise BenchError("%s: `%s` exited %d: %s" % (what, shlex.join(cmd), p.returncode,
+                                                     (p.stderr or p.stdout).strip()[-2000:]))
+    return p.stdout
+
+
+# --- leftovers of a killed run -----------------------------------------------------------------
+
+def _pid_alive(pid):
+    return os.path.exists("/proc/%d" % pid)
+
+
+def _stale(text):
+    """True if `text` names a PREFIX<pid> path whose pid is gone (and not us)."""
+    for m in re.finditer(re.escape(PREFIX) + r"(\d+)", text):
+        pid = int(m.group(1))
+        if pid != os.getpid() and not _pid_alive(pid):
+            return True
+    return False
+
+
+def clean_stale(base):
+    """Removes what an earlier run of this script left when it was killed: its tuttids and raw
+    tools, mounts, loop devices, cgroups and files (recognised by PREFIX<dead pid>)."""
+    for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pid != os.getpid() and PREFIX in cmdline and _stale(cmdline):
+            log("stale: killing pid %d (%s)" % (pid, cmdline[:120]))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    time.sleep(0.2)
+    with open("/proc/mounts") as f:
+        mounts = [line.split()[1] for line in f]
+    for mnt in reversed(mounts):
+        if PREFIX in mnt and _stale(mnt):
+            log("stale: unmounting %s" % mnt)
+            run_cmd(["umount", "-l", mnt], "unmount stale " + mnt, check=False)
+    if shutil.which("losetup"):
+        out = run_cmd(["losetup", "-a"], "losetup -a", check=False)
+        for line in out.splitlines():
+            if PREFIX in line and _stale(line):
+                dev = line.split(":")[0]
+                log("stale: detaching %s" % dev)
+                run_cmd(["losetup", "-d", dev], "detach stale " + dev, check=False)
+    for root in cgroup_roots():
+        for name in os.listdir(root):
+            if name.startswith(PREFIX) and _stale(name):
+                log("stale: removing cgroup %s/%s" % (root, name))
+                Cgroup.remove_dir(os.path.join(root, name))
+    for d in (base, "/tmp"):
+        for name in os.listdir(d):
+            if name.startswith(PREFIX) and _stale(name):
+                log("stale: removing %s/%s" % (d, name))
+                shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+
+
+# --- cgroups -----------------------------------------------------------------------------------
+
+def _mounts_of(fstype):
+    with open("/proc/mounts") as f:
+        return [line.split() for line in f if line.split()[2] == fstype]
+
+
+def cgroup_roots():
+    roots = [m[1] for m in _mounts_of("cgroup2")]
+    roots += [m[1] for m in _mounts_of("cgroup") if "blkio" in m[3].split(",")]
+    return [r for r in roots if os.path.isdir(r)]
+
+
+def _write(path, text):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise BenchError("writing %r to %s: %s" % (text, path, e.strerror or e)) from None
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+class Cgroup:
+    """A cgroup capping read and write bytes/s per block device: v2 io.max, else v1 blkio
+    throttling. Processes enter it through wrap(cmd) before they exec."""
+
+    def __init__(self, name):
+        self.name = name
+        self.dir = None
+        self.how = None
+        errors = []
+        for make in (self._make_v2, self._make_v1):
+            try:
+                make()
+                break
+            except BenchError as e:
+                errors.append(str(e))
+        if self.dir is None:
+            raise SetupError("no cgroup can cap I/O here: " + "; ".join(errors))
+        TEARDOWN.push("remove cgroup " + self.dir, self.remove)
+
+    def _make_v2(self):
+        mounts = _mounts_of("cgroup2")
+        if not mounts:
+            raise BenchError("cgroup v2: not mounted")
+        root = mounts[0][1]
+        if "io" not in _read(os.path.join(root, "cgroup.controllers")).split():
+            raise BenchError("cgroup v2 at %s: no io controller in cgroup.controllers" % root)
+        if "io" not in _read(os.path.join(root, "cgroup.subtree_control")).split():
+            _write(os.path.join(root, "cgroup.subtree_control"), "+io")
+        self._mkdir(root)
+        self.how = "v2"
+
+    def _make_v1(self):
+        mounts = [m for m in _mounts_of("cgroup") if "blkio" in m[3].split(",")]
+        if not mounts:
+            raise BenchError("cgroup v1: no blkio hierarchy mounted")
+        self._mkdir(mounts[0][1])
+        if not os.path.exists(os.path.join(self.dir, "blkio.throttle.read_bps_device")):
+            d, self.dir = self.dir, None
+            os.rmdir(d)
+            raise BenchError("cgroup v1 blkio: no throttle files (kernel without "
+                             "CONFIG_BLK_DEV_THROTTLING)")
+        self.how = "v1"
+
+    def _mkdir(self, root):
+        path = os.path.join(root, self.name)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise BenchError("mkdir %s: %s" % (path, e.strerror)) from None
+        self.dir = path
+
+    def cap(self, dev, bytes_per_sec):
+        """Caps reads and writes of block device `dev` ("MAJ:MIN") at bytes_per_sec each and
+        checks the kernel took it."""
+        bps = int(bytes_per_sec)
+        if self.how == "v2":
+            _write(os.path.join(self.dir, "io.max"), "%s rbps=%d wbps=%d" % (dev, bps, bps))
+            got = [l for l in _read(os.path.join(self.dir, "io.max")).splitlines()
+                   if l.startswith(dev + " ")]
+            if not got or "rbps=%d" % bps not in got[0] or "wbps=%d" % bps not in got[0]:
+                raise BenchError("cgroup %s/io.max reads back %r for %s" % (self.dir, got, dev))
+            return
+        for knob in ("read", "write"):
+            path = os.path.join(self.dir, "blkio.throttle.%s_bps_device" % knob)
+            _write(path, "%s %d" % (dev, bps))
+            if "%s %d" % (dev, bps) not in _read(path):
+                raise BenchError("%s reads back %r" % (path, _read(path)))
+
+    def io_bytes(self):
+        """(read, written) bytes of this cgroup's processes on its capped devices so far."""
+        rd = wr = 0
+        if self.how == "v2":
+            for line in _read(os.path.join(self.dir, "io.stat")).splitlines():
+                kv = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+                rd += int(kv.get("rbytes", 0))
+                wr += int(kv.get("wbytes", 0))
+            return rd, wr
+        for line in _read(os.path.join(self.dir, "blkio.throttle.io_service_bytes")).splitlines():
+            f = line.split()
+            if len(f) == 3 and f[1] == "Read":
+                rd += int(f[2])
+            elif len(f) == 3 and f[1] == "Write":
+                wr += int(f[2])
+        return rd, wr
+
+    def describe(self):
+        return ("cgroup v2 %s/io.max" % self.dir if self.how == "v2"
+                else "cgroup v1 %s blkio.throttle" % self.dir)
+
+    def wrap(self, cmd):
+        """`cmd` started inside this cgroup: the shell writes its pid, then execs cmd."""
+        return ["sh", "-c", 'echo $$ > "$0" || exit 97; exec "$@"',
+                os.path.join(self.dir, "cgroup.procs")] + list(cmd)
+
+    def contains(self, pid):
+        return str(pid) in _read(os.path.join(self.dir, "cgroup.procs")).split()
+
+    @staticmethod
+    def remove_dir(path):
+        parent = os.path.join(os.path.dirname(path), "cgroup.procs")
+        for attempt in range(50):
+            try:
+                for pid in _read(os.path.join(path, "cgroup.procs")).split():
+                    try:
+                        _write(parent, pid)
+                    except BenchError:
+                        pass
+                os.rmdir(path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)  # a process still exiting keeps it busy
+        os.rmdir(path)
+
+    def remove(self):
+        if self.dir is not None:
+            Cgroup.remove_dir(self.dir)
+            self.dir = None
+
+
+# --- the emulated array ------------------------------------------------------------------------
+
+class Array:
+    """N devices: per device a pool directory for tuttid and a raw file for raw_array_io."""
+
+    def __init__(self, emulation, n, roots, cgroup=None, devices=()):
+        self.emulation, self.n, self.cgroup, self.devices = emulation, n, cgroup, list(devices)
+        self.pool_dirs = [os.path.join(r, "pool") for r in roots]
+        self.raw_files = [os.path.join(r, "raw", "raw.dat") for r in roots]
+        for d in self.pool_dirs + [os.path.dirname(f) for f in self.raw_files]:
+            os.makedirs(d, exist_ok=True)
+
+    @property
+    def name(self):
+        return "%s:%d" % (self.emulation, self.n)
+
+    def wrap(self, cmd):
+        return self.cgroup.wrap(cmd) if self.cgroup is not None else list(cmd)
+
+    def describe(self):
+        if self.emulation == "tmpfs":
+            return "%d directories on tmpfs" % self.n
+        return "%d loop devices over tmpfs files, ext4, %s" % (
+            self.n, ("capped by " + self.cgroup.describe()) if self.cgroup else "no cap")
+
+
+def takes_o_direct(d):
+    probe = os.path.join(d, ".odirect-probe-%d" % os.getpid())
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        import mmap
+        buf = mmap.mmap(-1, 4096)
+        return os.pwrite(fd, buf, 0) == 4096
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+def make_root(base, name):
+    path = os.path.join(base, "%s%d" % (PREFIX, os.getpid()), name)
+    os.makedirs(path)
+    TEARDOWN.push("remove " + path, lambda: shutil.rmtree(path))
+    return path
+
+
+def build_tmpfs_array(args, n):
+    root = make_root(args.base, "tmpfs%d" % n)
+    return Array("tmpfs", n, [os.path.join(root, "d%d" % i) for i in range(n)])
+
+
+def build_loop_array(args, n, bytes_per_device):
+    """N loop devices over image files on --base, ext4, mounted; capped through a cgroup."""
+    root = make_root(args.base, "loop%d" % n)
+    mnt_root = os.path.join("/tmp", "%s%d" % (PREFIX, os.getpid()), "mnt-loop%d" % n)
+    os.makedirs(mnt_root, exist_ok=True)
+    TEARDOWN.push("remove " + mnt_root, lambda: shutil.rmtree(mnt_root, ignore_errors=True))
+    cgroup = None
+    if args.io_cap_gbps > 0:
+        cgroup = Cgroup("%s%d-loop%d" % (PREFIX, os.getpid(), n))
+    roots, devices = [], []
+    image_bytes = (int(bytes_per_device * 1.05) + 512 * MiB) // MiB * MiB
+    for i in range(n):
+        img = os.path.join(root, "d%d.img" % i)
+        with open(img, "wb") as f:
+            f.truncate(image_bytes)
+        dev = run_cmd(["losetup", "-f", "--show", img], "losetup of " + img).strip()
+        TEARDOWN.push("detach " + dev, lambda dev=dev: run_cmd(["losetup", "-d", dev],
+                                                               "losetup -d " + dev))
+        run_cmd(["mkfs.ext4", "-q", "-F", "-T", "largefile", "-m", "0", "-E",
+                 "lazy_itable_init=0,lazy_journal_init=0", dev], "mkfs.ext4 on " + dev)
+        mnt = os.path.join(mnt_root, "d%d" % i)
+        os.makedirs(mnt)
+        run_cmd(["mount", "-o", "noatime", dev, mnt], "mount %s on %s" % (dev, mnt))
+        TEARDOWN.push("unmount " + mnt, lambda mnt=mnt: unmount(mnt))
+        rdev = os.stat(dev).st_rdev
+        majmin = "%d:%d" % (os.major(rdev), os.minor(rdev))
+        if cgroup is not None:
+            cgroup.cap(majmin, args.io_cap_gbps * GB)
+        devices.append((dev, majmin))
+        roots.append(mnt)
+        if not takes_o_direct(mnt):
+            raise BenchError("%s (ext4 on %s) does not take O_DIRECT" % (mnt, dev))
+    log("  %d loop devices of %.1f GiB: %s%s" % (n, image_bytes / GiB,
+                                                 ", ".join("%s (%s)" % d for d in devices),
+                                                 "; " + cgroup.describe() + " at %.2f GB/s "
+                                                 "read and write each" % args.io_cap_gbps
+                                                 if cgroup else "; no I/O cap"))
+    return Array("loop", n, roots, cgroup, devices)
+
+
+# --- the raw baseline --------------------------------------------------------------------------
+
+def run_rawio(args, array, op, span_bytes, volume, fill=False):
+    """raw_array_io over the array's raw files; returns the best run's JSON object (with
+    "runs_gbps"). Each run moves `volume` bytes, as tuttid's transfer does (a capped device's
+    throttle lets a short burst through, alike for both), repeated until --raw-min-seconds have
+    passed; or one run of --raw-seconds."""
+    volume = max(volume, 64 * array.n * args.io_kib * 1024)  # at least 64 requests a file
+    amount = ("--seconds=%g" % args.raw_seconds if args.raw_seconds > 0
+              else "--bytes=%d" % volume)
+    runs, spent = [], 0.0
+    while not runs or (args.raw_seconds <= 0 and spent < args.raw_min_seconds and
+                       len(runs) < 50):
+        out = raw_once(args, array, op, span_bytes, amount, fill and not runs)
+        runs.append(out)
+        spent += out["seconds"]
+    best = max(runs, key=lambda r: r["gbps"])
+    best["runs_gbps"] = [r["gbps"] for r in runs]
+    log("  raw %-5s %s%s: %.3f GB/s, best of %d runs of %.2f GB (%.2f s in all; per file %s)" % (
+        op, array.name, " (after a fill of %.1f s)" % runs[0]["fill_seconds"] if fill else "",
+        best["gbps"], len(runs), best["bytes"] / GB, spent, best["per_file_gbps"]))
+    return best
+
+
+def raw_once(args, array, op, span_bytes, amount, fill):
+    cmd = array.wrap(args.rawio_cmd + [
+        "--op=" + op, "--io_bytes=%d" % (args.io_kib * 1024), "--qd=%d" % args.qd,
+        amount, "--span_bytes=%d" % span_bytes,
+        "--seed=%d" % random.randrange(1, 1 << 30)] + (["--fill"] if fill else []) +
+        array.raw_files)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    CHILDREN.add(p)
+    try:
+        stdout, stderr = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise BenchError("raw_array_io %s ran past 600 s: %s" % (op, shlex.join(cmd))) from None
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        CHILDREN.discard(p)
+    if p.returncode == 97:
+        raise BenchError("raw_array_io: could not enter %s" % array.cgroup.describe())
+    if p.returncode != 0:
+        raise BenchError("raw_array_io %s exited %d: %s\ncommand: %s" % (
+            op, p.returncode, stderr.strip()[-2000:], shlex.join(cmd)))
+    try:
+        out = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BenchError("raw_array_io printed no JSON: %r" % stdout[-500:]) from None
+    if out.get("files") != array.n or not out.get("gbps", 0) > 0:
+        raise BenchError("raw_array_io: unexpected answer %s" % out)
+    return out
+
+
+# --- tuttid ------------------------------------------------------------------------------------
+
+def parse_sets(items):
+    """--set key.path=value -> [(["key", "path"], value text)]."""
+    out = []
+    for item in items:
+        if "=" not in item:
+            raise SetupError("--set %r: want key.path=value (e.g. datapath.checksum_threads=4)"
+                             % item)
+        key, value = item.split("=", 1)
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", key):
+            raise SetupError("--set %r: %r is not a field path" % (item, key))
+        out.append((key.split("."), value))
+    return out
+
+
+def config_value(text):
+    """A text-proto value: numbers, true/false and quoted strings as given, else quoted."""
+    if re.fullmatch(r"-?[0-9][0-9.eE+\-]*|true|false|\".*\"", text):
+        return text
+    return json.dumps(text)
+
+
+def apply_sets(cfg, sets):
+    for path, value in sets:
+        node = cfg
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SetupError("--set %s: %s is not a message" % (".".join(path), part))
+        if isinstance(node.get(path[-1]), (dict, list)):
+            raise SetupError("--set %s: a message or repeated field; set its fields"
+                             % ".".join(path))
+        node[path[-1]] = config_value(value)
+    return cfg
+
+
+def render_config(cfg, indent=""):
+    """Text format of a nested dict: each message field once (tuttid rejects repeats)."""
+    lines = []
+    for key, value in cfg.items():
+        if isinstance(value, dict):
+            lines.append("%s%s {" % (indent, key))
+            lines.append(render_config(value, indent + "  "))
+            lines.append("%s}" % indent)
+        elif isinstance(value, list):
+            lines.extend("%s%s: %s" % (indent, key, config_value(str(v))) for v in value)
+        else:
+            lines.append("%s%s: %s" % (indent, key, value if isinstance(value, str)
+                                       else json.dumps(value)))
+    return "\n".join(lines)
+
+
+def tuttid_config(args, array, root, socket_path, capacity, dram):
+    cfg = {
+        "state_dir": json.dumps(os.path.join(root, "state")),
+        "listen": {"socket_path": json.dumps(socket_path), "socket_mode": 384},
+        "metrics": {"listen": '"off"'},
+        "pool": {"dirs": array.pool_dirs, "capacity_bytes": int(capacity),
+                 "object_bytes": OBJECT_BYTES, "max_objects": 2 * LAYERS},
+        "dram": {"capacity_bytes": int(dram)},
+        "gpu": {"mode": '"host"' if args.local else '"cuda"'},
+    }
+    return apply_sets(cfg, args.sets)
+
+
+class Daemon:
+    """One tuttid: its config, process (inside the array's cgroup), socket and log."""
+
+    def __init__(self, args, array, cfg_fn, name):
+        self.args, self.array = args, array
+        self.root = make_root(args.base, name)
+        os.makedirs(os.path.join(self.root, "state"))
+        sock_dir = os.path.join("/tmp", "%s%d" % (PREFIX, os.getpid()), name)
+        os.makedirs(sock_dir)
+        TEARDOWN.push("remove " + sock_dir, lambda: shutil.rmtree(sock_dir, ignore_errors=True))
+        self.socket = os.path.join(sock_dir, "tuttid.sock")
+        self.admin_socket = self.socket + ".admin"
+        self.cfg = cfg_fn(self.root, self.socket)
+        self.config_path = os.path.join(self.root, "tuttid.textproto")
+        self.log_path = os.path.join(self.root, "tuttid.log")
+        self.proc = None
+        self.pid = None
+        TEARDOWN.push("stop tuttid " + name, self.stop)
+
+    def set_dram(self, capacity):
+        self.cfg["dram"]["capacity_bytes"] = int(capacity)
+
+    def start(self, timeout=300.0):
+        if self.proc is not None:
+            raise BenchError("tuttid already runs")
+        with open(self.config_path, "w") as f:
+            f.write(render_config(self.cfg) + "\n")
+        with open(self.log_path, "ab") as logf:
+            cmd = self.array.wrap(self.args.tuttid_cmd + ["--config=" + self.config_path])
+            self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                code, self.proc = self.proc.returncode, None
+                raise BenchError("tuttid exited %d during start-up%s; config %s:\n%s\nlog:\n%s" % (
+                    code, " (could not enter the cgroup)" if code == 97 else "",
+                    self.config_path, render_config(self.cfg), self.log_tail()))
+            if self._answers():
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BenchError("tuttid did not answer on %s within %.0f s:\n%s" % (
+                    self.socket, timeout, self.log_tail()))
+            time.sleep(0.05)
+        self.pid = self._find_tuttid(self.proc.pid)
+        if self.array.cgroup is not None and not self.array.cgroup.contains(self.pid):
+            raise BenchError("tuttid (pid %d) is not in %s" % (self.pid,
+                                                               self.array.cgroup.describe()))
+        return self
+
+    def _answers(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    @staticmethod
+    def _find_tuttid(pid):
+        """The tuttid process: `pid` itself when the wrappers exec'd, else its descendant."""
+        todo = [pid]
+        while todo:
+            p = todo.pop(0)
+            try:
+                if _read("/proc/%d/comm" % p).strip() == "tuttid":
+                    return p
+                kids = _read("/proc/%d/task/%d/children" % (p, p)).split()
+            except OSError:
+                continue
+            todo.extend(int(k) for k in kids)
+        raise BenchError("no process named tuttid under pid %d (a wrapper that does not exec?)"
+                         % pid)
+
+    def stop(self, timeout=60.0):
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log("tuttid did not stop within %.0f s of SIGTERM: killed" % timeout)
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = self.pid = None
+        return code
+
+    def log_tail(self, n=4000):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stats(self):
+        import admin_stats
+        return admin_stats.stats(self.admin_socket)
+
+
+# --- tuttid's CPU ------------------------------------------------------------------------------
+
+def _ticks_of(stat_text):
+    """(comm, utime + stime ticks) from a /proc/.../stat line."""
+    head, rest = stat_text.rsplit(")", 1)
+    fields = rest.split()
+    return head.split("(", 1)[1], int(fields[11]) + int(fields[12])
+
+
+class CpuSampler:
+    """tuttid's CPU over one phase: the process's utime + stime delta (exited threads included),
+    and each thread's delta (sampled every `period` s, so threads that exit mid-phase count with
+    their last sample; a thread born in the phase counts from zero)."""
+
+    def __init__(self, pid, period=0.2):
+        self.pid, self.period = pid, period
+        self.tck = os.sysconf("SC_CLK_TCK")
+        self.first, self.last = {}, {}
+        self._halt = threading.Event()
+        self._thread = None
+
+    def _sample(self, initial=False):
+        task_dir = "/proc/%d/task" % self.pid
+        for tid in os.listdir(task_dir):
+            try:
+                comm, ticks = _ticks_of(_read(os.path.join(task_dir, tid, "stat")))
+            except (OSError, IndexError, ValueError):
+                continue
+            self.first.setdefault(tid, (comm, ticks if initial else 0))
+            self.last[tid] = (comm, ticks)
+
+    def _process_ticks(self):
+        return _ticks_of(_read("/proc/%d/stat" % self.pid))[1]
+
+    def start(self):
+        self.t0 = time.monotonic()
+        self.p0 = self._process_ticks()
+        self._sample(initial=True)
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._halt.wait(self.period):
+            try:
+                self._sample()
+            except OSError:
+                return
+
+    def stop(self, gbytes):
+        """A dict of the phase's CPU figures for `gbytes` GB moved."""
+        self._halt.set()
+        self._thread.join()
+        self._sample()
+        wall = time.monotonic() - self.t0
+        total = (self._process_ticks() - self.p0) / self.tck
+        threads = []
+        for tid, (comm, ticks) in self.last.items():
+            delta = (ticks - self.first[tid][1]) / self.tck
+            threads.append((delta / wall, comm, tid))
+        threads.sort(reverse=True)
+        own = [t for t in threads if not t[1].startswith("iou-")]
+        iou = [t for t in threads if t[1].startswith("iou-")]
+        busiest = own[0] if own else (0.0, "none", "0")
+        iou_s = sum(t[0] for t in iou) * wall
+        return {
+            "wall_s": wall, "cpu_s": total, "cpu_s_per_gb": total / gbytes if gbytes else None,
+            "cpu_s_per_gb_without_iou": (total - iou_s) / gbytes if gbytes else None,
+            "cores": total / wall, "threads": len(threads),
+            "busiest_thread": {"name": busiest[1], "share": round(busiest[0], 3)},
+            "top_threads": [{"name": c, "share": round(s, 3)} for s, c, _ in own[:5]],
+            "iou_workers": {"threads": len(iou), "cores": round(sum(t[0] for t in iou), 3),
+                            "busiest_share": round(iou[0][0], 3) if iou else 0.0},
+        }
+
+
+# --- the engine side ---------------------------------------------------------------------------
+
+class Session:
+    """One attached engine: a Llama-3-8B-shaped byte cache [layers, 2, 2n, object_bytes] (GPU or
+    shared host memory) whose blocks [0, n) hold random content stored under `keys`, retrieved
+    into blocks [n, 2n)."""
+
+    def __init__(self, args, daemon, index, n):
+        import torch
+        import tutti
+        self.n, self.index, self.local = n, index, args.local
+        self.torch = torch
+        layout = tutti.KvLayout(num_layers=LAYERS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                dtype_bytes=DTYPE_BYTES, block_tokens=BLOCK_TOKENS)
+        ns = tutti.Namespace("ssd-array-bench-llama3-8b-shape", layout)
+        shape = (LAYERS, 2, 2 * n, OBJECT_BYTES)
+        self.shm = None
+        if args.local:
+            self.shm = tutti.SharedMemory(tutti.cache_bytes(layout, 2 * n), "ssd-array")
+            numel = LAYERS * 2 * 2 * n * OBJECT_BYTES
+            self.cache = torch.frombuffer(self.shm.buffer, dtype=torch.uint8,
+                                          count=numel).view(shape)
+            self.stream = None
+        else:
+            self.cache = torch.empty(shape, dtype=torch.uint8, device="cuda")
+            self.stream = torch.cuda.Stream()
+        gen = torch.Generator(device=self.cache.device)
+        gen.manual_seed(1000 + index)
+        for layer in range(LAYERS):
+            self.cache[layer, :, :n].random_(0, 256, generator=gen)
+        objects = tutti.objects_from_tensors(layout, [self.cache[l] for l in range(LAYERS)])
+        engine_id = "ssd-array-%d" % index
+        if args.local:
+            self.client = tutti.Client.attach(ns, 2 * n, objects,
+                                              host_regions=[self.shm.region()],
+                                              socket_path=daemon.socket, engine_id=engine_id)
+        else:
+            self.client = tutti.Client.attach(ns, 2 * n, objects, cuda_device=0,
+                                              socket_path=daemon.socket, engine_id=engine_id)
+        # A random parent: keys of no other session or run (tuttid must store every block).
+        self.keys = tutti.chain_keys(range(n * BLOCK_TOKENS), BLOCK_TOKENS,
+                                     parent=os.urandom(16))
+
+    def sync(self):
+        if not self.local:
+            self.torch.cuda.synchronize()
+
+    def store(self, batch, wait_durable, deadline):
+        """Stores every block (retrying rejected_full until `deadline`)."""
+        for begin in range(0, self.n, batch):
+            todo = list(range(begin, min(self.n, begin + batch)))
+            while todo:
+                out = self.client.store([self.keys[i] for i in todo], todo,
+                                        wait_durable=wait_durable)
+                bad = sorted({o for o in out if o not in ("captured", "durable",
+                                                          "rejected_full")})
+                if bad:
+                    raise BenchError("session %d: Store answered %s (%s)" % (
+                        self.index, bad, out.rejected_why))
+                if wait_durable and "captured" in out:
+                    raise BenchError("Store with wait_durable answered captured")
+                todo = [i for i, o in zip(todo, out) if o == "rejected_full"]
+                if todo:
+                    if time.monotonic() > deadline:
+                        raise BenchError("session %d: Stores stayed rejected_full (%s)" % (
+                            self.index, out.rejected_why))
+                    time.sleep(0.002)
+
+    def retrieve(self, call_blocks):
+        """Every layer of every block into blocks [n, 2n), in calls of call_blocks."""
+        for begin in range(0, self.n, call_blocks):
+            keys = self.keys[begin:begin + call_blocks]
+            lease = self.client.lookup(keys)
+            if lease.hits != len(keys):
+                raise BenchError("session %d: Lookup found %d of %d stored blocks" % (
+                    self.index, lease.hits, len(keys)))
+            r = self.client.retrieve(lease, keys, [self.n + begin + i for i in range(len(keys))])
+            if self.stream is not None:
+                for layer in range(LAYERS):
+                    r.wait_layer(layer, self.stream)
+            out = r.wait()
+            if not out.ok or out.failed:
+                raise BenchError("session %d: Retrieve: %s %s, %d blocks failed" % (
+                    self.index, out.code, out.message, len(out.failed)))
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def clear_destination(self):
+        self.cache[:, :, self.n:].zero_()
+
+    def mismatches(self, limit=5):
+        """[(layer, block)] where the retrieved copy differs from the stored block (first few)."""
+        bad = []
+        for layer in range(LAYERS):
+            src, dst = self.cache[layer, :, :self.n], self.cache[layer, :, self.n:]
+            if self.torch.equal(src, dst):
+                continue
+            diff = (src != dst).any(dim=2).any(dim=0).nonzero().flatten().tolist()
+            bad.extend((layer, b) for b in diff[:limit])
+            if len(bad) >= limit:
+                break
+        return bad[:limit]
+
+    def close(self):
+        try:
+            self.client.detach()
+        finally:
+            self.cache = None
+            if self.shm is not None:
+                import gc
+                gc.collect()  # the tensors over the mapping go before it is unmapped
+                self.shm.close()
+
+
+def in_threads(fn, items):
+    """fn(item) for every item, each on its own thread; re-raises the first failure."""
+    errors = []
+
+    def run(item):
+        try:
+            fn(item)
+        except BaseException as e:  # noqa: B036 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def wait_durable_all(daemon, stored_before, blocks, timeout):
+    """Polls admin Stats until `blocks` more blocks are durable and the write backlog is empty."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = daemon.stats()
+        if (s.get("blocks_stored", 0) - stored_before >= blocks and
+                s.get("write_backlog_bytes", 0) == 0):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError("not durable within %.0f s: blocks_stored +%d of %d, backlog %d "
+                             "bytes" % (timeout, s.get("blocks_stored", 0) - stored_before,
+                                        blocks, s.get("write_backlog_bytes", 0)))
+        time.sleep(0.005)
+
+
+def phase_store(args, daemon, sessions):
+    """Stores every session's blocks at once; (GB/s, seconds, CPU figures)."""
+    blocks = sum(s.n for s in sessions)
+    before = daemon.stats().get("blocks_stored", 0)
+    for s in sessions:
+        s.sync()
+    io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
+    cpu = CpuSampler(daemon.pid).start()
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + args.phase_timeout
+    in_threads(lambda s: s.store(args.store_batch, args.store_wait == "durable", deadline),
+               sessions)
+    wait_durable_all(daemon, before, blocks, max(deadline - time.monotonic(), 1))
+    seconds = time.perf_counter() - t0
+    gbytes = blocks * BLOCK_BYTES / GB
+    figures = cpu.stop(gbytes)
+    if io0 is not None:
+        figures["cgroup_write_gb"] = (daemon.array.cgroup.io_bytes()[1] - io0[1]) / GB
+        if figures["cgroup_write_gb"] < 0.9 * gbytes:
+            raise BenchError("the cgroup counted %.3f GB written on its devices during a store "
+                             "of %.3f GB: tuttid's writes escape the cap" % (
+                                 figures["cgroup_write_gb"], gbytes))
+    return gbytes / seconds, seconds, figures
+
+
+def phase_retrieve(args, daemon, sessions, call_blocks):
+    """One round: every block's every layer retrieved, verified; (GB/s, seconds, CPU)."""
+    for s in sessions:
+        s.clear_destination()
+        s.sync()
+    hits0 = daemon.stats().get("dram_hits", 0)
+    io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
+    cpu = CpuSampler(daemon.pid).start()
+    t0 = time.perf_counter()
+    in_threads(lambda s: s.retrieve(call_blocks), sessions)
+    for s in sessions:
+        s.sync()
+    seconds = time.perf_counter() - t0
+    gbytes = sum(s.n for s in sessions) * BLOCK_BYTES / GB
+    figures = cpu.stop(gbytes)
+    figures["dram_hits"] = daemon.stats().get("dram_hits", 0) - hits0
+    if io0 is not None:
+        figures["cgroup_read_gb"] = (daemon.array.cgroup.io_bytes()[0] - io0[0]) / GB
+        if figures["cgroup_read_gb"] < 0.9 * gbytes:
+            raise BenchError("the cgroup counted %.3f GB read on its devices during a retrieve "
+                             "of %.3f GB: tuttid's reads escape the cap" % (
+                                 figures["cgroup_read_gb"], gbytes))
+    verify(sessions)
+    return gbytes / seconds, seconds, figures
+
+
+def verify(sessions):
+    for s in sessions:
+        bad = s.mismatches()
+        if bad:
+            raise BenchError("session %d: retrieved content differs from what was stored at "
+                             "(layer, block) %s" % (s.index, bad))
+
+
+def checker_self_test(sessions):
+    """A flipped byte in a retrieved (and verified) block must be caught: the check is not
+    vacuous."""
+    s = sessions[0]
+    where = (LAYERS - 1, 1, 2 * s.n - 1, OBJECT_BYTES - 1)
+    old = int(s.cache[where])
+    s.cache[where] = (old + 1) % 256
+    bad = s.mismatches()
+    s.cache[where] = old
+    if bad != [(LAYERS - 1, s.n - 1)]:
+        raise BenchError("the content check missed a flipped byte (found %s)" % bad)
+
+
+def plan(args, blocks, sessions):
+    """(blocks per session, pool capacity bytes, Retrieve call size)."""
+    per = blocks // sessions
+    if per < 1:
+        raise SetupError("--gib %.3f gives %d blocks, fewer than --sessions %d" % (
+            args.gib, blocks, sessions))
+    call = min(args.call_blocks or args.max_blocks_per_call, per)
+    # Room for every block (no eviction) plus headroom, and for the pins of one call per
+    # session within a user's share of the pool (limits.max_pinned_pool_share_per_user 0.5).
+    slots = max(int(1.25 * per * sessions), int(sessions * call / 0.45)) + 64
+    return per, slots * SLOT_BYTES + 256 * MiB, call
+
+
+def open_sessions(args, daemon, n_sessions, per):
+    out = []
+    try:
+        for i in range(n_sessions):
+            out.append(Session(args, daemon, i, per))
+    except BaseException:
+        close_sessions(out)
+        raise
+    return out
+
+
+def close_sessions(sessions):
+    for s in sessions:
+        try:
+            s.close()
+        except Exception as e:
+            log("detach failed: %r" % e)
+    sessions.clear()
+    free_device_memory()
+
+
+def free_device_memory():
+    import gc
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def store_and_retrieve(args, array, name, dram):
+    """tuttid on `array` (DRAM tier `dram` bytes, 0: off): store --gib of blocks, then
+    --retrieve-rounds retrieves, each verified. Returns the figures."""
+    blocks = int(args.gib * GiB) // BLOCK_BYTES
+    per, capacity, call = plan(args, blocks, args.sessions)
+    check_room(args.base, capacity, "tuttid's pool on " + array.name)
+    dram_bytes = int(1.25 * per * args.sessions * BLOCK_BYTES) + 256 * MiB if dram else 0
+    daemon = Daemon(args, array, lambda root, sock: tuttid_config(
+        args, array, root, sock, capacity, dram_bytes), name)
+    t0 = time.perf_counter()
+    daemon.start()
+    log("  tuttid pid %d up in %.1f s (pool %.2f GiB on %s, DRAM tier %s)" % (
+        daemon.pid, time.perf_counter() - t0, capacity / GiB, array.name,
+        "%.2f GiB" % (dram_bytes / GiB) if dram_bytes else "off"))
+    sessions = []
+    try:
+        sessions = open_sessions(args, daemon, args.sessions, per)
+        mbpc = sessions[0].client.info["max_blocks_per_call"]
+        call = min(call, mbpc)
+        store_gbps, store_s, store_cpu = phase_store(args, daemon, sessions)
+        log("  store   %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid %.2f cores, %.3f CPU "
+            "s/GB, busiest thread %s; iou-wrk %s" % (
+                per * args.sessions, per * args.sessions * BLOCK_BYTES / GiB, store_s,
+                store_gbps, store_cpu["cores"], store_cpu["cpu_s_per_gb"],
+                store_cpu["busiest_thread"], store_cpu["iou_workers"]))
+        rounds = []
+        for r in range(args.retrieve_rounds):
+            gbps, secs, cpu = phase_retrieve(args, daemon, sessions, call)
+            if r == 0:
+                checker_self_test(sessions)
+            rounds.append((gbps, secs, cpu))
+            log("  retrieve round %d: %.2f s, %.3f GB/s (calls of %d blocks, %d session%s), "
+                "verified; tuttid %.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; "
+                "DRAM hits %d" % (r + 1, secs, gbps, call, args.sessions,
+                                  "s" if args.sessions > 1 else "", cpu["cores"],
+                                  cpu["cpu_s_per_gb"], cpu["busiest_thread"],
+                                  cpu["iou_workers"], cpu["dram_hits"]) +
+                ("; the cgroup read %.3f GB" % cpu["cgroup_read_gb"]
+                 if "cgroup_read_gb" in cpu else ""))
+            if dram and cpu["dram_hits"] == 0:
+                log("  WARNING: no DRAM hits in a DRAM-tier retrieve (admin Stats dram_hits)")
+            if not dram and cpu["dram_hits"] > 0:
+                raise BenchError("the DRAM tier is off but Stats counted %d DRAM hits" %
+                                 cpu["dram_hits"])
+    finally:
+        close_sessions(sessions)
+        code = daemon.stop()
+        if code not in (0, None):
+            log("  tuttid exited %s on SIGTERM; log tail:\n%s" % (code, daemon.log_tail()))
+    best = max(rounds, key=lambda x: x[0])
+    return {
+        "blocks": per * args.sessions, "call_blocks": call, "sessions": args.sessions,
+        "store_gbps": store_gbps, "store_s": store_s, "store_cpu": store_cpu,
+        "retrieve_gbps": best[0], "retrieve_rounds_gbps": [round(x[0], 3) for x in rounds],
+        "retrieve_cpu": best[2], "capacity": capacity, "dram_bytes": dram_bytes,
+    }
+
+
+def check_room(base, need, what):
+    st = os.statvfs(base)
+    free = st.f_bavail * st.f_frsize
+    if free < need * 1.02:
+        raise BenchError("%s needs %.2f GiB on %s, %.2f GiB free" % (what, need / GiB, base,
+                                                                   free / GiB))
+
+
+# --- reference: contiguous copies --------------------------------------------------------------
+
+def measure_copy(args):
+    """{"h2d": GB/s, "d2h": GB/s} of 1 GiB copies between pinned host and GPU memory, best of 5
+    (--local: a host-to-host copy, both directions the same figure)."""
+    import torch
+    n = GiB
+    best = {"h2d": 0.0, "d2h": 0.0}
+    if args.local:
+        a, b = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+        a.fill_(1)
+        for _ in range(4):
+            t0 = time.perf_counter()
+            b.copy_(a)
+            best["h2d"] = max(best["h2d"], n / (time.perf_counter() - t0) / GB)
+        best["d2h"] = best["h2d"]
+        del a, b
+    else:
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+        host.fill_(1)
+        for name, (dst, src) in (("h2d", (dev, host)), ("d2h", (host, dev))):
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            for _ in range(5):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                    enable_timing=True)
+                e0.record()
+                dst.copy_(src, non_blocking=True)
+                e1.record()
+                e1.synchronize()
+                best[name] = max(best[name], n / (e0.elapsed_time(e1) / 1e3) / GB)
+        del host, dev
+    free_device_memory()
+    log("contiguous copy of 1 GiB (%s): %.2f GB/s to the %s, %.2f GB/s back" % (
+        "host to host: --local" if args.local else "pinned host <-> GPU, torch",
+        best["h2d"], "copy" if args.local else "GPU", best["d2h"]))
+    return best
+
+
+# --- results -----------------------------------------------------------------------------------
+
+class Results:
+    """Appends each figure to --out as it is measured; keeps the rows for the table."""
+
+    def __init__(self, args, machine, command):
+        self.path, self.machine, self.command, self.label = (args.out, machine, command,
+                                                             args.label)
+        self.rows = []
+        self.table_rows = []
+
+    def add(self, metric, measured, baseline_name, baseline, unit, **fields):
+        """One figure: value = ratio = measured / baseline (tuttid against what the devices or
+        the recompute give in the same run); both sides are kept, in `unit`, as
+        measured_value and baseline_value."""
+        ratio = measured / baseline
+        line = {"bench": "ssd_array", "metric": metric, "value": _round(ratio, 4),
+                "unit": "ratio", "baseline_name": baseline_name,
+                "baseline_value": _round(baseline, 4), "measured_value": _round(measured, 4),
+                "measured_unit": unit, "ratio": _round(ratio, 4)}
+        line.update({k: _round(v, 4) for k, v in fields.items()})
+        line.update({"label": self.label, "machine": self.machine,
+                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "command": self.command})
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        self.rows.append(line)
+        log("  -> %s = %.4f (%.3f %s against %s %.3f)" % (metric, ratio, measured, unit,
+                                                          baseline_name, baseline))
+
+    def table(self):
+        log("")
+        log("ssd_array (%s%s); GB/s unless named; emulated devices, not NVMe" % (
+            self.machine, ", label " + self.label if self.label else ""))
+        cols = ("config", "raw rd", "raw wr", "copy", "retrieve", "rd/base", "store",
+                "st/wr", "cpu s/GB r|s", "busiest thread r | s (share)", "iou-wrk r|s cores")
+        fmt = "%-8s %7s %7s %6s %8s %7s %6s %6s %12s %-40s %s"
+        log(fmt % cols)
+        for r in self.table_rows:
+            log(fmt % r)
+        ttft = [x for x in self.rows if x["metric"].startswith("ssd_array_ttft")]
+        for x in ttft:
+            log("%-34s %9.2f %s against %-34s %9.2f %s: %.4f" % (
+                x["metric"], x["measured_value"], x["measured_unit"], x["baseline_name"],
+                x["baseline_value"], x["measured_unit"], x["ratio"]))
+        log("results appended to %s" % self.path)
+
+
+def _round(x, digits=3):
+    if isinstance(x, float):
+        return None if x != x else round(x, digits)
+    if isinstance(x, dict):
+        return {k: _round(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_round(v, digits) for v in x]
+    return x
+
+
+# --- parts -------------------------------------------------------------------------------------
+
+def parse_configs(text):
+    out = []
+    for item in text.split(","):
+        m = re.fullmatch(r"(tmpfs|loop):([1-9][0-9]?)", item.strip())
+        if not m:
+            raise SetupError("--configs item %r: want tmpfs:N or loop:N" % item)
+        out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def raw_amount(args):
+    return ("one run of %g s each" % args.raw_seconds if args.raw_seconds > 0
+            else "each the best of runs of as many bytes as tuttid moved, repeated for %g s" %
+            args.raw_min_seconds)
+
+
+def raw_span(args, n):
+    """Bytes of each raw file: the blocks' bytes spread over the devices, at least 64 requests."""
+    per = int(args.gib * GiB) // n
+    io = args.io_kib * 1024
+    return max(per // io * io, 64 * io)
+
+
+def part_array(args, results, ctx):
+    """Every configuration in turn; one that fails is reported and the next one runs."""
+    failed = []
+    for emulation, n in args.configs:
+        name = "%s:%d" % (emulation, n)
+        log("=== array %s" % name)
+        mark = TEARDOWN.mark()
+        try:
+            one_array_config(args, results, ctx, emulation, n)
+        except SystemExit:
+            raise
+        except BaseException as e:
+            if not isinstance(e, BenchError):
+                traceback.print_exc()
+            log("=== array %s FAILED: %s" % (name, e))
+            failed.append(name)
+        finally:
+            undone = TEARDOWN.run_to(mark)
+            if undone:
+                raise BenchError("teardown of %s failed (%s); stopping before the next "
+                                 "configuration" % (name, undone))
+    if failed:
+        raise BenchError("configurations failed: %s" % ", ".join(failed))
+
+
+def one_array_config(args, results, ctx, emulation, n):
+    span = raw_span(args, n)
+    blocks = int(args.gib * GiB) // BLOCK_BYTES
+    _, capacity, _ = plan(args, blocks, args.sessions)
+    per_device = capacity / n + span
+    check_room(args.base, per_device * n * (1.1 if emulation == "loop" else 1.0),
+               "%s:%d (pool and raw files)" % (emulation, n))
+    array = (build_tmpfs_array(args, n) if emulation == "tmpfs"
+             else build_loop_array(args, n, per_device))
+    log("  %s" % array.describe())
+    volume = blocks * BLOCK_BYTES
+    w0 = run_rawio(args, array, "write", span, volume, fill=True)
+    r0 = run_rawio(args, array, "read", span, volume)
+    t = store_and_retrieve(args, array, "tuttid-%s%d" % (emulation, n), dram=False)
+    r1 = run_rawio(args, array, "read", span, volume)
+    w1 = run_rawio(args, array, "write", span, volume)
+    raw_read = (r0["gbps"] + r1["gbps"]) / 2
+    raw_write = (w0["gbps"] + w1["gbps"]) / 2
+    copy = ctx["copy"]["h2d"]
+    baseline = min(raw_read, copy)
+    common = dict(n_devices=n, emulation=emulation, sessions=t["sessions"],
+                  blocks=t["blocks"], block_bytes=BLOCK_BYTES, object_bytes=OBJECT_BYTES,
+                  io_bytes=args.io_kib * 1024, queue_depth=args.qd,
+                  io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
+                  tuttid_set=args.set, array=array.describe())
+    rc, sc = t["retrieve_cpu"], t["store_cpu"]
+    results.add(
+        "ssd_array_read_vs_raw", t["retrieve_gbps"], "min(raw_read, pinned_copy)", baseline,
+        "GB/s",
+        tuttid_gbps=t["retrieve_gbps"], baseline_gbps=baseline, raw_gbps=raw_read,
+        raw_gbps_before_after=[r0["gbps"], r1["gbps"]],
+        raw_runs_gbps=[r0["runs_gbps"], r1["runs_gbps"]], copy_gbps=copy,
+        retrieve_rounds_gbps=t["retrieve_rounds_gbps"], call_blocks=t["call_blocks"],
+        cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
+        cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
+        iou_workers=rc["iou_workers"], cgroup_read_gb=rc.get("cgroup_read_gb"), **common,
+        note="tuttid: best of %d SSD-tier Retrieves (DRAM tier off) of every layer of %d "
+             "blocks into other blocks of the %s cache, every byte verified; raw: mean of "
+             "raw_array_io random reads right before and after tuttid (%s); baseline: the "
+             "lower of raw and the contiguous %s copy" % (
+                 args.retrieve_rounds, t["blocks"], "host (--local)" if args.local else "GPU",
+                 raw_amount(args), "host-to-host (--local)" if args.local
+                 else "pinned host-to-GPU"))
+    results.add(
+        "ssd_array_store_vs_raw_write", t["store_gbps"], "raw_write", raw_write, "GB/s",
+        tuttid_gbps=t["store_gbps"], baseline_gbps=raw_write, raw_gbps=raw_write,
+        raw_gbps_before_after=[w0["gbps"], w1["gbps"]],
+        raw_runs_gbps=[w0["runs_gbps"], w1["runs_gbps"]], store_wait=args.store_wait,
+        store_batch=args.store_batch, cpu_s_per_gb=sc["cpu_s_per_gb"],
+        cpu_s_per_gb_without_iou=sc["cpu_s_per_gb_without_iou"], cores=sc["cores"],
+        busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
+        iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"), **common,
+        note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
+             "(admin Stats blocks_stored and an empty write backlog); raw: mean of raw_array_io "
+             "random writes (fdatasync at the end) right before and after tuttid (%s)" % (
+                 t["blocks"], args.store_batch, "wait_durable" if args.store_wait == "durable"
+                 else "no wait_durable, rejected_full retried", raw_amount(args)))
+    bt = lambda c: "%s %.2f" % (c["busiest_thread"]["name"], c["busiest_thread"]["share"])
+    results.table_rows.append((
+        "%s:%d" % (emulation, n), "%.2f" % raw_read, "%.2f" % raw_write, "%.1f" % copy,
+        "%.2f" % t["retrieve_gbps"], "%.3f" % (t["retrieve_gbps"] / baseline),
+        "%.2f" % t["store_gbps"], "%.3f" % (t["store_gbps"] / raw_write),
+        "%.2f|%.2f" % (rc["cpu_s_per_gb"], sc["cpu_s_per_gb"]), bt(rc) + " | " + bt(sc),
+        "%.2f|%.2f" % (rc["iou_workers"]["cores"], sc["iou_workers"]["cores"])))
+
+
+def part_dram(args, results, ctx):
+    log("=== dram: the DRAM tier (reference)")
+    mark = TEARDOWN.mark()
+    try:
+        array = build_tmpfs_array(args, 1)
+        t = store_and_retrieve(args, array, "tuttid-dram", dram=True)
+    finally:
+        TEARDOWN.run_to(mark)
+    copy = ctx["copy"]["h2d"]
+    rc = t["retrieve_cpu"]
+    results.add(
+        "ssd_array_dram_vs_copy", t["retrieve_gbps"], "pinned_copy" if not args.local
+        else "host_copy", copy, "GB/s", n_devices=1, emulation="dram",
+        tuttid_gbps=t["retrieve_gbps"], baseline_gbps=copy, raw_gbps=None,
+        retrieve_rounds_gbps=t["retrieve_rounds_gbps"], cpu_s_per_gb=rc["cpu_s_per_gb"],
+        busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
+        iou_workers=rc["iou_workers"], dram_hits=rc["dram_hits"], sessions=t["sessions"],
+        blocks=t["blocks"], tuttid_set=args.set,
+        note="tuttid with the DRAM tier on (%.2f GiB) and the pool on one tmpfs directory: best "
+             "of %d Retrieves of every layer of %d blocks, verified, against one contiguous "
+             "1 GiB copy" % (t["dram_bytes"] / GiB, args.retrieve_rounds, t["blocks"]))
+    bt = "%s %.2f" % (rc["busiest_thread"]["name"], rc["busiest_thread"]["share"])
+    results.table_rows.append(("dram", "-", "-", "%.1f" % copy, "%.2f" % t["retrieve_gbps"],
+                               "%.3f" % (t["retrieve_gbps"] / copy), "%.2f" % t["store_gbps"],
+                               "-", "%.2f|-" % rc["cpu_s_per_gb"], bt, "-"))
+
+
+# --- ttft --------------------------------------------------------------------------------------
+
+class TtftDaemon:
+    """What tests/e2e's helpers need of a daemon (socket), over a Daemon."""
+
+    def __init__(self, daemon):
+        self.socket = daemon.socket
+
+
+def part_ttft(args, results, ctx):
+    import gpu_e2e as g
+    import ttft_grid as tg
+    g.DEV = "cpu" if args.local else "cuda"
+    log("=== ttft: T=%d, %.0f%% cached, load-all, prefix on tmpfs:%d" % (
+        args.ttft_tokens, 100 * args.ttft_share, args.ttft_devices))
+    shape, dtype = tg.shapes(args)["8b"]
+    T = args.ttft_tokens
+    cached_blocks = int(args.ttft_share * T) // BLOCK_TOKENS
+    block_bytes = 2 * shape.layers * BLOCK_TOKENS * shape.kv_heads * shape.head_dim * \
+        tg.dtype_bytes(dtype)
+    prefix_bytes = cached_blocks * block_bytes
+    mark = TEARDOWN.mark()
+    bench = None
+    try:
+        array = build_tmpfs_array(args, args.ttft_devices)
+        span = max(prefix_bytes // args.ttft_devices // (args.io_kib * 1024), 64) * \
+            args.io_kib * 1024
+        run_rawio(args, array, "write", span, prefix_bytes, fill=True)
+        raw0 = run_rawio(args, array, "read", span, prefix_bytes)
+        model = tg.build_model(shape, dtype)
+        layout = g.layout_of(shape, tg.dtype_bytes(dtype))
+        slot = block_bytes + 8192
+        cap = int(1.25 * cached_blocks * slot) + 256 * MiB
+        check_room(args.base, cap + span * args.ttft_devices, "the TTFT part")
+
+        def cfg(root, sock):
+            c = tuttid_config(args, array, root, sock, cap, cap)
+            c["pool"]["object_bytes"] = layout.object_bytes
+            c["pool"]["max_objects"] = 2 * shape.layers
+            return c
+
+        daemon = Daemon(args, array, cfg, "tuttid-ttft")
+        daemon.start()
+        ns = tutti_namespace(layout, shape)
+        nb = 2 * ((T + BLOCK_TOKENS - 1) // BLOCK_TOKENS) + 16
+        cache = g.new_cache(model, nb)
+        client = tg.attach(cache, ns, TtftDaemon(daemon), "ssd-array-ttft")
+        bench = tg.Bench(model, cache, client)
+        if cached_blocks > bench.max_keys:
+            raise BenchError("%d cached blocks exceed max_blocks_per_call %d (--set "
+                             "limits.max_blocks_per_call=...)" % (cached_blocks, bench.max_keys))
+        prompts = tg.store_prefixes(bench, [T], args.ttft_share)
+        tokens, hits = tg.point_prompt(prompts[T], T, args.ttft_share, seed=T + 980)
+        recompute = [bench.recompute(prompts[T]) for _ in range(args.ttft_runs + 1)][1:]
+        dram = load_all(bench, tokens, hits, args.ttft_runs)
+        spans, _ = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
+        spans2, _ = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
+        layer_ms = min(sum(spans) / len(spans), sum(spans2) / len(spans2))
+        gen = client.info["generation"]
+        daemon.stop()
+        daemon.set_dram(0)
+        daemon.start()
+        g.await_generation(client, gen + 1)
+        ssd = load_all(bench, tokens, hits, args.ttft_runs)
+        client.detach()
+        bench = None
+        daemon.stop()
+        raw1 = run_rawio(args, array, "read", span, prefix_bytes)
+    finally:
+        if bench is not None:
+            bench.client.detach()
+        TEARDOWN.run_to(mark)
+        free_device_memory()
+    raw = (raw0["gbps"] + raw1["gbps"]) / 2
+    limit_ms = prefix_bytes / (raw * GB) * 1e3 + layer_ms
+    rec, ssd_ms, dram_ms = min(recompute), min(ssd), min(dram)
+    common = dict(n_devices=args.ttft_devices, emulation="tmpfs", tokens=T,
+                  cached_tokens=hits * BLOCK_TOKENS, prefix_bytes=prefix_bytes,
+                  raw_gbps=raw, raw_gbps_before_after=[raw0["gbps"], raw1["gbps"]],
+                  layer_ms=layer_ms, recompute_ms=rec, ssd_ms=ssd_ms, dram_ms=dram_ms,
+                  runs={"recompute": recompute, "ssd": ssd, "dram": dram},
+                  tuttid_gbps=prefix_bytes / (ssd_ms / 1e3) / GB,
+                  tuttid_set=args.set)
+    how = ("TTFT = lookup + layer-wise load-all of %d blocks overlapped with computing the last "
+           "%d tokens, synchronized; min of %d runs after a warm-up; model %s %s" % (
+               hits, T - hits * BLOCK_TOKENS, args.ttft_runs, "Llama-3-8B shape, random weights"
+               if not args.local else "tiny (--local)", dtype))
+    results.add("ssd_array_ttft_vs_recompute", ssd_ms, "recompute_all", rec, "ms",
+                note="SSD tier (DRAM tier off). " + how, **common)
+    results.add("ssd_array_ttft_vs_limit", ssd_ms, "prefix_at_raw_read_plus_one_layer",
+                limit_ms, "ms",
+                note="limit = prefix bytes / raw read rate of the same array in this run (mean "
+                "of before and after, each reading as many bytes) + one layer's compute of the "
+                "new tokens with the prefix present (CUDA events, mean over layers, best of 2): "
+                "%.2f + %.2f ms. " % (limit_ms - layer_ms, layer_ms) + how, **common)
+    results.add("ssd_array_ttft_dram_vs_recompute", dram_ms, "recompute_all", rec, "ms",
+                note="DRAM tier (reference). " + how, **common)
+
+
+def tutti_namespace(layout, shape):
+    import tutti
+    return tutti.Namespace("ssd-array-ttft-%d-layers" % shape.layers, layout)
+
+
+def load_all(bench, tokens, hits, runs):
+    out = []
+    for i in range(runs + 1):
+        ms, lease, n = bench.load(tokens, decide=False)
+        if lease.hits != hits or n != hits:
+            raise BenchError("load-all: %d hits, %d loaded, %d blocks stored" % (lease.hits, n,
+                                                                              hits))
+        if i > 0:
+            out.append(ms)
+    return out
+
+
+# --- set-up, main ------------------------------------------------------------------------------
+
+def resolve_binaries(args):
+    """--tuttid and --rawio as command lists; defaults: bazel-bin, or the bundle beside
+    --tuttid (DIR/tuttid.sh -> DIR/run.sh bench/raw_array_io)."""
+    tuttid = args.tuttid or os.environ.get("TUTTID_BIN") or os.path.join(REPO,
+                                                                         "bazel-bin/daemon/tuttid")
+    args.tuttid_cmd = shlex.split(tuttid)
+    rawio = args.rawio
+    if not rawio:
+        bundle = os.path.dirname(os.path.abspath(args.tuttid_cmd[0]))
+        if os.path.basename(args.tuttid_cmd[0]) == "tuttid.sh" and os.path.exists(
+                os.path.join(bundle, "bin/bench/raw_array_io")):
+            rawio = "%s bench/raw_array_io" % os.path.join(bundle, "run.sh")
+        else:
+            rawio = os.path.join(REPO, "bazel-bin/bench/raw_array_io")
+    args.rawio_cmd = shlex.split(rawio)
+    for what, cmd in (("--tuttid", args.tuttid_cmd), ("--rawio", args.rawio_cmd)):
+        if not (os.path.isfile(cmd[0]) and os.access(cmd[0], os.X_OK)):
+            raise SetupError("%s: %s is not an executable file (build it: bazel build "
+                             "//daemon:tuttid //bench:raw_array_io, or bundle them with "
+                             "tools/gpu_bundle.sh)" % (what, cmd[0]))
+    if os.path.basename(args.rawio_cmd[0]) == "run.sh" and len(args.rawio_cmd) > 1:
+        target = os.path.join(os.path.dirname(args.rawio_cmd[0]), "bin", args.rawio_cmd[1])
+        if not os.path.exists(target):
+            raise SetupError("--rawio: %s is not in the bundle (add //bench:raw_array_io to "
+                             "tools/gpu_bundle.sh's targets)" % target)
+
+
+def preflight(args):
+    """Everything this run needs, checked before anything is built."""
+    resolve_binaries(args)
+    try:
+        import torch
+        import tutti
+        del tutti  # importable is all this checks
+    except ImportError as e:
+        raise SetupError("%s: put the tutti package on PYTHONPATH (bazel build "
+                         "//client/python:tutti; PYTHONPATH=bazel-bin/client/python/site, or "
+                         "the bundle's site/) and use a python3 with torch" % e) from None
+    if not args.local and not torch.cuda.is_available():
+        raise SetupError("torch sees no CUDA device: run on the GPU machine, or use --local")
+    if not os.path.isdir(args.base) or not takes_o_direct(args.base):
+        raise SetupError("--base %s does not take O_DIRECT (tmpfs does since Linux 6.6; "
+                         "/dev/shm on the GPU machine does)" % args.base)
+    loops = [c for c in args.configs if c[0] == "loop"] if "array" in args.parts else []
+    if loops:
+        if os.geteuid() != 0:
+            raise SetupError("loop configurations need root (losetup, mount, cgroups)")
+        for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+            if shutil.which(tool) is None:
+                raise SetupError("loop configurations need %s" % tool)
+        if args.io_cap_gbps > 0:
+            probe = Cgroup("%s%d-probe" % (PREFIX, os.getpid()))
+            log("I/O cap through %s works here" % probe.describe())
+            TEARDOWN.run_to(TEARDOWN.mark() - 1)
+    if args.ttft_share <= 0 or args.ttft_share >= 1:
+        raise SetupError("--ttft-share must be in (0, 1)")
+
+
+def machine_description(args):
+    gpu = "no GPU: --local host mode"
+    if not args.local:
+        import torch
+        gpu = torch.cuda.get_device_name(0)
+    return "%s (%s, %d cores, Linux %s)" % (platform.node(), gpu, os.cpu_count(),
+                                            platform.release())
+
+
+def start_watchdog(seconds):
+    def fire():
+        log("watchdog: %.0f s passed; stacks:" % seconds)
+        faulthandler.dump_traceback(all_threads=True)
+        log("watchdog: tearing down")
+        kill_children()
+        TEARDOWN.run_to(0)
+        os._exit(3)
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+
+
+def on_signal(signum, frame):
+    log("ssd_array: signal %d: tearing down, then exiting %d" % (signum, 128 + signum))
+    raise SystemExit(128 + signum)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.split("\n")[2:]))
+    ap.add_argument("--configs", default="tmpfs:1,tmpfs:2,tmpfs:4,tmpfs:8,loop:4",
+                    help="array configurations: tmpfs:N, loop:N (default %(default)s)")
+    ap.add_argument("--parts", default="array,dram,ttft", help="of array, dram, ttft")
+    ap.add_argument("--gib", type=float, default=8.0, help="GiB of blocks stored and retrieved "
+                    "(2 MiB each; default 8: 4096 blocks); also the raw files' total")
+    ap.add_argument("--sessions", type=int, default=1,
+                    help="engines storing and retrieving at once, each its share of the blocks "
+                    "in a cache of its own (the client runs one Retrieve per session)")
+    ap.add_argument("--call-blocks", type=int, default=0,
+                    help="blocks per Retrieve call (0: tuttid's limits.max_blocks_per_call)")
+    ap.add_argument("--max-blocks-per-call", type=int, default=2048, help=argparse.SUPPRESS)
+    ap.add_argument("--store-batch", type=int, default=64, help="blocks per Store call")
+    ap.add_argument("--store-wait", choices=("backlog", "durable"), default="backlog",
+                    help="backlog: Stores without wait_durable, then wait until Stats shows "
+                    "every block durable; durable: every Store waits (default %(default)s)")
+    ap.add_argument("--retrieve-rounds", type=int, default=3,
+                    help="retrieves of every block; the best counts (the first is often a "
+                    "warm-up)")
+    ap.add_argument("--io-kib", type=int, default=1024, help="raw request size, KiB")
+    ap.add_argument("--qd", type=int, default=16, help="raw queue depth per file")
+    ap.add_argument("--raw-seconds", type=float, default=0,
+                    help="one raw run of this length (0: runs of as many bytes as tuttid moves "
+                    "in one store or retrieve, repeated for --raw-min-seconds, the best "
+                    "counting)")
+    ap.add_argument("--raw-min-seconds", type=float, default=1.0)
+    ap.add_argument("--io-cap-gbps", type=float, default=2.5,
+                    help="loop: cgroup cap per device for reads and for writes (0: none)")
+    ap.add_argument("--base", default="/dev/shm", help="tmpfs for the devices and tuttid state")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a tuttid config field, e.g. datapath.checksum_threads=4 or "
+                    "limits.retrieve_staging_bytes=1073741824 (repeatable)")
+    ap.add_argument("--ttft-tokens", type=int, default=0, help="T (default 32768; --local 128)")
+    ap.add_argument("--ttft-share", type=float, default=0.98, help="cached share of T")
+    ap.add_argument("--ttft-devices", type=int, default=8, help="tmpfs directories of the prefix")
+    ap.add_argument("--ttft-runs", type=int, default=2, help="runs after a warm-up")
+    ap.add_argument("--phase-timeout", type=float, default=300.0, help="seconds per store phase")
+    ap.add_argument("--label", default="", help='what tuttid this is, e.g. "before", "after"')
+    ap.add_argument("--tuttid", default=None, help="tuttid binary or wrapper (.bundle/tuttid.sh;"
+                    " default $TUTTID_BIN, else bazel-bin/daemon/tuttid)")
+    ap.add_argument("--rawio", default=None, help='raw_array_io command, e.g. ".bundle/run.sh '
+                    'bench/raw_array_io" (default: beside --tuttid\'s bundle, else bazel-bin)')
+    ap.add_argument("--out", default=os.path.join(REPO, "bench/results/ssd_array.jsonl"))
+    ap.add_argument("--local", action="store_true",
+                    help="here, without a GPU: tuttid in host mode, caches in shared memory")
+    ap.add_argument("--watchdog", type=float, default=0,
+                    help="after this many seconds: stacks, teardown, exit 3 (0: none)")
+    args = ap.parse_args(argv)
+    args.sets = parse_sets(args.set)
+    for path, value in args.sets:
+        if path == ["limits", "max_blocks_per_call"]:
+            args.max_blocks_per_call = int(value)
+    args.configs = parse_configs(args.configs)
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    for p in args.parts:
+        if p not in ("array", "dram", "ttft"):
+            raise SetupError("--parts: unknown part %r (array, dram, ttft)" % p)
+    args.ttft_tokens = args.ttft_tokens or (128 if args.local else 32768)
+    args.cpu_dry_run = args.local  # what tests/e2e's shapes() reads
+    if args.sessions < 1:
+        raise SetupError("--sessions must be at least 1")
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+        preflight(args)
+    except SetupError as e:
+        log("ssd_array: %s" % e)
+        return 2
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.watchdog > 0:
+        start_watchdog(args.watchdog)
+    clean_stale(args.base)
+    for top in (os.path.join(args.base, "%s%d" % (PREFIX, os.getpid())),
+                os.path.join("/tmp", "%s%d" % (PREFIX, os.getpid()))):
+        TEARDOWN.push("remove " + top, lambda top=top: shutil.rmtree(top, ignore_errors=True))
+    command = "python3 bench/ssd_array.py " + shlex.join(argv)
+    results = Results(args, machine_description(args), command)
+    log("ssd_array: %s; tuttid %s; raw %s; label %r; out %s" % (
+        results.machine, shlex.join(args.tuttid_cmd), shlex.join(args.rawio_cmd), args.label,
+        args.out))
+    failed = []
+    ctx = {}
+    try:
+        if "array" in args.parts or "dram" in args.parts:
+            ctx["copy"] = measure_copy(args)
+        for part in args.parts:
+            t0 = time.perf_counter()
+            try:
+                globals()["part_" + part](args, results, ctx)
+                log("=== %s: OK in %.1f s" % (part, time.perf_counter() - t0))
+            except (BenchError, Exception) as e:
+                if not isinstance(e, BenchError):
+                    traceback.print_exc()
+                log("=== %s: FAILED in %.1f s: %s" % (part, time.perf_counter() - t0, e))
+                failed.append(part)
+    finally:
+        leftovers = TEARDOWN.run_to(0)
+        if leftovers:
+            log("teardown left: %s" % leftovers)
+            failed.append("teardown")
+    results.table()
+    log("parts failed: %s" % (", ".join(failed) or "none"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
