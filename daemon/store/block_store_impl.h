@@ -40,7 +40,7 @@
 namespace tutti::store {
 
 // Writer batches in flight at once (write_pipeline.cc).
-inline constexpr uint32_t kPipelineBatches = 2;
+inline constexpr uint32_t kPipelineBatches = 4;
 // At most this many threads sync pool files in parallel, besides the writer.
 inline constexpr uint32_t kMaxSyncThreads = 15;
 
@@ -190,6 +190,9 @@ class BlockStore::Impl {
   // were synced; an evicted block's Delete is durable before its slot's writes are posted.
   struct InFlightBatch;
   void WriterLoop();
+  enum class WriterStep { kWait, kStart, kCommit, kStop };
+  WriterStep NextWriterStep(const std::deque<std::unique_ptr<InFlightBatch>>& in_flight) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
   // (write_batch_blocks pages), and the batch's merged writes posted; `written` is set (under mu_)
   // once they all completed.

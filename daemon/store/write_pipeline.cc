@@ -38,48 +38,58 @@ struct BlockStore::Impl::InFlightBatch {
   absl::Time started, posted;
 };
 
+// What the writer does next, given the batches in flight (oldest first).
+BlockStore::Impl::WriterStep BlockStore::Impl::NextWriterStep(
+    const std::deque<std::unique_ptr<InFlightBatch>>& in_flight) const {
+  const bool can_start = in_flight.size() < kPipelineBatches && !write_queue_.empty();
+  if (!in_flight.empty() && in_flight.front()->written) {
+    // Commit at once while a later batch keeps the devices busy; when the devices have nothing
+    // else, first start the next batch (if any) so they get its writes during the commit.
+    return in_flight.size() >= 2 || !can_start ? WriterStep::kCommit : WriterStep::kStart;
+  }
+  if (can_start) return WriterStep::kStart;
+  return stopping_ && in_flight.empty() ? WriterStep::kStop : WriterStep::kWait;
+}
+
 void BlockStore::Impl::WriterLoop() {
   std::deque<std::unique_ptr<InFlightBatch>> in_flight;  // oldest first
   uint64_t started = 0;  // batches started: batch i uses header set i % kPipelineBatches
   for (;;) {
     std::vector<PendingBlock*> blocks;
     size_t written = 0;  // the oldest batches in flight, as far as they are written
+    WriterStep step;
     {
       absl::MutexLock lock(&mu_);
-      // Start a batch while there is room (the devices get its writes queued behind the
-      // previous batch's); else commit the oldest once it is written.
       auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return (in_flight.size() < kPipelineBatches && !write_queue_.empty()) ||
-               (!in_flight.empty() && in_flight.front()->written) ||
-               (stopping_ && in_flight.empty());
+        return NextWriterStep(in_flight) != WriterStep::kWait;
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), kWriterIdleWake);
-      if (write_queue_.empty() && stopping_ && in_flight.empty()) return;
-      if (in_flight.size() < kPipelineBatches) {
+      step = NextWriterStep(in_flight);
+      if (step == WriterStep::kStop) return;
+      if (step == WriterStep::kStart) {
         while (!write_queue_.empty() && blocks.size() < options_.write_batch_blocks) {
           blocks.push_back(write_queue_.front());
           write_queue_.pop_front();
         }
-        if (!blocks.empty()) ++writing_;
+        ++writing_;
       }
       while (written < in_flight.size() && in_flight[written]->written) ++written;
     }
     // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
     ReapStalePending();
-    if (!blocks.empty()) {
+    if (step == WriterStep::kStart) {
       uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
                                                options_.write_batch_blocks *
                                                pool::kSlotHeaderBytes;
       in_flight.push_back(StartBatch(std::move(blocks), headers));
-      continue;
+    } else if (step == WriterStep::kCommit) {
+      std::vector<std::unique_ptr<InFlightBatch>> done;
+      for (size_t i = 0; i < written; ++i) {
+        done.push_back(std::move(in_flight.front()));
+        in_flight.pop_front();
+      }
+      CommitBatches(std::move(done));
     }
-    if (written == 0) continue;
-    std::vector<std::unique_ptr<InFlightBatch>> done;
-    for (size_t i = 0; i < written; ++i) {
-      done.push_back(std::move(in_flight.front()));
-      in_flight.pop_front();
-    }
-    CommitBatches(std::move(done));
   }
 }
 
