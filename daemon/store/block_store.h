@@ -18,10 +18,11 @@
 // is needed.
 //
 // Thread-safety: every public method is thread-safe. Internally one writer
-// thread owns slot allocation and pool writes; the journal is shared by the
-// writer, Evict, RegisterNamespace and failed reads, none of which waits for
-// another's pool writes or pool syncs (block_store_impl.h states the rules);
-// reads run on the caller's thread and the I/O backend's.
+// thread owns slot allocation and pool writes, and one committer thread their
+// pool syncs, journal commits and publication; the journal is shared by them,
+// Evict, RegisterNamespace and failed reads, none of which waits for another's
+// pool writes or pool syncs (block_store_impl.h states the rules); reads run on
+// the caller's thread and the I/O backend's.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_H_
 
@@ -273,7 +274,7 @@ struct RemovedNamespace {
 class BlockStore {
  public:
   // Takes options.state_dir's lock, recovers the index from its journal and
-  // checkpoint, and starts the writer thread. The pool is not read to check the
+  // checkpoint, and starts the writer threads. The pool is not read to check the
   // index (every read verifies instead), except when the index comes back
   // empty: then the headers of the pool's first slots are counted, and used ones
   // are reported (a warning, and StoreStats::unindexed_slot_headers). `backend`

@@ -13,7 +13,7 @@
 // durable; a namespace record and the namespace's entry in namespaces_ are atomic
 // with respect to a checkpoint (checkpoint_mu_), and every other record is
 // appended after its effect on the index (a Delete) or before a checkpoint on the
-// same thread (the writer's Puts), so a checkpoint never drops a record whose
+// same thread (the committer's Puts), so a checkpoint never drops a record whose
 // effect it does not hold.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
@@ -27,6 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/staging_lease.h"
 #include "daemon/datapath/work_pool.h"
@@ -84,12 +85,21 @@ struct PendingBlock {
   std::vector<uint64_t> checksums;
 };
 
+// A writer batch from its start until it is committed (write_pipeline.cc).
+struct InFlightBatch {
+  std::vector<PendingBlock*> blocks;
+  WritePlan plan;
+  bool written = false;  // guarded by Impl::mu_: every write of `plan` completed
+  bool durability_lost = false;  // failed whole at its start: the journal can make nothing durable
+  absl::Time started, posted;
+};
+
 class BlockStore::Impl {
  public:
   Impl(const StoreOptions& options, std::unique_ptr<io::IoBackend> backend, Clock* clock);
   ~Impl();
 
-  absl::Status Init();  // staging, recovery, writer thread
+  absl::Status Init();  // staging, recovery, writer and committer threads
 
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
   // namespaces.cc
@@ -183,16 +193,16 @@ class BlockStore::Impl {
   // Returns the journal sequence number of the last Delete appended (0: none).
   uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
 
-  // write_pipeline.cc: the writer thread's batches, from slots to publication. Up to
-  // kPipelineBatches batches are in flight: a batch's checksums and writes overlap the previous
-  // one's writes, pool syncs and journal commit. Each batch keeps the rules of the top of this
-  // file: its Puts are appended only after its writes completed and the pool files they went to
-  // were synced; an evicted block's Delete is durable before its slot's writes are posted.
-  struct InFlightBatch;
+  // write_pipeline.cc: batches from slots to publication. The writer thread (WriterLoop) starts
+  // batches (StartBatch) while fewer than kPipelineBatches are in in_flight_; the committer
+  // thread (CommitLoop) commits them in order as their writes complete (CommitBatches). So a
+  // batch's checksums and writes overlap the previous ones' writes, pool syncs and journal
+  // commit. Each batch keeps the rules of the top of this file: its Puts are appended only after
+  // its writes completed and the pool files they went to were synced; an evicted block's Delete
+  // is durable before its slot's writes are posted. Puts are appended, blocks published and
+  // checkpoints written on the committer thread only.
   void WriterLoop();
-  enum class WriterStep { kWait, kStart, kCommit, kStop };
-  WriterStep NextWriterStep(const std::deque<std::unique_ptr<InFlightBatch>>& in_flight) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitLoop();
   // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
   // (write_batch_blocks pages), and the batch's merged writes posted; `written` is set (under mu_)
   // once they all completed.
@@ -215,7 +225,7 @@ class BlockStore::Impl {
   absl::Status SyncPoolFiles(const std::vector<bool>& files);
   std::vector<uint8_t*> CopyToDram(absl::Span<PendingBlock* const> batch);
   void Publish(absl::Span<PendingBlock* const> batch);
-  // Writer thread only: checkpoints when checkpoint_every records are in the
+  // Committer thread only: checkpoints when checkpoint_every records are in the
   // journal, and after a failure not before the back-off has passed.
   void MaybeCheckpoint();
   absl::Status WriteCheckpoint() ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
@@ -335,7 +345,7 @@ class BlockStore::Impl {
   // Shared by RegisterNamespace (from its record's append to its entry in
   // namespaces_) and namespace drops, exclusive for a checkpoint.
   absl::Mutex checkpoint_mu_;
-  // Writer thread only (and the destructor, after it stopped).
+  // Committer thread only (and the destructor, after it stopped).
   int64_t checkpoint_retry_ms_ = 0;   // no checkpoint attempt before this time
   uint32_t checkpoint_failed_in_row_ = 0;
 
@@ -358,14 +368,18 @@ class BlockStore::Impl {
   // Its bounds: options_' at start, then SetWriteBacklogBounds' (a config reload).
   uint64_t max_backlog_bytes_ ABSL_GUARDED_BY(mu_) = options_.max_write_backlog_bytes;
   int64_t max_backlog_age_ms_ ABSL_GUARDED_BY(mu_) = options_.max_write_backlog_age_ms;
-  int writing_ ABSL_GUARDED_BY(mu_) = 0;
+  int writing_ ABSL_GUARDED_BY(mu_) = 0;  // batches taken by the writer and not yet committed
+  // Batches started by the writer and not yet taken by the committer, oldest first.
+  std::deque<std::unique_ptr<InFlightBatch>> in_flight_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;  // the writer has stopped: no batch will come
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t last_reap_ms_ ABSL_GUARDED_BY(mu_) = 0;
   StoreStats stats_ ABSL_GUARDED_BY(mu_);
   datapath::BandwidthMeter read_bandwidth_;
   EventHub events_;  // thread-safe; its lock is a leaf (taken under mu_ by the hooks)
   std::thread writer_;
+  std::thread committer_;
 };
 
 }  // namespace tutti::store

@@ -1,7 +1,7 @@
-// BlockStore's writer: start-up, recovery, checkpoints, slot allocation and eviction. One thread
-// (writer_) runs the write pipeline (write_pipeline.cc), which takes its batches' slots here;
-// Evict, RegisterNamespace and failed reads append to the same journal, which is thread-safe (the
-// rules are in block_store_impl.h).
+// BlockStore's writer: start-up, recovery, checkpoints, slot allocation and eviction. Two threads
+// (writer_ and committer_) run the write pipeline (write_pipeline.cc), which takes its batches'
+// slots here; Evict, RegisterNamespace and failed reads append to the same journal, which is
+// thread-safe (the rules are in block_store_impl.h).
 #include <pthread.h>
 
 #include <algorithm>
@@ -53,6 +53,7 @@ BlockStore::Impl::~Impl() {
     stopping_ = true;
   }
   if (writer_.joinable()) writer_.join();
+  if (committer_.joinable()) committer_.join();
   if (journal_ == nullptr) return;
   auto log = log::Get("store");
   if (absl::Status lost = journal_->durability(); !lost.ok()) {
@@ -137,6 +138,8 @@ absl::Status BlockStore::Impl::Init() {
   RETURN_IF_ERROR(Recover());
   writer_ = std::thread([this] { WriterLoop(); });
   pthread_setname_np(writer_.native_handle(), "tutti-writer");
+  committer_ = std::thread([this] { CommitLoop(); });
+  pthread_setname_np(committer_.native_handle(), "tutti-commit");
   return absl::OkStatus();
 }
 
@@ -274,7 +277,7 @@ uint64_t BlockStore::Impl::CountUsedSlotHeaders(uint64_t max_slots) {
 absl::Status BlockStore::Impl::WriteCheckpoint() {
   // Every record appended before the checkpoint has its effect in what the
   // snapshot reads: Deletes are appended after their entry left the index, the
-  // writer's Puts are published before it checkpoints (on the same thread), and
+  // committer's Puts are published before it checkpoints (on the same thread), and
   // a namespace record is appended and applied under checkpoint_mu_, held
   // shared. Records appended meanwhile (Evict's and failed reads' Deletes) go to
   // the new generation and replay over the snapshot whether or not it saw

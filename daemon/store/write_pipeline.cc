@@ -1,9 +1,9 @@
-// BlockStore's write pipeline, on the writer thread: batches of queued blocks get slots
-// (block_writer.cc), checksums (on the checksum pool), slot headers and merged writes posted to
-// the I/O scheduler; once a batch's writes completed, the pool files written are synced in
-// parallel, the Puts appended and the journal synced once for every batch committed together, and
-// the blocks published. While one batch is being written the next one is prepared and posted, so
-// the devices have its writes queued while the first is synced and committed.
+// BlockStore's write pipeline. The writer thread gives batches of queued blocks slots
+// (block_writer.cc), checksums (on the checksum pool), slot headers and merged writes, and posts
+// them to the I/O scheduler; the committer thread takes each batch once its writes completed,
+// syncs the pool files written (in parallel), appends the Puts and syncs the journal once for
+// every batch written by then, and publishes the blocks. So the next batches' checksums and
+// writes go on while one is synced and committed, and the devices have their writes queued.
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -30,70 +30,63 @@ double MsBetween(absl::Time a, absl::Time b) { return absl::ToDoubleMilliseconds
 
 }  // namespace
 
-struct BlockStore::Impl::InFlightBatch {
-  std::vector<PendingBlock*> blocks;
-  WritePlan plan;
-  bool written = false;  // guarded by Impl::mu_: every write of `plan` completed
-  bool durability_lost = false;  // failed whole at its start: the journal can make nothing durable
-  absl::Time started, posted;
-};
-
-// What the writer does next, given the batches in flight (oldest first).
-BlockStore::Impl::WriterStep BlockStore::Impl::NextWriterStep(
-    const std::deque<std::unique_ptr<InFlightBatch>>& in_flight) const {
-  const bool can_start = in_flight.size() < kPipelineBatches && !write_queue_.empty();
-  if (!in_flight.empty() && in_flight.front()->written) {
-    // Commit at once while a later batch keeps the devices busy; when the devices have nothing
-    // else, first start the next batch (if any) so they get its writes during the commit.
-    return in_flight.size() >= 2 || !can_start ? WriterStep::kCommit : WriterStep::kStart;
-  }
-  if (can_start) return WriterStep::kStart;
-  return stopping_ && in_flight.empty() ? WriterStep::kStop : WriterStep::kWait;
-}
-
 void BlockStore::Impl::WriterLoop() {
-  std::deque<std::unique_ptr<InFlightBatch>> in_flight;  // oldest first
   uint64_t started = 0;  // batches started: batch i uses header set i % kPipelineBatches
   for (;;) {
     std::vector<PendingBlock*> blocks;
-    size_t written = 0;  // the oldest batches in flight, as far as they are written
-    WriterStep step;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return NextWriterStep(in_flight) != WriterStep::kWait;
+      // A batch starts while fewer than kPipelineBatches are in flight (written or not yet
+      // handed to the committer): its header set is then free.
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (!write_queue_.empty() && in_flight_.size() < kPipelineBatches) ||
+               (stopping_ && write_queue_.empty());
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), kWriterIdleWake);
-      step = NextWriterStep(in_flight);
-      if (step == WriterStep::kStop) return;
-      if (step == WriterStep::kStart) {
+      if (stopping_ && write_queue_.empty()) {
+        writer_done_ = true;
+        return;
+      }
+      if (in_flight_.size() < kPipelineBatches) {
         while (!write_queue_.empty() && blocks.size() < options_.write_batch_blocks) {
           blocks.push_back(write_queue_.front());
           write_queue_.pop_front();
         }
-        ++writing_;
+        if (!blocks.empty()) ++writing_;
       }
-      while (written < in_flight.size() && in_flight[written]->written) ++written;
     }
     // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
     ReapStalePending();
-    if (step == WriterStep::kStart) {
-      uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
-                                               options_.write_batch_blocks *
-                                               pool::kSlotHeaderBytes;
-      in_flight.push_back(StartBatch(std::move(blocks), headers));
-    } else if (step == WriterStep::kCommit) {
-      std::vector<std::unique_ptr<InFlightBatch>> done;
-      for (size_t i = 0; i < written; ++i) {
-        done.push_back(std::move(in_flight.front()));
-        in_flight.pop_front();
-      }
-      CommitBatches(std::move(done));
-    }
+    if (blocks.empty()) continue;
+    uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
+                                             options_.write_batch_blocks * pool::kSlotHeaderBytes;
+    std::unique_ptr<InFlightBatch> batch = StartBatch(std::move(blocks), headers);
+    absl::MutexLock lock(&mu_);
+    in_flight_.push_back(std::move(batch));
   }
 }
 
-std::unique_ptr<BlockStore::Impl::InFlightBatch> BlockStore::Impl::StartBatch(
+void BlockStore::Impl::CommitLoop() {
+  for (;;) {
+    std::vector<std::unique_ptr<InFlightBatch>> written;  // the oldest batches, as far as written
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (!in_flight_.empty() && in_flight_.front()->written) ||
+               (writer_done_ && in_flight_.empty());
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (in_flight_.empty()) return;  // the writer is done, and so is every batch
+      while (!in_flight_.empty() && in_flight_.front()->written) {
+        written.push_back(std::move(in_flight_.front()));
+        in_flight_.pop_front();
+      }
+    }
+    CommitBatches(std::move(written));
+  }
+}
+
+std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
     std::vector<PendingBlock*> blocks, uint8_t* headers) {
   auto log = log::Get("store");
   auto b = std::make_unique<InFlightBatch>();

@@ -1,15 +1,19 @@
-// The writer's merged writes (issue 20): blocks one Capture call starts share interleaved staging,
-// so object j of blocks written to consecutive slots of one extent group, and slot headers
-// adjacent in a pool file, go in one write each. They must leave exactly the bytes and the
-// journal that one write per piece leaves; a failed write fails exactly the blocks it covered; a
-// failed pool sync fails the whole batch.
+// The store's write pipeline (issue 20). Merged writes: blocks one Capture call starts share
+// interleaved staging, so object j of blocks written to consecutive slots of one extent group,
+// and slot headers adjacent in a pool file, go in one write each; they must leave exactly the
+// bytes and the journal that one write per piece leaves; a failed write fails exactly the blocks
+// it covered; a failed pool sync fails the whole batch. Pipelining: a batch's writes go out while
+// an earlier batch's pool sync is still in progress.
 #include <unistd.h>
 
+#include <atomic>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/store_test_util.h"
@@ -26,6 +30,7 @@ constexpr uint32_t kObjectLen = 4096;  // 16 tokens x 2 heads x 64 dims x 2 byte
 constexpr uint32_t kFrame = 4096;
 constexpr uint32_t kExtentSlots = 4;   // G: object j of 4 consecutive slots are 4 adjacent frames
 constexpr uint32_t kBlocks = 8;        // one extent of 2 files: slots 0-3 (group 0), 4-7 (group 1)
+constexpr absl::Duration kPatience = absl::Seconds(10);  // only bounds a hang: never waited out
 
 uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
   return static_cast<uint8_t>(key.bytes[offset % 16] * 31 + object * 17 + offset / 16);
@@ -38,6 +43,36 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+// A memory backend whose first Sync after Arm() announces itself (`entered`) and waits for
+// `release`.
+class HoldingBackend final : public io::IoBackend {
+ public:
+  explicit HoldingBackend(std::shared_ptr<io::MemoryDisk> disk)
+      : inner_(io::MemoryBackend::CreateOn(std::move(disk))) {}
+  std::string_view name() const override { return "holding"; }
+  uint32_t num_files() const override { return inner_->num_files(); }
+  uint64_t file_size(uint32_t f) const override { return inner_->file_size(f); }
+  absl::Status RegisterBuffer(absl::Span<uint8_t> r) override { return inner_->RegisterBuffer(r); }
+  void Submit(absl::Span<io::IoRequest> batch, std::function<void()> done) override {
+    inner_->Submit(batch, std::move(done));
+  }
+  absl::Status Sync(uint32_t file) override {
+    if (armed_.exchange(false)) {
+      entered_.Notify();
+      release_.WaitForNotification();
+    }
+    return inner_->Sync(file);
+  }
+  void Arm() { armed_ = true; }
+  absl::Notification& entered() { return entered_; }
+  absl::Notification& release() { return release_; }
+
+ private:
+  std::unique_ptr<io::MemoryBackend> inner_;
+  std::atomic<bool> armed_{false};
+  absl::Notification entered_, release_;
+};
+
 // One store over its own memory disk and state directory.
 struct TestStore {
   std::string state_dir;
@@ -46,7 +81,7 @@ struct TestStore {
   NamespaceId ns = 0;
 };
 
-class MergedWritesTest : public ::testing::Test {
+class WritePipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = absl::StrCat(::testing::TempDir(), "/merged_", getpid(), "_",
@@ -65,7 +100,9 @@ class MergedWritesTest : public ::testing::Test {
     fs::remove_all(root_);
   }
 
-  TestStore& Open() {
+  // A store over a fresh disk, through `wrap` (the memory backend over the disk by default).
+  TestStore& Open(std::function<std::unique_ptr<io::IoBackend>(std::shared_ptr<io::MemoryDisk>)>
+                      wrap = nullptr) {
     auto s = std::make_unique<TestStore>();
     s->state_dir = absl::StrCat(root_, "/state", stores_.size());
     fs::create_directories(s->state_dir);
@@ -75,7 +112,9 @@ class MergedWritesTest : public ::testing::Test {
     s->disk = *disk;
     StoreOptions options = options_;
     options.state_dir = s->state_dir;
-    auto store = BlockStore::Open(options, io::MemoryBackend::CreateOn(s->disk), &clock_);
+    std::unique_ptr<io::IoBackend> backend =
+        wrap ? wrap(s->disk) : io::MemoryBackend::CreateOn(s->disk);
+    auto store = BlockStore::Open(options, std::move(backend), &clock_);
     EXPECT_TRUE(store.ok()) << store.status();
     s->store = std::move(store).value();
     auto ns = s->store->RegisterNamespace(testing::TestNamespace(kLayers, 2));
@@ -85,8 +124,10 @@ class MergedWritesTest : public ::testing::Test {
     return *stores_.back();
   }
 
-  // Stores `keys` in one Capture call (whole blocks), waiting until they are durable or failed.
-  static std::vector<CaptureOutcome> Store(TestStore& s, absl::Span<const Key> keys) {
+  // Stores `keys` in one Capture call (whole blocks), waiting until they are durable or failed
+  // unless `wait` is false.
+  static std::vector<CaptureOutcome> Store(TestStore& s, absl::Span<const Key> keys,
+                                           bool wait = true) {
     std::vector<Key> copy(keys.begin(), keys.end());
     auto gather = [copy](absl::Span<const GatherOp> ops) {
       for (const GatherOp& op : ops) {
@@ -94,7 +135,7 @@ class MergedWritesTest : public ::testing::Test {
       }
       return absl::OkStatus();
     };
-    auto out = s.store->Capture(s.ns, keys, 0, kLayers, gather, /*wait_durable=*/true);
+    auto out = s.store->Capture(s.ns, keys, 0, kLayers, gather, wait);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? *out : std::vector<CaptureOutcome>();
   }
@@ -116,7 +157,7 @@ class MergedWritesTest : public ::testing::Test {
   std::vector<std::unique_ptr<TestStore>> stores_;
 };
 
-TEST_F(MergedWritesTest, MergedWritesLeaveTheBytesAndJournalOfOneWriteEach) {
+TEST_F(WritePipelineTest, MergedWritesLeaveTheBytesAndJournalOfOneWriteEach) {
   const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
   TestStore& merged = Open();
   TestStore& single = Open();
@@ -138,7 +179,7 @@ TEST_F(MergedWritesTest, MergedWritesLeaveTheBytesAndJournalOfOneWriteEach) {
   EXPECT_TRUE(journal == ReadFile(single.state_dir + "/journal.1"));
 }
 
-TEST_F(MergedWritesTest, AFailedMergedWriteFailsExactlyTheBlocksItCovered) {
+TEST_F(WritePipelineTest, AFailedMergedWriteFailsExactlyTheBlocksItCovered) {
   const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
   TestStore& s = Open();
   // File 1's first two writes, in (offset) order: the headers of slots 1, 3, 5 and 7 (slot s's
@@ -157,7 +198,7 @@ TEST_F(MergedWritesTest, AFailedMergedWriteFailsExactlyTheBlocksItCovered) {
   EXPECT_EQ(Visible(s, keys), std::vector<bool>(kBlocks, true));
 }
 
-TEST_F(MergedWritesTest, AFailedPoolSyncFailsTheWholeBatch) {
+TEST_F(WritePipelineTest, AFailedPoolSyncFailsTheWholeBatch) {
   const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
   TestStore& s = Open();
   s.disk->FailNextSync(1, 1, EIO);
@@ -166,6 +207,34 @@ TEST_F(MergedWritesTest, AFailedPoolSyncFailsTheWholeBatch) {
   EXPECT_EQ(s.store->Stats().store_failed, kBlocks);
   for (CaptureOutcome o : Store(s, keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
   EXPECT_EQ(Visible(s, keys), std::vector<bool>(kBlocks, true));
+}
+
+TEST_F(WritePipelineTest, ABatchIsWrittenWhileAnEarlierOneIsSynced) {
+  HoldingBackend* holding = nullptr;
+  TestStore& s = Open([&](std::shared_ptr<io::MemoryDisk> disk) {
+    auto b = std::make_unique<HoldingBackend>(std::move(disk));
+    holding = b.get();
+    return b;
+  });
+  const std::vector<Key> first = testing::TestKeys(0, kBlocks);
+  const std::vector<Key> second = testing::TestKeys(100, kBlocks);
+  holding->Arm();
+  for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  ASSERT_TRUE(holding->entered().WaitForNotificationWithTimeout(kPatience));
+  // The first batch's pool sync is held now. The second batch is written meanwhile.
+  auto writes = [&] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
+  const uint64_t before = writes();
+  for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (writes() < before + 2 * kObjects + 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(writes(), before + 2 * kObjects + 2) << "the second batch waited for the first's sync";
+  EXPECT_EQ(Visible(s, first), std::vector<bool>(kBlocks, false)) << "not durable yet";
+  holding->release().Notify();
+  s.store->Flush();
+  EXPECT_EQ(Visible(s, first), std::vector<bool>(kBlocks, true));
+  EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, true));
 }
 
 }  // namespace
