@@ -85,8 +85,8 @@ struct LayerReaderOptions {
   uint32_t max_read_bytes = 1u << 20;  // a multiple of 4096, >= 4096
   uint32_t window_layers = 8;          // >= 1; staging may allow fewer
   // Reads of one device are posted in batches of at most this many bytes (at least one read), so
-  // checks follow the reads as they land.
-  uint32_t post_bytes = 4u << 20;
+  // checks follow the reads as they land: by default each merged read is its own batch.
+  uint32_t post_bytes = 1u << 20;
 };
 
 class LayerReader {
