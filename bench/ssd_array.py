@@ -595,6 +595,9 @@ def tuttid_config(args, array, root, socket_path, capacity, dram):
                  "object_bytes": OBJECT_BYTES, "max_objects": 2 * LAYERS},
         "dram": {"capacity_bytes": int(dram)},
         "gpu": {"mode": '"host"' if args.local else '"cuda"'},
+        # The raw baseline's queue depth per file (the issue: same request size and queue depth);
+        # --set io.queue_depth=N overrides it.
+        "io": {"queue_depth": args.qd},
     }
     return apply_sets(cfg, args.sets)
 

@@ -21,9 +21,12 @@ struct LayerReader::InFlight {
   const uint8_t* staging = nullptr;  // the lease's bytes
   LayerPlan plan;
   std::vector<io::IoRequest> reqs;
-  // Per planned object, written by the one check that covers it before `done` is notified.
+  // Per planned object, written by the batch that read it before `done` is notified: its outcome,
+  // what the verifier checks, and the verifier's answer.
   std::vector<ReadFailure> object_failures;
-  // Batches posted and not yet split into checks, plus checks scheduled and not finished.
+  std::vector<ObjectCheck> checks;
+  std::vector<uint8_t> matches;
+  // Batches posted whose reads or checks are not done.
   std::atomic<uint32_t> pending{0};
   std::unique_ptr<absl::Notification> done;
   void Finish(uint32_t n) {
@@ -43,16 +46,9 @@ struct LayerReader::Window {
   uint32_t size() const { return static_cast<uint32_t>(layers.size()); }
 };
 
-namespace {
-
-// Objects checked per task: 32 objects of 32 KiB are 1 MiB, about 0.1 ms of hashing.
-constexpr uint32_t kObjectsPerCheck = 32;
-
-}  // namespace
-
-LayerReader::LayerReader(const LayerReaderOptions& options, StagingPool* staging, WorkPool* checks,
-                         PostFn post)
-    : options_(options), staging_(staging), checks_(checks), post_(std::move(post)) {}
+LayerReader::LayerReader(const LayerReaderOptions& options, StagingPool* staging,
+                         Verifier* verifier, PostFn post)
+    : options_(options), staging_(staging), verifier_(verifier), post_(std::move(post)) {}
 
 absl::Status LayerReader::TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window) {
   const uint32_t wanted = std::max<uint32_t>(1, std::min(layers, options_.window_layers));
@@ -96,6 +92,8 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
   in->layer = layer;
   in->staging = lease.data();
   in->object_failures.assign(in->plan.objects.size(), ReadFailure::kNone);
+  in->checks.resize(in->plan.objects.size());
+  in->matches.assign(in->plan.objects.size(), 0);
   in->reqs.clear();
   uint64_t bytes = 0, merged = 0;
   for (const PlannedIo& io : in->plan.ios) {
@@ -135,43 +133,37 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
                               uint32_t end) {
   const uint32_t first = in->plan.ios[begin].first_object;
   const uint32_t last = in->plan.ios[end - 1].first_object + in->plan.ios[end - 1].num_objects;
-  const uint32_t tasks = (last - first + kObjectsPerCheck - 1) / kObjectsPerCheck;
-  // This batch's count becomes its tasks' count before any of them can finish.
-  if (tasks > 1) in->pending.fetch_add(tasks - 1, std::memory_order_relaxed);
-  for (uint32_t t = first; t < last; t += kObjectsPerCheck) {
-    const uint32_t t_end = std::min(last, t + kObjectsPerCheck);
-    auto check = [this, &r, in, t, t_end] {
-      CheckObjects(r, in, t, t_end);
-      in->Finish(1);
-    };
-    if (checks_ != nullptr) {
-      checks_->Schedule(std::move(check));
-    } else {
-      check();
-    }
-  }
-}
-
-void LayerReader::CheckObjects(const LayerReadRequest& r, InFlight* in, uint32_t begin,
-                               uint32_t end) const {
-  for (uint32_t k = begin; k < end; ++k) {
+  for (uint32_t k = first; k < last; ++k) {
     const PlannedObject& o = in->plan.objects[k];
-    in->object_failures[k] = CheckObject(r, o, *in, in->staging + o.staging_offset);
+    const ReadSource& src = r.items[o.item];
+    const uint32_t object = in->layer * r.parts + o.part;
+    in->object_failures[k] = ReadOutcome(*in, o);
+    // A failed read's object is not hashed (len 0); its outcome stands.
+    const uint32_t len = in->object_failures[k] == ReadFailure::kNone ? r.object_len : 0;
+    in->checks[k] = ObjectCheck{r.ns,
+                                &src.key,
+                                src.epoch,
+                                object,
+                                in->staging + o.staging_offset,
+                                len,
+                                src.checksums[object]};
   }
+  verifier_->Verify(absl::MakeConstSpan(in->checks).subspan(first, last - first),
+                    absl::MakeSpan(in->matches).subspan(first, last - first), [in, first, last] {
+                      for (uint32_t k = first; k < last; ++k) {
+                        if (in->object_failures[k] == ReadFailure::kNone && !in->matches[k]) {
+                          in->object_failures[k] = ReadFailure::kChecksum;
+                        }
+                      }
+                      in->Finish(1);
+                    });
 }
 
-ReadFailure LayerReader::CheckObject(const LayerReadRequest& r, const PlannedObject& o,
-                                     const InFlight& in, const uint8_t* bytes) const {
+ReadFailure LayerReader::ReadOutcome(const InFlight& in, const PlannedObject& o) {
   const io::IoRequest& req = in.reqs[o.io];
   const uint64_t end_in_io = o.staging_offset - in.plan.ios[o.io].staging_offset + in.plan.read_len;
   if (req.result < 0) return ReadFailure::kIoError;
   if (static_cast<uint64_t>(req.result) < end_in_io) return ReadFailure::kShortRead;
-  const ReadSource& src = r.items[o.item];
-  const uint32_t object = in.layer * r.parts + o.part;
-  if (pool::ObjectChecksum(r.ns, src.key, src.epoch, object, bytes, r.object_len) !=
-      src.checksums[object]) {
-    return ReadFailure::kChecksum;
-  }
   return ReadFailure::kNone;
 }
 

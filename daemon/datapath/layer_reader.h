@@ -5,8 +5,8 @@
 // the others are taken only if free now). For each layer it plans the pool reads (read_plan.h:
 // adjacent objects merged up to max_read_bytes) and posts them through `post` in small batches of
 // one device each (at most `post_bytes`), so every device works on the layer at once and the
-// checks start as soon as the first reads land. Each batch's objects are checked where it
-// completes, on the `checks` pool (the calling thread never hashes): an object fails on an I/O
+// checks start as soon as the first reads land. Each batch's objects go to the Verifier
+// (verifier.h) as it completes (the calling thread never hashes): an object fails on an I/O
 // error, a short read (a merged read that came back short serves the objects it covered fully and
 // fails the others), or a checksum mismatch. Once a layer's reads and checks are all done, the
 // calling thread calls the sink once with the layer's objects of every item not failed so far
@@ -18,7 +18,7 @@
 // returns, on every path (sink error included).
 //
 // Thread-safety: Read may run on many threads at once; `post` must then be callable concurrently.
-// Lifetime: the staging pool, the check pool and whatever `post` reaches must outlive the reader.
+// Lifetime: the staging pool, the verifier and whatever `post` reaches must outlive the reader.
 #ifndef TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
 #define TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
 
@@ -33,7 +33,7 @@
 #include "daemon/datapath/read_plan.h"
 #include "daemon/datapath/scatter_op.h"
 #include "daemon/datapath/staging_lease.h"
-#include "daemon/datapath/work_pool.h"
+#include "daemon/datapath/verifier.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 
@@ -85,8 +85,8 @@ struct LayerReaderOptions {
   uint32_t max_read_bytes = 1u << 20;  // a multiple of 4096, >= 4096
   uint32_t window_layers = 8;          // >= 1; staging may allow fewer
   // Reads of one device are posted in batches of at most this many bytes (at least one read), so
-  // checks follow the reads as they land.
-  uint32_t post_bytes = 4u << 20;
+  // checks follow the reads as they land: by default each merged read is its own batch.
+  uint32_t post_bytes = 1u << 20;
 };
 
 class LayerReader {
@@ -99,8 +99,7 @@ class LayerReader {
   using Sink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
                                           absl::Span<const uint32_t> failed_items)>;
 
-  // `checks` runs the object checks (null: on the thread completing each batch).
-  LayerReader(const LayerReaderOptions& options, StagingPool* staging, WorkPool* checks,
+  LayerReader(const LayerReaderOptions& options, StagingPool* staging, Verifier* verifier,
               PostFn post);
 
   // Preconditions: request.items' slots and layers lie within the layout; layer_begin <
@@ -116,12 +115,11 @@ class LayerReader {
   absl::Status TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window);
   void Post(const LayerReadRequest& r, uint32_t layer, absl::Span<const ReadFailure> failures,
             const StagingLease& lease, InFlight* in);
-  // Runs on the thread completing reads [begin, end) of `in`: schedules their objects' checks.
+  // Runs on the thread completing reads [begin, end) of `in`: records each object's read outcome
+  // and hands the objects to the verifier, whose answer finishes the batch.
   void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end);
-  // Checks objects [begin, end) of `in`'s plan, recording each one's outcome in `in`.
-  void CheckObjects(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end) const;
-  ReadFailure CheckObject(const LayerReadRequest& r, const PlannedObject& o, const InFlight& in,
-                          const uint8_t* bytes) const;
+  // kIoError or kShortRead if the read carrying `o` did not deliver it whole, else kNone.
+  static ReadFailure ReadOutcome(const InFlight& in, const PlannedObject& o);
   // Collects one checked layer: appends its ScatterOps to `ops` and the items failing in it to
   // `failed`, recording why in `failures`.
   void Collect(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
@@ -130,7 +128,7 @@ class LayerReader {
 
   const LayerReaderOptions options_;
   StagingPool* const staging_;
-  WorkPool* const checks_;
+  Verifier* const verifier_;
   const PostFn post_;
   ReadCounters counters_;
 };

@@ -146,7 +146,7 @@ class LayerReaderTest : public ::testing::Test {
     memory_ = std::make_unique<Memory>(staging_bytes);
     staging_ = std::make_unique<StagingPool>(absl::MakeSpan(memory_->data, memory_->size));
     reader_ = std::make_unique<LayerReader>(LayerReaderOptions{layout, max_read_bytes, 4},
-                                            staging_.get(), &checks_, fake_->Post());
+                                            staging_.get(), verifier_.get(), fake_->Post());
   }
   LayerReadResult Read(absl::Span<const ReadSource> items, Seen* seen) {
     return reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, object_len_},
@@ -158,6 +158,7 @@ class LayerReaderTest : public ::testing::Test {
   std::unique_ptr<Memory> memory_;
   std::unique_ptr<StagingPool> staging_;
   WorkPool checks_{2, "checks"};  // checks run off the reading thread, as in tuttid
+  std::unique_ptr<Verifier> verifier_ = MakeCpuVerifier(&checks_);
   std::unique_ptr<LayerReader> reader_;
 };
 
@@ -453,7 +454,8 @@ TEST(LayerReaderBackendTest, ReadsThroughMemoryBackendWithFaults) {
   Memory staging_memory(64 * kFrame);
   StagingPool staging(absl::MakeSpan(staging_memory.data, staging_memory.size));
   WorkPool checks(2, "checks");
-  LayerReader reader(LayerReaderOptions{layout, 1u << 20, 4}, &staging, &checks,
+  std::unique_ptr<Verifier> verifier = MakeCpuVerifier(&checks);
+  LayerReader reader(LayerReaderOptions{layout, 1u << 20, 4}, &staging, verifier.get(),
                      [&b](absl::Span<io::IoRequest> batch, std::function<void()> done) {
                        b.Submit(batch, std::move(done));
                      });

@@ -30,7 +30,7 @@ WorkPool::~WorkPool() {
 
 uint32_t WorkPool::DefaultThreads() {
   const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::clamp(cores / 4, 1u, 8u);
+  return std::clamp(cores / 2, 1u, 8u);
 }
 
 void WorkPool::Schedule(std::function<void()> task) {

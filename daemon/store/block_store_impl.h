@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/staging_lease.h"
+#include "daemon/datapath/verifier.h"
 #include "daemon/datapath/work_pool.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/dram_tier.h"
@@ -328,6 +329,7 @@ class BlockStore::Impl {
   // Object checksums off the transfer's own thread: reads' verification and writes' checksums
   // (options_.checksum_threads; none: inline).
   std::unique_ptr<datapath::WorkPool> checksum_pool_;
+  std::unique_ptr<datapath::Verifier> verifier_;  // reads' checks, on checksum_pool_
   // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
   std::unique_ptr<datapath::StagingPool> read_staging_;
   std::unique_ptr<datapath::LayerReader> reader_;

@@ -1,0 +1,54 @@
+// Step 3 of a transfer (check): whether the objects a read brought into staging are the objects
+// that were written, by their checksums (pool::ObjectChecksum: XXH3 seeded with the namespace,
+// key, epoch and object index).
+//
+// A Verifier takes a batch of objects and answers, per object, whether its checksum matches. The
+// reader hands it each batch of reads as it completes, so checks run beside the reads of the
+// devices and never on the thread leading the transfer. Implementations: CpuVerifier (a
+// WorkPool's threads, tasks of 32 objects). A GPU verifier over staging already in device memory
+// would sit behind the same seam; none is built.
+//
+// Thread-safety: Verify may be called from any thread, concurrently.
+#ifndef TUTTI_DAEMON_DATAPATH_VERIFIER_H_
+#define TUTTI_DAEMON_DATAPATH_VERIFIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include "absl/types/span.h"
+#include "daemon/common/types.h"
+#include "daemon/datapath/work_pool.h"
+
+namespace tutti::datapath {
+
+// One object to check: `len` bytes at `bytes` against `expected`.
+struct ObjectCheck {
+  NamespaceId ns = 0;
+  const Key* key = nullptr;
+  uint64_t epoch = 0;
+  uint32_t object = 0;  // layer * parts + part
+  const uint8_t* bytes = nullptr;
+  uint32_t len = 0;
+  uint64_t expected = 0;
+};
+
+class Verifier {
+ public:
+  virtual ~Verifier() = default;
+  virtual std::string_view name() const = 0;
+  // Sets matches[i] to 1 if checks[i]'s checksum is its `expected`, else 0, then runs `done` once,
+  // on any thread (possibly inside this call). `checks`, `matches` and every object's bytes stay
+  // valid and unchanged until `done` runs. Precondition: checks.size() == matches.size().
+  virtual void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                      std::function<void()> done) = 0;
+};
+
+// Checks on `pool` (which must outlive it), in tasks of 32 objects; with a null pool or a pool of
+// no threads, inline on the caller.
+std::unique_ptr<Verifier> MakeCpuVerifier(WorkPool* pool);
+
+}  // namespace tutti::datapath
+
+#endif  // TUTTI_DAEMON_DATAPATH_VERIFIER_H_
