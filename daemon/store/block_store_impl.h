@@ -336,7 +336,8 @@ class BlockStore::Impl {
   // kPipelineBatches sets of write_batch_blocks x 4 KiB slot-header pages, one per batch in
   // flight; writer-owned.
   uint8_t* header_buffers_ = nullptr;
-  // Pool-file syncs of a commit, in parallel: one thread fewer than files (the writer takes one).
+  // Pool-file syncs of a commit, in parallel: one thread fewer than files (the committer takes
+  // one).
   std::unique_ptr<datapath::WorkPool> sync_pool_;
 
   // Set by Recover before the writer starts; thread-safe itself.
