@@ -401,13 +401,15 @@ std::vector<uint8_t*> BlockStore::Impl::TakeNewBlockStaging(const NamespaceInfo&
                                                             CaptureOutcome* outcome) {
   const uint32_t frame = RoundUp4K(info.object_len);
   if (call->used == call->lanes && !call->shared_refused) {
-    call->lanes = std::min(call->left, options_.layout.extent_slots());
-    call->used = 0;
-    call->run = TakeSharedStaging(info, owner, call->lanes);
-    if (call->run == nullptr) {
-      call->lanes = 0;
-      call->shared_refused = true;
+    // The next run: as many lanes as are wanted (at most G), else half as many, down to two.
+    call->run = nullptr;
+    call->lanes = call->used = 0;
+    for (uint32_t lanes = std::min(call->left, options_.layout.extent_slots());
+         lanes >= 2 && call->run == nullptr; lanes /= 2) {
+      call->run = TakeSharedStaging(info, owner, lanes);
+      if (call->run != nullptr) call->lanes = lanes;
     }
+    call->shared_refused = call->run == nullptr;
   }
   --call->left;
   if (call->used < call->lanes) {

@@ -294,8 +294,9 @@ class BlockStore::Impl {
   uint8_t* TakeSharedStaging(const NamespaceInfo& info, uint64_t owner, uint32_t blocks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The new blocks of one Capture call, in key order, get their staging through this: lanes of
-  // shared runs of up to G (extent_slots) blocks while staging grants them (TakeSharedStaging),
-  // else a run each (TakeBlockStaging, after the first shared run refused).
+  // shared runs of up to G (extent_slots) blocks while staging grants them (TakeSharedStaging;
+  // where it refuses a run, half as many lanes, down to two), else a run each (TakeBlockStaging,
+  // once no shared run of two was granted).
   struct NewBlockStaging {
     uint32_t left = 0;  // new blocks still to come in the call (CountNewBlocks)
     uint8_t* run = nullptr;

@@ -6,6 +6,7 @@
 // an earlier batch's pool sync is still in progress.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <filesystem>
@@ -140,6 +141,10 @@ class WritePipelineTest : public ::testing::Test {
     return out.ok() ? *out : std::vector<CaptureOutcome>();
   }
 
+  static size_t Count(const std::vector<CaptureOutcome>& out, CaptureOutcome o) {
+    return std::count(out.begin(), out.end(), o);
+  }
+
   // Which of `keys` Lookup finds (pins dropped again).
   static std::vector<bool> Visible(TestStore& s, absl::Span<const Key> keys) {
     std::vector<bool> found;
@@ -177,6 +182,21 @@ TEST_F(WritePipelineTest, MergedWritesLeaveTheBytesAndJournalOfOneWriteEach) {
   const std::string journal = ReadFile(merged.state_dir + "/journal.1");
   EXPECT_FALSE(journal.empty());
   EXPECT_TRUE(journal == ReadFile(single.state_dir + "/journal.1"));
+}
+
+TEST_F(WritePipelineTest, ShortStagingSharesWhatRunsItCanAndTakesEveryBlockThatFits) {
+  options_.store_staging_bytes = 5 * kObjects * kFrame;  // five blocks
+  TestStore& s = Open();
+  const std::vector<Key> keys = testing::TestKeys(0, kBlocks);
+  const std::vector<CaptureOutcome> out = Store(s, keys);
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    EXPECT_EQ(out[b], b < 5 ? CaptureOutcome::kDurable : CaptureOutcome::kRejectedFull) << b;
+  }
+  // Blocks 0-3 share a run (one write per object of slots 0-3), block 4 has its own (one write
+  // per object); the headers of slots 0, 2, 4 (file 0) and 1, 3 (file 1) are a write per file.
+  EXPECT_EQ(s.disk->counts(0).writes + s.disk->counts(1).writes, 2 * kObjects + 2);
+  EXPECT_EQ(s.store->Stats().store_staging_used, 0u);
+  EXPECT_EQ(Count(Store(s, absl::MakeSpan(keys).subspan(5)), CaptureOutcome::kDurable), 3u);
 }
 
 TEST_F(WritePipelineTest, AFailedMergedWriteFailsExactlyTheBlocksItCovered) {
