@@ -1384,7 +1384,9 @@ def part_ttft(args, results, ctx):
         model = tg.build_model(shape, dtype)
         layout = g.layout_of(shape, tg.dtype_bytes(dtype))
         slot = block_bytes + 8192
-        cap = int(1.25 * cached_blocks * slot) + 256 * MiB
+        # Over twice the prefix: one session may pin at most half the pool (limits.
+        # max_pinned_pool_share_per_user).
+        cap = int(2.25 * cached_blocks * slot) + 256 * MiB
         check_room(args.base, cap + span * args.ttft_devices, "the TTFT part")
 
         def cfg(root, sock):
