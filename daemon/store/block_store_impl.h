@@ -41,9 +41,9 @@
 
 namespace tutti::store {
 
-// Writer batches in flight at once (write_pipeline.cc).
+// Writer batches started and not yet taken by the committer, at most (write_pipeline.cc).
 inline constexpr uint32_t kPipelineBatches = 4;
-// At most this many threads sync pool files in parallel, besides the writer.
+// At most this many threads sync pool files in parallel, besides the committer.
 inline constexpr uint32_t kMaxSyncThreads = 15;
 
 // The result of one captured block, shared with a Capture call waiting for
