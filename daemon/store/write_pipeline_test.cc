@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/io/memory_backend.h"
+#include "daemon/store/holding_backend.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/store_test_util.h"
 #include "gtest/gtest.h"
@@ -44,35 +45,7 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// A memory backend whose first Sync after Arm() announces itself (`entered`) and waits for
-// `release`.
-class HoldingBackend final : public io::IoBackend {
- public:
-  explicit HoldingBackend(std::shared_ptr<io::MemoryDisk> disk)
-      : inner_(io::MemoryBackend::CreateOn(std::move(disk))) {}
-  std::string_view name() const override { return "holding"; }
-  uint32_t num_files() const override { return inner_->num_files(); }
-  uint64_t file_size(uint32_t f) const override { return inner_->file_size(f); }
-  absl::Status RegisterBuffer(absl::Span<uint8_t> r) override { return inner_->RegisterBuffer(r); }
-  void Submit(absl::Span<io::IoRequest> batch, std::function<void()> done) override {
-    inner_->Submit(batch, std::move(done));
-  }
-  absl::Status Sync(uint32_t file) override {
-    if (armed_.exchange(false)) {
-      entered_.Notify();
-      release_.WaitForNotification();
-    }
-    return inner_->Sync(file);
-  }
-  void Arm() { armed_ = true; }
-  absl::Notification& entered() { return entered_; }
-  absl::Notification& release() { return release_; }
-
- private:
-  std::unique_ptr<io::MemoryBackend> inner_;
-  std::atomic<bool> armed_{false};
-  absl::Notification entered_, release_;
-};
+using testing::HoldingBackend;
 
 // One store over its own memory disk and state directory.
 struct TestStore {
