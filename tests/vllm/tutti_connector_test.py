@@ -465,7 +465,7 @@ class TuttiConnectorTest(unittest.TestCase):
                                  gpu[h])
         hashes, tokens = [], []
         for ev in stored(e.events):
-            self.assertEqual((ev.medium, ev.block_size), ("DISK", BS))
+            self.assertEqual((ev.medium, ev.locality, ev.block_size), ("STORAGE", "LOCAL", BS))
             first = req_hashes.index(ev.block_hashes[0])
             self.assertEqual(ev.parent_block_hash, req_hashes[first - 1] if first else None)
             self.assertEqual(ev.extra_keys, [("s",) if first + j == 0 else None

@@ -4,6 +4,7 @@ connector's own keys (the same whatever vLLM's per-process seed, apart where vLL
 differ), the events' translation, and the scheduler's lookups, loads and saves
 against fake per-rank clients. Needs tests/vllm/stub first on sys.path (the BUILD does it)."""
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -239,7 +240,8 @@ class EventsTest(unittest.TestCase):
         e = out[0]
         self.assertIsInstance(e, BlockStored)
         self.assertEqual((e.block_hashes, e.parent_block_hash, e.medium, e.block_size),
-                         ([bytes([1]) * 32], bytes([0]) * 32, "DISK", 4))
+                         ([bytes([1]) * 32], bytes([0]) * 32, "STORAGE", 4))
+        self.assertEqual(e.locality, "LOCAL")
         self.assertEqual(e.token_ids, [0, 1, 2, 3])
         self.assertEqual(self.t.on_events(0, [("stored", k)]), [])  # once
 
@@ -248,9 +250,57 @@ class EventsTest(unittest.TestCase):
         self.t.on_events(0, [("stored", k)])
         self.t.on_events(1, [("stored", k)])
         out = self.t.on_events(1, [("removed", k)])
-        self.assertEqual(out, [BlockRemoved(block_hashes=[bytes([2]) * 32], medium="DISK")])
+        self.assertEqual(out, [BlockRemoved(block_hashes=[bytes([2]) * 32], medium="STORAGE",
+                                            locality="LOCAL")])
         self.assertEqual(self.t.on_events(0, [("removed", k)]), [])
         self.assertEqual(self.t.on_events(1, [("stored", k)]), [])  # rank 0 no longer has it
+
+    def announce(self, t, i):
+        k = bytes([i]) * 16
+        t.remember(k, info(i))
+        t.on_stream_start(0, 11, 100, 0, False)
+        stored = t.on_events(0, [("stored", k)])
+        removed = t.on_events(0, [("removed", k)])
+        self.assertEqual((len(stored), len(removed)), (1, 1))
+        return stored[0], removed[0]
+
+    def test_medium_and_locality_for_older_consumers(self):
+        stored, removed = self.announce(EventTranslator(1, 4, medium="DISK", locality=""), 1)
+        self.assertEqual((stored.medium, stored.locality), ("DISK", None))
+        self.assertEqual((removed.medium, removed.locality), ("DISK", None))
+        stored, removed = self.announce(EventTranslator(1, 4, locality="REMOTE"), 2)
+        self.assertEqual((stored.medium, stored.locality, removed.locality),
+                         ("STORAGE", "REMOTE", "REMOTE"))
+
+    def test_no_locality_where_vllm_events_have_no_such_field(self):
+        # vLLM before vllm#48281: the same events without `locality`
+        @dataclasses.dataclass(frozen=True)
+        class OldStored:
+            block_hashes: list
+            parent_block_hash: object
+            token_ids: list
+            block_size: int
+            lora_id: object
+            medium: object
+            lora_name: object
+            extra_keys: object = None
+
+        @dataclasses.dataclass(frozen=True)
+        class OldRemoved:
+            block_hashes: list
+            medium: object
+
+        t = EventTranslator(1, 4, stored_type=OldStored, removed_type=OldRemoved)
+        self.assertEqual(t.locality_published, "")
+        stored, removed = self.announce(t, 3)
+        self.assertEqual((type(stored), stored.medium, type(removed)),
+                         (OldStored, "STORAGE", OldRemoved))
+
+    def test_bad_medium_or_locality_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "events medium"):
+            EventTranslator(1, 4, medium="")
+        with self.assertRaisesRegex(ValueError, "events locality"):
+            EventTranslator(1, 4, locality="NEARBY")
 
     def test_unknown_keys_are_skipped(self):
         self.assertEqual(self.t.on_events(0, [("stored", b"z" * 16)]), [])

@@ -10,6 +10,8 @@ tutti.vllm.worker.TuttiWorker; a hook of the other role is a no-op. Extra config
   "max_pending_saves": 4096         refused blocks a worker holds for retries at most
   "lookup_timeout_ms": 500   the scheduler's Lookup deadline
   "events": true             watch tuttid's events for take_events()
+  "events_medium": "STORAGE"  the medium of those events ("DISK" for consumers before vllm#48123)
+  "events_locality": "LOCAL"  their locality ("" for none; only if vLLM's events have the field)
 """
 
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
+from tutti.vllm.events import LOCALITY, MEDIUM
 from tutti.vllm.keys import check_cache_config
 from tutti.vllm.metadata import TuttiConnectorMetadata
 from tutti.vllm.scheduler import TuttiScheduler, lookup_only_connect
@@ -84,7 +87,9 @@ class TuttiConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             timeout = float(extra.get("lookup_timeout_ms", 500)) / 1000.0
             self._sched = TuttiScheduler(block_size, tp_size, lookup_only_connect(timeout),
-                                         watch_events=bool(extra.get("events", True)))
+                                         watch_events=bool(extra.get("events", True)),
+                                         events_medium=extra.get("events_medium", MEDIUM),
+                                         events_locality=extra.get("events_locality", LOCALITY))
         else:
             rank = _tp_rank()
             self._worker = TuttiWorker(

@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional
 
 import tutti
 from tutti import errors
-from tutti.vllm.events import BlockInfo, EventTranslator, external_hash
+from tutti.vllm.events import LOCALITY, MEDIUM, BlockInfo, EventTranslator, external_hash
 from tutti.vllm.keys import KeyChain
 from tutti.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata, TuttiHandshake
 
@@ -170,7 +170,8 @@ class _Req:
 
 class TuttiScheduler:
     def __init__(self, block_size: int, tp_size: int, connect: Optional[Callable] = None,
-                 watch_events: bool = True, clock=time.monotonic):
+                 watch_events: bool = True, clock=time.monotonic, events_medium: str = MEDIUM,
+                 events_locality: str = LOCALITY):
         """`connect(handshake)` returns a client for one rank (default: a memory-less
         tutti.Client, see lookup_only_connect)."""
         self.block_size = block_size
@@ -192,7 +193,8 @@ class TuttiScheduler:
         self._recent_saves = deque(maxlen=2)
         self._events_lock = threading.Lock()
         self._events = deque(maxlen=MAX_PENDING_EVENTS)
-        self.translator = EventTranslator(tp_size, block_size)
+        self.translator = EventTranslator(tp_size, block_size, medium=events_medium,
+                                          locality=events_locality)
         self._stop = threading.Event()
         self._watchers: List[threading.Thread] = []
         self._streams: Dict[int, object] = {}

@@ -24,6 +24,7 @@ class BlockStored(KVCacheEvent):
     group_idx: Optional[int] = None
     kv_cache_spec_kind: Optional[str] = None
     kv_cache_spec_sliding_window: Optional[int] = None
+    locality: Optional[str] = None  # "LOCAL" | "REMOTE" (vllm#48281)
 
     def __hash__(self):
         return hash((tuple(self.block_hashes), self.parent_block_hash, tuple(self.token_ids),
@@ -35,6 +36,7 @@ class BlockRemoved(KVCacheEvent):
     block_hashes: list
     medium: Optional[str]
     group_idx: Optional[int] = None
+    locality: Optional[str] = None
 
     def __hash__(self):
         return hash((tuple(self.block_hashes), self.medium, self.group_idx))
