@@ -13,15 +13,12 @@
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
+#include "daemon/datapath/read_plan.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"
 
 namespace tutti::store {
-namespace {
-
-uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
-
-}  // namespace
+using datapath::RoundUp4K;
 
 // The namespace id: a hash of every field that makes keys comparable, in a
 // fixed encoding, and of its scope (NamespaceScope::scope; "" leaves the id as

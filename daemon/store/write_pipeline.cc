@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/common/log.h"
+#include "daemon/datapath/read_plan.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"
 
@@ -23,8 +24,6 @@ constexpr absl::Duration kWriterIdleWake = absl::Milliseconds(500);
 constexpr size_t kChecksumGrain = 8;
 // One write never grows past this by merging pieces.
 constexpr uint32_t kMaxMergedWriteBytes = 1u << 30;
-
-uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
 
 double MsBetween(absl::Time a, absl::Time b) { return absl::ToDoubleMilliseconds(b - a); }
 
@@ -348,7 +347,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
                          static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
     }
     ++stats_.blocks_stored;
-    stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
+    stats_.bytes_written += p->frames.size() * uint64_t{datapath::RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);
   }
 }
