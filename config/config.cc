@@ -318,8 +318,15 @@ absl::Status ValidateWriteBacklog(const tutti::v1::DatapathConfig& d,
   }
   RETURN_IF_ERROR(CheckRange("datapath.max_write_backlog_age_ms", d.max_write_backlog_age_ms(),
                              100, 3600000));
-  return CheckRange("datapath.write_bytes_in_flight_while_reading",
-                    d.write_bytes_in_flight_while_reading(), 4 * kKiB, kGiB);
+  RETURN_IF_ERROR(CheckRange("datapath.write_bytes_in_flight_while_reading",
+                             d.write_bytes_in_flight_while_reading(), 4 * kKiB, kGiB));
+  if (d.max_write_bytes_in_flight() < d.write_bytes_in_flight_while_reading() ||
+      d.max_write_bytes_in_flight() > kGiB) {
+    return Bad("datapath.max_write_bytes_in_flight", absl::StrCat(d.max_write_bytes_in_flight()),
+               absl::StrCat("must be in [datapath.write_bytes_in_flight_while_reading (",
+                            d.write_bytes_in_flight_while_reading(), "), ", kGiB, "]"));
+  }
+  return absl::OkStatus();
 }
 
 // The GPU section is checked here as far as it can be without a GPU; the device's SM count is

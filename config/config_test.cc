@@ -308,6 +308,15 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
                  {"datapath.write_bytes_in_flight_while_reading"});
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2147483648 }",
                  {"datapath.write_bytes_in_flight_while_reading"});
+  EXPECT_EQ(c->datapath().max_write_bytes_in_flight(), 64u << 20);
+  ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2097152 "
+                 "max_write_bytes_in_flight: 1048576 }",
+                 {"datapath.max_write_bytes_in_flight", "1048576", "2097152"});
+  ExpectRejected("datapath { max_write_bytes_in_flight: 2147483648 }",
+                 {"datapath.max_write_bytes_in_flight"});
+  EXPECT_TRUE(LoadConfig("datapath { write_bytes_in_flight_while_reading: 1048576 "
+                         "max_write_bytes_in_flight: 1048576 }")
+                  .ok());
 }
 
 TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {

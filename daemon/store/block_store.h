@@ -105,7 +105,7 @@ struct StoreOptions {
   // The I/O scheduler's write caps per pool file (datapath/scheduler.h): while it has reads in
   // flight, and without.
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
-  uint64_t max_write_bytes_in_flight = 8ull << 20;
+  uint64_t max_write_bytes_in_flight = 64ull << 20;
   // The block events (events.h, BlockStore::events): the pool's id (PoolIdOf of its uuid; 0: a
   // random one, for a pool that lives only as long as this start), each namespace's ring size
   // (limits.max_pending_events) and the events kept for all namespaces together
