@@ -125,13 +125,11 @@ void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::functi
       }
     }
     for (uint32_t d = 0; d < devices_.size(); ++d) {
-      std::unique_ptr<Emission> em;
       if (cls == IoClass::kRead && !reads[d].empty()) {
-        em = MakeReadsLocked(d, std::move(reads[d]));
+        out.push_back(MakeReadsLocked(d, std::move(reads[d])));
       } else if (cls == IoClass::kWrite && wrote[d]) {
-        em = TakeWritesLocked(d);
+        TakeWritesLocked(d, &out);
       }
-      if (em != nullptr) out.push_back(std::move(em));
     }
   }
   for (auto& em : out) Send(std::move(em));
@@ -150,7 +148,7 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t dev
   return em;
 }
 
-std::unique_ptr<IoScheduler::Emission> IoScheduler::TakeWritesLocked(uint32_t device) {
+void IoScheduler::TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out) {
   Device& dev = devices_[device];
   const uint64_t cap = dev.reads_in_flight > 0 ? options_.write_bytes_in_flight_while_reading
                                                : options_.max_write_bytes_in_flight;
@@ -160,6 +158,10 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::TakeWritesLocked(uint32_t de
     const uint32_t len = dev.writes.front().req->len;
     // Within the cap; or alone, so a write larger than the cap still goes.
     if (dev.write_bytes_in_flight > 0 && dev.write_bytes_in_flight + len > cap) break;
+    if (em != nullptr && options_.write_emission_bytes != 0 &&
+        em->bytes + len > options_.write_emission_bytes) {
+      out->push_back(std::move(em));
+    }
     if (em == nullptr) {
       em = std::make_unique<Emission>();
       em->device = device;
@@ -177,7 +179,7 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::TakeWritesLocked(uint32_t de
     ++stats_.writes_emitted;
     stats_.write_bytes += len;
   }
-  return em;
+  if (em != nullptr) out->push_back(std::move(em));
 }
 
 void IoScheduler::Send(std::unique_ptr<Emission> em) {
@@ -189,7 +191,7 @@ void IoScheduler::Send(std::unique_ptr<Emission> em) {
 void IoScheduler::OnDone(Emission* raw) {
   std::unique_ptr<Emission> em(raw);
   for (size_t i = 0; i < em->reqs.size(); ++i) em->items[i].req->result = em->reqs[i].result;
-  std::unique_ptr<Emission> next;
+  std::vector<std::unique_ptr<Emission>> next;
   const int64_t latency_us = clock_->NowUs() - em->emitted_us;
   {
     absl::MutexLock lock(&mu_);
@@ -201,9 +203,9 @@ void IoScheduler::OnDone(Emission* raw) {
       dev.write_bytes_in_flight -= em->bytes;
       dev.write_latency.Record(latency_us, em->reqs.size());
     }
-    next = TakeWritesLocked(em->device);
+    TakeWritesLocked(em->device, &next);
   }
-  if (next != nullptr) Send(std::move(next));
+  for (auto& n : next) Send(std::move(n));
   // Let go of the emission before the callers' `done`: the last one may destroy the scheduler.
   std::vector<Item> items = std::move(em->items);
   em.reset();

@@ -12,6 +12,7 @@
 //    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most
 //    `max_write_bytes_in_flight`. A write larger than the cap goes alone when no write is in
 //    flight, so every write makes progress.
+//  - Writes taken at once go out in emissions of at most `write_emission_bytes`.
 //  - Each time an emission completes, the device's queue is looked at again: writes drain once
 //    reads stop.
 //
@@ -58,6 +59,11 @@ struct IoSchedulerOptions {
   uint32_t num_devices = 1;  // requests naming a file >= this complete with -EINVAL
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 8ull << 20;
+  // Writes taken at once are handed to the sink in emissions of at most this many bytes (at
+  // least one request each); 0: one emission. An emission's bytes count as in flight until all
+  // of it completes, so smaller emissions let a device be topped up as parts of what it has in
+  // flight complete, instead of in waves.
+  uint64_t write_emission_bytes = 0;
 };
 
 // Completion latency of emitted requests, from their emission to the sink until the sink
@@ -123,8 +129,10 @@ class IoScheduler {
   };
 
   IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock);
-  // Takes the queued writes of `device` that its cap lets go now, as one emission (null: none).
-  std::unique_ptr<Emission> TakeWritesLocked(uint32_t device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the queued writes of `device` that its cap lets go now, as emissions of at most
+  // write_emission_bytes each, appended to `out`.
+  void TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Emission> MakeReadsLocked(uint32_t device, std::vector<Item> items)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands `em` to the sink; OnDone runs when the sink completes it.

@@ -97,6 +97,37 @@ TEST_F(SchedulerTest, ReadPostedAfterQueuedWritesIsEmittedBeforeThem) {
   EXPECT_EQ(w2_done, 1);
 }
 
+TEST_F(SchedulerTest, SmallerEmissionsTopADeviceUpAsPartsOfItsWritesComplete) {
+  IoSchedulerOptions o;
+  o.num_devices = 1;
+  o.write_bytes_in_flight_while_reading = 64 * kKiB;
+  o.max_write_bytes_in_flight = 256 * kKiB;
+  o.write_emission_bytes = 64 * kKiB;
+  auto s = IoScheduler::Create(o, &sink_, &clock_);
+  ASSERT_TRUE(s.ok()) << s.status();
+  sched_ = std::move(s).value();
+  std::vector<io::IoRequest> w;
+  for (uint32_t i = 0; i < 12; ++i) w.push_back(Req(0, i * 32 * kKiB, 32 * kKiB));
+  int w_done = 0;
+  Post(IoClass::kWrite, &w, &w_done);
+  // 256 KiB in flight, as four emissions of two 32 KiB writes, in posting order.
+  ASSERT_EQ(sink_.pending(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(sink_.at(i).reqs.size(), 2u);
+    EXPECT_EQ(sink_.at(i).reqs[0].offset, i * 64 * kKiB);
+  }
+  EXPECT_EQ(sched_->stats().writes_queued, 4u);
+  // One emission completes: 64 KiB more go at once while the other three stay in flight.
+  sink_.Complete(0);
+  ASSERT_EQ(sink_.pending(), 4u);
+  EXPECT_EQ(sink_.at(3).reqs.size(), 2u);
+  EXPECT_EQ(sink_.at(3).reqs[0].offset, 256 * kKiB);
+  EXPECT_EQ(sched_->stats().devices[0].write_bytes_in_flight, 256 * kKiB);
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(w_done, 1);
+  for (const io::IoRequest& r : w) EXPECT_EQ(r.result, static_cast<int64_t>(r.len));
+}
+
 TEST_F(SchedulerTest, WritesStayUnderTheCapWhileReadingAndDrainOnceReadsStop) {
   Make(1, /*while_reading=*/64 * kKiB, /*max=*/256 * kKiB);
   std::vector<io::IoRequest> r{Req(0, 0, 4 * kKiB)};
