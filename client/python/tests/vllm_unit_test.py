@@ -621,6 +621,169 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual([e.extra_keys for e in out], [[("s",)], [None]])  # salt: block 0
 
 
+def capped(rid, ntokens, **params):
+    r = request(rid, ntokens)
+    r.kv_transfer_params = dict(params)
+    return r
+
+
+def new_step(r, blocks, computed, scheduled):
+    """The step that first schedules r: `computed` tokens (GPU prefix + loaded), `scheduled`
+    more."""
+    r.num_computed_tokens = computed
+    return output(new=[NewRequestData.from_request(r, (blocks,))],
+                  scheduled={r.request_id: scheduled})
+
+
+class CapsTest(unittest.TestCase):
+    """kv_transfer_params max_load_tokens / max_offload_tokens (a router's per-request caps)."""
+
+    def test_max_load_tokens_zero_looks_nothing_up_and_loads_nothing(self):
+        r = capped("a", 33, max_load_tokens=0)  # 8 blocks, all in tuttid
+        c = FakeClient(keys_of(r, 8))
+        s = sched_with([c])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+        self.assertEqual((c.lookups, c.live), (0, {}))
+        blocks = list(range(1, 10))
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 0)
+        meta = s.build_connector_meta(new_step(r, blocks, 0, 33))
+        self.assertEqual(meta.loads, [])
+        self.assertEqual(len(meta.saves[0].keys), 8, "computed, so saved (only loads are capped)")
+
+    def test_max_load_tokens_caps_the_load_in_whole_blocks(self):
+        r = capped("a", 33, max_load_tokens=3 * BS + 2)  # 3.5 blocks: 3
+        c = FakeClient(keys_of(r, 8))
+        s = sched_with([c])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (3 * BS, False))
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (3 * BS, False))  # repeated
+        self.assertEqual(c.lookups, 1)
+        blocks = list(range(1, 10))
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 3 * BS)
+        meta = s.build_connector_meta(new_step(r, blocks, 3 * BS, 33 - 3 * BS))
+        self.assertEqual([(ld.keys, ld.block_ids) for ld in meta.loads],
+                         [(keys_of(r, 3), [1, 2, 3])])
+        self.assertEqual(meta.saves[0].block_ids, [4, 5, 6, 7, 8])  # the rest, computed
+        # beyond the GPU prefix: 2 local blocks + at most 9 tokens = 2 more blocks
+        r2 = capped("b", 33, max_load_tokens=9)
+        c2 = FakeClient(keys_of(r2, 8))
+        s2 = sched_with([c2])
+        self.assertEqual(s2.get_num_new_matched_tokens(r2, 2 * BS), (2 * BS, False))
+        s2.update_state_after_alloc(r2, KVCacheBlocks((blocks,)), 2 * BS)
+        meta = s2.build_connector_meta(new_step(r2, blocks, 4 * BS, 33 - 4 * BS))
+        self.assertEqual([(ld.keys, ld.block_ids) for ld in meta.loads],
+                         [(keys_of(r2, 4)[2:], [3, 4])])
+        # less than a block past the GPU prefix: nothing, no Lookup
+        r3 = capped("c", 33, max_load_tokens=BS - 1)
+        c3 = FakeClient(keys_of(r3, 8))
+        self.assertEqual(sched_with([c3]).get_num_new_matched_tokens(r3, 2 * BS), (0, False))
+        self.assertEqual(c3.lookups, 0)
+        # a cap past the hits changes nothing
+        r4 = capped("d", 33, max_load_tokens=1000)
+        self.assertEqual(sched_with([FakeClient(keys_of(r4, 5))]).get_num_new_matched_tokens(
+            r4, 0), (5 * BS, False))
+
+    def test_the_smaller_of_advice_and_cap_wins(self):
+        for cap, want in ((5 * BS, 3), (2 * BS, 2), (3 * BS, 3)):
+            with self.subTest(cap=cap):
+                r = capped("a", 33, max_load_tokens=cap)
+                s = sched_with([FakeClient(keys_of(r, 8), load_blocks=3)])
+                self.assertEqual(s.get_num_new_matched_tokens(r, 0), (want * BS, False))
+                # and the minimum over ranks still applies
+                r = capped("b", 33, max_load_tokens=cap)
+                s = sched_with([FakeClient(keys_of(r, 8)), FakeClient(keys_of(r, 8),
+                                                                      load_blocks=3)])
+                self.assertEqual(s.get_num_new_matched_tokens(r, 0), (want * BS, False))
+
+    def test_a_capped_chunked_lookup_asks_and_holds_nothing_past_the_cap(self):
+        r = capped("a", 4 * 11 + 1, max_load_tokens=5 * BS)  # 11 blocks; 4 keys a Lookup
+        c = FakeClient(keys_of(r, 11), max_blocks_per_call=4)
+        s = sched_with([c])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (5 * BS, False))
+        self.assertEqual(c.lookups, 2, "blocks 0-3 and 4-7; 8-10 are past the cap")
+        blocks = list(range(20, 32))
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 5 * BS)
+        meta = s.build_connector_meta(new_step(r, blocks, 5 * BS, 45 - 5 * BS))
+        self.assertEqual([ld.block_ids for ld in meta.loads], [blocks[0:4], blocks[4:5]])
+        self.assertEqual(sum(len(ld.keys) for ld in meta.loads), 5)
+        # the cut chunk's lease (pins of blocks 5-7 too) ends with the worker's Retrieve
+        self.assertEqual(sorted(c.live), [1, 2])
+        # not loaded after all (vLLM allocated nothing): every pin released
+        r2 = capped("b", 4 * 11 + 1, max_load_tokens=6 * BS)
+        c2 = FakeClient(keys_of(r2, 11), max_blocks_per_call=4)
+        s2 = sched_with([c2])
+        self.assertEqual(s2.get_num_new_matched_tokens(r2, 0), (6 * BS, False))
+        self.assertEqual(len(c2.live), 2)
+        self.assertEqual(s2.request_finished(r2, []), (False, None))
+        self.assertEqual(c2.live, {})
+
+    def test_max_offload_tokens_saves_only_whole_blocks_inside_the_first_n(self):
+        r = capped("a", 26, max_offload_tokens=11)  # blocks 0, 1 (tokens 0-7); 2 ends at 12
+        s = sched_with([FakeClient()])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+        blocks = [10, 11, 12, 13, 14, 15, 16]
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 0)
+        meta = s.build_connector_meta(new_step(r, blocks, 0, 6))  # chunked prefill: block 0
+        self.assertEqual(meta.saves[0].block_ids, [10])
+        meta = s.build_connector_meta(output(cached=[("a", 6, None, False)],
+                                             scheduled={"a": 20}))
+        self.assertEqual((meta.saves[0].keys, meta.saves[0].block_ids),
+                         (keys_of(r, 2)[1:], [11]))
+        r.append_output_token_ids([100, 101])  # decode fills block 6: not saved either
+        meta = s.build_connector_meta(output(cached=[("a", 27, [17], False)],
+                                             scheduled={"a": 1}))
+        self.assertEqual(meta.saves, [])
+        self.assertEqual(s.request_finished(r, blocks), (True, None))
+        # 0: nothing saved, so vLLM frees the blocks at once
+        r0 = capped("b", 26, max_offload_tokens=0)
+        s.get_num_new_matched_tokens(r0, 0)
+        s.update_state_after_alloc(r0, KVCacheBlocks((blocks,)), 0)
+        meta = s.build_connector_meta(new_step(r0, blocks, 0, 26))
+        self.assertEqual(meta.saves, [])
+        self.assertEqual(s.request_finished(r0, blocks), (False, None))
+
+    def test_both_caps_together(self):
+        r = capped("a", 33, max_load_tokens=2 * BS, max_offload_tokens=6 * BS)
+        s = sched_with([FakeClient(keys_of(r, 4))])
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (2 * BS, False))
+        blocks = list(range(1, 10))
+        s.update_state_after_alloc(r, KVCacheBlocks((blocks,)), 2 * BS)
+        meta = s.build_connector_meta(new_step(r, blocks, 2 * BS, 33 - 2 * BS))
+        self.assertEqual([ld.block_ids for ld in meta.loads], [[1, 2]])
+        self.assertEqual(meta.saves[0].block_ids, [3, 4, 5, 6])  # blocks 2-5
+
+    def test_bad_values_are_ignored_with_a_warning(self):
+        for bad in (-1, 2.5, 16.0, True, False, "16", [16]):
+            with self.subTest(bad=bad):
+                r = capped("req-%r" % (bad,), 17, max_load_tokens=bad, max_offload_tokens=bad)
+                s = sched_with([FakeClient(keys_of(r, 4))])
+                with self.assertLogs("tutti.vllm", "WARNING") as cm:
+                    self.assertEqual(s.get_num_new_matched_tokens(r, 0), (4 * BS, False))
+                self.assertEqual(len(cm.output), 2, cm.output)  # one per key
+                for line, name in zip(cm.output, ("max_load_tokens", "max_offload_tokens")):
+                    self.assertIn(r.request_id, line)
+                    self.assertIn("%s = %r" % (name, bad), line)
+        # a bad cap is ignored, the good one still applies; warned once per request
+        r = capped("mixed", 17, max_load_tokens=-5, max_offload_tokens=BS)
+        s = sched_with([FakeClient()])
+        with self.assertLogs("tutti.vllm", "WARNING") as cm:
+            s.get_num_new_matched_tokens(r, 0)
+            s.get_num_new_matched_tokens(r, 0)
+            s.update_state_after_alloc(r, KVCacheBlocks(([1, 2, 3, 4, 5],)), 0)
+            meta = s.build_connector_meta(new_step(r, [1, 2, 3, 4, 5], 0, 17))
+        self.assertEqual(len(cm.output), 1, cm.output)
+        self.assertEqual(meta.saves[0].block_ids, [1])
+
+    def test_no_params_none_values_or_other_params_mean_no_caps(self):
+        for params in (None, {}, {"max_load_tokens": None, "max_offload_tokens": None},
+                       {"do_remote_prefill": True}, "not a dict"):
+            with self.subTest(params=params):
+                r = request("a", 17)
+                r.kv_transfer_params = params
+                s = sched_with([FakeClient(keys_of(r, 4))])
+                with self.assertNoLogs("tutti.vllm", "WARNING"):
+                    self.assertEqual(s.get_num_new_matched_tokens(r, 0), (4 * BS, False))
+
+
 class LoadsTest(unittest.TestCase):
     """tutti.vllm.loads: a step's LoadSpecs in Retrieves within tuttid's bounds."""
 

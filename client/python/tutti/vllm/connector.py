@@ -12,6 +12,8 @@ tutti.vllm.worker.TuttiWorker; a hook of the other role is a no-op. Extra config
   "events": true             watch tuttid's events for take_events()
   "events_medium": "STORAGE"  the medium of those events ("DISK" for consumers before vllm#48123)
   "events_locality": "LOCAL"  their locality ("" for none; only if vLLM's events have the field)
+Per request, request.kv_transfer_params "max_load_tokens" and "max_offload_tokens" (a router's
+caps; tutti.vllm.scheduler.request_caps, docs/vllm.md "Per-request caps from routers").
 """
 
 from typing import Any

@@ -29,15 +29,24 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
   The workers report exactly the requests that had SaveSpecs, so both sides agree.
 - take_events: what the ranks' WatchEvents streams said (tutti.vllm.events).
+- Per-request caps from a router, in request.kv_transfer_params (request_caps): max_load_tokens
+  (vLLM #55885; 0: load nothing, no Lookup; N > 0: at most N tokens loaded beyond
+  num_computed_tokens, whole blocks, so the hits end at block (num_computed_tokens + N) // bs;
+  with tuttid's advice the smaller load wins) and max_offload_tokens (only blocks wholly inside
+  the request's first N tokens are saved: block i when (i + 1) * bs <= N; 0: none). A value that
+  is not an int >= 0 (bools, floats, strings, negatives) is logged once per request, naming it,
+  and that cap is ignored (as vLLM does); None or absent: no cap.
 
 Thread-safety: vLLM calls the scheduler hooks from one thread; the event watchers are
 background threads (one per rank) that share only the event queue (a lock).
 """
 
 import logging
+import numbers
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -144,6 +153,40 @@ class RankLink:
             c.detach()
 
 
+LOAD_CAP = "max_load_tokens"
+OFFLOAD_CAP = "max_offload_tokens"
+
+
+@dataclass(frozen=True)
+class Caps:
+    """A request's caps from kv_transfer_params: None is no cap."""
+    load: Optional[int] = None
+    offload: Optional[int] = None
+
+
+def request_caps(request) -> Caps:
+    """max_load_tokens and max_offload_tokens of request.kv_transfer_params (None or a dict
+    without them: no caps). A value that is not an int >= 0 (a bool, a float, a string, a
+    negative number) is refused: a warning names the request and the value, and that cap is
+    ignored (vLLM ignores invalid max_load_tokens with a warning too); the other cap still
+    applies. An explicit None is the same as an absent key."""
+    params = getattr(request, "kv_transfer_params", None)
+    if not isinstance(params, Mapping):
+        return Caps()
+    out = {}
+    for name, field_ in ((LOAD_CAP, "load"), (OFFLOAD_CAP, "offload")):
+        v = params.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+            log.warning("request %s: kv_transfer_params %s = %r is not an integer >= 0; "
+                        "ignored (no %s cap for this request)", request.request_id, name, v,
+                        field_)
+            continue
+        out[field_] = int(v)
+    return Caps(**out)
+
+
 @dataclass
 class _Chunk:
     begin: int                 # its first block
@@ -158,6 +201,7 @@ class _Pending:
     hits: int
     chain: int = 0           # blocks looked up
     fresh_until: float = 0.0  # clock time until which the answer may be given again
+    cap: Optional[int] = None  # the hits' end that max_load_tokens allowed (blocks)
 
 
 @dataclass
@@ -186,6 +230,7 @@ class TuttiScheduler:
         self._reqs: Dict[str, _Req] = {}
         self._chains: Dict[str, KeyChain] = {}
         self._unkeyable: set = set()  # requests with an extra key keys.py cannot encode
+        self._caps: Dict[str, Caps] = {}  # per request, read (and warned about) once
         self._saved: set = set()  # requests that had saves: request_finished holds their blocks
         self._loads: List[LoadSpec] = []
         # Per recent step (two: async scheduling runs one ahead): {req_id: its `done` before the
@@ -217,21 +262,34 @@ class TuttiScheduler:
                 self._watchers.append(t)
 
     # --- lookups ---
+    def caps(self, request) -> Caps:
+        """The request's kv_transfer_params caps, read once (a bad value is warned about once)."""
+        req_id = request.request_id
+        c = self._caps.get(req_id)
+        if c is None:
+            c = self._caps[req_id] = request_caps(request)
+        return c
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         req_id = request.request_id
         local = num_computed_tokens // self.block_size
         max_blocks = max(request.num_tokens - 1, 0) // self.block_size
-        again = self._repeat(req_id, local, max_blocks)
+        load_cap = self.caps(request).load
+        # max_load_tokens: at most that many tokens past num_computed_tokens, in whole blocks
+        cap = None if load_cap is None else (num_computed_tokens + load_cap) // self.block_size
+        again = self._repeat(req_id, local, max_blocks, cap)
         if again is not None:
             return again
         self._release_pending(req_id)
         self._local[req_id] = local
-        if max_blocks <= local or len(self._links) != self.tp_size:
-            return 0, False
+        limit = max_blocks if cap is None else min(max_blocks, cap)
+        if limit <= local or len(self._links) != self.tp_size:
+            return 0, False  # (max_load_tokens 0, or less than a block: no Lookup at all)
         n = self._derive(request, max_blocks)
         if not n:
             return 0, False
-        chunks = self._lookup_chunks(self._chains[req_id], n, request.num_tokens)
+        chunks = self._lookup_chunks(self._chains[req_id], n, request.num_tokens, limit)
+        chunks = self._cap_chunks(chunks, limit)
         hits = sum(c.hits for c in chunks)
         if hits <= local:
             for c in chunks:
@@ -239,8 +297,22 @@ class TuttiScheduler:
             return 0, False
         ttl_s = min(h.lease.ttl_ms for c in chunks for h in c.leases.values()) / 1000.0
         self._pending[req_id] = _Pending(chunks, local, hits, max_blocks,
-                                         self._clock() + ttl_s / 2)
+                                         self._clock() + ttl_s / 2, cap)
         return hits * self.block_size - num_computed_tokens, False
+
+    def _cap_chunks(self, chunks, end) -> List[_Chunk]:
+        """The chunks' hits cut at block `end` (max_load_tokens; tuttid's advice is already in
+        their hits: the smaller wins). A chunk wholly past it is released now; a chunk cut
+        inside keeps its lease, whose pins past `end` end with the Retrieve of its blocks
+        before `end` (a Retrieve ends its leases whole), or with its release."""
+        kept = []
+        for c in chunks:
+            if c.begin >= end:
+                self._release(c.leases)
+                continue
+            c.hits = min(c.hits, end - c.begin)
+            kept.append(c)
+        return kept
 
     def _derive(self, request, n) -> int:
         """Keys of the request's blocks [0, n): how many it has. 0 for a request whose blocks
@@ -258,13 +330,17 @@ class TuttiScheduler:
             self._unkeyable.add(req_id)
             return 0
 
-    def _lookup_chunks(self, chain, n, prompt_tokens) -> List[_Chunk]:
+    def _lookup_chunks(self, chain, n, prompt_tokens, limit=None) -> List[_Chunk]:
         """Looks up blocks [0, n) in chunks of at most max_blocks_per_call keys, the next
-        chunk only while the previous one hit in full. The chunks that hit something (every
-        rank's leases); none on a miss."""
+        chunk only while the previous one hit in full, and none that starts at or past block
+        `limit` (nothing of it could load). A chunk is looked up whole (tuttid advises on the
+        chain it is given). The chunks that hit something (every rank's leases); none on a
+        miss."""
         step = min(link.max_blocks_per_call() for link in self._links.values())
         chunks = []
         for begin in range(0, n, step):
+            if limit is not None and begin >= limit:
+                break
             end = min(begin + step, n)
             leases = self._lookup_all(chain.packed(begin, end), prompt_tokens)
             if leases is None:
@@ -278,13 +354,13 @@ class TuttiScheduler:
                 break
         return chunks
 
-    def _repeat(self, req_id, local, max_blocks):
+    def _repeat(self, req_id, local, max_blocks, cap):
         """The answer of this request's previous call when nothing it depends on changed: the
-        same local prefix, the same chain, and its leases young (less than half their TTL): the
-        pins keep every hit present, so no Lookup is needed (vLLM asks again every step while a
-        request waits for blocks). None: look up again."""
+        same local prefix, the same chain and cap, and its leases young (less than half their
+        TTL): the pins keep every hit present, so no Lookup is needed (vLLM asks again every
+        step while a request waits for blocks). None: look up again."""
         p = self._pending.get(req_id)
-        if (p is None or p.local != local or p.chain != max_blocks
+        if (p is None or p.local != local or p.chain != max_blocks or p.cap != cap
                 or self._clock() >= p.fresh_until):
             return None
         return (p.hits - local) * self.block_size, False
@@ -405,7 +481,11 @@ class TuttiScheduler:
 
     def _collect_save(self, req_id, st, end_tokens, saves):
         request = st.request
-        full = self._derive(request, min(end_tokens // self.block_size, len(st.block_ids)))
+        end = min(end_tokens // self.block_size, len(st.block_ids))
+        offload_cap = self.caps(request).offload
+        if offload_cap is not None:  # max_offload_tokens: blocks wholly inside the first N
+            end = min(end, offload_cap // self.block_size)
+        full = self._derive(request, end)
         if self.publish_fence:
             full = min(full, int(getattr(request, "num_publishable_block_hashes", 0)))
         if full <= st.done or req_id in self._unkeyable:
@@ -462,6 +542,7 @@ class TuttiScheduler:
         self._local.pop(req_id, None)
         self._reqs.pop(req_id, None)
         self._chains.pop(req_id, None)
+        self._caps.pop(req_id, None)
         self._unkeyable.discard(req_id)
         if req_id in self._saved:
             self._saved.discard(req_id)
@@ -516,6 +597,7 @@ class TuttiScheduler:
         for p in list(self._pending):
             self._release_pending(p)
         self._chains.clear()
+        self._caps.clear()
         for link in self._links.values():
             link.close()
         for t in self._watchers:
