@@ -70,7 +70,8 @@ printf '/etc/tutti/tuttid.textproto\n/etc/default/tuttid\n' >"$root/DEBIAN/conff
 # /usr/lib/... for others (usr-merge): each library is looked up as given, resolved, and with the
 # /usr prefix dropped or added, in one dpkg -S call.
 libs="$(for exe in "$root"/usr/bin/* "$root"/usr/libexec/tutti/*; do
-          [ -f "$exe" ] && ldd "$exe" | awk '$3 ~ /^\// {print $3}'
+          [ -f "$exe" ] || continue  # no release helper: the glob stays unexpanded
+          ldd "$exe" | awk '$3 ~ /^\// {print $3}'
         done | sort -u)"
 deps=()
 candidates=()
