@@ -25,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -55,6 +56,7 @@
 #include "daemon/service/notifier.h"
 #include "daemon/service/reload.h"
 #include "daemon/store/block_store.h"
+#include "daemon/version.h"
 
 ABSL_FLAG(std::string, config, "",
           "text-proto config file (tutti.v1.Config) merged over the embedded default; empty: the "
@@ -68,7 +70,6 @@ ABSL_FLAG(bool, print_default_config, false, "print the embedded default config 
 namespace tutti {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
 static_assert(config::kMaxObjectsPerSlot == pool::kMaxObjectsPerSlot,
               "config validation and the pool layout disagree on objects per slot");
 static_assert(config::kMaxExtentSlots == pool::kMaxExtentSlots,
@@ -444,6 +445,9 @@ int main(int argc, char** argv) {
 
   absl::SetProgramUsageMessage(
       "tuttid [--config=FILE] [--state_dir=DIR] [--socket=PATH]: the tutti KV cache daemon");
+  absl::FlagsUsageConfig usage_config;  // --version prints "tuttid VERSION" (//:version.bzl)
+  usage_config.version_string = [] { return absl::StrCat("tuttid ", tutti::kVersion, "\n"); };
+  absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_print_default_config)) {
     std::fputs(std::string(tutti::config::DefaultConfigText()).c_str(), stdout);

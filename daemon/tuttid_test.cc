@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "daemon/version.h"
 #include "gtest/gtest.h"
 #include "tutti/v1/admin.grpc.pb.h"
 
@@ -182,6 +183,20 @@ TEST(TuttidTest, PrintsTheDefaultConfig) {
   const std::string text = ReadAll(out);
   EXPECT_THAT(text, HasSubstr("socket_path: \"/run/tutti/tuttid.sock\""));
   EXPECT_THAT(text, HasSubstr("capacity_bytes: 4294967296"));
+}
+
+// `tuttid --version`: the version of //:version.bzl, the one the Python package carries too.
+TEST(TuttidTest, PrintsItsVersion) {
+  const std::string out = TmpDir() + "/version";
+  std::vector<char*> argv = {const_cast<char*>("tuttid"), const_cast<char*>("--version"), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, TuttidPath().c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  EXPECT_EQ(WaitExit(pid), 0);
+  EXPECT_EQ(ReadAll(out), absl::StrCat("tuttid ", tutti::kVersion, "\n"));
 }
 
 TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {

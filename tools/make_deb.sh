@@ -3,9 +3,13 @@
 #   /usr/bin/tuttid, /usr/bin/tuttictl, /usr/libexec/tutti/tutti-release (if //gpu:tutti-release
 #   builds), every deploy/*.service in /usr/lib/systemd/system, sysusers.d and tmpfiles.d files,
 #   the conffiles /etc/tutti/tuttid.textproto and /etc/default/tuttid, docs in /usr/share/doc/tutti;
+#   the Python package `tutti` (client and vLLM connector) for the system Python in
+#   /usr/lib/python3/dist-packages, unpacked from the wheel //client/python:wheel (with its
+#   .dist-info, as Debian's own Python packages have it; byte-compiled by postinst);
 #   maintainer scripts from deploy/debian/ (create the user, enable nothing, stop on removal,
 #   remove /etc/tutti and /var/lib/tutti on purge).
 # Depends: the Debian packages that own the libraries the binaries load (ldd, then dpkg -S).
+# Recommends: the Python package's (python3-grpcio, python3-protobuf): tuttid itself runs without.
 #
 # Usage: tools/make_deb.sh [--version V] [--out DIR] [--no-build]
 #   --version  package version (default 0.1.N, N the commit count of HEAD)
@@ -29,7 +33,7 @@ log() { echo "make_deb: $*" >&2; }
 
 release=1
 if [ "$build" -eq 1 ]; then
-  bazel build //daemon:tuttid //client:tuttictl >&2
+  bazel build //daemon:tuttid //client:tuttictl //client/python:wheel >&2
   if ! bazel build //gpu:tutti-release >&2; then
     log "//gpu:tutti-release did not build: the package goes without the release helper"
     release=0
@@ -37,6 +41,10 @@ if [ "$build" -eq 1 ]; then
 fi
 bin="$(bazel info bazel-bin 2>/dev/null)"
 [ -x "$bin/gpu/tutti-release" ] || release=0
+# The wheel of this version (version.bzl; bazel-bin may hold older ones).
+tutti_version="$(sed -n 's/^TUTTI_VERSION = "\(.*\)"$/\1/p' version.bzl)"
+wheel="$bin/client/python/tutti-${tutti_version}-py3-none-any.whl"
+[ -f "$wheel" ] || { log "no $wheel: bazel build //client/python:wheel"; exit 1; }
 
 mkdir -p "$out"
 stage="$(mktemp -d /tmp/tutti-deb.XXXXXX)"
@@ -63,6 +71,17 @@ install -m 0644 config/examples/*.textproto "$root/usr/share/doc/tutti/examples/
 for example in deploy/*.textproto; do  # per-instance examples (tuttid@0.textproto)
   [ -f "$example" ] && install -m 0644 "$example" "$root/usr/share/doc/tutti/examples/"
 done
+# The Python package: a pure wheel unpacked is the package installed (its files at the top, its
+# .dist-info beside them). No __pycache__ is shipped: postinst byte-compiles, prerm removes them.
+pydist="$root/usr/lib/python3/dist-packages"
+install -d "$pydist"
+/usr/bin/python3 -m zipfile -e "$wheel" "$pydist"
+find "$pydist" -name __pycache__ -prune -exec rm -rf {} +
+find "$pydist" -type d -exec chmod 0755 {} +
+find "$pydist" -type f -exec chmod 0644 {} +
+[ -f "$pydist/tutti/v1/kvcache_pb2_grpc.py" ] && [ -f "$pydist/tutti/vllm/__init__.py" ] &&
+  [ -d "$pydist/tutti-${tutti_version}.dist-info" ] ||
+  { log "the wheel $wheel did not unpack into the package, its modules and its .dist-info"; exit 1; }
 install -m 0755 deploy/debian/postinst deploy/debian/prerm deploy/debian/postrm "$root/DEBIAN/"
 printf '/etc/tutti/tuttid.textproto\n/etc/default/tuttid\n' >"$root/DEBIAN/conffiles"
 
@@ -70,7 +89,8 @@ printf '/etc/tutti/tuttid.textproto\n/etc/default/tuttid\n' >"$root/DEBIAN/conff
 # /usr/lib/... for others (usr-merge): each library is looked up as given, resolved, and with the
 # /usr prefix dropped or added, in one dpkg -S call.
 libs="$(for exe in "$root"/usr/bin/* "$root"/usr/libexec/tutti/*; do
-          [ -f "$exe" ] && ldd "$exe" | awk '$3 ~ /^\// {print $3}'
+          [ -f "$exe" ] || continue  # no release helper: the glob stays unexpanded
+          ldd "$exe" | awk '$3 ~ /^\// {print $3}'
         done | sort -u)"
 deps=()
 candidates=()
@@ -101,13 +121,14 @@ Section: misc
 Priority: optional
 Installed-Size: $(du -sk --exclude=DEBIAN "$root" | cut -f1)
 Depends: $depends
-Recommends: systemd, nvme-cli
+Recommends: systemd, nvme-cli, python3-grpcio (>= 1.51.1), python3-protobuf (>= 3.21.12)
 Description: SSD-backed KV cache daemon for LLM serving
  tuttid keeps inference engines' KV blocks in a pool of files on local NVMe
  SSDs (with a host-DRAM tier) and moves them straight between the pool and
  the engine's paged KV memory, layer by layer. One instance per GPU
  (tuttid.service, tuttid@.service where shipped); tuttictl operates it.
- Installing enables and starts nothing.
+ Installing enables and starts nothing. The Python package tutti (client and
+ vLLM KV connector) is installed for the system Python 3.
 CONTROL
 (cd "$root" && find . -type f ! -path './DEBIAN/*' ! -path './etc/*' -printf '%P\0' |
    sort -z | xargs -0 md5sum >DEBIAN/md5sums)

@@ -4,15 +4,21 @@
 # grpc_python_plugin (Debian: protobuf-compiler, protobuf-compiler-grpc). Then:
 #   PYTHONPATH=DIR python3 -c 'import tutti'
 # Bazel runs this for //client/python:tutti (bazel-bin/client/python/site).
+# tutti/_version.py holds the version (tuttid's, from //:version.bzl; Bazel passes it).
 #
-#   client/python/make_site.sh DIR [PROTO_ROOT]      (PROTO_ROOT defaults to the repo's proto/)
+#   client/python/make_site.sh DIR [PROTO_ROOT] [VERSION]
+#     PROTO_ROOT defaults to the repo's proto/, VERSION to TUTTI_VERSION of the repo's version.bzl
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: make_site.sh DIR [PROTO_ROOT]}"
+out="${1:?usage: make_site.sh DIR [PROTO_ROOT] [VERSION]}"
 proto_root="${2:-$here/../../proto}"
+version="${3:-$(sed -n 's/^TUTTI_VERSION = "\(.*\)"$/\1/p' "$here/../../version.bzl")}"
+[ -n "$version" ] || { echo "make_site.sh: no version (version.bzl's TUTTI_VERSION)" >&2; exit 1; }
 plugin="${GRPC_PYTHON_PLUGIN:-/usr/bin/grpc_python_plugin}"
 mkdir -p "$out/tutti/v1"
 cp "$here"/tutti/*.py "$out/tutti/"
+printf '"""The version of tutti, the same as tuttid (version.bzl). Made by make_site.sh."""\n\n%s\n' \
+  "__version__ = \"$version\"" >"$out/tutti/_version.py"
 cp "$here"/tutti/v1/__init__.py "$out/tutti/v1/"
 mkdir -p "$out/tutti/vllm"
 cp "$here"/tutti/vllm/*.py "$out/tutti/vllm/"

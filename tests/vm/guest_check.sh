@@ -78,6 +78,9 @@ check "install: postinst created the tutti user and group" "no tutti user" \
   sh -c 'getent passwd tutti && getent group tutti'
 check "install: postinst created /var/lib/tutti (tmpfiles)" "missing or wrong owner" \
   sh -c 'stat -c "%U:%G %a %n" /var/lib/tutti && [ "$(stat -c %U /var/lib/tutti)" = tutti ]'
+check "install: the Python package tutti in /usr/lib/python3/dist-packages (with its .dist-info)" \
+  "missing" sh -c 'ls -d /usr/lib/python3/dist-packages/tutti/v1/kvcache_pb2.py \
+    /usr/lib/python3/dist-packages/tutti/vllm/__init__.py /usr/lib/python3/dist-packages/tutti-*.dist-info'
 units="$(cd /usr/lib/systemd/system && ls tuttid*.service)"
 surprise=""
 for u in $units; do
@@ -295,11 +298,13 @@ check "upgrade: the blocks stored before the upgrade are found after (bench --ph
 # --- 11. Purge -----------------------------------------------------------------------------------
 check "purge: dpkg --purge tutti" "dpkg --purge failed" dpkg --purge tutti
 check "purge: no tuttid left running" "a tuttid process remains" sh -c '! pgrep -a -x tuttid'
-check "purge: binaries, units, /etc/tutti, /etc/default/tuttid and /var/lib/tutti are gone" \
+check "purge: binaries, units, Python package, /etc/tutti, /etc/default/tuttid, /var/lib/tutti gone" \
   "something remains" sh -c '
     left=""
     for p in /usr/bin/tuttid /usr/bin/tuttictl /usr/lib/systemd/system/tuttid.service \
-             /etc/tutti /etc/default/tuttid /var/lib/tutti; do [ -e "$p" ] && left="$left $p"; done
+             /etc/tutti /etc/default/tuttid /var/lib/tutti /usr/lib/python3/dist-packages/tutti; do
+      [ -e "$p" ] && left="$left $p"
+    done
     [ -z "$left" ] || { echo "left:$left"; exit 1; }'
 say "note: after purge the pool directory $POOL (outside /var/lib/tutti) and the tutti user stay, by design"
 

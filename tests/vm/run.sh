@@ -40,7 +40,7 @@ trap cleanup EXIT
 
 # 1. The package, twice: V2 (a higher version, same contents) tests the upgrade.
 t=$(date +%s)
-bazel build //daemon:tuttid //client:tuttictl >"$work/bazel.log" 2>&1 ||
+bazel build //daemon:tuttid //client:tuttictl //client/python:wheel >"$work/bazel.log" 2>&1 ||
   { tail -30 "$work/bazel.log"; die "bazel build failed"; }
 bazel build //daemon/io/nvme:vfio_device_test //daemon/io/nvme:vfio_controller_test >>"$work/bazel.log" 2>&1 ||
   { tail -30 "$work/bazel.log"; die "bazel build of the vfio guest test failed"; }

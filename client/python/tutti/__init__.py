@@ -27,14 +27,16 @@ from tutti.layout import (KvLayout, Namespace, ObjectTensor, cache_bytes, host_c
                           objects_from_tensors)
 
 try:
+    from tutti._version import __version__  # tuttid's version (version.bzl)
     from tutti.client import (DEFAULT_SOCKET, Client, ComputeReport, ComputeSample, Lease,
                               RetrieveOutcome, Retrieval)
-except ImportError as _e:  # the generated gRPC code is missing (a source checkout)
-    if "tutti.v1" not in str(_e) and "kvcache_pb2" not in str(_e):
+except ImportError as _e:  # the generated code is missing (a source checkout)
+    if "tutti.v1" not in str(_e) and "kvcache_pb2" not in str(_e) and "_version" not in str(_e):
         raise
     raise ImportError("tutti: the generated protobuf/gRPC modules are missing (%s); use the "
                       "package built by `bazel build //client/python:tutti` "
-                      "(PYTHONPATH=bazel-bin/client/python/site) or run "
+                      "(PYTHONPATH=bazel-bin/client/python/site), install the wheel "
+                      "(`bazel build //client/python:wheel`, docs/vllm.md) or run "
                       "client/python/make_site.sh DIR" % _e) from None
 
 __all__ = [
@@ -43,5 +45,5 @@ __all__ = [
     "PermissionDenied", "KvLayout", "Namespace", "ObjectTensor", "cache_bytes",
     "host_cache_tensor", "objects_from_tensors", "DEFAULT_SOCKET", "Client", "Lease",
     "RetrieveOutcome", "Retrieval", "Timeouts", "ComputeSample", "ComputeReport", "BlockEvent",
-    "EventBatch",
+    "EventBatch", "__version__",
 ]
