@@ -370,7 +370,8 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
     return Bad("datapath.max_read_bytes", absl::StrCat(d.max_read_bytes()),
                absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
   }
-  return CheckRange("datapath.checksum_threads", d.checksum_threads(), 0, 64);
+  RETURN_IF_ERROR(CheckRange("datapath.checksum_threads", d.checksum_threads(), 0, 64));
+  return CheckOneOf("datapath.verifier", d.verifier(), {"auto", "cpu", "gpu"});
 }
 
 // True for a dotted IPv4 address ("127.0.0.1"), each part a decimal in [0, 255].

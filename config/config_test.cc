@@ -309,6 +309,9 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2147483648 }",
                  {"datapath.write_bytes_in_flight_while_reading"});
   EXPECT_EQ(c->datapath().max_write_bytes_in_flight(), 64u << 20);
+  EXPECT_EQ(c->datapath().verifier(), "auto");
+  EXPECT_TRUE(LoadConfig("datapath { verifier: \"gpu\" }").ok());
+  ExpectRejected("datapath { verifier: \"fpga\" }", {"datapath.verifier", "fpga"});
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2097152 "
                  "max_write_bytes_in_flight: 1048576 }",
                  {"datapath.max_write_bytes_in_flight", "1048576", "2097152"});

@@ -8,6 +8,7 @@
 #include "daemon/gpu_setup.h"
 #include "daemon/server/gpu_engine_io.h"
 #include "gpu/cuda_status.h"
+#include "gpu/gpu_verifier.h"
 #include "gpu/io_stream.h"
 #include "gpu/layer_copier.h"
 #include "gpu/pinned.h"
@@ -33,7 +34,16 @@ class CudaRuntime final : public GpuRuntime {
   std::unique_ptr<gpu::PinnedRegion> staging;  // the store's staging, page-locked and mapped
   std::unique_ptr<gpu::PinnedRegion> dram;     // the DRAM tier's region, likewise (if on)
   std::unique_ptr<gpu::LayerCopier> copier;
+  // Retrieve checks on the GPU (datapath.verifier), on a stream of their own; handed to `store`,
+  // which gets its CPU checker back before the verifier goes.
+  std::unique_ptr<gpu::IoStream> check_stream;
+  std::unique_ptr<datapath::Verifier> verifier;
+  store::BlockStore* store = nullptr;
   uint64_t memory = 0;
+
+  ~CudaRuntime() override {
+    if (verifier != nullptr) store->SetReadVerifier(nullptr);
+  }
 };
 
 // The device's free memory now (creates the primary context if there is none yet).
@@ -122,6 +132,16 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
   ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
                                                          /*bounce_threads=*/4, g.round_bytes()},
                                                         rt->stream.get(), registered));
+  std::string checks = "retrieve checks on the CPU";
+  if (config.datapath().verifier() == "gpu") {  // "auto": the CPU (docs/gpu.md)
+    ASSIGN_OR_RETURN(rt->check_stream,
+                     gpu::IoStream::Create({chosen.ordinal, g.io_sm_count(), g.copy_ctas()}));
+    ASSIGN_OR_RETURN(rt->verifier, gpu::MakeGpuVerifier({}, *rt->check_stream,
+                                                        store->cpu_verifier()));
+    rt->store = store;
+    store->SetReadVerifier(rt->verifier.get());
+    checks = "retrieve checks on the GPU";
+  }
   ASSIGN_OR_RETURN(const uint64_t free_after, FreeDeviceMemory(chosen.ordinal));
   rt->memory = free_before > free_after ? free_before - free_after : 0;
   notes->push_back(absl::StrCat(
@@ -129,7 +149,7 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
       rt->stream->description(), ", ", rt->stream->ctas(), " CTAs per copy; retrieve copies ",
       g.scatter(), RoundsText(g, mode), "; ", staging.size() >> 20, " MiB of staging and ",
       dram.size() >> 20, " MiB of DRAM tier registered; ", rt->memory >> 20,
-      " MiB of GPU memory taken at start"));
+      " MiB of GPU memory taken at start; ", checks));
   if (!rt->stream->is_green() && g.io_sm_count() > 0) {
     notes->push_back("no green context: the daemon's kernels may use every SM");
   }

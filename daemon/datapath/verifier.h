@@ -5,13 +5,14 @@
 // A Verifier takes a batch of objects and answers, per object, whether its checksum matches. The
 // reader hands it each batch of reads as it completes, so checks run beside the reads of the
 // devices and never on the thread leading the transfer. Implementations: CpuVerifier (a
-// WorkPool's threads, tasks of 32 objects). A GPU verifier over staging already in device memory
-// would sit behind the same seam; none is built.
+// WorkPool's threads, tasks of 32 objects) and gpu/gpu_verifier.h (the hash kernel over objects
+// copied to the GPU); VerifierSwitch picks between them at start-up.
 //
 // Thread-safety: Verify may be called from any thread, concurrently.
 #ifndef TUTTI_DAEMON_DATAPATH_VERIFIER_H_
 #define TUTTI_DAEMON_DATAPATH_VERIFIER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +49,24 @@ class Verifier {
 // Checks on `pool` (which must outlive it), in tasks of 32 objects; with a null pool or a pool of
 // no threads, inline on the caller.
 std::unique_ptr<Verifier> MakeCpuVerifier(WorkPool* pool);
+
+// Forwards every batch to the verifier set last (the GPU's once the GPU data path is up), or to
+// `initial` until one is set. Set while no Verify call is in progress on the verifier being
+// replaced (at start-up, or after the reads have stopped); a verifier set must outlive its use.
+class VerifierSwitch final : public Verifier {
+ public:
+  explicit VerifierSwitch(Verifier* initial) : current_(initial) {}
+  std::string_view name() const override { return current()->name(); }
+  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+              std::function<void()> done) override {
+    current()->Verify(checks, matches, std::move(done));
+  }
+  void Set(Verifier* v) { current_.store(v, std::memory_order_release); }
+  Verifier* current() const { return current_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<Verifier*> current_;
+};
 
 }  // namespace tutti::datapath
 

@@ -39,15 +39,19 @@ uint64_t HeaderChecksum(const uint8_t* page) {
 
 }  // namespace
 
-uint64_t ObjectChecksum(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object,
-                        const void* data, size_t len) {
+uint64_t ObjectChecksumSeed(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object) {
   uint8_t identity[40];
   Put64(identity, ns);
   std::memcpy(identity + 8, key.bytes.data(), Key::kSize);
   Put64(identity + 24, epoch);
   Put32(identity + 32, object);
   std::memcpy(identity + 36, "OBJ", 4);
-  const uint64_t seed = XXH3_64bits(identity, sizeof(identity));
+  return XXH3_64bits(identity, sizeof(identity));
+}
+
+uint64_t ObjectChecksum(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object,
+                        const void* data, size_t len) {
+  const uint64_t seed = ObjectChecksumSeed(ns, key, epoch, object);
 #if defined(__x86_64__)
   // The dispatching entry point picks the widest vector unit at run time (AVX2 or AVX-512 where
   // present): the same value as XXH3_64bits_withSeed, 2-3x faster on 32 KiB objects.

@@ -12,6 +12,10 @@
 
 namespace tutti::pool {
 
+// The seed ObjectChecksum hashes an object's bytes with: XXH3 of its identity. ObjectChecksum is
+// XXH3_64bits_withSeed(data, len, ObjectChecksumSeed(...)) (the GPU verifier computes the same).
+uint64_t ObjectChecksumSeed(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object);
+
 // Checksum of one object's bytes, seeded by its identity, so a frame that holds another block's
 // object (a torn or reused slot), or another object of the same block, never verifies.
 // `len` is the object's used length (the layout's object size), not the frame size.

@@ -759,5 +759,7 @@ absl::Status BlockStore::SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_a
 }
 absl::Span<uint8_t> BlockStore::staging_region() const { return impl_->staging_region(); }
 absl::Span<uint8_t> BlockStore::dram_region() const { return impl_->dram_region(); }
+datapath::Verifier* BlockStore::cpu_verifier() const { return impl_->cpu_verifier(); }
+void BlockStore::SetReadVerifier(datapath::Verifier* v) { impl_->SetReadVerifier(v); }
 
 }  // namespace tutti::store

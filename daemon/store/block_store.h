@@ -43,6 +43,7 @@
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/datapath/scatter_op.h"
 #include "daemon/datapath/scheduler.h"
+#include "daemon/datapath/verifier.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 #include "daemon/store/events.h"
@@ -420,6 +421,12 @@ class BlockStore {
   // The DRAM tier's memory (empty when the tier is off): the source of DRAM-tier hits, handed to
   // LayerSink. Stable for the store's life; a GPU daemon registers it like staging_region().
   absl::Span<uint8_t> dram_region() const;
+  // The CPU checker of Reads and Stores (on datapath.checksum_threads), stable for the store's
+  // life: the fallback of a GPU verifier.
+  datapath::Verifier* cpu_verifier() const;
+  // Checks Reads' objects with `v` from now on (nullptr: the CPU checker again). Call while no
+  // Read is in progress (start-up, shutdown); `v` must outlive its use.
+  void SetReadVerifier(datapath::Verifier* v);
   // What Reads measured: bytes per second delivered to the sink from each tier.
   const datapath::BandwidthMeter& read_bandwidth() const;
 

@@ -133,6 +133,8 @@ class BlockStore::Impl {
   }
   const datapath::BandwidthMeter& read_bandwidth() const { return read_bandwidth_; }
   EventHub& events() { return events_; }
+  datapath::Verifier* cpu_verifier() const { return verifier_.get(); }
+  void SetReadVerifier(datapath::Verifier* v) { read_verifier_->Set(v != nullptr ? v : verifier_.get()); }
 
  private:
   using PendingKey = std::pair<NamespaceId, Key>;
@@ -330,7 +332,8 @@ class BlockStore::Impl {
   // Object checksums off the transfer's own thread: reads' verification and writes' checksums
   // (options_.checksum_threads; none: inline).
   std::unique_ptr<datapath::WorkPool> checksum_pool_;
-  std::unique_ptr<datapath::Verifier> verifier_;  // reads' checks, on checksum_pool_
+  std::unique_ptr<datapath::Verifier> verifier_;  // checks on checksum_pool_
+  std::unique_ptr<datapath::VerifierSwitch> read_verifier_;  // reads': verifier_ or the GPU's
   // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
   std::unique_ptr<datapath::StagingPool> read_staging_;
   std::unique_ptr<datapath::LayerReader> reader_;

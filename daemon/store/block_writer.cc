@@ -101,12 +101,13 @@ absl::Status BlockStore::Impl::Init() {
       std::make_unique<datapath::StagingPool>(absl::MakeSpan(base + store_bytes, read_bytes));
   checksum_pool_ = std::make_unique<datapath::WorkPool>(options_.checksum_threads, "tutti-sum");
   verifier_ = datapath::MakeCpuVerifier(checksum_pool_.get());
+  read_verifier_ = std::make_unique<datapath::VerifierSwitch>(verifier_.get());
   // One file's sync runs on the committer itself.
   sync_pool_ = std::make_unique<datapath::WorkPool>(
       std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
   reader_ = std::make_unique<datapath::LayerReader>(
       datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes},
-      read_staging_.get(), verifier_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+      read_staging_.get(), read_verifier_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
         // Reads go through the scheduler (made below, before any Read), ahead of writes.
         scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
       });

@@ -1,0 +1,286 @@
+#include "gpu/gpu_verifier.h"
+
+#include <cuda_runtime_api.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
+#include <xxhash.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/log.h"
+#include "daemon/common/status_macros.h"
+#include "daemon/pool/slot_header.h"
+#include "gpu/cuda_status.h"
+#include "gpu/hash_kernel.h"
+#include "gpu/io_stream.h"
+
+namespace tutti::gpu {
+namespace {
+
+using datapath::ObjectCheck;
+
+struct Job {
+  absl::Span<const ObjectCheck> checks;
+  absl::Span<uint8_t> matches;
+  std::function<void()> done;
+};
+
+uint64_t RoundUp16(uint64_t n) { return (n + 15) / 16 * 16; }
+
+// A job the kernel can check: every object it is to hash has a supported length.
+bool GpuCanCheck(const Job& job) {
+  for (const ObjectCheck& c : job.checks) {
+    if (c.len != 0 && !GpuHashSupports(c.len)) return false;
+  }
+  return true;
+}
+
+class GpuVerifier final : public datapath::Verifier {
+ public:
+  GpuVerifier(const GpuVerifierOptions& options, const IoStream& stream,
+              datapath::Verifier* fallback)
+      : options_(options), stream_(stream.stream()), device_(stream.device()), fallback_(fallback) {
+    XXH3_generateSecret_fromSeed(secret_.bytes, 0);  // XXH3's default secret
+  }
+
+  ~GpuVerifier() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    for (Slot& s : slots_) {
+      if (s.event != nullptr) cudaEventDestroy(s.event);
+      cudaFree(s.scratch);
+      cudaFree(s.descs_dev);
+      cudaFree(s.hashes_dev);
+      cudaFreeHost(s.descs_host);
+      cudaFreeHost(s.hashes_host);
+    }
+  }
+
+  absl::Status Init() {
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    const uint32_t n = options_.max_objects_per_slot;
+    for (Slot& s : slots_) {
+      RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&s.scratch), options_.slot_bytes),
+                                 absl::StrCat("cudaMalloc(", options_.slot_bytes, ") for checks")));
+      RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&s.descs_dev), n * sizeof(HashDesc)), "cudaMalloc"));
+      RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&s.hashes_dev), n * sizeof(uint64_t)), "cudaMalloc"));
+      RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&s.descs_host),
+                                               n * sizeof(HashDesc), cudaHostAllocDefault),
+                                 "cudaHostAlloc"));
+      RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&s.hashes_host),
+                                               n * sizeof(uint64_t), cudaHostAllocDefault),
+                                 "cudaHostAlloc"));
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming | cudaEventBlockingSync),
+                                 "cudaEventCreateWithFlags"));
+    }
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+
+  std::string_view name() const override { return "gpu"; }
+
+  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+              std::function<void()> done) override {
+    if (checks.empty()) {
+      done();
+      return;
+    }
+    Job job{checks, matches, std::move(done)};
+    if (!GpuCanCheck(job) || !FitsEmptySlot(job)) {
+      fallback_->Verify(job.checks, job.matches, std::move(job.done));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct CopyRun {  // `len` bytes from host `src` to `dst` in the slot's scratch
+    const uint8_t* src;
+    uint8_t* dst;
+    uint64_t len;
+  };
+  struct Slot {
+    uint8_t* scratch = nullptr;
+    HashDesc* descs_dev = nullptr;
+    HashDesc* descs_host = nullptr;
+    uint64_t* hashes_dev = nullptr;
+    uint64_t* hashes_host = nullptr;
+    cudaEvent_t event = nullptr;
+    // Filled per use.
+    std::vector<Job> jobs;
+    std::vector<CopyRun> runs;
+    uint32_t count = 0;  // descs
+    uint64_t used = 0;   // scratch bytes
+    absl::Status status;
+    void Reset() {
+      jobs.clear();
+      runs.clear();
+      count = 0;
+      used = 0;
+      status = absl::OkStatus();
+    }
+  };
+
+  static void Needs(const Job& job, uint64_t* bytes, uint32_t* objects) {
+    *bytes = 0;
+    *objects = 0;
+    for (const ObjectCheck& c : job.checks) {
+      if (c.len == 0) continue;
+      *bytes += RoundUp16(c.len);
+      ++*objects;
+    }
+  }
+  bool FitsEmptySlot(const Job& job) const {
+    uint64_t bytes;
+    uint32_t objects;
+    Needs(job, &bytes, &objects);
+    return bytes <= options_.slot_bytes && objects <= options_.max_objects_per_slot;
+  }
+  bool Fits(const Slot& s, const Job& job) const {
+    uint64_t bytes;
+    uint32_t objects;
+    Needs(job, &bytes, &objects);
+    return s.used + bytes <= options_.slot_bytes &&
+           s.count + objects <= options_.max_objects_per_slot;
+  }
+
+  void Add(Slot* s, Job job) {
+    for (const ObjectCheck& c : job.checks) {
+      if (c.len == 0) continue;  // a failed read: answered 0, not hashed
+      uint8_t* dst = s->scratch + s->used;
+      if (!s->runs.empty() && s->runs.back().src + s->runs.back().len == c.bytes &&
+          s->runs.back().dst + s->runs.back().len == dst) {
+        s->runs.back().len += c.len;
+      } else {
+        s->runs.push_back(CopyRun{c.bytes, dst, c.len});
+      }
+      s->descs_host[s->count++] =
+          HashDesc{dst, pool::ObjectChecksumSeed(c.ns, *c.key, c.epoch, c.object), c.len};
+      s->used += RoundUp16(c.len);
+    }
+    s->jobs.push_back(std::move(job));
+  }
+
+  absl::Status Enqueue(Slot* s) {
+    for (const CopyRun& r : s->runs) {
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpyAsync(r.dst, r.src, r.len, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync(staging -> check scratch)"));
+    }
+    if (s->count > 0) {
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(s->descs_dev, s->descs_host,
+                                                 s->count * sizeof(HashDesc),
+                                                 cudaMemcpyHostToDevice, stream_),
+                                 "cudaMemcpyAsync(check descriptors)"));
+      RETURN_IF_ERROR(CudaStatus(
+          LaunchHashObjects(s->descs_dev, s->count, secret_, s->hashes_dev, stream_),
+          "hash kernel launch"));
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(s->hashes_host, s->hashes_dev,
+                                                 s->count * sizeof(uint64_t),
+                                                 cudaMemcpyDeviceToHost, stream_),
+                                 "cudaMemcpyAsync(hashes)"));
+    }
+    return CudaStatus(cudaEventRecord(s->event, stream_), "cudaEventRecord");
+  }
+
+  // Answers the slot's jobs and runs their `done`; on a CUDA error the fallback checks them.
+  void Finish(Slot* s) {
+    if (s->status.ok()) {
+      s->status = CudaStatus(cudaEventSynchronize(s->event), "cudaEventSynchronize");
+    }
+    if (!s->status.ok()) {
+      TUTTI_LOG_EVERY_N_SEC(log::Get("gpu"), spdlog::level::err, 5,
+                            "GPU checks of {} objects failed ({}); the CPU checks them",
+                            s->count, s->status.ToString());
+      for (Job& job : s->jobs) fallback_->Verify(job.checks, job.matches, std::move(job.done));
+      s->Reset();
+      return;
+    }
+    uint32_t k = 0;
+    for (Job& job : s->jobs) {
+      for (size_t i = 0; i < job.checks.size(); ++i) {
+        const ObjectCheck& c = job.checks[i];
+        job.matches[i] = c.len != 0 && s->hashes_host[k++] == c.expected;
+      }
+    }
+    std::vector<Job> jobs = std::move(s->jobs);
+    s->Reset();
+    for (Job& job : jobs) job.done();
+  }
+
+  void Run() {
+    if (!CudaStatus(cudaSetDevice(device_), "cudaSetDevice").ok()) {
+      log::Get("gpu")->error("GPU verifier: cudaSetDevice({}) failed; the CPU checks", device_);
+      broken_ = true;
+    }
+    Slot* in_flight = nullptr;
+    uint32_t next = 0;
+    for (;;) {
+      std::deque<Job> taken;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (in_flight == nullptr) {
+          cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+          if (queue_.empty()) return;  // stopping, and nothing left
+        }
+        taken.swap(queue_);
+      }
+      Slot* s = &slots_[next];
+      while (!taken.empty() && Fits(*s, taken.front())) {
+        Add(s, std::move(taken.front()));
+        taken.pop_front();
+      }
+      if (!taken.empty()) {  // the rest waits for the next slot, ahead of newer jobs
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = taken.rbegin(); it != taken.rend(); ++it) queue_.push_front(std::move(*it));
+      }
+      if (!s->jobs.empty()) {
+        s->status = broken_ ? absl::InternalError("no CUDA device") : Enqueue(s);
+      }
+      if (in_flight != nullptr) Finish(in_flight);
+      in_flight = s->jobs.empty() ? nullptr : s;
+      if (in_flight != nullptr) next ^= 1;
+    }
+  }
+
+  const GpuVerifierOptions options_;
+  const cudaStream_t stream_;
+  const int device_;
+  datapath::Verifier* const fallback_;
+  Xxh3Secret secret_{};
+  Slot slots_[2];
+  bool broken_ = false;  // the thread's own state
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
+    const GpuVerifierOptions& options, const IoStream& stream, datapath::Verifier* fallback) {
+  if (fallback == nullptr || options.slot_bytes == 0 || options.max_objects_per_slot == 0) {
+    return absl::InvalidArgumentError("MakeGpuVerifier: a fallback verifier and slots are needed");
+  }
+  auto v = std::make_unique<GpuVerifier>(options, stream, fallback);
+  RETURN_IF_ERROR(v->Init());
+  return std::unique_ptr<datapath::Verifier>(std::move(v));
+}
+
+}  // namespace tutti::gpu

@@ -1,0 +1,46 @@
+// A datapath::Verifier on the GPU: checks a Retrieve's objects (pool::ObjectChecksum, XXH3) with
+// the hash kernel (gpu/hash_kernel.h) instead of the CPU's cores.
+//
+// Verify queues the batch and returns. One thread of the verifier takes what is queued, copies
+// the objects from (registered) host staging into a slot of its device scratch with the copy
+// engine (adjacent objects in one copy), launches the kernel over them and copies the hashes back;
+// two slots alternate, so one slot's copies run while the other's results are checked. Each
+// batch's `done` then runs on that thread.
+//
+// The fallback verifier (the CPU's) takes what the GPU does not: objects of lengths the kernel
+// does not support, a batch larger than a slot, and every batch of a slot whose CUDA work failed
+// (the error is logged with its CUDA name). A check is never skipped: the answer is always a
+// checksum comparison.
+//
+// Cost: the objects cross PCIe once more than the engine copy alone needs (the copier reads the
+// staging again): docs/gpu.md says when that pays.
+//
+// Thread-safety: Verify may be called from any thread, concurrently. Lifetime: `fallback` and the
+// staging the objects live in must outlive the verifier; destroying it waits for every batch.
+#ifndef TUTTI_GPU_GPU_VERIFIER_H_
+#define TUTTI_GPU_GPU_VERIFIER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "daemon/datapath/verifier.h"
+
+namespace tutti::gpu {
+
+class IoStream;
+
+struct GpuVerifierOptions {
+  // Device scratch per slot (two slots), and the most objects one slot holds.
+  uint64_t slot_bytes = 16ull << 20;
+  uint32_t max_objects_per_slot = 4096;
+};
+
+// `stream` (its device; kernels go on a stream of its own in the same context kind) and
+// `fallback` must outlive the verifier. Errors: the CUDA error of an allocation, named.
+absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
+    const GpuVerifierOptions& options, const IoStream& stream, datapath::Verifier* fallback);
+
+}  // namespace tutti::gpu
+
+#endif  // TUTTI_GPU_GPU_VERIFIER_H_

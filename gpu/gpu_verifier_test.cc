@@ -1,0 +1,185 @@
+// The GPU hash kernel against libxxhash, and the GPU verifier against the CPU's answers: good
+// objects match, corrupted ones and failed reads do not, lengths the kernel does not take and
+// batches larger than a slot go to the fallback, concurrent batches each finish once.
+#include "gpu/gpu_verifier.h"
+
+#include <cuda_runtime.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
+#include <xxhash.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/pool/slot_header.h"
+#include "gpu/hash_kernel.h"
+#include "gpu/io_stream.h"
+#include "gpu/testing/test_util.h"
+#include "gtest/gtest.h"
+
+namespace tutti::gpu {
+namespace {
+
+using datapath::ObjectCheck;
+
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+TEST(HashKernelTest, EqualsXxh3WithSeedForEverySupportedShape) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  const uint32_t lens[] = {256, 320, 960, 1024, 1088, 2048, 4096, 31744, 32768, 33792, 65536,
+                           kMaxGpuHashLen};
+  const uint64_t seeds[] = {0, 1, 0x9E3779B97F4A7C15ull, ~0ull};
+  Xxh3Secret secret;
+  XXH3_generateSecret_fromSeed(secret.bytes, 0);
+  std::vector<HashDesc> descs;
+  std::vector<uint64_t> want;
+  std::vector<void*> buffers;
+  uint64_t n = 0;
+  for (uint32_t len : lens) {
+    ASSERT_TRUE(GpuHashSupports(len)) << len;
+    for (uint64_t seed : seeds) {
+      const std::vector<uint8_t> data = RandomBytes(len, ++n);
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, len), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, data.data(), len, cudaMemcpyHostToDevice), cudaSuccess);
+      buffers.push_back(d);
+      descs.push_back(HashDesc{d, seed, len});
+      want.push_back(XXH3_64bits_withSeed(data.data(), len, seed));
+    }
+  }
+  HashDesc* descs_dev = nullptr;
+  uint64_t* hashes_dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&descs_dev, descs.size() * sizeof(HashDesc)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&hashes_dev, descs.size() * sizeof(uint64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(descs_dev, descs.data(), descs.size() * sizeof(HashDesc),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(LaunchHashObjects(descs_dev, static_cast<uint32_t>(descs.size()), secret, hashes_dev,
+                              nullptr),
+            cudaSuccess);
+  std::vector<uint64_t> got(descs.size());
+  ASSERT_EQ(cudaMemcpy(got.data(), hashes_dev, got.size() * sizeof(uint64_t),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], want[i]) << "len " << descs[i].len << " seed " << descs[i].seed;
+  }
+  for (void* b : buffers) cudaFree(b);
+  cudaFree(descs_dev);
+  cudaFree(hashes_dev);
+  EXPECT_FALSE(GpuHashSupports(240));
+  EXPECT_FALSE(GpuHashSupports(4000));
+  EXPECT_FALSE(GpuHashSupports(kMaxGpuHashLen + 64));
+}
+
+// Counts what reaches the CPU fallback.
+class CountingVerifier final : public datapath::Verifier {
+ public:
+  std::string_view name() const override { return "counting-cpu"; }
+  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+              std::function<void()> done) override {
+    objects += checks.size();
+    cpu_->Verify(checks, matches, std::move(done));
+  }
+  std::atomic<uint64_t> objects{0};
+
+ private:
+  std::unique_ptr<datapath::Verifier> cpu_ = datapath::MakeCpuVerifier(nullptr);
+};
+
+struct Staging {
+  explicit Staging(size_t bytes) : size(bytes) {
+    EXPECT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&data), bytes, cudaHostAllocDefault),
+              cudaSuccess);
+  }
+  ~Staging() { cudaFreeHost(data); }
+  uint8_t* data = nullptr;
+  size_t size;
+};
+
+TEST(GpuVerifierTest, AnswersAsTheChecksumsSay) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto stream = IoStream::Create({0, 0, 0});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CountingVerifier fallback;
+  GpuVerifierOptions options;
+  options.slot_bytes = 1 << 20;  // 32 objects of 32 KiB: batches below fill several slots
+  options.max_objects_per_slot = 64;
+  auto v = MakeGpuVerifier(options, **stream, &fallback);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)->name(), "gpu");
+
+  constexpr uint32_t kLen = 32768, kBatches = 24, kPerBatch = 16;
+  Staging staging(uint64_t{kLen} * kBatches * kPerBatch);
+  const std::vector<uint8_t> bytes = RandomBytes(staging.size, 7);
+  std::memcpy(staging.data, bytes.data(), staging.size);
+  Key key{};
+  key.bytes[0] = 42;
+  std::vector<ObjectCheck> checks(kBatches * kPerBatch);
+  std::vector<uint8_t> want(checks.size());
+  for (uint32_t i = 0; i < checks.size(); ++i) {
+    uint8_t* obj = staging.data + uint64_t{i} * kLen;
+    ObjectCheck c{3, &key, 9, i, obj, kLen, pool::ObjectChecksum(3, key, 9, i, obj, kLen)};
+    want[i] = 1;
+    if (i % 7 == 3) {  // corrupted after it was written: one bit
+      obj[i % kLen] ^= 0x10;
+      want[i] = 0;
+    } else if (i % 11 == 5) {  // another object's identity
+      c.object = i + 1;
+      want[i] = 0;
+    } else if (i % 13 == 6) {  // a failed read: not hashed, never a match
+      c.len = 0;
+      want[i] = 0;
+    }
+    checks[i] = c;
+  }
+  std::vector<uint8_t> matches(checks.size(), 2);
+  std::vector<std::atomic<int>> done(kBatches);
+  absl::Notification all;
+  std::atomic<uint32_t> left{kBatches};
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t b = t; b < kBatches; b += 4) {
+        (*v)->Verify(absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
+                     absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch), [&, b] {
+                       done[b].fetch_add(1);
+                       if (left.fetch_sub(1) == 1) all.Notify();
+                     });
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  for (uint32_t b = 0; b < kBatches; ++b) EXPECT_EQ(done[b].load(), 1) << "batch " << b;
+  for (size_t i = 0; i < checks.size(); ++i) EXPECT_EQ(matches[i], want[i]) << "object " << i;
+  EXPECT_EQ(fallback.objects.load(), 0u) << "every batch fits a slot and every length is taken";
+
+  // A length the kernel does not take, and a batch larger than a slot, go to the fallback.
+  std::vector<ObjectCheck> odd = {checks[0]};
+  odd[0].len = 4000;
+  odd[0].expected = pool::ObjectChecksum(3, key, 9, 0, odd[0].bytes, 4000);
+  std::vector<uint8_t> odd_match(1, 2);
+  absl::Notification odd_done;
+  (*v)->Verify(odd, absl::MakeSpan(odd_match), [&] { odd_done.Notify(); });
+  ASSERT_TRUE(odd_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(odd_match[0], 1);
+  std::vector<uint8_t> big_match(48, 2);
+  absl::Notification big_done;
+  (*v)->Verify(absl::MakeConstSpan(checks).subspan(0, 48), absl::MakeSpan(big_match),
+               [&] { big_done.Notify(); });
+  ASSERT_TRUE(big_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  for (size_t i = 0; i < 48; ++i) EXPECT_EQ(big_match[i], want[i]) << "object " << i;
+  EXPECT_EQ(fallback.objects.load(), 49u);
+}
+
+}  // namespace
+}  // namespace tutti::gpu

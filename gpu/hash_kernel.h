@@ -1,0 +1,50 @@
+// XXH3-64 on the GPU: the object checksums of pool/slot_header.h (XXH3_64bits_withSeed with a
+// per-object seed) computed over objects in device memory, one CTA per object.
+//
+// Each thread takes 16-byte vectors of its object (two of the eight 64-bit accumulator lanes of
+// one 64-byte stripe), the warps sum each 1 KiB block's contributions per lane, and eight threads
+// then run the lanes' sequential part (a scramble per full block) and one thread merges them. The
+// value is XXH3's, bit for bit (gpu/hash_kernel_test.cc compares it with libxxhash).
+//
+// Supported lengths (GpuHashSupports): multiples of 64 in (240, kMaxGpuHashLen]; XXH3 hashes
+// shorter inputs another way, which is left to the CPU.
+//
+// Thread-safety: LaunchHashObjects may be called from any thread.
+#ifndef TUTTI_GPU_HASH_KERNEL_H_
+#define TUTTI_GPU_HASH_KERNEL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tutti::gpu {
+
+inline constexpr uint32_t kMaxGpuHashLen = 256u << 10;
+inline constexpr uint32_t kXxh3SecretBytes = 192;
+
+inline bool GpuHashSupports(uint32_t len) {
+  return len > 240 && len % 64 == 0 && len <= kMaxGpuHashLen;
+}
+
+// One object: `len` bytes at `data` (device-addressable, 16-byte aligned), hashed with `seed`.
+struct HashDesc {
+  const void* data;
+  uint64_t seed;
+  uint32_t len;
+};
+
+// XXH3's default secret, as libxxhash holds it (XXH3_kSecret); the caller supplies it.
+struct Xxh3Secret {
+  uint8_t bytes[kXxh3SecretBytes];
+};
+
+// Enqueues on `stream`: hashes[i] = XXH3_64bits_withSeed(descs[i].data, descs[i].len,
+// descs[i].seed) for i < count. `descs` and `hashes` are device-addressable and stay valid until
+// the kernel has run. Preconditions: GpuHashSupports(len) for every desc. Returns the launch
+// error (after clearing the thread's stale last-error state).
+cudaError_t LaunchHashObjects(const HashDesc* descs, uint32_t count, const Xxh3Secret& secret,
+                              uint64_t* hashes, cudaStream_t stream);
+
+}  // namespace tutti::gpu
+
+#endif  // TUTTI_GPU_HASH_KERNEL_H_
