@@ -77,5 +77,40 @@ TEST(CpuVerifierTest, AnEmptyBatchIsDoneAtOnce) {
   EXPECT_TRUE(ran);
 }
 
+// Answers every object with `answer`, counting the batches it was given.
+class FixedVerifier final : public Verifier {
+ public:
+  explicit FixedVerifier(uint8_t answer) : answer_(answer) {}
+  std::string_view name() const override { return answer_ ? "yes" : "no"; }
+  void Verify(absl::Span<const ObjectCheck>, absl::Span<uint8_t> matches,
+              std::function<void()> done) override {
+    ++batches;
+    for (uint8_t& m : matches) m = answer_;
+    done();
+  }
+  int batches = 0;
+
+ private:
+  const uint8_t answer_;
+};
+
+TEST(VerifierSwitchTest, ForwardsToTheVerifierSetLast) {
+  FixedVerifier yes(1), no(0);
+  VerifierSwitch sw(&yes);
+  std::vector<ObjectCheck> checks(3);
+  std::vector<uint8_t> matches(3, 7);
+  int done = 0;
+  sw.Verify(checks, absl::MakeSpan(matches), [&] { ++done; });
+  EXPECT_EQ(matches, (std::vector<uint8_t>{1, 1, 1}));
+  EXPECT_EQ(sw.name(), "yes");
+  sw.Set(&no);
+  sw.Verify(checks, absl::MakeSpan(matches), [&] { ++done; });
+  EXPECT_EQ(matches, (std::vector<uint8_t>{0, 0, 0}));
+  EXPECT_EQ(sw.name(), "no");
+  EXPECT_EQ(done, 2);
+  EXPECT_EQ(yes.batches, 1);
+  EXPECT_EQ(no.batches, 1);
+}
+
 }  // namespace
 }  // namespace tutti::datapath
