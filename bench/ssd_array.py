@@ -827,12 +827,16 @@ class Session:
             self.torch.cuda.synchronize()
 
     def store(self, batch, wait_durable, deadline):
-        """Stores every block (retrying rejected_full until `deadline`)."""
+        """Stores every block (retrying rejected_full until `deadline`). Counts the Store calls,
+        the blocks refused for full staging and the seconds slept before retrying them in
+        self.store_counts."""
+        counts = self.store_counts = {"calls": 0, "rejected_full_blocks": 0, "retry_sleep_s": 0.0}
         for begin in range(0, self.n, batch):
             todo = list(range(begin, min(self.n, begin + batch)))
             while todo:
                 out = self.client.store([self.keys[i] for i in todo], todo,
                                         wait_durable=wait_durable)
+                counts["calls"] += 1
                 bad = sorted({o for o in out if o not in ("captured", "durable",
                                                           "rejected_full")})
                 if bad:
@@ -842,10 +846,13 @@ class Session:
                     raise BenchError("Store with wait_durable answered captured")
                 todo = [i for i, o in zip(todo, out) if o == "rejected_full"]
                 if todo:
+                    counts["rejected_full_blocks"] += len(todo)
                     if time.monotonic() > deadline:
                         raise BenchError("session %d: Stores stayed rejected_full (%s)" % (
                             self.index, out.rejected_why))
+                    t = time.perf_counter()
                     time.sleep(0.002)
+                    counts["retry_sleep_s"] += time.perf_counter() - t
 
     def retrieve(self, call_blocks):
         """Every layer of every block into blocks [n, 2n), in calls of call_blocks."""
@@ -943,6 +950,12 @@ def phase_store(args, daemon, sessions):
     seconds = time.perf_counter() - t0
     gbytes = blocks * BLOCK_BYTES / GB
     figures = cpu.stop(gbytes)
+    # How much of the phase the clients spent refused for full staging, waiting to retry.
+    figures["store_calls"] = sum(s.store_counts["calls"] for s in sessions)
+    figures["store_rejected_full_blocks"] = sum(
+        s.store_counts["rejected_full_blocks"] for s in sessions)
+    figures["store_retry_sleep_s"] = round(
+        sum(s.store_counts["retry_sleep_s"] for s in sessions), 4)
     if io0 is not None:
         figures["cgroup_write_gb"] = (daemon.array.cgroup.io_bytes()[1] - io0[1]) / GB
         if figures["cgroup_write_gb"] < 0.9 * gbytes:
@@ -1310,7 +1323,9 @@ def one_array_config(args, results, ctx, emulation, n):
         store_batch=args.store_batch, cpu_s_per_gb=sc["cpu_s_per_gb"],
         cpu_s_per_gb_without_iou=sc["cpu_s_per_gb_without_iou"], cores=sc["cores"],
         busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
-        iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"), **common,
+        iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
+        store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
+        store_retry_sleep_s=sc["store_retry_sleep_s"], **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
              "(admin Stats blocks_stored and an empty write backlog); raw: mean of raw_array_io "
              "random writes (fdatasync at the end) right before and after tuttid (%s)" % (
