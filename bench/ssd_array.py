@@ -826,7 +826,7 @@ class Session:
         if not self.local:
             self.torch.cuda.synchronize()
 
-    def store(self, batch, wait_durable, deadline):
+    def store(self, batch, wait_durable, deadline, staging_wait_ms=0):
         """Stores every block (retrying rejected_full until `deadline`). Counts the Store calls,
         the blocks refused for full staging and the seconds slept before retrying them in
         self.store_counts."""
@@ -835,7 +835,8 @@ class Session:
             todo = list(range(begin, min(self.n, begin + batch)))
             while todo:
                 out = self.client.store([self.keys[i] for i in todo], todo,
-                                        wait_durable=wait_durable)
+                                        wait_durable=wait_durable,
+                                        staging_wait_ms=staging_wait_ms)
                 counts["calls"] += 1
                 bad = sorted({o for o in out if o not in ("captured", "durable",
                                                           "rejected_full")})
@@ -944,8 +945,8 @@ def phase_store(args, daemon, sessions):
     cpu = CpuSampler(daemon.pid).start()
     t0 = time.perf_counter()
     deadline = time.monotonic() + args.phase_timeout
-    in_threads(lambda s: s.store(args.store_batch, args.store_wait == "durable", deadline),
-               sessions)
+    in_threads(lambda s: s.store(args.store_batch, args.store_wait == "durable", deadline,
+                                 args.store_staging_wait_ms), sessions)
     wait_durable_all(daemon, before, blocks, max(deadline - time.monotonic(), 1))
     seconds = time.perf_counter() - t0
     gbytes = blocks * BLOCK_BYTES / GB
@@ -1324,7 +1325,7 @@ def one_array_config(args, results, ctx, emulation, n):
         cpu_s_per_gb_without_iou=sc["cpu_s_per_gb_without_iou"], cores=sc["cores"],
         busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
         iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
-        store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
+        store_staging_wait_ms=args.store_staging_wait_ms, store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
         store_retry_sleep_s=sc["store_retry_sleep_s"], **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
              "(admin Stats blocks_stored and an empty write backlog); raw: mean of raw_array_io "
@@ -1588,6 +1589,9 @@ def parse_args(argv):
                     help="blocks per Retrieve call (0: tuttid's limits.max_blocks_per_call)")
     ap.add_argument("--max-blocks-per-call", type=int, default=2048, help=argparse.SUPPRESS)
     ap.add_argument("--store-batch", type=int, default=64, help="blocks per Store call")
+    ap.add_argument("--store-staging-wait-ms", type=int, default=200,
+                    help="StoreRequest.staging_wait_ms: tuttid waits this long for staging room "
+                    "before refusing (0: refused at once, the client retries after 2 ms)")
     ap.add_argument("--store-wait", choices=("backlog", "durable"), default="backlog",
                     help="backlog: Stores without wait_durable, then wait until Stats shows "
                     "every block durable; durable: every Store waits (default %(default)s)")

@@ -24,6 +24,8 @@ constexpr size_t kMaxModelId = 256;
 constexpr size_t kMaxHashScheme = 64;
 // engine_group and namespace_secret: random bytes the engines choose, or none.
 constexpr size_t kMinSharedBytes = 16, kMaxSharedBytes = 64;
+// StoreRequest.staging_wait_ms: the longest a Store may wait for staging room.
+constexpr uint32_t kMaxStagingWaitMs = 10000;
 constexpr uint64_t kNamespaceSecretSeed = 0x74757474692d6e73;  // "tutti-ns"
 
 tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
@@ -450,9 +452,14 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
     *signaled = true;
     return io->SignalCaptured(req.ticket());
   };
+  if (req.staging_wait_ms() > kMaxStagingWaitMs) {
+    return absl::InvalidArgumentError(absl::StrCat("staging_wait_ms = ", req.staging_wait_ms(),
+                                                   " is more than ", kMaxStagingWaitMs));
+  }
   ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
                    store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
-                                   req.wait_durable(), session.id));
+                                   req.wait_durable(), session.id,
+                                   absl::Milliseconds(req.staging_wait_ms())));
   bool full = false, session_share = false, backlog = false, pool_share = false;
   for (store::CaptureOutcome o : outcomes) {
     resp->add_outcomes(ToProto(o));

@@ -465,7 +465,7 @@ void BlockStore::Impl::ReleasePending(PendingBlock* p) {
 
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer& gather, bool wait_durable, uint64_t owner) {
+    const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
@@ -478,6 +478,16 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   std::vector<PendingBlock*> created;
   {
     absl::MutexLock lock(&mu_);
+    if (staging_wait > absl::ZeroDuration()) {
+      const uint64_t need = uint64_t{CountNewBlocks(ns, keys)} * info.num_objects *
+                            RoundUp4K(info.object_len);
+      // Staging is given back under mu_ (ReleasePending), so the condition is looked at again
+      // each time some is.
+      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || need == 0 || store_staging_->HasRoomFor(owner, need);
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&room), staging_wait);
+    }
     NewBlockStaging fresh_staging;
     fresh_staging.left = CountNewBlocks(ns, keys);
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -747,8 +757,9 @@ absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32
 }
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer& gather, bool wait_durable, uint64_t owner) {
-  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable, owner);
+    const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait) {
+  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable, owner,
+                        staging_wait);
 }
 uint64_t BlockStore::DropPending(uint64_t owner) { return impl_->DropPending(owner); }
 void BlockStore::Flush() { impl_->Flush(); }

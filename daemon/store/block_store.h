@@ -367,14 +367,18 @@ class BlockStore {
   // write backlog is past its bounds are kRejectedBacklog (Capture never waits
   // for the writer to refuse or accept). With wait_durable,
   // returns after the queued blocks are durable (kDurable) or failed
-  // (kFailed). A gather error fails the whole call (nothing queued). Errors:
+  // (kFailed). With a `staging_wait` > 0, a call whose new blocks do not fit in the free staging
+  // (or the owner's share) first waits up to that long for room (writes completing free it), then
+  // goes on as without (blocks that still do not fit are refused). A gather error fails the whole
+  // call (nothing queued). Errors:
   // NOT_FOUND unknown namespace, INVALID_ARGUMENT bad layer range, or the
   // gatherer's.
   using Gatherer = std::function<absl::Status(absl::Span<const GatherOp> ops)>;
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
                                                       const Gatherer& gather, bool wait_durable,
-                                                      uint64_t owner = 0);
+                                                      uint64_t owner = 0,
+                                                      absl::Duration staging_wait = absl::ZeroDuration());
 
   // Drops every partially captured block of `owner` (> 0) and frees its
   // staging: for a session that went away. Blocks a Capture is copying into now

@@ -47,6 +47,16 @@ uint64_t StoreStaging::owner_bytes(uint64_t owner) const {
   return it == owner_bytes_.end() ? 0 : it->second;
 }
 
+bool StoreStaging::HasRoomFor(uint64_t owner, uint64_t bytes) const {
+  const uint64_t n = std::min((bytes + kPage - 1) / kPage, pages_);
+  absl::MutexLock lock(&mu_);
+  if (used_pages_ + n > pages_) return false;
+  if (owner == 0) return true;
+  auto it = owner_bytes_.find(owner);
+  const uint64_t held = it == owner_bytes_.end() ? 0 : it->second;
+  return held == 0 || held + n * kPage <= owner_cap_;
+}
+
 StoreStaging::Grant StoreStaging::TryTake(uint64_t owner, uint64_t bytes) {
   const uint64_t n = (bytes + kPage - 1) / kPage;
   absl::MutexLock lock(&mu_);

@@ -65,6 +65,9 @@ class StoreStaging {
   uint64_t used_bytes() const;
   uint64_t owner_bytes(uint64_t owner) const;
 
+  // Whether `bytes` (at most the capacity) are free and `owner` may hold them more now (an owner
+  // asking for more than its cap: once it holds nothing). Free bytes need not be one run.
+  bool HasRoomFor(uint64_t owner, uint64_t bytes) const;
   // Takes `bytes` (rounded up to whole pages, > 0) as one run for `owner`.
   // Refused (nothing taken) with kOwnerLimit when the owner would hold more
   // than its cap, else with kFull when no free run is long enough.

@@ -155,6 +155,42 @@ TEST_F(StagingLimitsTest, SmallBlocksTakeOnlyTheirOwnBytes) {
   EXPECT_TRUE(ReadBack(absl::MakeSpan(keys).subspan(0, fit)));
 }
 
+// StoreRequest.staging_wait_ms: a Capture that finds staging full waits for writes to give some
+// back instead of refusing at once; without room in time it refuses as before.
+TEST_F(StagingLimitsTest, CaptureWaitsForRoomWhenAskedTo) {
+  Open(2, 4096, 64, Shape{2, 4096}, 64 * 4096);  // one pool slot's chunk: room for 16 blocks
+  ASSERT_EQ(BlockBytes(), 4u * 4096);
+  backend_->SetPaused(true);  // nothing leaves staging meanwhile
+  const std::vector<Key> first = Keys(0, 16), late = Keys(16, 2);
+  EXPECT_EQ(Count(Capture(first, 0, 2, 0), CaptureOutcome::kCaptured), 16u);
+  // Full, no wait: refused at once.
+  EXPECT_EQ(Count(Capture(late, 0, 2, 0), CaptureOutcome::kRejectedFull), 2u);
+  // Full, a short wait, nothing written meanwhile: refused after the wait.
+  const absl::Time t0 = absl::Now();
+  auto out = store_->Capture(ns_, late, 0, 2, Fill(late), false, 0, absl::Milliseconds(60));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Count(*out, CaptureOutcome::kRejectedFull), 2u);
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(60));
+  // Full, a long wait: captured once the writes resume and give staging back.
+  absl::Notification returned;
+  std::vector<CaptureOutcome> waited;
+  std::thread t([&] {
+    auto o = store_->Capture(ns_, late, 0, 2, Fill(late), false, 0, absl::Seconds(30));
+    EXPECT_TRUE(o.ok()) << o.status();
+    if (o.ok()) waited = *o;
+    returned.Notify();
+  });
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(100)))
+      << "returned while staging was still full";
+  backend_->SetPaused(false);
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  t.join();
+  EXPECT_EQ(Count(waited, CaptureOutcome::kCaptured), 2u);
+  store_->Flush();
+  EXPECT_TRUE(ReadBack(first));
+  EXPECT_TRUE(ReadBack(late));
+}
+
 // The write path from byte-counted staging: 6 objects over 4 files (shares of 2, 2, 1, 1), with
 // staging frames as large as the pool's (one write per file) and smaller (one write per object).
 class StagingLayoutTest : public StagingLimitsTest,

@@ -16,6 +16,7 @@ import torch
 
 import tutti
 from tutti.testing import Tuttid
+from tutti.v1 import kvcache_pb2
 
 # 8 layers x 8 KV heads x 128 dims x float32 x 16 tokens: 64 KiB objects, 1 MiB blocks.
 LAYOUT = tutti.KvLayout(num_layers=8, kv_heads=8, head_dim=128, dtype_bytes=4, block_tokens=16)
@@ -188,6 +189,27 @@ class HostModeTest(unittest.TestCase):
             self.assertEqual(cm.exception.code, "ABORTED")
             self.assertEqual(stale.wait().code, "NOT_FOUND")
             self.assertEqual(stale.wait().failed, [0, 1, 2, 3])
+
+    def test_store_staging_wait_is_checked_and_passed_on(self):
+        e = self.engine(8)
+        with e.attach(self.daemon) as c:
+            keys = keys_of(4, 2)
+            for i, k in enumerate(keys):
+                e.fill(i, k)
+            for bad in (-1, 10001, 1.5, True, "5"):
+                with self.assertRaises(tutti.InvalidArgument, msg=repr(bad)):
+                    c.store(keys, [0, 1], staging_wait_ms=bad)
+            # With room, the wait costs nothing: captured at once.
+            t0 = time.monotonic()
+            self.assertEqual(c.store(keys, [0, 1], staging_wait_ms=5000), ["captured"] * 2)
+            self.assertLess(time.monotonic() - t0, 4.0)
+            # tuttid checks the bound itself too.
+            sid, gen = c._current()
+            req = kvcache_pb2.StoreRequest(**sid.fields(), staging_wait_ms=10001)
+            req.blocks.add(key=keys_of(5, 1)[0], engine_block=2)
+            with self.assertRaises(tutti.InvalidArgument) as cm:
+                c._call("Store", req, gen, 10.0, "store")
+            self.assertIn("staging_wait_ms", str(cm.exception))
 
     def test_reattaches_after_restart_and_the_cache_is_still_there(self):
         e = self.engine(64)

@@ -605,31 +605,41 @@ class Client:
             self._inflight = None
 
     def store(self, keys: Sequence[bytes], engine_blocks: Sequence[int], wait_durable=False,
-              layer_begin=0, layer_end=0, stream=None) -> "StoreOutcomes":
+              layer_begin=0, layer_end=0, stream=None, staging_wait_ms=0) -> "StoreOutcomes":
         """Copies engine block engine_blocks[i] as keys[i]; one outcome per key ("captured",
         "durable", "already_present", "rejected_full", "failed": a StoreOutcomes, with
         rejected_why) once captured (durable with wait_durable): from then on the engine may
         overwrite the blocks. cuda mode: `stream` (the one that computed the blocks; None: torch's
         current stream) is synchronized first, and Stores run one at a time (tuttid's per-session
-        rule). Deadline: Timeouts.for_store."""
+        rule). staging_wait_ms (0 .. 10000): when tuttid's store staging has no room, it waits up
+        to this long for some before answering rejected_full. Deadline: Timeouts.for_store, plus
+        the wait."""
+        if (isinstance(staging_wait_ms, bool) or not isinstance(staging_wait_ms, int)
+                or not 0 <= staging_wait_ms <= 10000):
+            raise errors.InvalidArgument("staging_wait_ms must be an int in [0, 10000], got %r"
+                                         % (staging_wait_ms,))
         if len(keys) != len(engine_blocks) or not keys:
             raise errors.InvalidArgument("%d keys but %d engine blocks" % (len(keys),
                                                                           len(engine_blocks)))
         if self._words is None:
-            return self._store(keys, engine_blocks, wait_durable, layer_begin, layer_end)
+            return self._store(keys, engine_blocks, wait_durable, layer_begin, layer_end,
+                               staging_wait_ms)
         from tutti import _cuda
         _cuda.synchronize_stream(self._device, _stream_handle(stream))
         with self._store_lock:
-            return self._store(keys, engine_blocks, wait_durable, layer_begin, layer_end)
+            return self._store(keys, engine_blocks, wait_durable, layer_begin, layer_end,
+                               staging_wait_ms)
 
-    def _store(self, keys, engine_blocks, wait_durable, layer_begin, layer_end):
+    def _store(self, keys, engine_blocks, wait_durable, layer_begin, layer_end, staging_wait_ms):
         sid, gen = self._current()
         req = pb.StoreRequest(**sid.fields(), layer_begin=layer_begin, layer_end=layer_end,
-                              wait_durable=wait_durable, ticket=self._next_ticket())
+                              wait_durable=wait_durable, ticket=self._next_ticket(),
+                              staging_wait_ms=staging_wait_ms)
         for k, b in zip(keys, engine_blocks):
             req.blocks.add(key=k, engine_block=int(b))
         timeout, field_name = self._timeouts.for_store(
             self._transfer_bytes(len(keys), layer_begin, layer_end), wait_durable)
+        timeout += staging_wait_ms / 1000.0
         resp = self._call("Store", req, gen, timeout, field_name)
         if len(resp.outcomes) != len(keys):
             raise errors.TuttiError("tuttid answered Store with a wrong number of outcomes",
