@@ -150,6 +150,111 @@ class GeometryTest(unittest.TestCase):
             geo.derive(mixed)
 
 
+class HybridGroupsTest(unittest.TestCase):
+    """tutti.vllm.groups: the groups of a hybrid KVCacheConfig and the cut every group serves."""
+
+    def present(self, have):
+        """first_missing over {group: set of blocks held}; records the calls."""
+        self.calls = []
+
+        def first_missing(g, begin, end):
+            self.calls.append((g, begin, end))
+            return next((i for i in range(begin, end) if i not in have[g]), end)
+        return first_missing
+
+    def test_cut(self):
+        from tutti.vllm.groups import cut
+        every = set(range(100))
+        # No sliding group: the full groups' hits.
+        self.assertEqual(cut(0, 8, [], self.present({})), 8)
+        # The window before the cut held: the full hits.
+        self.assertEqual(cut(0, 8, [(1, 2)], self.present({1: {6, 7}})), 8)
+        self.assertEqual(self.calls, [(1, 6, 8)])
+        # Blocks 0..3 only: 8 -> 6 (block 6 missing) -> 4 (block 4 missing): window [2, 4).
+        self.assertEqual(cut(0, 8, [(1, 2)], self.present({1: {0, 1, 2, 3}})), 4)
+        self.assertEqual(self.calls, [(1, 6, 8), (1, 4, 6), (1, 2, 4)])
+        # A hole in the window: the cut moves to the hole, which needs its own window.
+        self.assertEqual(cut(0, 10, [(1, 3)], self.present({1: every - {8}})), 8)
+        self.assertEqual(cut(0, 10, [(1, 3)], self.present({1: every - {9}})), 9)
+        # Below the local (GPU) prefix nothing is needed: only [max(local, k - w), k).
+        self.assertEqual(cut(5, 7, [(1, 4)], self.present({1: {5, 6}})), 7)
+        self.assertEqual(self.calls, [(1, 5, 7)])
+        # Nothing past the local prefix: the local prefix (a miss).
+        self.assertEqual(cut(3, 8, [(1, 2)], self.present({1: set()})), 3)
+        # Near the start a window needs every block from 0.
+        self.assertEqual(cut(0, 1, [(1, 8)], self.present({1: {0}})), 1)
+        # Two sliding groups: each moves the cut in turn.
+        self.assertEqual(cut(0, 10, [(1, 2), (2, 4)],
+                             self.present({1: every, 2: every - {7}})), 7)
+        # Bounded rounds: a miss once they are spent.
+        self.assertEqual(cut(0, 40, [(1, 1)], self.present({1: {0}}), max_rounds=3), 0)
+        self.assertEqual(len(self.calls), 3)
+
+    def test_window_and_skipped_blocks(self):
+        from tutti.vllm import groups as kvg
+        self.assertEqual(kvg.window_blocks(128, 16), 8)   # tokens [k*16 - 127, k*16)
+        self.assertEqual(kvg.window_blocks(129, 16), 8)
+        self.assertEqual(kvg.window_blocks(130, 16), 9)
+        self.assertEqual(kvg.window_blocks(1, 16), 0)
+        g = kvg.Group(0, kvg.SLIDING, (), None, 32, 2)
+        # vLLM's get_num_skipped_tokens: max(0, c - W + 1); blocks wholly before it are freed.
+        self.assertEqual([kvg.skipped_blocks(g, c, 16) for c in (0, 31, 47, 48, 64)],
+                         [0, 0, 1, 1, 2])
+        self.assertEqual(kvg.skipped_blocks(kvg.Group(0, kvg.FULL, (), None), 640, 16), 0)
+
+    def test_groups_and_refusals(self):
+        from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
+        from tutti.vllm import groups as kvg
+        sw = SlidingWindowSpec(block_size=N, num_kv_heads=H, head_size=D, dtype=torch.float16,
+                               sliding_window=9)
+        cfg = KVCacheConfig(B, [], [KVCacheGroupSpec(NAMES[:1], SPEC),
+                                    KVCacheGroupSpec(NAMES[1:], sw)])
+        gs = kvg.groups_of(cfg)
+        self.assertEqual([(g.kind, g.window_tokens, g.window_blocks) for g in gs],
+                         [("full", 0, 0), ("sliding", 9, 2)])
+        self.assertTrue(kvg.is_hybrid(gs))
+        self.assertFalse(kvg.is_hybrid(kvg.groups_of(config(SPEC))))
+        mamba = KVCacheConfig(B, [], [KVCacheGroupSpec(NAMES[:2], SPEC),
+                                      KVCacheGroupSpec(["model.layers.9.mixer"], MambaSpec(N))])
+        with self.assertRaisesRegex(ValueError, r"KV cache group 1 \(MambaSpec; layers "
+                                    r"model.layers.9.mixer\).*state at every block boundary"):
+            kvg.groups_of(mamba)
+        chunked = FullAttentionSpec(block_size=N, num_kv_heads=H, head_size=D, dtype=None,
+                                    attention_chunk_size=8)
+        with self.assertRaisesRegex(ValueError, "chunked local attention"):
+            kvg.groups_of(config(chunked))
+        other = SlidingWindowSpec(block_size=2 * N, num_kv_heads=H, head_size=D, dtype=None,
+                                  sliding_window=9)
+        with self.assertRaisesRegex(ValueError, "one block size"):
+            kvg.groups_of(KVCacheConfig(B, [], [KVCacheGroupSpec(NAMES[:1], SPEC),
+                                                KVCacheGroupSpec(NAMES[1:], other)]))
+
+    def test_derive_groups_with_shared_tensors(self):
+        """vLLM gives layer i of every group one tensor: each group is derived alone, and its
+        namespace carries the group."""
+        from vllm.config import ModelConfig
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+        from tutti.vllm import groups as kvg
+        sw = SlidingWindowSpec(block_size=N, num_kv_heads=H, head_size=D, dtype=torch.float16,
+                               sliding_window=9)
+        slots = torch.zeros(2, B, H, N, 2 * D, dtype=torch.float16)
+        names = ["model.layers.%d.self_attn.attn" % i for i in range(4)]
+        caches = {n: slots[i // 2] for i, n in enumerate(names)}
+        cfg = KVCacheConfig(B, [], [KVCacheGroupSpec(names[0::2], sw),
+                                    KVCacheGroupSpec(names[1::2], SPEC)])
+        pairs = geo.derive_groups(caches, cfg)
+        self.assertEqual([g.kind for g, _ in pairs], ["sliding", "full"])
+        self.assertEqual([geom.layer_names for _, geom in pairs],
+                         [tuple(names[0::2]), tuple(names[1::2])])
+        self.assertEqual(pairs[0][1].objects[1].base, pairs[1][1].objects[1].base)
+        ns = vkeys.namespace(ModelConfig(model="m"), pairs[0][1], 0, 1, "v")
+        self.assertTrue(kvg.group_namespace(ns, pairs[0][0], 2).model_id.endswith(
+            "|group=0/2:sliding_window=9"))
+        self.assertIs(kvg.group_namespace(ns, pairs[1][0], 1), ns)
+        with self.assertRaisesRegex(ValueError, "in no KV cache group"):
+            geo.derive_groups(dict(caches, extra=slots[0]), cfg)
+
+
 class KeysTest(unittest.TestCase):
     def test_cache_config(self):
         with self.assertRaisesRegex(ValueError, "--enable-prefix-caching"):

@@ -29,8 +29,9 @@ from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                        KVCacheTensor)
+                                        KVCacheTensor, MambaSpec, SlidingWindowSpec)
 from vllm.v1.request import Request, RequestStatus
 from vllm.utils.hashing import sha256_cbor
 
@@ -66,6 +67,11 @@ class EngineConfig:
     # EAGLE successor-aware prefix-cache hashing, told to the connectors
     # (set_eagle_prefix_cache_hashing): requests' num_publishable_block_hashes fence their blocks.
     eagle_prefix_cache_hashing: bool = False
+    # A hybrid model (vLLM's hybrid KV cache manager): its KV cache groups, e.g.
+    # (("sliding", 32), ("full",)) or (("full",), ("mamba",)); num_layers layers per group,
+    # model layer l in group l % len(kv_groups), layer slot l // len(kv_groups) of the cache
+    # shared by one layer of every group. None: one full-attention group.
+    kv_groups: Optional[tuple] = None
 
 
 @dataclass
@@ -106,6 +112,39 @@ def _cudagraph_mode(config: EngineConfig) -> str:
     return config.cudagraph_mode
 
 
+def _hybrid_config(config: EngineConfig, geometry):
+    """vLLM's KVCacheConfig of a hybrid model, and each group's window (None: full attention;
+    a Mamba group's is "mamba": the connector must refuse it before anything runs)."""
+    n = len(config.kv_groups)
+    ktc = config.kv_transfer_config
+    if ktc is not None and not supports_hma(KVConnectorFactory.get_connector_class(ktc)):
+        raise ValueError("vLLM turns its hybrid KV cache manager off for a connector without "
+                         "SupportsHMA; the harness does not model that")
+    groups, windows = [], []
+    for g, kind in enumerate(config.kv_groups):
+        names = [layer_name(j * n + g) for j in range(config.num_layers)]
+        if kind[0] == "full":
+            spec, w = FullAttentionSpec(config.block_size, config.num_kv_heads, config.head_size,
+                                        torch.float32), None
+        elif kind[0] == "sliding":
+            spec = SlidingWindowSpec(config.block_size, config.num_kv_heads, config.head_size,
+                                     torch.float32, sliding_window=int(kind[1]))
+            w = int(kind[1])
+        elif kind[0] == "mamba":
+            spec = MambaSpec(config.block_size, shapes=((config.num_kv_heads, config.head_size),),
+                             dtypes=(torch.float32,))
+            w = "mamba"
+        else:
+            raise ValueError("kv_groups: %r is not full, sliding or mamba" % (kind,))
+        groups.append(KVCacheGroupSpec(names, spec))
+        windows.append(w)
+    slot = geometry.nbytes // config.num_layers
+    tensors = [KVCacheTensor(size=slot, shared_by=[layer_name(j * n + g) for g in range(n)])
+               for j in range(config.num_layers)]
+    return (KVCacheConfig(num_blocks=config.num_gpu_blocks, kv_cache_tensors=tensors,
+                          kv_cache_groups=groups), tuple(windows))
+
+
 def _sha256_pickle(x) -> bytes:
     return hashlib.sha256(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
@@ -122,12 +161,16 @@ class Engine:
         self.geometry = CacheGeometry(config.num_layers, config.num_gpu_blocks,
                                       config.num_kv_heads, config.block_size, config.head_size,
                                       torch.float32, config.order)
-        names = [layer_name(i) for i in range(config.num_layers)]
-        self.kv_cache_config = KVCacheConfig(
-            num_blocks=config.num_gpu_blocks,
-            kv_cache_tensors=[KVCacheTensor(size=self.geometry.nbytes, shared_by=names)],
-            kv_cache_groups=[KVCacheGroupSpec(names, FullAttentionSpec(
-                config.block_size, config.num_kv_heads, config.head_size, torch.float32))])
+        self.windows = None
+        if config.kv_groups is None:
+            names = [layer_name(i) for i in range(config.num_layers)]
+            self.kv_cache_config = KVCacheConfig(
+                num_blocks=config.num_gpu_blocks,
+                kv_cache_tensors=[KVCacheTensor(size=self.geometry.nbytes, shared_by=names)],
+                kv_cache_groups=[KVCacheGroupSpec(names, FullAttentionSpec(
+                    config.block_size, config.num_kv_heads, config.head_size, torch.float32))])
+        else:
+            self.kv_cache_config, self.windows = _hybrid_config(config, self.geometry)
         self.cudagraph_mode = _cudagraph_mode(config)
         self._dist_dir = tempfile.mkdtemp(prefix="fakevllm-dist-",
                                           dir=os.environ.get("TEST_TMPDIR"))
@@ -135,7 +178,8 @@ class Engine:
         self.executor = Executor([WorkerConfig(r, config.tp_size, self.geometry,
                                                self.vllm_config, self.kv_cache_config,
                                                config.host, config.register_host_memory,
-                                               config.device, self.cudagraph_mode, dist_init)
+                                               config.device, self.cudagraph_mode, dist_init,
+                                               self.windows)
                                   for r in range(config.tp_size)], config.step_timeout)
         try:
             self._start_scheduler()
@@ -168,7 +212,8 @@ class Engine:
                                                    self.config.max_num_seqs,
                                                    self.config.max_model_len),
                                    self.config.num_gpu_blocks, self.config.block_size,
-                                   connector, self.config.eagle_prefix_cache_hashing)
+                                   connector, self.config.eagle_prefix_cache_hashing,
+                                   self.windows)
         if connector is not None and self.config.eagle_prefix_cache_hashing:
             self.connector.set_eagle_prefix_cache_hashing(True)
         if connector is not None:

@@ -62,9 +62,12 @@ class KvCache:
     """The cross-layer cache of one worker (one TP rank) and its per-layer views.
 
     `tensor` is the logical [L, B, H, N, C] view; `layers` maps each layer name to its
-    [B, H, N, C] view (what register_kv_caches receives). Not thread-safe."""
+    [B, H, N, C] view (what register_kv_caches receives). Hybrid (`groups` KV cache groups):
+    as vLLM allocates it, slot i of L is shared by model layer i * groups + g of every group g
+    (the groups' block ids never overlap), so there are L * groups layer names. Not
+    thread-safe."""
 
-    def __init__(self, geometry: CacheGeometry, host: bool = True, device=None):
+    def __init__(self, geometry: CacheGeometry, host: bool = True, device=None, groups: int = 1):
         geometry.check()
         self.geometry = geometry
         self.shm = None
@@ -80,7 +83,8 @@ class KvCache:
         physical = flat.view(physical_shape)
         # Permute the physical tensor back to the logical dimension order.
         self.tensor = physical.permute([geometry.order.index(d) for d in LOGICAL])
-        self.layers = {layer_name(i): self.tensor[i] for i in range(geometry.num_layers)}
+        self.layers = {layer_name(i): self.tensor[i // groups]
+                       for i in range(geometry.num_layers * groups)}
 
     def poison(self, value: float = -7.0):
         """Fills every block but the null block 0 with `value` (what no KV function yields)."""

@@ -13,7 +13,8 @@ update_from_output(output, model_runner_output):
   invalid_block_ids -> the "recompute" policy: a running request that loaded a failed block is
   cut back to that block (num_computed_tokens = idx * block_size) and its sample dropped; sampled
   tokens appended, stop checks, finished requests -> connector.request_finished(request,
-  block_ids) (and blocks freed unless it asks to delay); connector.update_connector_output(kv
+  block_ids of group 0), or request_finished_all_groups(request, every group's block_ids) for a
+  connector that implements SupportsHMA (and blocks freed unless it asks to delay); connector.update_connector_output(kv
   output) (finished_sending frees delayed blocks); connector.take_events().
 Asynchronous loads (load_kv_async True) are not driven (NotImplementedError).
 Not thread-safe.
@@ -23,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Dict, List
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.request import Request, RequestStatus
 
@@ -48,7 +50,7 @@ class SchedulerConfig:
 
 class Scheduler:
     def __init__(self, sched_config: SchedulerConfig, num_gpu_blocks: int, block_size: int,
-                 connector=None, eagle_prefix_cache_hashing: bool = False):
+                 connector=None, eagle_prefix_cache_hashing: bool = False, windows=None):
         """eagle_prefix_cache_hashing: requests' num_publishable_block_hashes lag their
         computed blocks by one step (vLLM publishes a block once the step after the one that
         computed it acknowledged its draft KV); preemption resets it."""
@@ -56,7 +58,7 @@ class Scheduler:
         self._acked: Dict[str, int] = {}  # tokens computed by the steps whose output came back
         self.config = sched_config
         self.block_size = block_size
-        self.kv_cache_manager = BlockPool(num_gpu_blocks, block_size)
+        self.kv_cache_manager = BlockPool(num_gpu_blocks, block_size, windows)
         self.connector = connector
         self.requests: Dict[str, Request] = {}
         self.waiting: deque = deque()
@@ -255,11 +257,13 @@ class Scheduler:
         request in the batch is recomputed by that one."""
         affected, marked = set(), set()
         for request in self.running:
-            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
+            groups = self.kv_cache_manager.get_block_ids(request.request_id)
             n_blocks = -(-request.num_cached_tokens // self.block_size)
             is_affected = marked_one = False
-            for idx, b in zip(range(n_blocks), block_ids):
-                if b not in invalid_block_ids:
+            for idx in range(n_blocks):  # a position is invalid when any group's block is
+                b = next((ids[idx] for ids in groups if idx < len(ids) and ids[idx] != 0 and
+                          ids[idx] in invalid_block_ids), None)
+                if b is None:
                     continue
                 is_affected = True
                 if b in marked:
@@ -290,8 +294,12 @@ class Scheduler:
     def _free_request(self, request: Request):
         delay = False
         if self.connector is not None:
-            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
-            delay, _params = self.connector.request_finished(request, block_ids)
+            block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+            if supports_hma(getattr(self.connector, "_connector", self.connector)):
+                delay, _params = self.connector.request_finished_all_groups(request, block_ids)
+            else:
+                assert len(block_ids) == 1, "a connector without SupportsHMA, several groups"
+                delay, _params = self.connector.request_finished(request, block_ids[0])
         self.finished_req_ids.add(request.request_id)
         if delay:
             self.delayed_frees.add(request.request_id)

@@ -15,6 +15,12 @@ computed on top of a failed load are wrong too; under TP on every rank (the atte
 all-reduced over the ranks: here the taint, over vLLM's TP group). The sampled token is a hash
 of the token ids the last layer's KV decodes to (content element 0 holds the token id), so a
 wrong block also changes the output.
+
+Hybrid models (windows: each KV cache group's sliding window, None for full attention): layer l
+is in group l % len(windows) and reads and writes through that group's block table; a
+sliding-window layer reads only the tokens its window covers (positions past p - W for the token
+at p), so the blocks before it may be freed (null) in that group's table. The sampled token
+comes from the last full-attention layer's read (the whole context).
 """
 
 import hashlib
@@ -54,7 +60,7 @@ class ScheduledSeq:
     """One request's part of a step, as the model runner prepared it."""
     req_id: str
     token_ids: List[int]      # every token of the request known to the runner
-    block_ids: List[int]      # its block table
+    block_ids: List[List[int]]  # its block table, per KV cache group
     num_computed: int         # context tokens already in the cache
     num_scheduled: int        # tokens computed in this step
 
@@ -84,15 +90,18 @@ class ToyAttention:
         self.kv_cache = [kv_layer]
 
 
-def attention_metadata(seqs: List[ScheduledSeq], block_size: int) -> ToyAttentionMetadata:
+def attention_metadata(seqs: List[ScheduledSeq], block_size: int,
+                       group: int = 0) -> ToyAttentionMetadata:
+    """The metadata of the layers of KV cache group `group` (its block tables)."""
     slots, starts, lens = [], [0], []
     for s in seqs:
+        table = s.block_ids[group]
         for pos in range(s.num_computed, s.num_computed + s.num_scheduled):
-            slots.append(s.block_ids[pos // block_size] * block_size + pos % block_size)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
         starts.append(starts[-1] + s.num_scheduled)
         lens.append(s.num_computed + s.num_scheduled)
     return ToyAttentionMetadata(torch.tensor(slots, dtype=torch.int64), starts, lens,
-                                [list(s.block_ids) for s in seqs], len(slots))
+                                [list(s.block_ids[group]) for s in seqs], len(slots))
 
 
 def _all_ranks(tainted: Set[str], seqs: List[ScheduledSeq]) -> Set[str]:
@@ -107,24 +116,27 @@ def _all_ranks(tainted: Set[str], seqs: List[ScheduledSeq]) -> Set[str]:
 
 
 class ToyModel:
-    def __init__(self, cache: KvCache, rank: int):
+    def __init__(self, cache: KvCache, rank: int, windows=None):
         self.cache = cache
         self.rank = rank
+        self.windows = tuple(windows) if windows else (None,)
+        if all(w is not None for w in self.windows):
+            raise ValueError("the toy model samples from a full-attention layer: give one")
         g = cache.geometry
         self.block_size = g.block_size
         self.num_heads = g.num_kv_heads
         self.content = 2 * g.head_size
 
-    def _slots(self, seq: ScheduledSeq, begin: int, end: int):
+    def _slots(self, seq: ScheduledSeq, begin: int, end: int, group: int = 0):
         pos = torch.arange(begin, end, dtype=torch.int64)
-        table = torch.tensor(seq.block_ids, dtype=torch.int64)
+        table = torch.tensor(seq.block_ids[group], dtype=torch.int64)
         return pos, table[pos // self.block_size], pos % self.block_size
 
-    def _write(self, kv_layer, layer: int, seq: ScheduledSeq, tainted: bool):
+    def _write(self, kv_layer, layer: int, seq: ScheduledSeq, tainted: bool, group: int = 0):
         """Writes the scheduled tokens' KV; `tainted`: an earlier layer read wrong context, so
         this KV is wrong too. Returns what was written ([n, heads, content])."""
         begin, end = seq.num_computed, seq.num_computed + seq.num_scheduled
-        pos, blocks, offsets = self._slots(seq, begin, end)
+        pos, blocks, offsets = self._slots(seq, begin, end, group)
         tokens = torch.tensor(seq.token_ids[begin:end], dtype=torch.int64)
         kv = kv_values(tokens, pos, layer, self.num_heads, self.content, self.rank)
         if tainted:
@@ -134,20 +146,24 @@ class ToyModel:
         kv_layer[blocks.to(dev), :, offsets.to(dev), :] = kv.to(kv_layer.dtype).to(dev)
         return kv
 
-    def _check(self, kv_layer, layer: int, seq: ScheduledSeq, written, check: StepCheck):
-        """Reads the request's context; True if a token before this step's read wrong."""
+    def _check(self, kv_layer, layer: int, seq: ScheduledSeq, written, check: StepCheck,
+               group: int = 0):
+        """Reads the request's context (a sliding-window layer: the tokens its window covers
+        for the scheduled ones); True if a token before this step's read wrong."""
         begin, end = seq.num_computed, seq.num_computed + seq.num_scheduled
-        pos, blocks, offsets = self._slots(seq, 0, end)
-        tokens = torch.tensor(seq.token_ids[:begin], dtype=torch.int64)
-        want = torch.cat([kv_values(tokens, pos[:begin], layer, self.num_heads, self.content,
-                                    self.rank), written])
+        window = self.windows[group]
+        lo = 0 if window is None else max(0, begin - window + 1)
+        pos, blocks, offsets = self._slots(seq, lo, end, group)
+        tokens = torch.tensor(seq.token_ids[lo:begin], dtype=torch.int64)
+        want = torch.cat([kv_values(tokens, pos[:begin - lo], layer, self.num_heads,
+                                    self.content, self.rank), written])
         dev = kv_layer.device  # cuda: reading back waits for the stream (its layer waits first)
         got = kv_layer[blocks.to(dev), :, offsets.to(dev), :].cpu()
         wrong = (got != want).flatten(1).any(dim=1)
         if bool(wrong.any()):
             bad = check.bad_blocks.setdefault(seq.req_id, set())
             bad.update(int(b) for b in blocks[wrong].tolist())
-        return got, bool(wrong[:begin].any())
+        return got, bool(wrong[:begin - lo].any())
 
     def forward(self, seqs: List[ScheduledSeq], connector, attn_metadata) -> (Dict[str, int],
                                                                               StepCheck):
@@ -157,18 +173,22 @@ class ToyModel:
         last_read, tainted = {}, set()
         for layer, (name, kv_layer) in enumerate(self.cache.layers.items()):
             assert name == layer_name(layer)
+            group = layer % len(self.windows)
             if connector is not None:
                 connector.wait_for_layer_load(name)
-            written = {s.req_id: self._write(kv_layer, layer, s, s.req_id in tainted)
+            written = {s.req_id: self._write(kv_layer, layer, s, s.req_id in tainted, group)
                        for s in seqs}
             for s in seqs:
-                last_read[s.req_id], wrong = self._check(kv_layer, layer, s, written[s.req_id],
-                                                         check)
+                got, wrong = self._check(kv_layer, layer, s, written[s.req_id], check, group)
+                if self.windows[group] is None:
+                    last_read[s.req_id] = got
                 if wrong:
                     tainted.add(s.req_id)
             tainted = _all_ranks(tainted, seqs)
             if connector is not None:
-                connector.save_kv_layer(name, kv_layer, attn_metadata)
+                meta = attn_metadata.get(name) if isinstance(attn_metadata, dict) else \
+                    attn_metadata
+                connector.save_kv_layer(name, kv_layer, meta)
         sampled = {}
         for s in seqs:
             if s.num_computed + s.num_scheduled == len(s.token_ids):

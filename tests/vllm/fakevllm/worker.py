@@ -49,6 +49,9 @@ class WorkerConfig:
     device: Optional[str] = None         # "cuda:0": the cache in device memory (host False)
     cudagraph_mode: str = "NONE"         # as resolved by the engine (fakevllm.engine)
     dist_init: Optional[str] = None      # TP > 1: torch.distributed init_method (gloo)
+    # Hybrid: each KV cache group's sliding window in tokens (None: full attention); model
+    # layer l is in group l % len(windows) and uses cache slot l // len(windows).
+    windows: Optional[tuple] = None
 
 
 @dataclass
@@ -82,7 +85,7 @@ class _Recorder:
 class _RequestState:
     token_ids: List[int]
     num_prompt_tokens: int
-    block_ids: List[int]
+    block_ids: List[List[int]]  # per KV cache group
     num_computed: int
 
 
@@ -99,14 +102,16 @@ class ModelRunner:
         if config.vllm_config.kv_transfer_config is not None:
             self.connector = KVConnectorFactory.create_connector(
                 config.vllm_config, KVConnectorRole.WORKER, config.kv_cache_config)
-        self.cache = KvCache(config.geometry, host=config.host, device=config.device)
+        groups = len(config.windows) if config.windows else 1
+        self.cache = KvCache(config.geometry, host=config.host, device=config.device,
+                             groups=groups)
         if self.connector is not None:
             if config.register_host_memory:
                 import tutti.vllm
                 tutti.vllm.register_host_memory(self.cache.shm)
             self.connector.register_kv_caches(dict(self.cache.layers))
         self.recorder = _Recorder(self.connector) if self.connector is not None else None
-        self.model = ToyModel(self.cache, config.rank)
+        self.model = ToyModel(self.cache, config.rank, config.windows)
         self.layers = {name: ToyAttention(name, t) for name, t in self.cache.layers.items()}
         self.requests: Dict[str, _RequestState] = {}
 
@@ -125,7 +130,7 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:
             self.requests[new.req_id] = _RequestState(list(new.prompt_token_ids),
                                                       len(new.prompt_token_ids),
-                                                      list(new.block_ids[0]),
+                                                      [list(g) for g in new.block_ids],
                                                       new.num_computed_tokens)
         c = so.scheduled_cached_reqs
         for i, req_id in enumerate(c.req_ids):
@@ -133,12 +138,13 @@ class ModelRunner:
                 tokens = c.all_token_ids[req_id]
                 self.requests[req_id] = _RequestState(list(tokens), len(tokens) -
                                                       c.num_output_tokens[i],
-                                                      list(c.new_block_ids[i][0]),
+                                                      [list(g) for g in c.new_block_ids[i]],
                                                       c.num_computed_tokens[i])
                 continue
             state = self.requests[req_id]
             if c.new_block_ids[i] is not None:
-                state.block_ids.extend(c.new_block_ids[i][0])
+                for ids, more in zip(state.block_ids, c.new_block_ids[i]):
+                    ids.extend(more)
             state.num_computed = c.num_computed_tokens[i]
             # Output tokens the scheduler dropped (a failed load's step) are cut off.
             del state.token_ids[state.num_prompt_tokens + c.num_output_tokens[i]:]
@@ -150,9 +156,10 @@ class ModelRunner:
             kv.handle_preemptions(so.preempted_req_ids)
         self._update_states(so)
         seqs = self._scheduled_seqs(so)
-        meta = attention_metadata(seqs, self.config.geometry.block_size)
-        ctx = ForwardContext(no_compile_layers=dict(self.layers),
-                             attn_metadata={name: meta for name in self.layers})
+        metas = [attention_metadata(seqs, self.config.geometry.block_size, g)
+                 for g in range(len(self.config.windows or (None,)))]
+        meta = {name: metas[i % len(metas)] for i, name in enumerate(self.layers)}
+        ctx = ForwardContext(no_compile_layers=dict(self.layers), attn_metadata=meta)
         kv_output = None
         # vLLM's mixin at the commit docs/vllm.md names: every step's loads start before the
         # forward (its SchedulerOutput has no has_sync_kv_loads).

@@ -14,6 +14,11 @@ tutti.vllm.worker.TuttiWorker; a hook of the other role is a no-op. Extra config
   "events_locality": "LOCAL"  their locality ("" for none; only if vLLM's events have the field)
 Per request, request.kv_transfer_params "max_load_tokens" and "max_offload_tokens" (a router's
 caps; tutti.vllm.scheduler.request_caps, docs/vllm.md "Per-request caps from routers").
+
+Hybrid models: it implements vLLM's SupportsHMA (request_finished_all_groups), so vLLM keeps its
+hybrid KV cache manager on: full-attention and sliding-window groups are served, one namespace
+per group (tutti.vllm.groups); state-space groups (MambaSpec, ...) are refused with a ValueError
+when the connector is built and at register_kv_caches.
 """
 
 from typing import Any
@@ -21,6 +26,13 @@ from typing import Any
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
+try:  # vLLM's hybrid memory allocator interface (vllm#25363, 0.11)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # an older vLLM: it turns its hybrid manager off for every connector
+    class SupportsHMA:  # noqa: D101
+        pass
+
+from tutti.vllm import groups as kvgroups
 from tutti.vllm.events import LOCALITY, MEDIUM
 from tutti.vllm.keys import check_cache_config
 from tutti.vllm.metadata import TuttiConnectorMetadata
@@ -67,7 +79,7 @@ def namespace_secret_of(extra):
     return secret
 
 
-class TuttiConnector(KVConnectorBase_V1):
+class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
     @property
     def requires_kv_delivery(self) -> bool:
         """False: tutti is a best-effort cache; a save lost to a preemption is a later miss,
@@ -84,6 +96,7 @@ class TuttiConnector(KVConnectorBase_V1):
                              "(pipeline_parallel_size is %d)" % pc.pipeline_parallel_size)
         tp_size = int(pc.tensor_parallel_size)
         block_size = int(vllm_config.cache_config.block_size)
+        groups = kvgroups.groups_of(kv_cache_config, block_size)  # refuses what it cannot serve
         self._sched = None
         self._worker = None
         if role == KVConnectorRole.SCHEDULER:
@@ -91,7 +104,8 @@ class TuttiConnector(KVConnectorBase_V1):
             self._sched = TuttiScheduler(block_size, tp_size, lookup_only_connect(timeout),
                                          watch_events=bool(extra.get("events", True)),
                                          events_medium=extra.get("events_medium", MEDIUM),
-                                         events_locality=extra.get("events_locality", LOCALITY))
+                                         events_locality=extra.get("events_locality", LOCALITY),
+                                         groups=groups)
         else:
             rank = _tp_rank()
             self._worker = TuttiWorker(
@@ -184,6 +198,11 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids):
         return self._sched.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request, block_ids):
+        """SupportsHMA: vLLM calls this instead of request_finished, with every KV cache group's
+        block ids (a tuple of lists)."""
+        return self._sched.request_finished_all_groups(request, block_ids)
 
     def take_events(self):
         return self._sched.take_events() if self._sched is not None else ()

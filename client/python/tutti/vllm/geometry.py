@@ -71,16 +71,14 @@ def _layer_sort_key(item):
 
 
 def _spec_of(kv_cache_config, names):
+    """The spec of the one KV cache group that holds `names` (derive's single-group path)."""
     if kv_cache_config is None or not getattr(kv_cache_config, "kv_cache_groups", None):
         return None
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
-        raise ValueError("the KV cache has %d groups (a hybrid model); tutti supports one "
-                         "attention group" % len(groups))
+        raise ValueError("the KV cache has %d groups (a hybrid model): derive each group's "
+                         "layers with derive_groups" % len(groups))
     spec = groups[0].kv_cache_spec
-    if type(spec).__name__ == "SlidingWindowSpec" or getattr(spec, "sliding_window", None):
-        raise ValueError("sliding-window attention (%s) is not supported: its blocks are not a "
-                         "prefix cache" % type(spec).__name__)
     missing = [n for n in names if n not in groups[0].layer_names]
     if missing:
         raise ValueError("layers %s are not in the KV cache group %s" % (missing[:4],
@@ -165,15 +163,16 @@ def _blocks_of(shape, kind):
     return shape[1] if kind == "2B" else shape[0]
 
 
-def derive(kv_caches: Dict[str, object], kv_cache_config=None) -> Geometry:
+def derive(kv_caches: Dict[str, object], kv_cache_config=None, spec=None) -> Geometry:
     """The Geometry of `kv_caches` (vLLM's register_kv_caches argument: layer name -> tensor).
-    `kv_cache_config` (vLLM's KVCacheConfig, optional) is checked against the shapes. Raises
-    ValueError saying what does not fit."""
+    `kv_cache_config` (vLLM's KVCacheConfig, optional, one group) or `spec` (one group's
+    KVCacheSpec) is checked against the shapes. Raises ValueError saying what does not fit."""
     if not kv_caches:
         raise ValueError("no KV cache tensors were registered")
     items = sorted(enumerate(kv_caches), key=_layer_sort_key)
     names = [n for _, n in items]
-    spec = _spec_of(kv_cache_config, names)
+    if spec is None:
+        spec = _spec_of(kv_cache_config, names)
     cfg_blocks = getattr(kv_cache_config, "num_blocks", None)
     first = kv_caches[names[0]]
     shape0, strides0 = _dims(first)
@@ -209,3 +208,32 @@ def _full_order(kind, in_block, bases, block_stride_bytes, layout):
     if layer_stride is not None and layer_stride < block_stride_bytes:
         return "BL" + in_block
     return "LB" + in_block
+
+
+def derive_groups(kv_caches: Dict[str, object], kv_cache_config, block_size=None):
+    """[(groups.Group, Geometry)] of every KV cache group of `kv_cache_config`: each group's
+    layers (layer names -> tensors of `kv_caches`) derived alone, checked against the group's
+    spec. Layers of different groups may share memory (vLLM gives layer i of every group one
+    tensor: their block ids never overlap). Raises ValueError for a group the connector cannot
+    serve (groups.group_of: state-space layers, unknown specs), a group's layer that was not
+    registered, or a registered layer in no group."""
+    from tutti.vllm import groups as kvgroups
+    gs = kvgroups.groups_of(kv_cache_config, block_size)
+    if not gs:
+        return [(None, derive(kv_caches, kv_cache_config))]
+    named = set()
+    out = []
+    for g in gs:
+        missing = [n for n in g.layer_names if n not in kv_caches]
+        if missing:
+            raise ValueError("KV cache group %d (%s): layers %s were not registered" % (
+                g.index, g.describe(), missing[:4]))
+        if not g.layer_names:
+            raise ValueError("KV cache group %d (%s) has no layers" % (g.index, g.describe()))
+        named.update(g.layer_names)
+        geometry = derive({n: kv_caches[n] for n in g.layer_names}, spec=g.spec)
+        out.append((g, geometry))
+    extra = [n for n in kv_caches if n not in named]
+    if extra:
+        raise ValueError("layers %s are registered but in no KV cache group" % extra[:4])
+    return out

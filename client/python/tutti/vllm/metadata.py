@@ -3,7 +3,7 @@ the scheduler at start-up. All picklable (vLLM sends them between processes).
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorHandshakeMetadata,
                                                                 KVConnectorMetadata)
@@ -20,24 +20,34 @@ class TuttiHandshake(KVConnectorHandshakeMetadata):
     namespace: Namespace
     engine_group: bytes
     namespace_secret: bytes = b""  # the workers' and the scheduler's sessions share it
+    # A hybrid model: the namespace of each KV cache group (its index in kv_cache_groups), one
+    # session each; empty: one group, `namespace`.
+    group_namespaces: Tuple[Namespace, ...] = ()
+
+    def namespaces(self) -> Tuple[Namespace, ...]:
+        return tuple(self.group_namespaces) or (self.namespace,)
 
 
 @dataclass
 class LoadSpec:
     """Load keys[i] into vLLM block block_ids[i] (the request's blocks after its local prefix
-    hits). lease_ids: TP rank -> the scheduler's lease on that rank's tuttid that pins them."""
+    hits). lease_ids: TP rank -> the scheduler's lease on that rank's tuttid that pins them.
+    group: the KV cache group (its namespace and block table) of a hybrid model, else 0."""
     req_id: str
     keys: List[bytes]
     block_ids: List[int]
     lease_ids: Dict[int, int]
+    group: int = 0
 
 
 @dataclass
 class SaveSpec:
-    """Store vLLM block block_ids[i] as keys[i]: full blocks computed by the end of this step."""
+    """Store vLLM block block_ids[i] as keys[i]: full blocks computed by the end of this step,
+    of KV cache group `group` (a hybrid model's; 0 otherwise)."""
     req_id: str
     keys: List[bytes]
     block_ids: List[int]
+    group: int = 0
 
 
 @dataclass

@@ -29,6 +29,15 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
   keeps its blocks until every worker listed it in finished_sending), (False, None) otherwise.
   The workers report exactly the requests that had SaveSpecs, so both sides agree.
 - take_events: what the ranks' WatchEvents streams said (tutti.vllm.events).
+- Hybrid models (several KV cache groups, tutti.vllm.groups; one namespace and session per
+  group and rank): the full-attention groups look up the chain as above (hits: the smallest);
+  then groups.cut moves the cut down until every sliding-window group holds its window's blocks
+  before it (Lookups of those blocks only, without load advice), at most MAX_CUT_ROUNDS
+  candidates. Loads and saves are per group with the group's block ids: a sliding group loads
+  only its window before the cut and saves only blocks vLLM still holds (not yet outside the
+  window when the step began); null blocks (vLLM's block 0) are neither loaded nor saved. A
+  block vLLM holds where the connector has nothing to load is reported failed (recomputed).
+  request_finished_all_groups (vLLM's SupportsHMA) is request_finished.
 - Per-request caps from a router, in request.kv_transfer_params (request_caps): max_load_tokens
   (vLLM #55885; 0: load nothing, no Lookup; N > 0: at most N tokens loaded beyond
   num_computed_tokens, whole blocks, so the hits end at block (num_computed_tokens + N) // bs;
@@ -41,6 +50,7 @@ Thread-safety: vLLM calls the scheduler hooks from one thread; the event watcher
 background threads (one per rank) that share only the event queue (a lock).
 """
 
+import dataclasses
 import logging
 import numbers
 import threading
@@ -52,6 +62,7 @@ from typing import Callable, Dict, List, Optional
 
 import tutti
 from tutti import errors
+from tutti.vllm import groups as kvgroups
 from tutti.vllm.events import LOCALITY, MEDIUM, BlockInfo, EventTranslator, external_hash
 from tutti.vllm.keys import KeyChain
 from tutti.vllm.metadata import LoadSpec, SaveSpec, TuttiConnectorMetadata, TuttiHandshake
@@ -192,6 +203,7 @@ class _Chunk:
     begin: int                 # its first block
     hits: int                  # blocks [begin, begin + hits) hit on every rank
     leases: Dict[int, object]  # rank -> _Held: the pins of those blocks
+    group: int = 0             # the KV cache group (hybrid models)
 
 
 @dataclass
@@ -207,7 +219,7 @@ class _Pending:
 @dataclass
 class _Req:
     request: object
-    block_ids: List[int] = field(default_factory=list)
+    block_ids: List[List[int]] = field(default_factory=lambda: [[]])  # per KV cache group
     done: int = 0  # blocks [0, done) need no save: loaded, local prefix hits, or saved
     loaded: tuple = (0, 0)  # the blocks [begin, end) of its load
 
@@ -215,11 +227,22 @@ class _Req:
 class TuttiScheduler:
     def __init__(self, block_size: int, tp_size: int, connect: Optional[Callable] = None,
                  watch_events: bool = True, clock=time.monotonic, events_medium: str = MEDIUM,
-                 events_locality: str = LOCALITY):
+                 events_locality: str = LOCALITY, groups=None):
         """`connect(handshake)` returns a client for one rank (default: a memory-less
-        tutti.Client, see lookup_only_connect)."""
+        tutti.Client, see lookup_only_connect). `groups`: the KV cache groups
+        (groups.groups_of(kv_cache_config)); several, or a sliding one: a hybrid model, one
+        session per group and rank (connect gets the handshake with that group's namespace)."""
         self.block_size = block_size
         self.tp_size = tp_size
+        self.groups = list(groups or [])
+        self._hybrid = kvgroups.is_hybrid(self.groups)
+        self._full = [g for g in self.groups if g.kind == kvgroups.FULL]
+        self._windows = [(g.index, g.window_blocks) for g in self.groups
+                         if g.kind == kvgroups.SLIDING]
+        # The group whose sessions are self._links (events, the non-hybrid lookups): the first
+        # full-attention group, else group 0.
+        self._lead = self._full[0].index if self._full else 0
+        self._group_links: Dict[int, Dict[int, RankLink]] = {}
         self.publish_fence = False  # TuttiConnector.set_eagle_prefix_cache_hashing
         self._connect = connect or lookup_only_connect()
         self._watch = watch_events
@@ -252,8 +275,23 @@ class TuttiScheduler:
         if missing:
             raise ValueError("TuttiConnector: no handshake from TP ranks %s (got %s)" %
                              (missing, sorted(shakes)))
-        for rank in sorted(shakes):
-            self._links[rank] = RankLink(shakes[rank], self._connect, self._clock)
+        if self._hybrid:
+            for rank, h in shakes.items():
+                if len(h.namespaces()) != len(self.groups):
+                    raise ValueError("TuttiConnector: TP rank %d's worker has %d KV cache group "
+                                     "namespaces, the scheduler's config %d groups" % (
+                                         rank, len(h.namespaces()), len(self.groups)))
+            for g in self.groups:
+                self._group_links[g.index] = {
+                    rank: RankLink(dataclasses.replace(shakes[rank],
+                                                       namespace=shakes[rank].namespaces()[
+                                                           g.index]),
+                                   self._connect, self._clock)
+                    for rank in sorted(shakes)}
+            self._links = self._group_links[self._lead]
+        else:
+            for rank in sorted(shakes):
+                self._links[rank] = RankLink(shakes[rank], self._connect, self._clock)
         if self._watch:
             for rank, link in self._links.items():
                 t = threading.Thread(target=self._watch_rank, args=(rank, link), daemon=True,
@@ -288,6 +326,9 @@ class TuttiScheduler:
         n = self._derive(request, max_blocks)
         if not n:
             return 0, False
+        if self._hybrid:
+            return self._hybrid_matched(request, n, local, limit, max_blocks, cap,
+                                        num_computed_tokens)
         chunks = self._lookup_chunks(self._chains[req_id], n, request.num_tokens, limit)
         chunks = self._cap_chunks(chunks, limit)
         hits = sum(c.hits for c in chunks)
@@ -330,26 +371,95 @@ class TuttiScheduler:
             self._unkeyable.add(req_id)
             return 0
 
-    def _lookup_chunks(self, chain, n, prompt_tokens, limit=None) -> List[_Chunk]:
+    def _hybrid_matched(self, request, n, local, limit, max_blocks, cap, num_computed_tokens):
+        """get_num_new_matched_tokens of a hybrid model: the full groups' hits (each group's
+        chain lookup), then the cut every sliding group can serve (groups.cut)."""
+        req_id = request.request_id
+        chain = self._chains[req_id]
+        upper = min(n, limit)
+        chunks: List[_Chunk] = []
+        for g in self._full:
+            if upper <= local:
+                break
+            got = self._lookup_chunks(chain, n, request.num_tokens, upper,
+                                      self._group_links[g.index], g.index)
+            chunks.extend(got)
+            upper = min(upper, sum(c.hits for c in got))
+        looked = []  # (group, begin, end, chunks) of every window lookup, in order
+
+        def first_missing(g, begin, end):
+            got = self._lookup_window(chain, g, begin, end)
+            looked.append((g, begin, end, got))
+            return begin + sum(c.hits for c in got)
+
+        k = local
+        if upper > local:
+            k = kvgroups.cut(local, upper, self._windows, first_missing)
+        last = {}
+        for g, begin, end, got in looked:
+            if g in last:
+                for c in last[g][3]:
+                    self._release(c.leases)
+            last[g] = (g, begin, end, got)
+        for g, begin, end, got in last.values():
+            w = dict(self._windows)[g]
+            if k > local and (begin, end) == (max(local, k - w), k):
+                chunks.extend(got)
+            else:
+                for c in got:
+                    self._release(c.leases)
+        chunks = self._cap_chunks(chunks, k)
+        if k <= local or not chunks:
+            for c in chunks:
+                self._release(c.leases)
+            return 0, False
+        ttl_s = min(h.lease.ttl_ms for c in chunks for h in c.leases.values()) / 1000.0
+        self._pending[req_id] = _Pending(chunks, local, k, max_blocks,
+                                         self._clock() + ttl_s / 2, cap)
+        return k * self.block_size - num_computed_tokens, False
+
+    def _lookup_window(self, chain, group, begin, end) -> List[_Chunk]:
+        """Blocks [begin, end) of a sliding group: chunks of leading hits (presence only: no
+        load advice for a window)."""
+        links = self._group_links[group]
+        step = min(link.max_blocks_per_call() for link in links.values())
+        out = []
+        for b in range(begin, end, step):
+            e = min(b + step, end)
+            leases = self._lookup_all(chain.packed(b, e), None, links)
+            if leases is None:
+                break
+            hits = min(h.lease.hits for h in leases.values())
+            if hits <= 0:
+                self._release(leases)
+                break
+            out.append(_Chunk(b, hits, leases, group))
+            if hits < e - b:
+                break
+        return out
+
+    def _lookup_chunks(self, chain, n, prompt_tokens, limit=None, links=None,
+                       group=0) -> List[_Chunk]:
         """Looks up blocks [0, n) in chunks of at most max_blocks_per_call keys, the next
         chunk only while the previous one hit in full, and none that starts at or past block
         `limit` (nothing of it could load). A chunk is looked up whole (tuttid advises on the
         chain it is given). The chunks that hit something (every rank's leases); none on a
-        miss."""
-        step = min(link.max_blocks_per_call() for link in self._links.values())
+        miss. `links`: the sessions to ask (default self._links), of KV cache group `group`."""
+        links = links if links is not None else self._links
+        step = min(link.max_blocks_per_call() for link in links.values())
         chunks = []
         for begin in range(0, n, step):
             if limit is not None and begin >= limit:
                 break
             end = min(begin + step, n)
-            leases = self._lookup_all(chain.packed(begin, end), prompt_tokens)
+            leases = self._lookup_all(chain.packed(begin, end), prompt_tokens, links)
             if leases is None:
                 break
             hits = min(min(h.lease.load_blocks, h.lease.hits) for h in leases.values())
             if hits <= 0:
                 self._release(leases)
                 break
-            chunks.append(_Chunk(begin, hits, leases))
+            chunks.append(_Chunk(begin, hits, leases, group))
             if hits < end - begin:
                 break
         return chunks
@@ -365,12 +475,14 @@ class TuttiScheduler:
             return None
         return (p.hits - local) * self.block_size, False
 
-    def _lookup_all(self, keys, prompt_tokens):
+    def _lookup_all(self, keys, prompt_tokens, links=None):
         """{rank: Lease} from every rank, or None (a miss; what was pinned is released). The
-        ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum."""
+        ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum.
+        `links`: the sessions to ask (default self._links)."""
+        links = links if links is not None else self._links
         started, leases, ok = {}, {}, True
-        for rank in sorted(self._links):
-            link = self._links[rank]
+        for rank in sorted(links):
+            link = links[rank]
             client = link.client()
             if client is None:
                 ok = False
@@ -378,28 +490,29 @@ class TuttiScheduler:
             try:
                 started[rank] = (client, client.start_lookup(keys, prompt_tokens=prompt_tokens))
             except Exception as e:  # any error: a miss
-                self._lookup_failed(rank, e)
+                self._lookup_failed(rank, e, links)
                 ok = False
                 break
         for rank, (client, pending) in started.items():  # collect every answer: pins to release
             try:
                 leases[rank] = (client, pending.result())
-                self._links[rank].succeeded()
+                links[rank].succeeded()
             except Exception as e:
-                self._lookup_failed(rank, e)
+                self._lookup_failed(rank, e, links)
                 ok = False
         if not ok:
             self._release(leases)
             return None
         return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
 
-    def _lookup_failed(self, rank, err):
+    def _lookup_failed(self, rank, err, links=None):
         """UNAVAILABLE: tuttid away or too slow: back off from the rank. Anything else is a
         live tuttid refusing this Lookup (or a bug here): this request misses, others go on."""
+        links = links if links is not None else self._links
         if isinstance(err, errors.Unavailable):
-            self._links[rank].failed(err)
+            links[rank].failed(err)
             return
-        self._links[rank].succeeded()
+        links[rank].succeeded()
         log.warning("TP rank %d refused a Lookup (a miss, the rank stays in use): %s", rank, err)
 
     def _release(self, leases):
@@ -423,13 +536,13 @@ class TuttiScheduler:
         req_id = request.request_id
         st = self._reqs.setdefault(req_id, _Req(request))
         st.request = request
-        st.block_ids = list(blocks.get_block_ids()[0])
+        st.block_ids = [list(g) for g in blocks.get_block_ids()]
         local = self._local.pop(req_id, 0)
         p = self._pending.pop(req_id, None)
         done = local
         if p is not None and num_external_tokens > 0:
             n = min(num_external_tokens // self.block_size, p.hits - p.local,
-                    len(st.block_ids) - p.local)
+                    min(len(ids) for ids in st.block_ids) - p.local)
             self._add_loads(req_id, st, p, p.local + n)
             done = p.local + n
             st.loaded = (p.local, done)
@@ -442,13 +555,38 @@ class TuttiScheduler:
         """LoadSpecs of blocks [p.local, end), one per chunk under that chunk's leases (the
         worker's Retrieve ends them); the leases of chunks outside it are released."""
         chain = self._chains[req_id]
+        covered = {}  # group -> blocks it loads
         for c in p.chunks:
             lo, hi = max(c.begin, p.local), min(c.begin + c.hits, end)
-            if lo >= hi:
+            ids = st.block_ids[c.group][lo:hi] if lo < hi else []
+            keys = chain.keys(lo, hi) if lo < hi else []
+            if self._hybrid:  # vLLM's null block: a position it skips (outside a window)
+                pairs = [(k, b) for k, b in zip(keys, ids) if b != 0]
+                keys, ids = [k for k, _ in pairs], [b for _, b in pairs]
+                covered.setdefault(c.group, set()).update(range(lo, hi))
+            if not keys:
                 self._release(c.leases)
                 continue
-            self._loads.append(LoadSpec(req_id, chain.keys(lo, hi), st.block_ids[lo:hi],
-                                        {r: h.lease.id for r, h in c.leases.items()}))
+            self._loads.append(LoadSpec(req_id, keys, ids,
+                                        {r: h.lease.id for r, h in c.leases.items()}, c.group))
+        if self._hybrid:
+            self._unserved(req_id, st, p.local, end, covered, chain)
+
+    def _unserved(self, req_id, st, local, end, covered, chain):
+        """Hybrid: blocks in [local, end) that vLLM holds (not null) in a group's table but that
+        group does not load (a window vLLM sees otherwise, or fewer tokens allocated than
+        offered): a LoadSpec without leases, so every worker reports them failed and vLLM
+        recomputes from there. Never a block vLLM reads unfilled."""
+        for g in self.groups:
+            ids = st.block_ids[g.index]
+            have = covered.get(g.index, set())
+            bad = [i for i in range(local, min(end, len(ids))) if ids[i] != 0 and i not in have]
+            if bad:
+                log.warning("request %s: KV cache group %d (%s) holds blocks %s past the GPU "
+                            "prefix that tutti cannot fill; reported failed (recomputed)",
+                            req_id, g.index, g.describe(), bad[:8])
+                self._loads.append(LoadSpec(req_id, [chain.keys(i, i + 1)[0] for i in bad],
+                                            [ids[i] for i in bad], {}, g.index))
 
     def build_connector_meta(self, so) -> TuttiConnectorMetadata:
         saves = []
@@ -456,9 +594,9 @@ class TuttiScheduler:
         for r in so.scheduled_new_reqs:
             st = self._reqs.get(r.req_id)
             if st is not None:
-                st.block_ids = list(r.block_ids[0])
+                st.block_ids = [list(g) for g in r.block_ids]
                 end = r.num_computed_tokens + so.num_scheduled_tokens.get(r.req_id, 0)
-                self._collect_save(r.req_id, st, end, saves)
+                self._collect_save(r.req_id, st, end, saves, r.num_computed_tokens)
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             st = self._reqs.get(req_id)
@@ -466,22 +604,27 @@ class TuttiScheduler:
                 continue
             new = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
-                st.block_ids = list(new[0]) if new else []
+                st.block_ids = [list(g) for g in new] if new else [[] for _ in st.block_ids]
             elif new:
-                st.block_ids.extend(new[0])
+                if len(st.block_ids) < len(new):
+                    st.block_ids.extend([] for _ in range(len(new) - len(st.block_ids)))
+                for ids, more in zip(st.block_ids, new):
+                    ids.extend(more)
             end = cached.num_computed_tokens[i] + so.num_scheduled_tokens.get(req_id, 0)
-            self._collect_save(req_id, st, end, saves)
+            self._collect_save(req_id, st, end, saves, cached.num_computed_tokens[i])
         preempted = sorted(so.preempted_req_ids or ())
         for req_id in preempted:
             self._release_pending(req_id)
             if req_id in self._reqs:
-                self._reqs[req_id].block_ids = []
+                self._reqs[req_id].block_ids = [[] for _ in self._reqs[req_id].block_ids]
         loads, self._loads = self._loads, []
         return TuttiConnectorMetadata(loads=loads, saves=saves, preempted=preempted)
 
-    def _collect_save(self, req_id, st, end_tokens, saves):
+    def _collect_save(self, req_id, st, end_tokens, saves, computed_tokens=0):
+        """Saves of the request's blocks completed by `end_tokens` (its step began with
+        `computed_tokens` computed: a sliding group's blocks vLLM freed before it are not)."""
         request = st.request
-        end = min(end_tokens // self.block_size, len(st.block_ids))
+        end = min(end_tokens // self.block_size, min(len(ids) for ids in st.block_ids))
         offload_cap = self.caps(request).offload
         if offload_cap is not None:  # max_offload_tokens: blocks wholly inside the first N
             end = min(end, offload_cap // self.block_size)
@@ -492,9 +635,19 @@ class TuttiScheduler:
             return
         chain = self._chains[req_id]
         keys = chain.keys(st.done, full)
-        saves.append(SaveSpec(req_id, keys, st.block_ids[st.done:full]))
+        before = len(saves)
+        if not self._hybrid:
+            saves.append(SaveSpec(req_id, keys, st.block_ids[0][st.done:full]))
+        for g in (self.groups if self._hybrid else ()):
+            lo = max(st.done, kvgroups.skipped_blocks(g, computed_tokens, self.block_size))
+            ids = st.block_ids[g.index]
+            pairs = [(keys[i - st.done], ids[i]) for i in range(lo, full) if ids[i] != 0]
+            if pairs:
+                saves.append(SaveSpec(req_id, [k for k, _ in pairs], [b for _, b in pairs],
+                                      g.index))
         self._recent_saves[-1].setdefault(req_id, st.done)
-        self._saved.add(req_id)
+        if len(saves) > before:  # the workers expect it in finished_sending
+            self._saved.add(req_id)
         self._remember(request, chain, st.done, full, keys)
         st.done = full
 
@@ -531,8 +684,9 @@ class TuttiScheduler:
         self._recent_saves.clear()
         for st in self._reqs.values():  # its own load's failed blocks, not a shared prefix's
             begin, end = st.loaded
-            first = next((i for i in range(begin, min(end, len(st.block_ids)))
-                          if st.block_ids[i] in bad), None)
+            first = next((i for i in range(begin, min(end, len(st.block_ids[0])))
+                          if any(i < len(ids) and ids[i] != 0 and ids[i] in bad
+                                 for ids in st.block_ids)), None)
             if first is not None:
                 st.done = min(st.done, first)
 
@@ -548,6 +702,10 @@ class TuttiScheduler:
             self._saved.discard(req_id)
             return True, None
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        """vLLM's SupportsHMA hook (every group's block ids): as request_finished."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
 
     # --- events ---
     def take_events(self):
@@ -600,6 +758,10 @@ class TuttiScheduler:
         self._caps.clear()
         for link in self._links.values():
             link.close()
+        for links in self._group_links.values():
+            if links is not self._links:
+                for link in links.values():
+                    link.close()
         for t in self._watchers:
             t.join(timeout=2.0)
 

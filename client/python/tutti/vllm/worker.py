@@ -32,6 +32,11 @@ new full blocks.
 - load_errors: the vLLM block ids of blocks that did not load, in the step they were loaded
   (sync loading: the Retrieve is waited for in wait_for_save / load_errors). A dead tuttid breaks
   the Retrieve (deadline or session end): every block of it is reported.
+- Hybrid models (several KV cache groups, tutti.vllm.groups): one session per group, each with
+  the group's layers, layout and namespace (tutti.vllm.groups.group_namespace); LoadSpecs and
+  SaveSpecs name their group, and a layer's waits and saves go to its group's Retrieve and Store.
+  A sliding-window group's refused blocks are not retried: vLLM frees a block once it leaves
+  the window, while the request runs, without telling the worker (given up, counted).
 
 Thread-safety: vLLM calls the worker hooks from one thread; the layer saver and the save
 retrier have their own threads.
@@ -46,13 +51,18 @@ from typing import List, Optional
 
 import tutti
 from tutti import errors
+from tutti.client import StoreOutcomes
 from tutti.vllm import geometry as geo
+from tutti.vllm import groups as kvgroups
 from tutti.vllm import loads
 from tutti.vllm.keys import namespace
 from tutti.vllm.metadata import TuttiConnectorMetadata, TuttiHandshake
 from tutti.vllm.saves import PendingSaves
 
 log = logging.getLogger("tutti.vllm")
+
+# Pending saves of group g > 0 carry block | g << _GROUP_SHIFT (one PendingSaves per worker).
+_GROUP_SHIFT = 32
 
 _HOST_MEMORY: List[object] = []
 _HOST_LOCK = threading.Lock()
@@ -115,39 +125,104 @@ class TuttiWorker:
         self.engine_group = os.urandom(16)
         self._any_rank = any_rank
         self.namespace_secret = namespace_secret
-        self.geometry = None
-        self.namespace = None
-        self.client = None
+        # Per KV cache group (one when not hybrid): its Group (None: no spec given), Geometry,
+        # Namespace and Client; layer name -> (group, layer of the group's layout).
+        self.groups: List[Optional[kvgroups.Group]] = []
+        self._geometries: List[object] = []
+        self._namespaces: List[object] = []
+        self._clients: List[object] = []
+        self._layer_of = {}
+        self._hybrid = False  # several groups, or a sliding one: a namespace per group
         self._meta = None
-        self._retrieval = None
-        self._load_blocks: List[int] = []
+        self._loading = {}  # group -> (its Retrievals, the vLLM block ids they load, in order)
         self._load_failed = False  # a load of this step failed on this rank
         self._errors = set()
         self._saver = None
-        self._step: Optional[_Step] = None
+        self._steps = {}  # group -> the step's _Step of that group
         self._retry_stream = None
         self._pending = PendingSaves(self._retry_store, deadline_s=retry_deadline_s,
                                      max_blocks=max_pending_saves, clock=clock,
                                      name="TP rank %d" % tp_rank)
 
+    # --- group 0's (the only group's) geometry, namespace and client ---
+    @property
+    def geometry(self):
+        return self._geometries[0] if self._geometries else None
+
+    @geometry.setter
+    def geometry(self, g):
+        self._geometries[:1] = [g]
+
+    @property
+    def namespace(self):
+        return self._namespaces[0] if self._namespaces else None
+
+    @namespace.setter
+    def namespace(self, ns):
+        self._namespaces[:1] = [ns]
+
+    @property
+    def client(self):
+        return self._clients[0] if self._clients else None
+
+    @client.setter
+    def client(self, c):
+        self._clients[:1] = [c]
+
     # --- start-up ---
     def register_kv_caches(self, kv_caches):
-        g = geo.derive(kv_caches, self._kv_cache_config)
-        self.geometry = g
-        self.namespace = namespace(self._model_config, g, self.tp_rank, self.tp_size,
-                                   self._version)
-        common = dict(socket_path=self.socket, engine_id="vllm-worker-rank%d" % self.tp_rank,
-                      engine_group=self.engine_group, timeouts=self._timeouts,
-                      namespace_secret=self.namespace_secret)
-        if g.device is not None:
-            self.client = tutti.Client.attach(self.namespace, g.num_blocks, list(g.objects),
-                                              cuda_device=g.device, **common)
-        else:
-            self.client = tutti.Client.attach(self.namespace, g.num_blocks, list(g.objects),
-                                              host_regions=_host_regions(g), **common)
+        """Derives every KV cache group's geometry (refusing what the connector cannot serve,
+        tutti.vllm.groups) and attaches one session per group."""
+        pairs = geo.derive_groups(kv_caches, self._kv_cache_config)
+        self.groups = [g for g, _ in pairs]
+        self._geometries = [geom for _, geom in pairs]
+        hybrid = pairs[0][0] is not None and kvgroups.is_hybrid(self.groups)
+        self._hybrid = hybrid
+        self._namespaces = []
+        for g, geom in pairs:
+            ns = namespace(self._model_config, geom, self.tp_rank, self.tp_size, self._version)
+            if hybrid:
+                ns = kvgroups.group_namespace(ns, g, len(pairs))
+            self._namespaces.append(ns)
+        self._layer_of = {name: (gi, li) for gi, geom in enumerate(self._geometries)
+                          for li, name in enumerate(geom.layer_names)}
+        common = dict(socket_path=self.socket, engine_group=self.engine_group,
+                      timeouts=self._timeouts, namespace_secret=self.namespace_secret)
+        self._clients = []
+        try:
+            for gi, (geom, ns) in enumerate(zip(self._geometries, self._namespaces)):
+                engine_id = "vllm-worker-rank%d" % self.tp_rank + ("-group%d" % gi if hybrid
+                                                                   else "")
+                if geom.device is not None:
+                    c = tutti.Client.attach(ns, geom.num_blocks, list(geom.objects),
+                                            cuda_device=geom.device, engine_id=engine_id,
+                                            **common)
+                else:
+                    c = tutti.Client.attach(ns, geom.num_blocks, list(geom.objects),
+                                            host_regions=_host_regions(geom),
+                                            engine_id=engine_id, **common)
+                self._clients.append(c)
+        except BaseException:
+            for c in self._clients:
+                c.detach()
+            self._clients = []
+            raise
         self._on_attached()
-        log.info("TP rank %d attached to tuttid at %s: %s, %s, %d blocks", self.tp_rank,
-                 self.socket, self.namespace.model_id, g.order, g.num_blocks)
+        for ns, geom in zip(self._namespaces, self._geometries):
+            log.info("TP rank %d attached to tuttid at %s: %s, %s, %d blocks", self.tp_rank,
+                     self.socket, ns.model_id, geom.order, geom.num_blocks)
+
+    def _where(self, layer_name):
+        """(group, layer of the group's layout) of vLLM layer `layer_name`."""
+        if self._layer_of:
+            return self._layer_of[layer_name]
+        return 0, self.geometry.layer_index(layer_name)
+
+    def _retries(self, group: int) -> bool:
+        """Whether refused blocks of `group` may be retried after their step: not for a
+        sliding-window group (vLLM frees its blocks as they leave the window)."""
+        g = self.groups[group] if group < len(self.groups) else None
+        return g is None or g.kind != kvgroups.SLIDING
 
     def _on_attached(self):
         """After self.client and self.geometry are set (tests set them to fakes and call this):
@@ -163,7 +238,8 @@ class TuttiWorker:
         if self.namespace is None:
             raise RuntimeError("TuttiConnector: get_handshake_metadata before register_kv_caches")
         return TuttiHandshake(self.tp_rank, self.socket, self.namespace, self.engine_group,
-                              self.namespace_secret)
+                              self.namespace_secret,
+                              tuple(self._namespaces) if self._hybrid else ())
 
     # --- loads ---
     def bind(self, meta: TuttiConnectorMetadata):
@@ -173,48 +249,64 @@ class TuttiWorker:
         self._load_failed = False
         self.handle_preemptions(getattr(meta, "preempted", None))
         saves = list(getattr(meta, "saves", None) or ())
-        self._step = None
+        self._steps = {}
         if not saves:
             return
         self._pending.expect(spec.req_id for spec in saves)
-        if self.client is None:
-            self._pending.give_up("not attached", sum(len(s.keys) for s in saves))
-            return
-        self._step = _Step(self, saves, held=bool(getattr(meta, "loads", None)))
+        by_group = {}
+        for spec in saves:
+            by_group.setdefault(getattr(spec, "group", 0), []).append(spec)
+        held = bool(getattr(meta, "loads", None))
+        for g, specs in sorted(by_group.items()):
+            if g >= len(self._clients) or self._clients[g] is None:
+                self._pending.give_up("not attached", sum(len(s.keys) for s in specs))
+                continue
+            self._steps[g] = _Step(self, specs, held=held, group=g)
 
     def start_load(self):
         meta = self._meta
-        if meta is None or not meta.loads or self.client is None:
+        if meta is None or not meta.loads:
             return
-        limit = max(int(self.client.info.get("max_blocks_per_call") or 512), 1)
-        self._retrieval, self._load_blocks, refused = loads.start(self.client, meta.loads,
-                                                                  self.tp_rank, limit)
-        self._errors.update(refused)
-        if refused:
-            self._load_failed = True
+        by_group = {}
+        for spec in meta.loads:
+            by_group.setdefault(getattr(spec, "group", 0), []).append(spec)
+        for g, specs in sorted(by_group.items()):
+            client = self._clients[g] if g < len(self._clients) else None
+            if client is None:
+                self._errors.update(b for s in specs for b in s.block_ids)
+                self._load_failed = True
+                continue
+            limit = max(int(client.info.get("max_blocks_per_call") or 512), 1)
+            r, blocks, refused = loads.start(client, specs, self.tp_rank, limit)
+            if r is not None:
+                self._loading[g] = (r, blocks)
+            self._errors.update(refused)
+            if refused:
+                self._load_failed = True
 
     def wait_layer(self, layer_name):
-        r = self._retrieval
+        if not self._loading:
+            return
+        g, layer = self._where(layer_name)
+        r = self._loading.get(g)
         if r is None:
             return
         try:
-            r.wait_layer(self.geometry.layer_index(layer_name))
+            r[0].wait_layer(layer)
         except errors.TuttiError:
             pass  # the transfer broke: its blocks are reported by load_errors
 
     def _finish_load(self):
-        r, self._retrieval = self._retrieval, None
-        if r is None:
-            return
-        outcome = r.wait()
-        if not outcome.ok:
-            log.info("TP rank %d: Retrieve broke (%s: %s); %d blocks recomputed", self.tp_rank,
-                     outcome.code, outcome.message, len(self._load_blocks))
-        failed = [self._load_blocks[i] for i in outcome.failed]
-        if failed or not outcome.ok:
-            self._load_failed = True
-        self._errors.update(failed)
-        self._load_blocks = []
+        loading, self._loading = self._loading, {}
+        for r, blocks in loading.values():
+            outcome = r.wait()
+            if not outcome.ok:
+                log.info("TP rank %d: Retrieve broke (%s: %s); %d blocks recomputed",
+                         self.tp_rank, outcome.code, outcome.message, len(blocks))
+            failed = [blocks[i] for i in outcome.failed]
+            if failed or not outcome.ok:
+                self._load_failed = True
+            self._errors.update(failed)
 
     def load_errors(self):
         self._finish_load()
@@ -223,31 +315,33 @@ class TuttiWorker:
 
     # --- saves ---
     def save_layer(self, layer_name, kv_layer):
-        if self.save_mode != "layer" or self._step is None:
+        if self.save_mode != "layer" or not self._steps:
             return
-        layer = self.geometry.layer_index(layer_name)
+        g, layer = self._where(layer_name)
+        step = self._steps.get(g)
+        if step is None:
+            return
         if self._saver is not None:
-            self._saver.layer_done(self._step, layer)
+            self._saver.layer_done(step, layer)
         else:
-            self._step.store(layer, layer + 1)
+            step.store(layer, layer + 1)
 
     def wait_for_save(self):
         """The step's saves, once its load's outcome is known (the module's docstring)."""
-        step, self._step = self._step, None
-        if step is not None and self._saver is not None:
+        steps, self._steps = self._steps, {}
+        if steps and self._saver is not None:
             self._saver.drain()
         self._finish_load()
         meta = self._meta
         if self.tp_size > 1 and meta is not None and getattr(meta, "loads", None):
             self._load_failed = self._any_rank(self._load_failed)
-        if step is None:
-            return
-        if self._load_failed:
-            step.drop("computed over a failed load")
-        elif self.save_mode == "end" or step.held:
-            step.held = False
-            step.store(0, 0)
-        step.settle()
+        for step in steps.values():
+            if self._load_failed:
+                step.drop("computed over a failed load")
+            elif self.save_mode == "end" or step.held:
+                step.held = False
+                step.store(0, 0)
+            step.settle()
 
     def handle_preemptions(self, preempted_req_ids):
         """Before vLLM reuses the blocks of preempted requests: their pending saves are dropped,
@@ -270,19 +364,37 @@ class TuttiWorker:
         return self._pending.stats() if self._pending is not None else {}
 
     def _retry_store(self, keys, blocks):
-        return self.client.store(keys, blocks, stream=self._retry_stream)
+        """Stores a retry batch: group 0's blocks as they are, group g's (block | g << 32) with
+        group g's client; one outcome per key, in order."""
+        if all(b >> _GROUP_SHIFT == 0 for b in blocks):
+            return self.client.store(keys, blocks, stream=self._retry_stream)
+        by_group = {}
+        for i, b in enumerate(blocks):
+            by_group.setdefault(b >> _GROUP_SHIFT, []).append(i)
+        out, why = [None] * len(keys), ""
+        for g, idx in sorted(by_group.items()):
+            mask = (1 << _GROUP_SHIFT) - 1
+            res = self._clients[g].store([keys[i] for i in idx], [blocks[i] & mask for i in idx],
+                                         stream=self._retry_stream)
+            why = getattr(res, "rejected_why", "") or why
+            for i, o in zip(idx, res):
+                out[i] = o
+        res = StoreOutcomes(out)
+        res.rejected_why = why
+        return res
 
     def clear(self):
         self._meta = None
-        self._step = None
+        self._steps = {}
 
     def shutdown(self):
         if self._saver is not None:
             self._saver.close()
         self._pending.close()
-        if self.client is not None:
-            self.client.detach()
-            self.client = None
+        clients, self._clients = self._clients, []
+        for c in clients:
+            if c is not None:
+                c.detach()
 
 
 class _Step:
@@ -296,8 +408,9 @@ class _Step:
     Thread-safety: store() runs on the forward's thread or on the layer saver's, one at a time
     (the saver's queue); settle() after them (wait_for_save)."""
 
-    def __init__(self, worker, saves, held=False):
+    def __init__(self, worker, saves, held=False, group=0):
         self._w = worker
+        self.group = group    # the KV cache group whose client and layers these are
         self.held = held      # the step loads: nothing is stored before wait_for_save
         self.reqs, self.keys, self.blocks = [], [], []
         for spec in saves:
@@ -323,12 +436,13 @@ class _Step:
         if self.lost or self.held:
             return
         w = self._w
+        client = w._clients[self.group]
         todo = [i for i in range(len(self.keys)) if i not in self.done]
-        limit = max(int(w.client.info.get("max_blocks_per_call") or 512), 1)
+        limit = max(int(client.info.get("max_blocks_per_call") or 512), 1)
         for c in range(0, len(todo), limit):
             part = todo[c:c + limit]
             try:
-                out = w.client.store([self.keys[i] for i in part], [self.blocks[i] for i in part],
+                out = client.store([self.keys[i] for i in part], [self.blocks[i] for i in part],
                                      layer_begin=layer_begin, layer_end=layer_end, stream=stream)
             except errors.TuttiError as e:
                 left = [i for i in range(len(self.keys)) if i not in self.done]
@@ -340,7 +454,7 @@ class _Step:
                 w._pending.give_up(cause, len(left))
                 return
             self.why = getattr(out, "rejected_why", "") or self.why
-            last = layer_end == 0 or layer_end >= w.geometry.layout.num_layers
+            last = layer_end == 0 or layer_end >= w._geometries[self.group].layout.num_layers
             for i, o in zip(part, out):
                 if o == "rejected_full":
                     self.refused.add(i)
@@ -352,12 +466,20 @@ class _Step:
                     self.done.add(i)
 
     def settle(self):
+        if self.refused and not self._w._retries(self.group):
+            n = len(self.refused)
+            self.refused.clear()
+            self._w._pending.give_up("refused, sliding-window group %d: not retried (vLLM frees "
+                                     "its blocks as they leave the window)" % self.group, n,
+                                     self.why)
+            return
         by_req = {}
         for i in sorted(self.refused):
             by_req.setdefault(self.reqs[i], []).append(i)
+        tag = self.group << _GROUP_SHIFT
         for req_id, idx in by_req.items():
             self._w._pending.add(req_id, [self.keys[i] for i in idx],
-                                 [self.blocks[i] for i in idx], self.why)
+                                 [self.blocks[i] | tag for i in idx], self.why)
 
 
 class _LayerSaver:

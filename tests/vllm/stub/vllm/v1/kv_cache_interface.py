@@ -31,6 +31,16 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = 0
 
 
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """A state-space layer's state (conv and SSM states): one per request, not KV per token."""
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    page_size_padded: Any = None
+    mamba_type: str = "mamba2"
+    num_speculative_blocks: int = 0
+
+
 @dataclass
 class KVCacheTensor:
     size: int

@@ -18,6 +18,24 @@ class KVConnectorHandshakeMetadata(ABC):  # noqa: B024
     pass
 
 
+class SupportsHMA(ABC):
+    """A connector that supports the hybrid memory allocator (several KV cache groups). vLLM's
+    scheduler then calls request_finished_all_groups instead of request_finished; for other
+    connectors vLLM turns its hybrid KV cache manager off."""
+
+    @abstractmethod
+    def request_finished_all_groups(self, request, block_ids):
+        """Called once when a request finished, before its blocks of every group are freed;
+        block_ids: a tuple of lists, one per KV cache group. Returns (delay_free, params)."""
+        raise NotImplementedError
+
+
+def supports_hma(connector) -> bool:
+    if isinstance(connector, type):
+        return issubclass(connector, SupportsHMA)
+    return isinstance(connector, SupportsHMA)
+
+
 class KVConnectorBase_V1(ABC):
     @property
     def prefer_cross_layer_blocks(self) -> bool:
