@@ -1,5 +1,5 @@
-"""tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for extra keys
-only where a request has a source of them), are bit for bit the keys of the reference
+"""tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for every
+block's extra keys only where a request has a position-dependent source), are bit for bit the keys of the reference
 derivation: the formula of keys.py's docstring written out here with hashlib and struct, and
 vLLM's extra keys asked block by block. Random token ids (the whole int64 range), block sizes,
 extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C chain with
@@ -169,7 +169,7 @@ class KeyEqualityTest(unittest.TestCase):
             self.assertEqual(hashlib.sha256(b"".join(keys)).hexdigest(), digest, kw)
 
     def test_extra_keys_vllm_gives_without_a_known_source(self):
-        """A vLLM whose extra keys come from a source _extra_free does not know (on every
+        """A vLLM whose extra keys come from a source _uniform_extras does not know (on every
         block, or only on the first): the keys are still vLLM's block by block."""
         tokens = list(range(6 * 16))
         for first_only in (False, True):
@@ -188,6 +188,25 @@ class KeyEqualityTest(unittest.TestCase):
                                       + vkeys.encode_extra_keys(e)).digest()
                 want.append(last[:16])
             self.assertEqual(keys, want)
+
+    def test_vllm_asked_three_times_without_position_dependent_sources(self):
+        """A request without multimodal features or prompt embeddings (LoRA and cache_salt
+        included): vLLM is asked for blocks 0, 1 and the last, not for each; with them, for
+        each block."""
+        tokens = list(range(100 * 16))
+        for kw, want in (({}, [0, 16, 99 * 16]),
+                         ({"cache_salt": "s", "lora_request": Lora("a")}, [0, 16, 99 * 16]),
+                         ({"mm_features": [Mm("i", 3, 4)]}, [16 * i for i in range(100)])):
+            calls = []
+
+            def extra(request, start, end, mm_idx):
+                calls.append(start)
+                return generate_block_hash_extra_keys(request, start, end, mm_idx)
+            req = Request("c", tokens, **kw)
+            with mock.patch.object(vkeys, "generate_block_hash_extra_keys", extra):
+                keys = vkeys.request_keys(req, 16, 100)
+            self.assertEqual(calls, want, kw)
+            self.assertEqual(keys, reference_keys(req, 16))
 
     def test_a_request_of_another_vllm_is_asked_per_block(self):
         """No mm_features attribute (an older vLLM): vLLM is asked for every block."""

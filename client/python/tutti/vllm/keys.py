@@ -17,9 +17,9 @@ the scheduler then neither loads nor saves that request).
 Speed (the scheduler's first get_num_new_matched_tokens of a request derives its whole chain):
 the chain runs in C (tutti.vllm._keychain: SHA-256 with the x86 SHA extensions where the CPU has
 them) when that module loads, else in Python (_derive_py, the reference); both give the same
-bytes. vLLM is asked for a block's extra keys per block only when the request has a source of
-them (multimodal features, a LoRA, a cache_salt, prompt embeddings) or vLLM says its first or
-last block has some; otherwise every block's extra is None (_extra_free).
+bytes. vLLM is asked for every block's extra keys only when the request has a
+position-dependent source of them (multimodal features, prompt embeddings); otherwise three
+blocks' answers stand for all (_uniform_extras).
 
 Namespace: model_id "<model>@<revision>|kv=<dtype>|<format>:<in-block order>", the layout,
 tp_rank/tp_size, hash_scheme "tutti-vllm-keys-v1@<vLLM version>" (the version: multimodal
@@ -106,24 +106,32 @@ def _derive_py(last, tokens, block_size, encoded, first=0):
     return bytes(packed), last
 
 
-def _extra_free(request, block_size, begin, end, mm_idx) -> bool:
-    """True when none of blocks [begin, end) has vLLM extra keys, known without asking vLLM
-    per block: the request has none of the sources generate_block_hash_extra_keys reads
-    (mm_features, lora_request, cache_salt, prompt_embeds; a Request without one of those
-    attributes is of another vLLM: ask per block) and vLLM gives its first and last block no
-    extra keys (a source unknown here that applies to every block, or to the first)."""
+def _uniform_extras(request, block_size, begin, end, mm_idx):
+    """(extra keys of block `begin`, of each later block) from vLLM, asked three times instead
+    of once per block of [begin, end), or None (ask per block). Where a request has no
+    position-dependent source (mm_features, prompt_embeds) vLLM's extra keys are the same for
+    every block but block 0 (the LoRA name on every block, cache_salt on block 0 only): asked
+    for the first, second and last block, the blocks between get the second's answer when it
+    equals the last's. A Request without one of the attributes generate_block_hash_extra_keys
+    reads is of another vLLM: None."""
     try:
-        if (request.mm_features or request.lora_request or request.cache_salt
-                or request.prompt_embeds is not None):
-            return False
+        if request.mm_features or request.prompt_embeds is not None:
+            return None
+        request.lora_request, request.cache_salt  # the vLLM this knows
     except AttributeError:
-        return False
-    for i in {begin, end - 1}:
+        return None
+
+    def ask(i):
         start = i * block_size
-        if generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)[0] \
-                is not None:
-            return False
-    return True
+        return generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)[0]
+
+    first = ask(begin)
+    if end - begin == 1:
+        return first, None
+    rest = ask(begin + 1)
+    if (end - begin > 2 and ask(end - 1) != rest) or (begin > 0 and first != rest):
+        return None
+    return first, rest
 
 
 def encode_extra_keys(extra) -> bytes:
@@ -157,8 +165,12 @@ class KeyChain:
         if n <= have:
             return n
         mm_idx = self._mm_idx
-        if _extra_free(request, bs, have, n, mm_idx):
-            extras, encoded = [None] * (n - have), None
+        uniform = _uniform_extras(request, bs, have, n, mm_idx)
+        if uniform is not None:
+            first, rest = uniform
+            extras = [first] + [rest] * (n - have - 1)
+            encoded = None if first is None and rest is None else (
+                [encode_extra_keys(first)] + [encode_extra_keys(rest)] * (n - have - 1))
         else:
             extras, encoded = [], []
             for i in range(have, n):
