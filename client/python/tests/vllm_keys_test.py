@@ -1,10 +1,12 @@
-"""tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for every
-block's extra keys only where a request has a position-dependent source), are bit for bit the keys of the reference
-derivation: the formula of keys.py's docstring written out here with hashlib and struct, and
-vLLM's extra keys asked block by block. Random token ids (the whole int64 range), block sizes,
-extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C chain with
-the SHA extensions and in portable C; the Python fallback; keys pinned from before the C chain.
-Needs tests/vllm/stub first on sys.path (the BUILD does it)."""
+"""tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for every block's
+extra keys only where a request has a position-dependent source), are bit for bit the keys of
+the reference derivation: the formula of keys.py's docstring written out here with hashlib and
+struct, and vLLM's extra keys asked block by block. Random token ids (the whole int64 range),
+block sizes, extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C
+chain with the SHA extensions and in portable C; the Python fallback; keys pinned from before
+the C chain. And the first call's Lookups: the last rank's on the scheduler's thread
+(Client.lookup_inline), the same misses on errors. Needs tests/vllm/stub first on sys.path (the
+BUILD does it)."""
 
 import hashlib
 import os
@@ -21,7 +23,9 @@ sys.path.insert(0, os.path.join(os.environ.get("TEST_SRCDIR", ""), "tutti/tests/
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
+import tutti  # noqa: E402
 from tutti.vllm import keys as vkeys  # noqa: E402
+from tutti.vllm.metadata import TuttiHandshake  # noqa: E402
 from tutti.vllm.scheduler import TuttiScheduler  # noqa: E402
 
 
@@ -245,6 +249,88 @@ class KeyEqualityTest(unittest.TestCase):
         req = Request("b", [1] * 16 + ["x"] * 16 + [2])
         self.assertEqual(sched._derive(req, 2), 0)
         self.assertIn("b", sched._unkeyable)
+
+
+class RankClient:
+    """One rank's tuttid holding every key: start_lookup (in flight) and lookup_inline (on the
+    caller's thread), as tutti.Client; `fail` makes both raise it."""
+
+    def __init__(self, fail=None):
+        self.fail, self.calls, self.live, self.next_id = fail, [], {}, 1
+        self.info = {"attached": True, "max_blocks_per_call": None}
+
+    def _answer(self, keys):
+        if self.fail is not None:
+            raise self.fail
+        hits = len(keys) // 16
+        lease = tutti.Lease(self.next_id, hits, 1000, 1, load_blocks=hits)
+        self.live[lease.id] = lease
+        self.next_id += 1
+        return lease
+
+    def start_lookup(self, keys, prompt_tokens=None):
+        self.calls.append("start_lookup")
+        lease = self._answer(keys)
+
+        class Pending:
+            def result(self):
+                return lease
+        return Pending()
+
+    def lookup_inline(self, keys, prompt_tokens=None):
+        self.calls.append("lookup_inline")
+        return self._answer(keys)
+
+    def release(self, lease):
+        self.live.pop(lease.id, None)
+
+    def detach(self):
+        pass
+
+
+class SchedulerLookupTest(unittest.TestCase):
+    """The first call's Lookups: every rank but the last in flight (start_lookup), the last on
+    the scheduler's thread (lookup_inline); errors of either kind are the same misses."""
+
+    def sched(self, clients):
+        s = TuttiScheduler(16, len(clients), connect=lambda h: clients[h.tp_rank],
+                           watch_events=False, clock=lambda: 0.0)
+        s.set_handshakes({r: TuttiHandshake(r, "sock%d" % r, None, b"g" * 16)
+                          for r in range(len(clients))})
+        return s
+
+    def test_last_rank_inline(self):
+        for tp in (1, 2, 4):
+            clients = [RankClient() for _ in range(tp)]
+            s = self.sched(clients)
+            req = Request("r", list(range(8 * 16 + 1)))
+            self.assertEqual(s.get_num_new_matched_tokens(req, 0), (8 * 16, False))
+            self.assertEqual([c.calls for c in clients],
+                             [["start_lookup"]] * (tp - 1) + [["lookup_inline"]])
+            s.request_finished(req, [])
+            self.assertEqual([c.live for c in clients], [{}] * tp)
+
+    def test_inline_errors_are_misses(self):
+        """UNAVAILABLE from the last rank: a miss, that rank backs off, the other rank's pins
+        released; another error: a miss without back-off."""
+        for err, backs_off in ((tutti.Unavailable("away"), True),
+                               (tutti.InvalidArgument("bad"), False)):
+            clients = [RankClient(), RankClient(fail=err)]
+            s = self.sched(clients)
+            req = Request("r", list(range(8 * 16 + 1)))
+            self.assertEqual(s.get_num_new_matched_tokens(req, 0), (0, False))
+            self.assertEqual(clients[0].live, {})
+            self.assertEqual(s._links[1].client() is None, backs_off)
+            self.assertIsNotNone(s._links[0].client())
+
+    def test_a_client_without_lookup_inline(self):
+        """A rank client with start_lookup only (an older tutti.Client, a fake): in flight."""
+        c = RankClient()
+        c.lookup_inline = None
+        s = self.sched([c])
+        self.assertEqual(s.get_num_new_matched_tokens(Request("r", list(range(33))), 0),
+                         (32, False))
+        self.assertEqual(c.calls, ["start_lookup"])
 
 
 if __name__ == "__main__":

@@ -367,16 +367,24 @@ class TuttiScheduler:
 
     def _lookup_all(self, keys, prompt_tokens):
         """{rank: Lease} from every rank, or None (a miss; what was pinned is released). The
-        ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum."""
+        ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum.
+        The last rank's runs on this thread (Client.lookup_inline: no hand-off to gRPC's
+        thread) while the others' are in flight."""
         started, leases, ok = {}, {}, True
-        for rank in sorted(self._links):
+        ranks = sorted(self._links)
+        for rank in ranks:
             link = self._links[rank]
             client = link.client()
             if client is None:
                 ok = False
                 break
             try:
-                started[rank] = (client, client.start_lookup(keys, prompt_tokens=prompt_tokens))
+                inline = getattr(client, "lookup_inline", None) if rank == ranks[-1] else None
+                if inline is not None:
+                    started[rank] = (client, _Answered(inline(keys, prompt_tokens=prompt_tokens)))
+                else:
+                    started[rank] = (client, client.start_lookup(keys,
+                                                                 prompt_tokens=prompt_tokens))
             except Exception as e:  # any error: a miss
                 self._lookup_failed(rank, e)
                 ok = False
@@ -608,6 +616,15 @@ class TuttiScheduler:
 class _Held:
     client: object
     lease: object
+
+
+@dataclass
+class _Answered:
+    """A Lookup answered on the scheduler's thread, as a started one (result())."""
+    lease: object
+
+    def result(self):
+        return self.lease
 
 
 def _flatten(metadata):
