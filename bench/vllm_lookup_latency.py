@@ -8,7 +8,8 @@ against the plain Python client's lookup of the same 2048 keys in the same run (
 
 Rows: per TP, connector_first_lookup_p99_ms (the first call's p99 against the 1 ms target,
 with its p50 and which key chain ran: C or Python), and p50/p99 in us of the first call, the
-next call and the plain client's Lookup. Each timed call is followed (untimed) by request_finished, which releases the request's leases.
+next call and the plain client's Lookup. Each timed call is followed (untimed) by
+request_finished, which releases the request's leases.
 Not a test: it asserts only that the hits are what was stored.
 """
 
