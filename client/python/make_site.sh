@@ -6,11 +6,13 @@
 # Bazel runs this for //client/python:tutti (bazel-bin/client/python/site).
 # tutti/_version.py holds the version (tuttid's, from //:version.bzl; Bazel passes it).
 #
-#   client/python/make_site.sh DIR [PROTO_ROOT] [VERSION]
-#     PROTO_ROOT defaults to the repo's proto/, VERSION to TUTTI_VERSION of the repo's version.bzl
+#   client/python/make_site.sh DIR [PROTO_ROOT] [VERSION] [KEYCHAIN_SO]
+#     PROTO_ROOT defaults to the repo's proto/, VERSION to TUTTI_VERSION of the repo's version.bzl;
+#     KEYCHAIN_SO (//client/python:_keychain.abi3.so) becomes tutti/vllm/_keychain.abi3.so (the
+#     key chain in C; without it tutti.vllm derives the same keys in Python)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: make_site.sh DIR [PROTO_ROOT] [VERSION]}"
+out="${1:?usage: make_site.sh DIR [PROTO_ROOT] [VERSION] [KEYCHAIN_SO]}"
 proto_root="${2:-$here/../../proto}"
 version="${3:-$(sed -n 's/^TUTTI_VERSION = "\(.*\)"$/\1/p' "$here/../../version.bzl")}"
 [ -n "$version" ] || { echo "make_site.sh: no version (version.bzl's TUTTI_VERSION)" >&2; exit 1; }
@@ -22,5 +24,9 @@ printf '"""The version of tutti, the same as tuttid (version.bzl). Made by make_
 cp "$here"/tutti/v1/__init__.py "$out/tutti/v1/"
 mkdir -p "$out/tutti/vllm"
 cp "$here"/tutti/vllm/*.py "$out/tutti/vllm/"
+if [ -n "${4:-}" ]; then
+  cp "$4" "$out/tutti/vllm/_keychain.abi3.so"
+  chmod 0755 "$out/tutti/vllm/_keychain.abi3.so"
+fi
 protoc -I"$proto_root" --python_out="$out" --grpc_python_out="$out" \
   --plugin=protoc-gen-grpc_python="$plugin" "$proto_root/tutti/v1/kvcache.proto"

@@ -199,6 +199,23 @@ class DeadlineTest(FakeDaemonTest):
         with self.assertRaisesRegex(tutti.InvalidArgument, "Timeouts.short"):
             self.engine.attach(self.daemon, timeouts=tutti.Timeouts(short=0))
 
+    def test_lookup_inline(self):
+        """The blocking Lookup (the vLLM scheduler's): the same lease as lookup(), the same
+        deadline and error."""
+        with self.engine.attach(self.daemon, timeouts=tutti.Timeouts(short=0.3)) as c:
+            a, b = c.lookup(KEYS, prompt_tokens=70), c.lookup_inline(KEYS, prompt_tokens=70)
+            self.assertEqual((a.id, a.hits, a.load_blocks, a.ttl_ms, a.generation),
+                             (b.id, b.hits, b.load_blocks, b.ttl_ms, b.generation))
+            with self.assertRaisesRegex(tutti.InvalidArgument, "prompt_tokens"):
+                c.lookup_inline(KEYS, prompt_tokens=-1)
+            with self.assertRaisesRegex(tutti.InvalidArgument, "keys\\[0\\]"):
+                c.lookup_inline([b"short"])
+            self.daemon.hang.set()
+            err, took = timed(lambda: c.lookup_inline(KEYS))
+            self.assertIsInstance(err, tutti.DeadlineExceeded)
+            self.assertIn("did not answer Lookup within 0.3 s (Timeouts.short)", str(err))
+            self.assertLess(took, 2.0)
+
     def test_transfer_deadlines_grow_with_their_bytes(self):
         t = tutti.Timeouts()
         small, field = t.for_store(4 << 20, wait_durable=False)
@@ -273,6 +290,9 @@ class SessionEndTest(unittest.TestCase):
         self.daemon.hang.set()
         err, took = timed(lambda: self.client.lookup(KEYS))
         self.assertIsInstance(err, tutti.Unavailable)
+        self.assertLess(took, 0.5)
+        err2, took = timed(lambda: self.client.lookup_inline(KEYS))
+        self.assertEqual(str(err2), str(err))
         self.assertLess(took, 0.5)
 
 

@@ -35,7 +35,7 @@ def main():
     sys.path.append(args.vllm_stub)
 
     for name in ("tutti", "tutti.v1.kvcache_pb2", "tutti.v1.kvcache_pb2_grpc", "tutti.client",
-                 "tutti.testing", "tutti.vllm", "tutti.vllm.connector"):
+                 "tutti.testing", "tutti.vllm", "tutti.vllm.connector", "tutti.vllm._keychain"):
         module = importlib.import_module(name)
         assert under(module.__file__, site), "%s from %s, not %s" % (name, module.__file__, site)
         print("%-26s %s" % (name, os.path.relpath(module.__file__, site)))
@@ -55,13 +55,15 @@ def main():
     assert tutti.vllm.TuttiConnector.__module__ == "tutti.vllm.connector"
     assert pb.DESCRIPTOR.name == "tutti/v1/kvcache.proto", pb.DESCRIPTOR.name
     assert "KvCache" in pb.DESCRIPTOR.services_by_name
+    import tutti.vllm.keys
+    assert tutti.vllm.keys._native is not None, "the key chain in C did not load from the wheel"
 
     dist = importlib.metadata.distribution("tutti")
     assert dist.version == args.version, "installed %s, tuttid %s" % (dist.version, args.version)
     assert tutti.__version__ == args.version, (tutti.__version__, args.version)
     files = {str(f) for f in dist.files}
     for f in ("tutti/v1/kvcache_pb2.py", "tutti/v1/kvcache_pb2_grpc.py", "tutti/_version.py",
-              "tutti/vllm/connector.py"):
+              "tutti/vllm/connector.py", "tutti/vllm/_keychain.abi3.so"):
         assert f in files, "%s not in the wheel's RECORD" % f
     requires = dist.requires or []
     assert any(r.startswith("grpcio") for r in requires), requires

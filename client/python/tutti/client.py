@@ -492,6 +492,31 @@ class Client:
         """lookup() without waiting for the answer: PendingLookup.result() gives the Lease (or
         raises as lookup() does). Lets one thread look up on several tuttids (TP ranks) at
         once. Argument errors are raised here."""
+        req, gen = self._lookup_request(keys, prompt_tokens)
+        return PendingLookup(self, self._start_call("Lookup", req, gen, self._timeouts.short),
+                             gen)
+
+    def lookup_inline(self, keys, prompt_tokens: Optional[int] = None) -> Lease:
+        """lookup() on the calling thread (gRPC's blocking call): no hand-off to and from gRPC's
+        polling thread, which on a busy host is much of a Lookup's time and most of its tail
+        (bench/results/vllm_lookup_latency.jsonl). Raises as lookup(), but a Lookup in flight
+        when its session ends is not cancelled: it ends with tuttid's answer or at its
+        deadline (Timeouts.short). A session already over raises Unavailable at once, as
+        lookup() does."""
+        req, gen = self._lookup_request(keys, prompt_tokens)
+        timeout = self._timeouts.short
+        try:
+            if self._calls.why(gen) is not None:  # lookup() would cancel it at once
+                raise grpc.FutureCancelledError()
+            resp = self._stub.Lookup(req, timeout=timeout)
+        except (grpc.RpcError, grpc.FutureCancelledError) as e:
+            err = self._error("Lookup", e, timeout, "short", gen)
+            self._observe(err, gen)
+            raise err from None
+        return self._lease_of(resp, gen)
+
+    def _lookup_request(self, keys, prompt_tokens):
+        """(LookupRequest, session generation); argument errors raised."""
         if prompt_tokens is not None and not 0 <= int(prompt_tokens) <= 1 << 24:
             raise errors.InvalidArgument("prompt_tokens = %r: must be in [0, 16777216]" %
                                          (prompt_tokens,))
@@ -501,8 +526,7 @@ class Client:
         # parse than one bytes field per key.
         req = pb.LookupRequest(**sid.fields(), packed_keys=packed,
                                prompt_tokens=int(prompt_tokens or 0))
-        return PendingLookup(self, self._start_call("Lookup", req, gen, self._timeouts.short),
-                             gen)
+        return req, gen
 
     def _lease_of(self, resp, gen) -> Lease:
         predicted = resp.decision_id != 0

@@ -14,6 +14,13 @@ hashes), so requests vLLM keeps apart stay apart here; encode() is a fixed, type
 refuses types it does not know with a ValueError (a wrong key would serve another prompt's KV;
 the scheduler then neither loads nor saves that request).
 
+Speed (the scheduler's first get_num_new_matched_tokens of a request derives its whole chain):
+the chain runs in C (tutti.vllm._keychain: SHA-256 with the x86 SHA extensions where the CPU has
+them) when that module loads, else in Python (_derive_py, the reference); both give the same
+bytes. vLLM is asked for every block's extra keys only when the request has a
+position-dependent source of them (multimodal features, prompt embeddings); otherwise three
+blocks' answers stand for all (_uniform_extras).
+
 Namespace: model_id "<model>@<revision>|kv=<dtype>|<format>:<in-block order>", the layout,
 tp_rank/tp_size, hash_scheme "tutti-vllm-keys-v1@<vLLM version>" (the version: multimodal
 identifiers are vLLM's). Engines share blocks only when all of it is equal.
@@ -31,6 +38,11 @@ KEY_SCHEME = "tutti-vllm-keys-v1"
 MAX_MODEL_ID = 256
 _ROOT = hashlib.sha256(b"tutti.vllm block keys v1").digest()
 _NO_EXTRA = b"\x00"  # encode_extra_keys(None)
+
+try:  # the chain in C (client/python/native/keychain.c); absent: the same keys in Python
+    from tutti.vllm import _keychain as _native
+except ImportError:  # not built for this platform, or a Python without it
+    _native = None
 
 
 def check_cache_config(cache_config):
@@ -64,10 +76,62 @@ def _encode(x, out):
                          "known: None, bool, int, str, bytes, tuple, list" % (type(x).__name__, x))
 
 
-def _token_bytes(tokens) -> bytes:
-    """Token ids as 8-byte little-endian integers."""
+def _token_bytes(tokens, first=0) -> bytes:
+    """Token ids as 8-byte little-endian integers; ValueError naming a token that is not an
+    integer in [-2^63, 2^63) (`first`: the request's position of tokens[0])."""
     tokens = list(tokens)
-    return struct.pack("<%dq" % len(tokens), *tokens)
+    try:
+        return struct.pack("<%dq" % len(tokens), *tokens)
+    except struct.error:
+        for i, t in enumerate(tokens):
+            try:
+                struct.pack("<q", t)
+            except struct.error:
+                raise ValueError("token %d is not an integer in [-2^63, 2^63): %r"
+                                 % (first + i, t)) from None
+        raise
+
+
+def _derive_py(last, tokens, block_size, encoded, first=0):
+    """The chain in Python (the reference; the fallback without tutti.vllm._keychain): (the
+    blocks' keys concatenated, the last block's digest). `encoded`: each block's
+    encode_extra_keys, or None when no block has extra keys; `first`: the request's position of
+    tokens[0] (for errors)."""
+    raw = _token_bytes(tokens, first)
+    width, sha256, packed = 8 * block_size, hashlib.sha256, bytearray()
+    for b in range(len(tokens) // block_size):
+        extra = _NO_EXTRA if encoded is None else encoded[b]
+        last = sha256(last + raw[b * width:(b + 1) * width] + extra).digest()
+        packed += last[:KEY_BYTES]
+    return bytes(packed), last
+
+
+def _uniform_extras(request, block_size, begin, end, mm_idx):
+    """(extra keys of block `begin`, of each later block) from vLLM, asked three times instead
+    of once per block of [begin, end), or None (ask per block). Where a request has no
+    position-dependent source (mm_features, prompt_embeds) vLLM's extra keys are the same for
+    every block but block 0 (the LoRA name on every block, cache_salt on block 0 only): asked
+    for the first, second and last block, the blocks between get the second's answer when it
+    equals the last's. A Request without one of the attributes generate_block_hash_extra_keys
+    reads is of another vLLM: None."""
+    try:
+        if request.mm_features or request.prompt_embeds is not None:
+            return None
+        request.lora_request, request.cache_salt  # the vLLM this knows
+    except AttributeError:
+        return None
+
+    def ask(i):
+        start = i * block_size
+        return generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)[0]
+
+    first = ask(begin)
+    if end - begin == 1:
+        return first, None
+    rest = ask(begin + 1)
+    if (end - begin > 2 and ask(end - 1) != rest) or (begin > 0 and first != rest):
+        return None
+    return first, rest
 
 
 def encode_extra_keys(extra) -> bytes:
@@ -93,23 +157,35 @@ class KeyChain:
 
     def derive(self, request, n: int) -> int:
         """Derives the keys of blocks [0, n) (fewer when the request has fewer full blocks);
-        returns how many of those n blocks have keys."""
+        returns how many of those n blocks have keys. ValueError (nothing derived) for a block
+        that cannot be keyed."""
         bs, have = self._bs, len(self)
-        n = min(n, len(request.all_token_ids) // bs)
+        tokens = request.all_token_ids
+        n = min(n, len(tokens) // bs)
         if n <= have:
             return n
-        raw = _token_bytes(request.all_token_ids[have * bs:n * bs])
-        width, last, sha256 = 8 * bs, self._last, hashlib.sha256
-        packed, extras, mm_idx = self._packed, self._extras, self._mm_idx
-        for i in range(have, n):
-            start = i * bs
-            extra, mm_idx = generate_block_hash_extra_keys(request, start, start + bs, mm_idx)
-            j = (i - have) * width
-            last = sha256(last + raw[j:j + width] +
-                          (_NO_EXTRA if extra is None else encode_extra_keys(extra))).digest()
-            packed += last[:KEY_BYTES]
-            extras.append(extra)
-        self._last, self._mm_idx = last, mm_idx
+        mm_idx = self._mm_idx
+        uniform = _uniform_extras(request, bs, have, n, mm_idx)
+        if uniform is not None:
+            first, rest = uniform
+            extras = [first] + [rest] * (n - have - 1)
+            encoded = None if first is None and rest is None else (
+                [encode_extra_keys(first)] + [encode_extra_keys(rest)] * (n - have - 1))
+        else:
+            extras, encoded = [], []
+            for i in range(have, n):
+                start = i * bs
+                extra, mm_idx = generate_block_hash_extra_keys(request, start, start + bs, mm_idx)
+                extras.append(extra)
+                encoded.append(_NO_EXTRA if extra is None else encode_extra_keys(extra))
+        raw = tokens[have * bs:n * bs]
+        if not isinstance(raw, (list, tuple)):
+            raw = list(raw)
+        derive = _native.derive if _native is not None else _derive_py
+        packed, self._last = derive(self._last, raw, bs, encoded, have * bs)
+        self._packed += packed
+        self._extras.extend(extras)
+        self._mm_idx = mm_idx
         return n
 
     def packed(self, begin: int, end: int) -> bytes:

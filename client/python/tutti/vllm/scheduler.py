@@ -478,17 +478,25 @@ class TuttiScheduler:
     def _lookup_all(self, keys, prompt_tokens, links=None):
         """{rank: Lease} from every rank, or None (a miss; what was pinned is released). The
         ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum.
-        `links`: the sessions to ask (default self._links)."""
+        The last rank's runs on this thread (Client.lookup_inline: no hand-off to gRPC's
+        thread) while the others' are in flight. `links`: the sessions to ask (default
+        self._links)."""
         links = links if links is not None else self._links
         started, leases, ok = {}, {}, True
-        for rank in sorted(links):
+        ranks = sorted(links)
+        for rank in ranks:
             link = links[rank]
             client = link.client()
             if client is None:
                 ok = False
                 break
             try:
-                started[rank] = (client, client.start_lookup(keys, prompt_tokens=prompt_tokens))
+                inline = getattr(client, "lookup_inline", None) if rank == ranks[-1] else None
+                if inline is not None:
+                    started[rank] = (client, _Answered(inline(keys, prompt_tokens=prompt_tokens)))
+                else:
+                    started[rank] = (client, client.start_lookup(keys,
+                                                                 prompt_tokens=prompt_tokens))
             except Exception as e:  # any error: a miss
                 self._lookup_failed(rank, e, links)
                 ok = False
@@ -770,6 +778,15 @@ class TuttiScheduler:
 class _Held:
     client: object
     lease: object
+
+
+@dataclass
+class _Answered:
+    """A Lookup answered on the scheduler's thread, as a started one (result())."""
+    lease: object
+
+    def result(self):
+        return self.lease
 
 
 def _flatten(metadata):

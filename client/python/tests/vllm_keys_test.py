@@ -1,0 +1,337 @@
+"""tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for every block's
+extra keys only where a request has a position-dependent source), are bit for bit the keys of
+the reference derivation: the formula of keys.py's docstring written out here with hashlib and
+struct, and vLLM's extra keys asked block by block. Random token ids (the whole int64 range),
+block sizes, extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C
+chain with the SHA extensions and in portable C; the Python fallback; keys pinned from before
+the C chain. And the first call's Lookups: the last rank's on the scheduler's thread
+(Client.lookup_inline), the same misses on errors. Needs tests/vllm/stub first on sys.path (the
+BUILD does it)."""
+
+import hashlib
+import os
+import random
+import struct
+import sys
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.environ.get("TEST_SRCDIR", ""), "tutti/tests/vllm/stub")
+                if os.environ.get("TEST_SRCDIR") else
+                os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../tests/vllm/stub"))
+
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+import tutti  # noqa: E402
+from tutti.vllm import keys as vkeys  # noqa: E402
+from tutti.vllm.metadata import TuttiHandshake  # noqa: E402
+from tutti.vllm.scheduler import TuttiScheduler  # noqa: E402
+
+
+def reference(request, block_size):
+    """(keys, vLLM's extra keys) of every full block of `request`, straight from the formula
+    (keys.py's docstring)."""
+    last = hashlib.sha256(b"tutti.vllm block keys v1").digest()
+    tokens = list(request.all_token_ids)
+    out, extras, mm_idx = [], [], 0
+    for i in range(len(tokens) // block_size):
+        start = i * block_size
+        extra, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
+        block = tokens[start:start + block_size]
+        last = hashlib.sha256(last + struct.pack("<%dq" % block_size, *block) +
+                              vkeys.encode_extra_keys(extra)).digest()
+        out.append(last[:16])
+        extras.append(extra)
+    return out, extras
+
+
+def reference_keys(request, block_size):
+    return reference(request, block_size)[0]
+
+
+class Lora:
+    def __init__(self, name):
+        self.lora_name, self.lora_int_id = name, 7
+
+
+class Pos:
+    def __init__(self, offset, length):
+        self.offset, self.length = offset, length
+
+
+class Mm:
+    def __init__(self, identifier, offset, length):
+        self.identifier, self.mm_position = identifier, Pos(offset, length)
+
+
+def random_request(rng, rid):
+    bs = rng.choice([1, 2, 3, 16, 16, 32, 64])
+    blocks = rng.randrange(0, 48)
+    ntok = blocks * bs + rng.randrange(bs)
+    pick = rng.random()
+    if pick < 0.3:
+        tokens = [rng.randrange(-(1 << 63), 1 << 63) for _ in range(ntok)]
+    elif pick < 0.4:
+        tokens = [rng.choice([0, 1, -1, (1 << 63) - 1, -(1 << 63), 255, 256]) for _ in range(ntok)]
+    else:
+        tokens = [rng.randrange(200000) for _ in range(ntok)]
+    kw = {}
+    if rng.random() < 0.25:
+        kw["cache_salt"] = rng.choice(["salt", "sälz", "", "x" * 300])
+    if rng.random() < 0.2:
+        kw["lora_request"] = Lora(rng.choice(["adapter-a", "b"]))
+    if rng.random() < 0.25 and ntok:
+        mms = [Mm("img-%d-%d" % (rid, j), rng.randrange(ntok), rng.randrange(1, 3 * bs + 2))
+               for j in range(rng.randrange(1, 4))]
+        kw["mm_features"] = sorted(mms, key=lambda m: m.mm_position.offset)
+    return Request("r%d" % rid, tokens, **kw), bs
+
+
+# Keys of fixed requests from the Python derivation before the C chain (commit f44ae9d): the
+# number of keys, the first key, SHA-256 of all keys concatenated.
+PINNED_TOKENS = [(i * 7919) % 32000 for i in range(64 * 16 + 5)]
+PINNED = [
+    ({}, "b73dba63a4bbf474b59efd255866cb24",
+     "9752cf52aa4537947fd1188dfc6781541d675b8bf3b5cf8c34e84d512e53ed6e"),
+    ({"cache_salt": "salt"}, "c503813e40e414cbe9d046c347964322",
+     "093d59d5d42a7f0685c0fc4ba89b6154c271a83db9d66476cb6a65db484813b1"),
+    ({"lora_request": Lora("adapter-a")}, "590eb5ec00ff090131a62270d79aedbe",
+     "8d88823ea08bc009e907d61d45a83c9db7fca8db7587a85e894a88b87c44a903"),
+    ({"mm_features": [Mm("img-hash-1", 20, 30)]}, "b73dba63a4bbf474b59efd255866cb24",
+     "3ef87ca3733b1e7125e9f29ec6e8b593378f09edfa132028ceb75ca757f8457a"),
+]
+
+
+class KeyEqualityTest(unittest.TestCase):
+    def test_the_c_chain_is_built_and_loads(self):
+        """The build ships tutti.vllm._keychain: the equality tests below test the C chain."""
+        self.assertIsNotNone(vkeys._native, "tutti.vllm._keychain did not load")
+        self.assertIn(vkeys._native.implementation(), ("sha-ni", "portable"))
+
+    def test_sha256_matches_hashlib_every_length(self):
+        native = vkeys._native
+        rng = random.Random(5)
+        try:
+            for portable in (False, True):
+                native.use_portable(portable)
+                for n in list(range(0, 300)) + [1000, 4096, 4097, 65536 + 3]:
+                    data = bytes(rng.randrange(256) for _ in range(n))
+                    self.assertEqual(native.sha256(data), hashlib.sha256(data).digest(),
+                                     (portable, n))
+        finally:
+            native.use_portable(False)
+
+    def check_random_requests(self, seed, count):
+        rng = random.Random(seed)
+        for rid in range(count):
+            req, bs = random_request(rng, rid)
+            want, extras = reference(req, bs)
+            self.assertEqual(vkeys.request_keys(req, bs, 1 << 20), want, (seed, rid, bs))
+            # keyed in steps, as the scheduler derives (lookups, then saves as blocks fill)
+            chain = vkeys.KeyChain(bs)
+            n = 0
+            while n < len(want):
+                n = min(len(want), n + rng.randrange(1, 9))
+                self.assertEqual(chain.derive(req, n), n)
+            self.assertEqual(chain.keys(0, len(want)), want, (seed, rid, bs))
+            self.assertEqual(chain.packed(0, len(want)), b"".join(want))
+            # vLLM's extra keys of each block (the events carry them)
+            self.assertEqual([chain.extra_keys(i) for i in range(len(want))], extras)
+
+    def test_random_requests_sha_extensions(self):
+        self.check_random_requests(1, 400)
+
+    def test_random_requests_portable_c(self):
+        vkeys._native.use_portable(True)
+        try:
+            self.check_random_requests(2, 200)
+        finally:
+            vkeys._native.use_portable(False)
+
+    def test_random_requests_python_fallback(self):
+        with mock.patch.object(vkeys, "_native", None):
+            self.check_random_requests(3, 200)
+
+    def test_tokens_appended_after_keys(self):
+        """A request that grows (decode, preemption) keeps its keys and extends them."""
+        rng = random.Random(4)
+        tokens = [rng.randrange(1 << 40) for _ in range(40 * 16)]
+        req = Request("g", tokens[:5 * 16 + 3], cache_salt="s")
+        chain = vkeys.KeyChain(16)
+        self.assertEqual(chain.derive(req, 100), 5)
+        req.append_output_token_ids(tokens[5 * 16 + 3:])
+        self.assertEqual(chain.derive(req, 100), 40)
+        self.assertEqual(chain.keys(0, 40), reference_keys(Request("h", tokens, cache_salt="s"),
+                                                           16))
+
+    def test_pinned_keys(self):
+        for kw, first, digest in PINNED:
+            keys = vkeys.request_keys(Request("p", PINNED_TOKENS, **kw), 16, 1000)
+            self.assertEqual(len(keys), 64)
+            self.assertEqual(keys[0].hex(), first, kw)
+            self.assertEqual(hashlib.sha256(b"".join(keys)).hexdigest(), digest, kw)
+
+    def test_extra_keys_vllm_gives_without_a_known_source(self):
+        """A vLLM whose extra keys come from a source _uniform_extras does not know (on every
+        block, or only on the first): the keys are still vLLM's block by block."""
+        tokens = list(range(6 * 16))
+        for first_only in (False, True):
+            def extra(request, start, end, mm_idx, first_only=first_only):
+                return (None if first_only and start else ("new-source",)), mm_idx
+            with mock.patch.object(vkeys, "generate_block_hash_extra_keys", extra):
+                keys = vkeys.request_keys(Request("n", tokens), 16, 6)
+                chain = vkeys.KeyChain(16)
+                chain.derive(Request("n", tokens), 6)
+                self.assertEqual(chain.extra_keys(0), ("new-source",))
+            self.assertNotEqual(keys, vkeys.request_keys(Request("p", tokens), 16, 6))
+            last, want = hashlib.sha256(b"tutti.vllm block keys v1").digest(), []
+            for i in range(6):
+                e = None if first_only and i else ("new-source",)
+                last = hashlib.sha256(last + struct.pack("<16q", *tokens[i * 16:(i + 1) * 16])
+                                      + vkeys.encode_extra_keys(e)).digest()
+                want.append(last[:16])
+            self.assertEqual(keys, want)
+
+    def test_vllm_asked_three_times_without_position_dependent_sources(self):
+        """A request without multimodal features or prompt embeddings (LoRA and cache_salt
+        included): vLLM is asked for blocks 0, 1 and the last, not for each; with them, for
+        each block."""
+        tokens = list(range(100 * 16))
+        for kw, want in (({}, [0, 16, 99 * 16]),
+                         ({"cache_salt": "s", "lora_request": Lora("a")}, [0, 16, 99 * 16]),
+                         ({"mm_features": [Mm("i", 3, 4)]}, [16 * i for i in range(100)])):
+            calls = []
+
+            def extra(request, start, end, mm_idx):
+                calls.append(start)
+                return generate_block_hash_extra_keys(request, start, end, mm_idx)
+            req = Request("c", tokens, **kw)
+            with mock.patch.object(vkeys, "generate_block_hash_extra_keys", extra):
+                keys = vkeys.request_keys(req, 16, 100)
+            self.assertEqual(calls, want, kw)
+            self.assertEqual(keys, reference_keys(req, 16))
+
+    def test_a_request_of_another_vllm_is_asked_per_block(self):
+        """No mm_features attribute (an older vLLM): vLLM is asked for every block."""
+        req = Request("o", list(range(4 * 16)))
+        del req.mm_features
+        calls = []
+
+        def extra(request, start, end, mm_idx):
+            calls.append(start)
+            return None, mm_idx
+        with mock.patch.object(vkeys, "generate_block_hash_extra_keys", extra):
+            vkeys.request_keys(req, 16, 4)
+        self.assertEqual(calls, [0, 16, 32, 48])
+
+    def test_bad_tokens_are_value_errors(self):
+        for native in (vkeys._native, None):
+            with mock.patch.object(vkeys, "_native", native):
+                for bad in ((1 << 63), -(1 << 63) - 1, "7", 1.5, None):
+                    req = Request("b", [1] * 16 + [3, bad] + [2] * 15)
+                    chain = vkeys.KeyChain(16)
+                    self.assertEqual(chain.derive(req, 1), 1)  # block 0 is fine
+                    with self.assertRaisesRegex(ValueError, "token 17 is not an integer"):
+                        chain.derive(req, 2)
+                    self.assertEqual(len(chain), 1)  # nothing of the failed derive was kept
+        for args, err in (((b"x" * 31, [], 16, None), ValueError),
+                          ((b"x" * 32, [1] * 17, 16, None), ValueError),
+                          ((b"x" * 32, [1] * 16, 16, [b"\x00", b"\x00"]), ValueError),
+                          ((b"x" * 32, [1] * 16, 16, ["str"]), TypeError),
+                          ((b"x" * 32, iter([1] * 16), 16, None), TypeError)):
+            with self.assertRaises(err):
+                vkeys._native.derive(*args)
+
+    def test_scheduler_skips_a_request_with_a_bad_token(self):
+        """The scheduler logs it and neither loads nor saves it; no exception reaches vLLM."""
+        sched = TuttiScheduler(16, 1, connect=lambda h: None, watch_events=False)
+        req = Request("b", [1] * 16 + ["x"] * 16 + [2])
+        self.assertEqual(sched._derive(req, 2), 0)
+        self.assertIn("b", sched._unkeyable)
+
+
+class RankClient:
+    """One rank's tuttid holding every key: start_lookup (in flight) and lookup_inline (on the
+    caller's thread), as tutti.Client; `fail` makes both raise it."""
+
+    def __init__(self, fail=None):
+        self.fail, self.calls, self.live, self.next_id = fail, [], {}, 1
+        self.info = {"attached": True, "max_blocks_per_call": None}
+
+    def _answer(self, keys):
+        if self.fail is not None:
+            raise self.fail
+        hits = len(keys) // 16
+        lease = tutti.Lease(self.next_id, hits, 1000, 1, load_blocks=hits)
+        self.live[lease.id] = lease
+        self.next_id += 1
+        return lease
+
+    def start_lookup(self, keys, prompt_tokens=None):
+        self.calls.append("start_lookup")
+        lease = self._answer(keys)
+
+        class Pending:
+            def result(self):
+                return lease
+        return Pending()
+
+    def lookup_inline(self, keys, prompt_tokens=None):
+        self.calls.append("lookup_inline")
+        return self._answer(keys)
+
+    def release(self, lease):
+        self.live.pop(lease.id, None)
+
+    def detach(self):
+        pass
+
+
+class SchedulerLookupTest(unittest.TestCase):
+    """The first call's Lookups: every rank but the last in flight (start_lookup), the last on
+    the scheduler's thread (lookup_inline); errors of either kind are the same misses."""
+
+    def sched(self, clients):
+        s = TuttiScheduler(16, len(clients), connect=lambda h: clients[h.tp_rank],
+                           watch_events=False, clock=lambda: 0.0)
+        s.set_handshakes({r: TuttiHandshake(r, "sock%d" % r, None, b"g" * 16)
+                          for r in range(len(clients))})
+        return s
+
+    def test_last_rank_inline(self):
+        for tp in (1, 2, 4):
+            clients = [RankClient() for _ in range(tp)]
+            s = self.sched(clients)
+            req = Request("r", list(range(8 * 16 + 1)))
+            self.assertEqual(s.get_num_new_matched_tokens(req, 0), (8 * 16, False))
+            self.assertEqual([c.calls for c in clients],
+                             [["start_lookup"]] * (tp - 1) + [["lookup_inline"]])
+            s.request_finished(req, [])
+            self.assertEqual([c.live for c in clients], [{}] * tp)
+
+    def test_inline_errors_are_misses(self):
+        """UNAVAILABLE from the last rank: a miss, that rank backs off, the other rank's pins
+        released; another error: a miss without back-off."""
+        for err, backs_off in ((tutti.Unavailable("away"), True),
+                               (tutti.InvalidArgument("bad"), False)):
+            clients = [RankClient(), RankClient(fail=err)]
+            s = self.sched(clients)
+            req = Request("r", list(range(8 * 16 + 1)))
+            self.assertEqual(s.get_num_new_matched_tokens(req, 0), (0, False))
+            self.assertEqual(clients[0].live, {})
+            self.assertEqual(s._links[1].client() is None, backs_off)
+            self.assertIsNotNone(s._links[0].client())
+
+    def test_a_client_without_lookup_inline(self):
+        """A rank client with start_lookup only (an older tutti.Client, a fake): in flight."""
+        c = RankClient()
+        c.lookup_inline = None
+        s = self.sched([c])
+        self.assertEqual(s.get_num_new_matched_tokens(Request("r", list(range(33))), 0),
+                         (32, False))
+        self.assertEqual(c.calls, ["start_lookup"])
+
+
+if __name__ == "__main__":
+    unittest.main()
