@@ -64,6 +64,10 @@ class LruCache:
                 self.evictions += 1
             self._blocks[b] = None
 
+    def remove(self, blocks: Sequence):
+        for b in blocks:
+            del self._blocks[b]
+
     def victim(self):
         return next(iter(self._blocks)) if self._blocks else None
 
@@ -189,4 +193,68 @@ class TinyLfu(Policy):
         return self.estimate(block) > self.estimate(victim)
 
 
-POLICIES: Dict[str, type] = {p.name: p for p in (Policy, SecondSight, Continuation, TinyLfu)}
+class DramFront(Policy):
+    """A DRAM tier in front of the SSD that holds what the SSD declined (CacheLib's DRAM before
+    flash): a block offered for the first time goes to DRAM only; the second sight earns it its
+    place on flash (written then). A second sight is: a Lookup hit in DRAM (the block is
+    promoted: written to the SSD from DRAM, leaving DRAM), or an offer of a block in DRAM or in
+    the ghost (recently offered blocks, `ghost_blocks`, 0: unbounded). Lookup hits count from
+    either tier; only SSD writes count as written. DRAM and SSD are exclusive."""
+    name = "dram_front"
+
+    def __init__(self, capacity, recency="chain", dram_blocks=1, ghost_blocks=0):
+        super().__init__(capacity, recency)
+        self.dram = LruCache(max(1, dram_blocks), recency)
+        self.ghost = Ghost(ghost_blocks)
+        self.promoted = 0
+
+    def lookup(self, chain):
+        hits = 0
+        for b in chain:
+            if b not in self.cache and b not in self.dram:
+                break
+            hits += 1
+        in_dram = [b for b in chain[:hits] if b in self.dram]
+        self.cache.touch([b for b in chain[:hits] if b in self.cache])
+        if in_dram:
+            self.dram.remove(in_dram)
+            self.cache.insert(in_dram)
+            self.promoted += len(in_dram)
+        return hits
+
+    def store(self, blocks, ctx, ends_chain):
+        written, declined = [], []
+        for b in blocks:
+            again = self.ghost.seen_before(b) or b in self.dram
+            (written if again else declined).append(b)
+        self.dram.remove([b for b in written if b in self.dram])
+        self.cache.insert(written)
+        self.dram.insert(declined[-self.dram.capacity:])
+        return written
+
+
+class OracleReuse(Policy):
+    """Not a policy tuttid could run: an upper bound. Writes a block only if the trace uses it
+    again later (future knowledge: prepare() counts every reference in advance)."""
+    name = "oracle_reuse"
+
+    def __init__(self, capacity, recency="chain"):
+        super().__init__(capacity, recency)
+        self.left: Dict[object, int] = {}
+
+    def prepare(self, chains):
+        for ch in chains:
+            for b in ch:
+                self.left[b] = self.left.get(b, 0) + 1
+
+    def lookup(self, chain):
+        for b in chain:
+            self.left[b] -= 1
+        return super().lookup(chain)
+
+    def admit(self, block, ctx, last):
+        return self.left.get(block, 0) > 0
+
+
+POLICIES: Dict[str, type] = {p.name: p for p in (Policy, SecondSight, Continuation, TinyLfu,
+                                                  DramFront, OracleReuse)}

@@ -80,6 +80,18 @@ class SimTest(unittest.TestCase):
         c = trace_sim.simulate(self.TRACE, tp.Policy(3, "tail_first"))
         self.assertEqual(c.hits, 5)
 
+    def test_dram_front_promotes_on_the_second_sight(self):
+        p = tp.DramFront(3, dram_blocks=2)
+        c = trace_sim.simulate([req(0, [1, 2]), req(1, [1, 2, 3]), req(2, [1, 2, 3])], p)
+        # First: 1, 2 to DRAM only. Second: hits both in DRAM (promoted: 2 SSD writes), 3 to
+        # DRAM. Third: hits all three (3 promoted).
+        self.assertEqual((c.hits, c.written, c.declined), (5, 3, 3))
+        self.assertEqual(len(p.dram), 0)
+
+    def test_oracle_writes_only_what_is_used_again(self):
+        c = trace_sim.simulate(self.TRACE, tp.OracleReuse(3))
+        self.assertEqual(c.written, 2)  # 1 and 2; 3, 4, 5 are never used again
+
     def test_a_store_call_never_evicts_its_own_blocks(self):
         c = trace_sim.simulate([req(0, list(range(10)))], tp.Policy(4), chunk=512)
         self.assertEqual((c.written, c.evicted), (10, 6))

@@ -63,6 +63,8 @@ def simulate(requests: Sequence[trace_format.Request], policy: trace_policies.Po
     if chunk > policy.cache.capacity:
         chunk = policy.cache.capacity
     c = SimCounts()
+    if hasattr(policy, "prepare"):
+        policy.prepare(trace_format.chain(r, block_tokens) for r in requests)
     for req in requests:
         blocks = trace_format.chain(req, block_tokens)
         hits = policy.lookup(blocks)
@@ -81,6 +83,7 @@ def simulate(requests: Sequence[trace_format.Request], policy: trace_policies.Po
             c.written += len(written)
             c.declined += len(offered) - len(written)
     c.evicted = policy.cache.evictions
+    c.written += getattr(policy, "promoted", 0)  # DRAM hits written to the SSD by tuttid
     return c
 
 
@@ -100,6 +103,18 @@ VARIANTS = {
     "continuation_ghost2x_tail_first_nopartial": (
         "continuation", {"ghost_blocks": ("capacity", 2), "recency": "tail_first",
                          "skip_partial_tail": True}),
+    "dram10_front": ("dram_front", {"dram_blocks": ("capacity", 0.1),
+                                    "ghost_blocks": ("capacity", 4)}),
+    "dram10_front_tail_first": ("dram_front", {"dram_blocks": ("capacity", 0.1),
+                                               "ghost_blocks": ("capacity", 4),
+                                               "recency": "tail_first"}),
+    "dram25_front_tail_first": ("dram_front", {"dram_blocks": ("capacity", 0.25),
+                                               "ghost_blocks": ("capacity", 4),
+                                               "recency": "tail_first"}),
+    # References for the DRAM-front policies: store-all on an SSD as large as SSD + DRAM.
+    "store_all_ssd_plus_dram10": ("store_all", {"capacity_factor": 1.1}),
+    "store_all_ssd_plus_dram25": ("store_all", {"capacity_factor": 1.25}),
+    "oracle_reuse": ("oracle_reuse", {}),
     "tinylfu": ("tinylfu", {}),
     "tinylfu_tail_first": ("tinylfu", {"recency": "tail_first"}),
 }
@@ -111,6 +126,7 @@ def make_policy(variant: str, capacity: int) -> trace_policies.Policy:
         raise ValueError("unknown policy %r; known: %s" % (variant, ", ".join(VARIANTS)))
     cls_name, kwargs = VARIANTS[variant]
     args = {k: (int(v[1] * capacity) if isinstance(v, tuple) else v) for k, v in kwargs.items()}
+    capacity = int(capacity * args.pop("capacity_factor", 1))
     return trace_policies.POLICIES[cls_name](capacity, **args)
 
 
