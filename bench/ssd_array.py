@@ -851,9 +851,10 @@ class Session:
                     if time.monotonic() > deadline:
                         raise BenchError("session %d: Stores stayed rejected_full (%s)" % (
                             self.index, out.rejected_why))
-                    t = time.perf_counter()
-                    time.sleep(0.002)
-                    counts["retry_sleep_s"] += time.perf_counter() - t
+                    if staging_wait_ms == 0:  # else tuttid waited for room already
+                        t = time.perf_counter()
+                        time.sleep(0.002)
+                        counts["retry_sleep_s"] += time.perf_counter() - t
 
     def retrieve(self, call_blocks):
         """Every layer of every block into blocks [n, 2n), in calls of call_blocks."""
@@ -1589,9 +1590,10 @@ def parse_args(argv):
                     help="blocks per Retrieve call (0: tuttid's limits.max_blocks_per_call)")
     ap.add_argument("--max-blocks-per-call", type=int, default=2048, help=argparse.SUPPRESS)
     ap.add_argument("--store-batch", type=int, default=64, help="blocks per Store call")
-    ap.add_argument("--store-staging-wait-ms", type=int, default=200,
+    ap.add_argument("--store-staging-wait-ms", type=int, default=0,
                     help="StoreRequest.staging_wait_ms: tuttid waits this long for staging room "
-                    "before refusing (0: refused at once, the client retries after 2 ms)")
+                    "before refusing, and refused blocks are offered again at once (0, the "
+                    "default: refused at once, the client retries after 2 ms)")
     ap.add_argument("--store-wait", choices=("backlog", "durable"), default="backlog",
                     help="backlog: Stores without wait_durable, then wait until Stats shows "
                     "every block durable; durable: every Store waits (default %(default)s)")

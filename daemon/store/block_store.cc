@@ -478,13 +478,15 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   std::vector<PendingBlock*> created;
   {
     absl::MutexLock lock(&mu_);
-    if (staging_wait > absl::ZeroDuration()) {
-      const uint64_t need = uint64_t{CountNewBlocks(ns, keys)} * info.num_objects *
-                            RoundUp4K(info.object_len);
+    if (staging_wait > absl::ZeroDuration() && CountNewBlocks(ns, keys) > 0) {
+      // Room for one new block is enough to go on: the call takes what fits then, and its
+      // caller offers the rest again. (Waiting for room for the whole call held a session to
+      // one call's blocks in flight: 0.15-0.30 of raw writes against 0.46-0.53 with retries.)
+      const uint64_t block = uint64_t{info.num_objects} * RoundUp4K(info.object_len);
       // Staging is given back under mu_ (ReleasePending), so the condition is looked at again
       // each time some is.
       auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || need == 0 || store_staging_->HasRoomFor(owner, need);
+        return stopping_ || store_staging_->HasRoomFor(owner, block);
       };
       mu_.AwaitWithTimeout(absl::Condition(&room), staging_wait);
     }

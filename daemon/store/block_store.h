@@ -367,9 +367,9 @@ class BlockStore {
   // write backlog is past its bounds are kRejectedBacklog (Capture never waits
   // for the writer to refuse or accept). With wait_durable,
   // returns after the queued blocks are durable (kDurable) or failed
-  // (kFailed). With a `staging_wait` > 0, a call whose new blocks do not fit in the free staging
-  // (or the owner's share) first waits up to that long for room (writes completing free it), then
-  // goes on as without (blocks that still do not fit are refused). A gather error fails the whole
+  // (kFailed). With a `staging_wait` > 0, a call with new blocks and no room for one of them in
+  // the free staging (or the owner's share) first waits up to that long for room (writes
+  // completing free it), then goes on as without (blocks that do not fit are refused). A gather error fails the whole
   // call (nothing queued). Errors:
   // NOT_FOUND unknown namespace, INVALID_ARGUMENT bad layer range, or the
   // gatherer's.
