@@ -169,34 +169,31 @@ TEST(TuttidTest, StartupFailuresAreOneLineAndExitOne) {
   EXPECT_THAT(err4, HasSubstr("tuttid: state_dir = \"relative/dir\": must be an absolute path"));
 }
 
-TEST(TuttidTest, PrintsTheDefaultConfig) {
+// What `tuttid FLAG` prints on stdout; it must exit 0.
+std::string StdoutOf(const char* flag) {
   const std::string out = TmpDir() + "/stdout";
-  std::vector<char*> argv = {const_cast<char*>("tuttid"),
-                             const_cast<char*>("--print_default_config"), nullptr};
+  std::vector<char*> argv = {const_cast<char*>("tuttid"), const_cast<char*>(flag), nullptr};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   pid_t pid;
-  ASSERT_EQ(posix_spawn(&pid, TuttidPath().c_str(), &fa, nullptr, argv.data(), environ), 0);
+  const int spawned = posix_spawn(&pid, TuttidPath().c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  EXPECT_EQ(spawned, 0);
+  if (spawned != 0) return "";
   EXPECT_EQ(WaitExit(pid), 0);
-  const std::string text = ReadAll(out);
+  return ReadAll(out);
+}
+
+TEST(TuttidTest, PrintsTheDefaultConfig) {
+  const std::string text = StdoutOf("--print_default_config");
   EXPECT_THAT(text, HasSubstr("socket_path: \"/run/tutti/tuttid.sock\""));
   EXPECT_THAT(text, HasSubstr("capacity_bytes: 4294967296"));
 }
 
 // `tuttid --version`: the version of //:version.bzl, the one the Python package carries too.
 TEST(TuttidTest, PrintsItsVersion) {
-  const std::string out = TmpDir() + "/version";
-  std::vector<char*> argv = {const_cast<char*>("tuttid"), const_cast<char*>("--version"), nullptr};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  pid_t pid;
-  ASSERT_EQ(posix_spawn(&pid, TuttidPath().c_str(), &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  EXPECT_EQ(WaitExit(pid), 0);
-  EXPECT_EQ(ReadAll(out), absl::StrCat("tuttid ", tutti::kVersion, "\n"));
+  EXPECT_EQ(StdoutOf("--version"), absl::StrCat("tuttid ", tutti::kVersion, "\n"));
 }
 
 TEST(TuttidTest, NotifiesReadyServesAndStopsCleanlyOnSignals) {

@@ -336,6 +336,11 @@ class TuttiScheduler:
             for c in chunks:
                 self._release(c.leases)
             return 0, False
+        return self._hold(req_id, chunks, local, hits, max_blocks, cap, num_computed_tokens)
+
+    def _hold(self, req_id, chunks, local, hits, max_blocks, cap, num_computed_tokens):
+        """Keeps the request's leased chunks as its pending answer (given again until half the
+        leases' TTL has passed); returns get_num_new_matched_tokens' answer for `hits` blocks."""
         ttl_s = min(h.lease.ttl_ms for c in chunks for h in c.leases.values()) / 1000.0
         self._pending[req_id] = _Pending(chunks, local, hits, max_blocks,
                                          self._clock() + ttl_s / 2, cap)
@@ -413,10 +418,7 @@ class TuttiScheduler:
             for c in chunks:
                 self._release(c.leases)
             return 0, False
-        ttl_s = min(h.lease.ttl_ms for c in chunks for h in c.leases.values()) / 1000.0
-        self._pending[req_id] = _Pending(chunks, local, k, max_blocks,
-                                         self._clock() + ttl_s / 2, cap)
-        return k * self.block_size - num_computed_tokens, False
+        return self._hold(req_id, chunks, local, k, max_blocks, cap, num_computed_tokens)
 
     def _lookup_window(self, chain, group, begin, end) -> List[_Chunk]:
         """Blocks [begin, end) of a sliding group: chunks of leading hits (presence only: no
