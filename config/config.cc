@@ -229,6 +229,7 @@ absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
   RETURN_IF_ERROR(ValidateNvme(io));
   RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
   RETURN_IF_ERROR(ValidatePassthrough(io));
+  RETURN_IF_ERROR(CheckRange("io.memory_read_workers", io.memory_read_workers(), 1, 64));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
 }
 

@@ -132,6 +132,7 @@ absl::StatusOr<io::OpenedBackend> OpenBackend(const v1::Config& config,
   }
   io::IoOptions options;
   options.queue_depth = config.io().queue_depth();
+  options.memory_read_workers = config.io().memory_read_workers();
   options.fallback = config.io().fallback();
   options.gds.gpu_staging = gpu_staging;
   const char* cufile = getenv("TUTTI_CUFILE_LIBRARY");  // tests: the fake libcufile

@@ -4,7 +4,9 @@
 #include <liburing.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cassert>
@@ -78,12 +80,19 @@ absl::StatusOr<uint64_t> SizeOf(int fd, uint32_t index) {
                                                  ") is neither a regular file nor a block device"));
 }
 
+// Whether `fd` lies on tmpfs, whose reads are memory copies that never block.
+bool OnTmpfs(int fd) {
+  struct statfs fs;
+  return fstatfs(fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+}
+
 }  // namespace
 
 // Owns one pool file, its ring and the thread that drives the ring.
 class UringBackend::FileQueue {
  public:
-  static absl::StatusOr<std::unique_ptr<FileQueue>> Create(int fd, uint32_t index, uint32_t depth);
+  static absl::StatusOr<std::unique_ptr<FileQueue>> Create(int fd, uint32_t index,
+                                                           const UringOptions& options);
   ~FileQueue();
 
   int fd() const { return fd_; }
@@ -119,6 +128,7 @@ class UringBackend::FileQueue {
   // Owner-thread state.
   io_uring ring_{};
   bool fixed_file_ = false;
+  bool async_reads_ = false;  // on tmpfs, with workers allowed: reads go IOSQE_ASYNC
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
   std::deque<Pending> reads_, writes_;
@@ -133,7 +143,8 @@ class UringBackend::FileQueue {
 };
 
 absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue::Create(
-    int fd, uint32_t index, uint32_t depth) {
+    int fd, uint32_t index, const UringOptions& options) {
+  const uint32_t depth = options.queue_depth;
   std::unique_ptr<FileQueue> q(new FileQueue(fd, index, depth));
   int r = io_uring_queue_init(depth, &q->ring_, 0);
   if (r < 0) {
@@ -148,6 +159,21 @@ absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue
   if (r < 0) {
     log::Get("io")->warn("pool file {}: io_uring_register_files: {}; using plain fds", index,
                          ErrnoText(-r));
+  }
+  if (options.memory_read_workers > 1 && OnTmpfs(fd)) {
+    // Applies to the io_uring workers of every thread submitting to this ring (the owner's).
+    unsigned workers[2] = {options.memory_read_workers, 0};  // bounded, unbounded (unchanged)
+    r = io_uring_register_iowq_max_workers(&q->ring_, workers);
+    q->async_reads_ = r == 0;
+    if (r == 0) {
+      log::Get("io")->info("pool file {} is on tmpfs: up to {} io_uring workers read it at once "
+                           "(io.memory_read_workers)",
+                           index, options.memory_read_workers);
+    } else {
+      log::Get("io")->warn("pool file {} (tmpfs): io_uring_register_iowq_max_workers({}): {}; "
+                           "reads run one at a time",
+                           index, options.memory_read_workers, ErrnoText(-r));
+    }
   }
   q->slots_.resize(depth);
   for (uint32_t i = depth; i > 0; --i) q->free_slots_.push_back(i - 1);
@@ -219,6 +245,7 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->short_retries += short_retries_.load(std::memory_order_relaxed);
   c->enter_calls += enter_calls_.load(std::memory_order_relaxed);
   c->in_flight_sum += in_flight_sum_.load(std::memory_order_relaxed);
+  c->memory_files += async_reads_ ? 1 : 0;
 }
 
 void UringBackend::FileQueue::Run() {
@@ -287,6 +314,7 @@ void UringBackend::FileQueue::PrepareSqes() {
       plain_ops_.fetch_add(1, std::memory_order_relaxed);
     }
     if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
+    if (read && async_reads_) sqe->flags |= IOSQE_ASYNC;
     io_uring_sqe_set_data64(sqe, slot);
   }
 }
@@ -354,6 +382,10 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
     return absl::InvalidArgumentError(
         absl::StrCat("io.queue_depth must be in [1, 4096], got ", options.queue_depth));
   }
+  if (options.memory_read_workers < 1 || options.memory_read_workers > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "io.memory_read_workers must be in [1, 64], got ", options.memory_read_workers));
+  }
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < fds.size(); ++i) {
     auto size = SizeOf(fds[i], static_cast<uint32_t>(i));
@@ -362,7 +394,7 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
   }
   std::unique_ptr<UringBackend> backend(new UringBackend(std::move(sizes)));
   for (size_t i = 0; i < fds.size(); ++i) {
-    auto q = FileQueue::Create(fds[i], static_cast<uint32_t>(i), options.queue_depth);
+    auto q = FileQueue::Create(fds[i], static_cast<uint32_t>(i), options);
     handed_over = i + 1;  // FileQueue::Create closes the fd itself on failure
     if (!q.ok()) return q.status();
     backend->queues_.push_back(*std::move(q));

@@ -9,6 +9,8 @@
 // registered through RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests
 // that lie inside it.
 //
+// Pool files on tmpfs: see UringOptions::memory_read_workers.
+//
 // Short transfers: a transfer that moves fewer bytes than asked (a 4 KiB multiple) is retried once
 // for the remainder; if that is short too, `result` holds the bytes moved so far. Errors are
 // -errno.
@@ -35,6 +37,10 @@ namespace tutti::io {
 
 struct UringOptions {
   uint32_t queue_depth = 64;  // requests in flight per file, 1 .. 4096
+  // Pool files on tmpfs only (reads there are memory copies that never block, which io_uring
+  // would run on one worker per file): reads are issued as IOSQE_ASYNC and the file's ring may
+  // use up to this many io_uring workers at once. 1 .. 64. Other files ignore it.
+  uint32_t memory_read_workers = 4;
 };
 
 // Counts since creation, summed over files. Approximate while I/O is running.
@@ -45,6 +51,7 @@ struct UringCounters {
   uint64_t enter_calls = 0;       // io_uring_enter system calls (submit and/or wait)
   uint64_t in_flight_sum = 0;     // requests in flight at each of those calls, summed:
                                   // in_flight_sum / enter_calls is the mean queue depth kept
+  uint64_t memory_files = 0;      // files on tmpfs read by up to memory_read_workers workers
 };
 
 class UringBackend final : public IoBackend {

@@ -1,7 +1,9 @@
 #include "daemon/io/uring_backend.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/resource.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -55,8 +57,8 @@ class UringBackendTest : public ::testing::Test {
     if (!dir_.empty()) testing::RemoveTree(dir_);
   }
 
-  std::unique_ptr<UringBackend> Make(uint32_t depth = 8) {
-    auto b = UringBackend::Create(fds_, UringOptions{depth});
+  std::unique_ptr<UringBackend> Make(uint32_t depth = 8, uint32_t memory_read_workers = 4) {
+    auto b = UringBackend::Create(fds_, UringOptions{depth, memory_read_workers});
     EXPECT_TRUE(b.ok()) << b.status();
     return b.ok() ? *std::move(b) : nullptr;
   }
@@ -112,6 +114,67 @@ TEST_F(UringBackendTest, WritesThenReadsBackWithPlainBuffers) {
   const UringCounters c = b->counters();
   EXPECT_EQ(c.fixed_buffer_ops, 0u);
   EXPECT_EQ(c.plain_buffer_ops, 2 * kFiles * kFileBytes / kChunk);
+}
+
+// On tmpfs, reads go to up to memory_read_workers io_uring workers per file and still land whole;
+// elsewhere the option changes nothing.
+TEST_F(UringBackendTest, TmpfsReadsUseWorkersOnlyOnTmpfs) {
+  struct statfs fs;
+  ASSERT_EQ(statfs(dir_.c_str(), &fs), 0) << std::strerror(errno);
+  const bool tmpfs = fs.f_type == TMPFS_MAGIC;
+  AlignedBuffer mem(kFiles * kFileBytes);
+  for (uint32_t workers : {4u, 1u}) {
+    if (workers == 1) {  // the first backend closed the files
+      for (uint32_t f = 0; f < kFiles; ++f) {
+        fds_[f] = open(paths_[f].c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+        ASSERT_GE(fds_[f], 0) << std::strerror(errno);
+      }
+    }
+    auto b = Make(8, workers);
+    ASSERT_NE(b, nullptr);
+    WriteAll(*b, mem.data(), workers);
+    ExpectAll(*b, mem.data(), workers);
+    EXPECT_EQ(b->counters().memory_files, tmpfs && workers > 1 ? kFiles : 0u)
+        << dir_ << " tmpfs " << tmpfs << " workers " << workers;
+  }
+  for (uint32_t bad : {0u, 65u}) {
+    auto b = UringBackend::Create({}, UringOptions{8, bad});
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// The same on /dev/shm, where there is one: every read comes back whole and right with several
+// workers copying each file at once.
+TEST(UringBackendShmTest, ParallelTmpfsReadsLandWhole) {
+  struct statfs fs;
+  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs /dev/shm";
+  std::string dir = "/dev/shm/tutti-uring-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr) << std::strerror(errno);
+  absl::Cleanup rm = [&] { testing::RemoveTree(dir); };
+  const int fd = open((dir + "/pool0").c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) GTEST_SKIP() << "tmpfs without O_DIRECT: " << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, kFileBytes), 0);
+  auto b = UringBackend::Create({fd}, UringOptions{32, 8});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->counters().memory_files, 1u);
+  AlignedBuffer mem(kFileBytes);
+  std::vector<IoRequest> batch;
+  for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
+    Fill(mem.data() + off, kChunk, 0, off, 7);
+    batch.push_back({Op::kWrite, 0, off, mem.data() + off, kChunk});
+  }
+  (*b)->Execute(absl::MakeSpan(batch));
+  for (const IoRequest& r : batch) ASSERT_EQ(r.result, kChunk);
+  std::memset(mem.data(), 0, kFileBytes);
+  for (IoRequest& r : batch) {
+    r.op = Op::kRead;
+    r.result = 0;
+  }
+  (*b)->Execute(absl::MakeSpan(batch));
+  for (const IoRequest& r : batch) {
+    ASSERT_EQ(r.result, kChunk);
+    ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 7)) << r.offset;
+  }
 }
 
 // Small: io_uring charges registered buffers to RLIMIT_MEMLOCK (often 8 MiB) once per ring unless
