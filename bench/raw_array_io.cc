@@ -4,7 +4,7 @@
 // against in the same run.
 //
 //   raw_array_io --op=read [--io_bytes=1048576] [--qd=16] [--seconds=5 | --bytes=N]
-//                [--span_bytes=X] [--fill] FILE...
+//                [--span_bytes=X] [--fill] [--async] FILE...
 //
 // Offsets are random multiples of io_bytes within each file's first span_bytes (default: the
 // file's size). --fill first creates each file (or extends it) to span_bytes and writes all of it
@@ -54,6 +54,9 @@ ABSL_FLAG(uint64_t, span_bytes, 0,
 ABSL_FLAG(bool, fill, false,
           "create or extend each file to span_bytes and write all of it first (untimed)");
 ABSL_FLAG(uint64_t, seed, 1, "random offsets' seed");
+ABSL_FLAG(bool, async, false,
+          "issue reads as IOSQE_ASYNC, each on an io_uring worker (what tuttid does on tmpfs, "
+          "io.memory_read_workers; there io_uring otherwise copies one read at a time per file)");
 
 namespace tutti::bench {
 namespace {
@@ -69,6 +72,7 @@ struct Options {
   uint64_t span = 0;
   bool fill = false;
   uint64_t seed = 0;
+  bool async = false;
 };
 
 struct FileRun {
@@ -160,6 +164,7 @@ class Ring {
     ring_ok_ = true;
     iovec iov{buf_, buf_bytes_};
     fixed_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
+    async_reads_ = o.async;
     return "";
   }
 
@@ -187,6 +192,7 @@ class Ring {
       } else {
         fixed_ ? io_uring_prep_read_fixed(sqe, fd_, p, n, off, 0)
                : io_uring_prep_read(sqe, fd_, p, n, off);
+        if (async_reads_) sqe->flags |= IOSQE_ASYNC;
       }
       io_uring_sqe_set_data64(sqe, (uint64_t{slot} << 48) | (off >> 12));
       ++in_flight;
@@ -234,6 +240,7 @@ class Ring {
   io_uring ring_{};
   bool ring_ok_ = false;
   bool fixed_ = false;
+  bool async_reads_ = false;
 };
 
 // Sizes the file (with --fill: extends it and writes all of span sequentially). Returns the span
@@ -333,6 +340,7 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
   o.write = op == "write";
   o.io_bytes = absl::GetFlag(FLAGS_io_bytes);
   o.qd = absl::GetFlag(FLAGS_qd);
+  o.async = absl::GetFlag(FLAGS_async);
   o.seconds = absl::GetFlag(FLAGS_seconds);
   o.bytes = absl::GetFlag(FLAGS_bytes);
   o.span = absl::GetFlag(FLAGS_span_bytes);
@@ -401,11 +409,11 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
       "{\"tool\":\"raw_array_io\",\"op\":%s,\"files\":%zu,\"paths\":[%s],\"io_bytes\":%lu,"
       "\"qd\":%u,\"span_bytes\":%lu,\"bytes\":%lu,\"ios\":%lu,\"seconds\":%s,\"gbps\":%s,"
       "\"iops\":%s,\"per_file_gbps\":[%s],\"fill_seconds\":%s,\"process_cpu_s\":%s,"
-      "\"iou_workers_max\":%u,\"date\":%s,\"command\":%s}\n",
+      "\"async\":%s,\"iou_workers_max\":%u,\"date\":%s,\"command\":%s}\n",
       JsonString(op).c_str(), files.size(), absl::StrJoin(quoted, ",").c_str(), o.io_bytes, o.qd,
       runs[0].span, bytes, ios, Num(seconds).c_str(), Num(bytes / seconds / 1e9).c_str(),
       Num(ios / seconds).c_str(), absl::StrJoin(per_file, ",").c_str(), Num(fill_seconds).c_str(),
-      Num(cpu).c_str(), iou_max.load(), JsonString(UtcNow()).c_str(),
+      Num(cpu).c_str(), o.async ? "true" : "false", iou_max.load(), JsonString(UtcNow()).c_str(),
       JsonString(command).c_str());
   return 0;
 }

@@ -17,8 +17,9 @@ Parts:
   array  per configuration: (e) raw baseline (bench/raw_array_io: one io_uring and thread per file,
          O_DIRECT, --io-kib requests at --qd each, random offsets over --gib of files on the same
          devices, each run moving as many bytes as tuttid's transfer, repeated for at least
-         --raw-min-seconds, the best counting), write then read before tuttid, read then write
-         after it; (a) tuttid with
+         --raw-min-seconds, the best counting; tmpfs reads alternate plain runs and --async runs,
+         each read on an io_uring worker as tuttid reads tmpfs), write then read before tuttid,
+         read then write after it; (a) tuttid with
          pool.dirs on the devices, DRAM tier off, state on tmpfs; (b) --sessions sessions with a
          Llama-3-8B-shaped KV cache (32 layers x K,V objects of 16 tokens x 8 heads x 128 dims
          bf16 = 32 KiB, 2 MiB a block) in GPU memory (--local: shared host memory), random
@@ -482,30 +483,36 @@ def run_rawio(args, array, op, span_bytes, volume, fill=False):
     """raw_array_io over the array's raw files; returns the best run's JSON object (with
     "runs_gbps"). Each run moves `volume` bytes, as tuttid's transfer does (a capped device's
     throttle lets a short burst through, alike for both), repeated until --raw-min-seconds have
-    passed; or one run of --raw-seconds."""
+    passed; or one run of --raw-seconds. Reads of a tmpfs array run both plainly and with
+    --async (each read on an io_uring worker, as tuttid reads tmpfs), alternating, and the best
+    of either counts ("runs_async" says which run was which)."""
     volume = max(volume, 64 * array.n * args.io_kib * 1024)  # at least 64 requests a file
     amount = ("--seconds=%g" % args.raw_seconds if args.raw_seconds > 0
               else "--bytes=%d" % volume)
+    modes = [False, True] if op == "read" and array.emulation == "tmpfs" else [False]
     runs, spent = [], 0.0
-    while not runs or (args.raw_seconds <= 0 and spent < args.raw_min_seconds and
-                       len(runs) < 50):
-        out = raw_once(args, array, op, span_bytes, amount, fill and not runs)
+    while len(runs) < len(modes) or (args.raw_seconds <= 0 and spent < args.raw_min_seconds and
+                                     len(runs) < 50):
+        out = raw_once(args, array, op, span_bytes, amount, fill and not runs,
+                       modes[len(runs) % len(modes)])
         runs.append(out)
         spent += out["seconds"]
     best = max(runs, key=lambda r: r["gbps"])
     best["runs_gbps"] = [r["gbps"] for r in runs]
-    log("  raw %-5s %s%s: %.3f GB/s, best of %d runs of %.2f GB (%.2f s in all; per file %s)" % (
+    best["runs_async"] = [r.get("async", False) for r in runs]
+    log("  raw %-5s %s%s: %.3f GB/s%s, best of %d runs of %.2f GB (%.2f s in all; per file %s)" % (
         op, array.name, " (after a fill of %.1f s)" % runs[0]["fill_seconds"] if fill else "",
-        best["gbps"], len(runs), best["bytes"] / GB, spent, best["per_file_gbps"]))
+        best["gbps"], " (--async)" if best.get("async") else "", len(runs), best["bytes"] / GB,
+        spent, best["per_file_gbps"]))
     return best
 
 
-def raw_once(args, array, op, span_bytes, amount, fill):
+def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False):
     cmd = array.wrap(args.rawio_cmd + [
         "--op=" + op, "--io_bytes=%d" % (args.io_kib * 1024), "--qd=%d" % args.qd,
         amount, "--span_bytes=%d" % span_bytes,
         "--seed=%d" % random.randrange(1, 1 << 30)] + (["--fill"] if fill else []) +
-        array.raw_files)
+        (["--async"] if async_reads else []) + array.raw_files)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     CHILDREN.add(p)
     try:
@@ -1307,6 +1314,7 @@ def one_array_config(args, results, ctx, emulation, n):
         raw_gbps_before_after=[r0["gbps"], r1["gbps"]],
         raw_runs_gbps=[r0["runs_gbps"], r1["runs_gbps"]], copy_gbps=copy,
         raw_iou_workers_max=max(r0.get("iou_workers_max", 0), r1.get("iou_workers_max", 0)),
+        raw_runs_async=[r0["runs_async"], r1["runs_async"]],
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], call_blocks=t["call_blocks"],
         cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],

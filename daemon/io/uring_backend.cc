@@ -128,7 +128,9 @@ class UringBackend::FileQueue {
   // Owner-thread state.
   io_uring ring_{};
   bool fixed_file_ = false;
-  bool async_reads_ = false;  // on tmpfs, with workers allowed: reads go IOSQE_ASYNC
+  // On tmpfs with workers allowed: reads go IOSQE_ASYNC, at most this many in flight (0: plain).
+  uint32_t async_reads_ = 0;
+  uint32_t reads_in_flight_ = 0;
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
   std::deque<Pending> reads_, writes_;
@@ -138,7 +140,7 @@ class UringBackend::FileQueue {
   std::thread::id owner_;
 
   std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, enter_calls_{0},
-      in_flight_sum_{0};
+      in_flight_sum_{0}, max_reads_in_flight_{0};
   std::thread thread_;
 };
 
@@ -161,19 +163,10 @@ absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue
                          ErrnoText(-r));
   }
   if (options.memory_read_workers > 1 && OnTmpfs(fd)) {
-    // Applies to the io_uring workers of every thread submitting to this ring (the owner's).
-    unsigned workers[2] = {options.memory_read_workers, 0};  // bounded, unbounded (unchanged)
-    r = io_uring_register_iowq_max_workers(&q->ring_, workers);
-    q->async_reads_ = r == 0;
-    if (r == 0) {
-      log::Get("io")->info("pool file {} is on tmpfs: up to {} io_uring workers read it at once "
-                           "(io.memory_read_workers)",
-                           index, options.memory_read_workers);
-    } else {
-      log::Get("io")->warn("pool file {} (tmpfs): io_uring_register_iowq_max_workers({}): {}; "
-                           "reads run one at a time",
-                           index, options.memory_read_workers, ErrnoText(-r));
-    }
+    q->async_reads_ = options.memory_read_workers;
+    log::Get("io")->info("pool file {} is on tmpfs: up to {} reads at once, each on an io_uring "
+                         "worker (io.memory_read_workers)",
+                         index, options.memory_read_workers);
   }
   q->slots_.resize(depth);
   for (uint32_t i = depth; i > 0; --i) q->free_slots_.push_back(i - 1);
@@ -245,7 +238,9 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->short_retries += short_retries_.load(std::memory_order_relaxed);
   c->enter_calls += enter_calls_.load(std::memory_order_relaxed);
   c->in_flight_sum += in_flight_sum_.load(std::memory_order_relaxed);
-  c->memory_files += async_reads_ ? 1 : 0;
+  c->memory_files += async_reads_ > 0 ? 1 : 0;
+  c->max_memory_reads_in_flight = std::max<uint64_t>(
+      c->max_memory_reads_in_flight, max_reads_in_flight_.load(std::memory_order_relaxed));
 }
 
 void UringBackend::FileQueue::Run() {
@@ -288,7 +283,9 @@ int UringBackend::FileQueue::FixedIndex(const uint8_t* buf, uint32_t len) const 
 void UringBackend::FileQueue::PrepareSqes() {
   assert(OnOwnerThread());
   while (in_flight_ < depth_ && (!reads_.empty() || !writes_.empty())) {
-    std::deque<Pending>& q = reads_.empty() ? writes_ : reads_;  // reads first
+    const bool reads_full = async_reads_ > 0 && reads_in_flight_ >= async_reads_;
+    if (reads_full && writes_.empty()) break;
+    std::deque<Pending>& q = reads_.empty() || reads_full ? writes_ : reads_;  // reads first
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;  // cannot happen with in_flight_ < depth_; stay safe
     const Pending p = q.front();
@@ -314,7 +311,13 @@ void UringBackend::FileQueue::PrepareSqes() {
       plain_ops_.fetch_add(1, std::memory_order_relaxed);
     }
     if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
-    if (read && async_reads_) sqe->flags |= IOSQE_ASYNC;
+    if (read && async_reads_ > 0) {
+      sqe->flags |= IOSQE_ASYNC;
+      max_reads_in_flight_.store(std::max<uint64_t>(
+                                     max_reads_in_flight_.load(std::memory_order_relaxed),
+                                     ++reads_in_flight_),
+                                 std::memory_order_relaxed);
+    }
     io_uring_sqe_set_data64(sqe, slot);
   }
 }
@@ -345,6 +348,7 @@ void UringBackend::FileQueue::Complete(uint64_t slot, int res) {
   Pending p = slots_[slot];
   free_slots_.push_back(static_cast<uint32_t>(slot));
   --in_flight_;
+  if (async_reads_ > 0 && p.req->op == Op::kRead) --reads_in_flight_;
   if (res < 0) {
     p.req->result = res;
     FinishRequest(p.part);

@@ -38,8 +38,9 @@ namespace tutti::io {
 struct UringOptions {
   uint32_t queue_depth = 64;  // requests in flight per file, 1 .. 4096
   // Pool files on tmpfs only (reads there are memory copies that never block, which io_uring
-  // would run on one worker per file): reads are issued as IOSQE_ASYNC and the file's ring may
-  // use up to this many io_uring workers at once. 1 .. 64. Other files ignore it.
+  // runs one after another on a single worker per file): reads are issued as IOSQE_ASYNC, at most
+  // this many in flight per file, so as many io_uring workers copy at once (io_uring's own cap on
+  // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it.
   uint32_t memory_read_workers = 4;
 };
 
@@ -52,6 +53,7 @@ struct UringCounters {
   uint64_t in_flight_sum = 0;     // requests in flight at each of those calls, summed:
                                   // in_flight_sum / enter_calls is the mean queue depth kept
   uint64_t memory_files = 0;      // files on tmpfs read by up to memory_read_workers workers
+  uint64_t max_memory_reads_in_flight = 0;  // most reads in flight at once on one of them
 };
 
 class UringBackend final : public IoBackend {
