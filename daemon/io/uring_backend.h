@@ -41,7 +41,7 @@ struct UringOptions {
   // runs one after another on a single worker per file): reads are issued as IOSQE_ASYNC, at most
   // this many in flight per file, so as many io_uring workers copy at once (io_uring's own cap on
   // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it.
-  uint32_t memory_read_workers = 4;
+  uint32_t memory_read_workers = 8;
 };
 
 // Counts since creation, summed over files. Approximate while I/O is running.
