@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "daemon/engine/engine_memory.h"
+#include "daemon/engine/copy_op.h"
 
 namespace tutti::datapath {
 

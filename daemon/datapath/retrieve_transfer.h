@@ -2,13 +2,13 @@
 // the block store, which pins the sources) hands each verified layer to an EngineSink, and each
 // layer's progress goes to the caller once the engine holds it.
 //
-// Per layer, in order: the layer's objects become copies into the engine blocks of their items;
-// the layer is enqueued (EngineSink::EnqueueLayer) when the engine can overlap, it is not the last
-// layer of the range, and its sources stay valid until the next layer's call returns (every
-// ScatterOp::stays: the DRAM tier, or staging the reader does not reuse before then); otherwise it
-// is copied (EngineSink::CopyLayer). An enqueued layer's progress is held back and emitted only
-// after the next layer's engine call has returned (it has landed then), before that layer's own
-// progress; so progress is emitted in layer order and only for layers that landed.
+// Per layer, in order: the layer's copies (the reader's engine::CopyOps, into the engine blocks
+// the read request named) are enqueued (EngineSink::EnqueueLayer) when the engine can overlap, it
+// is not the last layer of the range, and their sources stay valid until the next layer's call
+// returns (LayerObjects::stays: the DRAM tier, or staging the reader does not reuse before then);
+// otherwise they are copied (EngineSink::CopyLayer). An enqueued layer's progress is held back and
+// emitted only after the next layer's engine call has returned (it has landed then), before that
+// layer's own progress; so progress is emitted in layer order and only for layers that landed.
 //
 // Stopping: an engine error, or `progress` returning false (CANCELLED "the client went away"),
 // stops the read and is returned. Whenever the handoff stops with a layer possibly in flight (an
@@ -36,8 +36,6 @@
 namespace tutti::datapath {
 
 struct RetrieveTarget {
-  // Per item of the read, the engine block it lands in (caller-owned, valid for the call).
-  absl::Span<const uint32_t> engine_blocks;
   // The read's layer range; the last layer always lands before its progress is emitted.
   uint32_t layer_begin = 0;
   uint32_t layer_end = 0;
@@ -57,8 +55,7 @@ struct RetrieveOutcome {
   uint32_t next_layer = 0;
 };
 
-// Preconditions: target.layer_begin < target.layer_end; the source reads that range and names
-// items within target.engine_blocks.
+// Preconditions: target.layer_begin < target.layer_end; the source reads that range.
 RetrieveOutcome RunRetrieve(const RetrieveTarget& target, EngineSink* engine,
                             const ProgressFn& progress, const LayerSource& source);
 

@@ -11,6 +11,8 @@ namespace tutti::datapath {
 namespace {
 
 constexpr uint32_t kParts = 2;
+// The engine block each item of a read lands in.
+const std::vector<uint32_t> kEngineBlocks = {7, 3};
 
 // Records every engine call, in order, into a log shared with the progress callback.
 class FakeEngine final : public EngineSink {
@@ -29,7 +31,7 @@ class FakeEngine final : public EngineSink {
     return absl::OkStatus();
   }
 
-  int fail_layer = -1;  // this layer's copy or enqueue fails with INTERNAL
+  int fail_layer = -1;              // this layer's copy or enqueue fails with INTERNAL
   std::vector<engine::CopyOp> ops;  // every op taken
 
  private:
@@ -63,7 +65,7 @@ struct FakeRead {
     return [this](const LayerReader::Sink& sink) -> absl::Status {
       bool item0_failed = false;
       for (uint32_t layer = 0; layer < layers; ++layer) {
-        std::vector<ScatterOp> ops;
+        std::vector<engine::CopyOp> ops;
         std::vector<uint32_t> failed;
         if (static_cast<int>(layer) == failing_layer) {
           failed.push_back(0);
@@ -73,10 +75,10 @@ struct FakeRead {
           if (i == 0 && item0_failed) continue;
           for (uint32_t p = 0; p < kParts; ++p) {
             const uint32_t object = layer * kParts + p;
-            ops.push_back(ScatterOp{i, object, &data[i][object], false, stays});
+            ops.push_back(engine::CopyOp{kEngineBlocks[i], object, &data[i][object]});
           }
         }
-        absl::Status s = sink(layer, ops, failed);
+        absl::Status s = sink(LayerObjects{layer, ops, failed, stays});
         if (!s.ok()) {
           log->push_back("read returns");
           return s;
@@ -105,11 +107,7 @@ ProgressFn Recorder(std::vector<std::string>* log, int fail_at_layer = -1) {
   };
 }
 
-const std::vector<uint32_t> kEngineBlocks = {7, 3};
-
-RetrieveTarget Target(uint32_t layers) {
-  return RetrieveTarget{kEngineBlocks, 0, layers};
-}
+RetrieveTarget Target(uint32_t layers) { return RetrieveTarget{0, layers}; }
 
 std::string Joined(const std::vector<std::string>& log) { return absl::StrJoin(log, "; "); }
 
@@ -146,8 +144,8 @@ TEST(RetrieveTransferTest, AnEngineThatCannotOverlapCopiesEveryLayer) {
   EXPECT_EQ(Joined(log), "copy 0; progress 0 []; copy 1; progress 1 []; read returns");
 }
 
-// Each object lands in its item's engine block, from where the read put it.
-TEST(RetrieveTransferTest, CopiesIntoEachItemsEngineBlock) {
+// The read's copies reach the engine as they are.
+TEST(RetrieveTransferTest, HandsTheReadsCopiesToTheEngine) {
   std::vector<std::string> log;
   FakeEngine engine(&log);
   FakeRead read{2, 2, true, -1, -1, &log};
@@ -197,8 +195,7 @@ TEST(RetrieveTransferTest, DrainsWhenTheClientGoesAway) {
   EXPECT_EQ(out.status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(out.status.message(), "the client went away");
   EXPECT_EQ(out.next_layer, 3u);  // layer 2 was handed over before layer 1's progress failed
-  EXPECT_EQ(Joined(log),
-            "enqueue 0; enqueue 1; progress 0 []; enqueue 2; drain; read returns");
+  EXPECT_EQ(Joined(log), "enqueue 0; enqueue 1; progress 0 []; enqueue 2; drain; read returns");
 }
 
 // The read ends early on its own (not the sink's error): the layer in flight is drained once it
@@ -218,7 +215,7 @@ TEST(RetrieveTransferTest, ARefusedReadHandsNothingOver) {
   std::vector<std::string> log;
   FakeEngine engine(&log);
   const RetrieveOutcome out =
-      RunRetrieve(RetrieveTarget{kEngineBlocks, 3, 5}, &engine, Recorder(&log),
+      RunRetrieve(RetrieveTarget{3, 5}, &engine, Recorder(&log),
                   [](const LayerReader::Sink&) { return absl::ResourceExhaustedError("staging"); });
   EXPECT_EQ(out.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(out.next_layer, 3u);

@@ -380,11 +380,12 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
     for (uint32_t item : failed) p.add_failed(item);
     return emit(p);
   };
-  const datapath::RetrieveOutcome out = datapath::RunRetrieve(
-      datapath::RetrieveTarget{batch.engine_blocks, layers.begin, layers.end}, &engine, progress,
-      [&](const datapath::LayerReader::Sink& sink) {
-        return store_->Read(session.ns, batch.keys, layers.begin, layers.end, sink);
-      });
+  const datapath::RetrieveOutcome out =
+      datapath::RunRetrieve(datapath::RetrieveTarget{layers.begin, layers.end}, &engine, progress,
+                            [&](const datapath::LayerReader::Sink& sink) {
+                              return store_->Read(session.ns, batch.keys, layers.begin, layers.end,
+                                                  sink, batch.engine_blocks);
+                            });
   *next = out.next_layer;
   return out.status;
 }

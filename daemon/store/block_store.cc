@@ -282,13 +282,17 @@ absl::Status BlockStore::Impl::GatherReadItems(NamespaceId ns, const NamespaceIn
 }
 
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
-                                    uint32_t layer_begin, uint32_t layer_end,
-                                    const LayerSink& sink) {
+                                    uint32_t layer_begin, uint32_t layer_end, const LayerSink& sink,
+                                    absl::Span<const uint32_t> engine_blocks) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
                                                    ") is not within [0, ", layers, ")"));
+  }
+  if (!engine_blocks.empty() && engine_blocks.size() != keys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine_blocks.size(), " engine blocks for ", keys.size(), " keys"));
   }
   std::vector<ReadItem> items(keys.size());
   std::vector<datapath::ReadSource> sources(keys.size());
@@ -297,9 +301,10 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(GatherReadItems(ns, info, keys, &items, &sources, &unfit));
   }
-  const datapath::LayerReadResult result = reader_->Read(
-      datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts, info.object_len},
-      sink);
+  const datapath::LayerReadResult result =
+      reader_->Read(datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts,
+                                               info.object_len, engine_blocks},
+                    sink);
   if (result.layers_done == 0) return result.status;  // refused before reading anything
   FinishRead(ns, info, layer_end - layer_begin, items, result, unfit);
   return result.status;
@@ -754,8 +759,9 @@ const datapath::BandwidthMeter& BlockStore::read_bandwidth() const {
 EventHub& BlockStore::events() const { return impl_->events(); }
 
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                              uint32_t layer_end, const LayerSink& sink) {
-  return impl_->Read(ns, keys, layer_begin, layer_end, sink);
+                              uint32_t layer_end, const LayerSink& sink,
+                              absl::Span<const uint32_t> engine_blocks) {
+  return impl_->Read(ns, keys, layer_begin, layer_end, sink, engine_blocks);
 }
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,

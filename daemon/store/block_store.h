@@ -41,7 +41,7 @@
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
 #include "daemon/datapath/bandwidth.h"
-#include "daemon/datapath/scatter_op.h"
+#include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/scheduler.h"
 #include "daemon/datapath/verifier.h"
 #include "daemon/io/io_backend.h"
@@ -134,9 +134,6 @@ enum class CaptureOutcome {
   // Capture sees it (others saw kCaptured).
   kRejectedShare,
 };
-
-// One object to copy out of staging into the engine (retrieve); see daemon/datapath/scatter_op.h.
-using ScatterOp = datapath::ScatterOp;
 
 // One object to copy from the engine into staging (store).
 struct GatherOp {
@@ -340,21 +337,23 @@ class BlockStore {
 
   // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls
   // `sink` once per layer, in layer order, with that layer's objects of every
-  // item not failed so far and the items that failed in this layer (I/O error,
+  // item not failed so far, as copies into engine block engine_blocks[i] of key i
+  // (block i when `engine_blocks` is empty), and the items that failed in this layer (I/O error,
   // short read, or an object whose checksum, seeded by namespace, key and epoch,
   // does not match: counted, logged, never passed to the sink, and the block
   // leaves the index). A pinned key whose block left the index since it was
-  // pinned fails in the first layer. The `src` pointers are valid only during
-  // the call. A sink error stops the read and is returned. Preconditions: keys
-  // pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`.
+  // pinned fails in the first layer. The copies' sources are valid during the
+  // call (longer where LayerObjects::stays says so). A sink error stops the read and is returned.
+  // Preconditions: keys pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`,
+  // `engine_blocks` empty or one per key.
   // Errors: NOT_FOUND unknown namespace, FAILED_PRECONDITION key not pinned,
-  // INVALID_ARGUMENT bad layer range, RESOURCE_EXHAUSTED if one layer of the
-  // read needs more staging than retrieve_staging_bytes holds. The reads are
-  // planned, posted and checked by datapath::LayerReader (layer_reader.h).
-  using LayerSink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
-                                               absl::Span<const uint32_t> failed_items)>;
+  // INVALID_ARGUMENT bad layer range or engine_blocks' count, RESOURCE_EXHAUSTED if one layer of
+  // the read needs more staging than retrieve_staging_bytes holds. The reads are planned, posted
+  // and checked by datapath::LayerReader (layer_reader.h).
+  using LayerSink = datapath::LayerReader::Sink;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink& sink);
+                    uint32_t layer_end, const LayerSink& sink,
+                    absl::Span<const uint32_t> engine_blocks = {});
 
   // Captures layers [layer_begin, layer_end) of each key for `owner` (a
   // session id; 0: no owner, not capped): reserves staging (a block's first

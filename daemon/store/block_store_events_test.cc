@@ -150,8 +150,7 @@ TEST_F(BlockStoreEventsTest, AFailedReadIsRemoved) {
   const pool::Location loc = options_.layout.ObjectLocation(0, 1);
   disk_->Corrupt(loc.file, loc.offset + 3, 1);
   absl::Status s = store_->Read(ns_, keys, 0, kLayers,
-                                [](uint32_t, absl::Span<const ScatterOp>,
-                                   absl::Span<const uint32_t>) { return absl::OkStatus(); });
+                                [](const datapath::LayerObjects&) { return absl::OkStatus(); });
   EXPECT_TRUE(s.ok()) << s;
   store_->Unpin(ns_, keys);
   std::vector<BlockEvent> got = Events();

@@ -88,22 +88,23 @@ class BlockStoreTest : public ::testing::Test {
   std::vector<uint32_t> ReadAndVerify(absl::Span<const Key> keys) {
     std::vector<uint32_t> failed;
     uint32_t next_layer = 0;
-    absl::Status s = store_->Read(
-        ns_, keys, 0, kLayers,
-        [&](uint32_t layer, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> bad) {
-          EXPECT_EQ(layer, next_layer++) << "layers arrive in order";
-          failed.insert(failed.end(), bad.begin(), bad.end());
-          for (const ScatterOp& op : ops) {
-            EXPECT_EQ(op.object / 2, layer);
-            for (uint32_t i = 0; i < kObjectLen; ++i) {
-              if (op.src[i] != ContentByte(keys[op.item], op.object, i)) {
-                ADD_FAILURE() << "item " << op.item << " object " << op.object << " byte " << i;
-                return absl::InternalError("mismatch");
-              }
-            }
+    absl::Status s = store_->Read(ns_, keys, 0, kLayers, [&](const datapath::LayerObjects& got) {
+      const uint32_t layer = got.layer;
+      const absl::Span<const engine::CopyOp> ops = got.copies;
+      const absl::Span<const uint32_t> bad = got.failed_items;
+      EXPECT_EQ(layer, next_layer++) << "layers arrive in order";
+      failed.insert(failed.end(), bad.begin(), bad.end());
+      for (const engine::CopyOp& op : ops) {
+        EXPECT_EQ(op.object / 2, layer);
+        for (uint32_t i = 0; i < kObjectLen; ++i) {
+          if (op.staging[i] != ContentByte(keys[op.block], op.object, i)) {
+            ADD_FAILURE() << "item " << op.block << " object " << op.object << " byte " << i;
+            return absl::InternalError("mismatch");
           }
-          return absl::OkStatus();
-        });
+        }
+      }
+      return absl::OkStatus();
+    });
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(next_layer, kLayers);
     return failed;
@@ -180,10 +181,8 @@ TEST_F(BlockStoreTest, ReadOfUnpinnedBlockIsRefused) {
   Open();
   auto keys = Keys(0, 1);
   Store(keys);
-  absl::Status s = store_->Read(
-      ns_, keys, 0, kLayers, [](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-        return absl::OkStatus();
-      });
+  absl::Status s = store_->Read(ns_, keys, 0, kLayers,
+                                [](const datapath::LayerObjects&) { return absl::OkStatus(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
 }
 

@@ -105,14 +105,15 @@ class StagingLimitsTest : public ::testing::Test {
     if (store_->LookupAndPin(ns_, keys) != keys.size()) return false;
     uint64_t checked = 0;
     bool ok = true;
-    absl::Status s = store_->Read(
-        ns_, keys, 0, shape_.layers,
-        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> failed) {
+    absl::Status s =
+        store_->Read(ns_, keys, 0, shape_.layers, [&](const datapath::LayerObjects& got) {
+          const absl::Span<const engine::CopyOp> ops = got.copies;
+          const absl::Span<const uint32_t> failed = got.failed_items;
           ok = ok && failed.empty();
-          for (const ScatterOp& op : ops) {
+          for (const engine::CopyOp& op : ops) {
             for (uint32_t i = 0; i < shape_.object_len; ++i) {
-              if (op.src[i] != ContentByte(keys[op.item], op.object, i)) {
-                ADD_FAILURE() << "item " << op.item << " object " << op.object << " byte " << i;
+              if (op.staging[i] != ContentByte(keys[op.block], op.object, i)) {
+                ADD_FAILURE() << "item " << op.block << " object " << op.object << " byte " << i;
                 return absl::InternalError("mismatch");
               }
             }

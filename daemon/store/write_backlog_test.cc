@@ -164,9 +164,7 @@ TEST_F(WriteBacklogTest, PoolReadsAndWritesGoThroughTheScheduler) {
   ASSERT_EQ(store_->LookupAndPin(ns_, absl::MakeConstSpan(&key, 1)), 1u);
   ASSERT_TRUE(store_
                   ->Read(ns_, absl::MakeConstSpan(&key, 1), 0, kLayers,
-                         [](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-                           return absl::OkStatus();
-                         })
+                         [](const datapath::LayerObjects&) { return absl::OkStatus(); })
                   .ok());
   store_->Unpin(ns_, absl::MakeConstSpan(&key, 1));
   st = store_->Stats();
