@@ -437,13 +437,8 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session.ns));
   ASSIGN_OR_RETURN(LayerRange layers,
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
-  auto gather = [&](absl::Span<const store::GatherOp> gops) -> absl::Status {
+  auto gather = [&](absl::Span<const engine::CopyOp> ops) -> absl::Status {
     if (session.closed.load()) return absl::CancelledError("the session was closed");
-    std::vector<engine::CopyOp> ops;
-    ops.reserve(gops.size());
-    for (const store::GatherOp& op : gops) {
-      ops.push_back({batch.engine_blocks[op.item], op.object, op.dst});
-    }
     RETURN_IF_ERROR(io->Gather(ops));
     // Captured: the engine may reuse its blocks now, before the SSD write (and wait_durable).
     *signaled = true;
@@ -453,10 +448,10 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("staging_wait_ms = ", req.staging_wait_ms(),
                                                    " is more than ", kMaxStagingWaitMs));
   }
-  ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
-                   store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
-                                   req.wait_durable(), session.id,
-                                   absl::Milliseconds(req.staging_wait_ms())));
+  ASSIGN_OR_RETURN(
+      std::vector<store::CaptureOutcome> outcomes,
+      store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather, req.wait_durable(),
+                      session.id, absl::Milliseconds(req.staging_wait_ms()), batch.engine_blocks));
   bool full = false, session_share = false, backlog = false, pool_share = false;
   for (store::CaptureOutcome o : outcomes) {
     resp->add_outcomes(ToProto(o));

@@ -135,13 +135,6 @@ enum class CaptureOutcome {
   kRejectedShare,
 };
 
-// One object to copy from the engine into staging (store).
-struct GatherOp {
-  uint32_t item;
-  uint32_t object;
-  uint8_t* dst;
-};
-
 // Who a namespace belongs to (docs/security.md "Namespaces"), as the server decides it from the
 // engine's credential, its namespace_secret and security.namespace_sharing.
 struct NamespaceScope {
@@ -358,9 +351,10 @@ class BlockStore {
   // Captures layers [layer_begin, layer_end) of each key for `owner` (a
   // session id; 0: no owner, not capped): reserves staging (a block's first
   // call takes staging for the whole block, charged to that call's owner),
-  // calls `gather` once with every object to copy, and returns one outcome per
-  // key. A key's block is queued for writing once all its layers are captured
-  // (over one or more calls); a partial block whose last layer came more than
+  // calls `gather` once with every object to copy (engine copies out of engine block
+  // engine_blocks[i] of key i, or block i when `engine_blocks` is empty, into store staging),
+  // and returns one outcome per key. A key's block is queued for writing once all its layers are
+  // captured (over one or more calls); a partial block whose last layer came more than
   // StoreOptions::pending_ttl_ms ago is dropped. Blocks refused staging are
   // kRejectedFull or kRejectedOwnerLimit (which limit); new blocks while the
   // write backlog is past its bounds are kRejectedBacklog (Capture never waits
@@ -368,16 +362,15 @@ class BlockStore {
   // returns after the queued blocks are durable (kDurable) or failed
   // (kFailed). With a `staging_wait` > 0, a call with new blocks and no room for one of them in
   // the free staging (or the owner's share) first waits up to that long for room (writes
-  // completing free it), then goes on as without (blocks that do not fit are refused). A gather error fails the whole
-  // call (nothing queued). Errors:
-  // NOT_FOUND unknown namespace, INVALID_ARGUMENT bad layer range, or the
-  // gatherer's.
-  using Gatherer = std::function<absl::Status(absl::Span<const GatherOp> ops)>;
-  absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
-                                                      uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer& gather, bool wait_durable,
-                                                      uint64_t owner = 0,
-                                                      absl::Duration staging_wait = absl::ZeroDuration());
+  // completing free it), then goes on as without (blocks that do not fit are refused). A gather
+  // error fails the whole call (nothing queued). Errors: NOT_FOUND unknown namespace,
+  // INVALID_ARGUMENT bad layer range or engine_blocks' count, or the gatherer's.
+  using Gatherer = std::function<absl::Status(absl::Span<const engine::CopyOp> ops)>;
+  absl::StatusOr<std::vector<CaptureOutcome>> Capture(
+      NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
+      const Gatherer& gather, bool wait_durable, uint64_t owner = 0,
+      absl::Duration staging_wait = absl::ZeroDuration(),
+      absl::Span<const uint32_t> engine_blocks = {});
 
   // Drops every partially captured block of `owner` (> 0) and frees its
   // staging: for a session that went away. Blocks a Capture is copying into now

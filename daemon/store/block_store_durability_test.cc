@@ -87,10 +87,10 @@ class DurabilityTest : public ::testing::Test {
   std::vector<CaptureOutcome> Store(absl::Span<const Key> keys, bool wait = true,
                                     uint8_t version = 0) {
     std::vector<Key> copy(keys.begin(), keys.end());
-    auto gather = [copy, version](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) {
+    auto gather = [copy, version](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
         for (uint32_t i = 0; i < kObjectLen; ++i) {
-          op.dst[i] = ContentByte(copy[op.item], op.object, i, version);
+          op.staging[i] = ContentByte(copy[op.block], op.object, i, version);
         }
       }
       return absl::OkStatus();

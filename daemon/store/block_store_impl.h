@@ -119,7 +119,8 @@ class BlockStore::Impl {
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
                                                       const Gatherer& gather, bool wait_durable,
-                                                      uint64_t owner, absl::Duration staging_wait);
+                                                      uint64_t owner, absl::Duration staging_wait,
+                                                      absl::Span<const uint32_t> engine_blocks);
   uint64_t DropPending(uint64_t owner);
   void Flush();
   // maintenance.cc

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
@@ -32,10 +33,10 @@ uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
 // Engine-side memory for the tests: the bytes each (key, object) must hold.
 BlockStore::Gatherer FillFrom(absl::Span<const Key> keys) {
   std::vector<Key> copy(keys.begin(), keys.end());
-  return [copy](absl::Span<const GatherOp> ops) {
-    for (const GatherOp& op : ops) {
+  return [copy](absl::Span<const engine::CopyOp> ops) {
+    for (const engine::CopyOp& op : ops) {
       for (uint32_t i = 0; i < kObjectLen; ++i)
-        op.dst[i] = ContentByte(copy[op.item], op.object, i);
+        op.staging[i] = ContentByte(copy[op.block], op.object, i);
     }
     return absl::OkStatus();
   };
@@ -184,6 +185,56 @@ TEST_F(BlockStoreTest, ReadOfUnpinnedBlockIsRefused) {
   absl::Status s = store_->Read(ns_, keys, 0, kLayers,
                                 [](const datapath::LayerObjects&) { return absl::OkStatus(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Capture copies out of, and Read into, the engine blocks the caller names for each key; a count
+// that does not match the keys is refused.
+TEST_F(BlockStoreTest, EngineCopiesNameTheCallersEngineBlocks) {
+  Open();
+  auto keys = Keys(0, 2);
+  const std::vector<uint32_t> blocks = {11, 5};
+  std::set<uint32_t> gathered_from, read_into;
+  auto out = store_->Capture(
+      ns_, keys, 0, kLayers,
+      [&](absl::Span<const engine::CopyOp> ops) {
+        for (const engine::CopyOp& op : ops) {
+          gathered_from.insert(op.block);
+          const Key& key = keys[op.block == blocks[0] ? 0 : 1];
+          for (uint32_t i = 0; i < kObjectLen; ++i) op.staging[i] = ContentByte(key, op.object, i);
+        }
+        return absl::OkStatus();
+      },
+      /*wait_durable=*/true, 0, absl::ZeroDuration(), blocks);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            (std::vector<CaptureOutcome>{CaptureOutcome::kDurable, CaptureOutcome::kDurable}));
+  EXPECT_EQ(gathered_from, (std::set<uint32_t>{5, 11}));
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 2u);
+  int bad_bytes = 0;
+  absl::Status s = store_->Read(
+      ns_, keys, 0, kLayers,
+      [&](const datapath::LayerObjects& got) {
+        for (const engine::CopyOp& op : got.copies) {
+          read_into.insert(op.block);
+          const Key& key = keys[op.block == blocks[0] ? 0 : 1];
+          for (uint32_t i = 0; i < kObjectLen; ++i) {
+            bad_bytes += op.staging[i] != ContentByte(key, op.object, i);
+          }
+        }
+        return absl::OkStatus();
+      },
+      blocks);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(read_into, (std::set<uint32_t>{5, 11}));
+  EXPECT_EQ(bad_bytes, 0);
+  const std::vector<uint32_t> one = {3};
+  s = store_->Read(
+      ns_, keys, 0, kLayers, [](const datapath::LayerObjects&) { return absl::OkStatus(); }, one);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  store_->Unpin(ns_, keys);
+  auto refused = store_->Capture(ns_, Keys(2, 2), 0, kLayers, FillFrom(Keys(2, 2)), false, 0,
+                                 absl::ZeroDuration(), one);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(BlockStoreTest, PartialCaptureBecomesVisibleOnlyWhenEveryLayerIsIn) {

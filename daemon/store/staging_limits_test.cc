@@ -81,9 +81,10 @@ class StagingLimitsTest : public ::testing::Test {
   BlockStore::Gatherer Fill(absl::Span<const Key> keys) const {
     std::vector<Key> copy(keys.begin(), keys.end());
     const uint32_t len = shape_.object_len;
-    return [copy, len](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) {
-        for (uint32_t i = 0; i < len; ++i) op.dst[i] = ContentByte(copy[op.item], op.object, i);
+    return [copy, len](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
+        for (uint32_t i = 0; i < len; ++i)
+          op.staging[i] = ContentByte(copy[op.block], op.object, i);
       }
       return absl::OkStatus();
     };
@@ -306,7 +307,7 @@ TEST_F(OwnerLimitTest, DropPendingDuringACopyDropsTheBlockWhenTheCopyEnds) {
   std::thread capture([&] {
     auto r = store_->Capture(
         ns_, keys, 0, 4,
-        [&](absl::Span<const GatherOp>) {
+        [&](absl::Span<const engine::CopyOp>) {
           copying.Notify();
           go.WaitForNotification();
           return absl::OkStatus();

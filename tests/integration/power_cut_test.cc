@@ -204,10 +204,10 @@ class PowerCutTest : public ::testing::Test {
   void StoreUntilCut(uint64_t first_key, uint32_t batches, std::atomic<uint32_t>& progress,
                      std::vector<std::pair<std::vector<Key>, std::vector<CaptureOutcome>>>& out) {
     auto gather = [&](const std::vector<Key>& keys) {
-      return [this, &keys](absl::Span<const GatherOp> ops) {
-        for (const GatherOp& op : ops) {
-          hostengine::FillObject(keys[op.item], op.object / kParts, op.object % kParts,
-                                 absl::MakeSpan(op.dst, object_len_));
+      return [this, &keys](absl::Span<const engine::CopyOp> ops) {
+        for (const engine::CopyOp& op : ops) {
+          hostengine::FillObject(keys[op.block], op.object / kParts, op.object % kParts,
+                                 absl::MakeSpan(op.staging, object_len_));
         }
         return absl::OkStatus();
       };
