@@ -103,8 +103,8 @@ absl::StatusOr<Window> RunVariant(uint64_t chunk_slots) {
   };
   RETURN_IF_ERROR(open());
   ASSIGN_OR_RETURN(const NamespaceId ns, store->RegisterNamespace(BenchNamespace(layers)));
-  const store::BlockStore::Gatherer fill = [](absl::Span<const store::GatherOp> ops) {
-    for (const store::GatherOp& op : ops) std::memset(op.dst, op.item & 0xff, kObjectBytes);
+  const store::BlockStore::Gatherer fill = [](absl::Span<const engine::CopyOp> ops) {
+    for (const engine::CopyOp& op : ops) std::memset(op.staging, op.block & 0xff, kObjectBytes);
     return absl::OkStatus();
   };
   auto store_range = [&](uint64_t first, uint64_t n) -> absl::Status {

@@ -189,8 +189,8 @@ void MeasureIndexAlone(Run* run) {
 // Captures keys [first, first + n) in batches of 64, waiting for durability; seconds per block.
 absl::StatusOr<double> CaptureRange(store::BlockStore* store, NamespaceId ns, uint64_t first,
                                     uint64_t n) {
-  const store::BlockStore::Gatherer fill = [](absl::Span<const store::GatherOp> ops) {
-    for (const store::GatherOp& op : ops) std::memset(op.dst, op.item & 0xff, 2048);
+  const store::BlockStore::Gatherer fill = [](absl::Span<const engine::CopyOp> ops) {
+    for (const engine::CopyOp& op : ops) std::memset(op.staging, op.block & 0xff, 2048);
     return absl::OkStatus();
   };
   const auto t0 = SteadyClock::now();

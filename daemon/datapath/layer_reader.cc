@@ -169,16 +169,18 @@ ReadFailure LayerReader::ReadOutcome(const InFlight& in, const PlannedObject& o)
 
 void LayerReader::Collect(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
                           const StagingLease& lease, std::vector<ReadFailure>* failures,
-                          std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const {
+                          std::vector<engine::CopyOp>* ops, std::vector<uint32_t>* failed,
+                          bool* from_staging) const {
   for (uint32_t i = 0; i < r.items.size(); ++i) {
     const ReadSource& src = r.items[i];
+    const uint32_t block = r.engine_blocks.empty() ? i : r.engine_blocks[i];
     if (src.from == ReadSource::From::kFailed && layer == r.layer_begin) failed->push_back(i);
     if ((*failures)[i] != ReadFailure::kNone) continue;
     const size_t ops_before = ops->size();
     for (uint32_t p = 0; p < r.parts; ++p) {
       const uint32_t object = layer * r.parts + p;
       if (src.from == ReadSource::From::kDram) {
-        ops->push_back(ScatterOp{i, object, src.dram + uint64_t{object} * r.object_len, true});
+        ops->push_back(engine::CopyOp{block, object, src.dram + uint64_t{object} * r.object_len});
         continue;
       }
       const uint32_t index = in.plan.object_of[i * r.parts + p];
@@ -191,11 +193,13 @@ void LayerReader::Collect(const LayerReadRequest& r, uint32_t layer, const InFli
         break;
       }
       ops->push_back(
-          ScatterOp{i, object, lease.data() + in.plan.objects[index].staging_offset, false});
+          engine::CopyOp{block, object, lease.data() + in.plan.objects[index].staging_offset});
     }
     if ((*failures)[i] != ReadFailure::kNone) {
       ops->resize(ops_before);
       failed->push_back(i);
+    } else if (src.from == ReadSource::From::kSsd) {
+      *from_staging = true;
     }
   }
 }
@@ -233,16 +237,16 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
     }
   };
   post_until(r.layer_begin + window.size());
-  std::vector<ScatterOp> ops;
+  std::vector<engine::CopyOp> ops;
   std::vector<uint32_t> failed;
   for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
     InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
     in.Wait();
     ops.clear();
     failed.clear();
-    Collect(r, layer, in, lease_of(layer), &result.failures, &ops, &failed);
-    for (ScatterOp& op : ops) op.stays = op.from_dram || staging_stays;
-    result.status = sink(layer, ops, failed);
+    bool from_staging = false;
+    Collect(r, layer, in, lease_of(layer), &result.failures, &ops, &failed, &from_staging);
+    result.status = sink(LayerObjects{layer, ops, failed, !from_staging || staging_stays});
     ++result.layers_done;
     post_until(layer + window.size() + (staging_stays ? 0 : 1));
   }

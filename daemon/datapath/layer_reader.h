@@ -9,10 +9,10 @@
 // (verifier.h) as it completes (the calling thread never hashes): an object fails on an I/O
 // error, a short read (a merged read that came back short serves the objects it covered fully and
 // fails the others), or a checksum mismatch. Once a layer's reads and checks are all done, the
-// calling thread calls the sink once with the layer's objects of every item not failed so far
-// (DRAM-tier items from their DRAM copy, the others from the lease) and the items that failed in
-// this layer; a failed item is reported once and never served again. Meanwhile the layers after
-// it are being read and checked.
+// calling thread calls the sink once with the layer's objects of every item not failed so far, as
+// engine copies (engine::CopyOp: into the item's engine block, from its DRAM copy for DRAM-tier
+// items, else from the lease), and the items that failed in this layer; a failed item is reported
+// once and never served again. Meanwhile the layers after it are being read and checked.
 //
 // Release: every lease goes back, and every posted read and its check have completed, before Read
 // returns, on every path (sink error included).
@@ -31,9 +31,9 @@
 #include "daemon/common/types.h"
 #include "daemon/datapath/counters.h"
 #include "daemon/datapath/read_plan.h"
-#include "daemon/datapath/scatter_op.h"
 #include "daemon/datapath/staging_lease.h"
 #include "daemon/datapath/verifier.h"
+#include "daemon/engine/copy_op.h"
 #include "daemon/io/io_backend.h"
 #include "daemon/pool/layout.h"
 
@@ -53,8 +53,9 @@ struct ReadSource {
   Key key;
   uint64_t epoch = 0;
   absl::Span<const uint64_t> checksums;
-  // kDram: the block's objects back to back, object_len bytes each; valid for the whole Read.
-  const uint8_t* dram = nullptr;
+  // kDram: the block's objects back to back, object_len bytes each; valid for the whole Read and
+  // only read (engine::CopyOp::staging of a scatter).
+  uint8_t* dram = nullptr;
 };
 
 enum class ReadFailure : uint8_t { kNone, kIoError, kShortRead, kChecksum, kBeforeRead };
@@ -66,6 +67,22 @@ struct LayerReadRequest {
   uint32_t layer_end = 0;
   uint32_t parts = 0;
   uint32_t object_len = 0;
+  // Per item, the engine block its objects land in (CopyOp::block); empty: the item's index.
+  absl::Span<const uint32_t> engine_blocks;
+};
+
+// One checked layer, as the sink gets it; every span is valid only during the call.
+struct LayerObjects {
+  uint32_t layer = 0;
+  // The layer's objects of every item not failed so far, as copies into the engine.
+  absl::Span<const engine::CopyOp> copies;
+  absl::Span<const uint32_t> failed_items;  // items failing in this layer (request indexes)
+  // The copies' sources stay valid until the sink's next call returns (or Read returns, whichever
+  // comes first), not only during this call: the sink may leave its copy in flight until then,
+  // and must have finished it before returning an error. True for a layer served wholly from the
+  // DRAM tier, and for every layer while staging holds three layers or more (or one per layer of
+  // the read).
+  bool stays = false;
 };
 
 struct LayerReadResult {
@@ -94,10 +111,9 @@ class LayerReader {
   // Starts `batch` (its span and buffers valid until `done` runs) and returns; runs `done` once
   // every request's result is set. The block store passes its backend's Submit.
   using PostFn = std::function<void(absl::Span<io::IoRequest> batch, std::function<void()> done)>;
-  // Called once per layer, in order; `objects` in staging are valid only during the call. An
-  // error stops the read and is returned.
-  using Sink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
-                                          absl::Span<const uint32_t> failed_items)>;
+  // Called once per layer, in order (LayerObjects says how long its sources stay valid). An error
+  // stops the read and is returned.
+  using Sink = std::function<absl::Status(const LayerObjects& layer)>;
 
   LayerReader(const LayerReaderOptions& options, StagingPool* staging, Verifier* verifier,
               PostFn post);
@@ -120,11 +136,12 @@ class LayerReader {
   void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end);
   // kIoError or kShortRead if the read carrying `o` did not deliver it whole, else kNone.
   static ReadFailure ReadOutcome(const InFlight& in, const PlannedObject& o);
-  // Collects one checked layer: appends its ScatterOps to `ops` and the items failing in it to
-  // `failed`, recording why in `failures`.
+  // Collects one checked layer: appends its copies to `ops` and the items failing in it to
+  // `failed`, recording why in `failures`; sets `*from_staging` if a copy reads the lease.
   void Collect(const LayerReadRequest& r, uint32_t layer, const InFlight& in,
                const StagingLease& lease, std::vector<ReadFailure>* failures,
-               std::vector<ScatterOp>* ops, std::vector<uint32_t>* failed) const;
+               std::vector<engine::CopyOp>* ops, std::vector<uint32_t>* failed,
+               bool* from_staging) const;
 
   const LayerReaderOptions options_;
   StagingPool* const staging_;

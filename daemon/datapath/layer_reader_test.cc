@@ -118,19 +118,21 @@ struct Seen {
   std::map<std::pair<uint32_t, uint32_t>, int> served;  // (item, object) -> times
   int bad_bytes = 0;
   int from_dram = 0;
+  absl::Span<const uint8_t> dram;  // the DRAM tier's bytes, where the test has some
 };
 
 LayerReader::Sink Recorder(Seen* seen, uint32_t object_len) {
-  return [seen, object_len](uint32_t layer, absl::Span<const ScatterOp> ops,
-                            absl::Span<const uint32_t> failed) {
+  return [seen, object_len](const LayerObjects& got) {
+    const uint32_t layer = got.layer;
     seen->layers.push_back(layer);
-    seen->failed[layer].assign(failed.begin(), failed.end());
-    for (const ScatterOp& op : ops) {
+    seen->failed[layer].assign(got.failed_items.begin(), got.failed_items.end());
+    for (const engine::CopyOp& op : got.copies) {
       EXPECT_EQ(op.object / kParts, layer);
-      ++seen->served[{op.item, op.object}];
-      seen->from_dram += op.from_dram;
+      ++seen->served[{op.block, op.object}];
+      seen->from_dram +=
+          op.staging >= seen->dram.data() && op.staging < seen->dram.data() + seen->dram.size();
       for (uint32_t b = 0; b < object_len; ++b) {
-        seen->bad_bytes += op.src[b] != ContentByte(op.item, op.object, b);
+        seen->bad_bytes += op.staging[b] != ContentByte(op.block, op.object, b);
       }
     }
     return absl::OkStatus();
@@ -214,6 +216,7 @@ TEST_F(LayerReaderTest, DramItemsAndEarlyFailuresNeedNoIo) {
   items[1] = fake_->Source(1, 4);
   items[2].from = ReadSource::From::kFailed;
   Seen seen;
+  seen.dram = dram;
   const LayerReadResult result = Read(items, &seen);
   ASSERT_TRUE(result.status.ok());
   EXPECT_EQ(seen.bad_bytes, 0);
@@ -339,17 +342,44 @@ TEST_F(LayerReaderTest, ChecksumMismatchFailsOnlyThatBlock) {
   EXPECT_EQ(seen.bad_bytes, 0);
 }
 
+// The request's engine blocks name where each item's copies land.
+TEST_F(LayerReaderTest, CopiesLandInTheRequestedEngineBlocks) {
+  Make(Layout(2), kFrame, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 2; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  const std::vector<uint32_t> blocks = {9, 4};
+  std::map<uint32_t, int> copies;  // engine block -> copies into it
+  int bad_bytes = 0;
+  const LayerReadResult result =
+      reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame, blocks},
+                    [&](const LayerObjects& got) {
+                      for (const engine::CopyOp& op : got.copies) {
+                        ++copies[op.block];
+                        const uint32_t item = op.block == blocks[0] ? 0 : 1;
+                        for (uint32_t b = 0; b < kFrame; ++b) {
+                          bad_bytes += op.staging[b] != ContentByte(item, op.object, b);
+                        }
+                      }
+                      return absl::OkStatus();
+                    });
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_EQ(copies, (std::map<uint32_t, int>{{4, kObjects}, {9, kObjects}}));
+  EXPECT_EQ(bad_bytes, 0);
+}
+
 TEST_F(LayerReaderTest, SinkErrorStopsTheReadAndReleasesStaging) {
   Make(Layout(2), kFrame, 64 * kFrame);
   fake_->Put(0, 0);
   std::vector<ReadSource> items{fake_->Source(0, 0)};
   std::vector<uint32_t> layers;
-  const LayerReadResult result =
-      reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
-                    [&](uint32_t layer, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-                      layers.push_back(layer);
-                      return layer == 1 ? absl::CancelledError("gone") : absl::OkStatus();
-                    });
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, [&](const LayerObjects& got) {
+        layers.push_back(got.layer);
+        return got.layer == 1 ? absl::CancelledError("gone") : absl::OkStatus();
+      });
   EXPECT_EQ(result.status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(layers, (std::vector<uint32_t>{0, 1}));
   EXPECT_EQ(staging_->used_bytes(), 0u);
@@ -379,7 +409,7 @@ TEST_F(LayerReaderTest, WindowHoldsAsManyLayersAsStagingAllows) {
     std::vector<ReadSource> items{fake_->Source(0, 0)};
     std::vector<int> posted_at_sink;
     reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
-                  [&](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
+                  [&](const LayerObjects&) {
                     posted_at_sink.push_back(fake_->batches());
                     return absl::OkStatus();
                   });
@@ -400,17 +430,16 @@ TEST_F(LayerReaderTest, StagingStaysUntilTheNextSinkCallReturns) {
       fake_->Put(i, i);
       items.push_back(fake_->Source(i, i));
     }
-    std::vector<ScatterOp> previous;
+    std::vector<engine::CopyOp> previous;
     int stale = 0, stays = 0, calls = 0;
     LayerReadResult result = reader_->Read(
-        LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
-        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t>) {
-          for (const ScatterOp& op : previous) {  // still what the previous call was given
+        LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, [&](const LayerObjects& got) {
+          for (const engine::CopyOp& op : previous) {  // still what the previous call was given
             for (uint32_t b = 0; b < kFrame; ++b)
-              stale += op.src[b] != ContentByte(op.item, op.object, b);
+              stale += op.staging[b] != ContentByte(op.block, op.object, b);
           }
-          previous.assign(ops.begin(), ops.end());
-          for (const ScatterOp& op : ops) stays += op.stays;
+          previous.assign(got.copies.begin(), got.copies.end());
+          if (got.stays) stays += static_cast<int>(got.copies.size());
           ++calls;
           return absl::OkStatus();
         });

@@ -15,15 +15,9 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "daemon/engine/copy_op.h"
 
 namespace tutti::engine {
-
-// Copies `len` bytes between staging and object `object` of engine block `block`.
-struct CopyOp {
-  uint32_t block;
-  uint32_t object;  // layer * parts + part
-  uint8_t* staging;
-};
 
 class EngineMemory {
  public:

@@ -68,8 +68,8 @@ class ExporterTest : public ::testing::Test {
   void StoreDurable(absl::Span<const Key> keys) {
     auto out = store_->Capture(
         ns_, keys, 0, kLayers,
-        [](absl::Span<const store::GatherOp> ops) {
-          for (const store::GatherOp& op : ops) std::memset(op.dst, 7, 2048);
+        [](absl::Span<const engine::CopyOp> ops) {
+          for (const engine::CopyOp& op : ops) std::memset(op.staging, 7, 2048);
           return absl::OkStatus();
         },
         /*wait_durable=*/true);

@@ -2,7 +2,6 @@
 
 #include <xxhash.h>
 
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -11,6 +10,8 @@
 #include "daemon/common/client_text.h"
 #include "daemon/common/log.h"
 #include "daemon/common/status_macros.h"
+#include "daemon/datapath/engine_sink.h"
+#include "daemon/datapath/retrieve_transfer.h"
 #include "daemon/engine/host_memory.h"
 #include "daemon/server/request_checks.h"
 
@@ -54,6 +55,39 @@ std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& 
   for (const auto& p : req.placements()) out.push_back({p.region(), p.offset(), p.block_stride()});
   return out;
 }
+
+// A Retrieve's engine end: the session's EngineIo with the call's ticket, refusing each layer
+// once the session is closed or the call cancelled.
+class RetrieveEngineSink final : public datapath::EngineSink {
+ public:
+  RetrieveEngineSink(EngineIo* io, uint32_t ticket, const SessionState& session,
+                     grpc::ServerContext* ctx)
+      : io_(io), ticket_(ticket), session_(session), ctx_(ctx) {}
+  bool can_overlap() const override { return io_->is_device(); }
+  absl::Status CopyLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops) override {
+    RETURN_IF_ERROR(Live());
+    return io_->ScatterLayer(layer, ops, ticket_);
+  }
+  absl::Status EnqueueLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops) override {
+    RETURN_IF_ERROR(Live());
+    return io_->EnqueueLayer(layer, ops, ticket_);
+  }
+  absl::Status Drain() override { return io_->Drain(); }
+
+ private:
+  absl::Status Live() const {
+    if (session_.closed.load()) return absl::CancelledError("the session was closed");
+    if (ctx_ != nullptr && ctx_->IsCancelled()) {
+      return absl::CancelledError("the call was cancelled");
+    }
+    return absl::OkStatus();
+  }
+
+  EngineIo* const io_;
+  const uint32_t ticket_;
+  const SessionState& session_;
+  grpc::ServerContext* const ctx_;
+};
 
 }  // namespace
 
@@ -337,60 +371,23 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
   // From here on the leases end with this call, whatever happens.
   ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
                    sessions_->ClaimLeases(session.id, lease_ids, batch.keys));
-  std::vector<engine::CopyOp> ops;
-  // A layer whose sources stay valid until the next layer's call returns (the DRAM tier, or
-  // staging the reader does not reuse before then: ScatterOp::stays) is only enqueued, so the next
-  // layer's copies overlap its tail; its progress is held back until the next layer's call has
-  // seen it land. The last layer, and a layer whose staging is reused once the sink returns,
-  // waits until it has landed.
-  auto stays = [](absl::Span<const store::ScatterOp> objects) {
-    for (const store::ScatterOp& op : objects) {
-      if (!op.stays) return false;
-    }
-    return true;
+  // The datapath owns the layer loop's engine handoff (overlap, held progress, drain); the
+  // server streams progress.
+  RetrieveEngineSink engine(io, req.ticket(), session, ctx);
+  auto progress = [&emit](uint32_t layer, absl::Span<const uint32_t> failed) {
+    tutti::v1::RetrieveProgress p;
+    p.set_layer(layer);
+    for (uint32_t item : failed) p.add_failed(item);
+    return emit(p);
   };
-  std::optional<tutti::v1::RetrieveProgress> held;
-  auto sink = [&](uint32_t layer, absl::Span<const store::ScatterOp> objects,
-                  absl::Span<const uint32_t> failed) -> absl::Status {
-    absl::Status s = [&]() -> absl::Status {
-      if (session.closed.load()) return absl::CancelledError("the session was closed");
-      if (ctx != nullptr && ctx->IsCancelled()) {
-        return absl::CancelledError("the call was cancelled");
-      }
-      ops.clear();
-      for (const store::ScatterOp& op : objects) {
-        // CopyOp serves both directions; a scatter only reads `staging`.
-        ops.push_back({batch.engine_blocks[op.item], op.object, const_cast<uint8_t*>(op.src)});
-      }
-      const bool overlap = io->is_device() && layer + 1 < layers.end && stays(objects);
-      RETURN_IF_ERROR(overlap ? io->EnqueueLayer(layer, ops, req.ticket())
-                              : io->ScatterLayer(layer, ops, req.ticket()));
-      *next = layer + 1;
-      // Every layer before this one has landed.
-      if (held.has_value() && !emit(*std::exchange(held, std::nullopt))) {
-        return absl::CancelledError("the client went away");
-      }
-      tutti::v1::RetrieveProgress progress;
-      progress.set_layer(layer);
-      for (uint32_t item : failed) progress.add_failed(item);
-      if (overlap) {
-        held = std::move(progress);
-      } else if (!emit(progress)) {
-        return absl::CancelledError("the client went away");
-      }
-      return absl::OkStatus();
-    }();
-    // Nothing may still read the DRAM tier or staging once Read has returned. The held layer has
-    // landed then, but the call fails: the client counts every block failed, so it is not reported.
-    if (!s.ok() && held.has_value()) {
-      (void)io->Drain();
-      held.reset();
-    }
-    return s;
-  };
-  absl::Status s = store_->Read(session.ns, batch.keys, layers.begin, layers.end, sink);
-  if (held.has_value()) (void)io->Drain();  // Read stopped early (its status says why)
-  return s;
+  const datapath::RetrieveOutcome out =
+      datapath::RunRetrieve(datapath::RetrieveTarget{layers.begin, layers.end}, &engine, progress,
+                            [&](const datapath::LayerReader::Sink& sink) {
+                              return store_->Read(session.ns, batch.keys, layers.begin, layers.end,
+                                                  sink, batch.engine_blocks);
+                            });
+  *next = out.next_layer;
+  return out.status;
 }
 
 absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
@@ -440,13 +437,8 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session.ns));
   ASSIGN_OR_RETURN(LayerRange layers,
                    ParseLayerRange(req.layer_begin(), req.layer_end(), NumLayers(info)));
-  auto gather = [&](absl::Span<const store::GatherOp> gops) -> absl::Status {
+  auto gather = [&](absl::Span<const engine::CopyOp> ops) -> absl::Status {
     if (session.closed.load()) return absl::CancelledError("the session was closed");
-    std::vector<engine::CopyOp> ops;
-    ops.reserve(gops.size());
-    for (const store::GatherOp& op : gops) {
-      ops.push_back({batch.engine_blocks[op.item], op.object, op.dst});
-    }
     RETURN_IF_ERROR(io->Gather(ops));
     // Captured: the engine may reuse its blocks now, before the SSD write (and wait_durable).
     *signaled = true;
@@ -456,10 +448,10 @@ absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("staging_wait_ms = ", req.staging_wait_ms(),
                                                    " is more than ", kMaxStagingWaitMs));
   }
-  ASSIGN_OR_RETURN(std::vector<store::CaptureOutcome> outcomes,
-                   store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather,
-                                   req.wait_durable(), session.id,
-                                   absl::Milliseconds(req.staging_wait_ms())));
+  ASSIGN_OR_RETURN(
+      std::vector<store::CaptureOutcome> outcomes,
+      store_->Capture(session.ns, batch.keys, layers.begin, layers.end, gather, req.wait_durable(),
+                      session.id, absl::Milliseconds(req.staging_wait_ms()), batch.engine_blocks));
   bool full = false, session_share = false, backlog = false, pool_share = false;
   for (store::CaptureOutcome o : outcomes) {
     resp->add_outcomes(ToProto(o));

@@ -282,13 +282,17 @@ absl::Status BlockStore::Impl::GatherReadItems(NamespaceId ns, const NamespaceIn
 }
 
 absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
-                                    uint32_t layer_begin, uint32_t layer_end,
-                                    const LayerSink& sink) {
+                                    uint32_t layer_begin, uint32_t layer_end, const LayerSink& sink,
+                                    absl::Span<const uint32_t> engine_blocks) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
                                                    ") is not within [0, ", layers, ")"));
+  }
+  if (!engine_blocks.empty() && engine_blocks.size() != keys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine_blocks.size(), " engine blocks for ", keys.size(), " keys"));
   }
   std::vector<ReadItem> items(keys.size());
   std::vector<datapath::ReadSource> sources(keys.size());
@@ -297,9 +301,10 @@ absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(GatherReadItems(ns, info, keys, &items, &sources, &unfit));
   }
-  const datapath::LayerReadResult result = reader_->Read(
-      datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts, info.object_len},
-      sink);
+  const datapath::LayerReadResult result =
+      reader_->Read(datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts,
+                                               info.object_len, engine_blocks},
+                    sink);
   if (result.layers_done == 0) return result.status;  // refused before reading anything
   FinishRead(ns, info, layer_end - layer_begin, items, result, unfit);
   return result.status;
@@ -465,15 +470,20 @@ void BlockStore::Impl::ReleasePending(PendingBlock* p) {
 
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait) {
+    const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait,
+    absl::Span<const uint32_t> engine_blocks) {
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
                                                    ") is not within [0, ", layers, ")"));
   }
+  if (!engine_blocks.empty() && engine_blocks.size() != keys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine_blocks.size(), " engine blocks for ", keys.size(), " keys"));
+  }
   std::vector<CaptureOutcome> outcomes(keys.size(), CaptureOutcome::kCaptured);
-  std::vector<GatherOp> ops;
+  std::vector<engine::CopyOp> ops;
   std::vector<PendingBlock*> touched(keys.size(), nullptr);
   std::vector<PendingBlock*> created;
   {
@@ -529,7 +539,9 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
         if (p->layer_captured[l]) continue;
         for (uint32_t part = 0; part < info.parts; ++part) {
           const uint32_t obj = l * info.parts + part;
-          ops.push_back(GatherOp{static_cast<uint32_t>(i), obj, p->frames[obj]});
+          const uint32_t block =
+              engine_blocks.empty() ? static_cast<uint32_t>(i) : engine_blocks[i];
+          ops.push_back(engine::CopyOp{block, obj, p->frames[obj]});
         }
       }
     }
@@ -754,14 +766,16 @@ const datapath::BandwidthMeter& BlockStore::read_bandwidth() const {
 EventHub& BlockStore::events() const { return impl_->events(); }
 
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                              uint32_t layer_end, const LayerSink& sink) {
-  return impl_->Read(ns, keys, layer_begin, layer_end, sink);
+                              uint32_t layer_end, const LayerSink& sink,
+                              absl::Span<const uint32_t> engine_blocks) {
+  return impl_->Read(ns, keys, layer_begin, layer_end, sink, engine_blocks);
 }
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
-    const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait) {
-  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable, owner,
-                        staging_wait);
+    const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait,
+    absl::Span<const uint32_t> engine_blocks) {
+  return impl_->Capture(ns, keys, layer_begin, layer_end, gather, wait_durable, owner, staging_wait,
+                        engine_blocks);
 }
 uint64_t BlockStore::DropPending(uint64_t owner) { return impl_->DropPending(owner); }
 void BlockStore::Flush() { impl_->Flush(); }

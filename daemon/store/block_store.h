@@ -41,7 +41,7 @@
 #include "daemon/common/clock.h"
 #include "daemon/common/types.h"
 #include "daemon/datapath/bandwidth.h"
-#include "daemon/datapath/scatter_op.h"
+#include "daemon/datapath/layer_reader.h"
 #include "daemon/datapath/scheduler.h"
 #include "daemon/datapath/verifier.h"
 #include "daemon/io/io_backend.h"
@@ -133,16 +133,6 @@ enum class CaptureOutcome {
   // blocks could be evicted for it (all pinned). Decided by the writer: only a wait_durable
   // Capture sees it (others saw kCaptured).
   kRejectedShare,
-};
-
-// One object to copy out of staging into the engine (retrieve); see daemon/datapath/scatter_op.h.
-using ScatterOp = datapath::ScatterOp;
-
-// One object to copy from the engine into staging (store).
-struct GatherOp {
-  uint32_t item;
-  uint32_t object;
-  uint8_t* dst;
 };
 
 // Who a namespace belongs to (docs/security.md "Namespaces"), as the server decides it from the
@@ -340,28 +330,31 @@ class BlockStore {
 
   // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls
   // `sink` once per layer, in layer order, with that layer's objects of every
-  // item not failed so far and the items that failed in this layer (I/O error,
+  // item not failed so far, as copies into engine block engine_blocks[i] of key i
+  // (block i when `engine_blocks` is empty), and the items that failed in this layer (I/O error,
   // short read, or an object whose checksum, seeded by namespace, key and epoch,
   // does not match: counted, logged, never passed to the sink, and the block
   // leaves the index). A pinned key whose block left the index since it was
-  // pinned fails in the first layer. The `src` pointers are valid only during
-  // the call. A sink error stops the read and is returned. Preconditions: keys
-  // pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`.
+  // pinned fails in the first layer. The copies' sources are valid during the
+  // call (longer where LayerObjects::stays says so). A sink error stops the read and is returned.
+  // Preconditions: keys pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`,
+  // `engine_blocks` empty or one per key.
   // Errors: NOT_FOUND unknown namespace, FAILED_PRECONDITION key not pinned,
-  // INVALID_ARGUMENT bad layer range, RESOURCE_EXHAUSTED if one layer of the
-  // read needs more staging than retrieve_staging_bytes holds. The reads are
-  // planned, posted and checked by datapath::LayerReader (layer_reader.h).
-  using LayerSink = std::function<absl::Status(uint32_t layer, absl::Span<const ScatterOp> objects,
-                                               absl::Span<const uint32_t> failed_items)>;
+  // INVALID_ARGUMENT bad layer range or engine_blocks' count, RESOURCE_EXHAUSTED if one layer of
+  // the read needs more staging than retrieve_staging_bytes holds. The reads are planned, posted
+  // and checked by datapath::LayerReader (layer_reader.h).
+  using LayerSink = datapath::LayerReader::Sink;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink& sink);
+                    uint32_t layer_end, const LayerSink& sink,
+                    absl::Span<const uint32_t> engine_blocks = {});
 
   // Captures layers [layer_begin, layer_end) of each key for `owner` (a
   // session id; 0: no owner, not capped): reserves staging (a block's first
   // call takes staging for the whole block, charged to that call's owner),
-  // calls `gather` once with every object to copy, and returns one outcome per
-  // key. A key's block is queued for writing once all its layers are captured
-  // (over one or more calls); a partial block whose last layer came more than
+  // calls `gather` once with every object to copy (engine copies out of engine block
+  // engine_blocks[i] of key i, or block i when `engine_blocks` is empty, into store staging),
+  // and returns one outcome per key. A key's block is queued for writing once all its layers are
+  // captured (over one or more calls); a partial block whose last layer came more than
   // StoreOptions::pending_ttl_ms ago is dropped. Blocks refused staging are
   // kRejectedFull or kRejectedOwnerLimit (which limit); new blocks while the
   // write backlog is past its bounds are kRejectedBacklog (Capture never waits
@@ -369,16 +362,15 @@ class BlockStore {
   // returns after the queued blocks are durable (kDurable) or failed
   // (kFailed). With a `staging_wait` > 0, a call with new blocks and no room for one of them in
   // the free staging (or the owner's share) first waits up to that long for room (writes
-  // completing free it), then goes on as without (blocks that do not fit are refused). A gather error fails the whole
-  // call (nothing queued). Errors:
-  // NOT_FOUND unknown namespace, INVALID_ARGUMENT bad layer range, or the
-  // gatherer's.
-  using Gatherer = std::function<absl::Status(absl::Span<const GatherOp> ops)>;
-  absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
-                                                      uint32_t layer_begin, uint32_t layer_end,
-                                                      const Gatherer& gather, bool wait_durable,
-                                                      uint64_t owner = 0,
-                                                      absl::Duration staging_wait = absl::ZeroDuration());
+  // completing free it), then goes on as without (blocks that do not fit are refused). A gather
+  // error fails the whole call (nothing queued). Errors: NOT_FOUND unknown namespace,
+  // INVALID_ARGUMENT bad layer range or engine_blocks' count, or the gatherer's.
+  using Gatherer = std::function<absl::Status(absl::Span<const engine::CopyOp> ops)>;
+  absl::StatusOr<std::vector<CaptureOutcome>> Capture(
+      NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
+      const Gatherer& gather, bool wait_durable, uint64_t owner = 0,
+      absl::Duration staging_wait = absl::ZeroDuration(),
+      absl::Span<const uint32_t> engine_blocks = {});
 
   // Drops every partially captured block of `owner` (> 0) and frees its
   // staging: for a session that went away. Blocks a Capture is copying into now

@@ -87,10 +87,10 @@ class DurabilityTest : public ::testing::Test {
   std::vector<CaptureOutcome> Store(absl::Span<const Key> keys, bool wait = true,
                                     uint8_t version = 0) {
     std::vector<Key> copy(keys.begin(), keys.end());
-    auto gather = [copy, version](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) {
+    auto gather = [copy, version](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
         for (uint32_t i = 0; i < kObjectLen; ++i) {
-          op.dst[i] = ContentByte(copy[op.item], op.object, i, version);
+          op.staging[i] = ContentByte(copy[op.block], op.object, i, version);
         }
       }
       return absl::OkStatus();
@@ -104,19 +104,19 @@ class DurabilityTest : public ::testing::Test {
   // returns the failed items.
   std::vector<uint32_t> Read(absl::Span<const Key> keys, uint8_t version = 0) {
     std::vector<uint32_t> failed;
-    absl::Status s = store_->Read(
-        ns_, keys, 0, kLayers,
-        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> bad) {
-          failed.insert(failed.end(), bad.begin(), bad.end());
-          for (const ScatterOp& op : ops) {
-            for (uint32_t i = 0; i < kObjectLen; ++i) {
-              if (op.src[i] != ContentByte(keys[op.item], op.object, i, version)) {
-                return absl::InternalError(absl::StrCat("item ", op.item, " byte ", i));
-              }
-            }
+    absl::Status s = store_->Read(ns_, keys, 0, kLayers, [&](const datapath::LayerObjects& got) {
+      const absl::Span<const engine::CopyOp> ops = got.copies;
+      const absl::Span<const uint32_t> bad = got.failed_items;
+      failed.insert(failed.end(), bad.begin(), bad.end());
+      for (const engine::CopyOp& op : ops) {
+        for (uint32_t i = 0; i < kObjectLen; ++i) {
+          if (op.staging[i] != ContentByte(keys[op.block], op.object, i, version)) {
+            return absl::InternalError(absl::StrCat("item ", op.block, " byte ", i));
           }
-          return absl::OkStatus();
-        });
+        }
+      }
+      return absl::OkStatus();
+    });
     EXPECT_TRUE(s.ok()) << s;
     return failed;
   }

@@ -63,8 +63,8 @@ class BlockStoreEventsTest : public ::testing::Test {
   }
 
   std::vector<CaptureOutcome> Store(std::vector<Key> keys) {
-    auto gather = [](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) std::memset(op.dst, op.item + 1, kObjectLen);
+    auto gather = [](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) std::memset(op.staging, op.block + 1, kObjectLen);
       return absl::OkStatus();
     };
     auto out = store_->Capture(ns_, keys, 0, kLayers, gather, /*wait_durable=*/true);
@@ -108,7 +108,7 @@ TEST_F(BlockStoreEventsTest, ADurableBlockIsStoredOnceAndVisibleWhenItsEventIs) 
 
 TEST_F(BlockStoreEventsTest, CaptureAloneIsNoEvent) {
   Open();
-  auto gather = [](absl::Span<const GatherOp>) { return absl::OkStatus(); };
+  auto gather = [](absl::Span<const engine::CopyOp>) { return absl::OkStatus(); };
   std::vector<Key> keys{K(3)};
   auto out = store_->Capture(ns_, keys, 0, 1, gather, false);  // one layer of two: partial
   ASSERT_TRUE(out.ok());
@@ -150,8 +150,7 @@ TEST_F(BlockStoreEventsTest, AFailedReadIsRemoved) {
   const pool::Location loc = options_.layout.ObjectLocation(0, 1);
   disk_->Corrupt(loc.file, loc.offset + 3, 1);
   absl::Status s = store_->Read(ns_, keys, 0, kLayers,
-                                [](uint32_t, absl::Span<const ScatterOp>,
-                                   absl::Span<const uint32_t>) { return absl::OkStatus(); });
+                                [](const datapath::LayerObjects&) { return absl::OkStatus(); });
   EXPECT_TRUE(s.ok()) << s;
   store_->Unpin(ns_, keys);
   std::vector<BlockEvent> got = Events();

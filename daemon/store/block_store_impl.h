@@ -114,11 +114,13 @@ class BlockStore::Impl {
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys, std::vector<bool>* in_dram);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink& sink);
+                    uint32_t layer_end, const LayerSink& sink,
+                    absl::Span<const uint32_t> engine_blocks);
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
                                                       const Gatherer& gather, bool wait_durable,
-                                                      uint64_t owner, absl::Duration staging_wait);
+                                                      uint64_t owner, absl::Duration staging_wait,
+                                                      absl::Span<const uint32_t> engine_blocks);
   uint64_t DropPending(uint64_t owner);
   void Flush();
   // maintenance.cc

@@ -87,8 +87,8 @@ class RecencyTest : public ::testing::TestWithParam<Restart> {
       std::vector<Key> part(keys.begin() + i, keys.begin() + std::min(keys.size(), i + 32));
       auto out = store_->Capture(
           ns_, part, 0, kLayers,
-          [](absl::Span<const GatherOp> ops) {
-            for (const GatherOp& op : ops) op.dst[0] = static_cast<uint8_t>(op.item);
+          [](absl::Span<const engine::CopyOp> ops) {
+            for (const engine::CopyOp& op : ops) op.staging[0] = static_cast<uint8_t>(op.block);
             return absl::OkStatus();
           },
           /*wait_durable=*/true);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
@@ -32,10 +33,10 @@ uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
 // Engine-side memory for the tests: the bytes each (key, object) must hold.
 BlockStore::Gatherer FillFrom(absl::Span<const Key> keys) {
   std::vector<Key> copy(keys.begin(), keys.end());
-  return [copy](absl::Span<const GatherOp> ops) {
-    for (const GatherOp& op : ops) {
+  return [copy](absl::Span<const engine::CopyOp> ops) {
+    for (const engine::CopyOp& op : ops) {
       for (uint32_t i = 0; i < kObjectLen; ++i)
-        op.dst[i] = ContentByte(copy[op.item], op.object, i);
+        op.staging[i] = ContentByte(copy[op.block], op.object, i);
     }
     return absl::OkStatus();
   };
@@ -88,22 +89,23 @@ class BlockStoreTest : public ::testing::Test {
   std::vector<uint32_t> ReadAndVerify(absl::Span<const Key> keys) {
     std::vector<uint32_t> failed;
     uint32_t next_layer = 0;
-    absl::Status s = store_->Read(
-        ns_, keys, 0, kLayers,
-        [&](uint32_t layer, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> bad) {
-          EXPECT_EQ(layer, next_layer++) << "layers arrive in order";
-          failed.insert(failed.end(), bad.begin(), bad.end());
-          for (const ScatterOp& op : ops) {
-            EXPECT_EQ(op.object / 2, layer);
-            for (uint32_t i = 0; i < kObjectLen; ++i) {
-              if (op.src[i] != ContentByte(keys[op.item], op.object, i)) {
-                ADD_FAILURE() << "item " << op.item << " object " << op.object << " byte " << i;
-                return absl::InternalError("mismatch");
-              }
-            }
+    absl::Status s = store_->Read(ns_, keys, 0, kLayers, [&](const datapath::LayerObjects& got) {
+      const uint32_t layer = got.layer;
+      const absl::Span<const engine::CopyOp> ops = got.copies;
+      const absl::Span<const uint32_t> bad = got.failed_items;
+      EXPECT_EQ(layer, next_layer++) << "layers arrive in order";
+      failed.insert(failed.end(), bad.begin(), bad.end());
+      for (const engine::CopyOp& op : ops) {
+        EXPECT_EQ(op.object / 2, layer);
+        for (uint32_t i = 0; i < kObjectLen; ++i) {
+          if (op.staging[i] != ContentByte(keys[op.block], op.object, i)) {
+            ADD_FAILURE() << "item " << op.block << " object " << op.object << " byte " << i;
+            return absl::InternalError("mismatch");
           }
-          return absl::OkStatus();
-        });
+        }
+      }
+      return absl::OkStatus();
+    });
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(next_layer, kLayers);
     return failed;
@@ -180,11 +182,59 @@ TEST_F(BlockStoreTest, ReadOfUnpinnedBlockIsRefused) {
   Open();
   auto keys = Keys(0, 1);
   Store(keys);
-  absl::Status s = store_->Read(
-      ns_, keys, 0, kLayers, [](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-        return absl::OkStatus();
-      });
+  absl::Status s = store_->Read(ns_, keys, 0, kLayers,
+                                [](const datapath::LayerObjects&) { return absl::OkStatus(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Capture copies out of, and Read into, the engine blocks the caller names for each key; a count
+// that does not match the keys is refused.
+TEST_F(BlockStoreTest, EngineCopiesNameTheCallersEngineBlocks) {
+  Open();
+  auto keys = Keys(0, 2);
+  const std::vector<uint32_t> blocks = {11, 5};
+  std::set<uint32_t> gathered_from, read_into;
+  auto out = store_->Capture(
+      ns_, keys, 0, kLayers,
+      [&](absl::Span<const engine::CopyOp> ops) {
+        for (const engine::CopyOp& op : ops) {
+          gathered_from.insert(op.block);
+          const Key& key = keys[op.block == blocks[0] ? 0 : 1];
+          for (uint32_t i = 0; i < kObjectLen; ++i) op.staging[i] = ContentByte(key, op.object, i);
+        }
+        return absl::OkStatus();
+      },
+      /*wait_durable=*/true, 0, absl::ZeroDuration(), blocks);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            (std::vector<CaptureOutcome>{CaptureOutcome::kDurable, CaptureOutcome::kDurable}));
+  EXPECT_EQ(gathered_from, (std::set<uint32_t>{5, 11}));
+  ASSERT_EQ(store_->LookupAndPin(ns_, keys), 2u);
+  int bad_bytes = 0;
+  absl::Status s = store_->Read(
+      ns_, keys, 0, kLayers,
+      [&](const datapath::LayerObjects& got) {
+        for (const engine::CopyOp& op : got.copies) {
+          read_into.insert(op.block);
+          const Key& key = keys[op.block == blocks[0] ? 0 : 1];
+          for (uint32_t i = 0; i < kObjectLen; ++i) {
+            bad_bytes += op.staging[i] != ContentByte(key, op.object, i);
+          }
+        }
+        return absl::OkStatus();
+      },
+      blocks);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(read_into, (std::set<uint32_t>{5, 11}));
+  EXPECT_EQ(bad_bytes, 0);
+  const std::vector<uint32_t> one = {3};
+  s = store_->Read(
+      ns_, keys, 0, kLayers, [](const datapath::LayerObjects&) { return absl::OkStatus(); }, one);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  store_->Unpin(ns_, keys);
+  auto refused = store_->Capture(ns_, Keys(2, 2), 0, kLayers, FillFrom(Keys(2, 2)), false, 0,
+                                 absl::ZeroDuration(), one);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(BlockStoreTest, PartialCaptureBecomesVisibleOnlyWhenEveryLayerIsIn) {

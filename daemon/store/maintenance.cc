@@ -146,9 +146,7 @@ absl::Status BlockStore::Impl::ScrubBatch(NamespaceId ns, absl::Span<const Scrub
   const uint32_t layers = info.num_objects / info.parts;
   const datapath::LayerReadResult result = reader_->Read(
       datapath::LayerReadRequest{ns, sources, 0, layers, info.parts, info.object_len},
-      [](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-        return absl::OkStatus();
-      });
+      [](const datapath::LayerObjects&) { return absl::OkStatus(); });
   std::vector<FailedBlock> failed;
   uint64_t verify_errors = 0, io_errors = 0;
   for (size_t i = 0; i < sources.size(); ++i) {

@@ -52,8 +52,8 @@ class MaintenanceTest : public ::testing::Test {
     for (uint32_t i = first; i < first + n; ++i) keys.push_back(testing::TestKey(i));
     auto out = store_->Capture(
         ns_, keys, 0, kLayers,
-        [](absl::Span<const GatherOp> ops) {
-          for (const GatherOp& op : ops) memset(op.dst, 0x40 + op.object, kObjectLen);
+        [](absl::Span<const engine::CopyOp> ops) {
+          for (const engine::CopyOp& op : ops) memset(op.staging, 0x40 + op.object, kObjectLen);
           return absl::OkStatus();
         },
         wait);

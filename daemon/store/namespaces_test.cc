@@ -88,8 +88,8 @@ class NamespacesTest : public ::testing::Test {
   std::vector<CaptureOutcome> Store(NamespaceId ns, uint32_t first, uint32_t n) {
     std::vector<Key> keys;
     for (uint32_t i = first; i < first + n; ++i) keys.push_back(K(i));
-    auto gather = [](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) memset(op.dst, 7, kObjectLen);
+    auto gather = [](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) memset(op.staging, 7, kObjectLen);
       return absl::OkStatus();
     };
     auto out = store_->Capture(ns, keys, 0, kLayers, gather, /*wait_durable=*/true);

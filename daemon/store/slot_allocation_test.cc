@@ -50,8 +50,8 @@ class SlotAllocationTest : public ::testing::Test {
   void Store(const std::vector<Key>& keys) {
     auto out = store_->Capture(
         ns_, keys, 0, kLayers,
-        [](absl::Span<const GatherOp> ops) {
-          for (const GatherOp& op : ops) op.dst[0] = static_cast<uint8_t>(op.item);
+        [](absl::Span<const engine::CopyOp> ops) {
+          for (const engine::CopyOp& op : ops) op.staging[0] = static_cast<uint8_t>(op.block);
           return absl::OkStatus();
         },
         true);

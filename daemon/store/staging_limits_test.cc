@@ -81,9 +81,10 @@ class StagingLimitsTest : public ::testing::Test {
   BlockStore::Gatherer Fill(absl::Span<const Key> keys) const {
     std::vector<Key> copy(keys.begin(), keys.end());
     const uint32_t len = shape_.object_len;
-    return [copy, len](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) {
-        for (uint32_t i = 0; i < len; ++i) op.dst[i] = ContentByte(copy[op.item], op.object, i);
+    return [copy, len](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
+        for (uint32_t i = 0; i < len; ++i)
+          op.staging[i] = ContentByte(copy[op.block], op.object, i);
       }
       return absl::OkStatus();
     };
@@ -105,14 +106,15 @@ class StagingLimitsTest : public ::testing::Test {
     if (store_->LookupAndPin(ns_, keys) != keys.size()) return false;
     uint64_t checked = 0;
     bool ok = true;
-    absl::Status s = store_->Read(
-        ns_, keys, 0, shape_.layers,
-        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> failed) {
+    absl::Status s =
+        store_->Read(ns_, keys, 0, shape_.layers, [&](const datapath::LayerObjects& got) {
+          const absl::Span<const engine::CopyOp> ops = got.copies;
+          const absl::Span<const uint32_t> failed = got.failed_items;
           ok = ok && failed.empty();
-          for (const ScatterOp& op : ops) {
+          for (const engine::CopyOp& op : ops) {
             for (uint32_t i = 0; i < shape_.object_len; ++i) {
-              if (op.src[i] != ContentByte(keys[op.item], op.object, i)) {
-                ADD_FAILURE() << "item " << op.item << " object " << op.object << " byte " << i;
+              if (op.staging[i] != ContentByte(keys[op.block], op.object, i)) {
+                ADD_FAILURE() << "item " << op.block << " object " << op.object << " byte " << i;
                 return absl::InternalError("mismatch");
               }
             }
@@ -305,7 +307,7 @@ TEST_F(OwnerLimitTest, DropPendingDuringACopyDropsTheBlockWhenTheCopyEnds) {
   std::thread capture([&] {
     auto r = store_->Capture(
         ns_, keys, 0, 4,
-        [&](absl::Span<const GatherOp>) {
+        [&](absl::Span<const engine::CopyOp>) {
           copying.Notify();
           go.WaitForNotification();
           return absl::OkStatus();

@@ -177,11 +177,11 @@ void CaptureRange(BlockStore* store, NamespaceId ns, uint64_t first, uint64_t en
     keys.clear();
     for (uint64_t k = i; k < std::min(end, i + step); ++k) keys.push_back(KeyOf(k));
     const uint64_t base = i;
-    const BlockStore::Gatherer gather = [&](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) {
-        const uint8_t* src = engine.data() + ((base + op.item) % engine_blocks) * kBlockBytes +
+    const BlockStore::Gatherer gather = [&](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
+        const uint8_t* src = engine.data() + ((base + op.block) % engine_blocks) * kBlockBytes +
                              uint64_t{op.object} * kObjectBytes;
-        std::memcpy(op.dst, src, kObjectBytes);
+        std::memcpy(op.staging, src, kObjectBytes);
       }
       return absl::OkStatus();
     };

@@ -55,7 +55,7 @@ class WriteBacklogTest : public ::testing::Test {
     const Key key = testing::TestKey(i);
     auto out = store_->Capture(
         ns_, absl::MakeConstSpan(&key, 1), begin, end,
-        [](absl::Span<const GatherOp>) { return absl::OkStatus(); }, /*wait_durable=*/false);
+        [](absl::Span<const engine::CopyOp>) { return absl::OkStatus(); }, /*wait_durable=*/false);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? (*out)[0] : CaptureOutcome::kFailed;
   }
@@ -153,7 +153,7 @@ TEST_F(WriteBacklogTest, PoolReadsAndWritesGoThroughTheScheduler) {
   const Key key = testing::TestKey(7);
   auto out = store_->Capture(
       ns_, absl::MakeConstSpan(&key, 1), 0, kLayers,
-      [](absl::Span<const GatherOp>) { return absl::OkStatus(); }, /*wait_durable=*/true);
+      [](absl::Span<const engine::CopyOp>) { return absl::OkStatus(); }, /*wait_durable=*/true);
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ((*out)[0], CaptureOutcome::kDurable);
   StoreStats st = store_->Stats();
@@ -164,9 +164,7 @@ TEST_F(WriteBacklogTest, PoolReadsAndWritesGoThroughTheScheduler) {
   ASSERT_EQ(store_->LookupAndPin(ns_, absl::MakeConstSpan(&key, 1)), 1u);
   ASSERT_TRUE(store_
                   ->Read(ns_, absl::MakeConstSpan(&key, 1), 0, kLayers,
-                         [](uint32_t, absl::Span<const ScatterOp>, absl::Span<const uint32_t>) {
-                           return absl::OkStatus();
-                         })
+                         [](const datapath::LayerObjects&) { return absl::OkStatus(); })
                   .ok());
   store_->Unpin(ns_, absl::MakeConstSpan(&key, 1));
   st = store_->Stats();

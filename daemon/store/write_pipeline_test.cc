@@ -103,9 +103,10 @@ class WritePipelineTest : public ::testing::Test {
   static std::vector<CaptureOutcome> Store(TestStore& s, absl::Span<const Key> keys,
                                            bool wait = true) {
     std::vector<Key> copy(keys.begin(), keys.end());
-    auto gather = [copy](absl::Span<const GatherOp> ops) {
-      for (const GatherOp& op : ops) {
-        for (uint32_t i = 0; i < kObjectLen; ++i) op.dst[i] = ContentByte(copy[op.item], op.object, i);
+    auto gather = [copy](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
+        for (uint32_t i = 0; i < kObjectLen; ++i)
+          op.staging[i] = ContentByte(copy[op.block], op.object, i);
       }
       return absl::OkStatus();
     };

@@ -153,17 +153,16 @@ class PowerCutTest : public ::testing::Test {
     bool failed = false;
     std::vector<uint8_t> want(object_len_);
     const Key keys[1] = {key};
-    absl::Status s = store_->Read(
-        ns_, keys, 0, kLayers,
-        [&](uint32_t, absl::Span<const ScatterOp> ops, absl::Span<const uint32_t> bad) {
-          failed = failed || !bad.empty();
-          for (const ScatterOp& op : ops) {
-            hostengine::FillObject(key, op.object / kParts, op.object % kParts,
-                                   absl::MakeSpan(want));
-            for (uint32_t i = 0; i < object_len_; ++i) tally_.wrong_bytes += op.src[i] != want[i];
-          }
-          return absl::OkStatus();
-        });
+    absl::Status s = store_->Read(ns_, keys, 0, kLayers, [&](const datapath::LayerObjects& got) {
+      const absl::Span<const engine::CopyOp> ops = got.copies;
+      const absl::Span<const uint32_t> bad = got.failed_items;
+      failed = failed || !bad.empty();
+      for (const engine::CopyOp& op : ops) {
+        hostengine::FillObject(key, op.object / kParts, op.object % kParts, absl::MakeSpan(want));
+        for (uint32_t i = 0; i < object_len_; ++i) tally_.wrong_bytes += op.staging[i] != want[i];
+      }
+      return absl::OkStatus();
+    });
     EXPECT_TRUE(s.ok()) << s;
     return s.ok() && !failed;
   }
@@ -205,10 +204,10 @@ class PowerCutTest : public ::testing::Test {
   void StoreUntilCut(uint64_t first_key, uint32_t batches, std::atomic<uint32_t>& progress,
                      std::vector<std::pair<std::vector<Key>, std::vector<CaptureOutcome>>>& out) {
     auto gather = [&](const std::vector<Key>& keys) {
-      return [this, &keys](absl::Span<const GatherOp> ops) {
-        for (const GatherOp& op : ops) {
-          hostengine::FillObject(keys[op.item], op.object / kParts, op.object % kParts,
-                                 absl::MakeSpan(op.dst, object_len_));
+      return [this, &keys](absl::Span<const engine::CopyOp> ops) {
+        for (const engine::CopyOp& op : ops) {
+          hostengine::FillObject(keys[op.block], op.object / kParts, op.object % kParts,
+                                 absl::MakeSpan(op.staging, object_len_));
         }
         return absl::OkStatus();
       };

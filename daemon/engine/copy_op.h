@@ -1,0 +1,22 @@
+// The one op type of every copy between the daemon's memory and an engine's blocks: a Retrieve's
+// scatter (the datapath's reader emits these, engine::EngineMemory::Scatter consumes them) and a
+// Store's gather.
+#ifndef TUTTI_DAEMON_ENGINE_COPY_OP_H_
+#define TUTTI_DAEMON_ENGINE_COPY_OP_H_
+
+#include <cstdint>
+
+namespace tutti::engine {
+
+// Copies one object (its length is the namespace's object_len) between daemon memory and object
+// `object` of engine block `block`. A scatter only reads `staging` (read staging, or the DRAM
+// tier); a gather writes it (store staging).
+struct CopyOp {
+  uint32_t block;
+  uint32_t object;  // layer * parts + part
+  uint8_t* staging;
+};
+
+}  // namespace tutti::engine
+
+#endif  // TUTTI_DAEMON_ENGINE_COPY_OP_H_
