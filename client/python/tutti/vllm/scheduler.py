@@ -480,18 +480,25 @@ class TuttiScheduler:
     def _lookup_all(self, keys, prompt_tokens, links=None):
         """{rank: Lease} from every rank, or None (a miss; what was pinned is released). The
         ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum.
-        The last rank's runs on this thread (Client.lookup_inline: no hand-off to gRPC's
-        thread) while the others' are in flight. `links`: the sessions to ask (default
-        self._links)."""
+        tutti.Client.lookup_many sends them all from one call (through tutti._lookup where it
+        loads: no GIL, no hand-off to grpcio's thread). A client without it (a fake): the last
+        rank's on this thread (lookup_inline) while the others' are in flight. `links`: the
+        sessions to ask (default self._links)."""
         links = links if links is not None else self._links
-        started, leases, ok = {}, {}, True
         ranks = sorted(links)
+        clients = []
         for rank in ranks:
-            link = links[rank]
-            client = link.client()
+            client = links[rank].client()
             if client is None:
-                ok = False
-                break
+                return None
+            clients.append(client)
+        if not clients:
+            return None
+        many = getattr(type(clients[0]), "lookup_many", None)
+        if many is not None and all(type(c) is type(clients[0]) for c in clients):
+            return self._lookup_many(many, keys, prompt_tokens, ranks, clients, links)
+        started, leases, ok = {}, {}, True
+        for rank, client in zip(ranks, clients):
             try:
                 inline = getattr(client, "lookup_inline", None) if rank == ranks[-1] else None
                 if inline is not None:
@@ -510,6 +517,26 @@ class TuttiScheduler:
             except Exception as e:
                 self._lookup_failed(rank, e, links)
                 ok = False
+        if not ok:
+            self._release(leases)
+            return None
+        return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
+
+    def _lookup_many(self, many, keys, prompt_tokens, ranks, clients, links):
+        """_lookup_all through the clients' lookup_many: [Lease or error] per rank."""
+        try:
+            answers = many([(c, keys, prompt_tokens) for c in clients])
+        except Exception as e:  # a bug or a broken native module: a miss on every rank
+            log.warning("Lookup on every TP rank failed: %s", e)
+            return None
+        leases, ok = {}, True
+        for rank, client, answer in zip(ranks, clients, answers):
+            if isinstance(answer, BaseException):
+                self._lookup_failed(rank, answer, links)
+                ok = False
+            else:
+                leases[rank] = (client, answer)
+                links[rank].succeeded()
         if not ok:
             self._release(leases)
             return None
