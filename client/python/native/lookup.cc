@@ -21,6 +21,7 @@
 //   lookup(calls) -> [(code, details, response bytes or None), ...]
 //     calls: a list of (channel, request bytes, timeout_s); code: the gRPC status code (0: OK)
 //   state(channel, try_to_connect=False) -> the channel's connectivity (grpc_connectivity_state)
+//   reconnect(channel): ends the channel's reconnect back-off (tuttid is back: connect now)
 #define Py_LIMITED_API 0x03080000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -85,6 +86,16 @@ PyObject* State(PyObject*, PyObject* args) {
   Channel* c = ChannelOf(capsule);
   if (c == nullptr) return nullptr;
   return PyLong_FromLong(static_cast<long>(c->channel->GetState(connect != 0)));
+}
+
+PyObject* Reconnect(PyObject*, PyObject* args) {
+  PyObject* capsule;
+  if (!PyArg_ParseTuple(args, "O", &capsule)) return nullptr;
+  Channel* c = ChannelOf(capsule);
+  if (c == nullptr) return nullptr;
+  grpc::experimental::ChannelResetConnectionBackoff(c->channel.get());
+  c->channel->GetState(/*try_to_connect=*/true);
+  Py_RETURN_NONE;
 }
 
 struct Call {
@@ -172,8 +183,10 @@ PyObject* Lookup(PyObject*, PyObject* args) {
     if (code == 0) {
       item = Py_BuildValue("(isy#)", code, "", flat.data(), static_cast<Py_ssize_t>(flat.size()));
     } else {
-      item = Py_BuildValue("(is#O)", code, details.data(),
-                           static_cast<Py_ssize_t>(details.size()), Py_None);
+      // tuttid's message, whatever its bytes (never an exception here).
+      PyObject* text = PyUnicode_DecodeUTF8(details.data(),
+                                            static_cast<Py_ssize_t>(details.size()), "replace");
+      item = text == nullptr ? nullptr : Py_BuildValue("(iNO)", code, text, Py_None);
     }
     if (item == nullptr) {
       Py_DECREF(out);
@@ -190,6 +203,8 @@ PyMethodDef kMethods[] = {
     {"lookup", Lookup, METH_VARARGS,
      "lookup([(channel, LookupRequest bytes, timeout_s), ...]) -> [(code, details, "
      "LookupResponse bytes or None), ...]: every call in flight at once, without the GIL"},
+    {"reconnect", Reconnect, METH_VARARGS,
+     "reconnect(channel): connect now, not at the end of the reconnect back-off"},
     {"state", State, METH_VARARGS,
      "state(channel, try_to_connect=False) -> the channel's connectivity state (an int)"},
     {nullptr, nullptr, 0, nullptr}};

@@ -567,6 +567,12 @@ class Client:
         for (i, client, req, gen), (code, details, body) in zip(started, answers):
             if code == 0:
                 out[i] = client._lease_of(pb.LookupResponse.FromString(body), gen)
+            elif code == _UNAVAILABLE:
+                # The second connection may still be in its reconnect back-off after tuttid
+                # came back (the session is new, grpcio's connection is up): ask through grpcio
+                # this once, so that a good session is not taken for lost; connect again now.
+                native.reconnect(client._native_channel(native))
+                out[i] = client._inline_call(req, gen)
             else:
                 out[i] = client._failed_lookup(_NativeRpcError(code, details), gen)
         return out
@@ -880,6 +886,7 @@ def native_lookup():
 
 
 _STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class _NativeRpcError(grpc.RpcError):
