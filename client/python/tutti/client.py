@@ -577,6 +577,13 @@ class Client:
                 out[i] = client._failed_lookup(_NativeRpcError(code, details), gen)
         return out
 
+    def warm_lookup_many(self):
+        """Opens lookup_many's own connection to tuttid now (it connects in the background),
+        so that the first lookup_many does not wait for it. Nothing without tutti._lookup."""
+        native = native_lookup()
+        if native is not None:
+            self._native_channel(native)
+
     def _native_channel(self, native):
         with self._native_lock:
             if self._native is None:

@@ -10,7 +10,9 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
   UNAVAILABLE (tuttid away or not answering in time) also skips that rank (a miss) for a
   back-off (0.5 s doubling to 8 s) or until its session is back; other errors are answers of a
   live tuttid about this request (e.g. INVALID_ARGUMENT), logged, no back-off. Calling it again
-  for a request releases the leases of the earlier call.
+  for a request releases the leases of the earlier call. Every rank's Lookup goes out from one
+  tutti.Client.lookup_many call: through tutti._lookup (libgrpc++, completed on this thread
+  without the GIL) where it loads, else grpcio.
 - update_state_after_alloc: loads of blocks [local hits, hits) of the request's blocks (one
   LoadSpec per chunk, with that chunk's leases), the leases of chunks not loaded released.
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
@@ -837,9 +839,11 @@ def lookup_only_connect(lookup_timeout_s: float = 0.5, connect_timeout_s: float 
     timeouts = tutti.Timeouts(short=lookup_timeout_s)
 
     def connect(h: TuttiHandshake):
-        return tutti.Client.attach_lookup_only(h.namespace, h.engine_group, socket_path=h.socket,
-                                               engine_id="vllm-scheduler-rank%d" % h.tp_rank,
-                                               connect_timeout=connect_timeout_s,
-                                               timeouts=timeouts,
-                                               namespace_secret=h.namespace_secret)
+        c = tutti.Client.attach_lookup_only(h.namespace, h.engine_group, socket_path=h.socket,
+                                            engine_id="vllm-scheduler-rank%d" % h.tp_rank,
+                                            connect_timeout=connect_timeout_s,
+                                            timeouts=timeouts,
+                                            namespace_secret=h.namespace_secret)
+        c.warm_lookup_many()  # the first request's Lookups need not wait for the connection
+        return c
     return connect
