@@ -1,6 +1,6 @@
-// tutti._lookup: Lookups to several tuttids (a vLLM scheduler's TP ranks) from one Python call,
-// through Debian's gRPC C++ library (libgrpc++), all in flight together and completed on the
-// calling thread without the GIL.
+// tutti._lookup: Lookups (and Releases) to several tuttids (a vLLM scheduler's TP ranks) from one
+// Python call, through Debian's gRPC C++ library (libgrpc++), all in flight together and
+// completed on the calling thread without the GIL.
 //
 // Why: grpcio's per-call cost (the hand-off to and from its polling thread, the Python objects of
 // a call) was most of the scheduler's first get_num_new_matched_tokens of a long prompt, and
@@ -20,6 +20,7 @@
 //   open(socket_path) -> channel (a capsule; the connection is made in the background, at once)
 //   lookup(calls) -> [(code, details, response bytes or None), ...]
 //     calls: a list of (channel, request bytes, timeout_s); code: the gRPC status code (0: OK)
+//   release(calls) -> as lookup, for ReleaseRequests (every rank's lease of a request at once)
 //   state(channel, try_to_connect=False) -> the channel's connectivity (grpc_connectivity_state)
 //   reconnect(channel): ends the channel's reconnect back-off (tuttid is back: connect now)
 #define Py_LIMITED_API 0x03080000
@@ -44,6 +45,7 @@ namespace {
 
 const char kCapsule[] = "tutti._lookup.channel";
 const char kLookup[] = "/tutti.v1.KvCache/Lookup";
+const char kRelease[] = "/tutti.v1.KvCache/Release";
 
 struct Channel {
   std::shared_ptr<grpc::Channel> channel;
@@ -106,11 +108,10 @@ struct Call {
   bool done = false;
 };
 
-PyObject* Lookup(PyObject*, PyObject* args) {
-  PyObject* list;
-  if (!PyArg_ParseTuple(args, "O", &list)) return nullptr;
+// Unary calls of `method` ("/tutti.v1.KvCache/Lookup"), one per (channel, request, timeout).
+PyObject* Calls(const char* method, PyObject* list) {
   if (!PyList_Check(list)) {
-    PyErr_SetString(PyExc_TypeError, "lookup: calls must be a list of (channel, bytes, timeout)");
+    PyErr_SetString(PyExc_TypeError, "calls must be a list of (channel, bytes, timeout)");
     return nullptr;
   }
   const Py_ssize_t n = PyList_Size(list);
@@ -124,7 +125,7 @@ PyObject* Lookup(PyObject*, PyObject* args) {
       return nullptr;
     }
     if (!(timeouts[i] > 0) || timeouts[i] > 86400) {
-      PyErr_Format(PyExc_ValueError, "lookup: a timeout must be in (0, 86400] s");
+      PyErr_Format(PyExc_ValueError, "a timeout must be in (0, 86400] s");
       return nullptr;
     }
     channels[i] = ChannelOf(capsule);
@@ -143,7 +144,7 @@ PyObject* Lookup(PyObject*, PyObject* args) {
     calls[i] = std::make_unique<Call>();
     Call& call = *calls[i];
     call.ctx.set_deadline(now + std::chrono::microseconds(static_cast<int64_t>(timeouts[i] * 1e6)));
-    call.reader = channels[i]->stub->PrepareUnaryCall(&call.ctx, kLookup, requests[i], &cq);
+    call.reader = channels[i]->stub->PrepareUnaryCall(&call.ctx, method, requests[i], &cq);
     call.reader->StartCall();
     call.reader->Finish(&call.response, &call.status, reinterpret_cast<void*>(i));
   }
@@ -197,12 +198,27 @@ PyObject* Lookup(PyObject*, PyObject* args) {
   return out;
 }
 
+PyObject* Lookup(PyObject*, PyObject* args) {
+  PyObject* list;
+  if (!PyArg_ParseTuple(args, "O", &list)) return nullptr;
+  return Calls(kLookup, list);
+}
+
+PyObject* Release(PyObject*, PyObject* args) {
+  PyObject* list;
+  if (!PyArg_ParseTuple(args, "O", &list)) return nullptr;
+  return Calls(kRelease, list);
+}
+
 PyMethodDef kMethods[] = {
     {"open", Open, METH_VARARGS,
      "open(socket_path) -> a channel to tuttid at socket_path (connects in the background)"},
     {"lookup", Lookup, METH_VARARGS,
      "lookup([(channel, LookupRequest bytes, timeout_s), ...]) -> [(code, details, "
      "LookupResponse bytes or None), ...]: every call in flight at once, without the GIL"},
+    {"release", Release, METH_VARARGS,
+     "release([(channel, ReleaseRequest bytes, timeout_s), ...]) -> [(code, details, "
+     "ReleaseResponse bytes or None), ...]: as lookup"},
     {"reconnect", Reconnect, METH_VARARGS,
      "reconnect(channel): connect now, not at the end of the reconnect back-off"},
     {"state", State, METH_VARARGS,

@@ -315,6 +315,30 @@ class LookupManyTest(unittest.TestCase):
                 self.assertEqual([x.hits for x in tutti.Client.lookup_many(
                     [(c, KEYS, None) for c in self.clients])], [4, 4])
 
+    def test_release_many(self):
+        """Every client's lease released from one call (both paths); a lease of 0 hits or of an
+        older session is not sent; a hung tuttid's Release is its DeadlineExceeded."""
+        for path in self.paths():
+            with self.subTest(path=path):
+                for d in self.daemons:
+                    d.released.clear()
+                leases = tutti.Client.lookup_many([(c, KEYS, None) for c in self.clients])
+                stale = tutti.Lease(9, 4, 1000, leases[0].generation + 1)
+                nothing = tutti.Lease(0, 0, 1000, leases[0].generation)
+                out = tutti.Client.release_many(list(zip(self.clients, leases)) +
+                                                [(self.clients[0], stale),
+                                                 (self.clients[1], nothing)])
+                self.assertEqual(out, [None] * 4)
+                self.assertEqual([d.released for d in self.daemons], [[7], [7]])
+                self.daemons[1].hang.set()
+                err, took = timed(lambda: self.raise_first(tutti.Client.release_many(
+                    list(zip(self.clients, leases)))))
+                self.daemons[1].hang.clear()
+                self.assertIsInstance(err, tutti.DeadlineExceeded)
+                self.assertIn("Release", str(err))
+                self.assertLess(took, 0.75)
+                self.assertEqual(tutti.Client.release_many([]), [])
+
     @staticmethod
     def raise_first(out):
         for x in out:

@@ -331,8 +331,17 @@ class RankClient:
 
 
 class ManyClient(RankClient):
-    """A rank client with lookup_many, as tutti.Client: every rank's Lookup from one call."""
+    """A rank client with lookup_many and release_many, as tutti.Client: every rank's Lookup
+    (Release) from one call."""
     batches = []
+    release_batches = []
+
+    @staticmethod
+    def release_many(releases):
+        ManyClient.release_batches.append(len(releases))
+        for client, lease in releases:
+            client.release(lease)
+        return [None] * len(releases)
 
     @staticmethod
     def lookup_many(lookups):
@@ -386,7 +395,7 @@ class SchedulerLookupTest(unittest.TestCase):
         """tutti.Client's lookup_many: one call for every rank's Lookup (through tutti._lookup
         where it loads); the same answers, and the same misses and back-off on errors."""
         for tp in (1, 2, 4):
-            ManyClient.batches = []
+            ManyClient.batches, ManyClient.release_batches = [], []
             clients = [ManyClient() for _ in range(tp)]
             s = self.sched(clients)
             req = Request("r", list(range(8 * 16 + 1)))
@@ -395,6 +404,7 @@ class SchedulerLookupTest(unittest.TestCase):
             self.assertEqual([c.calls for c in clients], [["lookup_many"]] * tp)
             s.request_finished(req, [])
             self.assertEqual([c.live for c in clients], [{}] * tp)
+            self.assertEqual(ManyClient.release_batches, [tp])  # every rank's in one call
         for err, backs_off in ((tutti.Unavailable("away"), True),
                                (tutti.InvalidArgument("bad"), False)):
             clients = [ManyClient(), ManyClient(fail=err)]

@@ -577,6 +577,54 @@ class Client:
                 out[i] = client._failed_lookup(_NativeRpcError(code, details), gen)
         return out
 
+    @staticmethod
+    def release_many(releases) -> list:
+        """release() of several leases of several clients at once (a request's leases on every
+        TP rank): `releases` is [(client, lease)]; the answer, in order, None or the TuttiError
+        that client's release() would raise. Through tutti._lookup where it loads (one call,
+        in flight together, as lookup_many), else release() one after the other."""
+        releases = list(releases)
+        out = [None] * len(releases)
+        native = native_lookup()
+        started = []
+        for i, (client, lease) in enumerate(releases):
+            if lease.id == 0:
+                continue
+            try:
+                sid, gen = client._current()
+            except errors.TuttiError as e:
+                out[i] = e
+                continue
+            if lease.generation != gen:
+                continue  # gone with its session
+            if native is None:
+                try:
+                    client._call("Release", pb.ReleaseRequest(**sid.fields(), lease_id=lease.id),
+                                 gen, client._timeouts.short)
+                except errors.TuttiError as e:
+                    out[i] = e
+                continue
+            started.append((i, client, pb.ReleaseRequest(**sid.fields(), lease_id=lease.id), gen))
+        if not started:
+            return out
+        answers = native.release([(client._native_channel(native), req.SerializeToString(),
+                                   client._timeouts.short) for i, client, req, gen in started])
+        for (i, client, req, gen), (code, details, _) in zip(started, answers):
+            if code == 0:
+                continue
+            if code == _UNAVAILABLE:  # as lookup_many: the second connection's back-off
+                native.reconnect(client._native_channel(native))
+                try:
+                    client._call("Release", req, gen, client._timeouts.short)
+                except errors.TuttiError as e:
+                    out[i] = e
+                continue
+            err = client._error("Release", _NativeRpcError(code, details),
+                                client._timeouts.short, "short", gen)
+            client._observe(err, gen)
+            out[i] = err
+        return out
+
     def warm_lookup_many(self):
         """Opens lookup_many's own connection to tuttid now (it connects in the background),
         so that the first lookup_many does not wait for it. Nothing without tutti._lookup."""

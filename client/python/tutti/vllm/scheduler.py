@@ -555,10 +555,23 @@ class TuttiScheduler:
         log.warning("TP rank %d refused a Lookup (a miss, the rank stays in use): %s", rank, err)
 
     def _release(self, leases):
+        """Ends the leases ({rank: _Held or (client, lease)}); errors are ignored (a lease
+        expires on its own). Every rank's at once through the clients' release_many."""
+        pairs = []
         for held in leases.values():
             client, lease = (held.client, held.lease) if isinstance(held, _Held) else held
-            if lease.id == 0:
-                continue
+            if lease.id != 0:
+                pairs.append((client, lease))
+        if not pairs:
+            return
+        many = getattr(type(pairs[0][0]), "release_many", None)
+        if many is not None and all(type(c) is type(pairs[0][0]) for c, _ in pairs):
+            try:
+                many(pairs)
+            except Exception:  # the leases expire on their own
+                pass
+            return
+        for client, lease in pairs:
             try:
                 client.release(lease)
             except Exception:  # the lease expires on its own
