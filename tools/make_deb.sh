@@ -8,7 +8,8 @@
 #   .dist-info, as Debian's own Python packages have it; byte-compiled by postinst);
 #   maintainer scripts from deploy/debian/ (create the user, enable nothing, stop on removal,
 #   remove /etc/tutti and /var/lib/tutti on purge).
-# Depends: the Debian packages that own the libraries the binaries load (ldd, then dpkg -S).
+# Depends: the Debian packages that own the libraries the binaries and the Python package's
+# extension modules load (ldd, then dpkg -S).
 # Recommends: the Python package's (python3-grpcio, python3-protobuf): tuttid itself runs without.
 #
 # Usage: tools/make_deb.sh [--version V] [--out DIR] [--no-build]
@@ -85,10 +86,12 @@ find "$pydist" -type f -exec chmod 0644 {} +
 install -m 0755 deploy/debian/postinst deploy/debian/prerm deploy/debian/postrm "$root/DEBIAN/"
 printf '/etc/tutti/tuttid.textproto\n/etc/default/tuttid\n' >"$root/DEBIAN/conffiles"
 
-# The packages owning the libraries that ldd names. dpkg records /lib/... for some libraries and
+# The packages owning the libraries that ldd names, for the binaries and the Python package's
+# extension modules (tutti._lookup loads libgrpc++). dpkg records /lib/... for some libraries and
 # /usr/lib/... for others (usr-merge): each library is looked up as given, resolved, and with the
-# /usr prefix dropped or added, in one dpkg -S call.
-libs="$(for exe in "$root"/usr/bin/* "$root"/usr/libexec/tutti/*; do
+# /usr prefix dropped or added, in one dpkg -S call. libpython is not linked (the interpreter
+# provides it).
+libs="$(for exe in "$root"/usr/bin/* "$root"/usr/libexec/tutti/* $(find "$pydist" -name '*.so'); do
           [ -f "$exe" ] || continue  # no release helper: the glob stays unexpanded
           ldd "$exe" | awk '$3 ~ /^\// {print $3}'
         done | sort -u)"

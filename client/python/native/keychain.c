@@ -10,11 +10,14 @@
  * else with portable C. Built against CPython's limited API (abi3, 3.8+) so the one .so loads
  * in any CPython 3 environment of the platform (vLLM's virtual environments included).
  *
- * derive(last, tokens, block_size, extras[, first]) -> (keys, last)
+ * derive(last, tokens, block_size, extras[, first[, nblocks]]) -> (keys, last)
  *   last:   the previous block's 32-byte digest (the chain's root for block 0)
  *   tokens: a list (or tuple) of ints, a whole number of blocks
  *   extras: None (no block has extra keys) or a list of one bytes object per block
  *   first:  the request's position of tokens[0] (error messages name a token by it)
+ *   nblocks: given (>= 0), tokens is the request's whole list and the blocks are its
+ *           tokens[first : first + nblocks * block_size], read in place (no slice: a copy of
+ *           32K items took 80 us of the scheduler's first call); ValueError if it is shorter
  *   keys:   the blocks' 16-byte keys concatenated; last: the last block's digest
  * ValueError for a token that is not an int in [-2^63, 2^63) or arguments that do not fit.
  * Tests: sha256(data), implementation() ("sha-ni" or "portable"), use_portable(bool).
@@ -172,6 +175,39 @@ static void sha256(const uint8_t* msg, size_t len, uint8_t* buf, uint8_t out[32]
   }
 }
 
+/* SHA-256 of msg[0, len) into out (32 bytes), padded in place: msg holds at least len + 72
+ * bytes, and the padding after len is written only when len differs from *padded_len (the
+ * chain's messages are mostly of one length, and every byte before len is rewritten per block:
+ * no copy, no clearing; this was half the chain's time outside the compression). */
+static void sha256_in_place(uint8_t* msg, size_t len, size_t* padded_len, uint8_t out[32]) {
+  size_t total = (len + 9 + 63) / 64 * 64;
+  if (len != *padded_len) {
+    memset(msg + len, 0, total - len);
+    msg[len] = 0x80;
+    uint64_t bits = (uint64_t)len * 8;
+    for (int i = 0; i < 8; i++) msg[total - 1 - i] = (uint8_t)(bits >> (8 * i));
+    *padded_len = len;
+  }
+  uint32_t st[8];
+  memcpy(st, H0, sizeof st);
+  compress(st, msg, total / 64);
+  for (int i = 0; i < 8; i++) {
+    uint32_t w = st[i];
+    out[4 * i] = (uint8_t)(w >> 24);
+    out[4 * i + 1] = (uint8_t)(w >> 16);
+    out[4 * i + 2] = (uint8_t)(w >> 8);
+    out[4 * i + 3] = (uint8_t)w;
+  }
+}
+
+static inline void put_le64(uint8_t* p, uint64_t u) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  memcpy(p, &u, 8); /* one store */
+#else
+  for (int k = 0; k < 8; k++) p[k] = (uint8_t)(u >> (8 * k));
+#endif
+}
+
 static PyObject* item(PyObject* seq, int is_list, Py_ssize_t i) {
   return is_list ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i); /* borrowed */
 }
@@ -179,9 +215,10 @@ static PyObject* item(PyObject* seq, int is_list, Py_ssize_t i) {
 static PyObject* derive(PyObject* self, PyObject* args) {
   (void)self;
   const char* root;
-  Py_ssize_t root_len, bs, first = 0;
+  Py_ssize_t root_len, bs, first = 0, nblocks = -1;
   PyObject *tokens, *extras;
-  if (!PyArg_ParseTuple(args, "y#OnO|n", &root, &root_len, &tokens, &bs, &extras, &first)) {
+  if (!PyArg_ParseTuple(args, "y#OnO|nn", &root, &root_len, &tokens, &bs, &extras, &first,
+                        &nblocks)) {
     return NULL;
   }
   if (root_len != 32) {
@@ -194,7 +231,20 @@ static PyObject* derive(PyObject* self, PyObject* args) {
     return NULL;
   }
   Py_ssize_t ntok = is_list ? PyList_Size(tokens) : PyTuple_Size(tokens);
-  if (bs <= 0 || bs > (1 << 20) || ntok % bs) {
+  Py_ssize_t at = 0; /* tokens[at] is the first block's first token */
+  if (bs <= 0 || bs > (1 << 20)) {
+    PyErr_Format(PyExc_ValueError, "derive: block size %zd", bs);
+    return NULL;
+  }
+  if (nblocks >= 0) {
+    if (first < 0 || nblocks > (PY_SSIZE_T_MAX - first) / bs || first + nblocks * bs > ntok) {
+      PyErr_Format(PyExc_ValueError, "derive: %zd blocks of %zd from token %zd: the list has "
+                   "%zd tokens", nblocks, bs, first, ntok);
+      return NULL;
+    }
+    at = first;
+    ntok = nblocks * bs;
+  } else if (ntok % bs) {
     PyErr_Format(PyExc_ValueError, "derive: %zd tokens are not whole blocks of %zd", ntok, bs);
     return NULL;
   }
@@ -221,12 +271,12 @@ static PyObject* derive(PyObject* self, PyObject* args) {
     if (PyBytes_Size(e) > max_extra) max_extra = PyBytes_Size(e);
   }
   size_t msg_cap = 32 + 8 * (size_t)bs + (size_t)max_extra;
-  uint8_t* msg = PyMem_Malloc(msg_cap + msg_cap + 72);
+  uint8_t* msg = PyMem_Malloc(msg_cap + 72);
   if (msg == NULL) {
     Py_XDECREF(extras);
     return PyErr_NoMemory();
   }
-  uint8_t* scratch = msg + msg_cap;
+  size_t padded_len = 0; /* none yet */
   PyObject* keys = PyBytes_FromStringAndSize(NULL, 16 * n);
   if (keys == NULL) {
     Py_XDECREF(extras);
@@ -240,11 +290,19 @@ static PyObject* derive(PyObject* self, PyObject* args) {
     memcpy(msg, last, 32);
     uint8_t* p = msg + 32;
     for (Py_ssize_t j = 0; j < bs; j++, p += 8) {
-      /* Bounds-checked and held: a token's __index__ may run Python code (that changes the
-       * list, say); an error, never a crash. */
-      PyObject* t = item(tokens, is_list, b * bs + j);
+      /* Bounds-checked, and held unless an exact int: another type's __index__ may run Python
+       * code (that changes the list, say); an error, never a crash. An exact int runs none
+       * (the common case: no reference counting, 30% less time per token). */
+      PyObject* t = item(tokens, is_list, at + b * bs + j);
       long long v = -1;
-      if (t != NULL) {
+      if (t != NULL && PyLong_CheckExact(t)) {
+        v = PyLong_AsLongLong(t);
+        if (v != -1 || !PyErr_Occurred()) {
+          put_le64(p, (uint64_t)v);
+          continue;
+        }
+        Py_INCREF(t); /* for the message below */
+      } else if (t != NULL) {
         Py_INCREF(t);
         v = PyLong_AsLongLong(t);
       }
@@ -264,8 +322,7 @@ static PyObject* derive(PyObject* self, PyObject* args) {
         return NULL;
       }
       Py_DECREF(t);
-      uint64_t u = (uint64_t)v;
-      for (int k = 0; k < 8; k++) p[k] = (uint8_t)(u >> (8 * k));
+      put_le64(p, (uint64_t)v);
     }
     size_t len = (size_t)(p - msg);
     if (extras == NULL) {
@@ -276,7 +333,7 @@ static PyObject* derive(PyObject* self, PyObject* args) {
       memcpy(msg + len, PyBytes_AsString(e), (size_t)el);
       len += (size_t)el;
     }
-    sha256(msg, len, scratch, last);
+    sha256_in_place(msg, len, &padded_len, last);
     memcpy(out + 16 * b, last, 16);
   }
   Py_XDECREF(extras);

@@ -227,6 +227,153 @@ class DeadlineTest(FakeDaemonTest):
         self.assertEqual(tutti.Timeouts.uniform(120).for_store(4 << 30, True), (120, "durable"))
 
 
+class LookupManyTest(unittest.TestCase):
+    """Client.lookup_many (the vLLM scheduler's Lookups on every TP rank): through tutti._lookup
+    (built with the package: it must load here) and through grpcio (the fallback), the same
+    leases as lookup(), one error per client that fails, all in flight at once."""
+
+    def setUp(self):
+        self.daemons = [FakeTuttid().start() for _ in range(2)]
+        self.engine = Engine()
+        self.clients = [self.engine.attach(d, timeouts=tutti.Timeouts(short=0.4))
+                        for d in self.daemons]
+        self.saved = tc._NATIVE
+
+    def tearDown(self):
+        tc._NATIVE = self.saved
+        for d in self.daemons:
+            d.ended.set()
+        for c in self.clients:
+            c.detach()
+        for d in self.daemons:
+            d.close()
+        self.engine.shm.close()
+
+    def paths(self):
+        """Each way lookup_many can go: its name, after setting it up."""
+        tc._NATIVE = None
+        if os.environ.get("TUTTI_NATIVE_LOOKUP", "1") != "0":
+            self.assertIsNotNone(tc.native_lookup(), "tutti._lookup did not load")
+            yield "native"
+        tc._NATIVE = False  # as where it does not load
+        self.assertIsNone(tc.native_lookup())
+        yield "grpcio"
+
+    def test_the_same_leases_as_lookup(self):
+        for path in self.paths():
+            with self.subTest(path=path):
+                a = [c.lookup(KEYS, prompt_tokens=70) for c in self.clients]
+                b = tutti.Client.lookup_many([(c, KEYS, 70) for c in self.clients])
+                self.assertEqual([(x.id, x.hits, x.load_blocks, x.ttl_ms, x.generation)
+                                  for x in a],
+                                 [(x.id, x.hits, x.load_blocks, x.ttl_ms, x.generation)
+                                  for x in b])
+                packed = b"".join(KEYS)  # the scheduler's form
+                self.assertEqual([x.hits for x in tutti.Client.lookup_many(
+                    [(c, packed, None) for c in self.clients])], [4, 4])
+                self.assertEqual(tutti.Client.lookup_many([]), [])
+
+    def test_one_error_per_failed_client(self):
+        for path in self.paths():
+            with self.subTest(path=path):
+                out = tutti.Client.lookup_many([(self.clients[0], KEYS, -1),
+                                                (self.clients[1], KEYS, None),
+                                                (self.clients[0], [b"short"], None)])
+                self.assertIsInstance(out[0], tutti.InvalidArgument)
+                self.assertIn("prompt_tokens", str(out[0]))
+                self.assertEqual(out[1].hits, 4)
+                self.assertIsInstance(out[2], tutti.InvalidArgument)
+                self.assertIn("keys[0]", str(out[2]))
+
+    def test_a_wrong_session_is_tuttids_answer(self):
+        """NOT_FOUND from tuttid (here: a token it does not know) comes back as NotFound with
+        tuttid's message."""
+        for path in self.paths():
+            with self.subTest(path=path):
+                c = self.clients[1]
+                with c._cv:
+                    c._session_token = b"x" * 16
+                out = tutti.Client.lookup_many([(self.clients[0], KEYS, None), (c, KEYS, None)])
+                self.assertEqual(out[0].hits, 4)
+                self.assertIsInstance(out[1], tutti.NotFound)
+                self.assertIn("is unknown or expired", str(out[1]))
+                with c._cv:
+                    c._session_token = tc_token(c._session_id)
+
+    def test_hung_tuttids_answer_at_the_deadline_together(self):
+        for path in self.paths():
+            with self.subTest(path=path):
+                for d in self.daemons:
+                    d.hang.set()
+                err, took = timed(lambda: self.raise_first(tutti.Client.lookup_many(
+                    [(c, KEYS, None) for c in self.clients])))
+                for d in self.daemons:
+                    d.hang.clear()
+                self.assertIsInstance(err, tutti.DeadlineExceeded)
+                self.assertIn("did not answer Lookup within 0.4 s (Timeouts.short)", str(err))
+                self.assertLess(took, 0.75)  # in flight together: not 2 x 0.4 s
+                self.assertEqual([x.hits for x in tutti.Client.lookup_many(
+                    [(c, KEYS, None) for c in self.clients])], [4, 4])
+
+    def test_release_many(self):
+        """Every client's lease released from one call (both paths); a lease of 0 hits or of an
+        older session is not sent; a hung tuttid's Release is its DeadlineExceeded."""
+        for path in self.paths():
+            with self.subTest(path=path):
+                for d in self.daemons:
+                    d.released.clear()
+                leases = tutti.Client.lookup_many([(c, KEYS, None) for c in self.clients])
+                stale = tutti.Lease(9, 4, 1000, leases[0].generation + 1)
+                nothing = tutti.Lease(0, 0, 1000, leases[0].generation)
+                out = tutti.Client.release_many(list(zip(self.clients, leases)) +
+                                                [(self.clients[0], stale),
+                                                 (self.clients[1], nothing)])
+                self.assertEqual(out, [None] * 4)
+                self.assertEqual([d.released for d in self.daemons], [[7], [7]])
+                self.daemons[1].hang.set()
+                err, took = timed(lambda: self.raise_first(tutti.Client.release_many(
+                    list(zip(self.clients, leases)))))
+                self.daemons[1].hang.clear()
+                self.assertIsInstance(err, tutti.DeadlineExceeded)
+                self.assertIn("Release", str(err))
+                self.assertLess(took, 0.75)
+                self.assertEqual(tutti.Client.release_many([]), [])
+
+    @staticmethod
+    def raise_first(out):
+        for x in out:
+            if isinstance(x, Exception):
+                raise x
+        return out
+
+    def test_native_releases_the_gil_while_waiting(self):
+        """Another Python thread runs while lookup_many waits on a hung tuttid."""
+        tc._NATIVE = None
+        if tc.native_lookup() is None:
+            self.skipTest("TUTTI_NATIVE_LOOKUP=0")
+        self.daemons[0].hang.set()
+        ticks = []
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(1)
+                time.sleep(0.01)
+        t = threading.Thread(target=tick)
+        t.start()
+        out = tutti.Client.lookup_many([(self.clients[0], KEYS, None)])
+        stop.set()
+        t.join()
+        self.daemons[0].hang.clear()
+        self.assertIsInstance(out[0], tutti.DeadlineExceeded)
+        self.assertGreater(len(ticks), 10)
+
+
+def tc_token(session_id):
+    from fake_tuttid import _token
+    return _token(session_id)
+
+
 class SessionEndTest(unittest.TestCase):
     """A session that ends cancels its calls at once, long deadlines notwithstanding."""
 
@@ -294,6 +441,10 @@ class SessionEndTest(unittest.TestCase):
         err2, took = timed(lambda: self.client.lookup_inline(KEYS))
         self.assertEqual(str(err2), str(err))
         self.assertLess(took, 0.5)
+        start = time.monotonic()
+        err3, = tutti.Client.lookup_many([(self.client, KEYS, None)])
+        self.assertEqual(str(err3), str(err))
+        self.assertLess(time.monotonic() - start, 0.5)
 
 
 if __name__ == "__main__":

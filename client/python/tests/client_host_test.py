@@ -217,11 +217,22 @@ class HostModeTest(unittest.TestCase):
             keys = keys_of(4, 20)
             self.store_all(c, e, keys)
             old = c.lookup(keys)
+            # Client.lookup_many (the vLLM scheduler's; through tutti._lookup, its own
+            # connection) hits, misses while tuttid is away and hits again once it is back.
+            self.assertEqual(tutti.Client.lookup_many([(c, keys, None)])[0].hits, len(keys))
             self.assertEqual(self.daemon.stop(), 0)
             with self.assertRaises(tutti.Unavailable):
                 c.lookup(keys)  # a miss for the engine, at once
+            start = time.monotonic()
+            self.assertIsInstance(tutti.Client.lookup_many([(c, keys, None)])[0],
+                                  tutti.Unavailable)
+            self.assertLess(time.monotonic() - start, 0.5)
             self.daemon.start()
             self.assertTrue(self.await_generation(c, 2), self.daemon.log_tail())
+            again = tutti.Client.lookup_many([(c, keys, None)])[0]
+            self.assertEqual(again.hits, len(keys))
+            self.assertEqual(again.generation, 2)
+            c.release(again)
             with self.assertRaises(tutti.Unavailable):
                 c.retrieve(old, keys, list(range(20)))  # a lease of the old session
             c.release(old)

@@ -36,6 +36,7 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         self.hang = threading.Event()  # set: Lookup, Store, Retrieve, Release never answer
         self.ended = threading.Event()  # set by close(): hanging calls return
         self.calls = []               # names of the calls that reached the server
+        self.released = []            # lease ids of the Releases that reached it
         self.retrieves = []           # RetrieveRequests
         self.events = []              # WatchEventsResponses each WatchEvents stream sends
         self.watches = []             # WatchEventsRequests
@@ -161,6 +162,9 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
 
     def Release(self, request, context):
         self._check_session(request, context)
+        with self.lock:
+            self.calls.append("Release")
+            self.released.append(request.lease_id)
         if self.hang.is_set():
             self._hang(context)
         return pb.ReleaseResponse()

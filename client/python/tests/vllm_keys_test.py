@@ -4,10 +4,12 @@ the reference derivation: the formula of keys.py's docstring written out here wi
 struct, and vLLM's extra keys asked block by block. Random token ids (the whole int64 range),
 block sizes, extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C
 chain with the SHA extensions and in portable C; the Python fallback; keys pinned from before
-the C chain. And the first call's Lookups: the last rank's on the scheduler's thread
-(Client.lookup_inline), the same misses on errors. Needs tests/vllm/stub first on sys.path (the
+the C chain; blocks read in place from the request's list (a vLLM ConstantList too). And the
+first call's Lookups: every rank's from one Client.lookup_many call, or (a client without it)
+the last rank's on the scheduler's thread (Client.lookup_inline); the same misses on errors. Needs tests/vllm/stub first on sys.path (the
 BUILD does it)."""
 
+import collections.abc
 import hashlib
 import os
 import random
@@ -225,6 +227,42 @@ class KeyEqualityTest(unittest.TestCase):
             vkeys.request_keys(req, 16, 4)
         self.assertEqual(calls, [0, 16, 32, 48])
 
+    def test_blocks_read_in_place(self):
+        """derive(..., first, nblocks) reads tokens[first:first + nblocks * bs] of the whole
+        list (KeyChain's form: no slice) and gives the keys of that slice; a request whose
+        all_token_ids is a vLLM ConstantList (a Sequence over a list in _x) keys the same."""
+        rng = random.Random(5)
+        tokens = [rng.randrange(-(1 << 63), 1 << 63) for _ in range(16 * 9 + 5)]
+        for first_block, n in ((0, 9), (3, 6), (8, 1), (9, 0)):
+            root = hashlib.sha256(b"r%d" % first_block).digest()
+            first = 16 * first_block
+            self.assertEqual(
+                vkeys._native.derive(root, tokens, 16, None, first, n),
+                vkeys._native.derive(root, tokens[first:first + 16 * n], 16, None, first))
+            extras = [bytes([i % 3]) + b"x" * (i % 4) for i in range(n)]  # any bytes
+            self.assertEqual(
+                vkeys._native.derive(root, tokens, 16, extras, first, n),
+                vkeys._native.derive(root, tokens[first:first + 16 * n], 16, extras, first))
+
+        class ConstantList(collections.abc.Sequence):  # vLLM's: a Sequence over a list in _x
+            def __init__(self, x):
+                self._x = x
+
+            def __getitem__(self, i):
+                return self._x[i]
+
+            def __len__(self):
+                return len(self._x)
+        req = Request("c", tokens)
+        want = reference_keys(req, 16)
+        req._all_token_ids = ConstantList(list(tokens))  # the stub's all_token_ids returns it
+        for native in (vkeys._native, None):
+            with mock.patch.object(vkeys, "_native", native):
+                chain = vkeys.KeyChain(16)
+                self.assertEqual(chain.derive(req, 4), 4)
+                self.assertEqual(chain.derive(req, 9), 9)
+                self.assertEqual(chain.keys(0, 9), want)
+
     def test_bad_tokens_are_value_errors(self):
         for native in (vkeys._native, None):
             with mock.patch.object(vkeys, "_native", native):
@@ -237,6 +275,10 @@ class KeyEqualityTest(unittest.TestCase):
                     self.assertEqual(len(chain), 1)  # nothing of the failed derive was kept
         for args, err in (((b"x" * 31, [], 16, None), ValueError),
                           ((b"x" * 32, [1] * 17, 16, None), ValueError),
+                          ((b"x" * 32, [1] * 32, 16, None, 17, 1), ValueError),  # past the end
+                          ((b"x" * 32, [1] * 32, 16, None, -1, 1), ValueError),
+                          ((b"x" * 32, [1] * 32, 16, None, 0, 3), ValueError),
+                          ((b"x" * 32, [1] * 32, 0, None, 0, 1), ValueError),
                           ((b"x" * 32, [1] * 16, 16, [b"\x00", b"\x00"]), ValueError),
                           ((b"x" * 32, [1] * 16, 16, ["str"]), TypeError),
                           ((b"x" * 32, iter([1] * 16), 16, None), TypeError)):
@@ -288,6 +330,32 @@ class RankClient:
         pass
 
 
+class ManyClient(RankClient):
+    """A rank client with lookup_many and release_many, as tutti.Client: every rank's Lookup
+    (Release) from one call."""
+    batches = []
+    release_batches = []
+
+    @staticmethod
+    def release_many(releases):
+        ManyClient.release_batches.append(len(releases))
+        for client, lease in releases:
+            client.release(lease)
+        return [None] * len(releases)
+
+    @staticmethod
+    def lookup_many(lookups):
+        ManyClient.batches.append(len(lookups))
+        out = []
+        for client, keys, prompt_tokens in lookups:
+            client.calls.append("lookup_many")
+            try:
+                out.append(client._answer(keys))
+            except Exception as e:  # as tutti.Client: the error in the rank's place
+                out.append(e)
+        return out
+
+
 class SchedulerLookupTest(unittest.TestCase):
     """The first call's Lookups: every rank but the last in flight (start_lookup), the last on
     the scheduler's thread (lookup_inline); errors of either kind are the same misses."""
@@ -322,6 +390,41 @@ class SchedulerLookupTest(unittest.TestCase):
             self.assertEqual(clients[0].live, {})
             self.assertEqual(s._links[1].client() is None, backs_off)
             self.assertIsNotNone(s._links[0].client())
+
+    def test_every_rank_in_one_lookup_many(self):
+        """tutti.Client's lookup_many: one call for every rank's Lookup (through tutti._lookup
+        where it loads); the same answers, and the same misses and back-off on errors."""
+        for tp in (1, 2, 4):
+            ManyClient.batches, ManyClient.release_batches = [], []
+            clients = [ManyClient() for _ in range(tp)]
+            s = self.sched(clients)
+            req = Request("r", list(range(8 * 16 + 1)))
+            self.assertEqual(s.get_num_new_matched_tokens(req, 0), (8 * 16, False))
+            self.assertEqual(ManyClient.batches, [tp])
+            self.assertEqual([c.calls for c in clients], [["lookup_many"]] * tp)
+            s.request_finished(req, [])
+            self.assertEqual([c.live for c in clients], [{}] * tp)
+            self.assertEqual(ManyClient.release_batches, [tp])  # every rank's in one call
+        for err, backs_off in ((tutti.Unavailable("away"), True),
+                               (tutti.InvalidArgument("bad"), False)):
+            clients = [ManyClient(), ManyClient(fail=err)]
+            s = self.sched(clients)
+            req = Request("r", list(range(8 * 16 + 1)))
+            self.assertEqual(s.get_num_new_matched_tokens(req, 0), (0, False))
+            self.assertEqual(clients[0].live, {})  # the other rank's pins released
+            self.assertEqual(s._links[1].client() is None, backs_off)
+            self.assertIsNotNone(s._links[0].client())
+
+    def test_a_broken_lookup_many_is_a_miss(self):
+        """lookup_many raising (a bug, a broken native module): a miss, nothing held."""
+        class Broken(ManyClient):
+            @staticmethod
+            def lookup_many(lookups):
+                raise RuntimeError("broken")
+        s = self.sched([Broken(), Broken()])
+        with self.assertLogs("tutti.vllm", "WARNING"):
+            self.assertEqual(s.get_num_new_matched_tokens(Request("r", list(range(33))), 0),
+                             (0, False))
 
     def test_a_client_without_lookup_inline(self):
         """A rank client with start_lookup only (an older tutti.Client, a fake): in flight."""

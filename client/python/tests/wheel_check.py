@@ -35,7 +35,8 @@ def main():
     sys.path.append(args.vllm_stub)
 
     for name in ("tutti", "tutti.v1.kvcache_pb2", "tutti.v1.kvcache_pb2_grpc", "tutti.client",
-                 "tutti.testing", "tutti.vllm", "tutti.vllm.connector", "tutti.vllm._keychain"):
+                 "tutti.testing", "tutti.vllm", "tutti.vllm.connector", "tutti.vllm._keychain",
+                 "tutti._lookup"):
         module = importlib.import_module(name)
         assert under(module.__file__, site), "%s from %s, not %s" % (name, module.__file__, site)
         print("%-26s %s" % (name, os.path.relpath(module.__file__, site)))
@@ -57,6 +58,8 @@ def main():
     assert "KvCache" in pb.DESCRIPTOR.services_by_name
     import tutti.vllm.keys
     assert tutti.vllm.keys._native is not None, "the key chain in C did not load from the wheel"
+    import tutti.client
+    assert tutti.client.native_lookup() is not None, "tutti._lookup did not load from the wheel"
 
     dist = importlib.metadata.distribution("tutti")
     assert dist.version == args.version, "installed %s, tuttid %s" % (dist.version, args.version)

@@ -263,6 +263,8 @@ class Client:
         self._store_lock = threading.Lock()  # cuda mode: tuttid takes one Store at a time
         self._inflight = None
         self._calls = InFlight()
+        self._native = None  # tutti._lookup's channel to tuttid (lookup_many), made on first use
+        self._native_lock = threading.Lock()
         try:
             self._attach_now(self._timeouts.attach)
         except BaseException:
@@ -515,6 +517,141 @@ class Client:
             raise err from None
         return self._lease_of(resp, gen)
 
+    @staticmethod
+    def lookup_many(lookups) -> list:
+        """Lookups on several clients at once (a vLLM scheduler's TP ranks, each its own
+        tuttid): `lookups` is [(client, keys, prompt_tokens)]; the answer, in the same order,
+        a Lease or the TuttiError that client's lookup() would raise, for each. Every Lookup is
+        in flight together: the wait is the slowest one's.
+
+        With tutti._lookup (native_lookup(): Debian's libgrpc++ through a C extension) the
+        calls go out and complete on this thread without the GIL, through a second connection
+        of each client to its tuttid, at about the C++ client's cost per call; grpcio's
+        hand-off to its polling thread was most of a Lookup's time and tail on a busy host
+        (bench/results/vllm_lookup_latency.jsonl). Without it (another platform, or
+        TUTTI_NATIVE_LOOKUP=0): start_lookup() on every client but the last, lookup_inline()
+        on the last. As with lookup_inline, a Lookup in flight when its session ends is not
+        cancelled: it ends with tuttid's answer or at its deadline (Timeouts.short)."""
+        lookups = list(lookups)
+        out = [None] * len(lookups)
+        native = native_lookup()
+        started = []  # (index, client, request, generation): argument errors already answered
+        for i, (client, keys, prompt_tokens) in enumerate(lookups):
+            try:
+                req, gen = client._lookup_request(keys, prompt_tokens)
+                if client._calls.why(gen) is not None:  # the session is over: no call
+                    raise client._failed_lookup(grpc.FutureCancelledError(), gen)
+                started.append((i, client, req, gen))
+            except errors.TuttiError as e:
+                out[i] = e
+        if native is None:
+            pending = []
+            for k, (i, client, req, gen) in enumerate(started):
+                if k == len(started) - 1:
+                    out[i] = client._inline_call(req, gen)
+                else:
+                    try:
+                        pending.append((i, PendingLookup(client, client._start_call(
+                            "Lookup", req, gen, client._timeouts.short), gen)))
+                    except errors.TuttiError as e:
+                        out[i] = e
+            for i, p in pending:
+                try:
+                    out[i] = p.result()
+                except errors.TuttiError as e:
+                    out[i] = e
+            return out
+        calls = [(client._native_channel(native), req.SerializeToString(),
+                  client._timeouts.short) for i, client, req, gen in started]
+        answers = native.lookup(calls)
+        for (i, client, req, gen), (code, details, body) in zip(started, answers):
+            if code == 0:
+                out[i] = client._lease_of(pb.LookupResponse.FromString(body), gen)
+            elif code == _UNAVAILABLE:
+                # The second connection may still be in its reconnect back-off after tuttid
+                # came back (the session is new, grpcio's connection is up): ask through grpcio
+                # this once, so that a good session is not taken for lost; connect again now.
+                native.reconnect(client._native_channel(native))
+                out[i] = client._inline_call(req, gen)
+            else:
+                out[i] = client._failed_lookup(_NativeRpcError(code, details), gen)
+        return out
+
+    @staticmethod
+    def release_many(releases) -> list:
+        """release() of several leases of several clients at once (a request's leases on every
+        TP rank): `releases` is [(client, lease)]; the answer, in order, None or the TuttiError
+        that client's release() would raise. Through tutti._lookup where it loads (one call,
+        in flight together, as lookup_many), else release() one after the other."""
+        releases = list(releases)
+        out = [None] * len(releases)
+        native = native_lookup()
+        started = []
+        for i, (client, lease) in enumerate(releases):
+            if lease.id == 0:
+                continue
+            try:
+                sid, gen = client._current()
+            except errors.TuttiError as e:
+                out[i] = e
+                continue
+            if lease.generation != gen:
+                continue  # gone with its session
+            if native is None:
+                try:
+                    client._call("Release", pb.ReleaseRequest(**sid.fields(), lease_id=lease.id),
+                                 gen, client._timeouts.short)
+                except errors.TuttiError as e:
+                    out[i] = e
+                continue
+            started.append((i, client, pb.ReleaseRequest(**sid.fields(), lease_id=lease.id), gen))
+        if not started:
+            return out
+        answers = native.release([(client._native_channel(native), req.SerializeToString(),
+                                   client._timeouts.short) for i, client, req, gen in started])
+        for (i, client, req, gen), (code, details, _) in zip(started, answers):
+            if code == 0:
+                continue
+            if code == _UNAVAILABLE:  # as lookup_many: the second connection's back-off
+                native.reconnect(client._native_channel(native))
+                try:
+                    client._call("Release", req, gen, client._timeouts.short)
+                except errors.TuttiError as e:
+                    out[i] = e
+                continue
+            err = client._error("Release", _NativeRpcError(code, details),
+                                client._timeouts.short, "short", gen)
+            client._observe(err, gen)
+            out[i] = err
+        return out
+
+    def warm_lookup_many(self):
+        """Opens lookup_many's own connection to tuttid now (it connects in the background),
+        so that the first lookup_many does not wait for it. Nothing without tutti._lookup."""
+        native = native_lookup()
+        if native is not None:
+            self._native_channel(native)
+
+    def _native_channel(self, native):
+        with self._native_lock:
+            if self._native is None:
+                self._native = native.open(self._socket_path)
+            return self._native
+
+    def _inline_call(self, req, gen):
+        """The Lookup `req` of session `gen` on this thread: a Lease or the TuttiError."""
+        try:
+            return self._lease_of(self._stub.Lookup(req, timeout=self._timeouts.short), gen)
+        except grpc.RpcError as e:
+            return self._failed_lookup(e, gen)
+
+    def _failed_lookup(self, rpc_error, gen):
+        """The TuttiError of a failed Lookup of session `gen` (observed: a session found gone
+        starts the re-attach)."""
+        err = self._error("Lookup", rpc_error, self._timeouts.short, "short", gen)
+        self._observe(err, gen)
+        return err
+
     def _lookup_request(self, keys, prompt_tokens):
         """(LookupRequest, session generation); argument errors raised."""
         if prompt_tokens is not None and not 0 <= int(prompt_tokens) <= 1 << 24:
@@ -733,6 +870,8 @@ class Client:
             except grpc.RpcError:
                 pass
         self._channel.close()
+        with self._native_lock:
+            self._native = None  # the capsule closes its channel
         self._close_fds()
         if self._words is not None:
             self._words.close()
@@ -779,6 +918,45 @@ class PendingLookup:
     def result(self) -> Lease:
         resp = self._client._finish_call(self._started)
         return self._client._lease_of(resp, self._generation)
+
+
+_NATIVE = None  # tutti._lookup once tried; False where it did not load
+
+
+def native_lookup():
+    """The tutti._lookup module that Client.lookup_many uses, or None: not built for this
+    platform, its libraries (libgrpc++ 1.51) missing, or turned off by TUTTI_NATIVE_LOOKUP=0.
+    Loaded on first use (it starts a gRPC core of its own)."""
+    global _NATIVE
+    if _NATIVE is None:
+        if os.environ.get("TUTTI_NATIVE_LOOKUP", "1") == "0":
+            _NATIVE = False
+        else:
+            try:
+                from tutti import _lookup
+                _NATIVE = _lookup
+            except ImportError:
+                _NATIVE = False
+    return _NATIVE or None
+
+
+_STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+
+
+class _NativeRpcError(grpc.RpcError):
+    """tutti._lookup's failed call, as grpcio's errors read (code(), details())."""
+
+    def __init__(self, code, details):
+        super().__init__(details)
+        self._code = _STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN)
+        self._details = details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
 
 
 def _packed_keys(keys) -> bytes:

@@ -178,11 +178,18 @@ class KeyChain:
                 extra, mm_idx = generate_block_hash_extra_keys(request, start, start + bs, mm_idx)
                 extras.append(extra)
                 encoded.append(_NO_EXTRA if extra is None else encode_extra_keys(extra))
-        raw = tokens[have * bs:n * bs]
-        if not isinstance(raw, (list, tuple)):
-            raw = list(raw)
-        derive = _native.derive if _native is not None else _derive_py
-        packed, self._last = derive(self._last, raw, bs, encoded, have * bs)
+        if _native is not None:
+            # The C chain reads the blocks in place from the request's list (vLLM's
+            # all_token_ids is a ConstantList over it): no slice of 32K items per long prompt.
+            whole = getattr(tokens, "_x", tokens) if type(tokens).__name__ == "ConstantList" \
+                else tokens
+            if not isinstance(whole, (list, tuple)):
+                whole = list(whole)
+            packed, self._last = _native.derive(self._last, whole, bs, encoded, have * bs,
+                                                n - have)
+        else:
+            raw = tokens[have * bs:n * bs]
+            packed, self._last = _derive_py(self._last, raw, bs, encoded, have * bs)
         self._packed += packed
         self._extras.extend(extras)
         self._mm_idx = mm_idx

@@ -10,7 +10,9 @@ never hold up a step, the loads and saves of each step, and the KV events of eve
   UNAVAILABLE (tuttid away or not answering in time) also skips that rank (a miss) for a
   back-off (0.5 s doubling to 8 s) or until its session is back; other errors are answers of a
   live tuttid about this request (e.g. INVALID_ARGUMENT), logged, no back-off. Calling it again
-  for a request releases the leases of the earlier call.
+  for a request releases the leases of the earlier call. Every rank's Lookup goes out from one
+  tutti.Client.lookup_many call: through tutti._lookup (libgrpc++, completed on this thread
+  without the GIL) where it loads, else grpcio.
 - update_state_after_alloc: loads of blocks [local hits, hits) of the request's blocks (one
   LoadSpec per chunk, with that chunk's leases), the leases of chunks not loaded released.
 - build_connector_meta: the loads since the last step, and the saves: the full blocks computed by
@@ -480,18 +482,25 @@ class TuttiScheduler:
     def _lookup_all(self, keys, prompt_tokens, links=None):
         """{rank: Lease} from every rank, or None (a miss; what was pinned is released). The
         ranks' Lookups are in flight together: the wait is the slowest rank's, not their sum.
-        The last rank's runs on this thread (Client.lookup_inline: no hand-off to gRPC's
-        thread) while the others' are in flight. `links`: the sessions to ask (default
-        self._links)."""
+        tutti.Client.lookup_many sends them all from one call (through tutti._lookup where it
+        loads: no GIL, no hand-off to grpcio's thread). A client without it (a fake): the last
+        rank's on this thread (lookup_inline) while the others' are in flight. `links`: the
+        sessions to ask (default self._links)."""
         links = links if links is not None else self._links
-        started, leases, ok = {}, {}, True
         ranks = sorted(links)
+        clients = []
         for rank in ranks:
-            link = links[rank]
-            client = link.client()
+            client = links[rank].client()
             if client is None:
-                ok = False
-                break
+                return None
+            clients.append(client)
+        if not clients:
+            return None
+        many = getattr(type(clients[0]), "lookup_many", None)
+        if many is not None and all(type(c) is type(clients[0]) for c in clients):
+            return self._lookup_many(many, keys, prompt_tokens, ranks, clients, links)
+        started, leases, ok = {}, {}, True
+        for rank, client in zip(ranks, clients):
             try:
                 inline = getattr(client, "lookup_inline", None) if rank == ranks[-1] else None
                 if inline is not None:
@@ -515,6 +524,26 @@ class TuttiScheduler:
             return None
         return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
 
+    def _lookup_many(self, many, keys, prompt_tokens, ranks, clients, links):
+        """_lookup_all through the clients' lookup_many: [Lease or error] per rank."""
+        try:
+            answers = many([(c, keys, prompt_tokens) for c in clients])
+        except Exception as e:  # a bug or a broken native module: a miss on every rank
+            log.warning("Lookup on every TP rank failed: %s", e)
+            return None
+        leases, ok = {}, True
+        for rank, client, answer in zip(ranks, clients, answers):
+            if isinstance(answer, BaseException):
+                self._lookup_failed(rank, answer, links)
+                ok = False
+            else:
+                leases[rank] = (client, answer)
+                links[rank].succeeded()
+        if not ok:
+            self._release(leases)
+            return None
+        return {rank: _Held(c, lease) for rank, (c, lease) in leases.items()}
+
     def _lookup_failed(self, rank, err, links=None):
         """UNAVAILABLE: tuttid away or too slow: back off from the rank. Anything else is a
         live tuttid refusing this Lookup (or a bug here): this request misses, others go on."""
@@ -526,10 +555,23 @@ class TuttiScheduler:
         log.warning("TP rank %d refused a Lookup (a miss, the rank stays in use): %s", rank, err)
 
     def _release(self, leases):
+        """Ends the leases ({rank: _Held or (client, lease)}); errors are ignored (a lease
+        expires on its own). Every rank's at once through the clients' release_many."""
+        pairs = []
         for held in leases.values():
             client, lease = (held.client, held.lease) if isinstance(held, _Held) else held
-            if lease.id == 0:
-                continue
+            if lease.id != 0:
+                pairs.append((client, lease))
+        if not pairs:
+            return
+        many = getattr(type(pairs[0][0]), "release_many", None)
+        if many is not None and all(type(c) is type(pairs[0][0]) for c, _ in pairs):
+            try:
+                many(pairs)
+            except Exception:  # the leases expire on their own
+                pass
+            return
+        for client, lease in pairs:
             try:
                 client.release(lease)
             except Exception:  # the lease expires on its own
@@ -810,9 +852,11 @@ def lookup_only_connect(lookup_timeout_s: float = 0.5, connect_timeout_s: float 
     timeouts = tutti.Timeouts(short=lookup_timeout_s)
 
     def connect(h: TuttiHandshake):
-        return tutti.Client.attach_lookup_only(h.namespace, h.engine_group, socket_path=h.socket,
-                                               engine_id="vllm-scheduler-rank%d" % h.tp_rank,
-                                               connect_timeout=connect_timeout_s,
-                                               timeouts=timeouts,
-                                               namespace_secret=h.namespace_secret)
+        c = tutti.Client.attach_lookup_only(h.namespace, h.engine_group, socket_path=h.socket,
+                                            engine_id="vllm-scheduler-rank%d" % h.tp_rank,
+                                            connect_timeout=connect_timeout_s,
+                                            timeouts=timeouts,
+                                            namespace_secret=h.namespace_secret)
+        c.warm_lookup_many()  # the first request's Lookups need not wait for the connection
+        return c
     return connect
