@@ -697,6 +697,7 @@ StoreStats BlockStore::Impl::Stats() const {
   s.dram_used = dram_->used();
   s.store_staging_used = store_staging_->used_bytes();
   s.store_staging_bytes = store_staging_->capacity_bytes();
+  s.admission = std::string(admission_->name());
   const datapath::ReadCountersSnapshot reads = reader_->counters();
   s.read_ios = reads.ios;
   s.read_io_bytes = reads.io_bytes;

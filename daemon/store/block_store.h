@@ -212,6 +212,7 @@ struct StoreStats {
   // New blocks of Stores the admission policy (StoreOptions::admission) admitted and declined
   // (kDeclined), since start. With "all" every new block is admitted.
   uint64_t blocks_admitted = 0, blocks_declined = 0;
+  std::string admission;  // the policy's name (StoreOptions::admission)
   // Namespaces dropped (empty ones, to make room for a new one) and removed (RemoveNamespace).
   uint64_t namespaces_dropped = 0, namespaces_removed = 0;
   // The write backlog now (see StoreOptions::max_write_backlog_bytes): its staging bytes, its
