@@ -68,6 +68,7 @@ class RequestResult:
     already_present: int = 0
     dropped: int = 0          # refused every time, or failed
     refusals: int = 0         # rejected_full answers, retried or not
+    declined: int = 0         # declined by tuttid's admission policy (pool.admission): not retried
     lag_s: float = 0.0        # started this long after its (scaled) arrival time
     retrieve_s: float = 0.0
     store_s: float = 0.0
@@ -191,6 +192,8 @@ class TraceEngine:
                 elif o == "rejected_full":
                     res.refusals += 1
                     again.append(b)
+                elif o == "declined":
+                    res.declined += 1
                 else:
                     res.dropped += 1
             if not again:

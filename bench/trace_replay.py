@@ -151,7 +151,7 @@ def pool_bytes_for(blocks, geometry):
 def report(args, requests, results, wall, sim, slots, before, after, sampler, geometry):
     tot = {k: sum(getattr(r, k) for r in results)
            for k in ("blocks", "hits", "loaded", "load_failed", "written", "already_present",
-                     "dropped", "refusals")}
+                     "dropped", "refusals", "declined")}
     retrieve_s = sum(r.retrieve_s for r in results)
     lags = sorted(r.lag_s for r in results)
     span_h = trace_format.span_seconds(requests) / 3600.0
@@ -159,11 +159,13 @@ def report(args, requests, results, wall, sim, slots, before, after, sampler, ge
     model_block = args.model_bytes_per_token * args.block_tokens
     d = {k: after.get(k, 0) - before.get(k, 0)
          for k in ("lookup_hits", "blocks_stored", "bytes_read", "bytes_written", "evictions",
-                   "store_rejected", "store_rejected_backlog", "blocks_retrieved")}
+                   "store_rejected", "store_rejected_backlog", "blocks_retrieved",
+                   "blocks_admitted", "blocks_declined")}
     out = dict(requests=len(results), capacity_blocks=slots, wall_s=round(wall, 3),
                trace_span_s=span_h * 3600, **tot,
                hit_ratio=tot["hits"] / max(tot["blocks"], 1), sim_hit_ratio=sim.hit_ratio,
                sim_hits=sim.hits, sim_written=sim.written, sim_evicted=sim.evicted,
+               sim_declined=sim.declined, admission=args.admission,
                bytes_loaded=tot["loaded"] * bb, bytes_written=tot["written"] * bb,
                block_bytes=bb, write_amplification=tot["written"] / max(tot["loaded"], 1),
                ssd_write_bytes_per_hour=tot["written"] * bb / span_h,
@@ -174,7 +176,9 @@ def report(args, requests, results, wall, sim, slots, before, after, sampler, ge
                daemon={k: v for k, v in d.items()}, errors=[e for r in results for e in r.errors])
     out.update(sampler.summary())
     out["counts_agree"] = (tot["hits"] == sim.hits and tot["written"] == sim.written and
-                           d["evictions"] == sim.evicted and d["blocks_stored"] == sim.written)
+                           d["evictions"] == sim.evicted and d["blocks_stored"] == sim.written and
+                           tot["declined"] == sim.declined and
+                           d["blocks_declined"] == sim.declined)
     return out
 
 
@@ -210,11 +214,12 @@ def print_report(rep):
               rep["hits"], rep["blocks"], rep["sim_hits"], rep["written"], rep["sim_written"],
               rep["daemon"]["evictions"], rep["sim_evicted"], rep["counts_agree"]))
     print("  loaded %d blocks (%.1f MB, %.2f GB/s), written %d (%.1f MB; tuttid %d stored, "
-          "%.1f MB), write amplification %.2f, dropped %d, refusals %d" % (
+          "%.1f MB), write amplification %.2f, dropped %d, refusals %d, declined %d (sim %d, "
+          "admission %s)" % (
               rep["loaded"], rep["bytes_loaded"] / 1e6, rep["load_gbps"], rep["written"],
               rep["bytes_written"] / 1e6, rep["daemon"]["blocks_stored"],
               rep["daemon"]["bytes_written"] / 1e6, rep["write_amplification"], rep["dropped"],
-              rep["refusals"]))
+              rep["refusals"], rep["declined"], rep["sim_declined"], rep["admission"]))
     print("  SSD writes at the trace's rate: %.2f GB/h of these blocks, %.1f GB/h at %d MiB a "
           "block; write backlog max %d bytes (%d blocks, oldest %d ms), mean %.0f bytes; lag "
           "p50 %.3f s, max %.3f s" % (
@@ -253,6 +258,11 @@ def parse_args(argv):
     ap.add_argument("--model-bytes-per-token", type=int, default=LLAMA3_8B_BYTES_PER_TOKEN)
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="", help="append JSON lines here")
+    ap.add_argument("--admission", choices=("all", "second_sight"), default="all",
+                    help="tuttid's pool.admission (the simulation runs the same policy); with "
+                         "--socket, the running tuttid's must match")
+    ap.add_argument("--ghost-blocks", type=int, default=0,
+                    help="second_sight's pool.admission_ghost_blocks (0: 2 x the capacity asked)")
     args = ap.parse_args(argv)
     if args.engines < 1 or args.speed < 0 or args.call_blocks < 1:
         ap.error("--engines and --call-blocks must be >= 1, --speed >= 0")
@@ -260,6 +270,20 @@ def parse_args(argv):
         ap.error("--socket and --admin-socket go together")
     trace_format.check_block_tokens(args.block_tokens)
     return args
+
+
+def pool_admission(args, ghost):
+    """The pool { } fields that set tuttid's admission policy ("" for all, the default)."""
+    if args.admission == "all":
+        return ""
+    return 'admission: "%s" admission_ghost_blocks: %d' % (args.admission, ghost)
+
+
+def sim_policy(args, slots, ghost):
+    """The simulation's policy that tuttid's pool.admission runs, with the same ghost bound."""
+    if args.admission == "all":
+        return trace_policies.Policy(slots)
+    return trace_policies.SecondSight(slots, ghost_blocks=ghost)
 
 
 def replay(args, command):
@@ -270,6 +294,7 @@ def replay(args, command):
     geometry.layout()  # checks the shape
     unique = trace_format.unique_blocks(requests, args.block_tokens)
     want = args.capacity_blocks or max(1, round(args.capacity_share * unique))
+    ghost = args.ghost_blocks or 2 * want  # second_sight's, for tuttid and the simulation
     daemon = None
     if not args.socket:
         import tutti.testing
@@ -277,7 +302,8 @@ def replay(args, command):
         daemon = tutti.testing.Tuttid(binary=args.tuttid or None, capacity=capacity,
                                       object_bytes=object_bytes, max_objects=geometry.num_objects,
                                       store_staging=args.store_staging_mib << 20,
-                                      max_blocks_per_call=max(args.call_blocks, 512)).start()
+                                      max_blocks_per_call=max(args.call_blocks, 512),
+                                      pool_extra=pool_admission(args, ghost)).start()
     socket_path = args.socket or daemon.socket
     admin = args.admin_socket or daemon.admin_socket
     try:
@@ -286,7 +312,7 @@ def replay(args, command):
         print("%s: %d requests (%d unique blocks of %d tokens), %d free slots (asked %d), "
               "%d-byte blocks" % (args.trace, len(requests), unique, args.block_tokens, slots,
                                   want, geometry.block_bytes))
-        sim = trace_sim.simulate(requests, trace_policies.Policy(slots), args.block_tokens,
+        sim = trace_sim.simulate(requests, sim_policy(args, slots, ghost), args.block_tokens,
                                  args.call_blocks)
         sampler = BacklogSampler(admin, args.sample_ms / 1000.0).start()
         try:

@@ -122,6 +122,39 @@ class ReplayTest(unittest.TestCase):
         self.assertEqual(head["value"], 1.0)
         self.assertEqual(head["dropped"], 0)
 
+    def test_second_sight_in_tuttid_equals_the_simulation(self):
+        # The same slice through tuttid with pool.admission "second_sight" and a ghost of 1x the
+        # capacity (small enough that the bound forgets first sights): hits, blocks written and
+        # declined, and evictions equal trace_policies.SecondSight's with the same ghost.
+        import json
+        import trace_replay
+        out = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "r.jsonl")
+        unique = tf.unique_blocks(tf.read_trace(SLICE), 512)
+        want = round(0.3 * unique)
+        text = io.StringIO()
+        with redirect_stdout(text):
+            code = trace_replay.main([SLICE, "--capacity-share", "0.3", "--wait-durable",
+                                      "--verify", "--check", "--admission", "second_sight",
+                                      "--ghost-blocks", str(want), "--out", out])
+        sys.stdout.write(text.getvalue())
+        self.assertEqual(code, 0)
+        with open(out) as f:
+            head = json.loads(f.readline())
+        self.assertEqual(head["admission"], "second_sight")
+        self.assertEqual(head["hits"], head["sim_hits"])
+        self.assertEqual(head["written"], head["sim_written"])
+        self.assertEqual(head["declined"], head["sim_declined"])
+        self.assertEqual(head["daemon"]["blocks_declined"], head["declined"])
+        self.assertEqual(head["daemon"]["blocks_admitted"], head["written"])
+        self.assertEqual(head["daemon"]["blocks_stored"], head["written"])
+        self.assertEqual(head["daemon"]["evictions"], head["sim_evicted"])
+        self.assertGreater(head["declined"], 0)
+        self.assertGreater(head["hits"], 0)
+        self.assertEqual(head["dropped"], 0)
+        # Against store-all on the same slice (the other test): fewer blocks written.
+        store_all = trace_sim.simulate(tf.read_trace(SLICE), tp.Policy(want))
+        self.assertLess(head["written"], store_all.written)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -167,7 +167,9 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
                absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
   }
   RETURN_IF_ERROR(CheckRange("pool.max_objects", p.max_objects(), 1, kMaxObjectsPerSlot));
-  return CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots);
+  RETURN_IF_ERROR(CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots));
+  RETURN_IF_ERROR(CheckOneOf("pool.admission", p.admission(), {"", "all", "second_sight"}));
+  return CheckRange("pool.admission_ghost_blocks", p.admission_ghost_blocks(), 0, 1ull << 28);
 }
 
 // A PCI address as sysfs spells it: "0000:01:00.0" (domain:bus:device.function, lower-case hex).

@@ -34,6 +34,8 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->pool().capacity_bytes(), 4ull << 30);
   EXPECT_EQ(c->pool().object_bytes(), 32768u);
   EXPECT_EQ(c->pool().max_objects(), 64u);
+  EXPECT_EQ(c->pool().admission(), "all");
+  EXPECT_EQ(c->pool().admission_ghost_blocks(), 0u);
   EXPECT_EQ(c->io().backend(), "uring");
   EXPECT_EQ(c->io().queue_depth(), 64u);
   EXPECT_EQ(c->io().nvme_nsid(), 1u);
@@ -206,6 +208,9 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { max_objects: 0 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
+  ExpectRejected("pool { admission: \"lru\" }", {"pool.admission", "all", "second_sight"});
+  ExpectRejected("pool { admission_ghost_blocks: 300000000 }",
+                 {"pool.admission_ghost_blocks", "268435456"});
   ExpectRejected("io { backend: \"spdk\" }",
                  {"io.backend", "uring", "memory", "gds", "uring_cmd", "nvme"});
   ExpectRejected("io { backend: \"nvme\" }", {"io.nvme_devices", "vfio-pci", "0000:01:00.0"});

@@ -244,6 +244,9 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     resp->set_write_backlog_blocks(3);
     resp->set_write_backlog_age_ms(250);
     resp->set_store_rejected_backlog(2);
+    resp->set_admission("second_sight");  // fixed figures, for tuttictl's output
+    resp->set_blocks_admitted(5);
+    resp->set_blocks_declined(7);
     v1::NamespaceStats* ns = resp->add_namespaces();
     ns->set_namespace_id(0xabcdef0123456789ull);
     ns->set_model_id("bench-llama3-8b");

@@ -26,6 +26,9 @@ void CountOutcome(StoreOutcome outcome, uint64_t block_bytes, StoreTally& tally)
     case tutti::v1::STORE_REJECTED_FULL:
       ++tally.rejected_full;
       break;
+    case tutti::v1::STORE_DECLINED:  // the admission policy's choice, not a failure
+      ++tally.declined;
+      break;
     default:
       ++tally.failed;
       break;

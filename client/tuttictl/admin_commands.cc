@@ -186,6 +186,10 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
            absl::StrCat(r.write_backlog_blocks(), " blocks, ", HumanBytes(r.write_backlog_bytes()),
                         ", oldest waiting ", r.write_backlog_age_ms(), " ms"));
     kv.Add("evictions", absl::StrCat(r.evictions()));
+    if (!r.admission().empty() && r.admission() != "all") {
+      kv.Add("admission", absl::StrCat(r.admission(), ": ", r.blocks_admitted(), " blocks admitted, ",
+                                       r.blocks_declined(), " declined"));
+    }
     kv.Add("errors",
            absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
                         ", store rejected (full) ", r.store_rejected(),
@@ -235,6 +239,8 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
         {"store_rejected", r.store_rejected()},
         {"store_failed", r.store_failed()},
         {"store_rejected_backlog", r.store_rejected_backlog()},
+        {"blocks_admitted", r.blocks_admitted()},
+        {"blocks_declined", r.blocks_declined()},
         {"write_backlog_bytes", r.write_backlog_bytes()},
         {"write_backlog_blocks", r.write_backlog_blocks()},
         {"write_backlog_age_ms", r.write_backlog_age_ms()},
@@ -248,6 +254,7 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
     for (const auto& [key, value] : fields) j.Key(key).Uint(value);
     j.Key("prediction_error_mean").Double(r.prediction_error_mean());
     j.Key("prediction_error_last").Double(r.prediction_error_last());
+    j.Key("admission").String(r.admission());
     j.Key("namespaces").BeginArray();
     for (const auto& ns : r.namespaces()) {
       j.BeginObject().Key("namespace_id").String(NamespaceHex(ns.namespace_id()));

@@ -186,7 +186,9 @@ void BenchCommand::PrintHuman(const BenchResult& r, std::ostream& out) const {
     kv.Add("store outcomes",
            absl::StrCat("durable ", s.durable, ", captured ", s.captured, ", already present ",
                         s.already_present, ", rejected (full) ", s.rejected_full, ", failed ",
-                        s.failed));
+                        s.failed,
+                        s.declined > 0 ? absl::StrCat(", declined (admission) ", s.declined)
+                                       : std::string()));
   }
   if (r.retrieved) {
     const RetrieveTally& x = r.retrieve;
@@ -216,7 +218,8 @@ void BenchCommand::PrintJson(const BenchResult& r, std::ostream& out) const {
     j.Key("wall_seconds").Double(absl::ToDoubleSeconds(r.store_wall));
     j.Key("gbps").Double(GBps(s.bytes, s.rpc_time)).Key("durable").Uint(s.durable);
     j.Key("captured").Uint(s.captured).Key("already_present").Uint(s.already_present);
-    j.Key("rejected_full").Uint(s.rejected_full).Key("failed").Uint(s.failed).EndObject();
+    j.Key("rejected_full").Uint(s.rejected_full).Key("failed").Uint(s.failed);
+    j.Key("declined").Uint(s.declined).EndObject();
   }
   if (r.retrieved) {
     const RetrieveTally& x = r.retrieve;

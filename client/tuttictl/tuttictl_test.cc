@@ -101,6 +101,13 @@ TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
             std::string::npos)
       << human.out;
   EXPECT_NE(human.out.find("(of them for the write backlog 2)"), std::string::npos) << human.out;
+  // Admission (the fake reports second_sight, 5 admitted, 7 declined).
+  EXPECT_NE(stats.out.find("\"blocks_admitted\":5,\"blocks_declined\":7"), std::string::npos)
+      << stats.out;
+  EXPECT_NE(stats.out.find("\"admission\":\"second_sight\""), std::string::npos) << stats.out;
+  EXPECT_NE(human.out.find("admission      second_sight: 5 blocks admitted, 7 declined"),
+            std::string::npos)
+      << human.out;
 
   // A retrieve-only run with the same seed finds everything; another seed misses everything.
   const CtlRun again = Tuttictl(Bench({"--phase=retrieve", "--verify", "--json"}));

@@ -192,6 +192,11 @@ void AddErrors(const store::StoreStats& st, Builder* b) {
               {{"reason", "staging_full"}})
       .Sample(st.store_rejected_owner_limit, {{"reason", "owner_limit"}})
       .Sample(st.store_rejected_backlog, {{"reason", "backlog"}});
+  b->Family("tutti_admission_blocks_total", "New blocks of Stores judged by the admission "
+            "policy (pool.admission), by decision: admitted (written to the pool) or declined "
+            "(dropped, STORE_DECLINED).", kCounter)
+      .Sample(st.blocks_admitted, {{"decision", "admitted"}})
+      .Sample(st.blocks_declined, {{"decision", "declined"}});
   b->Family("tutti_partial_blocks_dropped_total", "Partially captured blocks dropped: expired "
             "(limits.partial_store_ttl_ms) or abandoned (owner gone or its copy failed).", kCounter)
       .Sample(st.pending_expired, {{"reason", "expired"}})

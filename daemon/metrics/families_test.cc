@@ -41,6 +41,8 @@ MetricsSnapshot FakeSnapshot() {
   st.store_rejected = 9;
   st.store_rejected_owner_limit = 2;
   st.store_rejected_backlog = 3;
+  st.blocks_admitted = 11;
+  st.blocks_declined = 12;
   st.write_backlog_bytes = 5 << 20;
   st.write_backlog_blocks = 5;
   st.write_backlog_age_ms = 1500;
@@ -163,6 +165,9 @@ TEST(FamiliesTest, HitsTrafficAndErrorsCarryTheSnapshotsValues) {
   EXPECT_EQ(Value(rejected, {{"reason", "staging_full"}}), 4);
   EXPECT_EQ(Value(rejected, {{"reason", "owner_limit"}}), 2);
   EXPECT_EQ(Value(rejected, {{"reason", "backlog"}}), 3);
+  const MetricFamily& admission = Find(fs, "tutti_admission_blocks_total");
+  EXPECT_EQ(Value(admission, {{"decision", "admitted"}}), 11);
+  EXPECT_EQ(Value(admission, {{"decision", "declined"}}), 12);
 }
 
 TEST(FamiliesTest, CapacityBacklogQueuesDecisionsAndGpu) {

@@ -104,6 +104,9 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_write_backlog_blocks(st.write_backlog_blocks);
   resp->set_write_backlog_age_ms(st.write_backlog_age_ms);
   resp->set_store_rejected_backlog(st.store_rejected_backlog);
+  resp->set_blocks_admitted(st.blocks_admitted);
+  resp->set_blocks_declined(st.blocks_declined);
+  resp->set_admission(st.admission);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.decision_stats) {
     const decision::AdvisorStats d = info_.decision_stats();

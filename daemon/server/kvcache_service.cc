@@ -44,6 +44,8 @@ tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
       return tutti::v1::STORE_REJECTED_FULL;
     case store::CaptureOutcome::kFailed:
       return tutti::v1::STORE_FAILED;
+    case store::CaptureOutcome::kDeclined:
+      return tutti::v1::STORE_DECLINED;
   }
   return tutti::v1::STORE_OUTCOME_UNSPECIFIED;
 }

@@ -337,6 +337,62 @@ TEST(KvCacheBacklogTest, PastTheWriteBacklogStoreAnswersFullWithTheReason) {
   env.backend().SetPaused(false);
 }
 
+// Issue 23: with pool.admission "second_sight" a block's first Store is answered STORE_DECLINED
+// (nothing kept: a Lookup misses), its second is written; Stats counts both; "all" (the default,
+// every other test here) answers as before.
+TEST(KvCacheAdmissionTest, SecondSightDeclinesTheFirstStoreAndTellsTheEngine) {
+  EnvOptions options;
+  options.admission = "second_sight";
+  ServiceEnv env(options);
+  ShmEngine engine;
+  const uint64_t session = env.Attach(engine);
+  ASSERT_NE(session, 0u);
+  auto store = [&](tutti::v1::StoreResponse* resp) {
+    tutti::v1::StoreRequest req;
+    env.Name(session, &req);
+    AddPairs({{1, 0}, {2, 1}}, &req);
+    req.set_wait_durable(true);
+    grpc::ClientContext ctx;
+    return env.kv().Store(&ctx, req, resp);
+  };
+  auto hits = [&]() {
+    tutti::v1::LookupRequest req;
+    env.Name(session, &req);
+    req.add_keys(KeyBytes(1));
+    req.add_keys(KeyBytes(2));
+    grpc::ClientContext ctx;
+    tutti::v1::LookupResponse resp;
+    EXPECT_TRUE(env.kv().Lookup(&ctx, req, &resp).ok());
+    if (resp.lease_id() != 0) {
+      tutti::v1::ReleaseRequest rel;
+      env.Name(session, &rel);
+      rel.set_lease_id(resp.lease_id());
+      grpc::ClientContext rctx;
+      tutti::v1::ReleaseResponse rresp;
+      EXPECT_TRUE(env.kv().Release(&rctx, rel, &rresp).ok());
+    }
+    return resp.hits();
+  };
+  engine.Fill(0, 1);
+  engine.Fill(1, 2);
+  tutti::v1::StoreResponse first, second;
+  ASSERT_TRUE(store(&first).ok());
+  EXPECT_THAT(first.outcomes(), ElementsAre(tutti::v1::STORE_DECLINED, tutti::v1::STORE_DECLINED));
+  EXPECT_EQ(first.rejected_why(), "");  // not a refusal
+  EXPECT_EQ(hits(), 0u);
+  ASSERT_TRUE(store(&second).ok());
+  EXPECT_THAT(second.outcomes(), ElementsAre(tutti::v1::STORE_DURABLE, tutti::v1::STORE_DURABLE));
+  EXPECT_EQ(hits(), 2u);
+  grpc::ClientContext ctx;
+  tutti::v1::StatsResponse stats;
+  ASSERT_TRUE(env.admin().Stats(&ctx, {}, &stats).ok());
+  EXPECT_EQ(stats.admission(), "second_sight");
+  EXPECT_EQ(stats.blocks_declined(), 2u);
+  EXPECT_EQ(stats.blocks_admitted(), 2u);
+  EXPECT_EQ(stats.blocks_stored(), 2u);
+  EXPECT_EQ(stats.store_rejected(), 0u);
+}
+
 TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
   ShmEngine engine;
   const uint64_t busy = env_.Attach(engine), other = env_.Attach(engine);

@@ -125,6 +125,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.retrieve_staging_bytes = options.retrieve_staging_bytes;
   so.dram_bytes = options.dram_bytes;
   so.max_write_backlog_bytes = options.max_write_backlog_bytes;
+  so.admission = options.admission;
   so.max_namespaces = options.max_namespaces;
   so.max_namespaces_per_user = options.max_namespaces_per_user;
   so.pool_share_per_user = options.pool_share_per_user;

@@ -73,6 +73,7 @@ struct EnvOptions {
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
   uint64_t retrieve_staging_bytes = 4ull << 20;  // StoreOptions's
   uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
+  std::string admission = "all";         // StoreOptions's
   std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
   uint64_t gpu_memory_bytes = 0;               // DaemonInfo::gpu_memory_bytes
   bool decision = true;  // the advisor enabled (datapath.decision "auto") or off

@@ -114,6 +114,11 @@ struct StoreOptions {
   uint64_t pool_id = 0;
   uint32_t max_pending_events = 65536;
   uint64_t max_pending_events_total = 1ull << 20;
+  // Which new blocks of a Store are written to the pool (admission.h; pool.admission): "all" or
+  // "second_sight". Declined blocks are kDeclined. admission_ghost_blocks: second_sight's ghost
+  // bound in keys; 0: 2 x the pool's slots.
+  std::string admission = "all";
+  uint64_t admission_ghost_blocks = 0;
 };
 
 // What happened to one block of a Capture. The rejections copy nothing and are worth retrying
@@ -133,6 +138,10 @@ enum class CaptureOutcome {
   // blocks could be evicted for it (all pinned). Decided by the writer: only a wait_durable
   // Capture sees it (others saw kCaptured).
   kRejectedShare,
+  // The admission policy (StoreOptions::admission) did not admit the new block: it was dropped
+  // (no staging kept, nothing written or journaled; a later Lookup misses). Not an error; a
+  // later Store of the key may be admitted (second_sight: while the key is in the ghost).
+  kDeclined,
 };
 
 // Who a namespace belongs to (docs/security.md "Namespaces"), as the server decides it from the
@@ -200,6 +209,10 @@ struct StoreStats {
   // Blocks refused by the writer for their owner's pool share (kRejectedShare), and blocks
   // evicted to keep an owner within it.
   uint64_t store_rejected_share = 0, share_evictions = 0;
+  // New blocks of Stores the admission policy (StoreOptions::admission) admitted and declined
+  // (kDeclined), since start. With "all" every new block is admitted.
+  uint64_t blocks_admitted = 0, blocks_declined = 0;
+  std::string admission;  // the policy's name (StoreOptions::admission)
   // Namespaces dropped (empty ones, to make room for a new one) and removed (RemoveNamespace).
   uint64_t namespaces_dropped = 0, namespaces_removed = 0;
   // The write backlog now (see StoreOptions::max_write_backlog_bytes): its staging bytes, its

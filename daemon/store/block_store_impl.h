@@ -32,6 +32,7 @@
 #include "daemon/datapath/staging_lease.h"
 #include "daemon/datapath/verifier.h"
 #include "daemon/datapath/work_pool.h"
+#include "daemon/store/admission.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/dram_tier.h"
 #include "daemon/store/index.h"
@@ -76,6 +77,10 @@ struct PendingBlock {
   int64_t queued_ms = 0;  // when queued: its wait in the write backlog runs from here
   bool abandoned = false;  // DropPending while a Capture copied into it: dropped when that ends
   int capturing = 0;       // Capture calls copying into `frames` now
+  // The admission policy was asked (admission_): at creation by a Capture of all its layers,
+  // else once its last layer is captured. `declined`: it said no; released by that Capture.
+  bool admission_asked = false;
+  bool declined = false;
   std::vector<std::shared_ptr<DurableTicket>> tickets;
   // Set by the writer.
   uint64_t slot = 0;
@@ -239,7 +244,8 @@ class BlockStore::Impl {
   void ReapStalePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `p`'s staging back and erases it from pending_ (destroys *p).
   void ReleasePending(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases the abandoned blocks of `touched` that no Capture copies into any more.
+  // Releases the abandoned and the declined blocks of `touched` that no Capture copies into any
+  // more.
   void ReleaseAbandoned(absl::Span<PendingBlock* const> touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hides `e` and appends its Delete record; returns the record's sequence
   // number. The slot stays taken until the record is durable.
@@ -314,8 +320,16 @@ class BlockStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The keys of `keys` (first occurrences) that are neither stored nor pending: the blocks a
   // Capture call of them starts.
-  uint32_t CountNewBlocks(NamespaceId ns, absl::Span<const Key> keys) const
+  uint32_t CountNewBlocks(NamespaceId ns, absl::Span<const Key> keys,
+                          const absl::flat_hash_set<Key>& declined = {}) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the admission policy about each new block of `keys` (first occurrences, in order) and
+  // counts its answers; returns the keys it declined.
+  absl::flat_hash_set<Key> DeclineNewBlocks(NamespaceId ns, absl::Span<const Key> keys)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the admission policy about `p` once (fully captured by calls of some layers each);
+  // true when it is declined (counted, p->declined set).
+  bool DeclineCompleted(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The write backlog (StoreOptions::max_write_backlog_bytes): true while it is past a bound, so
   // new blocks are refused.
   bool BacklogFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -331,6 +345,7 @@ class BlockStore::Impl {
   std::unique_ptr<datapath::IoScheduler> scheduler_;
   std::unique_ptr<Region> region_;
   std::unique_ptr<StoreStaging> store_staging_;
+  std::unique_ptr<AdmissionPolicy> admission_;  // made by Init; thread-safe on its own
   // Object checksums off the transfer's own thread: reads' verification and writes' checksums
   // (options_.checksum_threads; none: inline).
   std::unique_ptr<datapath::WorkPool> checksum_pool_;

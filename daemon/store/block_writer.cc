@@ -95,6 +95,11 @@ absl::Status BlockStore::Impl::Init() {
                                                       options_.store_staging_bytes,
                                                       ", limits.retrieve_staging_bytes = ",
                                                       options_.retrieve_staging_bytes)));
+  ASSIGN_OR_RETURN(admission_,
+                   MakeAdmissionPolicy(AdmissionOptions{
+                       options_.admission, options_.admission_ghost_blocks != 0
+                                               ? options_.admission_ghost_blocks
+                                               : 2 * options_.layout.num_slots()}));
   uint8_t* base = region_->span().data();
   store_staging_ = std::make_unique<StoreStaging>(absl::MakeSpan(base, store_bytes), owner_cap);
   read_staging_ =

@@ -40,6 +40,7 @@ class FakeStore:
         self.blocks = {}   # key -> engine block
         self.calls = []    # (keys, blocks, layer_begin, layer_end)
         self.fail = None   # an exception Store raises
+        self.decline = set()  # keys tuttid's admission policy declines (STORE_DECLINED)
         self.gate = None
         self.entered = threading.Event()
         self.info = {"attached": True, "max_blocks_per_call": 512}
@@ -62,6 +63,9 @@ class FakeStore:
         for k, b in zip(keys, blocks):
             if len(self.layers.get(k, ())) == LAYERS:
                 out.append("already_present")
+                continue
+            if k in self.decline:
+                out.append("declined")
                 continue
             if k not in self.layers:
                 if self.room is not None and self.room <= 0:
@@ -132,6 +136,23 @@ class PendingSavesTest(unittest.TestCase):
         self.assertEqual([fake.blocks[k] for k in ka], list(range(10, 18)))
         st = w.save_stats()
         self.assertEqual((st["refused"], st["stored_late"], st["dropped"]), (5, 5, {}))
+
+    def test_declined_blocks_are_settled_not_given_up(self):
+        fake = FakeStore(room=0)
+        w, _ = worker(fake)
+        ka = keys(b"a", 4)
+        fake.decline = {ka[0]}
+        step(w, [SaveSpec("a", ka, [1, 2, 3, 4])])  # ka[0] declined, the rest refused
+        self.assertEqual(w.save_stats()["pending"], 3)
+        self.assertIsNone(w.get_finished({"a"})[0])  # its refused blocks are pending
+        fake.room = None
+        fake.decline = {ka[1]}  # a retry may be declined too
+        self.assertEqual(w._pending.retry_once(), 3)
+        self.assertEqual(w.get_finished(set()), ({"a"}, None))
+        st = w.save_stats()
+        self.assertEqual((st["refused"], st["stored_late"], st["declined"], st["dropped"]),
+                         (3, 2, 1, {}))
+        self.assertEqual(fake.complete(), set(ka[2:]))
 
     def test_request_without_refusals_is_reported_at_once(self):
         w, _ = worker(FakeStore())

@@ -19,7 +19,7 @@ import time
 CONFIG = """state_dir: "{root}/state"
 listen {{ socket_path: "{socket}" socket_mode: 384 }}
 metrics {{ listen: "off" }}
-pool {{ dirs: "{root}/pool" capacity_bytes: {capacity} object_bytes: {object_bytes} max_objects: {max_objects} }}
+pool {{ dirs: "{root}/pool" capacity_bytes: {capacity} object_bytes: {object_bytes} max_objects: {max_objects} {pool_extra} }}
 io {{ backend: "uring" queue_depth: {queue_depth} }}
 dram {{ capacity_bytes: {dram} }}
 limits {{ max_blocks_per_call: {max_blocks_per_call} session_ttl_ms: {session_ttl_ms} lease_ttl_ms: 30000
@@ -59,7 +59,9 @@ def find_tuttid():
 class Tuttid:
     def __init__(self, binary=None, capacity=256 << 20, object_bytes=64 << 10, max_objects=16,
                  dram=0, store_staging=64 << 20, retrieve_staging=64 << 20, session_ttl_ms=30000,
-                 max_blocks_per_call=512, queue_depth=32, extra="", root=None):
+                 max_blocks_per_call=512, queue_depth=32, extra="", root=None, pool_extra=""):
+        """`extra`: more top-level config text; `pool_extra`: more fields of pool { }, e.g.
+        'admission: "second_sight"'."""
         self.binary = binary or find_tuttid()
         base = os.environ.get("TEST_TMPDIR")
         if not base or not _takes_o_direct(base):
@@ -76,7 +78,8 @@ class Tuttid:
                              object_bytes=object_bytes, max_objects=max_objects, dram=dram,
                              store_staging=store_staging, retrieve_staging=retrieve_staging,
                              session_ttl_ms=session_ttl_ms, queue_depth=queue_depth,
-                             max_blocks_per_call=max_blocks_per_call, extra=extra)
+                             max_blocks_per_call=max_blocks_per_call, extra=extra,
+                             pool_extra=pool_extra)
         self.write_config()
         self.proc = None
 

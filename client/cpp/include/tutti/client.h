@@ -251,6 +251,9 @@ enum class StoreOutcome : int {
   kAlreadyPresent = 3,  // stored before; nothing copied
   kRejectedFull = 4,    // tuttid's staging is full; nothing copied; drop it or try later
   kFailed = 5,          // the write failed; the block is a future miss
+  // tuttid's admission policy (pool.admission) did not write it: a future miss, not an error;
+  // not worth retrying now (a later Store of the key may be admitted).
+  kDeclined = 6,
 };
 
 struct StoreOptions {

@@ -82,7 +82,7 @@ class PendingSaves:
         self._next_try = 0.0
         self._closed = False
         self._thread: Optional[threading.Thread] = None
-        self._stats = {"refused": 0, "stored_late": 0, "retries": 0}
+        self._stats = {"refused": 0, "stored_late": 0, "retries": 0, "declined": 0}
         self._dropped: Dict[str, int] = {}    # cause -> blocks given up (since start)
         self._unlogged: Dict[str, int] = {}   # cause -> blocks given up since the last log
         self._why = ""
@@ -227,7 +227,7 @@ class PendingSaves:
         live = [(i, e) for i, e in enumerate(batch) if not e.req.dead]
         stored = ("captured", "durable", "already_present")
         lost = sum(1 for i, e in enumerate(batch) if e.req.dead and (
-            err is not None or outcomes[i] not in stored))
+            err is not None or outcomes[i] not in stored + ("declined",)))
         self._give_up_locked("request preempted", lost)
         if err is not None:
             if isinstance(err, errors.Unavailable):
@@ -251,6 +251,8 @@ class PendingSaves:
                 refused.append(e)
             elif o in stored:
                 self._stats["stored_late"] += 1
+            elif o == "declined":  # tuttid's admission policy chose not to write it: settled
+                self._stats["declined"] += 1
             else:
                 failed += 1
         if failed:

@@ -462,7 +462,8 @@ class _Step:
                 elif o == "failed":
                     self.done.add(i)
                     w._pending.give_up("Store outcome failed", 1)
-                elif o == "already_present" or last:
+                elif o in ("already_present", "declined") or last:
+                    # declined: tuttid's admission policy did not write it; not an error
                     self.done.add(i)
 
     def settle(self):
