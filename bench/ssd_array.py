@@ -1600,10 +1600,11 @@ def parse_args(argv):
                     help="blocks per Retrieve call (0: tuttid's limits.max_blocks_per_call)")
     ap.add_argument("--max-blocks-per-call", type=int, default=2048, help=argparse.SUPPRESS)
     ap.add_argument("--store-batch", type=int, default=64, help="blocks per Store call")
-    ap.add_argument("--store-staging-wait-ms", type=int, default=0,
-                    help="StoreRequest.staging_wait_ms: tuttid waits this long for staging room "
-                    "before refusing, and refused blocks are offered again at once (0, the "
-                    "default: refused at once, the client retries after 2 ms)")
+    ap.add_argument("--store-staging-wait-ms", type=int, default=200,
+                    help="StoreRequest.staging_wait_ms: tuttid waits up to this long for staging "
+                    "room for one more block before refusing, and refused blocks are offered "
+                    "again at once (default 200, measured against 0 on 2026-12-02: tmpfs:4 0.79 "
+                    "vs 0.37, tmpfs:8 0.54 vs 0.40; 0: refused at once, retried after 2 ms)")
     ap.add_argument("--store-wait", choices=("backlog", "durable"), default="backlog",
                     help="backlog: Stores without wait_durable, then wait until Stats shows "
                     "every block durable; durable: every Store waits (default %(default)s)")
