@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
+#include "daemon/store/store_test_util.h"
 #include "daemon/store/index.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,10 +25,7 @@ constexpr uint64_t kPiB = 1ull << 50;  // beyond a 47-bit user address space: ne
 class BlockStoreStartTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/start_", getpid(), "_",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
+    state_dir_ = store::testing::FreshStateDir("start");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 1, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
     options_.layout = *layout;

@@ -45,10 +45,7 @@ BlockStore::Gatherer FillFrom(absl::Span<const Key> keys) {
 class BlockStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/store_", getpid(), "_",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
+    state_dir_ = store::testing::FreshStateDir("store");
     auto layout = pool::PoolLayout::Compute(capacity_, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
     options_.layout = *layout;

@@ -23,10 +23,7 @@ constexpr uint32_t kBlocks = 20;
 class MaintenanceTest : public ::testing::Test {
  protected:
   void Open(uint64_t dram_bytes = 0) {
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/maint_", getpid(), "_",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
+    state_dir_ = store::testing::FreshStateDir("maint");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
     options_.layout = *layout;

@@ -22,10 +22,7 @@ constexpr uint32_t kFrame = 4096;
 class SlotAllocationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/slots_", getpid(), "_",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
+    state_dir_ = store::testing::FreshStateDir("slots");
     // 2 files of 4 MiB: 8 extents of 12 slots per file and group, 192 slots.
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();

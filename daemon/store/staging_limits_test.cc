@@ -40,10 +40,7 @@ uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
 class StagingLimitsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/staging_", getpid(), "_",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
+    state_dir_ = store::testing::FreshStateDir("staging");
   }
 
   // A pool of `files` files with frames of `object_bytes` and up to `max_objects` per slot, and

@@ -1,15 +1,34 @@
-// Shared by the block store's tests: a small test namespace and distinct keys. Test-only.
+// Shared by the block store's tests: a fresh state directory, a small test namespace and distinct
+// keys. Test-only.
 #ifndef TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
 #define TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 
 #include "daemon/common/types.h"
 #include "tutti/v1/kvcache.pb.h"
 
 namespace tutti::store::testing {
+
+// An empty directory for the running test's state: TempDir()/<tag>_<pid>_<test name>, removed
+// first if a previous run left it.
+inline std::string FreshStateDir(std::string_view tag) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/", std::string(tag), "_", getpid(), "_",
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 // SEPARATE K and V, 16 tokens x `kv_heads` x 64 dims x 2 bytes (2 KiB per head) per object.
 inline tutti::v1::Namespace TestNamespace(uint32_t layers, uint32_t kv_heads = 1,

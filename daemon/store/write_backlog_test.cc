@@ -19,10 +19,7 @@ constexpr uint64_t kBlockBytes = 2ull * kLayers * 4096;  // K and V of 2 KiB, 4 
 class WriteBacklogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = absl::StrCat(::testing::TempDir(), "/backlog_", getpid(), "_",
-                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(state_dir_);
-    std::filesystem::create_directories(state_dir_);
+    state_dir_ = store::testing::FreshStateDir("backlog");
     auto layout = pool::PoolLayout::Compute(16ull << 20, 2, 4096, 2 * kLayers);
     ASSERT_TRUE(layout.ok()) << layout.status();
     options_.layout = *layout;
