@@ -129,6 +129,31 @@ TEST_F(AdmissionStoreTest, SecondSightDeclinesTheFirstStoreAndWritesTheSecond) {
   EXPECT_EQ(store_->Stats().blocks_admitted, 6u);
 }
 
+// A block admitted but refused for full staging is offered again by its engine: it counts as
+// admitted once, when it is captured.
+TEST_F(AdmissionStoreTest, AdmittedCountsABlockOnceThoughFullStagingRefusedItFirst) {
+  options_.admission = "second_sight";
+  options_.store_staging_bytes = 2 * kObjects * kFrame;  // two blocks at a time
+  ASSERT_TRUE(Open().ok());
+  const auto keys = testing::TestKeys(0, 3);
+  for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDeclined);
+  auto out = store_->Capture(ns_, keys, 0, kLayers, Fill(), /*wait_durable=*/false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  uint32_t full = 0;
+  for (CaptureOutcome o : *out) full += o == CaptureOutcome::kRejectedFull;
+  ASSERT_EQ(full, 1u);  // the policy admitted all three; staging took two
+  EXPECT_EQ(store_->Stats().blocks_admitted, 2u);
+  store_->Flush();
+  for (CaptureOutcome o : Store(keys)) {
+    EXPECT_TRUE(o == CaptureOutcome::kDurable || o == CaptureOutcome::kAlreadyPresent);
+  }
+  EXPECT_EQ(Hits(keys), 3u);
+  const StoreStats st = store_->Stats();
+  EXPECT_EQ(st.blocks_admitted, 3u);
+  EXPECT_EQ(st.blocks_declined, 3u);
+  EXPECT_EQ(st.blocks_stored, 3u);
+}
+
 TEST_F(AdmissionStoreTest, DeclinedBlocksAreGoneAfterARestart) {
   options_.admission = "second_sight";
   ASSERT_TRUE(Open().ok());

@@ -439,9 +439,9 @@ absl::flat_hash_set<Key> BlockStore::Impl::DeclineNewBlocks(NamespaceId ns,
   for (const Key& k : keys) {
     if (!seen.insert(k).second) continue;
     if (index_.Find(ns, k) != nullptr || pending_.contains(PendingKey{ns, k})) continue;
-    if (admission_->Admit(ns, k)) {
-      ++stats_.blocks_admitted;
-    } else {
+    // Admitted blocks are counted once captured (Capture): one refused for full staging is
+    // offered again and must not count twice.
+    if (!admission_->Admit(ns, k)) {
       ++stats_.blocks_declined;
       declined.insert(k);
     }
@@ -583,6 +583,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
         }
       }
     }
+    if (whole_blocks) stats_.blocks_admitted += created.size();  // admitted and given staging
   }
   // Copy outside the lock. A pending block stays while `capturing` > 0: it is
   // neither queued nor reaped nor dropped until every call copying into it has
