@@ -154,9 +154,12 @@ absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   RETURN_IF_ERROR(CudaStatus(cudaMemset(words_, 0, 2 * kSlots * sizeof(uint32_t)), "memset"));
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
                              "cudaStreamCreate(copy)"));
-  for (cudaEvent_t& ev : landed_) {
-    RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+  // Blocking sync: a Retrieve's thread waits for each layer; spinning would take a core from the
+  // reads it overlaps.
+  for (cudaEvent_t* ev : {&landed_[0], &landed_[1], &waited_}) {
+    RETURN_IF_ERROR(CudaStatus(
+        cudaEventCreateWithFlags(ev, cudaEventDisableTiming | cudaEventBlockingSync),
+        "cudaEventCreate"));
   }
   if (options_.bounce_threads > 0) {
     ASSIGN_OR_RETURN(bounce_, PinnedRegion::Allocate(kSlots * slot_bytes_));
@@ -198,6 +201,7 @@ LayerCopier::~LayerCopier() {
   for (cudaEvent_t ev : landed_) {
     if (ev != nullptr) cudaEventDestroy(ev);
   }
+  if (waited_ != nullptr) cudaEventDestroy(waited_);
   for (cudaEvent_t ev : timed_) {
     if (ev != nullptr) cudaEventDestroy(ev);
   }
@@ -310,7 +314,7 @@ absl::Status LayerCopier::ScatterLayerLocked(CudaIpcMemory* memory,
   // staging is free too.
   if (wait == Wait::kLanded) {
     previous_pending_ = false;
-    return stream_->Synchronize();
+    return WaitIoStream();
   }
   cudaEvent_t mine = landed_[landed_next_];
   landed_next_ ^= 1;
@@ -375,7 +379,7 @@ absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine:
       s = memory->EnqueueGather(ops);
     }
   }
-  if (s.ok()) return stream_->Synchronize();
+  if (s.ok()) return WaitIoStream();
   // A failed enqueue may have queued part of the copies into the store's staging, which the
   // caller gives back once this returns.
   WaitStreamsAfterError();
@@ -433,7 +437,12 @@ absl::Status LayerCopier::MeasureIdleKernel() {
 absl::Status LayerCopier::Drain() {
   absl::MutexLock lock(&mu_);
   previous_pending_ = false;
-  return stream_->Synchronize();
+  return WaitIoStream();
+}
+
+absl::Status LayerCopier::WaitIoStream() {
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(waited_, stream_->stream()), "cudaEventRecord(wait)"));
+  return CudaStatus(cudaEventSynchronize(waited_), "cudaEventSynchronize(I/O stream)");
 }
 
 absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,

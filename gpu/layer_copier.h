@@ -186,6 +186,10 @@ class LayerCopier {
   // After a failed enqueue: waits until the copy stream and the I/O stream have passed everything
   // enqueued so far (logged, not returned, if that fails too: the first error is the caller's).
   void WaitStreamsAfterError();
+  // Returns once everything enqueued on the I/O stream before the call has run; the thread
+  // sleeps. Safe from several threads at once: a wait that finds `waited_` recorded again by
+  // another waits for that later point, which comes after its own work.
+  absl::Status WaitIoStream();
   absl::Status Init(absl::Span<const StagingRegion> registered);
   // Enqueues the staged part of `ops` (the ones at `indices`) in rounds of one slot each.
   absl::Status EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
@@ -232,7 +236,10 @@ class LayerCopier {
   std::array<bool, kSlots> bounce_pending_ ABSL_GUARDED_BY(mu_){};
   // Recorded on the I/O stream after each kPrevious layer, alternately; the previous one is
   // waited for by the next call.
+  // Blocking-sync events (the waiting thread sleeps instead of spinning a core): landed_
+  // alternately, and `waited_` for waits on the whole I/O stream (WaitIoStream).
   std::array<cudaEvent_t, 2> landed_{};
+  cudaEvent_t waited_ = nullptr;
   uint32_t landed_next_ ABSL_GUARDED_BY(mu_) = 0;
   bool previous_pending_ ABSL_GUARDED_BY(mu_) = false;
   // kAuto state: timing events around one round's kernel, that round's bytes while its timing
