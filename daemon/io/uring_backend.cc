@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <linux/magic.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -129,6 +129,7 @@ class UringBackend::FileQueue {
   io_uring ring_{};
   bool fixed_file_ = false;
   // On tmpfs with workers allowed: reads go IOSQE_ASYNC, at most this many in flight (0: plain).
+  // Set by Create before the thread starts, never changed.
   uint32_t async_reads_ = 0;
   uint32_t reads_in_flight_ = 0;
   const uint8_t* fixed_base_ = nullptr;

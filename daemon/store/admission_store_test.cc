@@ -69,6 +69,14 @@ class AdmissionStoreTest : public ::testing::Test {
     return hits;
   }
 
+  // The store's admitted, declined and stored block counts.
+  void ExpectCounts(uint64_t admitted, uint64_t declined, uint64_t stored) {
+    const StoreStats st = store_->Stats();
+    EXPECT_EQ(st.blocks_admitted, admitted);
+    EXPECT_EQ(st.blocks_declined, declined);
+    EXPECT_EQ(st.blocks_stored, stored);
+  }
+
   uint64_t JournalBytes() const {
     uint64_t bytes = 0;
     for (const auto& f : std::filesystem::directory_iterator(state_dir_)) {
@@ -90,10 +98,7 @@ TEST_F(AdmissionStoreTest, AllWritesEveryBlockAsBefore) {
   const auto keys = testing::TestKeys(0, 6);
   for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
   EXPECT_EQ(Hits(keys), 6u);
-  const StoreStats st = store_->Stats();
-  EXPECT_EQ(st.blocks_admitted, 6u);
-  EXPECT_EQ(st.blocks_declined, 0u);
-  EXPECT_EQ(st.blocks_stored, 6u);
+  ExpectCounts(6, 0, 6);
 }
 
 TEST_F(AdmissionStoreTest, SecondSightDeclinesTheFirstStoreAndWritesTheSecond) {
@@ -105,10 +110,8 @@ TEST_F(AdmissionStoreTest, SecondSightDeclinesTheFirstStoreAndWritesTheSecond) {
   for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDeclined);
   store_->Flush();
   EXPECT_EQ(Hits(keys), 0u);  // not retrievable
-  StoreStats st = store_->Stats();
-  EXPECT_EQ(st.blocks_declined, 6u);
-  EXPECT_EQ(st.blocks_admitted, 0u);
-  EXPECT_EQ(st.blocks_stored, 0u);
+  ExpectCounts(0, 6, 0);
+  const StoreStats st = store_->Stats();
   EXPECT_EQ(st.bytes_written, 0u);
   EXPECT_EQ(st.slots_used, 0u);
   EXPECT_EQ(st.store_staging_used, 0u);  // nothing kept
@@ -119,10 +122,7 @@ TEST_F(AdmissionStoreTest, SecondSightDeclinesTheFirstStoreAndWritesTheSecond) {
   // Second sight: written, durable, found.
   for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
   EXPECT_EQ(Hits(keys), 6u);
-  st = store_->Stats();
-  EXPECT_EQ(st.blocks_admitted, 6u);
-  EXPECT_EQ(st.blocks_declined, 6u);
-  EXPECT_EQ(st.blocks_stored, 6u);
+  ExpectCounts(6, 6, 6);
   EXPECT_GT(JournalBytes(), journal_before);
   // Present blocks are not offered to the policy again.
   for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kAlreadyPresent);
@@ -148,10 +148,7 @@ TEST_F(AdmissionStoreTest, AdmittedCountsABlockOnceThoughFullStagingRefusedItFir
     EXPECT_TRUE(o == CaptureOutcome::kDurable || o == CaptureOutcome::kAlreadyPresent);
   }
   EXPECT_EQ(Hits(keys), 3u);
-  const StoreStats st = store_->Stats();
-  EXPECT_EQ(st.blocks_admitted, 3u);
-  EXPECT_EQ(st.blocks_declined, 3u);
-  EXPECT_EQ(st.blocks_stored, 3u);
+  ExpectCounts(3, 3, 3);
 }
 
 TEST_F(AdmissionStoreTest, DeclinedBlocksAreGoneAfterARestart) {
