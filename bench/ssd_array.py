@@ -507,6 +507,57 @@ def run_rawio(args, array, op, span_bytes, volume, fill=False):
     return best
 
 
+def raw_beside_copy(args, array, span_bytes, volume):
+    """Raw reads (the faster of plain and --async, as in run_rawio) while torch copies 256 MiB
+    pinned buffers to the GPU without pause: what the host gives the two halves of a retrieve at
+    once, since on tmpfs both draw on the same memory. {"raw_gbps", "copy_gbps"} (the copy's
+    rate over the raw run's span), or None with --local."""
+    if args.local:
+        return None
+    import threading
+    import torch
+    n = 256 << 20
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    host.fill_(1)
+    stop, moved = threading.Event(), [0, 0.0]
+
+    def copier():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            t0 = time.perf_counter()
+            while not stop.is_set():
+                for _ in range(4):
+                    dev.copy_(host, non_blocking=True)
+                stream.synchronize()
+                moved[0] += 4 * n
+            moved[1] = time.perf_counter() - t0
+
+    volume = max(volume, 64 * array.n * args.io_kib * 1024)
+    best = None
+    for async_reads in ([False, True] if array.emulation == "tmpfs" else [False]):
+        moved[0], moved[1] = 0, 0.0
+        stop.clear()
+        th = threading.Thread(target=copier)
+        th.start()
+        try:
+            time.sleep(0.2)
+            out = raw_once(args, array, "read", span_bytes, "--bytes=%d" % volume, False,
+                           async_reads)
+        finally:
+            stop.set()
+            th.join()
+        row = {"raw_gbps": out["gbps"], "async": async_reads,
+               "copy_gbps": round(moved[0] / moved[1] / GB, 3) if moved[1] else 0.0}
+        if best is None or row["raw_gbps"] > best["raw_gbps"]:
+            best = row
+    del host, dev
+    free_device_memory()
+    log("  raw read beside a pinned copy to the GPU: raw %.3f GB/s%s, copy %.3f GB/s" % (
+        best["raw_gbps"], " (--async)" if best["async"] else "", best["copy_gbps"]))
+    return best
+
+
 def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False):
     cmd = array.wrap(args.rawio_cmd + [
         "--op=" + op, "--io_bytes=%d" % (args.io_kib * 1024), "--qd=%d" % args.qd,
@@ -974,12 +1025,24 @@ def phase_store(args, daemon, sessions):
     return gbytes / seconds, seconds, figures
 
 
+def lead_split(st0, st1, seconds):
+    """Where the threads leading the retrieve's SSD-tier layers spent the phase (admin Stats
+    read_lead_*): seconds waiting for a layer's reads and checks, seconds handing layers to the
+    engine, per layer (ms), and each as a share of the phase's wall time summed over leaders."""
+    d = lambda k: st1.get(k, 0) - st0.get(k, 0)
+    wait, sink, layers = d("read_lead_wait_seconds"), d("read_lead_sink_seconds"), d("read_layers")
+    return {"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
+            "wait_ms_per_layer": round(1e3 * wait / layers, 3) if layers else None,
+            "sink_ms_per_layer": round(1e3 * sink / layers, 3) if layers else None,
+            "wait_share": round(wait / (wait + sink), 3) if wait + sink > 0 else None}
+
+
 def phase_retrieve(args, daemon, sessions, call_blocks):
     """One round: every block's every layer retrieved, verified; (GB/s, seconds, CPU)."""
     for s in sessions:
         s.clear_destination()
         s.sync()
-    hits0 = daemon.stats().get("dram_hits", 0)
+    st0 = daemon.stats()
     io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
     cpu = CpuSampler(daemon.pid).start()
     t0 = time.perf_counter()
@@ -989,7 +1052,9 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     seconds = time.perf_counter() - t0
     gbytes = sum(s.n for s in sessions) * BLOCK_BYTES / GB
     figures = cpu.stop(gbytes)
-    figures["dram_hits"] = daemon.stats().get("dram_hits", 0) - hits0
+    st1 = daemon.stats()
+    figures["dram_hits"] = st1.get("dram_hits", 0) - st0.get("dram_hits", 0)
+    figures["lead"] = lead_split(st0, st1, seconds)
     if io0 is not None:
         figures["cgroup_read_gb"] = (daemon.array.cgroup.io_bytes()[0] - io0[0]) / GB
         if figures["cgroup_read_gb"] < 0.9 * gbytes:
@@ -1099,10 +1164,10 @@ def store_and_retrieve(args, array, name, dram):
             rounds.append((gbps, secs, cpu))
             log("  retrieve round %d: %.2f s, %.3f GB/s (calls of %d blocks, %d session%s), "
                 "verified; tuttid %.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; "
-                "DRAM hits %d" % (r + 1, secs, gbps, call, args.sessions,
-                                  "s" if args.sessions > 1 else "", cpu["cores"],
-                                  cpu["cpu_s_per_gb"], cpu["busiest_thread"],
-                                  cpu["iou_workers"], cpu["dram_hits"]) +
+                "DRAM hits %d; leading threads %s" % (
+                    r + 1, secs, gbps, call, args.sessions, "s" if args.sessions > 1 else "",
+                    cpu["cores"], cpu["cpu_s_per_gb"], cpu["busiest_thread"],
+                    cpu["iou_workers"], cpu["dram_hits"], cpu["lead"]) +
                 ("; the cgroup read %.3f GB" % cpu["cgroup_read_gb"]
                  if "cgroup_read_gb" in cpu else ""))
             if dram and cpu["dram_hits"] == 0:
@@ -1296,6 +1361,7 @@ def one_array_config(args, results, ctx, emulation, n):
     r0 = run_rawio(args, array, "read", span, volume)
     t = store_and_retrieve(args, array, "tuttid-%s%d" % (emulation, n), dram=False)
     r1 = run_rawio(args, array, "read", span, volume)
+    beside = raw_beside_copy(args, array, span, volume)
     w1 = run_rawio(args, array, "write", span, volume)
     raw_read = (r0["gbps"] + r1["gbps"]) / 2
     raw_write = (w0["gbps"] + w1["gbps"]) / 2
@@ -1318,7 +1384,8 @@ def one_array_config(args, results, ctx, emulation, n):
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], call_blocks=t["call_blocks"],
         cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
-        iou_workers=rc["iou_workers"], cgroup_read_gb=rc.get("cgroup_read_gb"), **common,
+        iou_workers=rc["iou_workers"], cgroup_read_gb=rc.get("cgroup_read_gb"),
+        lead=rc.get("lead"), raw_beside_copy=beside, **common,
         note="tuttid: best of %d SSD-tier Retrieves (DRAM tier off) of every layer of %d "
              "blocks into other blocks of the %s cache, every byte verified; raw: mean of "
              "raw_array_io random reads right before and after tuttid (%s); baseline: the "

@@ -12,6 +12,13 @@
 #include "daemon/pool/slot_header.h"
 
 namespace tutti::datapath {
+namespace {
+
+uint64_t Nanos(std::chrono::steady_clock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+}
+
+}  // namespace
 
 // One layer's reads in flight: its plan, its requests, each planned object's outcome, and the
 // count of batches and checks not done. Waits for them when destroyed, so staging outlives every
@@ -241,13 +248,17 @@ LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
   std::vector<uint32_t> failed;
   for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
     InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
+    const auto wait_from = std::chrono::steady_clock::now();
     in.Wait();
+    const auto sink_from = std::chrono::steady_clock::now();
     ops.clear();
     failed.clear();
     bool from_staging = false;
     Collect(r, layer, in, lease_of(layer), &result.failures, &ops, &failed, &from_staging);
     result.status = sink(LayerObjects{layer, ops, failed, !from_staging || staging_stays});
     ++result.layers_done;
+    counters_.AddLead(Nanos(sink_from - wait_from),
+                      Nanos(std::chrono::steady_clock::now() - sink_from));
     post_until(layer + window.size() + (staging_stays ? 0 : 1));
   }
   result.seconds =

@@ -134,6 +134,12 @@ void AddTraffic(const store::StoreStats& st, Builder* b) {
              st.read_merged_ios);
   b->Counter("tutti_read_staging_waits_total", "Reads that waited for retrieve staging.",
              st.read_staging_waits);
+  b->Family("tutti_read_lead_seconds_total",
+            "Time the threads leading Retrieves' SSD-tier reads spent per layer, by phase: "
+            "waiting for the layer's reads and checks, or handing it to the engine.", kCounter)
+      .Sample(st.read_lead_wait_seconds, {{"phase", "wait"}})
+      .Sample(st.read_lead_sink_seconds, {{"phase", "sink"}});
+  b->Counter("tutti_read_layers_total", "SSD-tier layers handed to engines.", st.read_layers);
 }
 
 void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b) {

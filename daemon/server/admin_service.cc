@@ -106,6 +106,9 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_store_rejected_backlog(st.store_rejected_backlog);
   resp->set_blocks_admitted(st.blocks_admitted);
   resp->set_blocks_declined(st.blocks_declined);
+  resp->set_read_lead_wait_seconds(st.read_lead_wait_seconds);
+  resp->set_read_lead_sink_seconds(st.read_lead_sink_seconds);
+  resp->set_read_layers(st.read_layers);
   resp->set_admission(st.admission);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.decision_stats) {

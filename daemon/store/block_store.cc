@@ -705,6 +705,9 @@ StoreStats BlockStore::Impl::Stats() const {
   s.read_objects = reads.objects;
   s.read_merged_ios = reads.merged_ios;
   s.read_staging_waits = reads.staging_waits;
+  s.read_lead_wait_seconds = reads.lead_wait_ns * 1e-9;
+  s.read_lead_sink_seconds = reads.lead_sink_ns * 1e-9;
+  s.read_layers = reads.layers;
   s.write_backlog_bytes = backlog_bytes_;
   s.write_backlog_blocks = backlog_queued_ms_.size();
   if (!backlog_queued_ms_.empty()) {
