@@ -845,6 +845,7 @@ class Session:
     into blocks [n, 2n)."""
 
     def __init__(self, args, daemon, index, n):
+        self.call_times = []  # per Retrieve call: (Lookup s, Retrieve s), client side
         import torch
         import tutti
         self.n, self.index, self.local = n, index, args.local
@@ -918,7 +919,9 @@ class Session:
         """Every layer of every block into blocks [n, 2n), in calls of call_blocks."""
         for begin in range(0, self.n, call_blocks):
             keys = self.keys[begin:begin + call_blocks]
+            t0 = time.perf_counter()
             lease = self.client.lookup(keys)
+            t1 = time.perf_counter()
             if lease.hits != len(keys):
                 raise BenchError("session %d: Lookup found %d of %d stored blocks" % (
                     self.index, lease.hits, len(keys)))
@@ -927,6 +930,7 @@ class Session:
                 for layer in range(LAYERS):
                     r.wait_layer(layer, self.stream)
             out = r.wait()
+            self.call_times.append((t1 - t0, time.perf_counter() - t1))
             if not out.ok or out.failed:
                 raise BenchError("session %d: Retrieve: %s %s, %d blocks failed" % (
                     self.index, out.code, out.message, len(out.failed)))
@@ -1031,7 +1035,8 @@ def lead_split(st0, st1, seconds):
     engine, per layer (ms), and each as a share of the phase's wall time summed over leaders."""
     d = lambda k: st1.get(k, 0) - st0.get(k, 0)
     wait, sink, layers = d("read_lead_wait_seconds"), d("read_lead_sink_seconds"), d("read_layers")
-    return {"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
+    calls, call_s = d("read_calls"), d("read_call_seconds")
+    return {"reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
             "wait_ms_per_layer": round(1e3 * wait / layers, 3) if layers else None,
             "sink_ms_per_layer": round(1e3 * sink / layers, 3) if layers else None,
             "wait_share": round(wait / (wait + sink), 3) if wait + sink > 0 else None}
@@ -1042,6 +1047,7 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     for s in sessions:
         s.clear_destination()
         s.sync()
+        s.call_times = []
     st0 = daemon.stats()
     io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
     cpu = CpuSampler(daemon.pid).start()
@@ -1055,6 +1061,9 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     st1 = daemon.stats()
     figures["dram_hits"] = st1.get("dram_hits", 0) - st0.get("dram_hits", 0)
     figures["lead"] = lead_split(st0, st1, seconds)
+    times = [t for s in sessions for t in s.call_times]
+    figures["lead"]["client_lookup_s"] = round(sum(t[0] for t in times), 4)
+    figures["lead"]["client_retrieve_s"] = round(sum(t[1] for t in times), 4)
     if io0 is not None:
         figures["cgroup_read_gb"] = (daemon.array.cgroup.io_bytes()[0] - io0[0]) / GB
         if figures["cgroup_read_gb"] < 0.9 * gbytes:

@@ -20,6 +20,9 @@ struct ReadCountersSnapshot {
   uint64_t lead_wait_ns = 0;
   uint64_t lead_sink_ns = 0;
   uint64_t layers = 0;
+  // Read calls, and their time from entry (staging taken included) to return.
+  uint64_t calls = 0;
+  uint64_t call_ns = 0;
 };
 
 class ReadCounters {
@@ -37,6 +40,11 @@ class ReadCounters {
     layers_.fetch_add(1, std::memory_order_relaxed);
   }
 
+  void AddCall(uint64_t ns) {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    call_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
+
   ReadCountersSnapshot Snapshot() const {
     ReadCountersSnapshot s;
     s.ios = ios_.load(std::memory_order_relaxed);
@@ -47,12 +55,14 @@ class ReadCounters {
     s.lead_wait_ns = lead_wait_ns_.load(std::memory_order_relaxed);
     s.lead_sink_ns = lead_sink_ns_.load(std::memory_order_relaxed);
     s.layers = layers_.load(std::memory_order_relaxed);
+    s.calls = calls_.load(std::memory_order_relaxed);
+    s.call_ns = call_ns_.load(std::memory_order_relaxed);
     return s;
   }
 
  private:
   std::atomic<uint64_t> ios_{0}, io_bytes_{0}, objects_{0}, merged_ios_{0}, staging_waits_{0};
-  std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, layers_{0};
+  std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, layers_{0}, calls_{0}, call_ns_{0};
 };
 
 }  // namespace tutti::datapath

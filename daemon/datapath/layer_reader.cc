@@ -212,6 +212,13 @@ void LayerReader::Collect(const LayerReadRequest& r, uint32_t layer, const InFli
 }
 
 LayerReadResult LayerReader::Read(const LayerReadRequest& r, const Sink& sink) {
+  const auto entered = std::chrono::steady_clock::now();
+  LayerReadResult result = ReadLayers(r, sink);
+  counters_.AddCall(Nanos(std::chrono::steady_clock::now() - entered));
+  return result;
+}
+
+LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& sink) {
   LayerReadResult result;
   result.failures.assign(r.items.size(), ReadFailure::kNone);
   uint64_t ssd_objects = 0;

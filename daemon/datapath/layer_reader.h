@@ -127,6 +127,8 @@ class LayerReader {
  private:
   struct InFlight;
   struct Window;
+  // Read without the call's count and time.
+  LayerReadResult ReadLayers(const LayerReadRequest& request, const Sink& sink);
   // Takes the window's leases: the first one waits, the others only if free now.
   absl::Status TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window);
   void Post(const LayerReadRequest& r, uint32_t layer, absl::Span<const ReadFailure> failures,

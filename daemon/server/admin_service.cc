@@ -109,6 +109,8 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_read_lead_wait_seconds(st.read_lead_wait_seconds);
   resp->set_read_lead_sink_seconds(st.read_lead_sink_seconds);
   resp->set_read_layers(st.read_layers);
+  resp->set_read_calls(st.read_calls);
+  resp->set_read_call_seconds(st.read_call_seconds);
   resp->set_admission(st.admission);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.decision_stats) {

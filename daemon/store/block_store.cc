@@ -708,6 +708,8 @@ StoreStats BlockStore::Impl::Stats() const {
   s.read_lead_wait_seconds = reads.lead_wait_ns * 1e-9;
   s.read_lead_sink_seconds = reads.lead_sink_ns * 1e-9;
   s.read_layers = reads.layers;
+  s.read_calls = reads.calls;
+  s.read_call_seconds = reads.call_ns * 1e-9;
   s.write_backlog_bytes = backlog_bytes_;
   s.write_backlog_blocks = backlog_queued_ms_.size();
   if (!backlog_queued_ms_.empty()) {

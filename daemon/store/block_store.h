@@ -235,6 +235,8 @@ struct StoreStats {
   // layers to the engine, and the layers handed (datapath::ReadCountersSnapshot).
   double read_lead_wait_seconds = 0, read_lead_sink_seconds = 0;
   uint64_t read_layers = 0;
+  uint64_t read_calls = 0;  // Retrieves' layer-wise reads, and their seconds from entry to return
+  double read_call_seconds = 0;
   uint64_t checkpoint_failures = 0;  // attempts that failed since start
   // Used slot headers found at start among the first slots of a pool whose
   // journal recovered no block: blocks the index cannot find (the state
