@@ -136,11 +136,16 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
   if (config.datapath().verifier() == "gpu") {  // "auto": the CPU (docs/gpu.md)
     ASSIGN_OR_RETURN(rt->check_stream,
                      gpu::IoStream::Create({chosen.ordinal, g.io_sm_count(), g.copy_ctas()}));
-    ASSIGN_OR_RETURN(rt->verifier, gpu::MakeGpuVerifier({}, *rt->check_stream,
-                                                        store->cpu_verifier()));
+    // Checked objects stay in a GPU mirror of the retrieve staging, from which the copier places
+    // them: one PCIe crossing per byte (gpu/gpu_verifier.h).
+    gpu::GpuVerifierOptions vo;
+    vo.mirror = store->retrieve_staging_region();
+    ASSIGN_OR_RETURN(rt->verifier,
+                     gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
     rt->store = store;
     store->SetReadVerifier(rt->verifier.get());
-    checks = "retrieve checks on the GPU";
+    checks = absl::StrCat("retrieve checks on the GPU, over a ", vo.mirror.size() >> 20,
+                          " MiB mirror of the retrieve staging in GPU memory");
   }
   ASSIGN_OR_RETURN(const uint64_t free_after, FreeDeviceMemory(chosen.ordinal));
   rt->memory = free_before > free_after ? free_before - free_after : 0;

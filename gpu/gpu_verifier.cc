@@ -63,10 +63,16 @@ class GpuVerifier final : public datapath::Verifier {
       cudaFreeHost(s.descs_host);
       cudaFreeHost(s.hashes_host);
     }
+    cudaFree(mirror_dev_);
   }
 
   absl::Status Init() {
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    if (!options_.mirror.empty()) {
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMalloc(reinterpret_cast<void**>(&mirror_dev_), options_.mirror.size()),
+          absl::StrCat("cudaMalloc(", options_.mirror.size(), ") for the staging mirror")));
+    }
     const uint32_t n = options_.max_objects_per_slot;
     for (Slot& s : slots_) {
       RETURN_IF_ERROR(CudaStatus(cudaMalloc(reinterpret_cast<void**>(&s.scratch), options_.slot_bytes),
@@ -134,12 +140,21 @@ class GpuVerifier final : public datapath::Verifier {
     }
   };
 
-  static void Needs(const Job& job, uint64_t* bytes, uint32_t* objects) {
+  // Where object `c` is copied for its check: its offset in the mirror, or nullptr when it lies
+  // outside (it then takes slot scratch).
+  uint8_t* MirrorOf(const ObjectCheck& c) const {
+    const uint8_t* base = options_.mirror.data();
+    if (mirror_dev_ == nullptr || c.bytes < base) return nullptr;
+    const uint64_t off = static_cast<uint64_t>(c.bytes - base);
+    if (off > options_.mirror.size() || c.len > options_.mirror.size() - off) return nullptr;
+    return mirror_dev_ + off;
+  }
+  void Needs(const Job& job, uint64_t* bytes, uint32_t* objects) const {
     *bytes = 0;
     *objects = 0;
     for (const ObjectCheck& c : job.checks) {
       if (c.len == 0) continue;
-      *bytes += RoundUp16(c.len);
+      if (MirrorOf(c) == nullptr) *bytes += RoundUp16(c.len);
       ++*objects;
     }
   }
@@ -160,7 +175,8 @@ class GpuVerifier final : public datapath::Verifier {
   void Add(Slot* s, Job job) {
     for (const ObjectCheck& c : job.checks) {
       if (c.len == 0) continue;  // a failed read: answered 0, not hashed
-      uint8_t* dst = s->scratch + s->used;
+      uint8_t* mirrored = MirrorOf(c);
+      uint8_t* dst = mirrored != nullptr ? mirrored : s->scratch + s->used;
       if (!s->runs.empty() && s->runs.back().src + s->runs.back().len == c.bytes &&
           s->runs.back().dst + s->runs.back().len == dst) {
         s->runs.back().len += c.len;
@@ -169,7 +185,7 @@ class GpuVerifier final : public datapath::Verifier {
       }
       s->descs_host[s->count++] =
           HashDesc{dst, pool::ObjectChecksumSeed(c.ns, *c.key, c.epoch, c.object), c.len};
-      s->used += RoundUp16(c.len);
+      if (mirrored == nullptr) s->used += RoundUp16(c.len);
     }
     s->jobs.push_back(std::move(job));
   }
@@ -213,7 +229,16 @@ class GpuVerifier final : public datapath::Verifier {
     for (Job& job : s->jobs) {
       for (size_t i = 0; i < job.checks.size(); ++i) {
         const ObjectCheck& c = job.checks[i];
-        job.matches[i] = c.len != 0 && s->hashes_host[k++] == c.expected;
+        if (c.len == 0) {
+          job.matches[i] = 0;
+          continue;
+        }
+        const HashDesc& d = s->descs_host[k];
+        job.matches[i] = s->hashes_host[k++] == c.expected;
+        // The checked bytes stay in the mirror for the engine copy (scratch is reused).
+        if (job.matches[i] && c.device_copy != nullptr && MirrorOf(c) != nullptr) {
+          *c.device_copy = static_cast<const uint8_t*>(d.data);
+        }
       }
     }
     std::vector<Job> jobs = std::move(s->jobs);
@@ -261,6 +286,7 @@ class GpuVerifier final : public datapath::Verifier {
   const int device_;
   datapath::Verifier* const fallback_;
   Xxh3Secret secret_{};
+  uint8_t* mirror_dev_ = nullptr;  // options_.mirror.size() bytes, or null
   Slot slots_[2];
   bool broken_ = false;  // the thread's own state
 
@@ -277,6 +303,9 @@ absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
     const GpuVerifierOptions& options, const IoStream& stream, datapath::Verifier* fallback) {
   if (fallback == nullptr || options.slot_bytes == 0 || options.max_objects_per_slot == 0) {
     return absl::InvalidArgumentError("MakeGpuVerifier: a fallback verifier and slots are needed");
+  }
+  if (reinterpret_cast<uintptr_t>(options.mirror.data()) % 16 != 0) {
+    return absl::InvalidArgumentError("MakeGpuVerifier: the mirrored staging is not 16-byte aligned");
   }
   auto v = std::make_unique<GpuVerifier>(options, stream, fallback);
   RETURN_IF_ERROR(v->Init());

@@ -12,8 +12,13 @@
 // (the error is logged with its CUDA name). A check is never skipped: the answer is always a
 // checksum comparison.
 //
-// Cost: the objects cross PCIe once more than the engine copy alone needs (the copier reads the
-// staging again): docs/gpu.md says when that pays.
+// Mirror: objects whose bytes lie in `options.mirror` (the retrieve staging) are copied to the
+// same offset of a device buffer of that size (allocated at creation) and checked there; each
+// one that matches gets that address in ObjectCheck::device_copy, so the engine copy reads it in
+// GPU memory (engine::CopyOp::device_copy) and the bytes cross PCIe once. The copy stays valid
+// while the staging bytes are unchanged: the reader reuses staging only after the engine copy of
+// its layer has landed. Objects outside the mirror go through the slots' scratch and cross PCIe
+// twice (once here, once when the copier moves them): docs/gpu.md says when that pays.
 //
 // Thread-safety: Verify may be called from any thread, concurrently. Lifetime: `fallback` and the
 // staging the objects live in must outlive the verifier; destroying it waits for every batch.
@@ -24,6 +29,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "daemon/datapath/verifier.h"
 
 namespace tutti::gpu {
@@ -34,6 +40,8 @@ struct GpuVerifierOptions {
   // Device scratch per slot (two slots), and the most objects one slot holds.
   uint64_t slot_bytes = 16ull << 20;
   uint32_t max_objects_per_slot = 4096;
+  // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
+  absl::Span<const uint8_t> mirror;
 };
 
 // `stream` (its device; kernels go on a stream of its own in the same context kind) and

@@ -181,5 +181,65 @@ TEST(GpuVerifierTest, AnswersAsTheChecksumsSay) {
   EXPECT_EQ(fallback.objects.load(), 49u);
 }
 
+// With a mirror: objects inside the mirrored staging are checked in the mirror and, when they match,
+// left there (device_copy = the mirror at their offset, holding their bytes); mismatches, failed
+// reads and objects outside the mirror get no device copy.
+TEST(GpuVerifierTest, MirrorKeepsCheckedObjectsOnTheDevice) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto stream = IoStream::Create({0, 0, 0});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CountingVerifier fallback;
+  constexpr uint32_t kLen = 32768, kObjects = 96;
+  Staging staging(uint64_t{kLen} * kObjects);
+  Staging outside(uint64_t{kLen} * 2);
+  GpuVerifierOptions options;
+  options.slot_bytes = 1 << 20;  // scratch for 32 objects: the mirrored 96 need none
+  options.max_objects_per_slot = 128;
+  options.mirror = absl::MakeConstSpan(staging.data, staging.size);
+  auto v = MakeGpuVerifier(options, **stream, &fallback);
+  ASSERT_TRUE(v.ok()) << v.status();
+
+  const std::vector<uint8_t> bytes = RandomBytes(staging.size, 11);
+  std::memcpy(staging.data, bytes.data(), staging.size);
+  std::memcpy(outside.data, bytes.data(), outside.size);
+  Key key{};
+  key.bytes[3] = 7;
+  std::vector<const uint8_t*> copies(kObjects + 2, nullptr);
+  std::vector<ObjectCheck> checks;
+  for (uint32_t i = 0; i < kObjects + 2; ++i) {
+    uint8_t* obj = i < kObjects ? staging.data + uint64_t{i} * kLen
+                                : outside.data + uint64_t{i - kObjects} * kLen;
+    checks.push_back(ObjectCheck{1, &key, 2, i, obj, kLen,
+                                 pool::ObjectChecksum(1, key, 2, i, obj, kLen), &copies[i]});
+  }
+  checks[5].expected ^= 1;  // a mismatch
+  checks[9].len = 0;        // a failed read
+  std::vector<uint8_t> matches(checks.size(), 2);
+  absl::Notification done;
+  (*v)->Verify(checks, absl::MakeSpan(matches), [&] { done.Notify(); });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(fallback.objects.load(), 0u);
+  std::vector<uint8_t> back(kLen);
+  for (uint32_t i = 0; i < checks.size(); ++i) {
+    const bool good = i != 5 && i != 9;
+    EXPECT_EQ(matches[i], good ? 1 : 0) << "object " << i;
+    if (!good || i >= kObjects) {
+      EXPECT_EQ(copies[i], nullptr) << "object " << i;
+      continue;
+    }
+    ASSERT_NE(copies[i], nullptr) << "object " << i;
+    if (i > 0 && copies[i - 1] != nullptr) {
+      EXPECT_EQ(copies[i] - copies[i - 1], kLen) << "the mirror keeps staging's offsets";
+    }
+    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], kLen, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), checks[i].bytes, kLen), 0) << "object " << i;
+  }
+  // A mirror that is not 16-byte aligned is refused.
+  GpuVerifierOptions bad = options;
+  bad.mirror = absl::MakeConstSpan(staging.data + 8, kLen);
+  EXPECT_EQ(MakeGpuVerifier(bad, **stream, &fallback).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tutti::gpu

@@ -297,7 +297,9 @@ absl::Status LayerCopier::ScatterLayerLocked(CudaIpcMemory* memory,
   staged_.clear();
   direct_.clear();
   for (uint32_t i = 0; i < ops.size(); ++i) {
-    if (mode != Mode::kStaged && IsRegistered(ops[i].staging, len)) {
+    // Objects a GPU verifier left checked in device memory are copied from there, in any mode.
+    if (ops[i].device_copy != nullptr ||
+        (mode != Mode::kStaged && IsRegistered(ops[i].staging, len))) {
       direct_.push_back(ops[i]);
     } else {
       staged_.push_back(i);

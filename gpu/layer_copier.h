@@ -27,6 +27,9 @@
 //     SM: auto 0.2% of the engine's throughput and 21.5 GB/s, staged 6.5% and 17.8 GB/s (same run);
 //     alone, auto stays staged. Without MPS the GPU time-slices between processes: the kernel runs
 //     at speed in its slice, so auto stays staged there (docs/gpu.md).
+// Ops with a device copy (engine::CopyOp::device_copy: a GPU verifier's checked copy) are copied
+// device to device from there in every mode (by the kernel, or by the copy engines where the mode
+// says so): their bytes cross PCIe only once, for the check.
 // Objects whose staging is not in the registered regions given at creation (the store's DRAM tier
 // is ordinary heap memory) take the kStaged way in both modes: `bounce_threads` threads copy them
 // into a pinned bounce buffer (the same geometry as the GPU slots), from which the copy engine

@@ -45,6 +45,9 @@ struct Case {
   // kAuto: 0, every timed scatter kernel counts as slow, so the call after one goes by
   // copy engine.
   double auto_slow = 4;
+  // Every other op carries a device copy of its object (CopyOp::device_copy, as a GPU verifier's
+  // mirror leaves it) while its host staging is overwritten: the engine must get the device copy.
+  bool device_copies = false;
 };
 
 class LayerCopierTest : public ::testing::TestWithParam<Case> {};
@@ -91,6 +94,19 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
       next += kObj + ((i * 2 + p) % 3 == 2 ? 4096 : 0);
     }
   }
+  std::vector<std::vector<uint8_t>> originals;
+  for (const engine::CopyOp& op : ops) originals.emplace_back(op.staging, op.staging + kObj);
+  uint8_t* device_copies = nullptr;
+  if (c.device_copies) {
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_copies), ops.size() * kObj),
+              cudaSuccess);
+    for (size_t i = 0; i < ops.size(); i += 2) {
+      uint8_t* d = device_copies + i * kObj;
+      ASSERT_EQ(cudaMemcpy(d, ops[i].staging, kObj, cudaMemcpyHostToDevice), cudaSuccess);
+      std::memset(ops[i].staging, 0xee, kObj);  // the host bytes must not be what lands
+      ops[i].device_copy = d;
+    }
+  }
   std::vector<StagingRegion> reg;
   if (pinned) reg.push_back(pinned->staging());
   LayerCopier::Options options{c.mode, c.gpu_bytes, c.bounce_threads, c.round_bytes, c.strided};
@@ -129,9 +145,10 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
 
   // Expected layer-1 region content.
   std::vector<uint8_t> expect(kv.region_sizes[kLayer], kPoison);
-  for (const engine::CopyOp& op : ops) {
-    const engine::ObjectPlacement& pl = kv.layout.placements[op.object];
-    std::memcpy(expect.data() + pl.offset + uint64_t{op.block} * pl.block_stride, op.staging, kObj);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const engine::ObjectPlacement& pl = kv.layout.placements[ops[i].object];
+    std::memcpy(expect.data() + pl.offset + uint64_t{ops[i].block} * pl.block_stride,
+                originals[i].data(), kObj);
   }
   for (uint32_t r = 0; r < kLayers; ++r) {
     std::vector<uint8_t> got(kv.region_sizes[r]);
@@ -145,6 +162,7 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   }
   mem->reset();
   for (void* p : regions) cudaFree(p);
+  cudaFree(device_copies);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
@@ -173,7 +191,16 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                            Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
                                                 false, 0, true, false, 0},
                                            Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
-                                                true, 1ull << 20, true, true, 0}),
+                                                true, 1ull << 20, true, true, 0},
+                                           // Device copies beside host staging, in each way.
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                false, 0, true, true, 4, true},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4,
+                                                false, 0, true, false, 4, true},
+                                           Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20,
+                                                4, false, 0, true, false, 4, true},
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
+                                                false, 0, true, true, 4, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return std::string(LayerCopier::ModeName(info.param.mode)) +
                                   (info.param.registered ? "_pinned" : "_heap") + "_" +
@@ -185,7 +212,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
                                        : "") +
                                   (info.param.strided ? "" : "_unstrided") +
                                   (info.param.overlap ? "_overlap" : "") +
-                                  (info.param.auto_slow < 1 ? "_slow" : "");
+                                  (info.param.auto_slow < 1 ? "_slow" : "") +
+                                  (info.param.device_copies ? "_devcopies" : "");
                          });
 
 struct GatherCase {

@@ -78,13 +78,21 @@ absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLa
       return absl::InvalidArgumentError(
           absl::StrCat("op ", i, ": block ", op.block, " object ", op.object, " out of range"));
     }
+    const engine::ObjectPlacement& p = layout.placements[op.object];
+    uint8_t* engine = region_bases[p.region] + p.offset + op.block * p.block_stride;
+    if (direction == CopyDirection::kToEngine && op.device_copy != nullptr) {
+      // A scatter's checked copy in GPU memory (CopyOp::device_copy) is read in place.
+      if (!Aligned(reinterpret_cast<uintptr_t>(op.device_copy))) {
+        return absl::InvalidArgumentError(absl::StrCat("op ", i, ": device copy unaligned"));
+      }
+      out->push_back(CopyDesc{op.device_copy, engine});
+      continue;
+    }
     uint8_t* stage = staging.ToDevice(op.staging, len);
     if (stage == nullptr || !Aligned(reinterpret_cast<uintptr_t>(stage))) {
       return absl::InvalidArgumentError(
           absl::StrCat("op ", i, ": staging address outside registered staging or unaligned"));
     }
-    const engine::ObjectPlacement& p = layout.placements[op.object];
-    uint8_t* engine = region_bases[p.region] + p.offset + op.block * p.block_stride;
     if (direction == CopyDirection::kToEngine) {
       out->push_back(CopyDesc{stage, engine});
     } else {

@@ -63,7 +63,8 @@ class StagingMap {
 enum class CopyDirection { kToEngine, kFromEngine };
 
 // Fills `out` (cleared first; its capacity is kept across calls) with one descriptor per op:
-// staging -> engine object for kToEngine (Scatter), the reverse for kFromEngine (Gather).
+// staging -> engine object for kToEngine (Scatter; from op.device_copy where it is set), the
+// reverse for kFromEngine (Gather).
 // `region_bases` are the device addresses of the layout's regions. INVALID_ARGUMENT naming the op
 // if a block or object index is out of range or its staging range is outside `staging` or
 // unaligned. Preconditions: ValidateLayout(layout, sizes of the regions) succeeded.

@@ -116,6 +116,31 @@ TEST(BuildCopyDescsTest, AddressesFollowThePlacementsForEveryFormat) {
   }
 }
 
+// A scatter with a device copy (CopyOp::device_copy) reads it in place, even where its staging is
+// outside every region; a gather never does (it writes host staging).
+TEST(BuildCopyDescsTest, ScattersReadDeviceCopiesInPlace) {
+  testing::KvLayout kv = MakeKvLayout(KvFormat::kFusedKv, 2, 10, 4096);
+  std::vector<uint8_t*> bases = {Addr(1ull << 32), Addr(2ull << 32)};
+  StagingMap map = *StagingMap::Create({{Addr(0x100000), 4 * 4096, Addr(0x900000)}});
+  std::vector<CopyDesc> descs;
+  std::vector<engine::CopyOp> ops = {{1, 0, Addr(0x100000), Addr(0x7000000)},
+                                     {2, 0, Addr(0x101000)},
+                                     {3, 0, Addr(0x5000000), Addr(0x7001000)}};
+  ASSERT_TRUE(BuildCopyDescs(ops, kv.layout, bases, map, CopyDirection::kToEngine, &descs).ok());
+  ASSERT_EQ(descs.size(), 3u);
+  EXPECT_EQ(descs[0].src, Addr(0x7000000));
+  EXPECT_EQ(descs[1].src, Addr(0x901000));
+  EXPECT_EQ(descs[2].src, Addr(0x7001000));
+  ops.pop_back();  // its staging is outside every region: a gather must refuse it
+  ASSERT_TRUE(BuildCopyDescs(ops, kv.layout, bases, map, CopyDirection::kFromEngine, &descs).ok());
+  EXPECT_EQ(descs[0].dst, Addr(0x900000));
+  EXPECT_EQ(BuildCopyDescs({{0, 0, Addr(0x100000), Addr(0x7000008)}}, kv.layout, bases, map,
+                           CopyDirection::kToEngine, &descs)
+                .code(),
+            absl::StatusCode::kInvalidArgument)
+      << "an unaligned device copy";
+}
+
 TEST(BuildCopyDescsTest, RejectsOutOfRangeOpsAndStaging) {
   testing::KvLayout kv = MakeKvLayout(KvFormat::kFusedKv, 2, 10, 4096);
   std::vector<uint8_t*> bases = {Addr(1ull << 32), Addr(2ull << 32)};

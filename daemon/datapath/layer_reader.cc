@@ -33,6 +33,7 @@ struct LayerReader::InFlight {
   std::vector<ReadFailure> object_failures;
   std::vector<ObjectCheck> checks;
   std::vector<uint8_t> matches;
+  std::vector<const uint8_t*> device_copies;  // ObjectCheck::device_copy, per planned object
   // Batches posted whose reads or checks are not done.
   std::atomic<uint32_t> pending{0};
   std::unique_ptr<absl::Notification> done;
@@ -101,6 +102,7 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
   in->object_failures.assign(in->plan.objects.size(), ReadFailure::kNone);
   in->checks.resize(in->plan.objects.size());
   in->matches.assign(in->plan.objects.size(), 0);
+  in->device_copies.assign(in->plan.objects.size(), nullptr);
   in->reqs.clear();
   uint64_t bytes = 0, merged = 0;
   for (const PlannedIo& io : in->plan.ios) {
@@ -153,7 +155,8 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
                                 object,
                                 in->staging + o.staging_offset,
                                 len,
-                                src.checksums[object]};
+                                src.checksums[object],
+                                &in->device_copies[k]};
   }
   verifier_->Verify(absl::MakeConstSpan(in->checks).subspan(first, last - first),
                     absl::MakeSpan(in->matches).subspan(first, last - first), [in, first, last] {
@@ -199,8 +202,9 @@ void LayerReader::Collect(const LayerReadRequest& r, uint32_t layer, const InFli
         (*failures)[i] = in.object_failures[index];
         break;
       }
-      ops->push_back(
-          engine::CopyOp{block, object, lease.data() + in.plan.objects[index].staging_offset});
+      ops->push_back(engine::CopyOp{block, object,
+                                    lease.data() + in.plan.objects[index].staging_offset,
+                                    in.device_copies[index]});
     }
     if ((*failures)[i] != ReadFailure::kNone) {
       ops->resize(ops_before);

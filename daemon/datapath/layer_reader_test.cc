@@ -130,6 +130,7 @@ LayerReader::Sink Recorder(Seen* seen, uint32_t object_len) {
     seen->failed[layer].assign(got.failed_items.begin(), got.failed_items.end());
     for (const engine::CopyOp& op : got.copies) {
       EXPECT_EQ(op.object / kParts, layer);
+      EXPECT_EQ(op.device_copy, nullptr) << "the CPU verifier keeps no device copies";
       ++seen->served[{op.block, op.object}];
       seen->from_dram +=
           op.staging >= seen->dram.data() && op.staging < seen->dram.data() + seen->dram.size();
@@ -212,6 +213,58 @@ TEST_F(LayerReaderTest, CountsTheLeadingThreadsWaitAndSinkTime) {
   EXPECT_GE(c.call_ns, c.lead_wait_ns + c.lead_sink_ns);
   // Reads complete inline here and checks take microseconds: the wait is the smaller part.
   EXPECT_LT(c.lead_wait_ns, c.lead_sink_ns);
+}
+
+// A verifier that keeps checked copies elsewhere (as a GPU verifier's mirror does) hands their
+// addresses on: each copy the sink gets carries its object's device copy; a failed object's item
+// is not served. With the CPU verifier (every other test) device_copy stays null.
+TEST_F(LayerReaderTest, CopiesCarryTheVerifiersDeviceCopies) {
+  class MarkingVerifier final : public Verifier {
+   public:
+    explicit MarkingVerifier(Verifier* cpu) : cpu_(cpu) {}
+    std::string_view name() const override { return "marking"; }
+    void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                std::function<void()> done) override {
+      cpu_->Verify(checks, matches, [checks, matches, done = std::move(done)] {
+        for (size_t i = 0; i < checks.size(); ++i) {
+          if (matches[i] && checks[i].device_copy != nullptr) {
+            *checks[i].device_copy = checks[i].bytes + 1;  // a marker, never dereferenced
+          }
+        }
+        done();
+      });
+    }
+
+   private:
+    Verifier* cpu_;
+  };
+  MarkingVerifier marking(verifier_.get());
+  const pool::PoolLayout layout = Layout(2);
+  object_len_ = kFrame;
+  fake_ = std::make_unique<FakePool>(layout, kFrame);
+  memory_ = std::make_unique<Memory>(64 * kFrame);
+  staging_ = std::make_unique<StagingPool>(absl::MakeSpan(memory_->data, memory_->size));
+  reader_ = std::make_unique<LayerReader>(LayerReaderOptions{layout, 1u << 20, 4}, staging_.get(),
+                                          &marking, fake_->Post());
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 4; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  fake_->Corrupt(2, 1 * kParts);  // item 2 fails in layer 1
+  int copies = 0, marked = 0;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, [&](const LayerObjects& got) {
+        for (const engine::CopyOp& op : got.copies) {
+          ++copies;
+          marked += op.device_copy == op.staging + 1;
+        }
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_EQ(result.failures[2], ReadFailure::kChecksum);
+  EXPECT_EQ(copies, 4 * kParts + 3 * kParts * (kLayers - 1));
+  EXPECT_EQ(marked, copies);
 }
 
 // Objects (rounded to 4 KiB) shorter than a frame: one I/O per object, as before merging.

@@ -69,6 +69,8 @@ class StagingPool {
   StagingPool& operator=(const StagingPool&) = delete;
 
   uint64_t capacity_bytes() const { return capacity_; }
+  // The memory leases are carved from (capacity_bytes() long).
+  absl::Span<uint8_t> region() const { return absl::MakeSpan(base_, capacity_); }
   uint64_t used_bytes() const;
   MemoryKind kind() const { return kind_; }
 

@@ -33,6 +33,11 @@ struct ObjectCheck {
   const uint8_t* bytes = nullptr;
   uint32_t len = 0;
   uint64_t expected = 0;
+  // Out, optional: a verifier that checked a copy of the bytes in GPU memory and keeps it there
+  // (gpu/gpu_verifier.h with a mirror) writes that copy's device address here before `done`, if
+  // the checksum matched; it stays valid as long as `bytes` do not change. Left untouched
+  // otherwise (the caller sets it to null first).
+  const uint8_t** device_copy = nullptr;
 };
 
 class Verifier {

@@ -15,6 +15,10 @@ struct CopyOp {
   uint32_t block;
   uint32_t object;  // layer * parts + part
   uint8_t* staging;
+  // Scatters only: the same bytes as `staging`, already checked and held in GPU memory (a GPU
+  // verifier's copy, datapath/verifier.h), or null. A GPU engine memory copies from here, device
+  // to device, instead of crossing PCIe again; other engine memories ignore it.
+  const uint8_t* device_copy = nullptr;
 };
 
 }  // namespace tutti::engine

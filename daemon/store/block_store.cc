@@ -835,6 +835,9 @@ absl::Status BlockStore::SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_a
   return impl_->SetWriteBacklogBounds(max_bytes, max_age_ms);
 }
 absl::Span<uint8_t> BlockStore::staging_region() const { return impl_->staging_region(); }
+absl::Span<uint8_t> BlockStore::retrieve_staging_region() const {
+  return impl_->retrieve_staging_region();
+}
 absl::Span<uint8_t> BlockStore::dram_region() const { return impl_->dram_region(); }
 datapath::Verifier* BlockStore::cpu_verifier() const { return impl_->cpu_verifier(); }
 void BlockStore::SetReadVerifier(datapath::Verifier* v) { impl_->SetReadVerifier(v); }

@@ -433,6 +433,8 @@ class BlockStore {
   // from. Stable for the store's life. A GPU device registers it for mapped
   // access.
   absl::Span<uint8_t> staging_region() const;
+  // The part of staging_region() that Retrieves read into (limits.retrieve_staging_bytes).
+  absl::Span<uint8_t> retrieve_staging_region() const;
   // The DRAM tier's memory (empty when the tier is off): the source of DRAM-tier hits, handed to
   // LayerSink. Stable for the store's life; a GPU daemon registers it like staging_region().
   absl::Span<uint8_t> dram_region() const;

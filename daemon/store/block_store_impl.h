@@ -135,6 +135,7 @@ class BlockStore::Impl {
   StoreStats Stats() const;
   absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
+  absl::Span<uint8_t> retrieve_staging_region() const { return read_staging_->region(); }
   absl::Span<uint8_t> dram_region() const {
     return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
   }
