@@ -1001,7 +1001,8 @@ def wait_durable_all(daemon, stored_before, blocks, timeout):
 def phase_store(args, daemon, sessions):
     """Stores every session's blocks at once; (GB/s, seconds, CPU figures)."""
     blocks = sum(s.n for s in sessions)
-    before = daemon.stats().get("blocks_stored", 0)
+    st0 = daemon.stats()
+    before = st0.get("blocks_stored", 0)
     for s in sessions:
         s.sync()
     io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
@@ -1014,6 +1015,13 @@ def phase_store(args, daemon, sessions):
     seconds = time.perf_counter() - t0
     gbytes = blocks * BLOCK_BYTES / GB
     figures = cpu.stop(gbytes)
+    st1 = daemon.stats()
+    d = lambda k: st1.get(k, 0) - st0.get(k, 0)
+    # Where the write pipeline's batches spent the phase (admin Stats write_*).
+    figures["writes"] = {"batches": d("write_batches"), "phase_s": round(seconds, 4),
+                         "prepare_s": round(d("write_prepare_seconds"), 4),
+                         "io_s": round(d("write_io_seconds"), 4),
+                         "commit_s": round(d("write_commit_seconds"), 4)}
     # How much of the phase the clients spent refused for full staging, waiting to retry.
     figures["store_calls"] = sum(s.store_counts["calls"] for s in sessions)
     figures["store_rejected_full_blocks"] = sum(
@@ -1161,10 +1169,10 @@ def store_and_retrieve(args, array, name, dram):
         call = min(call, mbpc)
         store_gbps, store_s, store_cpu = phase_store(args, daemon, sessions)
         log("  store   %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid %.2f cores, %.3f CPU "
-            "s/GB, busiest thread %s; iou-wrk %s" % (
+            "s/GB, busiest thread %s; iou-wrk %s; write pipeline %s" % (
                 per * args.sessions, per * args.sessions * BLOCK_BYTES / GiB, store_s,
                 store_gbps, store_cpu["cores"], store_cpu["cpu_s_per_gb"],
-                store_cpu["busiest_thread"], store_cpu["iou_workers"]))
+                store_cpu["busiest_thread"], store_cpu["iou_workers"], store_cpu["writes"]))
         rounds = []
         for r in range(args.retrieve_rounds):
             gbps, secs, cpu = phase_retrieve(args, daemon, sessions, call)
@@ -1413,7 +1421,7 @@ def one_array_config(args, results, ctx, emulation, n):
         busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
         iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
         store_staging_wait_ms=args.store_staging_wait_ms, store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
-        store_retry_sleep_s=sc["store_retry_sleep_s"], **common,
+        store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"), **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
              "(admin Stats blocks_stored and an empty write backlog); raw: mean of raw_array_io "
              "random writes (fdatasync at the end) right before and after tuttid (%s)" % (

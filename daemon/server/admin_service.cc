@@ -111,6 +111,10 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_read_layers(st.read_layers);
   resp->set_read_calls(st.read_calls);
   resp->set_read_call_seconds(st.read_call_seconds);
+  resp->set_write_batches(st.write_batches);
+  resp->set_write_prepare_seconds(st.write_prepare_seconds);
+  resp->set_write_io_seconds(st.write_io_seconds);
+  resp->set_write_commit_seconds(st.write_commit_seconds);
   resp->set_admission(st.admission);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.decision_stats) {

@@ -289,6 +289,12 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
     MaybeCheckpoint();
   }
   absl::MutexLock lock(&mu_);
+  stats_.write_batches += batches.size();
+  stats_.write_commit_seconds += absl::ToDoubleSeconds(t1 - t0);
+  for (const auto& b : batches) {
+    stats_.write_prepare_seconds += absl::ToDoubleSeconds(b->posted - b->started);
+    stats_.write_io_seconds += absl::ToDoubleSeconds(t0 - b->posted);
+  }
   writing_ -= static_cast<int>(batches.size());  // after the checkpoint: Flush waits for it too
 }
 

@@ -35,8 +35,10 @@ constexpr uint64_t kSeed = 0x7e57;
 // A 4 GiB pool of 2 MiB slots (about 2040): two engines of one uid each pin 256 blocks at once,
 // within one user's share of the pins (limits.max_pinned_pool_share_per_user, half the slots)
 // and everyone's (three quarters).
-std::string DaemonConfig(const std::string& scatter, uint64_t dram_bytes) {
+std::string DaemonConfig(const std::string& scatter, uint64_t dram_bytes,
+                         const std::string& verifier = "auto") {
   return absl::StrCat(
+      "datapath { verifier: \"", verifier, "\" }\n",
       "pool { capacity_bytes: 4294967296 object_bytes: 32768 max_objects: 64 }\n"
       "io { backend: \"uring\" queue_depth: 64 }\n"
       "dram { capacity_bytes: ",
@@ -108,6 +110,8 @@ void RoundTrip(GpuEngine& e, uint32_t keys, uint64_t seed) {
 struct DaemonCase {
   std::string scatter;
   bool dram;
+  // "gpu": checks on the GPU, whose mirror of the retrieve staging the copier places from.
+  std::string verifier = "auto";
 };
 
 class RoundTripTest : public ::testing::TestWithParam<DaemonCase> {};
@@ -115,7 +119,8 @@ class RoundTripTest : public ::testing::TestWithParam<DaemonCase> {};
 TEST_P(RoundTripTest, EachFormatByteExactWhileTheStreamWaitsPerLayer) {
   TUTTI_SKIP_WITHOUT_GPU();
   const DaemonCase c = GetParam();
-  auto daemon = TuttidRunner::Start(DaemonConfig(c.scatter, c.dram ? 256ull << 20 : 0));
+  auto daemon =
+      TuttidRunner::Start(DaemonConfig(c.scatter, c.dram ? 256ull << 20 : 0, c.verifier));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   for (auto format :
        {tutti::v1::KV_FORMAT_FUSED, tutti::v1::KV_FORMAT_SEPARATE, tutti::v1::KV_FORMAT_MLA}) {
@@ -156,9 +161,13 @@ INSTANTIATE_TEST_SUITE_P(Daemons, RoundTripTest,
                                            DaemonCase{"mapped", true}, DaemonCase{"mapped", false},
                                            DaemonCase{"copy_engine", true},
                                            DaemonCase{"copy_engine", false},
-                                           DaemonCase{"auto", true}, DaemonCase{"auto", false}),
+                                           DaemonCase{"auto", true}, DaemonCase{"auto", false},
+                                           DaemonCase{"staged", false, "gpu"},
+                                           DaemonCase{"copy_engine", false, "gpu"},
+                                           DaemonCase{"auto", true, "gpu"}),
                          [](const ::testing::TestParamInfo<DaemonCase>& i) {
-                           return i.param.scatter + (i.param.dram ? "_dram" : "_ssd");
+                           return i.param.scatter + (i.param.dram ? "_dram" : "_ssd") +
+                                  (i.param.verifier == "gpu" ? "_gpuchecks" : "");
                          });
 
 // Llama-3-8B-shaped layers (32 x 32 KiB K and V), 256 blocks: 512 MiB a retrieve.
