@@ -6,8 +6,10 @@
   next to no work in tuttid;
 - grpc_lookup_1 / grpc_lookup_2048: Client.lookup_many of 1 and of 2048 stored keys (a lease
   each, released untimed);
+- socket_refused / socket_lookup_1 / socket_lookup_2048: the same three through tuttid's lookup
+  socket (<socket>.lookup, daemon/common/lookup_wire.h) instead of gRPC;
 - raw_socket: the same 32 KiB as a length-prefixed message over a plain unix stream socket to a
-  Python process that answers 44 bytes: what a Lookup path outside gRPC would cost to carry.
+  Python process that answers 44 bytes: what carrying it costs with no server work at all.
 
     TUTTID_BIN=bazel-bin/daemon/tuttid PYTHONPATH=bazel-bin/client/python/site \\
         /usr/bin/python3 bench/lookup_floor.py [--iterations 3000] [--out FILE] [--machine TEXT]
@@ -116,13 +118,18 @@ def main():
         packed = b"".join(keys)
         refused = pb.LookupRequest(session_id=1 << 40, session_token=b"x" * 16,
                                    packed_keys=packed).SerializeToString()
-        ch = c._native_channel(native)
-        code = native.lookup([(ch, refused, 1.0)])[0][0]
-        assert code == 5, code  # NOT_FOUND
-        out["grpc_refused"] = timed(lambda: native.lookup([(ch, refused, 1.0)]), args.iterations)
-        for name, k in (("grpc_lookup_1", packed[:16]), ("grpc_lookup_2048", packed)):
-            out[name] = timed(lambda: tutti.Client.lookup_many([(c, k, None)])[0],
-                              args.iterations, after=c.release)
+        for way, on_socket in (("grpc", False), ("socket", True)):
+            ch = native.open(daemon.socket, on_socket)
+            assert bool(native.on_socket(ch)) == on_socket, way
+            c._native = ch  # lookup_many's channel: this way
+            code = native.lookup([(ch, refused, 1.0)])[0][0]
+            assert code == 5, code  # NOT_FOUND
+            out[way + "_refused"] = timed(lambda: native.lookup([(ch, refused, 1.0)]),
+                                          args.iterations)
+            for name, k in (("_lookup_1", packed[:16]), ("_lookup_2048", packed)):
+                out[way + name] = timed(lambda: tutti.Client.lookup_many([(c, k, None)])[0],
+                                        args.iterations, after=c.release)
+            assert bool(native.on_socket(ch)) == on_socket, way
         c.detach()
         shm.close()
     finally:
@@ -136,6 +143,13 @@ def main():
                               " (libgrpc++), refused by tuttid at the session check",
               "grpc_lookup_1": "Client.lookup_many of 1 stored key through tutti._lookup",
               "grpc_lookup_2048": "Client.lookup_many of 2048 stored keys through tutti._lookup",
+              "socket_refused": "a 2048-key LookupRequest of an unknown session through "
+                                "tutti._lookup on tuttid's lookup socket, refused at the session "
+                                "check",
+              "socket_lookup_1": "Client.lookup_many of 1 stored key through tutti._lookup on "
+                                 "tuttid's lookup socket",
+              "socket_lookup_2048": "Client.lookup_many of 2048 stored keys through tutti._lookup "
+                                    "on tuttid's lookup socket",
               "raw_socket": "the same 32 KiB, length-prefixed, over a plain unix stream socket "
                             "to a Python process answering 44 bytes"}
     load = os.getloadavg()[0]

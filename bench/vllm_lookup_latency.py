@@ -7,8 +7,9 @@ against the plain Python client's lookup of the same 2048 keys in the same run (
         [--note TEXT]
 
 Rows: per TP, connector_first_lookup_p99_ms (the first call's p99 against the 1 ms target,
-with its p50, which key chain ran: C or Python, which path the Lookups took: tutti._lookup or
-grpcio, and the load average around the run), and p50/p99 in us of the first call, the
+with its p50, which key chain ran: C or Python, which path the Lookups took: tutti._lookup on
+tuttid's lookup socket (TUTTI_LOOKUP_SOCKET unset or 1), tutti._lookup through libgrpc++
+(TUTTI_LOOKUP_SOCKET=0) or grpcio, and the load average around the run), and p50/p99 in us of the first call, the
 next call and the plain client's Lookup. Each timed call is followed (untimed) by
 request_finished, which releases the request's leases.
 Not a test: it asserts only that the hits are what was stored.
@@ -155,7 +156,9 @@ def main():
     if native_lookup is None:
         lookup_path = "grpcio (no lookup_many)"
     else:
-        lookup_path = "tutti._lookup (libgrpc++)" if native_lookup() is not None else "grpcio"
+        wanted = getattr(tutti.client, "lookup_socket_wanted", lambda: False)()
+        lookup_path = ("grpcio" if native_lookup() is None else
+                       "tutti._lookup (lookup socket)" if wanted else "tutti._lookup (libgrpc++)")
     note = "; " + args.note if args.note else ""
     rows = []
     for tp in (1, 2):

@@ -138,6 +138,7 @@ std::string AdminSocketPath(const tutti::v1::ListenConfig& l) {
 namespace {
 
 absl::Status ValidateListen(const tutti::v1::ListenConfig& l) {
+  // The longest suffix of the sockets beside it: ".handoff" (".lookup" is shorter).
   RETURN_IF_ERROR(CheckSocket("listen.socket_path", l.socket_path(), sizeof(".handoff") - 1));
   RETURN_IF_ERROR(
       CheckAccess("listen.socket_mode", l.socket_mode(), "listen.socket_group", l.socket_group()));
@@ -293,6 +294,10 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
   RETURN_IF_ERROR(CheckRange("limits.max_handoff_connections_per_user",
                              l.max_handoff_connections_per_user(), 1,
                              l.max_handoff_connections()));
+  RETURN_IF_ERROR(
+      CheckRange("limits.max_lookup_connections", l.max_lookup_connections(), 1, 65536));
+  RETURN_IF_ERROR(CheckRange("limits.max_lookup_connections_per_user",
+                             l.max_lookup_connections_per_user(), 1, l.max_lookup_connections()));
   // A session needs two threads at least (a Retrieve stream and a KeepAlive).
   return CheckRange("limits.max_rpc_threads", l.max_rpc_threads(), 8, 65536);
 }

@@ -44,9 +44,11 @@
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "daemon/common/handoff.h"
+#include "daemon/common/lookup_wire.h"
 #include "daemon/server/admin_service.h"
 #include "daemon/server/credentials.h"
 #include "daemon/server/handoff_server.h"
+#include "daemon/server/lookup_server.h"
 #include "daemon/server/engine_watcher.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/server.h"
@@ -208,6 +210,7 @@ struct Daemon {
   std::unique_ptr<server::AdminService> admin;
   std::unique_ptr<server::Server> server;        // engines: the KvCache service
   std::unique_ptr<server::HandoffServer> handoff;  // engines' credentials and memory
+  std::unique_ptr<server::LookupServer> lookup;    // Lookups outside gRPC; null: turned off
   std::unique_ptr<server::Server> admin_server;  // operators: the Admin service
   std::unique_ptr<server::Reaper> reaper;
   std::unique_ptr<metrics::MetricsExporter> metrics;  // null: metrics.listen is off
@@ -328,6 +331,19 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                                                 d->credentials.get(),
                                                 {limits.max_handoff_connections_per_user(),
                                                  limits.max_handoff_connections()}));
+  if (listen.lookup_socket()) {
+    server::LookupLimits lookup_limits;
+    lookup_limits.max_connections_per_user = limits.max_lookup_connections_per_user();
+    lookup_limits.max_connections = limits.max_lookup_connections();
+    lookup_limits.max_request_bytes = MaxLookupRequest(limits.max_blocks_per_call());
+    ASSIGN_OR_RETURN(
+        d->lookup,
+        server::LookupServer::Start(
+            LookupSocketPath(listen.socket_path()), engines,
+            [kv = d->kv.get()](uint32_t uid, const v1::LookupRequest& req,
+                               v1::LookupResponse* resp) { return kv->LookupAs(uid, req, resp); },
+            lookup_limits));
+  }
   ASSIGN_OR_RETURN(
       d->admin_server,
       server::Server::Start({config::AdminSocketPath(listen),
@@ -347,6 +363,7 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
 void Stop(Daemon* d) {
   d->metrics.reset();  // scrapes read the store and the sessions
   d->server->Shutdown(kShutdownGrace);  // returns once every handler has returned
+  d->lookup.reset();  // the gate is closed: its Lookups finished or answer UNAVAILABLE
   d->admin_server->Shutdown(absl::ZeroDuration());  // the gate answers its calls UNAVAILABLE now
   d->handoff.reset();
   d->reaper.reset();

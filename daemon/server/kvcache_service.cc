@@ -145,9 +145,9 @@ KvCacheService::KvCacheService(const KvCacheOptions& options, store::BlockStore*
       own_advisor_(advisor == nullptr ? std::make_unique<decision::Advisor>(true) : nullptr),
       advisor_(advisor == nullptr ? own_advisor_.get() : advisor) {}
 
-absl::StatusOr<KvCacheService::SessionCall> KvCacheService::EnterSession(uint64_t session_id,
-                                                                         std::string_view token) {
-  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(session_id, token));
+absl::StatusOr<KvCacheService::SessionCall> KvCacheService::EnterSession(
+    uint64_t session_id, std::string_view token, std::optional<uint32_t> uid) {
+  ASSIGN_OR_RETURN(SessionRef session, sessions_->Touch(session_id, token, uid));
   if (session->calls.fetch_add(1) >= options_.max_calls_per_session) {
     session->calls.fetch_sub(1);
     return absl::ResourceExhaustedError(
@@ -322,8 +322,9 @@ grpc::Status KvCacheService::Detach(grpc::ServerContext*, const tutti::v1::Detac
 // --- Lookup ---
 
 absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
-                                      tutti::v1::LookupResponse* resp) {
-  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
+                                      tutti::v1::LookupResponse* resp,
+                                      std::optional<uint32_t> uid) {
+  ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token(), uid));
   const SessionRef& session = call.session();
   ASSIGN_OR_RETURN(std::vector<Key> keys, ParseLookupKeys(req, options_.max_blocks_per_call));
   if (req.prompt_tokens() > decision::kMaxContextTokens) {
@@ -353,6 +354,12 @@ absl::Status KvCacheService::DoLookup(const tutti::v1::LookupRequest& req,
 grpc::Status KvCacheService::Lookup(grpc::ServerContext*, const tutti::v1::LookupRequest* req,
                                     tutti::v1::LookupResponse* resp) {
   return ServeCall(gate_, [&] { return DoLookup(*req, resp); });
+}
+
+absl::Status KvCacheService::LookupAs(uint32_t peer_uid, const tutti::v1::LookupRequest& req,
+                                      tutti::v1::LookupResponse* resp) {
+  ASSIGN_OR_RETURN(CallGate::Pass pass, gate_->Enter());
+  return DoLookup(req, resp, peer_uid);
 }
 
 // --- Retrieve ---

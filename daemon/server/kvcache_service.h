@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -100,6 +101,11 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
                          tutti::v1::KeepAliveResponse* resp) override;
   grpc::Status Lookup(grpc::ServerContext* ctx, const tutti::v1::LookupRequest* req,
                       tutti::v1::LookupResponse* resp) override;
+  // Lookup for a caller the kernel says is user `peer_uid` (the lookup socket, lookup_server.h):
+  // the same call through the same gate, but a session of another user is NOT_FOUND exactly as an
+  // unknown one.
+  absl::Status LookupAs(uint32_t peer_uid, const tutti::v1::LookupRequest& req,
+                        tutti::v1::LookupResponse* resp);
   // Streams one RetrieveProgress per layer; stops early (CANCELLED) if the client goes away, the
   // server shuts down, or the session is closed. The lease ends when the stream ends, however.
   grpc::Status Retrieve(grpc::ServerContext* ctx, const tutti::v1::RetrieveRequest* req,
@@ -141,8 +147,11 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   };
   // The session named by a request, if `token` is its token (SessionManager::Touch), holding a
   // call slot. NOT_FOUND as for an unknown session; RESOURCE_EXHAUSTED past max_calls_per_session.
-  absl::StatusOr<SessionCall> EnterSession(uint64_t session_id, std::string_view token);
-  absl::Status DoLookup(const tutti::v1::LookupRequest& req, tutti::v1::LookupResponse* resp);
+  // With `uid`, the session must be that user's too (SessionManager::Touch).
+  absl::StatusOr<SessionCall> EnterSession(uint64_t session_id, std::string_view token,
+                                           std::optional<uint32_t> uid = std::nullopt);
+  absl::Status DoLookup(const tutti::v1::LookupRequest& req, tutti::v1::LookupResponse* resp,
+                        std::optional<uint32_t> uid = std::nullopt);
   // Sets resp's load_blocks and, when the advisor predicts, the predictions (kvcache_decision.cc).
   void AdviseLookup(const SessionState& session, uint32_t prompt_tokens,
                     const std::vector<bool>& hit_in_dram, tutti::v1::LookupResponse* resp);

@@ -95,6 +95,7 @@ class ServiceEnv {
   const std::string& socket_path() const { return socket_path_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   Server& server() { return *server_; }
+  KvCacheService& kv_service() { return *kv_service_; }
 
   // Hands `engine`'s memory over on the handoff socket and returns its AttachRequest with the
   // credential (fd_index 0). An empty credential after a failed EXPECT.

@@ -129,11 +129,15 @@ SessionManager::FindLeaseLocked(uint64_t session_id, uint64_t lease_id) {
   return std::make_pair(s, it);
 }
 
-absl::StatusOr<SessionRef> SessionManager::Touch(uint64_t session_id, std::string_view token) {
+absl::StatusOr<SessionRef> SessionManager::Touch(uint64_t session_id, std::string_view token,
+                                                 std::optional<uint32_t> uid) {
   absl::MutexLock lock(&mu_);
   auto s = FindLocked(session_id);
   if (!s.ok()) return s.status();
-  if (!SameToken((*s)->state->token, token)) return UnknownSession(session_id);
+  // Both checks, whatever the first says: the answer takes the same time either way.
+  const bool same_token = SameToken((*s)->state->token, token);
+  const bool same_user = !uid.has_value() || (*s)->state->uid == *uid;
+  if (!same_token || !same_user) return UnknownSession(session_id);
   (*s)->last_seen_ms = clock_->NowMs();
   return SessionRef((*s)->state);
 }

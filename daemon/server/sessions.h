@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -164,7 +165,9 @@ class SessionManager {
   // Returns the session and marks it alive now, if `token` is its token (compared in constant
   // time). NOT_FOUND, with the same message, for an unknown or expired id and for a wrong or
   // missing token.
-  absl::StatusOr<SessionRef> Touch(uint64_t session_id, std::string_view token);
+  // With `uid`, a session of another user is refused the same way (the lookup socket's peer).
+  absl::StatusOr<SessionRef> Touch(uint64_t session_id, std::string_view token,
+                                   std::optional<uint32_t> uid = std::nullopt);
 
   // Records `keys` (already pinned by the caller) as a new lease of the session and returns its
   // id (never 0). NOT_FOUND if the session is gone; RESOURCE_EXHAUSTED, naming the limit, when the

@@ -229,11 +229,12 @@ class DeadlineTest(FakeDaemonTest):
 
 class LookupManyTest(unittest.TestCase):
     """Client.lookup_many (the vLLM scheduler's Lookups on every TP rank): through tutti._lookup
-    (built with the package: it must load here) and through grpcio (the fallback), the same
-    leases as lookup(), one error per client that fails, all in flight at once."""
+    (built with the package: it must load here) on tuttid's lookup socket and through libgrpc++,
+    and through grpcio (the fallback), the same leases as lookup(), one error per client that
+    fails, all in flight at once."""
 
     def setUp(self):
-        self.daemons = [FakeTuttid().start() for _ in range(2)]
+        self.daemons = [FakeTuttid(lookup_socket=True).start() for _ in range(2)]
         self.engine = Engine()
         self.clients = [self.engine.attach(d, timeouts=tutti.Timeouts(short=0.4))
                         for d in self.daemons]
@@ -250,11 +251,27 @@ class LookupManyTest(unittest.TestCase):
         self.engine.shm.close()
 
     def paths(self):
-        """Each way lookup_many can go: its name, after setting it up."""
+        """Each way lookup_many can go: its name, after setting it up; checks after each that
+        it went that way."""
+        saved = os.environ.get("TUTTI_LOOKUP_SOCKET")
         tc._NATIVE = None
         if os.environ.get("TUTTI_NATIVE_LOOKUP", "1") != "0":
             self.assertIsNotNone(tc.native_lookup(), "tutti._lookup did not load")
-            yield "native"
+            for path in ("socket", "libgrpc++"):
+                os.environ["TUTTI_LOOKUP_SOCKET"] = "1" if path == "socket" else "0"
+                for c in self.clients:
+                    c._native = None  # opened again, as TUTTI_LOOKUP_SOCKET says
+                before = sum(d.socket_lookups for d in self.daemons)
+                yield path
+                through_socket = sum(d.socket_lookups for d in self.daemons) - before
+                if path == "socket":
+                    self.assertGreater(through_socket, 0)
+                else:
+                    self.assertEqual(through_socket, 0)
+        if saved is None:
+            os.environ.pop("TUTTI_LOOKUP_SOCKET", None)
+        else:
+            os.environ["TUTTI_LOOKUP_SOCKET"] = saved
         tc._NATIVE = False  # as where it does not load
         self.assertIsNone(tc.native_lookup())
         yield "grpcio"
@@ -299,6 +316,10 @@ class LookupManyTest(unittest.TestCase):
                 self.assertIn("is unknown or expired", str(out[1]))
                 with c._cv:
                     c._session_token = tc_token(c._session_id)
+                # NOT_FOUND started a re-attach: the next path begins once it is done.
+                deadline = time.monotonic() + 10
+                while not c.info["attached"] and time.monotonic() < deadline:
+                    time.sleep(0.01)
 
     def test_hung_tuttids_answer_at_the_deadline_together(self):
         for path in self.paths():
@@ -338,6 +359,56 @@ class LookupManyTest(unittest.TestCase):
                 self.assertIn("Release", str(err))
                 self.assertLess(took, 0.75)
                 self.assertEqual(tutti.Client.release_many([]), [])
+
+    def test_socket_where_served_libgrpc_where_not(self):
+        """One rank's tuttid serves no lookup socket (listen.lookup_socket false, or older): its
+        Lookup goes through libgrpc++ in the same call; the other rank's on the socket."""
+        tc._NATIVE = None
+        native = tc.native_lookup()
+        if native is None:
+            self.skipTest("TUTTI_NATIVE_LOOKUP=0")
+        plain = FakeTuttid().start()
+        try:
+            c = self.engine.attach(plain, timeouts=tutti.Timeouts(short=0.4))
+            try:
+                out = tutti.Client.lookup_many([(self.clients[0], KEYS, None), (c, KEYS, None)])
+                self.assertEqual([x.hits for x in out], [4, 4])
+                self.assertTrue(native.on_socket(self.clients[0]._native_channel(native)))
+                self.assertFalse(native.on_socket(c._native_channel(native)))
+                self.assertEqual(self.daemons[0].socket_lookups, 1)
+                self.assertEqual(plain.calls.count("Lookup"), 1)
+            finally:
+                plain.ended.set()
+                c.detach()
+        finally:
+            plain.close()
+
+    def test_a_lookup_socket_that_closes_is_asked_again_through_grpc(self):
+        """tuttid closes the connection before answering (it stopped, or restarted): UNAVAILABLE
+        on the socket, so lookup_many asks grpcio at once; the next call connects again."""
+        tc._NATIVE = None
+        native = tc.native_lookup()
+        if native is None:
+            self.skipTest("TUTTI_NATIVE_LOOKUP=0")
+        c = self.clients[0]
+        self.assertEqual(tutti.Client.lookup_many([(c, KEYS, None)])[0].hits, 4)
+        real = self.daemons[0].Lookup
+        calls = []
+
+        def close_first(request, context):
+            calls.append(type(context).__name__)
+            if len(calls) == 1:
+                raise OSError("as if tuttid went away")  # ends the socket's connection
+            return real(request, context)
+        self.daemons[0].Lookup = close_first
+        try:
+            self.assertEqual(tutti.Client.lookup_many([(c, KEYS, None)])[0].hits, 4)  # grpcio's
+            self.assertEqual(len(calls), 1)
+            self.assertEqual(tutti.Client.lookup_many([(c, KEYS, None)])[0].hits, 4)
+            self.assertEqual(len(calls), 2)  # the socket's again, on a new connection
+            self.assertTrue(native.on_socket(c._native_channel(native)))
+        finally:
+            self.daemons[0].Lookup = real
 
     @staticmethod
     def raise_first(out):

@@ -238,6 +238,37 @@ class HostModeTest(unittest.TestCase):
             c.release(old)
             self.retrieve_and_verify(c, e, keys, 32)
 
+    def test_lookup_many_on_the_lookup_socket(self):
+        """tuttid serves <socket>.lookup by default: lookup_many's Lookups go there (0660-like
+        mode as the engine socket's), with lookup()'s answers; with listen.lookup_socket false
+        there is no such socket and they go through libgrpc++, the same answers."""
+        from tutti import client as tc
+        native = tc.native_lookup()
+        if native is None:
+            self.skipTest("TUTTI_NATIVE_LOOKUP=0")
+        self.assertEqual(os.stat(self.daemon.socket + ".lookup").st_mode & 0o777, 0o600)
+        e = self.engine(8)
+        keys = keys_of(11, 4)
+        for served in (True, False):
+            with self.subTest(lookup_socket=served):
+                with e.attach(self.daemon) as c:
+                    if served:
+                        self.store_all(c, e, keys)  # kept across the restart
+                    one = c.lookup(keys + keys_of(12, 2), prompt_tokens=96)
+                    many = tutti.Client.lookup_many([(c, keys + keys_of(12, 2), 96),
+                                                     (c, [b"short"], None)])
+                    self.assertEqual(native.on_socket(c._native_channel(native)), served)
+                    self.assertEqual((many[0].hits, many[0].load_blocks, many[0].ttl_ms),
+                                     (one.hits, one.load_blocks, one.ttl_ms))
+                    self.assertNotEqual(many[0].id, one.id)
+                    self.assertIsInstance(many[1], tutti.InvalidArgument)
+                    self.assertEqual(tutti.Client.release_many([(c, one), (c, many[0])]),
+                                     [None, None])
+                self.daemon.stop()
+                self.daemon.write_config(listen_extra="lookup_socket: false")
+                self.daemon.start()
+        self.assertFalse(os.path.exists(self.daemon.socket + ".lookup"))
+
     def test_idle_client_reattaches_soon_after_a_restart(self):
         # tuttid's default session TTL: a KeepAlive every 7.5 s. The client watches the connection,
         # so an engine that makes no call is attached again about a second after tuttid is back.

@@ -2,6 +2,8 @@
 descriptors it was handed), and a KvCache gRPC server whose Attach redeems them, whose
 KeepAlive can be told to answer NOT_FOUND (the session expired), and whose Lookup, Store,
 Retrieve and Release can be told to hang (a wedged or stopped daemon) until the test ends.
+With lookup_socket, it serves tuttid's lookup socket too (daemon/common/lookup_wire.h), its
+Lookups answered by the same Lookup as gRPC's.
 """
 
 import os
@@ -24,7 +26,7 @@ def _token(session_id):
 
 
 class FakeTuttid(pb_grpc.KvCacheServicer):
-    def __init__(self, session_ttl_ms=60000):
+    def __init__(self, session_ttl_ms=60000, lookup_socket=False):
         self._dir = tempfile.mkdtemp(prefix="tutti-fake-", dir="/tmp")
         self.socket = os.path.join(self._dir, "tuttid.sock")
         self.session_ttl_ms = session_ttl_ms
@@ -47,16 +49,26 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
         self._handoff.bind(self.socket + ".handoff")
         self._handoff.listen(8)
         self._handoff_thread = threading.Thread(target=self._serve_handoffs, daemon=True)
+        self.socket_lookups = 0       # Lookups that came through the lookup socket
+        self._lookup = None
+        if lookup_socket:
+            self._lookup = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._lookup.bind(self.socket + ".lookup")
+            self._lookup.listen(8)
 
     def start(self):
         self._server.start()
         self._handoff_thread.start()
+        if self._lookup is not None:
+            threading.Thread(target=self._serve_lookups, daemon=True).start()
         return self
 
     def close(self):
         self.ended.set()
         self._server.stop(0).wait()
         self._handoff.close()
+        if self._lookup is not None:
+            self._lookup.close()
         with self.lock:
             for fds in self.credentials.values():
                 for fd in fds:
@@ -87,6 +99,40 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
                     self.handoffs.append((msg, len(fds)))
                     self.credentials[credential] = fds
                 conn.send(b"OK" + credential)
+
+    # --- the lookup socket ---
+    def _serve_lookups(self):
+        while True:
+            try:
+                conn, _ = self._lookup.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve_lookup_connection, args=(conn,),
+                             daemon=True).start()
+
+    def _serve_lookup_connection(self, conn):
+        with conn:
+            try:
+                conn.sendall(struct.pack("<II", 0, 0))  # admitted
+                while True:
+                    header = _read_exactly(conn, 8)
+                    if header is None:
+                        return
+                    length, _ = struct.unpack("<II", header)
+                    body = _read_exactly(conn, length)
+                    if body is None:
+                        return
+                    with self.lock:
+                        self.socket_lookups += 1
+                    context = _SocketContext()
+                    try:
+                        answer = self.Lookup(pb.LookupRequest.FromString(body), context)
+                        code, out = 0, answer.SerializeToString()
+                    except _Aborted as e:
+                        code, out = e.code.value[0], e.details.encode()
+                    conn.sendall(struct.pack("<II", len(out), code) + out)
+            except OSError:
+                return  # the client went away
 
     # --- KvCache ---
     def _hang(self, context):
@@ -172,6 +218,29 @@ class FakeTuttid(pb_grpc.KvCacheServicer):
     def Detach(self, request, context):
         self._check_session(request, context)
         return pb.DetachResponse()
+
+
+class _Aborted(Exception):
+    def __init__(self, code, details):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _SocketContext:
+    """What the KvCache handlers use of grpc's context, for the lookup socket."""
+
+    def abort(self, code, details):
+        raise _Aborted(code, details)
+
+
+def _read_exactly(conn, n):
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
 
 
 def handoff_count(payload):

@@ -526,10 +526,12 @@ class Client:
         a Lease or the TuttiError that client's lookup() would raise, for each. Every Lookup is
         in flight together: the wait is the slowest one's.
 
-        With tutti._lookup (native_lookup(): Debian's libgrpc++ through a C extension) the
-        calls go out and complete on this thread without the GIL, through a second connection
-        of each client to its tuttid, at about the C++ client's cost per call; grpcio's
-        hand-off to its polling thread was most of a Lookup's time and tail on a busy host
+        With tutti._lookup (native_lookup(): a C extension) the calls go out and complete on
+        this thread without the GIL, through a second connection of each client to its tuttid:
+        its lookup socket (<socket>.lookup, no gRPC on either end) where tuttid serves one and
+        TUTTI_LOOKUP_SOCKET is not 0, else Debian's libgrpc++ at about the C++ client's cost per
+        call; grpcio's hand-off to its polling thread was most of a Lookup's time and tail on a
+        busy host, and gRPC's round trip most of what was left
         (bench/results/vllm_lookup_latency.jsonl). Without it (another platform, or
         TUTTI_NATIVE_LOOKUP=0): start_lookup() on every client but the last, lookup_inline()
         on the last. As with lookup_inline, a Lookup in flight when its session ends is not
@@ -637,7 +639,7 @@ class Client:
     def _native_channel(self, native):
         with self._native_lock:
             if self._native is None:
-                self._native = native.open(self._socket_path)
+                self._native = native.open(self._socket_path, lookup_socket_wanted())
             return self._native
 
     def _inline_call(self, req, gen):
@@ -941,6 +943,12 @@ def native_lookup():
             except ImportError:
                 _NATIVE = False
     return _NATIVE or None
+
+
+def lookup_socket_wanted() -> bool:
+    """Whether tutti._lookup sends Lookups to tuttid's lookup socket (<socket>.lookup, where
+    tuttid serves one): yes unless TUTTI_LOOKUP_SOCKET=0 (then libgrpc++ only)."""
+    return os.environ.get("TUTTI_LOOKUP_SOCKET", "1") != "0"
 
 
 _STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 CONFIG = """state_dir: "{root}/state"
-listen {{ socket_path: "{socket}" socket_mode: 384 }}
+listen {{ socket_path: "{socket}" socket_mode: 384 {listen_extra} }}
 metrics {{ listen: "off" }}
 pool {{ dirs: "{root}/pool" capacity_bytes: {capacity} object_bytes: {object_bytes} max_objects: {max_objects} {pool_extra} }}
 io {{ backend: "uring" queue_depth: {queue_depth} }}
@@ -59,9 +59,10 @@ def find_tuttid():
 class Tuttid:
     def __init__(self, binary=None, capacity=256 << 20, object_bytes=64 << 10, max_objects=16,
                  dram=0, store_staging=64 << 20, retrieve_staging=64 << 20, session_ttl_ms=30000,
-                 max_blocks_per_call=512, queue_depth=32, extra="", root=None, pool_extra=""):
+                 max_blocks_per_call=512, queue_depth=32, extra="", root=None, pool_extra="",
+                 listen_extra=""):
         """`extra`: more top-level config text; `pool_extra`: more fields of pool { }, e.g.
-        'admission: "second_sight"'."""
+        'admission: "second_sight"'; `listen_extra`: of listen { }, e.g. 'lookup_socket: false'."""
         self.binary = binary or find_tuttid()
         base = os.environ.get("TEST_TMPDIR")
         if not base or not _takes_o_direct(base):
@@ -79,7 +80,7 @@ class Tuttid:
                              store_staging=store_staging, retrieve_staging=retrieve_staging,
                              session_ttl_ms=session_ttl_ms, queue_depth=queue_depth,
                              max_blocks_per_call=max_blocks_per_call, extra=extra,
-                             pool_extra=pool_extra)
+                             pool_extra=pool_extra, listen_extra=listen_extra)
         self.write_config()
         self.proc = None
 
