@@ -657,6 +657,8 @@ def tuttid_config(args, array, root, socket_path, capacity, dram):
         # --set io.queue_depth=N overrides it.
         "io": {"queue_depth": args.qd},
     }
+    if args.retrieve_staging_mib > 0:  # --set limits.retrieve_staging_bytes=N overrides it
+        cfg["limits"] = {"retrieve_staging_bytes": args.retrieve_staging_mib << 20}
     return apply_sets(cfg, args.sets)
 
 
@@ -1043,8 +1045,9 @@ def lead_split(st0, st1, seconds):
     engine, per layer (ms), and each as a share of the phase's wall time summed over leaders."""
     d = lambda k: st1.get(k, 0) - st0.get(k, 0)
     wait, sink, layers = d("read_lead_wait_seconds"), d("read_lead_sink_seconds"), d("read_layers")
-    calls, call_s = d("read_calls"), d("read_call_seconds")
-    return {"reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
+    calls, call_s, post = d("read_calls"), d("read_call_seconds"), d("read_lead_post_seconds")
+    return {"reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),
+            "post_s": round(post, 4),"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
             "wait_ms_per_layer": round(1e3 * wait / layers, 3) if layers else None,
             "sink_ms_per_layer": round(1e3 * sink / layers, 3) if layers else None,
             "wait_share": round(wait / (wait + sink), 3) if wait + sink > 0 else None}
@@ -1388,7 +1391,8 @@ def one_array_config(args, results, ctx, emulation, n):
                   blocks=t["blocks"], block_bytes=BLOCK_BYTES, object_bytes=OBJECT_BYTES,
                   io_bytes=args.io_kib * 1024, queue_depth=args.qd,
                   io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
-                  tuttid_set=args.set, array=array.describe())
+                  tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+                  array=array.describe())
     rc, sc = t["retrieve_cpu"], t["store_cpu"]
     results.add(
         "ssd_array_read_vs_raw", t["retrieve_gbps"], "min(raw_read, pinned_copy)", baseline,
@@ -1453,7 +1457,7 @@ def part_dram(args, results, ctx):
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], cpu_s_per_gb=rc["cpu_s_per_gb"],
         busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
         iou_workers=rc["iou_workers"], dram_hits=rc["dram_hits"], sessions=t["sessions"],
-        blocks=t["blocks"], tuttid_set=args.set,
+        blocks=t["blocks"], tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
         note="tuttid with the DRAM tier on (%.2f GiB) and the pool on one tmpfs directory: best "
              "of %d Retrieves of every layer of %d blocks, verified, against one contiguous "
              "1 GiB copy" % (t["dram_bytes"] / GiB, args.retrieve_rounds, t["blocks"]))
@@ -1547,7 +1551,7 @@ def part_ttft(args, results, ctx):
                   layer_ms=layer_ms, recompute_ms=rec, ssd_ms=ssd_ms, dram_ms=dram_ms,
                   runs={"recompute": recompute, "ssd": ssd, "dram": dram},
                   tuttid_gbps=prefix_bytes / (ssd_ms / 1e3) / GB,
-                  tuttid_set=args.set)
+                  tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib)
     how = ("TTFT = lookup + layer-wise load-all of %d blocks overlapped with computing the last "
            "%d tokens, synchronized; min of %d runs after a warm-up; model %s %s" % (
                hits, T - hits * BLOCK_TOKENS, args.ttft_runs, "Llama-3-8B shape, random weights"
@@ -1692,6 +1696,10 @@ def parse_args(argv):
     ap.add_argument("--store-wait", choices=("backlog", "durable"), default="backlog",
                     help="backlog: Stores without wait_durable, then wait until Stats shows "
                     "every block durable; durable: every Store waits (default %(default)s)")
+    ap.add_argument("--retrieve-staging-mib", type=int, default=-1,
+                    help="limits.retrieve_staging_bytes in MiB (default 1024 on the GPU, where a "
+                    "layer of a 2048-block call is 128 MiB and 256 MiB holds two: with 1 GiB, "
+                    "8 layers are read ahead; 0: tuttid's default, 256 MiB; --local: 0)")
     ap.add_argument("--retrieve-rounds", type=int, default=3,
                     help="retrieves of every block; the best counts (the first is often a "
                     "warm-up)")
@@ -1724,6 +1732,8 @@ def parse_args(argv):
     ap.add_argument("--watchdog", type=float, default=0,
                     help="after this many seconds: stacks, teardown, exit 3 (0: none)")
     args = ap.parse_args(argv)
+    if args.retrieve_staging_mib < 0:
+        args.retrieve_staging_mib = 0 if args.local else 1024
     args.sets = parse_sets(args.set)
     for path, value in args.sets:
         if path == ["limits", "max_blocks_per_call"]:

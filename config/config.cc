@@ -379,6 +379,11 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
                absl::StrCat("must be a multiple of 4096 in [4096, ", 64 * kMiB, "]"));
   }
   RETURN_IF_ERROR(CheckRange("datapath.checksum_threads", d.checksum_threads(), 0, 64));
+  if (d.read_post_bytes() % 4096 != 0 || d.read_post_bytes() < 4 * kKiB ||
+      d.read_post_bytes() > 256 * kMiB) {
+    return Bad("datapath.read_post_bytes", absl::StrCat(d.read_post_bytes()),
+               absl::StrCat("must be a multiple of 4096 in [4096, ", 256 * kMiB, "]"));
+  }
   return CheckOneOf("datapath.verifier", d.verifier(), {"auto", "cpu", "gpu"});
 }
 

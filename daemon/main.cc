@@ -150,6 +150,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.store_staging_bytes = config.limits().store_staging_bytes();
   o.retrieve_staging_bytes = config.limits().retrieve_staging_bytes();
   o.max_read_bytes = static_cast<uint32_t>(config.datapath().max_read_bytes());
+  o.read_post_bytes = static_cast<uint32_t>(config.datapath().read_post_bytes());
   o.checksum_threads = config.datapath().checksum_threads() != 0
                            ? config.datapath().checksum_threads()
                            : datapath::WorkPool::DefaultThreads();

@@ -19,6 +19,7 @@ struct ReadCountersSnapshot {
   // layers. wait >> sink: the devices or the checks are the limit; sink >> wait: the engine copy.
   uint64_t lead_wait_ns = 0;
   uint64_t lead_sink_ns = 0;
+  uint64_t lead_post_ns = 0;  // planning and posting layers' reads
   uint64_t layers = 0;
   // Read calls, and their time from entry (staging taken included) to return.
   uint64_t calls = 0;
@@ -40,6 +41,7 @@ class ReadCounters {
     layers_.fetch_add(1, std::memory_order_relaxed);
   }
 
+  void AddPost(uint64_t ns) { lead_post_ns_.fetch_add(ns, std::memory_order_relaxed); }
   void AddCall(uint64_t ns) {
     calls_.fetch_add(1, std::memory_order_relaxed);
     call_ns_.fetch_add(ns, std::memory_order_relaxed);
@@ -54,6 +56,7 @@ class ReadCounters {
     s.staging_waits = staging_waits_.load(std::memory_order_relaxed);
     s.lead_wait_ns = lead_wait_ns_.load(std::memory_order_relaxed);
     s.lead_sink_ns = lead_sink_ns_.load(std::memory_order_relaxed);
+    s.lead_post_ns = lead_post_ns_.load(std::memory_order_relaxed);
     s.layers = layers_.load(std::memory_order_relaxed);
     s.calls = calls_.load(std::memory_order_relaxed);
     s.call_ns = call_ns_.load(std::memory_order_relaxed);
@@ -62,7 +65,8 @@ class ReadCounters {
 
  private:
   std::atomic<uint64_t> ios_{0}, io_bytes_{0}, objects_{0}, merged_ios_{0}, staging_waits_{0};
-  std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, layers_{0}, calls_{0}, call_ns_{0};
+  std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, lead_post_ns_{0}, layers_{0}, calls_{0},
+      call_ns_{0};
 };
 
 }  // namespace tutti::datapath

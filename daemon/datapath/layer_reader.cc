@@ -249,10 +249,12 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
       window.leases.size() >= std::min<uint32_t>(3, r.layer_end - r.layer_begin);
   uint32_t next_post = r.layer_begin;
   auto post_until = [&](uint32_t limit) {
+    const auto from = std::chrono::steady_clock::now();
     for (; next_post < r.layer_end && next_post < limit; ++next_post) {
       InFlight& in = window.layers[(next_post - r.layer_begin) % window.size()];
       Post(r, next_post, result.failures, lease_of(next_post), &in);
     }
+    counters_.AddPost(Nanos(std::chrono::steady_clock::now() - from));
   };
   post_until(r.layer_begin + window.size());
   std::vector<engine::CopyOp> ops;

@@ -136,9 +136,11 @@ void AddTraffic(const store::StoreStats& st, Builder* b) {
              st.read_staging_waits);
   b->Family("tutti_read_lead_seconds_total",
             "Time the threads leading Retrieves' SSD-tier reads spent per layer, by phase: "
-            "waiting for the layer's reads and checks, or handing it to the engine.", kCounter)
+            "planning and posting its reads, waiting for its reads and checks, or handing it "
+            "to the engine.", kCounter)
       .Sample(st.read_lead_wait_seconds, {{"phase", "wait"}})
-      .Sample(st.read_lead_sink_seconds, {{"phase", "sink"}});
+      .Sample(st.read_lead_sink_seconds, {{"phase", "sink"}})
+      .Sample(st.read_lead_post_seconds, {{"phase", "post"}});
   b->Counter("tutti_read_layers_total", "SSD-tier layers handed to engines.", st.read_layers);
 }
 

@@ -108,6 +108,7 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_blocks_declined(st.blocks_declined);
   resp->set_read_lead_wait_seconds(st.read_lead_wait_seconds);
   resp->set_read_lead_sink_seconds(st.read_lead_sink_seconds);
+  resp->set_read_lead_post_seconds(st.read_lead_post_seconds);
   resp->set_read_layers(st.read_layers);
   resp->set_read_calls(st.read_calls);
   resp->set_read_call_seconds(st.read_call_seconds);

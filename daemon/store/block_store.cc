@@ -707,6 +707,7 @@ StoreStats BlockStore::Impl::Stats() const {
   s.read_staging_waits = reads.staging_waits;
   s.read_lead_wait_seconds = reads.lead_wait_ns * 1e-9;
   s.read_lead_sink_seconds = reads.lead_sink_ns * 1e-9;
+  s.read_lead_post_seconds = reads.lead_post_ns * 1e-9;
   s.read_layers = reads.layers;
   s.read_calls = reads.calls;
   s.read_call_seconds = reads.call_ns * 1e-9;

@@ -73,6 +73,8 @@ struct StoreOptions {
   // Adjacent objects of one layer are read in one I/O of at most this many bytes (a multiple of
   // 4096, >= 4096; datapath.max_read_bytes).
   uint32_t max_read_bytes = 1u << 20;
+  // Retrieve reads of one device posted (and checked) together: datapath.read_post_bytes.
+  uint32_t read_post_bytes = 1u << 20;
   // Threads computing object checksums for reads and writes (datapath.checksum_threads); 0: run
   // them on the thread of the transfer.
   uint32_t checksum_threads = 0;
@@ -233,7 +235,7 @@ struct StoreStats {
   uint64_t read_staging_waits = 0;
   // The threads leading reads: seconds waiting for layers' reads and checks, seconds handing
   // layers to the engine, and the layers handed (datapath::ReadCountersSnapshot).
-  double read_lead_wait_seconds = 0, read_lead_sink_seconds = 0;
+  double read_lead_wait_seconds = 0, read_lead_sink_seconds = 0, read_lead_post_seconds = 0;
   uint64_t read_layers = 0;
   uint64_t read_calls = 0;  // Retrieves' layer-wise reads, and their seconds from entry to return
   double read_call_seconds = 0;

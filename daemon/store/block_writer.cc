@@ -111,7 +111,8 @@ absl::Status BlockStore::Impl::Init() {
   sync_pool_ = std::make_unique<datapath::WorkPool>(
       std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
   reader_ = std::make_unique<datapath::LayerReader>(
-      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes},
+      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 8,
+                                   options_.read_post_bytes},
       read_staging_.get(), read_verifier_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
         // Reads go through the scheduler (made below, before any Read), ahead of writes.
         scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));

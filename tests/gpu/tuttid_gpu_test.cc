@@ -110,7 +110,8 @@ void RoundTrip(GpuEngine& e, uint32_t keys, uint64_t seed) {
 struct DaemonCase {
   std::string scatter;
   bool dram;
-  // "gpu": checks on the GPU, whose mirror of the retrieve staging the copier places from.
+  // "auto" (the GPU's checks, whose mirror of the retrieve staging the copier places from) or
+  // "cpu".
   std::string verifier = "auto";
 };
 
@@ -162,12 +163,12 @@ INSTANTIATE_TEST_SUITE_P(Daemons, RoundTripTest,
                                            DaemonCase{"copy_engine", true},
                                            DaemonCase{"copy_engine", false},
                                            DaemonCase{"auto", true}, DaemonCase{"auto", false},
-                                           DaemonCase{"staged", false, "gpu"},
-                                           DaemonCase{"copy_engine", false, "gpu"},
-                                           DaemonCase{"auto", true, "gpu"}),
+                                           DaemonCase{"staged", false, "cpu"},
+                                           DaemonCase{"copy_engine", false, "cpu"},
+                                           DaemonCase{"auto", true, "cpu"}),
                          [](const ::testing::TestParamInfo<DaemonCase>& i) {
                            return i.param.scatter + (i.param.dram ? "_dram" : "_ssd") +
-                                  (i.param.verifier == "gpu" ? "_gpuchecks" : "");
+                                  (i.param.verifier == "cpu" ? "_cpuchecks" : "");
                          });
 
 // Llama-3-8B-shaped layers (32 x 32 KiB K and V), 256 blocks: 512 MiB a retrieve.
