@@ -92,7 +92,10 @@ def simulate(requests: Sequence[trace_format.Request], policy: trace_policies.Po
     c.written += c.promoted  # DRAM hits written to the SSD by tuttid
     c.promoted_on_offer = getattr(policy, "promoted_on_offer", 0)
     dram = getattr(policy, "dram", None)
-    c.dram_dropped = dram.evictions if dram is not None else 0
+    # Declined blocks neither promoted nor in DRAM at the end: evicted, or never inserted (a
+    # call declining more than DRAM holds).
+    c.dram_dropped = (c.declined - c.promoted - c.promoted_on_offer - len(dram)
+                      if dram is not None else 0)
     return c
 
 
