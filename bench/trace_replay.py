@@ -282,6 +282,9 @@ def parse_args(argv):
     ap.add_argument("--model-bytes-per-token", type=int, default=LLAMA3_8B_BYTES_PER_TOKEN)
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="", help="append JSON lines here")
+    ap.add_argument("--admission-out", default="",
+                    help="append the admission table's metrics (trace_hit_ratio_vs_best_rule, "
+                         "trace_bytes_written_vs_store_all) for this run here")
     ap.add_argument("--admission", choices=("all", "second_sight", "dram_front"), default="all",
                     help="tuttid's pool.admission (the simulation runs the same policy); with "
                          "--socket, the running tuttid's must match")
@@ -370,7 +373,40 @@ def replay(args, command):
         with open(args.out, "a") as f:
             for line in result_lines(args, rep, command):
                 f.write(json.dumps(line, sort_keys=True) + "\n")
+    if args.admission_out:
+        with open(args.admission_out, "a") as f:
+            for line in admission_lines(args, rep, requests, slots, command):
+                f.write(json.dumps(line, sort_keys=True) + "\n")
     return rep
+
+
+def admission_lines(args, rep, requests, slots, command):
+    """The admission table's two metrics (trace_sim.result_lines' names) for what tuttid did:
+    its hit ratio against the better of the simulation's store-all LRU and second sight
+    (unbounded ghost) at the pool's capacity, and its blocks written (tuttid's blocks_stored)
+    against store-all's."""
+    rules = {v: trace_sim.simulate(requests, trace_sim.make_policy(v, slots), args.block_tokens,
+                                   args.call_blocks) for v in trace_sim.RULES}
+    best = max(c.hit_ratio for c in rules.values())
+    store_all = rules["store_all"].written
+    stored = rep["daemon"]["blocks_stored"]
+    unique = trace_format.unique_blocks(requests, args.block_tokens)
+    common = dict(bench="trace_replay", trace=os.path.basename(args.trace),
+                  capacity_share=round(slots / unique, 4), capacity_blocks=slots,
+                  policy="tuttid_" + args.admission + (
+                      "_dram%g" % args.dram_share if args.admission == "dram_front" else ""),
+                  dram_blocks=args.dram_blocks, hit_ratio=rep["hit_ratio"],
+                  sim_hit_ratio=rep["sim_hit_ratio"], counts_agree=rep["counts_agree"],
+                  hits=rep["hits"], blocks=rep["blocks"], blocks_stored=stored,
+                  best_rule_hit_ratio=best, store_all_written=store_all,
+                  goal_met=bool(rep["hit_ratio"] >= best - 0.01 and stored <= 0.5 * store_all),
+                  block_tokens=args.block_tokens, wall_s=rep["wall_s"], machine=platform.node(),
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  command=command, unit="ratio")
+    return [dict(common, metric="trace_hit_ratio_vs_best_rule", value=rep["hit_ratio"] / best,
+                 baseline_name="best_rule_hit_ratio", baseline_value=best),
+            dict(common, metric="trace_bytes_written_vs_store_all", value=stored / store_all,
+                 baseline_name="store_all_written", baseline_value=store_all)]
 
 
 def main(argv=None):
