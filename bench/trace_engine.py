@@ -69,6 +69,7 @@ class RequestResult:
     dropped: int = 0          # refused every time, or failed
     refusals: int = 0         # rejected_full answers, retried or not
     declined: int = 0         # declined by tuttid's admission policy (pool.admission): not retried
+    in_dram: int = 0          # kept in tuttid's DRAM only (pool.admission "dram_front"): not retried
     lag_s: float = 0.0        # started this long after its (scaled) arrival time
     retrieve_s: float = 0.0
     store_s: float = 0.0
@@ -194,6 +195,8 @@ class TraceEngine:
                     again.append(b)
                 elif o == "declined":
                     res.declined += 1
+                elif o == "in_dram":
+                    res.in_dram += 1
                 else:
                     res.dropped += 1
             if not again:

@@ -206,7 +206,8 @@ class DramFront(Policy):
         super().__init__(capacity, recency)
         self.dram = LruCache(max(1, dram_blocks), recency)
         self.ghost = Ghost(ghost_blocks)
-        self.promoted = 0
+        self.promoted = 0  # by a Lookup hit
+        self.promoted_on_offer = 0  # offered again while in DRAM
 
     def lookup(self, chain):
         hits = 0
@@ -227,7 +228,9 @@ class DramFront(Policy):
         for b in blocks:
             again = self.ghost.seen_before(b) or b in self.dram
             (written if again else declined).append(b)
-        self.dram.remove([b for b in written if b in self.dram])
+        again_in_dram = [b for b in written if b in self.dram]
+        self.promoted_on_offer += len(again_in_dram)
+        self.dram.remove(again_in_dram)
         self.cache.insert(written)
         self.dram.insert(declined[-self.dram.capacity:])
         return written

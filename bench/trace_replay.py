@@ -6,6 +6,7 @@ independent count: the pure-Python cache simulation of the same trace (trace_sim
         [--first N --count N] [--block-tokens 512] [--layers 2 --object-kib 16]
         [--capacity-share 0.2 | --capacity-blocks N] [--engines 1] [--speed 0]
         [--wait-durable] [--verify] [--tuttid BIN | --socket S --admin-socket S]
+        [--admission all|second_sight|dram_front [--ghost-blocks N] [--dram-share 0.1]]
         [--out bench/results/trace_replay.jsonl]
 
 Each request becomes what an engine does (trace_engine.py): Lookup of its chain (keys from the
@@ -14,7 +15,8 @@ hits tuttid advises loading, Store of the blocks it computed. Requests go to --e
 (each its own session and shared memory) through one queue, the next free engine taking the next
 request: at the trace's arrival times divided by --speed (1: the trace's rate, 10: ten times
 faster), or as fast as the engines go (--speed 0). Without --tuttid/--socket a host-mode tuttid
-is started here (tutti.testing.Tuttid: the pool in $TEST_TMPDIR or /var/tmp, the DRAM tier off),
+is started here (tutti.testing.Tuttid: the pool in $TEST_TMPDIR or /var/tmp, the DRAM tier off
+but for --admission dram_front, where it holds --dram-share x the capacity asked, in blocks),
 its pool sized to the capacity asked for; the simulation runs at the capacity the pool really
 has (admin Stats slots_total). --wait-durable makes every Store wait until its blocks are
 durable; with it, one engine and --speed 0 the replay's counts must equal the simulation's
@@ -151,7 +153,7 @@ def pool_bytes_for(blocks, geometry):
 def report(args, requests, results, wall, sim, slots, before, after, sampler, geometry):
     tot = {k: sum(getattr(r, k) for r in results)
            for k in ("blocks", "hits", "loaded", "load_failed", "written", "already_present",
-                     "dropped", "refusals", "declined")}
+                     "dropped", "refusals", "declined", "in_dram")}
     retrieve_s = sum(r.retrieve_s for r in results)
     lags = sorted(r.lag_s for r in results)
     span_h = trace_format.span_seconds(requests) / 3600.0
@@ -160,12 +162,15 @@ def report(args, requests, results, wall, sim, slots, before, after, sampler, ge
     d = {k: after.get(k, 0) - before.get(k, 0)
          for k in ("lookup_hits", "blocks_stored", "bytes_read", "bytes_written", "evictions",
                    "store_rejected", "store_rejected_backlog", "blocks_retrieved",
-                   "blocks_admitted", "blocks_declined")}
+                   "blocks_admitted", "blocks_declined", "front_kept", "front_promoted",
+                   "front_dropped", "front_promotions_deferred")}
     out = dict(requests=len(results), capacity_blocks=slots, wall_s=round(wall, 3),
                trace_span_s=span_h * 3600, **tot,
                hit_ratio=tot["hits"] / max(tot["blocks"], 1), sim_hit_ratio=sim.hit_ratio,
                sim_hits=sim.hits, sim_written=sim.written, sim_evicted=sim.evicted,
-               sim_declined=sim.declined, admission=args.admission,
+               sim_declined=sim.declined, sim_promoted=sim.promoted,
+               sim_promoted_on_offer=sim.promoted_on_offer, sim_dram_dropped=sim.dram_dropped,
+               admission=args.admission, dram_blocks=args.dram_blocks,
                bytes_loaded=tot["loaded"] * bb, bytes_written=tot["written"] * bb,
                block_bytes=bb, write_amplification=tot["written"] / max(tot["loaded"], 1),
                ssd_write_bytes_per_hour=tot["written"] * bb / span_h,
@@ -175,10 +180,22 @@ def report(args, requests, results, wall, sim, slots, before, after, sampler, ge
                lag_p50_s=lags[len(lags) // 2] if lags else 0.0, lag_max_s=lags[-1] if lags else 0,
                daemon={k: v for k, v in d.items()}, errors=[e for r in results for e in r.errors])
     out.update(sampler.summary())
-    out["counts_agree"] = (tot["hits"] == sim.hits and tot["written"] == sim.written and
-                           d["evictions"] == sim.evicted and d["blocks_stored"] == sim.written and
-                           tot["declined"] == sim.declined and
-                           d["blocks_declined"] == sim.declined)
+    if args.admission == "dram_front":
+        # Blocks a Lookup promotes are written without a Store: the engines' outcomes count the
+        # rest. Declined blocks are kept in DRAM (in_dram), none dropped at once.
+        out["counts_agree"] = (
+            tot["hits"] == sim.hits and d["blocks_stored"] == sim.written and
+            tot["written"] == sim.written - sim.promoted and d["evictions"] == sim.evicted and
+            tot["in_dram"] == sim.declined and tot["declined"] == 0 and
+            d["blocks_declined"] == sim.declined and d["front_kept"] == sim.declined and
+            d["front_promoted"] == sim.promoted + sim.promoted_on_offer and
+            d["front_dropped"] == sim.dram_dropped and d["front_promotions_deferred"] == 0)
+    else:
+        out["counts_agree"] = (tot["hits"] == sim.hits and tot["written"] == sim.written and
+                               d["evictions"] == sim.evicted and
+                               d["blocks_stored"] == sim.written and
+                               tot["declined"] == sim.declined and
+                               d["blocks_declined"] == sim.declined)
     return out
 
 
@@ -220,6 +237,13 @@ def print_report(rep):
               rep["bytes_written"] / 1e6, rep["daemon"]["blocks_stored"],
               rep["daemon"]["bytes_written"] / 1e6, rep["write_amplification"], rep["dropped"],
               rep["refusals"], rep["declined"], rep["sim_declined"], rep["admission"]))
+    if rep["admission"] == "dram_front":
+        d = rep["daemon"]
+        print("  dram front (%d blocks): kept %d (sim %d), promoted %d (sim %d at lookups + %d at "
+              "offers), dropped %d (sim %d), deferred %d" % (
+                  rep["dram_blocks"], d["front_kept"], rep["sim_declined"], d["front_promoted"],
+                  rep["sim_promoted"], rep["sim_promoted_on_offer"], d["front_dropped"],
+                  rep["sim_dram_dropped"], d["front_promotions_deferred"]))
     print("  SSD writes at the trace's rate: %.2f GB/h of these blocks, %.1f GB/h at %d MiB a "
           "block; write backlog max %d bytes (%d blocks, oldest %d ms), mean %.0f bytes; lag "
           "p50 %.3f s, max %.3f s" % (
@@ -258,11 +282,17 @@ def parse_args(argv):
     ap.add_argument("--model-bytes-per-token", type=int, default=LLAMA3_8B_BYTES_PER_TOKEN)
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="", help="append JSON lines here")
-    ap.add_argument("--admission", choices=("all", "second_sight"), default="all",
+    ap.add_argument("--admission-out", default="",
+                    help="append the admission table's metrics (trace_hit_ratio_vs_best_rule, "
+                         "trace_bytes_written_vs_store_all) for this run here")
+    ap.add_argument("--admission", choices=("all", "second_sight", "dram_front"), default="all",
                     help="tuttid's pool.admission (the simulation runs the same policy); with "
                          "--socket, the running tuttid's must match")
     ap.add_argument("--ghost-blocks", type=int, default=0,
-                    help="second_sight's pool.admission_ghost_blocks (0: 2 x the capacity asked)")
+                    help="pool.admission_ghost_blocks (0: 2 x the capacity asked for "
+                         "second_sight, 4 x for dram_front, as trace_sim's dram10_front)")
+    ap.add_argument("--dram-share", type=float, default=0.1,
+                    help="dram_front: the DRAM tier's blocks as a share of the capacity asked")
     args = ap.parse_args(argv)
     if args.engines < 1 or args.speed < 0 or args.call_blocks < 1:
         ap.error("--engines and --call-blocks must be >= 1, --speed >= 0")
@@ -270,6 +300,13 @@ def parse_args(argv):
         ap.error("--socket and --admin-socket go together")
     trace_format.check_block_tokens(args.block_tokens)
     return args
+
+
+def dram_bytes_for(blocks, geometry):
+    """dram.capacity_bytes that holds `blocks` blocks of the DRAM tier (one pool slot's objects
+    each, pool.max_objects x pool.object_bytes)."""
+    object_bytes = -(-geometry.object_bytes // 4096) * 4096
+    return blocks * geometry.num_objects * object_bytes
 
 
 def pool_admission(args, ghost):
@@ -283,6 +320,8 @@ def sim_policy(args, slots, ghost):
     """The simulation's policy that tuttid's pool.admission runs, with the same ghost bound."""
     if args.admission == "all":
         return trace_policies.Policy(slots)
+    if args.admission == "dram_front":
+        return trace_policies.DramFront(slots, dram_blocks=args.dram_blocks, ghost_blocks=ghost)
     return trace_policies.SecondSight(slots, ghost_blocks=ghost)
 
 
@@ -294,13 +333,16 @@ def replay(args, command):
     geometry.layout()  # checks the shape
     unique = trace_format.unique_blocks(requests, args.block_tokens)
     want = args.capacity_blocks or max(1, round(args.capacity_share * unique))
-    ghost = args.ghost_blocks or 2 * want  # second_sight's, for tuttid and the simulation
+    # The ghost and the DRAM front, the same for tuttid and the simulation.
+    ghost = args.ghost_blocks or (4 if args.admission == "dram_front" else 2) * want
+    args.dram_blocks = max(1, round(args.dram_share * want)) if args.admission == "dram_front" else 0
     daemon = None
     if not args.socket:
         import tutti.testing
         capacity, object_bytes = pool_bytes_for(want, geometry)
         daemon = tutti.testing.Tuttid(binary=args.tuttid or None, capacity=capacity,
                                       object_bytes=object_bytes, max_objects=geometry.num_objects,
+                                      dram=dram_bytes_for(args.dram_blocks, geometry),
                                       store_staging=args.store_staging_mib << 20,
                                       max_blocks_per_call=max(args.call_blocks, 512),
                                       pool_extra=pool_admission(args, ghost)).start()
@@ -331,7 +373,40 @@ def replay(args, command):
         with open(args.out, "a") as f:
             for line in result_lines(args, rep, command):
                 f.write(json.dumps(line, sort_keys=True) + "\n")
+    if args.admission_out:
+        with open(args.admission_out, "a") as f:
+            for line in admission_lines(args, rep, requests, slots, command):
+                f.write(json.dumps(line, sort_keys=True) + "\n")
     return rep
+
+
+def admission_lines(args, rep, requests, slots, command):
+    """The admission table's two metrics (trace_sim.result_lines' names) for what tuttid did:
+    its hit ratio against the better of the simulation's store-all LRU and second sight
+    (unbounded ghost) at the pool's capacity, and its blocks written (tuttid's blocks_stored)
+    against store-all's."""
+    rules = {v: trace_sim.simulate(requests, trace_sim.make_policy(v, slots), args.block_tokens,
+                                   args.call_blocks) for v in trace_sim.RULES}
+    best = max(c.hit_ratio for c in rules.values())
+    store_all = rules["store_all"].written
+    stored = rep["daemon"]["blocks_stored"]
+    unique = trace_format.unique_blocks(requests, args.block_tokens)
+    common = dict(bench="trace_replay", trace=os.path.basename(args.trace),
+                  capacity_share=round(slots / unique, 4), capacity_blocks=slots,
+                  policy="tuttid_" + args.admission + (
+                      "_dram%g" % args.dram_share if args.admission == "dram_front" else ""),
+                  dram_blocks=args.dram_blocks, hit_ratio=rep["hit_ratio"],
+                  sim_hit_ratio=rep["sim_hit_ratio"], counts_agree=rep["counts_agree"],
+                  hits=rep["hits"], blocks=rep["blocks"], blocks_stored=stored,
+                  best_rule_hit_ratio=best, store_all_written=store_all,
+                  goal_met=bool(rep["hit_ratio"] >= best - 0.01 and stored <= 0.5 * store_all),
+                  block_tokens=args.block_tokens, wall_s=rep["wall_s"], machine=platform.node(),
+                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  command=command, unit="ratio")
+    return [dict(common, metric="trace_hit_ratio_vs_best_rule", value=rep["hit_ratio"] / best,
+                 baseline_name="best_rule_hit_ratio", baseline_value=best),
+            dict(common, metric="trace_bytes_written_vs_store_all", value=stored / store_all,
+                 baseline_name="store_all_written", baseline_value=store_all)]
 
 
 def main(argv=None):

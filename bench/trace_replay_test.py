@@ -87,6 +87,14 @@ class SimTest(unittest.TestCase):
         # DRAM. Third: hits all three (3 promoted).
         self.assertEqual((c.hits, c.written, c.declined), (5, 3, 3))
         self.assertEqual(len(p.dram), 0)
+        self.assertEqual((c.promoted, c.promoted_on_offer, c.dram_dropped), (3, 0, 0))
+
+    def test_dram_front_drops_what_dram_cannot_hold(self):
+        # DRAM of 1: A's 1 and 2 are declined, 1 never fits; B offers 1 again (the ghost: a
+        # second sight, written) and hits nothing (1 is not in DRAM, 2 after it does not count).
+        c = trace_sim.simulate([req(0, [1, 2]), req(1, [1, 2])], tp.DramFront(3, dram_blocks=1))
+        self.assertEqual((c.hits, c.written, c.declined, c.dram_dropped), (0, 2, 2, 1))
+        self.assertEqual(c.promoted_on_offer, 1)  # 2 was still in DRAM
 
     def test_oracle_writes_only_what_is_used_again(self):
         c = trace_sim.simulate(self.TRACE, tp.OracleReuse(3))
@@ -154,6 +162,44 @@ class ReplayTest(unittest.TestCase):
         # Against store-all on the same slice (the other test): fewer blocks written.
         store_all = trace_sim.simulate(tf.read_trace(SLICE), tp.Policy(want))
         self.assertLess(head["written"], store_all.written)
+
+    def test_dram_front_in_tuttid_equals_the_simulation(self):
+        # The slice through tuttid with pool.admission "dram_front", a DRAM tier of 10% of the
+        # capacity and a ghost of 4x (trace_sim's dram10_front): hits, blocks stored (at Stores and
+        # promoted by Lookup hits), blocks kept in DRAM, promoted and dropped, and SSD evictions
+        # equal trace_policies.DramFront's.
+        import json
+        import trace_replay
+        out = os.path.join(tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR")), "r.jsonl")
+        text = io.StringIO()
+        with redirect_stdout(text):
+            code = trace_replay.main([SLICE, "--capacity-share", "0.3", "--wait-durable",
+                                      "--verify", "--check", "--admission", "dram_front",
+                                      "--dram-share", "0.1", "--out", out])
+        sys.stdout.write(text.getvalue())
+        self.assertEqual(code, 0)
+        with open(out) as f:
+            head = json.loads(f.readline())
+        d = head["daemon"]
+        self.assertEqual(head["admission"], "dram_front")
+        self.assertEqual(head["hits"], head["sim_hits"])
+        self.assertEqual(d["lookup_hits"], head["hits"])
+        self.assertEqual(d["blocks_stored"], head["sim_written"])
+        self.assertEqual(head["written"], head["sim_written"] - head["sim_promoted"])
+        self.assertEqual(head["in_dram"], head["sim_declined"])
+        self.assertEqual(d["front_kept"], head["sim_declined"])
+        self.assertEqual(d["front_promoted"],
+                         head["sim_promoted"] + head["sim_promoted_on_offer"])
+        self.assertEqual(d["front_dropped"], head["sim_dram_dropped"])
+        self.assertEqual(d["evictions"], head["sim_evicted"])
+        self.assertEqual(head["declined"], 0)
+        self.assertEqual(head["dropped"], 0)
+        self.assertGreater(head["sim_promoted"], 0)  # Lookup hits in DRAM were compared
+        self.assertGreater(head["sim_evicted"], 0)
+        # Against store-all on the same slice: more hits, fewer blocks written.
+        want = round(0.3 * tf.unique_blocks(tf.read_trace(SLICE), 512))
+        store_all = trace_sim.simulate(tf.read_trace(SLICE), tp.Policy(want))
+        self.assertLess(d["blocks_stored"], store_all.written)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ class SimCounts:
     written: int = 0
     declined: int = 0
     evicted: int = 0
+    # dram_front: DRAM hits written to the SSD at a Lookup (counted in written too), blocks in
+    # DRAM written at a new offer (in written too), and blocks dropped from DRAM unpromoted.
+    promoted: int = 0
+    promoted_on_offer: int = 0
+    dram_dropped: int = 0
 
     @property
     def hit_ratio(self) -> float:
@@ -83,7 +88,14 @@ def simulate(requests: Sequence[trace_format.Request], policy: trace_policies.Po
             c.written += len(written)
             c.declined += len(offered) - len(written)
     c.evicted = policy.cache.evictions
-    c.written += getattr(policy, "promoted", 0)  # DRAM hits written to the SSD by tuttid
+    c.promoted = getattr(policy, "promoted", 0)
+    c.written += c.promoted  # DRAM hits written to the SSD by tuttid
+    c.promoted_on_offer = getattr(policy, "promoted_on_offer", 0)
+    dram = getattr(policy, "dram", None)
+    # Declined blocks neither promoted nor in DRAM at the end: evicted, or never inserted (a
+    # call declining more than DRAM holds).
+    c.dram_dropped = (c.declined - c.promoted - c.promoted_on_offer - len(dram)
+                      if dram is not None else 0)
     return c
 
 

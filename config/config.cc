@@ -169,7 +169,7 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
   }
   RETURN_IF_ERROR(CheckRange("pool.max_objects", p.max_objects(), 1, kMaxObjectsPerSlot));
   RETURN_IF_ERROR(CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots));
-  RETURN_IF_ERROR(CheckOneOf("pool.admission", p.admission(), {"", "all", "second_sight"}));
+  RETURN_IF_ERROR(CheckOneOf("pool.admission", p.admission(), {"", "all", "second_sight", "dram_front"}));
   return CheckRange("pool.admission_ghost_blocks", p.admission_ghost_blocks(), 0, 1ull << 28);
 }
 
@@ -305,6 +305,12 @@ absl::Status ValidateLimits(const tutti::v1::LimitsConfig& l, const tutti::v1::P
 absl::Status ValidateDram(const tutti::v1::DramTierConfig& d, const tutti::v1::PoolConfig& p) {
   const uint64_t block_bytes = uint64_t{p.max_objects()} * p.object_bytes();
   const uint64_t v = d.capacity_bytes();
+  if (v == 0 && p.admission() == "dram_front") {
+    return Bad("pool.admission", "\"dram_front\"",
+               "keeps first-sight blocks in the DRAM tier, which is off (dram.capacity_bytes "
+               "= 0): set dram.capacity_bytes to at least one block (pool.max_objects x "
+               "pool.object_bytes) or choose another pool.admission");
+  }
   if (v == 0 || (v >= block_bytes && v <= kPiB)) return absl::OkStatus();
   return Bad("dram.capacity_bytes", absl::StrCat(v),
              absl::StrCat("must be 0 (off) or in [", block_bytes, ", ", kPiB,

@@ -209,6 +209,8 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
   ExpectRejected("pool { admission: \"lru\" }", {"pool.admission", "all", "second_sight"});
+  ExpectRejected("pool { admission: \"dram_front\" } dram { capacity_bytes: 0 }",
+                 {"pool.admission", "dram_front", "dram.capacity_bytes"});
   ExpectRejected("pool { admission_ghost_blocks: 300000000 }",
                  {"pool.admission_ghost_blocks", "268435456"});
   ExpectRejected("io { backend: \"spdk\" }",

@@ -29,6 +29,9 @@ void CountOutcome(StoreOutcome outcome, uint64_t block_bytes, StoreTally& tally)
     case tutti::v1::STORE_DECLINED:  // the admission policy's choice, not a failure
       ++tally.declined;
       break;
+    case tutti::v1::STORE_IN_DRAM:  // dram_front: in DRAM only, not durable; not a failure
+      ++tally.in_dram;
+      break;
     default:
       ++tally.failed;
       break;

@@ -31,6 +31,7 @@ struct StoreTally {
   std::vector<tutti::v1::StoreOutcome> outcomes;
   uint64_t captured = 0, durable = 0, already_present = 0, rejected_full = 0, failed = 0;
   uint64_t declined = 0;  // STORE_DECLINED: tuttid's admission policy did not write them
+  uint64_t in_dram = 0;   // STORE_IN_DRAM: kept in tuttid's DRAM only (dram_front), not durable
   uint64_t bytes = 0;       // block bytes of captured and durable blocks
   absl::Duration rpc_time;  // time spent inside Store calls
   absl::Status status;      // the first RPC error; the workload stops there

@@ -189,6 +189,12 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
     if (!r.admission().empty() && r.admission() != "all") {
       kv.Add("admission", absl::StrCat(r.admission(), ": ", r.blocks_admitted(), " blocks admitted, ",
                                        r.blocks_declined(), " declined"));
+      if (r.admission() == "dram_front") {
+        kv.Add("dram front",
+               absl::StrCat(r.front_blocks(), " blocks now; ", r.front_kept(), " kept, ",
+                            r.front_promoted(), " promoted, ", r.front_dropped(), " dropped, ",
+                            r.front_promotions_deferred(), " promotions deferred"));
+      }
     }
     kv.Add("errors",
            absl::StrCat("verify ", r.verify_errors(), ", io ", r.io_errors(),
@@ -241,6 +247,11 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
         {"store_rejected_backlog", r.store_rejected_backlog()},
         {"blocks_admitted", r.blocks_admitted()},
         {"blocks_declined", r.blocks_declined()},
+        {"front_kept", r.front_kept()},
+        {"front_promoted", r.front_promoted()},
+        {"front_dropped", r.front_dropped()},
+        {"front_promotions_deferred", r.front_promotions_deferred()},
+        {"front_blocks", r.front_blocks()},
         {"write_backlog_bytes", r.write_backlog_bytes()},
         {"write_backlog_blocks", r.write_backlog_blocks()},
         {"write_backlog_age_ms", r.write_backlog_age_ms()},

@@ -188,7 +188,9 @@ void BenchCommand::PrintHuman(const BenchResult& r, std::ostream& out) const {
                         s.already_present, ", rejected (full) ", s.rejected_full, ", failed ",
                         s.failed,
                         s.declined > 0 ? absl::StrCat(", declined (admission) ", s.declined)
-                                       : std::string()));
+                                       : std::string(),
+                        s.in_dram > 0 ? absl::StrCat(", in DRAM only (dram_front) ", s.in_dram)
+                                      : std::string()));
   }
   if (r.retrieved) {
     const RetrieveTally& x = r.retrieve;
@@ -219,7 +221,7 @@ void BenchCommand::PrintJson(const BenchResult& r, std::ostream& out) const {
     j.Key("gbps").Double(GBps(s.bytes, s.rpc_time)).Key("durable").Uint(s.durable);
     j.Key("captured").Uint(s.captured).Key("already_present").Uint(s.already_present);
     j.Key("rejected_full").Uint(s.rejected_full).Key("failed").Uint(s.failed);
-    j.Key("declined").Uint(s.declined).EndObject();
+    j.Key("declined").Uint(s.declined).Key("in_dram").Uint(s.in_dram).EndObject();
   }
   if (r.retrieved) {
     const RetrieveTally& x = r.retrieve;

@@ -205,6 +205,16 @@ void AddErrors(const store::StoreStats& st, Builder* b) {
             "(dropped, STORE_DECLINED).", kCounter)
       .Sample(st.blocks_admitted, {{"decision", "admitted"}})
       .Sample(st.blocks_declined, {{"decision", "declined"}});
+  b->Family("tutti_dram_front_blocks_total", "pool.admission \"dram_front\": blocks kept in the "
+            "DRAM front at their first sight (kept), written to the pool at their second sight "
+            "(promoted), dropped from DRAM before one (dropped), and Lookup hits whose promotion "
+            "waited for store staging (deferred).", kCounter)
+      .Sample(st.front_kept, {{"event", "kept"}})
+      .Sample(st.front_promoted, {{"event", "promoted"}})
+      .Sample(st.front_dropped, {{"event", "dropped"}})
+      .Sample(st.front_promotions_deferred, {{"event", "deferred"}});
+  b->Gauge("tutti_dram_front_blocks", "pool.admission \"dram_front\": blocks in the DRAM front "
+           "now (kept, or being written to the pool).", static_cast<double>(st.front_blocks));
   b->Family("tutti_partial_blocks_dropped_total", "Partially captured blocks dropped: expired "
             "(limits.partial_store_ttl_ms) or abandoned (owner gone or its copy failed).", kCounter)
       .Sample(st.pending_expired, {{"reason", "expired"}})

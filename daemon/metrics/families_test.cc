@@ -43,6 +43,11 @@ MetricsSnapshot FakeSnapshot() {
   st.store_rejected_backlog = 3;
   st.blocks_admitted = 11;
   st.blocks_declined = 12;
+  st.front_kept = 13;
+  st.front_promoted = 14;
+  st.front_dropped = 15;
+  st.front_promotions_deferred = 16;
+  st.front_blocks = 17;
   st.write_backlog_bytes = 5 << 20;
   st.write_backlog_blocks = 5;
   st.write_backlog_age_ms = 1500;
@@ -168,6 +173,12 @@ TEST(FamiliesTest, HitsTrafficAndErrorsCarryTheSnapshotsValues) {
   const MetricFamily& admission = Find(fs, "tutti_admission_blocks_total");
   EXPECT_EQ(Value(admission, {{"decision", "admitted"}}), 11);
   EXPECT_EQ(Value(admission, {{"decision", "declined"}}), 12);
+  const MetricFamily& front = Find(fs, "tutti_dram_front_blocks_total");
+  EXPECT_EQ(Value(front, {{"event", "kept"}}), 13);
+  EXPECT_EQ(Value(front, {{"event", "promoted"}}), 14);
+  EXPECT_EQ(Value(front, {{"event", "dropped"}}), 15);
+  EXPECT_EQ(Value(front, {{"event", "deferred"}}), 16);
+  EXPECT_EQ(Value(Find(fs, "tutti_dram_front_blocks")), 17);
 }
 
 TEST(FamiliesTest, CapacityBacklogQueuesDecisionsAndGpu) {

@@ -117,6 +117,11 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
   resp->set_write_io_seconds(st.write_io_seconds);
   resp->set_write_commit_seconds(st.write_commit_seconds);
   resp->set_admission(st.admission);
+  resp->set_front_kept(st.front_kept);
+  resp->set_front_promoted(st.front_promoted);
+  resp->set_front_dropped(st.front_dropped);
+  resp->set_front_promotions_deferred(st.front_promotions_deferred);
+  resp->set_front_blocks(st.front_blocks);
   if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
   if (info_.decision_stats) {
     const decision::AdvisorStats d = info_.decision_stats();

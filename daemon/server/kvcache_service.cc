@@ -46,6 +46,8 @@ tutti::v1::StoreOutcome ToProto(store::CaptureOutcome o) {
       return tutti::v1::STORE_FAILED;
     case store::CaptureOutcome::kDeclined:
       return tutti::v1::STORE_DECLINED;
+    case store::CaptureOutcome::kInDram:
+      return tutti::v1::STORE_IN_DRAM;
   }
   return tutti::v1::STORE_OUTCOME_UNSPECIFIED;
 }

@@ -393,6 +393,59 @@ TEST(KvCacheAdmissionTest, SecondSightDeclinesTheFirstStoreAndTellsTheEngine) {
   EXPECT_EQ(stats.store_rejected(), 0u);
 }
 
+// Issue 23: with pool.admission "dram_front" a block's first Store is answered STORE_IN_DRAM
+// even with wait_durable (in DRAM only, not durable); a Lookup finds it, and that hit writes it
+// to the pool; Stats counts the front.
+TEST(KvCacheAdmissionTest, DramFrontKeepsTheFirstStoreInDramAndTellsTheEngine) {
+  EnvOptions options;
+  options.admission = "dram_front";
+  options.dram_bytes = 8 * 8 * 4096;  // 8 blocks of the env's pool (8 objects of 4 KiB)
+  ServiceEnv env(options);
+  ShmEngine engine;
+  const uint64_t session = env.Attach(engine);
+  ASSERT_NE(session, 0u);
+  engine.Fill(0, 1);
+  engine.Fill(1, 2);
+  tutti::v1::StoreRequest req;
+  env.Name(session, &req);
+  AddPairs({{1, 0}, {2, 1}}, &req);
+  req.set_wait_durable(true);
+  grpc::ClientContext ctx;
+  tutti::v1::StoreResponse resp;
+  ASSERT_TRUE(env.kv().Store(&ctx, req, &resp).ok());
+  EXPECT_THAT(resp.outcomes(), ElementsAre(tutti::v1::STORE_IN_DRAM, tutti::v1::STORE_IN_DRAM));
+  auto stats = [&]() {
+    grpc::ClientContext sctx;
+    tutti::v1::StatsResponse st;
+    EXPECT_TRUE(env.admin().Stats(&sctx, {}, &st).ok());
+    return st;
+  };
+  tutti::v1::StatsResponse st = stats();
+  EXPECT_EQ(st.admission(), "dram_front");
+  EXPECT_EQ(st.front_kept(), 2u);
+  EXPECT_EQ(st.front_blocks(), 2u);
+  EXPECT_EQ(st.blocks_stored(), 0u);
+  tutti::v1::LookupRequest look;
+  env.Name(session, &look);
+  look.add_keys(KeyBytes(1));
+  look.add_keys(KeyBytes(2));
+  grpc::ClientContext lctx;
+  tutti::v1::LookupResponse hit;
+  ASSERT_TRUE(env.kv().Lookup(&lctx, look, &hit).ok());
+  EXPECT_EQ(hit.hits(), 2u);
+  tutti::v1::ReleaseRequest rel;
+  env.Name(session, &rel);
+  rel.set_lease_id(hit.lease_id());
+  grpc::ClientContext rctx;
+  tutti::v1::ReleaseResponse rresp;
+  EXPECT_TRUE(env.kv().Release(&rctx, rel, &rresp).ok());
+  env.store().Flush();
+  st = stats();
+  EXPECT_EQ(st.front_promoted(), 2u);
+  EXPECT_EQ(st.blocks_stored(), 2u);
+  EXPECT_EQ(st.front_blocks(), 0u);
+}
+
 TEST_F(KvCacheServiceTest, CallsInFlightPerSessionAreBounded) {
   ShmEngine engine;
   const uint64_t busy = env_.Attach(engine), other = env_.Attach(engine);

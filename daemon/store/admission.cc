@@ -18,15 +18,17 @@ class AdmitAll final : public AdmissionPolicy {
 absl::StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(
     const AdmissionOptions& options) {
   if (options.policy == "all") return std::make_unique<AdmitAll>();
-  if (options.policy == "second_sight") {
+  if (options.policy == "second_sight" || options.policy == "dram_front") {
     if (options.ghost_blocks == 0) {
-      return absl::InvalidArgumentError(
-          "pool.admission_ghost_blocks must be > 0 for pool.admission \"second_sight\"");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool.admission_ghost_blocks must be > 0 for pool.admission \"", options.policy, "\""));
     }
-    return std::make_unique<SecondSight>(options.ghost_blocks);
+    return std::make_unique<SecondSight>(options.ghost_blocks,
+                                         options.policy == "dram_front");
   }
-  return absl::InvalidArgumentError(absl::StrCat("pool.admission = \"", options.policy,
-                                                 "\": must be \"all\" or \"second_sight\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat("pool.admission = \"", options.policy,
+                   "\": must be \"all\", \"second_sight\" or \"dram_front\""));
 }
 
 }  // namespace tutti::store

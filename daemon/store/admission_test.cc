@@ -33,6 +33,19 @@ TEST(AdmissionTest, UnknownPolicyAndZeroGhostAreRefusedNamingTheField) {
   auto ok = MakeAdmissionPolicy(AdmissionOptions{"second_sight", 4});
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ((*ok)->name(), "second_sight");
+  EXPECT_FALSE((*ok)->keeps_declined_in_dram());
+}
+
+TEST(AdmissionTest, DramFrontIsSecondSightKeepingDeclinedBlocksInDram) {
+  auto zero = MakeAdmissionPolicy(AdmissionOptions{"dram_front", 0});
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("pool.admission_ghost_blocks"), std::string::npos);
+  auto p = MakeAdmissionPolicy(AdmissionOptions{"dram_front", 4});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->name(), "dram_front");
+  EXPECT_TRUE((*p)->keeps_declined_in_dram());
+  EXPECT_FALSE((*p)->Admit(1, K(1)));  // first sight: declined (the store keeps it in DRAM)
+  EXPECT_TRUE((*p)->Admit(1, K(1)));   // second: admitted
 }
 
 TEST(SecondSightTest, FirstSightDeclinedSecondAdmitted) {

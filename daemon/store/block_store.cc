@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "absl/container/flat_hash_set.h"
@@ -142,7 +143,16 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
   uint32_t hits = 0;
   for (const Key& key : keys) {
     Entry* e = index_.Find(ns, key);
-    if (e == nullptr) break;
+    if (e == nullptr) {
+      // Not on the SSD: in the DRAM front? A hit there is the block's second sight.
+      DramFront::Entry* f = front_->Find(ns, key);
+      if (f == nullptr) break;
+      ++f->pins;
+      if (!f->promoting) PromoteOnLookup(ns, key, f);
+      if (in_dram != nullptr) in_dram->push_back(true);
+      ++hits;
+      continue;
+    }
     ++e->pins;
     index_.Touch(e);
     if (in_dram != nullptr) in_dram->push_back(dram_->Find(ns, key, e->epoch) != nullptr);
@@ -167,6 +177,8 @@ void BlockStore::Impl::Unpin(NamespaceId ns, absl::Span<const Key> keys) {
       --retired->second.pins;  // pins taken before the block left the index go first
     } else if (Entry* e = index_.Find(ns, key); e != nullptr && e->pins > 0) {
       --e->pins;
+    } else if (DramFront::Entry* f = front_->Find(ns, key); f != nullptr && f->pins > 0) {
+      --f->pins;
     }
     if (retired != retired_.end()) MaybeReleaseRetired(pk);
   }
@@ -253,6 +265,20 @@ absl::Status BlockStore::Impl::GatherReadItems(NamespaceId ns, const NamespaceIn
     ReadItem& it = (*items)[i];
     datapath::ReadSource& src = (*sources)[i];
     it.key = src.key = keys[i];
+    if (e == nullptr) {
+      // A DRAM-front block pinned by a Lookup: served from its DRAM copy, like a DRAM-tier hit.
+      if (DramFront::Entry* f = front_->Find(ns, keys[i]); f != nullptr && f->pins > 0) {
+        if (f->data->num_objects != info.num_objects || f->data->object_len != info.object_len) {
+          src.from = From::kFailed;
+          ++*unfit;
+          continue;
+        }
+        it.dram = f->data;
+        src.from = From::kDram;
+        src.dram = f->data->data;
+        continue;
+      }
+    }
     if (e == nullptr || e->pins == 0) {
       auto retired = retired_.find(PendingKey{ns, keys[i]});
       if (retired == retired_.end() || retired->second.pins == 0) {
@@ -441,7 +467,8 @@ absl::flat_hash_set<Key> BlockStore::Impl::DeclineNewBlocks(NamespaceId ns,
     if (index_.Find(ns, k) != nullptr || pending_.contains(PendingKey{ns, k})) continue;
     // Admitted blocks are counted once captured (Capture): one refused for full staging is
     // offered again and must not count twice.
-    if (!admission_->Admit(ns, k)) {
+    // The ghost records every sight; a block kept in the DRAM front is admitted too.
+    if (!admission_->Admit(ns, k) && front_->Find(ns, k) == nullptr) {
       ++stats_.blocks_declined;
       declined.insert(k);
     }
@@ -452,9 +479,80 @@ absl::flat_hash_set<Key> BlockStore::Impl::DeclineNewBlocks(NamespaceId ns,
 bool BlockStore::Impl::DeclineCompleted(PendingBlock* p) {
   if (p->admission_asked) return p->declined;
   p->admission_asked = true;
-  p->declined = !admission_->Admit(p->ns, p->key);
+  p->declined = !admission_->Admit(p->ns, p->key) && front_->Find(p->ns, p->key) == nullptr;
   ++(p->declined ? stats_.blocks_declined : stats_.blocks_admitted);
   return p->declined;
+}
+
+bool BlockStore::Impl::KeepInFront(PendingBlock* p) {
+  if (!admission_->keeps_declined_in_dram()) return false;
+  if (front_->Find(p->ns, p->key) != nullptr) return true;  // a key repeated in the call
+  uint8_t* chunk = front_->TakeChunk(&stats_.front_dropped);
+  if (chunk == nullptr) {
+    ++stats_.front_dropped;
+    return false;
+  }
+  // A copy under mu_: only for blocks stored layer by layer (whole blocks are gathered into
+  // their chunk directly, outside the lock).
+  for (size_t j = 0; j < p->frames.size(); ++j) {
+    std::memcpy(chunk + j * uint64_t{p->object_len}, p->frames[j], p->object_len);
+  }
+  front_->Insert(p->ns, p->key, p->object_len, static_cast<uint32_t>(p->frames.size()), chunk,
+                 &stats_.front_dropped);
+  ++stats_.front_kept;
+  return true;
+}
+
+void BlockStore::Impl::PromoteOnLookup(NamespaceId ns, const Key& key, DramFront::Entry* f) {
+  // Being captured by an engine now: its completion is the second sight (MarkFrontPromotion).
+  if (pending_.contains(PendingKey{ns, key})) return;
+  auto info = namespaces_.find(ns);
+  if (info == namespaces_.end()) return;
+  const DramBlock& b = *f->data;
+  const uint32_t frame = RoundUp4K(b.object_len);
+  const uint64_t bytes = uint64_t{b.num_objects} * frame;
+  uint8_t* staging = BacklogFull() ? nullptr : store_staging_->TryTake(0, bytes).data;
+  if (staging == nullptr) {
+    ++stats_.front_promotions_deferred;  // kept; a later sight tries again
+    return;
+  }
+  auto p = std::make_unique<PendingBlock>();
+  p->ns = ns;
+  p->key = key;
+  p->object_len = b.object_len;
+  p->parts = info->second.parts;
+  p->owner = 0;
+  p->frame_bytes = frame;
+  p->chunk_bytes = bytes;
+  p->frames = StagingObjects(staging, b.num_objects, frame);
+  p->touched_ms = clock_->NowMs();
+  p->admission_asked = true;
+  p->front = true;
+  p->promote_from = front_->BeginPromotion(ns, key);
+  PendingBlock* raw = p.get();
+  pending_.emplace(PendingKey{ns, key}, std::move(p));
+  QueueForWriter(raw);
+  ++stats_.front_promoted;
+}
+
+void BlockStore::Impl::MarkFrontPromotion(PendingBlock* p) {
+  DramFront::Entry* f = front_->Find(p->ns, p->key);
+  if (f == nullptr || f->promoting) return;
+  front_->BeginPromotion(p->ns, p->key);
+  p->front = true;
+  ++stats_.front_promoted;
+}
+
+void BlockStore::Impl::EndFrontPromotion(PendingBlock* p, Entry* e) {
+  if (!p->front) return;
+  p->front = false;
+  const uint32_t pins = front_->EndPromotion(p->ns, p->key);
+  if (pins == 0) return;
+  if (e != nullptr) {
+    e->pins += pins;  // the Lookups' pins now hold the block on the SSD
+  } else {
+    retired_[PendingKey{p->ns, p->key}].pins += pins;  // their Reads fail, as a dropped block's
+  }
 }
 
 bool BlockStore::Impl::BacklogFull() const {
@@ -515,6 +613,15 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   // is never copied; blocks captured over several calls are asked once complete.
   const bool whole_blocks = layer_begin == 0 && layer_end == layers;
   absl::flat_hash_set<Key> declined;
+  // "dram_front": declined blocks of this call gathered straight into DRAM-front chunks, kept
+  // once the gather succeeded.
+  const bool keeps_front = admission_->keeps_declined_in_dram();
+  struct FrontCopy {
+    Key key;
+    uint8_t* chunk;
+  };
+  std::vector<FrontCopy> front_new;
+  absl::flat_hash_map<Key, CaptureOutcome> front_seen;  // a key repeated in the call
   {
     absl::MutexLock lock(&mu_);
     if (whole_blocks) declined = DeclineNewBlocks(ns, keys);
@@ -535,6 +642,22 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     for (size_t i = 0; i < keys.size(); ++i) {
       if (declined.contains(keys[i])) {
         outcomes[i] = CaptureOutcome::kDeclined;
+        if (!keeps_front) continue;
+        if (auto seen = front_seen.find(keys[i]); seen != front_seen.end()) {
+          outcomes[i] = seen->second;  // repeated in the call: copied once
+          continue;
+        }
+        if (uint8_t* chunk = front_->TakeChunk(&stats_.front_dropped); chunk == nullptr) {
+          ++stats_.front_dropped;  // no chunk free (all held by promotions, pins or readers)
+        } else {
+          outcomes[i] = CaptureOutcome::kInDram;
+          front_new.push_back(FrontCopy{keys[i], chunk});
+          const uint32_t block = engine_blocks.empty() ? static_cast<uint32_t>(i) : engine_blocks[i];
+          for (uint32_t obj = 0; obj < info.num_objects; ++obj) {
+            ops.push_back(engine::CopyOp{block, obj, chunk + uint64_t{obj} * info.object_len});
+          }
+        }
+        front_seen.emplace(keys[i], outcomes[i]);
         continue;
       }
       if (index_.Find(ns, keys[i]) != nullptr) {
@@ -603,6 +726,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     for (PendingBlock* p : created) {
       if (p->capturing == 0) p->abandoned = true;
     }
+    for (const FrontCopy& c : front_new) front_->GiveBack(c.chunk);
     ReleaseAbandoned(touched);
     return gathered;
   }
@@ -623,15 +747,26 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     }
     if (p->layers_left == 0 && !p->queued && p->capturing == 0) {
       if (DeclineCompleted(p)) {
-        outcomes[i] = CaptureOutcome::kDeclined;
+        outcomes[i] = KeepInFront(p) ? CaptureOutcome::kInDram : CaptureOutcome::kDeclined;
         continue;  // released below, once `touched` is no longer read
       }
+      MarkFrontPromotion(p);  // its second sight, if the DRAM front keeps it
       QueueForWriter(p);
     }
     if (wait_durable && p->queued) {
       tickets[i] = std::make_shared<DurableTicket>();
       p->tickets.push_back(tickets[i]);
     }
+  }
+  for (const FrontCopy& c : front_new) {
+    // Another call may have kept or captured the key meanwhile: this copy is not needed then.
+    if (front_->Find(ns, c.key) != nullptr || index_.Find(ns, c.key) != nullptr ||
+        pending_.contains(PendingKey{ns, c.key})) {
+      front_->GiveBack(c.chunk);
+      continue;
+    }
+    front_->Insert(ns, c.key, info.object_len, info.num_objects, c.chunk, &stats_.front_dropped);
+    ++stats_.front_kept;
   }
   ReleaseAbandoned(touched);
   if (wait_durable) {
@@ -696,6 +831,11 @@ StoreStats BlockStore::Impl::Stats() const {
   s.slot_bytes = options_.layout.slot_bytes();
   s.dram_capacity = dram_->capacity();
   s.dram_used = dram_->used();
+  if (front_->enabled()) {  // "dram_front": the tier is the front
+    s.dram_capacity = front_->max_blocks() * front_->chunk_bytes();
+    s.dram_used = front_->blocks() * front_->chunk_bytes();
+  }
+  s.front_blocks = front_->blocks();
   s.store_staging_used = store_staging_->used_bytes();
   s.store_staging_bytes = store_staging_->capacity_bytes();
   s.admission = std::string(admission_->name());
@@ -726,7 +866,7 @@ StoreStats BlockStore::Impl::Stats() const {
   for (const auto& [id, info] : namespaces_) {
     NamespaceInfo n = info;
     n.blocks = index_.CountNamespace(id);  // O(1): Stats never walks the index under mu_
-    n.blocks_dram = dram_->CountNamespace(id);
+    n.blocks_dram = dram_->CountNamespace(id) + front_->CountNamespace(id);
     s.namespaces.push_back(std::move(n));
   }
   return s;

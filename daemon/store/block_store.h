@@ -116,9 +116,14 @@ struct StoreOptions {
   uint64_t pool_id = 0;
   uint32_t max_pending_events = 65536;
   uint64_t max_pending_events_total = 1ull << 20;
-  // Which new blocks of a Store are written to the pool (admission.h; pool.admission): "all" or
-  // "second_sight". Declined blocks are kDeclined. admission_ghost_blocks: second_sight's ghost
-  // bound in keys; 0: 2 x the pool's slots.
+  // Which new blocks of a Store are written to the pool (admission.h; pool.admission): "all",
+  // "second_sight" or "dram_front". Declined blocks are kDeclined, or with "dram_front" kept in
+  // the DRAM front (kInDram; see Capture). admission_ghost_blocks: the ghost bound in keys; 0:
+  // 2 x the pool's slots. "dram_front" needs dram_bytes >= one block's chunk (Open refuses it
+  // otherwise): the front keeps dram_bytes / chunk blocks, and its region has room for
+  // store_staging_bytes more, for blocks being promoted to the SSD. With "dram_front" the DRAM
+  // tier holds front blocks only (blocks on the SSD are not copied to DRAM: the two are
+  // exclusive, as in bench/trace_policies.py's DramFront).
   std::string admission = "all";
   uint64_t admission_ghost_blocks = 0;
 };
@@ -144,6 +149,12 @@ enum class CaptureOutcome {
   // (no staging kept, nothing written or journaled; a later Lookup misses). Not an error; a
   // later Store of the key may be admitted (second_sight: while the key is in the ghost).
   kDeclined,
+  // "dram_front": not admitted to the SSD at its first sight, the new block was copied into the
+  // DRAM front instead: a Lookup finds it and a Read serves it from DRAM while it stays there,
+  // but it is not durable (not journaled; lost at a restart; evicted from DRAM it is gone) and
+  // a wait_durable Capture does not wait for it. Its second sight (a Lookup hit, or a Capture
+  // of the key while it is kept) writes it to the SSD through the normal write path.
+  kInDram,
 };
 
 // Who a namespace belongs to (docs/security.md "Namespaces"), as the server decides it from the
@@ -215,6 +226,12 @@ struct StoreStats {
   // (kDeclined), since start. With "all" every new block is admitted.
   uint64_t blocks_admitted = 0, blocks_declined = 0;
   std::string admission;  // the policy's name (StoreOptions::admission)
+  // "dram_front": declined blocks kept in the DRAM front; front blocks promoted to the SSD (by a
+  // Lookup hit, or admitted again at an offer while kept); front blocks dropped (evicted from
+  // DRAM before a second sight, or no DRAM chunk free for them); Lookup hits that found no
+  // staging to promote their block (it stays in DRAM, promoted at a later sight). Since start.
+  uint64_t front_kept = 0, front_promoted = 0, front_dropped = 0, front_promotions_deferred = 0;
+  uint64_t front_blocks = 0;  // in the DRAM front now (kept and being promoted)
   // Namespaces dropped (empty ones, to make room for a new one) and removed (RemoveNamespace).
   uint64_t namespaces_dropped = 0, namespaces_removed = 0;
   // The write backlog now (see StoreOptions::max_write_backlog_bytes): its staging bytes, its
@@ -343,8 +360,10 @@ class BlockStore {
   absl::StatusOr<RemovedNamespace> RemoveNamespace(NamespaceId id,
                                                    const NamespaceSessions& sessions);
 
-  // Returns how many leading `keys` are present (durable), and pins those: a
-  // pinned block is never evicted or overwritten. Each pin must be dropped by
+  // Returns how many leading `keys` are present (durable, or with "dram_front" kept in the DRAM
+  // front), and pins those: a pinned block is never evicted or overwritten. A hit on a block of
+  // the DRAM front is its second sight: it is queued for the SSD (promoted), and stays readable
+  // from DRAM until it is durable. Each pin must be dropped by
   // one Unpin of the same key. Pins count per key: a pin outlives its block
   // leaving the index after a failed read, and that block's slot is reused only
   // once every pin of the key is dropped. With `in_dram`, it is replaced by one
@@ -386,7 +405,8 @@ class BlockStore {
   // write backlog is past its bounds are kRejectedBacklog (Capture never waits
   // for the writer to refuse or accept). With wait_durable,
   // returns after the queued blocks are durable (kDurable) or failed
-  // (kFailed). With a `staging_wait` > 0, a call with new blocks and no room for one of them in
+  // (kFailed); blocks kept in the DRAM front (kInDram: "dram_front" at a first sight) are
+  // answered at once, never kDurable. With a `staging_wait` > 0, a call with new blocks and no room for one of them in
   // the free staging (or the owner's share) first waits up to that long for room (writes
   // completing free it), then goes on as without (blocks that do not fit are refused). A gather
   // error fails the whole call (nothing queued). Errors: NOT_FOUND unknown namespace,

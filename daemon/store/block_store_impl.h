@@ -34,6 +34,7 @@
 #include "daemon/datapath/work_pool.h"
 #include "daemon/store/admission.h"
 #include "daemon/store/block_store.h"
+#include "daemon/store/dram_front.h"
 #include "daemon/store/dram_tier.h"
 #include "daemon/store/index.h"
 #include "daemon/store/journal.h"
@@ -82,6 +83,11 @@ struct PendingBlock {
   bool admission_asked = false;
   bool declined = false;
   std::vector<std::shared_ptr<DurableTicket>> tickets;
+  // "dram_front": the block promotes a DRAM-front block of its key (front_), which leaves the
+  // front when this one is published or fails (EndFrontPromotion). `promote_from`: the front's
+  // copy, for a promotion by a Lookup hit (no engine copy): the writer fills `frames` from it.
+  bool front = false;
+  std::shared_ptr<const DramBlock> promote_from;
   // Set by the writer.
   uint64_t slot = 0;
   uint64_t epoch = 0;
@@ -253,6 +259,22 @@ class BlockStore::Impl {
   uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // dram_front (block_store.cc). A Lookup hit on front block `f` of (ns, key): queues it for the
+  // SSD (staging of owner 0; none free or the backlog full: counted deferred, it stays kept).
+  void PromoteOnLookup(NamespaceId ns, const Key& key, DramFront::Entry* f)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `p` (completed by calls of some layers each, declined): copied into the DRAM front (under
+  // mu_), if the policy keeps declined blocks and a chunk is free; false when not kept.
+  bool KeepInFront(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `p` (completed, admitted, about to be queued) promotes the front block of its key, if any.
+  void MarkFrontPromotion(PendingBlock* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The front block `p` promoted leaves the front; its pins go to the index entry `e` (p was
+  // published) or, with e null, to retired_ (p failed: those pins' Reads fail as a dropped
+  // block's do).
+  void EndFrontPromotion(PendingBlock* p, Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies each promoted block's front copy into its staging frames (writer thread).
+  void FillPromotedFrames(absl::Span<PendingBlock* const> blocks);
+
   // maintenance.cc: one scrub batch of blocks of `ns` (key and epoch), counted into *progress.
   struct ScrubTarget;
   absl::Status ScrubBatch(NamespaceId ns, absl::Span<const ScrubTarget> batch,
@@ -378,6 +400,9 @@ class BlockStore::Impl {
   Index index_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Region> dram_region_;
   std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
+  // "dram_front" (admission_->keeps_declined_in_dram()): the front, over dram_region_, and the
+  // DRAM tier off (dram_ over nothing). Else off.
+  std::unique_ptr<DramFront> front_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
   // Claims (NamespaceClaim) per namespace; taken with ns_mu_ held too.
   absl::flat_hash_map<NamespaceId, uint32_t> claims_ ABSL_GUARDED_BY(mu_);

@@ -118,18 +118,29 @@ absl::Status BlockStore::Impl::Init() {
         scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
       });
   header_buffers_ = base + store_bytes + read_bytes;
-  if (options_.dram_bytes >= chunk) {
+  const bool front = admission_->keeps_declined_in_dram();
+  const uint64_t dram_blocks = options_.dram_bytes / chunk;
+  if (front && dram_blocks == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool.admission = \"dram_front\" keeps first-sight blocks in the DRAM tier: "
+        "dram.capacity_bytes (", options_.dram_bytes, ") must hold at least one block (",
+        chunk, " bytes)"));
+  }
+  // The front's region has room for store staging's worth of blocks more: blocks being
+  // promoted hold their chunk until written, outside the front's bound.
+  const uint64_t dram_chunks = dram_blocks + (front ? std::max<uint64_t>(1, store_bytes / chunk) : 0);
+  if (dram_blocks > 0) {
     ASSIGN_OR_RETURN(dram_region_,
-                     CreateRegion(options_.dram_bytes / chunk * chunk,
+                     CreateRegion(dram_chunks * chunk,
                                   absl::StrCat("dram.capacity_bytes = ", options_.dram_bytes)));
   }
   {
     absl::MutexLock lock(&mu_);
-    dram_ = std::make_unique<DramTier>(
-        dram_region_ == nullptr
-            ? absl::Span<uint8_t>()
-            : dram_region_->span().subspan(0, options_.dram_bytes / chunk * chunk),
-        chunk);
+    const absl::Span<uint8_t> dram =
+        dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
+    dram_ = std::make_unique<DramTier>(front ? absl::Span<uint8_t>() : dram, chunk);
+    front_ = std::make_unique<DramFront>(front ? dram : absl::Span<uint8_t>(), chunk,
+                                         front ? dram_blocks : 0);
   }
   io_sink_ = datapath::BackendSink(backend_.get());
   datapath::IoSchedulerOptions sched;
@@ -504,7 +515,7 @@ uint64_t BlockStore::Impl::EvictForShares(absl::Span<PendingBlock* const> wantin
 
 std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
   std::vector<uint64_t> slots;
-  uint64_t skipped = 0, last_delete = 0;
+  uint64_t skipped = 0, last_delete = 0, evicted_front = 0;
   {
     absl::MutexLock lock(&mu_);
     std::vector<Entry*> victims;
@@ -520,8 +531,12 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
       slots.push_back(e->slot);
       last_delete = HideForEviction(e);
     }
+    // The DRAM front's unpinned kept blocks go too (nothing to journal: they are not durable).
+    const uint64_t front = front_->EraseNamespace(ns);
+    stats_.front_dropped += front;
+    if (slots.empty()) return {front, skipped};
+    evicted_front = front;
   }
-  if (slots.empty()) return {0, skipped};
   // Outside mu_, and never behind the writer's pool writes: only behind a
   // journal sync in progress, if any.
   absl::Status s = journal_->Sync(last_delete);
@@ -532,7 +547,7 @@ std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
     log::Get("store")->error("evict: journal sync failed ({}); {} slots unused until restart",
                              s.ToString(), slots.size());
   }
-  return {slots.size(), skipped};
+  return {slots.size() + evicted_front, skipped};
 }
 
 }  // namespace tutti::store

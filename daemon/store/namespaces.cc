@@ -69,6 +69,7 @@ absl::flat_hash_set<NamespaceId> BlockStore::Impl::NamespacesBusy() const {
 }
 
 uint64_t BlockStore::Impl::DropNamespaceLocked(NamespaceId id) {
+  stats_.front_dropped += front_->EraseNamespace(id);  // its unpinned DRAM-front blocks
   namespaces_.erase(id);
   registered_order_.erase(id);
   return journal_->Append(NamespaceDropRecord{id});

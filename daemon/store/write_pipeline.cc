@@ -116,6 +116,7 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
         }
       }
     }
+    FillPromotedFrames(b->blocks);
     ComputeChecksums(b->blocks);
     b->plan = PlanBatchWrites(b->blocks, headers);
   }
@@ -299,11 +300,23 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
 }
 
 void BlockStore::Impl::FinishPending(PendingBlock* p, CaptureOutcome outcome) {
+  EndFrontPromotion(p, index_.Find(p->ns, p->key));
   for (auto& t : p->tickets) {
     t->outcome = outcome;
     t->done = true;
   }
   ReleasePending(p);  // destroys *p
+}
+
+void BlockStore::Impl::FillPromotedFrames(absl::Span<PendingBlock* const> blocks) {
+  checksum_pool_->ParallelFor(blocks.size(), 1, [&](size_t b) {
+    PendingBlock* p = blocks[b];
+    if (p->promote_from == nullptr) return;
+    for (size_t j = 0; j < p->frames.size(); ++j) {
+      std::memcpy(p->frames[j], p->promote_from->object(static_cast<uint32_t>(j)), p->object_len);
+    }
+    p->promote_from.reset();
+  });
 }
 
 // Copies the durable blocks of `batch` into DRAM-tier chunks. Chunks are taken under the lock

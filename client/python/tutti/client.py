@@ -39,9 +39,12 @@ from tutti.v1 import kvcache_pb2_grpc as pb_grpc
 
 DEFAULT_SOCKET = "/run/tutti/tuttid.sock"
 # "declined": tuttid's admission policy (pool.admission) did not write the block; not an error,
-# not worth retrying now (a later Store of the key may be admitted).
+# not worth retrying now (a later Store of the key may be admitted). "in_dram" (pool.admission
+# "dram_front"): copied into tuttid's DRAM only, found by lookups while it stays there, NOT
+# durable (lost at a restart, even with wait_durable); its next sight writes it to the SSD; not
+# an error, not worth retrying.
 STORE_OUTCOMES = {0: "unspecified", 1: "captured", 2: "durable", 3: "already_present",
-                  4: "rejected_full", 5: "failed", 6: "declined"}
+                  4: "rejected_full", 5: "failed", 6: "declined", 7: "in_dram"}
 _MIN_BACKOFF = 0.05
 _MAX_BACKOFF = 1.0
 
@@ -773,7 +776,8 @@ class Client:
               layer_begin=0, layer_end=0, stream=None, staging_wait_ms=0) -> "StoreOutcomes":
         """Copies engine block engine_blocks[i] as keys[i]; one outcome per key ("captured",
         "durable", "already_present", "rejected_full", "failed", "declined": tuttid's admission
-        policy did not write it, not an error; a StoreOutcomes, with
+        policy did not write it, not an error; "in_dram": kept in tuttid's DRAM only, not
+        durable even with wait_durable, not an error; a StoreOutcomes, with
         rejected_why) once captured (durable with wait_durable): from then on the engine may
         overwrite the blocks. cuda mode: `stream` (the one that computed the blocks; None: torch's
         current stream) is synchronized first, and Stores run one at a time (tuttid's per-session

@@ -254,6 +254,10 @@ enum class StoreOutcome : int {
   // tuttid's admission policy (pool.admission) did not write it: a future miss, not an error;
   // not worth retrying now (a later Store of the key may be admitted).
   kDeclined = 6,
+  // pool.admission "dram_front": copied into tuttid's DRAM only (the engine may reuse its block);
+  // found by Lookups while it stays there, but NOT durable, even with wait_durable (lost at a
+  // restart; dropped if DRAM evicts it); its next sight writes it to the SSD. Not an error.
+  kInDram = 7,
 };
 
 struct StoreOptions {

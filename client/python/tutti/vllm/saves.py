@@ -225,7 +225,8 @@ class PendingSaves:
         for e in batch:
             e.req.inflight -= 1
         live = [(i, e) for i, e in enumerate(batch) if not e.req.dead]
-        stored = ("captured", "durable", "already_present")
+        # in_dram: tuttid kept it in DRAM only (pool.admission "dram_front"): stored, not durable
+        stored = ("captured", "durable", "already_present", "in_dram")
         lost = sum(1 for i, e in enumerate(batch) if e.req.dead and (
             err is not None or outcomes[i] not in stored + ("declined",)))
         self._give_up_locked("request preempted", lost)

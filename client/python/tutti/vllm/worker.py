@@ -462,8 +462,9 @@ class _Step:
                 elif o == "failed":
                     self.done.add(i)
                     w._pending.give_up("Store outcome failed", 1)
-                elif o in ("already_present", "declined") or last:
-                    # declined: tuttid's admission policy did not write it; not an error
+                elif o in ("already_present", "declined", "in_dram") or last:
+                    # declined: tuttid's admission policy did not write it; in_dram: kept in its
+                    # DRAM only (dram_front); neither is an error
                     self.done.add(i)
 
     def settle(self):
