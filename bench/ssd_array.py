@@ -28,7 +28,12 @@ Parts:
          blocks, one Retrieve per session at a time, sessions at once), --retrieve-rounds times,
          and every retrieved byte compared with the stored one (a checker self-test first proves
          a flipped byte is caught); (d) tuttid's CPU over each phase from /proc: CPU seconds per
-         GB, the busiest thread's share of a core (io_uring's iou-* workers reported apart).
+         GB, the busiest thread's share of a core (io_uring's iou-* workers reported apart);
+         (e) from tuttid's admin Stats, where the phase went: per retrieve round the serving
+         threads' planning and posting, waiting for reads and checks, and handing layers to the
+         engine ("lead"), per store the write pipeline's phases ("writes"); (f) raw reads while a
+         pinned copy to the GPU runs beside them ("raw_beside_copy": both rates). tuttid runs
+         with limits.retrieve_staging_bytes = --retrieve-staging-mib (1 GiB on the GPU).
   dram   once: the same store and retrieve with the DRAM tier on and big enough (reads served
          from DRAM), against the contiguous pinned host-to-GPU copy rate (torch, 1 GiB), also
          measured once per run whenever array or dram runs.
