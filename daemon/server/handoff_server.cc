@@ -56,22 +56,7 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
                                                                     const SocketAccess& access,
                                                                     CredentialTable* table,
                                                                     const HandoffLimits& limits) {
-  sockaddr_un addr{};
-  if (path.empty() || path[0] != '/' || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("handoff socket path \"", path, "\": must be absolute, < 108 chars"));
-  }
-  RETURN_IF_ERROR(PrepareSocketPath(path, SOCK_SEQPACKET));
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return Errno(path, "socket");
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  const mode_t old_umask = umask(0177);  // born owner-only, opened up below
-  const int bound = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  umask(old_umask);
-  if (bound != 0) return Errno(path, "bind");
-  if (listen(fd.get(), SOMAXCONN) != 0) return Errno(path, "listen");
-  ApplySocketAccess(path, access);
+  ASSIGN_OR_RETURN(UniqueFd fd, ListenUnixSocket(path, SOCK_SEQPACKET, access, "handoff socket"));
   UniqueFd stop(eventfd(0, EFD_CLOEXEC));
   if (!stop.valid()) return Errno(path, "eventfd");
   std::unique_ptr<HandoffServer> server(

@@ -93,22 +93,7 @@ absl::StatusOr<std::unique_ptr<LookupServer>> LookupServer::Start(const std::str
                                                                   const SocketAccess& access,
                                                                   LookupHandler handler,
                                                                   const LookupLimits& limits) {
-  sockaddr_un addr{};
-  if (path.empty() || path[0] != '/' || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lookup socket path \"", path, "\": must be absolute, < 108 chars"));
-  }
-  RETURN_IF_ERROR(PrepareSocketPath(path, SOCK_STREAM));
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return Errno(path, "socket");
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  const mode_t old_umask = umask(0177);  // born owner-only, opened up below
-  const int bound = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  umask(old_umask);
-  if (bound != 0) return Errno(path, "bind");
-  if (listen(fd.get(), SOMAXCONN) != 0) return Errno(path, "listen");
-  ApplySocketAccess(path, access);
+  ASSIGN_OR_RETURN(UniqueFd fd, ListenUnixSocket(path, SOCK_STREAM, access, "lookup socket"));
   UniqueFd stop(eventfd(0, EFD_CLOEXEC));
   if (!stop.valid()) return Errno(path, "eventfd");
   std::unique_ptr<LookupServer> server(

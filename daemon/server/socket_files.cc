@@ -69,4 +69,28 @@ void ApplySocketAccess(const std::string& path, const SocketAccess& access) {
   }
 }
 
+absl::StatusOr<UniqueFd> ListenUnixSocket(const std::string& path, int type,
+                                          const SocketAccess& access, const std::string& what) {
+  sockaddr_un addr{};
+  if (path.empty() || path[0] != '/' || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " path \"", path, "\": must be absolute, < 108 chars"));
+  }
+  auto failed = [&](const char* call) {
+    return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", call, ": ", strerror(errno)));
+  };
+  RETURN_IF_ERROR(PrepareSocketPath(path, type));
+  UniqueFd fd(socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return failed("socket");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const mode_t old_umask = umask(0177);  // born owner-only, opened up below
+  const int bound = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  umask(old_umask);
+  if (bound != 0) return failed("bind");
+  if (listen(fd.get(), SOMAXCONN) != 0) return failed("listen");
+  ApplySocketAccess(path, access);
+  return fd;
+}
+
 }  // namespace tutti::server

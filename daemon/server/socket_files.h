@@ -11,6 +11,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/common/unique_fd.h"
 
 namespace tutti::server {
 
@@ -33,6 +35,14 @@ struct SocketAccess {
 // fails, is logged as a warning and the file keeps what it has (owner-only until then: sockets
 // are created with umask 0177).
 void ApplySocketAccess(const std::string& path, const SocketAccess& access);
+
+// A listening unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET; non-blocking, close-on-exec)
+// at `path`: the path checked (absolute, shorter than sockaddr_un's 108), PrepareSocketPath,
+// bound owner-only, listening, then ApplySocketAccess. `what` names it in errors ("handoff
+// socket"). INVALID_ARGUMENT for a bad path, PrepareSocketPath's errors, UNAVAILABLE with the
+// errno of a failed call.
+absl::StatusOr<UniqueFd> ListenUnixSocket(const std::string& path, int type,
+                                          const SocketAccess& access, const std::string& what);
 
 }  // namespace tutti::server
 

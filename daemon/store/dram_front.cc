@@ -26,16 +26,8 @@ void DramFront::GiveBack(uint8_t* chunk) { chunks_->Give({chunk}); }
 void DramFront::Insert(NamespaceId ns, const Key& key, uint32_t object_len, uint32_t num_objects,
                        uint8_t* chunk, uint64_t* dropped) {
   while (lru_.size() >= max_blocks_ && EvictOne()) ++*dropped;
-  std::shared_ptr<FramePool> pool = chunks_;
-  std::shared_ptr<DramBlock> block(new DramBlock, [pool](DramBlock* b) {
-    pool->Give({b->data});
-    delete b;
-  });
-  block->ns = ns;
-  block->key = key;
-  block->object_len = object_len;
-  block->num_objects = num_objects;
-  block->data = chunk;
+  std::shared_ptr<DramBlock> block =
+      MakeDramBlock(chunks_, ns, key, /*epoch=*/0, object_len, num_objects, chunk);
   const MapKey mk{ns, key};
   auto lru_it = lru_.insert(lru_.end(), mk);
   map_.emplace(mk, Node{Entry{std::move(block), 0, false}, lru_it});

@@ -38,10 +38,9 @@ uint8_t* DramTier::TakeChunk() {
 
 void DramTier::GiveBack(uint8_t* chunk) { chunks_->Give({chunk}); }
 
-void DramTier::InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
-                           uint32_t num_objects, uint8_t* chunk) {
-  Erase(ns, key);
-  std::shared_ptr<FramePool> pool = chunks_;
+std::shared_ptr<DramBlock> MakeDramBlock(std::shared_ptr<FramePool> pool, NamespaceId ns,
+                                         const Key& key, uint64_t epoch, uint32_t object_len,
+                                         uint32_t num_objects, uint8_t* chunk) {
   std::shared_ptr<DramBlock> block(new DramBlock, [pool](DramBlock* b) {
     pool->Give({b->data});
     delete b;
@@ -52,6 +51,14 @@ void DramTier::InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint3
   block->object_len = object_len;
   block->num_objects = num_objects;
   block->data = chunk;
+  return block;
+}
+
+void DramTier::InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
+                           uint32_t num_objects, uint8_t* chunk) {
+  Erase(ns, key);
+  std::shared_ptr<DramBlock> block =
+      MakeDramBlock(chunks_, ns, key, epoch, object_len, num_objects, chunk);
   MapKey mk{ns, key};
   auto lru_it = lru_.insert(lru_.end(), mk);
   map_.emplace(mk, Node{std::move(block), lru_it});

@@ -33,6 +33,12 @@ struct DramBlock {
   const uint8_t* object(uint32_t i) const { return data + uint64_t{i} * object_len; }
 };
 
+// A block over `chunk` (taken from `pool`) whose chunk goes back to `pool` when its last holder
+// lets go (thread-safe).
+std::shared_ptr<DramBlock> MakeDramBlock(std::shared_ptr<FramePool> pool, NamespaceId ns,
+                                         const Key& key, uint64_t epoch, uint32_t object_len,
+                                         uint32_t num_objects, uint8_t* chunk);
+
 class DramTier {
  public:
   // A tier over `region` (which must outlive the tier and every block it hands out), one block per
