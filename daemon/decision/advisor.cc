@@ -101,10 +101,22 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
       std::find(hit_in_dram.begin(), hit_in_dram.end(), false) != hit_in_dram.end();
   in.load_scale = ScaleNow(owned.corrections[any_ssd ? kLoadSsd : kLoadDram]);
   in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
-  const Split split = ChooseSplit(in);
+  Split split = ChooseSplit(in);
+  bool exploring = false;
+  if (split.refused_load_blocks > 0 && options_.explore_every_s > 0) {
+    const double now = Now();
+    if (now - last_explore_s_ >= options_.explore_every_s) {
+      // The central choice, predicted as ChooseSplit predicts it (with the load side's scale).
+      last_explore_s_ = now;
+      exploring = true;
+      split.load_blocks = split.refused_load_blocks;
+      split.ttft_ms = in.load_scale * PredictTtftMs(in, split.load_blocks);
+    }
+  }
   advice = Advice{split.load_blocks,      true,        split.ttft_ms,
                   split.recompute_ms,     split.load_all_ms, split.ttft_low_ms,
-                  split.ttft_high_ms,     split.refused_load_blocks, next_decision_id_++};
+                  split.ttft_high_ms,     split.refused_load_blocks, exploring,
+                  next_decision_id_++};
   Side side = kRecompute;
   if (split.load_blocks > 0) {
     const bool ssd = std::find(hit_in_dram.begin(), hit_in_dram.begin() + split.load_blocks,
@@ -113,7 +125,8 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   }
   RememberLocked(advice.decision_id, Decision{session, ns, side, split.ttft_ms});
   ++stats_.decisions;
-  stats_.refused_loads += split.refused_load_blocks > 0;
+  stats_.refused_loads += split.refused_load_blocks > 0 && !exploring;
+  stats_.explorations += exploring;
   return advice;
 }
 

@@ -81,6 +81,7 @@ struct Advice {
   double ttft_ms = 0, recompute_ms = 0, load_all_ms = 0;
   double ttft_low_ms = 0, ttft_high_ms = 0;  // ttft_ms's interval (Split)
   uint32_t refused_load_blocks = 0;           // Split::refused_load_blocks
+  bool exploring = false;  // load_blocks is the refused central choice (explore_every_s)
   uint64_t decision_id = 0;
 };
 
@@ -93,6 +94,12 @@ struct AdvisorOptions {
   double correction_half_life_s = 300;
   // Seconds on a monotonic clock; null: std::chrono::steady_clock.
   std::function<double()> clock;
+  // Exploration: advice that would load but for its uncertainty recomputes, and a recompute reads
+  // nothing, so the bandwidth meter would never learn the device is fast again (a slow read, a
+  // quiet spell, the prior's spread would hold it off loading for good). At most once every
+  // explore_every_s seconds such advice loads what the central prediction chose instead; its cost
+  // is bounded by the interval's high end. 0: never.
+  double explore_every_s = 30;
 };
 
 struct ReportResult {
@@ -107,6 +114,7 @@ struct AdvisorStats {
   double prediction_error_last = 0;
   uint64_t corrections = 0;  // measured TTFTs far enough off to correct the model at once
   uint64_t refused_loads = 0;  // advice where loading won centrally but not beyond the interval
+  uint64_t explorations = 0;   // of those, advised to load anyway (AdvisorOptions::explore_every_s)
 };
 
 // INVALID_ARGUMENT naming the first bad field ("samples[3].layer_ms = nan: ..."): more than
@@ -189,6 +197,7 @@ class Advisor {
   absl::flat_hash_map<uint64_t, Decision> decisions_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> decision_order_ ABSL_GUARDED_BY(mu_);  // oldest first
   uint64_t next_decision_id_ ABSL_GUARDED_BY(mu_) = 1;
+  double last_explore_s_ ABSL_GUARDED_BY(mu_) = -1e300;  // Now() of the last exploration
   AdvisorStats stats_ ABSL_GUARDED_BY(mu_);
   double error_sum_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -193,7 +193,9 @@ TEST(RobustAdviceTest, DramHalfCachedAt32KNoLongerSplits) {
 // predicted 16% faster than recomputing; at 0.4 GB/s 9%, under the 10% an interior split needs;
 // loading all of them always loses. The advisor is fed through the meter as the server feeds it.
 struct Live {
-  Live() : advisor(AdvisorOptions{true, 0.1, 0.1, 300, [this] { return m.now; }}) {
+  // Exploration off unless asked: these cases show the safe choice itself.
+  explicit Live(double explore_every_s = 0)
+      : advisor(AdvisorOptions{true, 0.1, 0.1, 300, [this] { return m.now; }, explore_every_s}) {
     std::vector<ComputeSample> samples;
     for (uint32_t t : {1024u, 2048u, 4096u, 8192u}) {
       for (uint32_t k : {0u, t / 4, t / 2}) samples.push_back({t - k, t, 0.001 * (t - k), 2});
@@ -258,5 +260,39 @@ TEST(RobustAdviceTest, AFarOffTtftCorrectsTheNextAdvice) {
   EXPECT_GT(live.Advise().load_blocks, 0u);
 }
 
+// Advice held off loading by its uncertainty alone reads nothing, so nothing would narrow it: at
+// most once every explore_every_s it loads the central choice instead, and the read that follows
+// lets the meter see the device is fast; loading then stands on its own.
+TEST(RobustAdviceTest, RefusedLoadsAreExploredAtMostOncePerPeriod) {
+  Live live(/*explore_every_s=*/30);
+  live.m.Reads(Tier::kSsd, 20, kReadBytes, 0.8e9);
+  live.m.Reads(Tier::kSsd, 1, kReadBytes, 0.2e9);  // one slow read: refused from now on
+  const Advice first = live.Advise();
+  EXPECT_TRUE(first.exploring);
+  EXPECT_EQ(first.load_blocks, first.refused_load_blocks);
+  EXPECT_GT(first.load_blocks, 0u);
+  const Advice second = live.Advise();  // within the period: the safe choice
+  EXPECT_FALSE(second.exploring);
+  EXPECT_EQ(second.load_blocks, 0u);
+  EXPECT_EQ(live.advisor.Stats().explorations, 1u);
+  // Each explored load reads at the device's real rate; a refusal within a period recomputes.
+  // Within a bounded number of periods the meter is sure again and loading stands on its own.
+  live.m.Reads(Tier::kSsd, 1, kReadBytes, 0.8e9);  // the first exploration's read
+  int periods = 1;
+  for (; periods < 20; ++periods) {
+    const Advice after = live.Advise();
+    if (!after.exploring && after.load_blocks > 0) break;  // sure enough again
+    EXPECT_EQ(after.load_blocks, 0u) << "period " << periods << ": explored already";
+    live.m.now += 30;
+    const Advice a = live.Advise();
+    ASSERT_TRUE(a.exploring) << "period " << periods << ": a refusal explores once per period";
+    live.m.Reads(Tier::kSsd, 1, kReadBytes, 0.8e9);
+  }
+  std::printf("loading stands on its own after %d explored reads\n", periods);
+  EXPECT_LT(periods, 20);
+  EXPECT_EQ(live.advisor.Stats().explorations, static_cast<uint64_t>(periods));
+}
+
 }  // namespace
 }  // namespace tutti::decision
+
