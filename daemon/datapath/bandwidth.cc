@@ -1,24 +1,100 @@
 #include "daemon/datapath/bandwidth.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
 namespace tutti::datapath {
 
 const char* TierName(Tier tier) { return tier == Tier::kDram ? "dram" : "ssd"; }
 
 BandwidthMeter::BandwidthMeter(const BandwidthOptions& options) : options_(options) {
-  tiers_[static_cast<int>(Tier::kDram)].bytes_per_sec = options.dram_prior_bytes_per_sec;
-  tiers_[static_cast<int>(Tier::kSsd)].bytes_per_sec = options.ssd_prior_bytes_per_sec;
+  TierBandwidth& dram = tiers_[static_cast<int>(Tier::kDram)];
+  TierBandwidth& ssd = tiers_[static_cast<int>(Tier::kSsd)];
+  dram.bytes_per_sec = options.dram_prior_bytes_per_sec;
+  ssd.bytes_per_sec = options.ssd_prior_bytes_per_sec;
+  dram.spread = ssd.spread = options.prior_spread;
+  contended_.bytes_per_sec = ssd.bytes_per_sec * (1 - options.write_share_prior);
+  contended_.spread = options.prior_spread;
+}
+
+double BandwidthMeter::Now() const {
+  if (options_.clock) return options_.clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The mean's old weight fades with time as well as per sample; the spread follows the squared
+// relative deviation of each sample from the mean it found.
+void BandwidthMeter::Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const {
+  const double rate = static_cast<double>(bytes) / seconds;
+  if (t.samples == 0) {
+    t.bytes_per_sec = rate;
+  } else {
+    const double age = std::max(0.0, now - t.last_sample_s);
+    const double keep = (1 - options_.alpha) * std::exp2(-age / options_.half_life_s);
+    const double dev = (rate - t.bytes_per_sec) / t.bytes_per_sec;
+    t.bytes_per_sec = keep * t.bytes_per_sec + (1 - keep) * rate;
+    const double var = keep * t.spread * t.spread + (1 - keep) * dev * dev;
+    t.spread = std::min(options_.max_spread, std::sqrt(var));
+  }
+  t.last_bytes_per_sec = rate;
+  t.last_sample_s = now;
+  ++t.samples;
+  t.bytes += bytes;
+  t.seconds += seconds;
 }
 
 void BandwidthMeter::Record(Tier tier, uint64_t bytes, double seconds) {
   if (bytes < options_.min_sample_bytes || !(seconds > 0)) return;
-  const double rate = static_cast<double>(bytes) / seconds;
+  const double now = Now();
   absl::MutexLock lock(&mu_);
-  TierBandwidth& t = tiers_[static_cast<int>(tier)];
-  t.bytes_per_sec =
-      t.samples == 0 ? rate : options_.alpha * rate + (1 - options_.alpha) * t.bytes_per_sec;
-  ++t.samples;
-  t.bytes += bytes;
-  t.seconds += seconds;
+  if (tier == Tier::kSsd && write_backlog_bytes_ > 0) {
+    Update(contended_, bytes, seconds, now);
+  } else {
+    Update(tiers_[static_cast<int>(tier)], bytes, seconds, now);
+  }
+}
+
+void BandwidthMeter::SetWriteBacklog(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  write_backlog_bytes_ = bytes;
+}
+
+BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now) const {
+  BandwidthEstimate e;
+  e.bytes_per_sec = t.bytes_per_sec;
+  double spread = t.spread;
+  if (t.samples > 0) {
+    const double quiet = now - t.last_sample_s - options_.stale_after_s;
+    spread += options_.stale_widen_per_s * std::max(0.0, quiet);
+  }
+  e.spread = std::min(options_.max_spread, spread);
+  e.low_bytes_per_sec = t.bytes_per_sec * (1 - e.spread);
+  if (t.samples > 0) e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, t.last_bytes_per_sec);
+  return e;
+}
+
+BandwidthEstimate BandwidthMeter::Estimate(Tier tier) const {
+  const double now = Now();
+  absl::MutexLock lock(&mu_);
+  const TierBandwidth& alone = tiers_[static_cast<int>(tier)];
+  if (tier != Tier::kSsd || write_backlog_bytes_ == 0) return EstimateOf(alone, now);
+  BandwidthEstimate e;
+  if (contended_.samples > 0) {
+    e = EstimateOf(contended_, now);
+  } else {
+    // No read has run beside writes yet: the uncontended figures less the assumed share.
+    e = EstimateOf(alone, now);
+    e.bytes_per_sec *= 1 - options_.write_share_prior;
+    e.low_bytes_per_sec *= 1 - options_.write_share_prior;
+  }
+  // Reads beside writes are never expected faster than alone.
+  const BandwidthEstimate a = EstimateOf(alone, now);
+  e.bytes_per_sec = std::min(e.bytes_per_sec, a.bytes_per_sec);
+  e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, a.low_bytes_per_sec);
+  e.contended = true;
+  return e;
 }
 
 double BandwidthMeter::BytesPerSecond(Tier tier) const { return Get(tier).bytes_per_sec; }
@@ -26,6 +102,11 @@ double BandwidthMeter::BytesPerSecond(Tier tier) const { return Get(tier).bytes_
 TierBandwidth BandwidthMeter::Get(Tier tier) const {
   absl::MutexLock lock(&mu_);
   return tiers_[static_cast<int>(tier)];
+}
+
+TierBandwidth BandwidthMeter::GetContended() const {
+  absl::MutexLock lock(&mu_);
+  return contended_;
 }
 
 }  // namespace tutti::datapath

@@ -1,19 +1,34 @@
-// Read bandwidth of each tier, measured online from the reads the data path serves.
+// Read bandwidth of each tier, measured online from the reads the data path serves, with how sure
+// the figure is now.
 //
 // The load-or-recompute decision (daemon/decision) predicts how long loading a block takes from
 // these figures, so they must describe what an engine sees: bytes delivered into its memory per
 // second of a Read, from the first read posted to the last layer handed over (device time, the
 // copy into the engine and verification all included).
 //
-// Each tier keeps an exponentially weighted mean of its samples' rates (weight `alpha` for the
-// newest). A sample shorter than `min_sample_bytes` is ignored: small reads measure latency, not
-// bandwidth. Until a tier has a sample, BytesPerSecond returns its prior.
+// Each tier keeps an exponentially weighted mean of its samples' rates and of their squared
+// relative deviations from it (the spread). The newest sample weighs `alpha`; older evidence also
+// fades with time: the mean's weight is (1 - alpha) x 0.5^(age / half_life_s), so after a quiet
+// spell the next read nearly replaces it. A sample shorter than `min_sample_bytes` is ignored:
+// small reads measure latency, not bandwidth. Until a tier has a sample, its mean is the prior and
+// its spread `prior_spread`.
+//
+// Estimate() gives the mean and a pessimistic figure, `low`, for a read posted now:
+//   low = min(mean x (1 - spread'), the newest sample's rate),
+//   spread' = min(max_spread, spread + stale_widen_per_s x max(0, age - stale_after_s))
+// where age is the time since the tier's newest sample: where tuttid has served no reads for a
+// while, it is less sure the device is as it was, and says so (no probe reads). A single slow read
+// pulls `low` down at once. The write backlog (SetWriteBacklog, the store's captured blocks not
+// yet durable) competes with reads for the SSD: samples taken while it was non-empty are kept in a
+// second mean, "contended", and while a backlog exists Estimate(kSsd) answers from that mean, or,
+// before any contended sample, from the uncontended one scaled by (1 - write_share_prior).
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef TUTTI_DAEMON_DATAPATH_BANDWIDTH_H_
 #define TUTTI_DAEMON_DATAPATH_BANDWIDTH_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/synchronization/mutex.h"
 
@@ -28,13 +43,35 @@ struct BandwidthOptions {
   double ssd_prior_bytes_per_sec = 1e9;
   uint64_t min_sample_bytes = 8ull << 20;
   double alpha = 0.3;
+  double half_life_s = 30;       // older evidence halves its weight every half_life_s
+  double prior_spread = 0.5;     // relative spread before a tier's first sample
+  double stale_after_s = 10;     // no sample for this long: the spread starts to widen
+  double stale_widen_per_s = 0.01;
+  double max_spread = 0.9;       // in (0, 1)
+  // Share of the SSD's read rate a write backlog is assumed to take until a read under one has
+  // measured it (config datapath.decision_write_share; in [0, 0.95]).
+  double write_share_prior = 0.5;
+  // Seconds on a monotonic clock; null: std::chrono::steady_clock. Tests pass a manual clock.
+  std::function<double()> clock;
 };
 
+// One tier's running figures (metrics and Get).
 struct TierBandwidth {
-  double bytes_per_sec = 0;  // the estimate (the prior until measured)
+  double bytes_per_sec = 0;  // the mean (the prior until measured)
+  double spread = 0;         // relative EW standard deviation (prior_spread until measured)
+  double last_bytes_per_sec = 0;  // the newest sample's rate (0: none)
+  double last_sample_s = 0;       // the clock at the newest sample
   uint64_t samples = 0;      // samples taken in
   uint64_t bytes = 0;        // bytes over all samples taken in
   double seconds = 0;        // their time
+};
+
+// What a read posted now may expect of a tier.
+struct BandwidthEstimate {
+  double bytes_per_sec = 0;      // the mean (contended while a write backlog exists)
+  double low_bytes_per_sec = 0;  // the pessimistic figure (see the file comment); <= the mean
+  double spread = 0;             // spread' of the file comment
+  bool contended = false;        // a write backlog exists and was taken into account
 };
 
 class BandwidthMeter {
@@ -42,14 +79,26 @@ class BandwidthMeter {
   explicit BandwidthMeter(const BandwidthOptions& options = {});
 
   // One Read's share of `tier`: `bytes` delivered in `seconds` (> 0). Ignored when too small.
+  // Counted as contended when a write backlog exists at the time of the call.
   void Record(Tier tier, uint64_t bytes, double seconds);
-  double BytesPerSecond(Tier tier) const;
-  TierBandwidth Get(Tier tier) const;
+  // The store's write backlog now, in bytes (0: none). Called by the store whenever it changes.
+  void SetWriteBacklog(uint64_t bytes);
+
+  BandwidthEstimate Estimate(Tier tier) const;
+  double BytesPerSecond(Tier tier) const;  // Get(tier).bytes_per_sec
+  TierBandwidth Get(Tier tier) const;      // uncontended figures
+  TierBandwidth GetContended() const;      // the SSD's figures under a write backlog
 
  private:
+  double Now() const;
+  void Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const;
+  BandwidthEstimate EstimateOf(const TierBandwidth& t, double now) const;
+
   const BandwidthOptions options_;
   mutable absl::Mutex mu_;
   TierBandwidth tiers_[kNumTiers] ABSL_GUARDED_BY(mu_);
+  TierBandwidth contended_ ABSL_GUARDED_BY(mu_);  // SSD reads taken while writes were queued
+  uint64_t write_backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tutti::datapath

@@ -1,38 +1,114 @@
 #include "daemon/datapath/bandwidth.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace tutti::datapath {
 namespace {
 
-TEST(BandwidthMeterTest, PriorUntilTheFirstSampleThenWeightedMean) {
+// A meter on a manual clock (seconds).
+struct Meter {
+  explicit Meter(BandwidthOptions o) : meter((o.clock = [this] { return now; }, o)) {}
+  double now = 100;
+  BandwidthMeter meter;
+};
+
+BandwidthOptions Small() {
   BandwidthOptions o;
   o.dram_prior_bytes_per_sec = 50e9;
   o.ssd_prior_bytes_per_sec = 1e9;
   o.min_sample_bytes = 1000;
+  return o;
+}
+
+TEST(BandwidthMeterTest, PriorUntilTheFirstSampleThenWeightedMean) {
+  BandwidthOptions o = Small();
   o.alpha = 0.5;
-  BandwidthMeter m(o);
-  EXPECT_DOUBLE_EQ(m.BytesPerSecond(Tier::kSsd), 1e9);
-  EXPECT_DOUBLE_EQ(m.BytesPerSecond(Tier::kDram), 50e9);
-  m.Record(Tier::kSsd, 4000, 2e-6);  // 2 GB/s: the first sample replaces the prior
-  EXPECT_DOUBLE_EQ(m.BytesPerSecond(Tier::kSsd), 2e9);
-  m.Record(Tier::kSsd, 4000, 1e-6);  // 4 GB/s, weight 0.5
-  EXPECT_DOUBLE_EQ(m.BytesPerSecond(Tier::kSsd), 3e9);
-  EXPECT_EQ(m.Get(Tier::kSsd).samples, 2u);
-  EXPECT_EQ(m.Get(Tier::kSsd).bytes, 8000u);
-  EXPECT_DOUBLE_EQ(m.BytesPerSecond(Tier::kDram), 50e9);  // tiers are separate
+  Meter m(o);
+  EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kSsd), 1e9);
+  EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kDram), 50e9);
+  m.meter.Record(Tier::kSsd, 4000, 2e-6);  // 2 GB/s: the first sample replaces the prior
+  EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kSsd), 2e9);
+  m.meter.Record(Tier::kSsd, 4000, 1e-6);  // 4 GB/s, weight 0.5 (no time has passed)
+  EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kSsd), 3e9);
+  EXPECT_NEAR(m.meter.Get(Tier::kSsd).spread, std::sqrt(0.5 * 0.25 + 0.5 * 1.0), 1e-12);
+  EXPECT_EQ(m.meter.Get(Tier::kSsd).samples, 2u);
+  EXPECT_EQ(m.meter.Get(Tier::kSsd).bytes, 8000u);
+  EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kDram), 50e9);  // tiers are separate
 }
 
 TEST(BandwidthMeterTest, SmallOrTimelessSamplesAreIgnored) {
-  BandwidthOptions o;
-  o.ssd_prior_bytes_per_sec = 1e9;
-  o.min_sample_bytes = 1000;
-  BandwidthMeter m(o);
-  m.Record(Tier::kSsd, 999, 1e-9);
-  m.Record(Tier::kSsd, 5000, 0);
-  m.Record(Tier::kSsd, 5000, -1);
-  EXPECT_EQ(m.Get(Tier::kSsd).samples, 0u);
-  EXPECT_DOUBLE_EQ(m.BytesPerSecond(Tier::kSsd), 1e9);
+  Meter m(Small());
+  m.meter.Record(Tier::kSsd, 999, 1e-9);
+  m.meter.Record(Tier::kSsd, 5000, 0);
+  m.meter.Record(Tier::kSsd, 5000, -1);
+  EXPECT_EQ(m.meter.Get(Tier::kSsd).samples, 0u);
+  EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kSsd), 1e9);
+}
+
+TEST(BandwidthMeterTest, ThePriorIsUncertain) {
+  Meter m(Small());
+  const BandwidthEstimate e = m.meter.Estimate(Tier::kSsd);
+  EXPECT_DOUBLE_EQ(e.bytes_per_sec, 1e9);
+  EXPECT_DOUBLE_EQ(e.spread, 0.5);
+  EXPECT_DOUBLE_EQ(e.low_bytes_per_sec, 0.5e9);
+}
+
+TEST(BandwidthMeterTest, OldEvidenceFadesWithTime) {
+  Meter m(Small());  // alpha 0.3, half-life 30 s
+  m.meter.Record(Tier::kSsd, 2000, 1e-6);  // 2 GB/s
+  m.now += 300;                            // ten half-lives later
+  m.meter.Record(Tier::kSsd, 700, 1e-6);   // too small: ignored
+  m.meter.Record(Tier::kSsd, 1000, 1e-6);  // 1 GB/s
+  const double keep = 0.7 / 1024;
+  EXPECT_NEAR(m.meter.BytesPerSecond(Tier::kSsd), keep * 2e9 + (1 - keep) * 1e9, 1);
+}
+
+TEST(BandwidthMeterTest, OneSlowReadPullsTheLowFigureDownAtOnce) {
+  Meter m(Small());
+  for (int i = 0; i < 20; ++i) m.meter.Record(Tier::kSsd, 2000, 1e-6);  // 2 GB/s, steady
+  BandwidthEstimate e = m.meter.Estimate(Tier::kSsd);
+  EXPECT_NEAR(e.bytes_per_sec, 2e9, 1);
+  EXPECT_LT(e.spread, 0.02);  // the prior's 0.5, faded by 0.7 per sample
+  EXPECT_NEAR(e.low_bytes_per_sec, 2e9, 4e7);
+  m.meter.Record(Tier::kSsd, 690, 1e-6 * 690 / 1000);  // too small: nothing changes
+  m.meter.Record(Tier::kSsd, 1380, 2e-6);              // 0.69 GB/s: the disk got throttled
+  e = m.meter.Estimate(Tier::kSsd);
+  EXPECT_NEAR(e.bytes_per_sec, 0.3 * 0.69e9 + 0.7 * 2e9, 1);
+  EXPECT_DOUBLE_EQ(e.low_bytes_per_sec, 0.69e9);
+}
+
+TEST(BandwidthMeterTest, QuietSpellsWidenTheSpread) {
+  Meter m(Small());
+  for (int i = 0; i < 20; ++i) m.meter.Record(Tier::kSsd, 2000, 1e-6);
+  const double fresh = m.meter.Estimate(Tier::kSsd).spread;
+  m.now += 10;  // within stale_after_s: unchanged
+  EXPECT_DOUBLE_EQ(m.meter.Estimate(Tier::kSsd).spread, fresh);
+  m.now += 30;  // 30 s past it: +0.3
+  const BandwidthEstimate e = m.meter.Estimate(Tier::kSsd);
+  EXPECT_NEAR(e.spread, fresh + 0.3, 1e-9);
+  EXPECT_NEAR(e.low_bytes_per_sec, 2e9 * (1 - e.spread), 1);
+  m.now += 1e6;  // capped
+  EXPECT_DOUBLE_EQ(m.meter.Estimate(Tier::kSsd).spread, 0.9);
+}
+
+TEST(BandwidthMeterTest, AWriteBacklogTakesItsShareOfTheSsd) {
+  Meter m(Small());  // write_share_prior 0.5
+  for (int i = 0; i < 20; ++i) m.meter.Record(Tier::kSsd, 2000, 1e-6);
+  EXPECT_FALSE(m.meter.Estimate(Tier::kSsd).contended);
+  m.meter.SetWriteBacklog(64 << 20);
+  BandwidthEstimate e = m.meter.Estimate(Tier::kSsd);
+  EXPECT_TRUE(e.contended);
+  EXPECT_NEAR(e.bytes_per_sec, 1e9, 1) << "the prior share before any read under writes";
+  EXPECT_FALSE(m.meter.Estimate(Tier::kDram).contended) << "the DRAM tier does not share it";
+  m.meter.Record(Tier::kSsd, 1600, 1e-6);  // 1.6 GB/s beside the writes
+  e = m.meter.Estimate(Tier::kSsd);
+  EXPECT_DOUBLE_EQ(e.bytes_per_sec, 1.6e9);
+  EXPECT_EQ(m.meter.GetContended().samples, 1u);
+  EXPECT_EQ(m.meter.Get(Tier::kSsd).samples, 20u) << "kept apart from reads alone";
+  m.meter.SetWriteBacklog(0);
+  EXPECT_NEAR(m.meter.Estimate(Tier::kSsd).bytes_per_sec, 2e9, 1);
 }
 
 }  // namespace

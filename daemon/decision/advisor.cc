@@ -1,5 +1,7 @@
 #include "daemon/decision/advisor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -73,11 +75,12 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
                        const Bandwidths& bandwidths) {
   Advice advice;
   advice.load_blocks = static_cast<uint32_t>(hit_in_dram.size());
-  if (!enabled_ || prompt_tokens == 0) return advice;
+  if (!options_.enabled || prompt_tokens == 0) return advice;
   absl::MutexLock lock(&mu_);
   auto it = models_.find(ns);
   if (it == models_.end() || it->second.model.empty()) return advice;
-  const ComputeModel& model = it->second.model;
+  const OwnedModel& owned = it->second;
+  const ComputeModel& model = owned.model;
   SplitInput in;
   in.num_layers = shape.num_layers;
   in.block_tokens = shape.block_tokens;
@@ -86,15 +89,67 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   in.hit_in_dram = hit_in_dram;
   in.dram_bytes_per_sec = bandwidths.dram_bytes_per_sec;
   in.ssd_bytes_per_sec = bandwidths.ssd_bytes_per_sec;
+  in.dram_low_bytes_per_sec = bandwidths.dram_low_bytes_per_sec;
+  in.ssd_low_bytes_per_sec = bandwidths.ssd_low_bytes_per_sec;
   in.overhead_ms = model.OverheadMs();
-  in.min_interior_gain = min_interior_gain_;
+  in.min_interior_gain = options_.min_interior_gain;
+  in.recompute_spread = model.Spread(false);
+  in.load_compute_spread = model.Spread(true);
+  in.recompute_scale = ScaleNow(owned.corrections[kRecompute]);
+  // A load that touches the SSD is paced by it; one from the DRAM tier alone is corrected apart.
+  const bool any_ssd =
+      std::find(hit_in_dram.begin(), hit_in_dram.end(), false) != hit_in_dram.end();
+  in.load_scale = ScaleNow(owned.corrections[any_ssd ? kLoadSsd : kLoadDram]);
   in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
-  const Split split = ChooseSplit(in);
-  advice = Advice{split.load_blocks,  true, split.ttft_ms, split.recompute_ms, split.load_all_ms,
+  Split split = ChooseSplit(in);
+  bool exploring = false;
+  if (split.refused_load_blocks > 0 && options_.explore_every_s > 0) {
+    const double now = Now();
+    if (now - last_explore_s_ >= options_.explore_every_s) {
+      // The central choice, predicted as ChooseSplit predicts it (with the load side's scale).
+      last_explore_s_ = now;
+      exploring = true;
+      split.load_blocks = split.refused_load_blocks;
+      split.ttft_ms = in.load_scale * PredictTtftMs(in, split.load_blocks);
+    }
+  }
+  advice = Advice{split.load_blocks,      true,        split.ttft_ms,
+                  split.recompute_ms,     split.load_all_ms, split.ttft_low_ms,
+                  split.ttft_high_ms,     split.refused_load_blocks, exploring,
                   next_decision_id_++};
-  RememberLocked(advice.decision_id, Decision{session, split.ttft_ms});
+  Side side = kRecompute;
+  if (split.load_blocks > 0) {
+    const bool ssd = std::find(hit_in_dram.begin(), hit_in_dram.begin() + split.load_blocks,
+                               false) != hit_in_dram.begin() + split.load_blocks;
+    side = ssd ? kLoadSsd : kLoadDram;
+  }
+  RememberLocked(advice.decision_id, Decision{session, ns, side, split.ttft_ms});
   ++stats_.decisions;
+  stats_.refused_loads += split.refused_load_blocks > 0 && !exploring;
+  stats_.explorations += exploring;
   return advice;
+}
+
+double Advisor::Now() const {
+  if (options_.clock) return options_.clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double Advisor::ScaleNow(const Correction& c) const {
+  if (c.log_scale == 0) return 1;
+  const double age = std::max(0.0, Now() - c.at_s);
+  return std::exp(c.log_scale * std::exp2(-age / options_.correction_half_life_s));
+}
+
+void Advisor::Correct(Correction& c, double ratio) {
+  const double now_log = std::log(ScaleNow(c));
+  const double far = std::fabs(ratio - 1) > options_.far_error;
+  // Far off: at once, so that the same prediction would have been exact; near: a third of it.
+  double log_scale = now_log + (far ? 1.0 : 1.0 / 3) * std::log(ratio);
+  log_scale = std::clamp(log_scale, std::log(kMinCorrection), std::log(kMaxCorrection));
+  c = Correction{log_scale, Now()};
+  stats_.corrections += far;
 }
 
 void Advisor::RememberLocked(uint64_t id, Decision d) {
@@ -141,16 +196,20 @@ absl::StatusOr<ReportResult> Advisor::Report(NamespaceId ns, uint64_t session, u
     for (const ComputeSample& s : samples) owned.model.Add(s);
   }
   if (decision_id == 0) return ReportResult{};
-  return CompareLocked(session, decision_id, measured_ttft_ms);
+  return CompareLocked(session, uid, decision_id, measured_ttft_ms);
 }
 
-ReportResult Advisor::CompareLocked(uint64_t session, uint64_t decision_id,
+ReportResult Advisor::CompareLocked(uint64_t session, uint32_t uid, uint64_t decision_id,
                                     double measured_ttft_ms) {
   auto it = decisions_.find(decision_id);
   if (it == decisions_.end() || it->second.session != session) return ReportResult{};
-  const double error =
-      std::fabs(it->second.predicted_ttft_ms - measured_ttft_ms) / measured_ttft_ms;
-  decisions_.erase(it);  // one measurement per decision; its id leaves decision_order_ later
+  const Decision d = it->second;
+  const double error = std::fabs(d.predicted_ttft_ms - measured_ttft_ms) / measured_ttft_ms;
+  decisions_.erase(it);
+  // Only the model's owner corrects it (issue 19: another uid must not move the owner's advice).
+  if (auto m = models_.find(d.ns); m != models_.end() && m->second.owner_uid == uid) {
+    Correct(m->second.corrections[d.side], measured_ttft_ms / d.predicted_ttft_ms);
+  }  // one measurement per decision; its id leaves decision_order_ later
   ++stats_.prediction_errors;
   error_sum_ += error;
   stats_.prediction_error_mean = error_sum_ / stats_.prediction_errors;

@@ -18,12 +18,24 @@
 // enough history, refused as outliers against it (ComputeModel::Outlier); either refusal is
 // INVALID_ARGUMENT naming the sample and records nothing of the report.
 //
+// Robust advice (docs/decision.md "Robust advice"): each prediction carries an interval, from the
+// bandwidths' pessimistic figures (Bandwidths::*_low) and the compute model's spread
+// (ComputeModel::Spread), and a split that loads is advised only where it wins beyond it
+// (split.h). A measured TTFT reported by the model's owner corrects the side it measured at once:
+// a decision that recomputed scales every later TTFT(0) of the namespace, one that loaded scales
+// TTFT(k > 0) (apart for loads from the DRAM tier alone and loads that touch the SSD). Off by more
+// than far_error, the scale is set so the same prediction would have been exact; nearer, it moves
+// a third of the way. Corrections fade toward none with correction_half_life_s, so a device that
+// recovers is tried again.
+//
 // Thread-safety: every method is thread-safe (one mutex; nothing is held across calls).
 #ifndef TUTTI_DAEMON_DECISION_ADVISOR_H_
 #define TUTTI_DAEMON_DECISION_ADVISOR_H_
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -58,13 +70,36 @@ struct NamespaceShape {
 struct Bandwidths {
   double dram_bytes_per_sec = 0;
   double ssd_bytes_per_sec = 0;
+  // The pessimistic figures (datapath::BandwidthEstimate::low_bytes_per_sec); 0: the above.
+  double dram_low_bytes_per_sec = 0;
+  double ssd_low_bytes_per_sec = 0;
 };
 
 struct Advice {
   uint32_t load_blocks = 0;
   bool predicted = false;  // false: load_blocks = hits, the rest is 0
   double ttft_ms = 0, recompute_ms = 0, load_all_ms = 0;
+  double ttft_low_ms = 0, ttft_high_ms = 0;  // ttft_ms's interval (Split)
+  uint32_t refused_load_blocks = 0;           // Split::refused_load_blocks
+  bool exploring = false;  // load_blocks is the refused central choice (explore_every_s)
   uint64_t decision_id = 0;
+};
+
+struct AdvisorOptions {
+  bool enabled = true;
+  double min_interior_gain = 0;  // SplitInput::min_interior_gain (datapath.decision_min_gain)
+  // A measured TTFT off its prediction by more than this share corrects the model at once
+  // (datapath.decision_far_error; in (0, 1]).
+  double far_error = 0.1;
+  double correction_half_life_s = 300;
+  // Seconds on a monotonic clock; null: std::chrono::steady_clock.
+  std::function<double()> clock;
+  // Exploration: advice that would load but for its uncertainty recomputes, and a recompute reads
+  // nothing, so the bandwidth meter would never learn the device is fast again (a slow read, a
+  // quiet spell, the prior's spread would hold it off loading for good). At most once every
+  // explore_every_s seconds such advice loads what the central prediction chose instead; its cost
+  // is bounded by the interval's high end. 0: never.
+  double explore_every_s = 30;
 };
 
 struct ReportResult {
@@ -77,6 +112,9 @@ struct AdvisorStats {
   uint64_t prediction_errors = 0;  // measured TTFTs compared with their prediction
   double prediction_error_mean = 0;
   double prediction_error_last = 0;
+  uint64_t corrections = 0;  // measured TTFTs far enough off to correct the model at once
+  uint64_t refused_loads = 0;  // advice where loading won centrally but not beyond the interval
+  uint64_t explorations = 0;   // of those, advised to load anyway (AdvisorOptions::explore_every_s)
 };
 
 // INVALID_ARGUMENT naming the first bad field ("samples[3].layer_ms = nan: ..."): more than
@@ -91,12 +129,15 @@ absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t de
 class Advisor {
  public:
   static constexpr size_t kMaxDecisions = 4096;
+  // Bounds of a correction's scale.
+  static constexpr double kMinCorrection = 0.25, kMaxCorrection = 4;
 
+  explicit Advisor(AdvisorOptions options) : options_(std::move(options)) {}
   // `min_interior_gain`: SplitInput::min_interior_gain (config datapath.decision_min_gain).
   explicit Advisor(bool enabled, double min_interior_gain = 0)
-      : enabled_(enabled), min_interior_gain_(min_interior_gain) {}
+      : Advisor(AdvisorOptions{enabled, min_interior_gain}) {}
 
-  bool enabled() const { return enabled_; }
+  bool enabled() const { return options_.enabled; }
 
   // The split for a Lookup of `session` in `ns` whose hits lie in the tiers `hit_in_dram` says (one
   // per hit, chain order). Preconditions: shape fields >= 1, bandwidths > 0. With prompt_tokens 0,
@@ -108,7 +149,8 @@ class Advisor {
   // Adds `samples`, reported by `session` of user `uid`, to the model of `ns` (the first uid to
   // report samples into `ns` becomes the model's owner) and, with a decision_id, compares
   // measured_ttft_ms with that decision's prediction (found only if it was `session`'s and is
-  // still remembered). All or nothing: ValidateReport's errors; INVALID_ARGUMENT naming the first
+  // still remembered; then, if `uid` owns the model of `ns`, the measurement corrects it as the
+  // file comment says). All or nothing: ValidateReport's errors; INVALID_ARGUMENT naming the first
   // sample that is an outlier against the model (ComputeModel::Outlier); PERMISSION_DENIED when
   // samples are given and the model belongs to another uid.
   absl::StatusOr<ReportResult> Report(NamespaceId ns, uint64_t session, uint32_t uid,
@@ -118,29 +160,44 @@ class Advisor {
   AdvisorStats Stats() const;
 
  private:
+  // Which correction a decision's measurement feeds.
+  enum Side : uint8_t { kRecompute = 0, kLoadDram = 1, kLoadSsd = 2, kNumSides = 3 };
   struct Decision {
     uint64_t session = 0;
+    NamespaceId ns = 0;
+    Side side = kRecompute;
     double predicted_ttft_ms = 0;
+  };
+  // A multiplicative correction of one side's predictions, fading toward 1 from `at_s`.
+  struct Correction {
+    double log_scale = 0;
+    double at_s = 0;
   };
   struct OwnedModel {
     uint32_t owner_uid = 0;  // the first uid that reported samples into it
     ComputeModel model;
+    Correction corrections[kNumSides];
   };
   // PERMISSION_DENIED or the outlier's INVALID_ARGUMENT, as Report says; `model` may be null
   // (no samples yet: the caller becomes its owner).
   static absl::Status AdmitLocked(NamespaceId ns, uint32_t uid, const OwnedModel* model,
                                   absl::Span<const ComputeSample> samples);
   void RememberLocked(uint64_t id, Decision d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ReportResult CompareLocked(uint64_t session, uint64_t decision_id, double measured_ttft_ms)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ReportResult CompareLocked(uint64_t session, uint32_t uid, uint64_t decision_id,
+                            double measured_ttft_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The scale a correction stands at now, and the one that a measurement `ratio` (measured over
+  // predicted) leaves.
+  double ScaleNow(const Correction& c) const;
+  void Correct(Correction& c, double ratio) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double Now() const;
 
-  const bool enabled_;
-  const double min_interior_gain_;
+  const AdvisorOptions options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<NamespaceId, OwnedModel> models_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Decision> decisions_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> decision_order_ ABSL_GUARDED_BY(mu_);  // oldest first
   uint64_t next_decision_id_ ABSL_GUARDED_BY(mu_) = 1;
+  double last_explore_s_ ABSL_GUARDED_BY(mu_) = -1e300;  // Now() of the last exploration
   AdvisorStats stats_ ABSL_GUARDED_BY(mu_);
   double error_sum_ ABSL_GUARDED_BY(mu_) = 0;
 };

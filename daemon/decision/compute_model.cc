@@ -45,6 +45,19 @@ bool Solve3(std::array<Row, 3> a, Row b, Row* x) {
   return true;
 }
 
+// Root mean square of the relative residuals of `samples` about `fit`; kMaxSpread without one.
+double RelativeRms(const std::deque<ComputeSample>& samples, const std::optional<LayerFit>& fit) {
+  if (!fit.has_value() || samples.empty()) return ComputeModel::kMaxSpread;
+  double sum = 0;
+  for (const ComputeSample& s : samples) {
+    const double n = s.new_tokens;
+    const double predicted = fit->Eval(n, s.context_tokens - n);
+    const double r = predicted > 0 ? s.layer_ms / predicted - 1 : 1;
+    sum += r * r;
+  }
+  return std::sqrt(sum / samples.size());
+}
+
 }  // namespace
 
 std::optional<LayerFit> FitLayer(const std::deque<ComputeSample>& samples) {
@@ -85,6 +98,20 @@ void ComputeModel::Refit() {
     }
   }
   per_token_ms_ = nn > 0 ? yn / nn : 0;
+  plain_spread_ = RelativeRms(plain_, plain_fit_);
+  prefixed_spread_ = RelativeRms(prefixed_, prefixed_fit_);
+}
+
+double ComputeModel::Spread(bool prefixed) const {
+  if (empty()) return kMaxSpread;
+  const std::optional<LayerFit>& own = prefixed ? prefixed_fit_ : plain_fit_;
+  double spread = prefixed ? prefixed_spread_ : plain_spread_;
+  if (!own.has_value()) {
+    const bool other_fit = (prefixed ? plain_fit_ : prefixed_fit_).has_value();
+    spread = std::max(other_fit ? (prefixed ? plain_spread_ : prefixed_spread_) : kMaxSpread,
+                      kBorrowedSpread);
+  }
+  return std::clamp(spread, kMinSpread, kMaxSpread);
 }
 
 std::optional<double> ComputeModel::LayerMs(uint32_t context_tokens, uint32_t cached_tokens) const {

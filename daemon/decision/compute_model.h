@@ -22,6 +22,11 @@
 // token and per layer that is the same rule (layer_ms / new_tokens against the prediction's).
 // A real change of rate by more than 8x (another GPU) needs a new model: tuttid starts each empty.
 //
+// Spread (Spread): how far the engine's reported times scatter about the fit, as the root mean
+// square of the kept samples' relative residuals (layer_ms / prediction - 1) of a kind, at least
+// kMinSpread; a kind predicted from the other kind's fit, or from the fallback, is less sure: at
+// least kBorrowedSpread. The advice widens its predictions by it (split.h).
+//
 // Thread-safety: none; the Advisor guards each model.
 #ifndef TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
 #define TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
@@ -58,6 +63,9 @@ class ComputeModel {
   static constexpr size_t kOutlierMinSamples = 16;  // of the sample's kind
   static constexpr double kOutlierFactor = 8;
   static constexpr double kOutlierSlackMs = 1;
+  static constexpr double kMinSpread = 0.02;
+  static constexpr double kBorrowedSpread = 0.2;
+  static constexpr double kMaxSpread = 0.9;
 
   void Add(const ComputeSample& sample);
   // The prediction `sample` is more than kOutlierFactor off (see the file comment), or nullopt
@@ -67,6 +75,9 @@ class ComputeModel {
   // Predicted per-layer ms for computing the last T - k of T tokens with the first k cached
   // (k < T), never below 0. nullopt when no sample was added.
   std::optional<double> LayerMs(uint32_t context_tokens, uint32_t cached_tokens) const;
+  // The relative spread of predictions with (cached_tokens > 0) or without a cached prefix, in
+  // [kMinSpread, kMaxSpread]; kMaxSpread when no sample was added.
+  double Spread(bool prefixed) const;
   // Mean overhead_ms of the kept samples (0 when none).
   double OverheadMs() const;
 
@@ -77,6 +88,7 @@ class ComputeModel {
   std::deque<ComputeSample> prefixed_;  // k > 0
   std::optional<LayerFit> plain_fit_, prefixed_fit_;
   double per_token_ms_ = 0;  // the fallback: layer_ms proportional to n, over all samples
+  double plain_spread_ = kMaxSpread, prefixed_spread_ = kMaxSpread;  // of each own fit
 };
 
 }  // namespace tutti::decision

@@ -10,8 +10,10 @@ uint32_t MaxLoadBlocks(const SplitInput& in) {
   return std::min<uint32_t>(static_cast<uint32_t>(in.hit_in_dram.size()), leave_one);
 }
 
-double BlockLoadMs(const SplitInput& in, uint32_t block) {
-  const double bps = in.hit_in_dram[block] ? in.dram_bytes_per_sec : in.ssd_bytes_per_sec;
+double BlockLoadMs(const SplitInput& in, uint32_t block, bool pessimistic) {
+  double bps = in.hit_in_dram[block] ? in.dram_bytes_per_sec : in.ssd_bytes_per_sec;
+  const double low = in.hit_in_dram[block] ? in.dram_low_bytes_per_sec : in.ssd_low_bytes_per_sec;
+  if (pessimistic && low > 0) bps = std::min(bps, low);
   return 1e3 * static_cast<double>(in.layer_bytes) / bps;
 }
 
@@ -25,36 +27,80 @@ double ComputeMs(const SplitInput& in, uint32_t load_blocks) {
   return in.layer_ms(in.prompt_tokens, load_blocks * in.block_tokens);
 }
 
+// Each k's corrected TTFT: central, and the ends of its interval.
+struct Candidate {
+  double mid = 0, low = 0, high = 0;
+};
+
+std::vector<Candidate> Candidates(const SplitInput& in, uint32_t kmax) {
+  std::vector<Candidate> c(kmax + 1);
+  double load_ms = 0, load_high_ms = 0;
+  for (uint32_t k = 0; k <= kmax; ++k) {
+    if (k > 0) {
+      load_ms += BlockLoadMs(in, k - 1, false);
+      load_high_ms += BlockLoadMs(in, k - 1, true);
+    }
+    const double compute = ComputeMs(in, k);
+    if (k == 0) {
+      c[k].mid = in.recompute_scale * Ttft(in, 0, compute);
+      c[k].low = in.recompute_scale * Ttft(in, 0, compute * (1 - in.recompute_spread));
+      c[k].high = in.recompute_scale * Ttft(in, 0, compute * (1 + in.recompute_spread));
+    } else {
+      c[k].mid = in.load_scale * Ttft(in, load_ms, compute);
+      c[k].low = c[k].mid;
+      c[k].high = in.load_scale * Ttft(in, load_high_ms, compute * (1 + in.load_compute_spread));
+    }
+  }
+  return c;
+}
+
+// The least central TTFT (ties: the larger k), an interior one only by min_interior_gain.
+uint32_t CentralBest(const SplitInput& in, const std::vector<Candidate>& c) {
+  const uint32_t kmax = static_cast<uint32_t>(c.size()) - 1;
+  uint32_t best = 0;
+  for (uint32_t k = 1; k <= kmax; ++k) {
+    if (c[k].mid <= c[best].mid) best = k;
+  }
+  const double pure = std::min(c[0].mid, c[kmax].mid);
+  if (best > 0 && best < kmax && c[best].mid > (1 - in.min_interior_gain) * pure) {
+    best = c[kmax].mid <= c[0].mid ? kmax : 0;
+  }
+  return best;
+}
+
+// CentralBest, kept only where it wins beyond the uncertainty (split.h).
+uint32_t Guarded(const SplitInput& in, const std::vector<Candidate>& c, uint32_t central) {
+  const uint32_t kmax = static_cast<uint32_t>(c.size()) - 1;
+  const bool load_all_safe = kmax > 0 && c[kmax].high <= c[0].low;
+  if (central == 0 || central == kmax) return central == kmax && !load_all_safe ? 0 : central;
+  const bool interior_safe =
+      c[central].high <= c[0].low && c[central].high <= (1 - in.min_interior_gain) * c[kmax].high;
+  if (interior_safe) return central;
+  return load_all_safe ? kmax : 0;
+}
+
 }  // namespace
 
 double PredictTtftMs(const SplitInput& in, uint32_t load_blocks) {
   double load_ms = 0;
-  for (uint32_t b = 0; b < load_blocks; ++b) load_ms += BlockLoadMs(in, b);
+  for (uint32_t b = 0; b < load_blocks; ++b) load_ms += BlockLoadMs(in, b, false);
   return Ttft(in, load_ms, ComputeMs(in, load_blocks));
 }
 
 Split ChooseSplit(const SplitInput& in) {
   const uint32_t kmax = MaxLoadBlocks(in);
-  Split best;
-  double load_ms = 0;
-  for (uint32_t k = 0; k <= kmax; ++k) {
-    if (k > 0) load_ms += BlockLoadMs(in, k - 1);
-    const double ttft = Ttft(in, load_ms, ComputeMs(in, k));
-    if (k == 0) best.recompute_ms = ttft;
-    if (k == kmax) best.load_all_ms = ttft;
-    if (k == 0 || ttft <= best.ttft_ms) {
-      best.load_blocks = k;
-      best.ttft_ms = ttft;
-    }
-  }
-  const double pure_ms = std::min(best.recompute_ms, best.load_all_ms);
-  if (best.load_blocks > 0 && best.load_blocks < kmax &&
-      best.ttft_ms > (1 - in.min_interior_gain) * pure_ms) {
-    const bool load_all = best.load_all_ms <= best.recompute_ms;
-    best.load_blocks = load_all ? kmax : 0;
-    best.ttft_ms = pure_ms;
-  }
-  return best;
+  const std::vector<Candidate> c = Candidates(in, kmax);
+  const uint32_t central = CentralBest(in, c);
+  const uint32_t k = Guarded(in, c, central);
+  Split s;
+  s.load_blocks = k;
+  s.ttft_ms = c[k].mid;
+  s.ttft_low_ms = c[k].low;
+  s.ttft_high_ms = c[k].high;
+  s.recompute_ms = c[0].mid;
+  s.load_all_ms = c[kmax].mid;
+  if (k != central) s.refused_load_blocks = central;
+  return s;
 }
 
 }  // namespace tutti::decision

@@ -16,6 +16,16 @@
 // which costs more than the model sees (on the H200, interior splits predicted 2-7% faster than
 // recomputing ran 6-11% slower), so a win inside the model's error is not worth it.
 //
+// Corrections and uncertainty (docs/decision.md, "Robust advice"). Measured TTFTs scale the
+// predictions: TTFT(0) by recompute_scale, TTFT(k > 0) by load_scale. The prediction carries an
+// interval: its high end for k > 0 loads at the pessimistic bandwidths (*_low_bytes_per_sec) and
+// computes at layer_ms x (1 + load_compute_spread); the low end of recomputing computes at
+// layer_ms x (1 - recompute_spread). A choice that loads (k > 0) stands only if its high end is
+// at most recomputing's low end, that is, if it wins beyond the uncertainty; an interior split
+// must also beat loading everything's high end by min_interior_gain. Otherwise loading everything
+// if that wins beyond the uncertainty, else recomputing (the safer pure strategy: it needs no
+// device). With no spread and the central bandwidths as the low ones, this is the rule above.
+//
 // Thread-safety: pure functions.
 #ifndef TUTTI_DAEMON_DECISION_SPLIT_H_
 #define TUTTI_DAEMON_DECISION_SPLIT_H_
@@ -36,22 +46,36 @@ struct SplitInput {
   double ssd_bytes_per_sec = 0;   // > 0
   double overhead_ms = 0;
   double min_interior_gain = 0;  // in [0, 1): see above
+  // Uncertainty and corrections (see above); the defaults add none.
+  double dram_low_bytes_per_sec = 0;  // 0: dram_bytes_per_sec; else in (0, dram_bytes_per_sec]
+  double ssd_low_bytes_per_sec = 0;   // 0: ssd_bytes_per_sec
+  double recompute_spread = 0;        // relative, in [0, 1)
+  double load_compute_spread = 0;     // relative, >= 0
+  double recompute_scale = 1;         // > 0
+  double load_scale = 1;              // > 0
   // Per-layer compute ms of the last T - K of T tokens with the first K cached (K < T).
   std::function<double(uint32_t context_tokens, uint32_t cached_tokens)> layer_ms;
 };
 
 struct Split {
   uint32_t load_blocks = 0;
-  double ttft_ms = 0;       // TTFT(load_blocks)
+  double ttft_ms = 0;       // TTFT(load_blocks), corrected by its scale
   double recompute_ms = 0;  // TTFT(0)
   double load_all_ms = 0;   // TTFT(kmax)
+  // The interval of ttft_ms: for k = 0 the compute spread either way; for k > 0 from the central
+  // bandwidths and compute (low) to the pessimistic ones (high).
+  double ttft_low_ms = 0, ttft_high_ms = 0;
+  // The central prediction's best k, when it loaded and was refused for the uncertainty.
+  uint32_t refused_load_blocks = 0;
 };
 
-// TTFT(k) for one k in [0, kmax] of `in` (the formula above). Preconditions as for ChooseSplit.
+// TTFT(k) for one k in [0, kmax] of `in` (the formula above, without corrections or spread).
+// Preconditions as for ChooseSplit.
 double PredictTtftMs(const SplitInput& in, uint32_t load_blocks);
 
-// The k in [0, kmax] with the least TTFT(k) (ties: the larger k). Preconditions: num_layers,
-// block_tokens, prompt_tokens >= 1, both bandwidths > 0, layer_ms set.
+// The k in [0, kmax] with the least corrected TTFT(k) (ties: the larger k), kept only if it wins
+// beyond the uncertainty (above). Preconditions: num_layers, block_tokens, prompt_tokens >= 1,
+// both bandwidths > 0, layer_ms set, the scales > 0.
 Split ChooseSplit(const SplitInput& in);
 
 }  // namespace tutti::decision

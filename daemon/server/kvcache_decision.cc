@@ -24,9 +24,12 @@ void KvCacheService::AdviseLookup(const SessionState& session, uint32_t prompt_t
   const decision::NamespaceShape shape{info->num_objects / info->parts,
                                        info->descriptor.layout().block_tokens(),
                                        uint64_t{info->object_len} * info->parts};
+  // As the device is now: the write backlog's share and the spread of the evidence included.
   const datapath::BandwidthMeter& meter = store_->read_bandwidth();
-  const decision::Bandwidths bandwidths{meter.BytesPerSecond(datapath::Tier::kDram),
-                                        meter.BytesPerSecond(datapath::Tier::kSsd)};
+  const datapath::BandwidthEstimate dram = meter.Estimate(datapath::Tier::kDram);
+  const datapath::BandwidthEstimate ssd = meter.Estimate(datapath::Tier::kSsd);
+  const decision::Bandwidths bandwidths{dram.bytes_per_sec, ssd.bytes_per_sec,
+                                        dram.low_bytes_per_sec, ssd.low_bytes_per_sec};
   const decision::Advice advice =
       advisor_->Advise(session.ns, session.id, shape, prompt_tokens, hit_in_dram, bandwidths);
   resp->set_load_blocks(advice.load_blocks);

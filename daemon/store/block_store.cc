@@ -578,6 +578,7 @@ void BlockStore::Impl::QueueForWriter(PendingBlock* p) {
   p->queued = true;
   p->queued_ms = clock_->NowMs();
   backlog_bytes_ += p->chunk_bytes;
+  read_bandwidth_.SetWriteBacklog(backlog_bytes_);  // reads now compete with these writes
   backlog_queued_ms_.insert(p->queued_ms);
   write_queue_.push_back(p);
 }
@@ -585,6 +586,7 @@ void BlockStore::Impl::QueueForWriter(PendingBlock* p) {
 void BlockStore::Impl::ReleasePending(PendingBlock* p) {
   if (p->queued) {
     backlog_bytes_ -= p->chunk_bytes;
+    read_bandwidth_.SetWriteBacklog(backlog_bytes_);
     backlog_queued_ms_.erase(backlog_queued_ms_.find(p->queued_ms));
   }
   store_staging_->GiveFrames(p->owner, p->frames, p->frame_bytes);
