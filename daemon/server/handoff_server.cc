@@ -146,19 +146,12 @@ void HandoffServer::AcceptAll(absl::Time now) {
   // serving the admitted ones; the rest wait for the next round (poll returns at once).
   constexpr int kAcceptsPerRound = 1024;
   for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
-    UniqueFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!conn.valid()) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno != EAGAIN) {
-        TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::warn, 5,
-                              "handoff socket: accept: {}", strerror(errno));
-      }
-      return;
-    }
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      Refuse(conn.get(), absl::InternalError(absl::StrCat("SO_PEERCRED: ", strerror(errno))));
+    std::optional<AcceptedPeer> next = AcceptPeer(listen_fd_.get(), "handoff socket");
+    if (!next.has_value()) return;
+    UniqueFd conn = std::move(next->conn);
+    const ucred cred = next->peer;
+    if (!next->peer_error.ok()) {
+      Refuse(conn.get(), next->peer_error);
       continue;
     }
     if (absl::Status room = RoomFor(cred.uid); !room.ok()) {

@@ -146,20 +146,12 @@ void LookupServer::AcceptLoop() {
     if (n <= 0 || (polls[1].revents & POLLIN) == 0) continue;
     Reap();
     for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
-      UniqueFd conn(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (!conn.valid()) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN) {
-          TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::warn, 5,
-                                "lookup socket: accept: {}", strerror(errno));
-        }
-        break;
-      }
-      ucred cred{};
-      socklen_t len = sizeof(cred);
-      if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-        const std::string f =
-            Frame(absl::InternalError(absl::StrCat("SO_PEERCRED: ", strerror(errno))));
+      std::optional<AcceptedPeer> next = AcceptPeer(listen_fd_.get(), "lookup socket");
+      if (!next.has_value()) break;
+      UniqueFd conn = std::move(next->conn);
+      const ucred cred = next->peer;
+      if (!next->peer_error.ok()) {
+        const std::string f = Frame(next->peer_error);
         (void)send(conn.get(), f.data(), f.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
         continue;
       }

@@ -93,4 +93,24 @@ absl::StatusOr<UniqueFd> ListenUnixSocket(const std::string& path, int type,
   return fd;
 }
 
+std::optional<AcceptedPeer> AcceptPeer(int listen_fd, const std::string& what) {
+  for (;;) {
+    AcceptedPeer a;
+    a.conn = UniqueFd(accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!a.conn.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN) {
+        TUTTI_LOG_EVERY_N_SEC(log::Get("server"), spdlog::level::warn, 5, "{}: accept: {}", what,
+                              strerror(errno));
+      }
+      return std::nullopt;
+    }
+    socklen_t len = sizeof(a.peer);
+    if (getsockopt(a.conn.get(), SOL_SOCKET, SO_PEERCRED, &a.peer, &len) != 0) {
+      a.peer_error = absl::InternalError(absl::StrCat("SO_PEERCRED: ", strerror(errno)));
+    }
+    return a;
+  }
+}
+
 }  // namespace tutti::server

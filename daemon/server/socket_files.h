@@ -5,9 +5,11 @@
 #ifndef TUTTI_DAEMON_SERVER_SOCKET_FILES_H_
 #define TUTTI_DAEMON_SERVER_SOCKET_FILES_H_
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -43,6 +45,17 @@ void ApplySocketAccess(const std::string& path, const SocketAccess& access);
 // errno of a failed call.
 absl::StatusOr<UniqueFd> ListenUnixSocket(const std::string& path, int type,
                                           const SocketAccess& access, const std::string& what);
+
+// One connection taken from `listen_fd` (non-blocking, close-on-exec) and its peer's credentials
+// (SO_PEERCRED); `peer_error` (INTERNAL with the errno) when they could not be read, and `peer`
+// is then unset. nullopt when none is pending, or when accept failed (logged as `what`'s, at
+// most every 5 s). EINTR and ECONNABORTED are retried.
+struct AcceptedPeer {
+  UniqueFd conn;
+  ucred peer{};
+  absl::Status peer_error;
+};
+std::optional<AcceptedPeer> AcceptPeer(int listen_fd, const std::string& what);
 
 }  // namespace tutti::server
 
