@@ -213,6 +213,11 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
                : absl::StrFormat("%u, TTFT prediction error over %u: mean %.1f%%, last %.1f%%",
                                  r.decisions(), r.prediction_errors(),
                                  100 * r.prediction_error_mean(), 100 * r.prediction_error_last()));
+    if (r.decision_refused_loads() + r.decision_explorations() + r.decision_corrections() > 0) {
+      kv.Add("advice", absl::StrCat(r.decision_refused_loads(), " recomputed for uncertainty, ",
+                                    r.decision_explorations(), " explored, ",
+                                    r.decision_corrections(), " corrections from measured TTFTs"));
+    }
     std::string out = kv.Render();
     if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
     Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});
@@ -265,6 +270,9 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
     for (const auto& [key, value] : fields) j.Key(key).Uint(value);
     j.Key("prediction_error_mean").Double(r.prediction_error_mean());
     j.Key("prediction_error_last").Double(r.prediction_error_last());
+    j.Key("decision_refused_loads").Uint(r.decision_refused_loads());
+    j.Key("decision_explorations").Uint(r.decision_explorations());
+    j.Key("decision_corrections").Uint(r.decision_corrections());
     j.Key("admission").String(r.admission());
     j.Key("namespaces").BeginArray();
     for (const auto& ns : r.namespaces()) {

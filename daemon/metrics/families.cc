@@ -272,6 +272,13 @@ void AddDecisions(const MetricsSnapshot& s, Builder* b) {
            d.prediction_error_mean);
   b->Gauge("tutti_decision_prediction_error_last", "Relative error of the last predicted TTFT "
            "checked.", d.prediction_error_last);
+  b->Counter("tutti_decision_corrections_total", "Measured TTFTs far enough off their prediction "
+             "to correct the model at once.", d.corrections);
+  b->Family("tutti_decision_refused_loads_total", "Advice where loading won centrally but not "
+            "beyond the prediction's uncertainty: recomputed, or loaded anyway to explore.",
+            kCounter)
+      .Sample(d.refused_loads, {{"advised", "recompute"}})
+      .Sample(d.explorations, {{"advised", "explore"}});
 }
 
 // cuda mode's layer copier; zeros in host mode.

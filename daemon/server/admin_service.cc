@@ -129,6 +129,9 @@ void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
     resp->set_prediction_errors(d.prediction_errors);
     resp->set_prediction_error_mean(d.prediction_error_mean);
     resp->set_prediction_error_last(d.prediction_error_last);
+    resp->set_decision_corrections(d.corrections);
+    resp->set_decision_refused_loads(d.refused_loads);
+    resp->set_decision_explorations(d.explorations);
   }
   if (info_.gpu_layers) {
     const GpuLayerCounts g = info_.gpu_layers();
