@@ -1,6 +1,6 @@
 // The "nvme" backend over the driver and the software controller model: bytes through the
 // registered region and through the bounce buffer, requests split at max transfer, per-request
-// errors, reads before writes, Sync as Flush, two devices as two files.
+// errors, a batch's requests in their order, Sync as Flush, two devices as two files.
 #include "daemon/io/nvme_backend.h"
 
 #include <cerrno>
