@@ -146,8 +146,8 @@ void BlockStore::Impl::ComputeChecksums(absl::Span<PendingBlock* const> blocks) 
   });
 }
 
-WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> blocks,
-                                            uint8_t* headers) {
+datapath::WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> blocks,
+                                                      uint8_t* headers) {
   const auto& layout = options_.layout;
   std::vector<uint32_t> order;  // ok blocks, by where their headers go
   for (uint32_t b = 0; b < blocks.size(); ++b) {
@@ -159,7 +159,7 @@ WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> bloc
   };
   std::sort(order.begin(), order.end(),
             [&](uint32_t a, uint32_t b) { return header_place(a) < header_place(b); });
-  std::vector<WritePiece> pieces;
+  std::vector<datapath::WritePiece> pieces;
   for (size_t i = 0; i < order.size(); ++i) {
     const uint32_t b = order[i];
     PendingBlock* p = blocks[b];
@@ -171,24 +171,24 @@ WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> bloc
     }
     for (uint32_t j = 0; j < p->frames.size(); ++j) {
       const pool::Location loc = layout.ObjectLocation(p->slot, j);
-      pieces.push_back(WritePiece{b, loc.file, loc.offset, p->frames[j], p->frame_bytes});
+      pieces.push_back(datapath::WritePiece{b, loc.file, loc.offset, p->frames[j], p->frame_bytes});
     }
     const pool::Location hl = layout.HeaderLocation(p->slot);
-    pieces.push_back(
-        WritePiece{b, hl.file, hl.offset, header, static_cast<uint32_t>(pool::kSlotHeaderBytes)});
+    pieces.push_back(datapath::WritePiece{b, hl.file, hl.offset, header,
+                                          static_cast<uint32_t>(pool::kSlotHeaderBytes)});
   }
-  return PlanWrites(std::move(pieces), kMaxMergedWriteBytes);
+  return datapath::PlanWrites(std::move(pieces), kMaxMergedWriteBytes);
 }
 
 uint64_t BlockStore::Impl::FailBlocksOfFailedWrites(const InFlightBatch& b) {
   uint64_t failed_writes = 0;
-  const std::vector<bool> failed =
-      BlocksOfFailedWrites(b.plan, static_cast<uint32_t>(b.blocks.size()), &failed_writes);
+  const std::vector<bool> failed = datapath::BlocksOfFailedWrites(
+      b.plan, static_cast<uint32_t>(b.blocks.size()), &failed_writes);
   if (failed_writes == 0) return 0;
   for (size_t w = 0; w < b.plan.writes.size(); ++w) {
     const io::IoRequest& r = b.plan.writes[w];
     if (r.result == static_cast<int64_t>(r.len)) continue;
-    const PlannedWrite& c = b.plan.covers[w];
+    const datapath::PlannedWrite& c = b.plan.covers[w];
     const std::string error = r.result < 0 ? std::strerror(static_cast<int>(-r.result))
                                            : absl::StrCat("short: ", r.result, " bytes");
     TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 5,
