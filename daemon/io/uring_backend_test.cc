@@ -378,7 +378,8 @@ TEST_F(UringBackendTest, RequestsOfAFileAreIssuedInArrivalOrder) {
   b->Execute(absl::MakeSpan(batch));
   ASSERT_EQ(batch[0].result, kChunk);
   ASSERT_EQ(batch[1].result, kChunk);
-  EXPECT_TRUE(Matches(mem.data() + 2 * kChunk, kChunk, 0, 0, 9)) << "the read went before the write";
+  EXPECT_TRUE(Matches(mem.data() + 2 * kChunk, kChunk, 0, 0, 9))
+      << "the read went before the write";
   // And the other way round: a read listed before a write sees what was there before it.
   Fill(mem.data() + kChunk, kChunk, 0, 0, 10);
   batch = {{Op::kRead, 0, 0, mem.data() + 2 * kChunk, kChunk},

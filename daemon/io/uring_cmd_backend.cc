@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
 #include "daemon/io/aligned_buffer.h"
-#include "daemon/io/nvme_command.h"
 #include "daemon/io/issue_queue.h"
+#include "daemon/io/nvme_command.h"
 #include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
 
@@ -198,7 +198,7 @@ class UringCmdBackend::NamespaceQueue {
   uint64_t fixed_len_ = 0;
   uint64_t piece_ = 0;
   bool fixed_refused_ = false;  // the kernel refused a fixed-buffer command: plain ones only
-  IssueQueue<Chunk> queued_;  // taken from the mailbox, not yet issued
+  IssueQueue<Chunk> queued_;    // taken from the mailbox, not yet issued
   std::vector<Chunk> slots_;  // in-flight commands, by user_data
   std::vector<uint32_t> free_slots_;
   uint32_t in_flight_ = 0;
