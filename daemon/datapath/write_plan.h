@@ -1,5 +1,6 @@
-// Which writes put a writer batch into the pool: the pieces of its blocks (objects and slot
-// headers), merged into one write wherever they are adjacent both in the pool file and in memory.
+// Which writes put a Store batch into the pool (the planning step of write_transfer.h): the pieces
+// of its blocks (objects and slot headers), merged into one write wherever they are adjacent both
+// in the pool file and in memory.
 //
 // PlanWrites is a pure function: it sorts the pieces by (file, offset) and merges each piece into
 // the write before it when that write ends exactly where the piece starts, in the file and in its
