@@ -3,8 +3,9 @@
 // to the data path as one transfer (daemon/datapath/write_transfer.h: merged per file and
 // extent, posted through the I/O scheduler); the committer thread takes each batch once its
 // writes completed, syncs the pool files written (in parallel), appends the Puts and syncs the
-// journal once for every batch written by then, and publishes the blocks. So the next batches' checksums and
-// writes go on while one is synced and committed, and the devices have their writes queued.
+// journal once for every batch written by then, and publishes the blocks. So the next batches'
+// checksums and writes go on while one is synced and committed, and the devices have their writes
+// queued.
 #include <algorithm>
 #include <cstring>
 #include <deque>
