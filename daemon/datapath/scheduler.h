@@ -1,5 +1,6 @@
 // The per-device I/O scheduler (the data path's "post" step, in Seastar's manner): reads always
-// go first, writes fill the time reads leave.
+// go first, writes fill the time reads leave. It is the only place that orders reads before
+// writes: the backends issue a file's requests in arrival order (io_backend.h).
 //
 // Callers Post batches of requests of one class (reads or writes) with io::IoBackend::Submit's
 // contract. The scheduler splits each batch by device (a device is a pool file index), keeps one
@@ -7,7 +8,8 @@
 // io::IoBackend (BackendSink), tests record the emissions and complete them by hand.
 //
 // Policy, per device:
-//  - Reads are emitted at once, never held back (the backend issues them before writes too).
+//  - Reads are emitted at once, never held back. In the backend they wait at most behind the
+//    writes already emitted, which the caps below bound.
 //  - Writes wait in FIFO order. While the device has reads in flight, at most
 //    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most
 //    `max_write_bytes_in_flight`. A write larger than the cap goes alone when no write is in

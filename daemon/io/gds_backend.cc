@@ -105,18 +105,17 @@ class GdsBackend::FileQueue {
   std::vector<Pending> incoming_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::deque<Pending> reads_, writes_;  // owner thread only
+  std::deque<Pending> queued_;  // owner thread only; arrival order
   std::atomic<uint64_t> registered_ops_{0}, plain_ops_{0}, errors_{0};
   std::thread thread_;
 };
 
 void GdsBackend::FileQueue::Run() {
   for (;;) {
-    if (!TakeIncoming(reads_.empty() && writes_.empty())) return;
-    if (reads_.empty() && writes_.empty()) continue;
-    std::deque<Pending>& q = reads_.empty() ? writes_ : reads_;  // reads first
-    const Pending p = q.front();
-    q.pop_front();
+    if (!TakeIncoming(queued_.empty())) return;
+    if (queued_.empty()) continue;
+    const Pending p = queued_.front();
+    queued_.pop_front();
     if (p.req != nullptr) Execute(p.req);
     FinishOne(p.batch);
   }
@@ -137,10 +136,8 @@ bool GdsBackend::FileQueue::TakeIncoming(bool block) {
     items.swap(incoming_);
     stopping = stopping_;
   }
-  for (const Pending& p : items) {
-    (p.req == nullptr || p.req->op == Op::kRead ? reads_ : writes_).push_back(p);
-  }
-  return !(stopping && reads_.empty() && writes_.empty());
+  queued_.insert(queued_.end(), items.begin(), items.end());
+  return !(stopping && queued_.empty());
 }
 
 void GdsBackend::FileQueue::Execute(IoRequest* req) {

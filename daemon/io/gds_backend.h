@@ -12,7 +12,7 @@
 // "CU_FILE_HANDLE_NOT_REGISTERED (5027)".
 //
 // I/O: one owner thread per pool file holds that file's cuFile handle and issues its requests one
-// at a time with cuFileRead / cuFileWrite (synchronous), queued reads before queued writes. A
+// at a time with cuFileRead / cuFileWrite (synchronous), in the order they arrived. A
 // request inside the buffer given to RegisterBuffer is passed as (registered base, offset), so
 // cuFile uses its registration; any other buffer is passed as its own base (cuFile bounces it).
 // A short transfer is continued until it is complete or cuFile moves nothing more; `result` is then

@@ -141,7 +141,7 @@ TEST_F(GdsBackendTest, BuffersOutsideTheRegionGoAsTheirOwnBase) {
   EXPECT_EQ(static_cast<GdsBackend*>(o.backend.get())->counters().plain_buffer_ops, 2u);
 }
 
-TEST_F(GdsBackendTest, ReadsQueuedWithWritesGoFirst) {
+TEST_F(GdsBackendTest, RequestsOfAFileGoInArrivalOrder) {
   OpenedBackend o = Open(OpenFiles(2));
   ASSERT_NE(o.backend, nullptr);
   AlignedBuffer old_data(4096), new_data(4096), back(4096);
@@ -155,7 +155,7 @@ TEST_F(GdsBackendTest, ReadsQueuedWithWritesGoFirst) {
   o.backend->Execute(absl::MakeSpan(batch));
   EXPECT_EQ(batch[0].result, 4096);
   EXPECT_EQ(batch[1].result, 4096);
-  EXPECT_EQ(back.data()[0], 'o');  // the read was issued before the write queued ahead of it
+  EXPECT_EQ(back.data()[0], 'n');  // the read was issued after the write queued ahead of it
 }
 
 TEST_F(GdsBackendTest, InvalidRequestsCompleteWithEinvalAndDoneStillRuns) {

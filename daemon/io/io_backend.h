@@ -51,9 +51,10 @@ class IoBackend {
 
   // Starts every request of `batch` and returns at once. When all of them have completed (each
   // one's `result` set), `done` runs once, on a backend thread: keep it short. `batch` (the span's
-  // memory) and every buffer must stay valid until `done` runs. Reads queued on a file are issued
-  // before writes queued on it (reads first: mixed traffic costs an SSD much of its bandwidth).
-  // Invalid requests (unaligned, out of range, bad file index) complete with -EINVAL.
+  // memory) and every buffer must stay valid until `done` runs. A file's requests are issued in
+  // the order they arrived (a plain executor: the per-device scheduler, daemon/datapath/
+  // scheduler.h, is what puts reads before writes); requests in flight together may complete in
+  // any order. Invalid requests (unaligned, out of range, bad file index) complete with -EINVAL.
   virtual void Submit(absl::Span<IoRequest> batch, std::function<void()> done) = 0;
 
   // Submit, then wait for completion. Returns when every request's `result` is set.

@@ -281,12 +281,7 @@ void MemoryBackend::Run() {
       jobs_.pop_front();
       ++running_;
     }
-    for (IoRequest& r : job.batch) {
-      if (r.op == Op::kRead) disk_->Apply(r);
-    }
-    for (IoRequest& r : job.batch) {
-      if (r.op != Op::kRead) disk_->Apply(r);
-    }
+    for (IoRequest& r : job.batch) disk_->Apply(r);
     if (job.done) job.done();
     absl::MutexLock lock(&mu_);
     --running_;

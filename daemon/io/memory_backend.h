@@ -7,8 +7,8 @@
 //    can "restart" a store on the same disk: PowerCut(), drop the old store, Restart(), open a new
 //    one.
 //  - MemoryBackend is the IoBackend over a MemoryDisk. It completes batches in submission order on
-//    one worker thread (so `done` always runs on a backend thread, as the interface promises);
-//    within a batch, reads before writes. It checks requests exactly like the uring backend
+//    one worker thread (so `done` always runs on a backend thread, as the interface promises),
+//    and a batch's requests in their order. It checks requests exactly like the uring backend
 //    (alignment, bounds, file index -> -EINVAL).
 //
 // Volatility: a write is visible to reads at once but is durable only after Sync(file) (like a

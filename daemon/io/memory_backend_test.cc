@@ -101,15 +101,21 @@ TEST_F(MemoryBackendTest, DoneRunsOnTheWorkerThreadInSubmissionOrder) {
   for (auto id : threads) EXPECT_NE(id, std::this_thread::get_id());
 }
 
-TEST_F(MemoryBackendTest, ReadsOfABatchGoBeforeItsWrites) {
+TEST_F(MemoryBackendTest, RequestsOfABatchGoInOrder) {
   ASSERT_EQ(Write(0, 0, kPage, 'o'), kPage);
   AlignedBuffer w(kPage), r(kPage);
   std::memset(w.data(), 'n', kPage);
   std::vector<IoRequest> batch = {{Op::kWrite, 0, 0, w.data(), kPage},
                                   {Op::kRead, 0, 0, r.data(), kPage}};
   backend_->Execute(absl::MakeSpan(batch));
-  EXPECT_EQ(r.data()[0], 'o');
+  EXPECT_EQ(r.data()[0], 'n');
   EXPECT_EQ(disk().Peek(0, 0, 1), "n");
+  // A read listed before a write sees what was there before it.
+  std::memset(w.data(), 'm', kPage);
+  batch = {{Op::kRead, 0, 0, r.data(), kPage}, {Op::kWrite, 0, 0, w.data(), kPage}};
+  backend_->Execute(absl::MakeSpan(batch));
+  EXPECT_EQ(r.data()[0], 'n');
+  EXPECT_EQ(disk().Peek(0, 0, 1), "m");
 }
 
 TEST_F(MemoryBackendTest, InjectedFailuresAndShortReads) {

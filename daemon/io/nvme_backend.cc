@@ -95,42 +95,42 @@ class NvmeBackend::Worker {
         continue;
       }
       for (IoRequest* r : job.requests) r->result = r->len;  // lowered to -errno by a failed piece
-      Serve(job.requests, Op::kRead);
-      Serve(job.requests, Op::kWrite);
+      Serve(job.requests);
       job.batch->Finished(job.requests.size());
     }
   }
 
-  void Serve(const std::vector<IoRequest*>& requests, Op op) {
+  // Issues `requests` in order, in rounds of commands that fit the bounce buffer.
+  void Serve(const std::vector<IoRequest*>& requests) {
     const uint32_t max = device_.controller->max_transfer();
     std::vector<Piece> round;
     uint64_t bounce_used = 0;
     for (IoRequest* r : requests) {
-      if (r->op != op) continue;
       for (uint64_t off = 0; off < r->len; off += max) {
         uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max, r->len - off));
         bool direct = InRegion(static_cast<uint8_t*>(r->buf) + off, len);
         if (!direct && bounce_used + len > bounce_->size()) {
-          Execute(&round, op);
+          Execute(&round);
           bounce_used = 0;
         }
         round.push_back(Piece{r, off, len, direct ? ~0ull : bounce_used});
         if (!direct) bounce_used += len;
       }
     }
-    Execute(&round, op);
+    Execute(&round);
   }
 
   bool InRegion(const uint8_t* p, uint64_t len) const {
     return region_ != nullptr && p >= region_base_ && p + len <= region_base_ + region_size_;
   }
 
-  void Execute(std::vector<Piece>* round, Op op) {
+  void Execute(std::vector<Piece>* round) {
     if (round->empty()) return;
     const uint32_t shift = device_.controller->ns().lba_shift;
     std::vector<nvme::NvmeRequest> cmds(round->size());
     for (size_t i = 0; i < round->size(); ++i) {
       const Piece& p = (*round)[i];
+      const Op op = p.request->op;
       uint8_t* data = static_cast<uint8_t*>(p.request->buf) + p.request_offset;
       nvme::NvmeRequest& c = cmds[i];
       c.op = op == Op::kRead ? nvme::NvmeOp::kRead : nvme::NvmeOp::kWrite;
@@ -150,7 +150,7 @@ class NvmeBackend::Worker {
       const Piece& p = (*round)[i];
       if (cmds[i].result < 0) {
         if (p.request->result >= 0) p.request->result = cmds[i].result;
-      } else if (op == Op::kRead && p.bounce_offset != ~0ull) {
+      } else if (p.request->op == Op::kRead && p.bounce_offset != ~0ull) {
         std::memcpy(static_cast<uint8_t*>(p.request->buf) + p.request_offset,
                     bounce_->host() + p.bounce_offset, p.len);
       }

@@ -12,7 +12,6 @@
 #include <cassert>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -21,6 +20,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
+#include "daemon/io/issue_queue.h"
 #include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
 
@@ -134,7 +134,7 @@ class UringBackend::FileQueue {
   uint32_t reads_in_flight_ = 0;
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
-  std::deque<Pending> reads_, writes_;
+  IssueQueue<Pending> queued_;  // taken from the mailbox, not yet issued
   std::vector<Pending> slots_;  // in-flight requests, by user_data
   std::vector<uint32_t> free_slots_;
   uint32_t in_flight_ = 0;
@@ -247,7 +247,7 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
 void UringBackend::FileQueue::Run() {
   owner_ = std::this_thread::get_id();
   for (;;) {
-    const bool idle = in_flight_ == 0 && reads_.empty() && writes_.empty();
+    const bool idle = in_flight_ == 0 && queued_.empty();
     if (!TakeIncoming(idle)) return;
     PrepareSqes();
     if (in_flight_ == 0) continue;
@@ -262,13 +262,11 @@ bool UringBackend::FileQueue::TakeIncoming(bool block) {
   for (const Pending& p : items) {
     if (p.req == nullptr) {
       FinishPart(p.part);
-    } else if (p.req->op == Op::kRead) {
-      reads_.push_back(p);
     } else {
-      writes_.push_back(p);
+      queued_.Push(p, p.req->op);
     }
   }
-  const bool idle = in_flight_ == 0 && reads_.empty() && writes_.empty();
+  const bool idle = in_flight_ == 0 && queued_.empty();
   return !(taken.stopping && idle && items.empty() && !taken.ran_control);
 }
 
@@ -283,14 +281,13 @@ int UringBackend::FileQueue::FixedIndex(const uint8_t* buf, uint32_t len) const 
 
 void UringBackend::FileQueue::PrepareSqes() {
   assert(OnOwnerThread());
-  while (in_flight_ < depth_ && (!reads_.empty() || !writes_.empty())) {
-    const bool reads_full = async_reads_ > 0 && reads_in_flight_ >= async_reads_;
-    if (reads_full && writes_.empty()) break;
-    std::deque<Pending>& q = reads_.empty() || reads_full ? writes_ : reads_;  // reads first
+  while (in_flight_ < depth_ && !queued_.empty()) {
+    // Arrival order; reads held by the tmpfs cap let later writes pass.
+    const bool reads_may_go = async_reads_ == 0 || reads_in_flight_ < async_reads_;
+    if (!reads_may_go && !queued_.has_writes()) break;
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;  // cannot happen with in_flight_ < depth_; stay safe
-    const Pending p = q.front();
-    q.pop_front();
+    const Pending p = *queued_.Pop(reads_may_go);
     const uint32_t slot = free_slots_.back();
     free_slots_.pop_back();
     slots_[slot] = p;
@@ -361,7 +358,7 @@ void UringBackend::FileQueue::Complete(uint64_t slot, int res) {
   if (short_transfer && res > 0 && !p.retried && res % kAlignment == 0) {
     p.retried = true;
     short_retries_.fetch_add(1, std::memory_order_relaxed);
-    (p.req->op == Op::kRead ? reads_ : writes_).push_front(p);
+    queued_.PushFront(p, p.req->op);
     return;
   }
   p.req->result = p.done_bytes;

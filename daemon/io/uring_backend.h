@@ -2,8 +2,9 @@
 // file.
 //
 // Submit() splits a batch by file and posts each part to that file's thread (a mutex-guarded
-// queue). The thread keeps up to `queue_depth` requests in flight on its ring, always issuing
-// queued reads before queued writes, submits everything it has prepared with one io_uring_enter,
+// queue). The thread keeps up to `queue_depth` requests in flight on its ring, issuing them in
+// the order they arrived (which class goes first is the scheduler's policy, daemon/datapath/
+// scheduler.h), submits everything it has prepared with one io_uring_enter,
 // reaps all available completions at once, and runs a batch's `done` when the last part of the
 // batch finishes. The pool files are registered with each ring (IOSQE_FIXED_FILE); a buffer
 // registered through RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests
@@ -40,7 +41,8 @@ struct UringOptions {
   // Pool files on tmpfs only (reads there are memory copies that never block, which io_uring
   // runs one after another on a single worker per file): reads are issued as IOSQE_ASYNC, at most
   // this many in flight per file, so as many io_uring workers copy at once (io_uring's own cap on
-  // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it.
+  // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it. Writes
+  // queued behind reads that this cap holds back are issued meanwhile.
   uint32_t memory_read_workers = 8;
 };
 

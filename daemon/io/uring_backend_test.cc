@@ -363,7 +363,7 @@ TEST_F(UringBackendTest, ManyConcurrentBatchesFromSeveralThreads) {
   EXPECT_EQ(failures.load(), 0);
 }
 
-TEST_F(UringBackendTest, ReadsQueuedWithWritesAreIssuedFirst) {
+TEST_F(UringBackendTest, RequestsOfAFileAreIssuedInArrivalOrder) {
   auto b = Make(/*depth=*/1);  // one request at a time: the issue order is the completion order
   ASSERT_NE(b, nullptr);
   AlignedBuffer mem(3 * kChunk);
@@ -371,14 +371,23 @@ TEST_F(UringBackendTest, ReadsQueuedWithWritesAreIssuedFirst) {
   IoRequest first{Op::kWrite, 0, 0, mem.data(), kChunk};
   b->Execute(absl::MakeSpan(&first, 1));
   ASSERT_EQ(first.result, kChunk);
-  // Write generation 9 and read the same range, the write listed first: the read still sees 8.
+  // Write generation 9 and read the same range, the write listed first: the read sees 9.
   Fill(mem.data() + kChunk, kChunk, 0, 0, 9);
   std::vector<IoRequest> batch = {{Op::kWrite, 0, 0, mem.data() + kChunk, kChunk},
                                   {Op::kRead, 0, 0, mem.data() + 2 * kChunk, kChunk}};
   b->Execute(absl::MakeSpan(batch));
   ASSERT_EQ(batch[0].result, kChunk);
   ASSERT_EQ(batch[1].result, kChunk);
-  EXPECT_TRUE(Matches(mem.data() + 2 * kChunk, kChunk, 0, 0, 8)) << "the read went after the write";
+  EXPECT_TRUE(Matches(mem.data() + 2 * kChunk, kChunk, 0, 0, 9))
+      << "the read went before the write";
+  // And the other way round: a read listed before a write sees what was there before it.
+  Fill(mem.data() + kChunk, kChunk, 0, 0, 10);
+  batch = {{Op::kRead, 0, 0, mem.data() + 2 * kChunk, kChunk},
+           {Op::kWrite, 0, 0, mem.data() + kChunk, kChunk}};
+  b->Execute(absl::MakeSpan(batch));
+  ASSERT_EQ(batch[0].result, kChunk);
+  ASSERT_EQ(batch[1].result, kChunk);
+  EXPECT_TRUE(Matches(mem.data() + 2 * kChunk, kChunk, 0, 0, 9)) << "the read went after the write";
 }
 
 TEST_F(UringBackendTest, InvalidRequestsCompleteWithEinval) {

@@ -10,7 +10,6 @@
 #include <cassert>
 #include <cerrno>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -20,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log.h"
 #include "daemon/io/aligned_buffer.h"
+#include "daemon/io/issue_queue.h"
 #include "daemon/io/nvme_command.h"
 #include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
@@ -198,7 +198,7 @@ class UringCmdBackend::NamespaceQueue {
   uint64_t fixed_len_ = 0;
   uint64_t piece_ = 0;
   bool fixed_refused_ = false;  // the kernel refused a fixed-buffer command: plain ones only
-  std::deque<Chunk> reads_, writes_;
+  IssueQueue<Chunk> queued_;    // taken from the mailbox, not yet issued
   std::vector<Chunk> slots_;  // in-flight commands, by user_data
   std::vector<uint32_t> free_slots_;
   uint32_t in_flight_ = 0;
@@ -314,7 +314,7 @@ void UringCmdBackend::NamespaceQueue::AddCounters(UringCmdCounters* c) const {
 void UringCmdBackend::NamespaceQueue::Run() {
   owner_ = std::this_thread::get_id();
   for (;;) {
-    const bool idle = in_flight_ == 0 && reads_.empty() && writes_.empty();
+    const bool idle = in_flight_ == 0 && queued_.empty();
     if (!TakeIncoming(idle)) return;
     PrepareSqes();
     if (in_flight_ == 0) continue;
@@ -330,10 +330,10 @@ bool UringCmdBackend::NamespaceQueue::TakeIncoming(bool block) {
     if (c.rs == nullptr) {
       FinishPart(c.part);
     } else {
-      (c.rs->req->op == Op::kRead ? reads_ : writes_).push_back(c);
+      queued_.Push(c, c.rs->req->op);
     }
   }
-  const bool idle = in_flight_ == 0 && reads_.empty() && writes_.empty();
+  const bool idle = in_flight_ == 0 && queued_.empty();
   return !(taken.stopping && idle && items.empty() && !taken.ran_control);
 }
 
@@ -372,12 +372,10 @@ void UringCmdBackend::NamespaceQueue::PrepareOne(io_uring_sqe* sqe, Chunk* c, ui
 
 void UringCmdBackend::NamespaceQueue::PrepareSqes() {
   assert(OnOwnerThread());
-  while (in_flight_ < depth_ && (!reads_.empty() || !writes_.empty())) {
-    std::deque<Chunk>& q = reads_.empty() ? writes_ : reads_;  // reads first
+  while (in_flight_ < depth_ && !queued_.empty()) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     if (sqe == nullptr) break;
-    const Chunk c = q.front();
-    q.pop_front();
+    const Chunk c = *queued_.Pop(/*reads_may_go=*/true);  // arrival order
     const uint32_t slot = free_slots_.back();
     free_slots_.pop_back();
     slots_[slot] = c;
@@ -431,7 +429,7 @@ bool UringCmdBackend::NamespaceQueue::RetryPlain(const Chunk& c, int res) {
   }
   fixed_refused_ = true;
   fixed_refusals_.fetch_add(1, std::memory_order_relaxed);
-  (c.rs->req->op == Op::kRead ? reads_ : writes_).push_front(c);
+  queued_.PushFront(c, c.rs->req->op);
   return true;
 }
 

@@ -6,11 +6,11 @@
 //
 // Structure and contracts are those of the "uring" backend (uring_backend.h): one ring and one
 // owner thread per namespace; Submit splits a batch by namespace and posts each part to its
-// thread; the thread keeps up to `queue_depth` commands in flight, issuing queued reads before
-// queued writes, submits all it prepared with one io_uring_enter, reaps every completion at once,
-// and runs a batch's `done` when its last part finishes. Rings are set up with
-// IORING_SETUP_SQE128 | IORING_SETUP_CQE32 (an NVMe command does not fit a 64-byte SQE); the
-// namespaces are registered files; a buffer given to RegisterBuffer is registered in pieces of
+// thread; the thread keeps up to `queue_depth` commands in flight, issuing them in arrival order
+// (the scheduler orders reads and writes), submits all it prepared with one io_uring_enter, reaps
+// every completion at once, and runs a batch's `done` when its last part finishes. Rings are set
+// up with IORING_SETUP_SQE128 | IORING_SETUP_CQE32 (an NVMe command does not fit a 64-byte SQE);
+// the namespaces are registered files; a buffer given to RegisterBuffer is registered in pieces of
 // 256 KiB (more where it would take more than io_uring's 16384 buffers) and used through
 // IORING_URING_CMD_FIXED, commands cut at piece boundaries: Linux 6.1 refuses (EINVAL) a
 // fixed-buffer command whose registered buffer has more pages from the command's start to its end

@@ -32,6 +32,7 @@
 #include "daemon/datapath/staging_lease.h"
 #include "daemon/datapath/verifier.h"
 #include "daemon/datapath/work_pool.h"
+#include "daemon/datapath/write_transfer.h"
 #include "daemon/store/admission.h"
 #include "daemon/store/block_store.h"
 #include "daemon/store/dram_front.h"
@@ -39,7 +40,6 @@
 #include "daemon/store/index.h"
 #include "daemon/store/journal.h"
 #include "daemon/store/staging.h"
-#include "daemon/store/write_plan.h"
 
 namespace tutti::store {
 
@@ -100,8 +100,9 @@ struct PendingBlock {
 // A writer batch from its start until it is committed (write_pipeline.cc).
 struct InFlightBatch {
   std::vector<PendingBlock*> blocks;
-  WritePlan plan;
-  bool written = false;  // guarded by Impl::mu_: every write of `plan` completed
+  // Its writes (block indices into `blocks`): posted by StartBatch, checked by CommitBatches.
+  std::unique_ptr<datapath::WriteTransfer> transfer;
+  bool written = false;          // guarded by Impl::mu_: every write of `transfer` completed
   bool durability_lost = false;  // failed whole at its start: the journal can make nothing durable
   absl::Time started, posted;
 };
@@ -221,15 +222,16 @@ class BlockStore::Impl {
   void WriterLoop();
   void CommitLoop();
   // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
-  // (write_batch_blocks pages), and the batch's merged writes posted; `written` is set (under mu_)
-  // once they all completed.
+  // (write_batch_blocks pages), and the batch's write transfer prepared and posted; `written` is
+  // set (under mu_) once its writes all completed.
   std::unique_ptr<InFlightBatch> StartBatch(std::vector<PendingBlock*> blocks, uint8_t* headers);
   // Each ok block's object checksums, on checksum_pool_ (and this thread).
   void ComputeChecksums(absl::Span<PendingBlock* const> blocks);
   // Encodes each ok block's slot header into a page of `headers`, the pages handed out in the
   // order of the headers' places in the pool, so headers adjacent in a file share a write; a block
-  // whose header cannot be encoded fails. Then plans the writes of every ok block.
-  WritePlan PlanBatchWrites(absl::Span<PendingBlock* const> blocks, uint8_t* headers);
+  // whose header cannot be encoded fails. Then prepares the writes of every ok block.
+  std::unique_ptr<datapath::WriteTransfer> PrepareBatchWrites(
+      absl::Span<PendingBlock* const> blocks, uint8_t* headers);
   // Commits `batches` (oldest first, every one `written`): fails the blocks of failed writes,
   // syncs the pool files written (in parallel), appends every ok block's Put and syncs the journal
   // once, then publishes each batch in order and checkpoints if due.

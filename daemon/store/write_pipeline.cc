@@ -1,9 +1,11 @@
 // BlockStore's write pipeline. The writer thread gives batches of queued blocks slots
-// (block_writer.cc), checksums (on the checksum pool), slot headers and merged writes, and posts
-// them to the I/O scheduler; the committer thread takes each batch once its writes completed,
-// syncs the pool files written (in parallel), appends the Puts and syncs the journal once for
-// every batch written by then, and publishes the blocks. So the next batches' checksums and
-// writes go on while one is synced and committed, and the devices have their writes queued.
+// (block_writer.cc), checksums (on the checksum pool) and slot headers, and hands their writes
+// to the data path as one transfer (daemon/datapath/write_transfer.h: merged per file and
+// extent, posted through the I/O scheduler); the committer thread takes each batch once its
+// writes completed, syncs the pool files written (in parallel), appends the Puts and syncs the
+// journal once for every batch written by then, and publishes the blocks. So the next batches'
+// checksums and writes go on while one is synced and committed, and the devices have their writes
+// queued.
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -118,13 +120,16 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
     }
     FillPromotedFrames(b->blocks);
     ComputeChecksums(b->blocks);
-    b->plan = PlanBatchWrites(b->blocks, headers);
+    b->transfer = PrepareBatchWrites(b->blocks, headers);
+  }
+  if (b->transfer == nullptr) {  // nothing to write
+    b->transfer = datapath::WriteTransfer::Prepare(options_.layout, {}, kMaxMergedWriteBytes);
   }
   b->posted = absl::Now();
-  // Through the scheduler: the pool's reads go first, these fill the time they leave. An empty
-  // plan completes at once, on this thread.
+  // Through the scheduler: the pool's reads go first, these fill the time they leave. A batch with
+  // nothing to write completes at once, on this thread.
   InFlightBatch* raw = b.get();
-  scheduler_->Post(datapath::IoClass::kWrite, absl::MakeSpan(raw->plan.writes), [this, raw] {
+  raw->transfer->Post(scheduler_.get(), [this, raw] {
     absl::MutexLock lock(&mu_);
     raw->written = true;
   });
@@ -146,8 +151,8 @@ void BlockStore::Impl::ComputeChecksums(absl::Span<PendingBlock* const> blocks) 
   });
 }
 
-WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> blocks,
-                                            uint8_t* headers) {
+std::unique_ptr<datapath::WriteTransfer> BlockStore::Impl::PrepareBatchWrites(
+    absl::Span<PendingBlock* const> blocks, uint8_t* headers) {
   const auto& layout = options_.layout;
   std::vector<uint32_t> order;  // ok blocks, by where their headers go
   for (uint32_t b = 0; b < blocks.size(); ++b) {
@@ -159,7 +164,7 @@ WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> bloc
   };
   std::sort(order.begin(), order.end(),
             [&](uint32_t a, uint32_t b) { return header_place(a) < header_place(b); });
-  std::vector<WritePiece> pieces;
+  std::vector<datapath::WriteBlock> writes;
   for (size_t i = 0; i < order.size(); ++i) {
     const uint32_t b = order[i];
     PendingBlock* p = blocks[b];
@@ -169,38 +174,25 @@ WritePlan BlockStore::Impl::PlanBatchWrites(absl::Span<PendingBlock* const> bloc
       p->ok = false;
       continue;
     }
-    for (uint32_t j = 0; j < p->frames.size(); ++j) {
-      const pool::Location loc = layout.ObjectLocation(p->slot, j);
-      pieces.push_back(WritePiece{b, loc.file, loc.offset, p->frames[j], p->frame_bytes});
-    }
-    const pool::Location hl = layout.HeaderLocation(p->slot);
-    pieces.push_back(
-        WritePiece{b, hl.file, hl.offset, header, static_cast<uint32_t>(pool::kSlotHeaderBytes)});
+    writes.push_back(datapath::WriteBlock{b, p->slot, p->frames, p->frame_bytes, header});
   }
-  return PlanWrites(std::move(pieces), kMaxMergedWriteBytes);
+  return datapath::WriteTransfer::Prepare(layout, writes, kMaxMergedWriteBytes);
 }
 
 uint64_t BlockStore::Impl::FailBlocksOfFailedWrites(const InFlightBatch& b) {
-  uint64_t failed_writes = 0;
-  const std::vector<bool> failed =
-      BlocksOfFailedWrites(b.plan, static_cast<uint32_t>(b.blocks.size()), &failed_writes);
-  if (failed_writes == 0) return 0;
-  for (size_t w = 0; w < b.plan.writes.size(); ++w) {
-    const io::IoRequest& r = b.plan.writes[w];
-    if (r.result == static_cast<int64_t>(r.len)) continue;
-    const PlannedWrite& c = b.plan.covers[w];
+  for (const datapath::FailedWrite& w : b.transfer->FailedWrites()) {
+    const io::IoRequest& r = w.request;
     const std::string error = r.result < 0 ? std::strerror(static_cast<int>(-r.result))
                                            : absl::StrCat("short: ", r.result, " bytes");
     TUTTI_LOG_EVERY_N_SEC(log::Get("store"), spdlog::level::err, 5,
                           "pool file {} offset {}: write of {} bytes failed ({}, {}); block {} "
                           "dropped, {} blocks in all",
                           r.file, r.offset, r.len, r.result, error,
-                          b.blocks[b.plan.pieces[c.first_piece].block]->key.Hex(),
-                          c.num_pieces);
+                          b.blocks[w.first_block]->key.Hex(), w.num_pieces);
   }
   uint64_t blocks = 0;
-  for (size_t i = 0; i < b.blocks.size(); ++i) {
-    if (failed[i] && b.blocks[i]->ok) {
+  for (const uint32_t i : b.transfer->FailedBlocks()) {
+    if (b.blocks[i]->ok) {
       b.blocks[i]->ok = false;
       ++blocks;
     }
@@ -232,9 +224,7 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
   std::vector<bool> files(backend_->num_files(), false);
   for (const auto& b : batches) {
     io_errors += FailBlocksOfFailedWrites(*b);
-    for (const io::IoRequest& r : b->plan.writes) {
-      if (r.result == static_cast<int64_t>(r.len)) files[r.file] = true;
-    }
+    b->transfer->MarkFilesWritten(&files);
     for (const PendingBlock* p : b->blocks) ok_blocks += p->ok;
     all_blocks += b->blocks.size();
   }
@@ -279,7 +269,7 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
   }
   for (const auto& b : batches) {
     log->debug("batch of {} blocks in {} writes: slots and checksums {:.2f} ms, writes {:.2f} ms",
-               b->blocks.size(), b->plan.writes.size(), MsBetween(b->started, b->posted),
+               b->blocks.size(), b->transfer->num_writes(), MsBetween(b->started, b->posted),
                MsBetween(b->posted, t0));
     Publish(b->blocks);
   }

@@ -1,5 +1,6 @@
-// Which writes put a writer batch into the pool: the pieces of its blocks (objects and slot
-// headers), merged into one write wherever they are adjacent both in the pool file and in memory.
+// Which writes put a Store batch into the pool (the planning step of write_transfer.h): the pieces
+// of its blocks (objects and slot headers), merged into one write wherever they are adjacent both
+// in the pool file and in memory.
 //
 // PlanWrites is a pure function: it sorts the pieces by (file, offset) and merges each piece into
 // the write before it when that write ends exactly where the piece starts, in the file and in its
@@ -13,8 +14,8 @@
 // (daemon/pool/layout.h), and slot headers s and s + D are adjacent in file s % D.
 //
 // Thread-safety: stateless; safe from any thread.
-#ifndef TUTTI_DAEMON_STORE_WRITE_PLAN_H_
-#define TUTTI_DAEMON_STORE_WRITE_PLAN_H_
+#ifndef TUTTI_DAEMON_DATAPATH_WRITE_PLAN_H_
+#define TUTTI_DAEMON_DATAPATH_WRITE_PLAN_H_
 
 #include <cstdint>
 #include <vector>
@@ -22,15 +23,15 @@
 #include "absl/types/span.h"
 #include "daemon/io/io_backend.h"
 
-namespace tutti::store {
+namespace tutti::datapath {
 
 // One piece of one block to write: an object's frame or the slot header.
 struct WritePiece {
   uint32_t block = 0;  // the caller's index of the block
   uint32_t file = 0;
-  uint64_t offset = 0;        // in the file; 4 KiB aligned
+  uint64_t offset = 0;           // in the file; 4 KiB aligned
   const uint8_t* buf = nullptr;  // 4 KiB aligned
-  uint32_t len = 0;           // 4 KiB multiple
+  uint32_t len = 0;              // 4 KiB multiple
 };
 
 struct PlannedWrite {
@@ -52,6 +53,6 @@ WritePlan PlanWrites(std::vector<WritePiece> pieces, uint32_t max_write_bytes);
 std::vector<bool> BlocksOfFailedWrites(const WritePlan& plan, uint32_t num_blocks,
                                        uint64_t* failed_writes);
 
-}  // namespace tutti::store
+}  // namespace tutti::datapath
 
-#endif  // TUTTI_DAEMON_STORE_WRITE_PLAN_H_
+#endif  // TUTTI_DAEMON_DATAPATH_WRITE_PLAN_H_

@@ -1,9 +1,9 @@
-#include "daemon/store/write_plan.h"
+#include "daemon/datapath/write_plan.h"
 
 #include <algorithm>
 #include <tuple>
 
-namespace tutti::store {
+namespace tutti::datapath {
 namespace {
 
 bool Before(const WritePiece& a, const WritePiece& b) {
@@ -30,8 +30,8 @@ WritePlan PlanWrites(std::vector<WritePiece> pieces, uint32_t max_write_bytes) {
       ++plan.covers.back().num_pieces;
       continue;
     }
-    plan.writes.push_back(io::IoRequest{io::Op::kWrite, p.file, p.offset,
-                                        const_cast<uint8_t*>(p.buf), p.len, 0});
+    plan.writes.push_back(
+        io::IoRequest{io::Op::kWrite, p.file, p.offset, const_cast<uint8_t*>(p.buf), p.len, 0});
     plan.covers.push_back(PlannedWrite{i, 1});
   }
   return plan;
@@ -53,4 +53,4 @@ std::vector<bool> BlocksOfFailedWrites(const WritePlan& plan, uint32_t num_block
   return failed;
 }
 
-}  // namespace tutti::store
+}  // namespace tutti::datapath

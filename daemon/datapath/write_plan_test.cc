@@ -1,10 +1,10 @@
-#include "daemon/store/write_plan.h"
+#include "daemon/datapath/write_plan.h"
 
 #include <cerrno>
 
 #include "gtest/gtest.h"
 
-namespace tutti::store {
+namespace tutti::datapath {
 namespace {
 
 constexpr uint32_t kPage = 4096;
@@ -93,4 +93,4 @@ TEST(WritePlanTest, NoPiecesNoWrites) {
 }
 
 }  // namespace
-}  // namespace tutti::store
+}  // namespace tutti::datapath

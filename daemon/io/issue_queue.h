@@ -1,0 +1,58 @@
+// The requests one queue's owner thread (a pool file's ring, a namespace's ring) has taken and not
+// yet issued, in arrival order. The backends are plain per-queue executors: which class goes first
+// is the per-device scheduler's policy (daemon/datapath/scheduler.h), not theirs.
+//
+// One exception keeps a per-queue limit from becoming an ordering: when the owner may not issue
+// another read now (a cap on reads in flight, such as io.memory_read_workers on tmpfs), writes that
+// arrived after the held reads pass them, so a write is never stuck behind capped reads.
+//
+// Thread-safety: none; the queue's owner thread alone uses it.
+#ifndef TUTTI_DAEMON_IO_ISSUE_QUEUE_H_
+#define TUTTI_DAEMON_IO_ISSUE_QUEUE_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <utility>
+
+#include "daemon/io/io_backend.h"
+
+namespace tutti::io {
+
+template <typename Item>
+class IssueQueue {
+ public:
+  // Queues `item`, an `op`, after everything queued.
+  void Push(Item item, Op op) { Of(op).push_back({back_++, std::move(item)}); }
+  // Queues `item` before everything queued (a retry of a request issued before them).
+  void PushFront(Item item, Op op) { Of(op).push_front({--front_, std::move(item)}); }
+
+  bool empty() const { return reads_.empty() && writes_.empty(); }
+  bool has_writes() const { return !writes_.empty(); }
+
+  // Takes the oldest item that may go now: the oldest of all when `reads_may_go`, else the oldest
+  // write. nullopt when there is none.
+  std::optional<Item> Pop(bool reads_may_go) {
+    const bool read = reads_may_go && !reads_.empty() &&
+                      (writes_.empty() || reads_.front().seq < writes_.front().seq);
+    std::deque<Entry>& q = read ? reads_ : writes_;
+    if (q.empty()) return std::nullopt;
+    Item item = std::move(q.front().item);
+    q.pop_front();
+    return item;
+  }
+
+ private:
+  struct Entry {
+    int64_t seq;  // arrival order across both classes
+    Item item;
+  };
+  std::deque<Entry>& Of(Op op) { return op == Op::kRead ? reads_ : writes_; }
+
+  std::deque<Entry> reads_, writes_;  // each in arrival order
+  int64_t front_ = 0, back_ = 0;      // the next PushFront takes --front_, Push takes back_++
+};
+
+}  // namespace tutti::io
+
+#endif  // TUTTI_DAEMON_IO_ISSUE_QUEUE_H_
