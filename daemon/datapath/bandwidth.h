@@ -44,7 +44,9 @@ struct BandwidthOptions {
   uint64_t min_sample_bytes = 8ull << 20;
   double alpha = 0.3;
   double half_life_s = 30;       // older evidence halves its weight every half_life_s
-  double prior_spread = 0.5;     // relative spread before a tier's first sample
+  // Relative spread before a tier's first sample: 0, the configured prior is taken as stated
+  // (the first Reads measure the device; advice past them carries their spread).
+  double prior_spread = 0;
   double stale_after_s = 10;     // no sample for this long: the spread starts to widen
   double stale_widen_per_s = 0.01;
   double max_spread = 0.9;       // in (0, 1)

@@ -19,6 +19,7 @@ BandwidthOptions Small() {
   o.dram_prior_bytes_per_sec = 50e9;
   o.ssd_prior_bytes_per_sec = 1e9;
   o.min_sample_bytes = 1000;
+  o.prior_spread = 0.5;  // an uncertain prior, so the cases below see the spread fade
   return o;
 }
 
@@ -47,12 +48,17 @@ TEST(BandwidthMeterTest, SmallOrTimelessSamplesAreIgnored) {
   EXPECT_DOUBLE_EQ(m.meter.BytesPerSecond(Tier::kSsd), 1e9);
 }
 
-TEST(BandwidthMeterTest, ThePriorIsUncertain) {
+TEST(BandwidthMeterTest, AnUncertainPriorLowersTheLowFigure) {
   Meter m(Small());
   const BandwidthEstimate e = m.meter.Estimate(Tier::kSsd);
   EXPECT_DOUBLE_EQ(e.bytes_per_sec, 1e9);
   EXPECT_DOUBLE_EQ(e.spread, 0.5);
   EXPECT_DOUBLE_EQ(e.low_bytes_per_sec, 0.5e9);
+  // By default the configured prior is taken as stated.
+  Meter plain(BandwidthOptions{});
+  EXPECT_DOUBLE_EQ(plain.meter.Estimate(Tier::kSsd).spread, 0);
+  EXPECT_DOUBLE_EQ(plain.meter.Estimate(Tier::kSsd).low_bytes_per_sec,
+                   BandwidthOptions{}.ssd_prior_bytes_per_sec);
 }
 
 TEST(BandwidthMeterTest, OldEvidenceFadesWithTime) {

@@ -127,7 +127,13 @@ class RouterCapsTest(unittest.TestCase):
         e = self.engine()
         load_ms = OBJECT_BYTES / prior * 1e3
         c = load_ms / 34.5
-        self.lookup_client(e).report_compute([tutti.ComputeSample(100, 100, 100 * c)])
+        # Three prefills of each kind (with and without a cached prefix), all c ms a token: the
+        # model fits both kinds exactly, so it is sure of its compute either way and loading wins
+        # beyond its uncertainty (docs/decision.md, "Robust advice"; with fewer than three of a
+        # kind it predicts that kind less surely and would recompute).
+        self.lookup_client(e).report_compute(
+            [tutti.ComputeSample(n, ctx, n * c) for n, ctx in
+             ((100, 100), (50, 50), (80, 80), (68, 100), (36, 68), (52, 100))])
         specs = Specs()
         for name, caps, want in (("plain", {}, 2), ("cap4", dict(max_load_tokens=4 * BS), 2),
                                  ("cap1", dict(max_load_tokens=BS), 1),
