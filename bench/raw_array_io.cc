@@ -4,13 +4,16 @@
 // against in the same run.
 //
 //   raw_array_io --op=read [--io_bytes=1048576] [--qd=16] [--seconds=5 | --bytes=N]
-//                [--span_bytes=X] [--fill] [--async] FILE...
+//                [--span_bytes=X] [--fill] [--async] [--buffer_bytes=B] FILE...
 //
 // Offsets are random multiples of io_bytes within each file's first span_bytes (default: the
 // file's size). --fill first creates each file (or extends it) to span_bytes and writes all of it
 // sequentially, untimed, so that later reads hit written data (a hole or an unwritten extent reads
 // as zeros without touching the device). Writes end with fdatasync of each file, inside the
-// timing. Prints one JSON object on stdout (op, files, io_bytes, qd, bytes, seconds, gbps, iops,
+// timing. Each file's requests land in (or leave from) its own buffer of --buffer_bytes (default:
+// qd requests, reused at once and so largely cache-resident), used round robin: a larger buffer
+// makes a read's destination as cold as a consumer's staging (tuttid's rotates through
+// limits.retrieve_staging_bytes). Prints one JSON object on stdout (op, files, io_bytes, qd, bytes, seconds, gbps, iops,
 // per-file GB/s, CPU seconds of this process); messages go to stderr. Exit status: 0, 1 when an
 // I/O failed (the error is named), 2 for bad arguments.
 #include <dirent.h>
@@ -28,6 +31,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -58,6 +62,10 @@ ABSL_FLAG(bool, async, false,
           "issue reads as IOSQE_ASYNC, each on an io_uring worker (what tuttid does on tmpfs, "
           "io.memory_read_workers; there io_uring otherwise copies one read at a time per file)");
 
+ABSL_FLAG(uint64_t, buffer_bytes, 0,
+          "each file's buffer, used round robin by its requests (0: qd x io_bytes); a multiple "
+          "of io_bytes, at least qd x io_bytes");
+
 namespace tutti::bench {
 namespace {
 
@@ -73,6 +81,7 @@ struct Options {
   bool fill = false;
   uint64_t seed = 0;
   bool async = false;
+  uint64_t buffer_bytes = 0;  // per file; 0: qd x io_bytes
 };
 
 struct FileRun {
@@ -149,13 +158,16 @@ class Ring {
       return absl::StrCat("open ", path, " with O_DIRECT: ", std::strerror(errno),
                           errno == EINVAL ? " (does this filesystem take O_DIRECT?)" : "");
     }
-    buf_bytes_ = uint64_t{qd_} * io_bytes_;
+    buf_bytes_ = std::max(uint64_t{qd_} * io_bytes_, o.buffer_bytes);
+    num_slots_ = static_cast<uint32_t>(buf_bytes_ / io_bytes_);
     void* p = mmap(nullptr, buf_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return absl::StrCat("mmap ", buf_bytes_, " bytes: ", std::strerror(errno));
     buf_ = static_cast<uint8_t*>(p);
     madvise(buf_, buf_bytes_, MADV_HUGEPAGE);
     std::mt19937_64 rng(o.seed);
-    for (uint64_t i = 0; i + 8 <= buf_bytes_; i += 8) {
+    // What writes send: the first qd requests' worth is random, the rest (reads' cold room) not.
+    const uint64_t random_bytes = std::min(buf_bytes_, uint64_t{qd_} * io_bytes_);
+    for (uint64_t i = 0; i + 8 <= random_bytes; i += 8) {
       const uint64_t v = rng();
       std::memcpy(buf_ + i, &v, 8);
     }
@@ -177,12 +189,17 @@ class Ring {
     uint32_t in_flight = 0;
     bool stopping = false;
     std::string error;
-    auto issue = [&](uint32_t slot) {
+    // Slots free to take, oldest first: the requests go round the whole buffer.
+    std::deque<uint32_t> free_slots;
+    for (uint32_t i = 0; i < num_slots_; ++i) free_slots.push_back(i);
+    auto issue = [&] {
       uint64_t off;
       if (stopping || !next_offset(&off)) {
         stopping = true;
         return;
       }
+      const uint32_t slot = free_slots.front();
+      free_slots.pop_front();
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       uint8_t* p = buf_ + uint64_t{slot} * io_bytes_;
       const unsigned n = static_cast<unsigned>(io_bytes_);
@@ -197,7 +214,7 @@ class Ring {
       io_uring_sqe_set_data64(sqe, (uint64_t{slot} << 48) | (off >> 12));
       ++in_flight;
     };
-    for (uint32_t i = 0; i < qd_; ++i) issue(i);
+    for (uint32_t i = 0; i < qd_; ++i) issue();
     while (in_flight > 0) {
       const int rc = io_uring_submit_and_wait(&ring_, 1);
       if (rc < 0 && rc != -EINTR) {
@@ -205,11 +222,11 @@ class Ring {
       }
       unsigned head, seen = 0;
       io_uring_cqe* cqe;
-      std::vector<uint32_t> free_slots;
+      uint32_t done = 0;
       io_uring_for_each_cqe(&ring_, head, cqe) {
         ++seen;
         --in_flight;
-        const uint32_t slot = static_cast<uint32_t>(cqe->user_data >> 48);
+        free_slots.push_back(static_cast<uint32_t>(cqe->user_data >> 48));
         const uint64_t off = (cqe->user_data & ((uint64_t{1} << 48) - 1)) << 12;
         if (cqe->res != static_cast<int>(io_bytes_)) {
           if (error.empty()) {
@@ -223,10 +240,10 @@ class Ring {
         }
         *bytes += io_bytes_;
         ++*ios;
-        free_slots.push_back(slot);
+        ++done;
       }
       io_uring_cq_advance(&ring_, seen);
-      for (uint32_t slot : free_slots) issue(slot);
+      for (uint32_t i = 0; i < done; ++i) issue();
     }
     return error;
   }
@@ -237,6 +254,7 @@ class Ring {
   uint64_t buf_bytes_ = 0;
   uint64_t io_bytes_ = 0;
   uint32_t qd_ = 0;
+  uint32_t num_slots_ = 0;
   io_uring ring_{};
   bool ring_ok_ = false;
   bool fixed_ = false;
@@ -346,6 +364,7 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
   o.span = absl::GetFlag(FLAGS_span_bytes);
   o.fill = absl::GetFlag(FLAGS_fill);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
   if (files.empty()) return Usage("no files given");
   if (o.io_bytes == 0 || o.io_bytes % 4096 != 0 || o.io_bytes > (1u << 30)) {
     return Usage("--io_bytes must be a multiple of 4096, at most 1 GiB");
@@ -353,6 +372,12 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
   if (o.qd == 0 || o.qd > 4096) return Usage("--qd must be in 1 .. 4096");
   if (o.bytes == 0 && !(o.seconds > 0)) return Usage("give --seconds > 0 or --bytes");
   if (o.fill && o.span == 0) return Usage("--fill needs --span_bytes");
+  if (o.buffer_bytes != 0 &&
+      (o.buffer_bytes % o.io_bytes != 0 || o.buffer_bytes < uint64_t{o.qd} * o.io_bytes ||
+       o.buffer_bytes / o.io_bytes >= (uint64_t{1} << 16))) {
+    return Usage("--buffer_bytes must be a multiple of io_bytes, at least qd x io_bytes, and "
+                 "fewer than 65536 requests");
+  }
 
   std::vector<FileRun> runs(files.size());
   for (size_t i = 0; i < files.size(); ++i) runs[i].path = files[i];
@@ -409,11 +434,12 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
       "{\"tool\":\"raw_array_io\",\"op\":%s,\"files\":%zu,\"paths\":[%s],\"io_bytes\":%lu,"
       "\"qd\":%u,\"span_bytes\":%lu,\"bytes\":%lu,\"ios\":%lu,\"seconds\":%s,\"gbps\":%s,"
       "\"iops\":%s,\"per_file_gbps\":[%s],\"fill_seconds\":%s,\"process_cpu_s\":%s,"
-      "\"async\":%s,\"iou_workers_max\":%u,\"date\":%s,\"command\":%s}\n",
+      "\"async\":%s,\"buffer_bytes\":%lu,\"iou_workers_max\":%u,\"date\":%s,\"command\":%s}\n",
       JsonString(op).c_str(), files.size(), absl::StrJoin(quoted, ",").c_str(), o.io_bytes, o.qd,
       runs[0].span, bytes, ios, Num(seconds).c_str(), Num(bytes / seconds / 1e9).c_str(),
       Num(ios / seconds).c_str(), absl::StrJoin(per_file, ",").c_str(), Num(fill_seconds).c_str(),
-      Num(cpu).c_str(), o.async ? "true" : "false", iou_max.load(), JsonString(UtcNow()).c_str(),
+      Num(cpu).c_str(), o.async ? "true" : "false",
+      std::max(uint64_t{o.qd} * o.io_bytes, o.buffer_bytes), iou_max.load(), JsonString(UtcNow()).c_str(),
       JsonString(command).c_str());
   return 0;
 }

@@ -484,7 +484,7 @@ def build_loop_array(args, n, bytes_per_device):
 
 # --- the raw baseline --------------------------------------------------------------------------
 
-def run_rawio(args, array, op, span_bytes, volume, fill=False):
+def run_rawio(args, array, op, span_bytes, volume, fill=False, buffer_bytes=0):
     """raw_array_io over the array's raw files; returns the best run's JSON object (with
     "runs_gbps"). Each run moves `volume` bytes, as tuttid's transfer does (a capped device's
     throttle lets a short burst through, alike for both), repeated until --raw-min-seconds have
@@ -499,7 +499,7 @@ def run_rawio(args, array, op, span_bytes, volume, fill=False):
     while len(runs) < len(modes) or (args.raw_seconds <= 0 and spent < args.raw_min_seconds and
                                      len(runs) < 50):
         out = raw_once(args, array, op, span_bytes, amount, fill and not runs,
-                       modes[len(runs) % len(modes)])
+                       modes[len(runs) % len(modes)], buffer_bytes)
         runs.append(out)
         spent += out["seconds"]
     best = max(runs, key=lambda r: r["gbps"])
@@ -563,12 +563,20 @@ def raw_beside_copy(args, array, span_bytes, volume):
     return best
 
 
-def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False):
+def cold_buffer_bytes(args, n):
+    """Each file's share of tuttid's retrieve staging, in whole requests (at least qd of them)."""
+    io = args.io_kib * 1024
+    staging = (args.retrieve_staging_mib or 256) << 20
+    return max(args.qd, staging // n // io) * io
+
+
+def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False, buffer_bytes=0):
     cmd = array.wrap(args.rawio_cmd + [
         "--op=" + op, "--io_bytes=%d" % (args.io_kib * 1024), "--qd=%d" % args.qd,
         amount, "--span_bytes=%d" % span_bytes,
         "--seed=%d" % random.randrange(1, 1 << 30)] + (["--fill"] if fill else []) +
-        (["--async"] if async_reads else []) + array.raw_files)
+        (["--async"] if async_reads else []) +
+        (["--buffer_bytes=%d" % buffer_bytes] if buffer_bytes else []) + array.raw_files)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     CHILDREN.add(p)
     try:
@@ -1386,6 +1394,11 @@ def one_array_config(args, results, ctx, emulation, n):
     r0 = run_rawio(args, array, "read", span, volume)
     t = store_and_retrieve(args, array, "tuttid-%s%d" % (emulation, n), dram=False)
     r1 = run_rawio(args, array, "read", span, volume)
+    # For reference, not the baseline: the same reads into buffers as large as tuttid's retrieve
+    # staging (split over the files), which a consumer must keep until its copy to the GPU; the
+    # raw runs above reuse qd requests' buffers, largely cache-resident (on tmpfs a read is a
+    # memory copy, so that matters there).
+    cold = run_rawio(args, array, "read", span, volume, buffer_bytes=cold_buffer_bytes(args, n))
     beside = raw_beside_copy(args, array, span, volume)
     w1 = run_rawio(args, array, "write", span, volume)
     raw_read = (r0["gbps"] + r1["gbps"]) / 2
@@ -1405,6 +1418,7 @@ def one_array_config(args, results, ctx, emulation, n):
         tuttid_gbps=t["retrieve_gbps"], baseline_gbps=baseline, raw_gbps=raw_read,
         raw_gbps_before_after=[r0["gbps"], r1["gbps"]],
         raw_runs_gbps=[r0["runs_gbps"], r1["runs_gbps"]], copy_gbps=copy,
+        raw_staging_sized_gbps=cold["gbps"], raw_staging_sized_buffer_bytes=cold["buffer_bytes"],
         raw_iou_workers_max=max(r0.get("iou_workers_max", 0), r1.get("iou_workers_max", 0)),
         raw_runs_async=[r0["runs_async"], r1["runs_async"]],
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], call_blocks=t["call_blocks"],
@@ -1529,9 +1543,10 @@ def part_ttft(args, results, ctx):
         tokens, hits = tg.point_prompt(prompts[T], T, args.ttft_share, seed=T + 980)
         recompute = [bench.recompute(prompts[T]) for _ in range(args.ttft_runs + 1)][1:]
         dram = load_all(bench, tokens, hits, args.ttft_runs)
-        spans, _ = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
-        spans2, _ = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
+        spans, total = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
+        spans2, total2 = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
         layer_ms = min(sum(spans) / len(spans), sum(spans2) / len(spans2))
+        compute_ms = min(total, total2)
         gen = client.info["generation"]
         daemon.stop()
         daemon.set_dram(0)
@@ -1549,11 +1564,18 @@ def part_ttft(args, results, ctx):
         free_device_memory()
     raw = (raw0["gbps"] + raw1["gbps"]) / 2
     limit_ms = prefix_bytes / (raw * GB) * 1e3 + layer_ms
+    # The pipeline's other stage: where the array reads faster than the model computes, the
+    # prefill cannot end before one layer has loaded and every layer has computed.
+    compute_bound_ms = prefix_bytes / shape.layers / (raw * GB) * 1e3 + compute_ms
+    pipeline_limit_ms = max(limit_ms, compute_bound_ms)
     rec, ssd_ms, dram_ms = min(recompute), min(ssd), min(dram)
     common = dict(n_devices=args.ttft_devices, emulation="tmpfs", tokens=T,
                   cached_tokens=hits * BLOCK_TOKENS, prefix_bytes=prefix_bytes,
                   raw_gbps=raw, raw_gbps_before_after=[raw0["gbps"], raw1["gbps"]],
-                  layer_ms=layer_ms, recompute_ms=rec, ssd_ms=ssd_ms, dram_ms=dram_ms,
+                  layer_ms=layer_ms, compute_ms=compute_ms, recompute_ms=rec, ssd_ms=ssd_ms,
+                  dram_ms=dram_ms, pipeline_limit_ms=pipeline_limit_ms,
+                  ssd_vs_pipeline_limit=ssd_ms / pipeline_limit_ms,
+                  dram_vs_pipeline_limit=dram_ms / pipeline_limit_ms, mps=mps_running(),
                   runs={"recompute": recompute, "ssd": ssd, "dram": dram},
                   tuttid_gbps=prefix_bytes / (ssd_ms / 1e3) / GB,
                   tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib)
@@ -1568,9 +1590,19 @@ def part_ttft(args, results, ctx):
                 note="limit = prefix bytes / raw read rate of the same array in this run (mean "
                 "of before and after, each reading as many bytes) + one layer's compute of the "
                 "new tokens with the prefix present (CUDA events, mean over layers, best of 2): "
-                "%.2f + %.2f ms. " % (limit_ms - layer_ms, layer_ms) + how, **common)
+                "%.2f + %.2f ms. pipeline_limit_ms: the larger of that and one layer's load at "
+                "the raw rate + every layer's compute (%.2f ms, the prefill without loads, best "
+                "of 2): %.2f ms. " % (limit_ms - layer_ms, layer_ms, compute_ms,
+                                      pipeline_limit_ms) + how, **common)
     results.add("ssd_array_ttft_dram_vs_recompute", dram_ms, "recompute_all", rec, "ms",
                 note="DRAM tier (reference). " + how, **common)
+
+
+def mps_running():
+    """Whether an MPS control daemon's pipe is there (CUDA_MPS_PIPE_DIRECTORY, else the default):
+    without MPS the GPU time-slices tuttid's kernels against the engine's."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    return os.path.exists(os.path.join(pipe, "control"))
 
 
 def tutti_namespace(layout, shape):
