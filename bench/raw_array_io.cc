@@ -165,11 +165,15 @@ class Ring {
     buf_ = static_cast<uint8_t*>(p);
     madvise(buf_, buf_bytes_, MADV_HUGEPAGE);
     std::mt19937_64 rng(o.seed);
-    // What writes send: the first qd requests' worth is random, the rest (reads' cold room) not.
+    // Random bytes in the first qd requests' worth, copied over the rest: every page is backed
+    // by memory of its own (never the shared zero page) before the timing.
     const uint64_t random_bytes = std::min(buf_bytes_, uint64_t{qd_} * io_bytes_);
     for (uint64_t i = 0; i + 8 <= random_bytes; i += 8) {
       const uint64_t v = rng();
       std::memcpy(buf_ + i, &v, 8);
+    }
+    for (uint64_t i = random_bytes; i < buf_bytes_; i += random_bytes) {
+      std::memcpy(buf_ + i, buf_, std::min(random_bytes, buf_bytes_ - i));
     }
     const int rc = io_uring_queue_init(qd_, &ring_, 0);
     if (rc < 0) return absl::StrCat("io_uring_queue_init(", qd_, "): ", std::strerror(-rc));

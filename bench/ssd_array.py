@@ -1394,13 +1394,14 @@ def one_array_config(args, results, ctx, emulation, n):
     r0 = run_rawio(args, array, "read", span, volume)
     t = store_and_retrieve(args, array, "tuttid-%s%d" % (emulation, n), dram=False)
     r1 = run_rawio(args, array, "read", span, volume)
-    # For reference, not the baseline: the same reads into buffers as large as tuttid's retrieve
-    # staging (split over the files), which a consumer must keep until its copy to the GPU; the
-    # raw runs above reuse qd requests' buffers, largely cache-resident (on tmpfs a read is a
-    # memory copy, so that matters there).
+    # For reference, not the baseline: the same reads (and below, writes) with buffers as large as
+    # tuttid's retrieve staging (split over the files), as a consumer must keep its data until
+    # the copy to the GPU; the raw runs reuse qd requests' buffers, largely cache-resident (on
+    # tmpfs a read or write is a memory copy, so that matters there).
     cold = run_rawio(args, array, "read", span, volume, buffer_bytes=cold_buffer_bytes(args, n))
     beside = raw_beside_copy(args, array, span, volume)
     w1 = run_rawio(args, array, "write", span, volume)
+    cold_w = run_rawio(args, array, "write", span, volume, buffer_bytes=cold_buffer_bytes(args, n))
     raw_read = (r0["gbps"] + r1["gbps"]) / 2
     raw_write = (w0["gbps"] + w1["gbps"]) / 2
     copy = ctx["copy"]["h2d"]
@@ -1438,6 +1439,7 @@ def one_array_config(args, results, ctx, emulation, n):
         tuttid_gbps=t["store_gbps"], baseline_gbps=raw_write, raw_gbps=raw_write,
         raw_gbps_before_after=[w0["gbps"], w1["gbps"]],
         raw_runs_gbps=[w0["runs_gbps"], w1["runs_gbps"]], store_wait=args.store_wait,
+        raw_staging_sized_gbps=cold_w["gbps"], raw_staging_sized_buffer_bytes=cold_w["buffer_bytes"],
         raw_iou_workers_max=max(w0.get("iou_workers_max", 0), w1.get("iou_workers_max", 0)),
         store_batch=args.store_batch, cpu_s_per_gb=sc["cpu_s_per_gb"],
         cpu_s_per_gb_without_iou=sc["cpu_s_per_gb_without_iou"], cores=sc["cores"],
