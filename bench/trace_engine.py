@@ -73,6 +73,8 @@ class RequestResult:
     lag_s: float = 0.0        # started this long after its (scaled) arrival time
     retrieve_s: float = 0.0
     store_s: float = 0.0
+    load_prefix: int = 0      # the chain's leading keys Retrieve was asked for (loaded or failed)
+    stored_keys: List[bytes] = field(default_factory=list)  # keys tuttid took (captured, durable)
     errors: List[str] = field(default_factory=list)
 
 
@@ -147,6 +149,19 @@ class TraceEngine:
         res.store_s = time.monotonic() - t
         return res
 
+    def serve_loads(self, index: int, keys) -> RequestResult:
+        """Reads only (trace_sustained's pass alone): Lookup of `keys` (no prompt length, so no
+        advice) in calls of at most call_blocks, Retrieve of every hit; no Store."""
+        res = RequestResult(index, blocks=len(keys))
+        for i in range(0, len(keys), self.call_blocks):
+            part = keys[i:i + self.call_blocks]
+            lease = self.client.lookup(part)
+            self._load(lease, part[:lease.hits], res)
+            res.hits += lease.hits
+            if lease.hits < len(part):
+                break
+        return res
+
     def _lookup_and_load(self, keys, prompt_tokens, res) -> int:
         hits = 0
         one_call = len(keys) <= self.call_blocks
@@ -155,6 +170,7 @@ class TraceEngine:
             lease = self.client.lookup(part, prompt_tokens if one_call else None)
             load = min(lease.load_blocks, lease.hits) if one_call else lease.hits
             self._load(lease, part[:load], res)
+            res.load_prefix = i + load
             hits += lease.hits
             if lease.hits < len(part):
                 break
@@ -188,6 +204,7 @@ class TraceEngine:
             for b, o in zip(blocks, out):
                 if o in ("captured", "durable"):
                     res.written += 1
+                    res.stored_keys.append(keys[b])
                 elif o == "already_present":
                     res.already_present += 1
                 elif o == "rejected_full":

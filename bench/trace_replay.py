@@ -8,6 +8,7 @@ independent count: the pure-Python cache simulation of the same trace (trace_sim
         [--wait-durable] [--verify] [--tuttid BIN | --socket S --admin-socket S]
         [--admission all|second_sight|dram_front [--ghost-blocks N] [--dram-share 0.1]]
         [--out bench/results/trace_replay.jsonl]
+        [--sustained [--pool-dirs D1,.. | --array tmpfs:N|loop:N] [--target-write-gbps X]]
 
 Each request becomes what an engine does (trace_engine.py): Lookup of its chain (keys from the
 trace's hash_ids, one 512-token trace block = 512 / --block-tokens tutti blocks), Retrieve of the
@@ -29,6 +30,10 @@ hour at the trace's rate (the replay's blocks, and scaled to --model-bytes-per-t
 128 KiB by default, 64 MiB per 512-token block); the write backlog over time (admin Stats every
 --sample-ms: max, mean, and the series); the loads' bandwidth (bytes retrieved / seconds in
 Retrieve); requests' lag behind their arrival time.
+
+--sustained (issue 23 section 3, trace_sustained.py): reads and writes together at a chosen write
+rate against the same reads alone, the write backlog's verdict and the lost-block check, the pool
+on --pool-dirs or an emulated --array; its own flags and metrics are described there.
 """
 
 import argparse
@@ -95,8 +100,9 @@ class BacklogSampler:
                     backlog_series=self.samples[::step])
 
 
-def run_engines(args, socket_path, geometry, requests, call_blocks):
-    """Serves every request; returns the RequestResults in trace order and the wall seconds."""
+def run_engines(args, socket_path, geometry, requests, call_blocks, serve=None):
+    """Serves every request (engine.serve, or serve(engine, index, request)); returns the
+    RequestResults in trace order and the wall seconds."""
     engines = [trace_engine.TraceEngine(socket_path, geometry, call_blocks, "trace-engine-%d" % i,
                                         args.wait_durable, args.store_retries,
                                         args.staging_wait_ms, args.verify)
@@ -111,7 +117,7 @@ def run_engines(args, socket_path, geometry, requests, call_blocks):
             i, req, due = item
             started = time.monotonic()
             try:
-                r = engine.serve(i, req)
+                r = serve(engine, i, req) if serve else engine.serve(i, req)
             except Exception as e:  # reported after the run, with the request's index
                 failures.append("request %d: %r" % (i, e))
                 continue
@@ -261,8 +267,9 @@ def parse_args(argv):
     ap.add_argument("--block-tokens", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--object-kib", type=int, default=16, help="bytes of one K or V object")
-    ap.add_argument("--capacity-share", type=float, default=0.2,
-                    help="pool slots as a share of the replayed requests' unique blocks")
+    ap.add_argument("--capacity-share", type=float, default=None,
+                    help="pool slots as a share of the replayed requests' unique blocks "
+                         "(default 0.2; --sustained: 1.1, nothing evicted)")
     ap.add_argument("--capacity-blocks", type=int, default=0)
     ap.add_argument("--engines", type=int, default=1)
     ap.add_argument("--speed", type=float, default=0.0,
@@ -293,13 +300,46 @@ def parse_args(argv):
                          "second_sight, 4 x for dram_front, as trace_sim's dram10_front)")
     ap.add_argument("--dram-share", type=float, default=0.1,
                     help="dram_front: the DRAM tier's blocks as a share of the capacity asked")
+    sustained_args(ap)
     args = ap.parse_args(argv)
+    if args.capacity_share is None:
+        args.capacity_share = 1.1 if args.sustained else 0.2
+    if (args.pool_dirs or args.array or args.target_write_gbps) and not args.sustained:
+        ap.error("--pool-dirs, --array and --target-write-gbps go with --sustained")
+    if args.sustained and (args.socket or args.admission != "all" or args.wait_durable):
+        ap.error("--sustained starts its own tuttid (no --socket), admission all, no "
+                 "--wait-durable")
     if args.engines < 1 or args.speed < 0 or args.call_blocks < 1:
         ap.error("--engines and --call-blocks must be >= 1, --speed >= 0")
     if bool(args.socket) != bool(args.admin_socket):
         ap.error("--socket and --admin-socket go together")
     trace_format.check_block_tokens(args.block_tokens)
     return args
+
+
+def sustained_args(ap):
+    """The flags of --sustained (trace_sustained.py, issue 23 section 3)."""
+    g = ap.add_argument_group("sustained mode (trace_sustained.py)")
+    g.add_argument("--sustained", action="store_true",
+                   help="reads and writes together against the same reads alone, the backlog "
+                        "verdict and the lost-block check")
+    g.add_argument("--pool-dirs", default="", help="pool files on these directories, "
+                   "comma-separated, one per device")
+    g.add_argument("--array", default="", help="tmpfs:N or loop:N, built with bench/ssd_array.py "
+                   "under --array-base (loop: root, capped at --io-cap-gbps per device)")
+    g.add_argument("--array-base", default="/dev/shm")
+    g.add_argument("--io-cap-gbps", type=float, default=2.5,
+                   help="loop:N: each device's read and write cap (cgroup io.max), GB/s")
+    g.add_argument("--emulation", default="", help="the result's emulation name (default: "
+                   "tmpfs or loop for --array, disk for --pool-dirs, host-test otherwise)")
+    g.add_argument("--target-write-gbps", type=float, default=0.0,
+                   help="pick --speed so that the window's writes arrive at this many GB/s")
+    g.add_argument("--retrieve-staging-mib", type=int, default=64)
+    g.add_argument("--max-write-backlog-mib", type=int, default=0,
+                   help="datapath.max_write_backlog_bytes (0: tuttid's default, store staging)")
+    g.add_argument("--drain-timeout-s", type=float, default=120.0)
+    g.add_argument("--growth-limit", type=float, default=1.5,
+                   help="the backlog is bounded when its growth is at most this")
 
 
 def dram_bytes_for(blocks, geometry):
@@ -414,6 +454,10 @@ def main(argv=None):
     command = " ".join(shlex.quote(a) for a in ["python3", "bench/trace_replay.py"] +
                        (argv if argv is not None else sys.argv[1:]))
     try:
+        if args.sustained:
+            import trace_sustained
+            rep = trace_sustained.run(args, command)
+            return 0 if rep["ok_no_loss"] else 1
         rep = replay(args, command)
     except (trace_engine.ReplayError, trace_format.TraceError, OSError) as e:
         print("trace_replay: %s" % e, file=sys.stderr)

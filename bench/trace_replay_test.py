@@ -202,5 +202,76 @@ class ReplayTest(unittest.TestCase):
         self.assertLess(d["blocks_stored"], store_all.written)
 
 
+class SustainedTest(unittest.TestCase):
+    def test_series_and_verdicts_by_hand(self):
+        import trace_sustained as ts
+        # [t, bytes_read, bytes_written, backlog]: 1 MB read and 2 MB written per 0.5 s.
+        samples = [[0.5 * i, 10 ** 6 * i, 2 * 10 ** 6 * i, 100 * i] for i in range(7)]
+        self.assertEqual(ts.bandwidth_series(samples)[0], [0.5, 0.002, 0.004, 100])
+        self.assertEqual(len(ts.bandwidth_series(samples, max_points=2)), 2)
+        self.assertEqual(ts.bandwidth_series(samples, max_points=2)[0], [1.5, 0.002, 0.004, 300])
+        # Over [0, 3]: middle third [1, 2) holds 200, 300; last [2, 3] holds 400, 500, 600.
+        v = ts.backlog_verdict(samples, 0.0, 3.0, limit=1000, floor=0, growth_limit=1.5)
+        self.assertAlmostEqual(v["write_backlog_growth"], 500 / 250)
+        self.assertFalse(v["growth_ok"])
+        self.assertEqual(v["backlog_max_bytes"], 600)
+        self.assertEqual(v["backlog_at_limit_share"], 0.0)
+        flat = ts.backlog_verdict([[t, 0, 0, 0] for t in range(10)], 0, 9, 1000, 4096, 1.5)
+        self.assertEqual(flat["write_backlog_growth"], 1.0)
+        self.assertTrue(flat["growth_ok"])
+        # 1000 blocks over the slice's span at 64 KiB: speed for 0.05 GB/s.
+        reqs = tf.read_trace(SLICE)
+        speed = ts.speed_for(0.05, reqs, 1000, 65536)
+        self.assertAlmostEqual(1000 * 65536 * speed / tf.span_seconds(reqs), 0.05e9)
+
+    def test_sustained_replay_on_two_pool_dirs(self):
+        # The slice with writes offered at 0.05 GB/s on a pool of two directories: every stored
+        # block found after the drain, the pass alone loads exactly what the mixed pass loaded,
+        # and the series covers both passes.
+        import json
+        import trace_replay
+        tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        out = os.path.join(tmp, "r.jsonl")
+        dirs = ",".join(os.path.join(tmp, "d%d" % i) for i in range(2))
+        text = io.StringIO()
+        with redirect_stdout(text):
+            code = trace_replay.main([SLICE, "--sustained", "--target-write-gbps", "0.05",
+                                      "--engines", "2", "--pool-dirs", dirs,
+                                      "--emulation", "host-test", "--sample-ms", "100",
+                                      "--out", out])
+        sys.stdout.write(text.getvalue())
+        self.assertEqual(code, 0)
+        with open(out) as f:
+            lines = {l["metric"]: l for l in map(json.loads, f)}
+        read, growth, lost = (lines["trace_sustained_" + m]
+                              for m in ("read_vs_alone", "backlog_growth", "lost_blocks"))
+        for line in (read, growth, lost):
+            self.assertEqual((line["emulation"], line["n_devices"]), ("host-test", 2))
+            self.assertEqual(line["block_bytes"], 2 * 2 * 16384)
+            self.assertGreater(line["speed"], 1.0)
+            self.assertGreater(len(line["series"]), 10)
+        self.assertEqual(lost["value"], 0)
+        self.assertTrue(lost["goal_met"])
+        self.assertEqual(lost["stored_keys"], 2995)  # capacity 1.1x: every unique block stored
+        self.assertEqual((lost["verify_errors"], lost["io_errors"], lost["evictions"]), (0, 0, 0))
+        self.assertTrue(read["same_hits"])
+        self.assertEqual(read["hits_alone"], read["loaded"])
+        self.assertGreater(read["loaded"], 0)
+        self.assertGreater(read["value"], 0.0)
+        self.assertTrue(growth["drained"])
+        self.assertEqual(growth["dropped"], 0)
+        self.assertLessEqual(growth["backlog_max_bytes"], growth["backlog_limit_bytes"])
+        self.assertGreater(growth["backlog_limit_bytes"], 0)
+        self.assertGreater(growth["value"], 0.0)
+        # Both passes in the series: writes while mixed, reads in both, no writes alone.
+        phases = read["phases"]
+        mixed = [p for p in read["series"] if p[0] <= phases["drain"]]
+        alone = [p for p in read["series"] if p[0] > phases["alone"] + 0.2]
+        self.assertGreater(sum(p[2] for p in mixed), 0)
+        self.assertGreater(sum(p[1] for p in alone), 0)
+        self.assertEqual(sum(p[2] for p in alone), 0)
+        self.assertEqual(os.listdir(os.path.join(tmp, "d0")), [])  # the pool removed
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
