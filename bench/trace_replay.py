@@ -60,35 +60,13 @@ LLAMA3_8B_BYTES_PER_TOKEN = 128 << 10
 SLOT_HEADER_BYTES = 4096
 
 
-class BacklogSampler:
+class BacklogSampler(admin_stats.Sampler):
     """admin Stats every `period` s on its own thread: (t, backlog bytes, blocks, age ms)."""
 
     def __init__(self, admin_socket, period):
-        self.admin_socket, self.period = admin_socket, period
-        self.samples, self.errors = [], 0
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="backlog-sampler", daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                s = admin_stats.stats(self.admin_socket)
-                self.samples.append([round(time.monotonic() - self._t0, 3),
-                                     s.get("write_backlog_bytes", 0),
-                                     s.get("write_backlog_blocks", 0),
-                                     s.get("write_backlog_age_ms", 0)])
-            except Exception:  # a missed sample is counted, never fatal
-                self.errors += 1
-            self._stop.wait(self.period)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+        super().__init__(admin_socket, period, lambda s: (
+            s.get("write_backlog_bytes", 0), s.get("write_backlog_blocks", 0),
+            s.get("write_backlog_age_ms", 0)), name="backlog-sampler")
 
     def summary(self, max_points=200):
         bytes_ = [s[1] for s in self.samples] or [0]

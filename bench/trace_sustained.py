@@ -57,7 +57,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import types
 
@@ -75,40 +74,10 @@ AT_LIMIT_SHARE_BOUND = 0.05  # bounded: fewer samples than this share at the lim
 POOL_DIRS_TEMPLATE = 'dirs: "{root}/pool"'
 
 
-class StatsSampler:
-    """admin Stats every `period` s on its own thread. samples: [t_s, bytes_read, bytes_written,
-    write_backlog_bytes]; marks: {phase: t_s} on the same clock (now())."""
-
-    def __init__(self, admin_socket, period):
-        self.admin_socket, self.period = admin_socket, period
-        self.samples, self.marks, self.errors = [], {}, 0
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="stats-sampler", daemon=True)
-
-    def now(self):
-        return time.monotonic() - self._t0
-
-    def mark(self, phase):
-        self.marks[phase] = round(self.now(), 3)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                s = admin_stats.stats(self.admin_socket)
-                self.samples.append([round(self.now(), 3), s.get("bytes_read", 0),
-                                     s.get("bytes_written", 0), s.get("write_backlog_bytes", 0)])
-            except Exception:  # a missed sample is counted, never fatal
-                self.errors += 1
-            self._stop.wait(self.period)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+def stats_sampler(admin_socket, period):
+    """admin_stats.Sampler of [t_s, bytes_read, bytes_written, write_backlog_bytes]."""
+    return admin_stats.Sampler(admin_socket, period, lambda s: (
+        s.get("bytes_read", 0), s.get("bytes_written", 0), s.get("write_backlog_bytes", 0)))
 
 
 def bandwidth_series(samples, max_points=SERIES_POINTS):
@@ -415,7 +384,7 @@ def measure(args, socket_path, admin, geometry, requests):
     m.before = admin_stats.stats(admin)
     m.slots = m.before.get("slots_total", 0) - m.before.get("slots_used", 0)
     call_blocks = min(args.call_blocks, m.slots)
-    sampler = StatsSampler(admin, args.sample_ms / 1000.0).start()
+    sampler = stats_sampler(admin, args.sample_ms / 1000.0).start()
     try:
         sampler.mark("mixed")
         m.mixed, m.mixed_wall = trace_replay.run_engines(args, socket_path, geometry, requests,

@@ -4,12 +4,16 @@ decodes the answer's scalar fields by the numbers that proto/tutti/v1/admin.prot
 (read from the repository's copy, so fields added there are found by name).
 
     stats(admin_socket) -> {"bytes_written": 123, "write_backlog_bytes": 0, ...}
+    Sampler(admin_socket, period, pick).start() ... .stop(): Stats every `period` s on its own
+        thread, samples [[t_s, *pick(stats)]] (t_s from the sampler's creation, now())
 
 Fields the daemon does not send (zero, or unknown to it) are absent; callers use .get(name).
 """
 
 import os
 import re
+import threading
+import time
 
 import grpc
 
@@ -77,3 +81,40 @@ def stats(admin_socket, timeout=5.0):
         call = channel.unary_unary("/tutti.v1.Admin/Stats", request_serializer=lambda _: b"",
                                    response_deserializer=lambda b: b)
         return decode(call(None, timeout=timeout), fields)
+
+
+class Sampler:
+    """admin Stats every `period` s on its own thread until stop(). samples: [t_s, *pick(stats)]
+    with t_s on the clock of now() (seconds since the sampler was made; t0 is that instant in
+    time.monotonic()); marks: {name: t_s} set by mark(). A failed sample is counted in errors,
+    never fatal."""
+
+    def __init__(self, admin_socket, period, pick=lambda s: [s], name="stats-sampler"):
+        self.admin_socket, self.period, self.pick = admin_socket, period, pick
+        self.samples, self.marks, self.errors = [], {}, 0
+        self._stop = threading.Event()
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def now(self):
+        return time.monotonic() - self.t0
+
+    def mark(self, name):
+        self.marks[name] = round(self.now(), 3)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.samples.append([round(self.now(), 3)] + list(self.pick(stats(
+                    self.admin_socket))))
+            except Exception:  # a missed sample is counted, never fatal
+                self.errors += 1
+            self._stop.wait(self.period)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)

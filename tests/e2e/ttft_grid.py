@@ -874,26 +874,6 @@ def stream_writer(args, shape, dtype, daemon):
     return BlockSet(args, shape, dtype, daemon, 64, "ttft-grid-writer", seed=3000)
 
 
-class StatsSampler(threading.Thread):
-    def __init__(self, daemon, period=0.05):
-        super().__init__(name="stats", daemon=True)
-        self.daemon_, self.period = daemon, period
-        self.halt = threading.Event()
-        self.samples = []
-
-    def run(self):
-        while not self.halt.is_set():
-            try:
-                self.samples.append((time.monotonic(), admin_stats.stats(self.daemon_.admin_socket)))
-            except Exception:
-                pass
-            self.halt.wait(self.period)
-
-    def stop(self):
-        self.halt.set()
-        self.join(10)
-
-
 def backlog_of(stats):
     """(field, bytes) of the write backlog in one Stats answer."""
     names = {n for n, _ in admin_stats._field_numbers().values()}
@@ -914,12 +894,11 @@ def part_stores(args, results):
         reader.store()
         alone = [reader.gbps(reader.retrieve()) for _ in range(args.runs + 1)][1:]
         stream = StoreStream(writer.client)
-        sampler = StatsSampler(daemon)
-        sampler.start()
+        sampler = admin_stats.Sampler(daemon.admin_socket, 0.05).start()
         stream.start_and_wait()
-        t_reads = time.monotonic()
+        t_reads = sampler.now()
         with_stores = [reader.gbps(reader.retrieve()) for _ in range(args.runs)]
-        t_end = time.monotonic()
+        t_end = sampler.now()
         captured, rejected = stream.captured, stream.rejected
         stream.stop_and_check()
         field, drained_s, last = drain(daemon, args)
