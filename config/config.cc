@@ -516,15 +516,61 @@ absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
 
 std::string_view DefaultConfigText() { return kDefaultConfigText; }
 
-Config DefaultConfig() {
+
+namespace {
+
+// limits.store_staging_bytes and limits.retrieve_staging_bytes at 0: this much per pool device,
+// within [kAutoStagingMin, kAutoStagingMax], so that every device of an array has work queued
+// (measured: docs/operations.md), and never less than ValidateLimits asks.
+constexpr uint64_t kAutoStagingPerDevice = 256 * kMiB;
+constexpr uint64_t kAutoStagingMin = 256 * kMiB;
+constexpr uint64_t kAutoStagingMax = 1 * kGiB;
+
+uint64_t PoolDevices(const Config& c) {
+  const std::string& backend = c.io().backend();
+  const int n = backend == "nvme"        ? c.io().nvme_devices_size()
+                : backend == "uring_cmd" ? c.io().passthrough_devices_size()
+                                         : c.pool().dirs_size();
+  return static_cast<uint64_t>(std::max(n, 1));
+}
+
+uint64_t AutoStagingBytes(const Config& c, uint64_t at_least) {
+  const uint64_t bytes =
+      std::clamp(kAutoStagingPerDevice * PoolDevices(c), kAutoStagingMin, kAutoStagingMax);
+  return std::max(bytes, at_least);
+}
+
+// Fills the fields whose 0 means "automatic" with their values, before validation.
+void ResolveAutomatic(Config* c) {
+  tutti::v1::LimitsConfig* l = c->mutable_limits();
+  if (l->store_staging_bytes() == 0) {
+    l->set_store_staging_bytes(
+        AutoStagingBytes(*c, uint64_t{c->pool().max_objects()} * c->pool().object_bytes()));
+  }
+  if (l->retrieve_staging_bytes() == 0) {
+    l->set_retrieve_staging_bytes(AutoStagingBytes(
+        *c, uint64_t{l->max_blocks_per_call()} * 2 * c->pool().object_bytes()));
+  }
+}
+
+// The embedded text as it is, automatic fields at 0.
+Config EmbeddedConfig() {
   Config config;
   // The embedded text is checked by config_test; a failure here is a build defect.
   google::protobuf::TextFormat::ParseFromString(std::string(DefaultConfigText()), &config);
   return config;
 }
 
+}  // namespace
+
+Config DefaultConfig() {
+  Config config = EmbeddedConfig();
+  ResolveAutomatic(&config);
+  return config;
+}
+
 absl::StatusOr<Config> LoadConfig(std::string_view text) {
-  Config config = DefaultConfig();
+  Config config = EmbeddedConfig();
   const std::vector<internal::FieldMention> fields =
       internal::ScanFields(text, Config::descriptor());
   FirstErrorCollector errors;
@@ -533,6 +579,7 @@ absl::StatusOr<Config> LoadConfig(std::string_view text) {
   // Merge, not Parse: fields set in `text` overwrite the defaults, zero values included.
   if (!parser.MergeFromString(std::string(text), &config)) return errors.ToStatus(fields);
   RETURN_IF_ERROR(RefuseRepeatedSingularFields(fields));
+  ResolveAutomatic(&config);
   RETURN_IF_ERROR(ValidateConfig(config));
   return config;
 }

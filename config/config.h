@@ -33,12 +33,17 @@ std::string_view DefaultConfigText();
 // tuttictl derives it the same way from its --socket.
 std::string AdminSocketPath(const tutti::v1::ListenConfig& listen);
 
-// Returns the embedded default config, unvalidated (it is valid: config_test checks it).
+// Returns the embedded default config with its automatic fields resolved as LoadConfig("") does,
+// unvalidated (it is valid: config_test checks it).
 tutti::v1::Config DefaultConfig();
 
 // Parses `text` (a text-format tutti.v1.Config, possibly empty) on top of the embedded defaults:
 // every field `text` sets replaces the default, including zero values; `pool.dirs` given in
-// `text` replace the (empty) default list. Then validates the result (ValidateConfig).
+// `text` replace the (empty) default list. Then resolves the fields whose 0 means automatic:
+// limits.store_staging_bytes and limits.retrieve_staging_bytes become 256 MiB per pool device
+// (pool.dirs, or io.nvme_devices / io.passthrough_devices for those backends; at least one),
+// within [256 MiB, 1 GiB], and never less than validation asks. Then validates the result
+// (ValidateConfig).
 // Errors, all INVALID_ARGUMENT:
 //  - "line <l>, column <c>: <field path>: <what>" for parse errors and unknown fields (the path,
 //    e.g. "pool.object_bytes", is left out where the error is before any field name);

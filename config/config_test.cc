@@ -334,7 +334,36 @@ TEST(ConfigTest, RetrieveStagingMustHoldOneLayerOfAMaximalCall) {
   ExpectRejected("limits { retrieve_staging_bytes: 134217727 }",
                  {"limits.retrieve_staging_bytes", "134217728", "max_blocks_per_call"});
   EXPECT_TRUE(LoadConfig("limits { retrieve_staging_bytes: 134217728 }").ok());
-  ExpectRejected("limits { max_blocks_per_call: 8192 }", {"limits.retrieve_staging_bytes"});
+  ExpectRejected("limits { max_blocks_per_call: 8192 retrieve_staging_bytes: 268435456 }",
+                 {"limits.retrieve_staging_bytes"});
+}
+
+TEST(ConfigTest, StagingDefaultsGrowWithThePoolsDevices) {
+  auto staging = [](const std::string& text) {
+    absl::StatusOr<v1::Config> c = LoadConfig(text);
+    EXPECT_TRUE(c.ok()) << text << ": " << c.status();
+    return c.ok() ? std::make_pair(c->limits().store_staging_bytes(),
+                                   c->limits().retrieve_staging_bytes())
+                  : std::make_pair(uint64_t{0}, uint64_t{0});
+  };
+  const uint64_t MiB = 1 << 20;
+  using P = std::pair<uint64_t, uint64_t>;
+  EXPECT_EQ(staging(""), P(256 * MiB, 256 * MiB));  // no dirs: the state dir's pool, one device
+  EXPECT_EQ(staging("pool { dirs: \"/a\" dirs: \"/b\" }"), P(512 * MiB, 512 * MiB));
+  EXPECT_EQ(staging("pool { dirs: \"/a\" dirs: \"/b\" dirs: \"/c\" dirs: \"/d\" }"),
+            P(1024 * MiB, 1024 * MiB));
+  std::string eight = "pool {";
+  for (int i = 0; i < 8; ++i) eight += " dirs: \"/d" + std::to_string(i) + "\"";
+  EXPECT_EQ(staging(eight + " }"), P(1024 * MiB, 1024 * MiB));  // at most 1 GiB
+  // The NVMe backends count their devices, not directories.
+  EXPECT_EQ(staging("io { backend: \"uring_cmd\" passthrough_devices: \"/dev/ng0n1\" "
+                    "passthrough_devices: \"/dev/ng1n1\" }"),
+            P(512 * MiB, 512 * MiB));
+  // A value given is kept; automatic staging never falls below what one call needs.
+  EXPECT_EQ(staging("pool { dirs: \"/a\" dirs: \"/b\" } limits { store_staging_bytes: "
+                    "268435456 }"),
+            P(256 * MiB, 512 * MiB));
+  EXPECT_EQ(staging("limits { max_blocks_per_call: 8192 }"), P(256 * MiB, 512 * MiB));
 }
 
 TEST(ConfigTest, MetricsListenIsHostPortOrOff) {
