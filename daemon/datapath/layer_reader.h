@@ -17,6 +17,12 @@
 // Release: every lease goes back, and every posted read and its check have completed, before Read
 // returns, on every path (sink error included).
 //
+// Who uses it: a Retrieve's reads are one step of the datapath's retrieve transfer
+// (retrieve_transfer.h: the store prepares the sources, this reader reads them, the store
+// finishes); the block store's Scrub reads through it too. In tuttid the block store builds and
+// owns the one reader, over its retrieve staging, its read verifier and a `post` into its
+// per-device scheduler (BlockStore::reader()); the reader owns none of the three.
+//
 // Thread-safety: Read may run on many threads at once; `post` must then be callable concurrently.
 // Lifetime: the staging pool, the verifier and whatever `post` reaches must outlive the reader.
 #ifndef TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
@@ -109,7 +115,7 @@ struct LayerReaderOptions {
 class LayerReader {
  public:
   // Starts `batch` (its span and buffers valid until `done` runs) and returns; runs `done` once
-  // every request's result is set. The block store passes its backend's Submit.
+  // every request's result is set. The block store passes its I/O scheduler's Post (read class).
   using PostFn = std::function<void(absl::Span<io::IoRequest> batch, std::function<void()> done)>;
   // Called once per layer, in order (LayerObjects says how long its sources stay valid). An error
   // stops the read and is returned.

@@ -6,7 +6,7 @@
 namespace tutti::datapath {
 namespace {
 
-// The layer loop's engine handoff: one per RunRetrieve, called by the reader's sink.
+// The layer loop's engine handoff: one per HandOver, called by the reader's sink.
 class Handoff {
  public:
   Handoff(const RetrieveTarget& target, EngineSink* engine, const ProgressFn& progress)
@@ -67,14 +67,31 @@ class Handoff {
 
 }  // namespace
 
-RetrieveOutcome RunRetrieve(const RetrieveTarget& target, EngineSink* engine,
-                            const ProgressFn& progress, const LayerSource& source) {
+RetrieveOutcome HandOver(const RetrieveTarget& target, EngineSink* engine,
+                         const ProgressFn& progress, const LayerSource& source) {
   Handoff handoff(target, engine, progress);
   RetrieveOutcome out;
   out.status = source([&handoff](const LayerObjects& layer) { return handoff.Layer(layer); });
   handoff.Stop();
   out.next_layer = handoff.next();
   return out;
+}
+
+absl::Status ReadPrepared(const RetrieveRequest& request, RetrieveStore* store, LayerReader* reader,
+                          const LayerReader::Sink& sink) {
+  absl::StatusOr<std::unique_ptr<PreparedRead>> prepared = store->PrepareRead(request);
+  if (!prepared.ok()) return prepared.status();
+  // Read returns with its staging back and its reads done, on every path (sink error included).
+  const LayerReadResult result = reader->Read((*prepared)->request(), sink);
+  (*prepared)->Finish(result);
+  return result.status;
+}
+
+RetrieveOutcome RunRetrieve(const RetrieveRequest& request, RetrieveStore* store,
+                            LayerReader* reader, EngineSink* engine, const ProgressFn& progress) {
+  return HandOver(
+      RetrieveTarget{request.layer_begin, request.layer_end}, engine, progress,
+      [&](const LayerReader::Sink& sink) { return ReadPrepared(request, store, reader, sink); });
 }
 
 }  // namespace tutti::datapath

@@ -382,8 +382,9 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
   // From here on the leases end with this call, whatever happens.
   ASSIGN_OR_RETURN(std::unique_ptr<ClaimedLease> lease,
                    sessions_->ClaimLeases(session.id, lease_ids, batch.keys));
-  // The datapath owns the layer loop's engine handoff (overlap, held progress, drain); the
-  // server streams progress.
+  // The Retrieve is a transfer of the datapath: the store prepares and finishes it, its reader
+  // reads, and the engine handoff (overlap, held progress, drain) is the datapath's. The server
+  // adapts its EngineIo and streams progress.
   RetrieveEngineSink engine(io, req.ticket(), session, ctx);
   auto progress = [&emit](uint32_t layer, absl::Span<const uint32_t> failed) {
     tutti::v1::RetrieveProgress p;
@@ -392,11 +393,9 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
     return emit(p);
   };
   const datapath::RetrieveOutcome out =
-      datapath::RunRetrieve(datapath::RetrieveTarget{layers.begin, layers.end}, &engine, progress,
-                            [&](const datapath::LayerReader::Sink& sink) {
-                              return store_->Read(session.ns, batch.keys, layers.begin, layers.end,
-                                                  sink, batch.engine_blocks);
-                            });
+      datapath::RunRetrieve(datapath::RetrieveRequest{session.ns, batch.keys, layers.begin,
+                                                      layers.end, batch.engine_blocks},
+                            store_, store_->reader(), &engine, progress);
   *next = out.next_layer;
   return out.status;
 }

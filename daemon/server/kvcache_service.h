@@ -158,7 +158,10 @@ class KvCacheService final : public tutti::v1::KvCache::Service {
   absl::Status DoReportCompute(const tutti::v1::ReportComputeRequest& req,
                                tutti::v1::ReportComputeResponse* resp);
   // Layers [*next, *end) are the admitted Retrieve's words not yet written; RetrieveLayers
-  // advances *next as layers land and narrows *end once the layer range is known.
+  // advances *next as layers land and narrows *end once the layer range is known. RetrieveLayers
+  // parses the request, claims its leases and runs the datapath's retrieve transfer
+  // (datapath::RunRetrieve: the store prepares and finishes, its reader reads) into the session's
+  // EngineIo, streaming the progress it is handed.
   absl::Status DoRetrieve(const tutti::v1::RetrieveRequest& req, grpc::ServerContext* ctx,
                           const Emit& emit);
   absl::Status RetrieveLayers(const tutti::v1::RetrieveRequest& req, const SessionState& session,

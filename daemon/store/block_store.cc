@@ -307,33 +307,56 @@ absl::Status BlockStore::Impl::GatherReadItems(NamespaceId ns, const NamespaceIn
   return absl::OkStatus();
 }
 
-absl::Status BlockStore::Impl::Read(NamespaceId ns, absl::Span<const Key> keys,
-                                    uint32_t layer_begin, uint32_t layer_end, const LayerSink& sink,
-                                    absl::Span<const uint32_t> engine_blocks) {
-  ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
+// A Retrieve's read as PrepareRead gathered it: the reader's request, pointing into `sources_`,
+// and what FinishRead needs. Holds the DRAM copies it reads (ReadItem::dram) until destroyed.
+class BlockStore::Impl::StoreRead final : public datapath::PreparedRead {
+ public:
+  StoreRead(Impl* store, const NamespaceInfo& info, const datapath::RetrieveRequest& r)
+      : store_(store), info_(info), items_(r.keys.size()), sources_(r.keys.size()) {
+    request_.ns = r.ns;
+    request_.items = sources_;
+    request_.layer_begin = r.layer_begin;
+    request_.layer_end = r.layer_end;
+    request_.parts = info.parts;
+    request_.object_len = info.object_len;
+    request_.engine_blocks = r.engine_blocks;
+  }
+  const datapath::LayerReadRequest& request() const override { return request_; }
+  void Finish(const datapath::LayerReadResult& result) override {
+    if (result.layers_done == 0) return;  // refused before reading anything
+    store_->FinishRead(request_.ns, info_, request_.layer_end - request_.layer_begin, items_,
+                       result, unfit_);
+  }
+
+ private:
+  friend class Impl;
+  Impl* const store_;
+  const NamespaceInfo info_;
+  std::vector<ReadItem> items_;
+  std::vector<datapath::ReadSource> sources_;
+  uint64_t unfit_ = 0;  // entries that did not fit their namespace: failed before the read
+  datapath::LayerReadRequest request_;
+};
+
+absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> BlockStore::Impl::PrepareRead(
+    const datapath::RetrieveRequest& r) {
+  ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(r.ns));
   const uint32_t layers = info.num_objects / info.parts;
-  if (layer_begin >= layer_end || layer_end > layers) {
-    return absl::InvalidArgumentError(absl::StrCat("layer range [", layer_begin, ", ", layer_end,
-                                                   ") is not within [0, ", layers, ")"));
+  if (r.layer_begin >= r.layer_end || r.layer_end > layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer range [", r.layer_begin, ", ", r.layer_end, ") is not within [0, ", layers, ")"));
   }
-  if (!engine_blocks.empty() && engine_blocks.size() != keys.size()) {
+  if (!r.engine_blocks.empty() && r.engine_blocks.size() != r.keys.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(engine_blocks.size(), " engine blocks for ", keys.size(), " keys"));
+        absl::StrCat(r.engine_blocks.size(), " engine blocks for ", r.keys.size(), " keys"));
   }
-  std::vector<ReadItem> items(keys.size());
-  std::vector<datapath::ReadSource> sources(keys.size());
-  uint64_t unfit = 0;
+  auto read = std::make_unique<StoreRead>(this, info, r);
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(GatherReadItems(ns, info, keys, &items, &sources, &unfit));
+    RETURN_IF_ERROR(
+        GatherReadItems(r.ns, info, r.keys, &read->items_, &read->sources_, &read->unfit_));
   }
-  const datapath::LayerReadResult result =
-      reader_->Read(datapath::LayerReadRequest{ns, sources, layer_begin, layer_end, info.parts,
-                                               info.object_len, engine_blocks},
-                    sink);
-  if (result.layers_done == 0) return result.status;  // refused before reading anything
-  FinishRead(ns, info, layer_end - layer_begin, items, result, unfit);
-  return result.status;
+  return std::unique_ptr<datapath::PreparedRead>(std::move(read));
 }
 
 void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
@@ -958,10 +981,17 @@ const datapath::BandwidthMeter& BlockStore::read_bandwidth() const {
 }
 EventHub& BlockStore::events() const { return impl_->events(); }
 
+absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> BlockStore::PrepareRead(
+    const datapath::RetrieveRequest& request) {
+  return impl_->PrepareRead(request);
+}
+datapath::LayerReader* BlockStore::reader() const { return impl_->reader(); }
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                               uint32_t layer_end, const LayerSink& sink,
                               absl::Span<const uint32_t> engine_blocks) {
-  return impl_->Read(ns, keys, layer_begin, layer_end, sink, engine_blocks);
+  return datapath::ReadPrepared(
+      datapath::RetrieveRequest{ns, keys, layer_begin, layer_end, engine_blocks}, this, reader(),
+      sink);
 }
 absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,

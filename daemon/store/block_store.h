@@ -1,6 +1,8 @@
 // The block store: namespaces, the key -> slot index, pins, the DRAM tier,
-// capture of stores into staging, the writer that makes them durable, and
-// layer-wise reads with verification.
+// capture of stores into staging, the writer that makes them durable, and the
+// store side of Retrieves: their sources prepared (PrepareRead) and their results
+// accounted (PreparedRead::Finish). The reads themselves are a transfer of the
+// datapath (datapath::RunRetrieve) through the reader the store owns (reader()).
 //
 // Lifecycle of a block: Capture copies it into store staging (the engine may
 // reuse its memory); the writer thread picks a slot (evicting the least
@@ -42,6 +44,7 @@
 #include "daemon/common/types.h"
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/datapath/layer_reader.h"
+#include "daemon/datapath/retrieve_transfer.h"
 #include "daemon/datapath/scheduler.h"
 #include "daemon/datapath/verifier.h"
 #include "daemon/io/io_backend.h"
@@ -305,7 +308,7 @@ struct RemovedNamespace {
   uint64_t evicted = 0;
 };
 
-class BlockStore {
+class BlockStore final : public datapath::RetrieveStore {
  public:
   // Takes options.state_dir's lock, recovers the index from its journal and
   // checkpoint, and starts the writer threads. The pool is not read to check the
@@ -325,7 +328,7 @@ class BlockStore {
                                                           Clock* clock);
   // Writes every fully captured block (partial captures are dropped),
   // checkpoints, stops the writer and releases the state directory's lock.
-  ~BlockStore();
+  ~BlockStore() override;
 
   // Validates `ns` and checks that this pool can hold its blocks, registering
   // nothing: FAILED_PRECONDITION if its objects are larger than the pool's
@@ -373,21 +376,39 @@ class BlockStore {
                         std::vector<bool>* in_dram = nullptr);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
 
-  // Reads objects of layers [layer_begin, layer_end) of pinned `keys` and calls
-  // `sink` once per layer, in layer order, with that layer's objects of every
-  // item not failed so far, as copies into engine block engine_blocks[i] of key i
-  // (block i when `engine_blocks` is empty), and the items that failed in this layer (I/O error,
-  // short read, or an object whose checksum, seeded by namespace, key and epoch,
-  // does not match: counted, logged, never passed to the sink, and the block
-  // leaves the index). A pinned key whose block left the index since it was
-  // pinned fails in the first layer. The copies' sources are valid during the
-  // call (longer where LayerObjects::stays says so). A sink error stops the read and is returned.
-  // Preconditions: keys pinned by the caller, 0 <= layer_begin < layer_end <= layers of `ns`,
-  // `engine_blocks` empty or one per key.
-  // Errors: NOT_FOUND unknown namespace, FAILED_PRECONDITION key not pinned,
-  // INVALID_ARGUMENT bad layer range or engine_blocks' count, RESOURCE_EXHAUSTED if one layer of
-  // the read needs more staging than retrieve_staging_bytes holds. The reads are planned, posted
-  // and checked by datapath::LayerReader (layer_reader.h).
+  // --- Retrieves: the store side of datapath::RunRetrieve (retrieve_transfer.h). ---
+  //
+  // The prepare step: checks `request` and gathers the sources of its layers
+  // [layer_begin, layer_end) of pinned `keys` (under the store's lock): each block's slot and
+  // checksums from the index, or its DRAM copy (DRAM tier or DRAM front), held by the returned
+  // read until it is destroyed. A pinned key whose block left the index since it was pinned, or
+  // whose entry does not fit its namespace, is a kFailed source (reported failed in the first
+  // layer). The returned read's Finish is the finish step: items that failed (I/O error, short
+  // read, or an object whose checksum, seeded by namespace, key and epoch, does not match) are
+  // counted, logged and leave the index (a journaled Delete: a later Lookup misses); served blocks
+  // are counted (stats, per namespace); a read that succeeded is measured (read_bandwidth()).
+  // Preconditions: keys pinned by the caller for as long as the read lives; the returned read
+  // does not outlive the store. Errors (nothing held): NOT_FOUND unknown namespace,
+  // FAILED_PRECONDITION key not pinned, INVALID_ARGUMENT layer range not within
+  // [0, layers of `ns`) or not increasing, or engine_blocks neither empty nor one per key.
+  absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> PrepareRead(
+      const datapath::RetrieveRequest& request) override;
+
+  // The reader of Retrieves (and of Scrub): plans, posts and checks every layer-wise read of this
+  // store. Owned by the store, stable for its life; it leases the store's retrieve staging
+  // (retrieve_staging_region(), limits.retrieve_staging_bytes), checks with the read verifier
+  // (SetReadVerifier) and posts its reads into the store's per-device I/O scheduler, ahead of
+  // writes. Thread-safe (LayerReader::Read may run on many threads at once).
+  datapath::LayerReader* reader() const;
+
+  // A convenience for callers without an engine sink (tests, tools): datapath::ReadPrepared over
+  // this store and reader(), that is PrepareRead, LayerReader::Read with `sink`, then Finish. Calls
+  // `sink` once per layer, in layer order, with that layer's objects of every item not failed so
+  // far, as copies into engine block engine_blocks[i] of key i (block i when `engine_blocks` is
+  // empty), and the items that failed in this layer (never passed to the sink again). The copies'
+  // sources are valid during the call (longer where LayerObjects::stays says so). A sink error
+  // stops the read and is returned. Errors: PrepareRead's, or RESOURCE_EXHAUSTED if one layer of
+  // the read needs more staging than retrieve_staging_bytes holds.
   using LayerSink = datapath::LayerReader::Sink;
   absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                     uint32_t layer_end, const LayerSink& sink,

@@ -125,9 +125,9 @@ class BlockStore::Impl {
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys, std::vector<bool>* in_dram);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
-  absl::Status Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
-                    uint32_t layer_end, const LayerSink& sink,
-                    absl::Span<const uint32_t> engine_blocks);
+  absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> PrepareRead(
+      const datapath::RetrieveRequest& request);
+  datapath::LayerReader* reader() const { return reader_.get(); }
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
                                                       const Gatherer& gather, bool wait_durable,
@@ -154,6 +154,7 @@ class BlockStore::Impl {
  private:
   using PendingKey = std::pair<NamespaceId, Key>;
   struct ReadItem;
+  class StoreRead;  // PrepareRead's result, finished by FinishRead
 
   // A block whose read failed, taken out of the index (Lookup misses, Capture
   // stores it again) while its slot waits: it is released once its Delete is
@@ -294,7 +295,8 @@ class BlockStore::Impl {
                                absl::Span<const Key> keys, std::vector<ReadItem>* items,
                                std::vector<datapath::ReadSource>* sources, uint64_t* unfit)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a Read: retires the failed blocks, records the bandwidth sample and counts stats.
+  // A Retrieve's finish step (StoreRead::Finish, once the reader returned): retires the failed
+  // blocks, records the bandwidth sample and counts stats.
   void FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
                   absl::Span<const ReadItem> items, const datapath::LayerReadResult& result,
                   uint64_t unfit);
@@ -376,7 +378,9 @@ class BlockStore::Impl {
   std::unique_ptr<datapath::WorkPool> checksum_pool_;
   std::unique_ptr<datapath::Verifier> verifier_;  // checks on checksum_pool_
   std::unique_ptr<datapath::VerifierSwitch> read_verifier_;  // reads': verifier_ or the GPU's
-  // Retrieve staging, leased per layer by reader_ (which plans, posts and checks every Read).
+  // Retrieve staging, leased per layer by reader_, which plans, posts and checks the reads of
+  // every Retrieve (datapath::RunRetrieve reaches it through BlockStore::reader()) and of Scrub.
+  // Both are the store's alone; reader_ is destroyed first.
   std::unique_ptr<datapath::StagingPool> read_staging_;
   std::unique_ptr<datapath::LayerReader> reader_;
   // kPipelineBatches sets of write_batch_blocks x 4 KiB slot-header pages, one per batch in
