@@ -316,6 +316,10 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2147483648 }",
                  {"datapath.write_bytes_in_flight_while_reading"});
   EXPECT_EQ(c->datapath().max_write_bytes_in_flight(), 64u << 20);
+  EXPECT_EQ(c->datapath().write_latency_target_ms(), 10u);
+  EXPECT_TRUE(LoadConfig("datapath { write_latency_target_ms: 0 }").ok());  // off
+  ExpectRejected("datapath { write_latency_target_ms: 10001 }",
+                 {"datapath.write_latency_target_ms", "[0, 10000]"});
   EXPECT_EQ(c->datapath().verifier(), "auto");
   EXPECT_TRUE(LoadConfig("datapath { verifier: \"gpu\" }").ok());
   ExpectRejected("datapath { verifier: \"fpga\" }", {"datapath.verifier", "fpga"});

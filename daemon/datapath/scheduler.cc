@@ -79,6 +79,11 @@ absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedul
   if (options.num_devices == 0) {
     return absl::InvalidArgumentError("IoSchedulerOptions.num_devices must be > 0");
   }
+  if (options.write_latency_target_us < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IoSchedulerOptions.write_latency_target_us must be >= 0, got ",
+        options.write_latency_target_us));
+  }
   if (options.write_bytes_in_flight_while_reading == 0 || options.max_write_bytes_in_flight == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "IoSchedulerOptions: write_bytes_in_flight_while_reading (",
@@ -89,7 +94,9 @@ absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedul
 }
 
 IoScheduler::IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock)
-    : options_(options), sink_(sink), clock_(clock), devices_(options.num_devices) {}
+    : options_(options), sink_(sink), clock_(clock), devices_(options.num_devices) {
+  for (Device& d : devices_) d.write_window = options_.max_write_bytes_in_flight;
+}
 
 IoScheduler::~IoScheduler() = default;
 
@@ -151,7 +158,7 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t dev
 void IoScheduler::TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out) {
   Device& dev = devices_[device];
   const uint64_t cap = dev.reads_in_flight > 0 ? options_.write_bytes_in_flight_while_reading
-                                               : options_.max_write_bytes_in_flight;
+                                               : dev.write_window;
   const int64_t now = clock_->NowMs();
   std::unique_ptr<Emission> em;
   while (!dev.writes.empty()) {
@@ -202,6 +209,7 @@ void IoScheduler::OnDone(Emission* raw) {
     } else {
       dev.write_bytes_in_flight -= em->bytes;
       dev.write_latency.Record(latency_us, em->reqs.size());
+      AdaptWindowLocked(dev, em->bytes, latency_us, em->emitted_us + latency_us);
     }
     TakeWritesLocked(em->device, &next);
   }
@@ -212,13 +220,32 @@ void IoScheduler::OnDone(Emission* raw) {
   for (const Item& item : items) Finish(item.batch, 1);
 }
 
+void IoScheduler::AdaptWindowLocked(Device& dev, uint64_t bytes, int64_t latency_us,
+                                    int64_t now_us) {
+  const int64_t target = options_.write_latency_target_us;
+  if (target == 0) return;
+  const uint64_t floor = std::min(options_.write_bytes_in_flight_while_reading,
+                                  options_.max_write_bytes_in_flight);
+  if (latency_us > target) {
+    // Emissions in flight together complete late together: one cut per target interval.
+    if (dev.last_cut_us != 0 && now_us - dev.last_cut_us < target) return;
+    dev.last_cut_us = now_us;
+    const uint64_t halved = std::max(floor, dev.write_window / 2);
+    dev.write_window_cuts += halved < dev.write_window;
+    dev.write_window = halved;
+  } else {
+    dev.write_window = std::min(options_.max_write_bytes_in_flight, dev.write_window + bytes);
+  }
+}
+
 IoSchedulerStats IoScheduler::stats() const {
   absl::MutexLock lock(&mu_);
   IoSchedulerStats s = stats_;
   s.devices.reserve(devices_.size());
   for (const Device& d : devices_) {
-    s.devices.push_back(
-        DeviceIoStats{d.read_latency, d.write_latency, d.reads_in_flight, d.write_bytes_in_flight});
+    s.devices.push_back(DeviceIoStats{d.read_latency, d.write_latency, d.reads_in_flight,
+                                      d.write_bytes_in_flight, d.write_window,
+                                      d.write_window_cuts});
   }
   return s;
 }

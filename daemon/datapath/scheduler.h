@@ -11,9 +11,16 @@
 //  - Reads are emitted at once, never held back. In the backend they wait at most behind the
 //    writes already emitted, which the caps below bound.
 //  - Writes wait in FIFO order. While the device has reads in flight, at most
-//    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most
-//    `max_write_bytes_in_flight`. A write larger than the cap goes alone when no write is in
-//    flight, so every write makes progress.
+//    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most the
+//    device's write window. A write larger than the cap goes alone when no write is in flight, so
+//    every write makes progress.
+//  - The write window is `max_write_bytes_in_flight`, or with `write_latency_target_us` set, it
+//    adapts to the device (additive increase, multiplicative decrease, as TCP's congestion window
+//    and Kyber's latency targets do): an emission of writes that completed later than the target
+//    halves it (at most once per target interval), one on time grows it by its own bytes; it stays
+//    within [write_bytes_in_flight_while_reading, max_write_bytes_in_flight]. So a read that
+//    arrives while writes are in flight waits behind about one target's worth of them, on a slow
+//    device as on a fast one, instead of behind max_write_bytes_in_flight.
 //  - Writes taken at once go out in emissions of at most `write_emission_bytes`.
 //  - Each time an emission completes, the device's queue is looked at again: writes drain once
 //    reads stop.
@@ -66,6 +73,9 @@ struct IoSchedulerOptions {
   // of it completes, so smaller emissions let a device be topped up as parts of what it has in
   // flight complete, instead of in waves.
   uint64_t write_emission_bytes = 0;
+  // Completion latency the writes in flight should keep to, in clock microseconds; 0: no
+  // adaptation (the window stays max_write_bytes_in_flight).
+  int64_t write_latency_target_us = 0;
 };
 
 // Completion latency of emitted requests, from their emission to the sink until the sink
@@ -85,6 +95,8 @@ struct LatencyHistogram {
 struct DeviceIoStats {
   LatencyHistogram read_latency, write_latency;
   uint64_t reads_in_flight = 0, write_bytes_in_flight = 0;
+  uint64_t write_window = 0;  // bytes: the cap on writes in flight while nothing is read
+  uint64_t write_window_cuts = 0;  // times a late write halved it
 };
 
 struct IoSchedulerStats {
@@ -128,6 +140,9 @@ class IoScheduler {
     uint64_t reads_in_flight = 0;  // requests emitted and not completed
     uint64_t write_bytes_in_flight = 0;
     LatencyHistogram read_latency, write_latency;
+    uint64_t write_window = 0;
+    uint64_t write_window_cuts = 0;
+    int64_t last_cut_us = 0;  // clock time of the last halving; 0: none yet
   };
 
   IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock);
@@ -140,6 +155,9 @@ class IoScheduler {
   // Hands `em` to the sink; OnDone runs when the sink completes it.
   void Send(std::unique_ptr<Emission> em);
   void OnDone(Emission* em);
+  // Adapts `dev`'s write window to a write emission of `bytes` that took `latency_us`.
+  void AdaptWindowLocked(Device& dev, uint64_t bytes, int64_t latency_us, int64_t now_us)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const IoSchedulerOptions options_;
   IoSink* const sink_;

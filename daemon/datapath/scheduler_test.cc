@@ -344,5 +344,93 @@ TEST(SchedulerInlineTest, DoneMayPostAgain) {
   EXPECT_EQ(b[0].result, 4 * kKiB);
 }
 
+// The write window with a latency target: late writes halve it, on-time ones grow it.
+class WriteWindowTest : public SchedulerTest {
+ protected:
+  void MakeTargeted(int64_t target_us, uint64_t emission_bytes = 0) {
+    IoSchedulerOptions o;
+    o.num_devices = 1;
+    o.write_bytes_in_flight_while_reading = 64 * kKiB;
+    o.max_write_bytes_in_flight = 256 * kKiB;
+    o.write_emission_bytes = emission_bytes;
+    o.write_latency_target_us = target_us;
+    auto s = IoScheduler::Create(o, &sink_, &clock_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(s).value();
+  }
+  uint64_t Window() const { return sched_->stats().devices[0].write_window; }
+  std::vector<io::IoRequest> Writes(int n) {
+    std::vector<io::IoRequest> w;
+    for (int i = 0; i < n; ++i) w.push_back(Req(0, uint64_t(i) << 20, 64 * kKiB));
+    return w;
+  }
+};
+
+TEST_F(WriteWindowTest, LateWritesHalveTheWindowAndOnTimeOnesGrowIt) {
+  MakeTargeted(/*target_us=*/5000);
+  std::vector<io::IoRequest> w = Writes(8);
+  int calls = 0;
+  Post(IoClass::kWrite, &w, &calls);
+  ASSERT_EQ(sink_.pending(), 1u);
+  EXPECT_EQ(sink_.at(0).reqs.size(), 4u);  // the whole window, 256 KiB
+  EXPECT_EQ(Window(), 256 * kKiB);
+  clock_.AdvanceMs(10);  // later than 5 ms
+  sink_.Complete(0);
+  EXPECT_EQ(Window(), 128 * kKiB);
+  EXPECT_EQ(sched_->stats().devices[0].write_window_cuts, 1u);
+  ASSERT_EQ(sink_.pending(), 1u);
+  EXPECT_EQ(sink_.at(0).reqs.size(), 2u);  // what the halved window lets go
+  clock_.AdvanceMs(1);  // on time
+  sink_.Complete(0);
+  EXPECT_EQ(Window(), 256 * kKiB);  // grown by the emission's 128 KiB, up to the maximum
+  ASSERT_EQ(sink_.pending(), 1u);
+  EXPECT_EQ(sink_.at(0).reqs.size(), 2u);  // the last two
+  sink_.Complete(0);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST_F(WriteWindowTest, EmissionsLateTogetherCutOnceAndNeverBelowTheReadingCap) {
+  MakeTargeted(/*target_us=*/5000, /*emission_bytes=*/64 * kKiB);
+  std::vector<io::IoRequest> w = Writes(16);
+  int calls = 0;
+  Post(IoClass::kWrite, &w, &calls);
+  ASSERT_EQ(sink_.pending(), 4u);  // four emissions of 64 KiB fill the 256 KiB window
+  clock_.AdvanceMs(20);
+  for (int i = 0; i < 4; ++i) sink_.Complete(0);  // all late, at the same instant
+  EXPECT_EQ(Window(), 128 * kKiB);                // one cut for the four
+  EXPECT_EQ(sched_->stats().devices[0].write_window_cuts, 1u);
+  // Late again, one target interval on each time (only what was in flight before the clock
+  // moved; what those completions let go waits for the next round): 64 KiB, and it stays there.
+  for (int round = 0; round < 3 && sink_.pending() > 0; ++round) {
+    clock_.AdvanceMs(20);
+    for (size_t n = sink_.pending(); n > 0; --n) sink_.Complete(0);
+  }
+  EXPECT_EQ(Window(), 64 * kKiB);
+  EXPECT_EQ(sched_->stats().devices[0].write_window_cuts, 2u);  // 256 -> 128 -> 64, then floor
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST_F(WriteWindowTest, WithoutATargetTheWindowStaysAtTheMaximum) {
+  MakeTargeted(/*target_us=*/0);
+  std::vector<io::IoRequest> w = Writes(8);
+  int calls = 0;
+  Post(IoClass::kWrite, &w, &calls);
+  clock_.AdvanceMs(1000);
+  sink_.Complete(0);
+  EXPECT_EQ(Window(), 256 * kKiB);
+  ASSERT_EQ(sink_.pending(), 1u);
+  EXPECT_EQ(sink_.at(0).reqs.size(), 4u);
+  sink_.Complete(0);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST_F(WriteWindowTest, CreateRefusesANegativeTarget) {
+  IoSchedulerOptions o;
+  o.write_latency_target_us = -1;
+  EXPECT_EQ(IoScheduler::Create(o, &sink_, &clock_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tutti::datapath

@@ -162,6 +162,17 @@ void AddQueues(const store::StoreStats& st, const MetricsSnapshot& s, Builder* b
   for (size_t d = 0; d < io.devices.size(); ++d) {
     b->Sample(io.devices[d].write_bytes_in_flight, {{"device", std::to_string(d)}});
   }
+  b->Family("tutti_io_write_window_bytes", "The cap on pool writes in flight while the device "
+            "reads nothing, adapted to datapath.write_latency_target_ms, by device.", kGauge);
+  for (size_t d = 0; d < io.devices.size(); ++d) {
+    b->Sample(io.devices[d].write_window, {{"device", std::to_string(d)}});
+  }
+  b->Family("tutti_io_write_window_cuts_total", "Times writes completing later than "
+            "datapath.write_latency_target_ms halved a device's write window, by device.",
+            kCounter);
+  for (size_t d = 0; d < io.devices.size(); ++d) {
+    b->Sample(io.devices[d].write_window_cuts, {{"device", std::to_string(d)}});
+  }
   b->Family("tutti_io_latency_seconds", "Completion latency of pool I/O requests, from their "
             "emission to the backend until it completed them, by device and op.",
             MetricType::Histogram);

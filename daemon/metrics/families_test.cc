@@ -59,6 +59,8 @@ MetricsSnapshot FakeSnapshot() {
   st.io.write_wait_ms = 2500;
   st.io.devices.resize(2);
   st.io.devices[1].reads_in_flight = 4;
+  st.io.devices[1].write_window = 8 << 20;
+  st.io.devices[1].write_window_cuts = 3;
   st.io.devices[1].read_latency.Record(80, 3);    // (50, 100] us
   st.io.devices[1].read_latency.Record(2000, 1);  // (1, 2.5] ms
   st.read_objects = 140;
@@ -238,6 +240,7 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
       "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
       "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
       "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
+      "tutti_io_write_window_bytes", "tutti_io_write_window_cuts_total",
       "tutti_io_latency_seconds", "tutti_pool_device_info", "tutti_nvme_critical_warning",
       "tutti_nvme_temperature_celsius", "tutti_nvme_available_spare_ratio",
       "tutti_nvme_endurance_used_ratio", "tutti_nvme_media_errors"};
@@ -256,6 +259,8 @@ TEST(FamiliesTest, TheTextPageHasHelpTypeAndLabelledSamples) {
   EXPECT_THAT(page, HasSubstr("tutti_retrieved_blocks_total{tier=\"dram\"} 10\n"));
   EXPECT_THAT(page,
               HasSubstr("tutti_io_latency_seconds_bucket{device=\"1\",op=\"read\",le=\"+Inf\"} 4"));
+  EXPECT_THAT(page, HasSubstr("tutti_io_write_window_bytes{device=\"1\"} 8388608\n"));
+  EXPECT_THAT(page, HasSubstr("tutti_io_write_window_cuts_total{device=\"1\"} 3\n"));
 }
 
 }  // namespace

@@ -112,6 +112,8 @@ struct StoreOptions {
   // flight, and without.
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 64ull << 20;
+  // IoSchedulerOptions::write_latency_target_us (datapath.write_latency_target_ms); 0: off.
+  int64_t write_latency_target_us = 0;
   // The block events (events.h, BlockStore::events): the pool's id (PoolIdOf of its uuid; 0: a
   // random one, for a pool that lives only as long as this start), each namespace's ring size
   // (limits.max_pending_events) and the events kept for all namespaces together
