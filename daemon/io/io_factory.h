@@ -19,7 +19,7 @@ namespace tutti::io {
 
 struct IoOptions {
   uint32_t queue_depth = 64;  // "uring": requests in flight per file, 1 .. 4096
-  uint32_t memory_read_workers = 8;  // "uring": UringOptions::memory_read_workers
+  uint32_t memory_read_workers = 16;  // "uring": UringOptions::memory_read_workers
   // io.fallback, for OpenIoBackend: "uring" (or empty) or "fail".
   std::string fallback = "uring";
   GdsOptions gds;  // "gds": where libcufile is, and whether the daemon has GPU staging

@@ -43,7 +43,7 @@ struct UringOptions {
   // this many in flight per file, so as many io_uring workers copy at once (io_uring's own cap on
   // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it. Writes
   // queued behind reads that this cap holds back are issued meanwhile.
-  uint32_t memory_read_workers = 8;
+  uint32_t memory_read_workers = 16;
 };
 
 // Counts since creation, summed over files. Approximate while I/O is running.
