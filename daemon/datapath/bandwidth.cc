@@ -61,7 +61,8 @@ void BandwidthMeter::SetWriteBacklog(uint64_t bytes) {
   write_backlog_bytes_ = bytes;
 }
 
-BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now) const {
+BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now,
+                                             bool newest_bounds_low) const {
   BandwidthEstimate e;
   e.bytes_per_sec = t.bytes_per_sec;
   double spread = t.spread;
@@ -71,7 +72,9 @@ BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now)
   }
   e.spread = std::min(options_.max_spread, spread);
   e.low_bytes_per_sec = t.bytes_per_sec * (1 - e.spread);
-  if (t.samples > 0) e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, t.last_bytes_per_sec);
+  if (newest_bounds_low && t.samples > 0) {
+    e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, t.last_bytes_per_sec);
+  }
   return e;
 }
 
@@ -79,18 +82,19 @@ BandwidthEstimate BandwidthMeter::Estimate(Tier tier) const {
   const double now = Now();
   absl::MutexLock lock(&mu_);
   const TierBandwidth& alone = tiers_[static_cast<int>(tier)];
-  if (tier != Tier::kSsd || write_backlog_bytes_ == 0) return EstimateOf(alone, now);
+  const bool ssd = tier == Tier::kSsd;
+  if (!ssd || write_backlog_bytes_ == 0) return EstimateOf(alone, now, ssd);
   BandwidthEstimate e;
   if (contended_.samples > 0) {
-    e = EstimateOf(contended_, now);
+    e = EstimateOf(contended_, now, true);
   } else {
     // No read has run beside writes yet: the uncontended figures less the assumed share.
-    e = EstimateOf(alone, now);
+    e = EstimateOf(alone, now, true);
     e.bytes_per_sec *= 1 - options_.write_share_prior;
     e.low_bytes_per_sec *= 1 - options_.write_share_prior;
   }
   // Reads beside writes are never expected faster than alone.
-  const BandwidthEstimate a = EstimateOf(alone, now);
+  const BandwidthEstimate a = EstimateOf(alone, now, true);
   e.bytes_per_sec = std::min(e.bytes_per_sec, a.bytes_per_sec);
   e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, a.low_bytes_per_sec);
   e.contended = true;

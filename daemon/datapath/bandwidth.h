@@ -14,11 +14,17 @@
 // its spread `prior_spread`.
 //
 // Estimate() gives the mean and a pessimistic figure, `low`, for a read posted now:
-//   low = min(mean x (1 - spread'), the newest sample's rate),
+//   low = min(mean x (1 - spread'), the newest sample's rate)   (SSD)
+//   low = mean x (1 - spread')                                  (DRAM tier)
 //   spread' = min(max_spread, spread + stale_widen_per_s x max(0, age - stale_after_s))
 // where age is the time since the tier's newest sample: where tuttid has served no reads for a
-// while, it is less sure the device is as it was, and says so (no probe reads). A single slow read
-// pulls `low` down at once. The write backlog (SetWriteBacklog, the store's captured blocks not
+// while, it is less sure the device is as it was, and says so (no probe reads). On the SSD a
+// single slow read pulls `low` down at once: the device may have changed (throttled, worn, busy
+// with another tenant). The DRAM tier does not change; its slow reads are reads that shared the
+// GPU with an engine's heavy compute (without MPS the two time-slice), which say little of the
+// next read, so they count only through the mean and the spread (a TTFT grid on the H200 saw one
+// such read, during a 16K-token prefill, make the advice recompute where loading from DRAM was
+// 3.6-7.5x faster). The write backlog (SetWriteBacklog, the store's captured blocks not
 // yet durable) competes with reads for the SSD: samples taken while it was non-empty are kept in a
 // second mean, "contended", and while a backlog exists Estimate(kSsd) answers from that mean, or,
 // before any contended sample, from the uncontended one scaled by (1 - write_share_prior).
@@ -94,7 +100,8 @@ class BandwidthMeter {
  private:
   double Now() const;
   void Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const;
-  BandwidthEstimate EstimateOf(const TierBandwidth& t, double now) const;
+  // `newest_bounds_low`: the newest sample's rate caps `low` (the SSD's rule, above).
+  BandwidthEstimate EstimateOf(const TierBandwidth& t, double now, bool newest_bounds_low) const;
 
   const BandwidthOptions options_;
   mutable absl::Mutex mu_;

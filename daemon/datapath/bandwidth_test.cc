@@ -85,6 +85,17 @@ TEST(BandwidthMeterTest, OneSlowReadPullsTheLowFigureDownAtOnce) {
   EXPECT_DOUBLE_EQ(e.low_bytes_per_sec, 0.69e9);
 }
 
+TEST(BandwidthMeterTest, ASlowDramReadCountsOnlyThroughTheMeanAndTheSpread) {
+  Meter m(Small());
+  for (int i = 0; i < 20; ++i) m.meter.Record(Tier::kDram, 20000, 1e-6);  // 20 GB/s, steady
+  m.meter.Record(Tier::kDram, 2000, 1e-6 * 2000 / 1600);  // 1.6 GB/s: beside a long prefill
+  const BandwidthEstimate e = m.meter.Estimate(Tier::kDram);
+  EXPECT_NEAR(e.bytes_per_sec, 0.3 * 1.6e9 + 0.7 * 20e9, 1e3);
+  EXPECT_GT(e.spread, 0.4);  // the deviation widened it
+  EXPECT_NEAR(e.low_bytes_per_sec, e.bytes_per_sec * (1 - e.spread), 1e3);
+  EXPECT_GT(e.low_bytes_per_sec, 5e9) << "not the slow read's 1.6 GB/s";
+}
+
 TEST(BandwidthMeterTest, QuietSpellsWidenTheSpread) {
   Meter m(Small());
   for (int i = 0; i < 20; ++i) m.meter.Record(Tier::kSsd, 2000, 1e-6);
