@@ -45,8 +45,12 @@ TEST(ReloadTest, StartUpFieldsAreRefusedAndKeepTheirRunningValue) {
       running, Load("pool { dirs: \"/a\" dirs: \"/b\" capacity_bytes: 8589934592 } "
                     "listen { socket_mode: 0600 } datapath { decision: \"off\" } "
                     "metrics { listen: \"127.0.0.1:9465\" } log_level: \"warn\""));
+  // The automatic staging sizes follow the pool's devices: a second directory would change them
+  // too, and they are start-up fields as well.
   EXPECT_THAT(plan.refused, ElementsAre("listen.socket_mode", "pool.dirs", "pool.capacity_bytes",
-                                        "datapath.decision", "metrics.listen"));
+                                        "limits.store_staging_bytes",
+                                        "limits.retrieve_staging_bytes", "datapath.decision",
+                                        "metrics.listen"));
   EXPECT_THAT(plan.applied, ElementsAre("log_level: \"info\" -> \"warn\"")) << "still applies";
   v1::Config expected = running;
   expected.set_log_level("warn");
