@@ -149,9 +149,9 @@ class Devices:
 
 
 def _check_o_direct(dirs, hint):
-    import tutti.testing
+    import ssd_array  # its O_DIRECT probe, also used for --array-base below
     for d in dirs:
-        if not tutti.testing._takes_o_direct(d):
+        if not ssd_array.takes_o_direct(d):
             raise trace_engine.ReplayError(
                 "%s does not take O_DIRECT (tuttid's pool needs it); %s" % (d, hint))
 
