@@ -657,11 +657,56 @@ def render_config(cfg, indent=""):
     return "\n".join(lines)
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def io_series(daemon):
+    """{name: {labels: value}} of tuttid's tutti_io_* series (its metrics endpoint), or {} when
+    the endpoint is off or does not answer."""
+    import urllib.request
+    listen = json.loads(daemon.cfg.get("metrics", {}).get("listen", '"off"'))
+    if listen in ("", "off"):
+        return {}
+    try:
+        text = urllib.request.urlopen("http://%s/metrics" % listen, timeout=5).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^(tutti_io_[a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$', line)
+        if m:
+            out.setdefault(m.group(1), {})[m.group(2) or ""] = float(m.group(3))
+    return out
+
+
+def write_io_figures(io0, io1):
+    """The writes a phase handed the backend (requests, mean size) and the write windows at its
+    end (per device, and how often they were cut in it), from two io_series() readings."""
+    if not io0 or not io1:
+        return None
+    def delta(name, labels):
+        return io1.get(name, {}).get(labels, 0) - io0.get(name, {}).get(labels, 0)
+    reqs = delta("tutti_io_requests_total", '{op="write"}')
+    nbytes = delta("tutti_io_bytes_total", '{op="write"}')
+    windows = io1.get("tutti_io_write_window_bytes", {})
+    cuts = io1.get("tutti_io_write_window_cuts_total", {})
+    return {"requests": int(reqs), "mean_kib": round(nbytes / reqs / 1024, 1) if reqs else 0,
+            "window_mib_at_end": [round(v / MiB, 1) for v in windows.values()],
+            "window_cuts": int(sum(cuts.values()) - sum(
+                io0.get("tutti_io_write_window_cuts_total", {}).values()))}
+
+
 def tuttid_config(args, array, root, socket_path, capacity, dram):
     cfg = {
         "state_dir": json.dumps(os.path.join(root, "state")),
         "listen": {"socket_path": json.dumps(socket_path), "socket_mode": 384},
-        "metrics": {"listen": '"off"'},
+        # On a free loopback port: the store's write figures read the I/O scheduler's series.
+        "metrics": {"listen": json.dumps("127.0.0.1:%d" % free_port())},
         "pool": {"dirs": array.pool_dirs, "capacity_bytes": int(capacity),
                  "object_bytes": OBJECT_BYTES, "max_objects": 2 * LAYERS},
         "dram": {"capacity_bytes": int(dram)},
@@ -1017,6 +1062,7 @@ def phase_store(args, daemon, sessions):
     """Stores every session's blocks at once; (GB/s, seconds, CPU figures)."""
     blocks = sum(s.n for s in sessions)
     st0 = daemon.stats()
+    series0 = io_series(daemon)
     before = st0.get("blocks_stored", 0)
     for s in sessions:
         s.sync()
@@ -1037,6 +1083,8 @@ def phase_store(args, daemon, sessions):
                          "prepare_s": round(d("write_prepare_seconds"), 4),
                          "io_s": round(d("write_io_seconds"), 4),
                          "commit_s": round(d("write_commit_seconds"), 4)}
+    # The writes themselves: how many, how large, and the windows that held them.
+    figures["write_io"] = write_io_figures(series0, io_series(daemon))
     # How much of the phase the clients spent refused for full staging, waiting to retry.
     figures["store_calls"] = sum(s.store_counts["calls"] for s in sessions)
     figures["store_rejected_full_blocks"] = sum(
@@ -1185,10 +1233,11 @@ def store_and_retrieve(args, array, name, dram):
         call = min(call, mbpc)
         store_gbps, store_s, store_cpu = phase_store(args, daemon, sessions)
         log("  store   %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid %.2f cores, %.3f CPU "
-            "s/GB, busiest thread %s; iou-wrk %s; write pipeline %s" % (
+            "s/GB, busiest thread %s; iou-wrk %s; write pipeline %s; writes %s" % (
                 per * args.sessions, per * args.sessions * BLOCK_BYTES / GiB, store_s,
                 store_gbps, store_cpu["cores"], store_cpu["cpu_s_per_gb"],
-                store_cpu["busiest_thread"], store_cpu["iou_workers"], store_cpu["writes"]))
+                store_cpu["busiest_thread"], store_cpu["iou_workers"], store_cpu["writes"],
+                store_cpu["write_io"]))
         rounds = []
         for r in range(args.retrieve_rounds):
             gbps, secs, cpu = phase_retrieve(args, daemon, sessions, call)
@@ -1446,7 +1495,8 @@ def one_array_config(args, results, ctx, emulation, n):
         busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
         iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
         store_staging_wait_ms=args.store_staging_wait_ms, store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
-        store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"), **common,
+        store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"),
+        write_io=sc.get("write_io"), **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
              "(admin Stats blocks_stored and an empty write backlog); raw: mean of raw_array_io "
              "random writes (fdatasync at the end) right before and after tuttid (%s)" % (

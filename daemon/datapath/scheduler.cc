@@ -79,6 +79,10 @@ absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedul
   if (options.num_devices == 0) {
     return absl::InvalidArgumentError("IoSchedulerOptions.num_devices must be > 0");
   }
+  if (options.read_memory_us < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "IoSchedulerOptions.read_memory_us must be >= 0, got ", options.read_memory_us));
+  }
   if (options.write_latency_target_us < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "IoSchedulerOptions.write_latency_target_us must be >= 0, got ",
@@ -150,6 +154,7 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t dev
   em->cls = IoClass::kRead;
   for (Item& item : items) em->Add(std::move(item), io::Op::kRead);
   devices_[device].reads_in_flight += em->reqs.size();
+  devices_[device].last_read_us = clock_->NowUs();
   stats_.reads_emitted += em->reqs.size();
   stats_.read_bytes += em->bytes;
   return em;
@@ -206,6 +211,7 @@ void IoScheduler::OnDone(Emission* raw) {
     if (em->cls == IoClass::kRead) {
       dev.reads_in_flight -= em->reqs.size();
       dev.read_latency.Record(latency_us, em->reqs.size());
+      dev.last_read_us = em->emitted_us + latency_us;
     } else {
       dev.write_bytes_in_flight -= em->bytes;
       dev.write_latency.Record(latency_us, em->reqs.size());
@@ -226,7 +232,11 @@ void IoScheduler::AdaptWindowLocked(Device& dev, uint64_t bytes, int64_t latency
   if (target == 0) return;
   const uint64_t floor = std::min(options_.write_bytes_in_flight_while_reading,
                                   options_.max_write_bytes_in_flight);
-  if (latency_us > target) {
+  // Late writes cost only reads: with none in flight or recent, the window grows (throughput).
+  const bool reads_near =
+      dev.reads_in_flight > 0 ||
+      (dev.last_read_us != 0 && now_us - dev.last_read_us <= options_.read_memory_us);
+  if (latency_us > target && reads_near) {
     // Emissions in flight together complete late together: one cut per target interval.
     if (dev.last_cut_us != 0 && now_us - dev.last_cut_us < target) return;
     dev.last_cut_us = now_us;

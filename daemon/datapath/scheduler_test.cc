@@ -359,6 +359,17 @@ class WriteWindowTest : public SchedulerTest {
     sched_ = std::move(s).value();
   }
   uint64_t Window() const { return sched_->stats().devices[0].write_window; }
+  uint64_t Cuts() const { return sched_->stats().devices[0].write_window_cuts; }
+  // A 4 KiB read of device 0, emitted and completed now (writes pending stay pending).
+  void ReadOnce() {
+    std::vector<io::IoRequest> r{Req(0, 1ull << 30, 4 * kKiB)};
+    int done = 0;
+    const size_t before = sink_.pending();
+    Post(IoClass::kRead, &r, &done);  // emitted at once, after what is pending
+    ASSERT_EQ(sink_.pending(), before + 1);
+    sink_.Complete(before);
+    ASSERT_EQ(done, 1);
+  }
   std::vector<io::IoRequest> Writes(int n) {
     std::vector<io::IoRequest> w;
     for (int i = 0; i < n; ++i) w.push_back(Req(0, uint64_t(i) << 20, 64 * kKiB));
@@ -368,6 +379,7 @@ class WriteWindowTest : public SchedulerTest {
 
 TEST_F(WriteWindowTest, LateWritesHalveTheWindowAndOnTimeOnesGrowIt) {
   MakeTargeted(/*target_us=*/5000);
+  ReadOnce();  // reads are near: latency counts
   std::vector<io::IoRequest> w = Writes(8);
   int calls = 0;
   Post(IoClass::kWrite, &w, &calls);
@@ -391,6 +403,7 @@ TEST_F(WriteWindowTest, LateWritesHalveTheWindowAndOnTimeOnesGrowIt) {
 
 TEST_F(WriteWindowTest, EmissionsLateTogetherCutOnceAndNeverBelowTheReadingCap) {
   MakeTargeted(/*target_us=*/5000, /*emission_bytes=*/64 * kKiB);
+  ReadOnce();  // reads are near for the whole test (80 ms of 1 s)
   std::vector<io::IoRequest> w = Writes(16);
   int calls = 0;
   Post(IoClass::kWrite, &w, &calls);
@@ -411,6 +424,50 @@ TEST_F(WriteWindowTest, EmissionsLateTogetherCutOnceAndNeverBelowTheReadingCap) 
   EXPECT_EQ(calls, 1);
 }
 
+TEST_F(WriteWindowTest, LateWritesWithNoReadNearLeaveTheWindowWhole) {
+  MakeTargeted(/*target_us=*/5000);
+  std::vector<io::IoRequest> w = Writes(8);
+  int calls = 0;
+  Post(IoClass::kWrite, &w, &calls);  // no read ever: a device that only writes
+  clock_.AdvanceMs(10);
+  sink_.Complete(0);
+  EXPECT_EQ(Window(), 256 * kKiB);
+  EXPECT_EQ(Cuts(), 0u);
+  ASSERT_EQ(sink_.pending(), 1u);
+  EXPECT_EQ(sink_.at(0).reqs.size(), 4u);  // the whole window again
+  // A read, then late writes: cut. Once the read is more than read_memory_us behind: not.
+  ReadOnce();
+  clock_.AdvanceMs(10);
+  sink_.Complete(0);
+  EXPECT_EQ(Window(), 128 * kKiB);
+  EXPECT_EQ(Cuts(), 1u);
+  std::vector<io::IoRequest> more = Writes(8);
+  Post(IoClass::kWrite, &more, &calls);
+  clock_.AdvanceMs(1001);  // the read is now 1001 ms old (read_memory_us: 1 s)
+  for (size_t n = sink_.pending(); n > 0; --n) sink_.Complete(0);
+  EXPECT_EQ(Cuts(), 1u);
+  EXPECT_GT(Window(), 128 * kKiB);  // grown by what completed, late as it was
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(calls, 2);
+}
+
+TEST_F(WriteWindowTest, AReadInFlightMakesLateWritesCut) {
+  MakeTargeted(/*target_us=*/5000);
+  std::vector<io::IoRequest> w = Writes(8);
+  int calls = 0, read_done = 0;
+  Post(IoClass::kWrite, &w, &calls);  // emission 0: 256 KiB of writes
+  clock_.AdvanceMs(2000);             // long after any read (there was none)
+  std::vector<io::IoRequest> r{Req(0, 1ull << 30, 4 * kKiB)};
+  Post(IoClass::kRead, &r, &read_done);  // emission 1, left in flight
+  clock_.AdvanceMs(10);
+  sink_.Complete(0);  // the writes, late, with a read in flight
+  EXPECT_EQ(Cuts(), 1u);
+  EXPECT_EQ(Window(), 128 * kKiB);
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(read_done, 1);
+  EXPECT_EQ(calls, 1);
+}
+
 TEST_F(WriteWindowTest, WithoutATargetTheWindowStaysAtTheMaximum) {
   MakeTargeted(/*target_us=*/0);
   std::vector<io::IoRequest> w = Writes(8);
@@ -428,6 +485,10 @@ TEST_F(WriteWindowTest, WithoutATargetTheWindowStaysAtTheMaximum) {
 TEST_F(WriteWindowTest, CreateRefusesANegativeTarget) {
   IoSchedulerOptions o;
   o.write_latency_target_us = -1;
+  EXPECT_EQ(IoScheduler::Create(o, &sink_, &clock_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.write_latency_target_us = 0;
+  o.read_memory_us = -1;
   EXPECT_EQ(IoScheduler::Create(o, &sink_, &clock_).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
