@@ -105,30 +105,32 @@ def main():
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
               "mib_per_thread": args.mib}
-    rows = []
+    out = open(args.out, "a")
+
+    def emit(**row):  # each row as soon as it is measured: a run cut short keeps what it had
+        out.write(json.dumps(dict(common, **row)) + "\n")
+        out.flush()
+
     if gpu:
         c = H2dCopier().start()
         time.sleep(args.seconds)
         alone = c.stop()
-        rows.append(dict(common, metric="h2d_alone_gbps", value=round(alone / GB, 3)))
+        emit(metric="h2d_alone_gbps", value=round(alone / GB, 3))
         print("pinned copy to the GPU alone: %.2f GB/s" % (alone / GB))
     for t in [int(x) for x in args.threads.split(",")]:
         rate = copy_rate(t, args.mib, args.seconds)
-        rows.append(dict(common, metric="host_copy_gbps", threads=t, beside_h2d=False,
-                         value=round(rate / GB, 3)))
+        emit(metric="host_copy_gbps", threads=t, beside_h2d=False, value=round(rate / GB, 3))
         line = "%2d threads: copy %.2f GB/s" % (t, rate / GB)
         if gpu:
             c = H2dCopier().start()
             rate2 = copy_rate(t, args.mib, args.seconds)
             h2d = c.stop()
-            rows.append(dict(common, metric="host_copy_gbps", threads=t, beside_h2d=True,
-                             value=round(rate2 / GB, 3), h2d_gbps=round(h2d / GB, 3)))
+            emit(metric="host_copy_gbps", threads=t, beside_h2d=True, value=round(rate2 / GB, 3),
+                 h2d_gbps=round(h2d / GB, 3))
             line += "; beside a pinned copy to the GPU: copy %.2f GB/s, that copy %.2f GB/s" % (
                 rate2 / GB, h2d / GB)
         print(line, flush=True)
-    with open(args.out, "a") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
+    out.close()
 
 
 if __name__ == "__main__":
