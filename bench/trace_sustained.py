@@ -33,8 +33,10 @@ read_gbps, write_gbps, backlog_bytes], merged to at most 300 windows, the backlo
 largest); the loads' bandwidth per pass as the engines see it (bytes retrieved / seconds spent in
 Retrieve calls, the calls of both passes being the same), and their ratio
 retrieve_with_writes_vs_alone (pass 1 / pass 4). The backlog verdict, over pass 1 by time:
-write_backlog_growth = (mean of the last third + one block) / (mean of the middle third + one
-block); bounded when growth <= --growth-limit (1.5), fewer than 5% of samples at >= 90% of the
+write_backlog_growth = (mean of the last third + floor) / (mean of the middle third + floor),
+the floor the larger of one block and what the pass writes in BACKLOG_FLOOR_S (0.1 s) at its
+measured write rate (a backlog the array writes in a tenth of a second is no growth: a bare ratio
+of two near-empty means swung to 2-4 on a few MB); bounded when growth <= --growth-limit (1.5), fewer than 5% of samples at >= 90% of the
 backlog limit (datapath.max_write_backlog_bytes, by default limits.store_staging_bytes), no Store
 dropped for lack of room, and drained within --drain-timeout-s of the last request. Lost:
 lost_blocks = max(0, keys not found - tuttid's evictions) + nothing else may be off: verify_errors,
@@ -71,6 +73,7 @@ import trace_sim  # noqa: E402
 SERIES_POINTS = 300
 GROWTH_AT_LIMIT = 0.9        # a sample at >= this share of the backlog limit is "at the limit"
 AT_LIMIT_SHARE_BOUND = 0.05  # bounded: fewer samples than this share at the limit
+BACKLOG_FLOOR_S = 0.1  # the growth's floor: this many seconds of the pass's writes
 POOL_DIRS_TEMPLATE = 'dirs: "{root}/pool"'
 
 
@@ -101,7 +104,8 @@ def bandwidth_series(samples, max_points=SERIES_POINTS):
 
 def backlog_verdict(samples, t0, t1, limit, floor, growth_limit):
     """The write backlog over [t0, t1] (the mixed pass): growth of the last third's mean over the
-    middle third's (each plus `floor` bytes, so that a backlog of a block or two is no growth),
+    middle third's (each plus `floor` bytes, so that a backlog the array writes at once is no
+    growth),
     the max, and the share of samples at >= GROWTH_AT_LIMIT x limit. `bounded` is left to the
     caller (it also needs the drain and the dropped Stores)."""
     span = max(t1 - t0, 1e-9)
@@ -417,7 +421,10 @@ def report(args, m, requests, unique, planned, geometry, devices):
     asked = sum(r.load_prefix for r in m.mixed)
     limit = (args.max_write_backlog_mib << 20) or m.before.get("store_staging_bytes", 0)
     t0, t1 = m.marks["mixed"], m.marks["drain"]
-    verdict = backlog_verdict(m.samples, t0, t1, limit, bb, args.growth_limit)
+    write_rate = d_mixed["bytes_written"] / max(m.mixed_wall + m.drain_s, 1e-9)
+    floor = max(bb, BACKLOG_FLOOR_S * write_rate)
+    verdict = backlog_verdict(m.samples, t0, t1, limit, floor, args.growth_limit)
+    verdict["backlog_floor_bytes"] = int(floor)
     dropped = sum(r.dropped for r in m.mixed)
     verdict["backlog_bounded"] = bool(verdict["growth_ok"] and m.drained and dropped == 0 and
                                       verdict["backlog_at_limit_share"] < AT_LIMIT_SHARE_BOUND)
