@@ -1365,6 +1365,11 @@ class Results:
             log("%-34s %9.2f %s against %-34s %9.2f %s: %.4f" % (
                 x["metric"], x["measured_value"], x["measured_unit"], x["baseline_name"],
                 x["baseline_value"], x["measured_unit"], x["ratio"]))
+        for x in self.rows:
+            if x["metric"] == "ssd_array_engine_beside_retrieve":
+                log("engine beside retrieve (MPS %s): loss %.2f%%, tuttid %.2f GB/s during vs "
+                    "%.2f alone" % ("on" if x["mps"] else "off", 100 * x["engine_loss"],
+                                    x["tuttid_gbps_during"], x["tuttid_gbps_alone"]))
         log("results appended to %s" % self.path)
 
 
@@ -1650,6 +1655,99 @@ def part_ttft(args, results, ctx):
                 note="DRAM tier (reference). " + how, **common)
 
 
+def part_engine_loss(args, results, ctx):
+    """What a busy engine loses beside a full-speed SSD-tier retrieve (issue 20: at most 5% under
+    MPS). bench/busy_engine.py keeps every SM busy with timed bf16 matrix multiplications: alone
+    for --loss-alone-s, then beside tuttid's Retrieves of every block from a tmpfs array
+    (back to back for --loss-overlap-s, DRAM tier off, tuttid's default copier and verifier),
+    then alone again. Loss = 1 - its rate during / the mean of its rates before and after;
+    tuttid's rate during is set against its rate alone just before (best of 2 rounds).
+    --local: a dry run of the part's logic, the engine multiplying on the CPU."""
+    n = args.ttft_devices
+    log("=== engine_loss: a busy engine beside SSD-tier retrieves from tmpfs:%d (MPS %s)" % (
+        n, "running" if mps_running() else "not running"))
+    mark = TEARDOWN.mark()
+    try:
+        array = build_tmpfs_array(args, n)
+        blocks = int(args.gib * GiB) // BLOCK_BYTES
+        per, capacity, call = plan(args, blocks, args.sessions)
+        check_room(args.base, capacity, "tuttid's pool on " + array.name)
+        daemon = Daemon(args, array, lambda root, sock: tuttid_config(
+            args, array, root, sock, capacity, 0), "tuttid-engine-loss")
+        daemon.start()
+        sessions = []
+        try:
+            sessions = open_sessions(args, daemon, args.sessions, per)
+            call = min(call, sessions[0].client.info["max_blocks_per_call"])
+            phase_store(args, daemon, sessions)
+            alone = max(phase_retrieve(args, daemon, sessions, call)[0] for _ in range(2))
+            m = engine_beside(args, lambda: in_threads(lambda s: s.retrieve(call), sessions),
+                              sessions)
+            verify(sessions)
+        finally:
+            close_sessions(sessions)
+            daemon.stop()
+    finally:
+        TEARDOWN.run_to(mark)
+    during = m["rounds"] * per * args.sessions * BLOCK_BYTES / m["overlap_s"] / GB
+    base = (m["before"] + m["after"]) / 2
+    results.add(
+        "ssd_array_engine_beside_retrieve", m["during"], "engine_alone", base, "ops/s",
+        engine_loss=1 - m["during"] / base, engine_tflops_alone=base * m["flops_per_op"] / 1e12,
+        engine_ops_per_s=[m["before"], m["during"], m["after"]], tuttid_gbps_during=during,
+        tuttid_gbps_alone=alone, tuttid_during_vs_alone=during / alone, rounds=m["rounds"],
+        overlap_s=m["overlap_s"], mps=mps_running(), n_devices=n, emulation="tmpfs",
+        sessions=args.sessions, blocks=per * args.sessions, call_blocks=call,
+        tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+        note="engine: bench/busy_engine.py (%s matmuls back to back, each timed) alone "
+             "%.1f s, beside %d SSD-tier Retrieves of every layer of %d blocks (verified after), "
+             "alone again; ratio = its rate during / the mean of before and after" % (
+                 "256^3 float32 CPU (--local)" if args.local else "8192^3 bf16",
+                 args.loss_alone_s, m["rounds"], per * args.sessions))
+    log("  engine %.1f / %.1f / %.1f ops/s (before / during / after): loss %.2f%%; tuttid "
+        "%.2f GB/s during, %.2f alone" % (m["before"], m["during"], m["after"],
+                                          100 * (1 - m["during"] / base), during, alone))
+
+
+def engine_beside(args, one_round, sessions):
+    """Runs bench/busy_engine.py alone, beside one_round() repeated for --loss-overlap-s, and
+    alone again: its rate (ops/s) in each window, the rounds run and the overlap's seconds."""
+    for s in sessions:  # the check after the overlap then sees what its rounds wrote
+        s.clear_destination()
+        s.sync()
+    seconds = 2 * args.loss_alone_s + args.loss_overlap_s + 5
+    engine = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "busy_engine.py"), "--seconds", "%.1f" % seconds] +
+        (["--device", "cpu", "--n", "256"] if args.local else []),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    TEARDOWN.push("stop the busy engine", lambda: engine.poll() is not None or engine.kill())
+    first = engine.stdout.readline().split()
+    if len(first) != 2 or first[0] != "ready":
+        engine.kill()
+        raise BenchError("busy_engine did not start: %r %s" % (first, engine.stderr.read()))
+    ready = float(first[1])
+    time.sleep(args.loss_alone_s)
+    rounds, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < args.loss_overlap_s:
+        one_round()
+        rounds += 1
+    for s in sessions:
+        s.sync()
+    t1 = time.monotonic()
+    out, err = engine.communicate(timeout=seconds + 60)
+    if engine.returncode != 0:
+        raise BenchError("busy_engine exited %s: %s" % (engine.returncode, err.strip()))
+    r = json.loads(out.strip().splitlines()[-1])
+    ends = r["ends"]
+    after_end = min(t1 + args.loss_alone_s, ends[-1])
+    if after_end - t1 < 0.5 * args.loss_alone_s:
+        raise BenchError("the engine stopped %.2f s after the overlap (the rounds ran long)" % (
+            ends[-1] - t1))
+    rate = lambda a, b: sum(1 for e in ends if a <= e < b) / (b - a)
+    return {"before": rate(ready, t0), "during": rate(t0, t1), "after": rate(t1, after_end),
+            "rounds": rounds, "overlap_s": t1 - t0, "flops_per_op": r["flops_per_op"]}
+
+
 def mps_running():
     """Whether an MPS control daemon's pipe is there (CUDA_MPS_PIPE_DIRECTORY, else the default):
     without MPS the GPU time-slices tuttid's kernels against the engine's."""
@@ -1767,7 +1865,8 @@ def parse_args(argv):
                                  epilog="\n".join(__doc__.split("\n")[2:]))
     ap.add_argument("--configs", default="tmpfs:1,tmpfs:2,tmpfs:4,tmpfs:8,loop:4",
                     help="array configurations: tmpfs:N, loop:N (default %(default)s)")
-    ap.add_argument("--parts", default="array,dram,ttft", help="of array, dram, ttft")
+    ap.add_argument("--parts", default="array,dram,ttft",
+                    help="of array, dram, ttft, engine_loss")
     ap.add_argument("--gib", type=float, default=8.0, help="GiB of blocks stored and retrieved "
                     "(2 MiB each; default 8: 4096 blocks); also the raw files' total")
     ap.add_argument("--sessions", type=int, default=1,
@@ -1809,6 +1908,10 @@ def parse_args(argv):
     ap.add_argument("--ttft-share", type=float, default=0.98, help="cached share of T")
     ap.add_argument("--ttft-devices", type=int, default=8, help="tmpfs directories of the prefix")
     ap.add_argument("--ttft-runs", type=int, default=2, help="runs after a warm-up")
+    ap.add_argument("--loss-alone-s", type=float, default=3.0,
+                    help="engine_loss: seconds the busy engine runs alone before and after")
+    ap.add_argument("--loss-overlap-s", type=float, default=6.0,
+                    help="engine_loss: seconds of back-to-back retrieves beside it")
     ap.add_argument("--phase-timeout", type=float, default=300.0, help="seconds per store phase")
     ap.add_argument("--label", default="", help='what tuttid this is, e.g. "before", "after"')
     ap.add_argument("--tuttid", default=None, help="tuttid binary or wrapper (.bundle/tuttid.sh;"
@@ -1830,8 +1933,8 @@ def parse_args(argv):
     args.configs = parse_configs(args.configs)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     for p in args.parts:
-        if p not in ("array", "dram", "ttft"):
-            raise SetupError("--parts: unknown part %r (array, dram, ttft)" % p)
+        if p not in ("array", "dram", "ttft", "engine_loss"):
+            raise SetupError("--parts: unknown part %r (array, dram, ttft, engine_loss)" % p)
     args.ttft_tokens = args.ttft_tokens or (128 if args.local else 32768)
     args.cpu_dry_run = args.local  # what tests/e2e's shapes() reads
     if args.sessions < 1:
