@@ -78,9 +78,10 @@ class BacklogSampler(admin_stats.Sampler):
                     backlog_series=self.samples[::step])
 
 
-def run_engines(args, socket_path, geometry, requests, call_blocks, serve=None):
+def run_engines(args, socket_path, geometry, requests, call_blocks, serve=None, halt=None):
     """Serves every request (engine.serve, or serve(engine, index, request)); returns the
-    RequestResults in trace order and the wall seconds."""
+    RequestResults in trace order and the wall seconds. Once the threading.Event `halt` is set,
+    no further request is started (their results stay None)."""
     engines = [trace_engine.TraceEngine(socket_path, geometry, call_blocks, "trace-engine-%d" % i,
                                         args.wait_durable, args.store_retries,
                                         args.staging_wait_ms, args.verify)
@@ -93,6 +94,8 @@ def run_engines(args, socket_path, geometry, requests, call_blocks, serve=None):
             if item is None:
                 return
             i, req, due = item
+            if halt is not None and halt.is_set():
+                continue
             started = time.monotonic()
             try:
                 r = serve(engine, i, req) if serve else engine.serve(i, req)
@@ -110,7 +113,12 @@ def run_engines(args, socket_path, geometry, requests, call_blocks, serve=None):
         due = 0.0
         if args.speed > 0:
             due = t0 + (req.timestamp_ms - ts0) / 1000.0 / args.speed
-            time.sleep(max(0.0, due - time.monotonic()))
+            if halt is not None:
+                halt.wait(max(0.0, due - time.monotonic()))
+            else:
+                time.sleep(max(0.0, due - time.monotonic()))
+        if halt is not None and halt.is_set():
+            break
         work.put((i, req, due))
     for _ in threads:
         work.put(None)

@@ -273,5 +273,51 @@ class SustainedTest(unittest.TestCase):
         self.assertEqual(os.listdir(os.path.join(tmp, "d0")), [])  # the pool removed
 
 
+class BackgroundLoadTest(unittest.TestCase):
+    """tests/e2e/replay_load.py: the replay as background load of ttft_grid's advice_replay."""
+
+    def load(self, socket_path, **kw):
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
+        import replay_load
+        return replay_load.ReplayLoad(socket_path, SLICE, layers=2, object_bytes=16384,
+                                      call_blocks=160, **kw)
+
+    def test_runs_beside_and_says_what_it_did(self):
+        import time
+        import tutti.testing
+        # A pool of about 3,900 slots of the replay's 64 KiB blocks: nothing evicted.
+        with tutti.testing.Tuttid(object_bytes=16384, max_objects=4) as d:
+            load = self.load(d.socket, gbps=0.05).start()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 4.0:
+                load.check()
+                time.sleep(0.2)
+            t1 = time.monotonic()
+            load.stop()
+        w = load.window(t0, t1)
+        self.assertGreater(w["requests"], 5)
+        self.assertEqual(w["load_failed"], 0)
+        self.assertGreater(w["hits"], 0)  # 22 hits by the slice's 11th request, 1.7 s in
+        self.assertEqual(w["loaded"], w["hits"])  # no compute samples: tuttid advises all hits
+        self.assertGreater(w["written"], 0)
+        self.assertAlmostEqual(w["gb_written"], w["written"] * 65536 / 1e9)
+        self.assertGreater(load.info["speed"], 1.0)
+        self.assertIn("started %d requests" % w["requests"], load.describe(t0, t1))
+
+    def test_failures_are_raised(self):
+        import time
+        import tutti.testing
+        with tutti.testing.Tuttid() as d:
+            load = self.load(d.socket, gbps=1.0, count=3).start()
+            deadline = time.monotonic() + 30
+            while load.ended is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with self.assertRaisesRegex(RuntimeError, "served its last request"):
+                load.check()
+            load.stop()
+        with self.assertRaisesRegex(RuntimeError, "served no request"):
+            self.load("/nonexistent/tuttid.sock", gbps=0.05).start()
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,10 +1,11 @@
 """Issue 10's acceptance measurements on the GPU machine: load-or-recompute over a grid, its
 prediction error, the SSD tier against raw reads of its own files, and reads beside a store stream;
-and issue 23's acceptance of the advice (advice_vs_best_pure) on the grid, the throttled disk and
-beside a store stream.
+and issue 23's acceptance of the advice (advice_vs_best_pure) on the grid, the throttled disk,
+beside a store stream and under the trace replay.
 
-    python3 tests/e2e/ttft_grid.py --out DIR [--parts grid,raw,stores,throttle,advice_stores]
-                                   [--tuttid BIN] [--budget-s 300] [--watchdog 420] [--cpu-dry-run]
+    python3 tests/e2e/ttft_grid.py --out DIR
+        [--parts grid,raw,stores,throttle,advice_stores,advice_replay] [--tuttid BIN]
+        [--budget-s 300] [--watchdog 420] [--trace PATH] [--cpu-dry-run]
 
 Every figure is a JSON line (bench, metric, value, unit, baseline_name, baseline_value, ratio,
 [fields such as config,] machine, date, command, note) appended to DIR/<bench>.jsonl the moment
@@ -51,16 +52,30 @@ printed at the end. Parts (each on its own tuttid; a failure is reported and the
             recompute-all and the points (those fitting --budget-s, the long contexts first);
             before each point every stored prefix is looked up once, so the pool evicts the
             stream's blocks rather than the grid's (a prefix found short is logged).
+  advice_replay  the SSD-tier grid under the trace replay: as advice_stores (a fresh tuttid, its
+            pool --stream-gib larger, the prefixes touched before each point), but instead of
+            the store stream a child process replays the Mooncake-format --trace against the
+            same tuttid as other engines would (replay_load.py, bench/trace_replay.py's
+            engines: per request a Lookup of its chain with the prompt's length, a Retrieve of
+            the hits tuttid advises loading, a Store of the blocks computed, not waiting for
+            durability), from request --replay-first at the trace's arrival times sped up so
+            that the blocks the requests reference come at --replay-gbps; a block is the grid
+            model's layers x (K, V) of its object bytes for 512 tokens (2 MiB for
+            Llama-3-8B: one pool slot). The replay starts once the prefixes are stored (it
+            warms up during the profile, lines ..._replay_) and stops after the last point.
+            The summary's note says what it did during recompute-all and the points (requests,
+            prefix hit ratio, GB read and written, GB/s, lag); a replay that fails, loads a
+            block short, ends its requests before the last point or starts none during them
+            fails the part.
 
 Issue 23's lines (bench e2e_ttft_grid), written by every grid point of every part from the same
 figures as its ttft_decision_vs_best_pure_ and ttft_prediction_error_ lines: advice_vs_best_pure
 (value = the advised TTFT, baseline = min(load-all, recompute-all) of the same run, ratio; fields
 config, T, cached_share, prediction_error), config grid_dram, grid_ssd, throttled_ssd (or
-70b_tp8_ssd, the throttle's fallback) or beside_store_stream_ssd; and per configuration
-advice_vs_best_pure_max (the worst ratio; fields config, points, max_prediction_error, held:
-ratio <= 1.05 and error <= 0.15 at every point). The run ends with a table of the configurations
-saying which held; the trace-replay configuration is not measured by this tool
-(bench/trace_replay.py).
+70b_tp8_ssd, the throttle's fallback), beside_store_stream_ssd or trace_replay; and per
+configuration advice_vs_best_pure_max (the worst ratio; fields config, points,
+max_prediction_error, held: ratio <= 1.05 and error <= 0.15 at every point). The run ends with a
+table of the configurations saying which held.
 
 --cpu-dry-run runs all of it here in host mode (float32, tiny shapes, T = 64/128 tokens): logic
 only, its figures mean nothing. --budget-s bounds each part: points that would start past it are
@@ -88,6 +103,7 @@ import tutti.testing  # noqa: E402
 
 import admin_stats  # noqa: E402
 import diskio  # noqa: E402
+import replay_load  # noqa: E402
 from llama import LlamaShape, PagedLlama, random_weights  # noqa: E402
 
 BLOCK = g.BLOCK
@@ -100,7 +116,10 @@ ADVICE_RATIO_BOUND = 1.05
 ADVICE_ERROR_BOUND = 0.15
 # The configurations the issue names, with the part that measures each here (None: not here).
 ADVICE_CONFIGS = [("grid_dram", "grid"), ("grid_ssd", "grid"), ("throttled_ssd", "throttle"),
-                  ("beside_store_stream_ssd", "advice_stores"), ("trace_replay", None)]
+                  ("beside_store_stream_ssd", "advice_stores"), ("trace_replay", "advice_replay")]
+# The trace advice_replay replays unless --trace says otherwise (../shared/traces/README.md).
+DEFAULT_TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), os.pardir, "shared", "traces", "mooncake_synthetic_trace.jsonl")
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -527,9 +546,7 @@ def advice_summary(results, config, points, note=""):
                             held=held),
                 note="issue 23 acceptance of %s: over %d points (T, cached share: %s), the "
                      "worst advised TTFT / min(load_all, recompute_all) %.4f (bound %.2f) and "
-                     "the worst |predicted - measured| / measured %.4f (bound %.2f): %s. The "
-                     "trace-replay configuration is not measured by this tool "
-                     "(bench/trace_replay.py)%s" % (
+                     "the worst |predicted - measured| / measured %.4f (bound %.2f): %s%s" % (
                          config, len(points), ", ".join("%d %.2f" % (p.T, p.share)
                                                         for p in points),
                          worst, ADVICE_RATIO_BOUND, worst_err, ADVICE_ERROR_BOUND,
@@ -677,6 +694,61 @@ def touch_prefixes(bench, prompts, max_share):
                 lease.hits, len(keys), T))
         if lease.hits > 0:
             bench.client.release(lease)
+
+
+def part_advice_replay(args, results):
+    """Issue 23's advice under the trace replay: the SSD-tier grid points (those fitting the
+    budget, the long contexts first) while a child process replays --trace against the same
+    tuttid (replay_load.py); the replay's failure fails the part."""
+    budget = Budget(args.budget_s)
+    shares = [float(s) for s in args.shares.split(",")]
+    if not os.path.isfile(args.trace):
+        raise RuntimeError("no trace at %s (--trace PATH)" % args.trace)
+    shape, dtype = shapes(args)["8b"]
+    bench, daemon, Ts = grid_setup(args, shape, dtype, dram=False,
+                                   room=int(args.stream_gib * 2**30))
+    load = None
+    try:
+        # The prefixes first, on a quiet tuttid; the replay then warms up during the profile
+        # (compute alone: it reads nothing from tuttid).
+        prompts = store_prefixes(bench, Ts, args.max_share)
+        # The replay's blocks: the grid model's objects (its layers, K and V, its object bytes
+        # in whole KiB) for 512 tokens, so each fills one pool slot as the grid's blocks do.
+        object_bytes = g.layout_of(shape, dtype_bytes(dtype)).object_bytes // 1024 * 1024
+        load = replay_load.ReplayLoad(daemon.socket, args.trace, shape.layers, object_bytes,
+                                      args.replay_gbps, engines=args.replay_engines,
+                                      first=args.replay_first).start()
+        profile(bench, results, Ts, [float(s) for s in args.profile_shares.split(",")],
+                "replay_")
+        before, t0 = admin_stats.stats(daemon.admin_socket), time.monotonic()
+
+        def before_point():
+            load.check()
+            touch_prefixes(bench, prompts, args.max_share)
+
+        recompute = measure_recompute(bench, results, prompts, args.runs, "replay_")
+        points = run_points(bench, results, budget, prompts, shares, "ssd", recompute,
+                            args.runs, "replay_", "trace_replay", before_point=before_point)
+        load.check()
+        after, t1 = admin_stats.stats(daemon.admin_socket), time.monotonic()
+        load.stop()
+        if points and load.window(t0, t1)["requests"] == 0:
+            raise RuntimeError("the trace replay started no request during recompute-all and "
+                               "the points (%.1f s): raise --replay-gbps" % (t1 - t0))
+        grid_summary(results, points, "replay_")
+        d = {k: (after.get(k, 0) - before.get(k, 0)) / GB for k in ("bytes_read",
+                                                                      "bytes_written")}
+        advice_summary(results, "trace_replay", points, note=(
+            "during recompute-all and the points %s; tuttid read %.2f GB and wrote %.2f GB in "
+            "all (%.2f GB/s, the grid's loads and prefixes included)" % (
+                load.describe(t0, t1), d["bytes_read"], d["bytes_written"],
+                (d["bytes_read"] + d["bytes_written"]) / (t1 - t0))))
+        log_stats(daemon)
+    finally:
+        if load is not None:
+            load.kill()
+        bench.client.detach()
+        daemon.cleanup()
 
 
 def log_stats(daemon):
@@ -1059,7 +1131,7 @@ def acceptance(results, parts, failed):
                 "held" if r["held"] else "NOT held", r["ratio"], r["max_prediction_error"],
                 r["points"])
         elif part is None:
-            why = "not measured by this tool (bench/trace_replay.py)"
+            why = "not measured by this tool"
         elif part not in parts:
             why = "not measured in this run (part %s not run)" % part
         elif config == "throttled_ssd" and "70b_tp8_ssd" in summaries:
@@ -1074,7 +1146,7 @@ def acceptance(results, parts, failed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=".")
-    ap.add_argument("--parts", default="grid,raw,stores,throttle,advice_stores")
+    ap.add_argument("--parts", default="grid,raw,stores,throttle,advice_stores,advice_replay")
     ap.add_argument("--tuttid", default=None)
     ap.add_argument("--tokens", default=None, help="T values (default 4096,16384,32768; dry "
                     "run 64,128)")
@@ -1086,7 +1158,20 @@ def main():
     ap.add_argument("--raw-blocks", type=int, default=None,
                     help="blocks of the raw and stores parts (default 2048: 4 GiB; dry run 64)")
     ap.add_argument("--stream-gib", type=float, default=16.0,
-                    help="pool room for the store stream (stores and advice_stores parts)")
+                    help="pool room for the store stream and the trace replay (stores, "
+                         "advice_stores and advice_replay parts)")
+    ap.add_argument("--trace", default=DEFAULT_TRACE, help="the Mooncake-format trace "
+                    "advice_replay replays (default ../shared/traces/mooncake_synthetic_trace."
+                    "jsonl beside the repository)")
+    ap.add_argument("--replay-gbps", type=float, default=None, help="advice_replay: GB/s of "
+                    "the blocks the replayed requests reference, loaded or stored (sets the "
+                    "replay's speed; default 0.75, half the virtio disk; dry run 0.3)")
+    ap.add_argument("--replay-engines", type=int, default=2)
+    ap.add_argument("--replay-first", type=int, default=1500,
+                    help="the first request replayed (the synthetic trace's prefixes come back "
+                         "within minutes from there: a hit ratio of 0.29 over its next 240 s "
+                         "with an unbounded cache, 0.15 from request 0; the 2,493 requests from "
+                         "1500 last 243 s at the GPU default's 2.5x)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="per part (0: none)")
     ap.add_argument("--watchdog", type=float, default=0.0)
     ap.add_argument("--cpu-dry-run", action="store_true")
@@ -1095,6 +1180,8 @@ def main():
         g.DEV = "cpu"
     args.tokens = args.tokens or ("64,128" if g.DEV == "cpu" else "4096,16384,32768")
     args.raw_blocks = args.raw_blocks or (64 if g.DEV == "cpu" else 2048)
+    if args.replay_gbps is None:
+        args.replay_gbps = 0.3 if g.DEV == "cpu" else 0.75
     os.makedirs(args.out, exist_ok=True)
     gpu = torch.cuda.get_device_name(0) if g.DEV == "cuda" else "cpu dry run (host mode)"
     machine = ("nvidia-h200 device machine (%s, Firecracker VM, pool on virtio disk)" % gpu
