@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 import unittest
+import unittest.mock
 
 import torch
 
@@ -289,6 +290,31 @@ class LookupManyTest(unittest.TestCase):
                 self.assertEqual([x.hits for x in tutti.Client.lookup_many(
                     [(c, packed, None) for c in self.clients])], [4, 4])
                 self.assertEqual(tutti.Client.lookup_many([]), [])
+
+    def test_the_hand_built_request_is_the_librarys(self):
+        """lookup_many's LookupRequest, built as bytes for tutti._lookup, is the protobuf
+        library's serialization of _lookup_request's message (the same bytes, the same message
+        parsed), for every session field and chain size; and the same after a new session."""
+        from tutti.v1 import kvcache_pb2 as pb
+        c = self.clients[0]
+        sid, gen = c._current()
+        cases = [(KEYS, None), (KEYS, 70), ([], None), ([], 1 << 24), (b"".join(KEYS), 1),
+                 (b"k" * 16 * 2048, 32769), (b"x" * 16 * 9, 127), (b"x" * 16 * 8, 128)]
+        names = [sid, tc._Name(0, b""), tc._Name(1, b"t" * 16), tc._Name((1 << 64) - 1, b"\x00"),
+                 tc._Name(300, b"")]
+        for name in names:
+            with unittest.mock.patch.object(c, "_current", lambda name=name: (name, gen + 1)):
+                for keys, prompt in cases:
+                    req, g1 = c._lookup_request(keys, prompt)
+                    raw, g2 = c._lookup_request_bytes(keys, prompt)
+                    self.assertEqual(g1, g2)
+                    self.assertEqual(raw, req.SerializeToString(), (name, prompt))
+                    self.assertEqual(pb.LookupRequest.FromString(raw), req)
+        for bad in (-1, (1 << 24) + 1):
+            with self.assertRaisesRegex(tutti.InvalidArgument, "prompt_tokens"):
+                c._lookup_request_bytes(KEYS, bad)
+        with self.assertRaisesRegex(tutti.InvalidArgument, "keys\\[1\\]"):
+            c._lookup_request_bytes([KEYS[0], b"short"], None)
 
     def test_one_error_per_failed_client(self):
         for path in self.paths():

@@ -1,10 +1,11 @@
 """tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for every block's
 extra keys only where a request has a position-dependent source), are bit for bit the keys of
 the reference derivation: the formula of keys.py's docstring written out here with hashlib and
-struct, and vLLM's extra keys asked block by block. Random token ids (the whole int64 range),
-block sizes, extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C
+struct, and vLLM's extra keys asked block by block (key scheme v2). Random token ids (the whole
+uint32 range), block sizes, extra keys (cache_salt, LoRA, multimodal features), requests keyed in steps; the C
 chain with the SHA extensions and in portable C; the Python fallback; keys pinned from before
-the C chain; blocks read in place from the request's list (a vLLM ConstantList too). And the
+v2; blocks read in place from the request's list (a vLLM ConstantList too); the same keys in
+fresh interpreters whatever PYTHONHASHSEED says. And the
 first call's Lookups: every rank's from one Client.lookup_many call, or (a client without it)
 the last rank's on the scheduler's thread (Client.lookup_inline); the same misses on errors. Needs tests/vllm/stub first on sys.path (the
 BUILD does it)."""
@@ -33,15 +34,16 @@ from tutti.vllm.scheduler import TuttiScheduler  # noqa: E402
 
 def reference(request, block_size):
     """(keys, vLLM's extra keys) of every full block of `request`, straight from the formula
-    (keys.py's docstring)."""
-    last = hashlib.sha256(b"tutti.vllm block keys v1").digest()
+    (keys.py's docstring, scheme v2: the block's tokens as uint32 LE, the previous digest, the
+    encoded extra keys)."""
+    last = hashlib.sha256(b"tutti.vllm block keys v2").digest()
     tokens = list(request.all_token_ids)
     out, extras, mm_idx = [], [], 0
     for i in range(len(tokens) // block_size):
         start = i * block_size
         extra, mm_idx = generate_block_hash_extra_keys(request, start, start + block_size, mm_idx)
         block = tokens[start:start + block_size]
-        last = hashlib.sha256(last + struct.pack("<%dq" % block_size, *block) +
+        last = hashlib.sha256(struct.pack("<%dI" % block_size, *block) + last +
                               vkeys.encode_extra_keys(extra)).digest()
         out.append(last[:16])
         extras.append(extra)
@@ -68,14 +70,14 @@ class Mm:
 
 
 def random_request(rng, rid):
-    bs = rng.choice([1, 2, 3, 16, 16, 32, 64])
+    bs = rng.choice([1, 2, 3, 15, 16, 16, 17, 32, 64, 100])
     blocks = rng.randrange(0, 48)
     ntok = blocks * bs + rng.randrange(bs)
     pick = rng.random()
     if pick < 0.3:
-        tokens = [rng.randrange(-(1 << 63), 1 << 63) for _ in range(ntok)]
+        tokens = [rng.randrange(1 << 32) for _ in range(ntok)]
     elif pick < 0.4:
-        tokens = [rng.choice([0, 1, -1, (1 << 63) - 1, -(1 << 63), 255, 256]) for _ in range(ntok)]
+        tokens = [rng.choice([0, 1, (1 << 32) - 1, (1 << 31), 255, 256]) for _ in range(ntok)]
     else:
         tokens = [rng.randrange(200000) for _ in range(ntok)]
     kw = {}
@@ -90,18 +92,19 @@ def random_request(rng, rid):
     return Request("r%d" % rid, tokens, **kw), bs
 
 
-# Keys of fixed requests from the Python derivation before the C chain (commit f44ae9d): the
-# number of keys, the first key, SHA-256 of all keys concatenated.
+# Keys of fixed requests, pinned when scheme v2 came in (from the reference formula above): the
+# number of keys, the first key, SHA-256 of all keys concatenated. A change here changes every
+# key a tuttid holds: a new scheme name, never an edit of these.
 PINNED_TOKENS = [(i * 7919) % 32000 for i in range(64 * 16 + 5)]
 PINNED = [
-    ({}, "b73dba63a4bbf474b59efd255866cb24",
-     "9752cf52aa4537947fd1188dfc6781541d675b8bf3b5cf8c34e84d512e53ed6e"),
-    ({"cache_salt": "salt"}, "c503813e40e414cbe9d046c347964322",
-     "093d59d5d42a7f0685c0fc4ba89b6154c271a83db9d66476cb6a65db484813b1"),
-    ({"lora_request": Lora("adapter-a")}, "590eb5ec00ff090131a62270d79aedbe",
-     "8d88823ea08bc009e907d61d45a83c9db7fca8db7587a85e894a88b87c44a903"),
-    ({"mm_features": [Mm("img-hash-1", 20, 30)]}, "b73dba63a4bbf474b59efd255866cb24",
-     "3ef87ca3733b1e7125e9f29ec6e8b593378f09edfa132028ceb75ca757f8457a"),
+    ({}, "ef898bb50da2ba978759ea991c0e2001",
+     "fc7d548be059216b59c1c7b07dc4d71eb897cc10e318d8693927cc12294b4943"),
+    ({"cache_salt": "salt"}, "65c5ff8d66ea75b8c861254302ef8811",
+     "53c4ad7b81c806609fd8f1abde885f251c015c2c07c56e497c5067d67649b6ec"),
+    ({"lora_request": Lora("adapter-a")}, "243193003cc332a30475e2595987df3c",
+     "1690c84e7f17c4f312643a3d6a4fafbe6b46dc7ee9a06c28193d02a36362b657"),
+    ({"mm_features": [Mm("img-hash-1", 20, 30)]}, "ef898bb50da2ba978759ea991c0e2001",
+     "1d53cd9b729904430ddc0e8d237c655f605d06e5b07e9441d92b96422db05340"),
 ]
 
 
@@ -158,7 +161,7 @@ class KeyEqualityTest(unittest.TestCase):
     def test_tokens_appended_after_keys(self):
         """A request that grows (decode, preemption) keeps its keys and extends them."""
         rng = random.Random(4)
-        tokens = [rng.randrange(1 << 40) for _ in range(40 * 16)]
+        tokens = [rng.randrange(1 << 32) for _ in range(40 * 16)]
         req = Request("g", tokens[:5 * 16 + 3], cache_salt="s")
         chain = vkeys.KeyChain(16)
         self.assertEqual(chain.derive(req, 100), 5)
@@ -174,6 +177,31 @@ class KeyEqualityTest(unittest.TestCase):
             self.assertEqual(keys[0].hex(), first, kw)
             self.assertEqual(hashlib.sha256(b"".join(keys)).hexdigest(), digest, kw)
 
+    def test_the_same_keys_in_fresh_interpreters_whatever_pythonhashseed(self):
+        """Fresh interpreters with PYTHONHASHSEED unset, "random", 0 and 1 (vLLM's own hashes
+        differ between them: init_none_hash), through the C chain and the Python fallback:
+        every one derives the pinned keys."""
+        import subprocess
+        code = ("import hashlib, sys\n"
+                "from vllm.v1.request import Request\n"
+                "from tutti.vllm import keys\n"
+                "if sys.argv[1] == 'py':\n"
+                "    keys._native = None\n"
+                "tokens = [(i * 7919) % 32000 for i in range(64 * 16 + 5)]\n"
+                "k = keys.request_keys(Request('p', tokens, cache_salt='salt'), 16, 1000)\n"
+                "print(len(k), k[0].hex(), hashlib.sha256(b''.join(k)).hexdigest(),\n"
+                "      keys._native is not None)\n")
+        _, first, digest = PINNED[1]
+        for seed in (None, "random", "0", "1"):
+            for chain in ("c", "py"):
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+                env.pop("PYTHONHASHSEED", None)
+                if seed is not None:
+                    env["PYTHONHASHSEED"] = seed
+                out = subprocess.run([sys.executable, "-c", code, chain], env=env, check=True,
+                                     capture_output=True, text=True).stdout.split()
+                self.assertEqual(out, ["64", first, digest, str(chain == "c")], (seed, chain))
+
     def test_extra_keys_vllm_gives_without_a_known_source(self):
         """A vLLM whose extra keys come from a source _uniform_extras does not know (on every
         block, or only on the first): the keys are still vLLM's block by block."""
@@ -187,10 +215,10 @@ class KeyEqualityTest(unittest.TestCase):
                 chain.derive(Request("n", tokens), 6)
                 self.assertEqual(chain.extra_keys(0), ("new-source",))
             self.assertNotEqual(keys, vkeys.request_keys(Request("p", tokens), 16, 6))
-            last, want = hashlib.sha256(b"tutti.vllm block keys v1").digest(), []
+            last, want = hashlib.sha256(b"tutti.vllm block keys v2").digest(), []
             for i in range(6):
                 e = None if first_only and i else ("new-source",)
-                last = hashlib.sha256(last + struct.pack("<16q", *tokens[i * 16:(i + 1) * 16])
+                last = hashlib.sha256(struct.pack("<16I", *tokens[i * 16:(i + 1) * 16]) + last
                                       + vkeys.encode_extra_keys(e)).digest()
                 want.append(last[:16])
             self.assertEqual(keys, want)
@@ -232,7 +260,7 @@ class KeyEqualityTest(unittest.TestCase):
         list (KeyChain's form: no slice) and gives the keys of that slice; a request whose
         all_token_ids is a vLLM ConstantList (a Sequence over a list in _x) keys the same."""
         rng = random.Random(5)
-        tokens = [rng.randrange(-(1 << 63), 1 << 63) for _ in range(16 * 9 + 5)]
+        tokens = [rng.randrange(1 << 32) for _ in range(16 * 9 + 5)]
         for first_block, n in ((0, 9), (3, 6), (8, 1), (9, 0)):
             root = hashlib.sha256(b"r%d" % first_block).digest()
             first = 16 * first_block
@@ -266,11 +294,12 @@ class KeyEqualityTest(unittest.TestCase):
     def test_bad_tokens_are_value_errors(self):
         for native in (vkeys._native, None):
             with mock.patch.object(vkeys, "_native", native):
-                for bad in ((1 << 63), -(1 << 63) - 1, "7", 1.5, None):
+                for bad in ((1 << 32), -1, -(1 << 63) - 1, (1 << 64), "7", 1.5, None):
                     req = Request("b", [1] * 16 + [3, bad] + [2] * 15)
                     chain = vkeys.KeyChain(16)
                     self.assertEqual(chain.derive(req, 1), 1)  # block 0 is fine
-                    with self.assertRaisesRegex(ValueError, "token 17 is not an integer"):
+                    with self.assertRaisesRegex(ValueError,
+                                                r"token 17 is not an integer in \[0, 2\^32\)"):
                         chain.derive(req, 2)
                     self.assertEqual(len(chain), 1)  # nothing of the failed derive was kept
         for args, err in (((b"x" * 31, [], 16, None), ValueError),

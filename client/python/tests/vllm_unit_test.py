@@ -321,7 +321,7 @@ class KeysTest(unittest.TestCase):
         from vllm.config import ModelConfig
         ns = vkeys.namespace(ModelConfig(model="m/x", revision="r1"), g, 1, 2, "0.13.0")
         self.assertEqual(ns.model_id, "m/x@r1|kv=float16|packed:NHC")
-        self.assertEqual(ns.hash_scheme, "tutti-vllm-keys-v1@0.13.0")
+        self.assertEqual(ns.hash_scheme, "tutti-vllm-keys-v2@0.13.0")
         self.assertEqual((ns.tp_rank, ns.tp_size), (1, 2))
 
 

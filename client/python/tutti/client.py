@@ -269,6 +269,7 @@ class Client:
         self._inflight = None
         self._calls = InFlight()
         self._native = None  # tutti._lookup's channel to tuttid (lookup_many), made on first use
+        self._lookup_framing = None  # _lookup_request_bytes' session fields, of one session
         self._native_lock = threading.Lock()
         try:
             self._attach_now(self._timeouts.attach)
@@ -545,7 +546,11 @@ class Client:
         started = []  # (index, client, request, generation): argument errors already answered
         for i, (client, keys, prompt_tokens) in enumerate(lookups):
             try:
-                req, gen = client._lookup_request(keys, prompt_tokens)
+                # tutti._lookup takes the serialized request: built as bytes, no message object
+                if native is None:
+                    req, gen = client._lookup_request(keys, prompt_tokens)
+                else:
+                    req, gen = client._lookup_request_bytes(keys, prompt_tokens)
                 if client._calls.why(gen) is not None:  # the session is over: no call
                     raise client._failed_lookup(grpc.FutureCancelledError(), gen)
                 started.append((i, client, req, gen))
@@ -568,8 +573,8 @@ class Client:
                 except errors.TuttiError as e:
                     out[i] = e
             return out
-        calls = [(client._native_channel(native), req.SerializeToString(),
-                  client._timeouts.short) for i, client, req, gen in started]
+        calls = [(client._native_channel(native), req, client._timeouts.short)
+                 for i, client, req, gen in started]
         answers = native.lookup(calls)
         for (i, client, req, gen), (code, details, body) in zip(started, answers):
             if code == 0:
@@ -579,7 +584,7 @@ class Client:
                 # came back (the session is new, grpcio's connection is up): ask through grpcio
                 # this once, so that a good session is not taken for lost; connect again now.
                 native.reconnect(client._native_channel(native))
-                out[i] = client._inline_call(req, gen)
+                out[i] = client._inline_call(pb.LookupRequest.FromString(req), gen)
             else:
                 out[i] = client._failed_lookup(_NativeRpcError(code, details), gen)
         return out
@@ -661,9 +666,7 @@ class Client:
 
     def _lookup_request(self, keys, prompt_tokens):
         """(LookupRequest, session generation); argument errors raised."""
-        if prompt_tokens is not None and not 0 <= int(prompt_tokens) <= 1 << 24:
-            raise errors.InvalidArgument("prompt_tokens = %r: must be in [0, 16777216]" %
-                                         (prompt_tokens,))
+        _check_prompt_tokens(prompt_tokens)
         packed = _packed_keys(keys)
         sid, gen = self._current()
         # One string for the whole chain (LookupRequest.packed_keys): far cheaper to build and
@@ -671,6 +674,26 @@ class Client:
         req = pb.LookupRequest(**sid.fields(), packed_keys=packed,
                                prompt_tokens=int(prompt_tokens or 0))
         return req, gen
+
+    def _lookup_request_bytes(self, keys, prompt_tokens):
+        """(serialized LookupRequest, session generation): _lookup_request's message as
+        SerializeToString writes it (fields in number order, zeros left out), built as bytes:
+        the session's fields are encoded once per session, the chain goes in with one join and
+        no message object holds a copy of it (calls_test checks the bytes against the
+        protobuf library's). Argument errors raised."""
+        prompt = _check_prompt_tokens(prompt_tokens)
+        packed = _packed_keys(keys)
+        sid, gen = self._current()
+        framing = self._lookup_framing
+        if framing is None or framing[0] != (gen, sid.id, sid.token):
+            # session_id (1, varint) before the rest, session_token (5, bytes) after it
+            head = b"\x08" + _varint(sid.id) if sid.id else b""
+            tail = b"\x2a" + _varint(len(sid.token)) + sid.token if sid.token else b""
+            framing = self._lookup_framing = ((gen, sid.id, sid.token), head, tail)
+        _, head, tail = framing
+        # prompt_tokens (3, varint), packed_keys (4, bytes)
+        return b"".join((head, b"\x18" + _varint(prompt) if prompt else b"",
+                         b"\x22" + _varint(len(packed)) if packed else b"", packed, tail)), gen
 
     def _lease_of(self, resp, gen) -> Lease:
         predicted = resp.decision_id != 0
@@ -972,6 +995,24 @@ class _NativeRpcError(grpc.RpcError):
 
     def details(self):
         return self._details
+
+
+def _check_prompt_tokens(prompt_tokens) -> int:
+    """prompt_tokens as the request's int (None: 0); InvalidArgument outside [0, 2^24]."""
+    if prompt_tokens is not None and not 0 <= int(prompt_tokens) <= 1 << 24:
+        raise errors.InvalidArgument("prompt_tokens = %r: must be in [0, 16777216]" %
+                                     (prompt_tokens,))
+    return int(prompt_tokens or 0)
+
+
+def _varint(v: int) -> bytes:
+    """v >= 0 as a protobuf varint."""
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
 
 
 def _packed_keys(keys) -> bytes:

@@ -3,16 +3,25 @@
 Keys are the connector's own, the same in every process whatever its environment: vLLM's block
 hashes are not (vLLM seeds the first block's parent with os.urandom(32) unless PYTHONHASHSEED
 is set: init_none_hash in vllm/v1/core/kv_cache_utils.py), so a restarted or second engine would
-never hit. Block i of a request (tokens [i*B, (i+1)*B) of Request.all_token_ids):
+never hit. Block i of a request (tokens [i*B, (i+1)*B) of Request.all_token_ids), scheme
+"tutti-vllm-keys-v2":
 
-  digest_i = SHA-256(digest_{i-1} | tokens as 8-byte little-endian ints | encode(extra_i))
-  digest_{-1} = SHA-256("tutti.vllm block keys v1")        key_i = digest_i[:16]
+  digest_i = SHA-256(tokens as 4-byte little-endian unsigned ints | digest_{i-1} | encode(extra_i))
+  digest_{-1} = SHA-256("tutti.vllm block keys v2")        key_i = digest_i[:16]
 
 extra_i is what vLLM mixes into its own hash of that block (generate_block_hash_extra_keys:
 LoRA name, multimodal identifiers and offsets, cache_salt on the first block, prompt-embeds
 hashes), so requests vLLM keeps apart stay apart here; encode() is a fixed, typed encoding that
 refuses types it does not know with a ValueError (a wrong key would serve another prompt's KV;
-the scheduler then neither loads nor saves that request).
+the scheduler then neither loads nor saves that request). A token id outside [0, 2^32) is a
+ValueError too (vLLM's vocabularies are far smaller).
+
+v1 (before) hashed SHA-256(digest_{i-1} | tokens as 8-byte ints | encode(extra_i)): three
+compressions per 16-token block, all waiting for the previous digest. v2's message is 97 bytes
+at block size 16 (two compressions), and its first 64 bytes, the block's tokens, do not depend
+on the chain: the C chain compresses them beside the previous block's chained tail
+(native/keychain.c). The two schemes' keys differ for every block; the namespace names the
+scheme (hash_scheme), so a tuttid's v1 namespaces are never looked up with v2 keys.
 
 Speed (the scheduler's first get_num_new_matched_tokens of a request derives its whole chain):
 the chain runs in C (tutti.vllm._keychain: SHA-256 with the x86 SHA extensions where the CPU has
@@ -22,21 +31,25 @@ position-dependent source of them (multimodal features, prompt embeddings); othe
 blocks' answers stand for all (_uniform_extras).
 
 Namespace: model_id "<model>@<revision>|kv=<dtype>|<format>:<in-block order>", the layout,
-tp_rank/tp_size, hash_scheme "tutti-vllm-keys-v1@<vLLM version>" (the version: multimodal
+tp_rank/tp_size, hash_scheme "tutti-vllm-keys-v2@<vLLM version>" (the version: multimodal
 identifiers are vLLM's). Engines share blocks only when all of it is equal.
 """
 
 import hashlib
+import operator
 import struct
+import sys
+from array import array
 
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 
 from tutti.layout import Namespace
 
 KEY_BYTES = 16
-KEY_SCHEME = "tutti-vllm-keys-v1"
+KEY_SCHEME = "tutti-vllm-keys-v2"
 MAX_MODEL_ID = 256
-_ROOT = hashlib.sha256(b"tutti.vllm block keys v1").digest()
+_ROOT = hashlib.sha256(b"tutti.vllm block keys v2").digest()
+_U32 = next(t for t in "IL" if array(t).itemsize == 4)  # array's 4-byte unsigned typecode
 _NO_EXTRA = b"\x00"  # encode_extra_keys(None)
 
 try:  # the chain in C (client/python/native/keychain.c); absent: the same keys in Python
@@ -77,19 +90,23 @@ def _encode(x, out):
 
 
 def _token_bytes(tokens, first=0) -> bytes:
-    """Token ids as 8-byte little-endian integers; ValueError naming a token that is not an
-    integer in [-2^63, 2^63) (`first`: the request's position of tokens[0])."""
-    tokens = list(tokens)
+    """Token ids as 4-byte little-endian unsigned integers; ValueError naming a token that is
+    not an integer in [0, 2^32) (`first`: the request's position of tokens[0])."""
     try:
-        return struct.pack("<%dq" % len(tokens), *tokens)
-    except struct.error:
+        packed = array(_U32, tokens)
+    except (OverflowError, TypeError):
         for i, t in enumerate(tokens):
             try:
-                struct.pack("<q", t)
-            except struct.error:
-                raise ValueError("token %d is not an integer in [-2^63, 2^63): %r"
+                ok = 0 <= operator.index(t) < 1 << 32
+            except TypeError:
+                ok = False
+            if not ok:
+                raise ValueError("token %d is not an integer in [0, 2^32): %r"
                                  % (first + i, t)) from None
         raise
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _derive_py(last, tokens, block_size, encoded, first=0):
@@ -98,10 +115,10 @@ def _derive_py(last, tokens, block_size, encoded, first=0):
     encode_extra_keys, or None when no block has extra keys; `first`: the request's position of
     tokens[0] (for errors)."""
     raw = _token_bytes(tokens, first)
-    width, sha256, packed = 8 * block_size, hashlib.sha256, bytearray()
+    width, sha256, packed = 4 * block_size, hashlib.sha256, bytearray()
     for b in range(len(tokens) // block_size):
         extra = _NO_EXTRA if encoded is None else encoded[b]
-        last = sha256(last + raw[b * width:(b + 1) * width] + extra).digest()
+        last = sha256(raw[b * width:(b + 1) * width] + last + extra).digest()
         packed += last[:KEY_BYTES]
     return bytes(packed), last
 
@@ -220,7 +237,8 @@ def unpack_keys(packed, begin: int, end: int):
 
 
 def hash_scheme(vllm_version: str) -> str:
-    """"tutti-vllm-keys-v1@<version>" (tuttid takes at most 64 bytes: a longer version is cut)."""
+    """"tutti-vllm-keys-v2@<version>" (tuttid takes at most 64 bytes: a longer version is cut).
+    The scheme's name is part of the namespace: keys of another scheme live in another one."""
     return ("%s@%s" % (KEY_SCHEME, vllm_version))[:64]
 
 
