@@ -24,6 +24,12 @@ double BandwidthMeter::Now() const {
       .count();
 }
 
+double BandwidthMeter::DecayedBest(const TierBandwidth& t, double now) const {
+  if (t.best_bytes_per_sec <= 0) return 0;
+  return t.best_bytes_per_sec * std::exp2(-std::max(0.0, now - t.best_sample_s) /
+                                          options_.half_life_s);
+}
+
 // The mean's old weight fades with time as well as per sample; the spread follows the squared
 // relative deviation of each sample from the mean it found.
 void BandwidthMeter::Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const {
@@ -37,6 +43,10 @@ void BandwidthMeter::Update(TierBandwidth& t, uint64_t bytes, double seconds, do
     t.bytes_per_sec = keep * t.bytes_per_sec + (1 - keep) * rate;
     const double var = keep * t.spread * t.spread + (1 - keep) * dev * dev;
     t.spread = std::min(options_.max_spread, std::sqrt(var));
+  }
+  if (rate >= DecayedBest(t, now)) {
+    t.best_bytes_per_sec = rate;
+    t.best_sample_s = now;
   }
   t.last_bytes_per_sec = rate;
   t.last_sample_s = now;
@@ -62,7 +72,7 @@ void BandwidthMeter::SetWriteBacklog(uint64_t bytes) {
 }
 
 BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now,
-                                             bool newest_bounds_low) const {
+                                             bool ssd_rule) const {
   BandwidthEstimate e;
   e.bytes_per_sec = t.bytes_per_sec;
   double spread = t.spread;
@@ -72,8 +82,11 @@ BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now,
   }
   e.spread = std::min(options_.max_spread, spread);
   e.low_bytes_per_sec = t.bytes_per_sec * (1 - e.spread);
-  if (newest_bounds_low && t.samples > 0) {
+  if (ssd_rule && t.samples > 0) {
     e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, t.last_bytes_per_sec);
+  } else if (!ssd_rule) {
+    e.low_bytes_per_sec =
+        std::max(e.low_bytes_per_sec, std::min(e.bytes_per_sec, DecayedBest(t, now)));
   }
   return e;
 }

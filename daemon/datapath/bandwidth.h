@@ -15,8 +15,9 @@
 //
 // Estimate() gives the mean and a pessimistic figure, `low`, for a read posted now:
 //   low = min(mean x (1 - spread'), the newest sample's rate)   (SSD)
-//   low = mean x (1 - spread')                                  (DRAM tier)
+//   low = max(mean x (1 - spread'), min(mean, best))              (DRAM tier)
 //   spread' = min(max_spread, spread + stale_widen_per_s x max(0, age - stale_after_s))
+//   best = the fastest sample's rate, halved every half_life_s since it was taken
 // where age is the time since the tier's newest sample: where tuttid has served no reads for a
 // while, it is less sure the device is as it was, and says so (no probe reads). On the SSD a
 // single slow read pulls `low` down at once: the device may have changed (throttled, worn, busy
@@ -24,7 +25,10 @@
 // GPU with an engine's heavy compute (without MPS the two time-slice), which say little of the
 // next read, so they count only through the mean and the spread (a TTFT grid on the H200 saw one
 // such read, during a 16K-token prefill, make the advice recompute where loading from DRAM was
-// 3.6-7.5x faster). The write backlog (SetWriteBacklog, the store's captured blocks not
+// 3.6-7.5x faster). Nor do they widen its pessimistic figure while a recent read showed the
+// tier's speed: the grid's load-all runs beside 16K-token prefills left a spread that held `low`
+// near a tenth of the mean, and the advice recomputed where loading was 3.5-7.7x faster (H200,
+// 2026-12-03). The write backlog (SetWriteBacklog, the store's captured blocks not
 // yet durable) competes with reads for the SSD: samples taken while it was non-empty are kept in a
 // second mean, "contended", and while a backlog exists Estimate(kSsd) answers from that mean, or,
 // before any contended sample, from the uncontended one scaled by (1 - write_share_prior).
@@ -69,6 +73,8 @@ struct TierBandwidth {
   double spread = 0;         // relative EW standard deviation (prior_spread until measured)
   double last_bytes_per_sec = 0;  // the newest sample's rate (0: none)
   double last_sample_s = 0;       // the clock at the newest sample
+  double best_bytes_per_sec = 0;  // the fastest sample's rate, as of best_sample_s (0: none)
+  double best_sample_s = 0;
   uint64_t samples = 0;      // samples taken in
   uint64_t bytes = 0;        // bytes over all samples taken in
   double seconds = 0;        // their time
@@ -100,8 +106,10 @@ class BandwidthMeter {
  private:
   double Now() const;
   void Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const;
-  // `newest_bounds_low`: the newest sample's rate caps `low` (the SSD's rule, above).
-  BandwidthEstimate EstimateOf(const TierBandwidth& t, double now, bool newest_bounds_low) const;
+  // `ssd_rule`: the newest sample's rate caps `low`; else the DRAM tier's recent best raises it
+  // (the file comment).
+  BandwidthEstimate EstimateOf(const TierBandwidth& t, double now, bool ssd_rule) const;
+  double DecayedBest(const TierBandwidth& t, double now) const;
 
   const BandwidthOptions options_;
   mutable absl::Mutex mu_;
