@@ -1,11 +1,16 @@
 // The I/O backend seam: every byte between the daemon and its pool files goes through one of these.
 //
-// Implementations: "uring" (io_uring, O_DIRECT, one ring and one owner thread per pool file) and
-// "memory" (files in host memory, with fault injection and crash simulation, for tests). Later:
-// "gds" (cuFile) and "gpu_nvme". Pick one by name with CreateIoBackend (io_factory.h).
+// Implementations: "uring" (io_uring, O_DIRECT, one ring and one owner thread per pool file),
+// "uring_cmd" (NVMe passthrough commands through io_uring on the namespaces' char devices), "nvme"
+// (tuttid's own NVMe driver over vfio, daemon/io/nvme), "gds" (cuFile), and "memory" (files in
+// host memory, with fault injection and crash simulation, for tests). Pick one by name with
+// CreateIoBackend (io_factory.h); what runs when the chosen one cannot is ChooseFallback's
+// (backend_choice.h). The per-device scheduler (daemon/datapath/scheduler.h) is what orders reads
+// before writes across the daemon's requests; it hands a backend its work.
 //
-// Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each file's
-// queue is owned by one internal thread; other threads hand it work by message.
+// Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each
+// backend owns its queues (the ring backends: one internal thread per file or device); other
+// threads hand them work by message.
 #ifndef TUTTI_DAEMON_IO_IO_BACKEND_H_
 #define TUTTI_DAEMON_IO_IO_BACKEND_H_
 

@@ -9,8 +9,9 @@
 // of slot numbers (4 bytes per bucket plus a control byte, reserved for every
 // slot), about 80 bytes per slot plus the checksums: no allocation per block,
 // and a lookup touches the hash set, the entry and its two LRU neighbours. The
-// LRU list is linked through the entries by slot number. (docs/sizing.md has the
-// figures measured by bench/scale.)
+// LRU list is linked through the entries by slot number. (docs/operations.md,
+// "Sizing memory and start-up for a large pool", has the figures measured by
+// bench/scale.)
 //
 // Not thread-safe: BlockStore guards it with its mutex. Entries are owned by
 // the index; a pointer to one names the block in its slot until Remove (after
