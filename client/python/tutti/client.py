@@ -22,8 +22,7 @@ Thread-safety: a Client may be used from several threads; its Retrieves run one 
 import os
 import socket as _socket
 import threading
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import grpc
 
@@ -33,89 +32,16 @@ from tutti._attach import (build_cuda_attach, build_host_attach, build_lookup_on
 from tutti._calls import InFlight, Timeouts
 from tutti._events import EventStream
 from tutti._handoff import hand_off
+from tutti._retrieval import Retrieval
+from tutti._types import (STORE_OUTCOMES, ComputeReport, ComputeSample, Lease, RetrieveOutcome,
+                          StoreOutcomes, _Name)
 from tutti.layout import Namespace, ObjectTensor
 from tutti.v1 import kvcache_pb2 as pb
 from tutti.v1 import kvcache_pb2_grpc as pb_grpc
 
 DEFAULT_SOCKET = "/run/tutti/tuttid.sock"
-# "declined": tuttid's admission policy (pool.admission) did not write the block; not an error,
-# not worth retrying now (a later Store of the key may be admitted). "in_dram" (pool.admission
-# "dram_front"): copied into tuttid's DRAM only, found by lookups while it stays there, NOT
-# durable (lost at a restart, even with wait_durable); its next sight writes it to the SSD; not
-# an error, not worth retrying.
-STORE_OUTCOMES = {0: "unspecified", 1: "captured", 2: "durable", 3: "already_present",
-                  4: "rejected_full", 5: "failed", 6: "declined", 7: "in_dram"}
 _MIN_BACKOFF = 0.05
 _MAX_BACKOFF = 1.0
-
-
-@dataclass(frozen=True)
-class _Name:
-    """How a request names the session: its id and the token Attach gave (tuttid answers any
-    other token as an unknown session; docs/security.md "Sessions")."""
-    id: int
-    token: bytes
-
-    def fields(self):
-        return dict(session_id=self.id, session_token=self.token)
-
-
-class StoreOutcomes(list):
-    """Client.store's answer: one outcome per key, and `rejected_why` (tuttid's words for the
-    limit that refused the "rejected_full" blocks; "" when none was)."""
-    rejected_why = ""
-
-
-@dataclass(frozen=True)
-class Lease:
-    """Blocks [0, hits) of the looked-up chain are present and pinned until the Retrieve ends,
-    release(), or ttl_ms passes. hits == 0 holds nothing (id 0).
-
-    Load or recompute (docs/decision.md): retrieve keys[:load_blocks] (load_blocks <= hits) and
-    compute the rest of the prompt; that Retrieve ends the lease's other pins too. load_blocks ==
-    hits unless lookup() was given prompt_tokens and tuttid could predict; then decision_id != 0
-    and the predicted times to first token (ms) are set: for load_blocks, for loading nothing,
-    for loading every hit. Otherwise they are None."""
-    id: int
-    hits: int
-    ttl_ms: int
-    generation: int
-    load_blocks: int = 0
-    predicted_ttft_ms: Optional[float] = None
-    predicted_recompute_ms: Optional[float] = None
-    predicted_load_all_ms: Optional[float] = None
-    decision_id: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class ComputeSample:
-    """One prefill's measured compute, for report_compute(): new_tokens computed (>= 1) in a
-    context of context_tokens (the new ones included), layer_ms the mean time of one layer's
-    forward (> 0), overhead_ms the prefill's time outside the layers (embedding, head, calls)."""
-    new_tokens: int
-    context_tokens: int
-    layer_ms: float
-    overhead_ms: float = 0.0
-
-
-@dataclass(frozen=True)
-class ComputeReport:
-    """report_compute()'s answer: whether tuttid knew the decision_id, and then its prediction's
-    error |predicted - measured| / measured."""
-    decision_found: bool
-    prediction_error: Optional[float] = None
-
-
-@dataclass
-class RetrieveOutcome:
-    code: str = "OK"             # "OK", or why the transfer broke (then every block failed)
-    message: str = ""
-    failed: List[int] = field(default_factory=list)  # indices into the blocks to recompute
-    layers_done: int = 0
-
-    @property
-    def ok(self):
-        return self.code == "OK"
 
 
 def _probe(path):
@@ -128,92 +54,6 @@ def _probe(path):
                                  "tuttid)" % (path, e.strerror or e)) from None
     finally:
         s.close()
-
-
-def _stream_handle(stream):
-    """A CUstream from a torch.cuda.Stream, an int handle, or None (torch's current stream)."""
-    if stream is None:
-        import torch
-        return torch.cuda.current_stream().cuda_stream
-    if isinstance(stream, int):
-        return stream
-    return stream.cuda_stream
-
-
-class Retrieval:
-    """One Retrieve in flight (see Client.retrieve)."""
-
-    def __init__(self, num_blocks, layer_begin, layer_end, ticket, words):
-        self.num_blocks = num_blocks
-        self.layer_begin = layer_begin
-        self.layer_end = layer_end
-        self.ticket = ticket
-        self._words = words
-        self._cv = threading.Condition()
-        self._next_layer = layer_begin
-        self._out_of_order = False
-        self._failed = set()
-        self._outcome = None
-        self._thread = None
-
-    # --- called by the stream reader ---
-    def _on_progress(self, layer, failed):
-        with self._cv:
-            if layer != self._next_layer or layer >= self.layer_end:
-                self._out_of_order = True
-                return
-            self._failed.update(i for i in failed if i < self.num_blocks)
-            self._next_layer += 1
-            self._cv.notify_all()
-
-    def _on_end(self, code, message):
-        with self._cv:
-            done = self._next_layer - self.layer_begin
-            if code == "OK" and self._out_of_order:
-                code, message = "INTERNAL", "tuttid reported layers out of order"
-            elif code == "OK" and self._next_layer != self.layer_end:
-                code, message = "INTERNAL", "the transfer ended after %d of %d layers" % (
-                    done, self.layer_end - self.layer_begin)
-            broken = code != "OK"
-            failed = list(range(self.num_blocks)) if broken else sorted(self._failed)
-        if broken and self._words is not None:
-            try:
-                self._words.force_release(self.ticket)
-            except Exception as e:  # the engine's context may be gone too
-                message = "%s; releasing the layer waits failed: %s" % (message, e)
-        with self._cv:
-            self._outcome = RetrieveOutcome(code, message, failed, done)
-            self._cv.notify_all()
-
-    # --- the engine's side ---
-    def wait_layer(self, layer, stream=None):
-        """Makes the engine wait until layer `layer` of every non-failed block has landed.
-        host mode: blocks until then; raises TuttiError("ABORTED") if the transfer ended without
-        it. cuda mode: enqueues the wait on `stream` (a torch.cuda.Stream, a CUstream int, or
-        None for torch's current stream) and returns at once."""
-        if not self.layer_begin <= layer < self.layer_end:
-            raise errors.InvalidArgument("layer %d is outside this Retrieve's layers [%d, %d)" %
-                                         (layer, self.layer_begin, self.layer_end))
-        if self._words is not None:
-            self._words.wait(_stream_handle(stream), layer, self.ticket)
-            return
-        with self._cv:
-            self._cv.wait_for(lambda: self._outcome is not None or self._next_layer > layer)
-            if self._next_layer > layer:
-                return
-            raise errors.TuttiError("the transfer ended before layer %d landed: %s: %s" %
-                                    (layer, self._outcome.code, self._outcome.message), "ABORTED")
-
-    def wait(self, timeout=None) -> RetrieveOutcome:
-        """Blocks until the transfer ended; its outcome (None on timeout)."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._outcome is not None, timeout)
-            return self._outcome
-
-    @property
-    def done(self):
-        with self._cv:
-            return self._outcome is not None
 
 
 class Client:
