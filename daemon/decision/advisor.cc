@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/common/log.h"
 #include "daemon/decision/split.h"
 
 namespace tutti::decision {
@@ -102,6 +103,23 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   in.load_scale = ScaleNow(owned.corrections[any_ssd ? kLoadSsd : kLoadDram]);
   in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
   Split split = ChooseSplit(in);
+  if (split.refused_load_blocks > 0) {
+    // Why a load that wins centrally was not advised: the operator's (and the grid's) evidence.
+    TUTTI_LOG_EVERY_N_SEC(
+        log::Get("decision"), spdlog::level::info, 1,
+        "namespace {:016x}: loading {} of {} hits (predicted {:.1f} ms, high end {:.1f}) refused "
+        "for its uncertainty; advised {} instead (predicted {:.1f} ms, {:.1f}-{:.1f}; "
+        "recomputing {:.1f}); DRAM {:.2f} GB/s (low {:.2f}), SSD {:.2f} GB/s (low {:.2f}), "
+        "compute spread {:.3f} / {:.3f} (plain / prefixed), scales {:.3f} / {:.3f} (recompute / "
+        "load)",
+        ns, split.refused_load_blocks, hit_in_dram.size(),
+        in.load_scale * PredictTtftMs(in, split.refused_load_blocks), split.refused_high_ms,
+        split.load_blocks, split.ttft_ms, split.ttft_low_ms, split.ttft_high_ms,
+        split.recompute_ms, in.dram_bytes_per_sec / 1e9,
+        in.dram_low_bytes_per_sec / 1e9, in.ssd_bytes_per_sec / 1e9,
+        in.ssd_low_bytes_per_sec / 1e9, in.recompute_spread, in.load_compute_spread,
+        in.recompute_scale, in.load_scale);
+  }
   bool exploring = false;
   if (split.refused_load_blocks > 0 && options_.explore_every_s > 0) {
     const double now = Now();

@@ -184,6 +184,9 @@ TEST(RobustAdviceTest, DramHalfCachedAt32KNoLongerSplits) {
               old_split.load_blocks, old_split.ttft_ms, s.load_blocks, s.ttft_low_ms,
               s.ttft_high_ms, ratio);
   EXPECT_EQ(s.refused_load_blocks, old_split.load_blocks);
+  // What the refused load had to beat and did not: its high end above recomputing's low end.
+  EXPECT_GT(s.refused_high_ms, s.ttft_low_ms);
+  EXPECT_GT(s.refused_high_ms, old_split.ttft_ms);
   EXPECT_GT(ratio, 0);
   EXPECT_LE(ratio, 1.05);
 }

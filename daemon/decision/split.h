@@ -65,8 +65,10 @@ struct Split {
   // The interval of ttft_ms: for k = 0 the compute spread either way; for k > 0 from the central
   // bandwidths and compute (low) to the pessimistic ones (high).
   double ttft_low_ms = 0, ttft_high_ms = 0;
-  // The central prediction's best k, when it loaded and was refused for the uncertainty.
+  // The central prediction's best k, when it loaded and was refused for the uncertainty, and the
+  // high end of its interval (what it had to beat: recomputing's low end, or loading everything's).
   uint32_t refused_load_blocks = 0;
+  double refused_high_ms = 0;
 };
 
 // TTFT(k) for one k in [0, kmax] of `in` (the formula above, without corrections or spread).

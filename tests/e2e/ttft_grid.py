@@ -751,7 +751,23 @@ def part_advice_replay(args, results):
         daemon.cleanup()
 
 
+def log_refusals(daemon, most=12):
+    """tuttid's log lines of loads refused for their uncertainty (the advisor logs each, at most
+    one a second, with its bandwidths, spreads and scales): why a point recomputed."""
+    try:
+        with open(daemon.log_path, errors="replace") as f:
+            lines = [l.rstrip() for l in f if "refused for its uncertainty" in l]
+    except OSError as e:
+        log("tuttid log not read: %r" % e)
+        return
+    log("loads refused for their uncertainty: %d logged%s" % (
+        len(lines), ", the last %d:" % most if len(lines) > most else ""))
+    for l in lines[-most:]:
+        log("  " + l)
+
+
 def log_stats(daemon):
+    log_refusals(daemon)
     try:
         s = admin_stats.stats(daemon.admin_socket)
         log("tuttid stats: %s" % {k: v for k, v in s.items() if k.startswith(
