@@ -556,7 +556,7 @@ def raw_beside_copy(args, array, span_bytes, volume):
                "copy_gbps": round(moved[0] / moved[1] / GB, 3) if moved[1] else 0.0}
         if best is None or row["raw_gbps"] > best["raw_gbps"]:
             best = row
-    del host, dev
+    host = dev = None  # the closure holds them too: drop both before freeing
     free_device_memory()
     log("  raw read beside a pinned copy to the GPU: raw %.3f GB/s%s, copy %.3f GB/s" % (
         best["raw_gbps"], " (--async)" if best["async"] else "", best["copy_gbps"]))

@@ -32,7 +32,7 @@ from tutti._attach import (build_cuda_attach, build_host_attach, build_lookup_on
 from tutti._calls import InFlight, Timeouts
 from tutti._events import EventStream
 from tutti._handoff import hand_off
-from tutti._retrieval import Retrieval
+from tutti._retrieval import Retrieval, _stream_handle
 from tutti._types import (STORE_OUTCOMES, ComputeReport, ComputeSample, Lease, RetrieveOutcome,
                           StoreOutcomes, _Name)
 from tutti.layout import Namespace, ObjectTensor
