@@ -4,7 +4,8 @@
 // completed read copied at once to the GPU by the copy engine (cudaMemcpyAsync on the thread's
 // own stream) and its slot reused once that copy has finished. No checks, no layout: a ceiling.
 //
-//   raw_read_to_gpu [--io_bytes=1048576] [--qd=16] [--slots=32] [--seconds=3] [--no_gpu] FILE...
+//   raw_read_to_gpu [--io_bytes=1048576] [--qd=16] [--slots=32] [--seconds=3] [--no_gpu] [--async]
+//                 FILE...
 //
 // --slots is the pinned slots per file (at least qd): few slots keep the staging hot in the CPU's
 // caches, many make it as cold as a consumer's that rotates through a large staging pool.
@@ -40,6 +41,9 @@ ABSL_FLAG(uint32_t, qd, 16, "reads in flight per file");
 ABSL_FLAG(uint32_t, slots, 32, "pinned slots of io_bytes per file (at least qd)");
 ABSL_FLAG(double, seconds, 3.0, "how long to run");
 ABSL_FLAG(bool, no_gpu, false, "read only: no copies to the GPU");
+ABSL_FLAG(bool, async, false,
+          "IOSQE_ASYNC on every read: io_uring's workers copy (on tmpfs, where reads would "
+          "otherwise complete inline on this file's one thread)");
 ABSL_FLAG(uint64_t, device_bytes, 64 << 20, "GPU buffer per file the copies rotate through");
 
 namespace {
@@ -58,8 +62,8 @@ struct Result {
 
 // One file: its ring, its slots, its stream. Runs until `deadline`.
 void RunFile(const std::string& path, uint64_t io_bytes, uint32_t qd, uint32_t slots, bool gpu,
-             uint64_t device_bytes, Clock::time_point start, Clock::time_point deadline,
-             uint64_t seed, Result* out) {
+             bool async_reads, uint64_t device_bytes, Clock::time_point start,
+             Clock::time_point deadline, uint64_t seed, Result* out) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) {
     out->error = absl::StrCat("open ", path, " O_DIRECT: ", std::strerror(errno));
@@ -105,8 +109,8 @@ void RunFile(const std::string& path, uint64_t io_bytes, uint32_t qd, uint32_t s
     return;
   }
   std::mt19937_64 rng(seed);
-  std::deque<uint32_t> free_slots;    // no read, no copy pending
-  std::deque<uint32_t> copying;       // copy enqueued, oldest first
+  std::deque<uint32_t> free_slots;  // no read, no copy pending
+  std::deque<uint32_t> copying;     // copy enqueued, oldest first
   std::vector<bool> copy_pending(slots, false);
   for (uint32_t i = 0; i < slots; ++i) free_slots.push_back(i);
   uint64_t dev_pos = 0;
@@ -144,6 +148,7 @@ void RunFile(const std::string& path, uint64_t io_bytes, uint32_t qd, uint32_t s
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
     io_uring_prep_read(sqe, fd, host + uint64_t{s} * io_bytes, static_cast<unsigned>(io_bytes),
                        (rng() % span_slots) * io_bytes);
+    if (async_reads) sqe->flags |= IOSQE_ASYNC;
     io_uring_sqe_set_data64(sqe, s);
     ++in_flight;
   };
@@ -202,7 +207,8 @@ void RunFile(const std::string& path, uint64_t io_bytes, uint32_t qd, uint32_t s
 double CpuSeconds() {
   rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 }  // namespace
@@ -238,8 +244,8 @@ int main(int argc, char** argv) {
       start + std::chrono::duration_cast<Clock::duration>(
                   std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
   for (size_t i = 0; i < files.size(); ++i) {
-    threads.emplace_back(RunFile, files[i], io_bytes, qd, slots, gpu, device_bytes, start,
-                         deadline, 1000003 * (i + 1), &results[i]);
+    threads.emplace_back(RunFile, files[i], io_bytes, qd, slots, gpu, absl::GetFlag(FLAGS_async),
+                         device_bytes, start, deadline, 1000003 * (i + 1), &results[i]);
   }
   for (auto& t : threads) t.join();
   const double cpu = CpuSeconds() - cpu0;
@@ -257,10 +263,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"tool\":\"raw_read_to_gpu\",\"files\":%zu,\"io_bytes\":%lu,\"qd\":%u,\"slots\":%u,"
-      "\"to_gpu\":%s,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_gbps\":[%s],"
+      "\"to_gpu\":%s,\"async\":%s,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_gbps\":[%s],"
       "\"cpu_seconds\":%.2f,\"command\":%s}\n",
-      files.size(), io_bytes, qd, slots, gpu ? "true" : "false", bytes, seconds,
-      bytes / 1e9 / seconds, absl::StrJoin(per_file, ",").c_str(), cpu,
-      tutti::bench::JsonString(command).c_str());
+      files.size(), io_bytes, qd, slots, gpu ? "true" : "false",
+      absl::GetFlag(FLAGS_async) ? "true" : "false", bytes, seconds, bytes / 1e9 / seconds,
+      absl::StrJoin(per_file, ",").c_str(), cpu, tutti::bench::JsonString(command).c_str());
   return 0;
 }
