@@ -563,29 +563,33 @@ def raw_beside_copy(args, array, span_bytes, volume):
     return best
 
 
-def raw_to_gpu(args, array):
-    """raw_read_to_gpu over the array's raw files (the least any reader into GPU memory does: each
-    completed read copied to the GPU at once, its slot reused after the copy; 2 x qd slots per
-    file, the fastest setting on the H200): the best of two 2-second runs, or None without the
-    binary (--local, or not built). Reads on tmpfs use --async (on io_uring's workers)."""
+def raw_gpu(args, array, op):
+    """raw_gpu_io over the array's raw files: the least any mover between the array and GPU
+    memory does (reads: each landed read copied to the GPU at once, its slot reused after the
+    copy; writes: each slot copied from the GPU, then written; 2 x qd slots a file, the fastest
+    setting on the H200). The best of two 2-second runs, or None without the binary (--local,
+    or not built). Reads on tmpfs use --async (on io_uring's workers), as tuttid's do."""
     if not args.rawgpu_cmd:
         return None
     best = None
     for _ in range(2):
         cmd = array.wrap(args.rawgpu_cmd + [
-            "--io_bytes=%d" % (args.io_kib * 1024), "--qd=%d" % args.qd,
+            "--op=" + op, "--io_bytes=%d" % (args.io_kib * 1024), "--qd=%d" % args.qd,
             "--slots=%d" % (2 * args.qd), "--seconds=2"] +
-            (["--async"] if array.emulation == "tmpfs" else []) + array.raw_files)
+            (["--async"] if op == "read" and array.emulation == "tmpfs" else []) +
+            array.raw_files)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
-            raise BenchError("raw_read_to_gpu exited %d: %s\ncommand: %s" % (
+            raise BenchError("raw_gpu_io exited %d: %s\ncommand: %s" % (
                 p.returncode, p.stderr.strip()[-2000:], shlex.join(cmd)))
         out = json.loads(p.stdout.strip().splitlines()[-1])
         if best is None or out["gbps"] > best["gbps"]:
             best = out
-    log("  raw read to the GPU %s: %.3f GB/s (read, then each request copied to the GPU; "
-        "%d slots a file)" % (array.name, best["gbps"], best["slots"]))
+    log("  raw %s %s the GPU %s: %.3f GB/s (each request copied %s the GPU; %d slots a file)" % (
+        op, "to" if op == "read" else "from", array.name, best["gbps"],
+        "to" if op == "read" else "from", best["slots"]))
     return best
+
 
 def cold_buffer_bytes(args, n):
     """Each file's share of tuttid's retrieve staging, in whole requests (at least qd of them)."""
@@ -1379,8 +1383,9 @@ class Results:
         log("ssd_array (%s%s); GB/s unless named; emulated devices, not NVMe" % (
             self.machine, ", label " + self.label if self.label else ""))
         cols = ("config", "raw rd", "raw wr", "copy", "retrieve", "rd/base", "rd>gpu", "store",
-                "st/wr", "cpu s/GB r|s", "busiest thread r | s (share)", "iou-wrk r|s cores")
-        fmt = "%-8s %7s %7s %6s %8s %7s %6s %6s %6s %12s %-40s %s"
+                "st/wr", "gpu>wr", "cpu s/GB r|s", "busiest thread r | s (share)",
+                "iou-wrk r|s cores")
+        fmt = "%-8s %7s %7s %6s %8s %7s %6s %6s %6s %6s %12s %-40s %s"
         log(fmt % cols)
         for r in self.table_rows:
             log(fmt % r)
@@ -1478,7 +1483,8 @@ def one_array_config(args, results, ctx, emulation, n):
     # tmpfs a read or write is a memory copy, so that matters there).
     cold = run_rawio(args, array, "read", span, volume, buffer_bytes=cold_buffer_bytes(args, n))
     beside = raw_beside_copy(args, array, span, volume)
-    to_gpu = raw_to_gpu(args, array)
+    to_gpu = raw_gpu(args, array, "read")
+    from_gpu = raw_gpu(args, array, "write")
     w1 = run_rawio(args, array, "write", span, volume)
     cold_w = run_rawio(args, array, "write", span, volume, buffer_bytes=cold_buffer_bytes(args, n))
     raw_read = (r0["gbps"] + r1["gbps"]) / 2
@@ -1519,10 +1525,16 @@ def one_array_config(args, results, ctx, emulation, n):
         # (tmpfs), reading and moving the data to the GPU costs host memory bandwidth that
         # neither raw reads nor the contiguous copy pay alone.
         results.add(
-            "ssd_array_read_vs_raw_to_gpu", t["retrieve_gbps"], "raw_read_to_gpu",
+            "ssd_array_read_vs_raw_to_gpu", t["retrieve_gbps"], "raw_gpu_io_read",
             to_gpu["gbps"], "GB/s", tuttid_gbps=t["retrieve_gbps"], raw_to_gpu=to_gpu,
-            **common, note="baseline: raw_read_to_gpu, the same random reads each copied to "
-                           "the GPU at once (no checks, no layout), best of two runs")
+            **common, note="baseline: raw_gpu_io --op=read, the same random reads each copied "
+                           "to the GPU at once (no checks, no layout), best of two runs")
+    if from_gpu:
+        results.add(
+            "ssd_array_store_vs_raw_from_gpu", t["store_gbps"], "raw_gpu_io_write",
+            from_gpu["gbps"], "GB/s", tuttid_gbps=t["store_gbps"], raw_from_gpu=from_gpu,
+            **common, note="baseline: raw_gpu_io --op=write, random writes of slots each "
+                           "copied from the GPU first (no checksums, no journal), best of two")
     results.add(
         "ssd_array_store_vs_raw_write", t["store_gbps"], "raw_write", raw_write, "GB/s",
         tuttid_gbps=t["store_gbps"], baseline_gbps=raw_write, raw_gbps=raw_write,
@@ -1546,7 +1558,8 @@ def one_array_config(args, results, ctx, emulation, n):
     results.table_rows.append((
         "%s:%d" % (emulation, n), "%.2f" % raw_read, "%.2f" % raw_write, "%.1f" % copy,
         "%.2f" % t["retrieve_gbps"], "%.3f" % (t["retrieve_gbps"] / baseline),
-        "%.2f" % to_gpu["gbps"] if to_gpu else "-", "%.2f" % t["store_gbps"], "%.3f" % (t["store_gbps"] / raw_write),
+        "%.2f" % to_gpu["gbps"] if to_gpu else "-", "%.2f" % t["store_gbps"],
+        "%.3f" % (t["store_gbps"] / raw_write), "%.2f" % from_gpu["gbps"] if from_gpu else "-",
         "%.2f|%.2f" % (rc["cpu_s_per_gb"], sc["cpu_s_per_gb"]), bt(rc) + " | " + bt(sc),
         "%.2f|%.2f" % (rc["iou_workers"]["cores"], sc["iou_workers"]["cores"])))
 
@@ -1575,7 +1588,7 @@ def part_dram(args, results, ctx):
     bt = "%s %.2f" % (rc["busiest_thread"]["name"], rc["busiest_thread"]["share"])
     results.table_rows.append(("dram", "-", "-", "%.1f" % copy, "%.2f" % t["retrieve_gbps"],
                                "%.3f" % (t["retrieve_gbps"] / copy), "-",
-                               "%.2f" % t["store_gbps"], "-", "%.2f|-" % rc["cpu_s_per_gb"], bt, "-"))
+                               "%.2f" % t["store_gbps"], "-", "-", "%.2f|-" % rc["cpu_s_per_gb"], bt, "-"))
 
 
 # --- ttft --------------------------------------------------------------------------------------
@@ -1824,14 +1837,14 @@ def resolve_binaries(args):
         else:
             rawio = os.path.join(REPO, "bazel-bin/bench/raw_array_io")
     args.rawio_cmd = shlex.split(rawio)
-    # raw_read_to_gpu (CUDA): beside raw_array_io in the bundle or bazel-bin; none in --local.
+    # raw_gpu_io (CUDA): beside raw_array_io in the bundle or bazel-bin; none in --local.
     args.rawgpu_cmd = None
     if not args.local:
         if os.path.basename(args.rawio_cmd[0]) == "run.sh" and os.path.exists(os.path.join(
-                os.path.dirname(args.rawio_cmd[0]), "bin/bench/raw_read_to_gpu")):
-            args.rawgpu_cmd = [args.rawio_cmd[0], "bench/raw_read_to_gpu"]
-        elif os.path.exists(os.path.join(REPO, "bazel-bin/bench/raw_read_to_gpu")):
-            args.rawgpu_cmd = [os.path.join(REPO, "bazel-bin/bench/raw_read_to_gpu")]
+                os.path.dirname(args.rawio_cmd[0]), "bin/bench/raw_gpu_io")):
+            args.rawgpu_cmd = [args.rawio_cmd[0], "bench/raw_gpu_io"]
+        elif os.path.exists(os.path.join(REPO, "bazel-bin/bench/raw_gpu_io")):
+            args.rawgpu_cmd = [os.path.join(REPO, "bazel-bin/bench/raw_gpu_io")]
     for what, cmd in (("--tuttid", args.tuttid_cmd), ("--rawio", args.rawio_cmd)):
         if not (os.path.isfile(cmd[0]) and os.access(cmd[0], os.X_OK)):
             raise SetupError("%s: %s is not an executable file (build it: bazel build "
