@@ -110,14 +110,15 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
         "namespace {:016x}: loading {} of {} hits (predicted {:.1f} ms, high end {:.1f}) refused "
         "for its uncertainty; advised {} instead (predicted {:.1f} ms, {:.1f}-{:.1f}; "
         "recomputing {:.1f}); DRAM {:.2f} GB/s (low {:.2f}), SSD {:.2f} GB/s (low {:.2f}), "
-        "compute spread {:.3f} / {:.3f} (plain / prefixed), scales {:.3f} / {:.3f} (recompute / "
-        "load)",
+        "compute spread {:.3f} / {:.3f} (plain / prefixed, of {} / {} samples, {} / {} trimmed), "
+        "scales {:.3f} / {:.3f} (recompute / load)",
         ns, split.refused_load_blocks, hit_in_dram.size(),
         in.load_scale * PredictTtftMs(in, split.refused_load_blocks), split.refused_high_ms,
         split.load_blocks, split.ttft_ms, split.ttft_low_ms, split.ttft_high_ms,
         split.recompute_ms, in.dram_bytes_per_sec / 1e9,
         in.dram_low_bytes_per_sec / 1e9, in.ssd_bytes_per_sec / 1e9,
         in.ssd_low_bytes_per_sec / 1e9, in.recompute_spread, in.load_compute_spread,
+        model.Samples(false), model.Samples(true), model.Trimmed(false), model.Trimmed(true),
         in.recompute_scale, in.load_scale);
   }
   bool exploring = false;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 namespace tutti::decision {
 namespace {
@@ -87,9 +88,48 @@ void ComputeModel::Add(const ComputeSample& sample) {
   Refit();
 }
 
+ComputeModel::KindFit ComputeModel::FitKind(const std::deque<ComputeSample>& samples) {
+  KindFit out;
+  out.fit = FitLayer(samples);
+  if (!out.fit.has_value()) return out;
+  if (samples.size() > kMinSamples) {
+    std::vector<double> residuals;
+    residuals.reserve(samples.size());
+    for (const ComputeSample& s : samples) {
+      const double n = s.new_tokens;
+      const double predicted = out.fit->Eval(n, s.context_tokens - n);
+      residuals.push_back(predicted > 0 ? std::fabs(s.layer_ms / predicted - 1) : 1);
+    }
+    std::vector<double> sorted = residuals;
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    const double cut = std::max(kTrimFloor, kTrimMads * 1.4826 * median);
+    std::deque<ComputeSample> kept;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      if (residuals[i] <= cut) kept.push_back(samples[i]);
+    }
+    if (kept.size() < samples.size() && kept.size() >= kMinSamples) {
+      if (std::optional<LayerFit> refit = FitLayer(kept)) {
+        out.fit = refit;
+        out.trimmed = samples.size() - kept.size();
+        out.spread = RelativeRms(kept, out.fit);
+        return out;
+      }
+    }
+  }
+  out.spread = RelativeRms(samples, out.fit);
+  return out;
+}
+
 void ComputeModel::Refit() {
-  plain_fit_ = FitLayer(plain_);
-  prefixed_fit_ = FitLayer(prefixed_);
+  const KindFit plain = FitKind(plain_);
+  const KindFit prefixed = FitKind(prefixed_);
+  plain_fit_ = plain.fit;
+  prefixed_fit_ = prefixed.fit;
+  plain_spread_ = plain.spread;
+  prefixed_spread_ = prefixed.spread;
+  plain_trimmed_ = plain.trimmed;
+  prefixed_trimmed_ = prefixed.trimmed;
   double yn = 0, nn = 0;
   for (const auto* kind : {&plain_, &prefixed_}) {
     for (const ComputeSample& s : *kind) {
@@ -98,8 +138,6 @@ void ComputeModel::Refit() {
     }
   }
   per_token_ms_ = nn > 0 ? yn / nn : 0;
-  plain_spread_ = RelativeRms(plain_, plain_fit_);
-  prefixed_spread_ = RelativeRms(prefixed_, prefixed_fit_);
 }
 
 double ComputeModel::Spread(bool prefixed) const {

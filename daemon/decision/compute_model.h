@@ -22,15 +22,23 @@
 // token and per layer that is the same rule (layer_ms / new_tokens against the prediction's).
 // A real change of rate by more than 8x (another GPU) needs a new model: tuttid starts each empty.
 //
+// Trimming: of a kind with more than kMinSamples samples, a sample whose relative residual about
+// the fit of all of them is beyond max(kTrimFloor, kTrimMads x 1.4826 x the median absolute
+// residual) (three robust standard deviations, never within 25%) is left out of that kind's fit
+// and spread while it is kept (Trimmed counts them). One sample far off the rest (on the H200, a
+// cold first prefill of a grid's DRAM run) would otherwise hold the spread at kMaxSpread and every
+// load off; a genuinely scattered engine keeps its scatter, since its median residual is large.
+//
 // Spread (Spread): how far the engine's reported times scatter about the fit, as the root mean
-// square of the kept samples' relative residuals (layer_ms / prediction - 1) of a kind, at least
-// kMinSpread; a kind predicted from the other kind's fit, or from the fallback, is less sure: at
-// least kBorrowedSpread. The advice widens its predictions by it (split.h).
+// square of the relative residuals (layer_ms / prediction - 1) of a kind's untrimmed samples, at
+// least kMinSpread; a kind predicted from the other kind's fit, or from the fallback, is less sure:
+// at least kBorrowedSpread. The advice widens its predictions by it (split.h).
 //
 // Thread-safety: none; the Advisor guards each model.
 #ifndef TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
 #define TUTTI_DAEMON_DECISION_COMPUTE_MODEL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -66,6 +74,8 @@ class ComputeModel {
   static constexpr double kMinSpread = 0.02;
   static constexpr double kBorrowedSpread = 0.2;
   static constexpr double kMaxSpread = 0.9;
+  static constexpr double kTrimFloor = 0.25;
+  static constexpr double kTrimMads = 3;
 
   void Add(const ComputeSample& sample);
   // The prediction `sample` is more than kOutlierFactor off (see the file comment), or nullopt
@@ -80,8 +90,17 @@ class ComputeModel {
   double Spread(bool prefixed) const;
   // Mean overhead_ms of the kept samples (0 when none).
   double OverheadMs() const;
+  // How many kept samples of a kind its fit and spread leave out (see "Trimming").
+  size_t Trimmed(bool prefixed) const { return prefixed ? prefixed_trimmed_ : plain_trimmed_; }
+  size_t Samples(bool prefixed) const { return prefixed ? prefixed_.size() : plain_.size(); }
 
  private:
+  struct KindFit {
+    std::optional<LayerFit> fit;
+    double spread = kMaxSpread;
+    size_t trimmed = 0;
+  };
+  static KindFit FitKind(const std::deque<ComputeSample>& samples);
   void Refit();
 
   std::deque<ComputeSample> plain_;     // k == 0
@@ -89,6 +108,7 @@ class ComputeModel {
   std::optional<LayerFit> plain_fit_, prefixed_fit_;
   double per_token_ms_ = 0;  // the fallback: layer_ms proportional to n, over all samples
   double plain_spread_ = kMaxSpread, prefixed_spread_ = kMaxSpread;  // of each own fit
+  size_t plain_trimmed_ = 0, prefixed_trimmed_ = 0;
 };
 
 }  // namespace tutti::decision

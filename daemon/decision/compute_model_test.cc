@@ -1,6 +1,8 @@
 // The compute model's least-squares fits recover the coefficients of exact samples.
 #include "daemon/decision/compute_model.h"
 
+#include <utility>
+
 #include "gtest/gtest.h"
 
 namespace tutti::decision {
@@ -91,6 +93,45 @@ TEST(ComputeModelTest, OutliersAreJudgedOnlyAgainstEnoughHistoryOfTheirKind) {
   EXPECT_FALSE(m.Outlier({1, 1, 0.9, 0}).has_value());
   // The other kind has no history of its own yet.
   EXPECT_FALSE(m.Outlier({1024, 8192, 100 * at_8k, 0}).has_value());
+}
+
+}  // namespace
+}  // namespace tutti::decision
+
+namespace tutti::decision {
+namespace {
+
+// The H200 grid's plain profile (layer_compute_ms_T*_k0, 2026-12-03) and one prefill reported at
+// 4x its fit, as a cold first prefill was: the far one leaves the fit and the spread.
+TEST(ComputeModelTest, OneSampleFarOffTheRestIsTrimmedFromFitAndSpread) {
+  const std::pair<uint32_t, double> profile[] = {
+      {2048, 1.881}, {4096, 3.876}, {8192, 8.155}, {16384, 18.676}, {32768, 45.069}};
+  ComputeModel clean, with_cold;
+  for (const auto& [t, ms] : profile) {
+    clean.Add({t, t, ms, 1});
+    with_cold.Add({t, t, ms, 1});
+  }
+  const double at_4000 = *clean.LayerMs(4000, 0);
+  with_cold.Add({4000, 4000, 4 * at_4000, 1});
+  EXPECT_EQ(clean.Trimmed(false), 0u);
+  EXPECT_EQ(with_cold.Trimmed(false), 1u);
+  EXPECT_EQ(with_cold.Samples(false), 6u);
+  EXPECT_LE(with_cold.Spread(false), 0.05);
+  EXPECT_NEAR(with_cold.Spread(false), clean.Spread(false), 1e-9);
+  EXPECT_NEAR(*with_cold.LayerMs(32768, 0), *clean.LayerMs(32768, 0), 1e-9);
+}
+
+// An engine whose times truly scatter (every other prefill 35% slow) keeps its spread: the
+// median residual is large, so nothing is trimmed.
+TEST(ComputeModelTest, AScatteredEngineKeepsItsSpread) {
+  const LayerFit f{0.05, 2e-3, 3e-8};
+  ComputeModel m;
+  for (uint32_t i = 0; i < 12; ++i) {
+    const uint32_t n = 1024 + 2048 * i;
+    m.Add({n, n, f.Eval(n, 0) * (i % 2 == 0 ? 1.0 : 1.35), 0});
+  }
+  EXPECT_EQ(m.Trimmed(false), 0u);
+  EXPECT_GE(m.Spread(false), 0.12);
 }
 
 }  // namespace

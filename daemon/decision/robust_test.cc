@@ -191,6 +191,30 @@ TEST(RobustAdviceTest, DramHalfCachedAt32KNoLongerSplits) {
   EXPECT_LE(ratio, 1.05);
 }
 
+// The H200's DRAM grid (2026-12-03): the profile (23 samples, as above), then one prefill reported
+// far off the rest (the grid's first stored prefix, 4,000 tokens at 4x the fit's time: a cold
+// first prefill). The spread of plain compute went to kMaxSpread (tuttid logged 0.900), so
+// recomputing's low end fell to a tenth of its prediction and every DRAM load was refused,
+// although loading 90% of a 32K prompt ran 3.8x faster than recomputing (384 against 1,449 ms).
+TEST(RobustAdviceTest, OneColdPrefillDoesNotHoldDramLoadsOff) {
+  Meter m;
+  m.Reads(Tier::kDram, 20, 1843ull * 32 * (64 << 10), 33.6e9);
+  Advisor advisor(AdvisorOptions{true, 0.1, 0.1, 300, [&m] { return m.now; }, 0});
+  const std::vector<ComputeSample> profile =
+      Samples(kThrottledProfile, std::size(kThrottledProfile));
+  ASSERT_TRUE(advisor.Report(kNs, kSession, kUid, profile, 0, 0).ok());
+  const ComputeModel model = ProfileModel();
+  const ComputeSample cold{4000, 4000, 4 * *model.LayerMs(4000, 0), 2};
+  ASSERT_TRUE(advisor.Report(kNs, kSession, kUid, {cold}, 0, 0).ok());
+  const std::vector<bool> dram(1843, true);
+  const Advice a = advisor.Advise(kNs, kSession, kShape, 32768, dram, m.Now());
+  std::printf("T=32768, 1843 DRAM hits after a cold prefill: k=%u %.1f [%.1f, %.1f] ms, "
+              "recompute %.1f\n",
+              a.load_blocks, a.ttft_ms, a.ttft_low_ms, a.ttft_high_ms, a.recompute_ms);
+  EXPECT_EQ(a.load_blocks, 1843u);
+  EXPECT_LT(a.ttft_high_ms, 0.5 * a.recompute_ms);
+}
+
 // Compute 0.001 ms per token and layer (8.2 ms a layer for 8,192 tokens), 500 SSD hits of 64 KiB
 // a layer each. At 0.8 GB/s the best split (about 66 blocks, loads overlapping compute) is
 // predicted 16% faster than recomputing; at 0.4 GB/s 9%, under the 10% an interior split needs;

@@ -428,8 +428,11 @@ def store_prefixes(bench, token_counts, max_share, seed=11):
             raise RuntimeError("storing the %d-token prefix of T=%d: outcomes %s" % (
                 cached, T, bad))
         prompts[T] = prompt
-        log("stored %d blocks (%d tokens) of the T=%d prompt in %.1f s" % (
-            len(a.stored), cached, T, time.perf_counter() - t0))
+        # The prefill's compute is reported to tuttid as a sample like any engine's: its mean
+        # layer time says whether it ran as the profile's did (a cold first prefill did not).
+        layer = sum(a.layer_ms) / len(a.layer_ms) if a.layer_ms else float("nan")
+        log("stored %d blocks (%d tokens) of the T=%d prompt in %.1f s (prefill: %.3f ms a "
+            "layer, reported)" % (len(a.stored), cached, T, time.perf_counter() - t0, layer))
     return prompts
 
 
