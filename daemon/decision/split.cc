@@ -68,15 +68,28 @@ uint32_t CentralBest(const SplitInput& in, const std::vector<Candidate>& c) {
   return best;
 }
 
+// Between the two pure strategies, the one whose worst case against the other is smaller
+// (split.h, "Between the pure strategies"): loading everything when it wins beyond the
+// uncertainty, or when its worst ratio to recomputing is below recomputing's worst ratio to it.
+bool LoadAllOverRecompute(const std::vector<Candidate>& c) {
+  const uint32_t kmax = static_cast<uint32_t>(c.size()) - 1;
+  if (kmax == 0) return false;
+  if (c[kmax].high <= c[0].low) return true;
+  if (c[kmax].mid >= c[0].mid) return false;  // recomputing wins centrally: no regret to weigh
+  const double load_regret = c[kmax].high / c[0].low;
+  const double recompute_regret = c[0].high / c[kmax].low;
+  return load_regret < recompute_regret;
+}
+
 // CentralBest, kept only where it wins beyond the uncertainty (split.h).
 uint32_t Guarded(const SplitInput& in, const std::vector<Candidate>& c, uint32_t central) {
   const uint32_t kmax = static_cast<uint32_t>(c.size()) - 1;
-  const bool load_all_safe = kmax > 0 && c[kmax].high <= c[0].low;
-  if (central == 0 || central == kmax) return central == kmax && !load_all_safe ? 0 : central;
+  const bool load_all = LoadAllOverRecompute(c);
+  if (central == 0 || central == kmax) return central == kmax && !load_all ? 0 : central;
   const bool interior_safe =
       c[central].high <= c[0].low && c[central].high <= (1 - in.min_interior_gain) * c[kmax].high;
   if (interior_safe) return central;
-  return load_all_safe ? kmax : 0;
+  return load_all ? kmax : 0;
 }
 
 }  // namespace
