@@ -1,0 +1,94 @@
+"""tutti.Client's transfers: a Retrieve (its request, the thread that reads its progress
+stream into the Retrieval, waiting for the one in flight) and a Store (its request and
+outcomes), each with a deadline sized to the bytes it moves (Timeouts.for_retrieve, for_store).
+
+Transfers is mixed into Client over tutti._session.Session (its _current, _next_ticket, _call,
+_error, _observe, _calls, _words and the layout it attached with); Client holds the Retrieve in
+flight (_inflight). Client.retrieve and Client.store check the arguments and take the locks
+(_retrieve_lock; _store_lock in cuda mode).
+"""
+
+import threading
+
+import grpc
+
+from tutti import errors
+from tutti._retrieval import Retrieval
+from tutti._types import STORE_OUTCOMES, StoreOutcomes
+from tutti.v1 import kvcache_pb2 as pb
+
+
+class Transfers:
+    """The Retrieve and Store helpers of one Client (see the module docstring)."""
+
+    def _transfer_bytes(self, blocks, layer_begin, layer_end):
+        layers = (layer_end or self._num_layers) - layer_begin
+        with self._cv:
+            object_bytes = self._attach_response.object_bytes
+        return blocks * max(layers, 0) * self._parts * object_bytes
+
+    def _start_retrieve(self, lease, keys, engine_blocks, layer_begin, layer_end, more_leases):
+        """Client.retrieve once its arguments are checked, under _retrieve_lock: waits for the
+        Retrieve in flight, then starts this one and its stream reader."""
+        self._finish_inflight()
+        sid, gen = self._current()
+        if lease is not None and lease.generation != gen:
+            raise errors.Unavailable("the lease is from before tuttid restarted (the client "
+                                     "re-attached); look up again")
+        ticket = self._next_ticket()
+        req = pb.RetrieveRequest(**sid.fields(), lease_id=lease.id if lease else 0,
+                                 layer_begin=layer_begin, layer_end=layer_end, ticket=ticket,
+                                 lease_ids=more_leases)
+        for k, b in zip(keys, engine_blocks):
+            req.blocks.add(key=k, engine_block=int(b))
+        r = Retrieval(len(keys), layer_begin, layer_end, ticket, self._words)
+        r._thread = threading.Thread(target=self._read_stream, args=(r, req, gen),
+                                     name="tutti-retrieve", daemon=True)
+        self._inflight = r
+        r._thread.start()
+        return r
+
+    def _read_stream(self, r, req, generation):
+        code, message = "OK", ""
+        timeout, field_name = self._timeouts.for_retrieve(
+            self._transfer_bytes(len(req.blocks), req.layer_begin, req.layer_end))
+        stream = None
+        try:
+            stream = self._stub.Retrieve(req, timeout=timeout)
+            self._calls.add(generation, stream)
+            for progress in stream:
+                r._on_progress(progress.layer, progress.failed)
+        except grpc.RpcError as e:
+            err = self._error("Retrieve", e, timeout, field_name, generation)
+            self._observe(err, generation)
+            code, message = err.code, err.message
+        except Exception as e:  # never leave the engine waiting
+            code, message = "INTERNAL", repr(e)
+        finally:
+            if stream is not None:
+                self._calls.discard(generation, stream)
+        r._on_end(code, message)
+
+    def _finish_inflight(self):
+        if self._inflight is not None:
+            self._inflight.wait()
+            self._inflight._thread.join()
+            self._inflight = None
+
+    def _store(self, keys, engine_blocks, wait_durable, layer_begin, layer_end, staging_wait_ms):
+        sid, gen = self._current()
+        req = pb.StoreRequest(**sid.fields(), layer_begin=layer_begin, layer_end=layer_end,
+                              wait_durable=wait_durable, ticket=self._next_ticket(),
+                              staging_wait_ms=staging_wait_ms)
+        for k, b in zip(keys, engine_blocks):
+            req.blocks.add(key=k, engine_block=int(b))
+        timeout, field_name = self._timeouts.for_store(
+            self._transfer_bytes(len(keys), layer_begin, layer_end), wait_durable)
+        timeout += staging_wait_ms / 1000.0
+        resp = self._call("Store", req, gen, timeout, field_name)
+        if len(resp.outcomes) != len(keys):
+            raise errors.TuttiError("tuttid answered Store with a wrong number of outcomes",
+                                    "INTERNAL")
+        out = StoreOutcomes(STORE_OUTCOMES.get(o, "unspecified") for o in resp.outcomes)
+        out.rejected_why = resp.rejected_why
+        return out
