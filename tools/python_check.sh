@@ -1,9 +1,9 @@
 #!/bin/bash
 # Checks every Python file of the repository (tracked, or new and not ignored) with pyflakes
 # (Debian's pyflakes3) for the mistakes that only show when a line runs: undefined names (a
-# helper moved to another module and not imported) and syntax errors. Much of the Python here (the GPU paths of the client, the device
-# benchmarks) never runs in CI, so this is what catches them there. Style findings (unused
-# imports and the like) are not errors here.
+# helper moved to another module and not imported) and syntax errors. Much of the Python here
+# (the GPU paths of the client, the device benchmarks) never runs in CI, so this is what catches
+# them there. Style findings (unused imports and the like) are not errors here.
 #
 #   tools/python_check.sh            exit 0 when clean, 1 with the findings on stderr
 set -uo pipefail
