@@ -30,8 +30,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/jsonl.h"
-#include "daemon/common/clock.h"
-#include "daemon/common/status_macros.h"
+#include "common/clock.h"
+#include "common/status_macros.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
 

@@ -32,7 +32,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_ipc_memory.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"

@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/jsonl.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "daemon/io/nvme/controller.h"
 #include "daemon/io/nvme/gpu/gpu_queue.h"
 #include "daemon/io/nvme/model/controller_model.h"

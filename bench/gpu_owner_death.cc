@@ -34,7 +34,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "gpu/copy_kernel.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"

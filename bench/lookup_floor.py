@@ -7,7 +7,7 @@
 - grpc_lookup_1 / grpc_lookup_2048: Client.lookup_many of 1 and of 2048 stored keys (a lease
   each, released untimed);
 - socket_refused / socket_lookup_1 / socket_lookup_2048: the same three through tuttid's lookup
-  socket (<socket>.lookup, daemon/common/lookup_wire.h) instead of gRPC;
+  socket (<socket>.lookup, common/lookup_wire.h) instead of gRPC;
 - raw_socket: the same 32 KiB as a length-prefixed message over a plain unix stream socket to a
   Python process that answers 44 bytes: what carrying it costs with no server work at all.
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "config/text_scan.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "daemon/gpu_setup.h"
 #include "daemon/server/gpu_engine_io.h"
 #include "gpu/cuda_status.h"

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/io/io_factory.h"
 #include "daemon/io/uring_cmd_backend.h"
 #include "daemon/pool/raw_pool.h"

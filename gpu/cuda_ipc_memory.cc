@@ -1,8 +1,8 @@
 #include "gpu/cuda_ipc_memory.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "gpu/probe.h"
 

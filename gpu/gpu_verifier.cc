@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/pool/slot_header.h"
 #include "gpu/cuda_status.h"
 #include "gpu/hash_kernel.h"

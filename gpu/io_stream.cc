@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "gpu/copy_kernel.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"

@@ -3,8 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "gpu/probe.h"
 

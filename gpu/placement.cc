@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::gpu {
 namespace {

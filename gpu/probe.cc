@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"
 

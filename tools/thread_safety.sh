@@ -16,7 +16,7 @@ if ! command -v clang >/dev/null; then
 fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(//daemon/... //client/... //config/... //bench/... //tests/...)
+  targets=(//common/... //daemon/... //client/... //config/... //bench/... //tests/...)
 fi
 exec bazel --output_base="${TUTTI_TSA_OUTPUT_BASE:-$HOME/.cache/tutti-tsa}" build --config=tsa \
   "${targets[@]}"

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::client::internal {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/cpp/device.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 #include "tutti/client.h"
 #include "tutti/v1/kvcache.pb.h"
 

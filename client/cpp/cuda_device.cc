@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/device.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"
 #include "gpu/probe.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/hostengine/connect.h"
-#include "daemon/common/handoff.h"
+#include "common/handoff.h"
 
 namespace tutti::client::internal {
 namespace {

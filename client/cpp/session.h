@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "tutti/client.h"

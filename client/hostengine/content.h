@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::hostengine {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "client/hostengine/connect.h"
-#include "daemon/common/handoff.h"
+#include "common/handoff.h"
 #include "grpcpp/client_context.h"
 
 namespace tutti::hostengine {

@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "grpcpp/channel.h"
 #include "tutti/v1/kvcache.grpc.pb.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::hostengine {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "client/hostengine/content.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::hostengine {
 

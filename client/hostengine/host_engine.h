@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "client/hostengine/kv_shape.h"
 #include "client/hostengine/shm_region.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "tutti/v1/kvcache.pb.h"
 
 namespace tutti::hostengine {

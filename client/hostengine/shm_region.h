@@ -39,7 +39,7 @@ class ShmRegion {
   // The shm_open name, with its leading '/'. Still returned after Unlink.
   const std::string& name() const { return name_; }
   uint8_t* data() const { return data_; }
-  // The object's descriptor (read-write), what the engine hands tuttid (daemon/common/handoff.h).
+  // The object's descriptor (read-write), what the engine hands tuttid (common/handoff.h).
   // Owned by the region; valid after Unlink too.
   int fd() const { return fd_; }
   uint64_t size() const { return size_; }

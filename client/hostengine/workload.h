@@ -14,7 +14,7 @@
 #include "absl/types/span.h"
 #include "client/hostengine/engine_client.h"
 #include "client/hostengine/host_engine.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::hostengine {
 

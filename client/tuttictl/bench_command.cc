@@ -17,7 +17,7 @@
 #include "client/hostengine/workload.h"
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/output.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::tuttictl {
 namespace {

@@ -15,7 +15,7 @@
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/devices.h"
 #include "client/tuttictl/output.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::tuttictl {
 namespace {

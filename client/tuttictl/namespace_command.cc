@@ -9,7 +9,7 @@
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/flags.h"
 #include "client/tuttictl/output.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::tuttictl {
 namespace {

@@ -12,7 +12,7 @@
 #include "client/tuttictl/admin_call.h"
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/output.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::tuttictl {
 namespace {

@@ -34,7 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "daemon/datapath/counters.h"
 #include "daemon/datapath/read_plan.h"
 #include "daemon/datapath/staging_lease.h"

@@ -47,7 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "daemon/datapath/engine_sink.h"
 #include "daemon/datapath/layer_reader.h"
 

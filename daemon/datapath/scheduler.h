@@ -49,7 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "daemon/common/clock.h"
+#include "common/clock.h"
 #include "daemon/io/io_backend.h"
 
 namespace tutti::datapath {

@@ -19,7 +19,7 @@
 #include <string_view>
 
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "daemon/datapath/work_pool.h"
 
 namespace tutti::datapath {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/decision/split.h"
 
 namespace tutti::decision {

@@ -43,7 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "daemon/decision/compute_model.h"
 
 namespace tutti::decision {

@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::engine {
 namespace {

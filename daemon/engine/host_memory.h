@@ -1,5 +1,5 @@
 // EngineMemory over shared memory the engine created (host mode: CI, CPU engines, and GPU engines
-// without CUDA IPC). The engine hands the daemon its descriptors (daemon/common/handoff.h); the
+// without CUDA IPC). The engine hands the daemon its descriptors (common/handoff.h); the
 // daemon maps each one read-write, shared, and copies with memcpy. It never opens memory by name:
 // it can only reach what the engine itself could open. Pages are not touched at Attach (no
 // MAP_POPULATE): a sparse region costs nothing until blocks are copied into it, and only the
@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 #include "daemon/engine/engine_memory.h"
 #include "daemon/engine/fault_guard.h"
 #include "daemon/engine/placement.h"

@@ -1,7 +1,7 @@
 #include "daemon/engine/placement.h"
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::engine {
 namespace {

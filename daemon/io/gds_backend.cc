@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/io/cufile_api.h"
 #include "daemon/io/request_check.h"
 

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "daemon/io/nvme/queue_pair.h"
 #include "daemon/io/request_check.h"
 

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/io/nvme/controller.h"
 #include "daemon/io/nvme/vfio.h"
 #include "daemon/io/nvme_backend.h"

@@ -19,7 +19,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/io/issue_queue.h"
 #include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"

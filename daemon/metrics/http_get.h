@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace tutti::metrics {
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::pool {
 

@@ -3,9 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/client_text.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/client_text.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 
 namespace tutti::server {
 

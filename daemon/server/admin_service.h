@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/common/clock.h"
+#include "common/clock.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/io/backend_choice.h"
 #include "daemon/server/call_gate.h"

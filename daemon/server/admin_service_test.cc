@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/pool/layout.h"
 #include "daemon/server/service_test_env.h"
 #include "gmock/gmock.h"

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/handoff.h"
-#include "daemon/common/random.h"
+#include "common/handoff.h"
+#include "common/random.h"
 
 namespace tutti::server {
 

@@ -1,4 +1,4 @@
-// Credentials issued by the handoff socket (daemon/common/handoff.h) and redeemed by Attach.
+// Credentials issued by the handoff socket (common/handoff.h) and redeemed by Attach.
 //
 // A credential is 16 random bytes standing for the peer the kernel named (pid, uid, gid) and the
 // descriptors it handed over. It is redeemed at most once and expires ttl_ms after issue; its
@@ -19,8 +19,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/clock.h"
-#include "daemon/common/unique_fd.h"
+#include "common/clock.h"
+#include "common/unique_fd.h"
 
 namespace tutti::server {
 

@@ -1,7 +1,7 @@
 #include "daemon/server/device_health.h"
 
 #include "absl/strings/str_join.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 
 namespace tutti::server {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434

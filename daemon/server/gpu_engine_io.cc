@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_ipc_memory.h"
 #include "gpu/cuda_status.h"
 #include "gpu/ready_words.h"

@@ -11,7 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/service_test_env.h"
 #include "gtest/gtest.h"

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/handoff.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/handoff.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 
 namespace tutti::server {
 namespace {
@@ -190,7 +190,7 @@ void HandoffServer::Serve(int conn) {
   }
   if (got != static_cast<ssize_t>(kHandoffMagicBytes + 4) ||
       std::memcmp(payload, kHandoffMagic, kHandoffMagicBytes) != 0 || want > kMaxHandoffFds) {
-    Refuse(conn, absl::InvalidArgumentError("not a handoff request (daemon/common/handoff.h)"));
+    Refuse(conn, absl::InvalidArgumentError("not a handoff request (common/handoff.h)"));
     return;
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0 || fds.size() != want) {

@@ -1,4 +1,4 @@
-// The daemon's end of the handoff (daemon/common/handoff.h): a SOCK_SEQPACKET unix socket whose
+// The daemon's end of the handoff (common/handoff.h): a SOCK_SEQPACKET unix socket whose
 // one thread accepts engines, reads each one's message and descriptors, asks the kernel who the
 // peer is (SO_PEERCRED), and answers with a credential from a CredentialTable.
 //
@@ -25,7 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 #include "daemon/server/credentials.h"
 #include "daemon/server/socket_files.h"
 

@@ -1,4 +1,4 @@
-#include "daemon/common/handoff.h"
+#include "common/handoff.h"
 
 #include <fcntl.h>
 #include <poll.h>

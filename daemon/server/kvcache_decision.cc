@@ -2,7 +2,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "daemon/server/kvcache_service.h"
 
 namespace tutti::server {

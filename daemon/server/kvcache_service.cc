@@ -7,9 +7,9 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/common/client_text.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/client_text.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/datapath/engine_sink.h"
 #include "daemon/datapath/retrieve_transfer.h"
 #include "daemon/engine/host_memory.h"

@@ -1,6 +1,6 @@
 // The engine API (tutti.v1.KvCache) over the block store and the session manager.
 //
-// Attach redeems the credential of the engine's handoff (daemon/common/handoff.h): missing,
+// Attach redeems the credential of the engine's handoff (common/handoff.h): missing,
 // unknown, used or expired -> PERMISSION_DENIED. Its text fields must be printable and short
 // (INVALID_ARGUMENT naming the field); the namespace and the memory are validated before anything
 // is journaled; limits (sessions in all and per user, namespaces) -> RESOURCE_EXHAUSTED naming

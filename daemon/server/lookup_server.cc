@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 
 namespace tutti::server {
 namespace {

@@ -1,4 +1,4 @@
-// The daemon's end of the lookup socket (daemon/common/lookup_wire.h): Lookups outside gRPC, so
+// The daemon's end of the lookup socket (common/lookup_wire.h): Lookups outside gRPC, so
 // that vLLM's scheduler's first get_num_new_matched_tokens of a request does not pay gRPC's round
 // trip (issue 21 section 4). Every request is answered by a LookupHandler (tuttid's:
 // KvCacheService::LookupAs, the same code as KvCache.Lookup) for the peer's uid (SO_PEERCRED).
@@ -32,8 +32,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/common/lookup_wire.h"
-#include "daemon/common/unique_fd.h"
+#include "common/lookup_wire.h"
+#include "common/unique_fd.h"
 #include "daemon/server/socket_files.h"
 #include "tutti/v1/kvcache.pb.h"
 

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/lookup_wire.h"
+#include "common/lookup_wire.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/service_test_env.h"
 #include "gmock/gmock.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "google/protobuf/repeated_field.h"
 #include "tutti/v1/kvcache.pb.h"
 

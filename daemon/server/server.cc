@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/server/decode_errors.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"

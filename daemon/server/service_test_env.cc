@@ -11,7 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/handoff.h"
+#include "common/handoff.h"
 #include "daemon/pool/layout.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"

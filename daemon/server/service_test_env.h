@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/common/clock.h"
-#include "daemon/common/types.h"
+#include "common/clock.h"
+#include "common/types.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/server/admin_service.h"

@@ -6,9 +6,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "daemon/common/log.h"
-#include "daemon/common/random.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/random.h"
+#include "common/status_macros.h"
 
 namespace tutti::server {
 namespace {

@@ -59,8 +59,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
-#include "daemon/common/clock.h"
-#include "daemon/common/types.h"
+#include "common/clock.h"
+#include "common/types.h"
 #include "daemon/server/engine_io.h"
 
 namespace tutti::server {

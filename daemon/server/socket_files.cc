@@ -10,9 +10,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/dirs.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/dirs.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 
 namespace tutti::server {
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace tutti::server {
 

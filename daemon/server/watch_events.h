@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "daemon/store/events.h"
 #include "tutti/v1/kvcache.pb.h"
 

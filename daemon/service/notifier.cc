@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "daemon/common/log.h"
+#include "common/log.h"
 
 namespace tutti::service {
 

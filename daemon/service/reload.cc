@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"

@@ -28,7 +28,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::store {
 

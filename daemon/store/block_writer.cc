@@ -7,9 +7,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/io/aligned_buffer.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"
 

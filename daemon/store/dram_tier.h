@@ -18,7 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "daemon/store/staging.h"
 
 namespace tutti::store {

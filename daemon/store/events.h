@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::store {
 

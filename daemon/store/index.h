@@ -30,7 +30,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/types/span.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::store {
 

@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti::store {
 

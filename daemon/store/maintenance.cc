@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"

@@ -11,8 +11,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/store/block_store_impl.h"
 
 namespace tutti::store {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-#include "daemon/common/types.h"
+#include "common/types.h"
 #include "tutti/v1/kvcache.pb.h"
 
 namespace tutti::store::testing {

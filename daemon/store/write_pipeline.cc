@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/datapath/read_plan.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"

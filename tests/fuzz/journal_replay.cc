@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/store/journal.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/server/service_test_env.h"
 #include "grpcpp/client_context.h"
 

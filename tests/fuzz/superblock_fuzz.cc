@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/pool/layout.h"
 #include "daemon/pool/pool_files.h"
 #include "tests/fuzz/fuzz_util.h"

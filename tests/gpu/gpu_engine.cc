@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "daemon/common/handoff.h"
-#include "daemon/common/status_macros.h"
+#include "common/handoff.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_status.h"
 #include "grpcpp/client_context.h"
 #include "tests/gpu/tuttid_runner.h"

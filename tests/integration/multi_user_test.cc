@@ -34,7 +34,7 @@
 #include "client/hostengine/connect.h"
 #include "client/hostengine/engine_client.h"
 #include "client/hostengine/host_engine.h"
-#include "daemon/common/handoff.h"
+#include "common/handoff.h"
 #include "daemon/metrics/http_get.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"

@@ -31,7 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/hostengine/content.h"
-#include "daemon/common/clock.h"
+#include "common/clock.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/block_store.h"
 #include "gtest/gtest.h"

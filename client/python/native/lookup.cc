@@ -15,7 +15,7 @@
 // RTLD_LOCAL, so neither sees the other's symbols (tests: client_native_test).
 //
 // The lookup socket (issue 21 section 4): where tuttid serves one (<socket>.lookup,
-// daemon/common/lookup_wire.h), a Lookup goes there instead, the same serialized request on a
+// common/lookup_wire.h), a Lookup goes there instead, the same serialized request on a
 // connection the channel keeps: no gRPC on either end. A channel connects to it at open and, when
 // absent or refused, tries again at most once a second (RESOURCE_EXHAUSTED: every 5 s); until then
 // its Lookups go through libgrpc++. A connection that ends before its answer is reported
@@ -54,7 +54,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/common/lookup_wire.h"
+#include "common/lookup_wire.h"
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>

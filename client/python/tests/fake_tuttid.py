@@ -2,7 +2,7 @@
 descriptors it was handed), and a KvCache gRPC server whose Attach redeems them, whose
 KeepAlive can be told to answer NOT_FOUND (the session expired), and whose Lookup, Store,
 Retrieve and Release can be told to hang (a wedged or stopped daemon) until the test ends.
-With lookup_socket, it serves tuttid's lookup socket too (daemon/common/lookup_wire.h), its
+With lookup_socket, it serves tuttid's lookup socket too (common/lookup_wire.h), its
 Lookups answered by the same Lookup as gRPC's.
 """
 

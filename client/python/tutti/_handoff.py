@@ -1,5 +1,5 @@
 """The handoff: before every Attach the engine proves who it is to tuttid and hands its host-mode
-memory over as file descriptors (the protocol of daemon/common/handoff.h, docs/security.md).
+memory over as file descriptors (the protocol of common/handoff.h, docs/security.md).
 
 One exchange on the SOCK_SEQPACKET unix socket <socket_path>.handoff:
   engine -> tuttid: b"TUTTIHO1", n as a little-endian uint32, n descriptors as SCM_RIGHTS;

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/io/nvme/queue_pair.h"
 #include "daemon/io/nvme/status_text.h"
 

@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/clock.h"
+#include "common/clock.h"
 #include "daemon/io/nvme/descriptors.h"
 #include "daemon/io/nvme/device.h"
 #include "daemon/io/nvme/queue.h"

@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/io/nvme/controller.h"
 #include "daemon/io/nvme/queue_pair.h"
 #include "daemon/io/nvme/status_text.h"

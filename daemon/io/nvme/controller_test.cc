@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "daemon/common/clock.h"
+#include "common/clock.h"
 #include "daemon/io/nvme/model/controller_model.h"
 #include "daemon/io/nvme/queue_pair.h"
 #include "gtest/gtest.h"

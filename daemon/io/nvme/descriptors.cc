@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti::io::nvme {
 namespace {

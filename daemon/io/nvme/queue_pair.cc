@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/log.h"
+#include "common/log.h"
 #include "daemon/io/nvme/status_text.h"
 
 namespace tutti::io::nvme {

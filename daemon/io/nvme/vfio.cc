@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/status_macros.h"
-#include "daemon/common/unique_fd.h"
+#include "common/status_macros.h"
+#include "common/unique_fd.h"
 #include "daemon/io/nvme/iova_allocator.h"
 
 namespace tutti::io::nvme {

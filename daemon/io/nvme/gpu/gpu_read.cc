@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/clock.h"
-#include "daemon/common/log.h"
-#include "daemon/common/status_macros.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/io/nvme/gpu/gpu_queue.h"
 #include "gpu/cuda_status.h"
 

@@ -1,6 +1,6 @@
 // Creating the daemon's directories.
-#ifndef TUTTI_DAEMON_COMMON_DIRS_H_
-#define TUTTI_DAEMON_COMMON_DIRS_H_
+#ifndef TUTTI_COMMON_DIRS_H_
+#define TUTTI_COMMON_DIRS_H_
 
 #include <sys/types.h>
 
@@ -17,4 +17,4 @@ absl::Status MakeDirs(const std::string& dir, mode_t mode);
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_DIRS_H_
+#endif  // TUTTI_COMMON_DIRS_H_

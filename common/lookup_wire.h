@@ -14,8 +14,8 @@
 //
 // Header-only and dependency-free: the Python client's extension (client/python/native/lookup.cc)
 // includes it too.
-#ifndef TUTTI_DAEMON_COMMON_LOOKUP_WIRE_H_
-#define TUTTI_DAEMON_COMMON_LOOKUP_WIRE_H_
+#ifndef TUTTI_COMMON_LOOKUP_WIRE_H_
+#define TUTTI_COMMON_LOOKUP_WIRE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -52,4 +52,4 @@ inline uint32_t GetLookupU32(const char* p) {
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_LOOKUP_WIRE_H_
+#endif  // TUTTI_COMMON_LOOKUP_WIRE_H_

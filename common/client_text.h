@@ -2,8 +2,8 @@
 // escaped before it is logged, so that no client can forge log lines or flood the journal.
 //
 // Thread-safety: pure functions.
-#ifndef TUTTI_DAEMON_COMMON_CLIENT_TEXT_H_
-#define TUTTI_DAEMON_COMMON_CLIENT_TEXT_H_
+#ifndef TUTTI_COMMON_CLIENT_TEXT_H_
+#define TUTTI_COMMON_CLIENT_TEXT_H_
 
 #include <cstddef>
 #include <string>
@@ -23,4 +23,4 @@ std::string Escaped(absl::string_view value, size_t max_bytes = 256);
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_CLIENT_TEXT_H_
+#endif  // TUTTI_COMMON_CLIENT_TEXT_H_

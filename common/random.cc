@@ -1,4 +1,4 @@
-#include "daemon/common/random.h"
+#include "common/random.h"
 
 #include <sys/random.h>
 

@@ -1,6 +1,6 @@
 // Early-return helpers for absl::Status and absl::StatusOr (Abseil 20220623 has none).
-#ifndef TUTTI_DAEMON_COMMON_STATUS_MACROS_H_
-#define TUTTI_DAEMON_COMMON_STATUS_MACROS_H_
+#ifndef TUTTI_COMMON_STATUS_MACROS_H_
+#define TUTTI_COMMON_STATUS_MACROS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,4 +25,4 @@
   if (!statusor.ok()) return statusor.status();            \
   lhs = std::move(statusor).value()
 
-#endif  // TUTTI_DAEMON_COMMON_STATUS_MACROS_H_
+#endif  // TUTTI_COMMON_STATUS_MACROS_H_

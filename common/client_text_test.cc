@@ -1,4 +1,4 @@
-#include "daemon/common/client_text.h"
+#include "common/client_text.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "daemon/common/dirs.h"
+#include "common/dirs.h"
 
 #include <sys/stat.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status_macros.h"
+#include "common/status_macros.h"
 
 namespace tutti {
 

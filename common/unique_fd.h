@@ -1,8 +1,8 @@
 // An owned file descriptor, closed on destruction. Movable, not copyable.
 //
 // Thread-safety: none (like the int it wraps).
-#ifndef TUTTI_DAEMON_COMMON_UNIQUE_FD_H_
-#define TUTTI_DAEMON_COMMON_UNIQUE_FD_H_
+#ifndef TUTTI_COMMON_UNIQUE_FD_H_
+#define TUTTI_COMMON_UNIQUE_FD_H_
 
 #include <unistd.h>
 
@@ -38,4 +38,4 @@ class UniqueFd {
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_UNIQUE_FD_H_
+#endif  // TUTTI_COMMON_UNIQUE_FD_H_

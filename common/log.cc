@@ -1,4 +1,4 @@
-#include "daemon/common/log.h"
+#include "common/log.h"
 
 #include <algorithm>
 #include <vector>

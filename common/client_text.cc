@@ -1,4 +1,4 @@
-#include "daemon/common/client_text.h"
+#include "common/client_text.h"
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"

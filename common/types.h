@@ -1,6 +1,6 @@
 // Basic value types shared by the daemon's packages.
-#ifndef TUTTI_DAEMON_COMMON_TYPES_H_
-#define TUTTI_DAEMON_COMMON_TYPES_H_
+#ifndef TUTTI_COMMON_TYPES_H_
+#define TUTTI_COMMON_TYPES_H_
 
 #include <array>
 #include <cstdint>
@@ -50,4 +50,4 @@ using NamespaceId = uint64_t;
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_TYPES_H_
+#endif  // TUTTI_COMMON_TYPES_H_

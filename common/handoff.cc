@@ -1,4 +1,4 @@
-#include "daemon/common/handoff.h"
+#include "common/handoff.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/unique_fd.h"
+#include "common/unique_fd.h"
 
 namespace tutti {
 namespace {

@@ -8,8 +8,8 @@
 //   info:  start-up, shut-down, configuration, sessions attaching and leaving.
 //   debug: per-request detail; trace: per-I/O detail. Both are off by default.
 // On the I/O path use TUTTI_LOG_EVERY_N_SEC so a failing disk cannot flood the log.
-#ifndef TUTTI_DAEMON_COMMON_LOG_H_
-#define TUTTI_DAEMON_COMMON_LOG_H_
+#ifndef TUTTI_COMMON_LOG_H_
+#define TUTTI_COMMON_LOG_H_
 
 #include <atomic>
 #include <chrono>
@@ -60,4 +60,4 @@ class RateLimiter {
     }                                                                                \
   } while (0)
 
-#endif  // TUTTI_DAEMON_COMMON_LOG_H_
+#endif  // TUTTI_COMMON_LOG_H_

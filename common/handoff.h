@@ -17,8 +17,8 @@
 // threat model: docs/security.md.
 //
 // Thread-safety: free functions, safe to call from any thread.
-#ifndef TUTTI_DAEMON_COMMON_HANDOFF_H_
-#define TUTTI_DAEMON_COMMON_HANDOFF_H_
+#ifndef TUTTI_COMMON_HANDOFF_H_
+#define TUTTI_COMMON_HANDOFF_H_
 
 #include <cstdint>
 #include <string>
@@ -53,4 +53,4 @@ absl::StatusOr<std::string> HandOff(const std::string& socket_path, absl::Span<c
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_HANDOFF_H_
+#endif  // TUTTI_COMMON_HANDOFF_H_

@@ -2,8 +2,8 @@
 // credentials, session tokens).
 //
 // Thread-safety: thread-safe.
-#ifndef TUTTI_DAEMON_COMMON_RANDOM_H_
-#define TUTTI_DAEMON_COMMON_RANDOM_H_
+#ifndef TUTTI_COMMON_RANDOM_H_
+#define TUTTI_COMMON_RANDOM_H_
 
 #include <cstddef>
 #include <string>
@@ -18,4 +18,4 @@ namespace tutti {
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_RANDOM_H_
+#endif  // TUTTI_COMMON_RANDOM_H_

@@ -1,4 +1,4 @@
-#include "daemon/common/types.h"
+#include "common/types.h"
 
 namespace tutti {
 

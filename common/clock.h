@@ -1,6 +1,6 @@
 // An injectable clock: leases, timeouts and expiry read time through it, so tests use ManualClock.
-#ifndef TUTTI_DAEMON_COMMON_CLOCK_H_
-#define TUTTI_DAEMON_COMMON_CLOCK_H_
+#ifndef TUTTI_COMMON_CLOCK_H_
+#define TUTTI_COMMON_CLOCK_H_
 
 #include <atomic>
 #include <chrono>
@@ -49,4 +49,4 @@ inline Clock* Clock::Real() {
 
 }  // namespace tutti
 
-#endif  // TUTTI_DAEMON_COMMON_CLOCK_H_
+#endif  // TUTTI_COMMON_CLOCK_H_
