@@ -38,8 +38,6 @@ bool Extends(const PlannedIo& io, const Wanted& w, uint32_t read_len, uint32_t m
 
 }  // namespace
 
-uint32_t RoundUp4K(uint32_t v) { return (v + 4095) / 4096 * 4096; }
-
 LayerPlan PlanLayerAt(const ObjectLocator& locate, uint32_t frame_bytes,
                       const PlanRequest& request) {
   LayerPlan plan;

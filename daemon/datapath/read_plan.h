@@ -22,13 +22,12 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/align.h"
 #include "daemon/pool/layout.h"
 
 namespace tutti::datapath {
 
 inline constexpr uint32_t kNoObject = UINT32_MAX;
-
-uint32_t RoundUp4K(uint32_t v);
 
 // One block of the read: its slot, or nullopt when it is not read from the pool (served from the
 // DRAM tier, or already failed).

@@ -17,6 +17,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "common/align.h"
 #include "common/log.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/issue_queue.h"
@@ -36,7 +37,7 @@ constexpr uint64_t kMaxPieces = 1 << 14;
 
 uint64_t PieceBytes(uint64_t region) {
   const uint64_t min = (region + kMaxPieces - 1) / kMaxPieces;
-  return std::max(kPieceBytes, (min + 4095) / 4096 * 4096);
+  return std::max(kPieceBytes, RoundUp4K(min));
 }
 
 std::string ErrnoText(int err) { return std::strerror(err); }

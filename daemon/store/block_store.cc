@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/align.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "daemon/datapath/read_plan.h"
@@ -19,7 +20,6 @@
 #include "daemon/store/block_store_impl.h"
 
 namespace tutti::store {
-using datapath::RoundUp4K;
 
 // The namespace id: a hash of every field that makes keys comparable, in a
 // fixed encoding, and of its scope (NamespaceScope::scope; "" leaves the id as

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/align.h"
 #include "common/log.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/pool/slot_header.h"
@@ -27,8 +28,6 @@ struct BlockStore::Impl::ScrubTarget {
 };
 
 namespace {
-
-uint64_t RoundUp4K(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
 const char* FailureReason(datapath::ReadFailure f) {
   switch (f) {

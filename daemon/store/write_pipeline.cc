@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/align.h"
 #include "common/log.h"
 #include "daemon/datapath/read_plan.h"
 #include "daemon/pool/slot_header.h"
@@ -356,7 +357,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
                          static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
     }
     ++stats_.blocks_stored;
-    stats_.bytes_written += p->frames.size() * uint64_t{datapath::RoundUp4K(p->object_len)};
+    stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);
   }
 }
