@@ -16,8 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "config/text_scan.h"
 #include "common/status_macros.h"
+#include "config/text_scan.h"
+#include "daemon/io/backend_names.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -228,7 +229,8 @@ absl::Status ValidatePassthrough(const tutti::v1::IoConfig& io) {
 
 absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
   RETURN_IF_ERROR(
-      CheckOneOf("io.backend", io.backend(), {"uring", "memory", "gds", "uring_cmd", "nvme"}));
+      CheckOneOf("io.backend", io.backend(),
+                 std::vector<std::string>(io::kBackendNames.begin(), io::kBackendNames.end())));
   RETURN_IF_ERROR(ValidateNvme(io));
   RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
   RETURN_IF_ERROR(ValidatePassthrough(io));

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/io/backend_names.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/io/nvme_open.h"
@@ -102,6 +104,15 @@ constexpr Entry kBackends[] = {{"uring", &MakeUring, false},
                                {"uring_cmd", &MakeUringCmd, true},
                                {"nvme", &MakeNvme, true}};
 
+constexpr bool TableFollowsNames() {
+  if (std::size(kBackends) != kBackendNames.size()) return false;
+  for (size_t i = 0; i < kBackendNames.size(); ++i) {
+    if (kBackends[i].name != kBackendNames[i]) return false;
+  }
+  return true;
+}
+static_assert(TableFollowsNames(), "kBackends must list backend_names.h's names, in its order");
+
 // A pool file that does not match its layout.
 absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
   if (sizes.empty()) return absl::OkStatus();
@@ -144,9 +155,7 @@ absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vect
 }  // namespace
 
 std::vector<std::string_view> IoBackendNames() {
-  std::vector<std::string_view> names;
-  for (const Entry& e : kBackends) names.push_back(e.name);
-  return names;
+  return std::vector<std::string_view>(kBackendNames.begin(), kBackendNames.end());
 }
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name,

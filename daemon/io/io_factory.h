@@ -27,8 +27,8 @@ struct IoOptions {
   NvmeOpenOptions nvme;
 };
 
-// The names CreateIoBackend accepts, in the order they are documented: "uring", "memory", "gds",
-// "uring_cmd", "nvme".
+// The names CreateIoBackend accepts: backend_names.h's kBackendNames ("uring", "memory", "gds",
+// "uring_cmd", "nvme"), the list config validates io.backend against.
 std::vector<std::string_view> IoBackendNames();
 
 // Creates the backend called `name` over the pool's files.
