@@ -45,7 +45,7 @@ struct Key {
   }
 };
 
-// Identifies a namespace (model, layout, TP rank and size, hash scheme); see store/namespaces.h.
+// Identifies a namespace (model, layout, TP rank and size, hash scheme); see daemon/store/namespaces.h.
 using NamespaceId = uint64_t;
 
 }  // namespace tutti

@@ -1,4 +1,4 @@
-// XXH3-64 on the GPU: the object checksums of pool/slot_header.h (XXH3_64bits_withSeed with a
+// XXH3-64 on the GPU: the object checksums of daemon/pool/slot_header.h (XXH3_64bits_withSeed with a
 // per-object seed) computed over objects in device memory, one CTA per object.
 //
 // Each thread takes 16-byte vectors of its object (two of the eight 64-bit accumulator lanes of

@@ -11,8 +11,8 @@
 // context shares the primary context's address space.
 //
 // Thread-safety: the stream may be used from several threads; enqueue sequences that must stay
-// contiguous (a layer's copies followed by its ready word) are made under mutex(). DESIGN.md's
-// rule is one I/O thread per stream; the mutex makes sharing safe, not fast.
+// contiguous (a layer's copies followed by its ready word) are made under mutex(). The design is one I/O
+// thread per stream; the mutex makes sharing safe, not fast.
 #ifndef TUTTI_GPU_IO_STREAM_H_
 #define TUTTI_GPU_IO_STREAM_H_
 

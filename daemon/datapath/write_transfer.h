@@ -2,7 +2,7 @@
 // side is retrieve_transfer.h).
 //
 // Prepare plans a batch's writes: each block's objects, from their frames in store staging to
-// their places in its slot (pool/layout.h), and its slot header page, merged into one write
+// their places in its slot (daemon/pool/layout.h), and its slot header page, merged into one write
 // wherever pieces lie adjacent both in a pool file and in memory (write_plan.h). Post hands the
 // writes to the per-device scheduler as one write-class batch (scheduler.h: reads go first, the
 // writes fill the time they leave). Check, once Post's `done` has run: the blocks a failed write

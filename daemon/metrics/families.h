@@ -18,7 +18,7 @@
 
 namespace tutti::metrics {
 
-// Everything one scrape shows, copied out of the daemon's parts (see sources.h).
+// Everything one scrape shows, copied out of the daemon's parts (MetricsSources, exporter.h).
 struct MetricsSnapshot {
   store::StoreStats store;
   datapath::TierBandwidth read_bandwidth[datapath::kNumTiers];  // by datapath::Tier
