@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -252,80 +251,24 @@ def metric_problems(dashboard, served):
 
 # ---------------------------------------------------------------------------- the daemon
 
-CONFIG = """state_dir: "{root}/state"
-listen {{ socket_path: "{socket}" socket_mode: 384 }}
-metrics {{ listen: "127.0.0.1:0" }}
-pool {{ dirs: "{root}/pool" capacity_bytes: 67108864 object_bytes: 4096 max_objects: 8 }}
-io {{ backend: "uring" queue_depth: 32 }}
-dram {{ capacity_bytes: 8388608 }}
-limits {{ store_staging_bytes: 16777216 retrieve_staging_bytes: 16777216 }}
-"""
-
-
-def takes_o_direct(d):
-    probe = os.path.join(d, ".odirect-probe")
-    try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    except OSError:
-        return False
-    try:
-        import mmap
-        return os.pwrite(fd, mmap.mmap(-1, 4096), 0) == 4096
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        os.unlink(probe)
-
-
 def scrape_tuttid(timeout=60.0):
-    """Starts tuttid with metrics on a free port, returns its /metrics page, and stops it."""
-    base = os.environ.get("TEST_TMPDIR")
-    if not base or not takes_o_direct(base):
-        base = "/var/tmp"  # the pool needs O_DIRECT (not tmpfs)
-    root = tempfile.mkdtemp(prefix="tuttid-dash-", dir=base)
-    sock_dir = tempfile.mkdtemp(prefix="tutti-dash-sock-", dir="/tmp")
-    os.makedirs(os.path.join(root, "state"))
-    os.makedirs(os.path.join(root, "pool"))
-    config = os.path.join(root, "tuttid.textproto")
-    with open(config, "w") as f:
-        f.write(CONFIG.format(root=root, socket=os.path.join(sock_dir, "tuttid.sock")))
-    log_path = os.path.join(root, "tuttid.log")
-    proc = None
-
-    def log_tail():
-        with open(log_path, "rb") as f:
-            return f.read()[-4000:].decode(errors="replace")
-
-    try:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([find_tuttid(), "--config=" + config], stdout=log,
-                                    stderr=subprocess.STDOUT)
+    """Starts tuttid (tutti.testing's, host mode) with metrics on a free port, returns its
+    /metrics page, and stops it."""
+    from tutti.testing import Tuttid
+    with Tuttid(binary=find_tuttid(), capacity=64 << 20, object_bytes=4096, max_objects=8,
+                dram=8 << 20, store_staging=16 << 20, retrieve_staging=16 << 20,
+                metrics_listen="127.0.0.1:0") as daemon:
         deadline = time.monotonic() + timeout
-        url = None
-        while url is None:
-            if proc.poll() is not None:
-                raise RuntimeError("tuttid exited during start-up:\n" + log_tail())
+        while True:
+            m = re.search(r"metrics on (http://127\.0\.0\.1:[0-9]+/metrics)", daemon.log_tail())
+            if m:
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError("tuttid logged no metrics address within %.0f s:\n%s"
-                                   % (timeout, log_tail()))
-            m = re.search(r"metrics on (http://127\.0\.0\.1:[0-9]+/metrics)", log_tail())
-            if m:
-                url = m.group(1)
-            else:
-                time.sleep(0.05)
-        with urllib.request.urlopen(url, timeout=30) as r:
+                                   % (timeout, daemon.log_tail()))
+            time.sleep(0.05)
+        with urllib.request.urlopen(m.group(1), timeout=30) as r:
             return r.read().decode()
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- the tests

@@ -18,7 +18,7 @@ import time
 
 CONFIG = """state_dir: "{root}/state"
 listen {{ socket_path: "{socket}" socket_mode: 384 {listen_extra} }}
-metrics {{ listen: "off" }}
+metrics {{ listen: "{metrics_listen}" }}
 pool {{ dirs: "{root}/pool" capacity_bytes: {capacity} object_bytes: {object_bytes} max_objects: {max_objects} {pool_extra} }}
 io {{ backend: "uring" queue_depth: {queue_depth} }}
 dram {{ capacity_bytes: {dram} }}
@@ -60,9 +60,11 @@ class Tuttid:
     def __init__(self, binary=None, capacity=256 << 20, object_bytes=64 << 10, max_objects=16,
                  dram=0, store_staging=64 << 20, retrieve_staging=64 << 20, session_ttl_ms=30000,
                  max_blocks_per_call=512, queue_depth=32, extra="", root=None, pool_extra="",
-                 listen_extra=""):
+                 listen_extra="", metrics_listen="off"):
         """`extra`: more top-level config text; `pool_extra`: more fields of pool { }, e.g.
-        'admission: "second_sight"'; `listen_extra`: of listen { }, e.g. 'lookup_socket: false'."""
+        'admission: "second_sight"'; `listen_extra`: of listen { }, e.g. 'lookup_socket: false';
+        `metrics_listen`: metrics.listen ("off"; "127.0.0.1:0" for a free port, which tuttid logs
+        as "metrics on http://...")."""
         self.binary = binary or find_tuttid()
         base = os.environ.get("TEST_TMPDIR")
         if not base or not _takes_o_direct(base):
@@ -80,7 +82,8 @@ class Tuttid:
                              store_staging=store_staging, retrieve_staging=retrieve_staging,
                              session_ttl_ms=session_ttl_ms, queue_depth=queue_depth,
                              max_blocks_per_call=max_blocks_per_call, extra=extra,
-                             pool_extra=pool_extra, listen_extra=listen_extra)
+                             pool_extra=pool_extra, listen_extra=listen_extra,
+                             metrics_listen=metrics_listen)
         self.write_config()
         self.proc = None
 
