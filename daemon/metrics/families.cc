@@ -94,6 +94,8 @@ void AddNamespaceCounters(const store::StoreStats& st, Builder* b) {
 
 void AddLookupsAndHits(const store::StoreStats& st, Builder* b) {
   b->Counter("tutti_lookups_total", "Lookups answered.", st.lookups);
+  b->Counter("tutti_lookup_blocks_total", "Blocks Lookups asked for (every key of each chain).",
+             st.lookup_blocks);
   b->Counter("tutti_lookup_hits_total", "Blocks found by Lookups (leading hits of each chain).",
              st.lookup_hits);
   b->Counter("tutti_lookup_misses_total", "Lookups whose chain stopped short of its last key.",

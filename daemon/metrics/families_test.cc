@@ -27,6 +27,7 @@ MetricsSnapshot FakeSnapshot() {
   st.dram_used = 8 << 20;
   st.lookups = 12;
   st.lookup_hits = 30;
+  st.lookup_blocks = 48;
   st.lookup_misses = 5;
   st.blocks_retrieved = 25;
   st.dram_hits = 10;
@@ -145,6 +146,7 @@ TEST(FamiliesTest, IoBackendInfoNamesTheBackendTheRequestAndTheReason) {
 TEST(FamiliesTest, HitsTrafficAndErrorsCarryTheSnapshotsValues) {
   const std::vector<MetricFamily> fs = BuildFamilies(FakeSnapshot());
   EXPECT_EQ(Value(Find(fs, "tutti_lookup_hits_total")), 30);
+  EXPECT_EQ(Value(Find(fs, "tutti_lookup_blocks_total")), 48);
   EXPECT_EQ(Value(Find(fs, "tutti_lookup_misses_total")), 5);
   EXPECT_EQ(Value(Find(fs, "tutti_retrieved_blocks_total"), {{"tier", "dram"}}), 10);
   EXPECT_EQ(Value(Find(fs, "tutti_retrieved_blocks_total"), {{"tier", "ssd"}}), 15);

@@ -159,6 +159,7 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
     ++hits;
   }
   ++stats_.lookups;
+  stats_.lookup_blocks += keys.size();
   stats_.lookup_hits += hits;
   if (hits < keys.size()) ++stats_.lookup_misses;
   if (auto it = namespaces_.find(ns); it != namespaces_.end()) {

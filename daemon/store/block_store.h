@@ -218,6 +218,7 @@ struct StoreStats {
   uint64_t slots_total = 0, slots_used = 0, slot_bytes = 0;
   uint64_t dram_capacity = 0, dram_used = 0;
   uint64_t lookups = 0, lookup_hits = 0, lookup_misses = 0;
+  uint64_t lookup_blocks = 0;  // keys Lookups asked for (lookup_hits / lookup_blocks: hit ratio)
   uint64_t blocks_retrieved = 0, blocks_stored = 0, bytes_read = 0, bytes_written = 0;
   uint64_t evictions = 0, verify_errors = 0, io_errors = 0, store_rejected = 0, store_failed = 0;
   // Of store_rejected: blocks refused for their owner's cap (kRejectedOwnerLimit).

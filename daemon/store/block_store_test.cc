@@ -160,6 +160,8 @@ TEST_F(BlockStoreTest, HitsMissesAndRetrievesAreCountedPerNamespace) {
     EXPECT_EQ(n.dram_hits, 0u);
   }
   EXPECT_EQ(st.lookup_misses, 2u);
+  EXPECT_EQ(st.lookup_hits, 6u);
+  EXPECT_EQ(st.lookup_blocks, 6u + 2u + 6u) << "every key asked for, hit or not";
 }
 
 TEST_F(BlockStoreTest, LookupCountsLeadingHitsOnly) {
