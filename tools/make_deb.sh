@@ -2,7 +2,8 @@
 # Builds the Debian package tutti_VERSION_amd64.deb with dpkg-deb from Bazel's outputs:
 #   /usr/bin/tuttid, /usr/bin/tuttictl, /usr/libexec/tutti/tutti-release (if //gpu:tutti-release
 #   builds), every deploy/*.service in /usr/lib/systemd/system, sysusers.d and tmpfiles.d files,
-#   the conffiles /etc/tutti/tuttid.textproto and /etc/default/tuttid, docs in /usr/share/doc/tutti;
+#   the conffiles /etc/tutti/tuttid.textproto and /etc/default/tuttid, docs in /usr/share/doc/tutti
+#   (the Prometheus alerting rules deploy/prometheus/tutti-alerts.yml among its examples);
 #   the Python package `tutti` (client and vLLM connector) for the system Python in
 #   /usr/lib/python3/dist-packages, unpacked from the wheel //client/python:wheel (with its
 #   .dist-info, as Debian's own Python packages have it; byte-compiled by postinst);
@@ -72,6 +73,7 @@ install -m 0644 config/examples/*.textproto "$root/usr/share/doc/tutti/examples/
 for example in deploy/*.textproto; do  # per-instance examples (tuttid@0.textproto)
   [ -f "$example" ] && install -m 0644 "$example" "$root/usr/share/doc/tutti/examples/"
 done
+install -m 0644 deploy/prometheus/tutti-alerts.yml "$root/usr/share/doc/tutti/examples/"
 # The Python package: a pure wheel unpacked is the package installed (its files at the top, its
 # .dist-info beside them). No __pycache__ is shipped: postinst byte-compiles, prerm removes them.
 pydist="$root/usr/lib/python3/dist-packages"
