@@ -394,6 +394,7 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
     return Bad("datapath.read_post_bytes", absl::StrCat(d.read_post_bytes()),
                absl::StrCat("must be a multiple of 4096 in [4096, ", 256 * kMiB, "]"));
   }
+  RETURN_IF_ERROR(CheckRange("datapath.read_bounce_depth", d.read_bounce_depth(), 0, 1024));
   return CheckOneOf("datapath.verifier", d.verifier(), {"auto", "cpu", "gpu"});
 }
 

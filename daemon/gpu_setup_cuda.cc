@@ -38,13 +38,37 @@ class CudaRuntime final : public GpuRuntime {
   // which gets its CPU checker back before the verifier goes.
   std::unique_ptr<gpu::IoStream> check_stream;
   std::unique_ptr<datapath::Verifier> verifier;
+  // The GPU memory Retrieve layers are staged in (datapath.read_bounce_depth > 0), or null.
+  struct CudaFree {
+    void operator()(uint8_t* p) const { cudaFree(p); }
+  };
+  std::unique_ptr<uint8_t, CudaFree> read_staging;
+  uint64_t read_staging_bytes = 0;
   store::BlockStore* store = nullptr;
   uint64_t memory = 0;
 
   ~CudaRuntime() override {
-    if (verifier != nullptr) store->SetReadVerifier(nullptr);
+    if (read_staging != nullptr) {
+      (void)store->StageReadsOnGpu({}, nullptr, 0);  // host staging and the CPU checker again
+    } else if (verifier != nullptr) {
+      store->SetReadVerifier(nullptr);
+    }
   }
 };
+
+// Stages Retrieve layers in GPU memory as large as the retrieve staging, read through
+// `depth` bounce slots per pool device and placed by rt->verifier (datapath/layer_reader.h).
+absl::Status StageReadsOnGpu(CudaRuntime* rt, store::BlockStore* store, uint32_t depth) {
+  const uint64_t bytes = store->retrieve_staging_region().size();
+  uint8_t* device = nullptr;
+  RETURN_IF_ERROR(gpu::CudaStatus(cudaMalloc(reinterpret_cast<void**>(&device), bytes),
+                                  absl::StrCat("cudaMalloc(", bytes, ") for the retrieve staging")));
+  std::unique_ptr<uint8_t, CudaRuntime::CudaFree> owned(device);
+  RETURN_IF_ERROR(store->StageReadsOnGpu(absl::MakeSpan(device, bytes), rt->verifier.get(), depth));
+  rt->read_staging = std::move(owned);
+  rt->read_staging_bytes = bytes;
+  return absl::OkStatus();
+}
 
 // The device's free memory now (creates the primary context if there is none yet).
 absl::StatusOr<uint64_t> FreeDeviceMemory(int ordinal) {
@@ -138,16 +162,36 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
   if (config.datapath().verifier() != "cpu") {
     ASSIGN_OR_RETURN(rt->check_stream,
                      gpu::IoStream::Create({chosen.ordinal, g.io_sm_count(), g.copy_ctas()}));
-    // Checked objects stay in a GPU mirror of the retrieve staging, from which the copier places
-    // them: one PCIe crossing per byte (gpu/gpu_verifier.h).
+    // Checked objects stay in GPU memory, from which the copier places them: one PCIe crossing
+    // per byte (gpu/gpu_verifier.h). With bounce slots the layers are staged there and the reads
+    // land in a few host slots per device; else in a GPU mirror of the host retrieve staging.
+    const uint32_t depth = config.datapath().read_bounce_depth();
     gpu::GpuVerifierOptions vo;
-    vo.mirror = store->retrieve_staging_region();
+    if (depth == 0) vo.mirror = store->retrieve_staging_region();
     ASSIGN_OR_RETURN(rt->verifier,
                      gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
     rt->store = store;
-    store->SetReadVerifier(rt->verifier.get());
-    checks = absl::StrCat("retrieve checks on the GPU, over a ", vo.mirror.size() >> 20,
-                          " MiB mirror of the retrieve staging in GPU memory");
+    absl::Status staged = absl::OkStatus();
+    if (depth > 0) staged = StageReadsOnGpu(rt.get(), store, depth);
+    if (depth > 0 && staged.ok()) {
+      checks = absl::StrCat("retrieve layers staged in ", rt->read_staging_bytes >> 20,
+                            " MiB of GPU memory, read through ", depth,
+                            " host bounce slots per pool device and checked on the GPU");
+    } else {
+      if (!staged.ok()) {
+        // Not fatal: the mirror does the same job with whole layers staged in host memory.
+        notes->push_back(absl::StrCat("datapath.read_bounce_depth = ", depth,
+                                      ": retrieve layers cannot be staged in GPU memory (",
+                                      staged.message(), "); staging them in host memory"));
+        rt->verifier.reset();
+        vo.mirror = store->retrieve_staging_region();
+        ASSIGN_OR_RETURN(rt->verifier,
+                         gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
+      }
+      store->SetReadVerifier(rt->verifier.get());
+      checks = absl::StrCat("retrieve checks on the GPU, over a ", vo.mirror.size() >> 20,
+                            " MiB mirror of the retrieve staging in GPU memory");
+    }
   }
   ASSIGN_OR_RETURN(const uint64_t free_after, FreeDeviceMemory(chosen.ordinal));
   rt->memory = free_before > free_after ? free_before - free_after : 0;

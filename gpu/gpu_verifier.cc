@@ -140,9 +140,10 @@ class GpuVerifier final : public datapath::Verifier {
     }
   };
 
-  // Where object `c` is copied for its check: its offset in the mirror, or nullptr when it lies
-  // outside (it then takes slot scratch).
+  // Where object `c` is copied for its check: the place the reader gave it, else its offset in
+  // the mirror, or nullptr when it lies outside (it then takes slot scratch).
   uint8_t* MirrorOf(const ObjectCheck& c) const {
+    if (c.place != nullptr) return c.place;  // staged on the GPU by the reader
     const uint8_t* base = options_.mirror.data();
     if (mirror_dev_ == nullptr || c.bytes < base) return nullptr;
     const uint64_t off = static_cast<uint64_t>(c.bytes - base);
@@ -235,7 +236,8 @@ class GpuVerifier final : public datapath::Verifier {
         }
         const HashDesc& d = s->descs_host[k];
         job.matches[i] = s->hashes_host[k++] == c.expected;
-        // The checked bytes stay in the mirror for the engine copy (scratch is reused).
+        // The checked bytes stay in their place or the mirror for the engine copy (scratch is
+        // reused).
         if (job.matches[i] && c.device_copy != nullptr && MirrorOf(c) != nullptr) {
           *c.device_copy = static_cast<const uint8_t*>(d.data);
         }

@@ -20,6 +20,11 @@
 // its layer has landed. Objects outside the mirror go through the slots' scratch and cross PCIe
 // twice (once here, once when the copier moves them): docs/gpu.md says when that pays.
 //
+// Placed objects: an object with ObjectCheck::place (a layer the reader stages in GPU memory,
+// its reads landing in small host bounce slots) is copied there instead and checked in place,
+// with or without a mirror; a match gets that address in device_copy. A batch the CPU checks
+// instead (see above) places nothing, and the reader serves those objects as misses.
+//
 // Thread-safety: Verify may be called from any thread, concurrently. Lifetime: `fallback` and the
 // staging the objects live in must outlive the verifier; destroying it waits for every batch.
 #ifndef TUTTI_GPU_GPU_VERIFIER_H_

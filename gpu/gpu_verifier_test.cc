@@ -241,5 +241,69 @@ TEST(GpuVerifierTest, MirrorKeepsCheckedObjectsOnTheDevice) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Placed objects (layers staged on the GPU): each is copied from its bounce slot to its place in
+// device memory, checked there, and a match gets the place as its device copy, with no mirror;
+// a batch the fallback checks places nothing.
+TEST(GpuVerifierTest, PlacesObjectsWhereTheReaderSays) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto stream = IoStream::Create({0, 0, 0});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CountingVerifier fallback;
+  constexpr uint32_t kLen = 32768, kObjects = 8;
+  Staging bounce(uint64_t{kLen} * kObjects);
+  uint8_t* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), uint64_t{kLen} * 2 * kObjects),
+            cudaSuccess);
+  GpuVerifierOptions options;
+  options.slot_bytes = kLen;  // scratch for one object: placed ones need none
+  options.max_objects_per_slot = 64;
+  auto v = MakeGpuVerifier(options, **stream, &fallback);
+  ASSERT_TRUE(v.ok()) << v.status();
+  const std::vector<uint8_t> bytes = RandomBytes(bounce.size, 5);
+  std::memcpy(bounce.data, bytes.data(), bounce.size);
+  Key key{};
+  key.bytes[1] = 3;
+  std::vector<const uint8_t*> copies(kObjects, nullptr);
+  std::vector<ObjectCheck> checks;
+  for (uint32_t i = 0; i < kObjects; ++i) {
+    uint8_t* obj = bounce.data + uint64_t{i} * kLen;
+    // Places in reverse order and apart: the copy must follow the place, not the bounce offset.
+    uint8_t* place = device + uint64_t{kObjects - 1 - i} * 2 * kLen;
+    checks.push_back(ObjectCheck{1, &key, 2, i, obj, kLen,
+                                 pool::ObjectChecksum(1, key, 2, i, obj, kLen), &copies[i], place});
+  }
+  checks[2].expected ^= 1;  // a mismatch
+  std::vector<uint8_t> matches(checks.size(), 2);
+  absl::Notification done;
+  (*v)->Verify(checks, absl::MakeSpan(matches), [&] { done.Notify(); });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(fallback.objects.load(), 0u);
+  std::vector<uint8_t> back(kLen);
+  for (uint32_t i = 0; i < kObjects; ++i) {
+    EXPECT_EQ(matches[i], i == 2 ? 0 : 1) << "object " << i;
+    if (i == 2) {
+      EXPECT_EQ(copies[i], nullptr);
+      continue;
+    }
+    ASSERT_EQ(copies[i], checks[i].place) << "object " << i;
+    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], kLen, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), checks[i].bytes, kLen), 0) << "object " << i;
+  }
+  // A length the kernel does not take goes to the fallback: checked, not placed.
+  std::vector<ObjectCheck> odd = {checks[0]};
+  const uint8_t* none = nullptr;
+  odd[0].len = 4000;
+  odd[0].expected = pool::ObjectChecksum(1, key, 2, 0, odd[0].bytes, 4000);
+  odd[0].device_copy = &none;
+  std::vector<uint8_t> odd_match(1, 2);
+  absl::Notification odd_done;
+  (*v)->Verify(odd, absl::MakeSpan(odd_match), [&] { odd_done.Notify(); });
+  ASSERT_TRUE(odd_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(odd_match[0], 1);
+  EXPECT_EQ(none, nullptr);
+  v->reset();
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace tutti::gpu

@@ -24,6 +24,21 @@ struct ReadCountersSnapshot {
   // Read calls, and their time from entry (staging taken included) to return.
   uint64_t calls = 0;
   uint64_t call_ns = 0;
+
+  ReadCountersSnapshot& operator+=(const ReadCountersSnapshot& o) {
+    ios += o.ios;
+    io_bytes += o.io_bytes;
+    objects += o.objects;
+    merged_ios += o.merged_ios;
+    staging_waits += o.staging_waits;
+    lead_wait_ns += o.lead_wait_ns;
+    lead_sink_ns += o.lead_sink_ns;
+    lead_post_ns += o.lead_post_ns;
+    layers += o.layers;
+    calls += o.calls;
+    call_ns += o.call_ns;
+    return *this;
+  }
 };
 
 class ReadCounters {

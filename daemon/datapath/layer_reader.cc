@@ -25,7 +25,7 @@ uint64_t Nanos(std::chrono::steady_clock::duration d) {
 // read into it and every check of it.
 struct LayerReader::InFlight {
   uint32_t layer = 0;
-  const uint8_t* staging = nullptr;  // the lease's bytes
+  uint8_t* staging = nullptr;  // the lease's bytes
   LayerPlan plan;
   std::vector<io::IoRequest> reqs;
   // Per planned object, written by the batch that read it before `done` is notified: its outcome,
@@ -34,6 +34,7 @@ struct LayerReader::InFlight {
   std::vector<ObjectCheck> checks;
   std::vector<uint8_t> matches;
   std::vector<const uint8_t*> device_copies;  // ObjectCheck::device_copy, per planned object
+  std::vector<uint32_t> bounce_offsets;  // per request: its offset in its batch's bounce slot
   // Batches posted whose reads or checks are not done.
   std::atomic<uint32_t> pending{0};
   std::unique_ptr<absl::Notification> done;
@@ -55,8 +56,12 @@ struct LayerReader::Window {
 };
 
 LayerReader::LayerReader(const LayerReaderOptions& options, StagingPool* staging,
-                         Verifier* verifier, PostFn post)
-    : options_(options), staging_(staging), verifier_(verifier), post_(std::move(post)) {}
+                         Verifier* verifier, PostFn post, BounceSlots* bounce)
+    : options_(options),
+      staging_(staging),
+      verifier_(verifier),
+      post_(std::move(post)),
+      bounce_(bounce) {}
 
 absl::Status LayerReader::TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window) {
   const uint32_t wanted = std::max<uint32_t>(1, std::min(layers, options_.window_layers));
@@ -104,21 +109,28 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
   in->matches.assign(in->plan.objects.size(), 0);
   in->device_copies.assign(in->plan.objects.size(), nullptr);
   in->reqs.clear();
+  in->bounce_offsets.assign(in->plan.ios.size(), 0);
   uint64_t bytes = 0, merged = 0;
   for (const PlannedIo& io : in->plan.ios) {
-    in->reqs.push_back(io::IoRequest{io::Op::kRead, io.file, io.offset,
-                                     lease.data() + io.staging_offset, io.len, 0});
+    // With bounce slots the buffer is set when the batch gets its slot.
+    uint8_t* buf = bounce_ == nullptr ? lease.data() + io.staging_offset : nullptr;
+    in->reqs.push_back(io::IoRequest{io::Op::kRead, io.file, io.offset, buf, io.len, 0});
     bytes += io.len;
     merged += io.num_objects > 1;
   }
   counters_.AddLayer(in->reqs.size(), bytes, in->plan.objects.size(), merged);
-  // Batches: runs of the plan's reads (sorted by file) of one file and at most post_bytes.
+  // Batches: runs of the plan's reads (sorted by file) of one file and at most post_bytes (and
+  // what a bounce slot holds).
+  const uint64_t limit = bounce_ == nullptr
+                             ? options_.post_bytes
+                             : std::min<uint64_t>(options_.post_bytes, bounce_->slot_bytes());
   std::vector<std::pair<uint32_t, uint32_t>> batches;
   for (uint32_t i = 0; i < in->reqs.size();) {
     uint32_t end = i + 1;
     uint64_t batch_bytes = in->reqs[i].len;
     while (end < in->reqs.size() && in->reqs[end].file == in->reqs[i].file &&
-           batch_bytes + in->reqs[end].len <= options_.post_bytes) {
+           batch_bytes + in->reqs[end].len <= limit) {
+      in->bounce_offsets[end] = static_cast<uint32_t>(batch_bytes);
       batch_bytes += in->reqs[end].len;
       ++end;
     }
@@ -133,13 +145,26 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
   // Every batch is counted before the first is posted: one may complete at once.
   in->pending.store(static_cast<uint32_t>(batches.size()), std::memory_order_relaxed);
   for (const auto& [begin, end] : batches) {
-    post_(absl::MakeSpan(in->reqs).subspan(begin, end - begin),
-          [this, &r, in, begin = begin, end = end] { OnReadsDone(r, in, begin, end); });
+    if (bounce_ == nullptr) {
+      PostBatch(r, in, begin, end, nullptr);
+    } else {
+      bounce_->Acquire(in->reqs[begin].file, [this, &r, in, begin = begin, end = end](
+                                                 uint8_t* slot) { PostBatch(r, in, begin, end, slot); });
+    }
   }
 }
 
+void LayerReader::PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end,
+                            uint8_t* slot) {
+  if (slot != nullptr) {
+    for (uint32_t i = begin; i < end; ++i) in->reqs[i].buf = slot + in->bounce_offsets[i];
+  }
+  post_(absl::MakeSpan(in->reqs).subspan(begin, end - begin),
+        [this, &r, in, begin, end, slot] { OnReadsDone(r, in, begin, end, slot); });
+}
+
 void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin,
-                              uint32_t end) {
+                              uint32_t end, uint8_t* slot) {
   const uint32_t first = in->plan.ios[begin].first_object;
   const uint32_t last = in->plan.ios[end - 1].first_object + in->plan.ios[end - 1].num_objects;
   for (uint32_t k = first; k < last; ++k) {
@@ -149,22 +174,31 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
     in->object_failures[k] = ReadOutcome(*in, o);
     // A failed read's object is not hashed (len 0); its outcome stands.
     const uint32_t len = in->object_failures[k] == ReadFailure::kNone ? r.object_len : 0;
-    in->checks[k] = ObjectCheck{r.ns,
-                                &src.key,
-                                src.epoch,
-                                object,
-                                in->staging + o.staging_offset,
-                                len,
-                                src.checksums[object],
-                                &in->device_copies[k]};
+    // With a bounce slot the bytes are in the slot, at the object's offset in its read, and are
+    // placed at the object's offset in the layer's (GPU) lease.
+    const PlannedIo& io = in->plan.ios[o.io];
+    uint8_t* const bytes = slot != nullptr ? slot + in->bounce_offsets[o.io] +
+                                                 (o.staging_offset - io.staging_offset)
+                                           : in->staging + o.staging_offset;
+    uint8_t* const place =
+        slot != nullptr ? in->staging + o.staging_offset : nullptr;
+    in->checks[k] = ObjectCheck{r.ns,      &src.key, src.epoch,
+                                object,    bytes,    len,
+                                src.checksums[object], &in->device_copies[k], place};
   }
+  const uint32_t file = in->reqs[begin].file;
   verifier_->Verify(absl::MakeConstSpan(in->checks).subspan(first, last - first),
-                    absl::MakeSpan(in->matches).subspan(first, last - first), [in, first, last] {
+                    absl::MakeSpan(in->matches).subspan(first, last - first),
+                    [this, in, first, last, slot, file] {
                       for (uint32_t k = first; k < last; ++k) {
-                        if (in->object_failures[k] == ReadFailure::kNone && !in->matches[k]) {
+                        if (in->object_failures[k] != ReadFailure::kNone) continue;
+                        if (!in->matches[k]) {
                           in->object_failures[k] = ReadFailure::kChecksum;
+                        } else if (slot != nullptr && in->device_copies[k] == nullptr) {
+                          in->object_failures[k] = ReadFailure::kNotPlaced;
                         }
                       }
+                      if (slot != nullptr) bounce_->Release(file, slot);
                       in->Finish(1);
                     });
 }

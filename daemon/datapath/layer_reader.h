@@ -17,6 +17,15 @@
 // Release: every lease goes back, and every posted read and its check have completed, before Read
 // returns, on every path (sink error included).
 //
+// Layers staged in GPU memory (a reader made with bounce slots, bounce_slots.h): the leases are
+// then GPU memory, and a batch's reads land in one of its device's small host bounce slots, taken
+// when the batch is posted (it waits in its device's queue while they are all taken) and given
+// back once the verifier has copied each object to its place in the layer's lease and checked it
+// there (ObjectCheck::place). The copies' sources are then GPU memory (CopyOp::staging and
+// device_copy both the placed bytes). An object the verifier did not place (its batch was checked
+// on the CPU after a CUDA error) fails its item with kNotPlaced: the block is served as a miss and
+// stays in the pool. Needs a verifier that places (gpu/gpu_verifier.h).
+//
 // Who uses it: a Retrieve's reads are one step of the datapath's retrieve transfer
 // (retrieve_transfer.h: the store prepares the sources, this reader reads them, the store
 // finishes); the block store's Scrub reads through it too. In tuttid the block store builds and
@@ -35,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/types.h"
+#include "daemon/datapath/bounce_slots.h"
 #include "daemon/datapath/counters.h"
 #include "daemon/datapath/read_plan.h"
 #include "daemon/datapath/staging_lease.h"
@@ -64,7 +74,16 @@ struct ReadSource {
   uint8_t* dram = nullptr;
 };
 
-enum class ReadFailure : uint8_t { kNone, kIoError, kShortRead, kChecksum, kBeforeRead };
+// kNotPlaced: read and checked, but not placed in the GPU-memory staging (see the header's note):
+// the block is fine, this read of it is not.
+enum class ReadFailure : uint8_t {
+  kNone,
+  kIoError,
+  kShortRead,
+  kChecksum,
+  kBeforeRead,
+  kNotPlaced,
+};
 
 struct LayerReadRequest {
   NamespaceId ns = 0;
@@ -121,8 +140,11 @@ class LayerReader {
   // stops the read and is returned.
   using Sink = std::function<absl::Status(const LayerObjects& layer)>;
 
+  // `bounce`: null for layers staged in `staging` as read (host memory); else the layers are
+  // staged in `staging` as placed by the verifier (GPU memory) and the reads land in `bounce`,
+  // whose slot_bytes() must be at least options.max_read_bytes and whose files() the layout's.
   LayerReader(const LayerReaderOptions& options, StagingPool* staging, Verifier* verifier,
-              PostFn post);
+              PostFn post, BounceSlots* bounce = nullptr);
 
   // Preconditions: request.items' slots and layers lie within the layout; layer_begin <
   // layer_end; RoundUp4K(object_len) <= layout.object_bytes().
@@ -139,9 +161,15 @@ class LayerReader {
   absl::Status TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window);
   void Post(const LayerReadRequest& r, uint32_t layer, absl::Span<const ReadFailure> failures,
             const StagingLease& lease, InFlight* in);
+  // Posts reads [begin, end) of `in`, into `slot` (a bounce slot) if not null, else where they
+  // are (their staging).
+  void PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end,
+                 uint8_t* slot);
   // Runs on the thread completing reads [begin, end) of `in`: records each object's read outcome
-  // and hands the objects to the verifier, whose answer finishes the batch.
-  void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end);
+  // and hands the objects to the verifier, whose answer finishes the batch (and gives `slot`
+  // back).
+  void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end,
+                   uint8_t* slot);
   // kIoError or kShortRead if the read carrying `o` did not deliver it whole, else kNone.
   static ReadFailure ReadOutcome(const InFlight& in, const PlannedObject& o);
   // Collects one checked layer: appends its copies to `ops` and the items failing in it to
@@ -155,6 +183,7 @@ class LayerReader {
   StagingPool* const staging_;
   Verifier* const verifier_;
   const PostFn post_;
+  BounceSlots* const bounce_;
   ReadCounters counters_;
 };
 

@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "daemon/datapath/placing_verifier_fake.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/pool/slot_header.h"
 #include "gtest/gtest.h"
@@ -80,13 +82,16 @@ class FakePool {
 
   LayerReader::PostFn Post() {
     return [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
-      // A layer's reads may come in several batches (one device each): count layers.
-      if (!batch.empty()) layers_posted.insert(layer_at_.at({batch[0].file, batch[0].offset}));
-      for (io::IoRequest& r : batch) {
-        std::memcpy(r.buf, files_[r.file].data() + r.offset, r.len);
-        r.result = r.len;
-        if (fault) fault(r);
-        posted.push_back(r);
+      {
+        std::lock_guard<std::mutex> lock(mu_);  // several Reads may post at once
+        // A layer's reads may come in several batches (one device each): count layers.
+        if (!batch.empty()) layers_posted.insert(layer_at_.at({batch[0].file, batch[0].offset}));
+        for (io::IoRequest& r : batch) {
+          std::memcpy(r.buf, files_[r.file].data() + r.offset, r.len);
+          r.result = r.len;
+          if (fault) fault(r);
+          posted.push_back(r);
+        }
       }
       done();
     };
@@ -98,6 +103,7 @@ class FakePool {
   int batches() const { return static_cast<int>(layers_posted.size()); }  // layers posted
 
  private:
+  std::mutex mu_;
   const pool::PoolLayout layout_;
   const uint32_t object_len_;
   std::vector<std::vector<uint8_t>> files_;
@@ -266,6 +272,125 @@ TEST_F(LayerReaderTest, CopiesCarryTheVerifiersDeviceCopies) {
   EXPECT_EQ(result.failures[2], ReadFailure::kChecksum);
   EXPECT_EQ(copies, 4 * kParts + 3 * kParts * (kLayers - 1));
   EXPECT_EQ(marked, copies);
+}
+
+class BouncedReaderTest : public LayerReaderTest {
+ protected:
+  // Layers staged in `layers_bytes` of "device" memory, reads landing in `depth` slots of
+  // `slot_bytes` per file.
+  void MakeBounced(const pool::PoolLayout& layout, uint32_t depth, uint32_t slot_bytes,
+                   Verifier* verifier, uint32_t post_bytes = 1u << 20) {
+    object_len_ = kFrame;
+    fake_ = std::make_unique<FakePool>(layout, kFrame);
+    memory_ = std::make_unique<Memory>(64 * kFrame);
+    staging_ = std::make_unique<StagingPool>(absl::MakeSpan(memory_->data, memory_->size),
+                                             MemoryKind::kDevice);
+    bounce_memory_ = std::make_unique<Memory>(
+        BounceSlots::BytesFor(layout.num_files(), depth, slot_bytes));
+    auto slots = BounceSlots::Create(absl::MakeSpan(bounce_memory_->data, bounce_memory_->size),
+                                     layout.num_files(), depth, slot_bytes);
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    bounce_ = std::move(*slots);
+    reader_ = std::make_unique<LayerReader>(LayerReaderOptions{layout, kFrame * 2, 4, post_bytes},
+                                            staging_.get(), verifier, fake_->Post(),
+                                            bounce_.get());
+  }
+  // A sink that checks every copy's bytes at its place in the layer's lease.
+  LayerReader::Sink PlacedRecorder(Seen* seen) {
+    return [this, seen](const LayerObjects& got) {
+      seen->layers.push_back(got.layer);
+      seen->failed[got.layer].assign(got.failed_items.begin(), got.failed_items.end());
+      for (const engine::CopyOp& op : got.copies) {
+        EXPECT_EQ(op.device_copy, op.staging);
+        EXPECT_GE(op.staging, memory_->data);
+        EXPECT_LT(op.staging, memory_->data + memory_->size);
+        ++seen->served[{op.block, op.object}];
+        for (uint32_t b = 0; b < kFrame; ++b) {
+          seen->bad_bytes += op.staging[b] != ContentByte(op.block, op.object, b);
+        }
+      }
+      return absl::OkStatus();
+    };
+  }
+  std::unique_ptr<Memory> bounce_memory_;
+  std::unique_ptr<BounceSlots> bounce_;
+};
+
+// Two files, one slot of one merged read each: every read of a layer passes through the same two
+// small slots, and every object reaches the engine from its place, checked.
+TEST_F(BouncedReaderTest, ReadsPassThroughOneSlotPerFileAndServeFromTheirPlace) {
+  PlacingVerifierFake placing(verifier_.get());
+  MakeBounced(Layout(2), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &placing, /*post_bytes=*/kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 6; ++i) {
+    fake_->Put(i, 5 - i);
+    items.push_back(fake_->Source(i, 5 - i));
+  }
+  fake_->Corrupt(4, 2 * kParts + 1);  // item 1 (slot 4) fails in layer 2
+  Seen seen;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_EQ(seen.layers, (std::vector<uint32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(seen.bad_bytes, 0);
+  EXPECT_EQ(result.failures[1], ReadFailure::kChecksum);
+  EXPECT_EQ(seen.failed[2], (std::vector<uint32_t>{1}));
+  EXPECT_EQ(seen.served.size(), 6u * kObjects - (kLayers - 2) * kParts);
+  for (const auto& [object, times] : seen.served) EXPECT_EQ(times, 1);
+  // Every read went into a bounce slot, never into the layer staging.
+  for (const io::IoRequest& r : fake_->posted) {
+    EXPECT_GE(r.buf, bounce_memory_->data);
+    EXPECT_LE(r.buf + r.len, bounce_memory_->data + bounce_memory_->size);
+  }
+  EXPECT_LE(bounce_->most_held(), 2u);
+  EXPECT_EQ(bounce_->held(), 0u);
+  EXPECT_EQ(staging_->used_bytes(), 0u);
+}
+
+// A verifier that checks but does not place (the GPU's CUDA error path falls back to the CPU's):
+// the objects must not be served from a slot that is reused; the items fail as not placed.
+TEST_F(BouncedReaderTest, ObjectsNotPlacedAreNeverServed) {
+  MakeBounced(Layout(1), /*depth=*/2, /*slot_bytes=*/2 * kFrame, verifier_.get());
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 3; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen seen;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  for (ReadFailure f : result.failures) EXPECT_EQ(f, ReadFailure::kNotPlaced);
+  EXPECT_EQ(seen.failed[0].size(), 3u);
+  EXPECT_TRUE(seen.served.empty());
+  EXPECT_EQ(bounce_->held(), 0u);
+}
+
+// Several Retrieves at once share each file's slots (one each here) and all finish.
+TEST_F(BouncedReaderTest, ConcurrentReadsShareTheSlots) {
+  PlacingVerifierFake placing(verifier_.get());
+  MakeBounced(Layout(2), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &placing);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 4; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen seen[2];
+  LayerReadResult results[2];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      results[t] = reader_->Read(LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame},
+                                 PlacedRecorder(&seen[t]));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_TRUE(results[t].status.ok()) << results[t].status;
+    EXPECT_EQ(seen[t].served.size(), 4u * kObjects);
+    EXPECT_EQ(seen[t].bad_bytes, 0);
+  }
+  EXPECT_EQ(bounce_->held(), 0u);
 }
 
 // Objects (rounded to 4 KiB) shorter than a frame: one I/O per object, as before merging.

@@ -38,6 +38,12 @@ struct ObjectCheck {
   // the checksum matched; it stays valid as long as `bytes` do not change. Left untouched
   // otherwise (the caller sets it to null first).
   const uint8_t** device_copy = nullptr;
+  // In, optional: GPU memory this object is to be checked in (a layer staged on the GPU,
+  // layer_reader.h). A verifier that copies objects to the GPU copies `bytes` here, checks the
+  // copy, and on a match writes this address to *device_copy; one that cannot (the CPU's, or the
+  // GPU's falling back after a CUDA error) leaves *device_copy untouched, and the caller must
+  // then not use the object: `bytes` may be reused once `done` has run.
+  uint8_t* place = nullptr;
 };
 
 class Verifier {

@@ -395,7 +395,7 @@ absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& re
   const datapath::RetrieveOutcome out =
       datapath::RunRetrieve(datapath::RetrieveRequest{session.ns, batch.keys, layers.begin,
                                                       layers.end, batch.engine_blocks},
-                            store_, store_->reader(), &engine, progress);
+                            store_, store_->reader(engine.can_overlap()), &engine, progress);
   *next = out.next_layer;
   return out.status;
 }

@@ -360,6 +360,67 @@ absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> BlockStore::Impl::Prepar
   return std::unique_ptr<datapath::PreparedRead>(std::move(read));
 }
 
+std::unique_ptr<datapath::LayerReader> BlockStore::Impl::MakeReader(datapath::StagingPool* staging,
+                                                                   datapath::BounceSlots* bounce) {
+  return std::make_unique<datapath::LayerReader>(
+      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 8,
+                                   options_.read_post_bytes},
+      staging, read_verifier_.get(),
+      [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+        // Reads go through the scheduler (made in Init, before any Read), ahead of writes.
+        scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
+      },
+      bounce);
+}
+
+absl::Status BlockStore::Impl::StageReadsOnGpu(absl::Span<uint8_t> device,
+                                               datapath::Verifier* placing, uint32_t depth) {
+  if (device.empty()) {  // back to host staging and the CPU's checks
+    gpu_reader_.reset();
+    bounce_.reset();
+    device_staging_.reset();
+    reader_.reset();
+    read_staging_ = std::make_unique<datapath::StagingPool>(read_region_);
+    reader_ = MakeReader(read_staging_.get(), nullptr);
+    read_verifier_->Set(verifier_.get());
+    return absl::OkStatus();
+  }
+  if (placing == nullptr || depth == 0 || gpu_reader_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "StageReadsOnGpu: a placing verifier and a depth are needed, once");
+  }
+  if (device.size() < read_region_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageReadsOnGpu: ", device.size(), " bytes of GPU staging, less than the ",
+        read_region_.size(), " of limits.retrieve_staging_bytes"));
+  }
+  const uint32_t slot_bytes = static_cast<uint32_t>(
+      RoundUp4K(std::max<uint64_t>(options_.read_post_bytes, options_.max_read_bytes)));
+  const uint32_t files = options_.layout.num_files();
+  const uint64_t bounce_bytes = datapath::BounceSlots::BytesFor(files, depth, slot_bytes);
+  // The Retrieves into host memory (engines of host_shm, in cuda mode) and Scrub keep the rest.
+  const uint64_t frame = options_.layout.object_bytes();
+  if (bounce_bytes + frame > read_region_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "datapath.read_bounce_depth = ", depth, ": ", files, " pool files x ", depth,
+        " bounce slots of ", slot_bytes, " bytes need ", bounce_bytes + frame,
+        " bytes of limits.retrieve_staging_bytes (with one object left for host reads); it has ",
+        read_region_.size()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<datapath::BounceSlots> bounce,
+                   datapath::BounceSlots::Create(read_region_.subspan(0, bounce_bytes), files,
+                                                 depth, slot_bytes));
+  reader_.reset();
+  read_staging_ = std::make_unique<datapath::StagingPool>(read_region_.subspan(bounce_bytes));
+  reader_ = MakeReader(read_staging_.get(), nullptr);
+  device_staging_ = std::make_unique<datapath::StagingPool>(
+      device.subspan(0, read_region_.size()), datapath::MemoryKind::kDevice);
+  bounce_ = std::move(bounce);
+  gpu_reader_ = MakeReader(device_staging_.get(), bounce_.get());
+  read_verifier_->Set(placing);
+  return absl::OkStatus();
+}
+
 void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
                                   absl::Span<const ReadItem> items,
                                   const datapath::LayerReadResult& result, uint64_t unfit) {
@@ -374,7 +435,13 @@ void BlockStore::Impl::FinishRead(NamespaceId ns, const NamespaceInfo& info, uin
     verify_errors += f == ReadFailure::kChecksum;
     io_errors += f == ReadFailure::kIoError || f == ReadFailure::kShortRead;
     if (it.gone) continue;
-    if (f != ReadFailure::kNone) {
+    if (f == ReadFailure::kNotPlaced) {  // the block is fine; this read of it is not
+      TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
+                            "namespace {:016x} block {} slot {}: read and checked but not placed "
+                            "in GPU memory (the GPU's checks failed: see the gpu log); served as "
+                            "a miss, kept in the pool",
+                            ns, it.key.Hex(), it.slot);
+    } else if (f != ReadFailure::kNone) {
       failed.push_back(FailedBlock{it.key, it.epoch});
       TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5,
                             "namespace {:016x} block {} slot {}: read or verification failed; "
@@ -865,7 +932,8 @@ StoreStats BlockStore::Impl::Stats() const {
   s.store_staging_used = store_staging_->used_bytes();
   s.store_staging_bytes = store_staging_->capacity_bytes();
   s.admission = std::string(admission_->name());
-  const datapath::ReadCountersSnapshot reads = reader_->counters();
+  datapath::ReadCountersSnapshot reads = reader_->counters();
+  if (gpu_reader_ != nullptr) reads += gpu_reader_->counters();
   s.read_ios = reads.ios;
   s.read_io_bytes = reads.io_bytes;
   s.read_objects = reads.objects;
@@ -986,7 +1054,9 @@ absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> BlockStore::PrepareRead(
     const datapath::RetrieveRequest& request) {
   return impl_->PrepareRead(request);
 }
-datapath::LayerReader* BlockStore::reader() const { return impl_->reader(); }
+datapath::LayerReader* BlockStore::reader(bool into_gpu_memory) const {
+  return impl_->reader(into_gpu_memory);
+}
 absl::Status BlockStore::Read(NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin,
                               uint32_t layer_end, const LayerSink& sink,
                               absl::Span<const uint32_t> engine_blocks) {
@@ -1014,6 +1084,10 @@ absl::Span<uint8_t> BlockStore::retrieve_staging_region() const {
 }
 absl::Span<uint8_t> BlockStore::dram_region() const { return impl_->dram_region(); }
 datapath::Verifier* BlockStore::cpu_verifier() const { return impl_->cpu_verifier(); }
+absl::Status BlockStore::StageReadsOnGpu(absl::Span<uint8_t> device, datapath::Verifier* placing,
+                                         uint32_t depth) {
+  return impl_->StageReadsOnGpu(device, placing, depth);
+}
 void BlockStore::SetReadVerifier(datapath::Verifier* v) { impl_->SetReadVerifier(v); }
 
 }  // namespace tutti::store

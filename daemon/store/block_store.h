@@ -398,11 +398,13 @@ class BlockStore final : public datapath::RetrieveStore {
       const datapath::RetrieveRequest& request) override;
 
   // The reader of Retrieves (and of Scrub): plans, posts and checks every layer-wise read of this
-  // store. Owned by the store, stable for its life; it leases the store's retrieve staging
-  // (retrieve_staging_region(), limits.retrieve_staging_bytes), checks with the read verifier
-  // (SetReadVerifier) and posts its reads into the store's per-device I/O scheduler, ahead of
-  // writes. Thread-safe (LayerReader::Read may run on many threads at once).
-  datapath::LayerReader* reader() const;
+  // store. Owned by the store, stable until StageReadsOnGpu; it leases the store's retrieve
+  // staging (retrieve_staging_region(), limits.retrieve_staging_bytes), checks with the read
+  // verifier (SetReadVerifier) and posts its reads into the store's per-device I/O scheduler,
+  // ahead of writes. `into_gpu_memory`: the reader of Retrieves into GPU memory, which stages
+  // layers on the GPU after StageReadsOnGpu (the other one otherwise). Thread-safe
+  // (LayerReader::Read may run on many threads at once).
+  datapath::LayerReader* reader(bool into_gpu_memory = false) const;
 
   // A convenience for callers without an engine sink (tests, tools): datapath::ReadPrepared over
   // this store and reader(), that is PrepareRead, LayerReader::Read with `sink`, then Finish. Calls
@@ -495,6 +497,16 @@ class BlockStore final : public datapath::RetrieveStore {
   // Checks Reads' objects with `v` from now on (nullptr: the CPU checker again). Call while no
   // Read is in progress (start-up, shutdown); `v` must outlive its use.
   void SetReadVerifier(datapath::Verifier* v);
+  // Stages the layers of Retrieves into GPU memory (reader(true)) in `device` (GPU memory, at
+  // least retrieve_staging_region()'s size) from now on: reads land in `depth` bounce slots per
+  // pool file carved from the start of the retrieve staging, and `placing` (a verifier that
+  // places, gpu/gpu_verifier.h) copies each object to its place in the layer and checks it there
+  // (datapath/layer_reader.h). Retrieves into host memory and Scrub keep the rest of the retrieve
+  // staging, checked by `placing` too. An empty `device` goes back to host staging and the CPU
+  // checker. Call while no Read is in progress (start-up, shutdown);
+  // `device` and `placing` must outlive their use. INVALID_ARGUMENT when the sizes do not fit.
+  absl::Status StageReadsOnGpu(absl::Span<uint8_t> device, datapath::Verifier* placing,
+                               uint32_t depth);
   // What Reads measured: bytes per second delivered to the sink from each tier.
   const datapath::BandwidthMeter& read_bandwidth() const;
 

@@ -127,7 +127,9 @@ class BlockStore::Impl {
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
   absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> PrepareRead(
       const datapath::RetrieveRequest& request);
-  datapath::LayerReader* reader() const { return reader_.get(); }
+  datapath::LayerReader* reader(bool into_gpu_memory = false) const {
+    return into_gpu_memory && gpu_reader_ != nullptr ? gpu_reader_.get() : reader_.get();
+  }
   absl::StatusOr<std::vector<CaptureOutcome>> Capture(NamespaceId ns, absl::Span<const Key> keys,
                                                       uint32_t layer_begin, uint32_t layer_end,
                                                       const Gatherer& gather, bool wait_durable,
@@ -142,7 +144,7 @@ class BlockStore::Impl {
   StoreStats Stats() const;
   absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
-  absl::Span<uint8_t> retrieve_staging_region() const { return read_staging_->region(); }
+  absl::Span<uint8_t> retrieve_staging_region() const { return read_region_; }
   absl::Span<uint8_t> dram_region() const {
     return dram_region_ == nullptr ? absl::Span<uint8_t>() : dram_region_->span();
   }
@@ -150,9 +152,14 @@ class BlockStore::Impl {
   EventHub& events() { return events_; }
   datapath::Verifier* cpu_verifier() const { return verifier_.get(); }
   void SetReadVerifier(datapath::Verifier* v) { read_verifier_->Set(v != nullptr ? v : verifier_.get()); }
+  absl::Status StageReadsOnGpu(absl::Span<uint8_t> device, datapath::Verifier* placing,
+                               uint32_t depth);
 
  private:
   using PendingKey = std::pair<NamespaceId, Key>;
+  // The reader of every Retrieve and Scrub, over `staging` (and `bounce`: layer_reader.h).
+  std::unique_ptr<datapath::LayerReader> MakeReader(datapath::StagingPool* staging,
+                                                    datapath::BounceSlots* bounce);
   struct ReadItem;
   class StoreRead;  // PrepareRead's result, finished by FinishRead
 
@@ -381,8 +388,16 @@ class BlockStore::Impl {
   // Retrieve staging, leased per layer by reader_, which plans, posts and checks the reads of
   // every Retrieve (datapath::RunRetrieve reaches it through BlockStore::reader()) and of Scrub.
   // Both are the store's alone; reader_ is destroyed first.
+  // With layers staged in GPU memory (StageReadsOnGpu), the Retrieves into GPU memory have a
+  // reader of their own, gpu_reader_, over leases of that memory (device_staging_) and bounce
+  // slots carved from the start of read_region_; read_staging_ then holds the rest of it.
+  // Else the three are null and read_staging_ holds all of read_region_.
+  absl::Span<uint8_t> read_region_;
   std::unique_ptr<datapath::StagingPool> read_staging_;
+  std::unique_ptr<datapath::StagingPool> device_staging_;
+  std::unique_ptr<datapath::BounceSlots> bounce_;
   std::unique_ptr<datapath::LayerReader> reader_;
+  std::unique_ptr<datapath::LayerReader> gpu_reader_;
   // kPipelineBatches sets of write_batch_blocks x 4 KiB slot-header pages, one per batch in
   // flight; writer-owned.
   uint8_t* header_buffers_ = nullptr;

@@ -8,6 +8,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/datapath/placing_verifier_fake.h"
+#include "daemon/datapath/retrieve_transfer.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/store/store_test_util.h"
 #include "gtest/gtest.h"
@@ -136,6 +138,73 @@ TEST_F(BlockStoreTest, StoredBlocksReadBackByteForByteLayerByLayer) {
   EXPECT_EQ(st.blocks_stored, 20u);
   EXPECT_EQ(st.blocks_retrieved, 20u);
   EXPECT_EQ(st.verify_errors, 0u);
+}
+
+// Retrieves into GPU memory with layers staged there (StageReadsOnGpu; host memory stands in for
+// the GPU and the fake for the GPU's verifier): every object reaches the engine from its place,
+// checked. A verifier that does not place (the GPU's after a CUDA error) serves misses and the
+// blocks stay; host-memory Retrieves keep working beside; and going back restores host staging.
+TEST_F(BlockStoreTest, RetrievesIntoGpuMemoryStageLayersThroughBounceSlots) {
+  options_.read_post_bytes = 2 * kFrame;  // bounce slots of two frames
+  options_.max_read_bytes = 2 * kFrame;
+  Open();
+  auto keys = Keys(0, 12);
+  for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
+  const absl::Span<uint8_t> host = store_->retrieve_staging_region();
+  std::vector<uint8_t> device_memory(host.size() + 4096);
+  uint8_t* device = device_memory.data() + (4096 - reinterpret_cast<uintptr_t>(device_memory.data()) % 4096) % 4096;
+  datapath::PlacingVerifierFake placing(store_->cpu_verifier());
+  EXPECT_EQ(store_->StageReadsOnGpu(absl::MakeSpan(device, host.size() / 2), &placing, 2).code(),
+            absl::StatusCode::kInvalidArgument);  // smaller than the retrieve staging
+  const absl::Status staged = store_->StageReadsOnGpu(absl::MakeSpan(device, host.size()), &placing, 2);
+  ASSERT_TRUE(staged.ok()) << staged;
+  EXPECT_NE(store_->reader(true), store_->reader(false));
+  auto read = [&](bool into_gpu, int* served, int* bad) {
+    EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
+    std::vector<uint32_t> failed;
+    absl::Status s = datapath::ReadPrepared(
+        datapath::RetrieveRequest{ns_, keys, 0, kLayers, {}}, store_.get(),
+        store_->reader(into_gpu), [&](const datapath::LayerObjects& got) {
+          failed.insert(failed.end(), got.failed_items.begin(), got.failed_items.end());
+          for (const engine::CopyOp& op : got.copies) {
+            ++*served;
+            if (into_gpu) {
+              EXPECT_EQ(op.device_copy, op.staging);
+              EXPECT_TRUE(op.staging >= device && op.staging < device + host.size());
+            }
+            for (uint32_t i = 0; i < kObjectLen; ++i) {
+              *bad += op.staging[i] != ContentByte(keys[op.block], op.object, i);
+            }
+          }
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(s.ok()) << s;
+    store_->Unpin(ns_, keys);
+    return failed;
+  };
+  int served = 0, bad = 0;
+  EXPECT_TRUE(read(true, &served, &bad).empty());
+  EXPECT_EQ(served, 12 * static_cast<int>(kObjects));
+  EXPECT_EQ(bad, 0);
+  served = 0;
+  EXPECT_TRUE(read(false, &served, &bad).empty());  // into host memory, beside
+  EXPECT_EQ(served, 12 * static_cast<int>(kObjects));
+  EXPECT_EQ(bad, 0);
+  // The CPU's checks place nothing: misses, nothing retired, nothing counted as a bad block.
+  store_->SetReadVerifier(nullptr);
+  served = 0;
+  EXPECT_EQ(read(true, &served, &bad).size(), keys.size());
+  EXPECT_EQ(served, 0);
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
+  store_->Unpin(ns_, keys);
+  EXPECT_EQ(store_->Stats().verify_errors, 0u);
+  EXPECT_EQ(store_->Stats().io_errors, 0u);
+  ASSERT_TRUE(store_->StageReadsOnGpu({}, nullptr, 0).ok());
+  EXPECT_EQ(store_->reader(true), store_->reader(false));
+  EXPECT_EQ(store_->LookupAndPin(ns_, keys), keys.size());
+  EXPECT_TRUE(ReadAndVerify(keys).empty());
+  store_->Unpin(ns_, keys);
+  EXPECT_EQ(store_->Stats().blocks_retrieved, 12u * 3);
 }
 
 // Lookups and reads are counted per namespace too (StoreStats::namespaces), each in its own.

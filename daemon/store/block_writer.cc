@@ -102,21 +102,15 @@ absl::Status BlockStore::Impl::Init() {
                                                : 2 * options_.layout.num_slots()}));
   uint8_t* base = region_->span().data();
   store_staging_ = std::make_unique<StoreStaging>(absl::MakeSpan(base, store_bytes), owner_cap);
-  read_staging_ =
-      std::make_unique<datapath::StagingPool>(absl::MakeSpan(base + store_bytes, read_bytes));
+  read_region_ = absl::MakeSpan(base + store_bytes, read_bytes);
+  read_staging_ = std::make_unique<datapath::StagingPool>(read_region_);
   checksum_pool_ = std::make_unique<datapath::WorkPool>(options_.checksum_threads, "tutti-sum");
   verifier_ = datapath::MakeCpuVerifier(checksum_pool_.get());
   read_verifier_ = std::make_unique<datapath::VerifierSwitch>(verifier_.get());
   // One file's sync runs on the committer itself.
   sync_pool_ = std::make_unique<datapath::WorkPool>(
       std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
-  reader_ = std::make_unique<datapath::LayerReader>(
-      datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 8,
-                                   options_.read_post_bytes},
-      read_staging_.get(), read_verifier_.get(), [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
-        // Reads go through the scheduler (made below, before any Read), ahead of writes.
-        scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
-      });
+  reader_ = MakeReader(read_staging_.get(), nullptr);
   header_buffers_ = base + store_bytes + read_bytes;
   const bool front = admission_->keeps_declined_in_dram();
   const uint64_t dram_blocks = options_.dram_bytes / chunk;

@@ -1,0 +1,74 @@
+// Small host buffers a Retrieve's reads land in when its layers are staged in GPU memory
+// (LayerReader with device staging): each pool file (device) has `depth` slots of `slot_bytes`,
+// a batch of that file's reads takes one, and the slot comes back once the batch's objects have
+// been copied to the GPU and checked there. So host staging is a few MiB per device that stay in
+// the CPU's cache, whatever the size of a layer, instead of whole layers that do not.
+//
+// Acquire never blocks: a batch that finds its file's slots taken waits in that file's queue, in
+// the order asked, and is started by the Release that frees a slot (on the releasing thread).
+// Files do not wait on each other.
+//
+// Thread-safety: thread-safe. Lifetime: the region must outlive the slots, and every slot must be
+// released (every started batch finished) before they are destroyed.
+#ifndef TUTTI_DAEMON_DATAPATH_BOUNCE_SLOTS_H_
+#define TUTTI_DAEMON_DATAPATH_BOUNCE_SLOTS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+
+namespace tutti::datapath {
+
+class BounceSlots {
+ public:
+  // Runs a batch with its slot (slot_bytes() bytes, 4 KiB aligned).
+  using Start = std::function<void(uint8_t* slot)>;
+
+  // Carves files x depth slots of slot_bytes (a multiple of 4096) out of `region` (4 KiB
+  // aligned). INVALID_ARGUMENT if a count is 0 or the region is too small (the message gives the
+  // bytes needed).
+  static absl::StatusOr<std::unique_ptr<BounceSlots>> Create(absl::Span<uint8_t> region,
+                                                            uint32_t files, uint32_t depth,
+                                                            uint32_t slot_bytes);
+  // The region's bytes Create needs.
+  static uint64_t BytesFor(uint32_t files, uint32_t depth, uint32_t slot_bytes) {
+    return uint64_t{files} * depth * slot_bytes;
+  }
+
+  uint32_t slot_bytes() const { return slot_bytes_; }
+  uint32_t files() const { return static_cast<uint32_t>(files_.size()); }
+
+  // Runs `start` with a free slot of `file` (< files()): inside this call if one is free, else
+  // from the Release that frees one, after the batches of `file` asked before it.
+  void Acquire(uint32_t file, Start start);
+  // Gives `slot` (from Acquire of `file`) back; starts the next waiting batch of `file` with it.
+  void Release(uint32_t file, uint8_t* slot);
+
+  // Slots of every file held now, and the most held at once since creation.
+  uint32_t held() const;
+  uint32_t most_held() const;
+
+ private:
+  struct File {
+    std::vector<uint8_t*> free;
+    std::deque<Start> waiting;
+  };
+  BounceSlots(absl::Span<uint8_t> region, uint32_t files, uint32_t depth, uint32_t slot_bytes);
+
+  const uint32_t slot_bytes_;
+  mutable absl::Mutex mu_;
+  std::vector<File> files_ ABSL_GUARDED_BY(mu_);
+  uint32_t held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t most_held_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tutti::datapath
+
+#endif  // TUTTI_DAEMON_DATAPATH_BOUNCE_SLOTS_H_
