@@ -323,7 +323,7 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_EQ(c->datapath().verifier(), "auto");
   EXPECT_TRUE(LoadConfig("datapath { verifier: \"gpu\" }").ok());
   ExpectRejected("datapath { verifier: \"fpga\" }", {"datapath.verifier", "fpga"});
-  EXPECT_EQ(c->datapath().read_bounce_depth(), 16u);
+  EXPECT_EQ(c->datapath().read_bounce_depth(), 64u);
   EXPECT_TRUE(LoadConfig("datapath { read_bounce_depth: 0 }").ok());  // whole layers in host memory
   ExpectRejected("datapath { read_bounce_depth: 1025 }",
                  {"datapath.read_bounce_depth", "[0, 1024]"});
