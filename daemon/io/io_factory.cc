@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/io/backend_names.h"
+#include "daemon/io/backend_registry.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/io/nvme_open.h"
@@ -91,27 +91,26 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeNvme(std::vector<int>*, std::vect
   return backend;
 }
 
+// The factories, one per entry of backend_registry.h's kBackends, in its order.
 struct Entry {
   std::string_view name;
   Factory make;
-  // The backend's files are whole devices (namespaces), at least as large as the pool files'
-  // sizes (the factory checks); otherwise each file's size must equal its layout's.
-  bool whole_devices;
 };
-constexpr Entry kBackends[] = {{"uring", &MakeUring, false},
-                               {"memory", &MakeMemory, false},
-                               {"gds", &MakeGds, false},
-                               {"uring_cmd", &MakeUringCmd, true},
-                               {"nvme", &MakeNvme, true}};
+constexpr Entry kFactories[] = {{"uring", &MakeUring},
+                                {"memory", &MakeMemory},
+                                {"gds", &MakeGds},
+                                {"uring_cmd", &MakeUringCmd},
+                                {"nvme", &MakeNvme}};
 
-constexpr bool TableFollowsNames() {
-  if (std::size(kBackends) != kBackendNames.size()) return false;
-  for (size_t i = 0; i < kBackendNames.size(); ++i) {
-    if (kBackends[i].name != kBackendNames[i]) return false;
+constexpr bool FactoriesFollowTheRegistry() {
+  if (std::size(kFactories) != kBackends.size()) return false;
+  for (size_t i = 0; i < kBackends.size(); ++i) {
+    if (kFactories[i].name != kBackends[i].name) return false;
   }
   return true;
 }
-static_assert(TableFollowsNames(), "kBackends must list backend_names.h's names, in its order");
+static_assert(FactoriesFollowTheRegistry(),
+              "kFactories must list backend_registry.h's backends, in its order");
 
 // A pool file that does not match its layout.
 absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
@@ -134,11 +133,13 @@ absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& s
 absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vector<int>* fds,
                                                 const std::vector<uint64_t>& sizes,
                                                 const IoOptions& options) {
-  for (const Entry& e : kBackends) {
-    if (e.name != name) continue;
-    auto backend = e.make(fds, sizes, options);
+  for (size_t i = 0; i < kBackends.size(); ++i) {
+    if (kBackends[i].name != name) continue;
+    auto backend = kFactories[i].make(fds, sizes, options);
     if (!backend.ok()) return backend.status();
-    if (!e.whole_devices) {
+    // On whole devices a size must fit in its namespace (the factory checks); a file's must
+    // equal its layout's.
+    if (!OnWholeDevices(kBackends[i].places)) {
       absl::Status fits = CheckSizes(**backend, sizes);
       if (!fits.ok()) return fits;
     }

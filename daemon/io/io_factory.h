@@ -27,7 +27,7 @@ struct IoOptions {
   NvmeOpenOptions nvme;
 };
 
-// The names CreateIoBackend accepts: backend_names.h's kBackendNames ("uring", "memory", "gds",
+// The names CreateIoBackend accepts: backend_registry.h's kBackendNames ("uring", "memory", "gds",
 // "uring_cmd", "nvme"), the list config validates io.backend against.
 std::vector<std::string_view> IoBackendNames();
 
