@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "daemon/io/backend_registry.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
@@ -52,17 +54,27 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeGds(std::vector<int>* fds, std::v
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
-// `fds`: the namespaces' char devices (OpenPassthroughDevices). A size, if given, is the pool
-// file's and must fit in its namespace.
+// `fds`: the namespaces' char devices (OpenPassthroughDevices), or none: then those of
+// options.passthrough_devices, opened here. A size, if given, is the pool file's and must fit in
+// its namespace. Failing to open or use the devices is UNAVAILABLE (io_factory.h).
 absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringCmd(std::vector<int>* fds,
                                                         std::vector<uint64_t> sizes,
                                                         const IoOptions& options) {
-  UringCmdOptions o;
-  o.queue_depth = options.queue_depth;
+  // Passthrough cannot run here, unless the configuration itself is wrong.
+  auto cannot_run = [](const absl::Status& s) {
+    return absl::IsInvalidArgument(s) ? s : absl::UnavailableError(s.message());
+  };
   std::vector<int> taken = std::move(*fds);  // Create closes them on error too
   fds->clear();
+  if (taken.empty()) {
+    auto opened = OpenPassthroughDevices(options.passthrough_devices);
+    if (!opened.ok()) return cannot_run(opened.status());
+    taken = *std::move(opened);
+  }
+  UringCmdOptions o;
+  o.queue_depth = options.queue_depth;
   auto backend = UringCmdBackend::Create(std::move(taken), o);
-  if (!backend.ok()) return backend.status();
+  if (!backend.ok()) return cannot_run(backend.status());
   for (uint32_t f = 0; f < sizes.size() && f < (*backend)->num_files(); ++f) {
     if (sizes[f] > (*backend)->file_size(f)) {
       return absl::FailedPreconditionError(
@@ -153,6 +165,18 @@ absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vect
       absl::StrCat("io.backend: unknown backend \"", std::string(name), "\"; allowed: ", allowed));
 }
 
+// Closes whatever fds are left in `*fds` when it goes out of scope.
+class FdsCloser {
+ public:
+  explicit FdsCloser(std::vector<int>* fds) : fds_(fds) {}
+  ~FdsCloser() { CloseAll(fds_); }
+  FdsCloser(const FdsCloser&) = delete;
+  FdsCloser& operator=(const FdsCloser&) = delete;
+
+ private:
+  std::vector<int>* fds_;
+};
+
 }  // namespace
 
 std::vector<std::string_view> IoBackendNames() {
@@ -168,45 +192,63 @@ absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name
   return backend;
 }
 
+absl::StatusOr<OpenedBackend> OpenIoBackend(std::string_view requested,
+                                            const PoolFilesSource& files,
+                                            const IoOptions& options) {
+  RETURN_IF_ERROR(CheckFallbackSetting(options.fallback));
+  const BackendSpec* spec = FindBackend(requested);
+  PoolFileSet pool;  // what `files` gave, once asked
+  FdsCloser closer(&pool.fds);
+  const bool over_files = spec != nullptr && spec->places == PoolPlaces::kFiles;
+  if (spec != nullptr && !OnWholeDevices(spec->places)) {
+    ASSIGN_OR_RETURN(pool, files(over_files));
+  }
+  OpenedBackend opened;
+  auto backend = Make(requested, &pool.fds, pool.sizes, options);
+  if (backend.ok()) {
+    opened.backend = *std::move(backend);
+    opened.choice = Chosen(requested);
+    return opened;
+  }
+  ASSIGN_OR_RETURN(opened.choice, ChooseFallback(requested, options.fallback, backend.status()));
+  log::Get("io")->warn("{}; falling back to {} on pool.dirs (io.fallback \"{}\")",
+                       opened.choice.reason, opened.choice.backend, options.fallback);
+  // The fallback runs over the pool files: those a backend over files left, or now opened.
+  absl::Status fallback_failed;
+  if (!over_files) {
+    auto opened_files = files(true);
+    if (opened_files.ok()) {
+      pool = *std::move(opened_files);
+    } else {
+      fallback_failed = opened_files.status();
+    }
+  }
+  if (fallback_failed.ok()) {
+    auto uring = Make(kFallbackBackend, &pool.fds, pool.sizes, options);
+    if (uring.ok()) {
+      opened.backend = *std::move(uring);
+      return opened;
+    }
+    fallback_failed = uring.status();
+  }
+  return absl::Status(fallback_failed.code(),
+                      absl::StrCat("fallback to ", std::string(kFallbackBackend), " (",
+                                   opened.choice.reason, ") failed: ", fallback_failed.message()));
+}
+
 absl::StatusOr<OpenedBackend> OpenIoBackend(std::string_view requested, std::vector<int> fds,
                                             std::vector<uint64_t> file_sizes,
                                             const IoOptions& options) {
-  if (!options.fallback.empty() && options.fallback != "uring" && options.fallback != "fail") {
-    CloseAll(&fds);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "io.fallback: \"", options.fallback, "\" is not one of \"uring\", \"fail\""));
-  }
-  OpenedBackend opened;
-  opened.choice.requested = std::string(requested);
-  auto backend = Make(requested, &fds, file_sizes, options);
-  if (backend.ok()) {
-    CloseAll(&fds);
-    opened.backend = *std::move(backend);
-    opened.choice.backend = opened.choice.requested;
-    return opened;
-  }
-  if (!absl::IsUnavailable(backend.status()) || requested == "uring") {
-    CloseAll(&fds);
-    return backend.status();
-  }
-  if (options.fallback == "fail") {
-    CloseAll(&fds);
-    return absl::FailedPreconditionError(
-        absl::StrCat("io.backend \"", std::string(requested),
-                     "\" cannot run on this host and io.fallback is \"fail\": ",
-                     backend.status().message()));
-  }
-  opened.choice.reason = std::string(backend.status().message());
-  auto uring = Make("uring", &fds, file_sizes, options);
-  CloseAll(&fds);
-  if (!uring.ok()) {
-    return absl::Status(uring.status().code(),
-                        absl::StrCat("fallback to uring (", opened.choice.reason,
-                                     ") failed: ", uring.status().message()));
-  }
-  opened.backend = *std::move(uring);
-  opened.choice.backend = "uring";
-  return opened;
+  FdsCloser closer(&fds);  // those not handed over
+  return OpenIoBackend(
+      requested,
+      [&](bool open) -> absl::StatusOr<PoolFileSet> {
+        PoolFileSet set;
+        set.sizes = file_sizes;
+        if (open) set.fds = std::exchange(fds, {});
+        return set;
+      },
+      options);
 }
 
 }  // namespace tutti::io
