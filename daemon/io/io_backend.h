@@ -3,10 +3,11 @@
 // Implementations: "uring" (io_uring, O_DIRECT, one ring and one owner thread per pool file),
 // "uring_cmd" (NVMe passthrough commands through io_uring on the namespaces' char devices), "nvme"
 // (tuttid's own NVMe driver over vfio, daemon/io/nvme), "gds" (cuFile), and "memory" (files in
-// host memory, with fault injection and crash simulation, for tests). Pick one by name with
-// CreateIoBackend (io_factory.h); what runs when the chosen one cannot is ChooseFallback's
-// (backend_choice.h). The per-device scheduler (daemon/datapath/scheduler.h) is what orders reads
-// before writes across the daemon's requests; it hands a backend its work.
+// host memory, with fault injection and crash simulation, for tests), listed in
+// backend_registry.h. Start-up opens one with OpenIoBackend (io_factory.h), which applies the one
+// fallback rule (backend_choice.h) when the configured one cannot run here; CreateIoBackend
+// makes one by name without it. The per-device scheduler (daemon/datapath/scheduler.h) is what
+// orders reads before writes across the daemon's requests; it hands a backend its work.
 //
 // Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each
 // backend owns its queues (the ring backends: one internal thread per file or device); other
