@@ -28,6 +28,9 @@ inline constexpr uint32_t kAlignment = 4096;
 
 enum class Op : uint8_t { kRead, kWrite };
 
+// Where a request's buffer (IoRequest::buf) lives.
+enum class MemoryKind : uint8_t { kHost, kDevice };
+
 // One transfer. `offset`, `len` and `buf` must be multiples of kAlignment (O_DIRECT).
 struct IoRequest {
   Op op = Op::kRead;
@@ -48,6 +51,13 @@ class IoBackend {
   virtual uint32_t num_files() const = 0;
   // Size in bytes of `file`.
   virtual uint64_t file_size(uint32_t file) const = 0;
+
+  // Whether requests' buffers may be `kind` memory: what the backend can read into and write
+  // from. Every backend today takes host memory only ("gds" included: tuttid's staging is pinned
+  // host memory, docs/nvme.md); one that can move bytes straight into device memory (a GPUDirect
+  // path) answers true for kDevice, and the datapath may then give it device staging
+  // (datapath::MemoryKind) instead of asking which backend it is.
+  virtual bool ReadsInto(MemoryKind kind) const { return kind == MemoryKind::kHost; }
 
   // Registers `region` as the staging memory most requests will use, so the backend can pin and
   // pre-map it (io_uring fixed buffers). Call at most once, before the first Submit; `region` must

@@ -34,6 +34,8 @@ TEST(IoFactoryTest, MemoryBackendRoundTrip) {
   IoRequest w{Op::kWrite, 1, 8192, buf.data(), 4096};
   (*b)->Execute(absl::MakeSpan(&w, 1));
   EXPECT_EQ(w.result, 4096);
+  EXPECT_TRUE((*b)->ReadsInto(MemoryKind::kHost));
+  EXPECT_FALSE((*b)->ReadsInto(MemoryKind::kDevice));
 }
 
 class UringFactoryTest : public ::testing::Test {
