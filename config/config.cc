@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "config/text_scan.h"
-#include "daemon/io/backend_names.h"
+#include "daemon/io/backend_registry.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -232,7 +232,9 @@ absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
       CheckOneOf("io.backend", io.backend(),
                  std::vector<std::string>(io::kBackendNames.begin(), io::kBackendNames.end())));
   RETURN_IF_ERROR(ValidateNvme(io));
-  RETURN_IF_ERROR(CheckOneOf("io.fallback", io.fallback(), {"", "uring", "fail"}));
+  RETURN_IF_ERROR(CheckOneOf(
+      "io.fallback", io.fallback(),
+      std::vector<std::string>(io::kFallbackValues.begin(), io::kFallbackValues.end())));
   RETURN_IF_ERROR(ValidatePassthrough(io));
   RETURN_IF_ERROR(CheckRange("io.memory_read_workers", io.memory_read_workers(), 1, 64));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);

@@ -38,11 +38,10 @@
 #include "daemon/decision/advisor.h"
 #include "daemon/gpu_setup.h"
 #include "daemon/io/backend_choice.h"
-#include "daemon/io/io_factory.h"
+#include "daemon/io/gds_backend.h"
 #include "daemon/metrics/exporter.h"
-#include "daemon/passthrough_pool.h"
+#include "daemon/open_pool.h"
 #include "daemon/pool/layout.h"
-#include "daemon/pool/pool_files.h"
 #include "common/handoff.h"
 #include "common/lookup_wire.h"
 #include "daemon/server/admin_service.h"
@@ -95,51 +94,6 @@ absl::StatusOr<v1::Config> LoadEffectiveConfig() {
   RETURN_IF_ERROR(config::ValidateConfig(config));
   if (config.pool().dirs().empty()) config.mutable_pool()->add_dirs(config.state_dir() + "/pool");
   return config;
-}
-
-// Opens (creating on first start) the pool files and the I/O backend `requested` over them
-// (falling back per io.fallback: the choice says what runs and why). The "memory" backend keeps
-// the pool in RAM and touches no file. *pool_id: the pool's (store::PoolIdOf of its uuid; 0 for
-// the memory backend, whose pool is new at every start). `gpu_staging`: cuda mode (the "gds"
-// backend needs it).
-absl::StatusOr<io::OpenedBackend> OpenBackend(const v1::Config& config,
-                                              const std::string& requested,
-                                              const pool::PoolLayout& layout, bool gpu_staging,
-                                              uint64_t* pool_id) {
-  const std::vector<std::string> dirs(config.pool().dirs().begin(), config.pool().dirs().end());
-  std::vector<uint64_t> sizes(layout.num_files(), layout.file_bytes());
-  std::vector<int> fds;
-  if (requested != "memory") {
-    // Only the default pool directory is created. A configured one must exist: it is an SSD's
-    // mount point, and creating it would silently put the pool on the root filesystem when the SSD
-    // is not mounted.
-    const std::string default_dir = config.state_dir() + "/pool";
-    for (const std::string& d : dirs) {
-      if (d == default_dir) RETURN_IF_ERROR(MakeDirs(d, 0750));
-    }
-    auto log = log::Get("main");
-    int last_tenth = -1;
-    ASSIGN_OR_RETURN(pool::PoolFiles files,
-                     pool::OpenOrCreatePool(
-                         dirs, layout, [&](const std::string& path, uint64_t done, uint64_t total) {
-                           const int tenth = total == 0 ? 10 : static_cast<int>(done * 10 / total);
-                           if (tenth == last_tenth) return;
-                           last_tenth = tenth;
-                           log->info("pool: allocating {}: {}%", path, tenth * 10);
-                         }));
-    log->info("pool {}: {} {}", files.UuidHex(), files.created ? "created" : "opened",
-              absl::StrJoin(files.paths, ", "));
-    *pool_id = store::PoolIdOf(files.uuid);
-    fds = files.TakeFds();
-  }
-  io::IoOptions options;
-  options.queue_depth = config.io().queue_depth();
-  options.memory_read_workers = config.io().memory_read_workers();
-  options.fallback = config.io().fallback();
-  options.gds.gpu_staging = gpu_staging;
-  const char* cufile = getenv("TUTTI_CUFILE_LIBRARY");  // tests: the fake libcufile
-  if (cufile != nullptr) options.gds.library = cufile;
-  return io::OpenIoBackend(requested, std::move(fds), std::move(sizes), options);
 }
 
 store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolLayout& layout) {
@@ -221,31 +175,15 @@ struct Daemon {
 // Lays out and opens the pool, the I/O backend and the block store (recovering its index).
 absl::Status OpenStore(const v1::Config& config, bool gpu_staging, Daemon* d) {
   RETURN_IF_ERROR(MakeDirs(config.state_dir(), 0750));
-  ASSIGN_OR_RETURN(PassthroughPool raw, OpenPassthroughPool(config));
-  d->io_choice = raw.choice;
-  d->pool_places.assign(config.pool().dirs().begin(), config.pool().dirs().end());
-  if (raw.backend) d->pool_places = raw.devices;
-  ASSIGN_OR_RETURN(
-      const pool::PoolLayout layout,
-      raw.backend ? absl::StatusOr<pool::PoolLayout>(*raw.layout)
-                  : pool::PoolLayout::Compute(config.pool().capacity_bytes(),
-                                              config.pool().dirs_size(),
-                                              config.pool().object_bytes(),
-                                              config.pool().max_objects(),
-                                              config.pool().extent_slots()));
-  log::Get("main")->info(
-      "pool: {} files of {} bytes, {} slots of {} objects x {} bytes, in extents of {} slots per "
-      "file (pool.extent_slots = {})",
-      layout.num_files(), layout.file_bytes(), layout.num_slots(), layout.max_objects(),
-      layout.object_bytes(), layout.extent_slots(), config.pool().extent_slots());
-  uint64_t pool_id = raw.pool_id;
-  std::unique_ptr<io::IoBackend> backend = std::move(raw.backend);
-  if (!backend) {  // not uring_cmd, or uring_cmd fell back to uring on pool.dirs
-    ASSIGN_OR_RETURN(io::OpenedBackend opened,
-                     OpenBackend(config, raw.choice.backend, layout, gpu_staging, &pool_id));
-    backend = std::move(opened.backend);
-    if (!raw.choice.fell_back()) d->io_choice = opened.choice;
-  }
+  io::GdsOptions gds;
+  gds.gpu_staging = gpu_staging;
+  const char* cufile = getenv("TUTTI_CUFILE_LIBRARY");  // tests: the fake libcufile
+  if (cufile != nullptr) gds.library = cufile;
+  ASSIGN_OR_RETURN(OpenedPool opened, OpenPool(config, gds));
+  d->io_choice = opened.choice;
+  d->pool_places = opened.places;
+  const pool::PoolLayout layout = opened.layout;
+  std::unique_ptr<io::IoBackend> backend = std::move(opened.backend);
   d->io_backend = std::string(backend->name());
   if (!d->io_choice.fell_back()) {
     log::Get("main")->info("io backend \"{}\" (io.backend)", d->io_backend);
@@ -259,7 +197,7 @@ absl::Status OpenStore(const v1::Config& config, bool gpu_staging, Daemon* d) {
     d->notes.push_back("io backend \"memory\": the pool lives in RAM and nothing persists");
   }
   store::StoreOptions options = MakeStoreOptions(config, layout);
-  options.pool_id = pool_id;
+  options.pool_id = opened.pool_id;
   ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(options, std::move(backend), Clock::Real()));
   return absl::OkStatus();
 }

@@ -303,8 +303,9 @@ TEST(TuttidTest, PassthroughFallsBackToUringWithTheReason) {
   auto [rc, err] = RunToExit({"--config=" + config, "--state_dir=" + dir + "/state2",
                               "--socket=" + sock});
   EXPECT_EQ(rc, 1);
-  EXPECT_THAT(err, HasSubstr("tuttid: io.backend \"uring_cmd\" cannot run (io.fallback is "
-                             "\"fail\"): io.passthrough_devices: open /dev/ng-tutti-none"));
+  EXPECT_THAT(err, HasSubstr("tuttid: io.backend \"uring_cmd\" cannot run on this host and "
+                             "io.fallback is \"fail\": io.passthrough_devices: open "
+                             "/dev/ng-tutti-none"));
   std::filesystem::remove_all(short_dir);
 }
 

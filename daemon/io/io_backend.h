@@ -3,10 +3,11 @@
 // Implementations: "uring" (io_uring, O_DIRECT, one ring and one owner thread per pool file),
 // "uring_cmd" (NVMe passthrough commands through io_uring on the namespaces' char devices), "nvme"
 // (tuttid's own NVMe driver over vfio, daemon/io/nvme), "gds" (cuFile), and "memory" (files in
-// host memory, with fault injection and crash simulation, for tests). Pick one by name with
-// CreateIoBackend (io_factory.h); what runs when the chosen one cannot is ChooseFallback's
-// (backend_choice.h). The per-device scheduler (daemon/datapath/scheduler.h) is what orders reads
-// before writes across the daemon's requests; it hands a backend its work.
+// host memory, with fault injection and crash simulation, for tests), listed in
+// backend_registry.h. Start-up opens one with OpenIoBackend (io_factory.h), which applies the one
+// fallback rule (backend_choice.h) when the configured one cannot run here; CreateIoBackend
+// makes one by name without it. The per-device scheduler (daemon/datapath/scheduler.h) is what
+// orders reads before writes across the daemon's requests; it hands a backend its work.
 //
 // Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each
 // backend owns its queues (the ring backends: one internal thread per file or device); other
@@ -26,6 +27,9 @@ namespace tutti::io {
 inline constexpr uint32_t kAlignment = 4096;
 
 enum class Op : uint8_t { kRead, kWrite };
+
+// Where a request's buffer (IoRequest::buf) lives.
+enum class MemoryKind : uint8_t { kHost, kDevice };
 
 // One transfer. `offset`, `len` and `buf` must be multiples of kAlignment (O_DIRECT).
 struct IoRequest {
@@ -47,6 +51,13 @@ class IoBackend {
   virtual uint32_t num_files() const = 0;
   // Size in bytes of `file`.
   virtual uint64_t file_size(uint32_t file) const = 0;
+
+  // Whether requests' buffers may be `kind` memory: what the backend can read into and write
+  // from. Every backend today takes host memory only ("gds" included: tuttid's staging is pinned
+  // host memory, docs/nvme.md); one that can move bytes straight into device memory (a GPUDirect
+  // path) answers true for kDevice, and the datapath may then give it device staging
+  // (datapath::MemoryKind) instead of asking which backend it is.
+  virtual bool ReadsInto(MemoryKind kind) const { return kind == MemoryKind::kHost; }
 
   // Registers `region` as the staging memory most requests will use, so the backend can pin and
   // pre-map it (io_uring fixed buffers). Call at most once, before the first Submit; `region` must

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/io/backend_names.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "daemon/io/backend_registry.h"
 #include "daemon/io/gds_backend.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/io/nvme_open.h"
@@ -52,17 +54,27 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeGds(std::vector<int>* fds, std::v
   return std::unique_ptr<IoBackend>(*std::move(backend));
 }
 
-// `fds`: the namespaces' char devices (OpenPassthroughDevices). A size, if given, is the pool
-// file's and must fit in its namespace.
+// `fds`: the namespaces' char devices (OpenPassthroughDevices), or none: then those of
+// options.passthrough_devices, opened here. A size, if given, is the pool file's and must fit in
+// its namespace. Failing to open or use the devices is UNAVAILABLE (io_factory.h).
 absl::StatusOr<std::unique_ptr<IoBackend>> MakeUringCmd(std::vector<int>* fds,
                                                         std::vector<uint64_t> sizes,
                                                         const IoOptions& options) {
-  UringCmdOptions o;
-  o.queue_depth = options.queue_depth;
+  // Passthrough cannot run here, unless the configuration itself is wrong.
+  auto cannot_run = [](const absl::Status& s) {
+    return absl::IsInvalidArgument(s) ? s : absl::UnavailableError(s.message());
+  };
   std::vector<int> taken = std::move(*fds);  // Create closes them on error too
   fds->clear();
+  if (taken.empty()) {
+    auto opened = OpenPassthroughDevices(options.passthrough_devices);
+    if (!opened.ok()) return cannot_run(opened.status());
+    taken = *std::move(opened);
+  }
+  UringCmdOptions o;
+  o.queue_depth = options.queue_depth;
   auto backend = UringCmdBackend::Create(std::move(taken), o);
-  if (!backend.ok()) return backend.status();
+  if (!backend.ok()) return cannot_run(backend.status());
   for (uint32_t f = 0; f < sizes.size() && f < (*backend)->num_files(); ++f) {
     if (sizes[f] > (*backend)->file_size(f)) {
       return absl::FailedPreconditionError(
@@ -91,27 +103,26 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeNvme(std::vector<int>*, std::vect
   return backend;
 }
 
+// The factories, one per entry of backend_registry.h's kBackends, in its order.
 struct Entry {
   std::string_view name;
   Factory make;
-  // The backend's files are whole devices (namespaces), at least as large as the pool files'
-  // sizes (the factory checks); otherwise each file's size must equal its layout's.
-  bool whole_devices;
 };
-constexpr Entry kBackends[] = {{"uring", &MakeUring, false},
-                               {"memory", &MakeMemory, false},
-                               {"gds", &MakeGds, false},
-                               {"uring_cmd", &MakeUringCmd, true},
-                               {"nvme", &MakeNvme, true}};
+constexpr Entry kFactories[] = {{"uring", &MakeUring},
+                                {"memory", &MakeMemory},
+                                {"gds", &MakeGds},
+                                {"uring_cmd", &MakeUringCmd},
+                                {"nvme", &MakeNvme}};
 
-constexpr bool TableFollowsNames() {
-  if (std::size(kBackends) != kBackendNames.size()) return false;
-  for (size_t i = 0; i < kBackendNames.size(); ++i) {
-    if (kBackends[i].name != kBackendNames[i]) return false;
+constexpr bool FactoriesFollowTheRegistry() {
+  if (std::size(kFactories) != kBackends.size()) return false;
+  for (size_t i = 0; i < kBackends.size(); ++i) {
+    if (kFactories[i].name != kBackends[i].name) return false;
   }
   return true;
 }
-static_assert(TableFollowsNames(), "kBackends must list backend_names.h's names, in its order");
+static_assert(FactoriesFollowTheRegistry(),
+              "kFactories must list backend_registry.h's backends, in its order");
 
 // A pool file that does not match its layout.
 absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& sizes) {
@@ -134,11 +145,13 @@ absl::Status CheckSizes(const IoBackend& backend, const std::vector<uint64_t>& s
 absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vector<int>* fds,
                                                 const std::vector<uint64_t>& sizes,
                                                 const IoOptions& options) {
-  for (const Entry& e : kBackends) {
-    if (e.name != name) continue;
-    auto backend = e.make(fds, sizes, options);
+  for (size_t i = 0; i < kBackends.size(); ++i) {
+    if (kBackends[i].name != name) continue;
+    auto backend = kFactories[i].make(fds, sizes, options);
     if (!backend.ok()) return backend.status();
-    if (!e.whole_devices) {
+    // On whole devices a size must fit in its namespace (the factory checks); a file's must
+    // equal its layout's.
+    if (!OnWholeDevices(kBackends[i].places)) {
       absl::Status fits = CheckSizes(**backend, sizes);
       if (!fits.ok()) return fits;
     }
@@ -151,6 +164,18 @@ absl::StatusOr<std::unique_ptr<IoBackend>> Make(std::string_view name, std::vect
   return absl::InvalidArgumentError(
       absl::StrCat("io.backend: unknown backend \"", std::string(name), "\"; allowed: ", allowed));
 }
+
+// Closes whatever fds are left in `*fds` when it goes out of scope.
+class FdsCloser {
+ public:
+  explicit FdsCloser(std::vector<int>* fds) : fds_(fds) {}
+  ~FdsCloser() { CloseAll(fds_); }
+  FdsCloser(const FdsCloser&) = delete;
+  FdsCloser& operator=(const FdsCloser&) = delete;
+
+ private:
+  std::vector<int>* fds_;
+};
 
 }  // namespace
 
@@ -167,45 +192,63 @@ absl::StatusOr<std::unique_ptr<IoBackend>> CreateIoBackend(std::string_view name
   return backend;
 }
 
+absl::StatusOr<OpenedBackend> OpenIoBackend(std::string_view requested,
+                                            const PoolFilesSource& files,
+                                            const IoOptions& options) {
+  RETURN_IF_ERROR(CheckFallbackSetting(options.fallback));
+  const BackendSpec* spec = FindBackend(requested);
+  PoolFileSet pool;  // what `files` gave, once asked
+  FdsCloser closer(&pool.fds);
+  const bool over_files = spec != nullptr && spec->places == PoolPlaces::kFiles;
+  if (spec != nullptr && !OnWholeDevices(spec->places)) {
+    ASSIGN_OR_RETURN(pool, files(over_files));
+  }
+  OpenedBackend opened;
+  auto backend = Make(requested, &pool.fds, pool.sizes, options);
+  if (backend.ok()) {
+    opened.backend = *std::move(backend);
+    opened.choice = Chosen(requested);
+    return opened;
+  }
+  ASSIGN_OR_RETURN(opened.choice, ChooseFallback(requested, options.fallback, backend.status()));
+  log::Get("io")->warn("{}; falling back to {} on pool.dirs (io.fallback \"{}\")",
+                       opened.choice.reason, opened.choice.backend, options.fallback);
+  // The fallback runs over the pool files: those a backend over files left, or now opened.
+  absl::Status fallback_failed;
+  if (!over_files) {
+    auto opened_files = files(true);
+    if (opened_files.ok()) {
+      pool = *std::move(opened_files);
+    } else {
+      fallback_failed = opened_files.status();
+    }
+  }
+  if (fallback_failed.ok()) {
+    auto uring = Make(kFallbackBackend, &pool.fds, pool.sizes, options);
+    if (uring.ok()) {
+      opened.backend = *std::move(uring);
+      return opened;
+    }
+    fallback_failed = uring.status();
+  }
+  return absl::Status(fallback_failed.code(),
+                      absl::StrCat("fallback to ", std::string(kFallbackBackend), " (",
+                                   opened.choice.reason, ") failed: ", fallback_failed.message()));
+}
+
 absl::StatusOr<OpenedBackend> OpenIoBackend(std::string_view requested, std::vector<int> fds,
                                             std::vector<uint64_t> file_sizes,
                                             const IoOptions& options) {
-  if (!options.fallback.empty() && options.fallback != "uring" && options.fallback != "fail") {
-    CloseAll(&fds);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "io.fallback: \"", options.fallback, "\" is not one of \"uring\", \"fail\""));
-  }
-  OpenedBackend opened;
-  opened.choice.requested = std::string(requested);
-  auto backend = Make(requested, &fds, file_sizes, options);
-  if (backend.ok()) {
-    CloseAll(&fds);
-    opened.backend = *std::move(backend);
-    opened.choice.backend = opened.choice.requested;
-    return opened;
-  }
-  if (!absl::IsUnavailable(backend.status()) || requested == "uring") {
-    CloseAll(&fds);
-    return backend.status();
-  }
-  if (options.fallback == "fail") {
-    CloseAll(&fds);
-    return absl::FailedPreconditionError(
-        absl::StrCat("io.backend \"", std::string(requested),
-                     "\" cannot run on this host and io.fallback is \"fail\": ",
-                     backend.status().message()));
-  }
-  opened.choice.reason = std::string(backend.status().message());
-  auto uring = Make("uring", &fds, file_sizes, options);
-  CloseAll(&fds);
-  if (!uring.ok()) {
-    return absl::Status(uring.status().code(),
-                        absl::StrCat("fallback to uring (", opened.choice.reason,
-                                     ") failed: ", uring.status().message()));
-  }
-  opened.backend = *std::move(uring);
-  opened.choice.backend = "uring";
-  return opened;
+  FdsCloser closer(&fds);  // those not handed over
+  return OpenIoBackend(
+      requested,
+      [&](bool open) -> absl::StatusOr<PoolFileSet> {
+        PoolFileSet set;
+        set.sizes = file_sizes;
+        if (open) set.fds = std::exchange(fds, {});
+        return set;
+      },
+      options);
 }
 
 }  // namespace tutti::io

@@ -49,6 +49,7 @@ class OwningNvmeBackend final : public IoBackend {
   std::string_view name() const override { return backend_->name(); }
   uint32_t num_files() const override { return backend_->num_files(); }
   uint64_t file_size(uint32_t file) const override { return backend_->file_size(file); }
+  bool ReadsInto(MemoryKind kind) const override { return backend_->ReadsInto(kind); }
   absl::Status RegisterBuffer(absl::Span<uint8_t> region) override {
     return backend_->RegisterBuffer(region);
   }

@@ -121,8 +121,9 @@ TEST(IoFallbackTest, NvmeWithFallbackFailRefusesToStartNamingTheReason) {
   auto daemon = TuttidProcess::Start(**env, 20);
   ASSERT_FALSE(daemon.ok());
   EXPECT_THAT(daemon.status().message(),
-              HasSubstr(std::string("io.backend \"nvme\" cannot run (io.fallback is \"fail\"): "
-                                    "io.nvme_devices: ") + kNoSuchController));
+              HasSubstr(std::string("io.backend \"nvme\" cannot run on this host and "
+                                    "io.fallback is \"fail\": io.nvme_devices: ") +
+                        kNoSuchController));
 }
 
 }  // namespace
