@@ -19,19 +19,12 @@
 #include "daemon/io/backend_choice.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/device_health.h"
+#include "daemon/server/gpu_layer_stats.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/admin.grpc.pb.h"
 
 namespace tutti::server {
-
-// Layers the GPU copier placed and gathers it did, and those the copy engines moved alone.
-struct GpuLayerCounts {
-  uint64_t layers = 0;
-  uint64_t by_copy_engine = 0;
-  uint64_t gathers = 0;
-  uint64_t gathers_by_copy_engine = 0;
-};
 
 // Facts fixed at start-up that Status reports, and where Stats finds the GPU's counts.
 struct DaemonInfo {
