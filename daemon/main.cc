@@ -322,15 +322,11 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
   server::RegisterGpuLayerStats(std::move(gpu_layers), &d->stats);
   server::RegisterDeviceHealthStats([h = &d->device_health] { return h->Snapshot(); },
                                     &d->stats);
-  info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
-  info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
+  info.stats = &d->stats;
   info.config_text = config::RenderConfig(config);
   info.io_choice = d->io_choice;
   info.device_health = &d->device_health;
-  if (d->gpu) {
-    info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
-    info.gpu_memory_bytes = d->gpu->memory_bytes();
-  }
+  if (d->gpu) info.gpu_memory_bytes = d->gpu->memory_bytes();
   const auto& mc = config.metrics();
   ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
                                    {mc.listen(), mc.namespace_labels(), mc.basic_auth_file()},
