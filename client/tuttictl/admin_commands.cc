@@ -202,7 +202,7 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
   void RegisterFlags(FlagSet& flags) override {
     flags.Bool("metrics", &metrics_,
                "also every figure of the daemon's stats registry, as /metrics names it (--json "
-               "always has them, under \"metrics\")");
+               "always has every family, under \"metrics\")");
   }
 
  protected:
@@ -327,9 +327,28 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
       j.Key("sessions").Uint(ns.sessions());
       j.EndObject();
     }
-    j.EndArray().Key("metrics").BeginObject();
-    for (const auto& [name, value] : MetricSamples(r)) j.Key(name).Double(value);
-    return j.EndObject().EndObject().str();
+    j.EndArray().Key("metrics").BeginArray();
+    for (const v1::MetricFamily& f : r.metrics()) {
+      j.BeginObject().Key("name").String(f.name()).Key("type").String(f.type());
+      j.Key("unit").String(f.unit()).Key("label_names").BeginArray();
+      for (const std::string& l : f.label_names()) j.String(l);
+      j.EndArray().Key("samples").BeginArray();
+      for (const v1::MetricSample& s : f.samples()) {
+        j.BeginObject().Key("labels").BeginObject();
+        for (int i = 0; i < f.label_names_size() && i < s.label_values_size(); ++i) {
+          j.Key(f.label_names(i)).String(s.label_values(i));
+        }
+        j.EndObject();
+        if (f.type() == "histogram") {
+          j.Key("count").Double(s.value()).Key("sum").Double(s.sum());
+        } else {
+          j.Key("value").Double(s.value());
+        }
+        j.EndObject();
+      }
+      j.EndArray().EndObject();
+    }
+    return j.EndArray().EndObject().str();
   }
 
  private:

@@ -74,7 +74,9 @@ TEST_F(TuttictlTest, StatsShowsTheRegistrysFigures) {
   EXPECT_EQ(Tuttictl({"stats", "--socket", socket_}).out.find("tutti_errors_total"),
             std::string::npos);
   const CtlRun json = Tuttictl({"stats", "--json", "--socket", socket_});
-  EXPECT_NE(json.out.find("\"metrics\":{\"tutti_errors_total{kind=\\\"verify\\\"}\":4"),
+  EXPECT_NE(json.out.find("\"metrics\":[{\"name\":\"tutti_errors_total\",\"type\":\"counter\","
+                          "\"unit\":\"\",\"label_names\":[\"kind\"],\"samples\":[{\"labels\":"
+                          "{\"kind\":\"verify\"},\"value\":4}]}]"),
             std::string::npos)
       << json.out;
 }
