@@ -33,6 +33,7 @@
 #include "common/clock.h"
 #include "common/dirs.h"
 #include "common/log.h"
+#include "common/stats.h"
 #include "common/status_macros.h"
 #include "daemon/datapath/work_pool.h"
 #include "daemon/decision/advisor.h"
@@ -57,6 +58,7 @@
 #include "daemon/service/notifier.h"
 #include "daemon/service/reload.h"
 #include "daemon/store/block_store.h"
+#include "daemon/store/store_stats.h"
 #include "daemon/version.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -155,6 +157,7 @@ struct Daemon {
   std::string device_mode = "host";
   std::vector<std::string> notes;  // fallbacks and modes taken at start, for logs and status
   server::CallGate gate;
+  stats::Registry stats;  // every figure, registered by its component: /metrics and Admin.Stats
   server::DeviceHealthBoard device_health;  // what tuttictl devices --report sends
   std::unique_ptr<server::CredentialTable> credentials;
   std::unique_ptr<store::BlockStore> store;
@@ -246,21 +249,26 @@ absl::Status StartServing(const v1::Config& config, Daemon* d) {
                           d->device_mode,
                           d->pool_places,
                           absl::StrJoin(d->notes, "; ")};
-  info.handoffs_outstanding = [c = d->credentials.get()] { return c->outstanding(); };
-  info.decision_stats = [a = d->advisor.get()] { return a->Stats(); };
+  store::RegisterStoreStats(d->store.get(), &d->stats);
+  metrics::RegisterStartupInfo(d->pool_places, d->io_choice, &d->stats);
+  server::RegisterSessionStats([s = d->sessions.get()] { return s->num_sessions(); }, &d->stats);
+  server::RegisterHandoffStats([c = d->credentials.get()] { return c->outstanding(); },
+                               &d->stats);
+  decision::RegisterAdvisorStats([a = d->advisor.get()] { return a->Stats(); }, &d->stats);
+  std::function<server::GpuLayerCounts()> gpu_layers;  // empty in host mode: zeros
+  if (d->gpu) gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
+  server::RegisterGpuLayerStats(std::move(gpu_layers), &d->stats);
+  server::RegisterDeviceHealthStats([h = &d->device_health] { return h->Snapshot(); },
+                                    &d->stats);
+  info.stats = &d->stats;
   info.config_text = config::RenderConfig(config);
   info.io_choice = d->io_choice;
   info.device_health = &d->device_health;
-  if (d->gpu) {
-    info.gpu_layers = [gpu = d->gpu.get()] { return gpu->LayerCounts(); };
-    info.gpu_memory_bytes = d->gpu->memory_bytes();
-  }
+  if (d->gpu) info.gpu_memory_bytes = d->gpu->memory_bytes();
   const auto& mc = config.metrics();
   ASSIGN_OR_RETURN(d->metrics, metrics::MetricsExporter::Start(
                                    {mc.listen(), mc.namespace_labels(), mc.basic_auth_file()},
-                                   {d->store.get(), d->sessions.get(), info.handoffs_outstanding,
-                                    info.decision_stats, info.gpu_layers, info.pool_dirs,
-                                    [h = &d->device_health] { return h->Snapshot(); }, d->io_choice}));
+                                   &d->stats));
   if (d->metrics) log::Get("main")->info("metrics on {}", d->metrics->url());
   d->admin = std::make_unique<server::AdminService>(std::move(info), d->store.get(),
                                                     d->sessions.get(), Clock::Real(), &d->gate);

@@ -247,6 +247,14 @@ class FakeTuttid::Impl final : public v1::KvCache::Service, public v1::Admin::Se
     resp->set_admission("second_sight");  // fixed figures, for tuttictl's output
     resp->set_blocks_admitted(5);
     resp->set_blocks_declined(7);
+    v1::MetricFamily* errors = resp->add_metrics();  // fixed figures, for tuttictl's output
+    errors->set_name("tutti_errors_total");
+    errors->set_help("Failures by kind.");
+    errors->set_type("counter");
+    errors->add_label_names("kind");
+    v1::MetricSample* verify = errors->add_samples();
+    verify->add_label_values("verify");
+    verify->set_value(4);
     v1::NamespaceStats* ns = resp->add_namespaces();
     ns->set_namespace_id(0xabcdef0123456789ull);
     ns->set_model_id("bench-llama3-8b");

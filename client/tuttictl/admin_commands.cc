@@ -2,6 +2,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -161,13 +163,46 @@ class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsRe
   }
 };
 
+// One sample of a registry family as /metrics names it: name{label="value",...}; a histogram's
+// count and sum as name_count and name_sum.
+std::string SampleName(const v1::MetricFamily& f, const v1::MetricSample& s,
+                       const std::string& suffix = "") {
+  std::string labels;
+  for (int i = 0; i < f.label_names_size() && i < s.label_values_size(); ++i) {
+    absl::StrAppend(&labels, labels.empty() ? "" : ",", f.label_names(i), "=\"",
+                    s.label_values(i), "\"");
+  }
+  return absl::StrCat(f.name(), suffix, labels.empty() ? "" : absl::StrCat("{", labels, "}"));
+}
+
+// Every sample of `r.metrics()`, each as (name, value).
+std::vector<std::pair<std::string, double>> MetricSamples(const v1::StatsResponse& r) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const v1::MetricFamily& f : r.metrics()) {
+    for (const v1::MetricSample& s : f.samples()) {
+      if (f.type() == "histogram") {
+        out.emplace_back(SampleName(f, s, "_count"), s.value());
+        out.emplace_back(SampleName(f, s, "_sum"), s.sum());
+      } else {
+        out.emplace_back(SampleName(f, s), s.value());
+      }
+    }
+  }
+  return out;
+}
+
 class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
  public:
   StatsCommand() : ReportCommand(&v1::Admin::Stub::Stats) {}
   std::string name() const override { return "stats"; }
-  std::string usage() const override { return "stats [--json]"; }
+  std::string usage() const override { return "stats [--metrics] [--json]"; }
   std::string summary() const override {
     return "capacity and use, blocks per namespace and tier, hits, misses, bytes, errors";
+  }
+  void RegisterFlags(FlagSet& flags) override {
+    flags.Bool("metrics", &metrics_,
+               "also every figure of the daemon's stats registry, as /metrics names it (--json "
+               "always has every family, under \"metrics\")");
   }
 
  protected:
@@ -219,13 +254,20 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
                                     r.decision_corrections(), " corrections from measured TTFTs"));
     }
     std::string out = kv.Render();
-    if (r.namespaces_size() == 0) return out + "\nno namespaces\n";
-    Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});
-    for (const auto& ns : r.namespaces()) {
-      t.AddRow({NamespaceHex(ns.namespace_id()), ns.model_id(), absl::StrCat(ns.blocks_ssd()),
-                absl::StrCat(ns.blocks_dram())});
+    if (r.namespaces_size() == 0) {
+      out += "\nno namespaces\n";
+    } else {
+      Table t({"NAMESPACE", "MODEL", ">SSD BLOCKS", ">DRAM BLOCKS"});
+      for (const auto& ns : r.namespaces()) {
+        t.AddRow({NamespaceHex(ns.namespace_id()), ns.model_id(), absl::StrCat(ns.blocks_ssd()),
+                  absl::StrCat(ns.blocks_dram())});
+      }
+      out += "\n" + t.Render();
     }
-    return out + "\n" + t.Render();
+    if (!metrics_) return out;
+    Table m({"METRIC", ">VALUE"});
+    for (const auto& [name, value] : MetricSamples(r)) m.AddRow({name, absl::StrCat(value)});
+    return out + "\n" + m.Render();
   }
   std::string Json(const v1::StatsResponse& r) const override {
     JsonWriter j;
@@ -285,8 +327,32 @@ class StatsCommand : public ReportCommand<v1::StatsRequest, v1::StatsResponse> {
       j.Key("sessions").Uint(ns.sessions());
       j.EndObject();
     }
+    j.EndArray().Key("metrics").BeginArray();
+    for (const v1::MetricFamily& f : r.metrics()) {
+      j.BeginObject().Key("name").String(f.name()).Key("type").String(f.type());
+      j.Key("unit").String(f.unit()).Key("label_names").BeginArray();
+      for (const std::string& l : f.label_names()) j.String(l);
+      j.EndArray().Key("samples").BeginArray();
+      for (const v1::MetricSample& s : f.samples()) {
+        j.BeginObject().Key("labels").BeginObject();
+        for (int i = 0; i < f.label_names_size() && i < s.label_values_size(); ++i) {
+          j.Key(f.label_names(i)).String(s.label_values(i));
+        }
+        j.EndObject();
+        if (f.type() == "histogram") {
+          j.Key("count").Double(s.value()).Key("sum").Double(s.sum());
+        } else {
+          j.Key("value").Double(s.value());
+        }
+        j.EndObject();
+      }
+      j.EndArray().EndObject();
+    }
     return j.EndArray().EndObject().str();
   }
+
+ private:
+  bool metrics_ = false;
 };
 
 class EvictCommand : public Command {

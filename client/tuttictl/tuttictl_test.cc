@@ -64,6 +64,23 @@ TEST_F(TuttictlTest, Status) {
   EXPECT_NE(j.out.find("\"pool_dirs\":[\"/fake/pool\"]"), std::string::npos) << j.out;
 }
 
+// Every figure of the stats registry, as /metrics names it (the fake reports one).
+TEST_F(TuttictlTest, StatsShowsTheRegistrysFigures) {
+  const CtlRun human = Tuttictl({"stats", "--metrics", "--socket", socket_});
+  EXPECT_EQ(human.code, 0) << human.err;
+  const size_t row = human.out.find("tutti_errors_total{kind=\"verify\"} ");
+  ASSERT_NE(row, std::string::npos) << human.out;
+  EXPECT_EQ(human.out.substr(human.out.find('\n', row) - 2, 3), " 4\n") << human.out;
+  EXPECT_EQ(Tuttictl({"stats", "--socket", socket_}).out.find("tutti_errors_total"),
+            std::string::npos);
+  const CtlRun json = Tuttictl({"stats", "--json", "--socket", socket_});
+  EXPECT_NE(json.out.find("\"metrics\":[{\"name\":\"tutti_errors_total\",\"type\":\"counter\","
+                          "\"unit\":\"\",\"label_names\":[\"kind\"],\"samples\":[{\"labels\":"
+                          "{\"kind\":\"verify\"},\"value\":4}]}]"),
+            std::string::npos)
+      << json.out;
+}
+
 TEST_F(TuttictlTest, BenchVerifiesAndStatsCount) {
   const CtlRun r = Tuttictl(Bench({"--verify"}));
   EXPECT_EQ(r.code, 0) << r.out << r.err;

@@ -241,4 +241,29 @@ AdvisorStats Advisor::Stats() const {
   return stats_;
 }
 
+void RegisterAdvisorStats(std::function<AdvisorStats()> stats, stats::Registry* registry) {
+  registry->AddGroup<AdvisorStats>(std::move(stats))
+      .Counter("tutti_decisions_total", "Load-or-recompute advice given with a prediction.",
+               [](const AdvisorStats& d) { return d.decisions; }, "decisions")
+      .Counter("tutti_decision_predictions_checked_total", "Measured TTFTs compared with their "
+               "prediction.", [](const AdvisorStats& d) { return d.prediction_errors; },
+               "prediction_errors")
+      .Gauge("tutti_decision_prediction_error_mean", "Mean relative error of the predicted TTFT.",
+             [](const AdvisorStats& d) { return d.prediction_error_mean; },
+             "prediction_error_mean")
+      .Gauge("tutti_decision_prediction_error_last", "Relative error of the last predicted TTFT "
+             "checked.", [](const AdvisorStats& d) { return d.prediction_error_last; },
+             "prediction_error_last")
+      .Counter("tutti_decision_corrections_total", "Measured TTFTs far enough off their "
+               "prediction to correct the model at once.",
+               [](const AdvisorStats& d) { return d.corrections; }, "decision_corrections")
+      .Add({"tutti_decision_refused_loads_total", "Advice where loading won centrally but not "
+            "beyond the prediction's uncertainty: recomputed, or loaded anyway to explore.",
+            stats::Type::kCounter, {"advised"}},
+           [](const AdvisorStats& d, stats::Samples* out) {
+             out->Add({"recompute"}, d.refused_loads, "decision_refused_loads");
+             out->Add({"explore"}, d.explorations, "decision_explorations");
+           });
+}
+
 }  // namespace tutti::decision

@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/stats.h"
 #include "common/types.h"
 #include "daemon/decision/compute_model.h"
 
@@ -201,6 +202,10 @@ class Advisor {
   AdvisorStats stats_ ABSL_GUARDED_BY(mu_);
   double error_sum_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The advisor's figures in the stats registry (common/stats.h): tutti_decision*, read from
+// `stats` (Advisor::Stats) at each collection.
+void RegisterAdvisorStats(std::function<AdvisorStats()> stats, stats::Registry* registry);
 
 }  // namespace tutti::decision
 

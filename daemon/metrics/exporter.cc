@@ -61,45 +61,28 @@ bool SameSecret(const std::string& given, const std::string& want) {
 
 }  // namespace
 
-MetricsSnapshot TakeSnapshot(const MetricsSources& src, bool namespace_labels) {
-  MetricsSnapshot s;
-  s.store = src.store->Stats();
-  if (!namespace_labels) s.store.namespaces.clear();
-  for (datapath::Tier t : {datapath::Tier::kDram, datapath::Tier::kSsd}) {
-    s.read_bandwidth[static_cast<int>(t)] = src.store->read_bandwidth().Get(t);
-  }
-  if (src.sessions != nullptr) s.sessions = src.sessions->num_sessions();
-  if (src.handoffs_outstanding) s.handoffs_outstanding = src.handoffs_outstanding();
-  if (src.decisions) s.decisions = src.decisions();
-  if (src.gpu_layers) s.gpu_layers = src.gpu_layers();
-  if (src.nvme_health) s.nvme_health = src.nvme_health();
-  s.pool_dirs = src.pool_dirs;
-  s.io_backend = src.io_backend;
-  return s;
-}
-
 bool MetricsEnabled(const std::string& listen) { return !listen.empty() && listen != "off"; }
 
-// Renders one snapshot per scrape; called on the exposer's threads.
+// Renders one collection of the registry per scrape; called on the exposer's threads.
 class MetricsExporter::Collector final : public prometheus::Collectable {
  public:
-  Collector(MetricsSources sources, bool namespace_labels)
-      : sources_(std::move(sources)), namespace_labels_(namespace_labels) {}
+  Collector(const stats::Registry* registry, bool namespace_labels)
+      : registry_(registry), namespace_labels_(namespace_labels) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
-    return BuildFamilies(TakeSnapshot(sources_, namespace_labels_));
+    return ToPrometheus(registry_->Collect(/*per_tenant=*/namespace_labels_));
   }
 
  private:
-  const MetricsSources sources_;
+  const stats::Registry* const registry_;
   const bool namespace_labels_;
 };
 
 absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
-    const ExporterOptions& options, MetricsSources sources) {
+    const ExporterOptions& options, const stats::Registry* registry) {
   const std::string& listen = options.listen;
   if (!MetricsEnabled(listen)) return std::unique_ptr<MetricsExporter>();
-  if (sources.store == nullptr) {
-    return absl::InvalidArgumentError("MetricsExporter::Start needs a block store");
+  if (registry == nullptr) {
+    return absl::InvalidArgumentError("MetricsExporter::Start needs a stats registry");
   }
   std::optional<BasicAuth> auth;
   if (!options.basic_auth_file.empty()) {
@@ -108,7 +91,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
     auth = std::move(*read);
   }
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
-  e->collector_ = std::make_shared<Collector>(std::move(sources), options.namespace_labels);
+  e->collector_ = std::make_shared<Collector>(registry, options.namespace_labels);
   // civetweb's options: keep-alive stays off (its default), so every connection ends after one
   // reply and a thread serves the next in arrival order. prometheus-cpp (civetweb's C++ wrapper)
   // reports a failure to listen by an exception: this is the one place it is caught.

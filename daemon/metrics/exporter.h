@@ -1,6 +1,6 @@
 // tuttid's Prometheus endpoint: http://HOST:PORT/metrics (config metrics.listen), served by
-// prometheus-cpp's pull exposer. Each scrape takes one snapshot of the daemon's stats (sources
-// below) and renders it (families.h); nothing is counted on the I/O path for it.
+// prometheus-cpp's pull exposer. Each scrape collects the daemon's stats registry (common/stats.h)
+// and renders it (families.h); nothing is counted on the I/O path for it.
 //
 // Who learns what (docs/metrics.md, docs/security.md "Metrics endpoint"): any local user can
 // connect to a loopback port, so by default the page has no per-namespace series (no model names,
@@ -12,15 +12,12 @@
 #ifndef TUTTI_DAEMON_METRICS_EXPORTER_H_
 #define TUTTI_DAEMON_METRICS_EXPORTER_H_
 
-#include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/stats.h"
 #include "daemon/metrics/families.h"
-#include "daemon/server/sessions.h"
-#include "daemon/store/block_store.h"
 
 namespace prometheus {
 class Exposer;
@@ -37,23 +34,6 @@ struct ExporterOptions {
   std::string basic_auth_file;
 };
 
-// Where a scrape reads its figures. Pointers and callables must stay valid until the exporter
-// is destroyed; every one but `store` may be empty (null), its figures then read 0.
-struct MetricsSources {
-  const store::BlockStore* store = nullptr;
-  const server::SessionManager* sessions = nullptr;
-  std::function<uint32_t()> handoffs_outstanding;
-  std::function<decision::AdvisorStats()> decisions;
-  std::function<server::GpuLayerCounts()> gpu_layers;
-  std::vector<std::string> pool_dirs;                              // device i's directory
-  std::function<std::vector<server::DeviceHealth>()> nvme_health;  // reported NVMe health
-  io::BackendChoice io_backend;  // what start-up chose (tutti_io_backend_info)
-};
-
-// One snapshot of `sources` (store must be non-null); without `namespace_labels` its store stats
-// carry no namespaces (the totals are unchanged). Thread-safe as the sources are.
-MetricsSnapshot TakeSnapshot(const MetricsSources& sources, bool namespace_labels);
-
 // True unless `listen` is "" or "off".
 bool MetricsEnabled(const std::string& listen);
 
@@ -66,12 +46,14 @@ class MetricsExporter {
 
   // Serves /metrics on options.listen (HOST:PORT, as config::ValidateConfig admits; port 0: any
   // free port, see port()). Returns null (nothing served) when !MetricsEnabled(options.listen).
-  // INVALID_ARGUMENT for a null sources.store; FAILED_PRECONDITION, naming
+  // Each scrape collects `registry` (which must outlive the exporter); without namespace_labels
+  // the per-tenant families have no samples (the totals are unchanged).
+  // INVALID_ARGUMENT for a null registry; FAILED_PRECONDITION, naming
   // metrics.basic_auth_file, when that file cannot be read, is not one "user:password" line, or
   // is open to its group or others; UNAVAILABLE, naming the address and the server's reason,
   // when it cannot listen there (in use, no such address).
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const ExporterOptions& options,
-                                                                MetricsSources sources);
+                                                                const stats::Registry* registry);
   // Stops listening; returns once no scrape is running.
   ~MetricsExporter();
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/metrics/http_get.h"
+#include "daemon/store/store_stats.h"
 #include "daemon/store/store_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -44,13 +45,12 @@ class ExporterTest : public ::testing::Test {
     auto ns = store_->RegisterNamespace(store::testing::TestNamespace(kLayers, 1, "m"));
     ASSERT_TRUE(ns.ok()) << ns.status();
     ns_ = *ns;
+    store::RegisterStoreStats(store_.get(), &registry_);
+    RegisterStartupInfo({"/pool0"}, {}, &registry_);
   }
 
   absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(ExporterOptions options) {
-    MetricsSources src;
-    src.store = store_.get();
-    src.pool_dirs = {"/pool0"};
-    return MetricsExporter::Start(options, std::move(src));
+    return MetricsExporter::Start(options, &registry_);
   }
   absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen) {
     return Start(ExporterOptions{listen});
@@ -79,6 +79,7 @@ class ExporterTest : public ::testing::Test {
 
   ManualClock clock_;
   std::unique_ptr<store::BlockStore> store_;
+  stats::Registry registry_;  // the store's families and the pool's directory
   NamespaceId ns_ = 0;
 };
 

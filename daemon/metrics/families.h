@@ -1,41 +1,28 @@
-// The daemon's figures as Prometheus metric families (names tutti_*, each with HELP), built from
-// one snapshot of the existing stats at scrape time: nothing on the I/O path is counted twice.
-// docs/operations.md lists the names; daemon/metrics/families.cc is where each one comes from.
+// The daemon's figures as Prometheus metric families (names tutti_*, each with HELP): the stats
+// registry's families (common/stats.h), collected at scrape time, where each component registers
+// what it counts; nothing on the I/O path is counted twice. docs/metrics.md lists the names.
 #ifndef TUTTI_DAEMON_METRICS_FAMILIES_H_
 #define TUTTI_DAEMON_METRICS_FAMILIES_H_
 
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "daemon/datapath/bandwidth.h"
-#include "daemon/decision/advisor.h"
+#include "common/stats.h"
 #include "daemon/io/backend_choice.h"
-#include "daemon/server/admin_service.h"
-#include "daemon/server/device_health.h"
-#include "daemon/store/block_store.h"
 #include "prometheus/metric_family.h"
 
 namespace tutti::metrics {
 
-// Everything one scrape shows, copied out of the daemon's parts (MetricsSources, exporter.h).
-struct MetricsSnapshot {
-  store::StoreStats store;
-  datapath::TierBandwidth read_bandwidth[datapath::kNumTiers];  // by datapath::Tier
-  uint32_t sessions = 0;
-  uint32_t handoffs_outstanding = 0;
-  std::optional<decision::AdvisorStats> decisions;  // absent: no advisor
-  std::optional<server::GpuLayerCounts> gpu_layers;  // absent: host mode
-  std::vector<std::string> pool_dirs;                // device i: pool file i's directory
-  std::vector<server::DeviceHealth> nvme_health;     // as `tuttictl devices --report` sent it
-  io::BackendChoice io_backend;                      // the I/O backend start-up chose
-};
+// `families` as Prometheus families, in the same order: label names paired with each sample's
+// values (the serializer escapes them), a histogram's buckets as they are. Pure: safe from any
+// thread.
+std::vector<prometheus::MetricFamily> ToPrometheus(const std::vector<stats::Family>& families);
 
-// The families of `s`, always the same ones in the same order. A family labelled by namespace or
-// device has one sample per namespace or device (none when there are none); every other family
-// has its samples always. Label values are as given (the serializer escapes them). Pure: safe
-// from any thread.
-std::vector<prometheus::MetricFamily> BuildFamilies(const MetricsSnapshot& s);
+// The facts start-up chose, as info families (value 1): tutti_pool_device_info, one sample per
+// pool device (its index and `pool_dirs[i]`), and tutti_io_backend_info (the backend running,
+// the one configured, and the reason they differ: "" when they do not).
+void RegisterStartupInfo(std::vector<std::string> pool_dirs, io::BackendChoice io_backend,
+                         stats::Registry* registry);
 
 }  // namespace tutti::metrics
 

@@ -1,9 +1,19 @@
-// The families built from a fake snapshot: names, types, HELP, labels and values; and the text
-// page they make (prometheus-cpp's serializer), as a scrape shows it.
+// The daemon's families, registered by its components (common/stats.h) over fake figures: names,
+// types, HELP, labels and values; and the text page they make (prometheus-cpp's serializer), as a
+// scrape shows it.
 #include "daemon/metrics/families.h"
 
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "daemon/decision/advisor.h"
+#include "daemon/server/credentials.h"
+#include "daemon/server/device_health.h"
+#include "daemon/server/gpu_layer_stats.h"
+#include "daemon/server/sessions.h"
+#include "daemon/store/store_stats.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,6 +26,42 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 using ::testing::HasSubstr;
+
+// The figures of every component whose families /metrics shows, fixed.
+struct MetricsSnapshot {
+  store::StoreStats store;
+  datapath::TierBandwidth read_bandwidth[datapath::kNumTiers];  // by datapath::Tier
+  uint32_t sessions = 0;
+  uint32_t handoffs_outstanding = 0;
+  std::optional<decision::AdvisorStats> decisions;  // absent: no advisor
+  std::optional<server::GpuLayerCounts> gpu_layers;  // absent: host mode
+  std::vector<std::string> pool_dirs;                // device i: pool file i's directory
+  std::vector<server::DeviceHealth> nvme_health;     // as `tuttictl devices --report` sent it
+  io::BackendChoice io_backend;                      // the I/O backend start-up chose
+};
+
+// The families of `s`, registered as tuttid's main registers them.
+std::vector<MetricFamily> BuildFamilies(const MetricsSnapshot& s) {
+  stats::Registry r;
+  store::RegisterStoreStats([&s] { return s.store; },
+                            [&s] {
+                              store::TierBandwidths b;
+                              for (int t = 0; t < datapath::kNumTiers; ++t) {
+                                b[t] = s.read_bandwidth[t];
+                              }
+                              return b;
+                            },
+                            &r);
+  RegisterStartupInfo(s.pool_dirs, s.io_backend, &r);
+  server::RegisterSessionStats([&s] { return s.sessions; }, &r);
+  server::RegisterHandoffStats([&s] { return s.handoffs_outstanding; }, &r);
+  decision::RegisterAdvisorStats([&s] { return s.decisions.value_or(decision::AdvisorStats{}); },
+                                 &r);
+  server::RegisterGpuLayerStats(
+      [&s] { return s.gpu_layers.value_or(server::GpuLayerCounts{}); }, &r);
+  server::RegisterDeviceHealthStats([&s] { return s.nvme_health; }, &r);
+  return ToPrometheus(r.Collect());
+}
 
 MetricsSnapshot FakeSnapshot() {
   MetricsSnapshot s;

@@ -6,6 +6,7 @@
 #include "common/client_text.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "daemon/server/stats_fields.h"
 
 namespace tutti::server {
 
@@ -74,72 +75,14 @@ grpc::Status AdminService::Sessions(grpc::ServerContext*, const tutti::v1::Sessi
 }
 
 void AdminService::FillStats(tutti::v1::StatsResponse* resp) const {
+  if (info_.stats != nullptr) {
+    const std::vector<stats::Family> families = info_.stats->Collect();
+    SetNamedFields(families, resp);
+    AddMetricFamilies(families, resp->mutable_metrics());
+  }
+  // The namespaces' rows, with the sessions on each, and the admission policy's name.
   const store::StoreStats st = store_->Stats();
-  resp->set_capacity_bytes(st.slots_total * st.slot_bytes);
-  resp->set_used_bytes(st.slots_used * st.slot_bytes);
-  resp->set_slots_total(st.slots_total);
-  resp->set_slots_used(st.slots_used);
-  resp->set_lookups(st.lookups);
-  resp->set_lookup_hits(st.lookup_hits);
-  resp->set_lookup_misses(st.lookup_misses);
-  resp->set_blocks_retrieved(st.blocks_retrieved);
-  resp->set_blocks_stored(st.blocks_stored);
-  resp->set_bytes_read(st.bytes_read);
-  resp->set_bytes_written(st.bytes_written);
-  resp->set_evictions(st.evictions);
-  resp->set_verify_errors(st.verify_errors);
-  resp->set_io_errors(st.io_errors);
-  resp->set_store_rejected(st.store_rejected);
-  resp->set_store_failed(st.store_failed);
-  resp->set_dram_hits(st.dram_hits);
-  resp->set_sessions(sessions_->num_sessions());
-  resp->set_store_rejected_session_limit(st.store_rejected_owner_limit);
-  resp->set_partial_stores_expired(st.pending_expired);
-  resp->set_partial_stores_dropped(st.pending_dropped);
-  resp->set_store_staging_used_bytes(st.store_staging_used);
-  resp->set_store_staging_bytes(st.store_staging_bytes);
-  resp->set_checkpoint_failures(st.checkpoint_failures);
-  resp->set_durability_lost(st.durability_lost);
-  resp->set_write_backlog_bytes(st.write_backlog_bytes);
-  resp->set_write_backlog_blocks(st.write_backlog_blocks);
-  resp->set_write_backlog_age_ms(st.write_backlog_age_ms);
-  resp->set_store_rejected_backlog(st.store_rejected_backlog);
-  resp->set_blocks_admitted(st.blocks_admitted);
-  resp->set_blocks_declined(st.blocks_declined);
-  resp->set_read_lead_wait_seconds(st.read_lead_wait_seconds);
-  resp->set_read_lead_sink_seconds(st.read_lead_sink_seconds);
-  resp->set_read_lead_post_seconds(st.read_lead_post_seconds);
-  resp->set_read_layers(st.read_layers);
-  resp->set_read_calls(st.read_calls);
-  resp->set_read_call_seconds(st.read_call_seconds);
-  resp->set_write_batches(st.write_batches);
-  resp->set_write_prepare_seconds(st.write_prepare_seconds);
-  resp->set_write_io_seconds(st.write_io_seconds);
-  resp->set_write_commit_seconds(st.write_commit_seconds);
   resp->set_admission(st.admission);
-  resp->set_front_kept(st.front_kept);
-  resp->set_front_promoted(st.front_promoted);
-  resp->set_front_dropped(st.front_dropped);
-  resp->set_front_promotions_deferred(st.front_promotions_deferred);
-  resp->set_front_blocks(st.front_blocks);
-  if (info_.handoffs_outstanding) resp->set_handoffs_outstanding(info_.handoffs_outstanding());
-  if (info_.decision_stats) {
-    const decision::AdvisorStats d = info_.decision_stats();
-    resp->set_decisions(d.decisions);
-    resp->set_prediction_errors(d.prediction_errors);
-    resp->set_prediction_error_mean(d.prediction_error_mean);
-    resp->set_prediction_error_last(d.prediction_error_last);
-    resp->set_decision_corrections(d.corrections);
-    resp->set_decision_refused_loads(d.refused_loads);
-    resp->set_decision_explorations(d.explorations);
-  }
-  if (info_.gpu_layers) {
-    const GpuLayerCounts g = info_.gpu_layers();
-    resp->set_gpu_layers(g.layers);
-    resp->set_gpu_layers_copy_engine(g.by_copy_engine);
-    resp->set_gpu_gathers(g.gathers);
-    resp->set_gpu_gathers_copy_engine(g.gathers_by_copy_engine);
-  }
   const absl::flat_hash_map<NamespaceId, uint32_t> sessions = sessions_->SessionsPerNamespace();
   for (const store::NamespaceInfo& ns : st.namespaces) {
     tutti::v1::NamespaceStats* row = resp->add_namespaces();

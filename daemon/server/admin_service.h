@@ -15,36 +15,28 @@
 
 #include "absl/status/status.h"
 #include "common/clock.h"
-#include "daemon/decision/advisor.h"
+#include "common/stats.h"
 #include "daemon/io/backend_choice.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/device_health.h"
+#include "daemon/server/gpu_layer_stats.h"
 #include "daemon/server/sessions.h"
 #include "daemon/store/block_store.h"
 #include "tutti/v1/admin.grpc.pb.h"
 
 namespace tutti::server {
 
-// Layers the GPU copier placed and gathers it did, and those the copy engines moved alone.
-struct GpuLayerCounts {
-  uint64_t layers = 0;
-  uint64_t by_copy_engine = 0;
-  uint64_t gathers = 0;
-  uint64_t gathers_by_copy_engine = 0;
-};
-
-// Facts fixed at start-up that Status reports, and where Stats finds the GPU's counts.
+// Facts fixed at start-up that Status reports, and where Stats finds its figures.
 struct DaemonInfo {
   std::string version;
   std::string io_backend;            // e.g. "uring"
   std::string device_mode = "host";  // "host" or "cuda"
   std::vector<std::string> pool_dirs;
   std::string notes;  // fallbacks taken at start, in words
-  // cuda mode: the layer copier's counts (gpu/layer_copier.h), read at each Stats; empty in host
-  // mode.
-  std::function<GpuLayerCounts()> gpu_layers;
-  std::function<uint32_t()> handoffs_outstanding;  // CredentialTable::outstanding; may be empty
-  std::function<decision::AdvisorStats()> decision_stats;  // Advisor::Stats; may be empty
+  // The daemon's stats registry (common/stats.h), collected at each Stats: its named fields and
+  // its list of every family (stats_fields.h). Null: Stats reports the namespaces only. Must
+  // outlive the service.
+  const stats::Registry* stats = nullptr;
   uint64_t gpu_memory_bytes = 0;  // GPU memory the set-up took (daemon/gpu_setup.h); 0 in host mode
   std::string config_text;  // the effective configuration, as logged at start (Config's answer)
   // Where ReportDevices puts what it is told (may be null: ReportDevices is then UNIMPLEMENTED).

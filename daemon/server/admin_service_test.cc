@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "common/log.h"
 #include "daemon/pool/layout.h"
 #include "daemon/server/service_test_env.h"
+#include "daemon/server/stats_fields.h"
 #include "gmock/gmock.h"
 #include "grpcpp/completion_queue.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -107,6 +109,47 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   EXPECT_EQ(stats.namespaces(0).lookup_misses(), stats.lookup_misses());
   EXPECT_EQ(stats.namespaces(0).namespace_id(), ss.sessions(0).namespace_id());
   EXPECT_EQ(stats.gpu_layers(), 0u);  // host mode
+}
+
+// Stats reads the stats registry: every field a registered family names is a figure field of
+// StatsResponse (or of StatusResponse), and every family is listed with its samples.
+TEST_F(AdminServiceTest, StatsCarriesTheRegistrysNamedFieldsAndEveryFamily) {
+  ShmEngine engine;
+  const uint64_t session = env_.Attach(engine);
+  StoreAndPin(session, 50, 3, 2);
+  const std::vector<stats::Family> families = env_.stats().Collect();
+  std::vector<std::string> unknown =
+      UnknownFields(families, *tutti::v1::StatsResponse::descriptor());
+  std::vector<std::string> not_status =
+      UnknownFields(families, *tutti::v1::StatusResponse::descriptor());
+  unknown.erase(std::remove_if(unknown.begin(), unknown.end(),
+                               [&](const std::string& f) {  // Status-only fields are fine
+                                 return std::find(not_status.begin(), not_status.end(), f) ==
+                                        not_status.end();
+                               }),
+                unknown.end());
+  EXPECT_THAT(unknown, ::testing::IsEmpty());
+
+  grpc::ClientContext ctx;
+  tutti::v1::StatsResponse stats;
+  ASSERT_TRUE(env_.admin().Stats(&ctx, {}, &stats).ok());
+  ASSERT_EQ(stats.metrics_size(), static_cast<int>(families.size()));
+  for (int i = 0; i < stats.metrics_size(); ++i) {
+    EXPECT_EQ(stats.metrics(i).name(), families[i].spec.name);
+    EXPECT_FALSE(stats.metrics(i).help().empty());
+  }
+  auto value = [&stats](const std::string& name) {
+    for (const tutti::v1::MetricFamily& f : stats.metrics()) {
+      if (f.name() == name && f.samples_size() > 0) return f.samples(0).value();
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(value("tutti_stored_blocks_total"), stats.blocks_stored());
+  EXPECT_EQ(value("tutti_stored_blocks_total"), 3);
+  EXPECT_EQ(value("tutti_sessions"), 1);
+  EXPECT_EQ(value("tutti_pool_capacity_bytes"), stats.capacity_bytes());
+  EXPECT_EQ(stats.blocks_retrieved(), 0u);
+  EXPECT_EQ(stats.write_backlog_age_ms(), 0u);
 }
 
 TEST(AdminServiceGpuTest, StatsReadsTheCopierCountsAtEachCall) {

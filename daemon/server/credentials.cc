@@ -73,4 +73,10 @@ uint32_t CredentialTable::outstanding() const {
   return static_cast<uint32_t>(entries_.size());
 }
 
+void RegisterHandoffStats(std::function<uint32_t()> outstanding, stats::Registry* registry) {
+  registry->AddGroup<uint32_t>(std::move(outstanding))
+      .Gauge("tutti_handoffs_outstanding", "Credentials handed out and not yet attached.",
+             [](uint32_t n) { return n; }, "handoffs_outstanding");
+}
+
 }  // namespace tutti::server

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/stats.h"
 #include "common/unique_fd.h"
 
 namespace tutti::server {
@@ -73,6 +75,10 @@ class CredentialTable {
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, uint32_t> per_uid_ ABSL_GUARDED_BY(mu_);
 };
+
+// The handoff's figures in the stats registry (common/stats.h): tutti_handoffs_outstanding, read
+// from `outstanding` (CredentialTable::outstanding) at each collection.
+void RegisterHandoffStats(std::function<uint32_t()> outstanding, stats::Registry* registry);
 
 }  // namespace tutti::server
 

@@ -44,4 +44,33 @@ std::vector<DeviceHealth> DeviceHealthBoard::Snapshot() const {
   return out;
 }
 
+void RegisterDeviceHealthStats(std::function<std::vector<DeviceHealth>()> devices,
+                               stats::Registry* registry) {
+  struct Field {
+    const char* name;
+    const char* help;
+    double (*value)(const DeviceHealth&);
+  };
+  static const Field kFields[] = {
+      {"tutti_nvme_critical_warning", "The SMART critical-warning bit field of a pool device "
+       "(0: none), as last reported by tuttictl devices --report.",
+       [](const DeviceHealth& d) { return double(d.critical_warning); }},
+      {"tutti_nvme_temperature_celsius", "Composite temperature of a pool device.",
+       [](const DeviceHealth& d) { return double(d.temperature_c); }},
+      {"tutti_nvme_available_spare_ratio", "Available spare capacity of a pool device (0..1).",
+       [](const DeviceHealth& d) { return d.available_spare_pct / 100.0; }},
+      {"tutti_nvme_endurance_used_ratio", "Share of its rated endurance a pool device has used "
+       "(may pass 1).", [](const DeviceHealth& d) { return d.percentage_used / 100.0; }},
+      {"tutti_nvme_media_errors", "Media and data integrity errors a pool device has counted.",
+       [](const DeviceHealth& d) { return double(d.media_errors); }},
+  };
+  auto& g = registry->AddGroup<std::vector<DeviceHealth>>(std::move(devices));
+  for (const Field& f : kFields) {
+    g.Add({f.name, f.help, stats::Type::kGauge, {"device", "serial", "model"}},
+          [value = f.value](const std::vector<DeviceHealth>& ds, stats::Samples* out) {
+            for (const DeviceHealth& d : ds) out->Add({d.device, d.serial, d.model}, value(d));
+          });
+  }
+}
+
 }  // namespace tutti::server

@@ -12,11 +12,13 @@
 #define TUTTI_DAEMON_SERVER_DEVICE_HEALTH_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/stats.h"
 
 namespace tutti::server {
 
@@ -44,6 +46,12 @@ class DeviceHealthBoard {
   mutable absl::Mutex mu_;
   absl::btree_map<std::string, DeviceHealth> devices_ ABSL_GUARDED_BY(mu_);
 };
+
+// NVMe health in the stats registry (common/stats.h): the tutti_nvme_* gauges, one sample per
+// device of `devices` (DeviceHealthBoard::Snapshot, as `tuttictl devices --report` sent it); no
+// samples until a report came.
+void RegisterDeviceHealthStats(std::function<std::vector<DeviceHealth>()> devices,
+                               stats::Registry* registry);
 
 }  // namespace tutti::server
 

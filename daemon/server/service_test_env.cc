@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/handoff.h"
 #include "daemon/pool/layout.h"
+#include "daemon/store/store_stats.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
@@ -149,9 +150,15 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
                      options.namespace_sharing},
       raw_store, sessions_.get(), &credentials_,
       options.opener ? options.opener : HostMemoryOpener(), &gate_, nullptr, advisor_.get());
-  DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, "", options.gpu_layers};
+  store::RegisterStoreStats(raw_store, &stats_);
+  RegisterSessionStats([s = sessions_.get()] { return s->num_sessions(); }, &stats_);
+  RegisterHandoffStats([c = &credentials_] { return c->outstanding(); }, &stats_);
+  decision::RegisterAdvisorStats([a = advisor_.get()] { return a->Stats(); }, &stats_);
+  RegisterGpuLayerStats(options.gpu_layers, &stats_);
+  RegisterDeviceHealthStats([h = &device_health_] { return h->Snapshot(); }, &stats_);
+  DaemonInfo info{"test", "memory", "host", {state_dir_ + "/pool"}, ""};
+  info.stats = &stats_;
   info.gpu_memory_bytes = options.gpu_memory_bytes;
-  info.decision_stats = [a = advisor_.get()] { return a->Stats(); };
   info.config_text = "pool {\n  dirs: \"test\"\n}\n";
   info.device_health = &device_health_;
   admin_service_ = std::make_unique<AdminService>(std::move(info), raw_store, sessions_.get(),

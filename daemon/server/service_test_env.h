@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/stats.h"
 #include "common/types.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/io/memory_backend.h"
@@ -74,7 +75,7 @@ struct EnvOptions {
   uint64_t retrieve_staging_bytes = 4ull << 20;  // StoreOptions's
   uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
   std::string admission = "all";         // StoreOptions's
-  std::function<GpuLayerCounts()> gpu_layers;  // DaemonInfo::gpu_layers
+  std::function<GpuLayerCounts()> gpu_layers;  // RegisterGpuLayerStats' (empty: host mode)
   uint64_t gpu_memory_bytes = 0;               // DaemonInfo::gpu_memory_bytes
   bool decision = true;  // the advisor enabled (datapath.decision "auto") or off
   // The store's read bandwidth priors (no test read is large enough to be measured).
@@ -115,6 +116,7 @@ class ServiceEnv {
     req->set_session_token(Token(session));
   }
   CredentialTable& credentials() { return credentials_; }
+  const stats::Registry& stats() const { return stats_; }
   DeviceHealthBoard& device_health() { return device_health_; }
 
  private:
@@ -130,6 +132,7 @@ class ServiceEnv {
   std::unique_ptr<store::BlockStore> store_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<decision::Advisor> advisor_;
+  stats::Registry stats_;  // as tuttid's main fills it: the store's, sessions', ... figures
   std::unique_ptr<KvCacheService> kv_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<Server> server_;

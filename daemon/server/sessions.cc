@@ -423,4 +423,10 @@ Reaper::~Reaper() {
   thread_.join();
 }
 
+void RegisterSessionStats(std::function<uint32_t()> sessions, stats::Registry* registry) {
+  registry->AddGroup<uint32_t>(std::move(sessions))
+      .Gauge("tutti_sessions", "Engine sessions attached.", [](uint32_t n) { return n; },
+             "sessions");
+}
+
 }  // namespace tutti::server

@@ -60,6 +60,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
+#include "common/stats.h"
 #include "common/types.h"
 #include "daemon/server/engine_io.h"
 
@@ -289,6 +290,10 @@ class Reaper {
   absl::Notification stop_;
   std::thread thread_;
 };
+
+// The sessions' figures in the stats registry (common/stats.h): tutti_sessions, read from
+// `sessions` (SessionManager::num_sessions) at each collection.
+void RegisterSessionStats(std::function<uint32_t()> sessions, stats::Registry* registry);
 
 }  // namespace tutti::server
 

@@ -7,12 +7,13 @@ samples, so a renamed or removed family fails here. Label names and values are c
 the samples of that scrape. Some families have no samples in such a daemon (the tutti_nvme_* ones
 until `tuttictl devices --report` sends a report, which needs root and an NVMe device; the
 tutti_namespace_* ones without namespaces): for those, label names are checked against the label
-keys written in daemon/metrics/families.cc instead, and label values not at all. Where promtool
-is installed (Debian's prometheus package) it parses every query as well.
+names of every family of the daemon's stats registry (common/stats.h), as the same tuttid lists
+them (`tuttictl stats --json`, "metrics", samples or not), and label values not at all. Where
+promtool is installed (Debian's prometheus package) it parses every query as well.
 
     bazel test //deploy:grafana_dashboard_test
     python3 deploy/grafana/dashboard_test.py     # from the repository root, after
-                                                 # bazel build //daemon:tuttid
+                                                 # bazel build //daemon:tuttid //client:tuttictl
 """
 
 import json
@@ -60,6 +61,15 @@ def find_tuttid():
     return repo_file("bazel-bin/daemon/tuttid")
 
 
+def find_tuttictl():
+    if os.environ.get("TUTTICTL_BIN"):
+        return os.environ["TUTTICTL_BIN"]
+    path = repo_file("client/tuttictl")
+    if os.access(path, os.X_OK):
+        return path
+    return repo_file("bazel-bin/client/tuttictl")
+
+
 # ---------------------------------------------------------------------------- the served families
 
 class Served:
@@ -69,7 +79,7 @@ class Served:
     def __init__(self, page, source_labels):
         self.types = {}   # family -> "counter", "gauge", "histogram", ...
         self.labels = {}  # family -> {label name -> set of values}, families with samples only
-        # Label keys written in families.cc: the fallback for families without samples.
+        # The registry's label names: the fallback for families without samples.
         self.source_labels = set(source_labels)
         for line in page.splitlines():
             if line.startswith("# TYPE "):
@@ -103,17 +113,17 @@ class Served:
         return None, "%s is not served by tuttid" % name
 
     def label_names(self, family):
-        """The label names `family` may carry; families.cc's label keys for one without
+        """The label names `family` may carry; the registry's label names for one without
         samples."""
         if family in self.labels:
             return set(self.labels[family])
         return set(self.source_labels)
 
 
-def source_label_keys(source):
-    """The label keys in families.cc: the first string of each {"key", value} pair."""
-    return {k for k in re.findall(r'\{\s*"([a-z_][a-z0-9_]*)"\s*,', source)
-            if not k.startswith("tutti_")}
+def registry_label_names(stats):
+    """The label names of every family in `tuttictl stats --json`'s "metrics" (the stats
+    registry's families, those without samples included)."""
+    return {name for family in stats.get("metrics", []) for name in family["label_names"]}
 
 
 # ---------------------------------------------------------------------------- the dashboard
@@ -253,7 +263,7 @@ def metric_problems(dashboard, served):
 
 def scrape_tuttid(timeout=60.0):
     """Starts tuttid (tutti.testing's, host mode) with metrics on a free port, returns its
-    /metrics page, and stops it."""
+    /metrics page and its `tuttictl stats --json` (parsed), and stops it."""
     from tutti.testing import Tuttid
     with Tuttid(binary=find_tuttid(), capacity=64 << 20, object_bytes=4096, max_objects=8,
                 dram=8 << 20, store_staging=16 << 20, retrieve_staging=16 << 20,
@@ -268,7 +278,12 @@ def scrape_tuttid(timeout=60.0):
                                    % (timeout, daemon.log_tail()))
             time.sleep(0.05)
         with urllib.request.urlopen(m.group(1), timeout=30) as r:
-            return r.read().decode()
+            page = r.read().decode()
+        ctl = subprocess.run([find_tuttictl(), "stats", "--json", "--socket", daemon.socket],
+                             capture_output=True, text=True, timeout=30)
+        if ctl.returncode != 0:
+            raise RuntimeError("tuttictl stats --json failed: %s" % ctl.stderr)
+        return page, json.loads(ctl.stdout)
 
 
 # ---------------------------------------------------------------------------- the tests
@@ -278,9 +293,8 @@ class DashboardTest(unittest.TestCase):
     def setUpClass(cls):
         with open(repo_file("deploy/grafana/tutti.json")) as f:
             cls.dashboard = json.load(f)
-        with open(repo_file("daemon/metrics/families.cc")) as f:
-            source = f.read()
-        cls.served = Served(scrape_tuttid(), source_label_keys(source))
+        page, stats = scrape_tuttid()
+        cls.served = Served(page, registry_label_names(stats))
 
     def test_is_a_dashboard(self):
         self.assertEqual(shape_problems(self.dashboard), [])
