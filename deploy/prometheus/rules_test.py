@@ -240,10 +240,8 @@ class ServedTest(unittest.TestCase):
             cls.rules_text = f.read()
         with open(_repo_file(TESTS)) as f:
             cls.tests_text = f.read()
-        with open(_repo_file("daemon/metrics/families.cc")) as f:
-            source = f.read()
-        cls.served = served_check.Served(served_check.scrape_tuttid(),
-                                         served_check.source_label_keys(source))
+        page, stats = served_check.scrape_tuttid()
+        cls.served = served_check.Served(page, served_check.registry_label_names(stats))
 
     def test_the_scrape_is_tuttids(self):
         self.assertIn("tutti_errors_total", self.served.types)
