@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<BounceSlots>> BounceSlots::Create(absl::Span<uint
 
 BounceSlots::BounceSlots(absl::Span<uint8_t> region, uint32_t files, uint32_t depth,
                          uint32_t slot_bytes)
-    : slot_bytes_(slot_bytes), files_(files) {
+    : slot_bytes_(slot_bytes), num_files_(files), files_(files) {
   uint8_t* next = region.data();
   for (File& f : files_) {
     for (uint32_t i = 0; i < depth; ++i, next += slot_bytes) f.free.push_back(next);

@@ -43,7 +43,7 @@ class BounceSlots {
   }
 
   uint32_t slot_bytes() const { return slot_bytes_; }
-  uint32_t files() const { return static_cast<uint32_t>(files_.size()); }
+  uint32_t files() const { return num_files_; }
 
   // Runs `start` with a free slot of `file` (< files()): inside this call if one is free, else
   // from the Release that frees one, after the batches of `file` asked before it.
@@ -63,6 +63,7 @@ class BounceSlots {
   BounceSlots(absl::Span<uint8_t> region, uint32_t files, uint32_t depth, uint32_t slot_bytes);
 
   const uint32_t slot_bytes_;
+  const uint32_t num_files_;
   mutable absl::Mutex mu_;
   std::vector<File> files_ ABSL_GUARDED_BY(mu_);
   uint32_t held_ ABSL_GUARDED_BY(mu_) = 0;

@@ -339,8 +339,9 @@ TEST_F(BouncedReaderTest, ReadsPassThroughOneSlotPerFileAndServeFromTheirPlace) 
   for (const auto& [object, times] : seen.served) EXPECT_EQ(times, 1);
   // Every read went into a bounce slot, never into the layer staging.
   for (const io::IoRequest& r : fake_->posted) {
-    EXPECT_GE(r.buf, bounce_memory_->data);
-    EXPECT_LE(r.buf + r.len, bounce_memory_->data + bounce_memory_->size);
+    const uint8_t* buf = static_cast<const uint8_t*>(r.buf);
+    EXPECT_GE(buf, bounce_memory_->data);
+    EXPECT_LE(buf + r.len, bounce_memory_->data + bounce_memory_->size);
   }
   EXPECT_LE(bounce_->most_held(), 2u);
   EXPECT_EQ(bounce_->held(), 0u);
