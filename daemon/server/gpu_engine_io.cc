@@ -24,7 +24,7 @@ absl::Status Closed() { return absl::CancelledError("the session was closed"); }
 // The newer of two tickets, wrap-around safe (as WaitLayer compares).
 uint32_t Newer(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0 ? a : b; }
 
-class GpuEngineIo final : public EngineIo {
+class GpuEngineIo final : public engine::EngineIo {
  public:
   GpuEngineIo(std::unique_ptr<gpu::CudaIpcMemory> memory, std::unique_ptr<gpu::ReadyWords> words,
               uint32_t num_layers, GpuIoContext context)
@@ -141,9 +141,9 @@ absl::StatusOr<bool> AllCudaIpc(const tutti::v1::AttachRequest& req) {
   return cuda > 0;
 }
 
-absl::StatusOr<std::unique_ptr<EngineIo>> OpenGpu(const tutti::v1::AttachRequest& req,
-                                                  const store::NamespaceInfo& ns,
-                                                  GpuIoContext context) {
+absl::StatusOr<std::unique_ptr<engine::EngineIo>> OpenGpu(const tutti::v1::AttachRequest& req,
+                                                          const store::NamespaceInfo& ns,
+                                                          GpuIoContext context) {
   const uint32_t num_layers = ns.num_objects / ns.parts;
   if (req.placements_size() != static_cast<int>(ns.num_objects)) {
     return absl::InvalidArgumentError(absl::StrCat("placements: ", req.placements_size(),
@@ -178,7 +178,7 @@ absl::StatusOr<std::unique_ptr<EngineIo>> OpenGpu(const tutti::v1::AttachRequest
     }
     words = std::move(*opened);
   }
-  return std::unique_ptr<EngineIo>(
+  return std::unique_ptr<engine::EngineIo>(
       new GpuEngineIo(std::move(memory), std::move(words), num_layers, context));
 }
 
@@ -188,7 +188,7 @@ MemoryOpener GpuMemoryOpener(GpuIoContext context) {
   MemoryOpener host = HostMemoryOpener();
   return
       [context, host](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
-                      Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+                      Credential& credential) -> absl::StatusOr<std::unique_ptr<engine::EngineIo>> {
         ASSIGN_OR_RETURN(const bool cuda, AllCudaIpc(req));
         if (!cuda) return host(req, ns, credential);
         return OpenGpu(req, ns, context);

@@ -41,9 +41,9 @@ struct DeviceLog {
   }
 };
 
-class FakeDeviceIo final : public EngineIo {
+class FakeDeviceIo final : public engine::EngineIo {
  public:
-  FakeDeviceIo(std::unique_ptr<EngineIo> host, DeviceLog* log)
+  FakeDeviceIo(std::unique_ptr<engine::EngineIo> host, DeviceLog* log)
       : host_(std::move(host)), log_(log) {}
   std::string_view kind() const override { return "fake_cuda_ipc"; }
   uint32_t num_blocks() const override { return host_->num_blocks(); }
@@ -90,7 +90,7 @@ class FakeDeviceIo final : public EngineIo {
   void Close() override { host_->Close(); }
 
  private:
-  std::unique_ptr<EngineIo> host_;
+  std::unique_ptr<engine::EngineIo> host_;
   DeviceLog* const log_;
 };
 
@@ -110,10 +110,11 @@ class GpuSessionTest : public ::testing::Test {
     o.dram_bytes = dram_bytes;
     o.retrieve_staging_bytes = retrieve_staging_bytes;
     MemoryOpener host = HostMemoryOpener();
-    o.opener = [host, log](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
-                           Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
-      ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, host(req, ns, credential));
-      return std::unique_ptr<EngineIo>(new FakeDeviceIo(std::move(io), log));
+    o.opener = [host, log](
+                   const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
+                   Credential& credential) -> absl::StatusOr<std::unique_ptr<engine::EngineIo>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineIo> io, host(req, ns, credential));
+      return std::unique_ptr<engine::EngineIo>(new FakeDeviceIo(std::move(io), log));
     };
     return o;
   }
