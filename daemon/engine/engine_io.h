@@ -3,7 +3,7 @@
 //
 // An EngineIo is made at Attach from the request's regions (the server's MemoryOpener,
 // daemon/server/kvcache_service.h, translates the request): host shared memory (HostEngineIo
-// below) or CUDA IPC device memory with optional ready words (daemon/server/gpu_engine_io.h).
+// below) or CUDA IPC device memory with optional ready words (daemon/engine/cuda_engine_io.h).
 // The session owns it; requests in flight share it. Nothing here knows of gRPC or the protocol.
 //
 // Ready words (GPU mode): word l < num_layers is written with a Retrieve's ticket once layer l is
