@@ -49,8 +49,8 @@ absl::StatusOr<std::optional<ChosenGpu>> ChooseDevice(const v1::Config& config,
 class GpuRuntime {
  public:
   virtual ~GpuRuntime() = default;
-  // Opens engines' CUDA IPC memory on this GPU (daemon/server/gpu_engine_io.h). The runtime must
-  // outlive every session opened through it.
+  // Opens engines' CUDA IPC memory on this GPU (daemon/server/gpu_memory_opener.h over
+  // daemon/engine/cuda_engine_io.h). The runtime must outlive every session opened through it.
   virtual server::MemoryOpener MemoryOpener() = 0;
   // The layer copier's counts so far.
   virtual server::GpuLayerCounts LayerCounts() const = 0;

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "daemon/gpu_setup.h"
-#include "daemon/server/gpu_engine_io.h"
+#include "daemon/server/gpu_memory_opener.h"
 #include "gpu/cuda_status.h"
 #include "gpu/gpu_verifier.h"
 #include "gpu/io_stream.h"

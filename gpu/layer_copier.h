@@ -158,7 +158,7 @@ class LayerCopier {
   // if `words` is not null, enqueues words->Signal(word, ticket), then waits as `wait` says.
   // INVALID_ARGUMENT for an op outside `memory`'s layout (nothing is enqueued) or an object
   // larger than a slot; INTERNAL for CUDA errors. On error the word is not written: the caller
-  // decides (the server still writes it, see daemon/server/engine_io.h). An error returns only
+  // decides (the server still writes it, see daemon/engine/engine_io.h). An error returns only
   // once both streams are past every copy enqueued so far, so the sources of this layer and of
   // any earlier kPrevious layer may be reused at once (whatever `wait` says).
   [[nodiscard]] absl::Status ScatterLayer(CudaIpcMemory* memory,

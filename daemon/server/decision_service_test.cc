@@ -215,8 +215,9 @@ TEST_F(DecisionServiceTest, AnotherUidsReportLeavesTheAdviceUnchanged) {
 
   // A session of another user in the same namespace (as where namespaces are shared).
   const SessionSummary owner = env_.sessions().List()[0];
-  auto other = env_.sessions().Open("other", owner.ns, owner.model_id, MakeNoMemoryEngineIo(), 0,
-                                    owner.uid + 1, "", /*memoryless=*/true);
+  auto other =
+      env_.sessions().Open("other", owner.ns, owner.model_id, engine::MakeNoMemoryEngineIo(), 0,
+                           owner.uid + 1, "", /*memoryless=*/true);
   ASSERT_TRUE(other.ok()) << other.status();
   tutti::v1::AttachResponse as_attached;  // the other engine calls with its own token
   as_attached.set_session_id((*other)->id);

@@ -1,9 +1,8 @@
 // GPU-mode session rules in the engine API, without a GPU: an EngineIo that says it is device
-// memory with ready words (copying through host shared memory underneath) records every word the
-// service writes. Checks that an admitted Retrieve writes each of its words exactly once whatever
-// happens, that a refused one writes none, one Retrieve and one Store in flight per session, and
-// the Store's captured word.
-#include <atomic>
+// memory with ready words (engine::MakeFakeEngineIo, copying through host shared memory
+// underneath) records every word the service writes. Checks that an admitted Retrieve writes each
+// of its words exactly once whatever happens, that a refused one writes none, one Retrieve and one
+// Store in flight per session, and the Store's captured word.
 #include <string>
 #include <thread>
 #include <utility>
@@ -12,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
+#include "daemon/engine/fake_engine_io.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/service_test_env.h"
 #include "gtest/gtest.h"
@@ -19,80 +19,7 @@
 namespace tutti::server::testing {
 namespace {
 
-using Signals = std::vector<std::pair<uint32_t, uint32_t>>;  // (word, ticket)
-
-// Everything the fake devices of one test wrote, and a gate to hold a Retrieve mid-layer.
-struct DeviceLog {
-  absl::Mutex mu;
-  Signals signals;
-  // When set, the next ScatterLayer takes it (once), notifies `inside` and waits on it.
-  std::atomic<absl::Notification*> hold{nullptr};
-  std::vector<uint32_t> enqueued;  // layers that went through EnqueueLayer
-  int drains = 0;
-  int fail_layer = -1;  // ScatterLayer of this layer fails (INTERNAL), nothing copied or signaled
-  absl::Notification* inside = nullptr;
-  void Add(uint32_t word, uint32_t ticket) {
-    absl::MutexLock lock(&mu);
-    signals.emplace_back(word, ticket);
-  }
-  Signals Take() {
-    absl::MutexLock lock(&mu);
-    return std::exchange(signals, {});
-  }
-};
-
-class FakeDeviceIo final : public EngineIo {
- public:
-  FakeDeviceIo(std::unique_ptr<EngineIo> host, DeviceLog* log)
-      : host_(std::move(host)), log_(log) {}
-  std::string_view kind() const override { return "fake_cuda_ipc"; }
-  uint32_t num_blocks() const override { return host_->num_blocks(); }
-  bool is_device() const override { return true; }
-  bool has_ready_words() const override { return true; }
-  absl::Status ScatterLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops,
-                            uint32_t ticket) override {
-    if (absl::Notification* hold = log_->hold.exchange(nullptr)) {
-      log_->inside->Notify();
-      hold->WaitForNotification();
-    }
-    {
-      absl::MutexLock lock(&log_->mu);
-      if (static_cast<int>(layer) == log_->fail_layer) {
-        return absl::InternalError("injected device error");
-      }
-    }
-    RETURN_IF_ERROR(host_->ScatterLayer(layer, ops, ticket));
-    log_->Add(layer, ticket);
-    return absl::OkStatus();
-  }
-  absl::Status EnqueueLayer(uint32_t layer, absl::Span<const engine::CopyOp> ops,
-                            uint32_t ticket) override {
-    {
-      absl::MutexLock lock(&log_->mu);
-      log_->enqueued.push_back(layer);
-    }
-    return ScatterLayer(layer, ops, ticket);
-  }
-  absl::Status Drain() override {
-    absl::MutexLock lock(&log_->mu);
-    ++log_->drains;
-    return absl::OkStatus();
-  }
-  absl::Status SignalLayers(uint32_t begin, uint32_t end, uint32_t ticket) override {
-    for (uint32_t l = begin; l < end; ++l) log_->Add(l, ticket);
-    return absl::OkStatus();
-  }
-  absl::Status Gather(absl::Span<const engine::CopyOp> ops) override { return host_->Gather(ops); }
-  absl::Status SignalCaptured(uint32_t ticket) override {
-    log_->Add(kLayers, ticket);
-    return absl::OkStatus();
-  }
-  void Close() override { host_->Close(); }
-
- private:
-  std::unique_ptr<EngineIo> host_;
-  DeviceLog* const log_;
-};
+using Signals = engine::FakeEngineLog::Signals;  // (word, ticket)
 
 class GpuSessionTest : public ::testing::Test {
  protected:
@@ -105,15 +32,22 @@ class GpuSessionTest : public ::testing::Test {
     EXPECT_EQ(log_.Take(), (Signals{{kLayers, 3}}));  // captured
   }
 
-  static EnvOptions Options(DeviceLog* log, uint64_t dram_bytes, uint64_t retrieve_staging_bytes) {
+  static EnvOptions Options(engine::FakeEngineLog* log, uint64_t dram_bytes,
+                            uint64_t retrieve_staging_bytes) {
     EnvOptions o;
     o.dram_bytes = dram_bytes;
     o.retrieve_staging_bytes = retrieve_staging_bytes;
     MemoryOpener host = HostMemoryOpener();
-    o.opener = [host, log](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
-                           Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
-      ASSIGN_OR_RETURN(std::unique_ptr<EngineIo> io, host(req, ns, credential));
-      return std::unique_ptr<EngineIo>(new FakeDeviceIo(std::move(io), log));
+    o.opener = [host, log](
+                   const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
+                   Credential& credential) -> absl::StatusOr<std::unique_ptr<engine::EngineIo>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<engine::EngineIo> io, host(req, ns, credential));
+      engine::FakeEngineOptions device;
+      device.kind = "fake_cuda_ipc";
+      device.is_device = true;
+      device.has_ready_words = true;
+      device.num_layers = kLayers;
+      return engine::MakeFakeEngineIo(device, std::move(io), log);
     };
     return o;
   }
@@ -166,7 +100,7 @@ class GpuSessionTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  DeviceLog log_;
+  engine::FakeEngineLog log_;
   ShmEngine engine_;
   ServiceEnv env_;
   uint64_t session_ = 0;

@@ -64,7 +64,7 @@ std::vector<engine::ObjectPlacement> Placements(const tutti::v1::AttachRequest& 
 // once the session is closed or the call cancelled.
 class RetrieveEngineSink final : public datapath::EngineSink {
  public:
-  RetrieveEngineSink(EngineIo* io, uint32_t ticket, const SessionState& session,
+  RetrieveEngineSink(engine::EngineIo* io, uint32_t ticket, const SessionState& session,
                      grpc::ServerContext* ctx)
       : io_(io), ticket_(ticket), session_(session), ctx_(ctx) {}
   bool can_overlap() const override { return io_->is_device(); }
@@ -87,7 +87,7 @@ class RetrieveEngineSink final : public datapath::EngineSink {
     return absl::OkStatus();
   }
 
-  EngineIo* const io_;
+  engine::EngineIo* const io_;
   const uint32_t ticket_;
   const SessionState& session_;
   grpc::ServerContext* const ctx_;
@@ -97,7 +97,7 @@ class RetrieveEngineSink final : public datapath::EngineSink {
 
 MemoryOpener HostMemoryOpener() {
   return [](const tutti::v1::AttachRequest& req, const store::NamespaceInfo& ns,
-            Credential& credential) -> absl::StatusOr<std::unique_ptr<EngineIo>> {
+            Credential& credential) -> absl::StatusOr<std::unique_ptr<engine::EngineIo>> {
     if (req.has_ready_words()) {
       return absl::InvalidArgumentError(
           "ready_words: only with cuda_ipc regions (GPU mode); host-mode engines learn of "
@@ -129,7 +129,7 @@ MemoryOpener HostMemoryOpener() {
     ASSIGN_OR_RETURN(auto memory,
                      engine::HostMemory::Create(std::move(regions), Placements(req),
                                                 req.num_blocks(), ns.num_objects, ns.object_len));
-    return MakeHostEngineIo(std::move(memory));
+    return engine::MakeHostEngineIo(std::move(memory));
   };
 }
 
@@ -256,7 +256,7 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   if (!req.has_namespace_()) return absl::InvalidArgumentError("namespace: missing");
   // Nothing is journaled before the namespace and the memory have proved good.
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->CheckNamespace(req.namespace_()));
-  std::unique_ptr<EngineIo> io = MakeNoMemoryEngineIo();
+  std::unique_ptr<engine::EngineIo> io = engine::MakeNoMemoryEngineIo();
   if (!memoryless) {
     ASSIGN_OR_RETURN(io, opener_(req, info, credential));
   }
@@ -369,7 +369,7 @@ absl::Status KvCacheService::LookupAs(uint32_t peer_uid, const tutti::v1::Lookup
 absl::Status KvCacheService::RetrieveLayers(const tutti::v1::RetrieveRequest& req,
                                             const SessionState& session, grpc::ServerContext* ctx,
                                             const Emit& emit, uint32_t* next, uint32_t* end) {
-  EngineIo* io = session.io.get();
+  engine::EngineIo* io = session.io.get();
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session.ns));
   *end = NumLayers(info);  // all words, until the range is known to be good
   ASSIGN_OR_RETURN(BlockBatch batch,
@@ -405,7 +405,7 @@ absl::Status KvCacheService::DoRetrieve(const tutti::v1::RetrieveRequest& req,
   ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
   const SessionRef& session = call.session();
   RETURN_IF_ERROR(CheckHasMemory(*session, "Retrieve"));
-  EngineIo* io = session->io.get();
+  engine::EngineIo* io = session->io.get();
   if (io->is_device() && session->retrieving.exchange(true)) {
     return absl::FailedPreconditionError(
         absl::StrCat("session ", session->id,
@@ -441,7 +441,7 @@ grpc::Status KvCacheService::Retrieve(grpc::ServerContext* ctx,
 absl::Status KvCacheService::StoreBlocks(const tutti::v1::StoreRequest& req,
                                          const SessionState& session, bool* signaled,
                                          tutti::v1::StoreResponse* resp) {
-  EngineIo* io = session.io.get();
+  engine::EngineIo* io = session.io.get();
   ASSIGN_OR_RETURN(BlockBatch batch,
                    ParseBlocks(req.blocks(), io->num_blocks(), options_.max_blocks_per_call));
   ASSIGN_OR_RETURN(const store::NamespaceInfo info, store_->GetNamespace(session.ns));
@@ -496,7 +496,7 @@ absl::Status KvCacheService::DoStore(const tutti::v1::StoreRequest& req,
   ASSIGN_OR_RETURN(SessionCall call, EnterSession(req.session_id(), req.session_token()));
   const SessionRef& session = call.session();
   RETURN_IF_ERROR(CheckHasMemory(*session, "Store"));
-  EngineIo* io = session->io.get();
+  engine::EngineIo* io = session->io.get();
   if (io->has_ready_words() && session->storing.exchange(true)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", session->id, " has a Store in flight; with ready words, one at a time"));

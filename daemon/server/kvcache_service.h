@@ -48,10 +48,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/decision/advisor.h"
+#include "daemon/engine/engine_io.h"
 #include "daemon/engine/engine_memory.h"
 #include "daemon/server/call_gate.h"
 #include "daemon/server/credentials.h"
-#include "daemon/server/engine_io.h"
 #include "daemon/server/engine_watcher.h"
 #include "daemon/server/sessions.h"
 #include "daemon/server/watch_events.h"
@@ -62,9 +62,10 @@ namespace tutti::server {
 
 // Opens the engine memory an Attach request names (regions, placements, ready words), shaped as
 // `ns` says (objects per block, object length), with the descriptors the engine handed over
-// (`credential`; the opener may take them). The seam between host mode and GPU mode
-// (daemon/server/gpu_engine_io.h).
-using MemoryOpener = std::function<absl::StatusOr<std::unique_ptr<EngineIo>>(
+// (`credential`; the opener may take them). The seam between host mode and GPU mode: the
+// request's terms in, an engine::EngineIo (daemon/engine/engine_io.h) out; GPU mode's is
+// daemon/server/gpu_memory_opener.h.
+using MemoryOpener = std::function<absl::StatusOr<std::unique_ptr<engine::EngineIo>>(
     const tutti::v1::AttachRequest& request, const store::NamespaceInfo& ns,
     Credential& credential)>;
 

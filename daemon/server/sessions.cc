@@ -74,7 +74,8 @@ SessionManager::~SessionManager() {
 }
 
 absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, NamespaceId ns,
-                                                std::string model_id, std::shared_ptr<EngineIo> io,
+                                                std::string model_id,
+                                                std::shared_ptr<engine::EngineIo> io,
                                                 uint32_t engine_pid, uint32_t uid,
                                                 std::string engine_group, bool memoryless) {
   ASSIGN_OR_RETURN(std::string token, NewToken());

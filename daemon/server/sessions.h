@@ -62,7 +62,7 @@
 #include "common/clock.h"
 #include "common/stats.h"
 #include "common/types.h"
-#include "daemon/server/engine_io.h"
+#include "daemon/engine/engine_io.h"
 
 namespace tutti::server {
 
@@ -79,7 +79,7 @@ struct SessionState {
   uint32_t uid = 0;          // the engine's user, as the handoff socket saw it
   std::string engine_group;  // empty: shares no lease
   bool memoryless = false;   // attached no memory: no Retrieve or Store
-  std::shared_ptr<EngineIo> io;
+  std::shared_ptr<engine::EngineIo> io;
   mutable std::atomic<uint32_t> calls{0};   // calls of this session in flight (KvCacheService)
   mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
   // Set while a Retrieve (Store) that writes ready words runs: one at a time per session.
@@ -159,7 +159,7 @@ class SessionManager {
   // session passes MakeNoMemoryEngineIo() and memoryless = true). `engine_group`: see the file
   // comment.
   absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
-                                  std::shared_ptr<EngineIo> io, uint32_t engine_pid = 0,
+                                  std::shared_ptr<engine::EngineIo> io, uint32_t engine_pid = 0,
                                   uint32_t uid = 0, std::string engine_group = "",
                                   bool memoryless = false);
 
@@ -233,7 +233,7 @@ class SessionManager {
   // What ending leases and sessions leaves to do once the lock is dropped.
   struct Ended {
     std::vector<std::pair<NamespaceId, std::vector<Key>>> unpins;
-    std::vector<std::shared_ptr<EngineIo>> ios;  // of closed sessions
+    std::vector<std::shared_ptr<engine::EngineIo>> ios;  // of closed sessions
     std::vector<uint64_t> closed;                // their ids
   };
 

@@ -40,7 +40,7 @@ class FakePins {
   std::map<uint64_t, int> pins_;
 };
 
-class FakeIo : public EngineIo {
+class FakeIo : public engine::EngineIo {
  public:
   ~FakeIo() override { ++destroyed; }
   std::string_view kind() const override { return "fake"; }

@@ -1,8 +1,10 @@
-// How one attached engine's data moves: the seam between host mode and GPU mode.
+// How one attached engine's data moves: the seam between host mode and GPU mode, and between the
+// RPC layer and an engine's memory.
 //
-// An EngineIo is made at Attach by a MemoryOpener (kvcache_service.h) from the request's regions:
-// host shared memory (HostEngineIo below) or CUDA IPC device memory with optional ready words
-// (gpu_engine_io.h). The session owns it; requests in flight share it.
+// An EngineIo is made at Attach from the request's regions (the server's MemoryOpener,
+// daemon/server/kvcache_service.h, translates the request): host shared memory (HostEngineIo
+// below) or CUDA IPC device memory with optional ready words (daemon/engine/cuda_engine_io.h).
+// The session owns it; requests in flight share it. Nothing here knows of gRPC or the protocol.
 //
 // Ready words (GPU mode): word l < num_layers is written with a Retrieve's ticket once layer l is
 // in the engine's blocks or has failed; word num_layers with a Store's ticket once its blocks are
@@ -15,8 +17,8 @@
 // every later call fails with CANCELLED.
 //
 // Thread-safety: every method may be called from any thread.
-#ifndef TUTTI_DAEMON_SERVER_ENGINE_IO_H_
-#define TUTTI_DAEMON_SERVER_ENGINE_IO_H_
+#ifndef TUTTI_DAEMON_ENGINE_ENGINE_IO_H_
+#define TUTTI_DAEMON_ENGINE_ENGINE_IO_H_
 
 #include <cstdint>
 #include <memory>
@@ -26,7 +28,7 @@
 #include "absl/types/span.h"
 #include "daemon/engine/engine_memory.h"
 
-namespace tutti::server {
+namespace tutti::engine {
 
 class EngineIo {
  public:
@@ -43,15 +45,13 @@ class EngineIo {
   // writes `ticket` into ready word `layer` (if attached). Returns once the staging may be
   // reused. CANCELLED after Close; INVALID_ARGUMENT for ops outside the engine's memory;
   // INTERNAL for device errors (the word is then not written: call SignalLayers).
-  [[nodiscard]] virtual absl::Status ScatterLayer(uint32_t layer,
-                                                  absl::Span<const engine::CopyOp> ops,
+  [[nodiscard]] virtual absl::Status ScatterLayer(uint32_t layer, absl::Span<const CopyOp> ops,
                                                   uint32_t ticket) = 0;
   // Like ScatterLayer, but returns once the layer is enqueued and every layer before it has
   // landed, so the next layer's copies overlap this one's tail. The caller keeps this layer's
   // sources unchanged until a later ScatterLayer, EnqueueLayer or Drain returns. By default the
   // same as ScatterLayer.
-  [[nodiscard]] virtual absl::Status EnqueueLayer(uint32_t layer,
-                                                  absl::Span<const engine::CopyOp> ops,
+  [[nodiscard]] virtual absl::Status EnqueueLayer(uint32_t layer, absl::Span<const CopyOp> ops,
                                                   uint32_t ticket) {
     return ScatterLayer(layer, ops, ticket);
   }
@@ -62,7 +62,7 @@ class EngineIo {
   [[nodiscard]] virtual absl::Status SignalLayers(uint32_t begin, uint32_t end,
                                                   uint32_t ticket) = 0;
   // Copies each op's object from the engine's block into staging; returns once staging holds it.
-  [[nodiscard]] virtual absl::Status Gather(absl::Span<const engine::CopyOp> ops) = 0;
+  [[nodiscard]] virtual absl::Status Gather(absl::Span<const CopyOp> ops) = 0;
   // Writes `ticket` into ready word num_layers (a Store's blocks are captured). OK without ready
   // words; CANCELLED after Close.
   [[nodiscard]] virtual absl::Status SignalCaptured(uint32_t ticket) = 0;
@@ -75,13 +75,13 @@ class EngineIo {
 // Host mode: the engine's memory is host shared memory; there are no ready words. Close() makes
 // later calls fail; the memory itself is unmapped when the last reference goes (a copy in
 // progress on another thread keeps it mapped until it returns).
-std::unique_ptr<EngineIo> MakeHostEngineIo(std::unique_ptr<engine::EngineMemory> memory);
+std::unique_ptr<EngineIo> MakeHostEngineIo(std::unique_ptr<EngineMemory> memory);
 
 // A memory-less session's (AttachRequest with no regions, no placements, num_blocks 0): kind
 // "none", no blocks; every copy fails with FAILED_PRECONDITION (the service refuses Retrieve and
 // Store of such a session before it gets here), the signals are OK no-ops.
 std::unique_ptr<EngineIo> MakeNoMemoryEngineIo();
 
-}  // namespace tutti::server
+}  // namespace tutti::engine
 
-#endif  // TUTTI_DAEMON_SERVER_ENGINE_IO_H_
+#endif  // TUTTI_DAEMON_ENGINE_ENGINE_IO_H_
