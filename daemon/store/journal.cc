@@ -500,10 +500,11 @@ absl::Status CheckGenerations(FileSystem& fs, const std::string& dir, uint64_t b
 }
 
 // Creates journal.<gen> holding only its header, durably (file and directory
-// entry).
+// entry), and fstats it into `*info`. On any failure the file is removed again, so
+// that a retry can create it (O_EXCL).
 absl::StatusOr<std::unique_ptr<WritableFile>> CreateGeneration(FileSystem& fs,
-                                                               const std::string& dir,
-                                                               uint64_t gen) {
+                                                               const std::string& dir, uint64_t gen,
+                                                               FileInfo* info) {
   const std::string path = JournalPath(dir, gen);
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
                    fs.Create(path, FileSystem::CreateMode::kExclusive));
@@ -512,6 +513,11 @@ absl::StatusOr<std::unique_ptr<WritableFile>> CreateGeneration(FileSystem& fs,
   absl::Status s = file->Append(header);
   if (s.ok()) s = file->Sync();
   if (s.ok()) s = fs.SyncDir(dir);
+  if (s.ok()) {
+    absl::StatusOr<FileInfo> st = file->Stat();
+    if (st.ok()) *info = *st;
+    s = st.status();
+  }
   if (!s.ok()) {
     file.reset();
     (void)fs.Unlink(path);
@@ -613,8 +619,9 @@ Journal::~Journal() {
 }
 
 absl::Status Journal::StartGeneration(uint64_t gen) {
-  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, CreateGeneration(*fs_, state_dir_, gen));
-  ASSIGN_OR_RETURN(const FileInfo st, file->Stat());
+  FileInfo st;
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                   CreateGeneration(*fs_, state_dir_, gen, &st));
   file_ = std::move(file);
   file_dev_ = st.dev;
   file_ino_ = st.ino;

@@ -635,6 +635,37 @@ TEST_F(JournalTest, FailureToStartTheNextGenerationIsReportedAndRetried) {
   EXPECT_LE(r.records.size(), 3u) << "only the record of the failed fdatasync may be found";
 }
 
+// A failure after the next generation's file was created (its fstat) must not leave that file
+// behind: the retry creates it again (O_EXCL), and would otherwise fail for ever with EEXIST,
+// both for Sync after an abandoned file and for Checkpoint's new generation.
+TEST_F(JournalTest, FailureAfterCreatingAGenerationDoesNotBlockItsRetry) {
+  FaultFileSystem faulty;
+  Recovered r0;
+  auto j = Open(dir_, &r0, &faulty);
+  faulty.Inject(FaultFileSystem::Fail(Op::kSync, EIO).On("journal.1"));
+  j->Append(Put(1));
+  ASSERT_FALSE(j->Sync().ok());
+  faulty.Inject(FaultFileSystem::Fail(Op::kFileStat, EIO).On("journal.2"));
+  j->Append(Put(2));
+  ASSERT_FALSE(j->Sync().ok());
+  j->Append(Put(3));
+  const absl::Status retried = j->Sync();
+  EXPECT_TRUE(retried.ok()) << retried;
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1", "journal.2"}));
+
+  faulty.Inject(FaultFileSystem::Fail(Op::kFileStat, EIO).On("journal.3"));
+  EXPECT_FALSE(j->Checkpoint([&](Journal::Emitter& e) { e.Emit(Put(3)); }).ok());
+  const absl::Status again = j->Checkpoint([&](Journal::Emitter& e) { e.Emit(Put(3)); });
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.3"}));
+  j->Append(Put(4));
+  ASSERT_TRUE(j->Sync().ok());
+  j.reset();
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.records, (std::vector<std::string>{Str(Put(3)), Str(Put(4))}));
+}
+
 // Every way writing the checkpoint can fail (a short write, fdatasync, the rename, the directory's
 // fsync after it): Checkpoint reports it and leaves no temporary file; a crash at that point
 // recovers every record; the retry writes the checkpoint without another journal file.
