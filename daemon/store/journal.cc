@@ -592,8 +592,11 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_
   ASSIGN_OR_RETURN(std::vector<uint64_t> gens, ListGenerations(*fs, state_dir));
   uint64_t base = 0;  // generation of the checkpoint; 0 without one
   const std::string ckpt = absl::StrCat(state_dir, "/", kCheckpointName);
-  if (fs->Stat(ckpt).ok()) {
+  const absl::StatusOr<FileInfo> ckpt_info = fs->Stat(ckpt);
+  if (ckpt_info.ok()) {
     ASSIGN_OR_RETURN(base, LoadCheckpoint(*fs, ckpt, visitor, report));
+  } else if (ErrnoOf(ckpt_info.status()) != ENOENT) {
+    return ckpt_info.status();  // not known to be absent: never recover without it
   }
   RETURN_IF_ERROR(CheckGenerations(*fs, state_dir, base, &gens));
   for (uint64_t gen : gens) {

@@ -755,6 +755,26 @@ TEST_F(JournalTest, ReadErrorDuringRecoveryFailsTheOpen) {
   EXPECT_EQ(r.records.back(), Str(Put(2)));
 }
 
+// A checkpoint that cannot be looked at (stat fails other than ENOENT) fails the start with that
+// error, rather than counting as absent and failing on the journal files it made redundant.
+TEST_F(JournalTest, CheckpointThatCannotBeStatedFailsTheOpenWithItsError) {
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Put(1));
+    ASSERT_TRUE(j->Sync().ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, {1}); }).ok());
+  }
+  FaultFileSystem faulty;
+  faulty.Inject(FaultFileSystem::Fail(Op::kStat, EACCES).On("/checkpoint"));
+  Recovered r;
+  const auto j = Journal::Open(dir_, r.visitor(), &r.report, &faulty);
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kInternal) << j.status();
+  EXPECT_EQ(ErrnoOf(j.status()), EACCES) << j.status();
+  EXPECT_NE(j.status().message().find("stat " + dir_ + "/checkpoint"), std::string::npos)
+      << j.status();
+}
+
 // A checkpoint keeps each put's last use (format version 2); the journal does not (its puts are
 // in order, and recovery counts them as used when stored).
 TEST_F(JournalTest, ACheckpointKeepsEachBlocksLastUseAndTheJournalDoesNot) {
