@@ -1,9 +1,5 @@
 #include "daemon/store/journal.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_system.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "xxhash.h"
@@ -228,49 +225,16 @@ bool Decode(std::string_view payload, FileHeader* h) {
 
 // --- Files ---
 
-absl::Status Errno(const std::string& what, int err) {
-  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
-  return err == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
-}
-
-// Writes all of `data` at the file's current position.
-absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    const ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno(absl::StrCat("write ", path), n < 0 ? errno : EIO);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncFd(int fd, const std::string& path) {
-  while (fdatasync(fd) != 0) {
-    if (errno != EINTR) return Errno(absl::StrCat("fdatasync ", path), errno);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno(absl::StrCat("open ", dir), errno);
-  const int r = fsync(fd);
-  const int err = errno;
-  close(fd);
-  return r == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", dir), err);
-}
-
 std::string JournalPath(const std::string& dir, uint64_t gen) {
   return absl::StrCat(dir, "/", kJournalPrefix, gen);
 }
 
 // The generations of the journal files in `dir`, ascending.
-absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string& dir) {
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return Errno(absl::StrCat("open state dir ", dir), errno);
+absl::StatusOr<std::vector<uint64_t>> ListGenerations(FileSystem& fs, const std::string& dir) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, fs.ListDir(dir));
   std::vector<uint64_t> gens;
-  while (const dirent* e = readdir(d)) {
-    std::string_view name = e->d_name;
+  for (const std::string& entry : names) {
+    std::string_view name = entry;
     if (name.substr(0, sizeof(kJournalPrefix) - 1) != kJournalPrefix) continue;
     name.remove_prefix(sizeof(kJournalPrefix) - 1);
     uint64_t gen;
@@ -279,7 +243,6 @@ absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string& dir) {
       gens.push_back(gen);
     }
   }
-  closedir(d);
   std::sort(gens.begin(), gens.end());
   return gens;
 }
@@ -288,7 +251,7 @@ absl::StatusOr<std::vector<uint64_t>> ListGenerations(const std::string& dir) {
 class RecordReader {
  public:
   enum Result { kRecord, kEnd, kTorn, kError };
-  RecordReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  explicit RecordReader(std::unique_ptr<SequentialFile> file) : file_(std::move(file)) {}
 
   // On kRecord, *type and *payload (valid until the next call) hold the record.
   // kEnd: clean end of file. kTorn: a partial or corrupt record (nothing after
@@ -329,19 +292,15 @@ class RecordReader {
     while (buf_.size() < need && !eof_) {
       const size_t old = buf_.size();
       buf_.resize(std::max(need, old + kFlushBytes));
-      ssize_t n;
-      do {
-        n = read(fd_, &buf_[old], buf_.size() - old);
-      } while (n < 0 && errno == EINTR);
-      if (n < 0) status_ = Errno(absl::StrCat("read ", path_), errno);
-      eof_ = n <= 0;
-      buf_.resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+      const absl::StatusOr<size_t> n = file_->Read(&buf_[old], buf_.size() - old);
+      if (!n.ok()) status_ = n.status();
+      eof_ = !n.ok() || *n == 0;
+      buf_.resize(old + (n.ok() ? *n : 0));
     }
     return buf_.size() >= need;
   }
 
-  const int fd_;
-  const std::string path_;
+  const std::unique_ptr<SequentialFile> file_;
   std::string buf_;
   size_t pos_ = 0;
   uint64_t good_bytes_ = 0;
@@ -352,25 +311,21 @@ class RecordReader {
 // Writes records into a file through a buffer, flushing as it grows.
 class BufferedFile {
  public:
-  BufferedFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-  ~BufferedFile() {
-    if (fd_ >= 0) close(fd_);
-  }
+  explicit BufferedFile(std::unique_ptr<WritableFile> file) : file_(std::move(file)) {}
   std::string* buffer() { return &buf_; }
   absl::Status MaybeFlush() { return buf_.size() >= kFlushBytes ? Flush() : absl::OkStatus(); }
   absl::Status Flush() {
-    RETURN_IF_ERROR(WriteAll(fd_, buf_, path_));
+    RETURN_IF_ERROR(file_->Append(buf_));
     buf_.clear();
     return absl::OkStatus();
   }
   absl::Status FlushAndSync() {
     RETURN_IF_ERROR(Flush());
-    return SyncFd(fd_, path_);
+    return file_->Sync();
   }
 
  private:
-  int fd_;
-  std::string path_;
+  std::unique_ptr<WritableFile> file_;
   std::string buf_;
 };
 
@@ -439,20 +394,13 @@ bool Deliver(uint32_t type, std::string_view payload, const RecoveryVisitor& v,
   }
 }
 
-absl::StatusOr<int> OpenForRead(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno(absl::StrCat("open ", path), errno);
-  return fd;
-}
-
 // Loads the checkpoint: its generation, records delivered to `v`. Any flaw is
 // DATA_LOSS.
-absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryVisitor& v,
-                                        RecoveryReport* report) {
-  ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
-  RecordReader reader(fd, path);
+absl::StatusOr<uint64_t> LoadCheckpoint(FileSystem& fs, const std::string& path,
+                                        const RecoveryVisitor& v, RecoveryReport* report) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SequentialFile> file, fs.OpenForRead(path));
+  RecordReader reader(std::move(file));
   auto corrupt = [&](const std::string& what) {
-    close(fd);
     if (!reader.status().ok()) return reader.status();
     return absl::DataLossError(
         absl::StrCat("checkpoint ", path, " is corrupt (", what,
@@ -482,16 +430,15 @@ absl::StatusOr<uint64_t> LoadCheckpoint(const std::string& path, const RecoveryV
   PayloadReader end(payload);
   if (end.U64() != records || !end.done()) return corrupt("record count mismatch");
   if (reader.Next(&type, &payload) != RecordReader::kEnd) return corrupt("data after the end");
-  close(fd);
   report->records += records;
   return header.gen;
 }
 
 // Replays one journal file up to its first torn or corrupt record.
-absl::Status ReplayJournal(const std::string& path, uint64_t gen, const RecoveryVisitor& v,
-                           RecoveryReport* report) {
-  ASSIGN_OR_RETURN(const int fd, OpenForRead(path));
-  RecordReader reader(fd, path);
+absl::Status ReplayJournal(FileSystem& fs, const std::string& path, uint64_t gen,
+                           const RecoveryVisitor& v, RecoveryReport* report) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SequentialFile> file, fs.OpenForRead(path));
+  RecordReader reader(std::move(file));
   uint32_t type;
   std::string_view payload;
   RecordReader::Result r = reader.Next(&type, &payload);
@@ -499,7 +446,6 @@ absl::Status ReplayJournal(const std::string& path, uint64_t gen, const Recovery
   if (r == RecordReader::kRecord) {
     if (type != kFileHeader || !Decode(payload, &header) || header.kind != kJournalFile ||
         header.gen != gen) {
-      close(fd);
       return absl::DataLossError(absl::StrCat(path,
                                               " does not start with its own journal "
                                               "header (a file renamed or copied in?)"));
@@ -514,7 +460,6 @@ absl::Status ReplayJournal(const std::string& path, uint64_t gen, const Recovery
       ++report->records;
     }
   }
-  close(fd);
   if (r == RecordReader::kError) return reader.status();
   if (r == RecordReader::kTorn) {
     ++report->torn_tails;
@@ -530,12 +475,13 @@ absl::Status ReplayJournal(const std::string& path, uint64_t gen, const Recovery
 // Removes journal files older than the checkpoint's generation `base` and
 // checks that the others run without a gap from `base` (from 1 without a
 // checkpoint). Leaves those in `*gens`.
-absl::Status CheckGenerations(const std::string& dir, uint64_t base, std::vector<uint64_t>* gens) {
+absl::Status CheckGenerations(FileSystem& fs, const std::string& dir, uint64_t base,
+                              std::vector<uint64_t>* gens) {
   std::vector<uint64_t> keep;
   for (uint64_t gen : *gens) {
     if (gen >= base) {
       keep.push_back(gen);
-    } else if (unlink(JournalPath(dir, gen).c_str()) == 0) {
+    } else if (fs.Unlink(JournalPath(dir, gen)).ok()) {
       log::Get("journal")->info("{}: removed, superseded by the checkpoint", JournalPath(dir, gen));
     }
   }
@@ -554,64 +500,57 @@ absl::Status CheckGenerations(const std::string& dir, uint64_t base, std::vector
 }
 
 // Creates journal.<gen> holding only its header, durably (file and directory
-// entry).
-absl::StatusOr<int> CreateGeneration(const std::string& dir, uint64_t gen) {
+// entry), and fstats it into `*info`. On any failure the file is removed again, so
+// that a retry can create it (O_EXCL).
+absl::StatusOr<std::unique_ptr<WritableFile>> CreateGeneration(FileSystem& fs,
+                                                               const std::string& dir, uint64_t gen,
+                                                               FileInfo* info) {
   const std::string path = JournalPath(dir, gen);
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno(absl::StrCat("create ", path), errno);
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                   fs.Create(path, FileSystem::CreateMode::kExclusive));
   std::string header;
   EncodeHeader(&header, kJournalFile, gen);
-  absl::Status s = WriteAll(fd, header, path);
-  if (s.ok()) s = SyncFd(fd, path);
-  if (s.ok()) s = SyncDir(dir);
+  absl::Status s = file->Append(header);
+  if (s.ok()) s = file->Sync();
+  if (s.ok()) s = fs.SyncDir(dir);
+  if (s.ok()) {
+    absl::StatusOr<FileInfo> st = file->Stat();
+    if (st.ok()) *info = *st;
+    s = st.status();
+  }
   if (!s.ok()) {
-    close(fd);
-    unlink(path.c_str());
+    file.reset();
+    (void)fs.Unlink(path);
     return s;
   }
-  return fd;
+  return file;
 }
 
 // Takes the state directory's lock: flock(LOCK_EX | LOCK_NB) on "lock", whose
-// content is the holder's pid. Returns the fd that holds it.
-absl::StatusOr<int> TakeStateLock(const std::string& dir) {
+// content is the holder's pid.
+absl::StatusOr<std::unique_ptr<FileLock>> TakeStateLock(FileSystem& fs, const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kLockName);
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno(absl::StrCat("open ", path), errno);
-  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EINTR) continue;
-    const int err = errno;
-    char pid[32] = {};
-    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
-    close(fd);
-    if (err != EWOULDBLOCK) return Errno(absl::StrCat("flock ", path), err);
-    std::string holder(pid, static_cast<size_t>(std::max<ssize_t>(n, 0)));
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state dir ", dir, " is in use by another process (pid ",
-        holder.empty() ? "unknown" : holder, " holds ", path,
-        "): two daemons on one state directory would overwrite each other's journal; stop the "
-        "other one or give this one its own state_dir"));
-  }
-  const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    const int err = errno;
-    close(fd);
-    return Errno(absl::StrCat("write ", path), err);
-  }
-  return fd;
+  absl::StatusOr<std::unique_ptr<FileLock>> lock = fs.Lock(path, absl::StrCat(getpid(), "\n"));
+  if (lock.ok() || ErrnoOf(lock.status()) != EWOULDBLOCK) return lock;
+  std::string holder = ReadFileToString(fs, path).value_or("").substr(0, 31);
+  while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "state dir ", dir, " is in use by another process (pid ", holder.empty() ? "unknown" : holder,
+      " holds ", path,
+      "): two daemons on one state directory would overwrite each other's journal; stop the "
+      "other one or give this one its own state_dir"));
 }
 
 // Writes checkpoint.tmp (header, the snapshot's records, end record), syncs it
 // and renames it to "checkpoint", then syncs the directory.
-absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
+absl::Status WriteCheckpoint(FileSystem& fs, const std::string& dir, uint64_t gen,
                              const std::function<void(Journal::Emitter&)>& snapshot) {
   const std::string tmp = absl::StrCat(dir, "/", kCheckpointTmpName);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno(absl::StrCat("create ", tmp), errno);
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out,
+                   fs.Create(tmp, FileSystem::CreateMode::kTruncate));
   absl::Status s;
   {
-    BufferedFile file(fd, tmp);
+    BufferedFile file(std::move(out));
     EncodeHeader(file.buffer(), kCheckpointFile, gen);
     CheckpointWriter writer(&file);
     snapshot(writer);
@@ -623,9 +562,9 @@ absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
     }
   }
   const std::string ckpt = absl::StrCat(dir, "/", kCheckpointName);
-  if (s.ok() && rename(tmp.c_str(), ckpt.c_str()) != 0) s = Errno("rename " + tmp, errno);
-  if (s.ok()) s = SyncDir(dir);
-  if (!s.ok()) unlink(tmp.c_str());
+  if (s.ok()) s = fs.Rename(tmp, ckpt);
+  if (s.ok()) s = fs.SyncDir(dir);
+  if (!s.ok()) (void)fs.Unlink(tmp);
   return s;
 }
 
@@ -633,31 +572,35 @@ absl::Status WriteCheckpoint(const std::string& dir, uint64_t gen,
 
 absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_dir,
                                                        const RecoveryVisitor& visitor,
-                                                       RecoveryReport* report) {
+                                                       RecoveryReport* report, FileSystem* fs) {
   RecoveryReport local;
   if (report == nullptr) report = &local;
   *report = RecoveryReport{};
-  struct stat st;
-  if (stat(state_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  const absl::StatusOr<FileInfo> dir = fs->Stat(state_dir);
+  if (!dir.ok() || !dir->is_dir) {
     return absl::FailedPreconditionError(
         absl::StrCat("state dir ", state_dir, " does not exist or is not a directory"));
   }
-  std::unique_ptr<Journal> j(new Journal());
+  std::unique_ptr<Journal> j(new Journal(fs));
   j->state_dir_ = state_dir;
-  j->dir_dev_ = st.st_dev;
-  j->dir_ino_ = st.st_ino;
-  ASSIGN_OR_RETURN(j->lock_fd_, TakeStateLock(state_dir));  // before anything is read
+  j->dir_dev_ = dir->dev;
+  j->dir_ino_ = dir->ino;
+  ASSIGN_OR_RETURN(j->lock_, TakeStateLock(*fs, state_dir));  // before anything is read
 
-  unlink(absl::StrCat(state_dir, "/", kCheckpointTmpName).c_str());  // an unfinished checkpoint
-  ASSIGN_OR_RETURN(std::vector<uint64_t> gens, ListGenerations(state_dir));
+  // An unfinished checkpoint; absent as a rule.
+  (void)fs->Unlink(absl::StrCat(state_dir, "/", kCheckpointTmpName));
+  ASSIGN_OR_RETURN(std::vector<uint64_t> gens, ListGenerations(*fs, state_dir));
   uint64_t base = 0;  // generation of the checkpoint; 0 without one
   const std::string ckpt = absl::StrCat(state_dir, "/", kCheckpointName);
-  if (stat(ckpt.c_str(), &st) == 0) {
-    ASSIGN_OR_RETURN(base, LoadCheckpoint(ckpt, visitor, report));
+  const absl::StatusOr<FileInfo> ckpt_info = fs->Stat(ckpt);
+  if (ckpt_info.ok()) {
+    ASSIGN_OR_RETURN(base, LoadCheckpoint(*fs, ckpt, visitor, report));
+  } else if (ErrnoOf(ckpt_info.status()) != ENOENT) {
+    return ckpt_info.status();  // not known to be absent: never recover without it
   }
-  RETURN_IF_ERROR(CheckGenerations(state_dir, base, &gens));
+  RETURN_IF_ERROR(CheckGenerations(*fs, state_dir, base, &gens));
   for (uint64_t gen : gens) {
-    RETURN_IF_ERROR(ReplayJournal(JournalPath(state_dir, gen), gen, visitor, report));
+    RETURN_IF_ERROR(ReplayJournal(*fs, JournalPath(state_dir, gen), gen, visitor, report));
   }
   const uint64_t next = std::max(base, gens.empty() ? 0 : gens.back()) + 1;
   {
@@ -674,22 +617,17 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::Open(const std::string& state_
 
 Journal::~Journal() {
   absl::MutexLock lock(&sync_mu_);
-  if (fd_ >= 0) close(fd_);
-  if (lock_fd_ >= 0) close(lock_fd_);  // releases the state directory's lock
+  file_.reset();
+  lock_.reset();  // releases the state directory's lock
 }
 
 absl::Status Journal::StartGeneration(uint64_t gen) {
-  ASSIGN_OR_RETURN(const int fd, CreateGeneration(state_dir_, gen));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return Errno(absl::StrCat("fstat ", JournalPath(state_dir_, gen)), err);
-  }
-  if (fd_ >= 0) close(fd_);
-  fd_ = fd;
-  file_dev_ = st.st_dev;
-  file_ino_ = st.st_ino;
+  FileInfo st;
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                   CreateGeneration(*fs_, state_dir_, gen, &st));
+  file_ = std::move(file);
+  file_dev_ = st.dev;
+  file_ino_ = st.ino;
   generation_ = gen;
   return absl::OkStatus();
 }
@@ -734,19 +672,22 @@ absl::Status Journal::durability() const {
 
 absl::Status Journal::CheckInPlace() {
   std::string why;
-  struct stat st;
-  if (stat(state_dir_.c_str(), &st) != 0) {
-    why = absl::StrCat("state dir ", state_dir_, " is gone (stat: ", std::strerror(errno), ")");
-  } else if (st.st_dev != dir_dev_ || st.st_ino != dir_ino_) {
+  const absl::StatusOr<FileInfo> dir = fs_->Stat(state_dir_);
+  if (!dir.ok()) {
+    why = absl::StrCat("state dir ", state_dir_,
+                       " is gone (stat: ", std::strerror(ErrnoOf(dir.status())), ")");
+  } else if (dir->dev != dir_dev_ || dir->ino != dir_ino_) {
     why = absl::StrCat("state dir ", state_dir_, " was replaced by another directory");
-  } else if (fd_ >= 0) {
+  } else if (file_ != nullptr) {
     const std::string path = JournalPath(state_dir_, generation_);
-    struct stat fst;
-    if (fstat(fd_, &fst) != 0) {
-      why = absl::StrCat("fstat ", path, ": ", std::strerror(errno));
-    } else if (fst.st_nlink == 0) {
+    const absl::StatusOr<FileInfo> open = file_->Stat();
+    absl::StatusOr<FileInfo> named;
+    if (!open.ok()) {
+      why = std::string(open.status().message());
+    } else if (open->nlink == 0) {
       why = absl::StrCat("journal file ", path, " was deleted");
-    } else if (stat(path.c_str(), &st) != 0 || st.st_dev != file_dev_ || st.st_ino != file_ino_) {
+    } else if (named = fs_->Stat(path);
+               !named.ok() || named->dev != file_dev_ || named->ino != file_ino_) {
       why = absl::StrCat("journal file ", path, " was moved or replaced");
     }
   }
@@ -767,18 +708,17 @@ absl::Status Journal::WriteAndSync(const std::string& data) {
   if (data.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckInPlace());
   // After a failure closed the file, appends continue in a fresh generation.
-  if (fd_ < 0) RETURN_IF_ERROR(StartGeneration(generation_ + 1));
+  if (file_ == nullptr) RETURN_IF_ERROR(StartGeneration(generation_ + 1));
   const std::string path = JournalPath(state_dir_, generation_);
-  absl::Status s = WriteAll(fd_, data, path);
-  if (s.ok()) s = SyncFd(fd_, path);
+  absl::Status s = file_->Append(data);
+  if (s.ok()) s = file_->Sync();
   if (s.ok()) return CheckInPlace();
   // The file may now end in a partial record, and after a failed fdatasync the
   // kernel may have dropped the dirty pages: never append to it again. The
   // caller does not publish the records; the next write starts a new
   // generation, which recovery reads after this one.
   log::Get("journal")->error("{}: {}; abandoning this journal file", path, s.ToString());
-  close(fd_);
-  fd_ = -1;
+  file_.reset();
   return s;
 }
 
@@ -839,17 +779,17 @@ absl::Status Journal::Checkpoint(const std::function<void(Journal::Emitter&)>& s
     counted = records_since_checkpoint_;
   }
   // 2. The snapshot, written aside and renamed into place.
-  RETURN_IF_ERROR(WriteCheckpoint(state_dir_, generation_, snapshot));
+  RETURN_IF_ERROR(WriteCheckpoint(*fs_, state_dir_, generation_, snapshot));
   rotate_ = true;
   {
     absl::MutexLock alock(&append_mu_);
     records_since_checkpoint_ -= counted;  // those appended meanwhile are in the new generation
   }
   // 3. Older generations are now redundant.
-  auto gens = ListGenerations(state_dir_);
+  auto gens = ListGenerations(*fs_, state_dir_);
   if (!gens.ok()) return absl::OkStatus();  // removed at the next Open instead
   for (uint64_t gen : *gens) {
-    if (gen < generation_) unlink(JournalPath(state_dir_, gen).c_str());
+    if (gen < generation_) (void)fs_->Unlink(JournalPath(state_dir_, gen));
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_system.h"
 #include "common/types.h"
 
 namespace tutti::store {
@@ -105,10 +106,13 @@ class Journal {
   // message names the directory and the holder's pid); DATA_LOSS for a checkpoint
   // that is present but corrupt, a missing journal file or a foreign one: refuse
   // to start rather than serve from a wrong index; INTERNAL (errno text) for
-  // other system call failures.
+  // other system call failures. Every file operation goes through `fs`
+  // (common/file_system.h; tests pass a FaultFileSystem), which must outlive the
+  // journal.
   static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& state_dir,
                                                        const RecoveryVisitor& visitor,
-                                                       RecoveryReport* report);
+                                                       RecoveryReport* report,
+                                                       FileSystem* fs = PosixFileSystem());
   // Releases the lock. Records appended since the last Sync are dropped.
   ~Journal();
 
@@ -155,7 +159,7 @@ class Journal {
   [[nodiscard]] absl::Status Checkpoint(const std::function<void(Journal::Emitter&)>& snapshot);
 
  private:
-  Journal() = default;
+  explicit Journal(FileSystem* fs) : fs_(fs) {}
   // Writes `data` to the current file (creating a generation if the last one was
   // abandoned) and fdatasyncs it, then checks that it is still in place.
   absl::Status WriteAndSync(const std::string& data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
@@ -172,12 +176,14 @@ class Journal {
     absl::Status status;
   };
 
+  FileSystem* const fs_;
   std::string state_dir_;
-  int lock_fd_ = -1;
+  std::unique_ptr<FileLock> lock_;  // the state directory's
   uint64_t dir_dev_ = 0, dir_ino_ = 0;
 
   mutable absl::Mutex sync_mu_;  // before append_mu_
-  int fd_ ABSL_GUARDED_BY(sync_mu_) = -1;
+  // The current journal file; null after a failed write abandoned it.
+  std::unique_ptr<WritableFile> file_ ABSL_GUARDED_BY(sync_mu_);
   uint64_t file_dev_ ABSL_GUARDED_BY(sync_mu_) = 0;
   uint64_t file_ino_ ABSL_GUARDED_BY(sync_mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(sync_mu_) = 0;

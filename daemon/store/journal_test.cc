@@ -1,9 +1,8 @@
 #include "daemon/store/journal.h"
 
-#include <sys/resource.h>
-
-#include <csignal>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fault_file_system.h"
+#include "common/file_system.h"
 #include "gtest/gtest.h"
 #include "xxhash.h"
 
@@ -18,6 +19,7 @@ namespace tutti::store {
 namespace {
 
 namespace fs = std::filesystem;
+using Op = FaultFileSystem::Op;
 
 Key MakeKey(uint64_t n) {
   Key k;
@@ -78,9 +80,10 @@ class JournalTest : public ::testing::Test {
     return d;
   }
 
-  // Opens `dir`, expecting success; fills `*out` with what was recovered.
-  std::unique_ptr<Journal> Open(const std::string& dir, Recovered* out) {
-    auto j = Journal::Open(dir, out->visitor(), &out->report);
+  // Opens `dir` (through `fs`), expecting success; fills `*out` with what was recovered.
+  std::unique_ptr<Journal> Open(const std::string& dir, Recovered* out,
+                                FileSystem* fs = PosixFileSystem()) {
+    auto j = Journal::Open(dir, out->visitor(), &out->report, fs);
     EXPECT_TRUE(j.ok()) << j.status();
     return j.ok() ? *std::move(j) : nullptr;
   }
@@ -391,24 +394,20 @@ TEST_F(JournalTest, RepeatedCheckpointsKeepOnlyTheLiveState) {
 }
 
 TEST_F(JournalTest, FailedSyncAbandonsTheFileAndLaterRecordsSurvive) {
+  FaultFileSystem faulty;
   Recovered r0;
-  auto j = Open(dir_, &r0);
+  auto j = Open(dir_, &r0, &faulty);
   j->Append(Put(1));
   ASSERT_TRUE(j->Sync().ok());
-  // Let the file grow by only 100 more bytes: the next Sync writes part of its
-  // records and fails.
-  struct rlimit old;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  std::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = fs::file_size(dir_ + "/journal.1") + 100;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  // The file grows by only 100 more bytes (the file size limit): the next Sync
+  // writes part of its records and fails.
+  faulty.Inject(FaultFileSystem::Fail(Op::kAppend, EFBIG).ShortWrite(100));
   j->Append(Put(2, 40));
   j->Append(Put(3, 40));
   const absl::Status failed = j->Sync();
-  setrlimit(RLIMIT_FSIZE, &old);
-  std::signal(SIGXFSZ, SIG_DFL);
   EXPECT_FALSE(failed.ok());
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_EQ(ErrnoOf(failed), EFBIG) << failed;
   // Appends go on, in a new generation, and recovery still reads them after the
   // torn file.
   j->Append(Put(4));
@@ -476,18 +475,12 @@ TEST_F(JournalTest, RemovedOrReplacedStateDirectoryLosesDurability) {
 }
 
 TEST_F(JournalTest, SyncOfALostRecordFailsEvenAfterALaterSyncSucceeds) {
+  FaultFileSystem faulty;
   Recovered r0;
-  auto j = Open(dir_, &r0);
-  struct rlimit old;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
-  std::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small = old;
-  small.rlim_cur = fs::file_size(dir_ + "/journal.1") + 50;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  auto j = Open(dir_, &r0, &faulty);
+  faulty.Inject(FaultFileSystem::Fail(Op::kAppend, EFBIG).ShortWrite(50));
   const uint64_t lost = j->Append(Put(2, 40));
   const absl::Status failed = j->Sync(lost);
-  setrlimit(RLIMIT_FSIZE, &old);
-  std::signal(SIGXFSZ, SIG_DFL);
   ASSERT_FALSE(failed.ok());
   const uint64_t later = j->Append(Put(3));
   ASSERT_TRUE(j->Sync(later).ok());
@@ -527,6 +520,259 @@ TEST_F(JournalTest, FailingCheckpointAddsAtMostOneJournalFileAndARetryRecoversEv
   for (uint64_t n = 1; n < 5; ++n) want.push_back(Str(Put(n)));
   want.push_back(Str(Put(9)));
   EXPECT_EQ(r.records, want);
+}
+
+// --- Faults a real disk can produce, injected through the file-system seam ---
+
+// A failed fdatasync (EIO) abandons the file: the error is reported (again for every record of
+// that write), nothing is appended to that file any more, and what recovery finds of the failed
+// write is whole records or nothing.
+TEST_F(JournalTest, FailedFdatasyncIsReportedAndItsFileAbandoned) {
+  FaultFileSystem faulty;
+  Recovered r0;
+  auto j = Open(dir_, &r0, &faulty);
+  j->Append(Put(1));
+  ASSERT_TRUE(j->Sync().ok());
+  faulty.Inject(FaultFileSystem::Fail(Op::kSync, EIO).On("journal.1"));
+  const uint64_t lost = j->Append(Put(2));
+  const absl::Status failed = j->Sync(lost);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_EQ(ErrnoOf(failed), EIO) << failed;
+  EXPECT_NE(failed.message().find("fdatasync " + dir_ + "/journal.1"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find(std::strerror(EIO)), std::string::npos) << failed;
+  EXPECT_EQ(j->Sync(lost), failed) << "asked again: still not durable";
+  EXPECT_TRUE(j->durability().ok()) << "an I/O error is not a lost state directory";
+  const uint64_t abandoned_size = fs::file_size(dir_ + "/journal.1");
+  j->Append(Put(3));
+  ASSERT_TRUE(j->Sync().ok());
+  EXPECT_EQ(fs::file_size(dir_ + "/journal.1"), abandoned_size) << "nothing more goes there";
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1", "journal.2"}));
+  j.reset();
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.report.torn_tails, 0u);
+  // The failed record may be found (its bytes reached the file): the store never published it
+  // and tolerates it (JOURNAL.md "Rules for the store"); never a part of it.
+  std::vector<std::string> want = {Str(Put(1)), Str(Put(2)), Str(Put(3))};
+  if (r.records.size() == 2) want.erase(want.begin() + 1);
+  EXPECT_EQ(r.records, want);
+}
+
+// A write that ends short on a full disk, cut at any point of a two-record batch: the Sync is
+// RESOURCE_EXHAUSTED, and recovery applies the records written whole and never a part of one.
+TEST_F(JournalTest, ShortWriteOnAFullDiskNeverReplaysHalfARecord) {
+  uint64_t len = 0;  // one Put(n, 40) record
+  {
+    Recovered r;
+    const std::string d = NewDir("measure");
+    auto j = Open(d, &r);
+    const uint64_t header = fs::file_size(d + "/journal.1");
+    j->Append(Put(2, 40));
+    ASSERT_TRUE(j->Sync().ok());
+    len = fs::file_size(d + "/journal.1") - header;
+  }
+  for (uint64_t cut :
+       {uint64_t{0}, uint64_t{1}, uint64_t{8}, len - 1, len, len + 1, 2 * len - 1, 2 * len}) {
+    SCOPED_TRACE(testing::Message() << "cut at " << cut << " of " << 2 * len);
+    const std::string d = NewDir(absl::StrCat("short", cut));
+    FaultFileSystem faulty;
+    Recovered r0;
+    auto j = Open(d, &r0, &faulty);
+    j->Append(Put(1));
+    ASSERT_TRUE(j->Sync().ok());
+    faulty.Inject(FaultFileSystem::Fail(Op::kAppend, ENOSPC).ShortWrite(cut));
+    j->Append(Put(2, 40));
+    j->Append(Put(3, 40));
+    const absl::Status failed = j->Sync();
+    EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+    EXPECT_NE(failed.message().find(std::strerror(ENOSPC)), std::string::npos) << failed;
+    j->Append(Put(4));
+    ASSERT_TRUE(j->Sync().ok());
+    j.reset();
+    Recovered r;
+    ASSERT_NE(Open(d, &r), nullptr);
+    std::vector<std::string> want = {Str(Put(1))};
+    if (cut >= len) want.push_back(Str(Put(2, 40)));
+    if (cut >= 2 * len) want.push_back(Str(Put(3, 40)));
+    want.push_back(Str(Put(4)));
+    EXPECT_EQ(r.records, want);
+    EXPECT_EQ(r.report.torn_tails, cut % len == 0 ? 0u : 1u);
+    fs::remove_all(d);
+  }
+}
+
+// Creating the generation after an abandoned file fails (ENOSPC on create, EIO on the directory's
+// fsync): the Sync reports it, leaves no half-made file, and the next Sync creates it.
+TEST_F(JournalTest, FailureToStartTheNextGenerationIsReportedAndRetried) {
+  FaultFileSystem faulty;
+  Recovered r0;
+  auto j = Open(dir_, &r0, &faulty);
+  j->Append(Put(1));
+  ASSERT_TRUE(j->Sync().ok());
+  faulty.Inject(FaultFileSystem::Fail(Op::kSync, EIO).On("journal.1"));
+  j->Append(Put(2));
+  ASSERT_FALSE(j->Sync().ok());
+  faulty.Inject(FaultFileSystem::Fail(Op::kCreate, ENOSPC).On("journal.2"));
+  const uint64_t lost_to_create = j->Append(Put(3));
+  EXPECT_EQ(j->Sync(lost_to_create).code(), absl::StatusCode::kResourceExhausted);
+  faulty.Inject(FaultFileSystem::Fail(Op::kSyncDir, EIO));
+  const uint64_t lost_to_dir = j->Append(Put(4));
+  const absl::Status s = j->Sync(lost_to_dir);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("fsync " + dir_), std::string::npos) << s;
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1"})) << "journal.2 was removed";
+  j->Append(Put(5));
+  ASSERT_TRUE(j->Sync().ok());
+  EXPECT_EQ(j->Sync(lost_to_create).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(j->Sync(lost_to_dir).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1", "journal.2"}));
+  j.reset();
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  ASSERT_GE(r.records.size(), 2u);
+  EXPECT_EQ(r.records.front(), Str(Put(1)));
+  EXPECT_EQ(r.records.back(), Str(Put(5)));
+  EXPECT_LE(r.records.size(), 3u) << "only the record of the failed fdatasync may be found";
+}
+
+// A failure after the next generation's file was created (its fstat) must not leave that file
+// behind: the retry creates it again (O_EXCL), and would otherwise fail for ever with EEXIST,
+// both for Sync after an abandoned file and for Checkpoint's new generation.
+TEST_F(JournalTest, FailureAfterCreatingAGenerationDoesNotBlockItsRetry) {
+  FaultFileSystem faulty;
+  Recovered r0;
+  auto j = Open(dir_, &r0, &faulty);
+  faulty.Inject(FaultFileSystem::Fail(Op::kSync, EIO).On("journal.1"));
+  j->Append(Put(1));
+  ASSERT_FALSE(j->Sync().ok());
+  faulty.Inject(FaultFileSystem::Fail(Op::kFileStat, EIO).On("journal.2"));
+  j->Append(Put(2));
+  ASSERT_FALSE(j->Sync().ok());
+  j->Append(Put(3));
+  const absl::Status retried = j->Sync();
+  EXPECT_TRUE(retried.ok()) << retried;
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"journal.1", "journal.2"}));
+
+  faulty.Inject(FaultFileSystem::Fail(Op::kFileStat, EIO).On("journal.3"));
+  EXPECT_FALSE(j->Checkpoint([&](Journal::Emitter& e) { e.Emit(Put(3)); }).ok());
+  const absl::Status again = j->Checkpoint([&](Journal::Emitter& e) { e.Emit(Put(3)); });
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_EQ(Files(dir_), (std::vector<std::string>{"checkpoint", "journal.3"}));
+  j->Append(Put(4));
+  ASSERT_TRUE(j->Sync().ok());
+  j.reset();
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr);
+  EXPECT_EQ(r.records, (std::vector<std::string>{Str(Put(3)), Str(Put(4))}));
+}
+
+// Every way writing the checkpoint can fail (a short write, fdatasync, the rename, the directory's
+// fsync after it): Checkpoint reports it and leaves no temporary file; a crash at that point
+// recovers every record; the retry writes the checkpoint without another journal file.
+TEST_F(JournalTest, CheckpointFaultsAreReportedAndRecoverable) {
+  struct Case {
+    const char* name;
+    FaultFileSystem::Fault fault;
+    const char* message;  // in the error
+  };
+  const Case cases[] = {
+      {"short write", FaultFileSystem::Fail(Op::kAppend, ENOSPC).On("checkpoint.tmp").ShortWrite(9),
+       "write "},
+      {"fdatasync", FaultFileSystem::Fail(Op::kSync, EIO).On("checkpoint.tmp"), "fdatasync "},
+      {"rename", FaultFileSystem::Fail(Op::kRename, EIO), "rename "},
+      // The first directory fsync is that of journal.3's creation.
+      {"directory fsync", FaultFileSystem::Fail(Op::kSyncDir, EIO).Skip(1), "fsync "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string d = NewDir(absl::StrCat("ckpt-", c.name));
+    FaultFileSystem faulty;
+    Recovered r0;
+    auto j = Open(d, &r0, &faulty);
+    j->Append(Ns(1));
+    j->Append(Ns(2));
+    std::vector<uint64_t> live;
+    for (uint64_t n = 0; n < 4; ++n) {
+      j->Append(Put(n));
+      live.push_back(n);
+    }
+    ASSERT_TRUE(j->Sync().ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
+    j->Append(Put(4));
+    live.push_back(4);
+    ASSERT_TRUE(j->Sync().ok());
+    faulty.Inject(c.fault);
+    const absl::Status s = j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); });
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(ErrnoOf(s), 0) << s;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s;
+    EXPECT_EQ(Files(d), (std::vector<std::string>{"checkpoint", "journal.2", "journal.3"}));
+    std::vector<std::string> want = {Str(Ns(1)), Str(Ns(2))};
+    for (uint64_t n : live) want.push_back(Str(Put(n)));
+    {
+      // A crash now: a copy of the files as they are recovers everything.
+      const std::string crashed = NewDir(absl::StrCat("crashed-", c.name));
+      for (const auto& f : Files(d)) fs::copy_file(d + "/" + f, crashed + "/" + f);
+      Recovered r;
+      ASSERT_NE(Open(crashed, &r), nullptr);
+      EXPECT_EQ(r.records, want);
+      EXPECT_EQ(r.report.torn_tails, 0u);
+    }
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, live); }).ok());
+    EXPECT_EQ(Files(d), (std::vector<std::string>{"checkpoint", "journal.3"}));
+    j.reset();
+    Recovered r;
+    ASSERT_NE(Open(d, &r), nullptr);
+    EXPECT_EQ(r.records, want);
+  }
+}
+
+// A read error during recovery is an error, never a torn tail: treating it as one would drop the
+// committed records after it without a word.
+TEST_F(JournalTest, ReadErrorDuringRecoveryFailsTheOpen) {
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Put(1));
+    ASSERT_TRUE(j->Sync().ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, {1}); }).ok());
+    j->Append(Put(2));
+    ASSERT_TRUE(j->Sync().ok());
+  }
+  for (const char* file : {"checkpoint", "journal.2"}) {
+    SCOPED_TRACE(file);
+    FaultFileSystem faulty;
+    faulty.Inject(FaultFileSystem::Fail(Op::kRead, EIO).On(file));
+    Recovered r;
+    const auto j = Journal::Open(dir_, r.visitor(), &r.report, &faulty);
+    EXPECT_EQ(j.status().code(), absl::StatusCode::kInternal) << j.status();
+    EXPECT_NE(j.status().message().find(absl::StrCat("read ", dir_, "/", file)), std::string::npos)
+        << j.status();
+    EXPECT_EQ(faulty.failures(), 1);
+  }
+  Recovered r;
+  ASSERT_NE(Open(dir_, &r), nullptr) << "the files are intact";
+  EXPECT_EQ(r.records.back(), Str(Put(2)));
+}
+
+// A checkpoint that cannot be looked at (stat fails other than ENOENT) fails the start with that
+// error, rather than counting as absent and failing on the journal files it made redundant.
+TEST_F(JournalTest, CheckpointThatCannotBeStatedFailsTheOpenWithItsError) {
+  {
+    Recovered r;
+    auto j = Open(dir_, &r);
+    j->Append(Put(1));
+    ASSERT_TRUE(j->Sync().ok());
+    ASSERT_TRUE(j->Checkpoint([&](Journal::Emitter& e) { Snapshot(e, {1}); }).ok());
+  }
+  FaultFileSystem faulty;
+  faulty.Inject(FaultFileSystem::Fail(Op::kStat, EACCES).On("/checkpoint"));
+  Recovered r;
+  const auto j = Journal::Open(dir_, r.visitor(), &r.report, &faulty);
+  EXPECT_EQ(j.status().code(), absl::StatusCode::kInternal) << j.status();
+  EXPECT_EQ(ErrnoOf(j.status()), EACCES) << j.status();
+  EXPECT_NE(j.status().message().find("stat " + dir_ + "/checkpoint"), std::string::npos)
+      << j.status();
 }
 
 // A checkpoint keeps each put's last use (format version 2); the journal does not (its puts are
