@@ -43,7 +43,6 @@ class CudaRuntime final : public GpuRuntime {
     void operator()(uint8_t* p) const { cudaFree(p); }
   };
   std::unique_ptr<uint8_t, CudaFree> read_staging;
-  uint64_t read_staging_bytes = 0;
   store::BlockStore* store = nullptr;
   uint64_t memory = 0;
 
@@ -61,12 +60,13 @@ class CudaRuntime final : public GpuRuntime {
 absl::Status StageReadsOnGpu(CudaRuntime* rt, store::BlockStore* store, uint32_t depth) {
   const uint64_t bytes = store->retrieve_staging_region().size();
   uint8_t* device = nullptr;
-  RETURN_IF_ERROR(gpu::CudaStatus(cudaMalloc(reinterpret_cast<void**>(&device), bytes),
-                                  absl::StrCat("cudaMalloc(", bytes, ") for the retrieve staging")));
+  RETURN_IF_ERROR(
+      gpu::CudaStatus(cudaMalloc(reinterpret_cast<void**>(&device), bytes),
+                      absl::StrCat("cudaMalloc(", bytes, ") for the retrieve staging")));
   std::unique_ptr<uint8_t, CudaRuntime::CudaFree> owned(device);
-  RETURN_IF_ERROR(store->StageReadsOnGpu(absl::MakeSpan(device, bytes), rt->verifier.get(), depth));
+  RETURN_IF_ERROR(
+      store->StageReadsOnGpu(absl::MakeSpan(device, bytes), rt->verifier.get(), depth));
   rt->read_staging = std::move(owned);
-  rt->read_staging_bytes = bytes;
   return absl::OkStatus();
 }
 
@@ -165,31 +165,31 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     // Checked objects stay in GPU memory, from which the copier places them: one PCIe crossing
     // per byte (gpu/gpu_verifier.h). With bounce slots the layers are staged there and the reads
     // land in a few host slots per device; else in a GPU mirror of the host retrieve staging.
-    const uint32_t depth = config.datapath().read_bounce_depth();
-    gpu::GpuVerifierOptions vo;
-    if (depth == 0) vo.mirror = store->retrieve_staging_region();
-    ASSIGN_OR_RETURN(rt->verifier,
-                     gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
     rt->store = store;
-    absl::Status staged = absl::OkStatus();
-    if (depth > 0) staged = StageReadsOnGpu(rt.get(), store, depth);
-    if (depth > 0 && staged.ok()) {
-      checks = absl::StrCat("retrieve layers staged in ", rt->read_staging_bytes >> 20,
-                            " MiB of GPU memory, read through ", depth,
-                            " host bounce slots per pool device and checked on the GPU");
-    } else {
-      if (!staged.ok()) {
-        // Not fatal: the mirror does the same job with whole layers staged in host memory.
+    const uint32_t depth = config.datapath().read_bounce_depth();
+    const uint64_t staging_mib = store->retrieve_staging_region().size() >> 20;
+    if (depth > 0) {
+      ASSIGN_OR_RETURN(rt->verifier, gpu::MakeGpuVerifier({}, *rt->check_stream,
+                                                          store->cpu_verifier()));
+      const absl::Status staged = StageReadsOnGpu(rt.get(), store, depth);
+      if (staged.ok()) {
+        checks = absl::StrCat("retrieve layers staged in ", staging_mib,
+                              " MiB of GPU memory, read through ", depth,
+                              " host bounce slots per pool device and checked on the GPU");
+      } else {  // not fatal: the mirror does the same job with whole layers in host memory
         notes->push_back(absl::StrCat("datapath.read_bounce_depth = ", depth,
                                       ": retrieve layers cannot be staged in GPU memory (",
                                       staged.message(), "); staging them in host memory"));
         rt->verifier.reset();
-        vo.mirror = store->retrieve_staging_region();
-        ASSIGN_OR_RETURN(rt->verifier,
-                         gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
       }
+    }
+    if (rt->verifier == nullptr) {
+      gpu::GpuVerifierOptions vo;
+      vo.mirror = store->retrieve_staging_region();
+      ASSIGN_OR_RETURN(rt->verifier,
+                       gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
       store->SetReadVerifier(rt->verifier.get());
-      checks = absl::StrCat("retrieve checks on the GPU, over a ", vo.mirror.size() >> 20,
+      checks = absl::StrCat("retrieve checks on the GPU, over a ", staging_mib,
                             " MiB mirror of the retrieve staging in GPU memory");
     }
   }

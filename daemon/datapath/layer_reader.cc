@@ -148,8 +148,10 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
     if (bounce_ == nullptr) {
       PostBatch(r, in, begin, end, nullptr);
     } else {
-      bounce_->Acquire(in->reqs[begin].file, [this, &r, in, begin = begin, end = end](
-                                                 uint8_t* slot) { PostBatch(r, in, begin, end, slot); });
+      bounce_->Acquire(in->reqs[begin].file,
+                       [this, &r, in, begin = begin, end = end](uint8_t* slot) {
+                         PostBatch(r, in, begin, end, slot);
+                       });
     }
   }
 }
@@ -180,10 +182,8 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
     uint8_t* const bytes = slot != nullptr ? slot + in->bounce_offsets[o.io] +
                                                  (o.staging_offset - io.staging_offset)
                                            : in->staging + o.staging_offset;
-    uint8_t* const place =
-        slot != nullptr ? in->staging + o.staging_offset : nullptr;
-    in->checks[k] = ObjectCheck{r.ns,      &src.key, src.epoch,
-                                object,    bytes,    len,
+    uint8_t* const place = slot != nullptr ? in->staging + o.staging_offset : nullptr;
+    in->checks[k] = ObjectCheck{r.ns, &src.key, src.epoch, object, bytes, len,
                                 src.checksums[object], &in->device_copies[k], place};
   }
   const uint32_t file = in->reqs[begin].file;

@@ -152,11 +152,13 @@ TEST_F(BlockStoreTest, RetrievesIntoGpuMemoryStageLayersThroughBounceSlots) {
   for (CaptureOutcome o : Store(keys)) EXPECT_EQ(o, CaptureOutcome::kDurable);
   const absl::Span<uint8_t> host = store_->retrieve_staging_region();
   std::vector<uint8_t> device_memory(host.size() + 4096);
-  uint8_t* device = device_memory.data() + (4096 - reinterpret_cast<uintptr_t>(device_memory.data()) % 4096) % 4096;
+  uint8_t* device = device_memory.data() +
+                    (4096 - reinterpret_cast<uintptr_t>(device_memory.data()) % 4096) % 4096;
   datapath::PlacingVerifierFake placing(store_->cpu_verifier());
   EXPECT_EQ(store_->StageReadsOnGpu(absl::MakeSpan(device, host.size() / 2), &placing, 2).code(),
             absl::StatusCode::kInvalidArgument);  // smaller than the retrieve staging
-  const absl::Status staged = store_->StageReadsOnGpu(absl::MakeSpan(device, host.size()), &placing, 2);
+  const absl::Status staged =
+      store_->StageReadsOnGpu(absl::MakeSpan(device, host.size()), &placing, 2);
   ASSERT_TRUE(staged.ok()) << staged;
   EXPECT_NE(store_->reader(true), store_->reader(false));
   auto read = [&](bool into_gpu, int* served, int* bad) {
