@@ -23,7 +23,9 @@ Parts:
          pool.dirs on the devices, DRAM tier off, state on tmpfs; (b) --sessions sessions with a
          Llama-3-8B-shaped KV cache (32 layers x K,V objects of 16 tokens x 8 heads x 128 dims
          bf16 = 32 KiB, 2 MiB a block) in GPU memory (--local: shared host memory), random
-         content; --gib of blocks stored and made durable, timed; (c) every layer of every block
+         content; --gib of blocks stored and made durable, timed, --store-rounds times (the
+         first into the fresh pool, each later one the same blocks under new keys into the full
+         pool, evicting; the figures are the last round's); (c) every layer of every block
          retrieved into other blocks of the same cache (calls of at most max_blocks_per_call
          blocks, one Retrieve per session at a time, sessions at once), --retrieve-rounds times,
          and every retrieved byte compared with the stored one (a checker self-test first proves
@@ -38,10 +40,10 @@ Parts:
          from DRAM), against the contiguous pinned host-to-GPU copy rate (torch, 1 GiB), also
          measured once per run whenever array or dram runs.
   ttft   Llama-3-8B shape (random weights, bf16), T = --ttft-tokens (32768), --ttft-share (0.98)
-         of it cached, load-all, prefix on a tmpfs:--ttft-devices (8) array: TTFT from the SSD tier
-         (DRAM tier off), recompute-all, from the DRAM tier; against the pipeline's limit: the
-         prefix's bytes at the raw read rate of the same array in this run plus one layer's
-         compute of the new tokens (CUDA events).
+         of it cached, load-all, prefix on an --ttft-emulation:--ttft-devices (tmpfs:8) array:
+         TTFT from the SSD tier (DRAM tier off), recompute-all, from the DRAM tier; against the
+         pipeline's limit: the prefix's bytes at the raw read rate of the same array in this
+         run plus one layer's compute of the new tokens (CUDA events).
 
 Results: one JSON line per figure appended to --out (bench, metric, value = ratio = measured /
 baseline, unit "ratio", baseline_name, baseline_value, measured_value, measured_unit, n_devices,
@@ -969,6 +971,12 @@ class Session:
         self.keys = tutti.chain_keys(range(n * BLOCK_TOKENS), BLOCK_TOKENS,
                                      parent=os.urandom(16))
 
+    def rekey(self):
+        """New keys for the same blocks: the next store() stores every block again."""
+        import tutti
+        self.keys = tutti.chain_keys(range(self.n * BLOCK_TOKENS), BLOCK_TOKENS,
+                                     parent=os.urandom(16))
+
     def sync(self):
         if not self.local:
             self.torch.cuda.synchronize()
@@ -1259,13 +1267,24 @@ def store_and_retrieve(args, array, name, dram):
         sessions = open_sessions(args, daemon, args.sessions, per)
         mbpc = sessions[0].client.info["max_blocks_per_call"]
         call = min(call, mbpc)
-        store_gbps, store_s, store_cpu = phase_store(args, daemon, sessions)
-        log("  store   %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid %.2f cores, %.3f CPU "
-            "s/GB, busiest thread %s; iou-wrk %s; write pipeline %s; writes %s" % (
-                per * args.sessions, per * args.sessions * BLOCK_BYTES / GiB, store_s,
-                store_gbps, store_cpu["cores"], store_cpu["cpu_s_per_gb"],
-                store_cpu["busiest_thread"], store_cpu["iou_workers"], store_cpu["writes"],
-                store_cpu["write_io"]))
+        # Round 1 fills a fresh pool (on ext4, its first writes convert unwritten extents);
+        # each later round stores the same blocks under new keys into the full pool, which
+        # evicts the oldest blocks first (a cache's steady state). The figures are the last
+        # round's; the first round's are kept beside them.
+        store_rounds = []
+        for r in range(args.store_rounds):
+            if r > 0:
+                for s in sessions:
+                    s.rekey()
+            store_gbps, store_s, store_cpu = phase_store(args, daemon, sessions)
+            store_rounds.append(store_gbps)
+            log("  store round %d (%s pool): %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid "
+                "%.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; write pipeline %s; "
+                "writes %s" % (
+                    r + 1, "fresh" if r == 0 else "full", per * args.sessions,
+                    per * args.sessions * BLOCK_BYTES / GiB, store_s, store_gbps,
+                    store_cpu["cores"], store_cpu["cpu_s_per_gb"], store_cpu["busiest_thread"],
+                    store_cpu["iou_workers"], store_cpu["writes"], store_cpu["write_io"]))
         rounds = []
         for r in range(args.retrieve_rounds):
             gbps, secs, cpu = phase_retrieve(args, daemon, sessions, call)
@@ -1294,6 +1313,7 @@ def store_and_retrieve(args, array, name, dram):
     return {
         "blocks": per * args.sessions, "call_blocks": call, "sessions": args.sessions,
         "store_gbps": store_gbps, "store_s": store_s, "store_cpu": store_cpu,
+        "store_rounds_gbps": [round(x, 3) for x in store_rounds],
         "retrieve_gbps": best[0], "retrieve_rounds_gbps": [round(x[0], 3) for x in rounds],
         "retrieve_cpu": best[2], "capacity": capacity, "dram_bytes": dram_bytes,
     }
@@ -1542,6 +1562,8 @@ def one_array_config(args, results, ctx, emulation, n):
         raw_runs_gbps=[w0["runs_gbps"], w1["runs_gbps"]], store_wait=args.store_wait,
         raw_staging_sized_gbps=cold_w["gbps"], raw_staging_sized_buffer_bytes=cold_w["buffer_bytes"],
         raw_iou_workers_max=max(w0.get("iou_workers_max", 0), w1.get("iou_workers_max", 0)),
+        store_rounds_gbps=t["store_rounds_gbps"],
+        pool_state="fresh" if len(t["store_rounds_gbps"]) == 1 else "full, evicting",
         store_batch=args.store_batch, cpu_s_per_gb=sc["cpu_s_per_gb"],
         cpu_s_per_gb_without_iou=sc["cpu_s_per_gb_without_iou"], cores=sc["cores"],
         busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
@@ -1550,10 +1572,15 @@ def one_array_config(args, results, ctx, emulation, n):
         store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"),
         write_io=sc.get("write_io"), **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
-             "(admin Stats blocks_stored and an empty write backlog); raw: mean of raw_array_io "
-             "random writes (fdatasync at the end) right before and after tuttid (%s)" % (
+             "(admin Stats blocks_stored and an empty write backlog), %s; raw: mean of "
+             "raw_array_io random writes (fdatasync at the end) over files filled first, right "
+             "before and after tuttid (%s)" % (
                  t["blocks"], args.store_batch, "wait_durable" if args.store_wait == "durable"
-                 else "no wait_durable, rejected_full retried", raw_amount(args)))
+                 else "no wait_durable, rejected_full retried",
+                 "into a fresh pool" if len(t["store_rounds_gbps"]) == 1 else
+                 "the last of %d rounds, each after the first into the full pool under new "
+                 "keys (evicting); store_rounds_gbps[0] filled the fresh pool" %
+                 len(t["store_rounds_gbps"]), raw_amount(args)))
     bt = lambda c: "%s %.2f" % (c["busiest_thread"]["name"], c["busiest_thread"]["share"])
     results.table_rows.append((
         "%s:%d" % (emulation, n), "%.2f" % raw_read, "%.2f" % raw_write, "%.1f" % copy,
@@ -1604,8 +1631,9 @@ def part_ttft(args, results, ctx):
     import gpu_e2e as g
     import ttft_grid as tg
     g.DEV = "cpu" if args.local else "cuda"
-    log("=== ttft: T=%d, %.0f%% cached, load-all, prefix on tmpfs:%d" % (
-        args.ttft_tokens, 100 * args.ttft_share, args.ttft_devices))
+    emulation, n = args.ttft_emulation, args.ttft_devices
+    log("=== ttft: T=%d, %.0f%% cached, load-all, prefix on %s:%d" % (
+        args.ttft_tokens, 100 * args.ttft_share, emulation, n))
     shape, dtype = tg.shapes(args)["8b"]
     T = args.ttft_tokens
     cached_blocks = int(args.ttft_share * T) // BLOCK_TOKENS
@@ -1615,18 +1643,20 @@ def part_ttft(args, results, ctx):
     mark = TEARDOWN.mark()
     bench = None
     try:
-        array = build_tmpfs_array(args, args.ttft_devices)
-        span = max(prefix_bytes // args.ttft_devices // (args.io_kib * 1024), 64) * \
-            args.io_kib * 1024
-        run_rawio(args, array, "write", span, prefix_bytes, fill=True)
-        raw0 = run_rawio(args, array, "read", span, prefix_bytes)
-        model = tg.build_model(shape, dtype)
-        layout = g.layout_of(shape, tg.dtype_bytes(dtype))
+        span = max(prefix_bytes // n // (args.io_kib * 1024), 64) * args.io_kib * 1024
         slot = block_bytes + 8192
         # Over twice the prefix: one session may pin at most half the pool (limits.
         # max_pinned_pool_share_per_user).
         cap = int(2.25 * cached_blocks * slot) + 256 * MiB
-        check_room(args.base, cap + span * args.ttft_devices, "the TTFT part")
+        check_room(args.base, (cap + span * n) * (1.1 if emulation == "loop" else 1.0),
+                   "the TTFT part")
+        array = (build_tmpfs_array(args, n) if emulation == "tmpfs"
+                 else build_loop_array(args, n, cap / n + span))
+        log("  %s" % array.describe())
+        run_rawio(args, array, "write", span, prefix_bytes, fill=True)
+        raw0 = run_rawio(args, array, "read", span, prefix_bytes)
+        model = tg.build_model(shape, dtype)
+        layout = g.layout_of(shape, tg.dtype_bytes(dtype))
 
         def cfg(root, sock):
             c = tuttid_config(args, array, root, sock, cap, cap)
@@ -1674,7 +1704,8 @@ def part_ttft(args, results, ctx):
     compute_bound_ms = prefix_bytes / shape.layers / (raw * GB) * 1e3 + compute_ms
     pipeline_limit_ms = max(limit_ms, compute_bound_ms)
     rec, ssd_ms, dram_ms = min(recompute), min(ssd), min(dram)
-    common = dict(n_devices=args.ttft_devices, emulation="tmpfs", tokens=T,
+    common = dict(n_devices=n, emulation=emulation, array=array.describe(),
+                  io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None, tokens=T,
                   cached_tokens=hits * BLOCK_TOKENS, prefix_bytes=prefix_bytes,
                   raw_gbps=raw, raw_gbps_before_after=[raw0["gbps"], raw1["gbps"]],
                   layer_ms=layer_ms, compute_ms=compute_ms, recompute_ms=rec, ssd_ms=ssd_ms,
@@ -1944,6 +1975,10 @@ def parse_args(argv):
                     help="limits.retrieve_staging_bytes in MiB (default 1024 on the GPU, where a "
                     "layer of a 2048-block call is 128 MiB and 256 MiB holds two: with 1 GiB, "
                     "8 layers are read ahead; 0: tuttid's default, 256 MiB; --local: 0)")
+    ap.add_argument("--store-rounds", type=int, default=2,
+                    help="store rounds: the first into a fresh pool, each later one the same "
+                         "blocks under new keys into the full pool (evicting); the store figures "
+                         "are the last round's")
     ap.add_argument("--retrieve-rounds", type=int, default=3,
                     help="retrieves of every block; the best counts (the first is often a "
                     "warm-up)")
@@ -1962,7 +1997,11 @@ def parse_args(argv):
                     "limits.retrieve_staging_bytes=1073741824 (repeatable)")
     ap.add_argument("--ttft-tokens", type=int, default=0, help="T (default 32768; --local 128)")
     ap.add_argument("--ttft-share", type=float, default=0.98, help="cached share of T")
-    ap.add_argument("--ttft-devices", type=int, default=8, help="tmpfs directories of the prefix")
+    ap.add_argument("--ttft-devices", type=int, default=8,
+                    help="devices of the TTFT part's array (and engine_loss's tmpfs directories)")
+    ap.add_argument("--ttft-emulation", choices=("tmpfs", "loop"), default="tmpfs",
+                    help="the TTFT part's array: tmpfs directories, or capped loop devices with "
+                         "ext4 as the array part builds them")
     ap.add_argument("--ttft-runs", type=int, default=2, help="runs after a warm-up")
     ap.add_argument("--loss-alone-s", type=float, default=3.0,
                     help="engine_loss: seconds the busy engine runs alone before and after")
@@ -1995,6 +2034,8 @@ def parse_args(argv):
     args.cpu_dry_run = args.local  # what tests/e2e's shapes() reads
     if args.sessions < 1:
         raise SetupError("--sessions must be at least 1")
+    if args.store_rounds < 1:
+        raise SetupError("--store-rounds must be at least 1")
     return args
 
 
