@@ -255,6 +255,169 @@ TEST(RobustAdviceTest, BetweenPureStrategiesTheSmallerWorstCaseWins) {
   EXPECT_EQ(slow.refused_load_blocks, 512u);
 }
 
+// The H200's grid profile of stop 33 (2026-12-03, bench/results/e2e_compute_profile.jsonl,
+// layer_compute_ms_T*): {T, K, mean layer ms, ms outside the layers}.
+const Profiled kGridProfileS33[] = {
+    {2048, 0, 1.842, 1.81},      {4096, 0, 3.742, 2.40},      {4096, 512, 3.913, 1.69},
+    {4096, 1024, 3.33, 2.14},    {4096, 2048, 2.295, 1.18},   {4096, 3072, 1.252, 1.17},
+    {4096, 3680, 1.407, 1.20},   {4096, 4000, 0.903, 1.01},   {8192, 0, 7.88, 2.42},
+    {16384, 0, 18.106, 4.52},    {16384, 2048, 25.993, 2.69}, {16384, 4096, 22.294, 4.18},
+    {16384, 8192, 14.548, 3.36}, {16384, 12288, 7.438, 1.73}, {16384, 14736, 3.595, 2.10},
+    {16384, 16048, 1.386, 1.49}, {32768, 0, 42.974, 6.75},    {32768, 4096, 79.058, 7.11},
+    {32768, 8192, 67.595, 6.24}, {32768, 16384, 45.356, 5.07}, {32768, 24576, 23.065, 2.85},
+    {32768, 29488, 9.664, 1.77}, {32768, 32112, 3.365, 2.04},
+};
+
+// The split's inputs as tuttid had them at a grid point of stop 33: the grid profile's model, the
+// meter's figures, the recompute side's correction (1.013 in the refusal line).
+SplitInput S33Input(const ComputeModel& model, uint32_t t, const std::vector<bool>& hits,
+                    double ssd_bps, double ssd_low_bps) {
+  SplitInput in;
+  in.num_layers = kShape.num_layers;
+  in.block_tokens = kShape.block_tokens;
+  in.prompt_tokens = t;
+  in.layer_bytes = kShape.layer_bytes;
+  in.hit_in_dram = hits;
+  in.dram_bytes_per_sec = 20e9;
+  in.ssd_bytes_per_sec = ssd_bps;
+  in.ssd_low_bytes_per_sec = ssd_low_bps;
+  in.overhead_ms = model.OverheadMs();
+  in.min_interior_gain = 0.1;  // datapath.decision_min_gain's default
+  in.recompute_spread = model.Spread(false);
+  in.load_compute_spread = model.Spread(true);
+  in.recompute_scale = 1.013;
+  in.layer_ms = [&model](uint32_t c, uint32_t k) { return model.LayerMs(c, k).value_or(0); };
+  return in;
+}
+
+void PrintCandidates(const Split& s) {
+  for (uint32_t i = 0; i < s.num_candidates; ++i) {
+    const SplitCandidate& c = s.candidates[i];
+    std::printf("  candidate k=%u: %.1f [%.1f, %.1f] ms, worst-case regret %.3f\n", c.load_blocks,
+                c.ttft_ms, c.low_ms, c.high_ms, c.regret);
+  }
+}
+
+// The H200's SSD grid at T = 16384, 50% cached (stop 33): the central best loaded 456 of 512
+// hits, predicted 511.0 ms with its high end at 588.0, recomputing 579.8 (568.2-591.3), the SSD at
+// 1.94 GB/s (low 1.72) and the compute spreads 0.020 / 0.152 (tuttid's refusal line). The rule of
+// that run refused the split and recomputed: 596 ms, while loading all ran 543 (1.098x). The split's
+// worst case is 588 against recomputing's best, 568.2 (1.035x); recomputing's is 591.3 against
+// the split's 511 (1.157x); loading all's, at the pessimistic bandwidth, larger still. The minimax
+// rule takes the split.
+TEST(RobustAdviceTest, MinimaxTakesTheSplitAtSsd16KHalfCached) {
+  ComputeModel model;
+  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
+    model.Add(s);
+  }
+  const SplitInput in = S33Input(model, 16384, std::vector<bool>(512, false), 1.94e9, 1.72e9);
+  const Split s = ChooseSplit(in);
+  std::printf("T=16384, 512 SSD hits (stop 33): k=%u %.1f [%.1f, %.1f] ms, recompute %.1f, "
+              "load-all %.1f\n",
+              s.load_blocks, s.ttft_ms, s.ttft_low_ms, s.ttft_high_ms, s.recompute_ms,
+              s.load_all_ms);
+  PrintCandidates(s);
+  // The inputs reproduce the run's figures.
+  EXPECT_NEAR(in.recompute_spread, 0.020, 0.0005);
+  EXPECT_NEAR(in.load_compute_spread, 0.152, 0.0005);
+  ASSERT_EQ(s.num_candidates, 3u);
+  const SplitCandidate& recompute = s.candidates[0];
+  const SplitCandidate& load_all = s.candidates[1];
+  const SplitCandidate& split = s.candidates[2];
+  EXPECT_EQ(load_all.load_blocks, 512u);
+  EXPECT_NEAR(split.load_blocks, 456, 4);
+  EXPECT_NEAR(split.ttft_ms, 511.0, 2);
+  EXPECT_NEAR(split.high_ms, 588.0, 2);
+  EXPECT_NEAR(recompute.ttft_ms, 579.8, 1);
+  EXPECT_NEAR(recompute.low_ms, 568.2, 1);
+  EXPECT_NEAR(recompute.high_ms, 591.3, 1);
+  // The split does not win beyond the uncertainty: the rule of that run refused it.
+  EXPECT_GT(split.high_ms, recompute.low_ms);
+  // Minimax regret: the split's worst case is the least, by far more than a near tie.
+  EXPECT_NEAR(split.regret, 588.0 / 568.2, 0.005);
+  EXPECT_NEAR(recompute.regret, 591.3 / 511.0, 0.005);
+  EXPECT_GT(load_all.regret, recompute.regret);
+  EXPECT_NE(s.load_blocks, 0u) << "recomputing ran 1.098x loading all";
+  EXPECT_EQ(s.load_blocks, split.load_blocks);
+  EXPECT_EQ(s.refused_load_blocks, 0u);
+  // The run's rule weighed the two pure strategies alone: loading all's worst case against
+  // recomputing (643.6 / 568.1) above recomputing's against loading all (591.2 / 570.7).
+  EXPECT_GT(load_all.high_ms / recompute.low_ms, recompute.high_ms / load_all.low_ms);
+}
+
+// The same point with the disk's newest Read at half its mean (a device that may have slowed):
+// the split's worst case is then clearly the larger, and the advice recomputes, the split logged
+// as refused.
+TEST(RobustAdviceTest, MinimaxStillRecomputesWhereLoadingsWorstCaseIsWorse) {
+  ComputeModel model;
+  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
+    model.Add(s);
+  }
+  const std::vector<bool> hits(512, false);
+  for (const double low : {0.97e9, 1.2e9}) {
+    SCOPED_TRACE(low);
+    const Split s = ChooseSplit(S33Input(model, 16384, hits, 1.94e9, low));
+    std::printf("T=16384, 512 SSD hits, SSD low %.2f GB/s: k=%u\n", low / 1e9, s.load_blocks);
+    PrintCandidates(s);
+    ASSERT_EQ(s.num_candidates, 3u);
+    EXPECT_EQ(s.load_blocks, 0u);
+    EXPECT_EQ(s.refused_load_blocks, s.candidates[2].load_blocks);
+    EXPECT_GT(s.candidates[2].regret, 1.01 * s.candidates[0].regret);
+  }
+}
+
+// Where the central best is a pure strategy the candidates are the two pure ones and the choice is
+// that of 621d027 (loading all if it wins beyond the uncertainty, or wins centrally with the
+// smaller worst-case ratio), but for near ties: where loading all's worst case is within
+// kRegretNearTie of recomputing's, recomputing. Swept over the disk's pessimistic figure (1 MB/s
+// steps) and the spreads, at the point of BetweenPureStrategiesTheSmallerWorstCaseWins.
+TEST(RobustAdviceTest, BetweenPureStrategiesTheRuleIsUnchangedButForNearTies) {
+  SplitInput in;
+  in.num_layers = kShape.num_layers;
+  in.block_tokens = kShape.block_tokens;
+  in.prompt_tokens = 16384;
+  in.layer_bytes = kShape.layer_bytes;
+  in.hit_in_dram.assign(512, false);
+  in.dram_bytes_per_sec = 20e9;
+  in.ssd_bytes_per_sec = 2.03e9;
+  in.overhead_ms = 3;
+  in.min_interior_gain = 0.1;
+  in.layer_ms = [](uint32_t t, uint32_t k) {
+    return k == 0 ? 18.5 * t / 16384.0 : 15.28 * (t - k) / 8192.0;
+  };
+  int loads = 0, recomputes = 0, near_ties = 0;
+  for (const double recompute_spread : {0.0, 0.02, 0.05}) {
+    for (const double load_spread : {0.0, 0.152}) {
+      for (int mbps = 2030; mbps >= 1500; --mbps) {
+        in.recompute_spread = recompute_spread;
+        in.load_compute_spread = load_spread;
+        in.ssd_low_bytes_per_sec = mbps * 1e6;
+        const Split s = ChooseSplit(in);
+        ASSERT_EQ(s.num_candidates, 2u) << "the central best is a pure strategy";
+        const SplitCandidate& r = s.candidates[0];
+        const SplitCandidate& a = s.candidates[1];
+        // 621d027's rule.
+        const bool old_loads = a.high_ms <= r.low_ms ||
+                               (a.ttft_ms < r.ttft_ms &&
+                                a.high_ms / r.low_ms < r.high_ms / a.low_ms);
+        const bool near_tie = a.regret > 1 && a.regret < r.regret &&
+                              a.regret * (1 + kRegretNearTie) >= r.regret;
+        SCOPED_TRACE(testing::Message() << "spreads " << recompute_spread << " / " << load_spread
+                                        << ", SSD low " << mbps << " MB/s");
+        EXPECT_EQ(s.load_blocks, old_loads && !near_tie ? 512u : 0u);
+        loads += s.load_blocks > 0;
+        recomputes += s.load_blocks == 0;
+        near_ties += near_tie;
+      }
+    }
+  }
+  std::printf("pure strategies: %d loads, %d recomputes, %d near ties recomputed\n", loads,
+              recomputes, near_ties);
+  EXPECT_GT(loads, 0);
+  EXPECT_GT(recomputes, 0);
+  EXPECT_GT(near_ties, 0);
+}
+
 // Compute 0.001 ms per token and layer (8.2 ms a layer for 8,192 tokens), 500 SSD hits of 64 KiB
 // a layer each. At 0.8 GB/s the best split (about 66 blocks, loads overlapping compute) is
 // predicted 16% faster than recomputing; at 0.4 GB/s 9%, under the 10% an interior split needs;
