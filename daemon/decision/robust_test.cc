@@ -3,13 +3,20 @@
 // Figures: bench/results/e2e_ttft_grid.jsonl, e2e_compute_profile.jsonl and
 // e2e_ttft_grid_throttled_2026-12-01c.log (H200, Llama-3-8B shape, 16-token blocks).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
+#include <sstream>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/decision/split.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ostream_sink.h"
 
 namespace tutti::decision {
 namespace {
@@ -453,6 +460,30 @@ TEST(RobustAdviceTest, ASuddenSlowdownMovesTheAdviceToRecomputeWithinOneSample) 
   std::printf("after one slow read: k=%u %.1f [%.1f, %.1f] recompute %.1f\n", a.load_blocks,
               a.ttft_ms, a.ttft_low_ms, a.ttft_high_ms, a.recompute_ms);
   EXPECT_EQ(a.load_blocks, 0u);
+}
+
+// The refusal line (at most one a second) names the candidates weighed and their worst-case
+// regrets, the figures that decided.
+TEST(RobustAdviceTest, TheRefusalLineGivesTheCandidatesAndTheirRegrets) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  const std::shared_ptr<spdlog::logger> logger = log::Get("decision");
+  logger->sinks().push_back(sink);
+  Live live;
+  live.m.Reads(Tier::kSsd, 20, kReadBytes, 0.8e9);
+  live.m.Reads(Tier::kSsd, 1, kReadBytes, 0.2e9);  // one slow read: the split is refused
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past an earlier test's line
+  const Advice a = live.Advise();
+  logger->sinks().pop_back();
+  ASSERT_GT(a.refused_load_blocks, 0u);
+  const std::string line = out.str();
+  std::printf("%s", line.c_str());
+  EXPECT_NE(line.find("refused for its uncertainty"), std::string::npos) << line;
+  EXPECT_NE(line.find("minimax regret over the candidates 0: "), std::string::npos) << line;
+  EXPECT_NE(line.find("; 500: "), std::string::npos) << "loading all" << line;
+  EXPECT_NE(line.find(absl::StrCat("; ", a.refused_load_blocks, ": ")), std::string::npos)
+      << "the refused split" << line;
+  EXPECT_NE(line.find("worst-case regret "), std::string::npos) << line;
 }
 
 TEST(RobustAdviceTest, AWriteBacklogMovesTheAdviceToRecomputeBeforeAnySample) {
