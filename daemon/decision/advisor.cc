@@ -271,8 +271,9 @@ void RegisterAdvisorStats(std::function<AdvisorStats()> stats, stats::Registry* 
       .Counter("tutti_decision_corrections_total", "Measured TTFTs far enough off their "
                "prediction to correct the model at once.",
                [](const AdvisorStats& d) { return d.corrections; }, "decision_corrections")
-      .Add({"tutti_decision_refused_loads_total", "Advice where loading won centrally but not "
-            "beyond the prediction's uncertainty: recomputed, or loaded anyway to explore.",
+      .Add({"tutti_decision_refused_loads_total", "Advice where the central best loaded but "
+            "another candidate's worst-case regret was the least: that candidate advised, or the "
+            "central best loaded anyway to explore.",
             stats::Type::kCounter, {"advised"}},
            [](const AdvisorStats& d, stats::Samples* out) {
              out->Add({"recompute"}, d.refused_loads, "decision_refused_loads");

@@ -305,13 +305,13 @@ void PrintCandidates(const Split& s) {
   }
 }
 
-// The H200's SSD grid at T = 16384, 50% cached (stop 33): the central best loaded 456 of 512
-// hits, predicted 511.0 ms with its high end at 588.0, recomputing 579.8 (568.2-591.3), the SSD at
-// 1.94 GB/s (low 1.72) and the compute spreads 0.020 / 0.152 (tuttid's refusal line). The rule of
-// that run refused the split and recomputed: 596 ms, while loading all ran 543 (1.098x). The split's
-// worst case is 588 against recomputing's best, 568.2 (1.035x); recomputing's is 591.3 against
-// the split's 511 (1.157x); loading all's, at the pessimistic bandwidth, larger still. The minimax
-// rule takes the split.
+// The H200's SSD grid at T = 16384, 50% cached (stop 33): the central best loaded 456 of 512 hits,
+// predicted 511.0 ms with its high end at 588.0, recomputing 579.8 (568.2-591.3), the SSD at 1.94
+// GB/s (low 1.72) and the compute spreads 0.020 / 0.152 (tuttid's refusal line). The rule of that
+// run refused the split and recomputed: 596 ms, while loading all ran 543 (1.098x). The split's
+// worst case is 588 against recomputing's best, 568.2 (1.035x); recomputing's is 591.3 against the
+// split's 511 (1.156x); loading all's, at the pessimistic bandwidth, larger still. The minimax rule
+// takes the split.
 TEST(RobustAdviceTest, MinimaxTakesTheSplitAtSsd16KHalfCached) {
   ComputeModel model;
   for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
@@ -373,16 +373,16 @@ TEST(RobustAdviceTest, MinimaxStillRecomputesWhereLoadingsWorstCaseIsWorse) {
   }
 }
 
-// The H200's DRAM grid at T = 4096, 90% cached (stop 33): advised 38.7 ms against load-all's
-// 36.3 (1.066). The advice loaded all 230 hits: the same strategy as the load-all runs, whose
-// runs spread 36.3-46.2 ms (the advised ones 38.7-45.4), so the ratio is between the minima of
-// four runs each of one strategy. tuttid predicted loading all 41.10 ms there (42.88 at 98%, 250
-// hits, where load-all ran 37.1-51.3): with the grid's profile that is a DRAM figure of about
-// 13.0 (13.4) GB/s. At it the advice loads everything beyond the uncertainty (worst-case regret
-// below 1; recomputing about 3x slower), and loading all is predicted above the fastest measured run:
-// the load side is over-predicted at small T, not under, so no fixed per-load cost missing from it
-// (the Retrieve's round trip, under a millisecond; the Lookup is paid by either strategy) made
-// loading look better than it is, and adding one would change no choice here.
+// The H200's DRAM grid at T = 4096, 90% cached (stop 33): advised 38.7 ms against load-all's 36.3
+// (1.066). The advice loaded all 230 hits: the same strategy as the load-all runs, whose runs
+// spread 36.3-46.2 ms (the advised ones 38.7-45.4), so the ratio is between the minima of four runs
+// each of one strategy. tuttid predicted loading all 41.10 ms there (42.88 at 98%, 250 hits, where
+// load-all ran 37.1-51.3): with the grid's profile that is a DRAM figure of about 13.0 (13.4) GB/s.
+// At it the advice loads everything beyond the uncertainty (worst-case regret below 1; recomputing
+// about 3x slower), and loading all is predicted above the fastest measured run: the load side is
+// over-predicted at small T, not under, so no fixed per-load cost missing from it (the Retrieve's
+// round trip, under a millisecond; the Lookup is paid by either strategy) made loading look better
+// than it is, and adding one would change no choice here.
 TEST(RobustAdviceTest, DramAt4KLoadsEverythingBeyondTheUncertainty) {
   ComputeModel model;
   for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {

@@ -98,8 +98,8 @@ struct Split {
   // The interval of ttft_ms: for k = 0 the compute spread either way; for k > 0 from the central
   // bandwidths and compute (low) to the pessimistic ones (high).
   double ttft_low_ms = 0, ttft_high_ms = 0;
-  // The central prediction's best k, when it loaded and was refused for the uncertainty, and the
-  // high end of its interval (what it had to beat: recomputing's low end, or loading everything's).
+  // The central prediction's best k, when it loaded and another candidate was advised (its
+  // worst-case regret the least, "The choice"), and the high end of its interval.
   uint32_t refused_load_blocks = 0;
   double refused_high_ms = 0;
   // The candidates weighed, simplest first: recomputing; loading everything (kmax > 0); the
@@ -114,8 +114,8 @@ double PredictTtftMs(const SplitInput& in, uint32_t load_blocks);
 
 // The choice above: the central best k in [0, kmax] (the least corrected TTFT(k), ties: the larger
 // k; an interior one only by min_interior_gain) if it wins beyond the uncertainty, else the
-// candidate with the least worst-case regret. Preconditions: num_layers, block_tokens, prompt_tokens >= 1,
-// both bandwidths > 0, layer_ms set, the scales > 0.
+// candidate with the least worst-case regret. Preconditions: num_layers, block_tokens,
+// prompt_tokens >= 1, both bandwidths > 0, layer_ms set, the scales > 0.
 Split ChooseSplit(const SplitInput& in);
 
 }  // namespace tutti::decision
