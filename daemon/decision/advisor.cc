@@ -47,6 +47,19 @@ absl::Status ValidateSample(size_t i, const ComputeSample& s) {
   return absl::OkStatus();
 }
 
+// The candidates of the choice (split.h), as the refusal line gives them: "k: predicted [low,
+// high] ms, worst-case regret r" each, simplest first.
+std::string CandidatesText(const Split& split) {
+  std::string text;
+  for (uint32_t i = 0; i < split.num_candidates; ++i) {
+    const SplitCandidate& c = split.candidates[i];
+    absl::StrAppend(&text, i > 0 ? "; " : "",
+                    absl::StrFormat("%u: %.1f [%.1f, %.1f] ms, worst-case regret %.3f",
+                                    c.load_blocks, c.ttft_ms, c.low_ms, c.high_ms, c.regret));
+  }
+  return text;
+}
+
 }  // namespace
 
 absl::Status ValidateReport(absl::Span<const ComputeSample> samples, uint64_t decision_id,
@@ -109,13 +122,14 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
         log::Get("decision"), spdlog::level::info, 1,
         "namespace {:016x}: loading {} of {} hits (predicted {:.1f} ms, high end {:.1f}) refused "
         "for its uncertainty; advised {} instead (predicted {:.1f} ms, {:.1f}-{:.1f}; "
-        "recomputing {:.1f}); DRAM {:.2f} GB/s (low {:.2f}), SSD {:.2f} GB/s (low {:.2f}), "
+        "recomputing {:.1f}); minimax regret over the candidates {}; "
+        "DRAM {:.2f} GB/s (low {:.2f}), SSD {:.2f} GB/s (low {:.2f}), "
         "compute spread {:.3f} / {:.3f} (plain / prefixed, of {} / {} samples, {} / {} trimmed), "
         "scales {:.3f} / {:.3f} (recompute / load)",
         ns, split.refused_load_blocks, hit_in_dram.size(),
         in.load_scale * PredictTtftMs(in, split.refused_load_blocks), split.refused_high_ms,
         split.load_blocks, split.ttft_ms, split.ttft_low_ms, split.ttft_high_ms,
-        split.recompute_ms, in.dram_bytes_per_sec / 1e9,
+        split.recompute_ms, CandidatesText(split), in.dram_bytes_per_sec / 1e9,
         in.dram_low_bytes_per_sec / 1e9, in.ssd_bytes_per_sec / 1e9,
         in.ssd_low_bytes_per_sec / 1e9, in.recompute_spread, in.load_compute_spread,
         model.Samples(false), model.Samples(true), model.Trimmed(false), model.Trimmed(true),
@@ -257,8 +271,9 @@ void RegisterAdvisorStats(std::function<AdvisorStats()> stats, stats::Registry* 
       .Counter("tutti_decision_corrections_total", "Measured TTFTs far enough off their "
                "prediction to correct the model at once.",
                [](const AdvisorStats& d) { return d.corrections; }, "decision_corrections")
-      .Add({"tutti_decision_refused_loads_total", "Advice where loading won centrally but not "
-            "beyond the prediction's uncertainty: recomputed, or loaded anyway to explore.",
+      .Add({"tutti_decision_refused_loads_total", "Advice where the central best loaded but "
+            "another candidate's worst-case regret was the least: that candidate advised, or the "
+            "central best loaded anyway to explore.",
             stats::Type::kCounter, {"advised"}},
            [](const AdvisorStats& d, stats::Samples* out) {
              out->Add({"recompute"}, d.refused_loads, "decision_refused_loads");

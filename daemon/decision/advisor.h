@@ -20,13 +20,13 @@
 //
 // Robust advice (docs/decision.md "Robust advice"): each prediction carries an interval, from the
 // bandwidths' pessimistic figures (Bandwidths::*_low) and the compute model's spread
-// (ComputeModel::Spread), and a split that loads is advised only where it wins beyond it
-// (split.h). A measured TTFT reported by the model's owner corrects the side it measured at once:
-// a decision that recomputed scales every later TTFT(0) of the namespace, one that loaded scales
-// TTFT(k > 0) (apart for loads from the DRAM tier alone and loads that touch the SSD). Off by more
-// than far_error, the scale is set so the same prediction would have been exact; nearer, it moves
-// a third of the way. Corrections fade toward none with correction_half_life_s, so a device that
-// recovers is tried again.
+// (ComputeModel::Spread), and the advice is the minimax-regret choice among recomputing, loading
+// everything and the central best interior split (split.h, "The choice"). A measured TTFT reported
+// by the model's owner corrects the side it measured at once: a decision that recomputed scales
+// every later TTFT(0) of the namespace, one that loaded scales TTFT(k > 0) (apart for loads from
+// the DRAM tier alone and loads that touch the SSD). Off by more than far_error, the scale is set
+// so the same prediction would have been exact; nearer, it moves a third of the way. Corrections
+// fade toward none with correction_half_life_s, so a device that recovers is tried again.
 //
 // Thread-safety: every method is thread-safe (one mutex; nothing is held across calls).
 #ifndef TUTTI_DAEMON_DECISION_ADVISOR_H_
@@ -114,7 +114,9 @@ struct AdvisorStats {
   double prediction_error_mean = 0;
   double prediction_error_last = 0;
   uint64_t corrections = 0;  // measured TTFTs far enough off to correct the model at once
-  uint64_t refused_loads = 0;  // advice where loading won centrally but not beyond the interval
+  // Advice where the central best loaded but another candidate's worst-case regret was the least
+  // (split.h): recomputing, or loading everything in place of a split.
+  uint64_t refused_loads = 0;
   uint64_t explorations = 0;   // of those, advised to load anyway (AdvisorOptions::explore_every_s)
 };
 

@@ -67,6 +67,62 @@ TEST(SplitTest, AnInteriorSplitMustWinByTheMinimumGain) {
   EXPECT_NEAR(s.recompute_ms, 4.04, 1e-9);
 }
 
+TEST(SplitTest, MinimaxRegretWeighsTheInteriorSplit) {
+  // As above (k = 5 predicts 2.54, recomputing 4.04, loading all 4.01), now with intervals: the
+  // SSD's pessimistic figure at half the rate (L = 0.2 k) and recomputing's compute +-10%.
+  //   recompute: [4 x 1.01 x 0.9, 4 x 1.01 x 1.1] = [3.636, 4.444]
+  //   k = 5:     [2.54, 1.0 + 3 x 1.0 + 0.51 = 4.51]
+  //   load all:  [4.01, 2.0 + 3 x 2.0 + 0.01 = 8.01]
+  // Worst-case regrets (high end over the least other low end): k = 5 4.51 / 3.636 = 1.240,
+  // recomputing 4.444 / 2.54 = 1.750, loading all 8.01 / 2.54 = 3.154: the split. (Refusing the
+  // split for not winning beyond recomputing's low end, then weighing the pure strategies alone,
+  // would recompute.)
+  SplitInput in = Base(kAllSsd, 1e12, 1e10);
+  in.ssd_low_bytes_per_sec = 0.5e10;
+  in.recompute_spread = 0.1;
+  Split s = ChooseSplit(in);
+  EXPECT_EQ(s.load_blocks, 5u);
+  EXPECT_EQ(s.refused_load_blocks, 0u);
+  ASSERT_EQ(s.num_candidates, 3u);
+  const uint32_t ks[] = {0, 10, 5};
+  const double lows[] = {3.636, 4.01, 2.54}, highs[] = {4.444, 8.01, 4.51};
+  const double regrets[] = {4.444 / 2.54, 8.01 / 2.54, 4.51 / 3.636};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(s.candidates[i].load_blocks, ks[i]);
+    EXPECT_NEAR(s.candidates[i].low_ms, lows[i], 1e-9);
+    EXPECT_NEAR(s.candidates[i].high_ms, highs[i], 1e-9);
+    EXPECT_NEAR(s.candidates[i].regret, regrets[i], 1e-9);
+  }
+  EXPECT_NEAR(s.ttft_high_ms, 4.51, 1e-9);
+  // Without the interior candidate (it must win centrally by 37%): recomputing 4.444 / 4.01 =
+  // 1.108 against loading all's 8.01 / 3.636 = 2.203: recomputing, loading all refused.
+  in.min_interior_gain = 0.37;
+  s = ChooseSplit(in);
+  EXPECT_EQ(s.load_blocks, 0u);
+  EXPECT_EQ(s.refused_load_blocks, 10u);
+  ASSERT_EQ(s.num_candidates, 2u);
+  EXPECT_NEAR(s.candidates[0].regret, 4.444 / 4.01, 1e-9);
+  EXPECT_NEAR(s.candidates[1].regret, 8.01 / 3.636, 1e-9);
+}
+
+TEST(SplitTest, NearTiesGoToTheSimplerCandidate) {
+  // The split of the test above with its pessimistic rate set so that its worst case against
+  // recomputing's low end, (1 + 4 l) / 3.636 with l its layer load at that rate, comes within 1%
+  // of recomputing's, 1.750: recomputing. Beyond 1%: the split.
+  SplitInput in = Base(kAllSsd, 1e12, 1e10);
+  in.recompute_spread = 0.1;
+  const double r_regret = 4.444 / 2.54;
+  for (const auto& [margin, want] : {std::pair{0.005, 0u}, std::pair{0.02, 5u}}) {
+    // Split high end = 4 x L5 + 0.51 (load-bound), L5 = 5 MB / rate.
+    const double high = r_regret / (1 + margin) * 3.636;
+    in.ssd_low_bytes_per_sec = 5e6 / ((high - 0.51) / 4 * 1e-3);
+    const Split s = ChooseSplit(in);
+    ASSERT_EQ(s.num_candidates, 3u) << margin;
+    EXPECT_NEAR(s.candidates[2].regret * (1 + margin), s.candidates[0].regret, 1e-9) << margin;
+    EXPECT_EQ(s.load_blocks, want) << margin;
+  }
+}
+
 TEST(SplitTest, MixedTiersCountEachBlocksTier) {
   // Blocks 0-2 in DRAM (0.001 ms), the rest on a 10 ms SSD: k = 3 gives 0.003 + 4 x 0.71.
   std::vector<bool> dram_first(10, false);

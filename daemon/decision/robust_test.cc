@@ -3,13 +3,20 @@
 // Figures: bench/results/e2e_ttft_grid.jsonl, e2e_compute_profile.jsonl and
 // e2e_ttft_grid_throttled_2026-12-01c.log (H200, Llama-3-8B shape, 16-token blocks).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
+#include <sstream>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "daemon/datapath/bandwidth.h"
 #include "daemon/decision/advisor.h"
 #include "daemon/decision/split.h"
 #include "gtest/gtest.h"
+#include "spdlog/sinks/ostream_sink.h"
 
 namespace tutti::decision {
 namespace {
@@ -255,6 +262,206 @@ TEST(RobustAdviceTest, BetweenPureStrategiesTheSmallerWorstCaseWins) {
   EXPECT_EQ(slow.refused_load_blocks, 512u);
 }
 
+// The H200's grid profile of stop 33 (2026-12-03, bench/results/e2e_compute_profile.jsonl,
+// layer_compute_ms_T*): {T, K, mean layer ms, ms outside the layers}.
+const Profiled kGridProfileS33[] = {
+    {2048, 0, 1.842, 1.81},      {4096, 0, 3.742, 2.40},      {4096, 512, 3.913, 1.69},
+    {4096, 1024, 3.33, 2.14},    {4096, 2048, 2.295, 1.18},   {4096, 3072, 1.252, 1.17},
+    {4096, 3680, 1.407, 1.20},   {4096, 4000, 0.903, 1.01},   {8192, 0, 7.88, 2.42},
+    {16384, 0, 18.106, 4.52},    {16384, 2048, 25.993, 2.69}, {16384, 4096, 22.294, 4.18},
+    {16384, 8192, 14.548, 3.36}, {16384, 12288, 7.438, 1.73}, {16384, 14736, 3.595, 2.10},
+    {16384, 16048, 1.386, 1.49}, {32768, 0, 42.974, 6.75},    {32768, 4096, 79.058, 7.11},
+    {32768, 8192, 67.595, 6.24}, {32768, 16384, 45.356, 5.07}, {32768, 24576, 23.065, 2.85},
+    {32768, 29488, 9.664, 1.77}, {32768, 32112, 3.365, 2.04},
+};
+
+// The split's inputs as tuttid had them at a grid point of stop 33: the grid profile's model, the
+// meter's figures, the recompute side's correction (1.013 in the refusal line).
+SplitInput S33Input(const ComputeModel& model, uint32_t t, const std::vector<bool>& hits,
+                    double ssd_bps, double ssd_low_bps) {
+  SplitInput in;
+  in.num_layers = kShape.num_layers;
+  in.block_tokens = kShape.block_tokens;
+  in.prompt_tokens = t;
+  in.layer_bytes = kShape.layer_bytes;
+  in.hit_in_dram = hits;
+  in.dram_bytes_per_sec = 20e9;
+  in.ssd_bytes_per_sec = ssd_bps;
+  in.ssd_low_bytes_per_sec = ssd_low_bps;
+  in.overhead_ms = model.OverheadMs();
+  in.min_interior_gain = 0.1;  // datapath.decision_min_gain's default
+  in.recompute_spread = model.Spread(false);
+  in.load_compute_spread = model.Spread(true);
+  in.recompute_scale = 1.013;
+  in.layer_ms = [&model](uint32_t c, uint32_t k) { return model.LayerMs(c, k).value_or(0); };
+  return in;
+}
+
+void PrintCandidates(const Split& s) {
+  for (uint32_t i = 0; i < s.num_candidates; ++i) {
+    const SplitCandidate& c = s.candidates[i];
+    std::printf("  candidate k=%u: %.1f [%.1f, %.1f] ms, worst-case regret %.3f\n", c.load_blocks,
+                c.ttft_ms, c.low_ms, c.high_ms, c.regret);
+  }
+}
+
+// The H200's SSD grid at T = 16384, 50% cached (stop 33): the central best loaded 456 of 512 hits,
+// predicted 511.0 ms with its high end at 588.0, recomputing 579.8 (568.2-591.3), the SSD at 1.94
+// GB/s (low 1.72) and the compute spreads 0.020 / 0.152 (tuttid's refusal line). The rule of that
+// run refused the split and recomputed: 596 ms, while loading all ran 543 (1.098x). The split's
+// worst case is 588 against recomputing's best, 568.2 (1.035x); recomputing's is 591.3 against the
+// split's 511 (1.156x); loading all's, at the pessimistic bandwidth, larger still. The minimax rule
+// takes the split.
+TEST(RobustAdviceTest, MinimaxTakesTheSplitAtSsd16KHalfCached) {
+  ComputeModel model;
+  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
+    model.Add(s);
+  }
+  const SplitInput in = S33Input(model, 16384, std::vector<bool>(512, false), 1.94e9, 1.72e9);
+  const Split s = ChooseSplit(in);
+  std::printf("T=16384, 512 SSD hits (stop 33): k=%u %.1f [%.1f, %.1f] ms, recompute %.1f, "
+              "load-all %.1f\n",
+              s.load_blocks, s.ttft_ms, s.ttft_low_ms, s.ttft_high_ms, s.recompute_ms,
+              s.load_all_ms);
+  PrintCandidates(s);
+  // The inputs reproduce the run's figures.
+  EXPECT_NEAR(in.recompute_spread, 0.020, 0.0005);
+  EXPECT_NEAR(in.load_compute_spread, 0.152, 0.0005);
+  ASSERT_EQ(s.num_candidates, 3u);
+  const SplitCandidate& recompute = s.candidates[0];
+  const SplitCandidate& load_all = s.candidates[1];
+  const SplitCandidate& split = s.candidates[2];
+  EXPECT_EQ(load_all.load_blocks, 512u);
+  EXPECT_NEAR(split.load_blocks, 456, 4);
+  EXPECT_NEAR(split.ttft_ms, 511.0, 2);
+  EXPECT_NEAR(split.high_ms, 588.0, 2);
+  EXPECT_NEAR(recompute.ttft_ms, 579.8, 1);
+  EXPECT_NEAR(recompute.low_ms, 568.2, 1);
+  EXPECT_NEAR(recompute.high_ms, 591.3, 1);
+  // The split does not win beyond the uncertainty: the rule of that run refused it.
+  EXPECT_GT(split.high_ms, recompute.low_ms);
+  // Minimax regret: the split's worst case is the least, by far more than a near tie.
+  EXPECT_NEAR(split.regret, 588.0 / 568.2, 0.005);
+  EXPECT_NEAR(recompute.regret, 591.3 / 511.0, 0.005);
+  EXPECT_GT(load_all.regret, recompute.regret);
+  EXPECT_NE(s.load_blocks, 0u) << "recomputing ran 1.098x loading all";
+  EXPECT_EQ(s.load_blocks, split.load_blocks);
+  EXPECT_EQ(s.refused_load_blocks, 0u);
+  // The run's rule weighed the two pure strategies alone: loading all's worst case against
+  // recomputing (643.6 / 568.1) above recomputing's against loading all (591.2 / 570.7).
+  EXPECT_GT(load_all.high_ms / recompute.low_ms, recompute.high_ms / load_all.low_ms);
+}
+
+// The same point with the disk's newest Read at half its mean (a device that may have slowed):
+// the split's worst case is then clearly the larger, and the advice recomputes, the split logged
+// as refused.
+TEST(RobustAdviceTest, MinimaxStillRecomputesWhereLoadingsWorstCaseIsWorse) {
+  ComputeModel model;
+  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
+    model.Add(s);
+  }
+  const std::vector<bool> hits(512, false);
+  for (const double low : {0.97e9, 1.2e9}) {
+    SCOPED_TRACE(low);
+    const Split s = ChooseSplit(S33Input(model, 16384, hits, 1.94e9, low));
+    std::printf("T=16384, 512 SSD hits, SSD low %.2f GB/s: k=%u\n", low / 1e9, s.load_blocks);
+    PrintCandidates(s);
+    ASSERT_EQ(s.num_candidates, 3u);
+    EXPECT_EQ(s.load_blocks, 0u);
+    EXPECT_EQ(s.refused_load_blocks, s.candidates[2].load_blocks);
+    EXPECT_GT(s.candidates[2].regret, 1.01 * s.candidates[0].regret);
+  }
+}
+
+// The H200's DRAM grid at T = 4096, 90% cached (stop 33): advised 38.7 ms against load-all's 36.3
+// (1.066). The advice loaded all 230 hits: the same strategy as the load-all runs, whose runs
+// spread 36.3-46.2 ms (the advised ones 38.7-45.4), so the ratio is between the minima of four runs
+// each of one strategy. tuttid predicted loading all 41.10 ms there (42.88 at 98%, 250 hits, where
+// load-all ran 37.1-51.3): with the grid's profile that is a DRAM figure of about 13.0 (13.4) GB/s.
+// At it the advice loads everything beyond the uncertainty (worst-case regret below 1; recomputing
+// about 3x slower), and loading all is predicted above the fastest measured run: the load side is
+// over-predicted at small T, not under, so no fixed per-load cost missing from it (the Retrieve's
+// round trip, under a millisecond; the Lookup is paid by either strategy) made loading look better
+// than it is, and adding one would change no choice here.
+TEST(RobustAdviceTest, DramAt4KLoadsEverythingBeyondTheUncertainty) {
+  ComputeModel model;
+  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
+    model.Add(s);
+  }
+  struct Point {
+    uint32_t hits;
+    double dram_bps, predicted_ms, fastest_load_all_ms;
+  };
+  for (const Point& p : {Point{230, 13.0e9, 41.10, 36.33}, Point{250, 13.4e9, 42.88, 37.09}}) {
+    SCOPED_TRACE(p.hits);
+    SplitInput in = S33Input(model, 4096, std::vector<bool>(p.hits, true), 1.94e9, 1.72e9);
+    in.dram_bytes_per_sec = p.dram_bps;
+    const Split s = ChooseSplit(in);
+    std::printf("T=4096, %u DRAM hits at %.2f GB/s: k=%u %.1f [%.1f, %.1f] ms, recompute %.1f\n",
+                p.hits, p.dram_bps / 1e9, s.load_blocks, s.ttft_ms, s.ttft_low_ms, s.ttft_high_ms,
+                s.recompute_ms);
+    EXPECT_NEAR(s.load_all_ms, p.predicted_ms, 0.2) << "the inputs reproduce the prediction";
+    EXPECT_EQ(s.load_blocks, p.hits);
+    EXPECT_EQ(s.refused_load_blocks, 0u);
+    ASSERT_EQ(s.num_candidates, 2u);
+    EXPECT_LT(s.candidates[1].regret, 0.5);
+    EXPECT_GT(s.recompute_ms, 2.5 * s.load_all_ms);
+    EXPECT_GT(s.load_all_ms, 1.1 * p.fastest_load_all_ms);
+  }
+}
+
+// Where the central best is a pure strategy the candidates are the two pure ones and the choice is
+// that of 621d027 (loading all if it wins beyond the uncertainty, or wins centrally with the
+// smaller worst-case ratio), but for near ties: where loading all's worst case is within
+// kRegretNearTie of recomputing's, recomputing. Swept over the disk's pessimistic figure (1 MB/s
+// steps) and the spreads, at the point of BetweenPureStrategiesTheSmallerWorstCaseWins.
+TEST(RobustAdviceTest, BetweenPureStrategiesTheRuleIsUnchangedButForNearTies) {
+  SplitInput in;
+  in.num_layers = kShape.num_layers;
+  in.block_tokens = kShape.block_tokens;
+  in.prompt_tokens = 16384;
+  in.layer_bytes = kShape.layer_bytes;
+  in.hit_in_dram.assign(512, false);
+  in.dram_bytes_per_sec = 20e9;
+  in.ssd_bytes_per_sec = 2.03e9;
+  in.overhead_ms = 3;
+  in.min_interior_gain = 0.1;
+  in.layer_ms = [](uint32_t t, uint32_t k) {
+    return k == 0 ? 18.5 * t / 16384.0 : 15.28 * (t - k) / 8192.0;
+  };
+  int loads = 0, recomputes = 0, near_ties = 0;
+  for (const double recompute_spread : {0.0, 0.02, 0.05}) {
+    for (const double load_spread : {0.0, 0.152}) {
+      for (int mbps = 2030; mbps >= 1500; --mbps) {
+        in.recompute_spread = recompute_spread;
+        in.load_compute_spread = load_spread;
+        in.ssd_low_bytes_per_sec = mbps * 1e6;
+        const Split s = ChooseSplit(in);
+        ASSERT_EQ(s.num_candidates, 2u) << "the central best is a pure strategy";
+        const SplitCandidate& r = s.candidates[0];
+        const SplitCandidate& a = s.candidates[1];
+        // 621d027's rule.
+        const bool old_loads = a.high_ms <= r.low_ms ||
+                               (a.ttft_ms < r.ttft_ms &&
+                                a.high_ms / r.low_ms < r.high_ms / a.low_ms);
+        const bool near_tie = a.regret > 1 && a.regret < r.regret &&
+                              a.regret * (1 + kRegretNearTie) >= r.regret;
+        SCOPED_TRACE(testing::Message() << "spreads " << recompute_spread << " / " << load_spread
+                                        << ", SSD low " << mbps << " MB/s");
+        EXPECT_EQ(s.load_blocks, old_loads && !near_tie ? 512u : 0u);
+        loads += s.load_blocks > 0;
+        recomputes += s.load_blocks == 0;
+        near_ties += near_tie;
+      }
+    }
+  }
+  std::printf("pure strategies: %d loads, %d recomputes, %d near ties recomputed\n", loads,
+              recomputes, near_ties);
+  EXPECT_GT(loads, 0);
+  EXPECT_GT(recomputes, 0);
+  EXPECT_GT(near_ties, 0);
+}
+
 // Compute 0.001 ms per token and layer (8.2 ms a layer for 8,192 tokens), 500 SSD hits of 64 KiB
 // a layer each. At 0.8 GB/s the best split (about 66 blocks, loads overlapping compute) is
 // predicted 16% faster than recomputing; at 0.4 GB/s 9%, under the 10% an interior split needs;
@@ -290,6 +497,30 @@ TEST(RobustAdviceTest, ASuddenSlowdownMovesTheAdviceToRecomputeWithinOneSample) 
   std::printf("after one slow read: k=%u %.1f [%.1f, %.1f] recompute %.1f\n", a.load_blocks,
               a.ttft_ms, a.ttft_low_ms, a.ttft_high_ms, a.recompute_ms);
   EXPECT_EQ(a.load_blocks, 0u);
+}
+
+// The refusal line (at most one a second) names the candidates weighed and their worst-case
+// regrets, the figures that decided.
+TEST(RobustAdviceTest, TheRefusalLineGivesTheCandidatesAndTheirRegrets) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  const std::shared_ptr<spdlog::logger> logger = log::Get("decision");
+  logger->sinks().push_back(sink);
+  Live live;
+  live.m.Reads(Tier::kSsd, 20, kReadBytes, 0.8e9);
+  live.m.Reads(Tier::kSsd, 1, kReadBytes, 0.2e9);  // one slow read: the split is refused
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // past an earlier test's line
+  const Advice a = live.Advise();
+  logger->sinks().pop_back();
+  ASSERT_GT(a.refused_load_blocks, 0u);
+  const std::string line = out.str();
+  std::printf("%s", line.c_str());
+  EXPECT_NE(line.find("refused for its uncertainty"), std::string::npos) << line;
+  EXPECT_NE(line.find("minimax regret over the candidates 0: "), std::string::npos) << line;
+  EXPECT_NE(line.find("; 500: "), std::string::npos) << "loading all" << line;
+  EXPECT_NE(line.find(absl::StrCat("; ", a.refused_load_blocks, ": ")), std::string::npos)
+      << "the refused split" << line;
+  EXPECT_NE(line.find("worst-case regret "), std::string::npos) << line;
 }
 
 TEST(RobustAdviceTest, AWriteBacklogMovesTheAdviceToRecomputeBeforeAnySample) {

@@ -1,6 +1,7 @@
 #include "daemon/decision/split.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace tutti::decision {
 namespace {
@@ -68,28 +69,42 @@ uint32_t CentralBest(const SplitInput& in, const std::vector<Candidate>& c) {
   return best;
 }
 
-// Between the two pure strategies, the one whose worst case against the other is smaller
-// (split.h, "Between the pure strategies"): loading everything when it wins beyond the
-// uncertainty, or when its worst ratio to recomputing is below recomputing's worst ratio to it.
-bool LoadAllOverRecompute(const std::vector<Candidate>& c) {
-  const uint32_t kmax = static_cast<uint32_t>(c.size()) - 1;
-  if (kmax == 0) return false;
-  if (c[kmax].high <= c[0].low) return true;
-  if (c[kmax].mid >= c[0].mid) return false;  // recomputing wins centrally: no regret to weigh
-  const double load_regret = c[kmax].high / c[0].low;
-  const double recompute_regret = c[0].high / c[kmax].low;
-  return load_regret < recompute_regret;
+// a / b for TTFTs >= 0; an empty prediction (0) against another is 1 or unbounded.
+double Ratio(double a, double b) {
+  if (b > 0) return a / b;
+  return a > 0 ? std::numeric_limits<double>::infinity() : 1;
 }
 
-// CentralBest, kept only where it wins beyond the uncertainty (split.h).
-uint32_t Guarded(const SplitInput& in, const std::vector<Candidate>& c, uint32_t central) {
+// The candidates of the minimax rule (split.h, "The choice"), simplest first: recomputing,
+// loading everything, the central best interior split; each with its worst-case regret.
+std::vector<SplitCandidate> Weigh(const std::vector<Candidate>& c, uint32_t central) {
   const uint32_t kmax = static_cast<uint32_t>(c.size()) - 1;
-  const bool load_all = LoadAllOverRecompute(c);
-  if (central == 0 || central == kmax) return central == kmax && !load_all ? 0 : central;
-  const bool interior_safe =
-      c[central].high <= c[0].low && c[central].high <= (1 - in.min_interior_gain) * c[kmax].high;
-  if (interior_safe) return central;
-  return load_all ? kmax : 0;
+  std::vector<SplitCandidate> w;
+  w.push_back({0, c[0].mid, c[0].low, c[0].high, 0});
+  if (kmax > 0) w.push_back({kmax, c[kmax].mid, c[kmax].low, c[kmax].high, 0});
+  if (central > 0 && central < kmax) {
+    w.push_back({central, c[central].mid, c[central].low, c[central].high, 0});
+  }
+  for (SplitCandidate& x : w) {
+    for (const SplitCandidate& y : w) {
+      if (&x != &y) x.regret = std::max(x.regret, Ratio(x.high_ms, y.low_ms));
+    }
+  }
+  return w;
+}
+
+// The index into `w` of the choice (split.h, "The choice"): the central best if it wins beyond
+// the uncertainty (worst-case regret at most 1), else the least worst-case regret, a candidate
+// later in `w` (less simple) replacing an earlier one only by more than kRegretNearTie.
+size_t Choose(const std::vector<SplitCandidate>& w, uint32_t central) {
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i].load_blocks == central && w[i].regret <= 1) return i;
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < w.size(); ++i) {
+    if (w[i].regret * (1 + kRegretNearTie) < w[best].regret) best = i;
+  }
+  return best;
 }
 
 }  // namespace
@@ -104,7 +119,8 @@ Split ChooseSplit(const SplitInput& in) {
   const uint32_t kmax = MaxLoadBlocks(in);
   const std::vector<Candidate> c = Candidates(in, kmax);
   const uint32_t central = CentralBest(in, c);
-  const uint32_t k = Guarded(in, c, central);
+  const std::vector<SplitCandidate> w = Weigh(c, central);
+  const uint32_t k = w[Choose(w, central)].load_blocks;
   Split s;
   s.load_blocks = k;
   s.ttft_ms = c[k].mid;
@@ -116,6 +132,8 @@ Split ChooseSplit(const SplitInput& in) {
     s.refused_load_blocks = central;
     s.refused_high_ms = c[central].high;
   }
+  s.num_candidates = static_cast<uint32_t>(w.size());
+  std::copy(w.begin(), w.end(), s.candidates);
   return s;
 }
 

@@ -19,21 +19,33 @@
 // Corrections and uncertainty (docs/decision.md, "Robust advice"). Measured TTFTs scale the
 // predictions: TTFT(0) by recompute_scale, TTFT(k > 0) by load_scale. The prediction carries an
 // interval: its high end for k > 0 loads at the pessimistic bandwidths (*_low_bytes_per_sec) and
-// computes at layer_ms x (1 + load_compute_spread); the low end of recomputing computes at
-// layer_ms x (1 - recompute_spread). A choice that loads (k > 0) stands only if its high end is
-// at most recomputing's low end, that is, if it wins beyond the uncertainty; an interior split
-// must also beat loading everything's high end by min_interior_gain. Otherwise the better of the
-// two pure strategies as below. With no spread and the central bandwidths as the low ones, this
-// is the rule above.
+// computes at layer_ms x (1 + load_compute_spread), its low end is the central figure; recomputing
+// computes at layer_ms x (1 -+ recompute_spread) at its ends. With no spread and the central
+// bandwidths as the low ones, the choice below is the rule above.
 //
-// Between the pure strategies (loading everything where it is the central best, or where an
-// interior split was refused): loading everything if it wins beyond the uncertainty (its high end
-// at most recomputing's low end); else, if it wins centrally, the one with the smaller worst-case
-// ratio to the other, loading's high end / recomputing's low end against recomputing's high end /
-// loading's low end (minimax regret). Recomputing is not free of risk either: on the H200's
-// virtio disk, loading all of a 16K prompt's 8K cached tokens was predicted 546 ms (614 at the
-// pessimistic bandwidth) against recomputing's 595 (583-607); the strict rule recomputed and ran
-// 1.10x loading (598 against 541 ms), while loading's worst case was 1.05x.
+// The choice (minimax regret over a small candidate set). The candidates, simplest first:
+// recomputing (k = 0), loading everything (k = kmax, if kmax > 0), and the central best above if
+// it is an interior split (it already beat the better pure strategy centrally by
+// min_interior_gain). A candidate's worst-case regret is the largest ratio of its high end to
+// another candidate's low end: how much slower than the best alternative it can turn out,
+// everything within the intervals. The central best stands if its worst-case regret is at most 1
+// (it wins beyond the uncertainty; exact ties go to more loading, as above). Otherwise the
+// candidate with the least worst-case regret, where a less simple one replaces a simpler one only
+// if its regret is smaller by more than kRegretNearTie (1%): ties and near-ties go to recomputing
+// (it needs no device), then to loading everything. Recomputing is not free of risk either:
+// - The H200's virtio disk, T = 16K, 50% cached (2026-12-03, stop 33): the central best loaded
+//   456 of 512 hits, predicted 511 ms (high end 588), recomputing 579.8 (568.2-591.3), loading all
+//   571 (644 at the pessimistic 1.72 GB/s). The rule of that run (an interior split only beyond
+//   the whole interval; between the pure strategies the smaller worst case) recomputed and ran
+//   596 ms, 1.098x loading all (543). Worst-case regrets: the split 1.035, recomputing 1.156,
+//   loading all 1.259: the split is taken (robust_test, MinimaxTakesTheSplitAtSsd16KHalfCached).
+// - The throttled disk, T = 4K (robust_test, ThrottledDiskAt4KNoLongerLoads): a split of 48
+//   blocks predicted 121 ms but its high end at the newest Read's rate is 195 against
+//   recomputing's 137-143: regrets 1.42 against 1.18, recomputing is kept (the split ran 1.16-1.59x
+//   recomputing there).
+// Between the two pure strategies alone (the central best is one) this is the rule of 621d027,
+// loading all where its worst case against recomputing is the smaller (T = 16K, 50% on the virtio
+// disk at 2.03 GB/s: 1.05x against 1.11x), except that a near tie now recomputes.
 //
 // Thread-safety: pure functions.
 #ifndef TUTTI_DAEMON_DECISION_SPLIT_H_
@@ -44,6 +56,10 @@
 #include <vector>
 
 namespace tutti::decision {
+
+// A less simple candidate replaces a simpler one only if its worst-case regret is smaller by more
+// than this share (see "The choice").
+inline constexpr double kRegretNearTie = 0.01;
 
 struct SplitInput {
   uint32_t num_layers = 0;        // N (>= 1)
@@ -66,6 +82,14 @@ struct SplitInput {
   std::function<double(uint32_t context_tokens, uint32_t cached_tokens)> layer_ms;
 };
 
+// One candidate of the choice (above): its k, its corrected central TTFT and interval, and its
+// worst-case regret, its high end over the least low end of the other candidates.
+struct SplitCandidate {
+  uint32_t load_blocks = 0;
+  double ttft_ms = 0, low_ms = 0, high_ms = 0;
+  double regret = 0;
+};
+
 struct Split {
   uint32_t load_blocks = 0;
   double ttft_ms = 0;       // TTFT(load_blocks), corrected by its scale
@@ -74,19 +98,24 @@ struct Split {
   // The interval of ttft_ms: for k = 0 the compute spread either way; for k > 0 from the central
   // bandwidths and compute (low) to the pessimistic ones (high).
   double ttft_low_ms = 0, ttft_high_ms = 0;
-  // The central prediction's best k, when it loaded and was refused for the uncertainty, and the
-  // high end of its interval (what it had to beat: recomputing's low end, or loading everything's).
+  // The central prediction's best k, when it loaded and another candidate was advised (its
+  // worst-case regret the least, "The choice"), and the high end of its interval.
   uint32_t refused_load_blocks = 0;
   double refused_high_ms = 0;
+  // The candidates weighed, simplest first: recomputing; loading everything (kmax > 0); the
+  // central best interior split, if the central best is one.
+  SplitCandidate candidates[3];
+  uint32_t num_candidates = 0;
 };
 
 // TTFT(k) for one k in [0, kmax] of `in` (the formula above, without corrections or spread).
 // Preconditions as for ChooseSplit.
 double PredictTtftMs(const SplitInput& in, uint32_t load_blocks);
 
-// The k in [0, kmax] with the least corrected TTFT(k) (ties: the larger k), kept only if it wins
-// beyond the uncertainty (above). Preconditions: num_layers, block_tokens, prompt_tokens >= 1,
-// both bandwidths > 0, layer_ms set, the scales > 0.
+// The choice above: the central best k in [0, kmax] (the least corrected TTFT(k), ties: the larger
+// k; an interior one only by min_interior_gain) if it wins beyond the uncertainty, else the
+// candidate with the least worst-case regret. Preconditions: num_layers, block_tokens,
+// prompt_tokens >= 1, both bandwidths > 0, layer_ms set, the scales > 0.
 Split ChooseSplit(const SplitInput& in);
 
 }  // namespace tutti::decision
