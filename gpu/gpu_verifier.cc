@@ -89,6 +89,7 @@ class GpuVerifier final : public datapath::Verifier {
                                  "cudaEventCreateWithFlags"));
     }
     thread_ = std::thread([this] { Run(); });
+    pthread_setname_np(thread_.native_handle(), "tutti-gpucheck");
     return absl::OkStatus();
   }
 
