@@ -34,16 +34,28 @@ double BandwidthMeter::DecayedBest(const TierBandwidth& t, double now) const {
 // relative deviation of each sample from the mean it found.
 void BandwidthMeter::Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const {
   const double rate = static_cast<double>(bytes) / seconds;
+  double keep = 0;  // the old evidence's weight (0: none before this sample)
   if (t.samples == 0) {
     t.bytes_per_sec = rate;
   } else {
     const double age = std::max(0.0, now - t.last_sample_s);
-    const double keep = (1 - options_.alpha) * std::exp2(-age / options_.half_life_s);
+    keep = (1 - options_.alpha) * std::exp2(-age / options_.half_life_s);
     const double dev = (rate - t.bytes_per_sec) / t.bytes_per_sec;
     t.bytes_per_sec = keep * t.bytes_per_sec + (1 - keep) * rate;
     const double var = keep * t.spread * t.spread + (1 - keep) * dev * dev;
     t.spread = std::min(options_.max_spread, std::sqrt(var));
   }
+  // The fit needs Reads of different sizes, which come apart in time (one prompt's Reads are of
+  // one size): its sums fade with time alone, each sample weighing 1.
+  const double fade =
+      t.samples == 0 ? 0 : std::exp2(-std::max(0.0, now - t.last_sample_s) / options_.half_life_s);
+  const double gb = static_cast<double>(bytes) / 1e9, add = 1;
+  keep = fade;
+  t.w = keep * t.w + add;
+  t.wb = keep * t.wb + add * gb;
+  t.ws = keep * t.ws + add * seconds;
+  t.wbb = keep * t.wbb + add * gb * gb;
+  t.wbs = keep * t.wbs + add * gb * seconds;
   if (rate >= DecayedBest(t, now)) {
     t.best_bytes_per_sec = rate;
     t.best_sample_s = now;
@@ -81,6 +93,20 @@ BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now,
     spread += options_.stale_widen_per_s * std::max(0.0, quiet);
   }
   e.spread = std::min(options_.max_spread, spread);
+  e.marginal_bytes_per_sec = t.bytes_per_sec;
+  if (t.samples >= 2 && t.w > 0) {
+    const double mb = t.wb / t.w, ms = t.ws / t.w;
+    const double var = t.wbb / t.w - mb * mb, cov = t.wbs / t.w - mb * ms;
+    const double cv = options_.min_size_cv;
+    if (var > cv * cv * mb * mb && cov > 0) {
+      const double slope = cov / var;  // seconds per GB
+      const double fixed = ms - slope * mb;
+      if (fixed > 0) {
+        e.fixed_seconds = fixed;
+        e.marginal_bytes_per_sec = 1e9 / slope;
+      }
+    }
+  }
   e.low_bytes_per_sec = t.bytes_per_sec * (1 - e.spread);
   if (ssd_rule && t.samples > 0) {
     e.low_bytes_per_sec = std::min(e.low_bytes_per_sec, t.last_bytes_per_sec);
@@ -105,6 +131,7 @@ BandwidthEstimate BandwidthMeter::Estimate(Tier tier) const {
     e = EstimateOf(alone, now, true);
     e.bytes_per_sec *= 1 - options_.write_share_prior;
     e.low_bytes_per_sec *= 1 - options_.write_share_prior;
+    e.marginal_bytes_per_sec *= 1 - options_.write_share_prior;
   }
   // Reads beside writes are never expected faster than alone.
   const BandwidthEstimate a = EstimateOf(alone, now, true);

@@ -33,6 +33,18 @@
 // second mean, "contended", and while a backlog exists Estimate(kSsd) answers from that mean, or,
 // before any contended sample, from the uncontended one scaled by (1 - write_share_prior).
 //
+// Fixed cost and marginal rate (Estimate's fixed_seconds, marginal_bytes_per_sec). A Read's time
+// is not bytes / one rate: it has a part that does not grow with its size (the Retrieve's setup
+// until its first layer lands) and a rate for the rest. With samples of one size the two cannot
+// be told apart and the mean says all; with samples of different sizes each tier also fits
+//   seconds = fixed + bytes / marginal
+// by least squares over its samples, each weighing 1 and fading by half every half_life_s (no
+// alpha: one prompt's Reads are all of one size, and the fit needs the sizes of several). The fit is used where the samples' sizes differ by at least min_size_cv (relative
+// weighted standard deviation of their bytes) and it gives fixed > 0 and marginal > 0; else
+// fixed_seconds is 0 and marginal_bytes_per_sec the mean. On the H200's DRAM grid (2026-12-03,
+// stop 34) the loads ran at 13-17 GB/s in effect at 0.5 GB and 23-26 GB/s at 2-4 GB: a fixed
+// ~9 ms and ~27 GB/s fit every DRAM point within 9%, one rate none of them within 15%.
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef TUTTI_DAEMON_DATAPATH_BANDWIDTH_H_
 #define TUTTI_DAEMON_DATAPATH_BANDWIDTH_H_
@@ -63,6 +75,8 @@ struct BandwidthOptions {
   // Share of the SSD's read rate a write backlog is assumed to take until a read under one has
   // measured it (config datapath.decision_write_share; in [0, 0.95]).
   double write_share_prior = 0.5;
+  // Least relative spread of the samples' sizes for the fixed-cost fit (the file comment).
+  double min_size_cv = 0.1;
   // Seconds on a monotonic clock; null: std::chrono::steady_clock. Tests pass a manual clock.
   std::function<double()> clock;
 };
@@ -76,6 +90,9 @@ struct TierBandwidth {
   double best_bytes_per_sec = 0;  // the fastest sample's rate, as of best_sample_s (0: none)
   double best_sample_s = 0;
   uint64_t samples = 0;      // samples taken in
+  // Weighted sums of the samples for the fixed-cost fit (bytes in GB, seconds; the file
+  // comment's weights, their sum w).
+  double w = 0, wb = 0, ws = 0, wbb = 0, wbs = 0;
   uint64_t bytes = 0;        // bytes over all samples taken in
   double seconds = 0;        // their time
 };
@@ -86,6 +103,10 @@ struct BandwidthEstimate {
   double low_bytes_per_sec = 0;  // the pessimistic figure (see the file comment); <= the mean
   double spread = 0;             // spread' of the file comment
   bool contended = false;        // a write backlog exists and was taken into account
+  // A Read of B bytes takes fixed_seconds + B / marginal_bytes_per_sec (the file comment);
+  // fixed_seconds 0 and marginal_bytes_per_sec = bytes_per_sec where the samples do not tell.
+  double fixed_seconds = 0;
+  double marginal_bytes_per_sec = 0;
 };
 
 class BandwidthMeter {

@@ -153,5 +153,36 @@ TEST(BandwidthMeterTest, AWriteBacklogTakesItsShareOfTheSsd) {
   EXPECT_NEAR(m.meter.Estimate(Tier::kSsd).bytes_per_sec, 2e9, 1);
 }
 
+// Reads of one size: fixed part 0, the marginal rate is the mean. Reads of different sizes that
+// take a fixed 9 ms plus their bytes at 27 GB/s (the H200's DRAM grid, stop 34): the fit recovers
+// both, while the mean of their rates says less for a small Read than for a large one.
+TEST(BandwidthMeterTest, FixedPartAndMarginalRateFromReadsOfDifferentSizes) {
+  Meter one(Small());
+  for (int i = 0; i < 5; ++i, one.now += 1) one.meter.Record(Tier::kDram, 1'000'000'000, 0.04);
+  BandwidthEstimate e = one.meter.Estimate(Tier::kDram);
+  EXPECT_EQ(e.fixed_seconds, 0);
+  EXPECT_DOUBLE_EQ(e.marginal_bytes_per_sec, e.bytes_per_sec);
+
+  Meter m(Small());
+  for (int i = 0; i < 12; ++i, m.now += 1) {
+    const double gb = (i % 3 == 0) ? 0.5 : (i % 3 == 1 ? 2.0 : 4.0);
+    m.meter.Record(Tier::kDram, static_cast<uint64_t>(gb * 1e9), 9e-3 + gb / 27);
+  }
+  e = m.meter.Estimate(Tier::kDram);
+  EXPECT_NEAR(e.fixed_seconds, 9e-3, 1e-6);
+  EXPECT_NEAR(e.marginal_bytes_per_sec, 27e9, 1e6);
+  EXPECT_LT(e.bytes_per_sec, e.marginal_bytes_per_sec);
+
+  // Rates that fall with size (no fixed part fits): fixed 0, the mean.
+  Meter odd(Small());
+  for (int i = 0; i < 6; ++i, odd.now += 1) {
+    const double gb = i % 2 == 0 ? 0.5 : 4.0;
+    odd.meter.Record(Tier::kDram, static_cast<uint64_t>(gb * 1e9), gb / (i % 2 == 0 ? 30 : 10));
+  }
+  e = odd.meter.Estimate(Tier::kDram);
+  EXPECT_EQ(e.fixed_seconds, 0);
+  EXPECT_DOUBLE_EQ(e.marginal_bytes_per_sec, e.bytes_per_sec);
+}
+
 }  // namespace
 }  // namespace tutti::datapath

@@ -105,6 +105,7 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   in.ssd_bytes_per_sec = bandwidths.ssd_bytes_per_sec;
   in.dram_low_bytes_per_sec = bandwidths.dram_low_bytes_per_sec;
   in.ssd_low_bytes_per_sec = bandwidths.ssd_low_bytes_per_sec;
+  in.dram_fixed_ms = bandwidths.dram_fixed_ms;
   in.overhead_ms = model.OverheadMs();
   in.min_interior_gain = options_.min_interior_gain;
   in.recompute_spread = model.Spread(false);
@@ -123,14 +124,14 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
         "namespace {:016x}: loading {} of {} hits (predicted {:.1f} ms, high end {:.1f}) refused "
         "for its uncertainty; advised {} instead (predicted {:.1f} ms, {:.1f}-{:.1f}; "
         "recomputing {:.1f}); minimax regret over the candidates {}; "
-        "DRAM {:.2f} GB/s (low {:.2f}), SSD {:.2f} GB/s (low {:.2f}), "
+        "DRAM {:.2f} GB/s (low {:.2f}, fixed {:.1f} ms), SSD {:.2f} GB/s (low {:.2f}), "
         "compute spread {:.3f} / {:.3f} (plain / prefixed, of {} / {} samples, {} / {} trimmed), "
         "scales {:.3f} / {:.3f} (recompute / load)",
         ns, split.refused_load_blocks, hit_in_dram.size(),
         in.load_scale * PredictTtftMs(in, split.refused_load_blocks), split.refused_high_ms,
         split.load_blocks, split.ttft_ms, split.ttft_low_ms, split.ttft_high_ms,
         split.recompute_ms, CandidatesText(split), in.dram_bytes_per_sec / 1e9,
-        in.dram_low_bytes_per_sec / 1e9, in.ssd_bytes_per_sec / 1e9,
+        in.dram_low_bytes_per_sec / 1e9, in.dram_fixed_ms, in.ssd_bytes_per_sec / 1e9,
         in.ssd_low_bytes_per_sec / 1e9, in.recompute_spread, in.load_compute_spread,
         model.Samples(false), model.Samples(true), model.Trimmed(false), model.Trimmed(true),
         in.recompute_scale, in.load_scale);

@@ -74,6 +74,9 @@ struct Bandwidths {
   // The pessimistic figures (datapath::BandwidthEstimate::low_bytes_per_sec); 0: the above.
   double dram_low_bytes_per_sec = 0;
   double ssd_low_bytes_per_sec = 0;
+  // A DRAM-only load's fixed part (datapath::BandwidthEstimate::fixed_seconds, in ms; 0: none);
+  // where it is given, dram_bytes_per_sec is the marginal rate (SplitInput::dram_fixed_ms).
+  double dram_fixed_ms = 0;
 };
 
 struct Advice {

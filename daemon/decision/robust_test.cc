@@ -4,6 +4,7 @@
 // e2e_ttft_grid_throttled_2026-12-01c.log (H200, Llama-3-8B shape, 16-token blocks).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -591,6 +592,145 @@ TEST(RobustAdviceTest, RefusedLoadsAreExploredAtMostOncePerPeriod) {
   EXPECT_EQ(live.advisor.Stats().explorations, static_cast<uint64_t>(periods));
 }
 
+// The H200's DRAM grid of stop 34 (bench/results/e2e_ttft_grid_2026-12-03_s34.log): the advice
+// loaded all hits at each point, but the prediction was off by 0.31 and 0.44 at T = 4K (90%, 98%
+// cached: predicted 52.7 and 50.2 ms, measured 40.1 and 34.8) and by 0.137 and 0.132 at 16K and
+// 32K with 98% (72.2 and 160.8 against 83.7 and 185.2). The profile is that run's
+// (layer_compute_ms_T*_k*; its overheads are not in the log: stop 33's, 2.9 ms on average) with
+// its three stored prefixes reported after it, the first a cold prefill (4,000 tokens at 20.2 ms a
+// layer, 5x the fit): it is trimmed from the plain fit and no load's prediction uses the plain fit,
+// so the compute side is not the cause. The load side is: with the model's compute, the logged
+// predictions are bytes over one DRAM figure of 9.8, 11.2, 30.8 and 27.1 GB/s (the meter's mean
+// then, times the load side's correction), while the measured TTFTs ran at 13.3, 16.7, 26.4 and
+// 23.4 GB/s in effect: the smaller the load, the lower its rate, which no one rate fits. A Read's
+// fixed part (~9.3 ms) and a marginal rate (~27 GB/s) fit all eight measured DRAM loads of the
+// grid within 9%; the meter fits them from Reads of different sizes (bandwidth.h), and the split
+// adds the fixed part once to a DRAM-only load (split.h).
+const Profiled kGridProfileS34[] = {
+    {2048, 0, 1.868, 1.81},      {4096, 0, 3.825, 2.40},      {4096, 512, 3.999, 1.69},
+    {4096, 1024, 3.38, 2.14},    {4096, 2048, 2.311, 1.18},   {4096, 3072, 1.258, 1.17},
+    {4096, 3680, 0.773, 1.20},   {4096, 4000, 0.752, 1.01},   {8192, 0, 8.017, 2.42},
+    {16384, 0, 18.203, 4.52},    {16384, 2048, 26.236, 2.69}, {16384, 4096, 22.547, 4.18},
+    {16384, 8192, 14.864, 3.36}, {16384, 12288, 7.531, 1.73}, {16384, 14736, 3.593, 2.10},
+    {16384, 16048, 1.394, 1.49}, {32768, 0, 43.8, 6.75},      {32768, 4096, 79.87, 7.11},
+    {32768, 8192, 68.62, 6.24},  {32768, 16384, 46.139, 5.07}, {32768, 24576, 23.466, 2.85},
+    {32768, 29488, 9.822, 1.77}, {32768, 32112, 3.361, 2.04},
+};
+
+ComputeModel S34Model() {
+  ComputeModel model;
+  for (const ComputeSample& s : Samples(kGridProfileS34, std::size(kGridProfileS34))) {
+    model.Add(s);
+  }
+  // The stored prefixes' prefills ("stored ... (prefill: X ms a layer, reported)").
+  model.Add({4000, 4000, 20.176, 2});
+  model.Add({16048, 16048, 18.226, 2});
+  model.Add({32112, 32112, 42.941, 2});
+  return model;
+}
+
+SplitInput S34Input(const ComputeModel& model, uint32_t t, uint32_t hits, const Bandwidths& bw) {
+  SplitInput in;
+  in.num_layers = kShape.num_layers;
+  in.block_tokens = kShape.block_tokens;
+  in.prompt_tokens = t;
+  in.layer_bytes = kShape.layer_bytes;
+  in.hit_in_dram.assign(hits, true);
+  in.dram_bytes_per_sec = bw.dram_bytes_per_sec;
+  in.dram_low_bytes_per_sec = bw.dram_low_bytes_per_sec;
+  in.dram_fixed_ms = bw.dram_fixed_ms;
+  in.ssd_bytes_per_sec = 2e9;
+  in.overhead_ms = model.OverheadMs();
+  in.min_interior_gain = 0.1;
+  in.recompute_spread = model.Spread(false);
+  in.load_compute_spread = model.Spread(true);
+  in.layer_ms = [&model](uint32_t c, uint32_t k) { return model.LayerMs(c, k).value_or(0); };
+  return in;
+}
+
+struct S34Point {
+  uint32_t t, hits;
+  double logged_dram_bps, predicted_ms, measured_ms;
+};
+// The four points, with the DRAM figure the logged prediction implies (above).
+const S34Point kS34Points[] = {
+    {4096, 230, 9.8e9, 52.727, 40.1},
+    {4096, 250, 11.2e9, 50.201, 34.842},
+    {16384, 1003, 30.8e9, 72.247, 83.696},
+    {32768, 2007, 27.1e9, 160.77, 185.193},
+};
+
+TEST(RobustAdviceTest, DramGridS34ReproducedWithOneRate) {
+  const ComputeModel model = S34Model();
+  EXPECT_EQ(model.Trimmed(false), 1u) << "the cold prefill leaves the plain fit";
+  EXPECT_EQ(model.Trimmed(true), 0u);
+  for (const S34Point& p : kS34Points) {
+    SCOPED_TRACE(p.hits);
+    const Bandwidths bw{p.logged_dram_bps, 2e9};
+    const double predicted = PredictTtftMs(S34Input(model, p.t, p.hits, bw), p.hits);
+    std::printf("T=%u, %u DRAM hits at one rate %.1f GB/s: predicted %.1f ms (logged %.1f), "
+                "measured %.1f: error %.3f\n",
+                p.t, p.hits, p.logged_dram_bps / 1e9, predicted, p.predicted_ms, p.measured_ms,
+                std::fabs(predicted - p.measured_ms) / p.measured_ms);
+    EXPECT_NEAR(predicted, p.predicted_ms, 0.01 * p.predicted_ms);
+    EXPECT_GT(std::fabs(predicted - p.measured_ms) / p.measured_ms, 0.13);
+  }
+}
+
+// The grid's DRAM Reads fed to the meter in the grid's order (32K, 16K, 4K; 50, 90, 98% cached;
+// load-all and advised alternating, runs + 1 of each, twice the runs where recomputing is under
+// 250 ms), each taking the fit's 9.3 ms + its bytes at 27 GB/s, 6% slower and faster by turns
+// (runs of one point spread more on the H200; the meter takes their weighted mean). At each of
+// the four points, after its warm-up Reads, the advice loads all and its prediction is within 15%
+// of the measured TTFT; one rate from the same Reads is not.
+TEST(RobustAdviceTest, DramGridS34WithinFifteenPercentWithAFixedPart) {
+  const ComputeModel model = S34Model();
+  Meter m;
+  constexpr double kFixedS = 9.3e-3, kRate = 27e9;
+  struct Point {
+    uint32_t t, hits;
+    int runs;
+  };
+  const Point grid[] = {{32768, 1024, 3}, {32768, 1843, 3}, {32768, 2007, 3},
+                        {16384, 512, 3},  {16384, 921, 6},  {16384, 1003, 6},
+                        {4096, 128, 6},   {4096, 230, 6},   {4096, 250, 6}};
+  int jitter = 0;
+  auto read = [&](uint32_t hits) {
+    const uint64_t bytes = uint64_t{hits} * kShape.num_layers * kShape.layer_bytes;
+    const double seconds = (kFixedS + bytes / kRate) * (jitter++ % 2 == 0 ? 1.06 : 0.94);
+    m.meter.Record(Tier::kDram, bytes, seconds);
+    m.now += 1;
+  };
+  for (const Point& g : grid) {
+    read(g.hits);  // the warm-up's load-all and advised Reads
+    read(g.hits);
+    for (const S34Point& p : kS34Points) {
+      if (p.t != g.t || p.hits != g.hits) continue;
+      SCOPED_TRACE(p.hits);
+      const BandwidthEstimate d = m.meter.Estimate(Tier::kDram);
+      ASSERT_GT(d.fixed_seconds, 0);
+      const Bandwidths bw{d.marginal_bytes_per_sec, 2e9,
+                          d.low_bytes_per_sec * d.marginal_bytes_per_sec / d.bytes_per_sec, 0,
+                          1e3 * d.fixed_seconds};
+      const Split s = ChooseSplit(S34Input(model, p.t, p.hits, bw));
+      const Bandwidths one_rate{d.bytes_per_sec, 2e9};
+      const double before = PredictTtftMs(S34Input(model, p.t, p.hits, one_rate), p.hits);
+      const double error = std::fabs(s.ttft_ms - p.measured_ms) / p.measured_ms;
+      std::printf("T=%u, %u DRAM hits: fixed %.1f ms + %.1f GB/s: k=%u predicted %.1f ms "
+                  "[%.1f, %.1f], measured %.1f: error %.3f (logged %.1f; one rate %.1f GB/s "
+                  "from the same Reads: %.1f, error %.3f)\n",
+                  p.t, p.hits, 1e3 * d.fixed_seconds, d.marginal_bytes_per_sec / 1e9,
+                  s.load_blocks, s.ttft_ms, s.ttft_low_ms, s.ttft_high_ms, p.measured_ms, error,
+                  p.predicted_ms, d.bytes_per_sec / 1e9, before,
+                  std::fabs(before - p.measured_ms) / p.measured_ms);
+      EXPECT_NEAR(1e3 * d.fixed_seconds, 9.3, 1.5);
+      EXPECT_NEAR(d.marginal_bytes_per_sec, kRate, 0.1 * kRate);
+      EXPECT_EQ(s.load_blocks, p.hits) << "the advice loaded all, as in the run";
+      EXPECT_LE(error, 0.15);
+    }
+    for (int i = 0; i < 2 * g.runs; ++i) read(g.hits);
+  }
+}
+
 }  // namespace
 }  // namespace tutti::decision
-

@@ -18,10 +18,17 @@ double BlockLoadMs(const SplitInput& in, uint32_t block, bool pessimistic) {
   return 1e3 * static_cast<double>(in.layer_bytes) / bps;
 }
 
-// The formula of split.h, from one layer's load and compute times.
-double Ttft(const SplitInput& in, double load_ms, double compute_ms) {
-  return in.overhead_ms + load_ms + (in.num_layers - 1) * std::max(compute_ms, load_ms) +
-         compute_ms;
+// The formula of split.h, from one layer's load and compute times and the load's fixed part.
+double Ttft(const SplitInput& in, double load_ms, double compute_ms, double fixed_ms = 0) {
+  return in.overhead_ms + fixed_ms + load_ms +
+         (in.num_layers - 1) * std::max(compute_ms, load_ms) + compute_ms;
+}
+
+// The fixed part of loading the first `k` blocks: dram_fixed_ms where all are in the DRAM tier.
+double FixedMs(const SplitInput& in, uint32_t k) {
+  if (k == 0 || in.dram_fixed_ms <= 0) return 0;
+  const auto end = in.hit_in_dram.begin() + k;
+  return std::find(in.hit_in_dram.begin(), end, false) == end ? in.dram_fixed_ms : 0;
 }
 
 double ComputeMs(const SplitInput& in, uint32_t load_blocks) {
@@ -47,9 +54,11 @@ std::vector<Candidate> Candidates(const SplitInput& in, uint32_t kmax) {
       c[k].low = in.recompute_scale * Ttft(in, 0, compute * (1 - in.recompute_spread));
       c[k].high = in.recompute_scale * Ttft(in, 0, compute * (1 + in.recompute_spread));
     } else {
-      c[k].mid = in.load_scale * Ttft(in, load_ms, compute);
+      const double fixed = FixedMs(in, k);
+      c[k].mid = in.load_scale * Ttft(in, load_ms, compute, fixed);
       c[k].low = c[k].mid;
-      c[k].high = in.load_scale * Ttft(in, load_high_ms, compute * (1 + in.load_compute_spread));
+      c[k].high =
+          in.load_scale * Ttft(in, load_high_ms, compute * (1 + in.load_compute_spread), fixed);
     }
   }
   return c;
@@ -112,7 +121,7 @@ size_t Choose(const std::vector<SplitCandidate>& w, uint32_t central) {
 double PredictTtftMs(const SplitInput& in, uint32_t load_blocks) {
   double load_ms = 0;
   for (uint32_t b = 0; b < load_blocks; ++b) load_ms += BlockLoadMs(in, b, false);
-  return Ttft(in, load_ms, ComputeMs(in, load_blocks));
+  return Ttft(in, load_ms, ComputeMs(in, load_blocks), FixedMs(in, load_blocks));
 }
 
 Split ChooseSplit(const SplitInput& in) {

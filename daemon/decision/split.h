@@ -8,7 +8,10 @@
 // the predicted time to first token over N layers is
 //   TTFT(k) = overhead + load(k) + (N - 1) * max(compute(k), load(k)) + compute(k)
 // (load layer 0; then each layer l < N - 1 computes while layer l + 1 loads; the last layer
-// computes alone). Candidates are k in [0, kmax], kmax = min(hits, (T - 1) / block_tokens): at
+// computes alone). A load from the DRAM tier alone also pays dram_fixed_ms once, before its first
+// layer lands (the Retrieve's fixed part, datapath::BandwidthEstimate::fixed_seconds; its bytes
+// then move at the marginal rate): on the H200's DRAM grid (stop 34) bytes over one rate
+// over-predicted 0.5 GB loads by 31-44% and under-predicted 2-4 GB ones by 13-14%. Candidates are k in [0, kmax], kmax = min(hits, (T - 1) / block_tokens): at
 // least one prompt token is always computed, since the first token's logits need it. The least
 // TTFT wins; ties go to more loading. A split strictly between the two pure strategies (load
 // nothing, load everything) is taken only if its TTFT is below (1 - min_interior_gain) times the
@@ -69,6 +72,8 @@ struct SplitInput {
   std::vector<bool> hit_in_dram;  // one per hit, in chain order: DRAM tier (true) or SSD
   double dram_bytes_per_sec = 0;  // > 0
   double ssd_bytes_per_sec = 0;   // > 0
+  // Paid once by a load of k > 0 blocks all in the DRAM tier (above); 0: none.
+  double dram_fixed_ms = 0;
   double overhead_ms = 0;
   double min_interior_gain = 0;  // in [0, 1): see above
   // Uncertainty and corrections (see above); the defaults add none.

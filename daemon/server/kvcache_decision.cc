@@ -28,8 +28,16 @@ void KvCacheService::AdviseLookup(const SessionState& session, uint32_t prompt_t
   const datapath::BandwidthMeter& meter = store_->read_bandwidth();
   const datapath::BandwidthEstimate dram = meter.Estimate(datapath::Tier::kDram);
   const datapath::BandwidthEstimate ssd = meter.Estimate(datapath::Tier::kSsd);
-  const decision::Bandwidths bandwidths{dram.bytes_per_sec, ssd.bytes_per_sec,
-                                        dram.low_bytes_per_sec, ssd.low_bytes_per_sec};
+  decision::Bandwidths bandwidths{dram.bytes_per_sec, ssd.bytes_per_sec, dram.low_bytes_per_sec,
+                                  ssd.low_bytes_per_sec};
+  if (dram.fixed_seconds > 0) {
+    // The DRAM tier's Reads have a fixed part: its bytes move at the marginal rate, and the
+    // pessimistic figure keeps its relative distance from the mean (split.h).
+    bandwidths.dram_bytes_per_sec = dram.marginal_bytes_per_sec;
+    bandwidths.dram_low_bytes_per_sec =
+        dram.low_bytes_per_sec * dram.marginal_bytes_per_sec / dram.bytes_per_sec;
+    bandwidths.dram_fixed_ms = 1e3 * dram.fixed_seconds;
+  }
   const decision::Advice advice =
       advisor_->Advise(session.ns, session.id, shape, prompt_tokens, hit_in_dram, bandwidths);
   resp->set_load_blocks(advice.load_blocks);
