@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "client/hostengine/connect.h"
 #include "client/hostengine/content.h"
 #include "client/hostengine/fake_tuttid.h"
+#include "common/connect.h"
 #include "gtest/gtest.h"
 
 namespace tutti::hostengine {
