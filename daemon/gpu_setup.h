@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
                                                      std::vector<std::string>* notes);
 
 // GPU staging for retrieves: one layer of a maximal call, at most gpu.max_staging_bytes, and at
-// least a slot per object (gpu/layer_copier.h).
+// least a slot per object (daemon/gpu/layer_copier.h).
 uint64_t GpuStagingBytes(const v1::Config& config);
 
 }  // namespace tutti::gpu_setup

@@ -5,12 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "daemon/gpu/gpu_verifier.h"
+#include "daemon/gpu/layer_copier.h"
 #include "daemon/gpu_setup.h"
 #include "daemon/server/gpu_memory_opener.h"
 #include "gpu/cuda_status.h"
-#include "gpu/gpu_verifier.h"
 #include "gpu/io_stream.h"
-#include "gpu/layer_copier.h"
 #include "gpu/pinned.h"
 #include "gpu/probe.h"
 
@@ -163,8 +163,8 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     ASSIGN_OR_RETURN(rt->check_stream,
                      gpu::IoStream::Create({chosen.ordinal, g.io_sm_count(), g.copy_ctas()}));
     // Checked objects stay in GPU memory, from which the copier places them: one PCIe crossing
-    // per byte (gpu/gpu_verifier.h). With bounce slots the layers are staged there and the reads
-    // land in a few host slots per device; else in a GPU mirror of the host retrieve staging.
+    // per byte (daemon/gpu/gpu_verifier.h). With bounce slots the layers are staged there and the
+    // reads land in a few host slots per device; else in a GPU mirror of the host retrieve staging.
     rt->store = store;
     const uint32_t depth = config.datapath().read_bounce_depth();
     const uint64_t staging_mib = store->retrieve_staging_region().size() >> 20;

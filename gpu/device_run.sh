@@ -21,14 +21,14 @@ summary=()
 has() { [[ " $parts " == *" $1 "* ]]; }
 
 if has tests; then
-  all_tests="gpu/probe_test gpu/placement_test gpu/io_stream_test gpu/cuda_ipc_memory_test
-             gpu/ready_words_test gpu/ipc_two_process_test gpu/layer_copier_test
-             tests/gpu/tuttid_gpu_test"
+  all_tests="gpu/probe_test gpu/io_stream_test gpu/ready_words_test daemon/gpu/placement_test
+             daemon/gpu/cuda_ipc_memory_test daemon/gpu/ipc_two_process_test
+             daemon/gpu/layer_copier_test tests/gpu/tuttid_gpu_test"
   for t in ${TUTTI_TESTS:-$all_tests}; do
     timeout 200 "$run" "$t" > "$out/t.log" 2>&1
     rc=$?
     cat "$out/t.log" >> "$out/tests.log"
-    summary+=("$(printf '%-28s rc=%-3s %s' "$t" "$rc" "$(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ test' "$out/t.log" | tr '\n' ' ')")")
+    summary+=("$(printf '%-34s rc=%-3s %s' "$t" "$rc" "$(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ test' "$out/t.log" | tr '\n' ' ')")")
   done
   rm -f "$out/t.log"
 fi
@@ -36,7 +36,8 @@ fi
 # The copy kernel under compute-sanitizer's memory checker (small tests only).
 if has sanitizer && command -v compute-sanitizer > /dev/null; then
   LD_LIBRARY_PATH=.bundle/lib timeout 120 compute-sanitizer --tool memcheck --print-limit 20 \
-    .bundle/bin/gpu/cuda_ipc_memory_test --gtest_filter='AllFormats/*:*Bad*' > "$out/sanitizer.log" 2>&1
+    .bundle/bin/daemon/gpu/cuda_ipc_memory_test --gtest_filter='AllFormats/*:*Bad*' \
+    > "$out/sanitizer.log" 2>&1
   summary+=("compute-sanitizer memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1)")
 fi
 

@@ -4,7 +4,7 @@
 // Each thread takes 16-byte vectors of its object (two of the eight 64-bit accumulator lanes of
 // one 64-byte stripe), the warps sum each 1 KiB block's contributions per lane, and eight threads
 // then run the lanes' sequential part (a scramble per full block) and one thread merges them. The
-// value is XXH3's, bit for bit (gpu/gpu_verifier_test.cc compares it with libxxhash).
+// value is XXH3's, bit for bit (daemon/gpu/gpu_verifier_test.cc compares it with libxxhash).
 //
 // Supported lengths (GpuHashSupports): multiples of 64 in (240, kMaxGpuHashLen]; XXH3 hashes
 // shorter inputs another way, which is left to the CPU.

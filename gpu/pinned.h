@@ -14,7 +14,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "gpu/placement.h"
+#include "gpu/staging_map.h"
 
 namespace tutti::gpu {
 

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Checks the lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED, ...): builds the code
 # with clang's -Wthread-safety as errors (bazel --config=tsa, .bazelrc). gcc, the main build's
-# compiler, ignores the annotations. CUDA is left out of this build (TUTTI_NO_CUDA), so gpu/'s
-# CUDA targets are not checked by it.
+# compiler, ignores the annotations. CUDA is left out of this build (TUTTI_NO_CUDA), so the CUDA
+# targets of gpu/ and daemon/gpu/ are not checked by it.
 #
 #   tools/thread_safety.sh [TARGET...]      (default: everything but gpu/)
 #

@@ -11,7 +11,7 @@
 #include "client/cpp/session.h"
 #include "client/cpp/status_convert.h"
 #include "client/cpp/transfer.h"
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 
 namespace tutti::client {
 namespace {
@@ -85,7 +85,7 @@ void Client::Rep::ReadStream(std::shared_ptr<Retrieval::Rep> rep,
   while (stream->Read(&progress)) {
     rep->OnProgress(progress.layer(), progress.failed());
   }
-  absl::Status status = hostengine::FromGrpc(stream->Finish());
+  absl::Status status = FromGrpc(stream->Finish());
   session->Observe(status, generation);
   rep->OnEnd(status);
 }
@@ -144,7 +144,7 @@ Result<Lease> Client::Lookup(const std::vector<BlockKey>& keys, uint32_t prompt_
   tutti::v1::LookupResponse response;
   auto ctx = rep_->session->NewContext();
   absl::Status s =
-      hostengine::FromGrpc(rep_->session->stub().Lookup(ctx.get(), request, &response));
+      FromGrpc(rep_->session->stub().Lookup(ctx.get(), request, &response));
   rep_->session->Observe(s, cur->generation);
   if (!s.ok()) return FromAbsl(s);
   Lease lease{response.lease_id(), response.hits(), response.lease_ttl_ms(), cur->generation};
@@ -174,7 +174,7 @@ Result<ComputeReport> Client::ReportCompute(const std::vector<ComputeSample>& sa
   tutti::v1::ReportComputeResponse response;
   auto ctx = rep_->session->NewContext();
   absl::Status s =
-      hostengine::FromGrpc(rep_->session->stub().ReportCompute(ctx.get(), request, &response));
+      FromGrpc(rep_->session->stub().ReportCompute(ctx.get(), request, &response));
   rep_->session->Observe(s, cur->generation);
   if (!s.ok()) return FromAbsl(s);
   return ComputeReport{response.decision_found(), response.prediction_error()};
@@ -236,7 +236,7 @@ Result<std::vector<StoreOutcome>> Client::Store(const std::vector<BlockKey>& key
   request.set_ticket(rep_->NextTicket());
   tutti::v1::StoreResponse response;
   auto ctx = rep_->session->NewContext();
-  absl::Status s = hostengine::FromGrpc(rep_->session->stub().Store(ctx.get(), request, &response));
+  absl::Status s = FromGrpc(rep_->session->stub().Store(ctx.get(), request, &response));
   rep_->session->Observe(s, cur->generation);
   if (!s.ok()) return FromAbsl(s);
   if (static_cast<size_t>(response.outcomes_size()) != keys.size()) {
@@ -259,7 +259,7 @@ Status Client::Release(const Lease& lease) {
   tutti::v1::ReleaseResponse response;
   auto ctx = rep_->session->NewContext();
   absl::Status s =
-      hostengine::FromGrpc(rep_->session->stub().Release(ctx.get(), request, &response));
+      FromGrpc(rep_->session->stub().Release(ctx.get(), request, &response));
   rep_->session->Observe(s, cur->generation);
   return FromAbsl(s);
 }

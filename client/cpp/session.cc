@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 #include "common/handoff.h"
 
 namespace tutti::client::internal {
@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
                                                        tutti::v1::AttachRequest request,
                                                        std::vector<UniqueFd> fds) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      hostengine::ConnectToTuttid(options.socket_path, options.connect_timeout);
+      ConnectToTuttid(options.socket_path, options.connect_timeout);
   if (!channel.ok()) return channel.status();
   std::unique_ptr<Session> session(
       new Session(options, *channel, std::move(request), std::move(fds)));
@@ -54,7 +54,7 @@ absl::Status Session::AttachNow(absl::Duration deadline) {
   tutti::v1::AttachResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  absl::Status s = hostengine::FromGrpc(stub_->Attach(&ctx, request, &response));
+  absl::Status s = FromGrpc(stub_->Attach(&ctx, request, &response));
   if (!s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (state_ == State::kDetached) return absl::FailedPreconditionError("detached");
@@ -151,7 +151,7 @@ absl::Duration Session::Tick(absl::Duration backoff) {
     tutti::v1::KeepAliveResponse response;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::max(period, absl::Seconds(1))));
-    absl::Status s = hostengine::FromGrpc(stub_->KeepAlive(&ctx, request, &response));
+    absl::Status s = FromGrpc(stub_->KeepAlive(&ctx, request, &response));
     if (absl::IsUnavailable(s) || absl::IsNotFound(s) || absl::IsDeadlineExceeded(s)) {
       MarkLost(cur.generation, s);
       return kMinBackoff;
@@ -190,7 +190,7 @@ absl::Status Session::Detach() {
   tutti::v1::DetachResponse response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  return hostengine::FromGrpc(stub_->Detach(&ctx, request, &response));
+  return FromGrpc(stub_->Detach(&ctx, request, &response));
 }
 
 SessionInfo Session::info() const {

@@ -1,12 +1,12 @@
-// SharedMemory: the public face of hostengine::ShmRegion.
+// SharedMemory: the public face of ShmRegion (common/shm_region.h).
 #include "client/cpp/status_convert.h"
-#include "client/hostengine/shm_region.h"
+#include "common/shm_region.h"
 #include "tutti/client.h"
 
 namespace tutti::client {
 
 struct SharedMemory::Rep {
-  std::unique_ptr<hostengine::ShmRegion> region;
+  std::unique_ptr<ShmRegion> region;
 };
 
 SharedMemory::SharedMemory(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
@@ -14,9 +14,9 @@ SharedMemory::~SharedMemory() = default;
 
 Result<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& prefix,
                                                            uint64_t size) {
-  hostengine::ShmRegion::UnlinkOnFatalSignals();
-  absl::StatusOr<std::unique_ptr<hostengine::ShmRegion>> region =
-      hostengine::ShmRegion::Create(prefix, size);
+  ShmRegion::UnlinkOnFatalSignals();
+  absl::StatusOr<std::unique_ptr<ShmRegion>> region =
+      ShmRegion::Create(prefix, size);
   if (!region.ok()) return FromAbsl(region.status());
   auto rep = std::make_unique<Rep>();
   rep->region = std::move(*region);

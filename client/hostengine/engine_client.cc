@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 #include "common/handoff.h"
 #include "grpcpp/client_context.h"
 

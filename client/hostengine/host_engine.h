@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/hostengine/kv_shape.h"
-#include "client/hostengine/shm_region.h"
+#include "common/shm_region.h"
 #include "common/types.h"
 #include "tutti/v1/kvcache.pb.h"
 

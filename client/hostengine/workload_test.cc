@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "client/hostengine/connect.h"
 #include "client/hostengine/content.h"
-#include "client/hostengine/fake_tuttid.h"
+#include "common/connect.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_tuttid.h"
 
 namespace tutti::hostengine {
 namespace {
@@ -30,7 +30,7 @@ class WorkloadTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
     socket_ = dir_ + "/s.sock";
-    auto fake = FakeTuttid::Start(socket_);
+    auto fake = testing::FakeTuttid::Start(socket_);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
     auto channel = ConnectToTuttid(socket_, absl::Seconds(5));
@@ -50,7 +50,7 @@ class WorkloadTest : public ::testing::Test {
   }
 
   std::string dir_, socket_;
-  std::unique_ptr<FakeTuttid> fake_;
+  std::unique_ptr<testing::FakeTuttid> fake_;
   std::unique_ptr<EngineClient> client_;
   std::unique_ptr<HostEngine> engine_;
 };

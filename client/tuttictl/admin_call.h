@@ -8,8 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/hostengine/connect.h"
 #include "client/tuttictl/command.h"
+#include "common/connect.h"
 #include "grpcpp/client_context.h"
 #include "tutti/v1/admin.grpc.pb.h"
 
@@ -20,7 +20,7 @@ namespace tutti::tuttictl {
 inline absl::StatusOr<std::unique_ptr<tutti::v1::Admin::Stub>> ConnectAdmin(
     const GlobalOptions& options) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      hostengine::ConnectToTuttid(AdminSocket(options), absl::Milliseconds(options.timeout_ms));
+      ConnectToTuttid(AdminSocket(options), absl::Milliseconds(options.timeout_ms));
   if (!channel.ok() && absl::StrContains(channel.status().message(), "Permission denied")) {
     return absl::PermissionDeniedError(absl::StrCat(
         channel.status().message(), "; the operator socket is for tuttid's user and root "
@@ -32,7 +32,7 @@ inline absl::StatusOr<std::unique_ptr<tutti::v1::Admin::Stub>> ConnectAdmin(
 
 // The daemon's error, its message prefixed "tuttid: ".
 inline absl::Status FromDaemon(const grpc::Status& s) {
-  const absl::Status status = hostengine::FromGrpc(s);
+  const absl::Status status = FromGrpc(s);
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat("tuttid: ", status.message()));
 }

@@ -10,13 +10,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/hostengine/connect.h"
 #include "client/hostengine/content.h"
 #include "client/hostengine/engine_client.h"
 #include "client/hostengine/host_engine.h"
 #include "client/hostengine/workload.h"
 #include "client/tuttictl/command.h"
 #include "client/tuttictl/output.h"
+#include "common/connect.h"
 #include "common/status_macros.h"
 
 namespace tutti::tuttictl {
@@ -106,10 +106,10 @@ absl::Status BenchCommand::CheckUsage(const FlagSet& flags, const std::vector<st
 
 absl::StatusOr<BenchResult> BenchCommand::RunPhases(const GlobalOptions& options,
                                                     std::ostream& out) {
-  hostengine::ShmRegion::UnlinkOnFatalSignals();
+  ShmRegion::UnlinkOnFatalSignals();
   ASSIGN_OR_RETURN(auto engine,
                    hostengine::HostEngine::Create(shape_, engine_blocks_, "tutti-bench"));
-  ASSIGN_OR_RETURN(auto channel, hostengine::ConnectToTuttid(
+  ASSIGN_OR_RETURN(auto channel, ConnectToTuttid(
                                      options.socket, absl::Milliseconds(options.timeout_ms)));
   hostengine::EngineClient client(channel, options.socket);
   identity_.engine_id = absl::StrCat("tuttictl-bench pid ", getpid());

@@ -3,8 +3,8 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "client/hostengine/connect.h"
 #include "client/tuttictl/command.h"
+#include "common/connect.h"
 
 namespace tutti::tuttictl {
 namespace {
@@ -30,7 +30,7 @@ std::string Usage(const std::vector<std::unique_ptr<Command>>& commands) {
                         c->summary(), "\n");
   }
   GlobalOptions options;
-  options.socket = hostengine::kDefaultSocket;
+  options.socket = kDefaultSocket;
   bool help = false;
   FlagSet global;
   RegisterGlobalFlags(global, options, help);
@@ -107,7 +107,7 @@ int RunTuttictl(const std::vector<std::string>& args, std::ostream& out, std::os
   }
   Command& command = **it;
   GlobalOptions options;
-  options.socket = hostengine::kDefaultSocket;
+  options.socket = kDefaultSocket;
   bool help = false;
   FlagSet flags;
   RegisterGlobalFlags(flags, options, help);

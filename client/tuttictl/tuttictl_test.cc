@@ -5,9 +5,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "client/hostengine/fake_tuttid.h"
 #include "client/tuttictl/command.h"
 #include "gtest/gtest.h"
+#include "tests/common/fake_tuttid.h"
 
 namespace tutti::tuttictl {
 namespace {
@@ -31,7 +31,7 @@ class TuttictlTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
     socket_ = dir_ + "/s.sock";
-    auto fake = hostengine::FakeTuttid::Start(socket_);
+    auto fake = testing::FakeTuttid::Start(socket_);
     ASSERT_TRUE(fake.ok()) << fake.status();
     fake_ = std::move(*fake);
   }
@@ -49,7 +49,7 @@ class TuttictlTest : public ::testing::Test {
   }
 
   std::string dir_, socket_;
-  std::unique_ptr<hostengine::FakeTuttid> fake_;
+  std::unique_ptr<testing::FakeTuttid> fake_;
 };
 
 TEST_F(TuttictlTest, Status) {

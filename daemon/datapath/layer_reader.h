@@ -24,7 +24,7 @@
 // there (ObjectCheck::place). The copies' sources are then GPU memory (CopyOp::staging and
 // device_copy both the placed bytes). An object the verifier did not place (its batch was checked
 // on the CPU after a CUDA error) fails its item with kNotPlaced: the block is served as a miss and
-// stays in the pool. Needs a verifier that places (gpu/gpu_verifier.h).
+// stays in the pool. Needs a verifier that places (daemon/gpu/gpu_verifier.h).
 //
 // Who uses it: a Retrieve's reads are one step of the datapath's retrieve transfer
 // (retrieve_transfer.h: the store prepares the sources, this reader reads them, the store

@@ -1,5 +1,5 @@
-// A test fake of a verifier that places (gpu/gpu_verifier.h with layers staged on the GPU): it
-// copies each object from where it was read to ObjectCheck::place (host memory standing in for
+// A test fake of a verifier that places (daemon/gpu/gpu_verifier.h with layers staged on the GPU):
+// it copies each object from where it was read to ObjectCheck::place (host memory standing in for
 // the GPU), scribbles over the source (the bounce slot is reused once `done` runs, so nothing may
 // read it after), checks the copy with `cpu`, and reports the place as the object's device copy.
 #ifndef TUTTI_DAEMON_DATAPATH_PLACING_VERIFIER_FAKE_H_

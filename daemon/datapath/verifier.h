@@ -5,8 +5,8 @@
 // A Verifier takes a batch of objects and answers, per object, whether its checksum matches. The
 // reader hands it each batch of reads as it completes, so checks run beside the reads of the
 // devices and never on the thread leading the transfer. Implementations: CpuVerifier (a
-// WorkPool's threads, tasks of 32 objects) and gpu/gpu_verifier.h (the hash kernel over objects
-// copied to the GPU); VerifierSwitch picks between them at start-up.
+// WorkPool's threads, tasks of 32 objects) and daemon/gpu/gpu_verifier.h (the hash kernel over
+// objects copied to the GPU); VerifierSwitch picks between them at start-up.
 //
 // Thread-safety: Verify may be called from any thread, concurrently.
 #ifndef TUTTI_DAEMON_DATAPATH_VERIFIER_H_
@@ -34,8 +34,8 @@ struct ObjectCheck {
   uint32_t len = 0;
   uint64_t expected = 0;
   // Out, optional: a verifier that checked a copy of the bytes in GPU memory and keeps it there
-  // (gpu/gpu_verifier.h with a mirror) writes that copy's device address here before `done`, if
-  // the checksum matched; it stays valid as long as `bytes` do not change. Left untouched
+  // (daemon/gpu/gpu_verifier.h with a mirror) writes that copy's device address here before `done`,
+  // if the checksum matched; it stays valid as long as `bytes` do not change. Left untouched
   // otherwise (the caller sets it to null first).
   const uint8_t** device_copy = nullptr;
   // In, optional: GPU memory this object is to be checked in (a layer staged on the GPU,

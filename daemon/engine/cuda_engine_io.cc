@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
-#include "gpu/cuda_ipc_memory.h"
+#include "daemon/gpu/cuda_ipc_memory.h"
 #include "gpu/cuda_status.h"
 #include "gpu/ready_words.h"
 

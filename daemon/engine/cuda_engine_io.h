@@ -11,13 +11,13 @@
 // into CudaEngineRegions and checks the placements against the namespace first.
 //
 // The EngineIo it makes copies Retrieve layers with the shared gpu::LayerCopier (staged or
-// mapped, see gpu/layer_copier.h), gathers Store blocks with the copy kernel straight into the
-// store's registered staging, and writes ready words on the I/O stream after the copies. Close()
-// takes the session's lock (so it waits for a layer in progress), waits for the I/O stream, and
-// closes the ready words' and the KV tensors' IPC mappings; nothing is enqueued into the engine's
-// memory afterwards. Its contract is EngineIo's (daemon/engine/engine_io.h).
+// mapped, see daemon/gpu/layer_copier.h), gathers Store blocks with the copy kernel straight into
+// the store's registered staging, and writes ready words on the I/O stream after the copies.
+// Close() takes the session's lock (so it waits for a layer in progress), waits for the I/O stream,
+// and closes the ready words' and the KV tensors' IPC mappings; nothing is enqueued into the
+// engine's memory afterwards. Its contract is EngineIo's (daemon/engine/engine_io.h).
 //
-// Built only with the CUDA toolkit (it links //gpu; tools/cuda.bzl).
+// Built only with the CUDA toolkit (it links //gpu and //daemon/gpu; tools/cuda.bzl).
 //
 // Thread-safety: OpenCudaEngineIo and the EngineIo may be used from any thread; one session's
 // copies are serialized by its lock.
@@ -31,10 +31,10 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/engine/engine_io.h"
+#include "daemon/gpu/layer_copier.h"
+#include "daemon/gpu/placement.h"
 #include "gpu/io_stream.h"
 #include "gpu/ipc_mapping.h"
-#include "gpu/layer_copier.h"
-#include "gpu/placement.h"
 
 namespace tutti::engine {
 

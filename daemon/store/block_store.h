@@ -500,10 +500,10 @@ class BlockStore final : public datapath::RetrieveStore {
   // Stages the layers of Retrieves into GPU memory (reader(true)) in `device` (GPU memory, at
   // least retrieve_staging_region()'s size) from now on: reads land in `depth` bounce slots per
   // pool file carved from the start of the retrieve staging, and `placing` (a verifier that
-  // places, gpu/gpu_verifier.h) copies each object to its place in the layer and checks it there
-  // (datapath/layer_reader.h). Retrieves into host memory and Scrub keep the rest of the retrieve
-  // staging, checked by `placing` too. An empty `device` goes back to host staging and the CPU
-  // checker. Call while no Read is in progress (start-up, shutdown);
+  // places, daemon/gpu/gpu_verifier.h) copies each object to its place in the layer and checks it
+  // there (datapath/layer_reader.h). Retrieves into host memory and Scrub keep the rest of the
+  // retrieve staging, checked by `placing` too. An empty `device` goes back to host staging and the
+  // CPU checker. Call while no Read is in progress (start-up, shutdown);
   // `device` and `placing` must outlive their use. INVALID_ARGUMENT when the sizes do not fit.
   absl::Status StageReadsOnGpu(absl::Span<uint8_t> device, datapath::Verifier* placing,
                                uint32_t depth);

@@ -1,5 +1,5 @@
-// Helpers for gpu/ tests and benchmarks: skipping without a GPU, the engine KV formats as
-// placements, and deterministic object content.
+// Helpers for GPU tests and benchmarks: skipping without a GPU, and deterministic object content.
+// The engine KV formats as placements are the daemon's: daemon/gpu/testing/kv_layout.h.
 #ifndef TUTTI_GPU_TESTING_TEST_UTIL_H_
 #define TUTTI_GPU_TESTING_TEST_UTIL_H_
 
@@ -9,7 +9,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "gpu/placement.h"
 #include "gpu/probe.h"
 #include "gtest/gtest.h"
 
@@ -23,26 +22,6 @@
   } while (0)
 
 namespace tutti::gpu::testing {
-
-enum class KvFormat {
-  kFusedKv,       // vLLM: per layer one tensor [2, blocks, tokens, heads, dim]
-  kSeparateKv,    // per layer a K tensor and a V tensor [blocks, tokens, heads, dim]
-  kMla,           // per layer one latent tensor [blocks, tokens, latent_dim]
-  kBlockMajorKv,  // FlashInfer: per layer one tensor [blocks, 2, tokens, heads, dim]
-};
-inline constexpr KvFormat kAllFormats[] = {KvFormat::kFusedKv, KvFormat::kSeparateKv,
-                                           KvFormat::kMla, KvFormat::kBlockMajorKv};
-
-const char* FormatName(KvFormat format);
-
-struct KvLayout {
-  EngineLayout layout;
-  std::vector<uint64_t> region_sizes;
-  uint32_t parts = 0;  // objects per layer
-};
-
-// The placements of `format` for `layers` layers of `num_blocks` blocks, objects of `object_len`.
-KvLayout MakeKvLayout(KvFormat format, uint32_t layers, uint32_t num_blocks, uint32_t object_len);
 
 // Fills `len` bytes (a multiple of 8) with content derived from (seed, block, object).
 void FillObject(uint64_t seed, uint32_t block, uint32_t object, uint8_t* out, uint32_t len);

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 #include "tests/common/daemon_launch.h"
 
 namespace tutti::e2e {
@@ -79,7 +79,7 @@ absl::Status TuttidFixture::Start() {
       pid_ = -1;
       return absl::UnavailableError(absl::StrCat("tuttid exited during start-up\n", LogTail()));
     }
-    if (hostengine::ConnectToTuttid(socket_, absl::Seconds(1)).ok()) return absl::OkStatus();
+    if (ConnectToTuttid(socket_, absl::Seconds(1)).ok()) return absl::OkStatus();
     absl::SleepFor(absl::Milliseconds(50));
   }
   Kill();

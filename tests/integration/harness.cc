@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "absl/time/clock.h"
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 #include "grpcpp/client_context.h"
 
 namespace tutti::testing {
@@ -18,7 +18,7 @@ absl::StatusOr<Response> CallAdmin(
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   Response response;
-  absl::Status s = hostengine::FromGrpc((daemon.admin().*method)(&ctx, request, &response));
+  absl::Status s = FromGrpc((daemon.admin().*method)(&ctx, request, &response));
   if (!s.ok()) return s;
   return response;
 }

@@ -31,9 +31,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/hostengine/connect.h"
 #include "client/hostengine/engine_client.h"
 #include "client/hostengine/host_engine.h"
+#include "common/connect.h"
 #include "common/handoff.h"
 #include "daemon/metrics/http_get.h"
 #include "grpcpp/client_context.h"
@@ -210,7 +210,7 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
               auto engine = hostengine::HostEngine::Create(
                   {2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE}, 8, "tutti-mu");
               if (!engine.ok()) return std::string(engine.status().message());
-              auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+              auto channel = ConnectToTuttid(sock, absl::Seconds(5));
               if (!channel.ok()) return std::string(channel.status().message());
               hostengine::EngineClient client(*channel, sock, absl::Seconds(30));
               auto attach = client.Attach((*engine)->MakeAttachRequest({}), (*engine)->fds());
@@ -244,7 +244,7 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
                           "opened the victim's shm");
               r += Expect(shm_open(root_only.c_str(), O_RDWR, 0) < 0, "opened root's shm");
               // ... and naming it, as v1 allowed, is refused.
-              auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+              auto channel = ConnectToTuttid(sock, absl::Seconds(5));
               if (!channel.ok()) return "connect: " + std::string(channel.status().message());
               auto stub = tutti::v1::KvCache::NewStub(*channel);
               tutti::v1::AttachRequest req;
@@ -294,7 +294,7 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
               r += Expect(admin->Evict(&ectx, evict, &evicted).error_code() ==
                               grpc::StatusCode::UNIMPLEMENTED,
                           "Evict answered on the engine socket");
-              auto admin_channel = hostengine::ConnectToTuttid(sock + ".admin", absl::Seconds(2));
+              auto admin_channel = ConnectToTuttid(sock + ".admin", absl::Seconds(2));
               r += Expect(!admin_channel.ok(), "reached the operator socket");
               return r;
             }),
@@ -303,7 +303,7 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
   // A user outside the group reaches nothing.
   EXPECT_EQ(RunAs({kStrangerUid, kStrangerGid, {}}, [&] {
               std::string r;
-              r += Expect(!hostengine::ConnectToTuttid(sock, absl::Seconds(2)).ok(),
+              r += Expect(!ConnectToTuttid(sock, absl::Seconds(2)).ok(),
                           "reached the engine socket");
               r += Expect(!HandOff(sock, {}).ok(), "reached the handoff socket");
               return r;
@@ -312,7 +312,7 @@ TEST_F(MultiUserTest, TheDocumentedDeploymentWorksAndNoOtherUserReachesAnEngines
 
   // The operator (root) sees the engine's session gone and the blocks kept.
   EXPECT_EQ(RunAs({0, 0, {}}, [&] {
-              auto channel = hostengine::ConnectToTuttid(sock + ".admin", absl::Seconds(5));
+              auto channel = ConnectToTuttid(sock + ".admin", absl::Seconds(5));
               if (!channel.ok()) return std::string(channel.status().message());
               grpc::ClientContext ctx;
               tutti::v1::StatsResponse stats;
@@ -339,7 +339,7 @@ std::string ProbeOthersSessions(const std::string& sock, const std::string& who)
   auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE}, 1,
                                                "tutti-mu-probe");
   if (!engine.ok()) return std::string(engine.status().message());
-  auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+  auto channel = ConnectToTuttid(sock, absl::Seconds(5));
   if (!channel.ok()) return "connect: " + std::string(channel.status().message());
   hostengine::EngineClient self(*channel, sock, absl::Seconds(30));
   tutti::v1::AttachRequest memoryless = (*engine)->MakeAttachRequest({});
@@ -481,7 +481,7 @@ TEST_F(MultiUserTest, OnlyTheEngineThatAttachedActsInItsSession) {
     auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE},
                                                  8, "tutti-mu-victim");
     if (!engine.ok()) report(std::string(engine.status().message()));
-    auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+    auto channel = ConnectToTuttid(sock, absl::Seconds(5));
     if (!channel.ok()) report(std::string(channel.status().message()));
     hostengine::EngineClient client(*channel, sock, absl::Seconds(30));
     auto attach = client.Attach((*engine)->MakeAttachRequest({}), (*engine)->fds());
@@ -620,7 +620,7 @@ MuEngine AttachMuEngine(const std::string& sock) {
                                                absl::StrCat("tutti-mu-", getpid()));
   if (!engine.ok()) return {nullptr, nullptr, std::string(engine.status().message())};
   e.engine = std::move(*engine);
-  auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+  auto channel = ConnectToTuttid(sock, absl::Seconds(5));
   if (!channel.ok()) return {nullptr, nullptr, std::string(channel.status().message())};
   e.client = std::make_unique<hostengine::EngineClient>(*channel, sock, absl::Seconds(30));
   auto attach = e.client->Attach(e.engine->MakeAttachRequest({}), e.engine->fds());
@@ -648,7 +648,7 @@ uint64_t StoreSeries(MuEngine& e, uint64_t series, uint64_t first, uint64_t n) {
 }
 
 std::unique_ptr<tutti::v1::Admin::Stub> OperatorStub(const std::string& sock) {
-  auto channel = hostengine::ConnectToTuttid(sock + ".admin", absl::Seconds(5));
+  auto channel = ConnectToTuttid(sock + ".admin", absl::Seconds(5));
   return channel.ok() ? tutti::v1::Admin::NewStub(*channel) : nullptr;
 }
 
@@ -849,7 +849,7 @@ NsEngine AttachNs(const std::string& sock, const std::string& model, bool with_m
     req.set_num_blocks(0);
     fds.clear();
   }
-  auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+  auto channel = ConnectToTuttid(sock, absl::Seconds(5));
   if (!channel.ok()) {
     e.error = std::string(channel.status().message());
     return e;
@@ -895,7 +895,7 @@ std::string HistorySeen(const std::string& sock, const std::string& model,
 
 // The operator's view (run as root): the namespaces' owners and blocks, as "uid:blocks ...".
 std::string NamespaceOwners(const std::string& sock, uint64_t* slots_total = nullptr) {
-  auto channel = hostengine::ConnectToTuttid(sock + ".admin", absl::Seconds(5));
+  auto channel = ConnectToTuttid(sock + ".admin", absl::Seconds(5));
   if (!channel.ok()) return std::string(channel.status().message());
   grpc::ClientContext ctx;
   tutti::v1::StatsResponse stats;
@@ -1078,7 +1078,7 @@ absl::StatusOr<tutti::v1::LookupResponse> AdvisedLookup(hostengine::EngineClient
   tutti::v1::LookupResponse resp;
   auto ctx = client.NewContext();
   const grpc::Status s = client.stub().Lookup(ctx.get(), req, &resp);
-  if (!s.ok()) return hostengine::FromGrpc(s);
+  if (!s.ok()) return FromGrpc(s);
   return resp;
 }
 
@@ -1241,7 +1241,7 @@ std::string AttachStoreDetach(const std::string& sock, int times) {
     auto engine = hostengine::HostEngine::Create({2, 2, 64, 2, 16, tutti::v1::KV_FORMAT_SEPARATE},
                                                  8, absl::StrCat("tutti-mu-h", round));
     if (!engine.ok()) return std::string(engine.status().message());
-    auto channel = hostengine::ConnectToTuttid(sock, absl::Seconds(5));
+    auto channel = ConnectToTuttid(sock, absl::Seconds(5));
     if (!channel.ok()) return std::string(channel.status().message());
     hostengine::EngineClient client(*channel, sock, absl::Seconds(30));
     auto attach = client.Attach((*engine)->MakeAttachRequest({}), (*engine)->fds());

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 #include "grpcpp/client_context.h"
 
 namespace tutti::testing {
@@ -122,13 +122,13 @@ absl::Status TuttidProcess::WaitReady(int timeout_s) {
           absl::StrCat("tuttid exited during start-up (wait status ", status, ")"));
     }
     // The admin socket opens after the handoff socket and before the engine socket.
-    auto admin_channel = hostengine::ConnectToTuttid(env_->admin_socket(), absl::Seconds(1));
+    auto admin_channel = ConnectToTuttid(env_->admin_socket(), absl::Seconds(1));
     if (admin_channel.ok()) {
       auto admin = tutti::v1::Admin::NewStub(*admin_channel);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
       tutti::v1::StatusResponse resp;
-      auto channel = hostengine::ConnectToTuttid(env_->socket(), absl::Seconds(1));
+      auto channel = ConnectToTuttid(env_->socket(), absl::Seconds(1));
       if (channel.ok() && admin->Status(&ctx, tutti::v1::StatusRequest(), &resp).ok()) {
         channel_ = *channel;
         admin_channel_ = *admin_channel;

@@ -1,4 +1,4 @@
-#include "client/hostengine/fake_tuttid.h"
+#include "tests/common/fake_tuttid.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -23,7 +23,7 @@
 #include "tutti/v1/admin.grpc.pb.h"
 #include "tutti/v1/kvcache.grpc.pb.h"
 
-namespace tutti::hostengine {
+namespace tutti::testing {
 
 using grpc::ServerContext;
 using grpc::StatusCode;
@@ -438,4 +438,4 @@ uint64_t FakeTuttid::sessions() const {
   return impl_->sessions_.size();
 }
 
-}  // namespace tutti::hostengine
+}  // namespace tutti::testing

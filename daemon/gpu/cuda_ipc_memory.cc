@@ -1,4 +1,4 @@
-#include "gpu/cuda_ipc_memory.h"
+#include "daemon/gpu/cuda_ipc_memory.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"

@@ -1,4 +1,4 @@
-#include "client/hostengine/shm_region.h"
+#include "common/shm_region.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 
-namespace tutti::hostengine {
+namespace tutti {
 namespace {
 
 bool NameExists(const std::string& name) {
@@ -97,4 +97,4 @@ TEST(ShmRegionTest, SignalRemovesName) {
 }
 
 }  // namespace
-}  // namespace tutti::hostengine
+}  // namespace tutti

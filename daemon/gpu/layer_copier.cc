@@ -1,4 +1,4 @@
-#include "gpu/layer_copier.h"
+#include "daemon/gpu/layer_copier.h"
 
 #include <cuda.h>
 

@@ -9,8 +9,8 @@
 //
 // Thread-safety: name(), data() and size() may be read from any thread; Unlink and the destructor
 // must not race with each other.
-#ifndef TUTTI_CLIENT_HOSTENGINE_SHM_REGION_H_
-#define TUTTI_CLIENT_HOSTENGINE_SHM_REGION_H_
+#ifndef TUTTI_COMMON_SHM_REGION_H_
+#define TUTTI_COMMON_SHM_REGION_H_
 
 #include <cstdint>
 #include <memory>
@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tutti::hostengine {
+namespace tutti {
 
 class ShmRegion {
  public:
@@ -60,6 +60,6 @@ class ShmRegion {
   bool linked_ = true;
 };
 
-}  // namespace tutti::hostengine
+}  // namespace tutti
 
-#endif  // TUTTI_CLIENT_HOSTENGINE_SHM_REGION_H_
+#endif  // TUTTI_COMMON_SHM_REGION_H_

@@ -1,4 +1,4 @@
-#include "gpu/layer_copier.h"
+#include "daemon/gpu/layer_copier.h"
 
 #include <cuda_runtime.h>
 
@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/gpu/testing/kv_layout.h"
 #include "gpu/pinned.h"
 #include "gpu/testing/test_util.h"
 #include "gtest/gtest.h"

@@ -27,8 +27,8 @@
 //
 // Thread-safety: Verify may be called from any thread, concurrently. Lifetime: `fallback` and the
 // staging the objects live in must outlive the verifier; destroying it waits for every batch.
-#ifndef TUTTI_GPU_GPU_VERIFIER_H_
-#define TUTTI_GPU_GPU_VERIFIER_H_
+#ifndef TUTTI_DAEMON_GPU_GPU_VERIFIER_H_
+#define TUTTI_DAEMON_GPU_GPU_VERIFIER_H_
 
 #include <cstdint>
 #include <memory>
@@ -56,4 +56,4 @@ absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
 
 }  // namespace tutti::gpu
 
-#endif  // TUTTI_GPU_GPU_VERIFIER_H_
+#endif  // TUTTI_DAEMON_GPU_GPU_VERIFIER_H_

@@ -41,8 +41,8 @@
 // Thread-safety: every method may be called from any thread. ScatterLayer calls are serialized.
 // Lifetimes: the IoStream and the registered regions must outlive the copier; the copier must
 // outlive every CudaIpcMemory opened with its staging_regions().
-#ifndef TUTTI_GPU_LAYER_COPIER_H_
-#define TUTTI_GPU_LAYER_COPIER_H_
+#ifndef TUTTI_DAEMON_GPU_LAYER_COPIER_H_
+#define TUTTI_DAEMON_GPU_LAYER_COPIER_H_
 
 #include <cuda_runtime_api.h>
 
@@ -59,10 +59,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/engine/engine_memory.h"
-#include "gpu/cuda_ipc_memory.h"
+#include "daemon/gpu/cuda_ipc_memory.h"
+#include "daemon/gpu/placement.h"
 #include "gpu/io_stream.h"
 #include "gpu/pinned.h"
-#include "gpu/placement.h"
 #include "gpu/ready_words.h"
 
 namespace tutti::gpu {
@@ -268,4 +268,4 @@ class LayerCopier {
 
 }  // namespace tutti::gpu
 
-#endif  // TUTTI_GPU_LAYER_COPIER_H_
+#endif  // TUTTI_DAEMON_GPU_LAYER_COPIER_H_

@@ -1,4 +1,4 @@
-#include "gpu/gpu_verifier.h"
+#include "daemon/gpu/gpu_verifier.h"
 
 #include <cuda_runtime_api.h>
 #define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed

@@ -1,4 +1,4 @@
-#include "client/hostengine/connect.h"
+#include "common/connect.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -12,7 +12,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 
-namespace tutti::hostengine {
+namespace tutti {
 namespace {
 
 absl::Status Unreachable(const std::string& path, const std::string& reason) {
@@ -62,4 +62,4 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-}  // namespace tutti::hostengine
+}  // namespace tutti

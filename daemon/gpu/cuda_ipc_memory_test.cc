@@ -1,4 +1,4 @@
-#include "gpu/cuda_ipc_memory.h"
+#include "daemon/gpu/cuda_ipc_memory.h"
 
 #include <cuda_runtime.h>
 
@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "daemon/gpu/testing/kv_layout.h"
 #include "gpu/pinned.h"
 #include "gpu/testing/test_util.h"
 #include "gtest/gtest.h"

@@ -14,8 +14,8 @@
 // Thread-safety: Scatter, Gather and the Enqueue calls may run concurrently from several threads;
 // they share the I/O stream (in enqueue order). Destroy the object only when no call is running.
 // Lifetimes: the IoStream and the staging memory must outlive the object.
-#ifndef TUTTI_GPU_CUDA_IPC_MEMORY_H_
-#define TUTTI_GPU_CUDA_IPC_MEMORY_H_
+#ifndef TUTTI_DAEMON_GPU_CUDA_IPC_MEMORY_H_
+#define TUTTI_DAEMON_GPU_CUDA_IPC_MEMORY_H_
 
 #include <cstdint>
 #include <memory>
@@ -26,9 +26,9 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "daemon/engine/engine_memory.h"
+#include "daemon/gpu/placement.h"
 #include "gpu/io_stream.h"
 #include "gpu/ipc_mapping.h"
-#include "gpu/placement.h"
 
 namespace tutti::gpu {
 
@@ -98,4 +98,4 @@ class CudaIpcMemory final : public engine::EngineMemory {
 
 }  // namespace tutti::gpu
 
-#endif  // TUTTI_GPU_CUDA_IPC_MEMORY_H_
+#endif  // TUTTI_DAEMON_GPU_CUDA_IPC_MEMORY_H_

@@ -1,4 +1,4 @@
-#include "client/hostengine/shm_region.h"
+#include "common/shm_region.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace tutti::hostengine {
+namespace tutti {
 namespace {
 
 // Names of live regions, as /dev/shm paths, for the signal handler (which may only call
@@ -124,4 +124,4 @@ void ShmRegion::UnlinkOnFatalSignals() {
   }
 }
 
-}  // namespace tutti::hostengine
+}  // namespace tutti

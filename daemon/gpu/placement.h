@@ -1,6 +1,6 @@
-// The GPU side of engine placements: the alignment the copy kernel needs, staging address
-// translation and the copy descriptors that move objects. Pure arithmetic, kept apart from CUDA so
-// CI tests it without a GPU.
+// The GPU side of engine placements: the alignment the copy kernel needs and the copy descriptors
+// that move objects (staging addresses translated by gpu/staging_map.h). Pure arithmetic, kept
+// apart from CUDA so CI tests it without a GPU.
 //
 // Object j of engine block b (j = layer * parts + part) lives at
 //   region_base[placements[j].region] + placements[j].offset + b * placements[j].block_stride
@@ -10,9 +10,9 @@
 //   one MLA latent per layer: region l, offset 0 (parts = 1);
 // and block-major variants ([blocks, 2, ...]: stride 2 * object_len, V at offset object_len).
 //
-// Thread-safety: the functions are pure; a StagingMap is immutable once created.
-#ifndef TUTTI_GPU_PLACEMENT_H_
-#define TUTTI_GPU_PLACEMENT_H_
+// Thread-safety: the functions are pure.
+#ifndef TUTTI_DAEMON_GPU_PLACEMENT_H_
+#define TUTTI_DAEMON_GPU_PLACEMENT_H_
 
 #include <cstdint>
 #include <vector>
@@ -23,6 +23,7 @@
 #include "daemon/engine/engine_memory.h"
 #include "daemon/engine/placement.h"
 #include "gpu/copy_kernel.h"
+#include "gpu/staging_map.h"
 
 namespace tutti::gpu {
 
@@ -36,29 +37,6 @@ struct EngineLayout {
 // num_objects = placements.size()), and then the copy kernel's alignment: object_len, every offset
 // and every block_stride multiples of kCopyAlign. INVALID_ARGUMENT naming the field otherwise.
 absl::Status ValidateLayout(const EngineLayout& layout, const std::vector<uint64_t>& region_sizes);
-
-// Staging memory as kernels see it: `len` bytes at host address `host` are at `device` in the
-// device's address space (equal for registered memory on Hopper; different in general).
-struct StagingRegion {
-  uint8_t* host = nullptr;
-  uint64_t len = 0;
-  uint8_t* device = nullptr;
-};
-
-// Translates staging host addresses (what CopyOp::staging holds) to device addresses.
-class StagingMap {
- public:
-  // INVALID_ARGUMENT if a region is empty, null, not 16-byte aligned, or overlaps another.
-  static absl::StatusOr<StagingMap> Create(absl::Span<const StagingRegion> regions);
-  StagingMap() = default;
-
-  // The device address of [host, host + len), or nullptr when that range is not wholly inside
-  // one region. O(log regions).
-  uint8_t* ToDevice(const uint8_t* host, uint64_t len) const;
-
- private:
-  std::vector<StagingRegion> regions_;  // sorted by host address
-};
 
 enum class CopyDirection { kToEngine, kFromEngine };
 
@@ -74,4 +52,4 @@ absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLa
 
 }  // namespace tutti::gpu
 
-#endif  // TUTTI_GPU_PLACEMENT_H_
+#endif  // TUTTI_DAEMON_GPU_PLACEMENT_H_

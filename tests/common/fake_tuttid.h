@@ -4,8 +4,8 @@
 // does with the answers, including the fault cases (corrupt data, failed blocks, full staging).
 //
 // Thread-safety: all methods are thread-safe.
-#ifndef TUTTI_CLIENT_HOSTENGINE_FAKE_TUTTID_H_
-#define TUTTI_CLIENT_HOSTENGINE_FAKE_TUTTID_H_
+#ifndef TUTTI_TESTS_COMMON_FAKE_TUTTID_H_
+#define TUTTI_TESTS_COMMON_FAKE_TUTTID_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/types.h"
 
-namespace tutti::hostengine {
+namespace tutti::testing {
 
 class FakeTuttid {
  public:
@@ -45,6 +45,6 @@ class FakeTuttid {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tutti::hostengine
+}  // namespace tutti::testing
 
-#endif  // TUTTI_CLIENT_HOSTENGINE_FAKE_TUTTID_H_
+#endif  // TUTTI_TESTS_COMMON_FAKE_TUTTID_H_

@@ -1,8 +1,8 @@
 // Connecting to tuttid's unix socket, and the gRPC -> absl status bridge.
 //
 // Thread-safety: free functions; the returned channel is thread-safe.
-#ifndef TUTTI_CLIENT_HOSTENGINE_CONNECT_H_
-#define TUTTI_CLIENT_HOSTENGINE_CONNECT_H_
+#ifndef TUTTI_COMMON_CONNECT_H_
+#define TUTTI_COMMON_CONNECT_H_
 
 #include <memory>
 #include <string>
@@ -13,7 +13,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/support/status.h"
 
-namespace tutti::hostengine {
+namespace tutti {
 
 // The socket tuttid listens on by default (config.proto ListenConfig.socket_path).
 inline constexpr char kDefaultSocket[] = "/run/tutti/tuttid.sock";
@@ -28,6 +28,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectToTuttid(const std::string
 // The same code and message (gRPC and absl codes are numerically equal).
 absl::Status FromGrpc(const grpc::Status& status);
 
-}  // namespace tutti::hostengine
+}  // namespace tutti
 
-#endif  // TUTTI_CLIENT_HOSTENGINE_CONNECT_H_
+#endif  // TUTTI_COMMON_CONNECT_H_

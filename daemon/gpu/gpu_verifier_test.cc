@@ -1,7 +1,7 @@
 // The GPU hash kernel against libxxhash, and the GPU verifier against the CPU's answers: good
 // objects match, corrupted ones and failed reads do not, lengths the kernel does not take and
 // batches larger than a slot go to the fallback, concurrent batches each finish once.
-#include "gpu/gpu_verifier.h"
+#include "daemon/gpu/gpu_verifier.h"
 
 #include <cuda_runtime.h>
 #define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
