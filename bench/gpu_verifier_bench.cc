@@ -33,9 +33,9 @@
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
 #include "daemon/datapath/verifier.h"
+#include "daemon/gpu/gpu_verifier.h"
 #include "daemon/pool/slot_header.h"
 #include "gpu/cuda_status.h"
-#include "gpu/gpu_verifier.h"
 #include "gpu/io_stream.h"
 
 ABSL_FLAG(uint32_t, slots, 64, "host bounce slots, each one batch in flight");
