@@ -224,7 +224,7 @@ absl::Status BlockStore::Impl::Recover() {
   if (!journal.ok()) return journal.status();
   absl::ReleasableMutexLock lock(&mu_);
   index_.RebuildFreeList();
-  index_.OrderByLastUse();  // the LRU list as it was when the checkpoint was written
+  index_.OrderByLastUse();  // the recency order as it was when the checkpoint was written
   next_epoch_ = max_epoch + 1;
   journal_ = std::move(journal).value();
   const bool empty = index_.size() == 0;
