@@ -1,4 +1,5 @@
-// Private to daemon/store: recovery, what BlockStore::Open does before the store serves anything.
+// Recovery, what BlockStore::Open does before the store serves anything (daemon/store only: the
+// store and its tests call it).
 //
 // Reads:
 //   - the state directory (StoreOptions::state_dir), through Journal::Open: the last complete
