@@ -21,8 +21,9 @@
 //
 // Not thread-safe: the cache that owns it guards it (BlockStore's mu_ for both).
 //
-// A new policy is one new file (a class deriving from EvictionPolicy, like lru_policy.h) and the
-// line in eviction_policy.cc that chooses it; eviction_policy_test.cc checks today's choice.
+// A new policy is one new file, a header-only class deriving from EvictionPolicy named
+// *_policy.h like lru_policy.h (the BUILD's glob picks it up), and in eviction_policy.cc its
+// #include and the line that chooses it; eviction_policy_test.cc checks today's choice.
 #ifndef TUTTI_DAEMON_STORE_EVICTION_POLICY_H_
 #define TUTTI_DAEMON_STORE_EVICTION_POLICY_H_
 
