@@ -1,6 +1,6 @@
 // BlockStore: namespaces, lookups and pins, layer-wise reads, capture. The
-// writer (slot allocation, eviction, durability, recovery) is in
-// block_writer.cc.
+// writer (slot allocation, eviction, durability) is in block_writer.cc,
+// recovery in recovery.cc.
 #include "daemon/store/block_store.h"
 
 #include <xxhash.h>

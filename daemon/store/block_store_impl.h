@@ -205,14 +205,11 @@ class BlockStore::Impl {
   uint64_t EvictForShares(absl::Span<PendingBlock* const> wanting, std::vector<uint64_t>* slots,
                           std::vector<uint64_t>* victim_slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // block_writer.cc
-  absl::Status Recover();
-  // Counts the slot headers among the first slots of the pool that decode: the
-  // blocks a pool holds that an empty index cannot find.
-  uint64_t CountUsedSlotHeaders(uint64_t max_slots);
-  // Recovery: the recovered blocks of namespaces that were not recovered (their record could not
-  // be read), which no Lookup can reach.
-  uint64_t CountUnknownNamespaceBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // block_writer.cc: recovers the index, the namespaces and the journal (RecoverStore,
+  // recovery.h) and takes them in. Called by Init before the writer and committer start, so
+  // index_ is this thread's alone; RecoverStore fills it without mu_, because Journal::Open takes
+  // the journal's own locks, which come before mu_ (the lock order above): hence no analysis.
+  absl::Status Recover() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
   // allow), evicting where the pool is full; `victim_slots` gets the
   // slots whose Delete records must be durable before they are rewritten.

@@ -1,4 +1,5 @@
-// BlockStore's writer: start-up, recovery, checkpoints, slot allocation and eviction. Two threads
+// BlockStore's writer: start-up, checkpoints, slot allocation and eviction (recovery is
+// recovery.cc's, which Recover calls before the threads start). Two threads
 // (writer_ and committer_) run the write pipeline (write_pipeline.cc), which takes its batches'
 // slots here; Evict, RegisterNamespace and failed reads append to the same journal, which is
 // thread-safe (the rules are in block_store_impl.h).
@@ -8,21 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "daemon/io/aligned_buffer.h"
 #include "common/status_macros.h"
 #include "daemon/pool/slot_header.h"
 #include "daemon/store/block_store_impl.h"
+#include "daemon/store/recovery.h"
 
 namespace tutti::store {
-
-absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);  // block_store.cc
 
 namespace {
 
 // The writer looks for stale partial blocks at least this often, busy or not.
 constexpr int64_t kReapEveryMs = 500;
-// Slot headers read at start when the journal recovered no block.
-constexpr uint64_t kProbeSlots = 1024;
 // Back-off after a failed checkpoint: 1 s, doubling, at most 5 min.
 constexpr int64_t kCheckpointRetryMinMs = 1000;
 constexpr int64_t kCheckpointRetryMaxMs = 300000;
@@ -161,137 +158,16 @@ absl::Status BlockStore::Impl::Init() {
 }
 
 absl::Status BlockStore::Impl::Recover() {
-  auto log = log::Get("store");
-  uint64_t skipped = 0, max_epoch = 0;
-  // Blocks whose latest Put was skipped (and not deleted since): durable blocks not kept.
-  absl::flat_hash_map<PendingKey, uint64_t> skipped_blocks;  // -> the skipped Put's epoch
-  // The visitor runs inside Journal::Open, before any other thread exists, and
-  // without mu_: Open takes the journal's own locks, which come before mu_.
-  RecoveryVisitor visitor;
-  visitor.on_namespace = [&](const NamespaceRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    tutti::v1::Namespace ns;
-    if (!ns.ParseFromString(r.descriptor)) {
-      ++skipped;
-      return;
-    }
-    auto info = DescribeNamespace(ns);
-    if (!info.ok()) return;
-    info->id = r.ns;
-    info->scope = r.scope;
-    info->owner_uid = r.owner_uid;
-    info->shared = r.shared;
-    namespaces_[r.ns] = *info;
-    registered_order_[r.ns] = next_order_++;
-  };
-  visitor.on_namespace_drop = [&](const NamespaceDropRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    namespaces_.erase(r.ns);
-    registered_order_.erase(r.ns);
-  };
-  visitor.on_put = [&](const PutRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    max_epoch = std::max(max_epoch, r.epoch);
-    if (r.slot >= index_.num_slots() || r.checksums.size() > options_.layout.max_objects()) {
-      ++skipped;  // written under another pool geometry
-      skipped_blocks[PendingKey{r.ns, r.key}] = r.epoch;
-      return;
-    }
-    skipped_blocks.erase(PendingKey{r.ns, r.key});
-    if (Entry* old = index_.Find(r.ns, r.key)) {
-      index_.ReleaseSlot(old->slot);
-      index_.Remove(old);
-    }
-    if (Entry* other = index_.AtSlot(r.slot)) {
-      index_.Remove(other);  // a later Put of this slot supersedes it
-    }
-    index_.ClaimSlot(r.slot);
-    Entry* e = index_.Insert(r.ns, r.key, r.slot, r.epoch, r.object_len, r.checksums);
-    // A checkpoint's put keeps its last use; a journal's counts as used when it was
-    // stored, after every block of the checkpoint before it (OrderByLastUse below).
-    if (r.last_use != 0) index_.SetLastUse(e, r.last_use);
-  };
-  visitor.on_delete = [&](const DeleteRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (auto it = skipped_blocks.find(PendingKey{r.ns, r.key});
-        it != skipped_blocks.end() && it->second == r.epoch) {
-      skipped_blocks.erase(it);
-    }
-    Entry* e = index_.Find(r.ns, r.key);
-    if (e != nullptr && e->epoch == r.epoch) {
-      index_.ReleaseSlot(e->slot);
-      index_.Remove(e);
-    }
-  };
-  RecoveryReport report;
-  auto journal = Journal::Open(options_.state_dir, visitor, &report);
-  if (!journal.ok()) return journal.status();
-  absl::ReleasableMutexLock lock(&mu_);
-  index_.RebuildFreeList();
-  index_.OrderByLastUse();  // the LRU list as it was when the checkpoint was written
-  next_epoch_ = max_epoch + 1;
-  journal_ = std::move(journal).value();
-  const bool empty = index_.size() == 0;
-  log->info(
-      "recovered {} blocks in {} namespaces from {} journal records ({} torn tails, {} "
-      "skipped); {} of {} slots free",
-      index_.size(), namespaces_.size(), report.records, report.torn_tails, skipped,
-      index_.free_slots(), index_.num_slots());
-  const uint64_t lost = skipped_blocks.size() + CountUnknownNamespaceBlocks();
-  events_.SetBlocksLostAtStart(lost);
-  const uint64_t num_slots = index_.num_slots();
-  lock.Release();
-  if (lost > 0) {
-    log->warn("recovery kept {} fewer blocks than the journal had (other pool geometry or an "
-              "unreadable namespace record); event subscribers are told (blocks_lost_at_start)",
-              lost);
-  }
-  if (!empty) return absl::OkStatus();
-  const uint64_t probed = std::min(num_slots, kProbeSlots);
-  const uint64_t used = CountUsedSlotHeaders(probed);
-  if (used > 0) {
-    log->warn(
-        "the journal in {} holds no block, but {} of the first {} slot headers of the pool hold "
-        "one: the state directory was probably removed or replaced while the pool was kept. "
-        "Those blocks cannot be found and their slots will be overwritten; if the old state "
-        "directory still exists, stop tuttid and put it back",
-        options_.state_dir, used, probed);
-  }
-  absl::MutexLock relock(&mu_);
-  stats_.unindexed_slot_headers = used;
-  // The used headers include the skipped Puts' blocks, if any: the larger count, not the sum.
-  events_.SetBlocksLostAtStart(std::max(lost, used));
+  ASSIGN_OR_RETURN(RecoveredState state, RecoverStore(options_, backend_.get(), &index_));
+  absl::MutexLock lock(&mu_);
+  namespaces_ = std::move(state.namespaces);
+  registered_order_ = std::move(state.registered_order);
+  next_order_ = state.next_order;
+  next_epoch_ = state.next_epoch;
+  journal_ = std::move(state.journal);
+  stats_.unindexed_slot_headers = state.unindexed_slot_headers;
+  events_.SetBlocksLostAtStart(state.blocks_lost);
   return absl::OkStatus();
-}
-
-uint64_t BlockStore::Impl::CountUnknownNamespaceBlocks() const {
-  uint64_t orphans = 0;
-  // The lambda runs inside ForEach, under the mu_ held here; clang's analysis checks a lambda as
-  // a function of its own and cannot follow it through the template.
-  index_.ForEach([&](const Entry* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    orphans += !namespaces_.contains(e->ns);
-  });
-  return orphans;
-}
-
-uint64_t BlockStore::Impl::CountUsedSlotHeaders(uint64_t max_slots) {
-  const auto& layout = options_.layout;
-  const uint32_t d = layout.num_files();
-  const uint64_t slots = std::min(layout.num_slots(), max_slots);
-  const uint64_t per_file = (slots + d - 1) / d;  // headers of slots f, f + d, ... in file f
-  const uint64_t file_bytes = per_file * pool::kSlotHeaderBytes;
-  io::AlignedBuffer buf(file_bytes * d);
-  std::vector<io::IoRequest> reqs;
-  for (uint32_t f = 0; f < d && f < slots; ++f) {
-    const pool::Location first = layout.HeaderLocation(f);
-    reqs.push_back(io::IoRequest{io::Op::kRead, f, first.offset, buf.data() + f * file_bytes,
-                                 static_cast<uint32_t>(file_bytes), 0});
-  }
-  backend_->Execute(absl::MakeSpan(reqs));
-  uint64_t used = 0;
-  for (uint64_t slot = 0; slot < slots; ++slot) {
-    const io::IoRequest& req = reqs[slot % d];
-    if (req.result != req.len) continue;
-    const uint8_t* page = buf.data() + (slot % d) * file_bytes + (slot / d) * pool::kSlotHeaderBytes;
-    used += pool::DecodeSlotHeader(absl::MakeConstSpan(page, pool::kSlotHeaderBytes)).ok();
-  }
-  return used;
 }
 
 absl::Status BlockStore::Impl::WriteCheckpoint() {

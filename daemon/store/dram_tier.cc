@@ -5,9 +5,12 @@
 
 namespace tutti::store {
 
-DramTier::DramTier(absl::Span<uint8_t> region, uint64_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
+DramTier::DramTier(absl::Span<uint8_t> region, uint64_t chunk_bytes)
+    : chunk_bytes_(chunk_bytes), region_(region.data()) {
   if (chunk_bytes > 0 && region.size() >= chunk_bytes) {
     chunks_ = std::make_shared<FramePool>(region, static_cast<uint32_t>(chunk_bytes));
+    policy_ = MakeEvictionPolicy(static_cast<uint32_t>(chunks_->total_frames()));
+    key_of_.resize(chunks_->total_frames());
   }
 }
 
@@ -30,8 +33,7 @@ uint8_t* DramTier::TakeChunk() {
   if (chunks_ == nullptr) return nullptr;
   std::vector<uint8_t*> chunk;
   while (!chunks_->TryTake(1, &chunk)) {
-    if (lru_.empty()) return nullptr;  // every chunk is held by a reader
-    EvictOne();
+    if (!EvictOne()) return nullptr;  // every chunk is held by a reader
   }
   return chunk[0];
 }
@@ -60,32 +62,37 @@ void DramTier::InsertChunk(NamespaceId ns, const Key& key, uint64_t epoch, uint3
   std::shared_ptr<DramBlock> block =
       MakeDramBlock(chunks_, ns, key, epoch, object_len, num_objects, chunk);
   MapKey mk{ns, key};
-  auto lru_it = lru_.insert(lru_.end(), mk);
-  map_.emplace(mk, Node{std::move(block), lru_it});
+  const uint32_t id = ChunkId(chunk);
+  key_of_[id] = mk;
+  policy_->Insert(id);
+  map_.emplace(mk, std::move(block));
 }
 
 std::shared_ptr<const DramBlock> DramTier::Find(NamespaceId ns, const Key& key, uint64_t epoch) {
   auto it = map_.find(MapKey{ns, key});
-  if (it == map_.end() || it->second.block->epoch != epoch) return nullptr;
-  lru_.splice(lru_.end(), lru_, it->second.lru);
-  return it->second.block;
+  if (it == map_.end() || it->second->epoch != epoch) return nullptr;
+  policy_->Touch(ChunkId(it->second->data));
+  return it->second;
 }
 
 void DramTier::Erase(NamespaceId ns, const Key& key) {
   auto it = map_.find(MapKey{ns, key});
   if (it == map_.end()) return;
-  lru_.erase(it->second.lru);
+  policy_->Erase(ChunkId(it->second->data));
   map_.erase(it);  // the chunk returns when the last reader lets go
 }
 
-void DramTier::EvictOne() {
-  const MapKey mk = lru_.front();
+bool DramTier::EvictOne() {
+  const uint32_t id = policy_->Victim([](uint32_t) { return true; });
+  if (id == EvictionPolicy::kNone) return false;
+  const MapKey mk = key_of_[id];
   Erase(mk.first, mk.second);
+  return true;
 }
 
 uint64_t DramTier::CountNamespace(NamespaceId ns) const {
   uint64_t n = 0;
-  for (const auto& [k, node] : map_) n += (k.first == ns);
+  for (const auto& [k, block] : map_) n += (k.first == ns);
   return n;
 }
 

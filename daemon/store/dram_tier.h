@@ -1,5 +1,6 @@
-// The optional host-DRAM tier: whole blocks kept in memory in front of the SSD pool, least
-// recently used out first. It caches only blocks that are durable in the pool (the store inserts at
+// The optional host-DRAM tier: whole blocks kept in memory in front of the SSD pool, evicted in
+// the order of the store's eviction policy (eviction_policy.h, over chunk numbers: the same
+// policy as the pool's, least recently used first). It caches only blocks that are durable in the pool (the store inserts at
 // commit and erases on eviction), so it never holds the only copy.
 //
 // Its memory is one region allocated at start (BlockStore::dram_region()), cut into chunks of one
@@ -13,12 +14,13 @@
 #define TUTTI_DAEMON_STORE_DRAM_TIER_H_
 
 #include <cstdint>
-#include <list>
 #include <memory>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "common/types.h"
+#include "daemon/store/eviction_policy.h"
 #include "daemon/store/staging.h"
 
 namespace tutti::store {
@@ -45,7 +47,7 @@ class DramTier {
   // `chunk_bytes`. A region smaller than a chunk turns the tier off.
   DramTier(absl::Span<uint8_t> region, uint64_t chunk_bytes);
 
-  // Copies the block's objects in, evicting least recently used blocks to make room. Does nothing
+  // Copies the block's objects in, evicting the policy's victims to make room. Does nothing
   // if the tier is off, the block exceeds a chunk, or every chunk is held by readers.
   void Insert(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t object_len,
               absl::Span<uint8_t* const> objects);
@@ -61,7 +63,7 @@ class DramTier {
                    uint32_t num_objects, uint8_t* chunk);
   void GiveBack(uint8_t* chunk);
   uint64_t chunk_bytes() const { return chunk_bytes_; }
-  // The block if cached with this epoch (and marks it recently used), else null.
+  // The block if cached with this epoch (and tells the policy it was used), else null.
   std::shared_ptr<const DramBlock> Find(NamespaceId ns, const Key& key, uint64_t epoch);
   void Erase(NamespaceId ns, const Key& key);
 
@@ -75,16 +77,20 @@ class DramTier {
 
  private:
   using MapKey = std::pair<NamespaceId, Key>;
-  struct Node {
-    std::shared_ptr<DramBlock> block;
-    std::list<MapKey>::iterator lru;
-  };
-  void EvictOne();
+  // The chunk's number in the region: the policy's id for the block in it.
+  uint32_t ChunkId(const uint8_t* chunk) const {
+    return static_cast<uint32_t>((chunk - region_) / chunk_bytes_);
+  }
+  // Evicts the policy's victim; false if the tier caches nothing.
+  bool EvictOne();
 
   const uint64_t chunk_bytes_;
+  uint8_t* const region_;
   std::shared_ptr<FramePool> chunks_;  // shared with the blocks' deleters
-  absl::flat_hash_map<MapKey, Node> map_;
-  std::list<MapKey> lru_;  // front: least recently used
+  absl::flat_hash_map<MapKey, std::shared_ptr<DramBlock>> map_;
+  // Over the chunks of the blocks in map_ (a chunk still held by a reader after Erase is not).
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<MapKey> key_of_;  // chunk number -> its block's key, while in map_
 };
 
 }  // namespace tutti::store

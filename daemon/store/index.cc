@@ -10,15 +10,11 @@ namespace tutti::store {
 Index::Index(uint64_t num_slots, uint32_t max_objects)
     : num_slots_(num_slots),
       max_objects_(max_objects),
-      entries_(new Entry[num_slots + 1]),
+      entries_(new Entry[num_slots]),
+      policy_(MakeEvictionPolicy(static_cast<uint32_t>(num_slots))),
       set_(0, SlotHash{entries_.get()}, SlotEq{entries_.get()}),
-      slot_taken_(num_slots, 0),
+      slot_state_(num_slots, 0),
       checksums_(num_slots * max_objects, 0) {
-  for (uint64_t s = 0; s < num_slots; ++s) {
-    entries_[s].lru_prev = entries_[s].lru_next = Entry::kUnused;
-  }
-  Entry& head = entries_[num_slots];
-  head.lru_prev = head.lru_next = static_cast<uint32_t>(num_slots);
   set_.reserve(num_slots);  // never rehashed: recovery and filling cost no growth
   if (num_slots > 0) AddRun(0, num_slots);
   free_count_ = num_slots;
@@ -32,17 +28,20 @@ Entry* Index::Find(NamespaceId ns, const Key& key) const {
 Entry* Index::Insert(NamespaceId ns, const Key& key, uint64_t slot, uint64_t epoch,
                      uint32_t object_len, absl::Span<const uint64_t> checksums) {
   Entry* e = &entries_[slot];
-  assert(e->lru_next == Entry::kUnused && "Insert into a slot that holds an entry");
+  assert(AtSlot(slot) == nullptr && "Insert into a slot that holds an entry");
   e->ns = ns;
   e->key = key;
   e->slot = static_cast<uint32_t>(slot);
   e->epoch = epoch;
+  newest_slot_ = static_cast<uint32_t>(slot);
+  clock_before_newest_ = use_clock_;
   e->last_use = ++use_clock_;
   e->object_len = object_len;
   e->num_objects = static_cast<uint32_t>(std::min<size_t>(checksums.size(), max_objects_));
   e->pins = 0;
   std::copy_n(checksums.begin(), e->num_objects, &checksums_[slot * max_objects_]);
-  LinkAtTail(e);
+  slot_state_[slot] |= kHoldsEntry;
+  policy_->Insert(static_cast<uint32_t>(slot));
   set_.insert(static_cast<uint32_t>(slot));
   ++ns_entries_[ns];
   return e;
@@ -52,66 +51,38 @@ void Index::Remove(Entry* e) {
   set_.erase(static_cast<uint32_t>(e->slot));  // hashes *e: before it is cleared
   auto count = ns_entries_.find(e->ns);
   if (--count->second == 0) ns_entries_.erase(count);
-  Unlink(e);
-  e->lru_prev = e->lru_next = Entry::kUnused;
-}
-
-void Index::Unlink(Entry* e) {
-  entries_[e->lru_prev].lru_next = e->lru_next;
-  entries_[e->lru_next].lru_prev = e->lru_prev;
-}
-
-void Index::LinkAtTail(Entry* e) {
-  Entry& head = entries_[num_slots_];
-  const uint32_t self = static_cast<uint32_t>(e - entries_.get());
-  e->lru_prev = head.lru_prev;
-  e->lru_next = static_cast<uint32_t>(num_slots_);
-  entries_[head.lru_prev].lru_next = self;
-  head.lru_prev = self;
+  policy_->Erase(e->slot);
+  slot_state_[e->slot] &= ~kHoldsEntry;
 }
 
 void Index::Touch(Entry* e) {
+  newest_slot_ = e->slot;
+  clock_before_newest_ = use_clock_;
   e->last_use = ++use_clock_;
-  if (entries_[num_slots_].lru_prev == e->slot) return;  // most recent already
-  Unlink(e);
-  LinkAtTail(e);
+  policy_->Touch(e->slot);
 }
 
 void Index::SetLastUse(Entry* e, uint64_t last_use) {
-  // The list stays in last_use order while each entry set is the most recent one and not older
-  // than the one before it (a checkpoint written in use order, or none).
-  const Entry& prev = entries_[e->lru_prev];
-  if (entries_[num_slots_].lru_prev != e->slot ||
-      (e->lru_prev != num_slots_ && prev.last_use > last_use)) {
-    lru_ordered_ = false;
-  }
+  // The uses stay in last_use order while each entry set is the newest one and not older than
+  // any other (a checkpoint written in use order, or none).
+  if (e->slot != newest_slot_ || last_use < clock_before_newest_) uses_ordered_ = false;
   e->last_use = last_use;
   use_clock_ = std::max(use_clock_, last_use);
 }
 
 void Index::OrderByLastUse() {
-  if (lru_ordered_) return;  // Insert and Touch keep it so
-  lru_ordered_ = true;
+  if (uses_ordered_) return;  // Insert and Touch keep it so
+  uses_ordered_ = true;
   std::vector<std::pair<uint64_t, uint32_t>> order;  // (last_use, slot)
   order.reserve(size());
   ForEach([&](const Entry* e) { order.emplace_back(e->last_use, e->slot); });
   std::sort(order.begin(), order.end());
-  const uint32_t head = static_cast<uint32_t>(num_slots_);
-  uint32_t prev = head;
-  for (const auto& [last_use, slot] : order) {
-    entries_[slot].lru_prev = prev;
-    entries_[prev].lru_next = slot;
-    prev = slot;
-  }
-  entries_[prev].lru_next = head;
-  entries_[head].lru_prev = prev;
+  for (const auto& [last_use, slot] : order) policy_->Erase(slot);
+  for (const auto& [last_use, slot] : order) policy_->Insert(slot);
 }
 
 Entry* Index::Victim() const {
-  for (uint32_t s = entries_[num_slots_].lru_next; s != num_slots_; s = entries_[s].lru_next) {
-    if (entries_[s].pins == 0) return &entries_[s];
-  }
-  return nullptr;
+  return VictimWhere([](const Entry&) { return true; });
 }
 
 void Index::AddRun(uint64_t start, uint64_t length) const {
@@ -130,7 +101,7 @@ void Index::TakeFromRun(absl::btree_map<uint64_t, uint64_t>::iterator run, uint6
   EraseRun(run);
   if (n < length) AddRun(start + n, length - n);
   for (uint64_t s = start; s < start + n; ++s) {
-    slot_taken_[s] = 1;
+    slot_state_[s] |= kTaken;
     out->push_back(s);
   }
   free_count_ -= n;
@@ -183,8 +154,8 @@ void Index::FreeRun(uint64_t slot) {
 }
 
 void Index::ReleaseSlot(uint64_t slot) {
-  if (!slot_taken_[slot]) return;
-  slot_taken_[slot] = 0;
+  if ((slot_state_[slot] & kTaken) == 0) return;
+  slot_state_[slot] &= ~kTaken;
   if (runs_stale_) {
     ++free_count_;  // the runs are recomputed anyway
   } else {
@@ -193,8 +164,8 @@ void Index::ReleaseSlot(uint64_t slot) {
 }
 
 bool Index::ClaimSlot(uint64_t slot) {
-  if (slot_taken_[slot]) return false;
-  slot_taken_[slot] = 1;
+  if ((slot_state_[slot] & kTaken) != 0) return false;
+  slot_state_[slot] |= kTaken;
   --free_count_;
   runs_stale_ = true;
   return true;
@@ -215,14 +186,15 @@ void Index::EnsureRuns() const {
   runs_stale_ = false;
   runs_.clear();
   by_length_.clear();
-  const uint64_t n = slot_taken_.size();
+  const uint64_t n = slot_state_.size();
+  auto taken = [&](uint64_t s) { return (slot_state_[s] & kTaken) != 0; };
   for (uint64_t s = 0; s < n;) {
-    if (slot_taken_[s]) {
+    if (taken(s)) {
       ++s;
       continue;
     }
     uint64_t end = s;
-    while (end < n && !slot_taken_[end]) ++end;
+    while (end < n && !taken(end)) ++end;
     AddRun(s, end - s);
     s = end;
   }

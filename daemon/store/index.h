@@ -1,15 +1,17 @@
 // The in-memory index: (namespace, key) -> slot, recency, pins, and slot
-// ownership. Free slots are kept as runs of consecutive slots, so that the
+// ownership. Recency is the eviction policy's (eviction_policy.h, over slot
+// numbers); which slots hold an entry, and which are free, is the index's own
+// slot state, not the policy's. Free slots are kept as runs of consecutive slots, so that the
 // blocks of one store batch can go into consecutive slots (pool format 2 puts
 // one layer's objects of consecutive slots next to each other on disk).
 //
 // Memory is sized by the pool, not by the blocks in it, and allocated once: an
-// Entry of 64 bytes per slot (the entry of slot s lives at s), the checksum
-// table (8 bytes x max_objects per slot), a byte of slot state, and a hash set
-// of slot numbers (4 bytes per bucket plus a control byte, reserved for every
-// slot), about 80 bytes per slot plus the checksums: no allocation per block,
-// and a lookup touches the hash set, the entry and its two LRU neighbours. The
-// LRU list is linked through the entries by slot number. (docs/operations.md,
+// Entry of 56 bytes per slot (the entry of slot s lives at s), the policy's
+// (the LRU list's links: 8 bytes per slot), the checksum table (8 bytes x
+// max_objects per slot), a byte of slot state, and a hash set of slot numbers
+// (4 bytes per bucket plus a control byte, reserved for every slot), about 80
+// bytes per slot plus the checksums: no allocation per block, and a lookup
+// touches the hash set, the entry and the policy's links. (docs/operations.md,
 // "Sizing memory and start-up for a large pool", has the figures measured by
 // bench/scale.)
 //
@@ -31,6 +33,7 @@
 #include "absl/hash/hash.h"
 #include "absl/types/span.h"
 #include "common/types.h"
+#include "daemon/store/eviction_policy.h"
 
 namespace tutti::store {
 
@@ -38,25 +41,21 @@ struct Entry {
   NamespaceId ns = 0;
   Key key;
   uint64_t epoch = 0;
-  // The index's use clock when the block was last inserted or touched: the LRU
-  // list is in order of it. Kept in the checkpoint, so that a restart rebuilds
-  // the list in the same order (Index::SetLastUse, OrderByLastUse).
+  // The index's use clock when the block was last inserted or touched: the
+  // policy saw the uses in order of it. Kept in the checkpoint, so that a
+  // restart rebuilds the same order (Index::SetLastUse, OrderByLastUse).
   uint64_t last_use = 0;
   uint32_t slot = 0;  // < Index::kMaxSlots
   uint32_t object_len = 0;
   uint32_t num_objects = 0;
   uint32_t pins = 0;
-  // The index's: the LRU neighbours (slot numbers; Index::num_slots() is the
-  // list's head), kUnused in a slot without an entry.
-  uint32_t lru_prev = 0, lru_next = 0;
-  static constexpr uint32_t kUnused = std::numeric_limits<uint32_t>::max();
 };
-static_assert(sizeof(Entry) == 64, "an entry per slot: docs/operations.md counts 64 bytes");
+static_assert(sizeof(Entry) == 56, "an entry per slot: docs/operations.md counts 56 bytes");
 
 class Index {
  public:
   // The most slots an index holds (slot numbers are kept in 32 bits).
-  static constexpr uint64_t kMaxSlots = Entry::kUnused - 1;
+  static constexpr uint64_t kMaxSlots = EvictionPolicy::kNone - 1;
 
   // An index over `num_slots` slots of up to `max_objects` objects each.
   // Precondition: num_slots <= kMaxSlots (BlockStore::Open refuses larger pools).
@@ -78,28 +77,33 @@ class Index {
   // that is safe). Precondition: e->pins == 0.
   void Remove(Entry* e);
 
-  // Marks `e` most recently used (its last_use is the use clock's next value).
+  // Marks `e` used (its last_use is the use clock's next value; the policy is
+  // told).
   void Touch(Entry* e);
   // Recovery: sets `e`'s last_use as a checkpoint recorded it, and moves the use
   // clock past it, so that entries inserted after it count as more recent. The
-  // LRU list is not reordered: call OrderByLastUse once every entry is in.
+  // policy is not told: call OrderByLastUse once every entry is in.
   void SetLastUse(Entry* e, uint64_t last_use);
-  // Relinks the LRU list in ascending last_use. Costs
-  // O(n log n) in the entries, and 16 bytes per entry while it runs, unless no
-  // SetLastUse since the last call put the list out of order (then nothing).
+  // Gives the policy the entries again in ascending last_use (ties: by slot), as
+  // if they had been used in that order. Costs O(n log n) in the entries, and 16
+  // bytes per entry while it runs, unless every SetLastUse since the last call
+  // set the newest entry's last use to one not older than any other (then
+  // nothing: the policy saw the uses in order already).
   void OrderByLastUse();
   // The use clock: the last value given to an entry's last_use.
   uint64_t use_clock() const { return use_clock_; }
-  // The least recently used unpinned entry, or null if all are pinned.
+  // The policy's first victim among the unpinned entries, or null if all are
+  // pinned.
   Entry* Victim() const;
-  // The least recently used unpinned entry for which pred(const Entry&) is true, or null.
-  // Walks the LRU list from its old end: O(entries older than the one found).
+  // The policy's first victim among the unpinned entries for which
+  // pred(const Entry&) is true, or null. With LRU: walks from the least recently
+  // used end, O(entries older than the one found).
   template <typename Pred>
   Entry* VictimWhere(Pred pred) const {
-    for (uint32_t s = entries_[num_slots_].lru_next; s != num_slots_; s = entries_[s].lru_next) {
-      if (entries_[s].pins == 0 && pred(entries_[s])) return &entries_[s];
-    }
-    return nullptr;
+    const uint32_t s = policy_->Victim([&](uint32_t slot) {
+      return entries_[slot].pins == 0 && pred(static_cast<const Entry&>(entries_[slot]));
+    });
+    return s == EvictionPolicy::kNone ? nullptr : &entries_[s];
   }
 
   // Takes a free slot (the lowest one); false if none is free.
@@ -119,8 +123,7 @@ class Index {
   void RebuildFreeList();
   // Entry occupying `slot`, or null.
   Entry* AtSlot(uint64_t slot) const {
-    Entry* e = &entries_[slot];
-    return e->lru_next == Entry::kUnused ? nullptr : e;
+    return (slot_state_[slot] & kHoldsEntry) != 0 ? &entries_[slot] : nullptr;
   }
 
   absl::Span<const uint64_t> Checksums(const Entry& e) const {
@@ -172,16 +175,15 @@ class Index {
     bool operator()(uint32_t slot, const KeyRef& k) const { return (*this)(k, slot); }
   };
 
-  void Unlink(Entry* e);
-  void LinkAtTail(Entry* e);  // most recently used end
   // Recomputes the runs if claims made them stale.
   void EnsureRuns() const;
 
   const uint64_t num_slots_;
   const uint32_t max_objects_;
-  // num_slots_ + 1: entry s is slot s's; the last is the LRU list's head
-  // (lru_next: least recently used, lru_prev: most).
+  // num_slots_: entry s is slot s's, valid while AtSlot(s).
   std::unique_ptr<Entry[]> entries_;
+  // Over the slots that hold an entry: told of every Insert, Touch and Remove.
+  std::unique_ptr<EvictionPolicy> policy_;
   absl::flat_hash_set<uint32_t, SlotHash, SlotEq> set_;
   absl::flat_hash_map<NamespaceId, uint64_t> ns_entries_;
   // Taking a slot out of the free runs, or putting it back: the runs' only editors.
@@ -200,11 +202,19 @@ class Index {
   };
 
   uint64_t use_clock_ = 0;
-  // False once SetLastUse may have put the LRU list out of last_use order.
-  bool lru_ordered_ = true;
-  std::vector<uint8_t> slot_taken_;
+  // False once SetLastUse may have made the order the policy saw the uses in
+  // differ from last_use order.
+  bool uses_ordered_ = true;
+  // The slot last inserted or touched (kNone if none since the index was made),
+  // and the use clock just before: every other entry's last_use is at most that.
+  uint32_t newest_slot_ = EvictionPolicy::kNone;
+  uint64_t clock_before_newest_ = 0;
+  // A byte per slot: kTaken while the slot is not free (taken, claimed, or
+  // holding an entry until ReleaseSlot), kHoldsEntry between Insert and Remove.
+  static constexpr uint8_t kTaken = 1, kHoldsEntry = 2;
+  std::vector<uint8_t> slot_state_;
   uint64_t free_count_ = 0;
-  // The free slots: exactly the slots s with !slot_taken_[s], as maximal runs,
+  // The free slots: exactly the slots s without kTaken, as maximal runs,
   // unless runs_stale_ (ClaimSlot skips them; EnsureRuns recomputes them).
   mutable bool runs_stale_ = false;
   mutable absl::btree_map<uint64_t, uint64_t> runs_;  // start -> length
