@@ -223,14 +223,10 @@ TEST(RobustAdviceTest, OneColdPrefillDoesNotHoldDramLoadsOff) {
   EXPECT_LT(a.ttft_high_ms, 0.5 * a.recompute_ms);
 }
 
-// The H200's SSD grid at T = 16384, 50% cached (2026-12-03): the virtio disk at 2.03 GB/s, its
-// newest Read at 1.81; loading all 512 hits predicted 546 ms (614 at 1.81 GB/s with the prefixed
-// spread), recomputing 595 (583-607). The strict rule recomputed and ran 1.10x loading (598
-// against 541 ms measured). Loading's worst case against recomputing is 1.05x, recomputing's
-// against loading 1.11x: the pure strategy with the smaller worst case loads. With the disk's
-// newest Read at half its mean (a device that may have slowed), loading's worst case is the
-// larger one and the advice recomputes.
-TEST(RobustAdviceTest, BetweenPureStrategiesTheSmallerWorstCaseWins) {
+// The H200's SSD grid at T = 16384, 50% cached (2026-12-03) as the split's input: 512 hits on the
+// virtio disk at 2.03 GB/s, the grid's compute profile; spreads and the pessimistic figure are
+// the tests' own.
+SplitInput Ssd16KHalfCached() {
   SplitInput in;
   in.num_layers = kShape.num_layers;
   in.block_tokens = kShape.block_tokens;
@@ -239,14 +235,26 @@ TEST(RobustAdviceTest, BetweenPureStrategiesTheSmallerWorstCaseWins) {
   in.hit_in_dram.assign(512, false);
   in.dram_bytes_per_sec = 20e9;
   in.ssd_bytes_per_sec = 2.03e9;
-  in.ssd_low_bytes_per_sec = 1.81e9;
   in.overhead_ms = 3;
   in.min_interior_gain = 0.1;
-  in.recompute_spread = 0.02;
-  in.load_compute_spread = 0.152;
   in.layer_ms = [](uint32_t t, uint32_t k) {
     return k == 0 ? 18.5 * t / 16384.0 : 15.28 * (t - k) / 8192.0;
   };
+  return in;
+}
+
+// The H200's SSD grid at T = 16384, 50% cached (2026-12-03): the virtio disk at 2.03 GB/s, its
+// newest Read at 1.81; loading all 512 hits predicted 546 ms (614 at 1.81 GB/s with the prefixed
+// spread), recomputing 595 (583-607). The strict rule recomputed and ran 1.10x loading (598
+// against 541 ms measured). Loading's worst case against recomputing is 1.05x, recomputing's
+// against loading 1.11x: the pure strategy with the smaller worst case loads. With the disk's
+// newest Read at half its mean (a device that may have slowed), loading's worst case is the
+// larger one and the advice recomputes.
+TEST(RobustAdviceTest, BetweenPureStrategiesTheSmallerWorstCaseWins) {
+  SplitInput in = Ssd16KHalfCached();
+  in.ssd_low_bytes_per_sec = 1.81e9;
+  in.recompute_spread = 0.02;
+  in.load_compute_spread = 0.152;
   const Split s = ChooseSplit(in);
   std::printf("T=16384, 512 SSD hits: k=%u %.1f [%.1f, %.1f] ms, recompute %.1f\n",
               s.load_blocks, s.ttft_ms, s.ttft_low_ms, s.ttft_high_ms, s.recompute_ms);
@@ -417,19 +425,7 @@ TEST(RobustAdviceTest, DramAt4KLoadsEverythingBeyondTheUncertainty) {
 // kRegretNearTie of recomputing's, recomputing. Swept over the disk's pessimistic figure (1 MB/s
 // steps) and the spreads, at the point of BetweenPureStrategiesTheSmallerWorstCaseWins.
 TEST(RobustAdviceTest, BetweenPureStrategiesTheRuleIsUnchangedButForNearTies) {
-  SplitInput in;
-  in.num_layers = kShape.num_layers;
-  in.block_tokens = kShape.block_tokens;
-  in.prompt_tokens = 16384;
-  in.layer_bytes = kShape.layer_bytes;
-  in.hit_in_dram.assign(512, false);
-  in.dram_bytes_per_sec = 20e9;
-  in.ssd_bytes_per_sec = 2.03e9;
-  in.overhead_ms = 3;
-  in.min_interior_gain = 0.1;
-  in.layer_ms = [](uint32_t t, uint32_t k) {
-    return k == 0 ? 18.5 * t / 16384.0 : 15.28 * (t - k) / 8192.0;
-  };
+  SplitInput in = Ssd16KHalfCached();
   int loads = 0, recomputes = 0, near_ties = 0;
   for (const double recompute_spread : {0.0, 0.02, 0.05}) {
     for (const double load_spread : {0.0, 0.152}) {
