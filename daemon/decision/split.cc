@@ -43,10 +43,12 @@ struct Candidate {
 std::vector<Candidate> Candidates(const SplitInput& in, uint32_t kmax) {
   std::vector<Candidate> c(kmax + 1);
   double load_ms = 0, load_high_ms = 0;
+  bool all_dram = true;  // blocks [0, k) all in the DRAM tier: FixedMs, kept as k grows
   for (uint32_t k = 0; k <= kmax; ++k) {
     if (k > 0) {
       load_ms += BlockLoadMs(in, k - 1, false);
       load_high_ms += BlockLoadMs(in, k - 1, true);
+      all_dram = all_dram && in.hit_in_dram[k - 1];
     }
     const double compute = ComputeMs(in, k);
     if (k == 0) {
@@ -54,7 +56,7 @@ std::vector<Candidate> Candidates(const SplitInput& in, uint32_t kmax) {
       c[k].low = in.recompute_scale * Ttft(in, 0, compute * (1 - in.recompute_spread));
       c[k].high = in.recompute_scale * Ttft(in, 0, compute * (1 + in.recompute_spread));
     } else {
-      const double fixed = FixedMs(in, k);
+      const double fixed = all_dram && in.dram_fixed_ms > 0 ? in.dram_fixed_ms : 0;
       c[k].mid = in.load_scale * Ttft(in, load_ms, compute, fixed);
       c[k].low = c[k].mid;
       c[k].high =
