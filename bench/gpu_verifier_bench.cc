@@ -25,13 +25,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/jsonl.h"
+#include "common/status_macros.h"
 #include "daemon/datapath/verifier.h"
 #include "daemon/gpu/gpu_verifier.h"
 #include "daemon/pool/slot_header.h"
@@ -51,16 +55,6 @@ namespace tutti::bench {
 namespace {
 
 using datapath::ObjectCheck;
-
-#define CHECK_CUDA(call)                                                                  \
-  do {                                                                                    \
-    const cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                  \
-                   cudaGetErrorName(e_));                                                 \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 struct Setup {
   uint32_t slots, job_bytes, object_bytes, objects_per_job;
@@ -148,28 +142,31 @@ class Driver {
 };
 
 // The baseline: the same pieces host -> device, `slots` copies in flight on one stream.
-double CopyOnly(const Setup& s, cudaStream_t stream, double seconds) {
+absl::StatusOr<double> CopyOnly(const Setup& s, cudaStream_t stream, double seconds) {
   std::vector<cudaEvent_t> events(s.slots);
-  for (auto& e : events) CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (auto& e : events) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   uint64_t place = 0, bytes = 0;
-  auto post = [&](uint32_t i) {
-    CHECK_CUDA(cudaMemcpyAsync(s.device + place, s.host + uint64_t{i} * s.job_bytes, s.job_bytes,
-                               cudaMemcpyHostToDevice, stream));
-    CHECK_CUDA(cudaEventRecord(events[i], stream));
+  auto post = [&](uint32_t i) -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.device + place, s.host + uint64_t{i} * s.job_bytes,
+                                         s.job_bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(events[i], stream));
     place = (place + s.job_bytes) % s.ring_bytes;
+    return absl::OkStatus();
   };
   const absl::Time start = absl::Now();
   const absl::Time stop = start + absl::Seconds(seconds);
-  for (uint32_t i = 0; i < s.slots; ++i) post(i);
+  for (uint32_t i = 0; i < s.slots; ++i) RETURN_IF_ERROR(post(i));
   for (uint32_t i = 0;; i = (i + 1) % s.slots) {
-    CHECK_CUDA(cudaEventSynchronize(events[i]));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events[i]));
     bytes += s.job_bytes;
     if (absl::Now() >= stop) break;
-    post(i);
+    RETURN_IF_ERROR(post(i));
   }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   const double gbps = bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
-  for (auto& e : events) CHECK_CUDA(cudaEventDestroy(e));
+  for (auto& e : events) CUDA_RETURN_IF_ERROR(cudaEventDestroy(e));
   return gbps;
 }
 
@@ -190,8 +187,8 @@ class CountingFallback final : public datapath::Verifier {
   std::atomic<uint64_t> objects{0};
 };
 
-int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+// The whole run; a setup error or a wrong answer is its status.
+absl::Status Run(int argc, char** argv) {
   Setup s;
   s.slots = absl::GetFlag(FLAGS_slots);
   s.job_bytes = absl::GetFlag(FLAGS_job_kib) << 10;
@@ -199,20 +196,19 @@ int Main(int argc, char** argv) {
   s.ring_bytes = uint64_t{absl::GetFlag(FLAGS_ring_mib)} << 20;
   if (s.slots == 0 || s.object_bytes == 0 || s.job_bytes % s.object_bytes != 0 ||
       s.ring_bytes % s.object_bytes != 0 || s.ring_bytes < uint64_t{s.slots} * s.job_bytes) {
-    std::fprintf(stderr, "want --slots > 0, --job_kib a multiple of --object_kib, and a ring "
-                         "of whole objects holding every slot\n");
-    return 2;
+    return absl::InvalidArgumentError("want --slots > 0, --job_kib a multiple of --object_kib, "
+                                      "and a ring of whole objects holding every slot");
   }
   s.objects_per_job = s.job_bytes / s.object_bytes;
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
+    return absl::FailedPreconditionError("no CUDA device");
   }
-  CHECK_CUDA(cudaSetDevice(0));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
   const uint64_t host_bytes = uint64_t{s.slots} * s.job_bytes;
-  CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&s.host), host_bytes, cudaHostAllocDefault));
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&s.device), s.ring_bytes));
+  CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(reinterpret_cast<void**>(&s.host), host_bytes, cudaHostAllocDefault));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&s.device), s.ring_bytes));
   std::mt19937_64 rng(11);
   for (uint64_t i = 0; i < host_bytes / 8; ++i) {
     const uint64_t r = rng();
@@ -226,7 +222,7 @@ int Main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   const std::string machine =
       absl::GetFlag(FLAGS_machine).empty() ? prop.name : absl::GetFlag(FLAGS_machine);
   const std::string date = UtcNow(), command = CommandLine(argc, argv);
@@ -235,16 +231,15 @@ int Main(int argc, char** argv) {
   const double seconds = absl::GetFlag(FLAGS_seconds);
 
   cudaStream_t copy_stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
-  const double copy = CopyOnly(s, copy_stream, seconds);
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  ASSIGN_OR_RETURN(const double copy, CopyOnly(s, copy_stream, seconds));
   std::printf("copy only: %.2f GB/s (%u slots of %u KiB, one stream)\n", copy, s.slots,
               s.job_bytes >> 10);
   int failures = 0;
   for (absl::string_view sm_text : absl::StrSplit(absl::GetFlag(FLAGS_sm), ',')) {
     uint32_t sm = 0;
     if (!absl::SimpleAtoi(sm_text, &sm)) {
-      std::fprintf(stderr, "--sm: %s is not a number\n", std::string(sm_text).c_str());
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat("--sm: ", sm_text, " is not a number"));
     }
     auto stream = gpu::IoStream::Create({0, sm, 0});
     if (!stream.ok()) {
@@ -253,26 +248,19 @@ int Main(int argc, char** argv) {
       continue;
     }
     CountingFallback fallback;
-    auto v = gpu::MakeGpuVerifier({}, **stream, &fallback);
-    if (!v.ok()) {
-      std::fprintf(stderr, "verifier: %s\n", v.status().ToString().c_str());
-      return 1;
-    }
+    ASSIGN_OR_RETURN(auto v, gpu::MakeGpuVerifier({}, **stream, &fallback));
     {  // A corrupted expectation must be answered as a mismatch.
       std::vector<ObjectCheck> one = {ObjectCheck{1, &s.key, 7, 0, s.host, s.object_bytes,
                                                   s.expected[0] ^ 1, nullptr, s.device}};
       std::vector<uint8_t> match(1, 1);
       absl::Notification done;
-      (*v)->Verify(one, absl::MakeSpan(match), [&] { done.Notify(); });
+      v->Verify(one, absl::MakeSpan(match), [&] { done.Notify(); });
       done.WaitForNotification();
-      if (match[0] != 0) {
-        std::fprintf(stderr, "a corrupted object was answered as a match\n");
-        return 1;
-      }
+      if (match[0] != 0) return absl::InternalError("a corrupted object was answered as a match");
     }
-    Driver driver(s, v->get());
+    Driver driver(s, v.get());
     const auto [gbps, mismatches] = driver.Run(seconds);
-    v->reset();
+    v.reset();
     const bool green = (*stream)->is_green();
     std::printf("verifier, %u SMs%s: %.2f GB/s, %.3f of copy only; mismatches %lu, fallback "
                 "objects %lu\n",
@@ -287,13 +275,21 @@ int Main(int argc, char** argv) {
                              s.object_bytes >> 10, seconds, mismatches)};
     if (out.is_open()) out << JsonLine("gpu_verifier_bench", r, machine, date, command) << "\n";
   }
-  CHECK_CUDA(cudaStreamDestroy(copy_stream));
-  CHECK_CUDA(cudaFree(s.device));
-  CHECK_CUDA(cudaFreeHost(s.host));
-  return failures == 0 ? 0 : 1;
+  CUDA_RETURN_IF_ERROR(cudaStreamDestroy(copy_stream));
+  CUDA_RETURN_IF_ERROR(cudaFree(s.device));
+  CUDA_RETURN_IF_ERROR(cudaFreeHost(s.host));
+  if (failures > 0) {
+    return absl::InternalError(absl::StrCat(failures, " figures failed (above)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 }  // namespace tutti::bench
 
-int main(int argc, char** argv) { return tutti::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = tutti::bench::Run(argc, argv);
+  if (!s.ok()) std::fprintf(stderr, "gpu_verifier_bench: %s\n", s.ToString().c_str());
+  return s.ok() ? 0 : 1;
+}

@@ -34,12 +34,13 @@ double BandwidthMeter::DecayedBest(const TierBandwidth& t, double now) const {
 // relative deviation of each sample from the mean it found.
 void BandwidthMeter::Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const {
   const double rate = static_cast<double>(bytes) / seconds;
-  double keep = 0;  // the old evidence's weight (0: none before this sample)
+  // How much of the old evidence time alone leaves (0: none before this sample).
+  const double fade =
+      t.samples == 0 ? 0 : std::exp2(-std::max(0.0, now - t.last_sample_s) / options_.half_life_s);
   if (t.samples == 0) {
     t.bytes_per_sec = rate;
   } else {
-    const double age = std::max(0.0, now - t.last_sample_s);
-    keep = (1 - options_.alpha) * std::exp2(-age / options_.half_life_s);
+    const double keep = (1 - options_.alpha) * fade;
     const double dev = (rate - t.bytes_per_sec) / t.bytes_per_sec;
     t.bytes_per_sec = keep * t.bytes_per_sec + (1 - keep) * rate;
     const double var = keep * t.spread * t.spread + (1 - keep) * dev * dev;
@@ -47,15 +48,12 @@ void BandwidthMeter::Update(TierBandwidth& t, uint64_t bytes, double seconds, do
   }
   // The fit needs Reads of different sizes, which come apart in time (one prompt's Reads are of
   // one size): its sums fade with time alone, each sample weighing 1.
-  const double fade =
-      t.samples == 0 ? 0 : std::exp2(-std::max(0.0, now - t.last_sample_s) / options_.half_life_s);
-  const double gb = static_cast<double>(bytes) / 1e9, add = 1;
-  keep = fade;
-  t.w = keep * t.w + add;
-  t.wb = keep * t.wb + add * gb;
-  t.ws = keep * t.ws + add * seconds;
-  t.wbb = keep * t.wbb + add * gb * gb;
-  t.wbs = keep * t.wbs + add * gb * seconds;
+  const double gb = static_cast<double>(bytes) / 1e9;
+  t.w = fade * t.w + 1;
+  t.wb = fade * t.wb + gb;
+  t.ws = fade * t.ws + seconds;
+  t.wbb = fade * t.wbb + gb * gb;
+  t.wbs = fade * t.wbs + gb * seconds;
   if (rate >= DecayedBest(t, now)) {
     t.best_bytes_per_sec = rate;
     t.best_sample_s = now;

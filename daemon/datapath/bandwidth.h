@@ -39,8 +39,9 @@
 // be told apart and the mean says all; with samples of different sizes each tier also fits
 //   seconds = fixed + bytes / marginal
 // by least squares over its samples, each weighing 1 and fading by half every half_life_s (no
-// alpha: one prompt's Reads are all of one size, and the fit needs the sizes of several). The fit is used where the samples' sizes differ by at least min_size_cv (relative
-// weighted standard deviation of their bytes) and it gives fixed > 0 and marginal > 0; else
+// alpha: one prompt's Reads are all of one size, and the fit needs the sizes of several). The fit
+// is used where the samples' sizes differ by at least min_size_cv (relative weighted standard
+// deviation of their bytes) and it gives fixed > 0 and marginal > 0; else
 // fixed_seconds is 0 and marginal_bytes_per_sec the mean. On the H200's DRAM grid (2026-12-03,
 // stop 34) the loads ran at 13-17 GB/s in effect at 0.5 GB and 23-26 GB/s at 2-4 GB: a fixed
 // ~9 ms and ~27 GB/s fit every DRAM point within 9%, one rate none of them within 15%.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -93,18 +94,25 @@ struct Measured {
   }
 };
 
+// A prompt of `t` tokens of kShape with `hits` (true: in the DRAM tier); the rest as SplitInput
+// leaves it.
+SplitInput ShapeInput(uint32_t t, std::vector<bool> hits) {
+  SplitInput in;
+  in.num_layers = kShape.num_layers;
+  in.block_tokens = kShape.block_tokens;
+  in.prompt_tokens = t;
+  in.layer_bytes = kShape.layer_bytes;
+  in.hit_in_dram = std::move(hits);
+  return in;
+}
+
 // The split's inputs as a run's model had them: `overhead_ms`, per-layer compute `plain_ms` for
 // the whole prompt and `prefixed_ms_per_token` per new token with a prefix (the fits near the
 // point), the meter's figures and the profile's spreads.
 SplitInput RunInput(uint32_t t, const std::vector<bool>& hits, const Bandwidths& bw,
                     double overhead_ms, double plain_ms, double prefixed_ms_per_token,
                     double min_gain) {
-  SplitInput in;
-  in.num_layers = kShape.num_layers;
-  in.block_tokens = kShape.block_tokens;
-  in.prompt_tokens = t;
-  in.layer_bytes = kShape.layer_bytes;
-  in.hit_in_dram = hits;
+  SplitInput in = ShapeInput(t, hits);
   in.dram_bytes_per_sec = bw.dram_bytes_per_sec;
   in.ssd_bytes_per_sec = bw.ssd_bytes_per_sec;
   in.overhead_ms = overhead_ms;
@@ -124,11 +132,11 @@ SplitInput Guarded(SplitInput in, const Bandwidths& bw, const ComputeModel& mode
   return in;
 }
 
-ComputeModel ProfileModel() {
+// A compute model fed one profile's samples.
+template <size_t N>
+ComputeModel ModelOf(const Profiled (&profile)[N]) {
   ComputeModel model;
-  for (const ComputeSample& s : Samples(kThrottledProfile, std::size(kThrottledProfile))) {
-    model.Add(s);
-  }
+  for (const ComputeSample& s : Samples(profile, N)) model.Add(s);
   return model;
 }
 
@@ -143,7 +151,7 @@ TEST(RobustAdviceTest, ThrottledDiskAt4KNoLongerLoads) {
   const Bandwidths bw = m.Now();
   EXPECT_NEAR(bw.ssd_bytes_per_sec, 0.96e9, 0.02e9);
   EXPECT_LE(bw.ssd_low_bytes_per_sec, 0.692e9) << "the newest read, or the spread, below it";
-  const ComputeModel model = ProfileModel();
+  const ComputeModel model = ModelOf(kThrottledProfile);
   // {hits, the old split and its measured TTFT, measured recompute and load-all}.
   for (const auto& [hits_n, measured] :
        {std::pair{128u, Measured{47, 196.503, 123.975, 390.78}},
@@ -175,7 +183,7 @@ TEST(RobustAdviceTest, DramHalfCachedAt32KNoLongerSplits) {
   Meter m;
   m.Reads(Tier::kDram, 20, 1024ull * 32 * (64 << 10), 15e9);
   const Bandwidths bw = m.Now();
-  const ComputeModel model = ProfileModel();
+  const ComputeModel model = ModelOf(kThrottledProfile);
   const std::vector<bool> hits(1024, true);
   // Prefixed compute 44.35 ms a layer at 16,384 new tokens, i.e. a split anywhere compute-bound.
   const SplitInput old_in = RunInput(32768, hits, bw, 12, (1450.0 - 12) / 32, 44.0 / 16384, 0);
@@ -211,7 +219,7 @@ TEST(RobustAdviceTest, OneColdPrefillDoesNotHoldDramLoadsOff) {
   const std::vector<ComputeSample> profile =
       Samples(kThrottledProfile, std::size(kThrottledProfile));
   ASSERT_TRUE(advisor.Report(kNs, kSession, kUid, profile, 0, 0).ok());
-  const ComputeModel model = ProfileModel();
+  const ComputeModel model = ModelOf(kThrottledProfile);
   const ComputeSample cold{4000, 4000, 4 * *model.LayerMs(4000, 0), 2};
   ASSERT_TRUE(advisor.Report(kNs, kSession, kUid, {cold}, 0, 0).ok());
   const std::vector<bool> dram(1843, true);
@@ -227,12 +235,7 @@ TEST(RobustAdviceTest, OneColdPrefillDoesNotHoldDramLoadsOff) {
 // virtio disk at 2.03 GB/s, the grid's compute profile; spreads and the pessimistic figure are
 // the tests' own.
 SplitInput Ssd16KHalfCached() {
-  SplitInput in;
-  in.num_layers = kShape.num_layers;
-  in.block_tokens = kShape.block_tokens;
-  in.prompt_tokens = 16384;
-  in.layer_bytes = kShape.layer_bytes;
-  in.hit_in_dram.assign(512, false);
+  SplitInput in = ShapeInput(16384, std::vector<bool>(512, false));
   in.dram_bytes_per_sec = 20e9;
   in.ssd_bytes_per_sec = 2.03e9;
   in.overhead_ms = 3;
@@ -288,12 +291,7 @@ const Profiled kGridProfileS33[] = {
 // meter's figures, the recompute side's correction (1.013 in the refusal line).
 SplitInput S33Input(const ComputeModel& model, uint32_t t, const std::vector<bool>& hits,
                     double ssd_bps, double ssd_low_bps) {
-  SplitInput in;
-  in.num_layers = kShape.num_layers;
-  in.block_tokens = kShape.block_tokens;
-  in.prompt_tokens = t;
-  in.layer_bytes = kShape.layer_bytes;
-  in.hit_in_dram = hits;
+  SplitInput in = ShapeInput(t, hits);
   in.dram_bytes_per_sec = 20e9;
   in.ssd_bytes_per_sec = ssd_bps;
   in.ssd_low_bytes_per_sec = ssd_low_bps;
@@ -322,10 +320,7 @@ void PrintCandidates(const Split& s) {
 // split's 511 (1.156x); loading all's, at the pessimistic bandwidth, larger still. The minimax rule
 // takes the split.
 TEST(RobustAdviceTest, MinimaxTakesTheSplitAtSsd16KHalfCached) {
-  ComputeModel model;
-  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
-    model.Add(s);
-  }
+  const ComputeModel model = ModelOf(kGridProfileS33);
   const SplitInput in = S33Input(model, 16384, std::vector<bool>(512, false), 1.94e9, 1.72e9);
   const Split s = ChooseSplit(in);
   std::printf("T=16384, 512 SSD hits (stop 33): k=%u %.1f [%.1f, %.1f] ms, recompute %.1f, "
@@ -365,10 +360,7 @@ TEST(RobustAdviceTest, MinimaxTakesTheSplitAtSsd16KHalfCached) {
 // the split's worst case is then clearly the larger, and the advice recomputes, the split logged
 // as refused.
 TEST(RobustAdviceTest, MinimaxStillRecomputesWhereLoadingsWorstCaseIsWorse) {
-  ComputeModel model;
-  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
-    model.Add(s);
-  }
+  const ComputeModel model = ModelOf(kGridProfileS33);
   const std::vector<bool> hits(512, false);
   for (const double low : {0.97e9, 1.2e9}) {
     SCOPED_TRACE(low);
@@ -393,10 +385,7 @@ TEST(RobustAdviceTest, MinimaxStillRecomputesWhereLoadingsWorstCaseIsWorse) {
 // round trip, under a millisecond; the Lookup is paid by either strategy) made loading look better
 // than it is, and adding one would change no choice here.
 TEST(RobustAdviceTest, DramAt4KLoadsEverythingBeyondTheUncertainty) {
-  ComputeModel model;
-  for (const ComputeSample& s : Samples(kGridProfileS33, std::size(kGridProfileS33))) {
-    model.Add(s);
-  }
+  const ComputeModel model = ModelOf(kGridProfileS33);
   struct Point {
     uint32_t hits;
     double dram_bps, predicted_ms, fastest_load_all_ms;
@@ -614,10 +603,7 @@ const Profiled kGridProfileS34[] = {
 };
 
 ComputeModel S34Model() {
-  ComputeModel model;
-  for (const ComputeSample& s : Samples(kGridProfileS34, std::size(kGridProfileS34))) {
-    model.Add(s);
-  }
+  ComputeModel model = ModelOf(kGridProfileS34);
   // The stored prefixes' prefills ("stored ... (prefill: X ms a layer, reported)").
   model.Add({4000, 4000, 20.176, 2});
   model.Add({16048, 16048, 18.226, 2});
@@ -626,12 +612,7 @@ ComputeModel S34Model() {
 }
 
 SplitInput S34Input(const ComputeModel& model, uint32_t t, uint32_t hits, const Bandwidths& bw) {
-  SplitInput in;
-  in.num_layers = kShape.num_layers;
-  in.block_tokens = kShape.block_tokens;
-  in.prompt_tokens = t;
-  in.layer_bytes = kShape.layer_bytes;
-  in.hit_in_dram.assign(hits, true);
+  SplitInput in = ShapeInput(t, std::vector<bool>(hits, true));
   in.dram_bytes_per_sec = bw.dram_bytes_per_sec;
   in.dram_low_bytes_per_sec = bw.dram_low_bytes_per_sec;
   in.dram_fixed_ms = bw.dram_fixed_ms;

@@ -24,11 +24,16 @@ double Ttft(const SplitInput& in, double load_ms, double compute_ms, double fixe
          (in.num_layers - 1) * std::max(compute_ms, load_ms) + compute_ms;
 }
 
-// The fixed part of loading the first `k` blocks: dram_fixed_ms where all are in the DRAM tier.
+// The fixed part of a load of at least one block: dram_fixed_ms where all come from the DRAM tier.
+double FixedPartMs(const SplitInput& in, bool all_dram) {
+  return all_dram && in.dram_fixed_ms > 0 ? in.dram_fixed_ms : 0;
+}
+
+// The fixed part of loading the first `k` blocks.
 double FixedMs(const SplitInput& in, uint32_t k) {
-  if (k == 0 || in.dram_fixed_ms <= 0) return 0;
+  if (k == 0) return 0;
   const auto end = in.hit_in_dram.begin() + k;
-  return std::find(in.hit_in_dram.begin(), end, false) == end ? in.dram_fixed_ms : 0;
+  return FixedPartMs(in, std::find(in.hit_in_dram.begin(), end, false) == end);
 }
 
 double ComputeMs(const SplitInput& in, uint32_t load_blocks) {
@@ -56,7 +61,7 @@ std::vector<Candidate> Candidates(const SplitInput& in, uint32_t kmax) {
       c[k].low = in.recompute_scale * Ttft(in, 0, compute * (1 - in.recompute_spread));
       c[k].high = in.recompute_scale * Ttft(in, 0, compute * (1 + in.recompute_spread));
     } else {
-      const double fixed = all_dram && in.dram_fixed_ms > 0 ? in.dram_fixed_ms : 0;
+      const double fixed = FixedPartMs(in, all_dram);
       c[k].mid = in.load_scale * Ttft(in, load_ms, compute, fixed);
       c[k].low = c[k].mid;
       c[k].high =
