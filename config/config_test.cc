@@ -56,7 +56,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().io_sm_count(), 16u);
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
   EXPECT_EQ(c->gpu().scatter(), "auto");
-  EXPECT_EQ(c->gpu().round_bytes(), 8ull << 20);
+  EXPECT_EQ(c->gpu().round_bytes(), 32ull << 20);
   EXPECT_EQ(c->gpu().max_staging_bytes(), 512ull << 20);
   EXPECT_EQ(c->datapath().max_read_bytes(), 1ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
