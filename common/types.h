@@ -45,7 +45,8 @@ struct Key {
   }
 };
 
-// Identifies a namespace (model, layout, TP rank and size, hash scheme); see daemon/store/namespaces.h.
+// Identifies a namespace (model, layout, TP rank and size, hash scheme); see
+// BlockStore::RegisterNamespace (daemon/store/block_store.h).
 using NamespaceId = uint64_t;
 
 }  // namespace tutti
