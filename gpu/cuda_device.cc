@@ -35,8 +35,8 @@ absl::Status CudaDevice::Activate() {
 
 absl::StatusOr<uint64_t> CudaDevice::MaxPitch() {
   int max_pitch = 0;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, io_->device()), "max pitch"));
+  RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, io_->device()),
+                             "max pitch"));
   return static_cast<uint64_t>(max_pitch);
 }
 
@@ -125,17 +125,17 @@ absl::Status CudaDevice::CopyToDevice(void* dst, const void* src, uint64_t len, 
 absl::Status CudaDevice::CopyToDevice2D(void* dst, uint64_t dpitch, const void* src,
                                         uint64_t spitch, uint64_t width, uint64_t rows,
                                         Stream stream, const char* what) {
-  return CudaStatus(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
-                                      cudaMemcpyHostToDevice, ToCuda(stream)),
+  return CudaStatus(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice,
+                                      ToCuda(stream)),
                     what);
 }
 
 absl::Status CudaDevice::WriteValue32(Stream stream, uint32_t* word, uint32_t value,
                                       const char* what) {
   ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
-  return CuStatus(api->StreamWriteValue32(Cu(ToCuda(stream)), Cu(word), value,
-                                          CU_STREAM_WRITE_VALUE_DEFAULT),
-                  what);
+  return CuStatus(
+      api->StreamWriteValue32(Cu(ToCuda(stream)), Cu(word), value, CU_STREAM_WRITE_VALUE_DEFAULT),
+      what);
 }
 
 absl::Status CudaDevice::WaitValue32(Stream stream, const uint32_t* word, uint32_t value,
@@ -147,12 +147,11 @@ absl::Status CudaDevice::WaitValue32(Stream stream, const uint32_t* word, uint32
 
 absl::Status CudaDevice::LaunchCopy(const CopyDesc* descs, size_t count, uint32_t object_len,
                                     Stream stream, const char* what) {
-  return CudaStatus(LaunchCopyObjects(descs, count, object_len, io_->ctas(), ToCuda(stream)),
-                    what);
+  return CudaStatus(LaunchCopyObjects(descs, count, object_len, io_->ctas(), ToCuda(stream)), what);
 }
 
-absl::Status CudaDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count,
-                                          uint32_t object_len, Stream stream, const char* what) {
+absl::Status CudaDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
+                                          Stream stream, const char* what) {
   thread_local std::vector<void*> dsts;  // these keep their capacity across calls
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<size_t> sizes;

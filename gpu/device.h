@@ -106,9 +106,8 @@ class Device {
                                                   Stream stream, const char* what) = 0;
   // `rows` rows of `width` bytes, at pitches `dpitch` and `spitch` (both <= MaxPitch()).
   [[nodiscard]] virtual absl::Status CopyToDevice2D(void* dst, uint64_t dpitch, const void* src,
-                                                    uint64_t spitch, uint64_t width,
-                                                    uint64_t rows, Stream stream,
-                                                    const char* what) = 0;
+                                                    uint64_t spitch, uint64_t width, uint64_t rows,
+                                                    Stream stream, const char* what) = 0;
   // Enqueues *word = value (no fence) / makes `stream` wait until *word == value. `word` is device
   // memory.
   [[nodiscard]] virtual absl::Status WriteValue32(Stream stream, uint32_t* word, uint32_t value,

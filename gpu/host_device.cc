@@ -98,9 +98,9 @@ absl::Status HostDevice::CheckRange(const void* p, uint64_t len, bool pinned_ok,
       return absl::OkStatus();
     }
   }
-  return Misuse(what, absl::StrFormat("[%p, +%u) is not inside one %s", p, len,
-                                      pinned_ok ? "device or pinned allocation"
-                                                : "device allocation"));
+  return Misuse(what,
+                absl::StrFormat("[%p, +%u) is not inside one %s", p, len,
+                                pinned_ok ? "device or pinned allocation" : "device allocation"));
 }
 
 absl::Status HostDevice::CheckDescs(const CopyDesc* descs, size_t count, uint32_t object_len,
@@ -286,8 +286,8 @@ absl::Status HostDevice::LaunchCopy(const CopyDesc* descs, size_t count, uint32_
   return absl::OkStatus();
 }
 
-absl::Status HostDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count,
-                                          uint32_t object_len, Stream stream, const char* what) {
+absl::Status HostDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
+                                          Stream stream, const char* what) {
   if (absl::Status s = CheckDescs(descs, count, object_len, what); !s.ok()) return s;
   if (absl::Status s = Begin(Op::kCopyByCopyEngine, stream, what); !s.ok()) return s;
   for (size_t i = 0; i < count; ++i) std::memcpy(descs[i].dst, descs[i].src, object_len);

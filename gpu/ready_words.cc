@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/escaping.h"

@@ -45,8 +45,7 @@ class ReadyWords {
                                                                IoStream* stream);
   // The same on `device` (its io_stream() is the I/O stream; a HostDevice in tests).
   static absl::StatusOr<std::unique_ptr<ReadyWords>> WrapLocal(uint32_t* device_words,
-                                                               uint32_t num_words,
-                                                               Device* device);
+                                                               uint32_t num_words, Device* device);
   ReadyWords(const ReadyWords&) = delete;
   ReadyWords& operator=(const ReadyWords&) = delete;
   // Waits for the I/O stream, then closes the mapping.

@@ -89,9 +89,9 @@ absl::Status CudaIpcMemory::Enqueue(absl::Span<const engine::CopyOp> ops, CopyDi
   RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
   if (descs.empty()) return absl::OkStatus();
   absl::MutexLock lock(&device_->io_mutex());
-  return device_->LaunchCopy(descs.data(), descs.size(), layout_.object_len, device_->io_stream(),
-                             direction == CopyDirection::kToEngine ? "scatter launch"
-                                                                   : "gather launch");
+  return device_->LaunchCopy(
+      descs.data(), descs.size(), layout_.object_len, device_->io_stream(),
+      direction == CopyDirection::kToEngine ? "scatter launch" : "gather launch");
 }
 
 absl::Status CudaIpcMemory::EnqueueScatter(absl::Span<const engine::CopyOp> ops) {
@@ -116,11 +116,10 @@ absl::Status CudaIpcMemory::EnqueueByCopyEngine(absl::Span<const engine::CopyOp>
   RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
   if (descs.empty()) return absl::OkStatus();
   absl::MutexLock lock(&device_->io_mutex());
-  return device_->CopyByCopyEngine(descs.data(), descs.size(), layout_.object_len,
-                                   device_->io_stream(),
-                                   direction == CopyDirection::kToEngine
-                                       ? "cudaMemcpyBatchAsync(scatter)"
-                                       : "cudaMemcpyBatchAsync(gather)");
+  return device_->CopyByCopyEngine(
+      descs.data(), descs.size(), layout_.object_len, device_->io_stream(),
+      direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
+                                            : "cudaMemcpyBatchAsync(gather)");
 }
 
 absl::Status CudaIpcMemory::Scatter(absl::Span<const engine::CopyOp> ops) {

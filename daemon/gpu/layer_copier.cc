@@ -116,8 +116,7 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::CreateOn(
   }
   ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(registered));
   RETURN_IF_ERROR(device->Activate());  // UNAVAILABLE without a GPU
-  std::unique_ptr<LayerCopier> copier(
-      new LayerCopier(options, device, std::move(owned_device)));
+  std::unique_ptr<LayerCopier> copier(new LayerCopier(options, device, std::move(owned_device)));
   copier->registered_ = std::move(map);
   copier->registered_list_.assign(registered.begin(), registered.end());
   RETURN_IF_ERROR(copier->Init(registered));
@@ -150,8 +149,8 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::CreateOn(
 absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   slot_bytes_ = AlignUp((options_.gpu_staging_bytes + kSlots - 1) / kSlots, kGranularity);
   ASSIGN_OR_RETURN(max_pitch_, device_->MaxPitch());
-  ASSIGN_OR_RETURN(gpu_base_,
-                   device_->Allocate(kSlots * slot_bytes_, "cudaMalloc(GPU staging for retrieves)"));
+  ASSIGN_OR_RETURN(gpu_base_, device_->Allocate(kSlots * slot_bytes_,
+                                                "cudaMalloc(GPU staging for retrieves)"));
   ASSIGN_OR_RETURN(uint8_t* const words,
                    device_->Allocate(2 * kSlots * sizeof(uint32_t), "cudaMalloc(words)"));
   words_ = reinterpret_cast<uint32_t*>(words);

@@ -238,7 +238,7 @@ class LayerCopier {
   uint64_t slot_bytes_ = 0;
   uint64_t max_pitch_ = 0;  // cudaDevAttrMaxPitch
   uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
-  uint32_t* words_ = nullptr;              // device: copied[kSlots], consumed[kSlots]
+  uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
   Device::Stream copy_stream_ = nullptr;  // primary context; no SMs needed
   std::unique_ptr<Device::PinnedBuffer> bounce_;
   std::array<Device::Event, kSlots> bounce_free_{};  // recorded on copy_stream_

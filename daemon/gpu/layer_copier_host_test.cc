@@ -69,8 +69,7 @@ class Rig {
     memory_ = std::move(CudaIpcMemory::WrapLocal(kv_.layout, local_, copier_->staging_regions(),
                                                  &device_))
                   .value();
-    words_ = reinterpret_cast<uint32_t*>(
-        device_.Allocate(4 * (kLayers + 1), "words").value());
+    words_ = reinterpret_cast<uint32_t*>(device_.Allocate(4 * (kLayers + 1), "words").value());
     std::memset(words_, 0, 4 * (kLayers + 1));
     ready_ = std::move(ReadyWords::WrapLocal(words_, kLayers + 1, &device_)).value();
   }
@@ -241,8 +240,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mapped_unregistered", Opts(Mode::kMapped), false},
         Case{"copy_engine", Opts(Mode::kCopyEngine), true},
         Case{"copy_engine_unregistered", Opts(Mode::kCopyEngine), false},
-        Case{"auto_at_speed", Opts(Mode::kAuto), true},
-        Case{"auto_slow", AutoSlow(), true}),
+        Case{"auto_at_speed", Opts(Mode::kAuto), true}, Case{"auto_slow", AutoSlow(), true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Runs: objects at most kMaxGap apart in staging go as one copy; farther apart, one copy each.
@@ -337,8 +335,7 @@ INSTANTIATE_TEST_SUITE_P(
         FailCase{"strided_copy", Opts(Mode::kStaged, 8ull << 20, 4, 1 << 20), true,
                  Op::kCopyToDevice2D, 1, /*chunked=*/true},
         FailCase{"bounce_copy", Opts(Mode::kStaged), false, Op::kCopyToDevice, 1},
-        FailCase{"pageable_copy", Opts(Mode::kStaged, 8ull << 20, 0), false, Op::kCopyToDevice,
-                 1},
+        FailCase{"pageable_copy", Opts(Mode::kStaged, 8ull << 20, 0), false, Op::kCopyToDevice, 1},
         FailCase{"mapped_kernel", Opts(Mode::kMapped), true, Op::kLaunchCopy, 0},
         FailCase{"copy_engine", Opts(Mode::kCopyEngine), true, Op::kCopyByCopyEngine, 0}),
     [](const ::testing::TestParamInfo<FailCase>& info) { return std::string(info.param.name); });
