@@ -19,16 +19,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpu/copy_desc.h"
+
 namespace tutti::gpu {
 
-// One object to copy: `object_len` bytes from src to dst (both device-addressable).
-struct CopyDesc {
-  const void* src;
-  void* dst;
-};
-
-// Source, destination and object length must be multiples of this.
-inline constexpr uint32_t kCopyAlign = 16;
 // Descriptors per launch (sizeof(CopyDesc) * this + 8 <= 32764 bytes of kernel parameters).
 inline constexpr uint32_t kMaxDescsPerLaunch = 2040;
 // Threads per CTA.

@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "gpu/cuda_device.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"
 #include "gpu/probe.h"
@@ -49,7 +50,9 @@ absl::StatusOr<std::unique_ptr<ReadyWords>> ReadyWords::Open(const IpcRegion& re
   ASSIGN_OR_RETURN(DeviceInfo device, Probe(stream->device()));
   ASSIGN_OR_RETURN(std::unique_ptr<IpcMapping> mapping,
                    IpcMapping::Open(region, device, "ready words"));
-  std::unique_ptr<ReadyWords> words(new ReadyWords(stream, num_words));
+  auto cuda = std::make_unique<CudaDevice>(stream);
+  Device* const d = cuda.get();
+  std::unique_ptr<ReadyWords> words(new ReadyWords(d, std::move(cuda), num_words));
   words->words_ = reinterpret_cast<uint32_t*>(mapping->base() + offset);
   words->mapping_ = std::move(mapping);
   return words;
@@ -61,15 +64,28 @@ absl::StatusOr<std::unique_ptr<ReadyWords>> ReadyWords::WrapLocal(uint32_t* devi
   if (device_words == nullptr || num_words == 0) {
     return absl::InvalidArgumentError("ready words: null or empty");
   }
-  std::unique_ptr<ReadyWords> words(new ReadyWords(stream, num_words));
+  auto cuda = std::make_unique<CudaDevice>(stream);
+  Device* const d = cuda.get();
+  std::unique_ptr<ReadyWords> words(new ReadyWords(d, std::move(cuda), num_words));
+  words->words_ = device_words;
+  return words;
+}
+
+absl::StatusOr<std::unique_ptr<ReadyWords>> ReadyWords::WrapLocal(uint32_t* device_words,
+                                                                  uint32_t num_words,
+                                                                  Device* device) {
+  if (device_words == nullptr || num_words == 0) {
+    return absl::InvalidArgumentError("ready words: null or empty");
+  }
+  std::unique_ptr<ReadyWords> words(new ReadyWords(device, nullptr, num_words));
   words->words_ = device_words;
   return words;
 }
 
 ReadyWords::~ReadyWords() {
-  absl::Status s = stream_->Synchronize();
+  absl::Status s = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
   if (!s.ok())
-    log::Get("gpu")->error("gpu{}: closing ready words: {}", stream_->device(), s.ToString());
+    log::Get("gpu")->error("gpu{}: closing ready words: {}", device_->ordinal(), s.ToString());
 }
 
 absl::Status ReadyWords::Signal(uint32_t index, uint32_t ticket) {
@@ -77,11 +93,9 @@ absl::Status ReadyWords::Signal(uint32_t index, uint32_t ticket) {
     return absl::InvalidArgumentError(
         absl::StrCat("ready word ", index, " out of range (", num_words_, " words)"));
   }
-  ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
-  absl::MutexLock lock(&stream_->mutex());
-  return CuStatus(api->StreamWriteValue32(Cu(stream_->stream()), Cu(words_ + index), ticket,
-                                          CU_STREAM_WRITE_VALUE_DEFAULT),
-                  "cuStreamWriteValue32(ready word)");
+  absl::MutexLock lock(&device_->io_mutex());
+  return device_->WriteValue32(device_->io_stream(), words_ + index, ticket,
+                               "cuStreamWriteValue32(ready word)");
 }
 
 absl::StatusOr<std::unique_ptr<ReadyWordArray>> ReadyWordArray::Create(int device,

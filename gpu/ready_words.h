@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gpu/device.h"
 #include "gpu/io_stream.h"
 #include "gpu/ipc_mapping.h"
 
@@ -42,6 +43,9 @@ class ReadyWords {
   static absl::StatusOr<std::unique_ptr<ReadyWords>> WrapLocal(uint32_t* device_words,
                                                                uint32_t num_words,
                                                                IoStream* stream);
+  // The same on `device` (its io_stream() is the I/O stream; a HostDevice in tests).
+  static absl::StatusOr<std::unique_ptr<ReadyWords>> WrapLocal(uint32_t* device_words,
+                                                               uint32_t num_words, Device* device);
   ReadyWords(const ReadyWords&) = delete;
   ReadyWords& operator=(const ReadyWords&) = delete;
   // Waits for the I/O stream, then closes the mapping.
@@ -54,9 +58,11 @@ class ReadyWords {
   [[nodiscard]] absl::Status Signal(uint32_t index, uint32_t ticket);
 
  private:
-  ReadyWords(IoStream* stream, uint32_t num_words) : stream_(stream), num_words_(num_words) {}
+  ReadyWords(Device* device, std::unique_ptr<Device> owned_device, uint32_t num_words)
+      : owned_device_(std::move(owned_device)), device_(device), num_words_(num_words) {}
 
-  IoStream* const stream_;
+  const std::unique_ptr<Device> owned_device_;  // a CudaDevice over the IoStream, or null
+  Device* const device_;
   const uint32_t num_words_;
   std::unique_ptr<IpcMapping> mapping_;  // null for WrapLocal
   uint32_t* words_ = nullptr;

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "gpu/cuda_status.h"
+#include "gpu/cuda_device.h"
 #include "gpu/probe.h"
 
 namespace tutti::gpu {
@@ -32,7 +32,9 @@ absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::Open(
   }
   RETURN_IF_ERROR(ValidateLayout(layout, Sizes(regions)));
   ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(staging));
-  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, stream));
+  auto cuda = std::make_unique<CudaDevice>(stream);
+  Device* const d = cuda.get();
+  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, d, std::move(cuda)));
   mem->staging_ = std::move(map);
   for (size_t i = 0; i < regions.size(); ++i) {
     // On error, the mappings opened so far close with `mem`.
@@ -49,19 +51,36 @@ absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::WrapLocal(
     absl::Span<const StagingRegion> staging, IoStream* stream) {
   RETURN_IF_ERROR(ValidateLayout(layout, Sizes(regions)));
   ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(staging));
-  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, stream));
+  auto cuda = std::make_unique<CudaDevice>(stream);
+  Device* const d = cuda.get();
+  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, d, std::move(cuda)));
   mem->staging_ = std::move(map);
   for (const LocalRegion& r : regions) mem->bases_.push_back(static_cast<uint8_t*>(r.device_ptr));
   return mem;
 }
 
+absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::WrapLocal(
+    const EngineLayout& layout, absl::Span<const LocalRegion> regions,
+    absl::Span<const StagingRegion> staging, Device* device) {
+  RETURN_IF_ERROR(ValidateLayout(layout, Sizes(regions)));
+  ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(staging));
+  std::unique_ptr<CudaIpcMemory> mem(new CudaIpcMemory(layout, device, nullptr));
+  mem->staging_ = std::move(map);
+  for (const LocalRegion& r : regions) mem->bases_.push_back(static_cast<uint8_t*>(r.device_ptr));
+  return mem;
+}
+
+absl::Status CudaIpcMemory::Synchronize() {
+  return device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
+}
+
 CudaIpcMemory::~CudaIpcMemory() {
   auto logger = log::Get("gpu");
-  absl::Status s = stream_->Synchronize();
-  if (!s.ok()) logger->error("gpu{}: closing engine memory: {}", stream_->device(), s.ToString());
+  absl::Status s = Synchronize();
+  if (!s.ok()) logger->error("gpu{}: closing engine memory: {}", device_->ordinal(), s.ToString());
   for (size_t i = 0; i < mappings_.size(); ++i) {
     s = mappings_[i]->Close();
-    if (!s.ok()) logger->error("gpu{}: regions[{}]: {}", stream_->device(), i, s.ToString());
+    if (!s.ok()) logger->error("gpu{}: regions[{}]: {}", device_->ordinal(), i, s.ToString());
   }
 }
 
@@ -69,10 +88,10 @@ absl::Status CudaIpcMemory::Enqueue(absl::Span<const engine::CopyOp> ops, CopyDi
   thread_local std::vector<CopyDesc> descs;  // keeps its capacity: no allocation per call
   RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
   if (descs.empty()) return absl::OkStatus();
-  absl::MutexLock lock(&stream_->mutex());
-  return CudaStatus(LaunchCopyObjects(descs.data(), descs.size(), layout_.object_len,
-                                      stream_->ctas(), stream_->stream()),
-                    direction == CopyDirection::kToEngine ? "scatter launch" : "gather launch");
+  absl::MutexLock lock(&device_->io_mutex());
+  return device_->LaunchCopy(
+      descs.data(), descs.size(), layout_.object_len, device_->io_stream(),
+      direction == CopyDirection::kToEngine ? "scatter launch" : "gather launch");
 }
 
 absl::Status CudaIpcMemory::EnqueueScatter(absl::Span<const engine::CopyOp> ops) {
@@ -93,28 +112,14 @@ absl::Status CudaIpcMemory::EnqueueGatherByCopyEngine(absl::Span<const engine::C
 
 absl::Status CudaIpcMemory::EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops,
                                                 CopyDirection direction) {
-  thread_local std::vector<CopyDesc> descs;  // these keep their capacity across calls
-  thread_local std::vector<void*> dsts;
-  thread_local std::vector<const void*> srcs;
-  thread_local std::vector<size_t> sizes;
+  thread_local std::vector<CopyDesc> descs;  // keeps its capacity: no allocation per call
   RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
   if (descs.empty()) return absl::OkStatus();
-  dsts.clear();
-  srcs.clear();
-  for (const CopyDesc& d : descs) {
-    dsts.push_back(d.dst);
-    srcs.push_back(d.src);
-  }
-  sizes.assign(descs.size(), layout_.object_len);
-  cudaMemcpyAttributes attr{};
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-  size_t attr_index = 0;
-  absl::MutexLock lock(&stream_->mutex());
-  return CudaStatus(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), descs.size(),
-                                         &attr, &attr_index, 1, stream_->stream()),
-                    direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
-                                                          : "cudaMemcpyBatchAsync(gather)");
+  absl::MutexLock lock(&device_->io_mutex());
+  return device_->CopyByCopyEngine(
+      descs.data(), descs.size(), layout_.object_len, device_->io_stream(),
+      direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
+                                            : "cudaMemcpyBatchAsync(gather)");
 }
 
 absl::Status CudaIpcMemory::Scatter(absl::Span<const engine::CopyOp> ops) {

@@ -11,9 +11,12 @@
 // process's CUDA context (gpu/cuda_status.h IsStickyError) cannot be recovered in-process; see
 // docs/gpu.md for what an engine's death does to memory that is open here.
 //
+// The copies go through a gpu::Device (gpu/device.h): a CudaDevice over the IoStream, or the one
+// given to WrapLocal (a HostDevice in tests, whose regions and staging are host memory).
+//
 // Thread-safety: Scatter, Gather and the Enqueue calls may run concurrently from several threads;
 // they share the I/O stream (in enqueue order). Destroy the object only when no call is running.
-// Lifetimes: the IoStream and the staging memory must outlive the object.
+// Lifetimes: the IoStream (or Device) and the staging memory must outlive the object.
 #ifndef TUTTI_DAEMON_GPU_CUDA_IPC_MEMORY_H_
 #define TUTTI_DAEMON_GPU_CUDA_IPC_MEMORY_H_
 
@@ -27,6 +30,7 @@
 #include "absl/types/span.h"
 #include "daemon/engine/engine_memory.h"
 #include "daemon/gpu/placement.h"
+#include "gpu/device.h"
 #include "gpu/io_stream.h"
 #include "gpu/ipc_mapping.h"
 
@@ -54,6 +58,10 @@ class CudaIpcMemory final : public engine::EngineMemory {
   static absl::StatusOr<std::unique_ptr<CudaIpcMemory>> WrapLocal(
       const EngineLayout& layout, absl::Span<const LocalRegion> regions,
       absl::Span<const StagingRegion> staging, IoStream* stream);
+  // The same on `device` (its io_stream() is the I/O stream): `regions` are its device memory.
+  static absl::StatusOr<std::unique_ptr<CudaIpcMemory>> WrapLocal(
+      const EngineLayout& layout, absl::Span<const LocalRegion> regions,
+      absl::Span<const StagingRegion> staging, Device* device);
 
   // Waits for the I/O stream, then closes the IPC mappings (errors are logged).
   ~CudaIpcMemory() override;
@@ -75,22 +83,24 @@ class CudaIpcMemory final : public engine::EngineMemory {
   // the kernel's bandwidth.
   [[nodiscard]] absl::Status EnqueueScatterByCopyEngine(absl::Span<const engine::CopyOp> ops);
   [[nodiscard]] absl::Status EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops);
-  [[nodiscard]] absl::Status Synchronize() { return stream_->Synchronize(); }
+  [[nodiscard]] absl::Status Synchronize();
 
   // Device address of region `i` in this process (tests and diagnostics).
   uint8_t* region_base(size_t i) const { return bases_[i]; }
 
  private:
-  CudaIpcMemory(const EngineLayout& layout, IoStream* stream)
+  CudaIpcMemory(const EngineLayout& layout, Device* device, std::unique_ptr<Device> owned_device)
       : EngineMemory(layout.num_blocks, static_cast<uint32_t>(layout.placements.size()),
                      layout.object_len),
         layout_(layout),
-        stream_(stream) {}
+        owned_device_(std::move(owned_device)),
+        device_(device) {}
   absl::Status Enqueue(absl::Span<const engine::CopyOp> ops, CopyDirection direction);
   absl::Status EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops, CopyDirection direction);
 
   const EngineLayout layout_;
-  IoStream* const stream_;
+  const std::unique_ptr<Device> owned_device_;  // null when the caller's
+  Device* const device_;
   StagingMap staging_;
   std::vector<std::unique_ptr<IpcMapping>> mappings_;  // empty for WrapLocal
   std::vector<uint8_t*> bases_;

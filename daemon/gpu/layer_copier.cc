@@ -1,7 +1,5 @@
 #include "daemon/gpu/layer_copier.h"
 
-#include <cuda.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -12,9 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "gpu/cuda_status.h"
-#include "gpu/driver_api.h"
-#include "gpu/probe.h"
+#include "gpu/cuda_device.h"
 
 namespace tutti::gpu {
 namespace {
@@ -29,8 +25,6 @@ constexpr uint64_t kMaxGap = 4096;
 constexpr uint64_t kBouncePiece = 1ull << 20;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-CUstream Cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
-CUdeviceptr Cu(const uint32_t* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
 }  // namespace
 
@@ -98,23 +92,36 @@ class CopyPool {
   std::vector<std::thread> threads_;
 };
 
-LayerCopier::LayerCopier(const Options& options, IoStream* stream)
-    : options_(options), stream_(stream) {}
+LayerCopier::LayerCopier(const Options& options, Device* device,
+                         std::unique_ptr<Device> owned_device)
+    : options_(options), owned_device_(std::move(owned_device)), device_(device) {}
 
 absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
     const Options& options, IoStream* stream, absl::Span<const StagingRegion> registered) {
+  auto device = std::make_unique<CudaDevice>(stream);
+  Device* d = device.get();
+  return CreateOn(options, d, std::move(device), registered);
+}
+
+absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
+    const Options& options, Device* device, absl::Span<const StagingRegion> registered) {
+  return CreateOn(options, device, nullptr, registered);
+}
+
+absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::CreateOn(
+    const Options& options, Device* device, std::unique_ptr<Device> owned_device,
+    absl::Span<const StagingRegion> registered) {
   if (options.gpu_staging_bytes == 0) {
     return absl::InvalidArgumentError("LayerCopier: gpu_staging_bytes must be > 0");
   }
   ASSIGN_OR_RETURN(StagingMap map, StagingMap::Create(registered));
-  RETURN_IF_ERROR(Probe(stream->device()).status());
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(stream->device()), "cudaSetDevice"));
-  std::unique_ptr<LayerCopier> copier(new LayerCopier(options, stream));
+  RETURN_IF_ERROR(device->Activate());  // UNAVAILABLE without a GPU
+  std::unique_ptr<LayerCopier> copier(new LayerCopier(options, device, std::move(owned_device)));
   copier->registered_ = std::move(map);
   copier->registered_list_.assign(registered.begin(), registered.end());
   RETURN_IF_ERROR(copier->Init(registered));
   log::Get("gpu")->info("gpu{}: retrieve copies {}; GPU staging {} x {} MiB, rounds of {}; {}",
-                        stream->device(),
+                        device->ordinal(),
                         options.mode == Mode::kStaged
                             ? "staged (copy engine, then a device-to-device scatter)"
                         : options.mode == Mode::kMapped
@@ -141,41 +148,34 @@ absl::StatusOr<std::unique_ptr<LayerCopier>> LayerCopier::Create(
 
 absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   slot_bytes_ = AlignUp((options_.gpu_staging_bytes + kSlots - 1) / kSlots, kGranularity);
-  int max_pitch = 0;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, stream_->device()), "max pitch"));
-  max_pitch_ = static_cast<uint64_t>(max_pitch);
-  void* p = nullptr;
-  RETURN_IF_ERROR(
-      CudaStatus(cudaMalloc(&p, kSlots * slot_bytes_), "cudaMalloc(GPU staging for retrieves)"));
-  gpu_base_ = static_cast<uint8_t*>(p);
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, 2 * kSlots * sizeof(uint32_t)), "cudaMalloc(words)"));
-  words_ = static_cast<uint32_t*>(p);
-  RETURN_IF_ERROR(CudaStatus(cudaMemset(words_, 0, 2 * kSlots * sizeof(uint32_t)), "memset"));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
-                             "cudaStreamCreate(copy)"));
+  ASSIGN_OR_RETURN(max_pitch_, device_->MaxPitch());
+  ASSIGN_OR_RETURN(gpu_base_, device_->Allocate(kSlots * slot_bytes_,
+                                                "cudaMalloc(GPU staging for retrieves)"));
+  ASSIGN_OR_RETURN(uint8_t* const words,
+                   device_->Allocate(2 * kSlots * sizeof(uint32_t), "cudaMalloc(words)"));
+  words_ = reinterpret_cast<uint32_t*>(words);
+  RETURN_IF_ERROR(device_->Memset(words_, 0, 2 * kSlots * sizeof(uint32_t), "memset"));
+  ASSIGN_OR_RETURN(copy_stream_, device_->CreateStream("cudaStreamCreate(copy)"));
   // Blocking sync: a Retrieve's thread waits for each layer; spinning would take a core from the
   // reads it overlaps.
-  for (cudaEvent_t* ev : {&landed_[0], &landed_[1], &waited_}) {
-    RETURN_IF_ERROR(CudaStatus(
-        cudaEventCreateWithFlags(ev, cudaEventDisableTiming | cudaEventBlockingSync),
-        "cudaEventCreate"));
+  for (Device::Event* ev : {&landed_[0], &landed_[1], &waited_}) {
+    ASSIGN_OR_RETURN(*ev, device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate"));
   }
   if (options_.bounce_threads > 0) {
-    ASSIGN_OR_RETURN(bounce_, PinnedRegion::Allocate(kSlots * slot_bytes_));
-    for (cudaEvent_t& ev : bounce_free_) {
-      RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate"));
+    ASSIGN_OR_RETURN(bounce_, device_->AllocatePinned(kSlots * slot_bytes_));
+    for (Device::Event& ev : bounce_free_) {
+      ASSIGN_OR_RETURN(ev, device_->CreateEvent(Device::EventKind::kOrder, "cudaEventCreate"));
     }
     pool_ = std::make_unique<CopyPool>(options_.bounce_threads);
   }
   if (options_.mode == Mode::kAuto) {
-    for (cudaEvent_t& ev : timed_) {
-      RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&ev), "cudaEventCreate(timing)"));
+    for (Device::Event& ev : timed_) {
+      ASSIGN_OR_RETURN(ev,
+                       device_->CreateEvent(Device::EventKind::kTiming, "cudaEventCreate(timing)"));
     }
     RETURN_IF_ERROR(MeasureIdleKernel());
   }
-  return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return device_->Synchronize();
 }
 
 LayerCopier::~LayerCopier() {
@@ -185,29 +185,21 @@ LayerCopier::~LayerCopier() {
     logger->info(
         "gpu{}: auto scatter: {} of {} layers by the copy engines; {} rounds timed, {} slow ({} "
         "slow with the enqueueing time left in)",
-        stream_->device(), counters_.copy_engine_layers, counters_.layers, counters_.timed_rounds,
-        counters_.slow_rounds, counters_.slow_rounds_uncorrected);
+        device_->ordinal(), counters_.copy_engine_layers, counters_.layers,
+        counters_.timed_rounds, counters_.slow_rounds, counters_.slow_rounds_uncorrected);
   }
-  absl::Status s = stream_->Synchronize();
-  if (!s.ok()) logger->error("gpu{}: closing copier: {}", stream_->device(), s.ToString());
-  if (copy_stream_ != nullptr) {
-    cudaStreamSynchronize(copy_stream_);
-    cudaStreamDestroy(copy_stream_);
-  }
+  absl::Status s = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
+  if (!s.ok()) logger->error("gpu{}: closing copier: {}", device_->ordinal(), s.ToString());
+  device_->DestroyStream(copy_stream_);  // waits for it first; nothing for a null stream
   pool_.reset();
-  for (cudaEvent_t ev : bounce_free_) {
-    if (ev != nullptr) cudaEventDestroy(ev);
-  }
-  for (cudaEvent_t ev : landed_) {
-    if (ev != nullptr) cudaEventDestroy(ev);
-  }
-  if (waited_ != nullptr) cudaEventDestroy(waited_);
-  for (cudaEvent_t ev : timed_) {
-    if (ev != nullptr) cudaEventDestroy(ev);
-  }
+  // Null handles (never created) are skipped by DestroyEvent and Free.
+  for (Device::Event ev : bounce_free_) device_->DestroyEvent(ev);
+  for (Device::Event ev : landed_) device_->DestroyEvent(ev);
+  device_->DestroyEvent(waited_);
+  for (Device::Event ev : timed_) device_->DestroyEvent(ev);
   bounce_.reset();
-  if (words_ != nullptr) cudaFree(words_);
-  if (gpu_base_ != nullptr) cudaFree(gpu_base_);
+  device_->Free(words_);
+  device_->Free(gpu_base_);
 }
 
 std::string_view LayerCopier::ModeName(Mode mode) {
@@ -257,12 +249,12 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
 void LayerCopier::WaitStreamsAfterError() {
   // Each stream's waits on the other's words end: FlushRound enqueues both words even after an
   // error.
-  const cudaError_t copy = cudaStreamSynchronize(copy_stream_);
-  const absl::Status io = stream_->Synchronize();
-  if (copy != cudaSuccess || !io.ok()) {
+  const absl::Status copy = device_->SyncStream(copy_stream_, "copy stream synchronize");
+  const absl::Status io = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
+  if (!copy.ok() || !io.ok()) {
     log::Get("gpu")->error("gpu{}: waiting for the streams after a failed copy: copy stream {}, "
                            "I/O stream {}",
-                           stream_->device(), cudaGetErrorString(copy), io.ToString());
+                           device_->ordinal(), copy.ToString(), io.ToString());
   }
 }
 
@@ -318,28 +310,27 @@ absl::Status LayerCopier::ScatterLayerLocked(CudaIpcMemory* memory,
     previous_pending_ = false;
     return WaitIoStream();
   }
-  cudaEvent_t mine = landed_[landed_next_];
+  Device::Event mine = landed_[landed_next_];
   landed_next_ ^= 1;
-  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(mine, stream_->stream()), "cudaEventRecord(layer)"));
+  RETURN_IF_ERROR(device_->RecordEvent(mine, device_->io_stream(), "cudaEventRecord(layer)"));
   const bool had_previous = previous_pending_;
   previous_pending_ = true;
   if (!had_previous) return absl::OkStatus();
-  return CudaStatus(cudaEventSynchronize(landed_[landed_next_]), "cudaEventSynchronize(layer)");
+  return device_->SyncEvent(landed_[landed_next_], "cudaEventSynchronize(layer)");
 }
 
 void LayerCopier::CheckTimedRound() {
-  if (timed_bytes_ == 0 || cudaEventQuery(timed_[1]) != cudaSuccess) return;
-  float ms = 0;
-  const cudaError_t e = cudaEventElapsedTime(&ms, timed_[0], timed_[1]);
+  if (timed_bytes_ == 0 || !device_->EventDone(timed_[1])) return;
+  const absl::StatusOr<float> ms = device_->ElapsedMs(timed_[0], timed_[1]);
   const uint64_t bytes = timed_bytes_;
   timed_bytes_ = 0;
-  if (e != cudaSuccess || bytes < kMinTimedBytes) return;  // tiny rounds: launch latency rules
+  if (!ms.ok() || bytes < kMinTimedBytes) return;  // tiny rounds: launch latency rules
   // When the I/O stream has nothing queued (the GPU is ahead of this thread: the usual case on
   // an idle GPU), the first event fires as soon as it is recorded and the kernel starts only once
   // the host has enqueued it, so the interval holds the host's enqueueing time too. That time is
   // taken off: under load the stream is behind the host and the interval is the kernel's alone,
   // so this only makes a slow kernel look a little faster.
-  const double gpu_us = 1000.0 * ms;
+  const double gpu_us = 1000.0 * *ms;
   const double us = std::max(0.0, gpu_us - timed_host_us_);
   const double idle_us = idle_.Us(bytes);
   const bool slow = us >= options_.auto_slow_factor * idle_us;  // factor 0: always
@@ -349,7 +340,7 @@ void LayerCopier::CheckTimedRound() {
   TUTTI_LOG_EVERY_N_SEC(log::Get("gpu"), spdlog::level::debug, 1,
                         "gpu{}: timed round of {} KiB: {:.0f} us between its events, {:.0f} us "
                         "of them enqueueing; idle GPU {:.0f} us",
-                        stream_->device(), bytes >> 10, gpu_us, timed_host_us_, idle_us);
+                        device_->ordinal(), bytes >> 10, gpu_us, timed_host_us_, idle_us);
   if (slow != slow_) {
     // Logged when it changes only: under a steadily busy engine the retry every
     // auto_copy_engine_layers layers finds it slow again.
@@ -357,12 +348,12 @@ void LayerCopier::CheckTimedRound() {
       log::Get("gpu")->info(
           "gpu{}: a scatter kernel of {} KiB took {:.0f} us (idle GPU {:.0f} us): other kernels "
           "hold the SMs; retrieved layers go through the copy engines alone, {} at a time",
-          stream_->device(), bytes >> 10, us, idle_us, options_.auto_copy_engine_layers);
+          device_->ordinal(), bytes >> 10, us, idle_us, options_.auto_copy_engine_layers);
     } else {
       log::Get("gpu")->info(
           "gpu{}: scatter kernels at speed again ({} KiB in {:.0f} us, idle GPU {:.0f} us); "
           "retrieved layers staged ({} went through the copy engines)",
-          stream_->device(), bytes >> 10, us, idle_us, counters_.copy_engine_layers);
+          device_->ordinal(), bytes >> 10, us, idle_us, counters_.copy_engine_layers);
     }
     slow_ = slow;
   }
@@ -405,16 +396,15 @@ absl::StatusOr<double> LayerCopier::TimeIdleKernel(uint64_t bytes) {
   for (uint64_t off = 0; off + kObject <= bytes; off += kObject) {
     descs.push_back({gpu_base_ + off, gpu_base_ + slot_bytes_ + off});
   }
+  const Device::Stream io = device_->io_stream();
   double best = 0;
   for (int i = 0; i < 4; ++i) {  // the first is a warm-up
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[0], stream_->stream()), "event"));
-    RETURN_IF_ERROR(CudaStatus(LaunchCopyObjects(descs.data(), descs.size(), kObject,
-                                                 stream_->ctas(), stream_->stream()),
-                               "scatter kernel (idle timing)"));
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(timed_[1], stream_->stream()), "event"));
-    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(timed_[1]), "event"));
-    float ms = 0;
-    RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, timed_[0], timed_[1]), "elapsed"));
+    RETURN_IF_ERROR(device_->RecordEvent(timed_[0], io, "event"));
+    RETURN_IF_ERROR(device_->LaunchCopy(descs.data(), descs.size(), kObject, io,
+                                        "scatter kernel (idle timing)"));
+    RETURN_IF_ERROR(device_->RecordEvent(timed_[1], io, "event"));
+    RETURN_IF_ERROR(device_->SyncEvent(timed_[1], "event"));
+    ASSIGN_OR_RETURN(const float ms, device_->ElapsedMs(timed_[0], timed_[1]));
     if (i > 0 && (best == 0 || 1000.0 * ms < best)) best = 1000.0 * ms;
   }
   return best;
@@ -443,8 +433,8 @@ absl::Status LayerCopier::Drain() {
 }
 
 absl::Status LayerCopier::WaitIoStream() {
-  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(waited_, stream_->stream()), "cudaEventRecord(wait)"));
-  return CudaStatus(cudaEventSynchronize(waited_), "cudaEventSynchronize(I/O stream)");
+  RETURN_IF_ERROR(device_->RecordEvent(waited_, device_->io_stream(), "cudaEventRecord(wait)"));
+  return device_->SyncEvent(waited_, "cudaEventSynchronize(I/O stream)");
 }
 
 absl::Status LayerCopier::EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
@@ -492,9 +482,8 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
   for (const Run& r : runs_) {
     if (r.registered) continue;
     if (bounce_ == nullptr) {  // pageable: the driver bounces each run itself
-      RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(slot + r.offset, r.host, r.len, cudaMemcpyHostToDevice, copy_stream_),
-          "cudaMemcpyAsync(pageable -> GPU staging)"));
+      RETURN_IF_ERROR(device_->CopyToDevice(slot + r.offset, r.host, r.len, copy_stream_,
+                                            "cudaMemcpyAsync(pageable -> GPU staging)"));
       continue;
     }
     // Pieces of at most kBouncePiece, so large runs spread over the threads too.
@@ -507,13 +496,13 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
   }
   if (!jobs_.empty()) {
     if (bounce_pending_[s]) {  // the slot's previous copy out of the bounce buffer
-      RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(bounce_free_[s]), "bounce wait"));
+      RETURN_IF_ERROR(device_->SyncEvent(bounce_free_[s], "bounce wait"));
     }
     pool_->Run(jobs_);
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(slot + lo, bounce_->host() + s * slot_bytes_ + lo,
-                                               hi - lo, cudaMemcpyHostToDevice, copy_stream_),
-                               "cudaMemcpyAsync(bounce -> GPU staging)"));
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(bounce_free_[s], copy_stream_), "event"));
+    RETURN_IF_ERROR(device_->CopyToDevice(slot + lo, bounce_->host() + s * slot_bytes_ + lo,
+                                          hi - lo, copy_stream_,
+                                          "cudaMemcpyAsync(bounce -> GPU staging)"));
+    RETURN_IF_ERROR(device_->RecordEvent(bounce_free_[s], copy_stream_, "event"));
     bounce_pending_[s] = true;
   }
   // Registered runs last: their copies overwrite the gaps the bounce span may have covered.
@@ -525,15 +514,13 @@ absl::Status LayerCopier::CopyIn(uint32_t s) {
     }
     const size_t n = StridedGroup(i);
     if (n == 1) {
-      RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(slot + r.offset, r.host, r.len, cudaMemcpyHostToDevice, copy_stream_),
-          "cudaMemcpyAsync(staging -> GPU staging)"));
+      RETURN_IF_ERROR(device_->CopyToDevice(slot + r.offset, r.host, r.len, copy_stream_,
+                                            "cudaMemcpyAsync(staging -> GPU staging)"));
     } else {
       const Run& next = runs_[i + 1];
-      RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpy2DAsync(slot + r.offset, next.offset - r.offset, r.host, next.host - r.host,
-                            r.len, n, cudaMemcpyHostToDevice, copy_stream_),
-          "cudaMemcpy2DAsync(staging -> GPU staging)"));
+      RETURN_IF_ERROR(device_->CopyToDevice2D(slot + r.offset, next.offset - r.offset, r.host,
+                                              next.host - r.host, r.len, n, copy_stream_,
+                                              "cudaMemcpy2DAsync(staging -> GPU staging)"));
     }
     i += n;
   }
@@ -566,32 +553,28 @@ size_t LayerCopier::StridedGroup(size_t first) const {
 
 absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
   if (runs_.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   const uint32_t s = next_slot_;
   next_slot_ = (s + 1) % kSlots;
   const uint32_t seq = ++uses_[s];
   uint32_t* copied = words_ + s;
   uint32_t* consumed = words_ + kSlots + s;
   // Copy side: wait until the slot's previous kernel has read it, copy in, hand it over.
-  absl::Status status = CuStatus(
-      api->StreamWaitValue32(Cu(copy_stream_), Cu(consumed), seq - 1, CU_STREAM_WAIT_VALUE_EQ),
-      "cuStreamWaitValue32(slot consumed)");
+  absl::Status status =
+      device_->WaitValue32(copy_stream_, consumed, seq - 1, "cuStreamWaitValue32(slot consumed)");
   if (status.ok()) status = CopyIn(s);
-  absl::Status w = CuStatus(
-      api->StreamWriteValue32(Cu(copy_stream_), Cu(copied), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
-      "cuStreamWriteValue32(slot copied)");
+  absl::Status w =
+      device_->WriteValue32(copy_stream_, copied, seq, "cuStreamWriteValue32(slot copied)");
   if (status.ok()) status = w;
   // Kernel side: wait for the copy, scatter, hand the slot back.
-  cudaStream_t io = stream_->stream();
-  w = CuStatus(api->StreamWaitValue32(Cu(io), Cu(copied), seq, CU_STREAM_WAIT_VALUE_EQ),
-               "cuStreamWaitValue32(slot copied)");
+  const Device::Stream io = device_->io_stream();
+  w = device_->WaitValue32(io, copied, seq, "cuStreamWaitValue32(slot copied)");
   if (status.ok()) status = w;
   const bool timed = status.ok() && time_next_round_;
   const auto host_start = std::chrono::steady_clock::now();
-  if (timed) status = CudaStatus(cudaEventRecord(timed_[0], io), "cudaEventRecord(timing)");
+  if (timed) status = device_->RecordEvent(timed_[0], io, "cudaEventRecord(timing)");
   if (status.ok()) status = memory->EnqueueScatter(round_ops_);
   if (timed && status.ok()) {
-    status = CudaStatus(cudaEventRecord(timed_[1], io), "cudaEventRecord(timing)");
+    status = device_->RecordEvent(timed_[1], io, "cudaEventRecord(timing)");
     if (status.ok()) {
       timed_bytes_ = round_ops_.size() * memory->object_len();
       timed_host_us_ = std::chrono::duration<double, std::micro>(
@@ -600,8 +583,7 @@ absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
       time_next_round_ = false;
     }
   }
-  w = CuStatus(api->StreamWriteValue32(Cu(io), Cu(consumed), seq, CU_STREAM_WRITE_VALUE_DEFAULT),
-               "cuStreamWriteValue32(slot consumed)");
+  w = device_->WriteValue32(io, consumed, seq, "cuStreamWriteValue32(slot consumed)");
   if (status.ok()) status = w;
   runs_.clear();
   round_ops_.clear();

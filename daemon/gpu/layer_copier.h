@@ -38,13 +38,14 @@
 //
 // Nothing is allocated per call once the internal vectors have grown to a layer's size.
 //
+// The GPU is reached through a gpu::Device (gpu/device.h): CUDA on the I/O stream's device in
+// production, host memory in tests (layer_copier_host_test.cc), which run this logic without a GPU.
+//
 // Thread-safety: every method may be called from any thread. ScatterLayer calls are serialized.
-// Lifetimes: the IoStream and the registered regions must outlive the copier; the copier must
-// outlive every CudaIpcMemory opened with its staging_regions().
+// Lifetimes: the IoStream (or Device) and the registered regions must outlive the copier; the
+// copier must outlive every CudaIpcMemory opened with its staging_regions().
 #ifndef TUTTI_DAEMON_GPU_LAYER_COPIER_H_
 #define TUTTI_DAEMON_GPU_LAYER_COPIER_H_
-
-#include <cuda_runtime_api.h>
 
 #include <array>
 #include <cstdint>
@@ -61,8 +62,8 @@
 #include "daemon/engine/engine_memory.h"
 #include "daemon/gpu/cuda_ipc_memory.h"
 #include "daemon/gpu/placement.h"
+#include "gpu/device.h"
 #include "gpu/io_stream.h"
-#include "gpu/pinned.h"
 #include "gpu/ready_words.h"
 
 namespace tutti::gpu {
@@ -106,6 +107,11 @@ class LayerCopier {
   // registered region; RESOURCE_EXHAUSTED when memory is short; UNAVAILABLE without a GPU.
   static absl::StatusOr<std::unique_ptr<LayerCopier>> Create(
       const Options& options, IoStream* stream, absl::Span<const StagingRegion> registered);
+  // The same on `device` (its io_stream() is the I/O stream): what Create above does on a
+  // CudaDevice over `stream`. Every CudaIpcMemory and ReadyWords given to the copier must be on
+  // the same device.
+  static absl::StatusOr<std::unique_ptr<LayerCopier>> Create(
+      const Options& options, Device* device, absl::Span<const StagingRegion> registered);
   LayerCopier(const LayerCopier&) = delete;
   LayerCopier& operator=(const LayerCopier&) = delete;
   // Waits for both streams, then frees what Create made.
@@ -182,7 +188,10 @@ class LayerCopier {
     bool registered;
   };
 
-  LayerCopier(const Options& options, IoStream* stream);
+  LayerCopier(const Options& options, Device* device, std::unique_ptr<Device> owned_device);
+  static absl::StatusOr<std::unique_ptr<LayerCopier>> CreateOn(
+      const Options& options, Device* device, std::unique_ptr<Device> owned_device,
+      absl::Span<const StagingRegion> registered);
   absl::Status ScatterLayerLocked(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                                   ReadyWords* words, uint32_t word, uint32_t ticket, Wait wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -222,16 +231,17 @@ class LayerCopier {
   size_t StridedGroup(size_t first) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
-  IoStream* const stream_;
+  const std::unique_ptr<Device> owned_device_;  // null when the caller's
+  Device* const device_;
   StagingMap registered_;
   std::vector<StagingRegion> registered_list_;
   uint64_t slot_bytes_ = 0;
   uint64_t max_pitch_ = 0;  // cudaDevAttrMaxPitch
   uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
   uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
-  cudaStream_t copy_stream_ = nullptr;  // primary context; no SMs needed
-  std::unique_ptr<PinnedRegion> bounce_;
-  std::array<cudaEvent_t, kSlots> bounce_free_{};  // recorded on copy_stream_
+  Device::Stream copy_stream_ = nullptr;  // primary context; no SMs needed
+  std::unique_ptr<Device::PinnedBuffer> bounce_;
+  std::array<Device::Event, kSlots> bounce_free_{};  // recorded on copy_stream_
   std::unique_ptr<CopyPool> pool_;
 
   mutable absl::Mutex mu_;
@@ -241,14 +251,14 @@ class LayerCopier {
   // waited for by the next call.
   // Blocking-sync events (the waiting thread sleeps instead of spinning a core): landed_
   // alternately, and `waited_` for waits on the whole I/O stream (WaitIoStream).
-  std::array<cudaEvent_t, 2> landed_{};
-  cudaEvent_t waited_ = nullptr;
+  std::array<Device::Event, 2> landed_{};
+  Device::Event waited_ = nullptr;
   uint32_t landed_next_ ABSL_GUARDED_BY(mu_) = 0;
   bool previous_pending_ ABSL_GUARDED_BY(mu_) = false;
   // kAuto state: timing events around one round's kernel, that round's bytes while its timing
   // is unread, whether the next round is to be timed.
   IdleKernel idle_;
-  std::array<cudaEvent_t, 2> timed_{};
+  std::array<Device::Event, 2> timed_{};
   uint64_t timed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Host time from recording the first timing event to recording the second (enqueueing the
   // kernel between them), microseconds.

@@ -1,0 +1,90 @@
+#include "gpu/host_device.h"
+
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tutti::gpu {
+namespace {
+
+using Op = HostDevice::Op;
+
+TEST(HostDeviceTest, CopiesRunAtOnceAndLandInDeviceMemory) {
+  HostDevice d;
+  uint8_t* dev = d.Allocate(4096, "a").value();
+  std::vector<uint8_t> src(4096, 7);
+  ASSERT_TRUE(d.CopyToDevice(dev, src.data(), src.size(), d.io_stream(), "h2d").ok());
+  EXPECT_EQ(dev[4095], 7);
+  // Outside any allocation: what a GPU would fault on.
+  EXPECT_EQ(d.CopyToDevice(src.data(), dev, 16, d.io_stream(), "bad").code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(d.CopyToDevice(dev + 4000, src.data(), 200, d.io_stream(), "past end").code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(d.count(Op::kCopyToDevice), 1u);
+  d.Free(dev);
+  EXPECT_EQ(d.live_allocations(), 0u);
+}
+
+TEST(HostDeviceTest, KernelReadsOnlyDeviceOrPinnedMemory) {
+  HostDevice d;
+  uint8_t* dev = d.Allocate(64, "a").value();
+  auto pinned = d.AllocatePinned(64).value();
+  std::memset(pinned->host(), 3, 64);
+  CopyDesc desc{pinned->host(), dev};
+  ASSERT_TRUE(d.LaunchCopy(&desc, 1, 64, d.io_stream(), "kernel").ok());
+  EXPECT_EQ(dev[63], 3);
+  alignas(16) uint8_t pageable[64] = {};
+  desc = {pageable, dev};
+  EXPECT_FALSE(d.LaunchCopy(&desc, 1, 64, d.io_stream(), "kernel").ok());
+  EXPECT_EQ(d.kernel_objects(), 1u);
+  d.Free(dev);
+}
+
+TEST(HostDeviceTest, AWaitThatCouldNeverEndFails) {
+  HostDevice d;
+  auto* w = reinterpret_cast<uint32_t*>(d.Allocate(4, "w").value());
+  *w = 0;
+  auto s = d.CreateStream("s").value();
+  ASSERT_TRUE(d.WriteValue32(s, w, 5, "write").ok());
+  EXPECT_TRUE(d.WaitValue32(d.io_stream(), w, 5, "wait").ok());
+  EXPECT_EQ(d.WaitValue32(d.io_stream(), w, 6, "wait").code(),
+            absl::StatusCode::kFailedPrecondition);
+  d.DestroyStream(s);
+  EXPECT_EQ(d.WriteValue32(s, w, 1, "destroyed stream").code(), absl::StatusCode::kInternal);
+}
+
+TEST(HostDeviceTest, InjectedFailureHitsOnceAndDoesNothing) {
+  HostDevice d;
+  uint8_t* dev = d.Allocate(64, "a").value();
+  uint8_t src[64];
+  std::memset(src, 1, sizeof(src));
+  d.FailOp(Op::kCopyToDevice, 1, absl::InternalError("injected"));
+  ASSERT_TRUE(d.CopyToDevice(dev, src, 64, d.io_stream(), "1").ok());
+  std::memset(src, 2, sizeof(src));
+  EXPECT_EQ(d.CopyToDevice(dev, src, 64, d.io_stream(), "2").message(), "injected");
+  EXPECT_EQ(dev[0], 1);
+  EXPECT_TRUE(d.CopyToDevice(dev, src, 64, d.io_stream(), "3").ok());
+  EXPECT_EQ(dev[0], 2);
+  EXPECT_EQ(d.count(Op::kCopyToDevice), 2u);
+  d.Free(dev);
+}
+
+TEST(HostDeviceTest, TimingEventsMeasureHostTime) {
+  HostDevice d;
+  auto a = d.CreateEvent(Device::EventKind::kTiming, "a").value();
+  auto b = d.CreateEvent(Device::EventKind::kTiming, "b").value();
+  auto plain = d.CreateEvent(Device::EventKind::kBlocking, "c").value();
+  ASSERT_TRUE(d.RecordEvent(a, d.io_stream(), "a").ok());
+  ASSERT_TRUE(d.RecordEvent(b, d.io_stream(), "b").ok());
+  ASSERT_TRUE(d.RecordEvent(plain, d.io_stream(), "c").ok());
+  EXPECT_TRUE(d.EventDone(b));
+  auto ms = d.ElapsedMs(a, b);
+  ASSERT_TRUE(ms.ok());
+  EXPECT_GE(*ms, 0.0f);
+  EXPECT_FALSE(d.ElapsedMs(a, plain).ok());  // not a timing event
+  for (auto e : {a, b, plain}) d.DestroyEvent(e);
+}
+
+}  // namespace
+}  // namespace tutti::gpu
