@@ -1,20 +1,17 @@
 // Private to daemon/store: the state behind BlockStore.
 //
-// Lock order: ns_mu_, then checkpoint_mu_, then the journal's Sync lock (inside Journal::Sync
-// and Checkpoint), then mu_, then the journal's append lock (inside
-// Journal::Append). So: Journal::Append may be called with mu_ held; Journal::Sync
-// and WriteCheckpoint never are. No lock is held across a pool write or a pool
-// file's sync.
+// Lock order: ns_mu_, then mu_, then journal_'s queue lock (a leaf). The journal has one owner,
+// the writer's journal thread (journal_writer.h): every other thread queues its records
+// (JournalWriter::Append, under mu_ or not) and waits for a sync or a checkpoint with no lock
+// held but ns_mu_. No lock is held across a pool write or a pool file's sync.
 //
-// Durability rules the writer, Evict and RegisterNamespace keep without a common
-// lock: a Put is appended only after its block's data and header are synced, and
-// the block is published (made visible) only after the Sync covering the Put
-// returns OK; a slot is rewritten only after the Delete of its previous block is
-// durable; a namespace record and the namespace's entry in namespaces_ are atomic
-// with respect to a checkpoint (checkpoint_mu_), and every other record is
-// appended after its effect on the index (a Delete) or before a checkpoint on the
-// same thread (the committer's Puts), so a checkpoint never drops a record whose
-// effect it does not hold.
+// Durability rules: a Put is appended only after its block's data and header are synced, and
+// the block is published (made visible) only after the Sync covering the Put returns OK; a slot
+// is rewritten only after the Delete of its previous block is durable; a namespace record and
+// the namespace's entry in namespaces_ are atomic with respect to a checkpoint (the entry is
+// made by SyncAndApply on the journal thread, which checkpoints). Every other record is queued
+// after its effect on the index (Deletes, drops) or before a checkpoint the same thread asks for
+// (the committer's Puts), so a checkpoint never drops a record whose effect it does not hold.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 
@@ -39,6 +36,7 @@
 #include "daemon/store/dram_tier.h"
 #include "daemon/store/index.h"
 #include "daemon/store/journal.h"
+#include "daemon/store/journal_writer.h"
 #include "daemon/store/staging.h"
 
 namespace tutti::store {
@@ -192,8 +190,8 @@ class BlockStore::Impl {
   // its blocks are pinned or being written.
   absl::StatusOr<uint64_t> EvictAndDropLocked(NamespaceId id, std::vector<uint64_t>* slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Erases namespace `id` (whose blocks are gone) and appends its drop record; returns the
-  // record's sequence number. Callers hold checkpoint_mu_ (shared) until it is synced.
+  // Erases namespace `id` (whose blocks are gone) and queues its drop record; returns the
+  // record's sequence number, which the caller syncs (after letting go of mu_).
   uint64_t DropNamespaceLocked(NamespaceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The owner pool_share_per_user counts namespace `info`'s blocks under.
   static uint32_t ShareOwner(const NamespaceInfo& info) {
@@ -206,9 +204,9 @@ class BlockStore::Impl {
                           std::vector<uint64_t>* victim_slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_writer.cc: recovers the index, the namespaces and the journal (RecoverStore,
-  // recovery.h) and takes them in. Called by Init before the writer and committer start, so
-  // index_ is this thread's alone; RecoverStore fills it without mu_, because Journal::Open takes
-  // the journal's own locks, which come before mu_ (the lock order above): hence no analysis.
+  // recovery.h), takes them in and starts the journal thread. Called by Init before the writer
+  // and committer start, so index_ is this thread's alone and RecoverStore fills it without mu_:
+  // hence no analysis.
   absl::Status Recover() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
   // allow), evicting where the pool is full; `victim_slots` gets the
@@ -222,8 +220,8 @@ class BlockStore::Impl {
   // batch's checksums and writes overlap the previous ones' writes, pool syncs and journal
   // commit. Each batch keeps the rules of the top of this file: its Puts are appended only after
   // its writes completed and the pool files they went to were synced; an evicted block's Delete
-  // is durable before its slot's writes are posted. Puts are appended, blocks published and
-  // checkpoints written on the committer thread only.
+  // is durable before its slot's writes are posted. Puts are queued, blocks published and
+  // checkpoints asked for on the committer thread only.
   void WriterLoop();
   void CommitLoop();
   // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
@@ -252,7 +250,9 @@ class BlockStore::Impl {
   // Committer thread only: checkpoints when checkpoint_every records are in the
   // journal, and after a failure not before the back-off has passed.
   void MaybeCheckpoint();
-  absl::Status WriteCheckpoint() ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
+  // The checkpoint, written by the journal thread; called by the committer after it published
+  // every block whose Put it queued (and by the destructor once the committer stopped).
+  absl::Status WriteCheckpoint() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops partial blocks past the pending TTL and abandoned ones nobody copies into.
   void ReapStalePending();
   void ReapStalePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -261,7 +261,7 @@ class BlockStore::Impl {
   // Releases the abandoned and the declined blocks of `touched` that no Capture copies into any
   // more.
   void ReleaseAbandoned(absl::Span<PendingBlock* const> touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hides `e` and appends its Delete record; returns the record's sequence
+  // Hides `e` and queues its Delete record; returns the record's sequence
   // number. The slot stays taken until the record is durable.
   uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -402,14 +402,12 @@ class BlockStore::Impl {
   // one).
   std::unique_ptr<datapath::WorkPool> sync_pool_;
 
-  // Set by Recover before the writer starts; thread-safe itself.
-  std::unique_ptr<Journal> journal_;
+  // The journal and its owner thread; started by Recover before the writer, stopped last (by
+  // the destructor, after the final checkpoint). Thread-safe itself.
+  std::unique_ptr<JournalWriter> journal_;
   // Held by RegisterNamespace and RemoveNamespace throughout: one namespace change at a time, and
   // no claim is taken while one decides what is empty.
   absl::Mutex ns_mu_;
-  // Shared by RegisterNamespace (from its record's append to its entry in
-  // namespaces_) and namespace drops, exclusive for a checkpoint.
-  absl::Mutex checkpoint_mu_;
   // Committer thread only (and the destructor, after it stopped).
   int64_t checkpoint_retry_ms_ = 0;   // no checkpoint attempt before this time
   uint32_t checkpoint_failed_in_row_ = 0;

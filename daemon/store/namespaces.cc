@@ -36,16 +36,17 @@ absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1:
     }
   }
   RETURN_IF_ERROR(MakeRoomFor(scope.uid, sessions));
-  // Shared with other namespace changes' appends, exclusive with a checkpoint, which must not
-  // fall between the record and the entry. Never behind the writer's pool I/O.
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
+  // The entry is made on the journal thread once the record is durable, before it takes any
+  // later message: so no checkpoint falls between the record and the entry. Never behind the
+  // writer's pool I/O.
   const uint64_t seq = journal_->Append(
       NamespaceRecord{info.id, ns.SerializeAsString(), info.scope, info.owner_uid, info.shared});
-  RETURN_IF_ERROR(journal_->Sync(seq));
-  absl::MutexLock lock(&mu_);
-  namespaces_.emplace(info.id, info);
-  registered_order_[info.id] = next_order_++;
-  ++claims_[info.id];
+  RETURN_IF_ERROR(journal_->SyncAndApply(seq, [this, &info] {
+    absl::MutexLock lock(&mu_);
+    namespaces_.emplace(info.id, info);
+    registered_order_[info.id] = next_order_++;
+    ++claims_[info.id];
+  }));
   log::Get("store")->info(
       "namespace {:016x}: model {} layers {} parts {} object {} bytes; user {}{}", info.id,
       ns.model_id(), ns.layout().num_layers(), info.parts, info.object_len, info.owner_uid,
@@ -97,7 +98,6 @@ absl::Status BlockStore::Impl::MakeRoomFor(uint32_t uid, const NamespaceSessions
   std::sort(candidates.begin(), candidates.end());
   const absl::flat_hash_map<NamespaceId, uint32_t> in_use =
       sessions ? sessions() : absl::flat_hash_map<NamespaceId, uint32_t>{};
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
   uint64_t seq = 0;
   NamespaceId dropped = 0;
   {
@@ -186,7 +186,6 @@ absl::StatusOr<RemovedNamespace> BlockStore::Impl::RemoveNamespace(
     NamespaceId id, const NamespaceSessions& sessions) {
   absl::MutexLock one_change(&ns_mu_);
   RETURN_IF_ERROR(CheckRemovable(id, sessions));
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
   std::vector<uint64_t> slots;
   absl::StatusOr<uint64_t> last;
   {
