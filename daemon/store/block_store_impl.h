@@ -1,4 +1,10 @@
-// Private to daemon/store: the state behind BlockStore.
+// Private to daemon/store: the state behind BlockStore, in three pieces over one lock (mu_):
+//  - the catalog (catalog.cc, namespaces.cc): the index, the namespaces and their claims, pins and
+//    retired slots: what the store holds and who holds it;
+//  - reads and capture (block_store.cc, maintenance.cc): Retrieve and Scrub, staging, pending
+//    blocks and the write backlog, the DRAM front;
+//  - the writer (block_writer.cc, write_pipeline.cc): start-up, slots, the write pipeline's two
+//    threads and checkpoints, and the journal's owner thread (journal_writer.h).
 //
 // Lock order: ns_mu_, then mu_, then journal_'s queue lock (a leaf). The journal has one owner,
 // the writer's journal thread (journal_writer.h): every other thread queues its records
@@ -112,8 +118,8 @@ class BlockStore::Impl {
 
   absl::Status Init();  // staging, recovery, writer and committer threads
 
+  // The catalog: namespaces.cc
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
-  // namespaces.cc
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns,
                                                 const NamespaceScope& scope,
                                                 const NamespaceSessions& sessions);
@@ -121,8 +127,11 @@ class BlockStore::Impl {
                                                    const NamespaceSessions& sessions);
   void EndClaim(NamespaceId id);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
+  // The catalog: catalog.cc
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys, std::vector<bool>* in_dram);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
+  std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
+  // Reads and capture: block_store.cc
   absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> PrepareRead(
       const datapath::RetrieveRequest& request);
   datapath::LayerReader* reader(bool into_gpu_memory = false) const {
@@ -138,7 +147,7 @@ class BlockStore::Impl {
   // maintenance.cc
   bool FlushFor(absl::Duration timeout);
   absl::StatusOr<ScrubProgress> Scrub(const ScrubOptions& options, const ScrubCallback& progress);
-  std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
+  // block_store.cc
   StoreStats Stats() const;
   absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
@@ -161,6 +170,7 @@ class BlockStore::Impl {
   struct ReadItem;
   class StoreRead;  // PrepareRead's result, finished by FinishRead
 
+  // catalog.cc
   // A block whose read failed, taken out of the index (Lookup misses, Capture
   // stores it again) while its slot waits: it is released once its Delete is
   // durable and no pin of its key is left (pins are per key: those taken before
@@ -174,6 +184,22 @@ class BlockStore::Impl {
     uint32_t pins = 0;
     std::vector<RetiredSlot> slots;
   };
+
+  // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
+  // index after a failed read: queues their Deletes (one sync for all), moves
+  // their keys' pins to retired_, and frees each slot once that is safe (see
+  // RetiredSlot). Skips a key that now names another block.
+  struct FailedBlock {
+    Key key;
+    uint64_t epoch = 0;
+  };
+  void RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed);
+  // Releases the retired slots of `key` whose Delete is durable, if no pin of
+  // the key is left.
+  void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hides `e` and queues its Delete record; returns the record's sequence
+  // number. The slot stays taken until the record is durable.
+  uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // namespaces.cc
   // Makes room for a new namespace of user `uid` (max_namespaces_per_user, max_namespaces) by
@@ -261,9 +287,6 @@ class BlockStore::Impl {
   // Releases the abandoned and the declined blocks of `touched` that no Capture copies into any
   // more.
   void ReleaseAbandoned(absl::Span<PendingBlock* const> touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hides `e` and queues its Delete record; returns the record's sequence
-  // number. The slot stays taken until the record is durable.
-  uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // dram_front (block_store.cc). A Lookup hit on front block `f` of (ns, key): queues it for the
@@ -304,18 +327,6 @@ class BlockStore::Impl {
   void FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
                   absl::Span<const ReadItem> items, const datapath::LayerReadResult& result,
                   uint64_t unfit);
-  // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
-  // index after a failed read: journals their Deletes (one sync for all), moves
-  // their keys' pins to retired_, and frees each slot once that is safe (see
-  // RetiredSlot). Skips a key that now names another block.
-  struct FailedBlock {
-    Key key;
-    uint64_t epoch = 0;
-  };
-  void RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed);
-  // Releases the retired slots of `key` whose Delete is durable, if no pin of
-  // the key is left.
-  void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The frame of each object in a block's staging chunk of num_objects frames
   // of `frame_bytes`: file-major, the objects j = r, r + D, r + 2D, ... (those
   // one pool file holds) consecutive, file share r after share r - 1. In the
@@ -413,20 +424,24 @@ class BlockStore::Impl {
   uint32_t checkpoint_failed_in_row_ = 0;
 
   mutable absl::Mutex mu_;
+  // The catalog (catalog.cc, namespaces.cc).
   Index index_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Region> dram_region_;
-  std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
-  // "dram_front" (admission_->keeps_declined_in_dram()): the front, over dram_region_, and the
-  // DRAM tier off (dram_ over nothing). Else off.
-  std::unique_ptr<DramFront> front_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
   // Claims (NamespaceClaim) per namespace; taken with ns_mu_ held too.
   absl::flat_hash_map<NamespaceId, uint32_t> claims_ ABSL_GUARDED_BY(mu_);
   // When each namespace was registered (or recovered), in order: the oldest idle one is dropped.
   absl::flat_hash_map<NamespaceId, uint64_t> registered_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
+  // Blocks whose read failed, out of the index, their slots waiting (RetiredSlot).
   absl::flat_hash_map<PendingKey, RetiredKey> retired_ ABSL_GUARDED_BY(mu_);
+  // The DRAM copies: the tier (filled by the committer's Publish) or the front.
+  std::unique_ptr<Region> dram_region_;
+  std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
+  // "dram_front" (admission_->keeps_declined_in_dram()): the front, over dram_region_, and the
+  // DRAM tier off (dram_ over nothing). Else off.
+  std::unique_ptr<DramFront> front_ ABSL_GUARDED_BY(mu_);
+  // Capture and the writer: blocks from their first layer to their publication.
+  absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
   // The write backlog: queued blocks (in write_queue_ or being written) until released.
   uint64_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,9 +1,9 @@
-// BlockStore's writer: start-up, checkpoints, slot allocation and eviction (recovery is
-// recovery.cc's, which Recover calls before the threads start). Two threads
-// (writer_ and committer_) run the write pipeline (write_pipeline.cc), which takes its batches'
-// slots here. The journal is the journal thread's alone (journal_writer.h): the committer's Puts,
-// the writer's, Evict's and failed reads' Deletes and the namespace records reach it by message
-// (the rules are in block_store_impl.h).
+// BlockStore's writer: start-up, checkpoints, slot allocation and the eviction it needs
+// (recovery is recovery.cc's, which Recover calls before the threads start; hiding a block is
+// catalog.cc's). Two threads (writer_ and committer_) run the write pipeline (write_pipeline.cc),
+// which takes its batches' slots here. The journal is the journal thread's alone
+// (journal_writer.h): the committer's Puts, the writer's, Evict's and failed reads' Deletes and the
+// namespace records reach it by message (the rules are in block_store_impl.h).
 #include <pthread.h>
 
 #include <algorithm>
@@ -283,15 +283,6 @@ void BlockStore::Impl::ReapStalePendingLocked() {
   }
 }
 
-uint64_t BlockStore::Impl::HideForEviction(Entry* e) {
-  const DeleteRecord record{e->ns, e->key, e->slot, e->epoch};
-  dram_->Erase(e->ns, e->key);
-  index_.Remove(e);  // before the append: a checkpoint never holds a block whose Delete it drops
-  events_.Publish(record.ns, BlockEventKind::kRemoved, record.key);
-  ++stats_.evictions;
-  return journal_->Append(record);  // queued: a leaf lock, never a wait
-}
-
 // The blocks of one batch that need a slot get consecutive slots where the free
 // slots allow (Index::TakeSlots), in batch order: a Capture's blocks arrive in
 // the write queue one after another, so one layer of them lies in adjacent
@@ -383,43 +374,6 @@ uint64_t BlockStore::Impl::EvictForShares(absl::Span<PendingBlock* const> wantin
     ++stats_.share_evictions;
   }
   return last_delete;
-}
-
-std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
-  std::vector<uint64_t> slots;
-  uint64_t skipped = 0, last_delete = 0, evicted_front = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Entry*> victims;
-    index_.ForEach([&](Entry* e) {
-      if (ns != 0 && e->ns != ns) return;
-      if (e->pins > 0) {
-        ++skipped;
-      } else {
-        victims.push_back(e);
-      }
-    });
-    for (Entry* e : victims) {
-      slots.push_back(e->slot);
-      last_delete = HideForEviction(e);
-    }
-    // The DRAM front's unpinned kept blocks go too (nothing to journal: they are not durable).
-    const uint64_t front = front_->EraseNamespace(ns);
-    stats_.front_dropped += front;
-    if (slots.empty()) return {front, skipped};
-    evicted_front = front;
-  }
-  // Outside mu_, and never behind the writer's pool writes: only behind the journal thread's
-  // sync or checkpoint in progress, if any.
-  absl::Status s = journal_->Sync(last_delete);
-  absl::MutexLock lock(&mu_);
-  if (s.ok()) {
-    for (uint64_t slot : slots) index_.ReleaseSlot(slot);
-  } else {
-    log::Get("store")->error("evict: journal sync failed ({}); {} slots unused until restart",
-                             s.ToString(), slots.size());
-  }
-  return {slots.size() + evicted_front, skipped};
 }
 
 }  // namespace tutti::store
