@@ -38,6 +38,20 @@ const char* OpName(Op op) {
       return "fsync";
     case Op::kLock:
       return "flock";
+    case Op::kOpenDirect:
+      return "open";
+    case Op::kReadAt:
+      return "read";
+    case Op::kWriteAt:
+      return "write";
+    case Op::kAllocate:
+      return "fallocate";
+    case Op::kTruncate:
+      return "ftruncate";
+    case Op::kFsync:
+      return "fsync";
+    case Op::kFreeBytes:
+      return "statvfs";
   }
   return "?";
 }
@@ -81,6 +95,50 @@ class FaultWritableFile : public WritableFile {
   FaultFileSystem* const fs_;
   const std::string path_;
   std::unique_ptr<WritableFile> base_;
+};
+
+class FaultDirectFile : public DirectFile {
+ public:
+  FaultDirectFile(FaultFileSystem* fs, std::string path, std::unique_ptr<DirectFile> base)
+      : fs_(fs), path_(std::move(path)), base_(std::move(base)) {}
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, void* buf, size_t n) override {
+    RETURN_IF_ERROR(fs_->Check(Op::kReadAt, path_));
+    return base_->ReadAt(offset, buf, n);
+  }
+  absl::Status WriteAt(uint64_t offset, const void* buf, size_t n) override {
+    RETURN_IF_ERROR(fs_->Check(Op::kWriteAt, path_));
+    return base_->WriteAt(offset, buf, n);
+  }
+  absl::Status Allocate(uint64_t offset, uint64_t len) override {
+    RETURN_IF_ERROR(fs_->Check(Op::kAllocate, path_));
+    return base_->Allocate(offset, len);
+  }
+  absl::Status Truncate(uint64_t size) override {
+    RETURN_IF_ERROR(fs_->Check(Op::kTruncate, path_));
+    return base_->Truncate(size);
+  }
+  absl::Status Sync() override {
+    RETURN_IF_ERROR(fs_->Check(Op::kFsync, path_));
+    return base_->Sync();
+  }
+  absl::StatusOr<FileInfo> Stat() override {
+    RETURN_IF_ERROR(fs_->Check(Op::kFileStat, path_));
+    return base_->Stat();
+  }
+  absl::StatusOr<uint64_t> FreeBytes() override {
+    RETURN_IF_ERROR(fs_->Check(Op::kFreeBytes, path_));
+    return base_->FreeBytes();
+  }
+  absl::Status TryLock() override {
+    RETURN_IF_ERROR(fs_->Check(Op::kLock, path_));
+    return base_->TryLock();
+  }
+  int ReleaseFd() override { return base_->ReleaseFd(); }
+
+ private:
+  FaultFileSystem* const fs_;
+  const std::string path_;
+  std::unique_ptr<DirectFile> base_;
 };
 
 }  // namespace
@@ -135,6 +193,13 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultFileSystem::Create(const std:
   RETURN_IF_ERROR(Check(Op::kCreate, path));
   ASSIGN_OR_RETURN(auto file, base_->Create(path, how));
   return std::make_unique<FaultWritableFile>(this, path, std::move(file));
+}
+
+absl::StatusOr<std::unique_ptr<DirectFile>> FaultFileSystem::OpenDirect(const std::string& path,
+                                                                         bool create) {
+  RETURN_IF_ERROR(Check(Op::kOpenDirect, path));
+  ASSIGN_OR_RETURN(auto file, base_->OpenDirect(path, create));
+  return std::make_unique<FaultDirectFile>(this, path, std::move(file));
 }
 
 absl::StatusOr<FileInfo> FaultFileSystem::Stat(const std::string& path) {

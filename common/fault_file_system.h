@@ -36,13 +36,20 @@ class FaultFileSystem : public FileSystem {
     kCreate,
     kAppend,
     kSync,      // WritableFile::Sync (fdatasync)
-    kFileStat,  // WritableFile::Stat (fstat)
+    kFileStat,  // WritableFile::Stat and DirectFile::Stat (fstat)
     kStat,
     kListDir,
     kRename,  // matched on `from`
     kUnlink,
     kSyncDir,
-    kLock,
+    kLock,        // FileSystem::Lock and DirectFile::TryLock
+    kOpenDirect,  // FileSystem::OpenDirect
+    kReadAt,      // DirectFile::ReadAt (pread)
+    kWriteAt,     // DirectFile::WriteAt (pwrite)
+    kAllocate,    // DirectFile::Allocate (fallocate)
+    kTruncate,    // DirectFile::Truncate (ftruncate)
+    kFsync,       // DirectFile::Sync (fsync)
+    kFreeBytes,   // DirectFile::FreeBytes (fstatvfs)
   };
   // What to fail; built as Fail(Op::kSync, EIO).On("journal.").Skip(1).
   struct Fault {
@@ -98,6 +105,8 @@ class FaultFileSystem : public FileSystem {
   absl::StatusOr<std::unique_ptr<SequentialFile>> OpenForRead(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path,
                                                        CreateMode how) override;
+  absl::StatusOr<std::unique_ptr<DirectFile>> OpenDirect(const std::string& path,
+                                                         bool create) override;
   absl::StatusOr<FileInfo> Stat(const std::string& path) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -75,6 +76,70 @@ class PosixWritableFile : public WritableFile {
   std::string path_;
 };
 
+class PosixDirectFile : public DirectFile {
+ public:
+  PosixDirectFile(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, void* buf, size_t n) override {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = pread(fd_.get(), static_cast<char*>(buf) + done, n - done,
+                              static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return ErrnoStatus(absl::StrCat("read ", path_), errno);
+      if (r == 0) break;
+      done += static_cast<size_t>(r);
+    }
+    return done;
+  }
+  absl::Status WriteAt(uint64_t offset, const void* buf, size_t n) override {
+    for (;;) {
+      const ssize_t w = pwrite(fd_.get(), buf, n, static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      if (w == static_cast<ssize_t>(n)) return absl::OkStatus();
+      return ErrnoStatus(absl::StrCat("write ", path_), w < 0 ? errno : EIO);
+    }
+  }
+  absl::Status Allocate(uint64_t offset, uint64_t len) override {
+    while (fallocate(fd_.get(), 0, static_cast<off_t>(offset), static_cast<off_t>(len)) != 0) {
+      if (errno != EINTR) return ErrnoStatus(absl::StrCat("fallocate ", path_), errno);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Truncate(uint64_t size) override {
+    while (ftruncate(fd_.get(), static_cast<off_t>(size)) != 0) {
+      if (errno != EINTR) return ErrnoStatus(absl::StrCat("ftruncate ", path_), errno);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override {
+    while (fsync(fd_.get()) != 0) {
+      if (errno != EINTR) return ErrnoStatus(absl::StrCat("fsync ", path_), errno);
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<FileInfo> Stat() override {
+    struct stat st;
+    if (fstat(fd_.get(), &st) != 0) return ErrnoStatus(absl::StrCat("fstat ", path_), errno);
+    return ToInfo(st);
+  }
+  absl::StatusOr<uint64_t> FreeBytes() override {
+    struct statvfs vfs;
+    if (fstatvfs(fd_.get(), &vfs) != 0) return ErrnoStatus(absl::StrCat("statvfs ", path_), errno);
+    return uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  }
+  absl::Status TryLock() override {
+    while (flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EINTR) return ErrnoStatus(absl::StrCat("flock ", path_), errno);
+    }
+    return absl::OkStatus();
+  }
+  int ReleaseFd() override { return fd_.release(); }
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+};
+
 class PosixFileLock : public FileLock {
  public:
   explicit PosixFileLock(UniqueFd fd) : fd_(std::move(fd)) {}
@@ -98,6 +163,14 @@ class Posix : public FileSystem {
     UniqueFd fd(open(path.c_str(), flags, 0600));
     if (!fd.valid()) return ErrnoStatus(absl::StrCat("create ", path), errno);
     return std::make_unique<PosixWritableFile>(std::move(fd), path);
+  }
+
+  absl::StatusOr<std::unique_ptr<DirectFile>> OpenDirect(const std::string& path,
+                                                         bool create) override {
+    const int flags = O_RDWR | O_DIRECT | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
+    UniqueFd fd(open(path.c_str(), flags, 0600));
+    if (!fd.valid()) return ErrnoStatus(absl::StrCat("open ", path), errno);
+    return std::make_unique<PosixDirectFile>(std::move(fd), path);
   }
 
   absl::StatusOr<FileInfo> Stat(const std::string& path) override {

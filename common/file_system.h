@@ -1,7 +1,10 @@
 // The file-system seam (after LevelDB's Env): the few operations the store's journal needs on its
-// state directory, behind an interface, so that tests can fail any one of them deterministically
+// state directory, and those that create, check and size the pool files (daemon/pool/pool_files.h),
+// behind an interface, so that tests can fail any one of them deterministically
 // (common/fault_file_system.h) instead of reaching for RLIMIT_FSIZE or a full disk. The default,
-// PosixFileSystem(), is plain POSIX and what the daemon uses.
+// PosixFileSystem(), is plain POSIX and what the daemon uses. The pool's data path (block reads
+// and writes, and their syncs) is the I/O backends' (daemon/io), on descriptors this seam hands
+// over (DirectFile::ReleaseFd).
 //
 // Error semantics (every implementation): a failed operation returns a status whose message names
 // the operation and the path and ends in the errno text ("fdatasync /s/journal.3: Input/output
@@ -68,6 +71,36 @@ class WritableFile {
   virtual absl::StatusOr<FileInfo> Stat() = 0;
 };
 
+// A file read and written at offsets, opened O_RDWR | O_DIRECT (a pool file): the buffers, offsets
+// and lengths of ReadAt and WriteAt must be aligned to the logical block size (4 KiB is).
+// Closed by its destructor unless its descriptor was handed over.
+class DirectFile {
+ public:
+  virtual ~DirectFile() = default;
+  // pread: up to `n` bytes at `offset` into `buf`; returns how many (fewer only at the end).
+  virtual absl::StatusOr<size_t> ReadAt(uint64_t offset, void* buf, size_t n) = 0;
+  // pwrite of all `n` bytes at `offset` (a short write fails with EIO).
+  virtual absl::Status WriteAt(uint64_t offset, const void* buf, size_t n) = 0;
+  // fallocate (mode 0) of [offset, offset + len): the blocks are reserved and the size grows to
+  // cover them. EOPNOTSUPP where the filesystem cannot.
+  virtual absl::Status Allocate(uint64_t offset, uint64_t len) = 0;
+  // ftruncate to `size` bytes.
+  virtual absl::Status Truncate(uint64_t size) = 0;
+  // fsync: the data written and the size and allocation are on stable storage. After an error
+  // what the file holds is unknown: the caller reports it and does not count on the file.
+  virtual absl::Status Sync() = 0;
+  // fstat of the open file.
+  virtual absl::StatusOr<FileInfo> Stat() = 0;
+  // Bytes free to unprivileged users on the file's filesystem (fstatvfs: f_bavail x f_frsize).
+  virtual absl::StatusOr<uint64_t> FreeBytes() = 0;
+  // flock(LOCK_EX | LOCK_NB), held as long as the descriptor is open (also once handed over).
+  // Another open file holding it: errno EWOULDBLOCK.
+  virtual absl::Status TryLock() = 0;
+  // Hands the descriptor over, to a caller that closes it (an I/O backend needs a kernel file);
+  // this object must not be used afterwards, but to be destroyed.
+  virtual int ReleaseFd() = 0;
+};
+
 // A held lock on a file (flock); released when destroyed.
 class FileLock {
  public:
@@ -88,6 +121,10 @@ class FileSystem {
   // entry is durable until Sync and SyncDir of its directory.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path,
                                                                CreateMode how) = 0;
+  // Opens `path` O_RDWR | O_DIRECT; with `create` it is created (O_CREAT | O_EXCL, mode 0600
+  // before the umask), else it must exist. EINVAL: the filesystem does not support O_DIRECT.
+  virtual absl::StatusOr<std::unique_ptr<DirectFile>> OpenDirect(const std::string& path,
+                                                                 bool create) = 0;
   // stat (follows symlinks).
   virtual absl::StatusOr<FileInfo> Stat(const std::string& path) = 0;
   // The names in `dir`, but "." and "..", in no particular order.

@@ -1,15 +1,14 @@
 #include "daemon/pool/pool_files.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
-#include <cstring>
-#include <ctime>
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -25,113 +24,85 @@ namespace {
 constexpr char kTmpSuffix[] = ".tmp";
 constexpr uint64_t kPreallocChunk = 1ull << 30;
 
-absl::Status Errno(const std::string& what, int err) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+using File = std::unique_ptr<DirectFile>;
+
+// `s` (a failure of the file-system seam) reworded as `what` failing, its errno kept.
+absl::Status Reword(const std::string& what, const absl::Status& s) {
+  const int err = ErrnoOf(s);
+  return err != 0 ? ErrnoStatus(what, err) : s;
 }
 
-// Owns one fd until released.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd = -1) : fd_(fd) {}
-  ScopedFd(ScopedFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
-absl::StatusOr<ScopedFd> OpenDirect(const std::string& path, int extra_flags) {
-  const int fd = open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC | extra_flags, 0600);
-  if (fd >= 0) return ScopedFd(fd);
-  if (errno == EINVAL) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open ", path,
-                     " with O_DIRECT: its filesystem does not support it (tmpfs?); "
-                     "put the pool on a local disk filesystem such as ext4 or xfs"));
-  }
-  return Errno(absl::StrCat("open ", path), errno);
+absl::StatusOr<File> OpenDirect(FileSystem& fs, const std::string& path, bool create) {
+  absl::StatusOr<File> file = fs.OpenDirect(path, create);
+  if (file.ok() || ErrnoOf(file.status()) != EINVAL) return file;
+  return absl::FailedPreconditionError(
+      absl::StrCat("cannot open ", path,
+                   " with O_DIRECT: its filesystem does not support it (tmpfs?); "
+                   "put the pool on a local disk filesystem such as ext4 or xfs"));
 }
 
-// Takes an exclusive flock on `fd`, retrying for up to `wait` while another process holds it.
-absl::Status Lock(int fd, const std::string& path, absl::Duration wait) {
+// Takes an exclusive flock on `file`, retrying for up to `wait` while another process holds it.
+absl::Status Lock(DirectFile& file, const std::string& path, absl::Duration wait) {
   const absl::Time deadline = absl::Now() + wait;
-  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EINTR) continue;
-    if (errno != EWOULDBLOCK) return Errno(absl::StrCat("flock ", path), errno);
+  for (;;) {
+    const absl::Status s = file.TryLock();
+    if (s.ok()) return s;
+    if (ErrnoOf(s) != EWOULDBLOCK) return s;
     if (absl::Now() >= deadline) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, " is in use by another process (another tuttid on the same pool?)"));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  return absl::OkStatus();
 }
 
-absl::StatusOr<Superblock> ReadSuperblock(int fd, const std::string& path) {
+absl::StatusOr<Superblock> ReadSuperblock(DirectFile& file, const std::string& path) {
   io::AlignedBuffer page(kSuperblockBytes);
-  const ssize_t n = pread(fd, page.data(), kSuperblockBytes, 0);
-  if (n < 0) return Errno(absl::StrCat("read superblock of ", path), errno);
-  if (n != static_cast<ssize_t>(kSuperblockBytes)) {
-    return absl::DataLossError(absl::StrCat(path, " is ", n,
+  absl::StatusOr<size_t> n = file.ReadAt(0, page.data(), kSuperblockBytes);
+  if (!n.ok()) return Reword(absl::StrCat("read superblock of ", path), n.status());
+  if (*n != kSuperblockBytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", *n,
                                             " bytes: too short for a superblock "
                                             "(truncated); move the pool files away"));
   }
   return DecodeSuperblock(page.data(), path);
 }
 
-absl::Status WriteSuperblock(int fd, const Superblock& sb, const std::string& path) {
+absl::Status WriteSuperblock(DirectFile& file, const Superblock& sb, const std::string& path) {
   io::AlignedBuffer page(kSuperblockBytes);
   EncodeSuperblock(sb, page.data());
-  const ssize_t n = pwrite(fd, page.data(), kSuperblockBytes, 0);
-  if (n != static_cast<ssize_t>(kSuperblockBytes)) {
-    return Errno(absl::StrCat("write superblock of ", path), n < 0 ? errno : EIO);
+  if (absl::Status s = file.WriteAt(0, page.data(), kSuperblockBytes); !s.ok()) {
+    return Reword(absl::StrCat("write superblock of ", path), s);
   }
-  if (fsync(fd) != 0) return Errno(absl::StrCat("fsync ", path), errno);
-  return absl::OkStatus();
+  return file.Sync();
 }
 
-absl::Status FsyncDir(const std::string& dir) {
-  ScopedFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return Errno(absl::StrCat("open ", dir), errno);
-  if (fsync(fd.get()) != 0) return Errno(absl::StrCat("fsync ", dir), errno);
-  return absl::OkStatus();
-}
+bool Exists(FileSystem& fs, const std::string& path) { return fs.Stat(path).ok(); }
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-absl::Status CheckSpace(int fd, const std::string& dir, uint64_t bytes) {
-  struct statvfs vfs;
-  if (fstatvfs(fd, &vfs) != 0) return Errno(absl::StrCat("statvfs ", dir), errno);
-  const uint64_t avail = uint64_t{vfs.f_bavail} * vfs.f_frsize;
-  if (avail >= bytes) return absl::OkStatus();
+absl::Status CheckSpace(DirectFile& file, const std::string& dir, uint64_t bytes) {
+  absl::StatusOr<uint64_t> avail = file.FreeBytes();
+  if (!avail.ok()) return Reword(absl::StrCat("statvfs ", dir), avail.status());
+  if (*avail >= bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "pool dir ", dir, ": the pool file needs ", bytes, " bytes but the filesystem has ", avail,
+      "pool dir ", dir, ": the pool file needs ", bytes, " bytes but the filesystem has ", *avail,
       " free; free space there or lower pool.capacity_bytes"));
 }
 
-absl::Status Preallocate(int fd, const std::string& dir, const std::string& path, uint64_t total,
-                         const ProgressFn& progress) {
-  RETURN_IF_ERROR(CheckSpace(fd, dir, total));
+absl::Status Preallocate(DirectFile& file, const std::string& dir, const std::string& path,
+                         uint64_t total, const ProgressFn& progress) {
+  RETURN_IF_ERROR(CheckSpace(file, dir, total));
   for (uint64_t off = 0; off < total; off += kPreallocChunk) {
     const uint64_t len = std::min(kPreallocChunk, total - off);
-    if (fallocate(fd, 0, static_cast<off_t>(off), static_cast<off_t>(len)) != 0) {
-      if (errno == ENOSPC) {
+    if (absl::Status s = file.Allocate(off, len); !s.ok()) {
+      const int err = ErrnoOf(s);
+      if (err == ENOSPC) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "pool dir ", dir, ": no space to pre-allocate ", total,
             " bytes for the pool file; free space there or lower pool.capacity_bytes"));
       }
-      if (errno != EOPNOTSUPP || off != 0) return Errno(absl::StrCat("fallocate ", path), errno);
+      if (err != EOPNOTSUPP || off != 0) return s;
       log::Get("pool")->warn("{}: fallocate unsupported; the pool file stays sparse", path);
-      if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
-        return Errno(absl::StrCat("ftruncate ", path), errno);
-      }
+      RETURN_IF_ERROR(file.Truncate(total));
       break;
     }
     if (progress) progress(path, off + len, total);
@@ -141,7 +112,8 @@ absl::Status Preallocate(int fd, const std::string& dir, const std::string& path
 
 std::string PathIn(const std::string& dir) { return absl::StrCat(dir, "/", kPoolFileName); }
 
-absl::Status CheckDirs(const std::vector<std::string>& dirs, const PoolLayout& layout) {
+absl::Status CheckDirs(FileSystem& fs, const std::vector<std::string>& dirs,
+                       const PoolLayout& layout) {
   if (dirs.empty()) return absl::InvalidArgumentError("pool.dirs: no directory");
   if (dirs.size() != layout.num_files()) {
     return absl::InvalidArgumentError(absl::StrCat("pool.dirs has ", dirs.size(),
@@ -154,8 +126,8 @@ absl::Status CheckDirs(const std::vector<std::string>& dirs, const PoolLayout& l
         return absl::InvalidArgumentError(absl::StrCat("pool.dirs lists ", dirs[i], " twice"));
       }
     }
-    struct stat st;
-    if (stat(dirs[i].c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    const absl::StatusOr<FileInfo> st = fs.Stat(dirs[i]);
+    if (!st.ok() || !st->is_dir) {
       return absl::FailedPreconditionError(
           absl::StrCat("pool dir ", dirs[i],
                        " does not exist or is not a directory: create it (one per SSD, "
@@ -166,14 +138,14 @@ absl::Status CheckDirs(const std::vector<std::string>& dirs, const PoolLayout& l
 }
 
 // Finishes a creation interrupted between renames, and removes other leftover temporary files.
-absl::Status RecoverTmpFiles(const std::vector<std::string>& dirs) {
+absl::Status RecoverTmpFiles(FileSystem& fs, const std::vector<std::string>& dirs) {
   std::array<uint8_t, 16> uuid{};
   bool have_uuid = false;
   for (const std::string& dir : dirs) {
-    if (!Exists(PathIn(dir))) continue;
-    auto fd = OpenDirect(PathIn(dir), 0);
-    if (!fd.ok()) continue;  // reported by the open that follows
-    if (auto sb = ReadSuperblock(fd->get(), PathIn(dir)); sb.ok()) {
+    if (!Exists(fs, PathIn(dir))) continue;
+    auto file = OpenDirect(fs, PathIn(dir), false);
+    if (!file.ok()) continue;  // reported by the open that follows
+    if (auto sb = ReadSuperblock(**file, PathIn(dir)); sb.ok()) {
       uuid = sb->uuid;
       have_uuid = true;
       break;
@@ -182,65 +154,63 @@ absl::Status RecoverTmpFiles(const std::vector<std::string>& dirs) {
   for (uint32_t i = 0; i < dirs.size(); ++i) {
     const std::string final_path = PathIn(dirs[i]);
     const std::string tmp = final_path + kTmpSuffix;
-    if (!Exists(tmp)) continue;
-    ASSIGN_OR_RETURN(ScopedFd fd, OpenDirect(tmp, 0));
+    if (!Exists(fs, tmp)) continue;
+    ASSIGN_OR_RETURN(File file, OpenDirect(fs, tmp, false));
     // Held by a process creating the pool right now?
-    RETURN_IF_ERROR(Lock(fd.get(), tmp, absl::ZeroDuration()));
+    RETURN_IF_ERROR(Lock(*file, tmp, absl::ZeroDuration()));
     bool finish = false;
-    if (have_uuid && !Exists(final_path)) {
-      auto sb = ReadSuperblock(fd.get(), tmp);
+    if (have_uuid && !Exists(fs, final_path)) {
+      auto sb = ReadSuperblock(*file, tmp);
       finish = sb.ok() && sb->uuid == uuid && sb->file_index == i;
     }
     if (finish) {
-      if (rename(tmp.c_str(), final_path.c_str()) != 0) return Errno("rename " + tmp, errno);
-      RETURN_IF_ERROR(FsyncDir(dirs[i]));
+      RETURN_IF_ERROR(fs.Rename(tmp, final_path));
+      RETURN_IF_ERROR(fs.SyncDir(dirs[i]));
       log::Get("pool")->warn("{}: finished an interrupted pool creation", final_path);
     } else {
       log::Get("pool")->warn("{}: removing a leftover from an interrupted pool creation", tmp);
-      if (unlink(tmp.c_str()) != 0) return Errno("unlink " + tmp, errno);
+      RETURN_IF_ERROR(fs.Unlink(tmp));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<PoolFiles> CreatePool(const std::vector<std::string>& dirs, const PoolLayout& layout,
-                                     const ProgressFn& progress) {
+absl::StatusOr<PoolFiles> CreatePool(FileSystem& fs, const std::vector<std::string>& dirs,
+                                     const PoolLayout& layout, const ProgressFn& progress) {
   ASSIGN_OR_RETURN(const auto uuid, NewUuid());
   std::vector<std::string> tmps;
-  std::vector<ScopedFd> fds;
+  std::vector<File> files;
   absl::Status status;
   for (uint32_t i = 0; i < dirs.size() && status.ok(); ++i) {
     tmps.push_back(PathIn(dirs[i]) + kTmpSuffix);
-    auto fd = OpenDirect(tmps.back(), O_CREAT | O_EXCL);
-    if (!fd.ok()) {
+    auto file = OpenDirect(fs, tmps.back(), true);
+    if (!file.ok()) {
       tmps.pop_back();
-      status = fd.status();
+      status = file.status();
       break;
     }
-    fds.push_back(*std::move(fd));
-    const int fd_now = fds.back().get();
-    status = Lock(fd_now, tmps.back(), absl::ZeroDuration());
+    files.push_back(*std::move(file));
+    DirectFile& now = *files.back();
+    status = Lock(now, tmps.back(), absl::ZeroDuration());
     if (status.ok()) {
-      status = Preallocate(fd_now, dirs[i], tmps.back(), layout.file_bytes(), progress);
+      status = Preallocate(now, dirs[i], tmps.back(), layout.file_bytes(), progress);
     }
     if (status.ok()) {
-      status = WriteSuperblock(fd_now, FromLayout(layout, i, uuid), tmps.back());
+      status = WriteSuperblock(now, FromLayout(layout, i, uuid), tmps.back());
     }
   }
   if (!status.ok()) {
-    for (const std::string& tmp : tmps) unlink(tmp.c_str());
+    for (const std::string& tmp : tmps) (void)fs.Unlink(tmp);
     return status;
   }
   PoolFiles pool;
   for (uint32_t i = 0; i < dirs.size(); ++i) {
     pool.paths.push_back(PathIn(dirs[i]));
-    if (rename(tmps[i].c_str(), pool.paths[i].c_str()) != 0) {
-      return Errno("rename " + tmps[i], errno);
-    }
+    RETURN_IF_ERROR(fs.Rename(tmps[i], pool.paths[i]));
   }
   for (uint32_t i = 0; i < dirs.size(); ++i) {
-    RETURN_IF_ERROR(FsyncDir(dirs[i]));
-    pool.fds.push_back(fds[i].release());
+    RETURN_IF_ERROR(fs.SyncDir(dirs[i]));
+    pool.fds.push_back(files[i]->ReleaseFd());
   }
   pool.uuid = uuid;
   pool.created = true;
@@ -252,32 +222,32 @@ absl::StatusOr<PoolFiles> CreatePool(const std::vector<std::string>& dirs, const
 // broken tool, or grown) gets its size back, so the daemon keeps serving everything else. Blocks
 // that lay in a lost tail read back as zeros there: their checksums fail, so they are misses,
 // counted as verification errors, never served.
-absl::Status RestoreSize(int fd, const std::string& path, uint64_t have, uint64_t want) {
+absl::Status RestoreSize(DirectFile& file, const std::string& path, uint64_t have, uint64_t want) {
   log::Get("pool")->error(
       "{} is {} bytes but its superblock says {} ({}); restoring its size. Blocks stored in the "
       "lost range will be misses.",
       path, have, want, have < want ? "truncated" : "grown");
-  if (ftruncate(fd, static_cast<off_t>(want)) != 0) {
-    return Errno(absl::StrCat("ftruncate ", path, " back to ", want, " bytes"), errno);
+  if (absl::Status s = file.Truncate(want); !s.ok()) {
+    return Reword(absl::StrCat("ftruncate ", path, " back to ", want, " bytes"), s);
   }
-  if (have < want &&
-      fallocate(fd, 0, static_cast<off_t>(have), static_cast<off_t>(want - have)) != 0) {
-    const int err = errno;
-    if (err == ENOSPC) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no space to restore ", path, " to ", want, " bytes: free ", want - have, " bytes"));
+  if (have < want) {
+    if (absl::Status s = file.Allocate(have, want - have); !s.ok()) {
+      if (ErrnoOf(s) == ENOSPC) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "no space to restore ", path, " to ", want, " bytes: free ", want - have, " bytes"));
+      }
+      return s;
     }
-    return Errno(absl::StrCat("fallocate ", path), err);
   }
-  return fsync(fd) == 0 ? absl::OkStatus() : Errno(absl::StrCat("fsync ", path), errno);
+  return file.Sync();
 }
 
-absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Superblock& want,
-                                 const std::array<uint8_t, 16>* uuid, absl::Duration lock_wait,
-                                 Superblock* have) {
-  ASSIGN_OR_RETURN(ScopedFd fd, OpenDirect(path, 0));
-  RETURN_IF_ERROR(Lock(fd.get(), path, lock_wait));
-  ASSIGN_OR_RETURN(*have, ReadSuperblock(fd.get(), path));
+absl::StatusOr<File> OpenOne(FileSystem& fs, const std::string& path, uint32_t i,
+                             const Superblock& want, const std::array<uint8_t, 16>* uuid,
+                             absl::Duration lock_wait, Superblock* have) {
+  ASSIGN_OR_RETURN(File file, OpenDirect(fs, path, false));
+  RETURN_IF_ERROR(Lock(*file, path, lock_wait));
+  ASSIGN_OR_RETURN(*have, ReadSuperblock(*file, path));
   if (const std::string diff = LayoutDifferences(*have, want); !diff.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         path, " was created for another pool layout (", diff,
@@ -297,26 +267,25 @@ absl::StatusOr<ScopedFd> OpenOne(const std::string& path, uint32_t i, const Supe
                      ": pool.dirs mixes two pools; restore one pool's directories, or move the "
                      "pool files away to start an empty pool"));
   }
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return Errno(absl::StrCat("fstat ", path), errno);
-  if (static_cast<uint64_t>(st.st_size) != have->file_bytes) {
-    RETURN_IF_ERROR(RestoreSize(fd.get(), path, static_cast<uint64_t>(st.st_size), have->file_bytes));
+  ASSIGN_OR_RETURN(const FileInfo st, file->Stat());
+  if (st.size != have->file_bytes) {
+    RETURN_IF_ERROR(RestoreSize(*file, path, st.size, have->file_bytes));
   }
-  return fd;
+  return file;
 }
 
-absl::StatusOr<PoolFiles> OpenPool(const std::vector<std::string>& dirs, const PoolLayout& layout,
-                                   absl::Duration lock_wait) {
+absl::StatusOr<PoolFiles> OpenPool(FileSystem& fs, const std::vector<std::string>& dirs,
+                                   const PoolLayout& layout, absl::Duration lock_wait) {
   PoolFiles pool;
   Superblock first;
   for (uint32_t i = 0; i < dirs.size(); ++i) {
     pool.paths.push_back(PathIn(dirs[i]));
     Superblock have;
     const Superblock want = FromLayout(layout, i, {});
-    ASSIGN_OR_RETURN(ScopedFd fd, OpenOne(pool.paths[i], i, want, i == 0 ? nullptr : &first.uuid,
-                                          lock_wait, &have));
+    ASSIGN_OR_RETURN(File file, OpenOne(fs, pool.paths[i], i, want,
+                                        i == 0 ? nullptr : &first.uuid, lock_wait, &have));
     if (i == 0) first = have;
-    pool.fds.push_back(fd.release());
+    pool.fds.push_back(file->ReleaseFd());
   }
   pool.uuid = first.uuid;
   return pool;
@@ -345,15 +314,15 @@ std::string PoolFiles::UuidHex() const { return Hex(uuid); }
 
 absl::StatusOr<PoolFiles> OpenOrCreatePool(const std::vector<std::string>& dirs,
                                            const PoolLayout& layout, const ProgressFn& progress,
-                                           absl::Duration lock_wait) {
-  RETURN_IF_ERROR(CheckDirs(dirs, layout));
-  RETURN_IF_ERROR(RecoverTmpFiles(dirs));
+                                           absl::Duration lock_wait, FileSystem* fs) {
+  RETURN_IF_ERROR(CheckDirs(*fs, dirs, layout));
+  RETURN_IF_ERROR(RecoverTmpFiles(*fs, dirs));
   std::vector<std::string> present, missing;
   for (const std::string& dir : dirs) {
-    (Exists(PathIn(dir)) ? present : missing).push_back(PathIn(dir));
+    (Exists(*fs, PathIn(dir)) ? present : missing).push_back(PathIn(dir));
   }
-  if (present.empty()) return CreatePool(dirs, layout, progress);
-  if (missing.empty()) return OpenPool(dirs, layout, lock_wait);
+  if (present.empty()) return CreatePool(*fs, dirs, layout, progress);
+  if (missing.empty()) return OpenPool(*fs, dirs, layout, lock_wait);
   return absl::FailedPreconditionError(absl::StrCat(
       "pool files ", absl::StrJoin(missing, ", "), " are missing while ",
       absl::StrJoin(present, ", "),

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/file_system.h"
 #include "daemon/pool/layout.h"
 
 namespace tutti::pool {
@@ -57,15 +58,20 @@ using ProgressFn = std::function<void(const std::string& path, uint64_t done, ui
 //  - RESOURCE_EXHAUSTED: a filesystem lacks the space to create a file (names the directory and
 //    bytes needed) or to restore a truncated one.
 //  - DATA_LOSS: a superblock is corrupt, or a file is too short to hold one.
-//  - INTERNAL: another system call failed (with its errno text).
+//  - INTERNAL: another system call failed (with its errno text; ENOSPC from one is
+//    RESOURCE_EXHAUSTED). Every error of a system call carries its errno (ErrnoOf,
+//    common/file_system.h).
 // A file whose superblock is intact but whose size differs from it (truncated or grown) is not an
 // error: its size is restored (logged as an error); blocks in a lost tail then fail verification.
 // A file locked by another process is retried for up to `lock_wait` first: a previous daemon that
 // was just killed releases its lock only once the kernel has torn down its io_uring rings.
+// Every file operation goes through `fs` (common/file_system.h; tests pass a FaultFileSystem),
+// which must outlive the call; the fds it hands back are the kernel's.
 absl::StatusOr<PoolFiles> OpenOrCreatePool(const std::vector<std::string>& dirs,
                                            const PoolLayout& layout,
                                            const ProgressFn& progress = nullptr,
-                                           absl::Duration lock_wait = absl::Seconds(5));
+                                           absl::Duration lock_wait = absl::Seconds(5),
+                                           FileSystem* fs = PosixFileSystem());
 
 }  // namespace tutti::pool
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/fault_file_system.h"
+#include "common/file_system.h"
 #include "daemon/io/test_util.h"
 #include "daemon/pool/endian.h"
 #include "gtest/gtest.h"
@@ -280,6 +282,65 @@ TEST_F(PoolFilesTest, NoSpaceIsResourceExhaustedAndLeavesNothing) {
   struct stat st;
   EXPECT_NE(stat((dirs[0] + "/tutti.pool.tmp").c_str(), &st), 0);
   EXPECT_NE(stat((dirs[0] + "/tutti.pool").c_str(), &st), 0);
+}
+
+TEST_F(PoolFilesTest, FailingSyncOfANewPoolFileIsReportedWithItsErrnoAndLeavesNothing) {
+  const auto dirs = Dirs({"a", "b"});
+  FaultFileSystem faulty;
+  faulty.Inject(FaultFileSystem::Fail(FaultFileSystem::Op::kFsync, EIO).On("b/tutti.pool"));
+  auto pool = OpenOrCreatePool(dirs, Layout(2), nullptr, absl::Seconds(5), &faulty);
+  ASSERT_EQ(pool.status().code(), absl::StatusCode::kInternal) << pool.status();
+  EXPECT_EQ(ErrnoOf(pool.status()), EIO);
+  EXPECT_TRUE(Contains(pool.status(), "fsync " + dirs[1] + "/tutti.pool.tmp")) << pool.status();
+  EXPECT_EQ(faulty.failures(), 1);
+  struct stat st;
+  for (const std::string& dir : dirs) {
+    EXPECT_NE(stat((dir + "/tutti.pool").c_str(), &st), 0) << dir;
+    EXPECT_NE(stat((dir + "/tutti.pool.tmp").c_str(), &st), 0) << dir;
+  }
+  pool = OpenOrCreatePool(dirs, Layout(2), nullptr, absl::Seconds(5), &faulty);  // fault spent
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_TRUE(pool->created);
+}
+
+TEST_F(PoolFilesTest, FailingSyncWhileRestoringASizeIsReportedAndLosesNothing) {
+  const auto dirs = Dirs({"a"});
+  const PoolLayout layout = Layout(1);
+  std::string uuid;
+  {
+    auto pool = OpenOrCreatePool(dirs, layout);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    uuid = pool->UuidHex();
+  }
+  // A block's bytes in the first MiB, then the file truncated behind them.
+  const std::string path = dirs[0] + "/tutti.pool";
+  const std::string block(8192, 'k');
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, block.data(), block.size(), 1 << 20), static_cast<ssize_t>(block.size()));
+  ASSERT_EQ(fsync(fd), 0);
+  close(fd);
+  ASSERT_EQ(truncate(path.c_str(), 3 << 20), 0);
+  FaultFileSystem faulty;
+  faulty.Inject(FaultFileSystem::Fail(FaultFileSystem::Op::kFsync, ENOSPC).On("tutti.pool"));
+  auto pool = OpenOrCreatePool(dirs, layout, nullptr, absl::Seconds(5), &faulty);
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(ErrnoOf(pool.status()), ENOSPC) << pool.status();
+  EXPECT_TRUE(Contains(pool.status(), "fsync " + path)) << pool.status();
+  // The next start, with the disk well again, finds the same pool, the block's bytes in place.
+  pool = OpenOrCreatePool(dirs, layout, nullptr, absl::Seconds(5), &faulty);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_FALSE(pool->created);
+  EXPECT_EQ(pool->UuidHex(), uuid);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), layout.file_bytes());
+  std::string back(block.size(), '\0');
+  const int rfd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(rfd, 0);
+  ASSERT_EQ(pread(rfd, back.data(), back.size(), 1 << 20), static_cast<ssize_t>(back.size()));
+  close(rfd);
+  EXPECT_EQ(back, block);
 }
 
 TEST_F(PoolFilesTest, InterruptedCreationIsFinishedOrCleanedUp) {

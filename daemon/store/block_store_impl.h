@@ -1,20 +1,23 @@
-// Private to daemon/store: the state behind BlockStore.
+// Private to daemon/store: the state behind BlockStore, in three pieces over one lock (mu_):
+//  - the catalog (catalog.cc, namespaces.cc): the index, the namespaces and their claims, pins and
+//    retired slots: what the store holds and who holds it;
+//  - reads and capture (block_store.cc, maintenance.cc): Retrieve and Scrub, staging, pending
+//    blocks and the write backlog, the DRAM front;
+//  - the writer (block_writer.cc, write_pipeline.cc): start-up, slots, the write pipeline's two
+//    threads and checkpoints, and the journal's owner thread (journal_writer.h).
 //
-// Lock order: ns_mu_, then checkpoint_mu_, then the journal's Sync lock (inside Journal::Sync
-// and Checkpoint), then mu_, then the journal's append lock (inside
-// Journal::Append). So: Journal::Append may be called with mu_ held; Journal::Sync
-// and WriteCheckpoint never are. No lock is held across a pool write or a pool
-// file's sync.
+// Lock order: ns_mu_, then mu_, then journal_'s queue lock (a leaf). The journal has one owner,
+// the writer's journal thread (journal_writer.h): every other thread queues its records
+// (JournalWriter::Append, under mu_ or not) and waits for a sync or a checkpoint with no lock
+// held but ns_mu_. No lock is held across a pool write or a pool file's sync.
 //
-// Durability rules the writer, Evict and RegisterNamespace keep without a common
-// lock: a Put is appended only after its block's data and header are synced, and
-// the block is published (made visible) only after the Sync covering the Put
-// returns OK; a slot is rewritten only after the Delete of its previous block is
-// durable; a namespace record and the namespace's entry in namespaces_ are atomic
-// with respect to a checkpoint (checkpoint_mu_), and every other record is
-// appended after its effect on the index (a Delete) or before a checkpoint on the
-// same thread (the committer's Puts), so a checkpoint never drops a record whose
-// effect it does not hold.
+// Durability rules: a Put is appended only after its block's data and header are synced, and
+// the block is published (made visible) only after the Sync covering the Put returns OK; a slot
+// is rewritten only after the Delete of its previous block is durable; a namespace record and
+// the namespace's entry in namespaces_ are atomic with respect to a checkpoint (the entry is
+// made by SyncAndApply on the journal thread, which checkpoints). Every other record is queued
+// after its effect on the index (Deletes, drops) or before a checkpoint the same thread asks for
+// (the committer's Puts), so a checkpoint never drops a record whose effect it does not hold.
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 
@@ -39,6 +42,7 @@
 #include "daemon/store/dram_tier.h"
 #include "daemon/store/index.h"
 #include "daemon/store/journal.h"
+#include "daemon/store/journal_writer.h"
 #include "daemon/store/staging.h"
 
 namespace tutti::store {
@@ -114,8 +118,8 @@ class BlockStore::Impl {
 
   absl::Status Init();  // staging, recovery, writer and committer threads
 
+  // The catalog: namespaces.cc
   absl::StatusOr<NamespaceInfo> CheckNamespace(const tutti::v1::Namespace& ns) const;
-  // namespaces.cc
   absl::StatusOr<NamespaceId> RegisterNamespace(const tutti::v1::Namespace& ns,
                                                 const NamespaceScope& scope,
                                                 const NamespaceSessions& sessions);
@@ -123,8 +127,11 @@ class BlockStore::Impl {
                                                    const NamespaceSessions& sessions);
   void EndClaim(NamespaceId id);
   absl::StatusOr<NamespaceInfo> GetNamespace(NamespaceId id) const;
+  // The catalog: catalog.cc
   uint32_t LookupAndPin(NamespaceId ns, absl::Span<const Key> keys, std::vector<bool>* in_dram);
   void Unpin(NamespaceId ns, absl::Span<const Key> keys);
+  std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
+  // Reads and capture: block_store.cc
   absl::StatusOr<std::unique_ptr<datapath::PreparedRead>> PrepareRead(
       const datapath::RetrieveRequest& request);
   datapath::LayerReader* reader(bool into_gpu_memory = false) const {
@@ -140,7 +147,7 @@ class BlockStore::Impl {
   // maintenance.cc
   bool FlushFor(absl::Duration timeout);
   absl::StatusOr<ScrubProgress> Scrub(const ScrubOptions& options, const ScrubCallback& progress);
-  std::pair<uint64_t, uint64_t> Evict(NamespaceId ns);
+  // block_store.cc
   StoreStats Stats() const;
   absl::Status SetWriteBacklogBounds(uint64_t max_bytes, int64_t max_age_ms);
   absl::Span<uint8_t> staging_region() const { return region_->span(); }
@@ -163,6 +170,7 @@ class BlockStore::Impl {
   struct ReadItem;
   class StoreRead;  // PrepareRead's result, finished by FinishRead
 
+  // catalog.cc
   // A block whose read failed, taken out of the index (Lookup misses, Capture
   // stores it again) while its slot waits: it is released once its Delete is
   // durable and no pin of its key is left (pins are per key: those taken before
@@ -176,6 +184,22 @@ class BlockStore::Impl {
     uint32_t pins = 0;
     std::vector<RetiredSlot> slots;
   };
+
+  // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
+  // index after a failed read: queues their Deletes (one sync for all), moves
+  // their keys' pins to retired_, and frees each slot once that is safe (see
+  // RetiredSlot). Skips a key that now names another block.
+  struct FailedBlock {
+    Key key;
+    uint64_t epoch = 0;
+  };
+  void RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed);
+  // Releases the retired slots of `key` whose Delete is durable, if no pin of
+  // the key is left.
+  void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hides `e` and queues its Delete record; returns the record's sequence
+  // number. The slot stays taken until the record is durable.
+  uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // namespaces.cc
   // Makes room for a new namespace of user `uid` (max_namespaces_per_user, max_namespaces) by
@@ -192,8 +216,8 @@ class BlockStore::Impl {
   // its blocks are pinned or being written.
   absl::StatusOr<uint64_t> EvictAndDropLocked(NamespaceId id, std::vector<uint64_t>* slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Erases namespace `id` (whose blocks are gone) and appends its drop record; returns the
-  // record's sequence number. Callers hold checkpoint_mu_ (shared) until it is synced.
+  // Erases namespace `id` (whose blocks are gone) and queues its drop record; returns the
+  // record's sequence number, which the caller syncs (after letting go of mu_).
   uint64_t DropNamespaceLocked(NamespaceId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The owner pool_share_per_user counts namespace `info`'s blocks under.
   static uint32_t ShareOwner(const NamespaceInfo& info) {
@@ -206,9 +230,9 @@ class BlockStore::Impl {
                           std::vector<uint64_t>* victim_slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // block_writer.cc: recovers the index, the namespaces and the journal (RecoverStore,
-  // recovery.h) and takes them in. Called by Init before the writer and committer start, so
-  // index_ is this thread's alone; RecoverStore fills it without mu_, because Journal::Open takes
-  // the journal's own locks, which come before mu_ (the lock order above): hence no analysis.
+  // recovery.h), takes them in and starts the journal thread. Called by Init before the writer
+  // and committer start, so index_ is this thread's alone and RecoverStore fills it without mu_:
+  // hence no analysis.
   absl::Status Recover() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Gives each block of `batch` a slot (consecutive slots in batch order where the free slots
   // allow), evicting where the pool is full; `victim_slots` gets the
@@ -222,8 +246,8 @@ class BlockStore::Impl {
   // batch's checksums and writes overlap the previous ones' writes, pool syncs and journal
   // commit. Each batch keeps the rules of the top of this file: its Puts are appended only after
   // its writes completed and the pool files they went to were synced; an evicted block's Delete
-  // is durable before its slot's writes are posted. Puts are appended, blocks published and
-  // checkpoints written on the committer thread only.
+  // is durable before its slot's writes are posted. Puts are queued, blocks published and
+  // checkpoints asked for on the committer thread only.
   void WriterLoop();
   void CommitLoop();
   // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
@@ -252,7 +276,9 @@ class BlockStore::Impl {
   // Committer thread only: checkpoints when checkpoint_every records are in the
   // journal, and after a failure not before the back-off has passed.
   void MaybeCheckpoint();
-  absl::Status WriteCheckpoint() ABSL_LOCKS_EXCLUDED(checkpoint_mu_, mu_);
+  // The checkpoint, written by the journal thread; called by the committer after it published
+  // every block whose Put it queued (and by the destructor once the committer stopped).
+  absl::Status WriteCheckpoint() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops partial blocks past the pending TTL and abandoned ones nobody copies into.
   void ReapStalePending();
   void ReapStalePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -261,9 +287,6 @@ class BlockStore::Impl {
   // Releases the abandoned and the declined blocks of `touched` that no Capture copies into any
   // more.
   void ReleaseAbandoned(absl::Span<PendingBlock* const> touched) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hides `e` and appends its Delete record; returns the record's sequence
-  // number. The slot stays taken until the record is durable.
-  uint64_t HideForEviction(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishPending(PendingBlock* p, CaptureOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // dram_front (block_store.cc). A Lookup hit on front block `f` of (ns, key): queues it for the
@@ -304,18 +327,6 @@ class BlockStore::Impl {
   void FinishRead(NamespaceId ns, const NamespaceInfo& info, uint32_t nlayers,
                   absl::Span<const ReadItem> items, const datapath::LayerReadResult& result,
                   uint64_t unfit);
-  // Takes the blocks of `failed` (key and epoch, in namespace `ns`) out of the
-  // index after a failed read: journals their Deletes (one sync for all), moves
-  // their keys' pins to retired_, and frees each slot once that is safe (see
-  // RetiredSlot). Skips a key that now names another block.
-  struct FailedBlock {
-    Key key;
-    uint64_t epoch = 0;
-  };
-  void RetireFailedBlocks(NamespaceId ns, absl::Span<const FailedBlock> failed);
-  // Releases the retired slots of `key` whose Delete is durable, if no pin of
-  // the key is left.
-  void MaybeReleaseRetired(const PendingKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The frame of each object in a block's staging chunk of num_objects frames
   // of `frame_bytes`: file-major, the objects j = r, r + D, r + 2D, ... (those
   // one pool file holds) consecutive, file share r after share r - 1. In the
@@ -402,33 +413,35 @@ class BlockStore::Impl {
   // one).
   std::unique_ptr<datapath::WorkPool> sync_pool_;
 
-  // Set by Recover before the writer starts; thread-safe itself.
-  std::unique_ptr<Journal> journal_;
+  // The journal and its owner thread; started by Recover before the writer, stopped last (by
+  // the destructor, after the final checkpoint). Thread-safe itself.
+  std::unique_ptr<JournalWriter> journal_;
   // Held by RegisterNamespace and RemoveNamespace throughout: one namespace change at a time, and
   // no claim is taken while one decides what is empty.
   absl::Mutex ns_mu_;
-  // Shared by RegisterNamespace (from its record's append to its entry in
-  // namespaces_) and namespace drops, exclusive for a checkpoint.
-  absl::Mutex checkpoint_mu_;
   // Committer thread only (and the destructor, after it stopped).
   int64_t checkpoint_retry_ms_ = 0;   // no checkpoint attempt before this time
   uint32_t checkpoint_failed_in_row_ = 0;
 
   mutable absl::Mutex mu_;
+  // The catalog (catalog.cc, namespaces.cc).
   Index index_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Region> dram_region_;
-  std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
-  // "dram_front" (admission_->keeps_declined_in_dram()): the front, over dram_region_, and the
-  // DRAM tier off (dram_ over nothing). Else off.
-  std::unique_ptr<DramFront> front_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NamespaceId, NamespaceInfo> namespaces_ ABSL_GUARDED_BY(mu_);
   // Claims (NamespaceClaim) per namespace; taken with ns_mu_ held too.
   absl::flat_hash_map<NamespaceId, uint32_t> claims_ ABSL_GUARDED_BY(mu_);
   // When each namespace was registered (or recovered), in order: the oldest idle one is dropped.
   absl::flat_hash_map<NamespaceId, uint64_t> registered_order_ ABSL_GUARDED_BY(mu_);
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
+  // Blocks whose read failed, out of the index, their slots waiting (RetiredSlot).
   absl::flat_hash_map<PendingKey, RetiredKey> retired_ ABSL_GUARDED_BY(mu_);
+  // The DRAM copies: the tier (filled by the committer's Publish) or the front.
+  std::unique_ptr<Region> dram_region_;
+  std::unique_ptr<DramTier> dram_ ABSL_GUARDED_BY(mu_);
+  // "dram_front" (admission_->keeps_declined_in_dram()): the front, over dram_region_, and the
+  // DRAM tier off (dram_ over nothing). Else off.
+  std::unique_ptr<DramFront> front_ ABSL_GUARDED_BY(mu_);
+  // Capture and the writer: blocks from their first layer to their publication.
+  absl::flat_hash_map<PendingKey, std::unique_ptr<PendingBlock>> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<PendingBlock*> write_queue_ ABSL_GUARDED_BY(mu_);
   // The write backlog: queued blocks (in write_queue_ or being written) until released.
   uint64_t backlog_bytes_ ABSL_GUARDED_BY(mu_) = 0;

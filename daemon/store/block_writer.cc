@@ -1,8 +1,9 @@
-// BlockStore's writer: start-up, checkpoints, slot allocation and eviction (recovery is
-// recovery.cc's, which Recover calls before the threads start). Two threads
-// (writer_ and committer_) run the write pipeline (write_pipeline.cc), which takes its batches'
-// slots here; Evict, RegisterNamespace and failed reads append to the same journal, which is
-// thread-safe (the rules are in block_store_impl.h).
+// BlockStore's writer: start-up, checkpoints, slot allocation and the eviction it needs
+// (recovery is recovery.cc's, which Recover calls before the threads start; hiding a block is
+// catalog.cc's). Two threads (writer_ and committer_) run the write pipeline (write_pipeline.cc),
+// which takes its batches' slots here. The journal is the journal thread's alone
+// (journal_writer.h): the committer's Puts, the writer's, Evict's and failed reads' Deletes and the
+// namespace records reach it by message (the rules are in block_store_impl.h).
 #include <pthread.h>
 
 #include <algorithm>
@@ -164,23 +165,20 @@ absl::Status BlockStore::Impl::Recover() {
   registered_order_ = std::move(state.registered_order);
   next_order_ = state.next_order;
   next_epoch_ = state.next_epoch;
-  journal_ = std::move(state.journal);
+  journal_ = std::make_unique<JournalWriter>(std::move(state.journal));
   stats_.unindexed_slot_headers = state.unindexed_slot_headers;
   events_.SetBlocksLostAtStart(state.blocks_lost);
   return absl::OkStatus();
 }
 
 absl::Status BlockStore::Impl::WriteCheckpoint() {
-  // Every record appended before the checkpoint has its effect in what the
-  // snapshot reads: Deletes are appended after their entry left the index, the
-  // committer's Puts are published before it checkpoints (on the same thread), and
-  // a namespace record is appended and applied under checkpoint_mu_, held
-  // shared. Records appended meanwhile (Evict's and failed reads' Deletes) go to
-  // the new generation and replay over the snapshot whether or not it saw
-  // their effect. So the store's lock is taken per chunk of slots, and lookups
-  // and reads wait for one chunk's copy at most, not for the whole file to be
-  // encoded and written.
-  absl::WriterMutexLock exclusive(&checkpoint_mu_);
+  // Runs on the journal thread, after every record queued before it. Each of them has its effect
+  // in what the snapshot reads: Deletes and drops are queued after their effect, the committer's
+  // Puts are published before it asks for the checkpoint, and a namespace record's entry is made
+  // on the journal thread right after its sync (SyncAndApply). Records queued meanwhile (Evict's
+  // and failed reads' Deletes) go to the new generation and replay over the snapshot whether or
+  // not it saw their effect. So the store's lock is taken per chunk of slots, and lookups and
+  // reads wait for one chunk's copy at most, not for the whole file to be encoded and written.
   return journal_->Checkpoint([this](Journal::Emitter& out) {
     uint64_t num_slots = 0;
     {
@@ -285,15 +283,6 @@ void BlockStore::Impl::ReapStalePendingLocked() {
   }
 }
 
-uint64_t BlockStore::Impl::HideForEviction(Entry* e) {
-  const DeleteRecord record{e->ns, e->key, e->slot, e->epoch};
-  dram_->Erase(e->ns, e->key);
-  index_.Remove(e);  // before the append: a checkpoint never holds a block whose Delete it drops
-  events_.Publish(record.ns, BlockEventKind::kRemoved, record.key);
-  ++stats_.evictions;
-  return journal_->Append(record);
-}
-
 // The blocks of one batch that need a slot get consecutive slots where the free
 // slots allow (Index::TakeSlots), in batch order: a Capture's blocks arrive in
 // the write queue one after another, so one layer of them lies in adjacent
@@ -385,43 +374,6 @@ uint64_t BlockStore::Impl::EvictForShares(absl::Span<PendingBlock* const> wantin
     ++stats_.share_evictions;
   }
   return last_delete;
-}
-
-std::pair<uint64_t, uint64_t> BlockStore::Impl::Evict(NamespaceId ns) {
-  std::vector<uint64_t> slots;
-  uint64_t skipped = 0, last_delete = 0, evicted_front = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Entry*> victims;
-    index_.ForEach([&](Entry* e) {
-      if (ns != 0 && e->ns != ns) return;
-      if (e->pins > 0) {
-        ++skipped;
-      } else {
-        victims.push_back(e);
-      }
-    });
-    for (Entry* e : victims) {
-      slots.push_back(e->slot);
-      last_delete = HideForEviction(e);
-    }
-    // The DRAM front's unpinned kept blocks go too (nothing to journal: they are not durable).
-    const uint64_t front = front_->EraseNamespace(ns);
-    stats_.front_dropped += front;
-    if (slots.empty()) return {front, skipped};
-    evicted_front = front;
-  }
-  // Outside mu_, and never behind the writer's pool writes: only behind a
-  // journal sync in progress, if any.
-  absl::Status s = journal_->Sync(last_delete);
-  absl::MutexLock lock(&mu_);
-  if (s.ok()) {
-    for (uint64_t slot : slots) index_.ReleaseSlot(slot);
-  } else {
-    log::Get("store")->error("evict: journal sync failed ({}); {} slots unused until restart",
-                             s.ToString(), slots.size());
-  }
-  return {slots.size() + evicted_front, skipped};
 }
 
 }  // namespace tutti::store

@@ -1,4 +1,5 @@
-// BlockStore's namespaces: registration with an owner (docs/security.md "Namespaces"), the
+// BlockStore's namespaces, the catalog's other half (catalog.cc has the blocks): the namespace id
+// and the checks of a descriptor, registration with an owner (docs/security.md "Namespaces"), the
 // per-user and global bounds, dropping idle namespaces to make room, and removal.
 //
 // Why claims: a namespace is dropped only when it holds no blocks and no session uses it, but the
@@ -7,17 +8,108 @@
 // holds ns_mu_ (which taking a claim needs) from before that read to the drop: so a namespace
 // unclaimed at the read either had its session opened already (the server counts it) or will be
 // registered afresh after the drop.
+#include <xxhash.h>
+
 #include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/align.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "daemon/store/block_store_impl.h"
 
 namespace tutti::store {
 
-NamespaceId NamespaceIdOf(const tutti::v1::Namespace& ns, const std::string& scope);
+// The namespace id: a hash of every field that makes keys comparable, in a
+// fixed encoding, and of its scope (NamespaceScope::scope; "" leaves the id as
+// it was before namespaces had owners).
+NamespaceId NamespaceIdOf(const tutti::v1::Namespace& ns, const std::string& scope) {
+  const auto& l = ns.layout();
+  std::string canonical =
+      absl::StrCat(ns.model_id(), "\x1f", l.num_layers(), ",", l.kv_heads(), ",", l.head_dim(), ",",
+                   l.dtype_bytes(), ",", l.block_tokens(), ",", static_cast<int>(l.format()),
+                   "\x1f", ns.tp_rank(), "/", ns.tp_size(), "\x1f", ns.hash_scheme());
+  if (!scope.empty()) absl::StrAppend(&canonical, "\x1f", scope);
+  const NamespaceId id = XXH3_64bits(canonical.data(), canonical.size());
+  return id == 0 ? 1 : id;  // 0 means "every namespace" in the admin API
+}
+
+// Validates `ns` and describes its blocks. INVALID_ARGUMENT names the bad
+// field.
+absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns) {
+  const auto& l = ns.layout();
+  if (ns.model_id().empty()) return absl::InvalidArgumentError("namespace.model_id is empty");
+  if (ns.hash_scheme().empty()) return absl::InvalidArgumentError("namespace.hash_scheme is empty");
+  if (ns.tp_size() == 0 || ns.tp_rank() >= ns.tp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace.tp_rank=", ns.tp_rank(), " must be < tp_size=", ns.tp_size()));
+  }
+  if (l.num_layers() == 0 || l.num_layers() > 4096 || l.kv_heads() == 0 || l.head_dim() == 0 ||
+      l.block_tokens() == 0) {
+    return absl::InvalidArgumentError(
+        "namespace.layout: num_layers (1..4096), kv_heads, head_dim and "
+        "block_tokens must be > 0");
+  }
+  if (l.dtype_bytes() != 1 && l.dtype_bytes() != 2 && l.dtype_bytes() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("namespace.layout.dtype_bytes must be 1, 2 or 4, got ", l.dtype_bytes()));
+  }
+  NamespaceInfo info;
+  switch (l.format()) {
+    case tutti::v1::KV_FORMAT_SEPARATE:
+    case tutti::v1::KV_FORMAT_FUSED:
+      info.parts = 2;
+      break;
+    case tutti::v1::KV_FORMAT_MLA:
+    case tutti::v1::KV_FORMAT_PACKED:
+      info.parts = 1;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          "namespace.layout.format must be SEPARATE, FUSED, MLA or PACKED");
+  }
+  // Checked: four uint32 factors can exceed 2^64 and wrap to a small, valid-looking size.
+  uint64_t object_len = l.block_tokens();
+  const bool overflow = __builtin_mul_overflow(object_len, uint64_t{l.kv_heads()}, &object_len) ||
+                        __builtin_mul_overflow(object_len, uint64_t{l.head_dim()}, &object_len) ||
+                        __builtin_mul_overflow(object_len, uint64_t{l.dtype_bytes()}, &object_len);
+  if (overflow || object_len > (1ull << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "namespace.layout: block_tokens x kv_heads x head_dim x dtype_bytes = ", l.block_tokens(),
+        " x ", l.kv_heads(), " x ", l.head_dim(), " x ", l.dtype_bytes(), " = ",
+        overflow ? std::string("more than 2^64") : absl::StrCat(object_len),
+        " bytes per object; at most 1073741824"));
+  }
+  info.id = NamespaceIdOf(ns, "");
+  info.descriptor = ns;
+  info.object_len = static_cast<uint32_t>(object_len);
+  info.num_objects = l.num_layers() * info.parts;
+  return info;
+}
+
+absl::StatusOr<NamespaceInfo> BlockStore::Impl::CheckNamespace(
+    const tutti::v1::Namespace& ns) const {
+  ASSIGN_OR_RETURN(NamespaceInfo info, DescribeNamespace(ns));
+  const auto& layout = options_.layout;
+  if (RoundUp4K(info.object_len) > layout.object_bytes() ||
+      info.num_objects > layout.max_objects()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this pool holds blocks of at most ", layout.max_objects(), " objects of ",
+        layout.object_bytes(), " bytes (pool.max_objects, pool.object_bytes); the namespace needs ",
+        info.num_objects, " objects of ", info.object_len, " bytes"));
+  }
+  return info;
+}
+
+absl::StatusOr<NamespaceInfo> BlockStore::Impl::GetNamespace(NamespaceId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = namespaces_.find(id);
+  if (it == namespaces_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown namespace ", id));
+  }
+  return it->second;
+}
 
 absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1::Namespace& ns,
                                                                 const NamespaceScope& scope,
@@ -36,16 +128,17 @@ absl::StatusOr<NamespaceId> BlockStore::Impl::RegisterNamespace(const tutti::v1:
     }
   }
   RETURN_IF_ERROR(MakeRoomFor(scope.uid, sessions));
-  // Shared with other namespace changes' appends, exclusive with a checkpoint, which must not
-  // fall between the record and the entry. Never behind the writer's pool I/O.
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
+  // The entry is made on the journal thread once the record is durable, before it takes any
+  // later message: so no checkpoint falls between the record and the entry. Never behind the
+  // writer's pool I/O.
   const uint64_t seq = journal_->Append(
       NamespaceRecord{info.id, ns.SerializeAsString(), info.scope, info.owner_uid, info.shared});
-  RETURN_IF_ERROR(journal_->Sync(seq));
-  absl::MutexLock lock(&mu_);
-  namespaces_.emplace(info.id, info);
-  registered_order_[info.id] = next_order_++;
-  ++claims_[info.id];
+  RETURN_IF_ERROR(journal_->SyncAndApply(seq, [this, &info] {
+    absl::MutexLock lock(&mu_);
+    namespaces_.emplace(info.id, info);
+    registered_order_[info.id] = next_order_++;
+    ++claims_[info.id];
+  }));
   log::Get("store")->info(
       "namespace {:016x}: model {} layers {} parts {} object {} bytes; user {}{}", info.id,
       ns.model_id(), ns.layout().num_layers(), info.parts, info.object_len, info.owner_uid,
@@ -97,7 +190,6 @@ absl::Status BlockStore::Impl::MakeRoomFor(uint32_t uid, const NamespaceSessions
   std::sort(candidates.begin(), candidates.end());
   const absl::flat_hash_map<NamespaceId, uint32_t> in_use =
       sessions ? sessions() : absl::flat_hash_map<NamespaceId, uint32_t>{};
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
   uint64_t seq = 0;
   NamespaceId dropped = 0;
   {
@@ -186,7 +278,6 @@ absl::StatusOr<RemovedNamespace> BlockStore::Impl::RemoveNamespace(
     NamespaceId id, const NamespaceSessions& sessions) {
   absl::MutexLock one_change(&ns_mu_);
   RETURN_IF_ERROR(CheckRemovable(id, sessions));
-  absl::ReaderMutexLock no_checkpoint(&checkpoint_mu_);
   std::vector<uint64_t> slots;
   absl::StatusOr<uint64_t> last;
   {

@@ -12,7 +12,7 @@
 
 namespace tutti::store {
 
-absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);  // block_store.cc
+absl::StatusOr<NamespaceInfo> DescribeNamespace(const tutti::v1::Namespace& ns);  // namespaces.cc
 
 namespace {
 
