@@ -1,14 +1,14 @@
 // The "uring" I/O backend: io_uring over O_DIRECT pool files, one ring and one owner thread per
 // file.
 //
-// Submit() splits a batch by file and posts each part to that file's thread (a mutex-guarded
-// queue). The thread keeps up to `queue_depth` requests in flight on its ring, issuing them in
-// the order they arrived (which class goes first is the scheduler's policy, daemon/datapath/
-// scheduler.h), submits everything it has prepared with one io_uring_enter,
-// reaps all available completions at once, and runs a batch's `done` when the last part of the
-// batch finishes. The pool files are registered with each ring (IOSQE_FIXED_FILE); a buffer
-// registered through RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests
-// that lie inside it.
+// Submit() splits a batch by file and posts each part to that file's ring owner (uring_owner.h:
+// one ring and one owner thread per file, handed work through a mutex-guarded mailbox). The owner
+// keeps up to `queue_depth` requests in flight on its ring, issuing them in the order they
+// arrived (which class goes first is the scheduler's policy, daemon/datapath/scheduler.h),
+// submits everything it has prepared with one io_uring_enter, reaps all available completions at
+// once, and runs a batch's `done` when the last part of the batch finishes. The pool files are
+// registered with each ring (IOSQE_FIXED_FILE); a buffer registered through RegisterBuffer is used
+// with IORING_OP_READ_FIXED / WRITE_FIXED for requests that lie inside it.
 //
 // Pool files on tmpfs: see UringOptions::memory_read_workers.
 //
@@ -19,7 +19,7 @@
 // Latency note: while requests are in flight the owner thread sleeps in the kernel until a
 // completion arrives, so a batch posted at that moment starts when the next completion wakes it.
 //
-// Thread-safety: as IoBackend. The rings are touched only by their owner threads.
+// Thread-safety: as IoBackend. Each ring is touched only by its owner thread (uring_owner.h).
 #ifndef TUTTI_DAEMON_IO_URING_BACKEND_H_
 #define TUTTI_DAEMON_IO_URING_BACKEND_H_
 
