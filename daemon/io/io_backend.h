@@ -10,8 +10,8 @@
 // orders reads before writes across the daemon's requests; it hands a backend its work.
 //
 // Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each
-// backend owns its queues (the ring backends: one internal thread per file or device); other
-// threads hand them work by message.
+// backend owns its queues (one owner thread per pool file or device for "uring", "uring_cmd",
+// "gds" and "nvme"; one worker for "memory"); other threads hand them work by message.
 #ifndef TUTTI_DAEMON_IO_IO_BACKEND_H_
 #define TUTTI_DAEMON_IO_IO_BACKEND_H_
 
