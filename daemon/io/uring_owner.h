@@ -101,7 +101,7 @@ class UringRing {
   // Registers `region` in pieces of `piece` bytes (the last may be shorter). RESOURCE_EXHAUSTED
   // when the kernel refuses to pin it (RLIMIT_MEMLOCK, charged per options.memlock_per), INTERNAL
   // otherwise; nothing is registered after an error.
-  absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece);
+  [[nodiscard]] absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece);
   void UnregisterBuffer();
   // The registered piece holding all of [buf, buf + len), or -1 (outside, or straddling two).
   int FixedIndex(const uint8_t* buf, uint32_t len) const;
@@ -175,8 +175,8 @@ class UringOwner {
   uint64_t enter_calls() const { return ring_->enter_calls(); }
   uint64_t in_flight_sum() const { return ring_->in_flight_sum(); }
 
-  // Any thread: queues `items` (all of `part`, in order). An empty `items` queues the part itself,
-  // which the owner finishes as soon as it takes it.
+  // Any thread: queues `items` (in order, each of them already naming `part`). An empty `items`
+  // queues the part itself, which the owner finishes as soon as it takes it.
   void Post(UringPart* part, std::vector<Item> items) {
     if (!items.empty()) {
       mailbox_.Post(std::move(items));
@@ -188,7 +188,7 @@ class UringOwner {
   }
   // Any thread but the owner: UringRing::RegisterBuffer / UnregisterBuffer on the owner thread,
   // between I/O rounds (io_uring wants them from the ring's submitter).
-  absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece) {
+  [[nodiscard]] absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece) {
     return mailbox_.RunOnOwner(
         [this, region, piece] { return ring_->RegisterBuffer(region, piece); });
   }
