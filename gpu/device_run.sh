@@ -93,7 +93,7 @@ fi
 # GPU-initiated NVMe submission against the controller model (docs/nvme.md): its tests, then the
 # command rate and CPU time per GB against the CPU-driven queue pair, in one run.
 if has nvme; then
-  for t in daemon/io/nvme/gpu/doorbell_requirements_test daemon/io/nvme/gpu/gpu_queue_test; do
+  for t in bench/nvme_gpu/doorbell_requirements_test bench/nvme_gpu/gpu_queue_test; do
     timeout 300 "$run" "$t" > "$out/t.log" 2>&1
     rc=$?
     cat "$out/t.log" >> "$out/nvme_tests.log"

@@ -10,8 +10,8 @@
 // orders reads before writes across the daemon's requests; it hands a backend its work.
 //
 // Thread-safety: Submit, Execute and Sync may be called from any thread, concurrently. Each
-// backend owns its queues (the ring backends: one internal thread per file or device); other
-// threads hand them work by message.
+// backend owns its queues (one owner thread per pool file or device for "uring", "uring_cmd",
+// "gds" and "nvme"; one worker for "memory"); other threads hand them work by message.
 #ifndef TUTTI_DAEMON_IO_IO_BACKEND_H_
 #define TUTTI_DAEMON_IO_IO_BACKEND_H_
 
@@ -69,8 +69,11 @@ class IoBackend {
   // one's `result` set), `done` runs once, on a backend thread: keep it short. `batch` (the span's
   // memory) and every buffer must stay valid until `done` runs. A file's requests are issued in
   // the order they arrived (a plain executor: the per-device scheduler, daemon/datapath/
-  // scheduler.h, is what puts reads before writes); requests in flight together may complete in
-  // any order. Invalid requests (unaligned, out of range, bad file index) complete with -EINVAL.
+  // scheduler.h, is what puts reads before writes). The one exception is a cap on reads in flight,
+  // which lets later writes pass the reads it holds (today "uring" on tmpfs files only:
+  // UringOptions::memory_read_workers; issue_queue.h says why it stays). Requests in flight
+  // together may complete in any order. Invalid requests (unaligned, out of range, bad file index)
+  // complete with -EINVAL.
   virtual void Submit(absl::Span<IoRequest> batch, std::function<void()> done) = 0;
 
   // Submit, then wait for completion. Returns when every request's `result` is set.

@@ -40,7 +40,8 @@ std::vector<std::string_view> IoBackendNames();
 // Creates the backend called `name` over the pool's files. No fallback.
 //  - "uring": `fds` are the pool files opened O_DIRECT, in pool order; the backend owns them from
 //    this call on (they are closed on error too). If `file_sizes` is not empty it must hold each
-//    file's actual size, else FAILED_PRECONDITION (a pool file that does not match its layout).
+//    file's actual size, else FAILED_PRECONDITION (a pool file that does not match its layout;
+//    INVALID_ARGUMENT when it holds a different number of sizes); "gds" checks the same.
 //  - "memory": files of `file_sizes` bytes in host memory; nothing persists. `fds`, if any, are
 //    closed.
 //  - "gds": cuFile over the same files as "uring" (gds_backend.h); UNAVAILABLE when it cannot

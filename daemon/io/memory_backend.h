@@ -3,9 +3,8 @@
 //
 // Two pieces:
 //  - MemoryDisk holds the files' bytes and the faults. It can outlive any backend over it, so a
-//  test
-//    can "restart" a store on the same disk: PowerCut(), drop the old store, Restart(), open a new
-//    one.
+//    test can "restart" a store on the same disk: PowerCut(), drop the old store, Restart(), open
+//    a new one.
 //  - MemoryBackend is the IoBackend over a MemoryDisk. It completes batches in submission order on
 //    one worker thread (so `done` always runs on a backend thread, as the interface promises),
 //    and a batch's requests in their order. It checks requests exactly like the uring backend

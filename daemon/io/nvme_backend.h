@@ -3,8 +3,9 @@
 // to LBAs. io_factory's "nvme" opens it through nvme_open.h (vfio devices, controllers, config).
 //
 // Each file has one worker thread that owns queue pair 0 of its controller (the one-owner rule of
-// nvme/queue_pair.h); Submit and Sync hand it work by message. Within a job, reads go before
-// writes. A request is split into commands of at most the controller's max transfer. Data moves
+// nvme/queue_pair.h); Submit and Sync hand it work by message. A batch's requests are issued in
+// their order, reads and writes in the same rounds (the scheduler orders classes). A request is
+// split into commands of at most the controller's max transfer. Data moves
 // directly when the buffer lies in the region given to RegisterBuffer (DMA-mapped and described
 // once, at registration); otherwise through a per-file bounce buffer in DMA memory (a copy).
 // Sync sends Flush when the device has a volatile write cache.

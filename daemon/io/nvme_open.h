@@ -42,9 +42,9 @@ using NvmeDeviceOpener =
 
 // The real opener: ProbeVfio (any failure becomes UNAVAILABLE "io.nvme_devices: ADDR: <the
 // probe's reason>", which start-up's fallback to io_uring reports), then VfioDevice::Open (its
-// errors as they are,
-// except its UNAVAILABLE -- the group open in another process, e.g. a second tuttid -- which
-// becomes FAILED_PRECONDITION: a device that is there but busy must not send the pool elsewhere).
+// errors as they are, except its UNAVAILABLE -- the group open in another process, e.g. a second
+// tuttid -- which becomes FAILED_PRECONDITION: a device that is there but busy must not send the
+// pool elsewhere).
 NvmeDeviceOpener VfioOpener(const NvmeOpenOptions& options);
 
 // Opens every device with `opener` (VfioOpener(options) when null), brings its controller up on

@@ -1,6 +1,7 @@
-// How other threads hand work to a queue's one owner thread (the io_uring backends: one ring and
-// one owner per pool file or namespace): items to issue, control tasks to run on the owner (buffer
-// registration, which io_uring requires from the ring's submitter), and the stop request.
+// How other threads hand work to a queue's one owner thread (uring_owner.h, for both io_uring
+// backends: one ring and one owner per pool file or namespace): items to issue, control tasks to
+// run on the owner (buffer registration, which io_uring requires from the ring's submitter), and
+// the stop request.
 //
 // Thread-safety: Post, RunOnOwner and Stop from any thread; Take from the owner only.
 #ifndef TUTTI_DAEMON_IO_OWNER_MAILBOX_H_

@@ -1,4 +1,5 @@
-// Test helpers for code that needs files opened with O_DIRECT. Test-only.
+// Helpers for tests (and benchmarks, which start tuttid through tests/common: hence not testonly
+// in Bazel) of code that needs files opened with O_DIRECT.
 #ifndef TUTTI_DAEMON_IO_TEST_UTIL_H_
 #define TUTTI_DAEMON_IO_TEST_UTIL_H_
 

@@ -9,57 +9,43 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include <cassert>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "daemon/io/issue_queue.h"
-#include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
+#include "daemon/io/uring_owner.h"
 
 namespace tutti::io {
 namespace {
+
+using internal::FinishRequest;
+using internal::UringBatch;
+using internal::UringPart;
 
 // io_uring accepts registered buffers of at most 1 GiB each.
 constexpr uint64_t kFixedChunk = 1ull << 30;
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
-// One batch of Submit: done runs when the last of its parts (one per file touched) finishes.
-struct Batch;
-struct Part {
-  Batch* batch;
-  uint32_t left;  // requests of this part not yet completed; touched only by the owner thread
-};
-struct Batch {
-  std::function<void()> done;
-  std::atomic<uint32_t> parts_left{0};
-  absl::InlinedVector<Part, 4> parts;
-};
-
-// A request queued on or in flight at one file. `req == nullptr` marks a part with no requests
-// (a batch whose requests were all invalid), which completes as soon as the thread sees it.
+// A request queued on or in flight at one file. A default one (`req == nullptr`) marks a part with
+// no requests (a batch whose requests were all invalid), which completes as soon as the thread
+// sees it.
 struct Pending {
   IoRequest* req = nullptr;
-  Part* part = nullptr;
+  UringPart* part = nullptr;
   uint32_t done_bytes = 0;
   bool retried = false;
-};
 
-void FinishPart(Part* part) {
-  Batch* b = part->batch;
-  if (b->parts_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  std::function<void()> done = std::move(b->done);
-  delete b;
-  if (done) done();
-}
+  bool empty() const { return req == nullptr; }
+  Op op() const { return req->op; }
+};
 
 absl::StatusOr<uint64_t> SizeOf(int fd, uint32_t index) {
   struct stat st;
@@ -88,271 +74,98 @@ bool OnTmpfs(int fd) {
 
 }  // namespace
 
-// Owns one pool file, its ring and the thread that drives the ring.
-class UringBackend::FileQueue {
+// One pool file: how its requests become SQEs and what their completions mean, and the owner of
+// its ring (internal::UringOwner), whose thread alone calls the UringItemOps methods.
+class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
  public:
   static absl::StatusOr<std::unique_ptr<FileQueue>> Create(int fd, uint32_t index,
                                                            const UringOptions& options);
-  ~FileQueue();
 
-  int fd() const { return fd_; }
-  // Queues `items` (all of one part). An empty `items` queues the empty part itself.
-  void Post(Part* part, std::vector<Pending> items);
-  absl::Status RegisterBuffer(absl::Span<uint8_t> region);
-  void UnregisterBuffer();
+  internal::UringOwner<Pending>& owner() { return *owner_; }
   void AddCounters(UringCounters* c) const;
 
+  bool ReadsMayGo() const override { return async_reads_ == 0 || reads_in_flight_ < async_reads_; }
+  void Prepare(io_uring_sqe* sqe, Pending& p, int target) override;
+  bool Complete(Pending& p, int res) override;
+
  private:
-  FileQueue(int fd, uint32_t index, uint32_t depth) : fd_(fd), index_(index), depth_(depth) {}
+  explicit FileQueue(uint32_t async_reads) : async_reads_(async_reads) {}
 
-  void Run();
-  // Moves posted work and control messages to the owner thread; blocks for some when `block`.
-  // Returns false when the queue is stopping and nothing is left to do.
-  bool TakeIncoming(bool block);
-  void PrepareSqes();
-  void SubmitAndWait();
-  void ReapCompletions();
-  void Complete(uint64_t slot, int res);
-  void FinishRequest(Part* part);
-  int FixedIndex(const uint8_t* buf, uint32_t len) const;
-  bool OnOwnerThread() const { return std::this_thread::get_id() == owner_; }
-  // Runs `task` on the owner thread, between I/O rounds, and returns its status.
-  absl::Status RunOnOwner(std::function<absl::Status()> task);
-
-  const int fd_;
-  const uint32_t index_;
-  const uint32_t depth_;
-
-  OwnerMailbox<Pending> mailbox_;
-
-  // Owner-thread state.
-  io_uring ring_{};
-  bool fixed_file_ = false;
   // On tmpfs with workers allowed: reads go IOSQE_ASYNC, at most this many in flight (0: plain).
-  // Set by Create before the thread starts, never changed.
-  uint32_t async_reads_ = 0;
-  uint32_t reads_in_flight_ = 0;
-  const uint8_t* fixed_base_ = nullptr;
-  uint64_t fixed_len_ = 0;
-  IssueQueue<Pending> queued_;  // taken from the mailbox, not yet issued
-  std::vector<Pending> slots_;  // in-flight requests, by user_data
-  std::vector<uint32_t> free_slots_;
-  uint32_t in_flight_ = 0;
-  std::thread::id owner_;
+  const uint32_t async_reads_;
+  uint32_t reads_in_flight_ = 0;  // owner thread only
 
-  std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, enter_calls_{0},
-      in_flight_sum_{0}, max_reads_in_flight_{0};
-  std::thread thread_;
+  std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, max_reads_in_flight_{0};
+  // Last: destroyed first, so its thread is gone before the state above.
+  std::unique_ptr<internal::UringOwner<Pending>> owner_;
 };
 
 absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue::Create(
     int fd, uint32_t index, const UringOptions& options) {
-  const uint32_t depth = options.queue_depth;
-  std::unique_ptr<FileQueue> q(new FileQueue(fd, index, depth));
-  int r = io_uring_queue_init(depth, &q->ring_, 0);
-  if (r < 0) {
-    close(fd);
-    q->ring_.ring_fd = -1;
-    return absl::UnavailableError(absl::StrCat(
-        "io_uring_queue_init(", depth, ") for pool file ", index, ": ", ErrnoText(-r),
-        " (kernel without io_uring, /proc/sys/kernel/io_uring_disabled set, or a seccomp filter)"));
-  }
-  r = io_uring_register_files(&q->ring_, &fd, 1);
-  q->fixed_file_ = r == 0;
-  if (r < 0) {
-    log::Get("io")->warn("pool file {}: io_uring_register_files: {}; using plain fds", index,
-                         ErrnoText(-r));
-  }
-  if (options.memory_read_workers > 1 && OnTmpfs(fd)) {
-    q->async_reads_ = options.memory_read_workers;
-    log::Get("io")->info("pool file {} is on tmpfs: up to {} reads at once, each on an io_uring "
-                         "worker (io.memory_read_workers)",
-                         index, options.memory_read_workers);
-  }
-  q->slots_.resize(depth);
-  for (uint32_t i = depth; i > 0; --i) q->free_slots_.push_back(i - 1);
-  q->thread_ = std::thread([p = q.get()] { p->Run(); });
+  const bool memory = options.memory_read_workers > 1 && OnTmpfs(fd);
+  std::unique_ptr<FileQueue> q(new FileQueue(memory ? options.memory_read_workers : 0));
+  internal::UringOwnerOptions o;
+  o.name = absl::StrCat("pool file ", index);
   // Named for per-thread CPU figures (top -H, bench/ssd_array.py): "tutti-uring-<file>".
-  pthread_setname_np(q->thread_.native_handle(), absl::StrCat("tutti-uring-", index).c_str());
+  o.thread_name = absl::StrCat("tutti-uring-", index);
+  o.depth = options.queue_depth;
+  o.setup_hint =
+      "kernel without io_uring, /proc/sys/kernel/io_uring_disabled set, or a seccomp "
+      "filter";
+  o.memlock_per = "pool file";
+  auto owner = internal::UringOwner<Pending>::Create(fd, o, q.get());  // closes fd on failure
+  if (!owner.ok()) return owner.status();
+  q->owner_ = *std::move(owner);
+  if (memory) {
+    log::Get("io")->info(
+        "pool file {} is on tmpfs: up to {} reads at once, each on an io_uring "
+        "worker (io.memory_read_workers)",
+        index, options.memory_read_workers);
+  }
   return q;
-}
-
-UringBackend::FileQueue::~FileQueue() {
-  mailbox_.Stop();
-  if (thread_.joinable()) thread_.join();
-  if (ring_.ring_fd >= 0) {
-    // The ring's teardown is asynchronous and keeps registered files open (and their flock held)
-    // for some milliseconds after exit; unregistering first releases them now.
-    if (fixed_file_) io_uring_unregister_files(&ring_);
-    if (fixed_base_ != nullptr) io_uring_unregister_buffers(&ring_);
-    io_uring_queue_exit(&ring_);
-    close(fd_);
-  }
-}
-
-void UringBackend::FileQueue::Post(Part* part, std::vector<Pending> items) {
-  if (items.empty()) {
-    mailbox_.PostOne(Pending{nullptr, part});
-  } else {
-    mailbox_.Post(std::move(items));
-  }
-}
-
-absl::Status UringBackend::FileQueue::RunOnOwner(std::function<absl::Status()> task) {
-  return mailbox_.RunOnOwner(std::move(task));
-}
-
-absl::Status UringBackend::FileQueue::RegisterBuffer(absl::Span<uint8_t> region) {
-  return RunOnOwner([this, region]() -> absl::Status {
-    std::vector<iovec> iovs;
-    for (uint64_t off = 0; off < region.size(); off += kFixedChunk) {
-      iovs.push_back({region.data() + off, std::min<uint64_t>(kFixedChunk, region.size() - off)});
-    }
-    const int r = io_uring_register_buffers(&ring_, iovs.data(), iovs.size());
-    if (r == 0) {
-      fixed_base_ = region.data();
-      fixed_len_ = region.size();
-      return absl::OkStatus();
-    }
-    std::string msg = absl::StrCat("pool file ", index_, ": io_uring_register_buffers(",
-                                   region.size(), " bytes): ", ErrnoText(-r));
-    if (r == -ENOMEM) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          msg,
-          " (pinned memory is charged to RLIMIT_MEMLOCK once per pool file: raise it, e.g. "
-          "LimitMEMLOCK=infinity, or grant CAP_IPC_LOCK)"));
-    }
-    return absl::InternalError(msg);
-  });
-}
-
-void UringBackend::FileQueue::UnregisterBuffer() {
-  RunOnOwner([this] {
-    if (fixed_base_ != nullptr) io_uring_unregister_buffers(&ring_);
-    fixed_base_ = nullptr;
-    fixed_len_ = 0;
-    return absl::OkStatus();
-  }).IgnoreError();
 }
 
 void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->fixed_buffer_ops += fixed_ops_.load(std::memory_order_relaxed);
   c->plain_buffer_ops += plain_ops_.load(std::memory_order_relaxed);
   c->short_retries += short_retries_.load(std::memory_order_relaxed);
-  c->enter_calls += enter_calls_.load(std::memory_order_relaxed);
-  c->in_flight_sum += in_flight_sum_.load(std::memory_order_relaxed);
+  c->enter_calls += owner_->enter_calls();
+  c->in_flight_sum += owner_->in_flight_sum();
   c->memory_files += async_reads_ > 0 ? 1 : 0;
   c->max_memory_reads_in_flight = std::max<uint64_t>(
       c->max_memory_reads_in_flight, max_reads_in_flight_.load(std::memory_order_relaxed));
 }
 
-void UringBackend::FileQueue::Run() {
-  owner_ = std::this_thread::get_id();
-  for (;;) {
-    const bool idle = in_flight_ == 0 && queued_.empty();
-    if (!TakeIncoming(idle)) return;
-    PrepareSqes();
-    if (in_flight_ == 0) continue;
-    SubmitAndWait();
-    ReapCompletions();
+void UringBackend::FileQueue::Prepare(io_uring_sqe* sqe, Pending& p, int target) {
+  uint8_t* buf = static_cast<uint8_t*>(p.req->buf) + p.done_bytes;
+  const uint32_t len = p.req->len - p.done_bytes;
+  const uint64_t off = p.req->offset + p.done_bytes;
+  const bool read = p.req->op == Op::kRead;
+  const int fixed = owner_->FixedIndex(buf, len);
+  if (fixed >= 0) {
+    read ? io_uring_prep_read_fixed(sqe, target, buf, len, off, fixed)
+         : io_uring_prep_write_fixed(sqe, target, buf, len, off, fixed);
+    fixed_ops_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    read ? io_uring_prep_read(sqe, target, buf, len, off)
+         : io_uring_prep_write(sqe, target, buf, len, off);
+    plain_ops_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (read && async_reads_ > 0) {
+    sqe->flags |= IOSQE_ASYNC;
+    max_reads_in_flight_.store(
+        std::max<uint64_t>(max_reads_in_flight_.load(std::memory_order_relaxed),
+                           ++reads_in_flight_),
+        std::memory_order_relaxed);
   }
 }
 
-bool UringBackend::FileQueue::TakeIncoming(bool block) {
-  OwnerMailbox<Pending>::Taken taken = mailbox_.Take(block);
-  const std::vector<Pending>& items = taken.items;
-  for (const Pending& p : items) {
-    if (p.req == nullptr) {
-      FinishPart(p.part);
-    } else {
-      queued_.Push(p, p.req->op);
-    }
-  }
-  const bool idle = in_flight_ == 0 && queued_.empty();
-  return !(taken.stopping && idle && items.empty() && !taken.ran_control);
-}
-
-int UringBackend::FileQueue::FixedIndex(const uint8_t* buf, uint32_t len) const {
-  if (fixed_base_ == nullptr || buf < fixed_base_) return -1;
-  const uint64_t off = static_cast<uint64_t>(buf - fixed_base_);
-  if (off >= fixed_len_ || len > fixed_len_ - off) return -1;
-  const uint64_t chunk = off / kFixedChunk;
-  if ((off + len - 1) / kFixedChunk != chunk) return -1;  // straddles two registered pieces
-  return static_cast<int>(chunk);
-}
-
-void UringBackend::FileQueue::PrepareSqes() {
-  assert(OnOwnerThread());
-  while (in_flight_ < depth_ && !queued_.empty()) {
-    // Arrival order; reads held by the tmpfs cap let later writes pass.
-    const bool reads_may_go = async_reads_ == 0 || reads_in_flight_ < async_reads_;
-    if (!reads_may_go && !queued_.has_writes()) break;
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (sqe == nullptr) break;  // cannot happen with in_flight_ < depth_; stay safe
-    const Pending p = *queued_.Pop(reads_may_go);
-    const uint32_t slot = free_slots_.back();
-    free_slots_.pop_back();
-    slots_[slot] = p;
-    ++in_flight_;
-
-    uint8_t* buf = static_cast<uint8_t*>(p.req->buf) + p.done_bytes;
-    const uint32_t len = p.req->len - p.done_bytes;
-    const uint64_t off = p.req->offset + p.done_bytes;
-    const int target = fixed_file_ ? 0 : fd_;
-    const bool read = p.req->op == Op::kRead;
-    const int fixed = FixedIndex(buf, len);
-    if (fixed >= 0) {
-      read ? io_uring_prep_read_fixed(sqe, target, buf, len, off, fixed)
-           : io_uring_prep_write_fixed(sqe, target, buf, len, off, fixed);
-      fixed_ops_.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      read ? io_uring_prep_read(sqe, target, buf, len, off)
-           : io_uring_prep_write(sqe, target, buf, len, off);
-      plain_ops_.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
-    if (read && async_reads_ > 0) {
-      sqe->flags |= IOSQE_ASYNC;
-      max_reads_in_flight_.store(std::max<uint64_t>(
-                                     max_reads_in_flight_.load(std::memory_order_relaxed),
-                                     ++reads_in_flight_),
-                                 std::memory_order_relaxed);
-    }
-    io_uring_sqe_set_data64(sqe, slot);
-  }
-}
-
-void UringBackend::FileQueue::SubmitAndWait() {
-  enter_calls_.fetch_add(1, std::memory_order_relaxed);
-  in_flight_sum_.fetch_add(in_flight_, std::memory_order_relaxed);
-  const int r = io_uring_submit_and_wait(&ring_, 1);
-  if (r >= 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY) return;  // unsent SQEs go next round
-  TUTTI_LOG_EVERY_N_SEC(log::Get("io"), spdlog::level::err, 5,
-                        "pool file {}: io_uring_submit_and_wait: {}", index_, ErrnoText(-r));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
-void UringBackend::FileQueue::ReapCompletions() {
-  assert(OnOwnerThread());
-  unsigned head;
-  unsigned seen = 0;
-  io_uring_cqe* cqe;
-  io_uring_for_each_cqe(&ring_, head, cqe) {
-    Complete(cqe->user_data, cqe->res);
-    ++seen;
-  }
-  io_uring_cq_advance(&ring_, seen);
-}
-
-void UringBackend::FileQueue::Complete(uint64_t slot, int res) {
-  Pending p = slots_[slot];
-  free_slots_.push_back(static_cast<uint32_t>(slot));
-  --in_flight_;
+bool UringBackend::FileQueue::Complete(Pending& p, int res) {
   if (async_reads_ > 0 && p.req->op == Op::kRead) --reads_in_flight_;
   if (res < 0) {
     p.req->result = res;
     FinishRequest(p.part);
-    return;
+    return false;
   }
   const uint32_t wanted = p.req->len - p.done_bytes;
   p.done_bytes += static_cast<uint32_t>(res);
@@ -360,15 +173,11 @@ void UringBackend::FileQueue::Complete(uint64_t slot, int res) {
   if (short_transfer && res > 0 && !p.retried && res % kAlignment == 0) {
     p.retried = true;
     short_retries_.fetch_add(1, std::memory_order_relaxed);
-    queued_.PushFront(p, p.req->op);
-    return;
+    return true;  // the remainder, before everything queued
   }
   p.req->result = p.done_bytes;
   FinishRequest(p.part);
-}
-
-void UringBackend::FileQueue::FinishRequest(Part* part) {
-  if (--part->left == 0) FinishPart(part);
+  return false;
 }
 
 UringBackend::UringBackend(std::vector<uint64_t> sizes) : sizes_(std::move(sizes)) {}
@@ -412,9 +221,9 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
     return absl::FailedPreconditionError("RegisterBuffer: a buffer is already registered");
   }
   for (size_t i = 0; i < queues_.size(); ++i) {
-    absl::Status s = queues_[i]->RegisterBuffer(region);
+    absl::Status s = queues_[i]->owner().RegisterBuffer(region, kFixedChunk);
     if (s.ok()) continue;
-    for (size_t j = 0; j < i; ++j) queues_[j]->UnregisterBuffer();  // all or nothing
+    for (size_t j = 0; j < i; ++j) queues_[j]->owner().UnregisterBuffer();  // all or nothing
     buffer_registered_.store(false);
     return s;
   }
@@ -422,7 +231,7 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
 }
 
 void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> done) {
-  auto* b = new Batch;
+  auto* b = new UringBatch;
   b->done = std::move(done);
   absl::InlinedVector<std::vector<Pending>, 4> per_file(queues_.size());
   for (IoRequest& r : batch) {
@@ -430,26 +239,26 @@ void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> don
       r.result = -EINVAL;
       continue;
     }
-    per_file[r.file].push_back(Pending{&r});
+    per_file[r.file].push_back(Pending{&r, nullptr});
   }
   // Build every part before posting any: a posted part may finish (and free `b`) at once.
-  absl::InlinedVector<std::pair<uint32_t, Part*>, 4> posts;
+  absl::InlinedVector<std::pair<uint32_t, UringPart*>, 4> posts;
   for (uint32_t f = 0; f < per_file.size(); ++f) {
     if (!per_file[f].empty()) {
-      b->parts.push_back(Part{b, static_cast<uint32_t>(per_file[f].size())});
+      b->parts.push_back(UringPart{b, static_cast<uint32_t>(per_file[f].size())});
     }
   }
-  if (b->parts.empty()) b->parts.push_back(Part{b, 0});  // completes on file 0's thread
+  if (b->parts.empty()) b->parts.push_back(UringPart{b, 0});  // completes on file 0's thread
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
   size_t next = 0;
   for (uint32_t f = 0; f < per_file.size(); ++f) {
     if (per_file[f].empty()) continue;
-    Part* part = &b->parts[next++];
+    UringPart* part = &b->parts[next++];
     for (Pending& p : per_file[f]) p.part = part;
     posts.emplace_back(f, part);
   }
   if (posts.empty()) posts.emplace_back(0, &b->parts[0]);
-  for (auto& [f, part] : posts) queues_[f]->Post(part, std::move(per_file[f]));
+  for (auto& [f, part] : posts) queues_[f]->owner().Post(part, std::move(per_file[f]));
 }
 
 absl::Status UringBackend::Sync(uint32_t file) {
@@ -458,7 +267,7 @@ absl::Status UringBackend::Sync(uint32_t file) {
   }
   int r;
   do {
-    r = fdatasync(queues_[file]->fd());
+    r = fdatasync(queues_[file]->owner().fd());
   } while (r != 0 && errno == EINTR);
   if (r != 0) {
     return absl::InternalError(absl::StrCat("fdatasync(pool file ", file, "): ", ErrnoText(errno)));

@@ -1,14 +1,15 @@
 // The "uring" I/O backend: io_uring over O_DIRECT pool files, one ring and one owner thread per
 // file.
 //
-// Submit() splits a batch by file and posts each part to that file's thread (a mutex-guarded
-// queue). The thread keeps up to `queue_depth` requests in flight on its ring, issuing them in
-// the order they arrived (which class goes first is the scheduler's policy, daemon/datapath/
-// scheduler.h), submits everything it has prepared with one io_uring_enter,
-// reaps all available completions at once, and runs a batch's `done` when the last part of the
-// batch finishes. The pool files are registered with each ring (IOSQE_FIXED_FILE); a buffer
-// registered through RegisterBuffer is used with IORING_OP_READ_FIXED / WRITE_FIXED for requests
-// that lie inside it.
+// Submit() splits a batch by file and posts each part to that file's ring owner (uring_owner.h:
+// one ring and one owner thread per file, handed work through a mutex-guarded mailbox). The owner
+// keeps up to `queue_depth` requests in flight on its ring, issuing them in the order they
+// arrived (which class goes first is the scheduler's policy, daemon/datapath/scheduler.h; the one
+// exception is the tmpfs read cap, UringOptions::memory_read_workers), submits everything it has
+// prepared with one io_uring_enter, reaps all available completions at once, and runs a batch's
+// `done` when the last part of the batch finishes. The pool files are registered with each ring
+// (IOSQE_FIXED_FILE); a buffer registered through RegisterBuffer is used with IORING_OP_READ_FIXED
+// / WRITE_FIXED for requests that lie inside it.
 //
 // Pool files on tmpfs: see UringOptions::memory_read_workers.
 //
@@ -19,7 +20,7 @@
 // Latency note: while requests are in flight the owner thread sleeps in the kernel until a
 // completion arrives, so a batch posted at that moment starts when the next completion wakes it.
 //
-// Thread-safety: as IoBackend. The rings are touched only by their owner threads.
+// Thread-safety: as IoBackend. Each ring is touched only by its owner thread (uring_owner.h).
 #ifndef TUTTI_DAEMON_IO_URING_BACKEND_H_
 #define TUTTI_DAEMON_IO_URING_BACKEND_H_
 
@@ -42,7 +43,8 @@ struct UringOptions {
   // runs one after another on a single worker per file): reads are issued as IOSQE_ASYNC, at most
   // this many in flight per file, so as many io_uring workers copy at once (io_uring's own cap on
   // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it. Writes
-  // queued behind reads that this cap holds back are issued meanwhile.
+  // queued behind reads that this cap holds back are issued meanwhile (the only place a backend
+  // issues out of arrival order; issue_queue.h says why that is safe and why it stays).
   uint32_t memory_read_workers = 16;
 };
 

@@ -7,11 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cassert>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -20,10 +19,9 @@
 #include "common/align.h"
 #include "common/log.h"
 #include "daemon/io/aligned_buffer.h"
-#include "daemon/io/issue_queue.h"
 #include "daemon/io/nvme_command.h"
-#include "daemon/io/owner_mailbox.h"
 #include "daemon/io/request_check.h"
+#include "daemon/io/uring_owner.h"
 
 namespace tutti::io {
 namespace {
@@ -42,42 +40,32 @@ uint64_t PieceBytes(uint64_t region) {
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
-// One batch of Submit; done runs when the last of its parts (one per namespace) finishes.
-struct Batch;
-struct Part {
-  Batch* batch;
-  uint32_t left;  // requests of this part not completed yet; owner thread only
-};
+using internal::UringBatch;
+using internal::UringPart;
+
 // One request, split into `chunks_left` commands; owner thread only.
 struct ReqState {
   IoRequest* req = nullptr;
-  Part* part = nullptr;
+  UringPart* part = nullptr;
   uint32_t chunks_left = 0;
   int error = 0;  // the first chunk's error, or 0
 };
-struct Batch {
-  std::function<void()> done;
-  std::atomic<uint32_t> parts_left{0};
-  absl::InlinedVector<Part, 4> parts;
+struct Batch : UringBatch {
   std::vector<ReqState> reqs;  // sized once in Submit; never reallocated afterwards
 };
 
-// One command: bytes [at, at + len) of a request. `rs == nullptr` marks an empty part.
+// One command: bytes [at, at + len) of a request. A default one (`rs == nullptr`) marks an empty
+// part.
 struct Chunk {
   ReqState* rs = nullptr;
-  Part* part = nullptr;
+  UringPart* part = nullptr;
   uint32_t at = 0;
   uint32_t len = 0;
   bool fixed = false;  // issued with IORING_URING_CMD_FIXED
-};
 
-void FinishPart(Part* part) {
-  Batch* b = part->batch;
-  if (b->parts_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  std::function<void()> done = std::move(b->done);
-  delete b;
-  if (done) done();
-}
+  bool empty() const { return rs == nullptr; }
+  Op op() const { return rs->req->op; }
+};
 
 std::string DevicePath(int fd) {
   char buf[256];
@@ -97,19 +85,22 @@ absl::Status AdminError(const std::string& device, const char* what, int r, int 
         " (NVMe passthrough needs CAP_SYS_ADMIN; run tuttid as root or grant it the capability)"));
   }
   if (err == ENOTTY || err == EINVAL) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        device, ": ", what, ": ", ErrnoText(err), ": not an NVMe namespace; io.passthrough_devices "
-        "lists NVMe generic char devices such as /dev/ng0n1"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(device, ": ", what, ": ", ErrnoText(err),
+                     ": not an NVMe namespace; io.passthrough_devices "
+                     "lists NVMe generic char devices such as /dev/ng0n1"));
   }
   return absl::InternalError(absl::StrCat(device, ": ", what, ": ", ErrnoText(err)));
 }
 
 absl::StatusOr<nvme_cmd::Geometry> Identify(int fd, const std::string& device, uint32_t cap) {
   struct stat st;
-  if (fstat(fd, &st) != 0) return absl::InternalError(absl::StrCat(device, ": fstat: ", ErrnoText(errno)));
+  if (fstat(fd, &st) != 0)
+    return absl::InternalError(absl::StrCat(device, ": fstat: ", ErrnoText(errno)));
   if (!S_ISCHR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        device, " is not a char device: io.passthrough_devices lists NVMe generic char devices "
+        device,
+        " is not a char device: io.passthrough_devices lists NVMe generic char devices "
         "(/dev/ngXnY, not the block device /dev/nvmeXnY)"));
   }
   const int nsid = ioctl(fd, NVME_IOCTL_ID);
@@ -124,6 +115,16 @@ absl::StatusOr<nvme_cmd::Geometry> Identify(int fd, const std::string& device, u
   return nvme_cmd::ParseIdentify(ns.data(), ctrl.data(), static_cast<uint32_t>(nsid), cap, device);
 }
 
+// Whether the ring can run IORING_OP_URING_CMD (Linux 5.19 and later).
+absl::Status CheckUringCmd(io_uring* ring, const std::string& device) {
+  io_uring_probe* probe = io_uring_get_probe_ring(ring);
+  const bool has_cmd = probe != nullptr && io_uring_opcode_supported(probe, IORING_OP_URING_CMD);
+  if (probe != nullptr) io_uring_free_probe(probe);
+  if (has_cmd) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      device, ": this kernel's io_uring lacks IORING_OP_URING_CMD (Linux 5.19 or later)"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int>> OpenPassthroughDevices(const std::vector<std::string>& paths) {
@@ -135,7 +136,8 @@ absl::StatusOr<std::vector<int>> OpenPassthroughDevices(const std::vector<std::s
     const int fd = open(p.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
-      const std::string msg = absl::StrCat("io.passthrough_devices: open ", p, ": ", ErrnoText(err));
+      const std::string msg =
+          absl::StrCat("io.passthrough_devices: open ", p, ": ", ErrnoText(err));
       if (err == ENOENT || err == ENXIO || err == ENODEV) return absl::NotFoundError(msg);
       if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
       return absl::InternalError(msg);
@@ -152,157 +154,57 @@ absl::StatusOr<std::vector<int>> OpenPassthroughDevices(const std::vector<std::s
   return fds;
 }
 
-// Owns one namespace's fd, its ring and the thread that drives the ring.
-class UringCmdBackend::NamespaceQueue {
+// One namespace: how its requests' chunks become NVMe commands and what their completions mean,
+// and the owner of its ring (internal::UringOwner), whose thread alone calls the UringItemOps
+// methods.
+class UringCmdBackend::NamespaceQueue final : public internal::UringItemOps<Chunk> {
  public:
   static absl::StatusOr<std::unique_ptr<NamespaceQueue>> Create(int fd, const NamespaceInfo& info,
                                                                 uint64_t limit_bytes,
                                                                 uint32_t depth);
-  ~NamespaceQueue();
 
-  int fd() const { return fd_; }
-  // Queues `items` (all of one part). An empty `items` queues the empty part itself.
-  void Post(Part* part, std::vector<Chunk> items);
-  absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece);
-  void UnregisterBuffer();
+  internal::UringOwner<Chunk>& owner() { return *owner_; }
   void AddCounters(UringCmdCounters* c) const;
 
+  void Prepare(io_uring_sqe* sqe, Chunk& c, int target) override;
+  bool Complete(Chunk& c, int res) override;
+
  private:
-  NamespaceQueue(int fd, const NamespaceInfo& info, uint64_t limit, uint32_t depth)
-      : fd_(fd), info_(info), limit_(limit), depth_(depth) {}
+  NamespaceQueue(const NamespaceInfo& info, uint64_t limit)
+      : info_(info),
+        limit_(limit),
+        geometry_{info.nsid, info.lba_bytes, info.bytes / info.lba_bytes, info.volatile_write_cache,
+                  info.max_transfer_bytes} {}
 
-  void Run();
-  bool TakeIncoming(bool block);
-  void PrepareSqes();
-  void PrepareOne(io_uring_sqe* sqe, Chunk* c, uint32_t slot);
   bool RetryPlain(const Chunk& c, int res);
-  void SubmitAndWait();
-  void ReapCompletions();
-  void Complete(uint64_t slot, int res);
   void LogControllerError(const Chunk& c, int status);
-  int FixedIndex(const uint8_t* buf, uint32_t len) const;
-  bool OnOwnerThread() const { return std::this_thread::get_id() == owner_; }
-  absl::Status RunOnOwner(std::function<absl::Status()> task);
 
-  const int fd_;
   const NamespaceInfo info_;
   const uint64_t limit_;  // bytes served: the capacity (+ test_extra_bytes)
-  const uint32_t depth_;
-  nvme_cmd::Geometry geometry_;
-
-  OwnerMailbox<Chunk> mailbox_;
-
-  // Owner-thread state.
-  io_uring ring_{};
-  bool fixed_file_ = false;
-  const uint8_t* fixed_base_ = nullptr;
-  uint64_t fixed_len_ = 0;
-  uint64_t piece_ = 0;
+  const nvme_cmd::Geometry geometry_;
   bool fixed_refused_ = false;  // the kernel refused a fixed-buffer command: plain ones only
-  IssueQueue<Chunk> queued_;    // taken from the mailbox, not yet issued
-  std::vector<Chunk> slots_;  // in-flight commands, by user_data
-  std::vector<uint32_t> free_slots_;
-  uint32_t in_flight_ = 0;
-  std::thread::id owner_;
 
   std::atomic<uint64_t> commands_{0}, fixed_ops_{0}, controller_errors_{0}, fixed_refusals_{0};
-  std::thread thread_;
+  // Last: destroyed first, so its thread is gone before the state above.
+  std::unique_ptr<internal::UringOwner<Chunk>> owner_;
 };
 
 absl::StatusOr<std::unique_ptr<UringCmdBackend::NamespaceQueue>>
 UringCmdBackend::NamespaceQueue::Create(int fd, const NamespaceInfo& info, uint64_t limit_bytes,
                                         uint32_t depth) {
-  std::unique_ptr<NamespaceQueue> q(new NamespaceQueue(fd, info, limit_bytes, depth));
-  q->geometry_ = {info.nsid, info.lba_bytes, info.bytes / info.lba_bytes,
-                  info.volatile_write_cache, info.max_transfer_bytes};
-  io_uring_params params;
-  std::memset(&params, 0, sizeof(params));
-  params.flags = IORING_SETUP_SQE128 | IORING_SETUP_CQE32;
-  int r = io_uring_queue_init_params(depth, &q->ring_, &params);
-  if (r < 0) {
-    close(fd);
-    q->ring_.ring_fd = -1;
-    return absl::UnavailableError(absl::StrCat(
-        info.device, ": io_uring_queue_init(", depth, ", SQE128 | CQE32): ", ErrnoText(-r),
-        " (NVMe passthrough needs Linux 5.19 or later with io_uring enabled)"));
-  }
-  io_uring_probe* probe = io_uring_get_probe_ring(&q->ring_);
-  const bool has_cmd = probe != nullptr && io_uring_opcode_supported(probe, IORING_OP_URING_CMD);
-  if (probe != nullptr) io_uring_free_probe(probe);
-  if (!has_cmd) {
-    io_uring_queue_exit(&q->ring_);
-    close(fd);
-    q->ring_.ring_fd = -1;
-    return absl::UnavailableError(absl::StrCat(
-        info.device, ": this kernel's io_uring lacks IORING_OP_URING_CMD (Linux 5.19 or later)"));
-  }
-  r = io_uring_register_files(&q->ring_, &fd, 1);
-  q->fixed_file_ = r == 0;
-  if (r < 0) {
-    log::Get("io")->warn("{}: io_uring_register_files: {}; using the plain fd", info.device,
-                         ErrnoText(-r));
-  }
-  q->slots_.resize(depth);
-  for (uint32_t i = depth; i > 0; --i) q->free_slots_.push_back(i - 1);
-  q->thread_ = std::thread([p = q.get()] { p->Run(); });
+  std::unique_ptr<NamespaceQueue> q(new NamespaceQueue(info, limit_bytes));
+  internal::UringOwnerOptions o;
+  o.name = info.device;
+  o.depth = depth;
+  o.setup_flags = IORING_SETUP_SQE128 | IORING_SETUP_CQE32;  // an NVMe command needs 128 bytes
+  o.setup_flags_text = "SQE128 | CQE32";
+  o.setup_hint = "NVMe passthrough needs Linux 5.19 or later with io_uring enabled";
+  o.memlock_per = "namespace";
+  o.check_ring = [device = info.device](io_uring* ring) { return CheckUringCmd(ring, device); };
+  auto owner = internal::UringOwner<Chunk>::Create(fd, o, q.get());  // closes fd on failure
+  if (!owner.ok()) return owner.status();
+  q->owner_ = *std::move(owner);
   return q;
-}
-
-UringCmdBackend::NamespaceQueue::~NamespaceQueue() {
-  mailbox_.Stop();
-  if (thread_.joinable()) thread_.join();
-  if (ring_.ring_fd >= 0) {
-    if (fixed_file_) io_uring_unregister_files(&ring_);
-    if (fixed_base_ != nullptr) io_uring_unregister_buffers(&ring_);
-    io_uring_queue_exit(&ring_);
-    close(fd_);
-  }
-}
-
-void UringCmdBackend::NamespaceQueue::Post(Part* part, std::vector<Chunk> items) {
-  if (items.empty()) {
-    mailbox_.PostOne(Chunk{nullptr, part});
-  } else {
-    mailbox_.Post(std::move(items));
-  }
-}
-
-absl::Status UringCmdBackend::NamespaceQueue::RunOnOwner(std::function<absl::Status()> task) {
-  return mailbox_.RunOnOwner(std::move(task));
-}
-
-absl::Status UringCmdBackend::NamespaceQueue::RegisterBuffer(absl::Span<uint8_t> region,
-                                                             uint64_t piece) {
-  return RunOnOwner([this, region, piece]() -> absl::Status {
-    std::vector<iovec> iovs;
-    for (uint64_t off = 0; off < region.size(); off += piece) {
-      iovs.push_back({region.data() + off, std::min<uint64_t>(piece, region.size() - off)});
-    }
-    const int r = io_uring_register_buffers(&ring_, iovs.data(), iovs.size());
-    if (r == 0) {
-      fixed_base_ = region.data();
-      fixed_len_ = region.size();
-      piece_ = piece;
-      return absl::OkStatus();
-    }
-    const std::string msg = absl::StrCat(info_.device, ": io_uring_register_buffers(",
-                                         region.size(), " bytes): ", ErrnoText(-r));
-    if (r == -ENOMEM) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          msg, " (pinned memory is charged to RLIMIT_MEMLOCK once per namespace: raise it, e.g. "
-               "LimitMEMLOCK=infinity, or grant CAP_IPC_LOCK)"));
-    }
-    return absl::InternalError(msg);
-  });
-}
-
-void UringCmdBackend::NamespaceQueue::UnregisterBuffer() {
-  RunOnOwner([this] {
-    if (fixed_base_ != nullptr) io_uring_unregister_buffers(&ring_);
-    fixed_base_ = nullptr;
-    fixed_len_ = 0;
-    return absl::OkStatus();
-  }).IgnoreError();
 }
 
 void UringCmdBackend::NamespaceQueue::AddCounters(UringCmdCounters* c) const {
@@ -312,107 +214,35 @@ void UringCmdBackend::NamespaceQueue::AddCounters(UringCmdCounters* c) const {
   c->fixed_buffer_refusals += fixed_refusals_.load(std::memory_order_relaxed);
 }
 
-void UringCmdBackend::NamespaceQueue::Run() {
-  owner_ = std::this_thread::get_id();
-  for (;;) {
-    const bool idle = in_flight_ == 0 && queued_.empty();
-    if (!TakeIncoming(idle)) return;
-    PrepareSqes();
-    if (in_flight_ == 0) continue;
-    SubmitAndWait();
-    ReapCompletions();
-  }
-}
-
-bool UringCmdBackend::NamespaceQueue::TakeIncoming(bool block) {
-  OwnerMailbox<Chunk>::Taken taken = mailbox_.Take(block);
-  const std::vector<Chunk>& items = taken.items;
-  for (const Chunk& c : items) {
-    if (c.rs == nullptr) {
-      FinishPart(c.part);
-    } else {
-      queued_.Push(c, c.rs->req->op);
-    }
-  }
-  const bool idle = in_flight_ == 0 && queued_.empty();
-  return !(taken.stopping && idle && items.empty() && !taken.ran_control);
-}
-
-int UringCmdBackend::NamespaceQueue::FixedIndex(const uint8_t* buf, uint32_t len) const {
-  if (fixed_base_ == nullptr || buf < fixed_base_) return -1;
-  const uint64_t off = static_cast<uint64_t>(buf - fixed_base_);
-  if (off >= fixed_len_ || len > fixed_len_ - off) return -1;
-  const uint64_t chunk = off / piece_;
-  if ((off + len - 1) / piece_ != chunk) return -1;  // straddles two pieces
-  return static_cast<int>(chunk);
-}
-
-void UringCmdBackend::NamespaceQueue::PrepareOne(io_uring_sqe* sqe, Chunk* c, uint32_t slot) {
-  const IoRequest& r = *c->rs->req;
-  uint8_t* buf = static_cast<uint8_t*>(r.buf) + c->at;
+void UringCmdBackend::NamespaceQueue::Prepare(io_uring_sqe* sqe, Chunk& c, int target) {
+  const IoRequest& r = *c.rs->req;
+  uint8_t* buf = static_cast<uint8_t*>(r.buf) + c.at;
   nvme_cmd::LbaRange range;
   // Submit checked the whole request against limit_; a chunk of it maps too.
-  nvme_cmd::ToLbaRange(geometry_, r.offset + c->at, c->len, limit_, &range);
+  nvme_cmd::ToLbaRange(geometry_, r.offset + c.at, c.len, limit_, &range);
   const nvme_uring_cmd cmd = nvme_cmd::MakeIoCommand(
-      r.op == Op::kRead ? nvme_cmd::kOpRead : nvme_cmd::kOpWrite, info_.nsid, range, buf, c->len);
-  io_uring_prep_rw(IORING_OP_URING_CMD, sqe, fixed_file_ ? 0 : fd_, nullptr, 0, 0);
+      r.op == Op::kRead ? nvme_cmd::kOpRead : nvme_cmd::kOpWrite, info_.nsid, range, buf, c.len);
+  io_uring_prep_rw(IORING_OP_URING_CMD, sqe, target, nullptr, 0, 0);
   sqe->cmd_op = NVME_URING_CMD_IO;
   std::memset(sqe->cmd, 0, 80);  // the SQE128's command area
   std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
-  const int fixed = fixed_refused_ ? -1 : FixedIndex(buf, c->len);
-  c->fixed = fixed >= 0;
+  const int fixed = fixed_refused_ ? -1 : owner_->FixedIndex(buf, c.len);
+  c.fixed = fixed >= 0;
   if (fixed >= 0) {
     sqe->uring_cmd_flags = IORING_URING_CMD_FIXED;
     sqe->buf_index = static_cast<uint16_t>(fixed);
     fixed_ops_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (fixed_file_) sqe->flags |= IOSQE_FIXED_FILE;
-  io_uring_sqe_set_data64(sqe, slot);
   commands_.fetch_add(1, std::memory_order_relaxed);
-}
-
-void UringCmdBackend::NamespaceQueue::PrepareSqes() {
-  assert(OnOwnerThread());
-  while (in_flight_ < depth_ && !queued_.empty()) {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (sqe == nullptr) break;
-    const Chunk c = *queued_.Pop(/*reads_may_go=*/true);  // arrival order
-    const uint32_t slot = free_slots_.back();
-    free_slots_.pop_back();
-    slots_[slot] = c;
-    ++in_flight_;
-    PrepareOne(sqe, &slots_[slot], slot);
-  }
-}
-
-void UringCmdBackend::NamespaceQueue::SubmitAndWait() {
-  const int r = io_uring_submit_and_wait(&ring_, 1);
-  if (r >= 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY) return;
-  TUTTI_LOG_EVERY_N_SEC(log::Get("io"), spdlog::level::err, 5, "{}: io_uring_submit_and_wait: {}",
-                        info_.device, ErrnoText(-r));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
-
-void UringCmdBackend::NamespaceQueue::ReapCompletions() {
-  assert(OnOwnerThread());
-  unsigned head;
-  unsigned seen = 0;
-  io_uring_cqe* cqe;
-  io_uring_for_each_cqe(&ring_, head, cqe) {
-    Complete(cqe->user_data, cqe->res);
-    ++seen;
-  }
-  io_uring_cq_advance(&ring_, seen);
 }
 
 void UringCmdBackend::NamespaceQueue::LogControllerError(const Chunk& c, int status) {
   controller_errors_.fetch_add(1, std::memory_order_relaxed);
   const IoRequest& r = *c.rs->req;
-  TUTTI_LOG_EVERY_N_SEC(log::Get("io"), spdlog::level::err, 5,
-                        "{} nsid {}: {} of {} LBAs at LBA {} failed: {}", info_.device,
-                        info_.nsid, r.op == Op::kRead ? "read" : "write",
-                        c.len / info_.lba_bytes, (r.offset + c.at) / info_.lba_bytes,
-                        nvme_cmd::StatusText(static_cast<uint16_t>(status)));
+  TUTTI_LOG_EVERY_N_SEC(
+      log::Get("io"), spdlog::level::err, 5, "{} nsid {}: {} of {} LBAs at LBA {} failed: {}",
+      info_.device, info_.nsid, r.op == Op::kRead ? "read" : "write", c.len / info_.lba_bytes,
+      (r.offset + c.at) / info_.lba_bytes, nvme_cmd::StatusText(static_cast<uint16_t>(status)));
 }
 
 // Linux 6.1 refuses (EINVAL) a fixed-buffer passthrough command whose registered buffer has more
@@ -430,15 +260,11 @@ bool UringCmdBackend::NamespaceQueue::RetryPlain(const Chunk& c, int res) {
   }
   fixed_refused_ = true;
   fixed_refusals_.fetch_add(1, std::memory_order_relaxed);
-  queued_.PushFront(c, c.rs->req->op);
   return true;
 }
 
-void UringCmdBackend::NamespaceQueue::Complete(uint64_t slot, int res) {
-  const Chunk c = slots_[slot];
-  free_slots_.push_back(static_cast<uint32_t>(slot));
-  --in_flight_;
-  if (RetryPlain(c, res)) return;
+bool UringCmdBackend::NamespaceQueue::Complete(Chunk& c, int res) {
+  if (RetryPlain(c, res)) return true;  // before everything queued
   ReqState* rs = c.rs;
   int err = 0;
   if (res < 0) {
@@ -450,9 +276,10 @@ void UringCmdBackend::NamespaceQueue::Complete(uint64_t slot, int res) {
     err = nvme_cmd::StatusToErrno(static_cast<uint16_t>(res));
   }
   if (err != 0 && rs->error == 0) rs->error = err;
-  if (--rs->chunks_left > 0) return;
+  if (--rs->chunks_left > 0) return false;
   rs->req->result = rs->error != 0 ? rs->error : static_cast<int64_t>(rs->req->len);
-  if (--rs->part->left == 0) FinishPart(rs->part);
+  internal::FinishRequest(rs->part);
+  return false;
 }
 
 UringCmdBackend::~UringCmdBackend() { queues_.clear(); }
@@ -469,9 +296,9 @@ absl::StatusOr<std::unique_ptr<UringCmdBackend>> UringCmdBackend::Create(
         absl::StrCat("io.queue_depth must be in [1, 4096], got ", options.queue_depth));
   }
   if (options.max_transfer_bytes < kAlignment || options.max_transfer_bytes % kAlignment != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "uring_cmd: max_transfer_bytes must be a positive multiple of 4096, got ",
-        options.max_transfer_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("uring_cmd: max_transfer_bytes must be a positive multiple of 4096, got ",
+                     options.max_transfer_bytes));
   }
   std::unique_ptr<UringCmdBackend> b(new UringCmdBackend());
   for (int fd : fds) {
@@ -509,9 +336,9 @@ absl::Status UringCmdBackend::RegisterBuffer(absl::Span<uint8_t> region) {
   }
   const uint64_t piece = PieceBytes(region.size());
   for (size_t i = 0; i < queues_.size(); ++i) {
-    absl::Status s = queues_[i]->RegisterBuffer(region, piece);
+    absl::Status s = queues_[i]->owner().RegisterBuffer(region, piece);
     if (s.ok()) continue;
-    for (size_t j = 0; j < i; ++j) queues_[j]->UnregisterBuffer();
+    for (size_t j = 0; j < i; ++j) queues_[j]->owner().UnregisterBuffer();
     buffer_registered_.store(false);
     return s;
   }
@@ -550,20 +377,20 @@ void UringCmdBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> 
   for (uint32_t f = 0; f < per_ns.size(); ++f) {
     if (per_ns[f].empty()) continue;
     part_of[f] = static_cast<uint32_t>(b->parts.size());
-    b->parts.push_back(Part{b, reqs_per_ns[f]});
+    b->parts.push_back(UringPart{b, reqs_per_ns[f]});
   }
   const bool empty = b->parts.empty();
-  if (empty) b->parts.push_back(Part{b, 0});  // completes on namespace 0's thread
+  if (empty) b->parts.push_back(UringPart{b, 0});  // completes on namespace 0's thread
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
   for (ReqState& rs : b->reqs) {
     if (rs.req != nullptr) rs.part = &b->parts[part_of[rs.req->file]];
   }
   if (empty) {
-    queues_[0]->Post(&b->parts[0], {});
+    queues_[0]->owner().Post(&b->parts[0], {});
     return;
   }
   for (uint32_t f = 0; f < per_ns.size(); ++f) {
-    if (!per_ns[f].empty()) queues_[f]->Post(&b->parts[part_of[f]], std::move(per_ns[f]));
+    if (!per_ns[f].empty()) queues_[f]->owner().Post(&b->parts[part_of[f]], std::move(per_ns[f]));
   }
 }
 
@@ -586,7 +413,7 @@ absl::Status UringCmdBackend::Sync(uint32_t file) {
   nvme_passthru_cmd c = nvme_cmd::MakeFlush(n.nsid);
   int r;
   do {
-    r = ioctl(queues_[file]->fd(), NVME_IOCTL_IO_CMD, &c);
+    r = ioctl(queues_[file]->owner().fd(), NVME_IOCTL_IO_CMD, &c);
   } while (r < 0 && errno == EINTR);
   flushes_.fetch_add(1, std::memory_order_relaxed);
   if (r < 0) return absl::InternalError(absl::StrCat(n.device, ": NVMe Flush: ", ErrnoText(errno)));

@@ -4,19 +4,19 @@
 // pool "file": byte offset o of the file is LBA o / lba_size of the namespace (the pool on a raw
 // namespace: daemon/pool/FORMAT.md).
 //
-// Structure and contracts are those of the "uring" backend (uring_backend.h): one ring and one
-// owner thread per namespace; Submit splits a batch by namespace and posts each part to its
-// thread; the thread keeps up to `queue_depth` commands in flight, issuing them in arrival order
-// (the scheduler orders reads and writes), submits all it prepared with one io_uring_enter, reaps
-// every completion at once, and runs a batch's `done` when its last part finishes. Rings are set
-// up with IORING_SETUP_SQE128 | IORING_SETUP_CQE32 (an NVMe command does not fit a 64-byte SQE);
-// the namespaces are registered files; a buffer given to RegisterBuffer is registered in pieces of
-// 256 KiB (more where it would take more than io_uring's 16384 buffers) and used through
-// IORING_URING_CMD_FIXED, commands cut at piece boundaries: Linux 6.1 refuses (EINVAL) a
-// fixed-buffer command whose registered buffer has more pages from the command's start to its end
-// than the queue has segments. Should the kernel still refuse one, that command is re-issued with
-// a plain buffer, as are all later ones on that namespace (logged once, counted in
-// fixed_buffer_refusals).
+// Structure and contracts are those of the "uring" backend (uring_backend.h), with the same ring
+// owner (uring_owner.h): one ring and one owner thread per namespace; Submit splits a batch by
+// namespace and posts each part to its owner; the owner keeps up to `queue_depth` commands in
+// flight, issuing them in arrival order (the scheduler orders reads and writes), submits all it
+// prepared with one io_uring_enter, reaps every completion at once, and runs a batch's `done` when
+// its last part finishes. Rings are set up with IORING_SETUP_SQE128 | IORING_SETUP_CQE32 (an NVMe
+// command does not fit a 64-byte SQE); the namespaces are registered files; a buffer given to
+// RegisterBuffer is registered in pieces of 256 KiB (more where it would take more than io_uring's
+// 16384 buffers) and used through IORING_URING_CMD_FIXED, commands cut at piece boundaries: Linux
+// 6.1 refuses (EINVAL) a fixed-buffer command whose registered buffer has more pages from the
+// command's start to its end than the queue has segments. Should the kernel still refuse one, that
+// command is re-issued with a plain buffer, as are all later ones on that namespace (logged once,
+// counted in fixed_buffer_refusals).
 //
 // A request larger than the namespace's largest transfer (MDTS, capped by
 // UringCmdOptions::max_transfer_bytes) is split into several commands; it completes when the last
@@ -34,7 +34,7 @@
 // I/O commands need only write access to the char device, but Identify (admin) still needs
 // CAP_SYS_ADMIN unless the kernel allows it for the opener.
 //
-// Thread-safety: as IoBackend. The rings are touched only by their owner threads.
+// Thread-safety: as IoBackend. Each ring is touched only by its owner thread (uring_owner.h).
 #ifndef TUTTI_DAEMON_IO_URING_CMD_BACKEND_H_
 #define TUTTI_DAEMON_IO_URING_CMD_BACKEND_H_
 

@@ -4,7 +4,7 @@
 // the same register and queue protocol over host memory.
 //
 // Nothing here knows NVMe commands; queue.h and controller.h build on these two interfaces, and
-// the same queue code runs on the CPU and (GPU-initiated submission) on the GPU.
+// the same queue code runs on the CPU and (GPU-initiated submission, bench/nvme_gpu) on the GPU.
 #ifndef TUTTI_DAEMON_IO_NVME_DEVICE_H_
 #define TUTTI_DAEMON_IO_NVME_DEVICE_H_
 

@@ -1,6 +1,7 @@
-// The queue code shared by the CPU driver (queue_pair.h) and GPU-initiated submission: submission
-// and completion ring bookkeeping, SQE encoding for reads, writes and flushes from a descriptor
-// built at registration (descriptors.h), and consuming completions by their phase bit.
+// The queue code shared by the CPU driver (queue_pair.h) and GPU-initiated submission
+// (bench/nvme_gpu/gpu_queue.h, a prototype tuttid does not use yet): submission and completion ring
+// bookkeeping, SQE encoding for reads, writes and flushes from a descriptor built at registration
+// (descriptors.h), and consuming completions by their phase bit.
 //
 // Plain structs and TUTTI_HD functions: no std::, no allocation, no locks, no virtual calls, so the
 // same code compiles for host and device (queue_cuda_check.cu proves it under nvcc).

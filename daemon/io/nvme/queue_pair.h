@@ -4,7 +4,7 @@
 //
 // THE RULE: one owner thread per queue pair. Only that thread calls Submit, Poll, Execute and
 // Flush; other threads hand it work by message. Nothing here locks (debug builds assert the rule).
-// The ring bookkeeping is queue.h's, shared with GPU-initiated submission.
+// The ring bookkeeping is queue.h's, shared with GPU-initiated submission (bench/nvme_gpu).
 #ifndef TUTTI_DAEMON_IO_NVME_QUEUE_PAIR_H_
 #define TUTTI_DAEMON_IO_NVME_QUEUE_PAIR_H_
 

@@ -1,7 +1,7 @@
 // device.h's seam over vfio-pci: an NVMe controller dedicated to tuttid (bound to vfio-pci, see
-// docs/nvme.md and tools/nvme_bind.sh) opened from user space. BAR0 is mmapped from the vfio device
-// (RegisterSpace); DMA memory is mapped into the controller's IOMMU domain through a type1 container
-// (DmaAllocator).
+// docs/nvme.md and tools/nvme_bind.sh) opened from user space. BAR0 is mmapped from the vfio
+// device (RegisterSpace); DMA memory is mapped into the controller's IOMMU domain through a type1
+// container (DmaAllocator).
 //
 // Open() does, in order, each step's failure naming the step, the path and strerror(errno):
 //   1. the device's IOMMU group: readlink SYSFS/bus/pci/devices/ADDR/iommu_group -> N;
@@ -12,10 +12,11 @@
 //   5. VFIO_GROUP_GET_DEVICE_FD(ADDR);
 //   6. PCI command register: memory space and bus master enabled;
 //   7. BAR0: VFIO_DEVICE_GET_REGION_INFO, mmap of the part that may be mapped from offset 0 (the
-//      whole BAR, or the first sparse-mmap area: the registers and doorbells, MSI-X table excluded).
-// Close (the destructor): bus mastering off, BAR0 unmapped, the device fd closed. The container and
-// group stay open until the last DmaBuffer allocated from the device is destroyed, so buffers may
-// outlive the device (their IOMMU mappings are removed when they go).
+//      whole BAR, or the first sparse-mmap area: the registers and doorbells, MSI-X table
+//      excluded).
+// Close (the destructor): bus mastering off, BAR0 unmapped, the device fd closed. The container
+// and group stay open until the last DmaBuffer allocated from the device is destroyed, so buffers
+// may outlive the device (their IOMMU mappings are removed when they go).
 //
 // Privileges: /dev/vfio/N must be readable and writable (root, or its owner: docs/nvme.md), and the
 // pinned DMA memory counts against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.

@@ -5,8 +5,8 @@
 // GPU then only writes BAR0, never reads it.
 //
 // Thread-safety: stateless.
-#ifndef TUTTI_DAEMON_IO_NVME_GPU_DOORBELL_REQUIREMENTS_H_
-#define TUTTI_DAEMON_IO_NVME_GPU_DOORBELL_REQUIREMENTS_H_
+#ifndef TUTTI_BENCH_NVME_GPU_DOORBELL_REQUIREMENTS_H_
+#define TUTTI_BENCH_NVME_GPU_DOORBELL_REQUIREMENTS_H_
 
 #include <cstdint>
 #include <optional>
@@ -33,4 +33,4 @@ absl::Status CheckIoMemoryRequirements(uint32_t euid, absl::string_view version_
 
 }  // namespace tutti::io::nvme::gpu
 
-#endif  // TUTTI_DAEMON_IO_NVME_GPU_DOORBELL_REQUIREMENTS_H_
+#endif  // TUTTI_BENCH_NVME_GPU_DOORBELL_REQUIREMENTS_H_

@@ -25,8 +25,8 @@
 // THE RULE: the taken-over queue pair has one owner, this object (its kernel while a Read runs,
 // the calling thread during recovery). Nobody may call the QueuePair's own methods after Create.
 // Read is called by one thread at a time. The controller must outlive this object.
-#ifndef TUTTI_DAEMON_IO_NVME_GPU_GPU_QUEUE_H_
-#define TUTTI_DAEMON_IO_NVME_GPU_GPU_QUEUE_H_
+#ifndef TUTTI_BENCH_NVME_GPU_GPU_QUEUE_H_
+#define TUTTI_BENCH_NVME_GPU_GPU_QUEUE_H_
 
 #include <cuda_runtime_api.h>
 
@@ -37,8 +37,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/io/nvme/controller.h"
-#include "daemon/io/nvme/gpu/gpu_plan.h"
-#include "daemon/io/nvme/gpu/gpu_read_kernel.h"
+#include "bench/nvme_gpu/gpu_plan.h"
+#include "bench/nvme_gpu/gpu_read_kernel.h"
 #include "daemon/io/nvme/queue_pair.h"
 
 namespace tutti::io::nvme::gpu {
@@ -125,4 +125,4 @@ class GpuQueue {
 
 }  // namespace tutti::io::nvme::gpu
 
-#endif  // TUTTI_DAEMON_IO_NVME_GPU_GPU_QUEUE_H_
+#endif  // TUTTI_BENCH_NVME_GPU_GPU_QUEUE_H_

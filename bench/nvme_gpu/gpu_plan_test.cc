@@ -1,4 +1,4 @@
-#include "daemon/io/nvme/gpu/gpu_plan.h"
+#include "bench/nvme_gpu/gpu_plan.h"
 
 #include <map>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "daemon/io/nvme/gpu/doorbell_requirements.h"
+#include "bench/nvme_gpu/doorbell_requirements.h"
 
 #include "gtest/gtest.h"
 

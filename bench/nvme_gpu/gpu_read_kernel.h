@@ -1,4 +1,4 @@
-// Internal to daemon/io/nvme/gpu: the GPU-initiated read kernel's parameters and its launch.
+// Internal to bench/nvme_gpu: the GPU-initiated read kernel's parameters and its launch.
 // gpu_queue.h is the public interface; this header is plain C++ and CUDA's runtime types only, so
 // nvcc compiles the kernel without Abseil.
 //
@@ -13,13 +13,13 @@
 // I/Os kGpuIoTimedOut (their CIDs in the results), the ones it never submitted kGpuIoNotSubmitted,
 // writes the ring indices back to `state` and returns; the host then recovers the queue (Abort or
 // reset through the CPU controller). The GPU only writes the doorbells, never reads them.
-#ifndef TUTTI_DAEMON_IO_NVME_GPU_GPU_READ_KERNEL_H_
-#define TUTTI_DAEMON_IO_NVME_GPU_GPU_READ_KERNEL_H_
+#ifndef TUTTI_BENCH_NVME_GPU_GPU_READ_KERNEL_H_
+#define TUTTI_BENCH_NVME_GPU_GPU_READ_KERNEL_H_
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "daemon/io/nvme/gpu/plan_types.h"
+#include "bench/nvme_gpu/plan_types.h"
 #include "daemon/io/nvme/queue.h"
 
 namespace tutti::io::nvme::gpu {
@@ -67,4 +67,4 @@ cudaError_t LaunchGpuRead(const GpuReadParams& params, cudaStream_t stream);
 
 }  // namespace tutti::io::nvme::gpu
 
-#endif  // TUTTI_DAEMON_IO_NVME_GPU_GPU_READ_KERNEL_H_
+#endif  // TUTTI_BENCH_NVME_GPU_GPU_READ_KERNEL_H_

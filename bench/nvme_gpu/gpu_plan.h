@@ -3,8 +3,8 @@
 // of namespace LBAs, and each object it carries one piece copied to its engine block.
 //
 // Thread-safety: stateless functions; a GpuPlan is a plain value.
-#ifndef TUTTI_DAEMON_IO_NVME_GPU_GPU_PLAN_H_
-#define TUTTI_DAEMON_IO_NVME_GPU_GPU_PLAN_H_
+#ifndef TUTTI_BENCH_NVME_GPU_GPU_PLAN_H_
+#define TUTTI_BENCH_NVME_GPU_GPU_PLAN_H_
 
 #include <cstdint>
 #include <functional>
@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/datapath/read_plan.h"
-#include "daemon/io/nvme/gpu/plan_types.h"
+#include "bench/nvme_gpu/plan_types.h"
 
 namespace tutti::io::nvme::gpu {
 
@@ -40,4 +40,4 @@ absl::Status AppendLayerPlan(const datapath::LayerPlan& plan, uint32_t layer, ui
 
 }  // namespace tutti::io::nvme::gpu
 
-#endif  // TUTTI_DAEMON_IO_NVME_GPU_GPU_PLAN_H_
+#endif  // TUTTI_BENCH_NVME_GPU_GPU_PLAN_H_

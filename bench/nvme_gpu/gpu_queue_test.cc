@@ -1,7 +1,7 @@
 // The GPU-initiated read path end to end against the controller model: a real kernel on the GPU
 // submits to a queue pair in host memory, the model (a host thread) serves it, the kernel
 // scatters into device memory and writes ready words. Skips itself without a GPU.
-#include "daemon/io/nvme/gpu/gpu_queue.h"
+#include "bench/nvme_gpu/gpu_queue.h"
 
 #include <cuda_runtime.h>
 

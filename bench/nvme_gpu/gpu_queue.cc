@@ -1,4 +1,4 @@
-#include "daemon/io/nvme/gpu/gpu_queue.h"
+#include "bench/nvme_gpu/gpu_queue.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "daemon/io/nvme/gpu/doorbell_requirements.h"
+#include "bench/nvme_gpu/doorbell_requirements.h"
 #include "gpu/cuda_status.h"
 
 namespace tutti::io::nvme::gpu {

@@ -1,7 +1,7 @@
 // The GPU-initiated read kernel (gpu_read_kernel.h). Thread 0 owns the queue pair; the CTA
 // scatters. Per round: thread 0 submits what it can and reaps what has landed; the CTA scatters
 // the landed I/Os; thread 0 retires them (slots freed, results written, ready words).
-#include "daemon/io/nvme/gpu/gpu_read_kernel.h"
+#include "bench/nvme_gpu/gpu_read_kernel.h"
 
 namespace tutti::io::nvme::gpu {
 namespace {

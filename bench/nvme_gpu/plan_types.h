@@ -1,8 +1,8 @@
 // The plain records the GPU-initiated read path shares between the host and its kernel: the
 // plan's reads and pieces, per-I/O results and the ring state kept between launches. No library
 // includes: nvcc compiles this for the kernel (gpu_read_kernel.h) and the host code uses it as is.
-#ifndef TUTTI_DAEMON_IO_NVME_GPU_PLAN_TYPES_H_
-#define TUTTI_DAEMON_IO_NVME_GPU_PLAN_TYPES_H_
+#ifndef TUTTI_BENCH_NVME_GPU_PLAN_TYPES_H_
+#define TUTTI_BENCH_NVME_GPU_PLAN_TYPES_H_
 
 #include <stdint.h>
 
@@ -67,4 +67,4 @@ struct GpuReadSummary {
 
 }  // namespace tutti::io::nvme::gpu
 
-#endif  // TUTTI_DAEMON_IO_NVME_GPU_PLAN_TYPES_H_
+#endif  // TUTTI_BENCH_NVME_GPU_PLAN_TYPES_H_

@@ -8,7 +8,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "daemon/io/nvme/gpu/gpu_queue.h"
+#include "bench/nvme_gpu/gpu_queue.h"
 #include "gpu/cuda_status.h"
 
 namespace tutti::io::nvme::gpu {
