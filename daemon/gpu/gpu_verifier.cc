@@ -44,11 +44,7 @@ class GpuVerifier final : public datapath::Verifier {
  public:
   GpuVerifier(const GpuVerifierOptions& options, const IoStream& stream,
               datapath::Verifier* fallback)
-      : options_(options),
-        stream_(stream.stream()),
-        device_(stream.device()),
-        fallback_(fallback),
-        slots_(options.slots) {
+      : options_(options), stream_(stream.stream()), device_(stream.device()), fallback_(fallback) {
     XXH3_generateSecret_fromSeed(secret_.bytes, 0);  // XXH3's default secret
   }
 
@@ -133,16 +129,14 @@ class GpuVerifier final : public datapath::Verifier {
     // Filled per use.
     std::vector<Job> jobs;
     std::vector<CopyRun> runs;
-    uint32_t count = 0;    // descs
-    uint64_t used = 0;     // scratch bytes
-    uint64_t checked = 0;  // object bytes, wherever they are checked
+    uint32_t count = 0;  // descs
+    uint64_t used = 0;   // scratch bytes
     absl::Status status;
     void Reset() {
       jobs.clear();
       runs.clear();
       count = 0;
       used = 0;
-      checked = 0;
       status = absl::OkStatus();
     }
   };
@@ -157,33 +151,27 @@ class GpuVerifier final : public datapath::Verifier {
     if (off > options_.mirror.size() || c.len > options_.mirror.size() - off) return nullptr;
     return mirror_dev_ + off;
   }
-  struct Needs {
-    uint64_t scratch = 0;  // bytes of slot scratch
-    uint64_t checked = 0;  // object bytes
-    uint32_t objects = 0;
-  };
-  Needs NeedsOf(const Job& job) const {
-    Needs n;
+  void Needs(const Job& job, uint64_t* bytes, uint32_t* objects) const {
+    *bytes = 0;
+    *objects = 0;
     for (const ObjectCheck& c : job.checks) {
       if (c.len == 0) continue;
-      if (MirrorOf(c) == nullptr) n.scratch += RoundUp16(c.len);
-      n.checked += c.len;
-      ++n.objects;
+      if (MirrorOf(c) == nullptr) *bytes += RoundUp16(c.len);
+      ++*objects;
     }
-    return n;
   }
   bool FitsEmptySlot(const Job& job) const {
-    const Needs n = NeedsOf(job);
-    return n.scratch <= options_.slot_bytes && n.objects <= options_.max_objects_per_slot;
+    uint64_t bytes;
+    uint32_t objects;
+    Needs(job, &bytes, &objects);
+    return bytes <= options_.slot_bytes && objects <= options_.max_objects_per_slot;
   }
-  // Whether `job` joins `s`: an empty slot takes any job FitsEmptySlot allows; one holding jobs
-  // takes more only within its scratch, its objects and max_slot_check_bytes.
   bool Fits(const Slot& s, const Job& job) const {
-    if (s.jobs.empty()) return FitsEmptySlot(job);
-    const Needs n = NeedsOf(job);
-    return s.used + n.scratch <= options_.slot_bytes &&
-           s.count + n.objects <= options_.max_objects_per_slot &&
-           s.checked + n.checked <= options_.max_slot_check_bytes;
+    uint64_t bytes;
+    uint32_t objects;
+    Needs(job, &bytes, &objects);
+    return s.used + bytes <= options_.slot_bytes &&
+           s.count + objects <= options_.max_objects_per_slot;
   }
 
   void Add(Slot* s, Job job) {
@@ -200,7 +188,6 @@ class GpuVerifier final : public datapath::Verifier {
       s->descs_host[s->count++] =
           HashDesc{dst, pool::ObjectChecksumSeed(c.ns, *c.key, c.epoch, c.object), c.len};
       if (mirrored == nullptr) s->used += RoundUp16(c.len);
-      s->checked += c.len;
     }
     s->jobs.push_back(std::move(job));
   }
@@ -262,54 +249,38 @@ class GpuVerifier final : public datapath::Verifier {
     for (Job& job : jobs) job.done();
   }
 
-  // Whether the GPU work of in-flight slot `s` is over (or never started), so Finish will not wait.
-  static bool Over(const Slot& s) {
-    return !s.status.ok() || cudaEventQuery(s.event) != cudaErrorNotReady;
-  }
-
-  // Answers the oldest slot in flight, waiting for it if `wait`, else only if its work is over.
-  bool AnswerOldest(bool wait) {
-    if (in_flight_.empty() || (!wait && !Over(*in_flight_.front()))) return false;
-    Finish(in_flight_.front());
-    in_flight_.pop_front();
-    return true;
-  }
-
   void Run() {
     if (!CudaStatus(cudaSetDevice(device_), "cudaSetDevice").ok()) {
       log::Get("gpu")->error("GPU verifier: cudaSetDevice({}) failed; the CPU checks", device_);
       broken_ = true;
     }
-    uint32_t next = 0;  // the slot filled next: the oldest in flight once all are
+    Slot* in_flight = nullptr;
+    uint32_t next = 0;
     for (;;) {
-      while (AnswerOldest(/*wait=*/false)) {
-      }
       std::deque<Job> taken;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (in_flight_.empty()) {
+        if (in_flight == nullptr) {
           cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
           if (queue_.empty()) return;  // stopping, and nothing left
         }
         taken.swap(queue_);
       }
-      if (taken.empty()) {  // nothing new: the oldest slot is what there is to wait for
-        AnswerOldest(/*wait=*/true);
-        continue;
+      Slot* s = &slots_[next];
+      while (!taken.empty() && Fits(*s, taken.front())) {
+        Add(s, std::move(taken.front()));
+        taken.pop_front();
       }
-      while (!taken.empty()) {
-        if (in_flight_.size() == slots_.size()) AnswerOldest(/*wait=*/true);
-        Slot* s = &slots_[next];
-        while (!taken.empty() && Fits(*s, taken.front())) {
-          Add(s, std::move(taken.front()));
-          taken.pop_front();
-        }
+      if (!taken.empty()) {  // the rest waits for the next slot, ahead of newer jobs
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = taken.rbegin(); it != taken.rend(); ++it) queue_.push_front(std::move(*it));
+      }
+      if (!s->jobs.empty()) {
         s->status = broken_ ? absl::InternalError("no CUDA device") : Enqueue(s);
-        in_flight_.push_back(s);
-        next = (next + 1) % slots_.size();
-        while (AnswerOldest(/*wait=*/false)) {
-        }
       }
+      if (in_flight != nullptr) Finish(in_flight);
+      in_flight = s->jobs.empty() ? nullptr : s;
+      if (in_flight != nullptr) next ^= 1;
     }
   }
 
@@ -319,10 +290,8 @@ class GpuVerifier final : public datapath::Verifier {
   datapath::Verifier* const fallback_;
   Xxh3Secret secret_{};
   uint8_t* mirror_dev_ = nullptr;  // options_.mirror.size() bytes, or null
-  std::vector<Slot> slots_;
-  // The thread's own state: slots enqueued and not yet answered, oldest first.
-  std::deque<Slot*> in_flight_;
-  bool broken_ = false;
+  Slot slots_[2];
+  bool broken_ = false;  // the thread's own state
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -335,13 +304,8 @@ class GpuVerifier final : public datapath::Verifier {
 
 absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
     const GpuVerifierOptions& options, const IoStream& stream, datapath::Verifier* fallback) {
-  if (fallback == nullptr || options.slot_bytes == 0 || options.max_objects_per_slot == 0 ||
-      options.max_slot_check_bytes == 0) {
+  if (fallback == nullptr || options.slot_bytes == 0 || options.max_objects_per_slot == 0) {
     return absl::InvalidArgumentError("MakeGpuVerifier: a fallback verifier and slots are needed");
-  }
-  if (options.slots < 2 || options.slots > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MakeGpuVerifier: slots = ", options.slots, ": must be 2 .. 16"));
   }
   if (reinterpret_cast<uintptr_t>(options.mirror.data()) % 16 != 0) {
     return absl::InvalidArgumentError("MakeGpuVerifier: the mirrored staging is not 16-byte aligned");

@@ -3,13 +3,9 @@
 //
 // Verify queues the batch and returns. One thread of the verifier takes what is queued, copies
 // the objects from (registered) host staging into a slot of its device scratch with the copy
-// engine (adjacent objects in one copy), launches the kernel over them and copies the hashes back.
-// Up to `slots` slots are in flight on the GPU at once, answered oldest first as each completes
-// (polled between fills, waited for only when every slot is in flight or nothing is queued);
-// each batch's `done` then runs on that thread. A slot takes queued batches up to
-// `max_slot_check_bytes` of objects: a batch is answered (and the reader's bounce slots behind it
-// given back) only when its whole slot has been checked, so smaller slots keep the reader's host
-// slots coming back while later slots run, instead of a slot swallowing everything queued.
+// engine (adjacent objects in one copy), launches the kernel over them and copies the hashes back;
+// two slots alternate, so one slot's copies run while the other's results are checked. Each
+// batch's `done` then runs on that thread.
 //
 // The fallback verifier (the CPU's) takes what the GPU does not: objects of lengths the kernel
 // does not support, a batch larger than a slot, and every batch of a slot whose CUDA work failed
@@ -46,21 +42,15 @@ namespace tutti::gpu {
 class IoStream;
 
 struct GpuVerifierOptions {
-  // Slots in flight at once (2 .. 16), each with `slot_bytes` of device scratch (for objects
-  // neither placed nor mirrored) and room for `max_objects_per_slot` objects.
-  uint32_t slots = 4;
+  // Device scratch per slot (two slots), and the most objects one slot holds.
   uint64_t slot_bytes = 16ull << 20;
   uint32_t max_objects_per_slot = 4096;
-  // The most object bytes (scratch, placed or mirrored) a slot takes from the queue once it holds
-  // a batch; a single batch larger than this still takes a slot alone.
-  uint64_t max_slot_check_bytes = 8ull << 20;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
 };
 
 // `stream` (its device; kernels go on a stream of its own in the same context kind) and
-// `fallback` must outlive the verifier. Errors: INVALID_ARGUMENT for options out of range; the
-// CUDA error of an allocation, named.
+// `fallback` must outlive the verifier. Errors: the CUDA error of an allocation, named.
 absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
     const GpuVerifierOptions& options, const IoStream& stream, datapath::Verifier* fallback);
 

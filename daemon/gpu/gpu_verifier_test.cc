@@ -1,7 +1,6 @@
 // The GPU hash kernel against libxxhash, and the GPU verifier against the CPU's answers: good
 // objects match, corrupted ones and failed reads do not, lengths the kernel does not take and
-// batches larger than a slot go to the fallback, concurrent batches each finish once (also with
-// slots capped in bytes, several in flight).
+// batches larger than a slot go to the fallback, concurrent batches each finish once.
 #include "daemon/gpu/gpu_verifier.h"
 
 #include <cuda_runtime.h>
@@ -10,10 +9,8 @@
 
 #include <atomic>
 #include <cstring>
-#include <algorithm>
 #include <random>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -182,72 +179,6 @@ TEST(GpuVerifierTest, AnswersAsTheChecksumsSay) {
   ASSERT_TRUE(big_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   for (size_t i = 0; i < 48; ++i) EXPECT_EQ(big_match[i], want[i]) << "object " << i;
   EXPECT_EQ(fallback.objects.load(), 49u);
-}
-
-// Slots capped at two objects' bytes, three of them in flight: many small batches from several
-// threads are each answered once and as their checksums say, while later slots run behind earlier
-// ones; a batch above the cap still takes a slot alone (not the fallback).
-TEST(GpuVerifierTest, CappedSlotsInFlightAnswerEveryBatchOnce) {
-  TUTTI_SKIP_WITHOUT_GPU();
-  auto stream = IoStream::Create({0, 0, 0});
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  CountingVerifier fallback;
-  GpuVerifierOptions options;
-  options.slots = 3;
-  options.slot_bytes = 1 << 20;
-  options.max_objects_per_slot = 64;
-  constexpr uint32_t kLen = 32768, kObjects = 300;
-  options.max_slot_check_bytes = 2 * kLen;
-  for (uint32_t bad_slots : {1u, 17u}) {
-    GpuVerifierOptions bad = options;
-    bad.slots = bad_slots;
-    EXPECT_EQ(MakeGpuVerifier(bad, **stream, &fallback).status().code(),
-              absl::StatusCode::kInvalidArgument)
-        << bad_slots;
-  }
-  auto v = MakeGpuVerifier(options, **stream, &fallback);
-  ASSERT_TRUE(v.ok()) << v.status();
-
-  Staging staging(uint64_t{kLen} * kObjects);
-  const std::vector<uint8_t> bytes = RandomBytes(staging.size, 11);
-  std::memcpy(staging.data, bytes.data(), staging.size);
-  Key key{};
-  key.bytes[0] = 7;
-  std::vector<ObjectCheck> checks(kObjects);
-  std::vector<uint8_t> want(kObjects);
-  for (uint32_t i = 0; i < kObjects; ++i) {
-    uint8_t* obj = staging.data + uint64_t{i} * kLen;
-    checks[i] = ObjectCheck{4, &key, 2, i, obj, kLen, pool::ObjectChecksum(4, key, 2, i, obj, kLen)};
-    want[i] = i % 5 == 2 ? 0 : 1;
-    if (want[i] == 0) obj[(i * 31) % kLen] ^= 0x01;  // corrupted after it was written
-  }
-  // Batches of 1, 2 or 3 objects (3: above the cap), cut in order.
-  std::vector<std::pair<uint32_t, uint32_t>> batches;
-  for (uint32_t i = 0, n = 1; i < kObjects; i += n, n = n % 3 + 1) {
-    batches.emplace_back(i, std::min(n, kObjects - i));
-  }
-  std::vector<uint8_t> matches(kObjects, 2);
-  std::vector<std::atomic<int>> done(batches.size());
-  std::atomic<size_t> left{batches.size()};
-  absl::Notification all;
-  std::vector<std::thread> threads;
-  for (uint32_t t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (size_t b = t; b < batches.size(); b += 4) {
-        const auto [first, n] = batches[b];
-        (*v)->Verify(absl::MakeConstSpan(checks).subspan(first, n),
-                     absl::MakeSpan(matches).subspan(first, n), [&, b] {
-                       done[b].fetch_add(1);
-                       if (left.fetch_sub(1) == 1) all.Notify();
-                     });
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  for (size_t b = 0; b < batches.size(); ++b) EXPECT_EQ(done[b].load(), 1) << "batch " << b;
-  for (uint32_t i = 0; i < kObjects; ++i) EXPECT_EQ(matches[i], want[i]) << "object " << i;
-  EXPECT_EQ(fallback.objects.load(), 0u) << "a batch above the cap takes a slot alone";
 }
 
 // With a mirror: objects inside the mirrored staging are checked in the mirror and, when they match,
