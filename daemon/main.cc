@@ -201,7 +201,9 @@ absl::Status OpenStore(const v1::Config& config, bool gpu_staging, Daemon* d) {
   }
   store::StoreOptions options = MakeStoreOptions(config, layout);
   options.pool_id = opened.pool_id;
+  const io::IoBackend* const backend_stats = backend.get();  // the store owns it from here
   ASSIGN_OR_RETURN(d->store, store::BlockStore::Open(options, std::move(backend), Clock::Real()));
+  backend_stats->RegisterStats(&d->stats);  // its own counters, as long as the store lives
   return absl::OkStatus();
 }
 

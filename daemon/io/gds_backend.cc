@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
+#include "common/stats.h"
 #include "daemon/io/cufile_api.h"
 #include "daemon/io/request_check.h"
 
@@ -307,6 +308,19 @@ GdsCounters GdsBackend::counters() const {
   GdsCounters c;
   for (const auto& q : queues_) q->AddCounters(&c);
   return c;
+}
+
+void GdsBackend::RegisterStats(stats::Registry* registry) const {
+  registry->AddGroup<GdsCounters>([this] { return counters(); })
+      .Add({"tutti_io_gds_ops_total", "cuFile calls of the gds backend, by buffer: registered "
+            "(the registered staging) or plain.", stats::Type::kCounter, {"buffer"}},
+           [](const GdsCounters& c, stats::Samples* out) {
+             out->Add({"registered"}, c.registered_buffer_ops);
+             out->Add({"plain"}, c.plain_buffer_ops);
+           })
+      .Counter("tutti_io_gds_errors_total",
+               "cuFile calls that returned a cuFile error or -1 with errno.",
+               [](const GdsCounters& c) { return c.cufile_errors; });
 }
 
 }  // namespace tutti::io

@@ -85,6 +85,8 @@ class GdsBackend final : public IoBackend {
   [[nodiscard]] absl::Status Sync(uint32_t file) override;
 
   GdsCounters counters() const;
+  // tutti_io_gds_*: counters() as families.
+  void RegisterStats(stats::Registry* registry) const override;
 
  private:
   class FileQueue;

@@ -22,6 +22,10 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
+namespace tutti::stats {
+class Registry;
+}  // namespace tutti::stats
+
 namespace tutti::io {
 
 inline constexpr uint32_t kAlignment = 4096;
@@ -78,6 +82,11 @@ class IoBackend {
 
   // Submit, then wait for completion. Returns when every request's `result` is set.
   void Execute(absl::Span<IoRequest> batch);
+
+  // Registers the backend's own counters (families named tutti_io_<backend>_*, docs/metrics.md)
+  // in `registry`, read from the backend at each collection. Call at most once; the backend must
+  // outlive every collection of `registry`. Backends with no counters of their own register none.
+  virtual void RegisterStats(stats::Registry* registry) const { (void)registry; }
 
   // Makes every write to `file` that completed before this call durable (fdatasync).
   // Returns an error (INTERNAL with the errno text) if the sync failed: treat those writes as lost.

@@ -19,6 +19,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/stats.h"
 #include "daemon/io/request_check.h"
 #include "daemon/io/uring_owner.h"
 
@@ -279,6 +280,30 @@ UringCounters UringBackend::counters() const {
   UringCounters c;
   for (const auto& q : queues_) q->AddCounters(&c);
   return c;
+}
+
+void UringBackend::RegisterStats(stats::Registry* registry) const {
+  registry->AddGroup<UringCounters>([this] { return counters(); })
+      .Add({"tutti_io_uring_ops_total", "Requests the uring backend issued, by buffer: fixed "
+            "(READ_FIXED / WRITE_FIXED over the registered staging) or plain.",
+            stats::Type::kCounter, {"buffer"}},
+           [](const UringCounters& c, stats::Samples* out) {
+             out->Add({"fixed"}, c.fixed_buffer_ops);
+             out->Add({"plain"}, c.plain_buffer_ops);
+           })
+      .Counter("tutti_io_uring_short_retries_total",
+               "Remainders re-issued after a short transfer.",
+               [](const UringCounters& c) { return c.short_retries; })
+      .Counter("tutti_io_uring_enter_calls_total", "io_uring_enter system calls (submit or wait).",
+               [](const UringCounters& c) { return c.enter_calls; })
+      .Counter("tutti_io_uring_in_flight_at_enter_total",
+               "Requests in flight at each io_uring_enter call, summed: over "
+               "tutti_io_uring_enter_calls_total, the mean queue depth kept.",
+               [](const UringCounters& c) { return c.in_flight_sum; })
+      .Gauge("tutti_io_uring_memory_reads_in_flight_max",
+             "The most reads in flight at once on one pool file on tmpfs (io.memory_read_workers "
+             "caps it); 0 with none on tmpfs.",
+             [](const UringCounters& c) { return c.max_memory_reads_in_flight; });
 }
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateUringBackend(std::vector<int> fds,

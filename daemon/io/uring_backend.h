@@ -91,6 +91,8 @@ class UringBackend final : public IoBackend {
   [[nodiscard]] absl::Status Sync(uint32_t file) override;
 
   UringCounters counters() const;
+  // tutti_io_uring_*: counters() as families.
+  void RegisterStats(stats::Registry* registry) const override;
 
  private:
   class FileQueue;

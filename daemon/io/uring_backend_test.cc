@@ -14,6 +14,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
+#include "common/stats.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/test_util.h"
 #include "gtest/gtest.h"
@@ -114,6 +115,39 @@ TEST_F(UringBackendTest, WritesThenReadsBackWithPlainBuffers) {
   const UringCounters c = b->counters();
   EXPECT_EQ(c.fixed_buffer_ops, 0u);
   EXPECT_EQ(c.plain_buffer_ops, 2 * kFiles * kFileBytes / kChunk);
+}
+
+// The backend's counters reach the stats registry (so /metrics and Admin.Stats) as its families,
+// read at each collection.
+TEST_F(UringBackendTest, CountersReachTheStatsRegistry) {
+  auto b = Make();
+  ASSERT_NE(b, nullptr);
+  stats::Registry registry;
+  b->RegisterStats(&registry);
+  auto value = [&](const std::string& name, const std::string& label) {
+    for (const stats::Family& f : registry.Collect()) {
+      if (f.spec.name != name) continue;
+      for (const stats::Sample& s : f.samples) {
+        if (label.empty() ? s.labels.empty() : s.labels == std::vector<std::string>{label}) {
+          return s.value;
+        }
+      }
+    }
+    ADD_FAILURE() << name << " {" << label << "} not collected";
+    return -1.0;
+  };
+  EXPECT_EQ(value("tutti_io_uring_ops_total", "plain"), 0);
+  AlignedBuffer mem(kFiles * kFileBytes);
+  WriteAll(*b, mem.data(), 1);
+  ExpectAll(*b, mem.data(), 1);
+  const UringCounters c = b->counters();
+  EXPECT_EQ(value("tutti_io_uring_ops_total", "plain"), 2 * kFiles * kFileBytes / kChunk);
+  EXPECT_EQ(value("tutti_io_uring_ops_total", "fixed"), 0);
+  EXPECT_EQ(value("tutti_io_uring_enter_calls_total", ""), c.enter_calls);
+  EXPECT_GT(c.enter_calls, 0u);
+  EXPECT_EQ(value("tutti_io_uring_in_flight_at_enter_total", ""), c.in_flight_sum);
+  EXPECT_EQ(value("tutti_io_uring_short_retries_total", ""), c.short_retries);
+  EXPECT_EQ(value("tutti_io_uring_memory_reads_in_flight_max", ""), c.max_memory_reads_in_flight);
 }
 
 // On tmpfs, reads go to up to memory_read_workers io_uring workers per file and still land whole;

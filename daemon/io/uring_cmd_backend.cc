@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/align.h"
 #include "common/log.h"
+#include "common/stats.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/nvme_command.h"
 #include "daemon/io/request_check.h"
@@ -429,6 +430,25 @@ UringCmdCounters UringCmdBackend::counters() const {
   for (const auto& q : queues_) q->AddCounters(&c);
   c.flushes = flushes_.load(std::memory_order_relaxed);
   return c;
+}
+
+void UringCmdBackend::RegisterStats(stats::Registry* registry) const {
+  registry->AddGroup<UringCmdCounters>([this] { return counters(); })
+      .Add({"tutti_io_uring_cmd_commands_total", "NVMe I/O commands the uring_cmd backend "
+            "issued, by buffer: fixed (IORING_URING_CMD_FIXED) or plain.",
+            stats::Type::kCounter, {"buffer"}},
+           [](const UringCmdCounters& c, stats::Samples* out) {
+             out->Add({"fixed"}, c.fixed_buffer_ops);
+             out->Add({"plain"}, c.commands - std::min(c.fixed_buffer_ops, c.commands));
+           })
+      .Counter("tutti_io_uring_cmd_controller_errors_total",
+               "Completions with a non-zero NVMe status.",
+               [](const UringCmdCounters& c) { return c.controller_errors; })
+      .Counter("tutti_io_uring_cmd_fixed_buffer_refusals_total",
+               "Fixed-buffer commands the kernel refused, re-issued plain.",
+               [](const UringCmdCounters& c) { return c.fixed_buffer_refusals; })
+      .Counter("tutti_io_uring_cmd_flushes_total", "NVMe Flush commands sent by Sync.",
+               [](const UringCmdCounters& c) { return c.flushes; });
 }
 
 }  // namespace tutti::io

@@ -117,6 +117,8 @@ class UringCmdBackend final : public IoBackend {
   [[nodiscard]] absl::Status Sync(uint32_t file) override;
 
   UringCmdCounters counters() const;
+  // tutti_io_uring_cmd_*: counters() as families.
+  void RegisterStats(stats::Registry* registry) const override;
 
  private:
   class NamespaceQueue;
