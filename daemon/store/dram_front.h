@@ -1,6 +1,7 @@
 // The DRAM front (pool.admission "dram_front", docs/admission.md): blocks that the admission
-// policy did not write to the SSD at their first sight, kept in host DRAM only, least recently
-// inserted out first. A kept block is found by Lookup and served from DRAM like a DRAM-tier hit;
+// policy did not write to the SSD at their first sight, kept in host DRAM only, evicted in the
+// order of the store's eviction policy (eviction_policy.h, over chunk numbers, as the DRAM tier;
+// Lookups do not touch kept blocks, so with LRU the least recently inserted goes first). A kept block is found by Lookup and served from DRAM like a DRAM-tier hit;
 // its second sight promotes it: the store writes it to the SSD, and from BeginPromotion on it is
 // outside the front's bound and its eviction order, until EndPromotion once it is published (or
 // failed). A block evicted before its second sight is dropped (nothing of it is anywhere else).
@@ -17,14 +18,15 @@
 #define TUTTI_DAEMON_STORE_DRAM_FRONT_H_
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "common/types.h"
 #include "daemon/store/dram_tier.h"
+#include "daemon/store/eviction_policy.h"
 #include "daemon/store/staging.h"
 
 namespace tutti::store {
@@ -42,13 +44,13 @@ class DramFront {
   // A region smaller than a chunk, or max_blocks == 0, turns it off (every TakeChunk is null).
   DramFront(absl::Span<uint8_t> region, uint64_t chunk_bytes, uint64_t max_blocks);
 
-  // A free chunk for a new block; if none is free, evicts the least recently inserted unpinned
-  // kept blocks until one is (each counted in *dropped). Null when none can be freed (every
+  // A free chunk for a new block; if none is free, evicts the policy's unpinned kept victims
+  // until one is (each counted in *dropped). Null when none can be freed (every
   // chunk held by promotions, pins or readers). Give it back (GiveBack) or Insert it.
   uint8_t* TakeChunk(uint64_t* dropped);
   void GiveBack(uint8_t* chunk);
   // Keeps the block in `chunk` (filled: num_objects objects of object_len bytes, back to back)
-  // as the most recent, evicting the least recent unpinned kept blocks while max_blocks are kept
+  // as the most recent, evicting the policy's unpinned kept victims while max_blocks are kept
   // (counted in *dropped). Precondition: (ns, key) is not in the front; chunk from TakeChunk.
   void Insert(NamespaceId ns, const Key& key, uint32_t object_len, uint32_t num_objects,
               uint8_t* chunk, uint64_t* dropped);
@@ -66,7 +68,7 @@ class DramFront {
   bool enabled() const { return chunks_ != nullptr; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   uint64_t max_blocks() const { return max_blocks_; }
-  uint64_t kept() const { return lru_.size(); }          // in the bound
+  uint64_t kept() const { return kept_; }               // in the bound
   uint64_t blocks() const { return map_.size(); }        // kept and promoting
   uint64_t CountNamespace(NamespaceId ns) const;         // kept and promoting, of `ns`
 
@@ -74,16 +76,22 @@ class DramFront {
   using MapKey = std::pair<NamespaceId, Key>;
   struct Node {
     Entry entry;
-    std::list<MapKey>::iterator lru;  // lru_.end() while promoting
+    uint32_t chunk = 0;  // its chunk's number in the region: its id in order_
   };
-  // Evicts the least recently inserted unpinned kept block; false when there is none.
+  // Evicts the policy's first unpinned kept block; false when there is none.
   bool EvictOne();
+  // Takes a kept block out of order_ (promotion, eviction, erasure).
+  void Unorder(const Node& n);
 
   const uint64_t chunk_bytes_;
   const uint64_t max_blocks_;
+  const uint8_t* const base_;          // the region's start: chunk numbers count from it
   std::shared_ptr<FramePool> chunks_;  // shared with the blocks' deleters
   absl::flat_hash_map<MapKey, Node> map_;
-  std::list<MapKey> lru_;  // kept blocks; front: least recently inserted
+  // The kept blocks, by chunk number (promoting ones are not in it), and whose each chunk is.
+  std::unique_ptr<EvictionPolicy> order_;
+  std::vector<MapKey> key_of_chunk_;
+  uint64_t kept_ = 0;
 };
 
 }  // namespace tutti::store

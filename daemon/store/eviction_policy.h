@@ -1,6 +1,6 @@
 // The eviction policy: which cached block goes first when room is needed. One interface, used by
-// both caches of the store: the pool index (ids are slot numbers, daemon/store/index.h) and the
-// DRAM tier (ids are chunk numbers, daemon/store/dram_tier.h).
+// every cache of the store: the pool index (ids are slot numbers, daemon/store/index.h), the DRAM
+// tier and the DRAM front (ids are chunk numbers, daemon/store/dram_tier.h, dram_front.h).
 //
 // A cache names what it holds by dense ids in [0, capacity) and tells its policy every change:
 //   Insert(id)  id now holds a block, used just now. Precondition: id is not held.
@@ -19,7 +19,7 @@
 // so a policy must treat a sequence of Inserts as a sequence of uses. A policy keeps no state
 // but what the calls give it: no clock, no thread, no I/O.
 //
-// Not thread-safe: the cache that owns it guards it (BlockStore's mu_ for both).
+// Not thread-safe: the cache that owns it guards it (BlockStore's mu_ for each).
 //
 // A new policy is one new file, a header-only class deriving from EvictionPolicy named
 // *_policy.h like lru_policy.h (the BUILD's glob picks it up), and in eviction_policy.cc its
