@@ -74,6 +74,10 @@ size_t HostDevice::live_allocations() const {
 absl::Status HostDevice::Begin(Op op, Stream stream, const char* what) {
   absl::MutexLock lock(&mu_);
   if (stream != nullptr && streams_.count(stream) == 0) return Misuse(what, "unknown stream");
+  if (stream != nullptr && stuck_.count(stream) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host device: ", what, ": the stream is stuck behind a word wait that never ends"));
+  }
   uint64_t& n = counts_[static_cast<size_t>(op)];
   for (auto it = failures_.begin(); it != failures_.end(); ++it) {
     if (it->op == op && it->after == n) {
@@ -169,7 +173,9 @@ absl::StatusOr<Device::Stream> HostDevice::CreateStream(const char*) {
 
 void HostDevice::DestroyStream(Stream stream) {
   absl::MutexLock lock(&mu_);
-  if (stream != io_stream_) streams_.erase(stream);
+  if (stream == io_stream_) return;
+  streams_.erase(stream);
+  stuck_.erase(stream);
 }
 
 absl::Status HostDevice::SyncStream(Stream stream, const char* what) {
@@ -270,6 +276,8 @@ absl::Status HostDevice::WaitValue32(Stream stream, const uint32_t* word, uint32
   }
   if (absl::Status s = Begin(Op::kWaitValue32, stream, what); !s.ok()) return s;
   if (*word != value) {
+    absl::MutexLock lock(&mu_);
+    stuck_.insert(stream);
     return absl::FailedPreconditionError(absl::StrCat(
         "host device: ", what, ": would wait forever (word ", *word, ", waiting for ", value, ")"));
   }

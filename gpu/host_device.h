@@ -5,7 +5,8 @@
 // are memcpy, the copy kernel and the copy engines a loop over the descriptors, a recorded event
 // is complete (its time is the host clock's at the record), WriteValue32 a store. WaitValue32 is a
 // check: with every stream already past all its work, a word that does not hold the value now never
-// will, so the call fails (FAILED_PRECONDITION) where a GPU stream would hang.
+// will, so the call fails (FAILED_PRECONDITION) where a GPU stream would hang; the stream then
+// stays stuck, as a GPU's would: every later call on it, SyncStream included, fails the same way.
 //
 // It checks what a GPU would fault on: copies into device memory must land inside one allocation;
 // the copy kernel's and copy engines' sources and destinations must lie in device memory or a
@@ -140,6 +141,7 @@ class HostDevice final : public Device {
   mutable absl::Mutex mu_;
   std::map<uintptr_t, Block> blocks_ ABSL_GUARDED_BY(mu_);
   std::set<Stream> streams_ ABSL_GUARDED_BY(mu_);
+  std::set<Stream> stuck_ ABSL_GUARDED_BY(mu_);  // behind a wait that never ends
   std::map<Event, EventState> events_ ABSL_GUARDED_BY(mu_);
   std::array<uint64_t, kNumOps> counts_ ABSL_GUARDED_BY(mu_){};
   std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);

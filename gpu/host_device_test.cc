@@ -50,6 +50,11 @@ TEST(HostDeviceTest, AWaitThatCouldNeverEndFails) {
   EXPECT_TRUE(d.WaitValue32(d.io_stream(), w, 5, "wait").ok());
   EXPECT_EQ(d.WaitValue32(d.io_stream(), w, 6, "wait").code(),
             absl::StatusCode::kFailedPrecondition);
+  // The stream stays stuck, as a GPU stream would: later calls on it fail, other streams run.
+  EXPECT_EQ(d.SyncStream(d.io_stream(), "sync").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.WriteValue32(d.io_stream(), w, 6, "write").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(d.WriteValue32(s, w, 7, "write").ok());
   d.DestroyStream(s);
   EXPECT_EQ(d.WriteValue32(s, w, 1, "destroyed stream").code(), absl::StatusCode::kInternal);
 }

@@ -243,7 +243,19 @@ absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const e
   // host staging that the caller gives back as soon as this returns.
   previous_pending_ = false;
   WaitStreamsAfterError();
+  ResetSlotWords();
   return s;
+}
+
+void LayerCopier::ResetSlotWords() {
+  const absl::Status s =
+      device_->Memset(words_, 0, 2 * kSlots * sizeof(uint32_t), "memset(slot words)");
+  if (!s.ok()) {
+    log::Get("gpu")->error("gpu{}: resetting the staging slots' words after a failed layer: {}",
+                           device_->ordinal(), s.ToString());
+    return;
+  }
+  uses_.fill(0);
 }
 
 void LayerCopier::WaitStreamsAfterError() {
@@ -565,10 +577,14 @@ absl::Status LayerCopier::FlushRound(CudaIpcMemory* memory) {
   absl::Status w =
       device_->WriteValue32(copy_stream_, copied, seq, "cuStreamWriteValue32(slot copied)");
   if (status.ok()) status = w;
-  // Kernel side: wait for the copy, scatter, hand the slot back.
+  // Kernel side: wait for the copy, scatter, hand the slot back. A copied word that could not be
+  // enqueued never comes: the I/O stream must not wait for it (ResetSlotWords then starts the
+  // slots afresh).
   const Device::Stream io = device_->io_stream();
-  w = device_->WaitValue32(io, copied, seq, "cuStreamWaitValue32(slot copied)");
-  if (status.ok()) status = w;
+  if (w.ok()) {
+    w = device_->WaitValue32(io, copied, seq, "cuStreamWaitValue32(slot copied)");
+    if (status.ok()) status = w;
+  }
   const bool timed = status.ok() && time_next_round_;
   const auto host_start = std::chrono::steady_clock::now();
   if (timed) status = device_->RecordEvent(timed_[0], io, "cudaEventRecord(timing)");

@@ -198,6 +198,9 @@ class LayerCopier {
   // After a failed enqueue: waits until the copy stream and the I/O stream have passed everything
   // enqueued so far (logged, not returned, if that fails too: the first error is the caller's).
   void WaitStreamsAfterError();
+  // After WaitStreamsAfterError of a failed layer (both streams idle): every slot's words and uses
+  // start afresh, so a word write that could not be enqueued leaves no later wait that never ends.
+  void ResetSlotWords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns once everything enqueued on the I/O stream before the call has run; the thread
   // sleeps. Safe from several threads at once: a wait that finds `waited_` recorded again by
   // another waits for that later point, which comes after its own work.

@@ -337,7 +337,11 @@ INSTANTIATE_TEST_SUITE_P(
         FailCase{"bounce_copy", Opts(Mode::kStaged), false, Op::kCopyToDevice, 1},
         FailCase{"pageable_copy", Opts(Mode::kStaged, 8ull << 20, 0), false, Op::kCopyToDevice, 1},
         FailCase{"mapped_kernel", Opts(Mode::kMapped), true, Op::kLaunchCopy, 0},
-        FailCase{"copy_engine", Opts(Mode::kCopyEngine), true, Op::kCopyByCopyEngine, 0}),
+        FailCase{"copy_engine", Opts(Mode::kCopyEngine), true, Op::kCopyByCopyEngine, 0},
+        // The slot words' own writes (two a round: copied on the copy stream, then consumed on
+        // the I/O stream): the second round's copied word, and its consumed word.
+        FailCase{"slot_copied_word", Opts(Mode::kStaged), true, Op::kWriteValue32, 2},
+        FailCase{"slot_consumed_word", Opts(Mode::kStaged), true, Op::kWriteValue32, 3}),
     [](const ::testing::TestParamInfo<FailCase>& info) { return std::string(info.param.name); });
 
 // The ready word's own write fails: the layer landed, but the error is returned.
