@@ -803,7 +803,8 @@ def log_stats(daemon):
     try:
         s = admin_stats.stats(daemon.admin_socket)
         log("tuttid stats: %s" % {k: v for k, v in s.items() if k.startswith(
-            ("decision", "prediction", "bytes_", "dram_hits", "blocks_", "write_backlog"))})
+            ("decision", "prediction", "bytes_", "dram_hits", "blocks_", "write_backlog",
+             "read_bandwidth"))})
     except Exception as e:
         log("tuttid stats not read: %r" % e)
 
