@@ -176,7 +176,7 @@ double Advisor::ScaleNow(const Correction& c) const {
   return std::exp(c.log_scale * std::exp2(-age / options_.correction_half_life_s));
 }
 
-void Advisor::Correct(Correction& c, double ratio) {
+bool Advisor::Correct(Correction& c, double ratio) {
   const double now_log = std::log(ScaleNow(c));
   const double far = std::fabs(ratio - 1) > options_.far_error;
   // Far off: at once, so that the same prediction would have been exact; near: a third of it.
@@ -184,6 +184,7 @@ void Advisor::Correct(Correction& c, double ratio) {
   log_scale = std::clamp(log_scale, std::log(kMinCorrection), std::log(kMaxCorrection));
   c = Correction{log_scale, Now()};
   stats_.corrections += far;
+  return far;
 }
 
 void Advisor::RememberLocked(uint64_t id, Decision d) {
@@ -242,7 +243,18 @@ ReportResult Advisor::CompareLocked(uint64_t session, uint32_t uid, uint64_t dec
   decisions_.erase(it);
   // Only the model's owner corrects it (issue 19: another uid must not move the owner's advice).
   if (auto m = models_.find(d.ns); m != models_.end() && m->second.owner_uid == uid) {
-    Correct(m->second.corrections[d.side], measured_ttft_ms / d.predicted_ttft_ms);
+    Correction& c = m->second.corrections[d.side];
+    if (Correct(c, measured_ttft_ms / d.predicted_ttft_ms)) {
+      // Rare by design (a device or engine that changed): the operator's evidence of it.
+      static constexpr const char* kSideNames[kNumSides] = {"recomputing", "loading from the DRAM tier",
+                                                            "loading from the SSD"};
+      TUTTI_LOG_EVERY_N_SEC(log::Get("decision"), spdlog::level::info, 1,
+                            "namespace {:016x}: a measured TTFT of {:.1f} ms against {:.1f} "
+                            "predicted ({}) corrected the model at once: such predictions are "
+                            "now scaled {:.3f}x",
+                            d.ns, measured_ttft_ms, d.predicted_ttft_ms, kSideNames[d.side],
+                            std::exp(c.log_scale));
+    }
   }  // one measurement per decision; its id leaves decision_order_ later
   ++stats_.prediction_errors;
   error_sum_ += error;

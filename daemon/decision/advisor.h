@@ -194,7 +194,8 @@ class Advisor {
   // The scale a correction stands at now, and the one that a measurement `ratio` (measured over
   // predicted) leaves.
   double ScaleNow(const Correction& c) const;
-  void Correct(Correction& c, double ratio) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns whether the measurement was far off (corrected at once).
+  bool Correct(Correction& c, double ratio) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Now() const;
 
   const AdvisorOptions options_;

@@ -497,6 +497,8 @@ def measure_point(bench, results, T, r, tier, prompt, recompute_ms, runs, tag, c
     for i in range(runs + 1):
         for run in ((load_all, advised) if i % 2 == 0 else (advised, load_all)):
             run(i)
+            for line in new_advisor_lines():
+                log("  tuttid (after %s run %d): %s" % (run.__name__, i, line))
     load_ms = min(loads)
     ms, lease, n, back = min(decided, key=lambda x: x[0])
     best = min(load_ms, recompute_ms)
@@ -783,16 +785,37 @@ def part_advice_replay(args, results):
         daemon.cleanup()
 
 
-def log_refusals(daemon, most=12):
+_ADVISOR_LINES = ("refused for its uncertainty", "corrected the model at once")
+_log_offsets = {}
+
+
+def new_advisor_lines():
+    """The advisor's lines (_ADVISOR_LINES) tuttid logged since the last call, for the point's
+    log: which run's measured TTFT corrected the model, which advice was refused."""
+    if not g._DAEMONS:
+        return []
+    path = g._DAEMONS[0].log_path
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(_log_offsets.get(path, 0))
+            text = f.read()
+            _log_offsets[path] = f.tell()
+    except OSError:
+        return []
+    return [l.rstrip() for l in text.splitlines() if any(m in l for m in _ADVISOR_LINES)]
+
+
+def log_refusals(daemon, most=24):
     """tuttid's log lines of loads refused for their uncertainty (the advisor logs each, at most
-    one a second, with its bandwidths, spreads and scales): why a point recomputed."""
+    one a second, with its bandwidths, spreads and scales) and of measured TTFTs far enough off
+    to correct the model at once: why a point recomputed."""
     try:
         with open(daemon.log_path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if "refused for its uncertainty" in l]
+            lines = [l.rstrip() for l in f if any(m in l for m in _ADVISOR_LINES)]
     except OSError as e:
         log("tuttid log not read: %r" % e)
         return
-    log("loads refused for their uncertainty: %d logged%s" % (
+    log("loads refused for their uncertainty and far-off corrections: %d logged%s" % (
         len(lines), ", the last %d:" % most if len(lines) > most else ""))
     for l in lines[-most:]:
         log("  " + l)
