@@ -110,11 +110,15 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   in.min_interior_gain = options_.min_interior_gain;
   in.recompute_spread = model.Spread(false);
   in.load_compute_spread = model.Spread(true);
-  in.recompute_scale = ScaleNow(owned.corrections[kRecompute]);
+  const uint32_t size = SizeClass(prompt_tokens);
+  in.recompute_scale = ScaleNow(owned.corrections[kRecompute][size][0]);
   // A load that touches the SSD is paced by it; one from the DRAM tier alone is corrected apart.
   const bool any_ssd =
       std::find(hit_in_dram.begin(), hit_in_dram.end(), false) != hit_in_dram.end();
-  in.load_scale = ScaleNow(owned.corrections[any_ssd ? kLoadSsd : kLoadDram]);
+  for (uint32_t share = 0; share < kLoadShareClasses; ++share) {
+    in.load_scales[share] =
+        ScaleNow(owned.corrections[any_ssd ? kLoadSsd : kLoadDram][size][share]);
+  }
   in.layer_ms = [&model](uint32_t t, uint32_t k) { return model.LayerMs(t, k).value_or(0); };
   Split split = ChooseSplit(in);
   if (split.refused_load_blocks > 0) {
@@ -128,13 +132,14 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
         "compute spread {:.3f} / {:.3f} (plain / prefixed, of {} / {} samples, {} / {} trimmed), "
         "scales {:.3f} / {:.3f} (recompute / load)",
         ns, split.refused_load_blocks, hit_in_dram.size(),
-        in.load_scale * PredictTtftMs(in, split.refused_load_blocks), split.refused_high_ms,
+        LoadScale(in, split.refused_load_blocks) * PredictTtftMs(in, split.refused_load_blocks),
+        split.refused_high_ms,
         split.load_blocks, split.ttft_ms, split.ttft_low_ms, split.ttft_high_ms,
         split.recompute_ms, CandidatesText(split), in.dram_bytes_per_sec / 1e9,
         in.dram_low_bytes_per_sec / 1e9, in.dram_fixed_ms, in.ssd_bytes_per_sec / 1e9,
         in.ssd_low_bytes_per_sec / 1e9, in.recompute_spread, in.load_compute_spread,
         model.Samples(false), model.Samples(true), model.Trimmed(false), model.Trimmed(true),
-        in.recompute_scale, in.load_scale);
+        in.recompute_scale, LoadScale(in, split.refused_load_blocks));
   }
   bool exploring = false;
   if (split.refused_load_blocks > 0 && options_.explore_every_s > 0) {
@@ -144,7 +149,7 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
       last_explore_s_ = now;
       exploring = true;
       split.load_blocks = split.refused_load_blocks;
-      split.ttft_ms = in.load_scale * PredictTtftMs(in, split.load_blocks);
+      split.ttft_ms = LoadScale(in, split.load_blocks) * PredictTtftMs(in, split.load_blocks);
     }
   }
   advice = Advice{split.load_blocks,      true,        split.ttft_ms,
@@ -152,16 +157,24 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
                   split.ttft_high_ms,     split.refused_load_blocks, exploring,
                   next_decision_id_++};
   Side side = kRecompute;
+  uint32_t share = 0;
   if (split.load_blocks > 0) {
     const bool ssd = std::find(hit_in_dram.begin(), hit_in_dram.begin() + split.load_blocks,
                                false) != hit_in_dram.begin() + split.load_blocks;
     side = ssd ? kLoadSsd : kLoadDram;
+    share = LoadShareClass(in, split.load_blocks);
   }
-  RememberLocked(advice.decision_id, Decision{session, ns, side, split.ttft_ms});
+  RememberLocked(advice.decision_id, Decision{session, ns, side, static_cast<uint8_t>(size),
+                                              static_cast<uint8_t>(share), split.ttft_ms});
   ++stats_.decisions;
   stats_.refused_loads += split.refused_load_blocks > 0 && !exploring;
   stats_.explorations += exploring;
   return advice;
+}
+
+uint32_t Advisor::SizeClass(uint32_t prompt_tokens) {
+  return std::min<uint32_t>(kSizeClasses - 1,
+                            31 - static_cast<uint32_t>(__builtin_clz(prompt_tokens)));
 }
 
 double Advisor::Now() const {
@@ -243,7 +256,7 @@ ReportResult Advisor::CompareLocked(uint64_t session, uint32_t uid, uint64_t dec
   decisions_.erase(it);
   // Only the model's owner corrects it (issue 19: another uid must not move the owner's advice).
   if (auto m = models_.find(d.ns); m != models_.end() && m->second.owner_uid == uid) {
-    Correction& c = m->second.corrections[d.side];
+    Correction& c = m->second.corrections[d.side][d.size_class][d.share_class];
     if (Correct(c, measured_ttft_ms / d.predicted_ttft_ms)) {
       // Rare by design (a device or engine that changed): the operator's evidence of it.
       static constexpr const char* kSideNames[kNumSides] = {"recomputing", "loading from the DRAM tier",

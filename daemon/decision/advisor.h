@@ -22,9 +22,10 @@
 // bandwidths' pessimistic figures (Bandwidths::*_low) and the compute model's spread
 // (ComputeModel::Spread), and the advice is the minimax-regret choice among recomputing, loading
 // everything and the central best interior split (split.h, "The choice"). A measured TTFT reported
-// by the model's owner corrects the side it measured at once: a decision that recomputed scales
-// every later TTFT(0) of the namespace, one that loaded scales TTFT(k > 0) (apart for loads from
-// the DRAM tier alone and loads that touch the SSD). Off by more than far_error, the scale is set
+// by the model's owner corrects the side it measured at once, for prompts like it: a decision that
+// recomputed scales the later TTFT(0) of the namespace's prompts of its size class (a power of two
+// of tokens), one that loaded scales TTFT(k > 0) of its size class and share class (the quarter of
+// the prompt loaded), apart for loads from the DRAM tier alone and loads that touch the SSD. Off by more than far_error, the scale is set
 // so the same prediction would have been exact; nearer, it moves a third of the way. Corrections
 // fade toward none with correction_half_life_s, so a device that recovers is tried again.
 //
@@ -46,6 +47,7 @@
 #include "common/stats.h"
 #include "common/types.h"
 #include "daemon/decision/compute_model.h"
+#include "daemon/decision/split.h"
 
 namespace tutti::decision {
 
@@ -168,10 +170,19 @@ class Advisor {
  private:
   // Which correction a decision's measurement feeds.
   enum Side : uint8_t { kRecompute = 0, kLoadDram = 1, kLoadSsd = 2, kNumSides = 3 };
+  // Corrections are kept per side, per class of prompt (SizeClass) and, for loads, per class of
+  // the share loaded (split.h LoadShareClass): a measured TTFT corrects the predictions of
+  // prompts like its own, not of those the model errs on otherwise. On the H200's DRAM grid
+  // (2026-12-03, stop 36) one scale for every load from the DRAM tier swung from 0.52x to 1.35x
+  // as the points changed, each point's first run correcting it for the next point's prompts.
+  static constexpr uint32_t kSizeClasses = 25;  // floor(log2(prompt_tokens)); at most 2^24
+  static uint32_t SizeClass(uint32_t prompt_tokens);  // prompt_tokens >= 1
   struct Decision {
     uint64_t session = 0;
     NamespaceId ns = 0;
     Side side = kRecompute;
+    uint8_t size_class = 0;
+    uint8_t share_class = 0;  // 0 for kRecompute
     double predicted_ttft_ms = 0;
   };
   // A multiplicative correction of one side's predictions, fading toward 1 from `at_s`.
@@ -182,7 +193,7 @@ class Advisor {
   struct OwnedModel {
     uint32_t owner_uid = 0;  // the first uid that reported samples into it
     ComputeModel model;
-    Correction corrections[kNumSides];
+    Correction corrections[kNumSides][kSizeClasses][kLoadShareClasses];
   };
   // PERMISSION_DENIED or the outlier's INVALID_ARGUMENT, as Report says; `model` may be null
   // (no samples yet: the caller becomes its owner).

@@ -544,6 +544,33 @@ TEST(RobustAdviceTest, AFarOffTtftCorrectsTheNextAdvice) {
   EXPECT_GT(live.Advise().load_blocks, 0u);
 }
 
+// A far-off TTFT corrects the predictions of prompts like its own (a power of two of tokens, a
+// quarter of the prompt loaded), not the others': the H200's DRAM grid (stop 36) swung one scale
+// for every DRAM-tier load from 0.52x to 1.35x as its points changed (each point's first run
+// corrected it for the next point's prompts, which the model erred on the other way).
+TEST(RobustAdviceTest, AFarOffTtftCorrectsOnlyPromptsLikeItsOwn) {
+  Live live;
+  live.m.Reads(Tier::kSsd, 20, kReadBytes, 0.8e9);
+  const auto advise = [&live](uint32_t prompt, uint32_t hits) {
+    return live.advisor.Advise(kNs, kSession, kShape, prompt, std::vector<bool>(hits, false),
+                               live.m.Now());
+  };
+  // 8192 tokens, 500 of 512 blocks hit: an interior split of under a quarter of the prompt.
+  const Advice a = live.Advise();
+  ASSERT_GT(a.load_blocks, 0u);
+  ASSERT_LT(a.load_blocks, 128u);
+  const Advice shorter = advise(4096, 250);  // another size class
+  const Advice half = advise(8192, 200);     // loading all: another share class (200 of 512)
+  const Advice more = advise(8200, 100);     // loading all: the same classes as `a`
+  ASSERT_TRUE(live.advisor.Report(kNs, kSession, kUid, {}, a.decision_id, 3 * a.ttft_ms).ok());
+  EXPECT_EQ(live.advisor.Stats().corrections, 1u);
+  EXPECT_EQ(live.Advise().load_blocks, 0u) << "the same prompt now recomputes";
+  EXPECT_NEAR(advise(8200, 100).load_all_ms, 3 * more.load_all_ms, 1e-6 * more.load_all_ms);
+  EXPECT_DOUBLE_EQ(advise(4096, 250).load_all_ms, shorter.load_all_ms);
+  EXPECT_DOUBLE_EQ(advise(8192, 200).load_all_ms, half.load_all_ms);
+  EXPECT_DOUBLE_EQ(advise(8192, 200).recompute_ms, half.recompute_ms) << "nor recomputing";
+}
+
 // Advice held off loading by its uncertainty alone reads nothing, so nothing would narrow it: at
 // most once every explore_every_s it loads the central choice instead, and the read that follows
 // lets the meter see the device is fast; loading then stands on its own.

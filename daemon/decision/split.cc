@@ -40,6 +40,20 @@ double ComputeMs(const SplitInput& in, uint32_t load_blocks) {
   return in.layer_ms(in.prompt_tokens, load_blocks * in.block_tokens);
 }
 
+}  // namespace
+
+uint32_t LoadShareClass(const SplitInput& in, uint32_t load_blocks) {
+  const uint64_t loaded = uint64_t{load_blocks} * in.block_tokens;
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(kLoadShareClasses - 1, kLoadShareClasses * loaded / in.prompt_tokens));
+}
+
+double LoadScale(const SplitInput& in, uint32_t load_blocks) {
+  return in.load_scales[LoadShareClass(in, load_blocks)];
+}
+
+namespace {
+
 // Each k's corrected TTFT: central, and the ends of its interval.
 struct Candidate {
   double mid = 0, low = 0, high = 0;
@@ -62,10 +76,11 @@ std::vector<Candidate> Candidates(const SplitInput& in, uint32_t kmax) {
       c[k].high = in.recompute_scale * Ttft(in, 0, compute * (1 + in.recompute_spread));
     } else {
       const double fixed = FixedPartMs(in, all_dram);
-      c[k].mid = in.load_scale * Ttft(in, load_ms, compute, fixed);
+      const double scale = LoadScale(in, k);
+      c[k].mid = scale * Ttft(in, load_ms, compute, fixed);
       c[k].low = c[k].mid;
       c[k].high =
-          in.load_scale * Ttft(in, load_high_ms, compute * (1 + in.load_compute_spread), fixed);
+          scale * Ttft(in, load_high_ms, compute * (1 + in.load_compute_spread), fixed);
     }
   }
   return c;

@@ -20,7 +20,8 @@
 // recomputing ran 6-11% slower), so a win inside the model's error is not worth it.
 //
 // Corrections and uncertainty (docs/decision.md, "Robust advice"). Measured TTFTs scale the
-// predictions: TTFT(0) by recompute_scale, TTFT(k > 0) by load_scale. The prediction carries an
+// predictions: TTFT(0) by recompute_scale, TTFT(k > 0) by load_scales[LoadShareClass(k)] (the
+// corrections of loads that loaded a like share of the prompt). The prediction carries an
 // interval: its high end for k > 0 loads at the pessimistic bandwidths (*_low_bytes_per_sec) and
 // computes at layer_ms x (1 + load_compute_spread), its low end is the central figure; recomputing
 // computes at layer_ms x (1 -+ recompute_spread) at its ends. With no spread and the central
@@ -54,6 +55,7 @@
 #ifndef TUTTI_DAEMON_DECISION_SPLIT_H_
 #define TUTTI_DAEMON_DECISION_SPLIT_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -63,6 +65,9 @@ namespace tutti::decision {
 // A less simple candidate replaces a simpler one only if its worst-case regret is smaller by more
 // than this share (see "The choice").
 inline constexpr double kRegretNearTie = 0.01;
+
+// Classes of loads by the share of the prompt they load (LoadShareClass).
+inline constexpr uint32_t kLoadShareClasses = 4;
 
 struct SplitInput {
   uint32_t num_layers = 0;        // N (>= 1)
@@ -82,10 +87,16 @@ struct SplitInput {
   double recompute_spread = 0;        // relative, in [0, 1)
   double load_compute_spread = 0;     // relative, >= 0
   double recompute_scale = 1;         // > 0
-  double load_scale = 1;              // > 0
+  std::array<double, kLoadShareClasses> load_scales = {1, 1, 1, 1};  // each > 0
   // Per-layer compute ms of the last T - K of T tokens with the first K cached (K < T).
   std::function<double(uint32_t context_tokens, uint32_t cached_tokens)> layer_ms;
 };
+
+// The class of a load of `load_blocks` (> 0) blocks of `in`'s prompt: the quarter of the prompt's
+// tokens it loads (0: under a quarter, ..., 3: three quarters or more).
+uint32_t LoadShareClass(const SplitInput& in, uint32_t load_blocks);
+// The correction of TTFT(load_blocks), load_blocks > 0: load_scales[LoadShareClass].
+double LoadScale(const SplitInput& in, uint32_t load_blocks);
 
 // One candidate of the choice (above): its k, its corrected central TTFT and interval, and its
 // worst-case regret, its high end over the least low end of the other candidates.
