@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
-#include <utility>
 
 namespace tutti::datapath {
 
@@ -30,38 +28,6 @@ double BandwidthMeter::DecayedBest(const TierBandwidth& t, double now) const {
   if (t.best_bytes_per_sec <= 0) return 0;
   return t.best_bytes_per_sec * std::exp2(-std::max(0.0, now - t.best_sample_s) /
                                           options_.half_life_s);
-}
-
-namespace {
-
-// The fixed-cost fit of `t` (the file comment): {fixed seconds, seconds per GB}, or nullopt where
-// the samples' sizes do not tell or the fit is not positive.
-std::optional<std::pair<double, double>> FixedCostFit(const TierBandwidth& t, double min_size_cv) {
-  if (t.samples < 2 || t.w <= 0) return std::nullopt;
-  const double mb = t.wb / t.w, ms = t.ws / t.w;
-  const double var = t.wbb / t.w - mb * mb, cov = t.wbs / t.w - mb * ms;
-  if (!(var > min_size_cv * min_size_cv * mb * mb && cov > 0)) return std::nullopt;
-  const double slope = cov / var;  // seconds per GB
-  const double fixed = ms - slope * mb;
-  if (!(fixed > 0)) return std::nullopt;
-  return std::make_pair(fixed, slope);
-}
-
-}  // namespace
-
-bool BandwidthMeter::Paced(const TierBandwidth& t, uint64_t bytes, double seconds,
-                           double now) const {
-  const double best = DecayedBest(t, now);
-  if (t.samples == 0 || best <= 0) return false;
-  const double share = options_.dram_paced_share;
-  const double rate = static_cast<double>(bytes) / seconds;
-  if (rate >= share * best) return false;
-  // Slow for the tier's best; a small Read may still be on time for the fit's fixed part.
-  const std::optional<std::pair<double, double>> fit = FixedCostFit(t, options_.min_size_cv);
-  const double expected = fit.has_value()
-                              ? fit->first + static_cast<double>(bytes) / 1e9 * fit->second
-                              : static_cast<double>(bytes) / t.bytes_per_sec;
-  return seconds * share > expected;
 }
 
 // The mean's old weight fades with time as well as per sample; the spread follows the squared
@@ -105,10 +71,6 @@ void BandwidthMeter::Record(Tier tier, uint64_t bytes, double seconds) {
   absl::MutexLock lock(&mu_);
   if (tier == Tier::kSsd && write_backlog_bytes_ > 0) {
     Update(contended_, bytes, seconds, now);
-  } else if (TierBandwidth& dram = tiers_[static_cast<int>(Tier::kDram)];
-             tier == Tier::kDram && Paced(dram, bytes, seconds, now)) {
-    ++dram.paced;
-    dram.last_bytes_per_sec = static_cast<double>(bytes) / seconds;
   } else {
     Update(tiers_[static_cast<int>(tier)], bytes, seconds, now);
   }
@@ -130,9 +92,18 @@ BandwidthEstimate BandwidthMeter::EstimateOf(const TierBandwidth& t, double now,
   }
   e.spread = std::min(options_.max_spread, spread);
   e.marginal_bytes_per_sec = t.bytes_per_sec;
-  if (const auto fit = FixedCostFit(t, options_.min_size_cv); fit.has_value()) {
-    e.fixed_seconds = fit->first;
-    e.marginal_bytes_per_sec = 1e9 / fit->second;
+  if (t.samples >= 2 && t.w > 0) {
+    const double mb = t.wb / t.w, ms = t.ws / t.w;
+    const double var = t.wbb / t.w - mb * mb, cov = t.wbs / t.w - mb * ms;
+    const double cv = options_.min_size_cv;
+    if (var > cv * cv * mb * mb && cov > 0) {
+      const double slope = cov / var;  // seconds per GB
+      const double fixed = ms - slope * mb;
+      if (fixed > 0) {
+        e.fixed_seconds = fixed;
+        e.marginal_bytes_per_sec = 1e9 / slope;
+      }
+    }
   }
   e.low_bytes_per_sec = t.bytes_per_sec * (1 - e.spread);
   if (ssd_rule && t.samples > 0) {

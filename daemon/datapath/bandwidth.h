@@ -46,16 +46,6 @@
 // stop 34) the loads ran at 13-17 GB/s in effect at 0.5 GB and 23-26 GB/s at 2-4 GB: a fixed
 // ~9 ms and ~27 GB/s fit every DRAM point within 9%, one rate none of them within 15%.
 //
-// Paced DRAM-tier Reads (dram_paced_share). A DRAM-tier Read that overlapped an engine's long
-// prefill shares the GPU with it (without MPS the two time-slice) and lasts about as long as that
-// compute: it measures the engine, not the tier. Such a Read (slower than dram_paced_share of what
-// the tier's fit says its size takes, and slower than dram_paced_share of the tier's recent best
-// rate) counts in `paced` and as the newest sample, not in the mean, spread or fit. On the H200's
-// DRAM grid (2026-12-03, stop 36) the load-all runs beside a 478 ms prefill at T = 16K, 50%
-// cached, measured about 2 GB/s each; they pulled the mean to where loading all was predicted at
-// 658 ms, and the advice recomputed (575 ms) where loading all ran 478 ms. The best rate halves
-// every half_life_s, so reads that stay slow count again within minutes.
-//
 // Thread-safety: every method may be called from any thread.
 #ifndef TUTTI_DAEMON_DATAPATH_BANDWIDTH_H_
 #define TUTTI_DAEMON_DATAPATH_BANDWIDTH_H_
@@ -88,9 +78,6 @@ struct BandwidthOptions {
   double write_share_prior = 0.5;
   // Least relative spread of the samples' sizes for the fixed-cost fit (the file comment).
   double min_size_cv = 0.1;
-  // A DRAM-tier Read slower than this share of its expected time and of the best rate is paced
-  // (the file comment); in (0, 1], 1: any Read slower than expected; 0 would keep them all.
-  double dram_paced_share = 1.0 / 3;
   // Seconds on a monotonic clock; null: std::chrono::steady_clock. Tests pass a manual clock.
   std::function<double()> clock;
 };
@@ -104,7 +91,6 @@ struct TierBandwidth {
   double best_bytes_per_sec = 0;  // the fastest sample's rate, as of best_sample_s (0: none)
   double best_sample_s = 0;
   uint64_t samples = 0;      // samples taken in
-  uint64_t paced = 0;        // DRAM-tier Reads left out as paced (the file comment)
   // Weighted sums of the samples for the fixed-cost fit (bytes in GB, seconds; the file
   // comment's weights, their sum w).
   double w = 0, wb = 0, ws = 0, wbb = 0, wbs = 0;
@@ -142,8 +128,6 @@ class BandwidthMeter {
  private:
   double Now() const;
   void Update(TierBandwidth& t, uint64_t bytes, double seconds, double now) const;
-  // A DRAM-tier Read of `bytes` in `seconds` that the file comment calls paced.
-  bool Paced(const TierBandwidth& t, uint64_t bytes, double seconds, double now) const;
   // `ssd_rule`: the newest sample's rate caps `low`; else the DRAM tier's recent best raises it
   // (the file comment).
   BandwidthEstimate EstimateOf(const TierBandwidth& t, double now, bool ssd_rule) const;

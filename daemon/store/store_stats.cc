@@ -313,14 +313,6 @@ void AddBandwidth(stats::Group<TierBandwidths>* g) {
              out->Add({TierName(t)}, b[static_cast<int>(t)].samples);
            }
          });
-  g->Add({"tutti_read_bandwidth_paced_total", "DRAM-tier Reads left out of the estimate as "
-          "paced by an engine's compute (far slower than the tier's recent reads).", kCounter,
-          {"tier"}},
-         [](const TierBandwidths& b, Samples* out) {
-           for (Tier t : {Tier::kDram, Tier::kSsd}) {
-             out->Add({TierName(t)}, b[static_cast<int>(t)].paced);
-           }
-         });
 }
 
 }  // namespace
