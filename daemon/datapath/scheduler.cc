@@ -157,6 +157,7 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t dev
   devices_[device].last_read_us = clock_->NowUs();
   stats_.reads_emitted += em->reqs.size();
   stats_.read_bytes += em->bytes;
+  devices_[device].read_bytes += em->bytes;
   return em;
 }
 
@@ -190,6 +191,7 @@ void IoScheduler::TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<
     stats_.write_bytes_queued -= len;
     ++stats_.writes_emitted;
     stats_.write_bytes += len;
+    dev.write_bytes += len;
   }
   if (em != nullptr) out->push_back(std::move(em));
 }
@@ -255,7 +257,7 @@ IoSchedulerStats IoScheduler::stats() const {
   for (const Device& d : devices_) {
     s.devices.push_back(DeviceIoStats{d.read_latency, d.write_latency, d.reads_in_flight,
                                       d.write_bytes_in_flight, d.write_window,
-                                      d.write_window_cuts});
+                                      d.write_window_cuts, d.read_bytes, d.write_bytes});
   }
   return s;
 }

@@ -104,6 +104,7 @@ struct DeviceIoStats {
   uint64_t reads_in_flight = 0, write_bytes_in_flight = 0;
   uint64_t write_window = 0;  // bytes: the cap on writes in flight while nothing is read
   uint64_t write_window_cuts = 0;  // times a late write halved it
+  uint64_t read_bytes = 0, write_bytes = 0;  // bytes of the requests emitted to this device
 };
 
 struct IoSchedulerStats {
@@ -151,6 +152,7 @@ class IoScheduler {
     uint64_t write_window_cuts = 0;
     int64_t last_cut_us = 0;  // clock time of the last halving; 0: none yet
     int64_t last_read_us = 0;  // clock time of the last read emitted or completed; 0: none yet
+    uint64_t read_bytes = 0, write_bytes = 0;  // emitted
   };
 
   IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock);

@@ -297,6 +297,34 @@ TEST_F(SchedulerTest, WritesOfOneDeviceDoNotWaitForAnotherDevicesReads) {
   EXPECT_EQ(w_done, 1);
 }
 
+// Bytes emitted are counted per device and op (tutti_io_device_bytes_total), a queued write only
+// once it is emitted; the totals are their sums.
+TEST_F(SchedulerTest, BytesEmittedAreCountedPerDevice) {
+  Make(3, /*while_reading=*/4 * kKiB, /*max=*/64 * kKiB);
+  std::vector<io::IoRequest> r{Req(2, 0, 8 * kKiB), Req(0, 0, 4 * kKiB), Req(2, 8 * kKiB, 4 * kKiB)};
+  std::vector<io::IoRequest> w{Req(2, 0, 16 * kKiB), Req(2, 16 * kKiB, 16 * kKiB),
+                               Req(1, 0, 32 * kKiB)};
+  int r_done = 0, w_done = 0;
+  Post(IoClass::kRead, &r, &r_done);
+  Post(IoClass::kWrite, &w, &w_done);
+  IoSchedulerStats st = sched_->stats();
+  ASSERT_EQ(st.devices.size(), 3u);
+  EXPECT_EQ(st.devices[0].read_bytes, 4 * kKiB);
+  EXPECT_EQ(st.devices[1].read_bytes, 0u);
+  EXPECT_EQ(st.devices[2].read_bytes, 12 * kKiB);
+  EXPECT_EQ(st.devices[1].write_bytes, 32 * kKiB) << "device 1 reads nothing: its write goes";
+  // Device 2 reads: its first write goes alone (larger than the 4 KiB cap), the second waits.
+  EXPECT_EQ(st.devices[2].write_bytes, 16 * kKiB) << "the queued write is not counted yet";
+  while (sink_.pending() > 0) sink_.Complete(0);
+  st = sched_->stats();
+  EXPECT_EQ(st.devices[2].write_bytes, 32 * kKiB);
+  EXPECT_EQ(st.read_bytes, st.devices[0].read_bytes + st.devices[1].read_bytes +
+                               st.devices[2].read_bytes);
+  EXPECT_EQ(st.write_bytes, 64 * kKiB);
+  EXPECT_EQ(r_done, 1);
+  EXPECT_EQ(w_done, 1);
+}
+
 TEST_F(SchedulerTest, EmptyBatchAndBadFileCompleteAtOnce) {
   Make(1);
   std::vector<io::IoRequest> none;

@@ -108,6 +108,9 @@ MetricsSnapshot FakeSnapshot() {
   st.io.devices[1].reads_in_flight = 4;
   st.io.devices[1].write_window = 8 << 20;
   st.io.devices[1].write_window_cuts = 3;
+  st.io.devices[0].read_bytes = 300;
+  st.io.devices[1].read_bytes = 400;
+  st.io.devices[1].write_bytes = 800;
   st.io.devices[1].read_latency.Record(80, 3);    // (50, 100] us
   st.io.devices[1].read_latency.Record(2000, 1);  // (1, 2.5] ms
   st.read_objects = 140;
@@ -242,6 +245,11 @@ TEST(FamiliesTest, CapacityBacklogQueuesDecisionsAndGpu) {
   EXPECT_EQ(Value(Find(fs, "tutti_io_writes_queued")), 7);
   EXPECT_EQ(Value(Find(fs, "tutti_io_write_wait_seconds_total")), 2.5);
   EXPECT_EQ(Value(Find(fs, "tutti_io_reads_in_flight"), {{"device", "1"}}), 4);
+  EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "0"}, {"op", "read"}}), 300);
+  EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "1"}, {"op", "read"}}), 400);
+  EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "0"}, {"op", "write"}}), 0);
+  EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "1"}, {"op", "write"}}),
+            800);
   EXPECT_EQ(Value(Find(fs, "tutti_pool_device_info"), {{"device", "1"}, {"dir", "/ssd1"}}), 1);
   EXPECT_EQ(Value(Find(fs, "tutti_sessions")), 2);
   EXPECT_EQ(Value(Find(fs, "tutti_read_bandwidth_bytes_per_second"), {{"tier", "ssd"}}), 2e9);
@@ -287,7 +295,7 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
   const std::set<std::string> per_entity = {
       "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
       "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
-      "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
+      "tutti_io_device_bytes_total", "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
       "tutti_io_write_window_bytes", "tutti_io_write_window_cuts_total",
       "tutti_io_latency_seconds", "tutti_pool_device_info", "tutti_nvme_critical_warning",
       "tutti_nvme_temperature_celsius", "tutti_nvme_available_spare_ratio",

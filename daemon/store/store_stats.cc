@@ -113,6 +113,15 @@ void AddTraffic(Group* g) {
            out->Add({"read"}, st.io.read_bytes);
            out->Add({"write"}, st.io.write_bytes);
          });
+  g->Add({"tutti_io_device_bytes_total", "Bytes of the pool I/O requests handed to the backend, "
+          "by device (pool file index; see tutti_pool_device_info) and op: an array's balance, "
+          "and a device that falls behind the others.", kCounter, {"device", "op"}},
+         [](const StoreStats& st, Samples* out) {
+           for (size_t d = 0; d < st.io.devices.size(); ++d) {
+             out->Add({std::to_string(d), "read"}, st.io.devices[d].read_bytes);
+             out->Add({std::to_string(d), "write"}, st.io.devices[d].write_bytes);
+           }
+         });
   g->Counter("tutti_read_objects_total", "Objects carried by pool reads (divided by "
              "tutti_io_requests_total{op=\"read\"}: objects merged per read).",
              [](const StoreStats& st) { return st.read_objects; });
