@@ -731,6 +731,25 @@ def write_io_figures(io0, io1):
                 io0.get("tutti_io_write_window_cuts_total", {}).values()))}
 
 
+def device_balance(io0, io1, op):
+    """GB each pool device took for `op` ("read" or "write") between two io_series() readings
+    (tutti_io_device_bytes_total), and the least over the most: 1.0 is an even spread. None where
+    the endpoint is off or this tuttid does not count bytes per device."""
+    if not io0 or not io1 or "tutti_io_device_bytes_total" not in io1:
+        return None
+    before, after = io0.get("tutti_io_device_bytes_total", {}), io1["tutti_io_device_bytes_total"]
+    per = {}
+    for labels, value in after.items():
+        dev = re.search(r'device="([^"]*)"', labels)
+        if dev and ('op="%s"' % op) in labels:
+            per[int(dev.group(1))] = (value - before.get(labels, 0)) / GB
+    if not per:
+        return None
+    gbs = [round(per[d], 3) for d in sorted(per)]
+    most = max(gbs)
+    return {"gb": gbs, "least_over_most": round(min(gbs) / most, 3) if most > 0 else None}
+
+
 def tuttid_config(args, array, root, socket_path, capacity, dram):
     cfg = {
         "state_dir": json.dumps(os.path.join(root, "state")),
@@ -1120,7 +1139,9 @@ def phase_store(args, daemon, sessions):
                          "io_s": round(d("write_io_seconds"), 4),
                          "commit_s": round(d("write_commit_seconds"), 4)}
     # The writes themselves: how many, how large, and the windows that held them.
-    figures["write_io"] = write_io_figures(series0, io_series(daemon))
+    series1 = io_series(daemon)
+    figures["write_io"] = write_io_figures(series0, series1)
+    figures["device_balance"] = device_balance(series0, series1, "write")
     # How much of the phase the clients spent refused for full staging, waiting to retry.
     figures["store_calls"] = sum(s.store_counts["calls"] for s in sessions)
     figures["store_rejected_full_blocks"] = sum(
@@ -1157,6 +1178,7 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
         s.sync()
         s.call_times = []
     st0 = daemon.stats()
+    series0 = io_series(daemon)
     io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
     cpu = CpuSampler(daemon.pid).start()
     t0 = time.perf_counter()
@@ -1168,6 +1190,7 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     figures = cpu.stop(gbytes)
     st1 = daemon.stats()
     figures["dram_hits"] = st1.get("dram_hits", 0) - st0.get("dram_hits", 0)
+    figures["device_balance"] = device_balance(series0, io_series(daemon), "read")
     figures["lead"] = lead_split(st0, st1, seconds)
     times = [t for s in sessions for t in s.call_times]
     figures["lead"]["client_lookup_s"] = round(sum(t[0] for t in times), 4)
@@ -1282,11 +1305,12 @@ def store_and_retrieve(args, array, name, dram):
             store_rounds.append(store_gbps)
             log("  store round %d (%s pool): %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid "
                 "%.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; write pipeline %s; "
-                "writes %s" % (
+                "writes %s; GB per device %s" % (
                     r + 1, "fresh" if r == 0 else "full", per * args.sessions,
                     per * args.sessions * BLOCK_BYTES / GiB, store_s, store_gbps,
                     store_cpu["cores"], store_cpu["cpu_s_per_gb"], store_cpu["busiest_thread"],
-                    store_cpu["iou_workers"], store_cpu["writes"], store_cpu["write_io"]))
+                    store_cpu["iou_workers"], store_cpu["writes"], store_cpu["write_io"],
+                    store_cpu["device_balance"]))
         rounds = []
         for r in range(args.retrieve_rounds):
             gbps, secs, cpu = phase_retrieve(args, daemon, sessions, call)
@@ -1295,10 +1319,11 @@ def store_and_retrieve(args, array, name, dram):
             rounds.append((gbps, secs, cpu))
             log("  retrieve round %d: %.2f s, %.3f GB/s (calls of %d blocks, %d session%s), "
                 "verified; tuttid %.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; "
-                "DRAM hits %d; leading threads %s" % (
+                "DRAM hits %d; leading threads %s; GB per device %s" % (
                     r + 1, secs, gbps, call, args.sessions, "s" if args.sessions > 1 else "",
                     cpu["cores"], cpu["cpu_s_per_gb"], cpu["busiest_thread"],
-                    cpu["iou_workers"], cpu["dram_hits"], cpu["lead"]) +
+                    cpu["iou_workers"], cpu["dram_hits"], cpu["lead"],
+                    cpu["device_balance"]) +
                 ("; the cgroup read %.3f GB" % cpu["cgroup_read_gb"]
                  if "cgroup_read_gb" in cpu else ""))
             if dram and cpu["dram_hits"] == 0:
@@ -1533,7 +1558,7 @@ def one_array_config(args, results, ctx, emulation, n):
         cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
         iou_workers=rc["iou_workers"], cgroup_read_gb=rc.get("cgroup_read_gb"),
-        lead=rc.get("lead"), raw_beside_copy=beside,
+        lead=rc.get("lead"), device_balance=rc.get("device_balance"), raw_beside_copy=beside,
         raw_to_gpu_gbps=to_gpu["gbps"] if to_gpu else None, **common,
         note="tuttid: best of %d SSD-tier Retrieves (DRAM tier off) of every layer of %d "
              "blocks into other blocks of the %s cache, every byte verified; raw: mean of "
@@ -1572,7 +1597,7 @@ def one_array_config(args, results, ctx, emulation, n):
         iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
         store_staging_wait_ms=args.store_staging_wait_ms, store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
         store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"),
-        write_io=sc.get("write_io"), **common,
+        write_io=sc.get("write_io"), device_balance=sc.get("device_balance"), **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
              "(admin Stats blocks_stored and an empty write backlog), %s; raw: mean of "
              "raw_array_io random writes (fdatasync at the end) over files filled first, right "
