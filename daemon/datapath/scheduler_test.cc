@@ -301,7 +301,8 @@ TEST_F(SchedulerTest, WritesOfOneDeviceDoNotWaitForAnotherDevicesReads) {
 // once it is emitted; the totals are their sums.
 TEST_F(SchedulerTest, BytesEmittedAreCountedPerDevice) {
   Make(3, /*while_reading=*/4 * kKiB, /*max=*/64 * kKiB);
-  std::vector<io::IoRequest> r{Req(2, 0, 8 * kKiB), Req(0, 0, 4 * kKiB), Req(2, 8 * kKiB, 4 * kKiB)};
+  std::vector<io::IoRequest> r{Req(2, 0, 8 * kKiB), Req(0, 0, 4 * kKiB),
+                               Req(2, 8 * kKiB, 4 * kKiB)};
   std::vector<io::IoRequest> w{Req(2, 0, 16 * kKiB), Req(2, 16 * kKiB, 16 * kKiB),
                                Req(1, 0, 32 * kKiB)};
   int r_done = 0, w_done = 0;

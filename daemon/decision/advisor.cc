@@ -259,8 +259,8 @@ ReportResult Advisor::CompareLocked(uint64_t session, uint32_t uid, uint64_t dec
     Correction& c = m->second.corrections[d.side][d.size_class][d.share_class];
     if (Correct(c, measured_ttft_ms / d.predicted_ttft_ms)) {
       // Rare by design (a device or engine that changed): the operator's evidence of it.
-      static constexpr const char* kSideNames[kNumSides] = {"recomputing", "loading from the DRAM tier",
-                                                            "loading from the SSD"};
+      static constexpr const char* kSideNames[kNumSides] = {
+          "recomputing", "loading from the DRAM tier", "loading from the SSD"};
       TUTTI_LOG_EVERY_N_SEC(log::Get("decision"), spdlog::level::info, 1,
                             "namespace {:016x}: a measured TTFT of {:.1f} ms against {:.1f} "
                             "predicted ({}) corrected the model at once: such predictions are "

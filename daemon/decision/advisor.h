@@ -25,9 +25,10 @@
 // by the model's owner corrects the side it measured at once, for prompts like it: a decision that
 // recomputed scales the later TTFT(0) of the namespace's prompts of its size class (a power of two
 // of tokens), one that loaded scales TTFT(k > 0) of its size class and share class (the quarter of
-// the prompt loaded), apart for loads from the DRAM tier alone and loads that touch the SSD. Off by more than far_error, the scale is set
-// so the same prediction would have been exact; nearer, it moves a third of the way. Corrections
-// fade toward none with correction_half_life_s, so a device that recovers is tried again.
+// the prompt loaded), apart for loads from the DRAM tier alone and loads that touch the SSD. Off
+// by more than far_error, the scale is set so the same prediction would have been exact; nearer,
+// it moves a third of the way. Corrections fade toward none with correction_half_life_s, so a
+// device that recovers is tried again.
 //
 // Thread-safety: every method is thread-safe (one mutex; nothing is held across calls).
 #ifndef TUTTI_DAEMON_DECISION_ADVISOR_H_
