@@ -166,6 +166,24 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   }
   RememberLocked(advice.decision_id, Decision{session, ns, side, static_cast<uint8_t>(size),
                                               static_cast<uint8_t>(share), split.ttft_ms});
+  // Every decision with what it saw, at debug: the evidence for a point that went the wrong way
+  // (`tests/e2e/ttft_grid.py --advice-log` prints these beside each run).
+  if (const auto logger = log::Get("decision"); logger->should_log(spdlog::level::debug)) {
+    const uint32_t kmax = split.num_candidates > 1 ? split.candidates[1].load_blocks : 0;
+    logger->debug(
+        "namespace {:016x}: decision {} advised {} of {} hits for {} tokens (predicted {:.1f} ms, "
+        "{:.1f}-{:.1f}; recomputing {:.1f}, loading {} {:.1f}); DRAM {:.2f} GB/s (low {:.2f}, "
+        "fixed {:.1f} ms), SSD {:.2f} GB/s (low {:.2f}); compute {:.3f} / {:.3f} ms a layer "
+        "(recomputing / loading {}), spreads {:.3f} / {:.3f}, overhead {:.1f} ms; scales {:.3f} / "
+        "{:.3f} (recompute / load); candidates {}",
+        ns, advice.decision_id, split.load_blocks, hit_in_dram.size(), prompt_tokens,
+        split.ttft_ms, split.ttft_low_ms, split.ttft_high_ms, split.recompute_ms, kmax,
+        split.load_all_ms, in.dram_bytes_per_sec / 1e9, in.dram_low_bytes_per_sec / 1e9,
+        in.dram_fixed_ms, in.ssd_bytes_per_sec / 1e9, in.ssd_low_bytes_per_sec / 1e9,
+        in.layer_ms(prompt_tokens, 0), in.layer_ms(prompt_tokens, kmax * in.block_tokens), kmax,
+        in.recompute_spread, in.load_compute_spread, in.overhead_ms, in.recompute_scale,
+        kmax > 0 ? LoadScale(in, kmax) : 1.0, CandidatesText(split));
+  }
   ++stats_.decisions;
   stats_.refused_loads += split.refused_load_blocks > 0 && !exploring;
   stats_.explorations += exploring;

@@ -509,6 +509,33 @@ TEST(RobustAdviceTest, TheRefusalLineGivesTheCandidatesAndTheirRegrets) {
   EXPECT_NE(line.find("worst-case regret "), std::string::npos) << line;
 }
 
+// At debug, every decision is logged with what it saw (off at the default level).
+TEST(RobustAdviceTest, EachDecisionIsLoggedAtDebugWithItsInputs) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  const std::shared_ptr<spdlog::logger> logger = log::Get("decision");
+  logger->sinks().push_back(sink);
+  const spdlog::level::level_enum was = logger->level();
+  Live live;
+  live.m.Reads(Tier::kSsd, 20, kReadBytes, 0.8e9);
+  logger->set_level(spdlog::level::info);
+  live.Advise();
+  EXPECT_EQ(out.str().find("advised"), std::string::npos) << "not at info";
+  logger->set_level(spdlog::level::debug);
+  const Advice a = live.Advise();
+  logger->set_level(was);
+  logger->sinks().pop_back();
+  const std::string line = out.str();
+  std::printf("%s", line.c_str());
+  EXPECT_NE(line.find(absl::StrCat("decision ", a.decision_id, " advised ", a.load_blocks,
+                                   " of 500 hits for 8192 tokens")),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("SSD 0.80 GB/s"), std::string::npos) << line;
+  EXPECT_NE(line.find("loading 500 "), std::string::npos) << "loading all" << line;
+  EXPECT_NE(line.find("candidates 0: "), std::string::npos) << line;
+}
+
 TEST(RobustAdviceTest, AWriteBacklogMovesTheAdviceToRecomputeBeforeAnySample) {
   Live live;
   live.m.Reads(Tier::kSsd, 20, kReadBytes, 0.8e9);

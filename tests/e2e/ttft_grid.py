@@ -208,6 +208,9 @@ def slot_bytes(shape, dtype):
 
 def start_daemon(args, shape, dtype, capacity, dram=0, pool_extra="", extra=""):
     layout = g.layout_of(shape, dtype_bytes(dtype))
+    if args.advice_log:  # the advisor's line for every decision (and the rest of debug)
+        extra += ' log_level: "debug"'
+
     d = GridTuttid(binary=args.tuttid, object_bytes=layout.object_bytes,
                    max_objects=2 * shape.layers, capacity=int(capacity), dram=int(dram),
                    store_staging=512 << 20, retrieve_staging=1 << 30, max_blocks_per_call=4096,
@@ -785,7 +788,7 @@ def part_advice_replay(args, results):
         daemon.cleanup()
 
 
-_ADVISOR_LINES = ("refused for its uncertainty", "corrected the model at once")
+_ADVISOR_LINES = ("refused for its uncertainty", "corrected the model at once", " hits for ")
 _log_offsets = {}
 
 
@@ -811,7 +814,7 @@ def log_refusals(daemon, most=24):
     to correct the model at once: why a point recomputed."""
     try:
         with open(daemon.log_path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if any(m in l for m in _ADVISOR_LINES)]
+            lines = [l.rstrip() for l in f if any(m in l for m in _ADVISOR_LINES[:2])]
     except OSError as e:
         log("tuttid log not read: %r" % e)
         return
@@ -1246,6 +1249,10 @@ def main():
                          "1500 last 243 s at the GPU default's 2.5x)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="per part (0: none)")
     ap.add_argument("--watchdog", type=float, default=0.0)
+    ap.add_argument("--advice-log", action="store_true",
+                    help="run tuttid at log_level debug and print the advisor's line for every "
+                         "decision (its bandwidths, compute, scales and candidates) under the "
+                         "run that asked for it")
     ap.add_argument("--cpu-dry-run", action="store_true")
     args = ap.parse_args()
     if args.cpu_dry_run:
