@@ -169,7 +169,7 @@ Advice Advisor::Advise(NamespaceId ns, uint64_t session, const NamespaceShape& s
   // Every decision with what it saw, at debug: the evidence for a point that went the wrong way
   // (`tests/e2e/ttft_grid.py --advice-log` prints these beside each run).
   if (const auto logger = log::Get("decision"); logger->should_log(spdlog::level::debug)) {
-    const uint32_t kmax = split.num_candidates > 1 ? split.candidates[1].load_blocks : 0;
+    const uint32_t kmax = split.max_load_blocks;
     logger->debug(
         "namespace {:016x}: decision {} advised {} of {} hits for {} tokens (predicted {:.1f} ms, "
         "{:.1f}-{:.1f}; recomputing {:.1f}, loading {} {:.1f}); DRAM {:.2f} GB/s (low {:.2f}, "

@@ -159,6 +159,7 @@ Split ChooseSplit(const SplitInput& in) {
   s.ttft_high_ms = c[k].high;
   s.recompute_ms = c[0].mid;
   s.load_all_ms = c[kmax].mid;
+  s.max_load_blocks = kmax;
   if (k != central) {
     s.refused_load_blocks = central;
     s.refused_high_ms = c[central].high;

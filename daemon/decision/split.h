@@ -111,6 +111,7 @@ struct Split {
   double ttft_ms = 0;       // TTFT(load_blocks), corrected by its scale
   double recompute_ms = 0;  // TTFT(0)
   double load_all_ms = 0;   // TTFT(kmax)
+  uint32_t max_load_blocks = 0;  // kmax: the hits a load may take (one prompt token is computed)
   // The interval of ttft_ms: for k = 0 the compute spread either way; for k > 0 from the central
   // bandwidths and compute (low) to the pessimistic ones (high).
   double ttft_low_ms = 0, ttft_high_ms = 0;

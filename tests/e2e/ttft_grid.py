@@ -792,31 +792,35 @@ _ADVISOR_LINES = ("refused for its uncertainty", "corrected the model at once", 
 _log_offsets = {}
 
 
+def _advisor_lines(path, markers, offset=0):
+    """tuttid's log lines from byte `offset` on that hold one of `markers`, and the offset after
+    them; None for the lines where the log cannot be read."""
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            text = f.read()
+            return [l.rstrip() for l in text.splitlines() if any(m in l for m in markers)], f.tell()
+    except OSError as e:
+        log("tuttid log not read: %r" % e)
+        return None, offset
+
+
 def new_advisor_lines():
     """The advisor's lines (_ADVISOR_LINES) tuttid logged since the last call, for the point's
     log: which run's measured TTFT corrected the model, which advice was refused."""
     if not g._DAEMONS:
         return []
     path = g._DAEMONS[0].log_path
-    try:
-        with open(path, errors="replace") as f:
-            f.seek(_log_offsets.get(path, 0))
-            text = f.read()
-            _log_offsets[path] = f.tell()
-    except OSError:
-        return []
-    return [l.rstrip() for l in text.splitlines() if any(m in l for m in _ADVISOR_LINES)]
+    lines, _log_offsets[path] = _advisor_lines(path, _ADVISOR_LINES, _log_offsets.get(path, 0))
+    return lines or []
 
 
 def log_refusals(daemon, most=24):
     """tuttid's log lines of loads refused for their uncertainty (the advisor logs each, at most
     one a second, with its bandwidths, spreads and scales) and of measured TTFTs far enough off
     to correct the model at once: why a point recomputed."""
-    try:
-        with open(daemon.log_path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if any(m in l for m in _ADVISOR_LINES[:2])]
-    except OSError as e:
-        log("tuttid log not read: %r" % e)
+    lines, _ = _advisor_lines(daemon.log_path, _ADVISOR_LINES[:2])
+    if lines is None:
         return
     log("loads refused for their uncertainty and far-off corrections: %d logged%s" % (
         len(lines), ", the last %d:" % most if len(lines) > most else ""))
