@@ -289,6 +289,7 @@ class Bench:
         self.max_keys = client.info["max_blocks_per_call"]
         self.samples = []
         self.last_lookup_ms = float("nan")
+        self.last_phases = ()
 
     def usable_keys(self, tokens):
         keys = tutti.chain_keys(tokens, BLOCK)
@@ -310,7 +311,9 @@ class Bench:
 
     def load(self, tokens, decide):
         """(ms, lease, loaded blocks). decide: Lookup with prompt_tokens and load
-        lease.load_blocks; else load every hit. self.last_lookup_ms: the Lookup's part of it."""
+        lease.load_blocks; else load every hit. self.last_lookup_ms: the Lookup's part of it;
+        self.last_phases: ms from the start to the Lookup's answer, to the forward pass
+        enqueued, to the Retrieve's end seen by the host, and to the GPU done."""
         blocks = self._blocks(tokens)
         try:
             g.sync()
@@ -336,13 +339,18 @@ class Bench:
 
             self.model.forward(tokens[n * BLOCK:], n * BLOCK, blocks, self.cache, before_layer,
                                last_only=True)
+            t_fwd = time.perf_counter()
             if retrieval is not None:
                 out = retrieval.wait()
                 if not out.ok or out.failed:
                     raise RuntimeError("retrieve failed: %s %s, %d blocks failed" % (
                         out.code, out.message, len(out.failed)))
+            t_wait = time.perf_counter()
             g.sync()
-            return (time.perf_counter() - t0) * 1e3, lease, n
+            t_end = time.perf_counter()
+            self.last_phases = tuple(round((t - t0) * 1e3, 1) for t in (
+                t0 + self.last_lookup_ms / 1e3, t_fwd, t_wait, t_end))
+            return (t_end - t0) * 1e3, lease, n
         finally:
             self.pool.release(blocks)
 
@@ -480,6 +488,7 @@ def measure_point(bench, results, T, r, tier, prompt, recompute_runs, runs, tag,
     if min(recompute_runs) < 250:
         runs = max(runs * 4, 8)
     loads, decided, lookups = [], [], {"load_all": [], "advised": []}
+    phases = {"load_all": [], "advised": []}
 
     def timed_load(decide):
         gc.collect()
@@ -496,11 +505,13 @@ def measure_point(bench, results, T, r, tier, prompt, recompute_runs, runs, tag,
         if i > 0:
             loads.append(ms)
             lookups["load_all"].append(round(bench.last_lookup_ms, 2))
+            phases["load_all"].append(bench.last_phases)
 
     def advised(i):
         ms, lease, n = timed_load(True)
         if i > 0:
             lookups["advised"].append(round(bench.last_lookup_ms, 2))
+            phases["advised"].append(bench.last_phases)
         try:
             back = bench.report(lease=lease, measured_ms=ms) if lease.hits else None
         except tutti.TuttiError as e:
@@ -536,10 +547,13 @@ def measure_point(bench, results, T, r, tier, prompt, recompute_runs, runs, tag,
            "tokens cached (%d blocks, %s tier)" % (
                runs, expect_hits * BLOCK, T, expect_hits, tier))
     runs_note = ("decision loaded %d of %d hit blocks (median run): runs %s ms; load-all runs %s; "
-                 "recompute-all runs %s; Lookup ms of each run (load-all, advised): %s, %s" % (
+                 "recompute-all runs %s; Lookup ms of each run (load-all, advised): %s, %s; each "
+                 "run's ms to the Lookup's answer, the forward pass enqueued, the Retrieve's end "
+                 "on the host and the GPU done (load-all, advised): %s, %s" % (
                      n, lease.hits, [round(d[0], 2) for d in decided],
                      [round(x, 2) for x in loads], [round(x, 2) for x in recompute_runs],
-                     lookups["load_all"], lookups["advised"]))
+                     lookups["load_all"], lookups["advised"], phases["load_all"],
+                     phases["advised"]))
     # Issue 10's lines, as they always were: each strategy's least run.
     results.add("e2e_ttft_grid", "ttft_decision_vs_best_pure_" + name, least[0], "ms",
                 "min(load_all, recompute_all)", best_min, ratio=ratio_min,
@@ -820,7 +834,10 @@ def part_advice_replay(args, results):
         daemon.cleanup()
 
 
-_ADVISOR_LINES = ("refused for its uncertainty", "corrected the model at once", " hits for ")
+# The advisor's lines, and the layer copier's switches between scatter kernels and copy engines
+# (a load's speed changes with them).
+_ADVISOR_LINES = ("refused for its uncertainty", "corrected the model at once", " hits for ",
+                  "hold the SMs", "scatter kernels at speed again")
 _log_offsets = {}
 
 
