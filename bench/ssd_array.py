@@ -1151,6 +1151,8 @@ def phase_store(args, daemon, sessions):
     # Where the write pipeline's batches spent the phase (admin Stats write_*).
     figures["writes"] = {"batches": d("write_batches"), "phase_s": round(seconds, 4),
                          "prepare_s": round(d("write_prepare_seconds"), 4),
+                         "slots_s": round(d("write_slot_seconds"), 4),
+                         "checksums_s": round(d("write_checksum_seconds"), 4),
                          "io_s": round(d("write_io_seconds"), 4),
                          "commit_s": round(d("write_commit_seconds"), 4)}
     # The writes themselves: how many, how large, and the windows that held them.

@@ -1,8 +1,9 @@
 // BlockStore's write pipeline. The writer thread gives batches of queued blocks slots
-// (block_writer.cc), checksums (on the checksum pool) and slot headers, and hands their writes
-// to the data path as one transfer (daemon/datapath/write_transfer.h: merged per file and
-// extent, posted through the I/O scheduler); the committer thread takes each batch once its
-// writes completed, syncs the pool files written (in parallel), appends the Puts and syncs the
+// (block_writer.cc) and hands each to the checksum pool, where a task computes its checksums (on
+// the pool's other threads too) and slot headers and hands its writes to the data path as one
+// transfer (daemon/datapath/write_transfer.h: merged per file and extent, posted through the I/O
+// scheduler) while the writer goes on to the next batch; the committer thread takes each batch
+// once its writes completed, syncs the pool files written (in parallel), appends the Puts and syncs the
 // journal once for every batch written by then, and publishes the blocks. So the next batches'
 // checksums and writes go on while one is synced and committed, and the devices have their writes
 // queued.
@@ -63,8 +64,14 @@ void BlockStore::Impl::WriterLoop() {
     uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
                                              options_.write_batch_blocks * pool::kSlotHeaderBytes;
     std::unique_ptr<InFlightBatch> batch = StartBatch(std::move(blocks), headers);
-    absl::MutexLock lock(&mu_);
-    in_flight_.push_back(std::move(batch));
+    InFlightBatch* raw = batch.get();
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_.push_back(std::move(batch));
+    }
+    // The checksums, headers and writes on the checksum pool: this thread goes on to the next
+    // batch's slots, so up to kPipelineBatches batches are checksummed at once.
+    checksum_pool_->Schedule([this, raw] { FinishBatch(raw); });
   }
 }
 
@@ -74,12 +81,12 @@ void BlockStore::Impl::CommitLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return (!in_flight_.empty() && in_flight_.front()->written) ||
+        return (!in_flight_.empty() && in_flight_.front()->Done()) ||
                (writer_done_ && in_flight_.empty());
       };
       mu_.Await(absl::Condition(&ready));
       if (in_flight_.empty()) return;  // the writer is done, and so is every batch
-      while (!in_flight_.empty() && in_flight_.front()->written) {
+      while (!in_flight_.empty() && in_flight_.front()->Done()) {
         written.push_back(std::move(in_flight_.front()));
         in_flight_.pop_front();
       }
@@ -93,6 +100,7 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
   auto log = log::Get("store");
   auto b = std::make_unique<InFlightBatch>();
   b->blocks = std::move(blocks);
+  b->headers = headers;
   b->started = absl::Now();
   if (absl::Status lost = journal_->durability(); !lost.ok()) {
     // Nothing can be made durable: fail the batch before it evicts or writes.
@@ -119,9 +127,19 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
         }
       }
     }
+  }
+  b->slotted = absl::Now();
+  return b;
+}
+
+void BlockStore::Impl::FinishBatch(InFlightBatch* b) {
+  if (!b->durability_lost) {
     FillPromotedFrames(b->blocks);
     ComputeChecksums(b->blocks);
-    b->transfer = PrepareBatchWrites(b->blocks, headers);
+    b->summed = absl::Now();
+    b->transfer = PrepareBatchWrites(b->blocks, b->headers);
+  } else {
+    b->summed = absl::Now();
   }
   if (b->transfer == nullptr) {  // nothing to write
     b->transfer = datapath::WriteTransfer::Prepare(options_.layout, {}, kMaxMergedWriteBytes);
@@ -129,12 +147,12 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
   b->posted = absl::Now();
   // Through the scheduler: the pool's reads go first, these fill the time they leave. A batch with
   // nothing to write completes at once, on this thread.
-  InFlightBatch* raw = b.get();
-  raw->transfer->Post(scheduler_.get(), [this, raw] {
+  b->transfer->Post(scheduler_.get(), [this, b] {
     absl::MutexLock lock(&mu_);
-    raw->written = true;
+    b->written = true;
   });
-  return b;
+  absl::MutexLock lock(&mu_);
+  b->post_returned = true;
 }
 
 void BlockStore::Impl::ComputeChecksums(absl::Span<PendingBlock* const> blocks) {
@@ -285,6 +303,8 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
   stats_.write_commit_seconds += absl::ToDoubleSeconds(t1 - t0);
   for (const auto& b : batches) {
     stats_.write_prepare_seconds += absl::ToDoubleSeconds(b->posted - b->started);
+    stats_.write_slot_seconds += absl::ToDoubleSeconds(b->slotted - b->started);
+    stats_.write_checksum_seconds += absl::ToDoubleSeconds(b->summed - b->slotted);
     stats_.write_io_seconds += absl::ToDoubleSeconds(t0 - b->posted);
   }
   writing_ -= static_cast<int>(batches.size());  // after the checkpoint: Flush waits for it too

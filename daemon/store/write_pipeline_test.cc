@@ -231,5 +231,34 @@ TEST_F(WritePipelineTest, ABatchIsWrittenWhileAnEarlierOneIsSynced) {
   EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, true));
 }
 
+// With checksum threads, the writer hands each batch to the pool (checksums, headers, writes) and
+// goes on to the next batch's slots: several batches are in preparation at once. Every block must
+// still land whole under its own checksums (a scrub reads and checks each), and the prepare time
+// splits into slots and checksums.
+TEST_F(WritePipelineTest, BatchesPreparedOnTheChecksumPoolLandWhole) {
+  options_.checksum_threads = 3;
+  TestStore& s = Open();
+  constexpr uint32_t kBatches = 6;
+  std::vector<Key> all;
+  for (uint32_t b = 0; b < kBatches; ++b) {
+    const std::vector<Key> keys = testing::TestKeys(1000 * (b + 1), kBlocks);
+    for (CaptureOutcome o : Store(s, keys, /*wait=*/false)) {
+      EXPECT_EQ(o, CaptureOutcome::kCaptured);
+    }
+    all.insert(all.end(), keys.begin(), keys.end());
+  }
+  s.store->Flush();
+  EXPECT_EQ(Visible(s, all), std::vector<bool>(all.size(), true));
+  auto scrub = s.store->Scrub(ScrubOptions{8}, nullptr);
+  ASSERT_TRUE(scrub.ok()) << scrub.status();
+  EXPECT_EQ(scrub->blocks_checked, all.size());
+  EXPECT_EQ(scrub->blocks_bad, 0u);
+  const StoreStats st = s.store->Stats();
+  EXPECT_EQ(st.blocks_stored, all.size());
+  EXPECT_GE(st.write_batches, kBatches);
+  EXPECT_GT(st.write_checksum_seconds, 0);
+  EXPECT_LE(st.write_slot_seconds + st.write_checksum_seconds, st.write_prepare_seconds + 1e-9);
+}
+
 }  // namespace
 }  // namespace tutti::store
