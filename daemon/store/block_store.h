@@ -265,8 +265,8 @@ struct StoreStats {
   // The write pipeline's batches, and their seconds summed per phase: slots and checksums
   // (prepare), from posting to the committer taking them (writes, and waiting behind older
   // batches), and the pool syncs and journal of the commits they were part of (once per commit).
-  // Of prepare: the slots (the writer thread, Deletes made durable included) and the checksums
-  // (from the slots to the checksums done, waiting for a checksum thread included).
+  // Of prepare: the slots (evicted blocks' Deletes made durable included) and the checksums
+  // (promoted blocks' copies included, on the checksum pool).
   uint64_t write_batches = 0;
   double write_prepare_seconds = 0, write_io_seconds = 0, write_commit_seconds = 0;
   double write_slot_seconds = 0, write_checksum_seconds = 0;

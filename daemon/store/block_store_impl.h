@@ -104,17 +104,12 @@ struct PendingBlock {
 // A writer batch from its start until it is committed (write_pipeline.cc).
 struct InFlightBatch {
   std::vector<PendingBlock*> blocks;
-  uint8_t* headers = nullptr;  // its set of slot-header pages
-  // Its writes (block indices into `blocks`): posted by FinishBatch, checked by CommitBatches.
+  // Its writes (block indices into `blocks`): posted by StartBatch, checked by CommitBatches.
   std::unique_ptr<datapath::WriteTransfer> transfer;
-  // Guarded by Impl::mu_: every write of `transfer` completed; FinishBatch is past its Post (so
-  // nothing touches the batch but the committer).
-  bool written = false;
-  bool post_returned = false;
+  bool written = false;          // guarded by Impl::mu_: every write of `transfer` completed
   bool durability_lost = false;  // failed whole at its start: the journal can make nothing durable
+  // started; slots assigned (slotted); checksums done (summed); writes posted.
   absl::Time started, slotted, summed, posted;
-
-  bool Done() const { return written && post_returned; }
 };
 
 class BlockStore::Impl {
@@ -247,8 +242,7 @@ class BlockStore::Impl {
   uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
 
   // write_pipeline.cc: batches from slots to publication. The writer thread (WriterLoop) starts
-  // batches (StartBatch: slots) while fewer than kPipelineBatches are in in_flight_, and hands
-  // each to a task of the checksum pool (FinishBatch: checksums, headers, writes); the committer
+  // batches (StartBatch) while fewer than kPipelineBatches are in in_flight_; the committer
   // thread (CommitLoop) commits them in order as their writes complete (CommitBatches). So a
   // batch's checksums and writes overlap the previous ones' writes, pool syncs and journal
   // commit. Each batch keeps the rules of the top of this file: its Puts are appended only after
@@ -257,13 +251,10 @@ class BlockStore::Impl {
   // checkpoints asked for on the committer thread only.
   void WriterLoop();
   void CommitLoop();
-  // Writer thread: slots (and the evicted blocks' Deletes made durable); the batch will put its
-  // headers into `headers` (write_batch_blocks pages).
+  // Slots (and the evicted blocks' Deletes made durable), checksums, headers into `headers`
+  // (write_batch_blocks pages), and the batch's write transfer prepared and posted; `written` is
+  // set (under mu_) once its writes all completed.
   std::unique_ptr<InFlightBatch> StartBatch(std::vector<PendingBlock*> blocks, uint8_t* headers);
-  // A task of checksum_pool_, once `b` is in in_flight_: checksums, headers, and the batch's write
-  // transfer prepared and posted; `written` is set (under mu_) once its writes all completed,
-  // `post_returned` once this is done with `b`.
-  void FinishBatch(InFlightBatch* b);
   // Each ok block's object checksums, on checksum_pool_ (and this thread).
   void ComputeChecksums(absl::Span<PendingBlock* const> blocks);
   // Encodes each ok block's slot header into a page of `headers`, the pages handed out in the

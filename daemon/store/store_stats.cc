@@ -156,9 +156,9 @@ void AddTraffic(Group* g) {
            out->Add({"commit"}, st.write_commit_seconds, "write_commit_seconds");
          });
   g->Add({"tutti_write_prepare_seconds_total", "Of the write pipeline's prepare phase, summed "
-          "over batches: slots (the writer thread, evicted blocks' Deletes made durable included) "
-          "and checksums (from the slots to the checksums done, waiting for a checksum thread "
-          "included).", kCounter, {"part"}},
+          "over batches: slots (evicted blocks' Deletes made durable included) and checksums "
+          "(promoted blocks' copies included, on the checksum pool); the rest is headers and "
+          "planning.", kCounter, {"part"}},
          [](const StoreStats& st, Samples* out) {
            out->Add({"slots"}, st.write_slot_seconds, "write_slot_seconds");
            out->Add({"checksums"}, st.write_checksum_seconds, "write_checksum_seconds");

@@ -1,9 +1,8 @@
 // BlockStore's write pipeline. The writer thread gives batches of queued blocks slots
-// (block_writer.cc) and hands each to the checksum pool, where a task computes its checksums (on
-// the pool's other threads too) and slot headers and hands its writes to the data path as one
-// transfer (daemon/datapath/write_transfer.h: merged per file and extent, posted through the I/O
-// scheduler) while the writer goes on to the next batch; the committer thread takes each batch
-// once its writes completed, syncs the pool files written (in parallel), appends the Puts and syncs the
+// (block_writer.cc), checksums (on the checksum pool) and slot headers, and hands their writes
+// to the data path as one transfer (daemon/datapath/write_transfer.h: merged per file and
+// extent, posted through the I/O scheduler); the committer thread takes each batch once its
+// writes completed, syncs the pool files written (in parallel), appends the Puts and syncs the
 // journal once for every batch written by then, and publishes the blocks. So the next batches'
 // checksums and writes go on while one is synced and committed, and the devices have their writes
 // queued.
@@ -64,14 +63,8 @@ void BlockStore::Impl::WriterLoop() {
     uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
                                              options_.write_batch_blocks * pool::kSlotHeaderBytes;
     std::unique_ptr<InFlightBatch> batch = StartBatch(std::move(blocks), headers);
-    InFlightBatch* raw = batch.get();
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_.push_back(std::move(batch));
-    }
-    // The checksums, headers and writes on the checksum pool: this thread goes on to the next
-    // batch's slots, so up to kPipelineBatches batches are checksummed at once.
-    checksum_pool_->Schedule([this, raw] { FinishBatch(raw); });
+    absl::MutexLock lock(&mu_);
+    in_flight_.push_back(std::move(batch));
   }
 }
 
@@ -81,12 +74,12 @@ void BlockStore::Impl::CommitLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return (!in_flight_.empty() && in_flight_.front()->Done()) ||
+        return (!in_flight_.empty() && in_flight_.front()->written) ||
                (writer_done_ && in_flight_.empty());
       };
       mu_.Await(absl::Condition(&ready));
       if (in_flight_.empty()) return;  // the writer is done, and so is every batch
-      while (!in_flight_.empty() && in_flight_.front()->Done()) {
+      while (!in_flight_.empty() && in_flight_.front()->written) {
         written.push_back(std::move(in_flight_.front()));
         in_flight_.pop_front();
       }
@@ -100,8 +93,7 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
   auto log = log::Get("store");
   auto b = std::make_unique<InFlightBatch>();
   b->blocks = std::move(blocks);
-  b->headers = headers;
-  b->started = absl::Now();
+  b->started = b->slotted = b->summed = absl::Now();
   if (absl::Status lost = journal_->durability(); !lost.ok()) {
     // Nothing can be made durable: fail the batch before it evicts or writes.
     TUTTI_LOG_EVERY_N_SEC(log, spdlog::level::err, 5, "batch of {} blocks failed: {}",
@@ -127,19 +119,11 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
         }
       }
     }
-  }
-  b->slotted = absl::Now();
-  return b;
-}
-
-void BlockStore::Impl::FinishBatch(InFlightBatch* b) {
-  if (!b->durability_lost) {
+    b->slotted = absl::Now();
     FillPromotedFrames(b->blocks);
     ComputeChecksums(b->blocks);
     b->summed = absl::Now();
-    b->transfer = PrepareBatchWrites(b->blocks, b->headers);
-  } else {
-    b->summed = absl::Now();
+    b->transfer = PrepareBatchWrites(b->blocks, headers);
   }
   if (b->transfer == nullptr) {  // nothing to write
     b->transfer = datapath::WriteTransfer::Prepare(options_.layout, {}, kMaxMergedWriteBytes);
@@ -147,12 +131,12 @@ void BlockStore::Impl::FinishBatch(InFlightBatch* b) {
   b->posted = absl::Now();
   // Through the scheduler: the pool's reads go first, these fill the time they leave. A batch with
   // nothing to write completes at once, on this thread.
-  b->transfer->Post(scheduler_.get(), [this, b] {
+  InFlightBatch* raw = b.get();
+  raw->transfer->Post(scheduler_.get(), [this, raw] {
     absl::MutexLock lock(&mu_);
-    b->written = true;
+    raw->written = true;
   });
-  absl::MutexLock lock(&mu_);
-  b->post_returned = true;
+  return b;
 }
 
 void BlockStore::Impl::ComputeChecksums(absl::Span<PendingBlock* const> blocks) {

@@ -231,11 +231,10 @@ TEST_F(WritePipelineTest, ABatchIsWrittenWhileAnEarlierOneIsSynced) {
   EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, true));
 }
 
-// With checksum threads, the writer hands each batch to the pool (checksums, headers, writes) and
-// goes on to the next batch's slots: several batches are in preparation at once. Every block must
-// still land whole under its own checksums (a scrub reads and checks each), and the prepare time
-// splits into slots and checksums.
-TEST_F(WritePipelineTest, BatchesPreparedOnTheChecksumPoolLandWhole) {
+// With checksum threads (the batches' checksums spread over them), every block of several batches
+// lands whole under its own checksums (a scrub reads and checks each), and the prepare time splits
+// into slots and checksums.
+TEST_F(WritePipelineTest, BatchesChecksummedOnThePoolLandWhole) {
   options_.checksum_threads = 3;
   TestStore& s = Open();
   constexpr uint32_t kBatches = 6;
