@@ -281,6 +281,10 @@ def parse_args(argv):
     ap.add_argument("--admission", choices=("all", "second_sight", "dram_front"), default="all",
                     help="tuttid's pool.admission (the simulation runs the same policy); with "
                          "--socket, the running tuttid's must match")
+    ap.add_argument("--recency", choices=("tail_first", "chain"), default="tail_first",
+                    help="tuttid's pool.recency (the simulation evicts in the same order); "
+                         "dram_front only with chain: tuttid's DRAM front keeps its own blocks "
+                         "in chain order")
     ap.add_argument("--ghost-blocks", type=int, default=0,
                     help="pool.admission_ghost_blocks (0: 2 x the capacity asked for "
                          "second_sight, 4 x for dram_front, as trace_sim's dram10_front)")
@@ -297,6 +301,9 @@ def parse_args(argv):
                  "--wait-durable")
     if args.engines < 1 or args.speed < 0 or args.call_blocks < 1:
         ap.error("--engines and --call-blocks must be >= 1, --speed >= 0")
+    if args.admission == "dram_front" and args.recency != "chain":
+        ap.error("--admission dram_front runs with --recency chain: tuttid's DRAM front keeps "
+                 "its blocks in chain order, so only then does the simulation match it")
     if bool(args.socket) != bool(args.admin_socket):
         ap.error("--socket and --admin-socket go together")
     trace_format.check_block_tokens(args.block_tokens)
@@ -336,19 +343,22 @@ def dram_bytes_for(blocks, geometry):
 
 
 def pool_admission(args, ghost):
-    """The pool { } fields that set tuttid's admission policy ("" for all, the default)."""
+    """The pool { } fields that set tuttid's admission policy and eviction order."""
+    fields = 'recency: "%s"' % args.recency
     if args.admission == "all":
-        return ""
-    return 'admission: "%s" admission_ghost_blocks: %d' % (args.admission, ghost)
+        return fields
+    return fields + ' admission: "%s" admission_ghost_blocks: %d' % (args.admission, ghost)
 
 
 def sim_policy(args, slots, ghost):
-    """The simulation's policy that tuttid's pool.admission runs, with the same ghost bound."""
+    """The simulation's policy that tuttid's pool.admission and pool.recency run, with the same
+    ghost bound."""
     if args.admission == "all":
-        return trace_policies.Policy(slots)
+        return trace_policies.Policy(slots, args.recency)
     if args.admission == "dram_front":
-        return trace_policies.DramFront(slots, dram_blocks=args.dram_blocks, ghost_blocks=ghost)
-    return trace_policies.SecondSight(slots, ghost_blocks=ghost)
+        return trace_policies.DramFront(slots, args.recency, dram_blocks=args.dram_blocks,
+                                        ghost_blocks=ghost)
+    return trace_policies.SecondSight(slots, args.recency, ghost_blocks=ghost)
 
 
 def replay(args, command):

@@ -175,7 +175,7 @@ class ReplayTest(unittest.TestCase):
         with redirect_stdout(text):
             code = trace_replay.main([SLICE, "--capacity-share", "0.3", "--wait-durable",
                                       "--verify", "--check", "--admission", "dram_front",
-                                      "--dram-share", "0.1", "--out", out])
+                                      "--dram-share", "0.1", "--recency", "chain", "--out", out])
         sys.stdout.write(text.getvalue())
         self.assertEqual(code, 0)
         with open(out) as f:

@@ -171,6 +171,7 @@ absl::Status ValidatePool(const tutti::v1::PoolConfig& p) {
   RETURN_IF_ERROR(CheckRange("pool.max_objects", p.max_objects(), 1, kMaxObjectsPerSlot));
   RETURN_IF_ERROR(CheckRange("pool.extent_slots", p.extent_slots(), 0, kMaxExtentSlots));
   RETURN_IF_ERROR(CheckOneOf("pool.admission", p.admission(), {"", "all", "second_sight", "dram_front"}));
+  RETURN_IF_ERROR(CheckOneOf("pool.recency", p.recency(), {"", "tail_first", "chain"}));
   return CheckRange("pool.admission_ghost_blocks", p.admission_ghost_blocks(), 0, 1ull << 28);
 }
 

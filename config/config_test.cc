@@ -36,6 +36,7 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->pool().max_objects(), 64u);
   EXPECT_EQ(c->pool().admission(), "all");
   EXPECT_EQ(c->pool().admission_ghost_blocks(), 0u);
+  EXPECT_EQ(c->pool().recency(), "tail_first");
   EXPECT_EQ(c->io().backend(), "uring");
   EXPECT_EQ(c->io().queue_depth(), 64u);
   EXPECT_EQ(c->io().nvme_nsid(), 1u);
@@ -209,6 +210,7 @@ TEST(ConfigTest, EachBadFieldIsRejectedWithItsName) {
   ExpectRejected("pool { max_objects: 497 }", {"pool.max_objects", "[1, 496]"});
   ExpectRejected("pool { extent_slots: 4097 }", {"pool.extent_slots", "[0, 4096]"});
   ExpectRejected("pool { admission: \"lru\" }", {"pool.admission", "all", "second_sight"});
+  ExpectRejected("pool { recency: \"lru\" }", {"pool.recency", "tail_first", "chain"});
   ExpectRejected("pool { admission: \"dram_front\" } dram { capacity_bytes: 0 }",
                  {"pool.admission", "dram_front", "dram.capacity_bytes"});
   ExpectRejected("pool { admission_ghost_blocks: 300000000 }",

@@ -117,6 +117,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_staging_bytes_per_owner = config.limits().max_store_staging_bytes_per_session();
   o.pending_ttl_ms = config.limits().partial_store_ttl_ms();
   o.admission = config.pool().admission().empty() ? "all" : config.pool().admission();
+  o.tail_first = config.pool().recency() != "chain";
   o.admission_ghost_blocks = config.pool().admission_ghost_blocks();
   o.max_pending_events = config.limits().max_pending_events();
   o.max_pending_events_total = config.limits().max_pending_events_total();

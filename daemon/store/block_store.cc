@@ -614,6 +614,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     return gathered;
   }
   const int64_t now = clock_->NowMs();
+  std::shared_ptr<QueuedCall> call;  // the blocks this call queues (tail-first recency)
   for (size_t i = 0; i < keys.size(); ++i) {
     PendingBlock* p = touched[i];
     if (p == nullptr) continue;
@@ -634,6 +635,10 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
         continue;  // released below, once `touched` is no longer read
       }
       MarkFrontPromotion(p);  // its second sight, if the DRAM front keeps it
+      if (options_.tail_first) {
+        if (call == nullptr) call = std::make_shared<QueuedCall>();
+        p->call = call;
+      }
       QueueForWriter(p);
     }
     if (wait_durable && p->queued) {

@@ -131,6 +131,10 @@ struct StoreOptions {
   // exclusive, as in bench/trace_policies.py's DramFront).
   std::string admission = "all";
   uint64_t admission_ghost_blocks = 0;
+  // pool.recency "tail_first": LookupAndPin uses its hits from the last back to the first, and
+  // the blocks one Capture call queued enter the index (and the DRAM tier) last first, so of one
+  // request's blocks the pool evicts the tail before the head. false ("chain"): in key order.
+  bool tail_first = false;
 };
 
 // What happened to one block of a Capture. The rejections copy nothing and are worth retrying

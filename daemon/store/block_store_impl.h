@@ -60,6 +60,14 @@ struct DurableTicket {
 };
 
 // A block being captured or waiting for the writer. Owned by Impl::pending_.
+// The blocks one Capture call completed and queued, in the call's key (chain) order. With
+// tail-first recency (StoreOptions::tail_first) Publish inserts them tail first; a call whose
+// blocks span write batches re-uses its blocks published by earlier batches after each later
+// one, so that the call's first block stays the most recent. Guarded by Impl::mu_.
+struct QueuedCall {
+  std::vector<Key> published;  // in key order
+};
+
 struct PendingBlock {
   NamespaceId ns = 0;
   Key key;
@@ -87,6 +95,7 @@ struct PendingBlock {
   bool admission_asked = false;
   bool declined = false;
   std::vector<std::shared_ptr<DurableTicket>> tickets;
+  std::shared_ptr<QueuedCall> call;  // the Capture call that queued it (null: a promotion)
   // "dram_front": the block promotes a DRAM-front block of its key (front_), which leaves the
   // front when this one is published or fails (EndFrontPromotion). `promote_from`: the front's
   // copy, for a promotion by a Lookup hit (no engine copy): the writer fills `frames` from it.
@@ -273,7 +282,15 @@ class BlockStore::Impl {
   // logging each.
   absl::Status SyncPoolFiles(const std::vector<bool>& files);
   std::vector<uint8_t*> CopyToDram(absl::Span<PendingBlock* const> batch);
+  // Puts the batch's durable blocks in the index (and the DRAM tier) in InsertOrder, then
+  // answers each block's callers in the batch's order.
   void Publish(absl::Span<PendingBlock* const> batch);
+  // The order Publish inserts `batch` in: the batch's order; with tail_first, each run of blocks
+  // of one QueuedCall reversed.
+  std::vector<size_t> InsertOrder(absl::Span<PendingBlock* const> batch) const;
+  // tail_first: uses again, last first, the blocks of `last_of_run`'s call that earlier batches
+  // published (still in the index), so the call's first block is the most recent of them all.
+  void UseEarlierOfCall(PendingBlock* last_of_run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Committer thread only: checkpoints when checkpoint_every records are in the
   // journal, and after a failure not before the back-off has passed.
   void MaybeCheckpoint();

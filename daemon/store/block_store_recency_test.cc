@@ -80,11 +80,11 @@ class RecencyTest : public ::testing::TestWithParam<Restart> {
     ns_ = *ns;
   }
 
-  // Stores `keys`, 32 per Capture (staging holds 64 blocks), each call waiting for durability;
-  // then waits for the writer's checkpoint.
-  void Store(const std::vector<Key>& keys) {
-    for (size_t i = 0; i < keys.size(); i += 32) {
-      std::vector<Key> part(keys.begin() + i, keys.begin() + std::min(keys.size(), i + 32));
+  // Stores `keys`, `per_call` per Capture (staging holds 64 blocks), each call waiting for
+  // durability; then waits for the writer's checkpoint.
+  void Store(const std::vector<Key>& keys, size_t per_call = 32) {
+    for (size_t i = 0; i < keys.size(); i += per_call) {
+      std::vector<Key> part(keys.begin() + i, keys.begin() + std::min(keys.size(), i + per_call));
       auto out = store_->Capture(
           ns_, part, 0, kLayers,
           [](absl::Span<const engine::CopyOp> ops) {
@@ -167,6 +167,33 @@ TEST_P(RecencyTest, NewBlocksEvictTheLeastRecentlyUsedAcrossARestart) {
   EXPECT_EQ(store_->Stats().evictions, kSlots / 4);
   EXPECT_EQ(Present(hot), hot.size()) << "hot blocks evicted";
   EXPECT_EQ(Present(cold), cold.size() - kSlots / 4);
+}
+
+// Tail-first recency (pool.recency "tail_first"): of one request's blocks the pool evicts the tail
+// before the head, since a hit needs the head. A's 40 blocks come in one call that spans five
+// write batches of 8, B's 79 in two calls, then one Lookup of all of A; so, oldest first:
+// B39..B0, B78..B40, A39..A0, then D. 50 new blocks must evict B's first call whole and the tail
+// of its second (B78..B69), keep B40..B68, and keep all of A, across a restart too. (In chain order
+// they evicted B0..B49 and kept B's tail B50..B78.)
+TEST_P(RecencyTest, TailFirstEvictsARequestsTailBeforeItsHead) {
+  options_.tail_first = true;
+  Open();
+  const std::vector<Key> a = testing::TestKeys(0, 40);
+  const std::vector<Key> b = testing::TestKeys(1000, 79);
+  Store(a, /*per_call=*/40);
+  Store(b, /*per_call=*/40);
+  ASSERT_EQ(store_->LookupAndPin(ns_, a), a.size());
+  store_->Unpin(ns_, a);
+  Store(testing::TestKeys(3000, 1));  // a checkpoint after the Lookup
+  ASSERT_EQ(store_->Stats().slots_used, kSlots) << "the pool is full";
+  ASSERT_EQ(store_->Stats().evictions, 0u);
+  RestartStore();
+  Store(testing::TestKeys(5000, 50), /*per_call=*/50);
+  EXPECT_EQ(store_->Stats().evictions, 50u);
+  EXPECT_EQ(Present(a), a.size()) << "the looked-up request lost blocks";
+  EXPECT_EQ(Present(std::vector<Key>(b.begin(), b.begin() + 40)), 0u);
+  EXPECT_EQ(Present(std::vector<Key>(b.begin() + 40, b.begin() + 69)), 29u) << "B's head evicted";
+  EXPECT_EQ(Present(std::vector<Key>(b.begin() + 69, b.end())), 0u) << "B's tail kept";
 }
 
 INSTANTIATE_TEST_SUITE_P(Restarts, RecencyTest,

@@ -18,6 +18,7 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
   absl::MutexLock lock(&mu_);
   if (in_dram != nullptr) in_dram->clear();
   uint32_t hits = 0;
+  std::vector<Entry*> used;  // tail-first recency: the pool's hits, used last first below
   for (const Key& key : keys) {
     Entry* e = index_.Find(ns, key);
     if (e == nullptr) {
@@ -31,10 +32,16 @@ uint32_t BlockStore::Impl::LookupAndPin(NamespaceId ns, absl::Span<const Key> ke
       continue;
     }
     ++e->pins;
-    index_.Touch(e);
+    if (options_.tail_first) {
+      used.push_back(e);
+    } else {
+      index_.Touch(e);
+    }
     if (in_dram != nullptr) in_dram->push_back(dram_->Find(ns, key, e->epoch) != nullptr);
     ++hits;
   }
+  // From the tail back to the head: the head is the most recent, so it is evicted last.
+  for (auto it = used.rbegin(); it != used.rend(); ++it) index_.Touch(*it);
   ++stats_.lookups;
   stats_.lookup_blocks += keys.size();
   stats_.lookup_hits += hits;

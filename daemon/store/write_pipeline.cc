@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -334,9 +335,58 @@ std::vector<uint8_t*> BlockStore::Impl::CopyToDram(absl::Span<PendingBlock* cons
   return chunks;
 }
 
+std::vector<size_t> BlockStore::Impl::InsertOrder(absl::Span<PendingBlock* const> batch) const {
+  std::vector<size_t> order(batch.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (!options_.tail_first) return order;
+  // Blocks one call queued are adjacent in the write queue, so in a batch: each such run last
+  // first.
+  for (size_t i = 0; i < batch.size();) {
+    size_t end = i + 1;
+    while (end < batch.size() && batch[i]->call != nullptr && batch[end]->call == batch[i]->call) {
+      ++end;
+    }
+    std::reverse(order.begin() + i, order.begin() + end);
+    i = end;
+  }
+  return order;
+}
+
+void BlockStore::Impl::UseEarlierOfCall(PendingBlock* last_of_run) {
+  QueuedCall& call = *last_of_run->call;
+  for (auto it = call.published.rbegin(); it != call.published.rend(); ++it) {
+    if (Entry* e = index_.Find(last_of_run->ns, *it); e != nullptr) index_.Touch(e);
+  }
+}
+
 void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
   const std::vector<uint8_t*> dram_chunks = CopyToDram(batch);
   absl::MutexLock lock(&mu_);
+  auto publishable = [](const PendingBlock* p) { return p->ok && !p->over_share; };
+  // Into the index (and the DRAM tier) first, in the recency order (InsertOrder); the outcomes
+  // after, in the batch's order.
+  const std::vector<size_t> order = InsertOrder(batch);
+  for (size_t k = 0; k < order.size(); ++k) {
+    PendingBlock* p = batch[order[k]];
+    if (publishable(p)) {
+      index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
+      if (dram_chunks[order[k]] != nullptr) {
+        dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
+                           static_cast<uint32_t>(p->frames.size()), dram_chunks[order[k]]);
+      }
+    }
+    // The end of a call's run (its first block, inserted last): the call's blocks of earlier
+    // batches come before it in the chain, so they are used again after it, last first.
+    const bool run_ends =
+        k + 1 == order.size() || p->call == nullptr || batch[order[k + 1]]->call != p->call;
+    if (options_.tail_first && p->call != nullptr && run_ends) {
+      UseEarlierOfCall(p);
+      // This run's blocks join the call's published ones, in key order (order[k] is its first).
+      for (size_t b = order[k]; b < batch.size() && batch[b]->call == p->call; ++b) {
+        if (publishable(batch[b])) p->call->published.push_back(batch[b]->key);
+      }
+    }
+  }
   for (size_t b = 0; b < batch.size(); ++b) {
     PendingBlock* p = batch[b];
     if (index_.Find(p->ns, p->key) != nullptr && !p->ok) {
@@ -354,12 +404,7 @@ void BlockStore::Impl::Publish(absl::Span<PendingBlock* const> batch) {
       FinishPending(p, CaptureOutcome::kFailed);
       continue;
     }
-    index_.Insert(p->ns, p->key, p->slot, p->epoch, p->object_len, p->checksums);
     events_.Publish(p->ns, BlockEventKind::kStored, p->key);
-    if (dram_chunks[b] != nullptr) {
-      dram_->InsertChunk(p->ns, p->key, p->epoch, p->object_len,
-                         static_cast<uint32_t>(p->frames.size()), dram_chunks[b]);
-    }
     ++stats_.blocks_stored;
     stats_.bytes_written += p->frames.size() * uint64_t{RoundUp4K(p->object_len)};
     FinishPending(p, CaptureOutcome::kDurable);
