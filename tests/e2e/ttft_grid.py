@@ -127,6 +127,16 @@ DEFAULT_TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.
     __file__)))), os.pardir, "shared", "traces", "mooncake_synthetic_trace.jsonl")
 
 
+# Whether an MPS control daemon runs (main sets it): the engine and tuttid then share the GPU's
+# SMs instead of taking turns on it.
+MPS = False
+
+
+def mps_running():
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipe, "control"))
+
+
 # --- results -----------------------------------------------------------------------------------
 
 class Results:
@@ -618,7 +628,7 @@ def advice_summary(results, config, points, note=""):
     worst_err_min = _worst([p.error_min for p in points])
     results.add("e2e_ttft_grid", "advice_vs_best_pure_max", worst, "ratio", ratio=worst,
                 fields=dict(config=config, points=len(points), max_prediction_error=worst_err,
-                            held=held, statistic="median",
+                            held=held, statistic="median", mps=MPS,
                             max_ratio_of_minima=round(worst_min, 4),
                             max_prediction_error_least_run=round(worst_err_min, 4)),
                 note="issue 23 acceptance of %s: over %d points (T, cached share: %s), the "
@@ -690,6 +700,9 @@ def grid_setup(args, shape, dtype, dram, room=0):
     nb = 2 * ((max(Ts) + BLOCK - 1) // BLOCK) + 16
     cache = g.new_cache(model, nb)
     stored = sum(int(args.max_share * T) // BLOCK for T in Ts)
+    # One Lookup pins its hits, and one user may pin at most half the pool (the default
+    # limits.max_pinned_pool_share_per_user): the pool holds at least 2.5 of the longest prefix.
+    stored = max(stored, int(2.5 * (int(args.max_share * max(Ts)) // BLOCK)))
     cap = max(int(1.25 * stored * slot_bytes(shape, dtype)) + (256 << 20), 512 << 20)
     daemon = start_daemon(args, shape, dtype, cap + room, dram=cap if dram else 0)
     client = attach(cache, ns, daemon, "ttft-grid")
@@ -705,19 +718,25 @@ def part_grid(args, results):
         profile(bench, results, Ts, [float(s) for s in args.profile_shares.split(",")], "")
         prompts = store_prefixes(bench, Ts, args.max_share)
         recompute = measure_recompute(bench, results, prompts, args.runs)
-        dram = run_points(bench, results, budget, prompts, shares, "dram", recompute,
-                          args.runs, "", "grid_dram")
-        gen = bench.client.info["generation"]
-        daemon.stop()
-        daemon.write_config(dram=0)
-        daemon.start()
-        g.await_generation(bench.client, gen + 1)
-        bench.report(bench.samples)  # a restarted tuttid has forgotten the compute model
-        ssd = run_points(bench, results, budget, prompts, shares, "ssd", recompute, args.runs,
-                         "", "grid_ssd")
+        tiers = args.tiers.split(",")
+        dram, ssd = [], []
+        if "dram" in tiers:
+            dram = run_points(bench, results, budget, prompts, shares, "dram", recompute,
+                              args.runs, "", "grid_dram")
+        if "ssd" in tiers:
+            gen = bench.client.info["generation"]
+            daemon.stop()
+            daemon.write_config(dram=0)
+            daemon.start()
+            g.await_generation(bench.client, gen + 1)
+            bench.report(bench.samples)  # a restarted tuttid has forgotten the compute model
+            ssd = run_points(bench, results, budget, prompts, shares, "ssd", recompute,
+                             args.runs, "", "grid_ssd")
         grid_summary(results, dram + ssd, "")
-        advice_summary(results, "grid_dram", dram)
-        advice_summary(results, "grid_ssd", ssd)
+        if "dram" in tiers:
+            advice_summary(results, "grid_dram", dram)
+        if "ssd" in tiers:
+            advice_summary(results, "grid_ssd", ssd)
         log_stats(daemon)
     finally:
         bench.client.detach()
@@ -1281,6 +1300,8 @@ def main():
     ap.add_argument("--shares", default="0.5,0.9,0.98", help="cached shares r of the grid")
     ap.add_argument("--profile-shares", default="0,0.125,0.25,0.5,0.75,0.9,0.98")
     ap.add_argument("--max-share", type=float, default=0.98)
+    ap.add_argument("--tiers", default="dram,ssd", help="grid part: the tiers measured")
+    ap.add_argument("--scatter", default="", help="tuttid's gpu.scatter (default: its own)")
     ap.add_argument("--runs", type=int, default=2, help="measured runs after the warm-up")
     ap.add_argument("--loaded-runs", type=int, default=4,
                     help="runs of each strategy at a point beside a store stream or under the "
@@ -1313,14 +1334,20 @@ def main():
     args = ap.parse_args()
     if args.cpu_dry_run:
         g.DEV = "cpu"
+    g.SCATTER = args.scatter
     args.tokens = args.tokens or ("64,128" if g.DEV == "cpu" else "4096,16384,32768")
     args.raw_blocks = args.raw_blocks or (64 if g.DEV == "cpu" else 2048)
     if args.replay_gbps is None:
         args.replay_gbps = 0.3 if g.DEV == "cpu" else 0.75
     os.makedirs(args.out, exist_ok=True)
     gpu = torch.cuda.get_device_name(0) if g.DEV == "cuda" else "cpu dry run (host mode)"
-    machine = ("nvidia-h200 device machine (%s, Firecracker VM, pool on virtio disk)" % gpu
-               if g.DEV == "cuda" else "build machine, %s" % gpu)
+    global MPS
+    MPS = mps_running()
+    machine = ("nvidia-h200 device machine (%s, Firecracker VM, pool on virtio disk, %s)" % (
+        gpu, "under MPS" if MPS else "no MPS") if g.DEV == "cuda" else "build machine, %s" % gpu)
+    if g.DEV == "cuda" and not MPS:
+        log("note: no MPS control daemon: the engine and tuttid time-slice the GPU, and loads "
+            "from the DRAM tier vary run to run by up to a third (docs/decision.md)")
     results = Results(args.out, machine, "python3 tests/e2e/ttft_grid.py " + " ".join(
         os.path.basename(a) if a.startswith("/") else a for a in sys.argv[1:]))
     if not has_decision_api():
