@@ -48,7 +48,8 @@ Parts:
 Results: one JSON line per figure appended to --out (bench, metric, value = ratio = measured /
 baseline, unit "ratio", baseline_name, baseline_value, measured_value, measured_unit, n_devices,
 emulation, tuttid_gbps, baseline_gbps, raw_gbps, cpu_s_per_gb, busiest_thread {name, share},
-iou_workers, label, machine, date, command, note, and the parameters), and a table at the end.
+iou_workers, raw_cpu_s_per_gb_before_after (the raw process's CPU, its io_uring workers
+included), label, machine, date, command, note, and the parameters), and a table at the end.
 Metrics: ssd_array_read_vs_raw (tuttid retrieve GB/s / min(raw read GB/s, pinned copy GB/s)),
 ssd_array_store_vs_raw_write (store-to-durable GB/s / raw write GB/s), ssd_array_dram_vs_copy
 (DRAM-tier retrieve / pinned copy), ssd_array_ttft_vs_recompute (SSD-tier TTFT / recompute-all),
@@ -72,6 +73,7 @@ import os
 import platform
 import random
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -509,10 +511,11 @@ def run_rawio(args, array, op, span_bytes, volume, fill=False, buffer_bytes=0):
     best = max(runs, key=lambda r: r["gbps"])
     best["runs_gbps"] = [r["gbps"] for r in runs]
     best["runs_async"] = [r.get("async", False) for r in runs]
-    log("  raw %-5s %s%s: %.3f GB/s%s, best of %d runs of %.2f GB (%.2f s in all; per file %s)" % (
-        op, array.name, " (after a fill of %.1f s)" % runs[0]["fill_seconds"] if fill else "",
-        best["gbps"], " (--async)" if best.get("async") else "", len(runs), best["bytes"] / GB,
-        spent, best["per_file_gbps"]))
+    log("  raw %-5s %s%s: %.3f GB/s%s, best of %d runs of %.2f GB (%.2f s in all; per file %s; "
+        "%s CPU s/GB)" % (
+            op, array.name, " (after a fill of %.1f s)" % runs[0]["fill_seconds"] if fill else "",
+            best["gbps"], " (--async)" if best.get("async") else "", len(runs),
+            best["bytes"] / GB, spent, best["per_file_gbps"], best["cpu_s_per_gb"]))
     if array.cgroup is None or args.raw_seconds > 0 or args.raw_sustained_seconds <= 0:
         return best
     # A capped device: the throttle lets a run that starts after a quiet spell through at up to
@@ -622,6 +625,9 @@ def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False, buffe
         "--seed=%d" % random.randrange(1, 1 << 30)] + (["--fill"] if fill else []) +
         (["--async"] if async_reads else []) +
         (["--buffer_bytes=%d" % buffer_bytes] if buffer_bytes else []) + array.raw_files)
+    # The raw process's CPU, its io_uring workers' included (threads of it): what tuttid's
+    # CPU s/GB is set against. Children reaped meanwhile would count too; none run beside it.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     CHILDREN.add(p)
     try:
@@ -646,6 +652,11 @@ def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False, buffe
         raise BenchError("raw_array_io printed no JSON: %r" % stdout[-500:]) from None
     if out.get("files") != array.n or not out.get("gbps", 0) > 0:
         raise BenchError("raw_array_io: unexpected answer %s" % out)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 3)
+    # (A run that fills the files first spent CPU on that too: no figure.)
+    out["cpu_s_per_gb"] = (round(out["cpu_s"] / (out["bytes"] / GB), 4)
+                           if out["bytes"] and not fill else None)
     return out
 
 
@@ -1575,6 +1586,7 @@ def one_array_config(args, results, ctx, emulation, n):
         raw_staging_sized_gbps=cold["gbps"], raw_staging_sized_buffer_bytes=cold["buffer_bytes"],
         raw_iou_workers_max=max(r0.get("iou_workers_max", 0), r1.get("iou_workers_max", 0)),
         raw_runs_async=[r0["runs_async"], r1["runs_async"]],
+        raw_cpu_s_per_gb_before_after=[r0["cpu_s_per_gb"], r1["cpu_s_per_gb"]],
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], call_blocks=t["call_blocks"],
         cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
@@ -1610,6 +1622,7 @@ def one_array_config(args, results, ctx, emulation, n):
         raw_runs_gbps=[w0["runs_gbps"], w1["runs_gbps"]], store_wait=args.store_wait,
         raw_staging_sized_gbps=cold_w["gbps"], raw_staging_sized_buffer_bytes=cold_w["buffer_bytes"],
         raw_iou_workers_max=max(w0.get("iou_workers_max", 0), w1.get("iou_workers_max", 0)),
+        raw_cpu_s_per_gb_before_after=[w0["cpu_s_per_gb"], w1["cpu_s_per_gb"]],
         store_rounds_gbps=t["store_rounds_gbps"],
         pool_state="fresh" if len(t["store_rounds_gbps"]) == 1 else "full, evicting",
         store_batch=args.store_batch, cpu_s_per_gb=sc["cpu_s_per_gb"],
