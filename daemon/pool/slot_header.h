@@ -25,7 +25,7 @@ uint64_t ObjectChecksum(NamespaceId ns, const Key& key, uint64_t epoch, uint32_t
 struct SlotHeader {
   NamespaceId ns = 0;
   Key key;
-  uint64_t epoch = 0;          // write epoch: strictly increasing over the pool's life
+  uint64_t epoch = 0;          // write epoch: given from an increasing counter at capture
   uint32_t object_len = 0;     // used bytes of each object frame
   std::vector<uint64_t> checksums;  // one per object; size() is the object count
 };

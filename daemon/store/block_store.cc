@@ -410,6 +410,7 @@ void BlockStore::Impl::PromoteOnLookup(NamespaceId ns, const Key& key, DramFront
   p->admission_asked = true;
   p->front = true;
   p->promote_from = front_->BeginPromotion(ns, key);
+  p->epoch = next_epoch_++;  // at capture (block_store_impl.h, PendingBlock::epoch)
   PendingBlock* raw = p.get();
   pending_.emplace(PendingKey{ns, key}, std::move(p));
   QueueForWriter(raw);
@@ -566,6 +567,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
         fresh->layers_left = layers;
         fresh->touched_ms = clock_->NowMs();
         fresh->admission_asked = whole_blocks;
+        fresh->epoch = next_epoch_++;  // before its first gather (PendingBlock::epoch)
         p = fresh.get();
         pending_.emplace(PendingKey{ns, keys[i]}, std::move(fresh));
         created.push_back(p);

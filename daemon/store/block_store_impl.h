@@ -101,9 +101,20 @@ struct PendingBlock {
   // copy, for a promotion by a Lookup hit (no engine copy): the writer fills `frames` from it.
   bool front = false;
   std::shared_ptr<const DramBlock> promote_from;
+  // The write epoch, seeding the object checksums (pool::ObjectChecksumSeed): given from
+  // next_epoch_ when the block is created (its first Capture call, or a promotion), before any
+  // byte of it is gathered, so that its checksums can be computed as its objects are gathered
+  // (on the GPU). Safe for recovery, which only compares epochs for equality (a Delete names the
+  // epoch of the Put it removes; a read checks the epoch through the checksums) and starts the
+  // counter past every epoch a Put it replays holds: what it needs is that no two blocks written
+  // in one run share an epoch (each pending block is written at most once) and that no epoch
+  // given after a restart is one a recovered Put holds. Epochs of blocks that are never written
+  // (dropped, declined, failed) are simply not used, as the writer's were for blocks that found
+  // no slot. A block created before another may now be written after it: nothing orders
+  // blocks by epoch.
+  uint64_t epoch = 0;
   // Set by the writer.
   uint64_t slot = 0;
-  uint64_t epoch = 0;
   bool has_slot = false;
   bool ok = false;
   bool over_share = false;  // refused: its owner is past pool_share_per_user (kRejectedShare)

@@ -333,8 +333,7 @@ uint64_t BlockStore::Impl::AssignSlots(absl::Span<PendingBlock* const> batch,
       p->slot = slots[i];
       p->has_slot = true;
     }
-    p->ok = p->has_slot;
-    p->epoch = next_epoch_++;
+    p->ok = p->has_slot;  // its epoch was given at capture (PendingBlock::epoch)
   }
   return last_delete;
 }
