@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/copy_desc.h"
+#include "gpu/hash_desc.h"
 
 namespace tutti::gpu {
 
@@ -124,6 +125,13 @@ class Device {
   [[nodiscard]] virtual absl::Status CopyByCopyEngine(const CopyDesc* descs, size_t count,
                                                       uint32_t object_len, Stream stream,
                                                       const char* what) = 0;
+  // The hash kernel (gpu/hash_kernel.h) on `stream`: hashes[i] = XXH3_64bits_withSeed(
+  // descs[i].data, descs[i].len, descs[i].seed) for i < count, with XXH3's default secret.
+  // `descs` and `hashes` are device-addressable (device or pinned memory) and stay valid until
+  // the stream has passed the kernel. Preconditions: GpuHashSupports(len) for every desc.
+  [[nodiscard]] virtual absl::Status LaunchHash(const HashDesc* descs, size_t count,
+                                                uint64_t* hashes, Stream stream,
+                                                const char* what) = 0;
 };
 
 }  // namespace tutti::gpu

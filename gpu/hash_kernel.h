@@ -1,13 +1,12 @@
-// XXH3-64 on the GPU: the object checksums of daemon/pool/slot_header.h (XXH3_64bits_withSeed with a
-// per-object seed) computed over objects in device memory, one CTA per object.
+// XXH3-64 on the GPU: the object checksums of daemon/pool/slot_header.h (XXH3_64bits_withSeed with
+// a per-object seed) computed over objects in device memory, one CTA per object.
 //
 // Each thread takes 16-byte vectors of its object (two of the eight 64-bit accumulator lanes of
 // one 64-byte stripe), the warps sum each 1 KiB block's contributions per lane, and eight threads
 // then run the lanes' sequential part (a scramble per full block) and one thread merges them. The
 // value is XXH3's, bit for bit (daemon/gpu/gpu_verifier_test.cc compares it with libxxhash).
 //
-// Supported lengths (GpuHashSupports): multiples of 64 in (240, kMaxGpuHashLen]; XXH3 hashes
-// shorter inputs another way, which is left to the CPU.
+// Supported lengths: GpuHashSupports (gpu/hash_desc.h, with the descriptor).
 //
 // Thread-safety: LaunchHashObjects may be called from any thread.
 #ifndef TUTTI_GPU_HASH_KERNEL_H_
@@ -17,26 +16,9 @@
 
 #include <cstdint>
 
+#include "gpu/hash_desc.h"
+
 namespace tutti::gpu {
-
-inline constexpr uint32_t kMaxGpuHashLen = 256u << 10;
-inline constexpr uint32_t kXxh3SecretBytes = 192;
-
-inline bool GpuHashSupports(uint32_t len) {
-  return len > 240 && len % 64 == 0 && len <= kMaxGpuHashLen;
-}
-
-// One object: `len` bytes at `data` (device-addressable, 16-byte aligned), hashed with `seed`.
-struct HashDesc {
-  const void* data;
-  uint64_t seed;
-  uint32_t len;
-};
-
-// XXH3's default secret, as libxxhash holds it (XXH3_kSecret); the caller supplies it.
-struct Xxh3Secret {
-  uint8_t bytes[kXxh3SecretBytes];
-};
 
 // Enqueues on `stream`: hashes[i] = XXH3_64bits_withSeed(descs[i].data, descs[i].len,
 // descs[i].seed) for i < count. `descs` and `hashes` are device-addressable and stay valid until

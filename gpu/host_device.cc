@@ -1,5 +1,7 @@
 #include "gpu/host_device.h"
 
+#include <xxhash.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -68,7 +70,20 @@ uint64_t HostDevice::copy_engine_objects() const {
 
 size_t HostDevice::live_allocations() const {
   absl::MutexLock lock(&mu_);
-  return blocks_.size();
+  size_t n = 0;
+  for (const auto& [at, b] : blocks_) n += !b.registered;
+  return n;
+}
+
+void HostDevice::RegisterHost(void* p, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  blocks_[reinterpret_cast<uintptr_t>(p)] = Block{bytes, true, true};
+}
+
+void HostDevice::UnregisterHost(void* p) {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(reinterpret_cast<uintptr_t>(p));
+  if (it != blocks_.end() && it->second.registered) blocks_.erase(it);
 }
 
 absl::Status HostDevice::Begin(Op op, Stream stream, const char* what) {
@@ -134,7 +149,9 @@ void HostDevice::FreeBlock(void* p) {
   if (p == nullptr) return;
   {
     absl::MutexLock lock(&mu_);
-    if (blocks_.erase(reinterpret_cast<uintptr_t>(p)) == 0) return;  // not ours: leave it
+    auto it = blocks_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == blocks_.end() || it->second.registered) return;  // not ours: leave it
+    blocks_.erase(it);
   }
   std::free(p);
 }
@@ -301,6 +318,34 @@ absl::Status HostDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, u
   for (size_t i = 0; i < count; ++i) std::memcpy(descs[i].dst, descs[i].src, object_len);
   absl::MutexLock lock(&mu_);
   copy_engine_objects_ += count;
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::LaunchHash(const HashDesc* descs, size_t count, uint64_t* hashes,
+                                    Stream stream, const char* what) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (absl::Status s = CheckRange(descs, count * sizeof(HashDesc), true, what); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckRange(hashes, count * sizeof(uint64_t), true, what); !s.ok()) {
+      return s;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      if (!GpuHashSupports(descs[i].len) ||
+          reinterpret_cast<uintptr_t>(descs[i].data) % kCopyAlign != 0) {
+        return Misuse(what, absl::StrCat("descriptor ", i, ": unaligned or unsupported length ",
+                                         descs[i].len));
+      }
+      if (absl::Status s = CheckRange(descs[i].data, descs[i].len, false, what); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (absl::Status s = Begin(Op::kLaunchHash, stream, what); !s.ok()) return s;
+  for (size_t i = 0; i < count; ++i) {
+    hashes[i] = XXH3_64bits_withSeed(descs[i].data, descs[i].len, descs[i].seed);
+  }
   return absl::OkStatus();
 }
 

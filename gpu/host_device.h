@@ -2,7 +2,8 @@
 //
 // Device memory and pinned buffers are host heap (aligned to 4 KiB); every stream runs each
 // operation at once in the calling thread, so an enqueue call returns with its work done: copies
-// are memcpy, the copy kernel and the copy engines a loop over the descriptors, a recorded event
+// are memcpy, the copy kernel and the copy engines a loop over the descriptors (the hash kernel
+// one over libxxhash), a recorded event
 // is complete (its time is the host clock's at the record), WriteValue32 a store. WaitValue32 is a
 // check: with every stream already past all its work, a word that does not hold the value now never
 // will, so the call fails (FAILED_PRECONDITION) where a GPU stream would hang; the stream then
@@ -50,8 +51,9 @@ class HostDevice final : public Device {
     kRecordEvent,
     kSyncEvent,
     kSyncStream,
+    kLaunchHash,
   };
-  static constexpr size_t kNumOps = static_cast<size_t>(Op::kSyncStream) + 1;
+  static constexpr size_t kNumOps = static_cast<size_t>(Op::kLaunchHash) + 1;
 
   // `max_pitch`: what MaxPitch() returns.
   explicit HostDevice(uint64_t max_pitch = 1ull << 21);
@@ -66,8 +68,13 @@ class HostDevice final : public Device {
   // Descriptors the copy kernel (LaunchCopy) and the copy engines (CopyByCopyEngine) moved.
   uint64_t kernel_objects() const;
   uint64_t copy_engine_objects() const;
-  // Device allocations and pinned buffers not yet freed.
+  // Device allocations and pinned buffers not yet freed (registered host memory not counted).
   size_t live_allocations() const;
+  // Treats [p, p + bytes), host memory the caller owns (the store's staging region), as pinned
+  // memory, as cudaHostRegister makes it: copies and kernels may use it. Unregister it before it
+  // goes; Free leaves it alone.
+  void RegisterHost(void* p, uint64_t bytes);
+  void UnregisterHost(void* p);
 
   int ordinal() const override { return 0; }
   Stream io_stream() const override { return io_stream_; }
@@ -106,12 +113,18 @@ class HostDevice final : public Device {
                           const char* what) override;
   absl::Status CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
                                 Stream stream, const char* what) override;
+  // XXH3_64bits_withSeed (libxxhash) over each descriptor's bytes, which must lie in device
+  // memory (the kernel hashes engine objects there); `descs` and `hashes` in device or pinned
+  // memory. An unsupported length is misuse too.
+  absl::Status LaunchHash(const HashDesc* descs, size_t count, uint64_t* hashes, Stream stream,
+                          const char* what) override;
 
  private:
   friend class HostPinnedBuffer;
   struct Block {
     uint64_t size;
     bool pinned;
+    bool registered = false;  // the caller's memory (RegisterHost)
   };
   struct EventState {
     EventKind kind;

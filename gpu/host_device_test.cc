@@ -1,5 +1,7 @@
 #include "gpu/host_device.h"
 
+#include <xxhash.h>
+
 #include <cstring>
 #include <vector>
 
@@ -38,6 +40,42 @@ TEST(HostDeviceTest, KernelReadsOnlyDeviceOrPinnedMemory) {
   desc = {pageable, dev};
   EXPECT_FALSE(d.LaunchCopy(&desc, 1, 64, d.io_stream(), "kernel").ok());
   EXPECT_EQ(d.kernel_objects(), 1u);
+  d.Free(dev);
+}
+
+// The hash kernel: libxxhash's XXH3_64bits_withSeed over device memory, results in pinned memory;
+// host memory it was not given (or registered) and unsupported lengths are misuse.
+TEST(HostDeviceTest, HashKernelHashesDeviceMemoryLikeLibxxhash) {
+  HostDevice d;
+  uint8_t* dev = d.Allocate(8192, "a").value();
+  for (int i = 0; i < 8192; ++i) dev[i] = static_cast<uint8_t>(i * 13 + 1);
+  auto pinned = d.AllocatePinned(4096).value();
+  auto* descs = reinterpret_cast<HashDesc*>(pinned->host());
+  auto* hashes = reinterpret_cast<uint64_t*>(pinned->host() + 1024);
+  descs[0] = {dev, 77, 4096};
+  descs[1] = {dev + 4096, 78, 2048};
+  ASSERT_TRUE(d.LaunchHash(descs, 2, hashes, d.io_stream(), "hash").ok());
+  EXPECT_EQ(hashes[0], XXH3_64bits_withSeed(dev, 4096, 77));
+  EXPECT_EQ(hashes[1], XXH3_64bits_withSeed(dev + 4096, 2048, 78));
+  EXPECT_EQ(d.count(Op::kLaunchHash), 1u);
+  descs[0] = {dev, 77, 100};  // XXH3 hashes short inputs another way: the CPU's
+  EXPECT_EQ(d.LaunchHash(descs, 1, hashes, d.io_stream(), "short").code(),
+            absl::StatusCode::kInternal);
+  std::vector<uint8_t> heap(4096 + 16);
+  descs[0] = {heap.data() + (16 - reinterpret_cast<uintptr_t>(heap.data()) % 16) % 16, 1, 4096};
+  EXPECT_EQ(d.LaunchHash(descs, 1, hashes, d.io_stream(), "pageable").code(),
+            absl::StatusCode::kInternal);
+  d.RegisterHost(heap.data(), heap.size());  // registered host memory is still not device memory
+  EXPECT_EQ(d.LaunchHash(descs, 1, hashes, d.io_stream(), "registered").code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(d.live_allocations(), 2u) << "registered memory is the caller's";
+  d.UnregisterHost(heap.data());
+  d.FailOp(Op::kLaunchHash, 0, absl::InternalError("injected"));
+  descs[0] = {dev, 77, 4096};
+  hashes[0] = 0;
+  EXPECT_EQ(d.LaunchHash(descs, 1, hashes, d.io_stream(), "failed").code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(hashes[0], 0u) << "a failed launch does nothing";
   d.Free(dev);
 }
 
