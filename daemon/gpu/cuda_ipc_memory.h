@@ -87,6 +87,9 @@ class CudaIpcMemory final : public engine::EngineMemory {
 
   // Device address of region `i` in this process (tests and diagnostics).
   uint8_t* region_base(size_t i) const { return bases_[i]; }
+  // Device address of object `object` of engine block `block` in this process; null when either
+  // is out of range.
+  const uint8_t* EngineObject(uint32_t block, uint32_t object) const;
 
  private:
   CudaIpcMemory(const EngineLayout& layout, Device* device, std::unique_ptr<Device> owned_device)

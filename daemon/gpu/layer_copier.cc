@@ -374,6 +374,7 @@ void LayerCopier::CheckTimedRound() {
 
 absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops) {
   absl::Status s;
+  std::unique_ptr<SumBuffer> sums;
   {
     absl::MutexLock lock(&mu_);
     ++counters_.gathers;
@@ -383,12 +384,84 @@ absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine:
     } else {
       s = memory->EnqueueGather(ops);
     }
+    // After the copies (which checked every op against the layout), on the same stream.
+    if (s.ok()) sums = EnqueueSums(memory, ops);
   }
-  if (s.ok()) return WaitIoStream();
+  if (s.ok()) {
+    s = WaitIoStream();
+    if (sums == nullptr) return s;
+    if (s.ok()) {
+      const uint64_t* hashes = sums->hashes();
+      for (size_t k = 0; k < sums->ops.size(); ++k) {
+        engine::ObjectSum* sum = ops[sums->ops[k]].sum;
+        sum->value = hashes[k];
+        sum->done = true;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    (s.ok() ? sum_buffers_ : retired_sums_).push_back(std::move(sums));
+    return s;
+  }
   // A failed enqueue may have queued part of the copies into the store's staging, which the
   // caller gives back once this returns.
   WaitStreamsAfterError();
   return s;
+}
+
+std::unique_ptr<LayerCopier::SumBuffer> LayerCopier::EnqueueSums(
+    CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops) {
+  const uint32_t len = memory->object_len();
+  size_t n = 0;
+  for (const engine::CopyOp& op : ops) n += op.sum != nullptr;
+  if (n == 0 || !GpuHashSupports(len)) return nullptr;
+  auto failed = [&](const absl::Status& why) -> std::unique_ptr<SumBuffer> {
+    ++counters_.sum_failures;
+    TUTTI_LOG_EVERY_N_SEC(log::Get("gpu"), spdlog::level::err, 5,
+                          "gpu{}: store checksums of {} objects left to the CPU: {}",
+                          device_->ordinal(), n, why.ToString());
+    return nullptr;
+  };
+  std::unique_ptr<SumBuffer> b;
+  for (auto it = sum_buffers_.begin(); it != sum_buffers_.end(); ++it) {
+    if ((*it)->capacity >= n) {
+      b = std::move(*it);
+      sum_buffers_.erase(it);
+      break;
+    }
+  }
+  if (b == nullptr) {
+    b = std::make_unique<SumBuffer>();
+    b->capacity = 1024;
+    while (b->capacity < n) b->capacity *= 2;
+    absl::StatusOr<std::unique_ptr<Device::PinnedBuffer>> pinned =
+        device_->AllocatePinned(b->capacity * (sizeof(HashDesc) + sizeof(uint64_t)));
+    if (!pinned.ok()) return failed(pinned.status());
+    b->memory = std::move(pinned).value();
+  }
+  b->ops.clear();
+  HashDesc* descs = b->descs();
+  for (uint32_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].sum == nullptr) continue;
+    const uint8_t* object = memory->EngineObject(ops[i].block, ops[i].object);
+    if (object == nullptr) {  // the copies checked the ops: not expected
+      sum_buffers_.push_back(std::move(b));
+      return failed(absl::InvalidArgumentError(absl::StrCat("op ", i, " out of range")));
+    }
+    descs[b->ops.size()] = HashDesc{object, ops[i].sum->seed, len};
+    b->ops.push_back(i);
+  }
+  absl::Status launched;
+  {
+    absl::MutexLock io_lock(&device_->io_mutex());
+    launched = device_->LaunchHash(descs, n, b->hashes(), device_->io_stream(),
+                                   "hash kernel (store checksums)");
+  }
+  if (!launched.ok()) {
+    sum_buffers_.push_back(std::move(b));  // nothing was enqueued
+    return failed(launched);
+  }
+  counters_.summed_objects += n;
+  return b;
 }
 
 double LayerCopier::IdleKernel::Us(uint64_t bytes) const {

@@ -63,6 +63,7 @@
 #include "daemon/gpu/cuda_ipc_memory.h"
 #include "daemon/gpu/placement.h"
 #include "gpu/device.h"
+#include "gpu/hash_desc.h"
 #include "gpu/io_stream.h"
 #include "gpu/ready_words.h"
 
@@ -126,6 +127,14 @@ class LayerCopier {
   // twice as slow (it waits on PCIe either way), too close to tell, and a store is background
   // work the engine does not wait on per layer. Errors as CudaIpcMemory::Gather. Returns, also on
   // error, only once no copy it enqueued can still write the staging.
+  // Checksums: for the ops with a `sum` (engine::ObjectSum), when the kernel supports the object
+  // length (GpuHashSupports), the hash kernel runs on the I/O stream after the copies, over each
+  // op's object in the engine's memory (the bytes the copy read; the engine keeps them unchanged
+  // until the Store call has captured them, and if it did not, the checksum fails every read of
+  // the block: a miss, never a wrong block), and each sum is set (`done`) once the stream has
+  // passed both and the gather succeeded. When the hash cannot run (no pinned memory for its
+  // descriptors, a launch error: logged with the CUDA error's name, counted in sum_failures) the
+  // sums stay not done and the caller computes them on the CPU; the gather itself goes on.
   absl::Status Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops);
 
   // Layers placed so far (ScatterLayer calls), and how many of them the copy engines moved alone
@@ -141,6 +150,9 @@ class LayerCopier {
     uint64_t timed_rounds = 0;
     uint64_t slow_rounds = 0;
     uint64_t slow_rounds_uncorrected = 0;
+    // Gather checksums: objects hashed by the kernel, and Gather calls whose hash could not run.
+    uint64_t summed_objects = 0;
+    uint64_t sum_failures = 0;
   };
   Counters counters() const;
   // kAuto: the time a scatter kernel of `bytes` takes on the idle GPU (microseconds; measured at
@@ -181,6 +193,17 @@ class LayerCopier {
     uint64_t len;
   };
   friend class CopyPool;
+  // Pinned memory for one Gather's hash descriptors and hashes (device-addressable), with the op
+  // index of each; reused across calls.
+  struct SumBuffer {
+    std::unique_ptr<Device::PinnedBuffer> memory;
+    size_t capacity = 0;  // objects
+    std::vector<uint32_t> ops;
+    HashDesc* descs() const { return reinterpret_cast<HashDesc*>(memory->host()); }
+    uint64_t* hashes() const {
+      return reinterpret_cast<uint64_t*>(memory->host() + capacity * sizeof(HashDesc));
+    }
+  };
   struct Run {  // bytes [host, host + len) go to offset `offset` of the round's slot
     const uint8_t* host;
     uint64_t len;
@@ -206,6 +229,12 @@ class LayerCopier {
   // another waits for that later point, which comes after its own work.
   absl::Status WaitIoStream();
   absl::Status Init(absl::Span<const StagingRegion> registered);
+  // Gather: enqueues the hash kernel over the engine objects of the ops of `ops` with a sum, on
+  // the I/O stream; the buffer holding their descriptors and (once the stream has passed it)
+  // hashes, or null when there is nothing to hash or the hash could not be enqueued (logged).
+  std::unique_ptr<SumBuffer> EnqueueSums(CudaIpcMemory* memory,
+                                         absl::Span<const engine::CopyOp> ops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enqueues the staged part of `ops` (the ones at `indices`) in rounds of one slot each.
   absl::Status EnqueueStaged(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
                              std::vector<uint32_t>* indices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -277,6 +306,10 @@ class LayerCopier {
   std::vector<Run> runs_ ABSL_GUARDED_BY(mu_);
   std::vector<engine::CopyOp> round_ops_ ABSL_GUARDED_BY(mu_);
   std::vector<CopyJob> jobs_ ABSL_GUARDED_BY(mu_);
+  // Gather checksums' buffers: free ones, and those of gathers whose wait failed (a kernel may
+  // still read them; freed with the copier).
+  std::vector<std::unique_ptr<SumBuffer>> sum_buffers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<SumBuffer>> retired_sums_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tutti::gpu

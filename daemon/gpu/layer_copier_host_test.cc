@@ -1,6 +1,8 @@
 // LayerCopier's logic on a HostDevice (gpu/host_device.h): no GPU, so it runs in CI. The engine's
 // regions, the GPU staging slots and the ready words are host memory; every byte that lands is
 // checked against the placements, and the device's counts say which way the copies went.
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -376,6 +378,57 @@ TEST(HostCopierGatherTest, GathersExactly) {
     const bool by_engines = mode == Mode::kCopyEngine || mode == Mode::kAuto;
     EXPECT_EQ(rig.copier_->counters().copy_engine_gathers, by_engines ? 1u : 0u);
   }
+}
+
+// Gather with checksums: each op with a sum gets XXH3 (seeded by its seed) of the object it
+// copied, computed by the hash kernel after the copies; ops without one are left alone.
+TEST(HostCopierGatherTest, GatherComputesTheChecksumsOfTheObjectsItCopies) {
+  for (Mode mode : {Mode::kStaged, Mode::kCopyEngine}) {
+    Rig rig(Opts(mode), true, 40, GapEveryThird);
+    ASSERT_TRUE(rig.Scatter(1).ok());
+    for (const engine::CopyOp& op : rig.ops_) std::memset(op.staging, 0, kObj);
+    std::vector<engine::ObjectSum> sums(rig.ops_.size());
+    for (size_t i = 0; i < rig.ops_.size(); ++i) {
+      sums[i].seed = 1000 + i;
+      if (i % 5 != 4) rig.ops_[i].sum = &sums[i];  // every fifth asks for none
+    }
+    ASSERT_TRUE(rig.copier_->Gather(rig.memory_.get(), rig.ops_).ok());
+    for (size_t i = 0; i < rig.ops_.size(); ++i) {
+      ASSERT_EQ(std::memcmp(rig.ops_[i].staging, rig.originals_[i].data(), kObj), 0) << i;
+      EXPECT_EQ(sums[i].done, i % 5 != 4) << i;
+      if (sums[i].done) {
+        EXPECT_EQ(sums[i].value, XXH3_64bits_withSeed(rig.ops_[i].staging, kObj, 1000 + i)) << i;
+      }
+    }
+    EXPECT_EQ(rig.device_.count(Op::kLaunchHash), 1u);
+    EXPECT_EQ(rig.copier_->counters().summed_objects, rig.ops_.size() - rig.ops_.size() / 5);
+    // The buffers are reused: a second gather allocates nothing more.
+    const size_t live = rig.device_.live_allocations();
+    for (auto& sum : sums) sum.done = false;
+    ASSERT_TRUE(rig.copier_->Gather(rig.memory_.get(), rig.ops_).ok());
+    EXPECT_TRUE(sums[0].done);
+    EXPECT_EQ(rig.device_.live_allocations(), live);
+  }
+}
+
+// A hash that cannot run leaves the sums not done (the caller computes them on the CPU); the
+// gather itself succeeds and its bytes land.
+TEST(HostCopierGatherTest, AFailedHashLeavesTheChecksumsToTheCaller) {
+  Rig rig(Opts(Mode::kAuto), true, 16, NoGap);
+  ASSERT_TRUE(rig.Scatter(1).ok());
+  for (const engine::CopyOp& op : rig.ops_) std::memset(op.staging, 0, kObj);
+  std::vector<engine::ObjectSum> sums(rig.ops_.size());
+  for (size_t i = 0; i < rig.ops_.size(); ++i) rig.ops_[i].sum = &sums[i];
+  rig.device_.FailOp(Op::kLaunchHash, 0, absl::InternalError("cudaErrorLaunchFailure (injected)"));
+  ASSERT_TRUE(rig.copier_->Gather(rig.memory_.get(), rig.ops_).ok());
+  for (size_t i = 0; i < rig.ops_.size(); ++i) {
+    EXPECT_FALSE(sums[i].done) << i;
+    EXPECT_EQ(std::memcmp(rig.ops_[i].staging, rig.originals_[i].data(), kObj), 0) << i;
+  }
+  EXPECT_EQ(rig.copier_->counters().sum_failures, 1u);
+  EXPECT_EQ(rig.copier_->counters().summed_objects, 0u);
+  ASSERT_TRUE(rig.copier_->Gather(rig.memory_.get(), rig.ops_).ok());  // the next one hashes
+  EXPECT_TRUE(sums[0].done);
 }
 
 // The copier frees everything it allocated on the device.

@@ -1,6 +1,7 @@
 #include "daemon/gpu/layer_copier.h"
 
 #include <cuda_runtime.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -264,18 +265,32 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
   auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
   ASSERT_TRUE(mem.ok()) << mem.status();
   std::vector<uint8_t> want(kObj);
+  // The second round asks for every object's checksum too (the hash kernel after the copies).
+  std::vector<engine::ObjectSum> sums(ops.size());
   for (int round = 0; round < 2; ++round) {
     std::memset((*pinned)->host(), 0, uint64_t{kUsed} * kLayers * 2 * kObj);
+    for (size_t i = 0; round == 1 && i < ops.size(); ++i) {
+      sums[i].seed = 0x1234567 * (i + 1);
+      ops[i].sum = &sums[i];
+    }
     ASSERT_TRUE((*copier)->Gather(mem->get(), ops).ok()) << "round " << round;
-    uint32_t wrong = 0;
-    for (const engine::CopyOp& op : ops) {
+    uint32_t wrong = 0, wrong_sums = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const engine::CopyOp& op = ops[i];
       testing::FillObject(9, op.block, op.object, want.data(), kObj);
       if (std::memcmp(op.staging, want.data(), kObj) != 0) ++wrong;
+      if (round == 1 && (!sums[i].done ||
+                         sums[i].value != XXH3_64bits_withSeed(want.data(), kObj, sums[i].seed))) {
+        ++wrong_sums;
+      }
     }
     EXPECT_EQ(wrong, 0u) << "round " << round;
+    EXPECT_EQ(wrong_sums, 0u) << "round " << round;
   }
   EXPECT_EQ((*copier)->counters().gathers, 2u);
   EXPECT_EQ((*copier)->counters().copy_engine_gathers, c.expect_copy_engine_gathers);
+  EXPECT_EQ((*copier)->counters().summed_objects, ops.size());
+  EXPECT_EQ((*copier)->counters().sum_failures, 0u);
   mem->reset();
   for (void* p : regions) cudaFree(p);
 }
