@@ -398,7 +398,8 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
                absl::StrCat("must be a multiple of 4096 in [4096, ", 256 * kMiB, "]"));
   }
   RETURN_IF_ERROR(CheckRange("datapath.read_bounce_depth", d.read_bounce_depth(), 0, 1024));
-  return CheckOneOf("datapath.verifier", d.verifier(), {"auto", "cpu", "gpu"});
+  RETURN_IF_ERROR(CheckOneOf("datapath.verifier", d.verifier(), {"auto", "cpu", "gpu"}));
+  return CheckOneOf("datapath.store_checksums", d.store_checksums(), {"auto", "cpu", "gpu"});
 }
 
 // True for a dotted IPv4 address ("127.0.0.1"), each part a decimal in [0, 255].

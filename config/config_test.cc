@@ -325,6 +325,9 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_EQ(c->datapath().verifier(), "auto");
   EXPECT_TRUE(LoadConfig("datapath { verifier: \"gpu\" }").ok());
   ExpectRejected("datapath { verifier: \"fpga\" }", {"datapath.verifier", "fpga"});
+  EXPECT_EQ(c->datapath().store_checksums(), "auto");
+  EXPECT_TRUE(LoadConfig("datapath { store_checksums: \"cpu\" }").ok());
+  ExpectRejected("datapath { store_checksums: \"fpga\" }", {"datapath.store_checksums", "fpga"});
   EXPECT_EQ(c->datapath().read_bounce_depth(), 64u);
   EXPECT_TRUE(LoadConfig("datapath { read_bounce_depth: 0 }").ok());  // whole layers in host memory
   ExpectRejected("datapath { read_bounce_depth: 1025 }",

@@ -193,6 +193,12 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
                             " MiB mirror of the retrieve staging in GPU memory");
     }
   }
+  // Store checksums with the gather (the hash kernel over the engine's objects, on the I/O
+  // stream after the copies: daemon/gpu/layer_copier.h); the writer computes only the rest.
+  const bool gather_sums = config.datapath().store_checksums() != "cpu";
+  store->SetGatherChecksums(gather_sums);
+  checks +=
+      gather_sums ? "; store checksums on the GPU with the gather" : "; store checksums on the CPU";
   ASSIGN_OR_RETURN(const uint64_t free_after, FreeDeviceMemory(chosen.ordinal));
   rt->memory = free_before > free_after ? free_before - free_after : 0;
   notes->push_back(absl::StrCat(

@@ -372,9 +372,17 @@ absl::Status Run() {
     ASSIGN_OR_RETURN(daemon.gpu,
                      gpu_setup::StartGpu(config, *gpu, daemon.store.get(), &daemon.notes));
     daemon.device_mode = "cuda";
-  } else if (config.datapath().verifier() == "gpu") {
-    daemon.notes.push_back("datapath.verifier \"gpu\" needs cuda mode: retrieves are checked on "
-                           "the CPU");
+  } else {
+    if (config.datapath().verifier() == "gpu") {
+      daemon.notes.push_back(
+          "datapath.verifier \"gpu\" needs cuda mode: retrieves are checked "
+          "on the CPU");
+    }
+    if (config.datapath().store_checksums() == "gpu") {
+      daemon.notes.push_back(
+          "datapath.store_checksums \"gpu\" needs cuda mode: stores are "
+          "checksummed on the CPU");
+    }
   }
   notifier->Status("starting the sessions and the sockets");
   RETURN_IF_ERROR(StartServing(config, &daemon));

@@ -506,6 +506,10 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   };
   std::vector<FrontCopy> front_new;
   absl::flat_hash_map<Key, CaptureOutcome> front_seen;  // a key repeated in the call
+  // Checksums with the gather (SetGatherChecksums): the pending block of each op (null for the
+  // DRAM front's copies, which are not written), and what the gatherer computes for it.
+  const bool gather_sums = gather_checksums_.load();
+  std::vector<PendingBlock*> op_block;
   {
     absl::MutexLock lock(&mu_);
     if (whole_blocks) declined = DeclineNewBlocks(ns, keys);
@@ -580,6 +584,8 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
         continue;
       }
       touched[i] = p;
+      // Another call copying into it now: which of the two copies lands last is unknown.
+      if (p->capturing > 0) p->gather_sums_usable = false;
       ++p->capturing;
       for (uint32_t l = layer_begin; l < layer_end; ++l) {
         if (p->layer_captured[l]) continue;
@@ -588,6 +594,10 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
           const uint32_t block =
               engine_blocks.empty() ? static_cast<uint32_t>(i) : engine_blocks[i];
           ops.push_back(engine::CopyOp{block, obj, p->frames[obj]});
+          if (gather_sums) {
+            op_block.resize(ops.size(), nullptr);
+            op_block.back() = p;
+          }
         }
       }
     }
@@ -595,7 +605,18 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   }
   // Copy outside the lock. A pending block stays while `capturing` > 0: it is
   // neither queued nor reaped nor dropped until every call copying into it has
-  // finished.
+  // finished (and its ns, key and epoch never change).
+  std::vector<engine::ObjectSum> sums;
+  if (gather_sums) {
+    op_block.resize(ops.size(), nullptr);
+    sums.resize(ops.size());
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const PendingBlock* p = op_block[k];
+      if (p == nullptr) continue;
+      sums[k].seed = pool::ObjectChecksumSeed(p->ns, p->key, p->epoch, ops[k].object);
+      ops[k].sum = &sums[k];
+    }
+  }
   const absl::Time t0 = absl::Now();
   absl::Status gathered = gather(ops);
   log::Get("store")->debug("capture of {} objects: gather {:.2f} ms", ops.size(),
@@ -614,6 +635,18 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     for (const FrontCopy& c : front_new) front_->GiveBack(c.chunk);
     ReleaseAbandoned(touched);
     return gathered;
+  }
+  // The checksums that came with the gather, before any block of the call is queued.
+  for (size_t k = 0; k < sums.size(); ++k) {
+    PendingBlock* p = op_block[k];
+    if (p == nullptr || !sums[k].done || !p->gather_sums_usable) continue;
+    const uint32_t n = static_cast<uint32_t>(p->frames.size());
+    if (p->summed_at_gather.empty()) {
+      p->summed_at_gather.assign(n, 0);
+      p->checksums.assign(n, 0);
+    }
+    p->checksums[ops[k].object] = sums[k].value;
+    p->summed_at_gather[ops[k].object] = 1;
   }
   const int64_t now = clock_->NowMs();
   std::shared_ptr<QueuedCall> call;  // the blocks this call queues (tail-first recency)
@@ -886,5 +919,6 @@ absl::Status BlockStore::StageReadsOnGpu(absl::Span<uint8_t> device, datapath::V
   return impl_->StageReadsOnGpu(device, placing, depth);
 }
 void BlockStore::SetReadVerifier(datapath::Verifier* v) { impl_->SetReadVerifier(v); }
+void BlockStore::SetGatherChecksums(bool on) { impl_->SetGatherChecksums(on); }
 
 }  // namespace tutti::store

@@ -274,6 +274,9 @@ struct StoreStats {
   uint64_t write_batches = 0;
   double write_prepare_seconds = 0, write_io_seconds = 0, write_commit_seconds = 0;
   double write_slot_seconds = 0, write_checksum_seconds = 0;
+  // Objects of written blocks whose checksum came with their gather (SetGatherChecksums) and
+  // those the writer computed (on the checksum pool).
+  uint64_t write_objects_summed_at_gather = 0, write_objects_summed_by_writer = 0;
   uint64_t checkpoint_failures = 0;  // attempts that failed since start
   // Used slot headers found at start among the first slots of a pool whose
   // journal recovered no block: blocks the index cannot find (the state
@@ -504,6 +507,14 @@ class BlockStore final : public datapath::RetrieveStore {
   // Checks Reads' objects with `v` from now on (nullptr: the CPU checker again). Call while no
   // Read is in progress (start-up, shutdown); `v` must outlive its use.
   void SetReadVerifier(datapath::Verifier* v);
+  // With `on`, Capture asks its gatherer for each new object's checksum (engine::CopyOp::sum,
+  // seeded by the block's epoch, which the block takes at its first Capture call): a GPU engine
+  // memory computes them with the gather (daemon/gpu/layer_copier.h), and the writer then
+  // checksums only the objects whose checksum did not come so (host-mode engines, lengths the
+  // hash kernel does not support, a hash that failed, a block two Capture calls copied into at
+  // once, promoted DRAM-front blocks). Off (the default): the writer checksums every object.
+  // datapath.store_checksums; set at start-up, before engines attach.
+  void SetGatherChecksums(bool on);
   // Stages the layers of Retrieves into GPU memory (reader(true)) in `device` (GPU memory, at
   // least retrieve_staging_region()'s size) from now on: reads land in `depth` bounce slots per
   // pool file carved from the start of the retrieve staging, and `placing` (a verifier that

@@ -21,6 +21,7 @@
 #ifndef TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 #define TUTTI_DAEMON_STORE_BLOCK_STORE_IMPL_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <set>
@@ -118,7 +119,15 @@ struct PendingBlock {
   bool has_slot = false;
   bool ok = false;
   bool over_share = false;  // refused: its owner is past pool_share_per_user (kRejectedShare)
+  // Per object. Checksums that came with the object's gather (SetGatherChecksums: computed on the
+  // GPU over the engine's object as it was copied into `frames`) are set by Capture, with
+  // `summed_at_gather` 1, under mu_ after the gather; the writer computes the rest. Should two
+  // Capture calls copy into the block at once (they may copy the same layer, from different engine
+  // blocks), which bytes land last is unknown: `gather_sums_usable` goes false and the writer
+  // computes every checksum of the block from its frames.
   std::vector<uint64_t> checksums;
+  std::vector<uint8_t> summed_at_gather;
+  bool gather_sums_usable = true;
 };
 
 // A writer batch from its start until it is committed (write_pipeline.cc).
@@ -180,6 +189,7 @@ class BlockStore::Impl {
   EventHub& events() { return events_; }
   datapath::Verifier* cpu_verifier() const { return verifier_.get(); }
   void SetReadVerifier(datapath::Verifier* v) { read_verifier_->Set(v != nullptr ? v : verifier_.get()); }
+  void SetGatherChecksums(bool on) { gather_checksums_.store(on); }
   absl::Status StageReadsOnGpu(absl::Span<uint8_t> device, datapath::Verifier* placing,
                                uint32_t depth);
 
@@ -275,7 +285,8 @@ class BlockStore::Impl {
   // (write_batch_blocks pages), and the batch's write transfer prepared and posted; `written` is
   // set (under mu_) once its writes all completed.
   std::unique_ptr<InFlightBatch> StartBatch(std::vector<PendingBlock*> blocks, uint8_t* headers);
-  // Each ok block's object checksums, on checksum_pool_ (and this thread).
+  // Each ok block's object checksums that did not come with its gather, on checksum_pool_ (and
+  // this thread); counts both kinds.
   void ComputeChecksums(absl::Span<PendingBlock* const> blocks);
   // Encodes each ok block's slot header into a page of `headers`, the pages handed out in the
   // order of the headers' places in the pool, so headers adjacent in a file share a write; a block
@@ -422,6 +433,7 @@ class BlockStore::Impl {
   std::unique_ptr<datapath::WorkPool> checksum_pool_;
   std::unique_ptr<datapath::Verifier> verifier_;  // checks on checksum_pool_
   std::unique_ptr<datapath::VerifierSwitch> read_verifier_;  // reads': verifier_ or the GPU's
+  std::atomic<bool> gather_checksums_{false};                // SetGatherChecksums
   // Retrieve staging, leased per layer by reader_, which plans, posts and checks the reads of
   // every Retrieve (datapath::RunRetrieve reaches it through BlockStore::reader()) and of Scrub.
   // Both are the store's alone; reader_ is destroyed first.

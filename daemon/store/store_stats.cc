@@ -163,6 +163,17 @@ void AddTraffic(Group* g) {
            out->Add({"slots"}, st.write_slot_seconds, "write_slot_seconds");
            out->Add({"checksums"}, st.write_checksum_seconds, "write_checksum_seconds");
          });
+  g->Add(
+      {"tutti_write_checksummed_objects_total",
+       "Objects of written blocks by where their "
+       "checksum was computed: with the gather that captured them (on the GPU, "
+       "datapath.store_checksums) or by the writer (on the checksum pool).",
+       kCounter,
+       {"by"}},
+      [](const StoreStats& st, Samples* out) {
+        out->Add({"gather"}, st.write_objects_summed_at_gather, "write_objects_summed_at_gather");
+        out->Add({"writer"}, st.write_objects_summed_by_writer, "write_objects_summed_by_writer");
+      });
 }
 
 stats::Histogram Seconds(const datapath::LatencyHistogram& h) {

@@ -142,11 +142,25 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
 
 void BlockStore::Impl::ComputeChecksums(absl::Span<PendingBlock* const> blocks) {
   std::vector<std::pair<PendingBlock*, uint32_t>> objects;  // (block, object index)
+  uint64_t at_gather = 0;
   for (PendingBlock* p : blocks) {
     if (!p->ok) continue;
     const uint32_t n = static_cast<uint32_t>(p->frames.size());
     p->checksums.resize(n);
-    for (uint32_t j = 0; j < n; ++j) objects.emplace_back(p, j);
+    // Capture set these under mu_ before it queued the block, which this thread took under mu_.
+    const bool gathered = p->gather_sums_usable && p->summed_at_gather.size() == n;
+    for (uint32_t j = 0; j < n; ++j) {
+      if (gathered && p->summed_at_gather[j]) {
+        ++at_gather;
+      } else {
+        objects.emplace_back(p, j);
+      }
+    }
+  }
+  if (at_gather > 0 || !objects.empty()) {
+    absl::MutexLock lock(&mu_);
+    stats_.write_objects_summed_at_gather += at_gather;
+    stats_.write_objects_summed_by_writer += objects.size();
   }
   checksum_pool_->ParallelFor(objects.size(), kChecksumGrain, [&objects](size_t i) {
     PendingBlock* p = objects[i].first;
