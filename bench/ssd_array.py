@@ -1164,6 +1164,9 @@ def phase_store(args, daemon, sessions):
                          "prepare_s": round(d("write_prepare_seconds"), 4),
                          "slots_s": round(d("write_slot_seconds"), 4),
                          "checksums_s": round(d("write_checksum_seconds"), 4),
+                         # Objects whose checksum came with the gather (GPU) or the writer's.
+                         "objects_summed_at_gather": d("write_objects_summed_at_gather"),
+                         "objects_summed_by_writer": d("write_objects_summed_by_writer"),
                          "io_s": round(d("write_io_seconds"), 4),
                          "commit_s": round(d("write_commit_seconds"), 4)}
     # The writes themselves: how many, how large, and the windows that held them.
