@@ -44,15 +44,9 @@ class StoreChecksumsTest : public ::testing::Test {
     state_dir_ = store::testing::FreshStateDir("gather_sums");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
-    auto disk =
-        io::MemoryDisk::Create({options_.layout.file_bytes(), options_.layout.file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    store::testing::UseTestPool(&options_, *layout, state_dir_);
+    disk_ = store::testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
     auto s = store::BlockStore::Open(options_, io::MemoryBackend::CreateOn(disk_), &clock_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(s).value();

@@ -35,14 +35,9 @@ class AdmissionStoreTest : public ::testing::Test {
     state_dir_ = store::testing::FreshStateDir("admission");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
-    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    testing::UseTestPool(&options_, *layout, state_dir_);
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
   }
 
   absl::Status Open() {

@@ -49,11 +49,7 @@ class DurabilityTest : public ::testing::Test {
     fs::create_directories(state_dir_);
     auto layout = pool::PoolLayout::Compute(capacity_, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
+    testing::UseTestPool(&options_, *layout, state_dir_);
     disk_ = NewDisk();
   }
   void TearDown() override {
@@ -61,12 +57,7 @@ class DurabilityTest : public ::testing::Test {
     fs::remove_all(root_);
   }
 
-  std::shared_ptr<io::MemoryDisk> NewDisk() {
-    auto disk =
-        io::MemoryDisk::Create({options_.layout.file_bytes(), options_.layout.file_bytes()});
-    EXPECT_TRUE(disk.ok());
-    return *disk;
-  }
+  std::shared_ptr<io::MemoryDisk> NewDisk() { return testing::TestDisk(options_.layout); }
 
   absl::StatusOr<std::unique_ptr<BlockStore>> OpenOn(std::unique_ptr<io::IoBackend> backend) {
     return BlockStore::Open(options_, std::move(backend), &clock_);

@@ -42,9 +42,8 @@ class BlockStoreEventsTest : public ::testing::Test {
     options_.retrieve_staging_bytes = 16 * kObjects * kFrame;
     options_.write_batch_blocks = 4;
     options_.pool_id = kPoolId;
-    auto disk = io::MemoryDisk::Create({options_.layout.file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
   }
   void TearDown() override {
     store_.reset();

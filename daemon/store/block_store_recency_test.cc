@@ -54,15 +54,10 @@ class RecencyTest : public ::testing::TestWithParam<Restart> {
     }
     ASSERT_TRUE(layout.ok()) << layout.status();
     ASSERT_EQ(layout->num_slots(), kSlots);
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
+    testing::UseTestPool(&options_, *layout, state_dir_);
     options_.checkpoint_every = 1;  // a checkpoint after every batch
-    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
     Open();
   }
   void TearDown() override {

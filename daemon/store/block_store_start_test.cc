@@ -28,11 +28,7 @@ class BlockStoreStartTest : public ::testing::Test {
     state_dir_ = store::testing::FreshStateDir("start");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 1, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 16 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 16 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
+    testing::UseTestPool(&options_, *layout, state_dir_, 16, 8);
   }
   void TearDown() override { std::filesystem::remove_all(state_dir_); }
 

@@ -50,14 +50,9 @@ class BlockStoreTest : public ::testing::Test {
     state_dir_ = store::testing::FreshStateDir("store");
     auto layout = pool::PoolLayout::Compute(capacity_, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
-    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    testing::UseTestPool(&options_, *layout, state_dir_);
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
   }
 
   void Open() {
@@ -528,9 +523,8 @@ class OneFileBlockStoreTest : public BlockStoreTest {
     auto layout = pool::PoolLayout::Compute(capacity_, 1, kFrame, kObjects, /*extent_slots=*/1);
     ASSERT_TRUE(layout.ok()) << layout.status();
     options_.layout = *layout;
-    auto disk = io::MemoryDisk::Create({layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
   }
 };
 

@@ -37,9 +37,8 @@ class DramFrontStoreTest : public ::testing::Test {
     options_.write_batch_blocks = 8;
     options_.admission = "dram_front";
     options_.dram_bytes = 8 * kChunk;
-    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
   }
 
   absl::Status Open() {

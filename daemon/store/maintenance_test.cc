@@ -26,15 +26,10 @@ class MaintenanceTest : public ::testing::Test {
     state_dir_ = store::testing::FreshStateDir("maint");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
+    testing::UseTestPool(&options_, *layout, state_dir_);
     options_.dram_bytes = dram_bytes;
-    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
     backend_ = io::MemoryBackend::CreateOn(disk_).release();
     auto store = BlockStore::Open(options_, std::unique_ptr<io::IoBackend>(backend_), &clock_);
     ASSERT_TRUE(store.ok()) << store.status();

@@ -50,14 +50,9 @@ class NamespacesTest : public ::testing::Test {
     fs::create_directories(state_dir_);
     auto layout = pool::PoolLayout::Compute(4ull << 20, 1, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 8;
-    auto disk = io::MemoryDisk::Create({options_.layout.file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    testing::UseTestPool(&options_, *layout, state_dir_);
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
   }
   void TearDown() override {
     store_.reset();

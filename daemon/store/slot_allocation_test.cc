@@ -27,14 +27,9 @@ class SlotAllocationTest : public ::testing::Test {
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
     ASSERT_EQ(layout->num_slots(), 192u);
-    options_.layout = *layout;
-    options_.state_dir = state_dir_;
-    options_.store_staging_bytes = 64 * kObjects * kFrame;
-    options_.retrieve_staging_bytes = 64 * kObjects * kFrame;
-    options_.write_batch_blocks = 32;
-    auto disk = io::MemoryDisk::Create({layout->file_bytes(), layout->file_bytes()});
-    ASSERT_TRUE(disk.ok());
-    disk_ = *disk;
+    testing::UseTestPool(&options_, *layout, state_dir_, 64, 32);
+    disk_ = testing::TestDisk(options_.layout);
+    ASSERT_NE(disk_, nullptr);
     auto store = BlockStore::Open(options_, io::MemoryBackend::CreateOn(disk_), &clock_);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(store).value();

@@ -1,5 +1,5 @@
-// Shared by the block store's tests: a fresh state directory, a small test namespace and distinct
-// keys. Test-only.
+// Shared by the block store's tests: a fresh state directory, a test pool's options and its
+// in-memory disk, a small test namespace and distinct keys. Test-only.
 #ifndef TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
 #define TUTTI_DAEMON_STORE_STORE_TEST_UTIL_H_
 
@@ -7,14 +7,17 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
-
 #include "common/types.h"
+#include "daemon/io/memory_backend.h"
+#include "daemon/pool/layout.h"
+#include "daemon/store/block_store.h"
+#include "gtest/gtest.h"
 #include "tutti/v1/kvcache.pb.h"
 
 namespace tutti::store::testing {
@@ -28,6 +31,29 @@ inline std::string FreshStateDir(std::string_view tag) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// Sets `options` to a test store on `layout`'s pool with its state in `state_dir`:
+// `staging_blocks` slots' worth of store staging and as much retrieve staging, write batches of
+// `batch_blocks` blocks. Other fields are left as they are.
+inline void UseTestPool(StoreOptions* options, const pool::PoolLayout& layout,
+                        const std::string& state_dir, uint32_t staging_blocks = 64,
+                        uint32_t batch_blocks = 8) {
+  options->layout = layout;
+  options->state_dir = state_dir;
+  const uint64_t slot = uint64_t{layout.max_objects()} * layout.object_bytes();
+  options->store_staging_bytes = staging_blocks * slot;
+  options->retrieve_staging_bytes = staging_blocks * slot;
+  options->write_batch_blocks = batch_blocks;
+}
+
+// A fresh in-memory disk with one file for each of `layout`'s (null, with a test failure, if it
+// cannot be made).
+inline std::shared_ptr<io::MemoryDisk> TestDisk(const pool::PoolLayout& layout) {
+  auto disk =
+      io::MemoryDisk::Create(std::vector<uint64_t>(layout.num_files(), layout.file_bytes()));
+  EXPECT_TRUE(disk.ok()) << disk.status();
+  return disk.ok() ? *disk : nullptr;
 }
 
 // SEPARATE K and V, 16 tokens x `kv_heads` x 64 dims x 2 bytes (2 KiB per head) per object.
