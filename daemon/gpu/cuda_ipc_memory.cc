@@ -95,9 +95,7 @@ absl::Status CudaIpcMemory::Enqueue(absl::Span<const engine::CopyOp> ops, CopyDi
 }
 
 const uint8_t* CudaIpcMemory::EngineObject(uint32_t block, uint32_t object) const {
-  if (block >= layout_.num_blocks || object >= layout_.placements.size()) return nullptr;
-  const engine::ObjectPlacement& p = layout_.placements[object];
-  return bases_[p.region] + p.offset + block * p.block_stride;
+  return EngineObjectAddress(layout_, bases_, block, object);
 }
 
 absl::Status CudaIpcMemory::EnqueueScatter(absl::Span<const engine::CopyOp> ops) {

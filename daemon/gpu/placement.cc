@@ -32,6 +32,13 @@ absl::Status ValidateLayout(const EngineLayout& layout, const std::vector<uint64
   return absl::OkStatus();
 }
 
+uint8_t* EngineObjectAddress(const EngineLayout& layout, absl::Span<uint8_t* const> region_bases,
+                             uint32_t block, uint32_t object) {
+  if (block >= layout.num_blocks || object >= layout.placements.size()) return nullptr;
+  const engine::ObjectPlacement& p = layout.placements[object];
+  return region_bases[p.region] + p.offset + block * p.block_stride;
+}
+
 absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLayout& layout,
                             absl::Span<uint8_t* const> region_bases, const StagingMap& staging,
                             CopyDirection direction, std::vector<CopyDesc>* out) {
@@ -40,12 +47,11 @@ absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLa
   const uint32_t len = layout.object_len;
   for (size_t i = 0; i < ops.size(); ++i) {
     const engine::CopyOp& op = ops[i];
-    if (op.block >= layout.num_blocks || op.object >= layout.placements.size()) {
+    uint8_t* engine = EngineObjectAddress(layout, region_bases, op.block, op.object);
+    if (engine == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("op ", i, ": block ", op.block, " object ", op.object, " out of range"));
     }
-    const engine::ObjectPlacement& p = layout.placements[op.object];
-    uint8_t* engine = region_bases[p.region] + p.offset + op.block * p.block_stride;
     if (direction == CopyDirection::kToEngine && op.device_copy != nullptr) {
       // A scatter's checked copy in GPU memory (CopyOp::device_copy) is read in place.
       if (!Aligned(reinterpret_cast<uintptr_t>(op.device_copy))) {

@@ -38,6 +38,11 @@ struct EngineLayout {
 // and every block_stride multiples of kCopyAlign. INVALID_ARGUMENT naming the field otherwise.
 absl::Status ValidateLayout(const EngineLayout& layout, const std::vector<uint64_t>& region_sizes);
 
+// Device address of object `object` of engine block `block` (the formula above) given the
+// regions' addresses `region_bases`; null when either index is out of range.
+uint8_t* EngineObjectAddress(const EngineLayout& layout, absl::Span<uint8_t* const> region_bases,
+                             uint32_t block, uint32_t object);
+
 enum class CopyDirection { kToEngine, kFromEngine };
 
 // Fills `out` (cleared first; its capacity is kept across calls) with one descriptor per op:
