@@ -88,6 +88,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 E2E = os.path.join(REPO, "tests", "e2e")
 sys.path.insert(0, E2E)
+from mps_state import mps_running  # noqa: E402
 # CUDA IPC exports cudaMalloc allocations; torch's expandable segments (cuMemCreate) have none.
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
 
@@ -1889,13 +1890,6 @@ def engine_beside(args, one_round, sessions):
     rate = lambda a, b: sum(1 for e in ends if a <= e < b) / (b - a)
     return {"before": rate(ready, t0), "during": rate(t0, t1), "after": rate(t1, after_end),
             "rounds": rounds, "overlap_s": t1 - t0, "flops_per_op": r["flops_per_op"]}
-
-
-def mps_running():
-    """Whether an MPS control daemon's pipe is there (CUDA_MPS_PIPE_DIRECTORY, else the default):
-    without MPS the GPU time-slices tuttid's kernels against the engine's."""
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
-    return os.path.exists(os.path.join(pipe, "control"))
 
 
 def tutti_namespace(layout, shape):

@@ -108,6 +108,7 @@ import tutti.testing  # noqa: E402
 
 import admin_stats  # noqa: E402
 import diskio  # noqa: E402
+from mps_state import mps_running  # noqa: E402
 import replay_load  # noqa: E402
 from llama import LlamaShape, PagedLlama, random_weights  # noqa: E402
 
@@ -131,10 +132,6 @@ DEFAULT_TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.
 # SMs instead of taking turns on it.
 MPS = False
 
-
-def mps_running():
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    return os.path.exists(os.path.join(pipe, "control"))
 
 
 # --- results -----------------------------------------------------------------------------------
