@@ -899,6 +899,13 @@ class Daemon:
 
 # --- tuttid's CPU ------------------------------------------------------------------------------
 
+def _machine_ticks():
+    """(busy, all) CPU ticks of the whole machine from /proc/stat (idle and iowait not busy)."""
+    fields = [int(x) for x in _read("/proc/stat").split("\n", 1)[0].split()[1:]]
+    total = sum(fields[:8])  # guest time is already in user
+    return total - fields[3] - fields[4], total
+
+
 def _ticks_of(stat_text):
     """(comm, utime + stime ticks) from a /proc/.../stat line."""
     head, rest = stat_text.rsplit(")", 1)
@@ -934,6 +941,7 @@ class CpuSampler:
     def start(self):
         self.t0 = time.monotonic()
         self.p0 = self._process_ticks()
+        self.m0 = _machine_ticks()
         self._sample(initial=True)
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
@@ -953,6 +961,10 @@ class CpuSampler:
         self._sample()
         wall = time.monotonic() - self.t0
         total = (self._process_ticks() - self.p0) / self.tck
+        m1 = _machine_ticks()
+        ncpu = os.cpu_count()
+        # /proc/stat counts every CPU's ticks: its busy share times the CPUs is the busy cores.
+        busy = ncpu * (m1[0] - self.m0[0]) / max(1, m1[1] - self.m0[1])
         threads = []
         for tid, (comm, ticks) in self.last.items():
             delta = (ticks - self.first[tid][1]) / self.tck
@@ -970,6 +982,10 @@ class CpuSampler:
             "top_threads": [{"name": c, "share": round(s, 3)} for s, c, _ in own[:5]],
             "iou_workers": {"threads": len(iou), "cores": round(sum(t[0] for t in iou), 3),
                             "busiest_share": round(iou[0][0], 3) if iou else 0.0},
+            # The whole machine over the phase: tmpfs reads and writes are memory copies on its
+            # CPUs, so where it is busy throughout, the CPUs bound the rate, not tuttid's design.
+            "machine_cpu": {"cpus": ncpu, "busy_cores": round(busy, 2),
+                            "outside_tuttid_cores": round(max(0.0, busy - total / wall), 2)},
         }
 
 
@@ -1351,11 +1367,11 @@ def store_and_retrieve(args, array, name, dram):
             rounds.append((gbps, secs, cpu))
             log("  retrieve round %d: %.2f s, %.3f GB/s (calls of %d blocks, %d session%s), "
                 "verified; tuttid %.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; "
-                "DRAM hits %d; leading threads %s; GB per device %s" % (
+                "DRAM hits %d; leading threads %s; GB per device %s; machine CPU %s" % (
                     r + 1, secs, gbps, call, args.sessions, "s" if args.sessions > 1 else "",
                     cpu["cores"], cpu["cpu_s_per_gb"], cpu["busiest_thread"],
                     cpu["iou_workers"], cpu["dram_hits"], cpu["lead"],
-                    cpu["device_balance"]) +
+                    cpu["device_balance"], cpu["machine_cpu"]) +
                 ("; the cgroup read %.3f GB" % cpu["cgroup_read_gb"]
                  if "cgroup_read_gb" in cpu else ""))
             if dram and cpu["dram_hits"] == 0:
@@ -1594,8 +1610,8 @@ def one_array_config(args, results, ctx, emulation, n):
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], call_blocks=t["call_blocks"],
         cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
-        iou_workers=rc["iou_workers"], cgroup_read_gb=rc.get("cgroup_read_gb"),
-        lead=rc.get("lead"), device_balance=rc.get("device_balance"), raw_beside_copy=beside,
+        iou_workers=rc["iou_workers"], machine_cpu=rc["machine_cpu"],
+        cgroup_read_gb=rc.get("cgroup_read_gb"), lead=rc.get("lead"), device_balance=rc.get("device_balance"), raw_beside_copy=beside,
         raw_to_gpu_gbps=to_gpu["gbps"] if to_gpu else None, **common,
         note="tuttid: best of %d SSD-tier Retrieves (DRAM tier off) of every layer of %d "
              "blocks into other blocks of the %s cache, every byte verified; raw: mean of "
@@ -1632,6 +1648,7 @@ def one_array_config(args, results, ctx, emulation, n):
         store_batch=args.store_batch, cpu_s_per_gb=sc["cpu_s_per_gb"],
         cpu_s_per_gb_without_iou=sc["cpu_s_per_gb_without_iou"], cores=sc["cores"],
         busiest_thread=sc["busiest_thread"], top_threads=sc["top_threads"],
+        machine_cpu=sc.get("machine_cpu"),
         iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
         store_staging_wait_ms=args.store_staging_wait_ms, store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
         store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"),
