@@ -758,6 +758,20 @@ def write_io_figures(io0, io1):
                 io0.get("tutti_io_write_window_cuts_total", {}).values()))}
 
 
+def uring_depth(io0, io1):
+    """The uring backend's io_uring_enter calls between two io_series() readings and the mean
+    requests in flight at each (tutti_io_uring_*): whether the devices were kept busy. None where
+    the endpoint is off or another backend ran."""
+    if not io0 or not io1 or "tutti_io_uring_enter_calls_total" not in io1:
+        return None
+    def delta(name):
+        return sum(io1.get(name, {}).values()) - sum(io0.get(name, {}).values())
+    calls = delta("tutti_io_uring_enter_calls_total")
+    return {"enter_calls": int(calls),
+            "mean_in_flight": round(delta("tutti_io_uring_in_flight_at_enter_total") / calls, 2)
+            if calls else None}
+
+
 def device_balance(io0, io1, op):
     """GB each pool device took for `op` ("read" or "write") between two io_series() readings
     (tutti_io_device_bytes_total), and the least over the most: 1.0 is an even spread. None where
@@ -1238,7 +1252,9 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     figures = cpu.stop(gbytes)
     st1 = daemon.stats()
     figures["dram_hits"] = st1.get("dram_hits", 0) - st0.get("dram_hits", 0)
-    figures["device_balance"] = device_balance(series0, io_series(daemon), "read")
+    series1 = io_series(daemon)
+    figures["device_balance"] = device_balance(series0, series1, "read")
+    figures["uring"] = uring_depth(series0, series1)
     figures["lead"] = lead_split(st0, st1, seconds)
     times = [t for s in sessions for t in s.call_times]
     figures["lead"]["client_lookup_s"] = round(sum(t[0] for t in times), 4)
@@ -1611,7 +1627,8 @@ def one_array_config(args, results, ctx, emulation, n):
         cpu_s_per_gb=rc["cpu_s_per_gb"], cpu_s_per_gb_without_iou=rc["cpu_s_per_gb_without_iou"],
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
         iou_workers=rc["iou_workers"], machine_cpu=rc["machine_cpu"],
-        cgroup_read_gb=rc.get("cgroup_read_gb"), lead=rc.get("lead"), device_balance=rc.get("device_balance"), raw_beside_copy=beside,
+        cgroup_read_gb=rc.get("cgroup_read_gb"), lead=rc.get("lead"),
+        device_balance=rc.get("device_balance"), uring=rc.get("uring"), raw_beside_copy=beside,
         raw_to_gpu_gbps=to_gpu["gbps"] if to_gpu else None, **common,
         note="tuttid: best of %d SSD-tier Retrieves (DRAM tier off) of every layer of %d "
              "blocks into other blocks of the %s cache, every byte verified; raw: mean of "
