@@ -186,21 +186,29 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
     in->checks[k] = ObjectCheck{r.ns, &src.key, src.epoch, object, bytes, len,
                                 src.checksums[object], &in->device_copies[k], place};
   }
+  auto answered = [in, first, last, slot] {
+    for (uint32_t k = first; k < last; ++k) {
+      if (in->object_failures[k] != ReadFailure::kNone) continue;
+      if (in->matches[k] == kMismatch) {
+        in->object_failures[k] = ReadFailure::kChecksum;
+      } else if (in->matches[k] != kMatch ||  // kNotChecked: neither served nor blamed
+                 (slot != nullptr && in->device_copies[k] == nullptr)) {
+        in->object_failures[k] = ReadFailure::kNotPlaced;
+      }
+    }
+    in->Finish(1);
+  };
+  const auto checks = absl::MakeConstSpan(in->checks).subspan(first, last - first);
+  const auto matches = absl::MakeSpan(in->matches).subspan(first, last - first);
+  if (slot == nullptr) {
+    verifier_->Verify(checks, matches, std::move(answered));
+    return;
+  }
+  // The bounce slot goes back as soon as the verifier no longer reads it (the GPU's: once the
+  // objects are copied to their places), so the device's next reads need not wait for the checks.
   const uint32_t file = in->reqs[begin].file;
-  verifier_->Verify(absl::MakeConstSpan(in->checks).subspan(first, last - first),
-                    absl::MakeSpan(in->matches).subspan(first, last - first),
-                    [this, in, first, last, slot, file] {
-                      for (uint32_t k = first; k < last; ++k) {
-                        if (in->object_failures[k] != ReadFailure::kNone) continue;
-                        if (!in->matches[k]) {
-                          in->object_failures[k] = ReadFailure::kChecksum;
-                        } else if (slot != nullptr && in->device_copies[k] == nullptr) {
-                          in->object_failures[k] = ReadFailure::kNotPlaced;
-                        }
-                      }
-                      if (slot != nullptr) bounce_->Release(file, slot);
-                      in->Finish(1);
-                    });
+  verifier_->VerifyReleasing(
+      checks, matches, [this, file, slot] { bounce_->Release(file, slot); }, std::move(answered));
 }
 
 ReadFailure LayerReader::ReadOutcome(const InFlight& in, const PlannedObject& o) {

@@ -20,11 +20,12 @@
 // Layers staged in GPU memory (a reader made with bounce slots, bounce_slots.h): the leases are
 // then GPU memory, and a batch's reads land in one of its device's small host bounce slots, taken
 // when the batch is posted (it waits in its device's queue while they are all taken) and given
-// back once the verifier has copied each object to its place in the layer's lease and checked it
-// there (ObjectCheck::place). The copies' sources are then GPU memory (CopyOp::staging and
-// device_copy both the placed bytes). An object the verifier did not place (its batch was checked
-// on the CPU after a CUDA error) fails its item with kNotPlaced: the block is served as a miss and
-// stays in the pool. Needs a verifier that places (daemon/gpu/gpu_verifier.h).
+// back once the verifier has copied each object to its place in the layer's lease
+// (ObjectCheck::place, Verifier::VerifyReleasing), where it is then checked. The copies' sources
+// are then GPU memory (CopyOp::staging and device_copy both the placed bytes). An object the
+// verifier did not place (its batch was checked on the CPU after a CUDA error), or could not check
+// after the slot went back (kNotChecked), fails its item with kNotPlaced: the block is served as a
+// miss and stays in the pool. Needs a verifier that places (daemon/gpu/gpu_verifier.h).
 //
 // Who uses it: a Retrieve's reads are one step of the datapath's retrieve transfer
 // (retrieve_transfer.h: the store prepares the sources, this reader reads them, the store

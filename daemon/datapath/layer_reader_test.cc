@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -364,6 +366,117 @@ TEST_F(BouncedReaderTest, ObjectsNotPlacedAreNeverServed) {
   for (ReadFailure f : result.failures) EXPECT_EQ(f, ReadFailure::kNotPlaced);
   EXPECT_EQ(seen.failed[0].size(), 3u);
   EXPECT_TRUE(seen.served.empty());
+  EXPECT_EQ(bounce_->held(), 0u);
+}
+
+// A verifier that copied the objects out but could not check them after the slot went back
+// (kNotChecked, the GPU's after a CUDA error): never served, and not taken for corrupt blocks.
+TEST_F(BouncedReaderTest, ObjectsNotCheckedAfterTheSlotWentBackAreNeitherServedNorBlamed) {
+  PlacingVerifierFake placing(verifier_.get());
+  placing.answer_not_checked = true;
+  MakeBounced(Layout(2), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &placing);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 3; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen seen;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  for (ReadFailure f : result.failures) EXPECT_EQ(f, ReadFailure::kNotPlaced);
+  EXPECT_TRUE(seen.served.empty());
+  EXPECT_EQ(bounce_->held(), 0u);
+}
+
+// Holds each batch's answer until `hold` batches are held at once, then answers them all and
+// holds no more. A reader that waited for the answers before reusing a bounce slot would never
+// get there: after 2 s it stops holding too, so such a reader fails the test instead of hanging.
+class HoldingVerifier final : public Verifier {
+ public:
+  HoldingVerifier(Verifier* inner, size_t hold) : inner_(inner), hold_(hold) {
+    watchdog_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(2), [this] { return !holding_; });
+      holding_ = false;
+      std::vector<std::function<void()>> run;
+      run.swap(held_);
+      lock.unlock();
+      for (auto& f : run) f();
+    });
+  }
+  ~HoldingVerifier() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      holding_ = false;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+  }
+  std::string_view name() const override { return "holding"; }
+  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+              std::function<void()> done) override {
+    VerifyReleasing(
+        checks, matches, [] {}, std::move(done));
+  }
+  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                       std::function<void()> released, std::function<void()> done) override {
+    inner_->VerifyReleasing(checks, matches, std::move(released),
+                            [this, done = std::move(done)]() mutable {
+                              std::vector<std::function<void()>> run;
+                              {
+                                std::lock_guard<std::mutex> lock(mu_);
+                                if (holding_) {
+                                  held_.push_back(done);
+                                  most_held_ = std::max(most_held_, held_.size());
+                                  if (held_.size() < hold_) return;
+                                  holding_ = false;
+                                  run.swap(held_);  // this batch's answer among them
+                                } else {
+                                  run.push_back(done);
+                                }
+                              }
+                              cv_.notify_all();
+                              for (auto& f : run) f();
+                            });
+  }
+  size_t most_held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return most_held_;
+  }
+
+ private:
+  Verifier* const inner_;
+  const size_t hold_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool holding_ = true;
+  std::vector<std::function<void()>> held_;
+  size_t most_held_ = 0;
+  std::thread watchdog_;
+};
+
+// The verifier gives a bounce slot back once it has copied the objects out (VerifyReleasing),
+// before its checks answer: with one slot for the one file, later batches are read into it while
+// the earlier ones still wait for their answers.
+TEST_F(BouncedReaderTest, SlotsGoBackBeforeTheChecksAnswer) {
+  PlacingVerifierFake placing(verifier_.get());
+  HoldingVerifier holding(&placing, /*hold=*/3);
+  MakeBounced(Layout(1), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &holding, /*post_bytes=*/kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 4; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen seen;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_GE(holding.most_held(), 3u);
+  EXPECT_EQ(seen.bad_bytes, 0);
+  EXPECT_EQ(seen.served.size(), 4u * kObjects);
+  for (ReadFailure f : result.failures) EXPECT_EQ(f, ReadFailure::kNone);
+  EXPECT_EQ(bounce_->most_held(), 1u);
   EXPECT_EQ(bounce_->held(), 0u);
 }
 

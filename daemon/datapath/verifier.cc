@@ -37,7 +37,9 @@ class CpuVerifier final : public Verifier {
         for (size_t i = begin; i < end; ++i) {
           const ObjectCheck& c = checks[i];
           matches[i] =
-              pool::ObjectChecksum(c.ns, *c.key, c.epoch, c.object, c.bytes, c.len) == c.expected;
+              pool::ObjectChecksum(c.ns, *c.key, c.epoch, c.object, c.bytes, c.len) == c.expected
+                  ? kMatch
+                  : kMismatch;
         }
         if (batch->left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
           std::function<void()> finish = std::move(batch->done);

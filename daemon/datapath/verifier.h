@@ -46,15 +46,37 @@ struct ObjectCheck {
   uint8_t* place = nullptr;
 };
 
+// Answers in `matches`.
+inline constexpr uint8_t kMismatch = 0;
+inline constexpr uint8_t kMatch = 1;
+// Only from VerifyReleasing: the object's bytes went back to the caller (`released` ran) before
+// its check could finish (the GPU's, after a CUDA error). Neither valid nor known corrupt: the
+// caller must not use the object, and must not take the stored block for damaged either.
+inline constexpr uint8_t kNotChecked = 2;
+
 class Verifier {
  public:
   virtual ~Verifier() = default;
   virtual std::string_view name() const = 0;
-  // Sets matches[i] to 1 if checks[i]'s checksum is its `expected`, else 0, then runs `done` once,
-  // on any thread (possibly inside this call). `checks`, `matches` and every object's bytes stay
-  // valid and unchanged until `done` runs. Precondition: checks.size() == matches.size().
+  // Sets matches[i] to kMatch if checks[i]'s checksum is its `expected`, else kMismatch, then
+  // runs `done` once, on any thread (possibly inside this call). `checks`, `matches` and every
+  // object's bytes stay valid and unchanged until `done` runs. Precondition: checks.size() ==
+  // matches.size().
   virtual void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
                       std::function<void()> done) = 0;
+  // As Verify, but the objects' bytes need stay valid and unchanged only until `released` runs:
+  // once, on any thread, before `done` (never after it). A verifier that copies the objects
+  // elsewhere to check them (the GPU's) runs it as soon as the copies have landed, so the caller
+  // can reuse the bytes (a bounce slot) while the checks go on; it may then answer kNotChecked
+  // (above). `released` must not call into CUDA (it may run on CUDA's callback thread) and should
+  // be short. The default runs `released` right before `done`.
+  virtual void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                               std::function<void()> released, std::function<void()> done) {
+    Verify(checks, matches, [released = std::move(released), done = std::move(done)] {
+      released();
+      done();
+    });
+  }
 };
 
 // Checks on `pool` (which must outlive it), in tasks of 32 objects; with a null pool or a pool of
@@ -71,6 +93,10 @@ class VerifierSwitch final : public Verifier {
   void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     current()->Verify(checks, matches, std::move(done));
+  }
+  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                       std::function<void()> released, std::function<void()> done) override {
+    current()->VerifyReleasing(checks, matches, std::move(released), std::move(done));
   }
   void Set(Verifier* v) { current_.store(v, std::memory_order_release); }
   Verifier* current() const { return current_.load(std::memory_order_acquire); }
