@@ -4,8 +4,10 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
 #include <xxhash.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -28,7 +30,24 @@ struct Job {
   absl::Span<const ObjectCheck> checks;
   absl::Span<uint8_t> matches;
   std::function<void()> done;
+  std::function<void()> released;  // VerifyReleasing's, or empty
 };
+
+// The `released` callbacks of one use of a slot. They run once: on CUDA's callback thread right
+// after the slot's copies, or, where that did not happen first (a CUDA error), from Finish.
+struct Releases {
+  std::atomic<bool> claimed{false};
+  std::vector<std::function<void()>> fns;
+  // True for the one caller that may run them.
+  bool Claim() { return !claimed.exchange(true, std::memory_order_acq_rel); }
+};
+
+// cudaLaunchHostFunc's callback: runs a slot's `released` callbacks unless Finish claimed them.
+void CUDART_CB RunReleases(void* arg) {
+  std::unique_ptr<std::shared_ptr<Releases>> r(static_cast<std::shared_ptr<Releases>*>(arg));
+  if (!(*r)->Claim()) return;
+  for (std::function<void()>& f : (*r)->fns) f();
+}
 
 uint64_t RoundUp16(uint64_t n) { return (n + 15) / 16 * 16; }
 
@@ -55,8 +74,13 @@ class GpuVerifier final : public datapath::Verifier {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    if (copy_stream_ != nullptr) {
+      cudaStreamSynchronize(copy_stream_);
+      cudaStreamDestroy(copy_stream_);
+    }
     for (Slot& s : slots_) {
       if (s.event != nullptr) cudaEventDestroy(s.event);
+      if (s.copied != nullptr) cudaEventDestroy(s.copied);
       cudaFree(s.scratch);
       cudaFree(s.descs_dev);
       cudaFree(s.hashes_dev);
@@ -87,7 +111,13 @@ class GpuVerifier final : public datapath::Verifier {
                                  "cudaHostAlloc"));
       RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming | cudaEventBlockingSync),
                                  "cudaEventCreateWithFlags"));
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming),
+                                 "cudaEventCreateWithFlags"));
     }
+    // The copies need no SMs: an ordinary stream of their own, so that one slot's copies run
+    // while the kernel checks the slot before it (the kernel stays in the stream's SMs).
+    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                               "cudaStreamCreateWithFlags (check copies)"));
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "tutti-gpucheck");
     return absl::OkStatus();
@@ -97,13 +127,35 @@ class GpuVerifier final : public datapath::Verifier {
 
   void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
-    if (checks.empty()) {
-      done();
+    Submit(Job{checks, matches, std::move(done), nullptr});
+  }
+  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                       std::function<void()> released, std::function<void()> done) override {
+    Submit(Job{checks, matches, std::move(done), std::move(released)});
+  }
+
+ private:
+  // Runs `job` on the CPU verifier, releasing its bytes once that has checked them.
+  void Fallback(Job job) {
+    if (!job.released) {
+      fallback_->Verify(job.checks, job.matches, std::move(job.done));
       return;
     }
-    Job job{checks, matches, std::move(done)};
+    fallback_->Verify(job.checks, job.matches,
+                      [released = std::move(job.released), done = std::move(job.done)] {
+                        released();
+                        done();
+                      });
+  }
+
+  void Submit(Job job) {
+    if (job.checks.empty()) {
+      if (job.released) job.released();
+      job.done();
+      return;
+    }
     if (!GpuCanCheck(job) || !FitsEmptySlot(job)) {
-      fallback_->Verify(job.checks, job.matches, std::move(job.done));
+      Fallback(std::move(job));
       return;
     }
     {
@@ -113,7 +165,6 @@ class GpuVerifier final : public datapath::Verifier {
     cv_.notify_one();
   }
 
- private:
   struct CopyRun {  // `len` bytes from host `src` to `dst` in the slot's scratch
     const uint8_t* src;
     uint8_t* dst;
@@ -125,9 +176,11 @@ class GpuVerifier final : public datapath::Verifier {
     HashDesc* descs_host = nullptr;
     uint64_t* hashes_dev = nullptr;
     uint64_t* hashes_host = nullptr;
-    cudaEvent_t event = nullptr;
+    cudaEvent_t event = nullptr;   // the slot's work done (blocking sync)
+    cudaEvent_t copied = nullptr;  // its copies landed and its `released` callbacks ran
     // Filled per use.
     std::vector<Job> jobs;
+    std::shared_ptr<Releases> releases = std::make_shared<Releases>();
     std::vector<CopyRun> runs;
     uint32_t count = 0;  // descs
     uint64_t used = 0;   // scratch bytes
@@ -138,6 +191,7 @@ class GpuVerifier final : public datapath::Verifier {
       count = 0;
       used = 0;
       status = absl::OkStatus();
+      releases = std::make_shared<Releases>();
     }
   };
 
@@ -189,20 +243,36 @@ class GpuVerifier final : public datapath::Verifier {
           HashDesc{dst, pool::ObjectChecksumSeed(c.ns, *c.key, c.epoch, c.object), c.len};
       if (mirrored == nullptr) s->used += RoundUp16(c.len);
     }
+    // Kept in the job too: Finish runs it after a CPU check if CUDA never ran the slot's.
+    if (job.released) s->releases->fns.push_back(job.released);
     s->jobs.push_back(std::move(job));
   }
 
+  // The copies (and the descriptors) on copy_stream_, then the jobs' `released` callbacks as a
+  // host function there, then `copied`; the kernel and the hashes' copy back on stream_ after
+  // `copied`, then `event`.
   absl::Status Enqueue(Slot* s) {
     for (const CopyRun& r : s->runs) {
-      RETURN_IF_ERROR(CudaStatus(
-          cudaMemcpyAsync(r.dst, r.src, r.len, cudaMemcpyHostToDevice, stream_),
-          "cudaMemcpyAsync(staging -> check scratch)"));
+      RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(r.dst, r.src, r.len, cudaMemcpyHostToDevice, copy_stream_),
+                     "cudaMemcpyAsync(staging -> check scratch)"));
     }
     if (s->count > 0) {
-      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(s->descs_dev, s->descs_host,
-                                                 s->count * sizeof(HashDesc),
-                                                 cudaMemcpyHostToDevice, stream_),
-                                 "cudaMemcpyAsync(check descriptors)"));
+      RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(s->descs_dev, s->descs_host, s->count * sizeof(HashDesc),
+                                     cudaMemcpyHostToDevice, copy_stream_),
+                     "cudaMemcpyAsync(check descriptors)"));
+    }
+    if (!s->releases->fns.empty()) {
+      auto* arg = new std::shared_ptr<Releases>(s->releases);
+      const cudaError_t e = cudaLaunchHostFunc(copy_stream_, RunReleases, arg);
+      if (e != cudaSuccess) delete arg;
+      RETURN_IF_ERROR(CudaStatus(e, "cudaLaunchHostFunc(release the checked bytes)"));
+    }
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s->copied, copy_stream_), "cudaEventRecord"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(stream_, s->copied, 0), "cudaStreamWaitEvent(copies)"));
+    if (s->count > 0) {
       RETURN_IF_ERROR(CudaStatus(
           LaunchHashObjects(s->descs_dev, s->count, secret_, s->hashes_dev, stream_),
           "hash kernel launch"));
@@ -214,29 +284,49 @@ class GpuVerifier final : public datapath::Verifier {
     return CudaStatus(cudaEventRecord(s->event, stream_), "cudaEventRecord");
   }
 
-  // Answers the slot's jobs and runs their `done`; on a CUDA error the fallback checks them.
+  // Answers the slot's jobs and runs their `done`. On a CUDA error the fallback checks them,
+  // unless their bytes went back already: those are answered kNotChecked.
   void Finish(Slot* s) {
     if (s->status.ok()) {
       s->status = CudaStatus(cudaEventSynchronize(s->event), "cudaEventSynchronize");
     }
     if (!s->status.ok()) {
-      TUTTI_LOG_EVERY_N_SEC(log::Get("gpu"), spdlog::level::err, 5,
-                            "GPU checks of {} objects failed ({}); the CPU checks them",
-                            s->count, s->status.ToString());
-      for (Job& job : s->jobs) fallback_->Verify(job.checks, job.matches, std::move(job.done));
+      // No copy of this slot may still be reading the bytes once they go back.
+      const cudaError_t drained = cudaStreamSynchronize(copy_stream_);
+      const bool bytes_here = s->releases->Claim();
+      TUTTI_LOG_EVERY_N_SEC(
+          log::Get("gpu"), spdlog::level::err, 5,
+          "GPU checks of {} objects failed ({}; check copies drained: {}); {}", s->count,
+          s->status.ToString(), cudaGetErrorName(drained),
+          bytes_here ? "the CPU checks them" : "those whose bytes went back are not served");
+      for (Job& job : s->jobs) {
+        if (!job.released || bytes_here) {
+          Fallback(std::move(job));
+          continue;
+        }
+        for (size_t i = 0; i < job.checks.size(); ++i) {
+          job.matches[i] = job.checks[i].len == 0 ? datapath::kMismatch : datapath::kNotChecked;
+        }
+        job.done();
+      }
       s->Reset();
       return;
+    }
+    // After `event`, CUDA has run the callbacks (`copied` follows them); claimed here only if
+    // the host function was never queued.
+    if (s->releases->Claim()) {
+      for (std::function<void()>& f : s->releases->fns) f();
     }
     uint32_t k = 0;
     for (Job& job : s->jobs) {
       for (size_t i = 0; i < job.checks.size(); ++i) {
         const ObjectCheck& c = job.checks[i];
         if (c.len == 0) {
-          job.matches[i] = 0;
+          job.matches[i] = datapath::kMismatch;
           continue;
         }
         const HashDesc& d = s->descs_host[k];
-        job.matches[i] = s->hashes_host[k++] == c.expected;
+        job.matches[i] = s->hashes_host[k++] == c.expected ? datapath::kMatch : datapath::kMismatch;
         // The checked bytes stay in their place or the mirror for the engine copy (scratch is
         // reused).
         if (job.matches[i] && c.device_copy != nullptr && MirrorOf(c) != nullptr) {
@@ -285,7 +375,8 @@ class GpuVerifier final : public datapath::Verifier {
   }
 
   const GpuVerifierOptions options_;
-  const cudaStream_t stream_;
+  const cudaStream_t stream_;  // the kernel's (in the I/O domain's SMs)
+  cudaStream_t copy_stream_ = nullptr;
   const int device_;
   datapath::Verifier* const fallback_;
   Xxh3Secret secret_{};

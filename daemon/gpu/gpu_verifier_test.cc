@@ -1,6 +1,7 @@
 // The GPU hash kernel against libxxhash, and the GPU verifier against the CPU's answers: good
 // objects match, corrupted ones and failed reads do not, lengths the kernel does not take and
-// batches larger than a slot go to the fallback, concurrent batches each finish once.
+// batches larger than a slot go to the fallback, concurrent batches each finish once, and
+// VerifyReleasing gives the host bytes back once they are copied.
 #include "daemon/gpu/gpu_verifier.h"
 
 #include <cuda_runtime.h>
@@ -301,6 +302,95 @@ TEST(GpuVerifierTest, PlacesObjectsWhereTheReaderSays) {
   ASSERT_TRUE(odd_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(odd_match[0], 1);
   EXPECT_EQ(none, nullptr);
+  v->reset();
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+// VerifyReleasing: each batch's `released` runs once its objects are copied to their places and
+// before its `done`; the host bytes scribbled over right in `released` (the bounce slot reused)
+// change nothing: the checks and the placed copies are of the bytes read. A batch the fallback
+// takes is released only after the CPU has checked it.
+TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto stream = IoStream::Create({0, 0, 0});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CountingVerifier fallback;
+  constexpr uint32_t kLen = 32768, kBatches = 32, kPerBatch = 4;
+  constexpr uint32_t kObjects = kBatches * kPerBatch;
+  Staging bounce(uint64_t{kLen} * kObjects);
+  uint8_t* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), uint64_t{kLen} * kObjects), cudaSuccess);
+  GpuVerifierOptions options;
+  options.slot_bytes = kLen;
+  options.max_objects_per_slot = 16;  // several slots' worth: the two slots alternate
+  auto v = MakeGpuVerifier(options, **stream, &fallback);
+  ASSERT_TRUE(v.ok()) << v.status();
+  const std::vector<uint8_t> bytes = RandomBytes(bounce.size, 11);
+  std::memcpy(bounce.data, bytes.data(), bounce.size);
+  Key key{};
+  key.bytes[2] = 9;
+  std::vector<const uint8_t*> copies(kObjects, nullptr);
+  std::vector<ObjectCheck> checks;
+  for (uint32_t i = 0; i < kObjects; ++i) {
+    uint8_t* obj = bounce.data + uint64_t{i} * kLen;
+    checks.push_back(ObjectCheck{4, &key, 5, i, obj, kLen,
+                                 pool::ObjectChecksum(4, key, 5, i, obj, kLen), &copies[i],
+                                 device + uint64_t{i} * kLen});
+  }
+  checks[7].expected ^= 1;  // a mismatch stays one
+  std::vector<uint8_t> matches(kObjects, 9);
+  std::vector<std::atomic<int>> released(kBatches), released_at_done(kBatches), done(kBatches);
+  std::atomic<uint32_t> left{kBatches};
+  absl::Notification all;
+  for (uint32_t b = 0; b < kBatches; ++b) {
+    (*v)->VerifyReleasing(
+        absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
+        absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch),
+        [&, b] {
+          std::memset(bounce.data + uint64_t{b} * kPerBatch * kLen, 0xee, kPerBatch * kLen);
+          released[b].fetch_add(1);
+        },
+        [&, b] {
+          released_at_done[b].store(released[b].load());
+          done[b].fetch_add(1);
+          if (left.fetch_sub(1) == 1) all.Notify();
+        });
+  }
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(fallback.objects.load(), 0u);
+  std::vector<uint8_t> back(kLen);
+  for (uint32_t b = 0; b < kBatches; ++b) {
+    EXPECT_EQ(released[b].load(), 1) << "batch " << b;
+    EXPECT_EQ(released_at_done[b].load(), 1) << "batch " << b << ": released after its answer";
+    EXPECT_EQ(done[b].load(), 1) << "batch " << b;
+  }
+  for (uint32_t i = 0; i < kObjects; ++i) {
+    EXPECT_EQ(matches[i], i == 7 ? datapath::kMismatch : datapath::kMatch) << "object " << i;
+    if (i == 7) continue;
+    ASSERT_EQ(copies[i], checks[i].place) << "object " << i;
+    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], kLen, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), bytes.data() + uint64_t{i} * kLen, kLen), 0) << i;
+  }
+  // The fallback's batch: released after the CPU checked the bytes, which it found intact.
+  std::memcpy(bounce.data, bytes.data(), kLen);
+  std::vector<ObjectCheck> odd = {checks[0]};
+  const uint8_t* none = nullptr;
+  odd[0].len = 4000;
+  odd[0].expected = pool::ObjectChecksum(4, key, 5, 0, odd[0].bytes, 4000);
+  odd[0].device_copy = &none;
+  std::vector<uint8_t> odd_match(1, 9);
+  std::atomic<int> odd_released{0};
+  absl::Notification odd_done;
+  (*v)->VerifyReleasing(
+      odd, absl::MakeSpan(odd_match),
+      [&] {
+        EXPECT_EQ(odd_match[0], datapath::kMatch) << "released before the CPU's answer";
+        odd_released.fetch_add(1);
+      },
+      [&] { odd_done.Notify(); });
+  ASSERT_TRUE(odd_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(odd_released.load(), 1);
+  EXPECT_EQ(odd_match[0], datapath::kMatch);
   v->reset();
   EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
