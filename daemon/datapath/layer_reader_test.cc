@@ -152,6 +152,15 @@ LayerReader::Sink Recorder(Seen* seen, uint32_t object_len) {
 
 class LayerReaderTest : public ::testing::Test {
  protected:
+  // Blocks 0 .. n-1 written into slots 0 .. n-1, as read sources.
+  std::vector<ReadSource> PutInOrder(uint32_t n) {
+    std::vector<ReadSource> items;
+    for (uint32_t i = 0; i < n; ++i) {
+      fake_->Put(i, i);
+      items.push_back(fake_->Source(i, i));
+    }
+    return items;
+  }
   void Make(const pool::PoolLayout& layout, uint32_t object_len, uint64_t staging_bytes,
             uint32_t max_read_bytes = 1u << 20) {
     object_len_ = object_len;
@@ -354,11 +363,7 @@ TEST_F(BouncedReaderTest, ReadsPassThroughOneSlotPerFileAndServeFromTheirPlace) 
 // the objects must not be served from a slot that is reused; the items fail as not placed.
 TEST_F(BouncedReaderTest, ObjectsNotPlacedAreNeverServed) {
   MakeBounced(Layout(1), /*depth=*/2, /*slot_bytes=*/2 * kFrame, verifier_.get());
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 3; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(3);
   Seen seen;
   const LayerReadResult result = reader_->Read(
       LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
@@ -375,11 +380,7 @@ TEST_F(BouncedReaderTest, ObjectsNotCheckedAfterTheSlotWentBackAreNeitherServedN
   PlacingVerifierFake placing(verifier_.get());
   placing.answer_not_checked = true;
   MakeBounced(Layout(2), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &placing);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 3; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(3);
   Seen seen;
   const LayerReadResult result = reader_->Read(
       LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
@@ -463,11 +464,7 @@ TEST_F(BouncedReaderTest, SlotsGoBackBeforeTheChecksAnswer) {
   PlacingVerifierFake placing(verifier_.get());
   HoldingVerifier holding(&placing, /*hold=*/3);
   MakeBounced(Layout(1), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &holding, /*post_bytes=*/kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 4; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(4);
   Seen seen;
   const LayerReadResult result = reader_->Read(
       LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
@@ -484,11 +481,7 @@ TEST_F(BouncedReaderTest, SlotsGoBackBeforeTheChecksAnswer) {
 TEST_F(BouncedReaderTest, ConcurrentReadsShareTheSlots) {
   PlacingVerifierFake placing(verifier_.get());
   MakeBounced(Layout(2), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &placing);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 4; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(4);
   Seen seen[2];
   LayerReadResult results[2];
   std::vector<std::thread> threads;
@@ -510,11 +503,7 @@ TEST_F(BouncedReaderTest, ConcurrentReadsShareTheSlots) {
 // Objects (rounded to 4 KiB) shorter than a frame: one I/O per object, as before merging.
 TEST_F(LayerReaderTest, PartialFrameObjectsAreReadOneByOne) {
   Make(Layout(1, kObjects, 2 * kFrame), kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 3; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(3);
   Seen seen;
   ASSERT_TRUE(Read(items, &seen).status.ok());
   EXPECT_EQ(seen.bad_bytes, 0);
@@ -569,11 +558,7 @@ TEST_F(LayerReaderTest, AllFromDramTakesNoStaging) {
 TEST_F(LayerReaderTest, IoErrorFailsTheItemOnceAndItIsNotReadAgain) {
   const pool::PoolLayout layout = Layout(2, kObjects, 2 * kFrame);
   Make(layout, kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 4; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(4);
   const pool::Location bad = layout.ObjectLocation(2, 1 * kParts + 1);  // item 2, layer 1, V
   fake_->fault = [bad](io::IoRequest& r) {
     if (r.file == bad.file && r.offset == bad.offset) r.result = -EIO;
@@ -595,11 +580,7 @@ TEST_F(LayerReaderTest, IoErrorFailsTheItemOnceAndItIsNotReadAgain) {
 TEST_F(LayerReaderTest, FailedItemIsNotPostedInLaterWindows) {
   const pool::PoolLayout layout = Layout(2, kObjects, 2 * kFrame);  // one I/O per object
   Make(layout, kFrame, 2 * kParts * kFrame);  // one layer of two blocks: a window of one
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 2; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(2);
   const pool::Location bad = layout.ObjectLocation(1, 0);
   fake_->fault = [bad](io::IoRequest& r) {
     if (r.file == bad.file && r.offset == bad.offset) r.result = -EIO;
@@ -619,11 +600,7 @@ TEST_F(LayerReaderTest, ShortMergedReadServesTheObjectsItCovered) {
   const pool::PoolLayout layout = Layout(2, kParts);
   ASSERT_EQ(layout.extent_slots(), 1u);
   Make(layout, kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 4; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(4);
   fake_->fault = [](io::IoRequest& r) {
     if (r.file == 0) r.result = 2 * kFrame;
   };
@@ -644,11 +621,7 @@ TEST_F(LayerReaderTest, ShortMergedReadServesTheObjectsItCovered) {
 
 TEST_F(LayerReaderTest, ChecksumMismatchFailsOnlyThatBlock) {
   Make(Layout(1), kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 3; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(3);
   fake_->Corrupt(1, 2 * kParts);  // slot 1, layer 2, K
   Seen seen;
   const LayerReadResult result = Read(items, &seen);
@@ -664,11 +637,7 @@ TEST_F(LayerReaderTest, ChecksumMismatchFailsOnlyThatBlock) {
 // The request's engine blocks name where each item's copies land.
 TEST_F(LayerReaderTest, CopiesLandInTheRequestedEngineBlocks) {
   Make(Layout(2), kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 2; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(2);
   const std::vector<uint32_t> blocks = {9, 4};
   std::map<uint32_t, int> copies;  // engine block -> copies into it
   int bad_bytes = 0;
@@ -707,11 +676,7 @@ TEST_F(LayerReaderTest, SinkErrorStopsTheReadAndReleasesStaging) {
 
 TEST_F(LayerReaderTest, LayerLargerThanStagingIsRefusedBeforeAnyIo) {
   Make(Layout(2), kFrame, 2 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 2; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(2);
   Seen seen;
   const LayerReadResult result = Read(items, &seen);
   EXPECT_EQ(result.status.code(), absl::StatusCode::kResourceExhausted);
