@@ -135,17 +135,14 @@ class GpuVerifier final : public datapath::Verifier {
   }
 
  private:
-  // Runs `job` on the CPU verifier, releasing its bytes once that has checked them.
+  // Runs `job` on the CPU verifier, which releases its bytes once it has checked them.
   void Fallback(Job job) {
     if (!job.released) {
       fallback_->Verify(job.checks, job.matches, std::move(job.done));
       return;
     }
-    fallback_->Verify(job.checks, job.matches,
-                      [released = std::move(job.released), done = std::move(job.done)] {
-                        released();
-                        done();
-                      });
+    fallback_->VerifyReleasing(job.checks, job.matches, std::move(job.released),
+                               std::move(job.done));
   }
 
   void Submit(Job job) {
@@ -312,11 +309,8 @@ class GpuVerifier final : public datapath::Verifier {
       s->Reset();
       return;
     }
-    // After `event`, CUDA has run the callbacks (`copied` follows them); claimed here only if
-    // the host function was never queued.
-    if (s->releases->Claim()) {
-      for (std::function<void()>& f : s->releases->fns) f();
-    }
+    // After `event`, CUDA has run the `released` callbacks: `copied`, which the kernel waits
+    // for, follows their host function on copy_stream_.
     uint32_t k = 0;
     for (Job& job : s->jobs) {
       for (size_t i = 0; i < job.checks.size(); ++i) {
