@@ -7,18 +7,27 @@
 // layout, no journal: a ceiling.
 //
 //   raw_gpu_io [--op=read|write] [--io_bytes=1048576] [--qd=16] [--slots=32] [--seconds=3]
-//              [--no_gpu] [--async] [--device_bytes=N] FILE...
+//              [--no_gpu] [--async] [--device_bytes=N] [--staging=hostalloc|register]
+//              [--fixed] [--lifo] FILE...
 //
 // --slots is the pinned slots per file (at least qd): few keep the staging hot in the CPU's
 // caches, many make it as cold as a consumer's that rotates through a large staging pool.
-// --no_gpu does the same I/O without the copies. Offsets are random multiples of io_bytes within
-// each file's size. Prints one JSON object on stdout (op, files, io_bytes, qd, slots, bytes,
-// seconds, gbps, per-file GB/s, CPU seconds); messages on stderr. Exit status: 0, 1 when an I/O or
-// CUDA call failed (named), 2 for bad arguments.
+// --no_gpu does the same I/O without the copies. The rest tell what of tuttid's way costs what:
+// --staging=register takes the slots as tuttid takes its staging (2 MiB aligned, huge pages
+// advised, cudaHostRegister) instead of cudaHostAlloc; --fixed registers them with the ring
+// (READ_FIXED / WRITE_FIXED, as tuttid); --lifo reuses the slot freed last first (tuttid's bounce
+// slots) instead of the oldest; --sequential reads in order from a random start instead of at
+// random offsets; --burst=N submits reads only N at a time, in one io_uring_enter. Offsets are
+// random multiples of io_bytes within each file's size. Prints one JSON object on stdout (op,
+// files, io_bytes, qd, slots, the options, bytes, seconds, gbps, per-file GB/s, CPU seconds);
+// messages on stderr. Exit status: 0, 1 when an I/O or CUDA call failed (named), 2 for bad
+// arguments.
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -50,6 +59,15 @@ ABSL_FLAG(bool, async, false,
           "IOSQE_ASYNC on every request: io_uring's workers copy (on tmpfs, where reads "
           "would otherwise complete inline on this file's one thread)");
 ABSL_FLAG(uint64_t, device_bytes, 64 << 20, "GPU buffer per file the copies rotate through");
+ABSL_FLAG(std::string, staging, "hostalloc", "hostalloc | register (huge pages, cudaHostRegister)");
+ABSL_FLAG(bool, fixed, false, "register the slots with the ring: READ_FIXED / WRITE_FIXED");
+ABSL_FLAG(bool, lifo, false, "reuse the slot freed last first");
+ABSL_FLAG(uint32_t, burst, 1,
+          "reads: submit only once this many slots of the queue depth are free (or none is in "
+          "flight), all in one io_uring_enter");
+ABSL_FLAG(bool, sequential, false,
+          "offsets in order from a random start (as a layer's merged reads walk a file) instead "
+          "of random");
 
 namespace {
 
@@ -73,6 +91,11 @@ struct FileOptions {
   bool gpu = true;
   bool async = false;
   uint64_t device_bytes = 0;
+  bool host_register = false;
+  bool fixed = false;
+  bool lifo = false;
+  bool sequential = false;
+  uint32_t burst = 1;
   Clock::time_point start, deadline;
   uint64_t seed = 0;
 };
@@ -90,7 +113,10 @@ class FileRun {
     }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (dev_ != nullptr) cudaFree(dev_);
-    if (host_ != nullptr) o_.gpu ? (void)cudaFreeHost(host_) : free(host_);
+    if (host_ != nullptr) {
+      if (o_.gpu && o_.host_register) cudaHostUnregister(host_);
+      o_.gpu && !o_.host_register ? (void)cudaFreeHost(host_) : free(host_);
+    }
     if (fd_ >= 0) close(fd_);
   }
 
@@ -125,17 +151,23 @@ class FileRun {
     span_slots_ = static_cast<uint64_t>(st.st_size) / o_.io_bytes;
     if (span_slots_ == 0) return Fail(absl::StrCat(path_, ": smaller than one request"));
     const uint64_t bytes = uint64_t{o_.slots} * o_.io_bytes;
-    if (o_.gpu) {
+    if (o_.gpu && !o_.host_register) {
       if (!Check(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes, cudaHostAllocPortable),
                  "cudaHostAlloc")) {
         return false;
       }
     } else {
       void* p = nullptr;
-      if (posix_memalign(&p, 4096, bytes) != 0) return Fail("posix_memalign: out of memory");
+      if (posix_memalign(&p, 2 << 20, bytes) != 0) return Fail("posix_memalign: out of memory");
       host_ = static_cast<uint8_t*>(p);
+      if (o_.host_register) madvise(host_, bytes, MADV_HUGEPAGE);  // advice only
     }
     std::memset(host_, 1, bytes);
+    if (o_.gpu && o_.host_register &&
+        !Check(cudaHostRegister(host_, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
+               "cudaHostRegister")) {
+      return false;  // the destructor's unregister fails harmlessly; free() follows
+    }
     if (o_.gpu) {
       if (!Check(cudaMalloc(reinterpret_cast<void**>(&dev_), o_.device_bytes), "cudaMalloc") ||
           !Check(cudaMemset(dev_, 2, o_.device_bytes), "cudaMemset") ||
@@ -151,7 +183,13 @@ class FileRun {
     const int rc = io_uring_queue_init(o_.qd, &ring_, 0);
     if (rc < 0) return Fail(absl::StrCat("io_uring_queue_init: ", std::strerror(-rc)));
     ring_ok_ = true;
+    if (o_.fixed) {
+      const iovec v{host_, bytes};
+      const int r = io_uring_register_buffers(&ring_, &v, 1);
+      if (r < 0) return Fail(absl::StrCat("io_uring_register_buffers: ", std::strerror(-r)));
+    }
     rng_.seed(o_.seed);
+    next_ = rng_() % span_slots_;
     for (uint32_t i = 0; i < o_.slots; ++i) free_.push_back(i);
     return true;
   }
@@ -164,9 +202,15 @@ class FileRun {
   void Submit(uint32_t slot) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     uint8_t* p = host_ + uint64_t{slot} * o_.io_bytes;
-    const uint64_t off = (rng_() % span_slots_) * o_.io_bytes;
+    const uint64_t off =
+        (o_.sequential ? next_++ % span_slots_ : rng_() % span_slots_) * o_.io_bytes;
     const unsigned n = static_cast<unsigned>(o_.io_bytes);
-    o_.write ? io_uring_prep_write(sqe, fd_, p, n, off) : io_uring_prep_read(sqe, fd_, p, n, off);
+    if (o_.fixed) {
+      o_.write ? io_uring_prep_write_fixed(sqe, fd_, p, n, off, 0)
+               : io_uring_prep_read_fixed(sqe, fd_, p, n, off, 0);
+    } else {
+      o_.write ? io_uring_prep_write(sqe, fd_, p, n, off) : io_uring_prep_read(sqe, fd_, p, n, off);
+    }
     if (o_.async) sqe->flags |= IOSQE_ASYNC;
     io_uring_sqe_set_data64(sqe, slot);
     ++in_flight_;
@@ -199,7 +243,7 @@ class FileRun {
       if (!Check(q, "copy")) return false;
       wait = false;
       copying_.pop_front();
-      to->push_back(s);
+      o_.lifo&& to == &free_ ? to->push_front(s) : to->push_back(s);
     }
     return true;
   }
@@ -233,18 +277,21 @@ class FileRun {
   // copy has finished.
   void Reads() {
     while (true) {
-      while (!Stopping() && in_flight_ < o_.qd) {
+      while (!Stopping() && in_flight_ < o_.qd &&
+             (in_flight_ == 0 || o_.qd - in_flight_ >= o_.burst || submitting_)) {
+        submitting_ = true;
         if (free_.empty() && o_.gpu && !Finished(&free_, /*wait=*/in_flight_ == 0)) break;
         if (free_.empty()) break;
         Submit(free_.front());
         free_.pop_front();
       }
+      submitting_ = false;
       if (in_flight_ == 0) return;
       std::deque<uint32_t> landed;
       if (!Reap(&landed)) stopping_ = true;
       for (uint32_t s : landed) {
         if (!o_.gpu) {
-          free_.push_back(s);
+          o_.lifo ? free_.push_front(s) : free_.push_back(s);
         } else if (!Copy(s)) {
           stopping_ = true;
         }
@@ -295,6 +342,8 @@ class FileRun {
   io_uring ring_{};
   bool ring_ok_ = false;
   std::mt19937_64 rng_;
+  uint64_t next_ = 0;             // --sequential: the next request's index
+  bool submitting_ = false;       // --burst: a burst started, fill the queue
   std::deque<uint32_t> free_;     // no request, no copy
   std::deque<uint32_t> copying_;  // copy enqueued, oldest first
   uint32_t in_flight_ = 0;
@@ -325,11 +374,13 @@ int main(int argc, char** argv) {
   const uint64_t device_bytes = absl::GetFlag(FLAGS_device_bytes);
   std::vector<std::string> files(rest.begin() + 1, rest.end());
   if ((op != "read" && op != "write") || files.empty() || io_bytes == 0 || io_bytes % 4096 != 0 ||
-      qd == 0 || slots < qd || device_bytes < io_bytes) {
-    std::fprintf(stderr,
-                 "usage: raw_gpu_io [--op=read|write] [--io_bytes=N (x4096)] [--qd=N] "
-                 "[--slots=N>=qd] [--seconds=S] [--no_gpu] [--async] [--device_bytes=N] "
-                 "FILE...\n");
+      qd == 0 || slots < qd || device_bytes < io_bytes ||
+      (absl::GetFlag(FLAGS_staging) != "hostalloc" && absl::GetFlag(FLAGS_staging) != "register")) {
+    std::fprintf(
+        stderr,
+        "usage: raw_gpu_io [--op=read|write] [--io_bytes=N (x4096)] [--qd=N] "
+        "[--slots=N>=qd] [--seconds=S] [--no_gpu] [--async] [--device_bytes=N] "
+        "[--staging=hostalloc|register] [--fixed] [--lifo] [--sequential] [--burst=N] FILE...\n");
     return 2;
   }
   if (gpu) {
@@ -355,6 +406,11 @@ int main(int argc, char** argv) {
     o.gpu = gpu;
     o.async = absl::GetFlag(FLAGS_async);
     o.device_bytes = device_bytes;
+    o.host_register = absl::GetFlag(FLAGS_staging) == "register";
+    o.fixed = absl::GetFlag(FLAGS_fixed);
+    o.lifo = absl::GetFlag(FLAGS_lifo);
+    o.sequential = absl::GetFlag(FLAGS_sequential);
+    o.burst = std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd));
     o.start = start;
     o.deadline = deadline;
     o.seed = 1000003 * (i + 1);
@@ -377,10 +433,15 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"tool\":\"raw_gpu_io\",\"op\":\"%s\",\"files\":%zu,\"io_bytes\":%lu,\"qd\":%u,\"slots\":%"
       "u,"
-      "\"gpu\":%s,\"async\":%s,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_gbps\":[%s],"
+      "\"gpu\":%s,\"async\":%s,\"staging\":\"%s\",\"fixed\":%s,\"lifo\":%s,\"sequential\":%s,"
+      "\"burst\":%u,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_gbps\":[%s],"
       "\"cpu_seconds\":%.2f,\"command\":%s}\n",
       op.c_str(), files.size(), io_bytes, qd, slots, gpu ? "true" : "false",
-      absl::GetFlag(FLAGS_async) ? "true" : "false", bytes, seconds, bytes / 1e9 / seconds,
-      absl::StrJoin(per_file, ",").c_str(), cpu, tutti::bench::JsonString(command).c_str());
+      absl::GetFlag(FLAGS_async) ? "true" : "false", absl::GetFlag(FLAGS_staging).c_str(),
+      absl::GetFlag(FLAGS_fixed) ? "true" : "false", absl::GetFlag(FLAGS_lifo) ? "true" : "false",
+      absl::GetFlag(FLAGS_sequential) ? "true" : "false",
+      std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd)), bytes, seconds,
+      bytes / 1e9 / seconds, absl::StrJoin(per_file, ",").c_str(), cpu,
+      tutti::bench::JsonString(command).c_str());
   return 0;
 }

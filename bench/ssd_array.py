@@ -741,21 +741,31 @@ def io_series(daemon):
     return out
 
 
-def write_io_figures(io0, io1):
-    """The writes a phase handed the backend (requests, mean size) and the write windows at its
-    end (per device, and how often they were cut in it), from two io_series() readings."""
+def request_figures(io0, io1, op):
+    """The requests of `op` ("read" or "write") a phase handed the backend and their mean size,
+    from two io_series() readings, or None where the endpoint is off."""
     if not io0 or not io1:
         return None
-    def delta(name, labels):
+    def delta(name):
+        labels = '{op="%s"}' % op
         return io1.get(name, {}).get(labels, 0) - io0.get(name, {}).get(labels, 0)
-    reqs = delta("tutti_io_requests_total", '{op="write"}')
-    nbytes = delta("tutti_io_bytes_total", '{op="write"}')
+    reqs = delta("tutti_io_requests_total")
+    nbytes = delta("tutti_io_bytes_total")
+    return {"requests": int(reqs), "mean_kib": round(nbytes / reqs / 1024, 1) if reqs else 0}
+
+
+def write_io_figures(io0, io1):
+    """The writes a phase handed the backend (request_figures) and the write windows at its end
+    (per device, and how often they were cut in it), from two io_series() readings."""
+    figures = request_figures(io0, io1, "write")
+    if figures is None:
+        return None
     windows = io1.get("tutti_io_write_window_bytes", {})
     cuts = io1.get("tutti_io_write_window_cuts_total", {})
-    return {"requests": int(reqs), "mean_kib": round(nbytes / reqs / 1024, 1) if reqs else 0,
-            "window_mib_at_end": [round(v / MiB, 1) for v in windows.values()],
-            "window_cuts": int(sum(cuts.values()) - sum(
-                io0.get("tutti_io_write_window_cuts_total", {}).values()))}
+    figures.update({"window_mib_at_end": [round(v / MiB, 1) for v in windows.values()],
+                    "window_cuts": int(sum(cuts.values()) - sum(
+                        io0.get("tutti_io_write_window_cuts_total", {}).values()))})
+    return figures
 
 
 def uring_depth(io0, io1):
@@ -1255,6 +1265,7 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     series1 = io_series(daemon)
     figures["device_balance"] = device_balance(series0, series1, "read")
     figures["uring"] = uring_depth(series0, series1)
+    figures["read_io"] = request_figures(series0, series1, "read")
     figures["lead"] = lead_split(st0, st1, seconds)
     times = [t for s in sessions for t in s.call_times]
     figures["lead"]["client_lookup_s"] = round(sum(t[0] for t in times), 4)
@@ -1628,7 +1639,8 @@ def one_array_config(args, results, ctx, emulation, n):
         cores=rc["cores"], busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
         iou_workers=rc["iou_workers"], machine_cpu=rc["machine_cpu"],
         cgroup_read_gb=rc.get("cgroup_read_gb"), lead=rc.get("lead"),
-        device_balance=rc.get("device_balance"), uring=rc.get("uring"), raw_beside_copy=beside,
+        device_balance=rc.get("device_balance"), uring=rc.get("uring"), read_io=rc.get("read_io"),
+        raw_beside_copy=beside,
         raw_to_gpu_gbps=to_gpu["gbps"] if to_gpu else None, **common,
         note="tuttid: best of %d SSD-tier Retrieves (DRAM tier off) of every layer of %d "
              "blocks into other blocks of the %s cache, every byte verified; raw: mean of "
