@@ -53,6 +53,8 @@ ABSL_FLAG(std::string, resubmit, "caller",
           "as the store does) or \"callback\" (the batch's done callback)");
 ABSL_FLAG(bool, huge_pages, true,
           "back both modes' buffers with transparent huge pages (MADV_HUGEPAGE)");
+ABSL_FLAG(uint32_t, memory_read_workers, 16, "backend, files on tmpfs: io.memory_read_workers");
+ABSL_FLAG(uint32_t, memory_read_rings, 1, "backend, files on tmpfs: io.memory_read_rings");
 ABSL_FLAG(double, seconds, 5.0, "length of each round");
 ABSL_FLAG(uint32_t, rounds, 3, "rounds per mode, alternating");
 ABSL_FLAG(std::string, out, "", "append JSON lines here (empty: print only)");
@@ -414,7 +416,9 @@ int Main(const std::string& command) {
   const Setup s{*layout, pool.fds, layout->object_bytes(), absl::GetFlag(FLAGS_qd)};
   std::vector<int> dups;
   for (int fd : s.fds) dups.push_back(dup(fd));
-  auto backend = io::UringBackend::Create(dups, io::UringOptions{s.qd});
+  auto backend = io::UringBackend::Create(
+      dups, io::UringOptions{s.qd, absl::GetFlag(FLAGS_memory_read_workers),
+                             absl::GetFlag(FLAGS_memory_read_rings)});
   if (!backend.ok()) return Fail(backend.status().ToString());
   // Both modes' buffers: allocated once, the same way (see HugePages in aligned_buffer.h: the
   // physical layout of 4 KiB pages alone moved results by 10-25% on a virtio disk).

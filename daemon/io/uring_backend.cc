@@ -79,7 +79,9 @@ bool OnTmpfs(int fd) {
 // its ring (internal::UringOwner), whose thread alone calls the UringItemOps methods.
 class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
  public:
-  static absl::StatusOr<std::unique_ptr<FileQueue>> Create(int fd, uint32_t index,
+  // Ring `ring` of pool file `index`; `async_reads` as the member below.
+  static absl::StatusOr<std::unique_ptr<FileQueue>> Create(int fd, uint32_t index, uint32_t ring,
+                                                           uint32_t async_reads,
                                                            const UringOptions& options);
 
   internal::UringOwner<Pending>& owner() { return *owner_; }
@@ -90,25 +92,29 @@ class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
   bool Complete(Pending& p, int res) override;
 
  private:
-  explicit FileQueue(uint32_t async_reads) : async_reads_(async_reads) {}
+  FileQueue(uint32_t ring, uint32_t async_reads) : ring_(ring), async_reads_(async_reads) {}
 
+  const uint32_t ring_;  // of its file; 0 takes the writes
   // On tmpfs with workers allowed: reads go IOSQE_ASYNC, at most this many in flight (0: plain).
   const uint32_t async_reads_;
   uint32_t reads_in_flight_ = 0;  // owner thread only
 
   std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, max_reads_in_flight_{0};
+  std::atomic<bool> read_issued_{false};
   // Last: destroyed first, so its thread is gone before the state above.
   std::unique_ptr<internal::UringOwner<Pending>> owner_;
 };
 
 absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue::Create(
-    int fd, uint32_t index, const UringOptions& options) {
-  const bool memory = options.memory_read_workers > 1 && OnTmpfs(fd);
-  std::unique_ptr<FileQueue> q(new FileQueue(memory ? options.memory_read_workers : 0));
+    int fd, uint32_t index, uint32_t ring, uint32_t async_reads, const UringOptions& options) {
+  std::unique_ptr<FileQueue> q(new FileQueue(ring, async_reads));
   internal::UringOwnerOptions o;
-  o.name = absl::StrCat("pool file ", index);
-  // Named for per-thread CPU figures (top -H, bench/ssd_array.py): "tutti-uring-<file>".
-  o.thread_name = absl::StrCat("tutti-uring-", index);
+  o.name = ring == 0 ? absl::StrCat("pool file ", index)
+                     : absl::StrCat("pool file ", index, " (read ring ", ring, ")");
+  // Named for per-thread CPU figures (top -H, bench/ssd_array.py): "tutti-uring-<file>", and
+  // "tutti-urd-<file>.<ring>" for a tmpfs file's further read rings.
+  o.thread_name = ring == 0 ? absl::StrCat("tutti-uring-", index)
+                            : absl::StrCat("tutti-urd-", index, ".", ring);
   o.depth = options.queue_depth;
   o.setup_hint =
       "kernel without io_uring, /proc/sys/kernel/io_uring_disabled set, or a seccomp "
@@ -117,12 +123,6 @@ absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue
   auto owner = internal::UringOwner<Pending>::Create(fd, o, q.get());  // closes fd on failure
   if (!owner.ok()) return owner.status();
   q->owner_ = *std::move(owner);
-  if (memory) {
-    log::Get("io")->info(
-        "pool file {} is on tmpfs: up to {} reads at once, each on an io_uring "
-        "worker (io.memory_read_workers)",
-        index, options.memory_read_workers);
-  }
   return q;
 }
 
@@ -132,7 +132,8 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->short_retries += short_retries_.load(std::memory_order_relaxed);
   c->enter_calls += owner_->enter_calls();
   c->in_flight_sum += owner_->in_flight_sum();
-  c->memory_files += async_reads_ > 0 ? 1 : 0;
+  c->memory_files += async_reads_ > 0 && ring_ == 0 ? 1 : 0;
+  c->memory_read_rings += async_reads_ > 0 && read_issued_.load(std::memory_order_relaxed) ? 1 : 0;
   c->max_memory_reads_in_flight = std::max<uint64_t>(
       c->max_memory_reads_in_flight, max_reads_in_flight_.load(std::memory_order_relaxed));
 }
@@ -154,6 +155,9 @@ void UringBackend::FileQueue::Prepare(io_uring_sqe* sqe, Pending& p, int target)
   }
   if (read && async_reads_ > 0) {
     sqe->flags |= IOSQE_ASYNC;
+    if (!read_issued_.load(std::memory_order_relaxed)) {
+      read_issued_.store(true, std::memory_order_relaxed);
+    }
     max_reads_in_flight_.store(
         std::max<uint64_t>(max_reads_in_flight_.load(std::memory_order_relaxed),
                            ++reads_in_flight_),
@@ -183,7 +187,7 @@ bool UringBackend::FileQueue::Complete(Pending& p, int res) {
 
 UringBackend::UringBackend(std::vector<uint64_t> sizes) : sizes_(std::move(sizes)) {}
 
-UringBackend::~UringBackend() { queues_.clear(); }
+UringBackend::~UringBackend() { files_.clear(); }
 
 absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<int> fds,
                                                                    const UringOptions& options) {
@@ -200,6 +204,10 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
     return absl::InvalidArgumentError(absl::StrCat(
         "io.memory_read_workers must be in [1, 64], got ", options.memory_read_workers));
   }
+  if (options.memory_read_rings < 1 || options.memory_read_rings > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("io.memory_read_rings must be in [1, 16], got ", options.memory_read_rings));
+  }
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < fds.size(); ++i) {
     auto size = SizeOf(fds[i], static_cast<uint32_t>(i));
@@ -208,10 +216,44 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
   }
   std::unique_ptr<UringBackend> backend(new UringBackend(std::move(sizes)));
   for (size_t i = 0; i < fds.size(); ++i) {
-    auto q = FileQueue::Create(fds[i], static_cast<uint32_t>(i), options);
-    handed_over = i + 1;  // FileQueue::Create closes the fd itself on failure
-    if (!q.ok()) return q.status();
-    backend->queues_.push_back(*std::move(q));
+    const uint32_t index = static_cast<uint32_t>(i);
+    const bool memory = options.memory_read_workers > 1 && OnTmpfs(fds[i]);
+    const uint32_t rings = memory ? options.memory_read_rings : 1;
+    // Each further ring reads through a descriptor of its own, taken before the first ring owns
+    // (and on failure closes) fds[i].
+    std::vector<int> dups;
+    absl::Cleanup close_dups = [&] {
+      for (int d : dups) close(d);
+    };
+    for (uint32_t r = 1; r < rings; ++r) {
+      const int d = fcntl(fds[i], F_DUPFD_CLOEXEC, 0);
+      if (d < 0) {
+        return absl::InternalError(
+            absl::StrCat("pool file ", index, ": dup for read ring ", r, ": ", ErrnoText(errno)));
+      }
+      dups.push_back(d);
+    }
+    // The file's reads in flight at most, shared out between its rings.
+    const uint32_t per_ring = memory ? (options.memory_read_workers + rings - 1) / rings : 0;
+    auto file = std::make_unique<File>();
+    for (uint32_t r = 0; r < rings; ++r) {
+      int fd = fds[i];
+      if (r > 0) {
+        fd = dups.front();
+        dups.erase(dups.begin());  // Create owns it from here, on failure too
+      }
+      auto q = FileQueue::Create(fd, index, r, per_ring, options);
+      if (r == 0) handed_over = i + 1;  // FileQueue::Create closes the fd itself on failure
+      if (!q.ok()) return q.status();
+      file->rings.push_back(*std::move(q));
+    }
+    if (memory) {
+      log::Get("io")->info(
+          "pool file {} is on tmpfs: up to {} reads at once, each on an io_uring worker "
+          "(io.memory_read_workers), over {} ring(s) (io.memory_read_rings)",
+          index, per_ring * rings, rings);
+    }
+    backend->files_.push_back(std::move(file));
   }
   return backend;
 }
@@ -221,10 +263,14 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
   if (buffer_registered_.exchange(true)) {
     return absl::FailedPreconditionError("RegisterBuffer: a buffer is already registered");
   }
-  for (size_t i = 0; i < queues_.size(); ++i) {
-    absl::Status s = queues_[i]->owner().RegisterBuffer(region, kFixedChunk);
+  std::vector<FileQueue*> rings;
+  for (const auto& f : files_) {
+    for (const auto& q : f->rings) rings.push_back(q.get());
+  }
+  for (size_t i = 0; i < rings.size(); ++i) {
+    absl::Status s = rings[i]->owner().RegisterBuffer(region, kFixedChunk);
     if (s.ok()) continue;
-    for (size_t j = 0; j < i; ++j) queues_[j]->owner().UnregisterBuffer();  // all or nothing
+    for (size_t j = 0; j < i; ++j) rings[j]->owner().UnregisterBuffer();  // all or nothing
     buffer_registered_.store(false);
     return s;
   }
@@ -234,41 +280,52 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
 void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> done) {
   auto* b = new UringBatch;
   b->done = std::move(done);
-  absl::InlinedVector<std::vector<Pending>, 4> per_file(queues_.size());
+  // Per ring touched: its queue and its requests. A file's writes go to its first ring, its reads
+  // round-robin over its rings.
+  absl::InlinedVector<std::pair<FileQueue*, std::vector<Pending>>, 4> groups;
+  auto group_of = [&groups](FileQueue* q) -> std::vector<Pending>& {
+    for (auto& g : groups) {
+      if (g.first == q) return g.second;
+    }
+    groups.emplace_back(q, std::vector<Pending>());
+    return groups.back().second;
+  };
   for (IoRequest& r : batch) {
     if (!internal::IsValidRequest(r, sizes_)) {
       r.result = -EINVAL;
       continue;
     }
-    per_file[r.file].push_back(Pending{&r, nullptr});
+    File& f = *files_[r.file];
+    uint32_t ring = 0;
+    if (r.op == Op::kRead && f.rings.size() > 1) {
+      ring = f.next_read.fetch_add(1, std::memory_order_relaxed) % f.rings.size();
+    }
+    group_of(f.rings[ring].get()).push_back(Pending{&r, nullptr});
   }
   // Build every part before posting any: a posted part may finish (and free `b`) at once.
-  absl::InlinedVector<std::pair<uint32_t, UringPart*>, 4> posts;
-  for (uint32_t f = 0; f < per_file.size(); ++f) {
-    if (!per_file[f].empty()) {
-      b->parts.push_back(UringPart{b, static_cast<uint32_t>(per_file[f].size())});
-    }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    b->parts.push_back(UringPart{b, static_cast<uint32_t>(groups[g].second.size())});
   }
-  if (b->parts.empty()) b->parts.push_back(UringPart{b, 0});  // completes on file 0's thread
+  if (groups.empty()) {  // completes on file 0's thread
+    b->parts.push_back(UringPart{b, 0});
+    groups.emplace_back(files_[0]->rings[0].get(), std::vector<Pending>());
+  }
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
-  size_t next = 0;
-  for (uint32_t f = 0; f < per_file.size(); ++f) {
-    if (per_file[f].empty()) continue;
-    UringPart* part = &b->parts[next++];
-    for (Pending& p : per_file[f]) p.part = part;
-    posts.emplace_back(f, part);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (Pending& p : groups[g].second) p.part = &b->parts[g];
   }
-  if (posts.empty()) posts.emplace_back(0, &b->parts[0]);
-  for (auto& [f, part] : posts) queues_[f]->owner().Post(part, std::move(per_file[f]));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].first->owner().Post(&b->parts[g], std::move(groups[g].second));
+  }
 }
 
 absl::Status UringBackend::Sync(uint32_t file) {
-  if (file >= queues_.size()) {
+  if (file >= files_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Sync: no pool file ", file));
   }
   int r;
   do {
-    r = fdatasync(queues_[file]->owner().fd());
+    r = fdatasync(files_[file]->rings[0]->owner().fd());
   } while (r != 0 && errno == EINTR);
   if (r != 0) {
     return absl::InternalError(absl::StrCat("fdatasync(pool file ", file, "): ", ErrnoText(errno)));
@@ -278,21 +335,24 @@ absl::Status UringBackend::Sync(uint32_t file) {
 
 UringCounters UringBackend::counters() const {
   UringCounters c;
-  for (const auto& q : queues_) q->AddCounters(&c);
+  for (const auto& f : files_) {
+    for (const auto& q : f->rings) q->AddCounters(&c);
+  }
   return c;
 }
 
 void UringBackend::RegisterStats(stats::Registry* registry) const {
   registry->AddGroup<UringCounters>([this] { return counters(); })
-      .Add({"tutti_io_uring_ops_total", "Requests the uring backend issued, by buffer: fixed "
+      .Add({"tutti_io_uring_ops_total",
+            "Requests the uring backend issued, by buffer: fixed "
             "(READ_FIXED / WRITE_FIXED over the registered staging) or plain.",
-            stats::Type::kCounter, {"buffer"}},
+            stats::Type::kCounter,
+            {"buffer"}},
            [](const UringCounters& c, stats::Samples* out) {
              out->Add({"fixed"}, c.fixed_buffer_ops);
              out->Add({"plain"}, c.plain_buffer_ops);
            })
-      .Counter("tutti_io_uring_short_retries_total",
-               "Remainders re-issued after a short transfer.",
+      .Counter("tutti_io_uring_short_retries_total", "Remainders re-issued after a short transfer.",
                [](const UringCounters& c) { return c.short_retries; })
       .Counter("tutti_io_uring_enter_calls_total", "io_uring_enter system calls (submit or wait).",
                [](const UringCounters& c) { return c.enter_calls; })
@@ -301,9 +361,13 @@ void UringBackend::RegisterStats(stats::Registry* registry) const {
                "tutti_io_uring_enter_calls_total, the mean queue depth kept.",
                [](const UringCounters& c) { return c.in_flight_sum; })
       .Gauge("tutti_io_uring_memory_reads_in_flight_max",
-             "The most reads in flight at once on one pool file on tmpfs (io.memory_read_workers "
-             "caps it); 0 with none on tmpfs.",
-             [](const UringCounters& c) { return c.max_memory_reads_in_flight; });
+             "The most reads in flight at once on one ring of a pool file on tmpfs "
+             "(io.memory_read_workers over io.memory_read_rings caps it); 0 with none on tmpfs.",
+             [](const UringCounters& c) { return c.max_memory_reads_in_flight; })
+      .Gauge("tutti_io_uring_memory_read_rings",
+             "Rings over pool files on tmpfs that have issued a read (io.memory_read_rings per "
+             "file); 0 with none on tmpfs.",
+             [](const UringCounters& c) { return c.memory_read_rings; });
 }
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateUringBackend(std::vector<int> fds,

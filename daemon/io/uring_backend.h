@@ -11,7 +11,7 @@
 // (IOSQE_FIXED_FILE); a buffer registered through RegisterBuffer is used with IORING_OP_READ_FIXED
 // / WRITE_FIXED for requests that lie inside it.
 //
-// Pool files on tmpfs: see UringOptions::memory_read_workers.
+// Pool files on tmpfs: see UringOptions::memory_read_workers and memory_read_rings.
 //
 // Short transfers: a transfer that moves fewer bytes than asked (a 4 KiB multiple) is retried once
 // for the remainder; if that is short too, `result` holds the bytes moved so far. Errors are
@@ -46,6 +46,15 @@ struct UringOptions {
   // queued behind reads that this cap holds back are issued meanwhile (the only place a backend
   // issues out of arrival order; issue_queue.h says why that is safe and why it stays).
   uint32_t memory_read_workers = 16;
+  // Pool files on tmpfs only: the rings (each with its own owner thread, and so its own io_uring
+  // workers) a file's reads are spread over, round-robin by request; the file's writes stay on
+  // its first ring, and memory_read_workers is shared out between the rings. With one ring, the
+  // reads one io_uring_enter submits at once may all wake the same idle worker (io_uring wakes
+  // the first idle one it finds, which stays idle until it runs), so fewer workers copy than
+  // reads are in flight; each ring has workers of its own. Reads and writes of a file on
+  // different rings may then be issued in either order, which is safe for the reason the
+  // memory_read_workers pass is (issue_queue.h). 1 (one ring per file) .. 16.
+  uint32_t memory_read_rings = 1;
 };
 
 // Counts since creation, summed over files. Approximate while I/O is running.
@@ -57,7 +66,8 @@ struct UringCounters {
   uint64_t in_flight_sum = 0;     // requests in flight at each of those calls, summed:
                                   // in_flight_sum / enter_calls is the mean queue depth kept
   uint64_t memory_files = 0;      // files on tmpfs read by up to memory_read_workers workers
-  uint64_t max_memory_reads_in_flight = 0;  // most reads in flight at once on one of them
+  uint64_t max_memory_reads_in_flight = 0;  // most reads in flight at once on one ring of them
+  uint64_t memory_read_rings = 0;           // rings over tmpfs files that have issued a read
 };
 
 class UringBackend final : public IoBackend {
@@ -65,7 +75,8 @@ class UringBackend final : public IoBackend {
   // Takes ownership of `fds` (pool files opened with O_DIRECT, in pool order; regular files or
   // block devices) in every case: they are closed on error and when the backend is destroyed. File
   // sizes are read once, here (fstat, or BLKGETSIZE64 for a block device). Errors: INVALID_ARGUMENT
-  // for no fds or a queue depth out of range; the errno text for a file that cannot be sized;
+  // for no fds or a queue depth or memory option out of range; the errno text for a file that
+  // cannot be sized or duplicated for another ring;
   // UNAVAILABLE if io_uring cannot be set up (kernel too old, or disabled by
   // /proc/sys/kernel/io_uring_disabled, or a seccomp filter).
   static absl::StatusOr<std::unique_ptr<UringBackend>> Create(std::vector<int> fds,
@@ -96,10 +107,15 @@ class UringBackend final : public IoBackend {
 
  private:
   class FileQueue;
+  // One pool file: its rings (the first takes its writes) and where its next read goes.
+  struct File {
+    std::vector<std::unique_ptr<FileQueue>> rings;
+    std::atomic<uint32_t> next_read{0};
+  };
   explicit UringBackend(std::vector<uint64_t> sizes);
 
   std::vector<uint64_t> sizes_;
-  std::vector<std::unique_ptr<FileQueue>> queues_;
+  std::vector<std::unique_ptr<File>> files_;
   std::atomic<bool> buffer_registered_{false};
 };
 

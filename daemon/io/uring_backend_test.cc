@@ -148,6 +148,7 @@ TEST_F(UringBackendTest, CountersReachTheStatsRegistry) {
   EXPECT_EQ(value("tutti_io_uring_in_flight_at_enter_total", ""), c.in_flight_sum);
   EXPECT_EQ(value("tutti_io_uring_short_retries_total", ""), c.short_retries);
   EXPECT_EQ(value("tutti_io_uring_memory_reads_in_flight_max", ""), c.max_memory_reads_in_flight);
+  EXPECT_EQ(value("tutti_io_uring_memory_read_rings", ""), c.memory_read_rings);
 }
 
 // On tmpfs, reads go to up to memory_read_workers io_uring workers per file and still land whole;
@@ -170,6 +171,7 @@ TEST_F(UringBackendTest, TmpfsReadsUseWorkersOnlyOnTmpfs) {
     ExpectAll(*b, mem.data(), workers);
     EXPECT_EQ(b->counters().memory_files, tmpfs && workers > 1 ? kFiles : 0u)
         << dir_ << " tmpfs " << tmpfs << " workers " << workers;
+    EXPECT_EQ(b->counters().memory_read_rings, tmpfs && workers > 1 ? kFiles : 0u);
   }
   for (uint32_t bad : {0u, 65u}) {
     auto b = UringBackend::Create({}, UringOptions{8, bad});
@@ -211,6 +213,82 @@ TEST(UringBackendShmTest, ParallelTmpfsReadsLandWhole) {
   }
   // 128 reads queued at once with room for 32 in the ring: three at a time.
   EXPECT_EQ((*b)->counters().max_memory_reads_in_flight, 3u);
+}
+
+// Reads of a tmpfs file spread over several rings (io.memory_read_rings): each ring issues some,
+// the file's reads in flight stay within memory_read_workers shared out between the rings, and
+// every read comes back whole and right, in batches of reads alone and mixed with writes.
+TEST(UringBackendShmTest, ReadRingsShareATmpfsFilesReads) {
+  struct statfs fs;
+  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs /dev/shm";
+  std::string dir = "/dev/shm/tutti-uring-XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr) << std::strerror(errno);
+  absl::Cleanup rm = [&] { testing::RemoveTree(dir); };
+  const int fd = open((dir + "/pool0").c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) GTEST_SKIP() << "tmpfs without O_DIRECT: " << std::strerror(errno);
+  ASSERT_EQ(ftruncate(fd, kFileBytes), 0);
+  auto b = UringBackend::Create({fd}, UringOptions{32, 8, 4});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->counters().memory_files, 1u);
+  EXPECT_EQ((*b)->counters().memory_read_rings, 0u);  // no read yet
+  AlignedBuffer mem(2 * kFileBytes);
+  const uint64_t half = kFileBytes / 2;
+  std::vector<IoRequest> batch;
+  for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
+    Fill(mem.data() + off, kChunk, 0, off, 3);
+    batch.push_back({Op::kWrite, 0, off, mem.data() + off, kChunk});
+  }
+  (*b)->Execute(absl::MakeSpan(batch));
+  for (const IoRequest& r : batch) ASSERT_EQ(r.result, kChunk);
+  std::memset(mem.data(), 0, kFileBytes);
+  for (IoRequest& r : batch) {
+    r.op = Op::kRead;
+    r.result = 0;
+  }
+  (*b)->Execute(absl::MakeSpan(batch));
+  for (const IoRequest& r : batch) {
+    ASSERT_EQ(r.result, kChunk);
+    ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 3)) << r.offset;
+  }
+  UringCounters c = (*b)->counters();
+  EXPECT_EQ(c.memory_read_rings, 4u);
+  EXPECT_LE(c.max_memory_reads_in_flight, 2u);  // 8 workers over 4 rings
+  EXPECT_GE(c.max_memory_reads_in_flight, 1u);
+  // Reads of the first half and writes of the second, in one batch: all complete, the reads
+  // see what was there, and the writes land (read back after).
+  std::vector<IoRequest> mixed;
+  for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
+    uint8_t* buf = mem.data() + kFileBytes + off;
+    if (off < half) {
+      std::memset(buf, 0, kChunk);
+      mixed.push_back({Op::kRead, 0, off, buf, kChunk});
+    } else {
+      Fill(buf, kChunk, 0, off, 4);
+      mixed.push_back({Op::kWrite, 0, off, buf, kChunk});
+    }
+  }
+  (*b)->Execute(absl::MakeSpan(mixed));
+  for (const IoRequest& r : mixed) {
+    ASSERT_EQ(r.result, kChunk) << r.offset;
+    if (r.op == Op::kRead) {
+      ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 3)) << r.offset;
+    }
+  }
+  ASSERT_TRUE((*b)->Sync(0).ok());
+  std::vector<IoRequest> back;
+  for (uint64_t off = half; off < kFileBytes; off += kChunk) {
+    std::memset(mem.data() + off, 0, kChunk);
+    back.push_back({Op::kRead, 0, off, mem.data() + off, kChunk});
+  }
+  (*b)->Execute(absl::MakeSpan(back));
+  for (const IoRequest& r : back) {
+    ASSERT_EQ(r.result, kChunk);
+    ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 4)) << r.offset;
+  }
+  for (uint32_t bad : {0u, 17u}) {
+    auto none = UringBackend::Create({}, UringOptions{8, 8, bad});
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 // Small: io_uring charges registered buffers to RLIMIT_MEMLOCK (often 8 MiB) once per ring unless
