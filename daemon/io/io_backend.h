@@ -71,13 +71,14 @@ class IoBackend {
 
   // Starts every request of `batch` and returns at once. When all of them have completed (each
   // one's `result` set), `done` runs once, on a backend thread: keep it short. `batch` (the span's
-  // memory) and every buffer must stay valid until `done` runs. A file's requests are issued in
-  // the order they arrived (a plain executor: the per-device scheduler, daemon/datapath/
-  // scheduler.h, is what puts reads before writes). The one exception is a cap on reads in flight,
-  // which lets later writes pass the reads it holds (today "uring" on tmpfs files only:
-  // UringOptions::memory_read_workers; issue_queue.h says why it stays). Requests in flight
-  // together may complete in any order. Invalid requests (unaligned, out of range, bad file index)
-  // complete with -EINVAL.
+  // memory) and every buffer must stay valid until `done` runs. A file's requests are issued in the
+  // order they arrived (a plain executor: the per-device scheduler, daemon/datapath/scheduler.h,
+  // is what puts reads before writes). The exceptions are "uring"'s on tmpfs files only: a cap on
+  // reads in flight, which lets later writes pass the reads it holds
+  // (UringOptions::memory_read_workers; issue_queue.h says why it stays), and, where a file's reads
+  // are spread over several rings (UringOptions::memory_read_rings), its reads and writes in either
+  // order, which is safe for the same reason. Requests in flight together may complete in any
+  // order. Invalid requests (unaligned, out of range, bad file index) complete with -EINVAL.
   virtual void Submit(absl::Span<IoRequest> batch, std::function<void()> done) = 0;
 
   // Submit, then wait for completion. Returns when every request's `result` is set.

@@ -2,15 +2,16 @@
 // yet issued, in arrival order. The backends are plain per-queue executors: which class goes first
 // is the per-device scheduler's policy (daemon/datapath/scheduler.h), not theirs.
 //
-// One exception, and the only place a backend issues out of arrival order: when the owner may not
-// issue another read now (a cap on reads in flight: today only the "uring" backend's on tmpfs
-// files, UringOptions::memory_read_workers, where depth exceeds the cap), writes that arrived
-// after the held reads pass them, so the ring's free slots are not left idle behind reads that
-// must wait for their workers. It is not a reads-first policy (it puts writes ahead, the reverse),
-// and it is not needed for correctness: the held reads would complete anyway (tmpfs copies never
-// block), and the store reads only pinned blocks, whose slots are never overwritten while pinned
-// (daemon/store/block_store.h), so a pass changes no read's data. It stays because it is the
-// cap's contract, which issue_queue_test asserts (HeldReadsLetLaterWritesPass). With no cap
+// One exception, and the only place one queue issues out of arrival order (the other, a tmpfs
+// file's reads spread over several rings, UringOptions::memory_read_rings, is between queues): when
+// the owner may not issue another read now (a cap on reads in flight: today only the "uring"
+// backend's on tmpfs files, UringOptions::memory_read_workers, where depth exceeds the cap), writes
+// that arrived after the held reads pass them, so the ring's free slots are not left idle behind
+// reads that must wait for their workers. It is not a reads-first policy (it puts writes ahead, the
+// reverse), and it is not needed for correctness: the held reads would complete anyway (tmpfs
+// copies never block), and the store reads only pinned blocks, whose slots are never overwritten
+// while pinned (daemon/store/block_store.h), so a pass changes no read's data. It stays because it
+// is the cap's contract, which issue_queue_test asserts (HeldReadsLetLaterWritesPass). With no cap
 // (uring_cmd, uring off tmpfs) Pop(true) is plain FIFO.
 //
 // Thread-safety: none; the queue's owner thread alone uses it.
