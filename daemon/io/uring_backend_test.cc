@@ -179,38 +179,56 @@ TEST_F(UringBackendTest, TmpfsReadsUseWorkersOnlyOnTmpfs) {
   }
 }
 
-// The same on /dev/shm, where there is one: every read comes back whole and right with several
-// workers copying each file at once.
-TEST(UringBackendShmTest, ParallelTmpfsReadsLandWhole) {
-  struct statfs fs;
-  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs /dev/shm";
-  std::string dir = "/dev/shm/tutti-uring-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr) << std::strerror(errno);
-  absl::Cleanup rm = [&] { testing::RemoveTree(dir); };
-  const int fd = open((dir + "/pool0").c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) GTEST_SKIP() << "tmpfs without O_DIRECT: " << std::strerror(errno);
-  ASSERT_EQ(ftruncate(fd, kFileBytes), 0);
-  auto b = UringBackend::Create({fd}, UringOptions{32, 3});
+// One pool file on /dev/shm, where there is a tmpfs there that takes O_DIRECT.
+class UringBackendShmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    struct statfs fs;
+    if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+      GTEST_SKIP() << "no tmpfs /dev/shm";
+    }
+    ASSERT_NE(mkdtemp(dir_.data()), nullptr) << std::strerror(errno);
+    fd_ = open((dir_ + "/pool0").c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd_ < 0) GTEST_SKIP() << "tmpfs without O_DIRECT: " << std::strerror(errno);
+    ASSERT_EQ(ftruncate(fd_, kFileBytes), 0);
+  }
+  void TearDown() override {
+    if (dir_.back() != 'X') testing::RemoveTree(dir_);
+  }
+
+  // Writes generation `gen` over the whole file through `mem` (kFileBytes), zeroes `mem`, reads
+  // the file back into it in one batch and checks every read.
+  static void WriteThenReadBack(IoBackend& b, uint8_t* mem, uint64_t gen) {
+    std::vector<IoRequest> batch;
+    for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
+      Fill(mem + off, kChunk, 0, off, gen);
+      batch.push_back({Op::kWrite, 0, off, mem + off, kChunk});
+    }
+    b.Execute(absl::MakeSpan(batch));
+    for (const IoRequest& r : batch) ASSERT_EQ(r.result, kChunk);
+    std::memset(mem, 0, kFileBytes);
+    for (IoRequest& r : batch) {
+      r.op = Op::kRead;
+      r.result = 0;
+    }
+    b.Execute(absl::MakeSpan(batch));
+    for (const IoRequest& r : batch) {
+      ASSERT_EQ(r.result, kChunk);
+      ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, gen)) << r.offset;
+    }
+  }
+
+  std::string dir_ = "/dev/shm/tutti-uring-XXXXXX";
+  int fd_ = -1;  // handed to the backend
+};
+
+// Every read comes back whole and right with several workers copying the file at once.
+TEST_F(UringBackendShmTest, ParallelTmpfsReadsLandWhole) {
+  auto b = UringBackend::Create({fd_}, UringOptions{32, 3});
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->counters().memory_files, 1u);
   AlignedBuffer mem(kFileBytes);
-  std::vector<IoRequest> batch;
-  for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
-    Fill(mem.data() + off, kChunk, 0, off, 7);
-    batch.push_back({Op::kWrite, 0, off, mem.data() + off, kChunk});
-  }
-  (*b)->Execute(absl::MakeSpan(batch));
-  for (const IoRequest& r : batch) ASSERT_EQ(r.result, kChunk);
-  std::memset(mem.data(), 0, kFileBytes);
-  for (IoRequest& r : batch) {
-    r.op = Op::kRead;
-    r.result = 0;
-  }
-  (*b)->Execute(absl::MakeSpan(batch));
-  for (const IoRequest& r : batch) {
-    ASSERT_EQ(r.result, kChunk);
-    ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 7)) << r.offset;
-  }
+  WriteThenReadBack(**b, mem.data(), 7);
   // 128 reads queued at once with room for 32 in the ring: three at a time.
   EXPECT_EQ((*b)->counters().max_memory_reads_in_flight, 3u);
 }
@@ -218,38 +236,14 @@ TEST(UringBackendShmTest, ParallelTmpfsReadsLandWhole) {
 // Reads of a tmpfs file spread over several rings (io.memory_read_rings): each ring issues some,
 // the file's reads in flight stay within memory_read_workers shared out between the rings, and
 // every read comes back whole and right, in batches of reads alone and mixed with writes.
-TEST(UringBackendShmTest, ReadRingsShareATmpfsFilesReads) {
-  struct statfs fs;
-  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs /dev/shm";
-  std::string dir = "/dev/shm/tutti-uring-XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr) << std::strerror(errno);
-  absl::Cleanup rm = [&] { testing::RemoveTree(dir); };
-  const int fd = open((dir + "/pool0").c_str(), O_CREAT | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) GTEST_SKIP() << "tmpfs without O_DIRECT: " << std::strerror(errno);
-  ASSERT_EQ(ftruncate(fd, kFileBytes), 0);
-  auto b = UringBackend::Create({fd}, UringOptions{32, 8, 4});
+TEST_F(UringBackendShmTest, ReadRingsShareATmpfsFilesReads) {
+  auto b = UringBackend::Create({fd_}, UringOptions{32, 8, 4});
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ((*b)->counters().memory_files, 1u);
   EXPECT_EQ((*b)->counters().memory_read_rings, 0u);  // no read yet
   AlignedBuffer mem(2 * kFileBytes);
   const uint64_t half = kFileBytes / 2;
-  std::vector<IoRequest> batch;
-  for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
-    Fill(mem.data() + off, kChunk, 0, off, 3);
-    batch.push_back({Op::kWrite, 0, off, mem.data() + off, kChunk});
-  }
-  (*b)->Execute(absl::MakeSpan(batch));
-  for (const IoRequest& r : batch) ASSERT_EQ(r.result, kChunk);
-  std::memset(mem.data(), 0, kFileBytes);
-  for (IoRequest& r : batch) {
-    r.op = Op::kRead;
-    r.result = 0;
-  }
-  (*b)->Execute(absl::MakeSpan(batch));
-  for (const IoRequest& r : batch) {
-    ASSERT_EQ(r.result, kChunk);
-    ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 3)) << r.offset;
-  }
+  WriteThenReadBack(**b, mem.data(), 3);
   UringCounters c = (*b)->counters();
   EXPECT_EQ(c.memory_read_rings, 4u);
   EXPECT_LE(c.max_memory_reads_in_flight, 2u);  // 8 workers over 4 rings
