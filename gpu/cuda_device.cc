@@ -1,8 +1,6 @@
 #include "gpu/cuda_device.h"
 
 #include <cuda.h>
-#define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
-#include <xxhash.h>
 
 #include <limits>
 #include <vector>
@@ -11,6 +9,7 @@
 #include "gpu/copy_kernel.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"
+#include "gpu/hash_desc.h"
 #include "gpu/hash_kernel.h"
 #include "gpu/pinned.h"
 #include "gpu/probe.h"
@@ -177,16 +176,11 @@ absl::Status CudaDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, u
 
 absl::Status CudaDevice::LaunchHash(const HashDesc* descs, size_t count, uint64_t* hashes,
                                     Stream stream, const char* what) {
-  static const Xxh3Secret secret = [] {
-    Xxh3Secret s;
-    XXH3_generateSecret_fromSeed(s.bytes, 0);  // XXH3's default secret
-    return s;
-  }();
   if (count > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", count, " objects in one launch"));
   }
   return CudaStatus(
-      LaunchHashObjects(descs, static_cast<uint32_t>(count), secret, hashes, ToCuda(stream)), what);
+      LaunchHashObjects(descs, static_cast<uint32_t>(count), DefaultXxh3Secret(), hashes, ToCuda(stream)), what);
 }
 
 }  // namespace tutti::gpu

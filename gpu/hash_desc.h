@@ -30,6 +30,9 @@ struct Xxh3Secret {
   uint8_t bytes[kXxh3SecretBytes];
 };
 
+// The default secret, made once by libxxhash (XXH3_generateSecret_fromSeed with seed 0).
+const Xxh3Secret& DefaultXxh3Secret();
+
 }  // namespace tutti::gpu
 
 #endif  // TUTTI_GPU_HASH_DESC_H_

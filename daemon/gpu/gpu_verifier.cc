@@ -1,8 +1,6 @@
 #include "daemon/gpu/gpu_verifier.h"
 
 #include <cuda_runtime_api.h>
-#define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
-#include <xxhash.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -18,6 +16,7 @@
 #include "common/status_macros.h"
 #include "daemon/pool/slot_header.h"
 #include "gpu/cuda_status.h"
+#include "gpu/hash_desc.h"
 #include "gpu/hash_kernel.h"
 #include "gpu/io_stream.h"
 
@@ -63,9 +62,7 @@ class GpuVerifier final : public datapath::Verifier {
  public:
   GpuVerifier(const GpuVerifierOptions& options, const IoStream& stream,
               datapath::Verifier* fallback)
-      : options_(options), stream_(stream.stream()), device_(stream.device()), fallback_(fallback) {
-    XXH3_generateSecret_fromSeed(secret_.bytes, 0);  // XXH3's default secret
-  }
+      : options_(options), stream_(stream.stream()), device_(stream.device()), fallback_(fallback) {}
 
   ~GpuVerifier() override {
     {
@@ -271,7 +268,7 @@ class GpuVerifier final : public datapath::Verifier {
         CudaStatus(cudaStreamWaitEvent(stream_, s->copied, 0), "cudaStreamWaitEvent(copies)"));
     if (s->count > 0) {
       RETURN_IF_ERROR(CudaStatus(
-          LaunchHashObjects(s->descs_dev, s->count, secret_, s->hashes_dev, stream_),
+          LaunchHashObjects(s->descs_dev, s->count, DefaultXxh3Secret(), s->hashes_dev, stream_),
           "hash kernel launch"));
       RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(s->hashes_host, s->hashes_dev,
                                                  s->count * sizeof(uint64_t),
@@ -373,7 +370,6 @@ class GpuVerifier final : public datapath::Verifier {
   cudaStream_t copy_stream_ = nullptr;
   const int device_;
   datapath::Verifier* const fallback_;
-  Xxh3Secret secret_{};
   uint8_t* mirror_dev_ = nullptr;  // options_.mirror.size() bytes, or null
   Slot slots_[2];
   bool broken_ = false;  // the thread's own state
