@@ -119,7 +119,7 @@ absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue
   o.setup_hint =
       "kernel without io_uring, /proc/sys/kernel/io_uring_disabled set, or a seccomp "
       "filter";
-  o.memlock_per = "pool file";
+  o.memlock_per = "ring (one per pool file, io.memory_read_rings on tmpfs)";
   auto owner = internal::UringOwner<Pending>::Create(fd, o, q.get());  // closes fd on failure
   if (!owner.ok()) return owner.status();
   q->owner_ = *std::move(owner);

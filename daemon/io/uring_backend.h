@@ -90,8 +90,9 @@ class UringBackend final : public IoBackend {
 
   // Registers `region` with every ring (split into io_uring's 1 GiB pieces), all or nothing.
   // FAILED_PRECONDITION once a buffer is registered; RESOURCE_EXHAUSTED when the kernel refuses to
-  // pin the memory (it charges RLIMIT_MEMLOCK once per file unless the process has CAP_IPC_LOCK);
-  // INTERNAL otherwise. After an error nothing is registered, I/O keeps working with plain reads
+  // pin the memory (it charges RLIMIT_MEMLOCK once per ring, so once per file, or
+  // memory_read_rings times for a tmpfs file, unless the process has CAP_IPC_LOCK); INTERNAL
+  // otherwise. After an error nothing is registered, I/O keeps working with plain reads
   // and writes, and the call may be retried. May be called while I/O is in flight.
   // Back `region` with huge pages (AlignedBuffer(bytes, HugePages::kPrefer)): with 4 KiB pages a
   // transfer reaches the device in as many segments as its pages are physically scattered, which
