@@ -43,8 +43,9 @@ struct UringOptions {
   // runs one after another on a single worker per file): reads are issued as IOSQE_ASYNC, at most
   // this many in flight per file, so as many io_uring workers copy at once (io_uring's own cap on
   // workers was seen not to hold). 1 (plain submission) .. 64. Other files ignore it. Writes
-  // queued behind reads that this cap holds back are issued meanwhile (the only place a backend
-  // issues out of arrival order; issue_queue.h says why that is safe and why it stays).
+  // queued behind reads that this cap holds back are issued meanwhile (one of the two places a
+  // backend issues out of arrival order, memory_read_rings the other; issue_queue.h says why that
+  // is safe and why it stays).
   uint32_t memory_read_workers = 16;
   // Pool files on tmpfs only: the rings (each with its own owner thread, and so its own io_uring
   // workers) a file's reads are spread over, round-robin by request; the file's writes stay on
