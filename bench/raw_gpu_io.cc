@@ -243,7 +243,11 @@ class FileRun {
       if (!Check(q, "copy")) return false;
       wait = false;
       copying_.pop_front();
-      o_.lifo&& to == &free_ ? to->push_front(s) : to->push_back(s);
+      if (o_.lifo && to == &free_) {
+        to->push_front(s);
+      } else {
+        to->push_back(s);
+      }
     }
     return true;
   }
@@ -372,6 +376,7 @@ int main(int argc, char** argv) {
   const std::string op = absl::GetFlag(FLAGS_op);
   const bool gpu = !absl::GetFlag(FLAGS_no_gpu);
   const uint64_t device_bytes = absl::GetFlag(FLAGS_device_bytes);
+  const uint32_t burst = std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd));
   std::vector<std::string> files(rest.begin() + 1, rest.end());
   if ((op != "read" && op != "write") || files.empty() || io_bytes == 0 || io_bytes % 4096 != 0 ||
       qd == 0 || slots < qd || device_bytes < io_bytes ||
@@ -410,7 +415,7 @@ int main(int argc, char** argv) {
     o.fixed = absl::GetFlag(FLAGS_fixed);
     o.lifo = absl::GetFlag(FLAGS_lifo);
     o.sequential = absl::GetFlag(FLAGS_sequential);
-    o.burst = std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd));
+    o.burst = burst;
     o.start = start;
     o.deadline = deadline;
     o.seed = 1000003 * (i + 1);
@@ -439,8 +444,7 @@ int main(int argc, char** argv) {
       op.c_str(), files.size(), io_bytes, qd, slots, gpu ? "true" : "false",
       absl::GetFlag(FLAGS_async) ? "true" : "false", absl::GetFlag(FLAGS_staging).c_str(),
       absl::GetFlag(FLAGS_fixed) ? "true" : "false", absl::GetFlag(FLAGS_lifo) ? "true" : "false",
-      absl::GetFlag(FLAGS_sequential) ? "true" : "false",
-      std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd)), bytes, seconds,
+      absl::GetFlag(FLAGS_sequential) ? "true" : "false", burst, bytes, seconds,
       bytes / 1e9 / seconds, absl::StrJoin(per_file, ",").c_str(), cpu,
       tutti::bench::JsonString(command).c_str());
   return 0;

@@ -100,7 +100,6 @@ class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
   uint32_t reads_in_flight_ = 0;  // owner thread only
 
   std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, max_reads_in_flight_{0};
-  std::atomic<bool> read_issued_{false};
   // Last: destroyed first, so its thread is gone before the state above.
   std::unique_ptr<internal::UringOwner<Pending>> owner_;
 };
@@ -133,7 +132,9 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->enter_calls += owner_->enter_calls();
   c->in_flight_sum += owner_->in_flight_sum();
   c->memory_files += async_reads_ > 0 && ring_ == 0 ? 1 : 0;
-  c->memory_read_rings += async_reads_ > 0 && read_issued_.load(std::memory_order_relaxed) ? 1 : 0;
+  // A ring that has issued a read has had one in flight.
+  c->memory_read_rings +=
+      async_reads_ > 0 && max_reads_in_flight_.load(std::memory_order_relaxed) > 0 ? 1 : 0;
   c->max_memory_reads_in_flight = std::max<uint64_t>(
       c->max_memory_reads_in_flight, max_reads_in_flight_.load(std::memory_order_relaxed));
 }
@@ -155,9 +156,6 @@ void UringBackend::FileQueue::Prepare(io_uring_sqe* sqe, Pending& p, int target)
   }
   if (read && async_reads_ > 0) {
     sqe->flags |= IOSQE_ASYNC;
-    if (!read_issued_.load(std::memory_order_relaxed)) {
-      read_issued_.store(true, std::memory_order_relaxed);
-    }
     max_reads_in_flight_.store(
         std::max<uint64_t>(max_reads_in_flight_.load(std::memory_order_relaxed),
                            ++reads_in_flight_),
@@ -185,9 +183,10 @@ bool UringBackend::FileQueue::Complete(Pending& p, int res) {
   return false;
 }
 
-UringBackend::UringBackend(std::vector<uint64_t> sizes) : sizes_(std::move(sizes)) {}
+UringBackend::UringBackend(std::vector<uint64_t> sizes)
+    : sizes_(std::move(sizes)), files_(new File[sizes_.size()]) {}
 
-UringBackend::~UringBackend() { files_.clear(); }
+UringBackend::~UringBackend() { rings_.clear(); }
 
 absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<int> fds,
                                                                    const UringOptions& options) {
@@ -235,7 +234,9 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
     }
     // The file's reads in flight at most, shared out between its rings.
     const uint32_t per_ring = memory ? (options.memory_read_workers + rings - 1) / rings : 0;
-    auto file = std::make_unique<File>();
+    File& file = backend->files_[i];
+    file.first = static_cast<uint32_t>(backend->rings_.size());
+    file.count = rings;
     for (uint32_t r = 0; r < rings; ++r) {
       int fd = fds[i];
       if (r > 0) {
@@ -245,7 +246,7 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
       auto q = FileQueue::Create(fd, index, r, per_ring, options);
       if (r == 0) handed_over = i + 1;  // FileQueue::Create closes the fd itself on failure
       if (!q.ok()) return q.status();
-      file->rings.push_back(*std::move(q));
+      backend->rings_.push_back(*std::move(q));
     }
     if (memory) {
       log::Get("io")->info(
@@ -253,7 +254,6 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
           "(io.memory_read_workers), over {} ring(s) (io.memory_read_rings)",
           index, per_ring * rings, rings);
     }
-    backend->files_.push_back(std::move(file));
   }
   return backend;
 }
@@ -263,14 +263,10 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
   if (buffer_registered_.exchange(true)) {
     return absl::FailedPreconditionError("RegisterBuffer: a buffer is already registered");
   }
-  std::vector<FileQueue*> rings;
-  for (const auto& f : files_) {
-    for (const auto& q : f->rings) rings.push_back(q.get());
-  }
-  for (size_t i = 0; i < rings.size(); ++i) {
-    absl::Status s = rings[i]->owner().RegisterBuffer(region, kFixedChunk);
+  for (size_t i = 0; i < rings_.size(); ++i) {
+    absl::Status s = rings_[i]->owner().RegisterBuffer(region, kFixedChunk);
     if (s.ok()) continue;
-    for (size_t j = 0; j < i; ++j) rings[j]->owner().UnregisterBuffer();  // all or nothing
+    for (size_t j = 0; j < i; ++j) rings_[j]->owner().UnregisterBuffer();  // all or nothing
     buffer_registered_.store(false);
     return s;
   }
@@ -280,52 +276,47 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
 void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> done) {
   auto* b = new UringBatch;
   b->done = std::move(done);
-  // Per ring touched: its queue and its requests. A file's writes go to its first ring, its reads
-  // round-robin over its rings.
-  absl::InlinedVector<std::pair<FileQueue*, std::vector<Pending>>, 4> groups;
-  auto group_of = [&groups](FileQueue* q) -> std::vector<Pending>& {
-    for (auto& g : groups) {
-      if (g.first == q) return g.second;
-    }
-    groups.emplace_back(q, std::vector<Pending>());
-    return groups.back().second;
-  };
+  // Per ring: a file's writes go to its first ring, its reads round-robin over its rings.
+  absl::InlinedVector<std::vector<Pending>, 4> per_ring(rings_.size());
   for (IoRequest& r : batch) {
     if (!internal::IsValidRequest(r, sizes_)) {
       r.result = -EINVAL;
       continue;
     }
-    File& f = *files_[r.file];
-    uint32_t ring = 0;
-    if (r.op == Op::kRead && f.rings.size() > 1) {
-      ring = f.next_read.fetch_add(1, std::memory_order_relaxed) % f.rings.size();
+    File& f = files_[r.file];
+    uint32_t ring = f.first;
+    if (r.op == Op::kRead && f.count > 1) {
+      ring += f.next_read.fetch_add(1, std::memory_order_relaxed) % f.count;
     }
-    group_of(f.rings[ring].get()).push_back(Pending{&r, nullptr});
+    per_ring[ring].push_back(Pending{&r, nullptr});
   }
   // Build every part before posting any: a posted part may finish (and free `b`) at once.
-  for (size_t g = 0; g < groups.size(); ++g) {
-    b->parts.push_back(UringPart{b, static_cast<uint32_t>(groups[g].second.size())});
+  absl::InlinedVector<std::pair<uint32_t, UringPart*>, 4> posts;
+  for (uint32_t q = 0; q < per_ring.size(); ++q) {
+    if (!per_ring[q].empty()) {
+      b->parts.push_back(UringPart{b, static_cast<uint32_t>(per_ring[q].size())});
+    }
   }
-  if (groups.empty()) {  // completes on file 0's thread
-    b->parts.push_back(UringPart{b, 0});
-    groups.emplace_back(files_[0]->rings[0].get(), std::vector<Pending>());
-  }
+  if (b->parts.empty()) b->parts.push_back(UringPart{b, 0});  // completes on file 0's thread
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (Pending& p : groups[g].second) p.part = &b->parts[g];
+  size_t next = 0;
+  for (uint32_t q = 0; q < per_ring.size(); ++q) {
+    if (per_ring[q].empty()) continue;
+    UringPart* part = &b->parts[next++];
+    for (Pending& p : per_ring[q]) p.part = part;
+    posts.emplace_back(q, part);
   }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    groups[g].first->owner().Post(&b->parts[g], std::move(groups[g].second));
-  }
+  if (posts.empty()) posts.emplace_back(0, &b->parts[0]);
+  for (auto& [q, part] : posts) rings_[q]->owner().Post(part, std::move(per_ring[q]));
 }
 
 absl::Status UringBackend::Sync(uint32_t file) {
-  if (file >= files_.size()) {
+  if (file >= sizes_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Sync: no pool file ", file));
   }
   int r;
   do {
-    r = fdatasync(files_[file]->rings[0]->owner().fd());
+    r = fdatasync(rings_[files_[file].first]->owner().fd());
   } while (r != 0 && errno == EINTR);
   if (r != 0) {
     return absl::InternalError(absl::StrCat("fdatasync(pool file ", file, "): ", ErrnoText(errno)));
@@ -335,9 +326,7 @@ absl::Status UringBackend::Sync(uint32_t file) {
 
 UringCounters UringBackend::counters() const {
   UringCounters c;
-  for (const auto& f : files_) {
-    for (const auto& q : f->rings) q->AddCounters(&c);
-  }
+  for (const auto& q : rings_) q->AddCounters(&c);
   return c;
 }
 

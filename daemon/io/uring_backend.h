@@ -109,15 +109,18 @@ class UringBackend final : public IoBackend {
 
  private:
   class FileQueue;
-  // One pool file: its rings (the first takes its writes) and where its next read goes.
+  // One pool file: its rings, rings_[first, first + count) (the first takes its writes), and
+  // where its next read goes.
   struct File {
-    std::vector<std::unique_ptr<FileQueue>> rings;
+    uint32_t first = 0;
+    uint32_t count = 1;
     std::atomic<uint32_t> next_read{0};
   };
   explicit UringBackend(std::vector<uint64_t> sizes);
 
   std::vector<uint64_t> sizes_;
-  std::vector<std::unique_ptr<File>> files_;
+  std::vector<std::unique_ptr<FileQueue>> rings_;  // every file's, in file order
+  std::unique_ptr<File[]> files_;                  // sizes_.size() of them
   std::atomic<bool> buffer_registered_{false};
 };
 
