@@ -36,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/jsonl.h"
+#include "bench/worker_sampler.h"
 #include "daemon/io/aligned_buffer.h"
 #include "daemon/io/uring_backend.h"
 #include "daemon/pool/layout.h"
@@ -77,6 +78,7 @@ struct Round {
   uint64_t errors = 0;
   double mean_depth = 0;     // requests in flight at each wait, averaged
   double cpu_us_per_io = 0;  // user + system CPU time of the whole process per read
+  WorkerSamples workers;     // io_uring workers runnable at once (copies going on tmpfs)
 };
 
 double CpuSeconds() {
@@ -125,10 +127,11 @@ bool Fill(const Setup& s, const std::string& marker, const std::string& uuid) {
 }
 
 Round Finish(uint64_t done, uint64_t errors, uint32_t object_bytes, Clock::time_point start,
-             double cpu_start) {
+             double cpu_start, WorkerSampler& sampler) {
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   Round r{done * object_bytes / secs / 1e9, done / secs, errors};
   r.cpu_us_per_io = (CpuSeconds() - cpu_start) * 1e6 / std::max<uint64_t>(done, 1);
+  r.workers = sampler.Stop();
   return r;
 }
 
@@ -153,6 +156,8 @@ Round RunRaw(const Setup& s, io::AlignedBuffer& buf, double seconds, uint64_t se
     sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data64(sqe, slot);
   };
+  WorkerSampler sampler;
+  sampler.Start();
   const double cpu_start = CpuSeconds();
   for (uint32_t i = 0; i < depth; ++i) issue(i);
   const auto start = Clock::now();
@@ -177,7 +182,7 @@ Round RunRaw(const Setup& s, io::AlignedBuffer& buf, double seconds, uint64_t se
     }
     io_uring_cq_advance(&ring, seen);
   }
-  Round r = Finish(done, errors, s.object_bytes, start, cpu_start);
+  Round r = Finish(done, errors, s.object_bytes, start, cpu_start, sampler);
   r.mean_depth = double(depth_sum) / waits;
   io_uring_queue_exit(&ring);
   return r;
@@ -196,6 +201,8 @@ Round RunBackend(io::UringBackend& b, io::AlignedBuffer& staging, const Setup& s
   std::atomic<uint64_t> done{0}, errors{0};
   Picker pick(s.layout, seed);
   const io::UringCounters before = b.counters();
+  WorkerSampler sampler;
+  sampler.Start();
   const double cpu_start = CpuSeconds();
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration<double>(seconds);
@@ -248,7 +255,7 @@ Round RunBackend(io::UringBackend& b, io::AlignedBuffer& staging, const Setup& s
     mu.Await(absl::Condition(
         +[](uint32_t* n) { return *n == 0; }, &outstanding));
   }
-  Round r = Finish(done, errors, s.object_bytes, start, cpu_start);
+  Round r = Finish(done, errors, s.object_bytes, start, cpu_start, sampler);
   const io::UringCounters after = b.counters();
   r.mean_depth = double(after.in_flight_sum - before.in_flight_sum) /
                  double(after.enter_calls - before.enter_calls);
@@ -295,7 +302,7 @@ std::string JsonLine(const IoResult& r, const std::string& command, const Setup&
       {"unit", JsonString(r.unit)},
       {"baseline_name", JsonString("raw_liburing_odirect")},
       {"baseline_value", Num(r.baseline)},
-      {"ratio", Num(r.value / r.baseline)},
+      {"ratio", r.baseline > 0 ? Num(r.value / r.baseline) : "null"},
       {"machine", JsonString(MachineDescription())},
       {"date", JsonString(UtcNow())},
       {"command", JsonString(command)},
@@ -308,6 +315,8 @@ std::string JsonLine(const IoResult& r, const std::string& command, const Setup&
       {"batches_in_flight", absl::StrCat(absl::GetFlag(FLAGS_batches_in_flight))},
       {"resubmit", JsonString(absl::GetFlag(FLAGS_resubmit))},
       {"huge_pages", Bool(absl::GetFlag(FLAGS_huge_pages))},
+      {"memory_read_workers", absl::StrCat(absl::GetFlag(FLAGS_memory_read_workers))},
+      {"memory_read_rings", absl::StrCat(absl::GetFlag(FLAGS_memory_read_rings))},
       {"thp", JsonString(ThpMode())},
       {"fixed_buffers_backend", Bool(fixed_backend)},
       {"fixed_buffers_baseline", Bool(fixed_raw)},
@@ -321,10 +330,11 @@ std::string JsonLine(const IoResult& r, const std::string& command, const Setup&
 
 void Report(const std::vector<IoResult>& results, const std::string& command, const Setup& s,
             bool fixed_raw, bool fixed_backend) {
-  std::printf("\n%-34s %12s %12s %8s\n", "metric", "backend", "raw uring", "ratio");
+  std::printf("\n%-46s %12s %12s %8s\n", "metric", "backend", "raw uring", "ratio");
   for (const IoResult& r : results) {
-    std::printf("%-34s %12.3f %12.3f %8.3f  %s\n", r.metric.c_str(), r.value, r.baseline,
-                r.value / r.baseline, r.unit.c_str());
+    std::printf("%-46s %12.3f %12.3f %8s  %s\n", r.metric.c_str(), r.value, r.baseline,
+                r.baseline > 0 ? absl::StrFormat("%.3f", r.value / r.baseline).c_str() : "-",
+                r.unit.c_str());
   }
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) return;
@@ -369,6 +379,7 @@ absl::StatusOr<pool::PoolLayout> OpenBenchPool(pool::PoolFiles* pool) {
 
 struct Medians {
   std::vector<double> raw_gbps, raw_iops, be_gbps, be_iops;
+  std::vector<double> raw_runnable, be_runnable;  // io_uring workers runnable at once, mean
   bool fixed_raw = false;
 };
 
@@ -388,10 +399,13 @@ bool RunRounds(const Setup& s, io::UringBackend& backend, io::AlignedBuffer& sta
       raw = RunRaw(s, raw_buf, secs, 2 * round + 1, &m->fixed_raw);
     }
     std::printf(
-        "round %u: raw %.3f GB/s %.0f IOPS depth %.1f cpu %.1f us/io | backend %.3f GB/s %.0f "
-        "IOPS depth %.1f cpu %.1f us/io\n",
-        round, raw.gbps, raw.iops, raw.mean_depth, raw.cpu_us_per_io, be.gbps, be.iops,
-        be.mean_depth, be.cpu_us_per_io);
+        "round %u: raw %.3f GB/s %.0f IOPS depth %.1f cpu %.1f us/io workers runnable %.2f "
+        "(max %u of %u) | backend %.3f GB/s %.0f IOPS depth %.1f cpu %.1f us/io workers "
+        "runnable %.2f (max %u of %u)\n",
+        round, raw.gbps, raw.iops, raw.mean_depth, raw.cpu_us_per_io, raw.workers.mean_runnable,
+        raw.workers.max_runnable, raw.workers.workers_seen, be.gbps, be.iops, be.mean_depth,
+        be.cpu_us_per_io, be.workers.mean_runnable, be.workers.max_runnable,
+        be.workers.workers_seen);
     if (raw.errors + be.errors > 0) {
       std::fprintf(stderr, "io_bench: %lu raw and %lu backend reads failed\n", raw.errors,
                    be.errors);
@@ -401,6 +415,8 @@ bool RunRounds(const Setup& s, io::UringBackend& backend, io::AlignedBuffer& sta
     m->raw_iops.push_back(raw.iops);
     m->be_gbps.push_back(be.gbps);
     m->be_iops.push_back(be.iops);
+    m->raw_runnable.push_back(raw.workers.mean_runnable);
+    m->be_runnable.push_back(be.workers.mean_runnable);
   }
   return true;
 }
@@ -433,9 +449,12 @@ int Main(const std::string& command) {
   if (!RunRounds(s, **backend, staging, raw_buf, resubmit == "callback", &m)) return 1;
   const std::string tag =
       absl::StrCat("random_read_", absl::GetFlag(FLAGS_object_kib), "KiB_qd", s.qd);
-  Report({{tag + "_throughput", "GB/s", Median(m.be_gbps), Median(m.raw_gbps)},
-          {tag + "_iops", "IOPS", Median(m.be_iops), Median(m.raw_iops)}},
-         command, s, m.fixed_raw, reg.ok());
+  Report(
+      {{tag + "_throughput", "GB/s", Median(m.be_gbps), Median(m.raw_gbps)},
+       {tag + "_iops", "IOPS", Median(m.be_iops), Median(m.raw_iops)},
+       // On tmpfs: how many reads were being copied at once (see worker_sampler.h).
+       {tag + "_iou_workers_runnable", "workers", Median(m.be_runnable), Median(m.raw_runnable)}},
+      command, s, m.fixed_raw, reg.ok());
   return 0;
 }
 

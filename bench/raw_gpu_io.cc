@@ -47,6 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/jsonl.h"
+#include "bench/worker_sampler.h"
 #include "cuda_runtime_api.h"
 
 ABSL_FLAG(std::string, op, "read", "read | write");
@@ -397,6 +398,8 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results(files.size());
   std::vector<std::thread> threads;
+  tutti::bench::WorkerSampler sampler;  // io_uring workers runnable at once (copies on tmpfs)
+  sampler.Start();
   const double cpu0 = CpuSeconds();
   const auto start = Clock::now();
   const Clock::time_point deadline =
@@ -423,6 +426,7 @@ int main(int argc, char** argv) {
   }
   for (auto& t : threads) t.join();
   const double cpu = CpuSeconds() - cpu0;
+  const tutti::bench::WorkerSamples workers = sampler.Stop();
   uint64_t bytes = 0;
   double seconds = 0;
   std::vector<std::string> per_file;
@@ -440,12 +444,13 @@ int main(int argc, char** argv) {
       "u,"
       "\"gpu\":%s,\"async\":%s,\"staging\":\"%s\",\"fixed\":%s,\"lifo\":%s,\"sequential\":%s,"
       "\"burst\":%u,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_gbps\":[%s],"
-      "\"cpu_seconds\":%.2f,\"command\":%s}\n",
+      "\"cpu_seconds\":%.2f,\"iou_workers_runnable\":%.2f,\"iou_workers\":%u,"
+      "\"command\":%s}\n",
       op.c_str(), files.size(), io_bytes, qd, slots, gpu ? "true" : "false",
       absl::GetFlag(FLAGS_async) ? "true" : "false", absl::GetFlag(FLAGS_staging).c_str(),
       absl::GetFlag(FLAGS_fixed) ? "true" : "false", absl::GetFlag(FLAGS_lifo) ? "true" : "false",
       absl::GetFlag(FLAGS_sequential) ? "true" : "false", burst, bytes, seconds,
-      bytes / 1e9 / seconds, absl::StrJoin(per_file, ",").c_str(), cpu,
-      tutti::bench::JsonString(command).c_str());
+      bytes / 1e9 / seconds, absl::StrJoin(per_file, ",").c_str(), cpu, workers.mean_runnable,
+      workers.workers_seen, tutti::bench::JsonString(command).c_str());
   return 0;
 }

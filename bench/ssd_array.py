@@ -940,14 +940,18 @@ def _ticks_of(stat_text):
 class CpuSampler:
     """tuttid's CPU over one phase: the process's utime + stime delta (exited threads included),
     and each thread's delta (sampled every `period` s, so threads that exit mid-phase count with
-    their last sample; a thread born in the phase counts from zero)."""
+    their last sample; a thread born in the phase counts from zero). With `worker_period` (s) it
+    also counts, that often, how many io_uring workers are runnable (state R): on tmpfs, how many
+    reads or writes are being copied at once (bench/worker_sampler.h says why)."""
 
-    def __init__(self, pid, period=0.2):
-        self.pid, self.period = pid, period
+    def __init__(self, pid, period=0.2, worker_period=0.0):
+        self.pid, self.period, self.worker_period = pid, period, worker_period
         self.tck = os.sysconf("SC_CLK_TCK")
         self.first, self.last = {}, {}
         self._halt = threading.Event()
         self._thread = None
+        self._worker_thread = None
+        self.runnable = []  # per worker sample: io_uring workers in state R
 
     def _sample(self, initial=False):
         task_dir = "/proc/%d/task" % self.pid
@@ -969,7 +973,38 @@ class CpuSampler:
         self._sample(initial=True)
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
+        if self.worker_period > 0:
+            self._worker_thread = threading.Thread(target=self._run_workers,
+                                                   name="worker-sampler", daemon=True)
+            self._worker_thread.start()
         return self
+
+    def _run_workers(self):
+        """Counts runnable io_uring workers every worker_period; the worker list is refreshed
+        every `period`, so a sample reads only their stat files."""
+        task_dir = "/proc/%d/task" % self.pid
+        workers, listed = [], 0.0
+        while not self._halt.wait(self.worker_period):
+            now = time.monotonic()
+            if now - listed >= self.period:
+                try:
+                    tids = os.listdir(task_dir)
+                except OSError:
+                    return
+                workers, listed = [], now
+                for tid in tids:
+                    try:
+                        if _read(os.path.join(task_dir, tid, "comm")).startswith("iou-"):
+                            workers.append(os.path.join(task_dir, tid, "stat"))
+                    except OSError:
+                        continue
+            r = 0
+            for path in workers:
+                try:
+                    r += _read(path).rsplit(")", 1)[1].split(None, 1)[0] == "R"
+                except (OSError, IndexError):
+                    continue
+            self.runnable.append(r)
 
     def _run(self):
         while not self._halt.wait(self.period):
@@ -982,6 +1017,8 @@ class CpuSampler:
         """A dict of the phase's CPU figures for `gbytes` GB moved."""
         self._halt.set()
         self._thread.join()
+        if self._worker_thread is not None:
+            self._worker_thread.join()
         self._sample()
         wall = time.monotonic() - self.t0
         total = (self._process_ticks() - self.p0) / self.tck
@@ -1004,8 +1041,12 @@ class CpuSampler:
             "cores": total / wall, "threads": len(threads),
             "busiest_thread": {"name": busiest[1], "share": round(busiest[0], 3)},
             "top_threads": [{"name": c, "share": round(s, 3)} for s, c, _ in own[:5]],
-            "iou_workers": {"threads": len(iou), "cores": round(sum(t[0] for t in iou), 3),
-                            "busiest_share": round(iou[0][0], 3) if iou else 0.0},
+            "iou_workers": dict(
+                {"threads": len(iou), "cores": round(sum(t[0] for t in iou), 3),
+                 "busiest_share": round(iou[0][0], 3) if iou else 0.0},
+                **({"runnable_mean": round(sum(self.runnable) / len(self.runnable), 2),
+                    "runnable_max": max(self.runnable), "runnable_samples": len(self.runnable)}
+                   if self.runnable else {})),
             # The whole machine over the phase: tmpfs reads and writes are memory copies on its
             # CPUs, so where it is busy throughout, the CPUs bound the rate, not tuttid's design.
             "machine_cpu": {"cpus": ncpu, "busy_cores": round(busy, 2),
@@ -1189,7 +1230,7 @@ def phase_store(args, daemon, sessions):
     for s in sessions:
         s.sync()
     io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
-    cpu = CpuSampler(daemon.pid).start()
+    cpu = CpuSampler(daemon.pid, worker_period=args.worker_sample_ms / 1000).start()
     t0 = time.perf_counter()
     deadline = time.monotonic() + args.phase_timeout
     in_threads(lambda s: s.store(args.store_batch, args.store_wait == "durable", deadline,
@@ -1252,7 +1293,7 @@ def phase_retrieve(args, daemon, sessions, call_blocks):
     st0 = daemon.stats()
     series0 = io_series(daemon)
     io0 = daemon.array.cgroup.io_bytes() if daemon.array.cgroup else None
-    cpu = CpuSampler(daemon.pid).start()
+    cpu = CpuSampler(daemon.pid, worker_period=args.worker_sample_ms / 1000).start()
     t0 = time.perf_counter()
     in_threads(lambda s: s.retrieve(call_blocks), sessions)
     for s in sessions:
@@ -2099,6 +2140,10 @@ def parse_args(argv):
     ap.add_argument("--io-cap-gbps", type=float, default=2.5,
                     help="loop: cgroup cap per device for reads and for writes (0: none)")
     ap.add_argument("--base", default="/dev/shm", help="tmpfs for the devices and tuttid state")
+    ap.add_argument("--worker-sample-ms", type=float, default=0,
+                    help="count tuttid's runnable io_uring workers this often during stores and "
+                         "retrieves (iou_workers.runnable_mean in the lines; costs some CPU; "
+                         "0: off)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a tuttid config field, e.g. datapath.checksum_threads=4 or "
                     "limits.retrieve_staging_bytes=1073741824 (repeatable)")
