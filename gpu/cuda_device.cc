@@ -7,6 +7,7 @@
 
 #include "common/status_macros.h"
 #include "gpu/copy_kernel.h"
+#include "gpu/copy_runs.h"
 #include "gpu/cuda_status.h"
 #include "gpu/driver_api.h"
 #include "gpu/hash_desc.h"
@@ -155,21 +156,26 @@ absl::Status CudaDevice::LaunchCopy(const CopyDesc* descs, size_t count, uint32_
 
 absl::Status CudaDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
                                           Stream stream, const char* what) {
-  thread_local std::vector<void*> dsts;  // these keep their capacity across calls
+  // One copy per run of adjacent objects, not per object: each copy costs the driver and the
+  // engines microseconds of set-up (copy_runs.h).
+  thread_local std::vector<CopyRun> runs;  // these keep their capacity across calls
+  thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<size_t> sizes;
+  MergeCopyRuns(descs, count, object_len, &runs);
   dsts.clear();
   srcs.clear();
-  for (size_t i = 0; i < count; ++i) {
-    dsts.push_back(descs[i].dst);
-    srcs.push_back(descs[i].src);
+  sizes.clear();
+  for (const CopyRun& r : runs) {
+    dsts.push_back(r.dst);
+    srcs.push_back(r.src);
+    sizes.push_back(r.bytes);
   }
-  sizes.assign(count, object_len);
   cudaMemcpyAttributes attr{};
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
   size_t attr_index = 0;
-  return CudaStatus(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), count, &attr,
+  return CudaStatus(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), runs.size(), &attr,
                                          &attr_index, 1, ToCuda(stream)),
                     what);
 }
@@ -179,8 +185,9 @@ absl::Status CudaDevice::LaunchHash(const HashDesc* descs, size_t count, uint64_
   if (count > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", count, " objects in one launch"));
   }
-  return CudaStatus(
-      LaunchHashObjects(descs, static_cast<uint32_t>(count), DefaultXxh3Secret(), hashes, ToCuda(stream)), what);
+  return CudaStatus(LaunchHashObjects(descs, static_cast<uint32_t>(count), DefaultXxh3Secret(),
+                                      hashes, ToCuda(stream)),
+                    what);
 }
 
 }  // namespace tutti::gpu

@@ -6,8 +6,8 @@
 // cudaEventDisableTiming (kOrder) plus cudaEventBlockingSync (kBlocking); copies are
 // cudaMemcpyAsync / cudaMemcpy2DAsync host to device; the value calls are cuStreamWriteValue32
 // (default flags) and cuStreamWaitValue32 (equal); LaunchCopy is LaunchCopyObjects with the
-// IoStream's CTAs; CopyByCopyEngine is one cudaMemcpyBatchAsync (stream order of sources,
-// cudaMemcpyFlagPreferOverlapWithCompute); pinned buffers are PinnedRegion::Allocate.
+// IoStream's CTAs; CopyByCopyEngine is one cudaMemcpyBatchAsync of the descriptors merged into
+// runs (gpu/copy_runs.h; stream order of sources, cudaMemcpyFlagPreferOverlapWithCompute); pinned buffers are PinnedRegion::Allocate.
 // Errors: CudaStatus / CuStatus of the failed call (gpu/cuda_status.h).
 //
 // Thread-safety: as gpu::Device. Lifetimes: the IoStream must outlive the device.

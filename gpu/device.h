@@ -121,7 +121,9 @@ class Device {
   [[nodiscard]] virtual absl::Status LaunchCopy(const CopyDesc* descs, size_t count,
                                                 uint32_t object_len, Stream stream,
                                                 const char* what) = 0;
-  // The same copies by the copy engines alone (no SM runs), ordered on `stream`.
+  // The same copies by the copy engines alone (no SM runs), ordered on `stream`. Objects adjacent
+  // both where they come from and where they go are copied as one run (gpu/copy_runs.h): no
+  // destination may overlap another descriptor's source or destination.
   [[nodiscard]] virtual absl::Status CopyByCopyEngine(const CopyDesc* descs, size_t count,
                                                       uint32_t object_len, Stream stream,
                                                       const char* what) = 0;

@@ -4,9 +4,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "gpu/copy_runs.h"
 
 namespace tutti::gpu {
 namespace {
@@ -66,6 +68,11 @@ uint64_t HostDevice::kernel_objects() const {
 uint64_t HostDevice::copy_engine_objects() const {
   absl::MutexLock lock(&mu_);
   return copy_engine_objects_;
+}
+
+uint64_t HostDevice::copy_engine_runs() const {
+  absl::MutexLock lock(&mu_);
+  return copy_engine_runs_;
 }
 
 size_t HostDevice::live_allocations() const {
@@ -315,9 +322,13 @@ absl::Status HostDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, u
                                           Stream stream, const char* what) {
   if (absl::Status s = CheckDescs(descs, count, object_len, what); !s.ok()) return s;
   if (absl::Status s = Begin(Op::kCopyByCopyEngine, stream, what); !s.ok()) return s;
-  for (size_t i = 0; i < count; ++i) std::memcpy(descs[i].dst, descs[i].src, object_len);
+  // As CudaDevice does: the copy engines are given runs, not objects.
+  thread_local std::vector<CopyRun> runs;
+  MergeCopyRuns(descs, count, object_len, &runs);
+  for (const CopyRun& r : runs) std::memcpy(r.dst, r.src, r.bytes);
   absl::MutexLock lock(&mu_);
   copy_engine_objects_ += count;
+  copy_engine_runs_ += runs.size();
   return absl::OkStatus();
 }
 

@@ -68,6 +68,8 @@ class HostDevice final : public Device {
   // Descriptors the copy kernel (LaunchCopy) and the copy engines (CopyByCopyEngine) moved.
   uint64_t kernel_objects() const;
   uint64_t copy_engine_objects() const;
+  // The copies CopyByCopyEngine made of them: its descriptors merged into runs (copy_runs.h).
+  uint64_t copy_engine_runs() const;
   // Device allocations and pinned buffers not yet freed (registered host memory not counted).
   size_t live_allocations() const;
   // Treats [p, p + bytes), host memory the caller owns (the store's staging region), as pinned
@@ -160,6 +162,7 @@ class HostDevice final : public Device {
   std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_objects_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_engine_objects_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t copy_engine_runs_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

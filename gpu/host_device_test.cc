@@ -43,6 +43,28 @@ TEST(HostDeviceTest, KernelReadsOnlyDeviceOrPinnedMemory) {
   d.Free(dev);
 }
 
+// The copy engines take runs: objects adjacent on both sides go as one copy, the bytes as given.
+TEST(HostDeviceTest, CopyEnginesMergeAdjacentObjectsIntoRuns) {
+  HostDevice d;
+  uint8_t* dev = d.Allocate(8 * 64, "a").value();
+  auto pinned = d.AllocatePinned(8 * 64).value();
+  uint8_t* host = static_cast<uint8_t*>(pinned->host());
+  for (int i = 0; i < 8 * 64; ++i) host[i] = static_cast<uint8_t>(i);
+  // Objects 2, 0, 1 to device 0, 1, 2 in the wrong order, objects 3 to 5 in place: runs
+  // {0, 1} -> {1, 2}, {2} -> {0} and {3, 4, 5} -> {3, 4, 5}.
+  std::vector<CopyDesc> descs;
+  for (auto [from, to] : {std::pair{4, 4}, {2, 0}, {0, 1}, {1, 2}, {3, 3}, {5, 5}}) {
+    descs.push_back({host + from * 64, dev + to * 64});
+  }
+  ASSERT_TRUE(d.CopyByCopyEngine(descs.data(), descs.size(), 64, d.io_stream(), "ce").ok());
+  EXPECT_EQ(d.copy_engine_objects(), 6u);
+  EXPECT_EQ(d.copy_engine_runs(), 3u);
+  for (const CopyDesc& c : descs) {
+    EXPECT_EQ(std::memcmp(c.dst, c.src, 64), 0);
+  }
+  d.Free(dev);
+}
+
 // The hash kernel: libxxhash's XXH3_64bits_withSeed over device memory, results in pinned memory;
 // host memory it was not given (or registered) and unsupported lengths are misuse.
 TEST(HostDeviceTest, HashKernelHashesDeviceMemoryLikeLibxxhash) {

@@ -13,8 +13,9 @@
 //   kMapped: the copy kernel reads the mapped pinned staging over PCIe (the SMs are busy for the
 //     whole transfer).
 //   kCopyEngine: the copy engines move every object straight from the registered staging into
-//     its block (one cudaMemcpyBatchAsync per layer): no SM works, at about half the bandwidth
-//     alone; for engines that keep every SM busy.
+//     its block (one cudaMemcpyBatchAsync per layer, objects adjacent on both sides merged into
+//     one copy since stop 41): no SM works, at about half the bandwidth alone (measured before
+//     the merging); for engines that keep every SM busy.
 //   kAuto: kStaged while its scatter kernels run at speed. The first round (of 1 MiB or more) of
 //     each staged layer is timed on the GPU (events around its kernel); one that takes over
 //     `auto_slow_factor` times as long as the same kernel of that size on the idle GPU (fitted at

@@ -30,7 +30,6 @@ using Op = HostDevice::Op;
 using store::CaptureOutcome;
 
 constexpr uint32_t kLayers = 4, kParts = 2, kObjects = kLayers * kParts;
-constexpr uint32_t kObjectLen = 2048;  // store::testing::TestNamespace: 16 x 64 x 2 bytes
 constexpr uint32_t kFrame = 4096;
 constexpr uint32_t kEngineBlocks = 64;
 
@@ -41,6 +40,7 @@ uint8_t EngineByte(uint32_t block, uint32_t object, uint32_t i) {
 class StoreChecksumsTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    object_len_ = 16 * 64 * 2 * kv_heads_;
     state_dir_ = store::testing::FreshStateDir("gather_sums");
     auto layout = pool::PoolLayout::Compute(8ull << 20, 2, kFrame, kObjects);
     ASSERT_TRUE(layout.ok()) << layout.status();
@@ -50,11 +50,12 @@ class StoreChecksumsTest : public ::testing::Test {
     auto s = store::BlockStore::Open(options_, io::MemoryBackend::CreateOn(disk_), &clock_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = std::move(s).value();
-    auto ns = store_->RegisterNamespace(store::testing::TestNamespace(kLayers));
+    auto ns = store_->RegisterNamespace(store::testing::TestNamespace(kLayers, kv_heads_));
     ASSERT_TRUE(ns.ok()) << ns.status();
     ns_ = *ns;
     // The engine: separate K and V tensors per layer, in device memory.
-    kv_ = testing::MakeKvLayout(testing::KvFormat::kSeparateKv, kLayers, kEngineBlocks, kObjectLen);
+    kv_ =
+        testing::MakeKvLayout(testing::KvFormat::kSeparateKv, kLayers, kEngineBlocks, object_len_);
     ASSERT_EQ(kv_.layout.placements.size(), kObjects);
     for (uint64_t size : kv_.region_sizes) {
       auto p = device_.Allocate(size, "region");
@@ -66,7 +67,7 @@ class StoreChecksumsTest : public ::testing::Test {
       for (uint32_t j = 0; j < kObjects; ++j) {
         const engine::ObjectPlacement& pl = kv_.layout.placements[j];
         uint8_t* obj = static_cast<uint8_t*>(regions_[pl.region]) + pl.offset + b * pl.block_stride;
-        for (uint32_t i = 0; i < kObjectLen; ++i) obj[i] = EngineByte(b, j, i);
+        for (uint32_t i = 0; i < object_len_; ++i) obj[i] = EngineByte(b, j, i);
       }
     }
     // The store's staging, registered as tuttid registers it (cudaHostRegister).
@@ -95,7 +96,8 @@ class StoreChecksumsTest : public ::testing::Test {
     std::filesystem::remove_all(state_dir_);
   }
 
-  // Captures layers [begin, end) of keys first .. first + n - 1 from engine blocks 2i + 1.
+  // Captures layers [begin, end) of keys first .. first + n - 1 from engine blocks
+  // engine_stride_ * i + 1.
   std::vector<CaptureOutcome> Capture(uint32_t first, uint32_t n, uint32_t begin = 0,
                                       uint32_t end = kLayers, bool wait = true) {
     const std::vector<Key> keys = store::testing::TestKeys(first, n);
@@ -109,7 +111,7 @@ class StoreChecksumsTest : public ::testing::Test {
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? *out : std::vector<CaptureOutcome>();
   }
-  static uint32_t EngineBlock(uint32_t key) { return (2 * key + 1) % kEngineBlocks; }
+  uint32_t EngineBlock(uint32_t key) const { return (engine_stride_ * key + 1) % kEngineBlocks; }
 
   // Every slot header in the pool: each must carry, per object, pool::ObjectChecksum of the bytes
   // in its frame, and those bytes must be the engine block's. Returns how many blocks it checked.
@@ -129,16 +131,16 @@ class StoreChecksumsTest : public ::testing::Test {
       if (key == keys) continue;
       ++found;
       EXPECT_EQ(h->ns, ns_);
-      EXPECT_EQ(h->object_len, kObjectLen);
+      EXPECT_EQ(h->object_len, object_len_);
       EXPECT_EQ(h->checksums.size(), kObjects);
       if (h->checksums.size() != kObjects) continue;
       for (uint32_t j = 0; j < kObjects; ++j) {
         const pool::Location ol = options_.layout.ObjectLocation(slot, j);
-        const std::string bytes = disk_->Peek(ol.file, ol.offset, kObjectLen);
+        const std::string bytes = disk_->Peek(ol.file, ol.offset, object_len_);
         EXPECT_EQ(h->checksums[j],
-                  pool::ObjectChecksum(ns_, h->key, h->epoch, j, bytes.data(), kObjectLen))
+                  pool::ObjectChecksum(ns_, h->key, h->epoch, j, bytes.data(), object_len_))
             << "slot " << slot << " object " << j;
-        for (uint32_t i = 0; check_content && i < kObjectLen; ++i) {
+        for (uint32_t i = 0; check_content && i < object_len_; ++i) {
           if (static_cast<uint8_t>(bytes[i]) != EngineByte(EngineBlock(key), j, i)) {
             ADD_FAILURE() << "slot " << slot << " object " << j << " byte " << i;
             break;
@@ -158,7 +160,7 @@ class StoreChecksumsTest : public ::testing::Test {
       EXPECT_TRUE(got.failed_items.empty()) << "layer " << got.layer;
       for (const engine::CopyOp& op : got.copies) {
         ++objects;
-        for (uint32_t i = 0; i < kObjectLen; ++i) {
+        for (uint32_t i = 0; i < object_len_; ++i) {
           if (op.staging[i] != EngineByte(EngineBlock(op.block), op.object, i)) {
             return absl::InternalError(absl::StrCat("key ", op.block, " object ", op.object));
           }
@@ -171,6 +173,12 @@ class StoreChecksumsTest : public ::testing::Test {
     store_->Unpin(ns_, keys);
   }
 
+  // Set before SetUp (a derived fixture's constructor): the namespace's KV heads, and so each
+  // object's bytes (store::testing::TestNamespace: 16 tokens x 64 x 2 bytes a head), 2 KiB by
+  // default, half a 4 KiB frame.
+  uint32_t kv_heads_ = 1;
+  uint32_t object_len_ = 0;     // SetUp: from kv_heads_
+  uint32_t engine_stride_ = 2;  // engine blocks 1, 3, 5, ...: no two objects adjacent there
   std::string state_dir_;
   store::StoreOptions options_;
   std::shared_ptr<io::MemoryDisk> disk_;
@@ -185,6 +193,26 @@ class StoreChecksumsTest : public ::testing::Test {
   std::unique_ptr<LayerCopier> copier_;
   std::unique_ptr<CudaIpcMemory> memory_;
 };
+
+// Objects that fill their 4 KiB frames, as a Llama-shaped model's 32 KiB objects do.
+class StoreChecksumsFullFramesTest : public StoreChecksumsTest {
+ protected:
+  StoreChecksumsFullFramesTest() { kv_heads_ = 2; }
+};
+
+// Consecutive engine blocks: object j of neighbouring blocks lies side by side in the engine and
+// lands in adjacent staging frames (a run's interleaved frames), so the copy engines get runs of
+// several objects (gpu/copy_runs.h); every byte must still land in its own slot and read back.
+TEST_F(StoreChecksumsFullFramesTest, GatherOfConsecutiveBlocksGoesInRunsAndLandsByteForByte) {
+  engine_stride_ = 1;
+  store_->SetGatherChecksums(true);
+  for (CaptureOutcome o : Capture(0, 16)) EXPECT_EQ(o, CaptureOutcome::kDurable);
+  EXPECT_EQ(device_.copy_engine_objects(), 16u * kObjects);
+  EXPECT_LT(device_.copy_engine_runs(), device_.copy_engine_objects() / 2)
+      << "neighbouring blocks' objects were copied one by one";
+  EXPECT_EQ(CheckHeaders(16), 16u);
+  ExpectServed(16);
+}
 
 TEST_F(StoreChecksumsTest, HeadersCarryTheGathersChecksumsOfTheBytesWritten) {
   store_->SetGatherChecksums(true);
