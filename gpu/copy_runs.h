@@ -5,9 +5,11 @@
 // frames; daemon/store/staging.h InterleavedFrames) moves far faster than 32 copies of 32 KiB.
 //
 // Contract: MergeCopyRuns copies exactly the bytes the descriptors name, each from the same
-// source to the same destination; only how many copies carry them changes. The runs come in
-// ascending source order. It assumes what the copy calls already require: no destination
-// overlaps another copy's source or destination (the copies of one call run in no set order).
+// source to the same destination; only how many copies carry them changes. Descriptors merge only
+// within one group: the caller's way to keep a run inside one allocation on each side (two
+// allocations may lie side by side in the address space, and one copy must not span them). It
+// assumes what the copy calls already require: no destination overlaps another copy's source or
+// destination (the copies of one call run in no set order).
 //
 // Thread-safety: plain functions and data.
 #ifndef TUTTI_GPU_COPY_RUNS_H_
@@ -28,8 +30,9 @@ struct CopyRun {
   size_t bytes;
 };
 
-// Replaces *runs with the `count` copies of `object_len` bytes each of `descs`, merged into runs.
-void MergeCopyRuns(const CopyDesc* descs, size_t count, uint32_t object_len,
+// Replaces *runs with the `count` copies of `object_len` bytes each of `descs`, merged into runs;
+// descs[i] is in group groups[i] (null `groups`: none merge, one run a descriptor).
+void MergeCopyRuns(const CopyDesc* descs, const uint32_t* groups, size_t count, uint32_t object_len,
                    std::vector<CopyRun>* runs);
 
 }  // namespace tutti::gpu

@@ -13,6 +13,12 @@ namespace {
 
 constexpr uint32_t kLen = 64;
 
+// All descriptors in one group.
+void Merge(const std::vector<CopyDesc>& descs, size_t count, std::vector<CopyRun>* runs) {
+  const std::vector<uint32_t> groups(descs.size(), 0);
+  MergeCopyRuns(descs.data(), groups.data(), count, kLen, runs);
+}
+
 // Copies through the runs and through the descriptors one by one into two destinations that
 // start alike: both must end byte for byte the same.
 void ExpectSameBytes(const std::vector<CopyDesc>& descs, const std::vector<CopyRun>& runs,
@@ -37,7 +43,7 @@ TEST(MergeCopyRunsTest, AdjacentOnBothSidesBecomeOneRun) {
   std::vector<CopyDesc> descs;
   for (int i = 0; i < 4; ++i) descs.push_back({src.data() + i * kLen, dst.data() + i * kLen});
   std::vector<CopyRun> runs;
-  MergeCopyRuns(descs.data(), descs.size(), kLen, &runs);
+  Merge(descs, descs.size(), &runs);
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].src, src.data());
   EXPECT_EQ(runs[0].dst, dst.data());
@@ -52,9 +58,34 @@ TEST(MergeCopyRunsTest, AdjacentOnOneSideOnlyStayApart) {
                                  {src.data() + 4 * kLen, dst.data() + 4 * kLen},
                                  {src.data() + 6 * kLen, dst.data() + 5 * kLen}};
   std::vector<CopyRun> runs;
-  MergeCopyRuns(descs.data(), descs.size(), kLen, &runs);
+  Merge(descs, descs.size(), &runs);
   EXPECT_EQ(runs.size(), 4u);
   for (const CopyRun& r : runs) EXPECT_EQ(r.bytes, kLen);
+}
+
+// Adjacent on both sides but in different groups (say two allocations side by side): apart. No
+// groups at all: nothing merges.
+TEST(MergeCopyRunsTest, RunsStayInsideTheirGroup) {
+  std::vector<uint8_t> src(8 * kLen), dst(8 * kLen);
+  std::vector<CopyDesc> descs;
+  for (int i = 0; i < 6; ++i) descs.push_back({src.data() + i * kLen, dst.data() + i * kLen});
+  const std::vector<uint32_t> groups = {7, 7, 7, 2, 2, 7};
+  std::vector<CopyRun> runs;
+  MergeCopyRuns(descs.data(), groups.data(), descs.size(), kLen, &runs);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0].src, src.data() + 3 * kLen);  // group 2 first
+  EXPECT_EQ(runs[0].bytes, 2 * kLen);
+  EXPECT_EQ(runs[1].src, src.data());
+  EXPECT_EQ(runs[1].bytes, 3 * kLen);
+  EXPECT_EQ(runs[2].src, src.data() + 5 * kLen);
+  EXPECT_EQ(runs[2].bytes, kLen);
+  MergeCopyRuns(descs.data(), nullptr, descs.size(), kLen, &runs);
+  ASSERT_EQ(runs.size(), descs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].src, descs[i].src);
+    EXPECT_EQ(runs[i].dst, descs[i].dst);
+    EXPECT_EQ(runs[i].bytes, kLen);
+  }
 }
 
 TEST(MergeCopyRunsTest, OutOfOrderObjectsAreSortedBySourceThenMerged) {
@@ -62,14 +93,14 @@ TEST(MergeCopyRunsTest, OutOfOrderObjectsAreSortedBySourceThenMerged) {
   std::vector<CopyDesc> descs;
   for (int i : {3, 0, 2, 1, 9, 8}) descs.push_back({src.data() + i * kLen, dst.data() + i * kLen});
   std::vector<CopyRun> runs = {{nullptr, nullptr, 1}};  // replaced, not appended to
-  MergeCopyRuns(descs.data(), descs.size(), kLen, &runs);
+  Merge(descs, descs.size(), &runs);
   ASSERT_EQ(runs.size(), 2u);
   EXPECT_EQ(runs[0].src, src.data());
   EXPECT_EQ(runs[0].bytes, 4 * kLen);
   EXPECT_EQ(runs[1].src, src.data() + 8 * kLen);
   EXPECT_EQ(runs[1].dst, dst.data() + 8 * kLen);
   EXPECT_EQ(runs[1].bytes, 2 * kLen);
-  MergeCopyRuns(descs.data(), 0, kLen, &runs);
+  Merge(descs, 0, &runs);
   EXPECT_TRUE(runs.empty());
 }
 
@@ -90,7 +121,7 @@ TEST(MergeCopyRunsTest, GatherOfConsecutiveBlocksIntoInterleavedFrames) {
     }
   }
   std::vector<CopyRun> runs;
-  MergeCopyRuns(descs.data(), descs.size(), kLen, &runs);
+  Merge(descs, descs.size(), &runs);
   EXPECT_EQ(runs.size(), size_t{kObjects * kBlocks / kLanes});
   for (const CopyRun& r : runs) EXPECT_EQ(r.bytes, kLanes * kLen);
   ExpectSameBytes(descs, runs, engine, &staging, &expect);
@@ -116,8 +147,12 @@ TEST(MergeCopyRunsTest, RandomLayoutsCopyTheSameBytes) {
       descs.push_back({src.data() + from[i] * kLen, dst.data() + to[i] * kLen});
     }
     std::shuffle(descs.begin(), descs.end(), rng);
+    std::vector<uint32_t> groups(descs.size(), 0);
+    if (rng() % 2) {
+      for (uint32_t& g : groups) g = rng() % 3;
+    }
     std::vector<CopyRun> runs;
-    MergeCopyRuns(descs.data(), descs.size(), kLen, &runs);
+    MergeCopyRuns(descs.data(), groups.data(), descs.size(), kLen, &runs);
     size_t bytes = 0;
     for (const CopyRun& r : runs) bytes += r.bytes;
     ASSERT_EQ(bytes, m * size_t{kLen});

@@ -154,15 +154,16 @@ absl::Status CudaDevice::LaunchCopy(const CopyDesc* descs, size_t count, uint32_
   return CudaStatus(LaunchCopyObjects(descs, count, object_len, io_->ctas(), ToCuda(stream)), what);
 }
 
-absl::Status CudaDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
-                                          Stream stream, const char* what) {
+absl::Status CudaDevice::CopyByCopyEngine(const CopyDesc* descs, const uint32_t* groups,
+                                          size_t count, uint32_t object_len, Stream stream,
+                                          const char* what) {
   // One copy per run of adjacent objects, not per object: each copy costs the driver and the
   // engines microseconds of set-up (copy_runs.h).
   thread_local std::vector<CopyRun> runs;  // these keep their capacity across calls
   thread_local std::vector<void*> dsts;
   thread_local std::vector<const void*> srcs;
   thread_local std::vector<size_t> sizes;
-  MergeCopyRuns(descs, count, object_len, &runs);
+  MergeCopyRuns(descs, groups, count, object_len, &runs);
   dsts.clear();
   srcs.clear();
   sizes.clear();

@@ -71,8 +71,8 @@ class CudaDevice final : public Device {
                            const char* what) override;
   absl::Status LaunchCopy(const CopyDesc* descs, size_t count, uint32_t object_len, Stream stream,
                           const char* what) override;
-  absl::Status CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
-                                Stream stream, const char* what) override;
+  absl::Status CopyByCopyEngine(const CopyDesc* descs, const uint32_t* groups, size_t count,
+                                uint32_t object_len, Stream stream, const char* what) override;
   absl::Status LaunchHash(const HashDesc* descs, size_t count, uint64_t* hashes, Stream stream,
                           const char* what) override;
 

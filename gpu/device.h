@@ -121,12 +121,14 @@ class Device {
   [[nodiscard]] virtual absl::Status LaunchCopy(const CopyDesc* descs, size_t count,
                                                 uint32_t object_len, Stream stream,
                                                 const char* what) = 0;
-  // The same copies by the copy engines alone (no SM runs), ordered on `stream`. Objects adjacent
-  // both where they come from and where they go are copied as one run (gpu/copy_runs.h): no
-  // destination may overlap another descriptor's source or destination.
-  [[nodiscard]] virtual absl::Status CopyByCopyEngine(const CopyDesc* descs, size_t count,
-                                                      uint32_t object_len, Stream stream,
-                                                      const char* what) = 0;
+  // The same copies by the copy engines alone (no SM runs), ordered on `stream`. Objects of one
+  // group (groups[i] for descs[i]) adjacent both where they come from and where they go are
+  // copied as one run (gpu/copy_runs.h), so a group must lie in one allocation on each side; null
+  // `groups`: one copy an object. No destination may overlap another descriptor's source or
+  // destination.
+  [[nodiscard]] virtual absl::Status CopyByCopyEngine(const CopyDesc* descs, const uint32_t* groups,
+                                                      size_t count, uint32_t object_len,
+                                                      Stream stream, const char* what) = 0;
   // The hash kernel (gpu/hash_kernel.h) on `stream`: hashes[i] = XXH3_64bits_withSeed(
   // descs[i].data, descs[i].len, descs[i].seed) for i < count, with XXH3's default secret.
   // `descs` and `hashes` are device-addressable (device or pinned memory) and stay valid until

@@ -318,13 +318,22 @@ absl::Status HostDevice::LaunchCopy(const CopyDesc* descs, size_t count, uint32_
   return absl::OkStatus();
 }
 
-absl::Status HostDevice::CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
-                                          Stream stream, const char* what) {
+absl::Status HostDevice::CopyByCopyEngine(const CopyDesc* descs, const uint32_t* groups,
+                                          size_t count, uint32_t object_len, Stream stream,
+                                          const char* what) {
   if (absl::Status s = CheckDescs(descs, count, object_len, what); !s.ok()) return s;
-  if (absl::Status s = Begin(Op::kCopyByCopyEngine, stream, what); !s.ok()) return s;
-  // As CudaDevice does: the copy engines are given runs, not objects.
+  // As CudaDevice does: the copy engines are given runs, not objects; a run across two
+  // allocations (groups that do not keep to one) is misuse, as a GPU copy over it would be.
   thread_local std::vector<CopyRun> runs;
-  MergeCopyRuns(descs, count, object_len, &runs);
+  MergeCopyRuns(descs, groups, count, object_len, &runs);
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const CopyRun& r : runs) {
+      if (absl::Status s = CheckRange(r.src, r.bytes, true, what); !s.ok()) return s;
+      if (absl::Status s = CheckRange(r.dst, r.bytes, true, what); !s.ok()) return s;
+    }
+  }
+  if (absl::Status s = Begin(Op::kCopyByCopyEngine, stream, what); !s.ok()) return s;
   for (const CopyRun& r : runs) std::memcpy(r.dst, r.src, r.bytes);
   absl::MutexLock lock(&mu_);
   copy_engine_objects_ += count;

@@ -113,8 +113,8 @@ class HostDevice final : public Device {
                            const char* what) override;
   absl::Status LaunchCopy(const CopyDesc* descs, size_t count, uint32_t object_len, Stream stream,
                           const char* what) override;
-  absl::Status CopyByCopyEngine(const CopyDesc* descs, size_t count, uint32_t object_len,
-                                Stream stream, const char* what) override;
+  absl::Status CopyByCopyEngine(const CopyDesc* descs, const uint32_t* groups, size_t count,
+                                uint32_t object_len, Stream stream, const char* what) override;
   // XXH3_64bits_withSeed (libxxhash) over each descriptor's bytes, which must lie in device
   // memory (the kernel hashes engine objects there); `descs` and `hashes` in device or pinned
   // memory. An unsupported length is misuse too.

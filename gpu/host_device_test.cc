@@ -56,7 +56,9 @@ TEST(HostDeviceTest, CopyEnginesMergeAdjacentObjectsIntoRuns) {
   for (auto [from, to] : {std::pair{4, 4}, {2, 0}, {0, 1}, {1, 2}, {3, 3}, {5, 5}}) {
     descs.push_back({host + from * 64, dev + to * 64});
   }
-  ASSERT_TRUE(d.CopyByCopyEngine(descs.data(), descs.size(), 64, d.io_stream(), "ce").ok());
+  const std::vector<uint32_t> groups(descs.size(), 0);  // one allocation on each side
+  ASSERT_TRUE(
+      d.CopyByCopyEngine(descs.data(), groups.data(), descs.size(), 64, d.io_stream(), "ce").ok());
   EXPECT_EQ(d.copy_engine_objects(), 6u);
   EXPECT_EQ(d.copy_engine_runs(), 3u);
   for (const CopyDesc& c : descs) {

@@ -36,13 +36,14 @@ absl::StatusOr<StagingMap> StagingMap::Create(absl::Span<const StagingRegion> re
   return map;
 }
 
-uint8_t* StagingMap::ToDevice(const uint8_t* host, uint64_t len) const {
+uint8_t* StagingMap::ToDevice(const uint8_t* host, uint64_t len, uint32_t* region) const {
   auto it = std::upper_bound(regions_.begin(), regions_.end(), host,
                              [](const uint8_t* h, const StagingRegion& r) { return h < r.host; });
   if (it == regions_.begin()) return nullptr;
   const StagingRegion& r = *(it - 1);
   const uint64_t off = static_cast<uint64_t>(host - r.host);
   if (off > r.len || len > r.len - off) return nullptr;
+  if (region != nullptr) *region = static_cast<uint32_t>(it - 1 - regions_.begin());
   return r.device + off;
 }
 

@@ -29,8 +29,9 @@ class StagingMap {
   StagingMap() = default;
 
   // The device address of [host, host + len), or nullptr when that range is not wholly inside
-  // one region. O(log regions).
-  uint8_t* ToDevice(const uint8_t* host, uint64_t len) const;
+  // one region. With `region`, also which region holds it (an index in host address order).
+  // O(log regions).
+  uint8_t* ToDevice(const uint8_t* host, uint64_t len, uint32_t* region = nullptr) const;
 
  private:
   std::vector<StagingRegion> regions_;  // sorted by host address

@@ -116,12 +116,13 @@ absl::Status CudaIpcMemory::EnqueueGatherByCopyEngine(absl::Span<const engine::C
 
 absl::Status CudaIpcMemory::EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops,
                                                 CopyDirection direction) {
-  thread_local std::vector<CopyDesc> descs;  // keeps its capacity: no allocation per call
-  RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs));
+  thread_local std::vector<CopyDesc> descs;  // these keep their capacity: no allocation per call
+  thread_local std::vector<uint32_t> groups;
+  RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs, &groups));
   if (descs.empty()) return absl::OkStatus();
   absl::MutexLock lock(&device_->io_mutex());
   return device_->CopyByCopyEngine(
-      descs.data(), descs.size(), layout_.object_len, device_->io_stream(),
+      descs.data(), groups.data(), descs.size(), layout_.object_len, device_->io_stream(),
       direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
                                             : "cudaMemcpyBatchAsync(gather)");
 }

@@ -10,6 +10,9 @@ namespace {
 
 bool Aligned(uint64_t v) { return v % kCopyAlign == 0; }
 
+// BuildCopyDescs' groups: this bit and the descriptor's index, for one that merges with none.
+constexpr uint32_t kOwnGroup = 0x80000000u;
+
 }  // namespace
 
 absl::Status ValidateLayout(const EngineLayout& layout, const std::vector<uint64_t>& region_sizes) {
@@ -41,9 +44,11 @@ uint8_t* EngineObjectAddress(const EngineLayout& layout, absl::Span<uint8_t* con
 
 absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLayout& layout,
                             absl::Span<uint8_t* const> region_bases, const StagingMap& staging,
-                            CopyDirection direction, std::vector<CopyDesc>* out) {
+                            CopyDirection direction, std::vector<CopyDesc>* out,
+                            std::vector<uint32_t>* groups) {
   out->clear();
   out->reserve(ops.size());
+  if (groups != nullptr) groups->clear();
   const uint32_t len = layout.object_len;
   for (size_t i = 0; i < ops.size(); ++i) {
     const engine::CopyOp& op = ops[i];
@@ -58,9 +63,11 @@ absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLa
         return absl::InvalidArgumentError(absl::StrCat("op ", i, ": device copy unaligned"));
       }
       out->push_back(CopyDesc{op.device_copy, engine});
+      if (groups != nullptr) groups->push_back(kOwnGroup | static_cast<uint32_t>(i));
       continue;
     }
-    uint8_t* stage = staging.ToDevice(op.staging, len);
+    uint32_t staging_region = 0;
+    uint8_t* stage = staging.ToDevice(op.staging, len, &staging_region);
     if (stage == nullptr || !Aligned(reinterpret_cast<uintptr_t>(stage))) {
       return absl::InvalidArgumentError(
           absl::StrCat("op ", i, ": staging address outside registered staging or unaligned"));
@@ -69,6 +76,14 @@ absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLa
       out->push_back(CopyDesc{stage, engine});
     } else {
       out->push_back(CopyDesc{engine, stage});
+    }
+    if (groups != nullptr) {
+      // Engine regions (two a layer at most) and staging regions (a few) stay far below these
+      // bounds; past them a descriptor gets a group of its own, which only forgoes merging.
+      const uint32_t region = layout.placements[op.object].region;
+      groups->push_back(region < 0x8000 && staging_region < 0x10000
+                            ? region << 16 | staging_region
+                            : kOwnGroup | static_cast<uint32_t>(i));
     }
   }
   return absl::OkStatus();

@@ -47,13 +47,16 @@ enum class CopyDirection { kToEngine, kFromEngine };
 
 // Fills `out` (cleared first; its capacity is kept across calls) with one descriptor per op:
 // staging -> engine object for kToEngine (Scatter; from op.device_copy where it is set), the
-// reverse for kFromEngine (Gather).
+// reverse for kFromEngine (Gather). With `groups`, also one group per descriptor for
+// Device::CopyByCopyEngine: descriptors share a group only when they lie in the same engine region
+// and the same staging region (each one from a device copy has a group of its own).
 // `region_bases` are the device addresses of the layout's regions. INVALID_ARGUMENT naming the op
 // if a block or object index is out of range or its staging range is outside `staging` or
 // unaligned. Preconditions: ValidateLayout(layout, sizes of the regions) succeeded.
 absl::Status BuildCopyDescs(absl::Span<const engine::CopyOp> ops, const EngineLayout& layout,
                             absl::Span<uint8_t* const> region_bases, const StagingMap& staging,
-                            CopyDirection direction, std::vector<CopyDesc>* out);
+                            CopyDirection direction, std::vector<CopyDesc>* out,
+                            std::vector<uint32_t>* groups = nullptr);
 
 }  // namespace tutti::gpu
 

@@ -121,6 +121,43 @@ TEST(BuildCopyDescsTest, ScattersReadDeviceCopiesInPlace) {
       << "an unaligned device copy";
 }
 
+// Groups for the copy engines' runs: one engine region and one staging region each, so no run
+// spans two allocations even where they lie side by side (here the two staging regions do, and
+// layer 0's region ends where layer 1's begins); a device copy merges with nothing.
+TEST(BuildCopyDescsTest, GroupsKeepToOneEngineRegionAndOneStagingRegion) {
+  constexpr uint32_t kObj = 4096;
+  testing::KvLayout kv = MakeKvLayout(KvFormat::kMla, 2, 4, kObj);
+  std::vector<uint8_t*> bases = {Addr(1ull << 32), Addr((1ull << 32) + 4 * kObj)};
+  StagingMap map = *StagingMap::Create(
+      {{Addr(0x100000), 2 * kObj, Addr(0x900000)}, {Addr(0x102000), 2 * kObj, Addr(0x902000)}});
+  std::vector<engine::CopyOp> ops = {{0, 0, Addr(0x100000)},  // region 0, staging 0
+                                     {1, 0, Addr(0x101000)},  // region 0, staging 0
+                                     {2, 0, Addr(0x102000)},  // region 0, staging 1
+                                     {0, 1, Addr(0x103000)},  // region 1, staging 1
+                                     {1, 1, Addr(0x100000), Addr(0x7000000)},   // device copy
+                                     {2, 1, Addr(0x100000), Addr(0x7001000)}};  // device copy
+  std::vector<CopyDesc> descs;
+  std::vector<uint32_t> groups;
+  ASSERT_TRUE(
+      BuildCopyDescs(ops, kv.layout, bases, map, CopyDirection::kToEngine, &descs, &groups).ok());
+  ASSERT_EQ(groups.size(), ops.size());
+  EXPECT_EQ(groups[0], groups[1]);
+  EXPECT_NE(groups[1], groups[2]) << "staging regions side by side";
+  EXPECT_NE(groups[2], groups[3]) << "engine regions side by side";
+  for (uint32_t i = 0; i < 4; ++i) {
+    EXPECT_NE(groups[i], groups[4]);
+    EXPECT_NE(groups[i], groups[5]);
+  }
+  EXPECT_NE(groups[4], groups[5]);
+  // A gather's groups the same way; without `groups` nothing else changes.
+  std::vector<uint32_t> gather_groups;
+  ops.resize(4);
+  ASSERT_TRUE(
+      BuildCopyDescs(ops, kv.layout, bases, map, CopyDirection::kFromEngine, &descs, &gather_groups)
+          .ok());
+  EXPECT_EQ(gather_groups, std::vector<uint32_t>(groups.begin(), groups.begin() + 4));
+}
+
 TEST(BuildCopyDescsTest, RejectsOutOfRangeOpsAndStaging) {
   testing::KvLayout kv = MakeKvLayout(KvFormat::kFusedKv, 2, 10, 4096);
   std::vector<uint8_t*> bases = {Addr(1ull << 32), Addr(2ull << 32)};
