@@ -100,8 +100,7 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   for (const engine::CopyOp& op : ops) originals.emplace_back(op.staging, op.staging + kObj);
   uint8_t* device_copies = nullptr;
   if (c.device_copies) {
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_copies), ops.size() * kObj),
-              cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_copies), ops.size() * kObj), cudaSuccess);
     for (size_t i = 0; i < ops.size(); i += 2) {
       uint8_t* d = device_copies + i * kObj;
       ASSERT_EQ(cudaMemcpy(d, ops[i].staging, kObj, cudaMemcpyHostToDevice), cudaSuccess);
@@ -167,56 +166,69 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   cudaFree(device_copies);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
-                         ::testing::Values(Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
-                                           // 2 MiB slots: 5.3 MiB of objects take three rounds.
-                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
-                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
-                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
-                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
-                                           Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
-                                           // DRAM-tier chunks: 2D copies in 1 MiB rounds, and
-                                           // the same with one copy per run.
-                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
-                                                true, 1ull << 20, true},
-                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
-                                                true, 1ull << 20, false},
-                                           Case{LayerCopier::Mode::kStaged, true, 128ull << 20, 4,
-                                                true, 0, true},
-                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
-                                                true, 1ull << 20, true, true},
-                                           Case{LayerCopier::Mode::kMapped, false, 128ull << 20},
-                                           Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20},
-                                           Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20},
-                                           // kAuto at speed stays staged; "slow" switches.
-                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20},
-                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
-                                                false, 0, true, false, 0},
-                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
-                                                true, 1ull << 20, true, true, 0},
-                                           // Device copies beside host staging, in each way.
-                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
-                                                false, 0, true, true, 4, true},
-                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4,
-                                                false, 0, true, false, 4, true},
-                                           Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20,
-                                                4, false, 0, true, false, 4, true},
-                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
-                                                false, 0, true, true, 4, true}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return std::string(LayerCopier::ModeName(info.param.mode)) +
-                                  (info.param.registered ? "_pinned" : "_heap") + "_" +
-                                  std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
-                                  std::to_string(info.param.bounce_threads) +
-                                  (info.param.chunked ? "_chunked" : "") +
-                                  (info.param.round_bytes > 0
-                                       ? "_round" + std::to_string(info.param.round_bytes >> 10) + "k"
-                                       : "") +
-                                  (info.param.strided ? "" : "_unstrided") +
-                                  (info.param.overlap ? "_overlap" : "") +
-                                  (info.param.auto_slow < 1 ? "_slow" : "") +
-                                  (info.param.device_copies ? "_devcopies" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, LayerCopierTest,
+    ::testing::Values(
+        Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
+        // 2 MiB slots: 5.3 MiB of objects take three rounds.
+        Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
+        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
+        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
+        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
+        Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
+        // DRAM-tier chunks: 2D copies in 1 MiB rounds, and
+        // the same with one copy per run.
+        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, true, 1ull << 20, true},
+        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, true, 1ull << 20, false},
+        Case{LayerCopier::Mode::kStaged, true, 128ull << 20, 4, true, 0, true},
+        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, true, 1ull << 20, true, true},
+        Case{LayerCopier::Mode::kMapped, false, 128ull << 20},
+        Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20},
+        Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20},
+        // kAuto at speed stays staged; "slow" switches.
+        Case{LayerCopier::Mode::kAuto, true, 8ull << 20},
+        Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4, false, 0, true, false, 0},
+        Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4, true, 1ull << 20, true, true, 0},
+        // Device copies beside host staging, in each way.
+        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, false, 0, true, true, 4, true},
+        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4, false, 0, true, false, 4, true},
+        Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20, 4, false, 0, true, false, 4, true},
+        Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4, false, 0, true, true, 4, true}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return std::string(LayerCopier::ModeName(info.param.mode)) +
+             (info.param.registered ? "_pinned" : "_heap") + "_" +
+             std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
+             std::to_string(info.param.bounce_threads) + (info.param.chunked ? "_chunked" : "") +
+             (info.param.round_bytes > 0
+                  ? "_round" + std::to_string(info.param.round_bytes >> 10) + "k"
+                  : "") +
+             (info.param.strided ? "" : "_unstrided") + (info.param.overlap ? "_overlap" : "") +
+             (info.param.auto_slow < 1 ? "_slow" : "") +
+             (info.param.device_copies ? "_devcopies" : "");
+    });
+
+// The engine's regions of `kv` in device memory: object `obj` of every block b filled with
+// testing::FillObject(9, b, obj), the rest kPoison.
+void AllocateFilled(const testing::KvLayout& kv, std::vector<void*>* regions,
+                    std::vector<LocalRegion>* local) {
+  const uint32_t num_blocks = kv.layout.num_blocks, len = kv.layout.object_len;
+  for (uint32_t r = 0; r < kv.region_sizes.size(); ++r) {
+    std::vector<uint8_t> image(kv.region_sizes[r], kPoison);
+    for (uint32_t obj = 0; obj < kv.layout.placements.size(); ++obj) {
+      const engine::ObjectPlacement& pl = kv.layout.placements[obj];
+      if (pl.region != r) continue;
+      for (uint32_t b = 0; b < num_blocks; ++b) {
+        testing::FillObject(9, b, obj, image.data() + pl.offset + uint64_t{b} * pl.block_stride,
+                            len);
+      }
+    }
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, image.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(p, image.data(), image.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    regions->push_back(p);
+    local->push_back({p, image.size()});
+  }
+}
 
 struct GatherCase {
   LayerCopier::Mode mode;
@@ -236,22 +248,7 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
   ASSERT_TRUE(io.ok()) << io.status();
   std::vector<void*> regions;
   std::vector<LocalRegion> local;
-  for (uint32_t r = 0; r < kv.region_sizes.size(); ++r) {
-    std::vector<uint8_t> image(kv.region_sizes[r], kPoison);
-    for (uint32_t obj = 0; obj < kv.layout.placements.size(); ++obj) {
-      const engine::ObjectPlacement& pl = kv.layout.placements[obj];
-      if (pl.region != r) continue;
-      for (uint32_t b = 0; b < kBlocks; ++b) {
-        testing::FillObject(9, b, obj, image.data() + pl.offset + uint64_t{b} * pl.block_stride,
-                            kObj);
-      }
-    }
-    void* p = nullptr;
-    ASSERT_EQ(cudaMalloc(&p, image.size()), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(p, image.data(), image.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    regions.push_back(p);
-    local.push_back({p, image.size()});
-  }
+  AllocateFilled(kv, &regions, &local);
   const std::vector<uint32_t> blocks = testing::RandomBlocks(5, kUsed, kBlocks);
   auto pinned = PinnedRegion::Allocate(uint64_t{kUsed} * kLayers * 2 * kObj);
   ASSERT_TRUE(pinned.ok()) << pinned.status();
@@ -291,6 +288,46 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
   EXPECT_EQ((*copier)->counters().copy_engine_gathers, c.expect_copy_engine_gathers);
   EXPECT_EQ((*copier)->counters().summed_objects, ops.size());
   EXPECT_EQ((*copier)->counters().sum_failures, 0u);
+  mem->reset();
+  for (void* p : regions) cudaFree(p);
+}
+
+// By the copy engines, every block in order into staging where object j of consecutive blocks
+// lies side by side (as a store's interleaved frames hold them): the copies go in runs
+// (gpu/copy_runs.h), each inside one engine region (one cudaMalloc a layer here, which may lie
+// side by side), and every byte lands where its op says.
+TEST(LayerCopierGatherRunsTest, ConsecutiveBlocksGatherInRunsExactly) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  constexpr uint32_t kLayers = 3, kBlocks = 64, kObj = 32 * 1024, kObjects = kLayers * 2;
+  const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kFusedKv, kLayers, kBlocks, kObj);
+  auto io = IoStream::Create({0, 8, 0});
+  ASSERT_TRUE(io.ok()) << io.status();
+  std::vector<void*> regions;
+  std::vector<LocalRegion> local;
+  AllocateFilled(kv, &regions, &local);
+  auto pinned = PinnedRegion::Allocate(uint64_t{kBlocks} * kObjects * kObj);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  std::vector<engine::CopyOp> ops;  // block-major, as a store gives them
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    for (uint32_t obj = 0; obj < kObjects; ++obj) {
+      ops.push_back({b, obj, (*pinned)->host() + (uint64_t{obj} * kBlocks + b) * kObj});
+    }
+  }
+  auto copier = LayerCopier::Create({LayerCopier::Mode::kCopyEngine, 8ull << 20}, io->get(),
+                                    {(*pinned)->staging()});
+  ASSERT_TRUE(copier.ok()) << copier.status();
+  auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  std::memset((*pinned)->host(), 0, uint64_t{kBlocks} * kObjects * kObj);
+  ASSERT_TRUE((*copier)->Gather(mem->get(), ops).ok());
+  std::vector<uint8_t> want(kObj);
+  uint32_t wrong = 0;
+  for (const engine::CopyOp& op : ops) {
+    testing::FillObject(9, op.block, op.object, want.data(), kObj);
+    if (std::memcmp(op.staging, want.data(), kObj) != 0) ++wrong;
+  }
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ((*copier)->counters().copy_engine_gathers, 1u);
   mem->reset();
   for (void* p : regions) cudaFree(p);
 }
@@ -357,7 +394,7 @@ TEST_P(LayerCopierErrorTest, ErrorReturnsOnlyOnceQueuedCopiesHaveReadTheStaging)
   const uint32_t word = c.bad_word ? kLayers + 5 : kLayer;
   absl::Status s = (*copier)->ScatterLayer(mem->get(), ops, words->get(), word, 9, c.wait);
   const cudaError_t busy = cudaStreamQuery((*io)->stream());  // at once, before anything else
-  std::memset((*pinned)->host(), 0xee, staging_bytes);  // the store reuses the staging
+  std::memset((*pinned)->host(), 0xee, staging_bytes);        // the store reuses the staging
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(busy, cudaSuccess) << "ScatterLayer returned an error with copies still queued: "
                                << cudaGetErrorName(busy);
@@ -381,15 +418,14 @@ TEST_P(LayerCopierErrorTest, ErrorReturnsOnlyOnceQueuedCopiesHaveReadTheStaging)
 
 INSTANTIATE_TEST_SUITE_P(
     ErrorPaths, LayerCopierErrorTest,
-    ::testing::Values(
-        ErrorCase{"staged_bad_word", LayerCopier::Mode::kStaged, LayerCopier::Wait::kLanded, true,
-                  true},
-        ErrorCase{"staged_bad_word_overlapped", LayerCopier::Mode::kStaged,
-                  LayerCopier::Wait::kPrevious, true, true},
-        ErrorCase{"copy_engine_bad_word", LayerCopier::Mode::kCopyEngine,
-                  LayerCopier::Wait::kLanded, true, true},
-        ErrorCase{"staged_scatter_fails_after_copy_in", LayerCopier::Mode::kStaged,
-                  LayerCopier::Wait::kLanded, false, false}),
+    ::testing::Values(ErrorCase{"staged_bad_word", LayerCopier::Mode::kStaged,
+                                LayerCopier::Wait::kLanded, true, true},
+                      ErrorCase{"staged_bad_word_overlapped", LayerCopier::Mode::kStaged,
+                                LayerCopier::Wait::kPrevious, true, true},
+                      ErrorCase{"copy_engine_bad_word", LayerCopier::Mode::kCopyEngine,
+                                LayerCopier::Wait::kLanded, true, true},
+                      ErrorCase{"staged_scatter_fails_after_copy_in", LayerCopier::Mode::kStaged,
+                                LayerCopier::Wait::kLanded, false, false}),
     [](const ::testing::TestParamInfo<ErrorCase>& info) { return std::string(info.param.name); });
 
 // Runs without a GPU: the names gpu.scatter takes (config/config.cc checks the same four).
