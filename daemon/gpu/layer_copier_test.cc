@@ -100,7 +100,8 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   for (const engine::CopyOp& op : ops) originals.emplace_back(op.staging, op.staging + kObj);
   uint8_t* device_copies = nullptr;
   if (c.device_copies) {
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_copies), ops.size() * kObj), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_copies), ops.size() * kObj),
+              cudaSuccess);
     for (size_t i = 0; i < ops.size(); i += 2) {
       uint8_t* d = device_copies + i * kObj;
       ASSERT_EQ(cudaMemcpy(d, ops[i].staging, kObj, cudaMemcpyHostToDevice), cudaSuccess);
@@ -166,46 +167,56 @@ TEST_P(LayerCopierTest, ScattersLayerExactlyAndSignals) {
   cudaFree(device_copies);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Modes, LayerCopierTest,
-    ::testing::Values(
-        Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
-        // 2 MiB slots: 5.3 MiB of objects take three rounds.
-        Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
-        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
-        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
-        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
-        Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
-        // DRAM-tier chunks: 2D copies in 1 MiB rounds, and
-        // the same with one copy per run.
-        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, true, 1ull << 20, true},
-        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, true, 1ull << 20, false},
-        Case{LayerCopier::Mode::kStaged, true, 128ull << 20, 4, true, 0, true},
-        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, true, 1ull << 20, true, true},
-        Case{LayerCopier::Mode::kMapped, false, 128ull << 20},
-        Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20},
-        Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20},
-        // kAuto at speed stays staged; "slow" switches.
-        Case{LayerCopier::Mode::kAuto, true, 8ull << 20},
-        Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4, false, 0, true, false, 0},
-        Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4, true, 1ull << 20, true, true, 0},
-        // Device copies beside host staging, in each way.
-        Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4, false, 0, true, true, 4, true},
-        Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4, false, 0, true, false, 4, true},
-        Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20, 4, false, 0, true, false, 4, true},
-        Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4, false, 0, true, true, 4, true}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return std::string(LayerCopier::ModeName(info.param.mode)) +
-             (info.param.registered ? "_pinned" : "_heap") + "_" +
-             std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
-             std::to_string(info.param.bounce_threads) + (info.param.chunked ? "_chunked" : "") +
-             (info.param.round_bytes > 0
-                  ? "_round" + std::to_string(info.param.round_bytes >> 10) + "k"
-                  : "") +
-             (info.param.strided ? "" : "_unstrided") + (info.param.overlap ? "_overlap" : "") +
-             (info.param.auto_slow < 1 ? "_slow" : "") +
-             (info.param.device_copies ? "_devcopies" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierTest,
+                         ::testing::Values(Case{LayerCopier::Mode::kStaged, true, 128ull << 20},
+                                           // 2 MiB slots: 5.3 MiB of objects take three rounds.
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 1},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 0},
+                                           Case{LayerCopier::Mode::kMapped, true, 8ull << 20},
+                                           // DRAM-tier chunks: 2D copies in 1 MiB rounds, and
+                                           // the same with one copy per run.
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                true, 1ull << 20, true},
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                true, 1ull << 20, false},
+                                           Case{LayerCopier::Mode::kStaged, true, 128ull << 20, 4,
+                                                true, 0, true},
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                true, 1ull << 20, true, true},
+                                           Case{LayerCopier::Mode::kMapped, false, 128ull << 20},
+                                           Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kCopyEngine, false, 8ull << 20},
+                                           // kAuto at speed stays staged; "slow" switches.
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20},
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
+                                                false, 0, true, false, 0},
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
+                                                true, 1ull << 20, true, true, 0},
+                                           // Device copies beside host staging, in each way.
+                                           Case{LayerCopier::Mode::kStaged, true, 8ull << 20, 4,
+                                                false, 0, true, true, 4, true},
+                                           Case{LayerCopier::Mode::kStaged, false, 8ull << 20, 4,
+                                                false, 0, true, false, 4, true},
+                                           Case{LayerCopier::Mode::kCopyEngine, true, 8ull << 20,
+                                                4, false, 0, true, false, 4, true},
+                                           Case{LayerCopier::Mode::kAuto, true, 8ull << 20, 4,
+                                                false, 0, true, true, 4, true}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(LayerCopier::ModeName(info.param.mode)) +
+                                  (info.param.registered ? "_pinned" : "_heap") + "_" +
+                                  std::to_string(info.param.gpu_bytes >> 20) + "MiB_bounce" +
+                                  std::to_string(info.param.bounce_threads) +
+                                  (info.param.chunked ? "_chunked" : "") +
+                                  (info.param.round_bytes > 0
+                                       ? "_round" + std::to_string(info.param.round_bytes >> 10) + "k"
+                                       : "") +
+                                  (info.param.strided ? "" : "_unstrided") +
+                                  (info.param.overlap ? "_overlap" : "") +
+                                  (info.param.auto_slow < 1 ? "_slow" : "") +
+                                  (info.param.device_copies ? "_devcopies" : "");
+                         });
 
 // The engine's regions of `kv` in device memory: object `obj` of every block b filled with
 // testing::FillObject(9, b, obj), the rest kPoison.
@@ -394,7 +405,7 @@ TEST_P(LayerCopierErrorTest, ErrorReturnsOnlyOnceQueuedCopiesHaveReadTheStaging)
   const uint32_t word = c.bad_word ? kLayers + 5 : kLayer;
   absl::Status s = (*copier)->ScatterLayer(mem->get(), ops, words->get(), word, 9, c.wait);
   const cudaError_t busy = cudaStreamQuery((*io)->stream());  // at once, before anything else
-  std::memset((*pinned)->host(), 0xee, staging_bytes);        // the store reuses the staging
+  std::memset((*pinned)->host(), 0xee, staging_bytes);  // the store reuses the staging
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(busy, cudaSuccess) << "ScatterLayer returned an error with copies still queued: "
                                << cudaGetErrorName(busy);
@@ -418,14 +429,15 @@ TEST_P(LayerCopierErrorTest, ErrorReturnsOnlyOnceQueuedCopiesHaveReadTheStaging)
 
 INSTANTIATE_TEST_SUITE_P(
     ErrorPaths, LayerCopierErrorTest,
-    ::testing::Values(ErrorCase{"staged_bad_word", LayerCopier::Mode::kStaged,
-                                LayerCopier::Wait::kLanded, true, true},
-                      ErrorCase{"staged_bad_word_overlapped", LayerCopier::Mode::kStaged,
-                                LayerCopier::Wait::kPrevious, true, true},
-                      ErrorCase{"copy_engine_bad_word", LayerCopier::Mode::kCopyEngine,
-                                LayerCopier::Wait::kLanded, true, true},
-                      ErrorCase{"staged_scatter_fails_after_copy_in", LayerCopier::Mode::kStaged,
-                                LayerCopier::Wait::kLanded, false, false}),
+    ::testing::Values(
+        ErrorCase{"staged_bad_word", LayerCopier::Mode::kStaged, LayerCopier::Wait::kLanded, true,
+                  true},
+        ErrorCase{"staged_bad_word_overlapped", LayerCopier::Mode::kStaged,
+                  LayerCopier::Wait::kPrevious, true, true},
+        ErrorCase{"copy_engine_bad_word", LayerCopier::Mode::kCopyEngine,
+                  LayerCopier::Wait::kLanded, true, true},
+        ErrorCase{"staged_scatter_fails_after_copy_in", LayerCopier::Mode::kStaged,
+                  LayerCopier::Wait::kLanded, false, false}),
     [](const ::testing::TestParamInfo<ErrorCase>& info) { return std::string(info.param.name); });
 
 // Runs without a GPU: the names gpu.scatter takes (config/config.cc checks the same four).
