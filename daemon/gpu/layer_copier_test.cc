@@ -244,12 +244,17 @@ void AllocateFilled(const testing::KvLayout& kv, std::vector<void*>* regions,
 struct GatherCase {
   LayerCopier::Mode mode;
   uint64_t expect_copy_engine_gathers;
+  // The first kUsed blocks in order, object j of consecutive blocks side by side in staging (as
+  // a store's interleaved frames hold them): the copy engines' copies go in runs
+  // (gpu/copy_runs.h), each inside one engine region (one cudaMalloc a layer here, and those may
+  // lie side by side). Otherwise random blocks, each block's objects one after another.
+  bool consecutive = false;
 };
 
 class LayerCopierGatherTest : public ::testing::TestWithParam<GatherCase> {};
 
-// Gathers every layer of `used` random blocks into registered staging, twice, and checks every
-// staged byte each time, and which way each went.
+// Gathers every layer of `used` blocks into registered staging, twice, and checks every staged
+// byte each time, and which way each went.
 TEST_P(LayerCopierGatherTest, GathersExactly) {
   TUTTI_SKIP_WITHOUT_GPU();
   const GatherCase c = GetParam();
@@ -260,13 +265,19 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
   std::vector<void*> regions;
   std::vector<LocalRegion> local;
   AllocateFilled(kv, &regions, &local);
-  const std::vector<uint32_t> blocks = testing::RandomBlocks(5, kUsed, kBlocks);
+  std::vector<uint32_t> blocks = testing::RandomBlocks(5, kUsed, kBlocks);
+  if (c.consecutive) {
+    for (uint32_t i = 0; i < kUsed; ++i) blocks[i] = i;
+  }
   auto pinned = PinnedRegion::Allocate(uint64_t{kUsed} * kLayers * 2 * kObj);
   ASSERT_TRUE(pinned.ok()) << pinned.status();
-  std::vector<engine::CopyOp> ops;
-  uint8_t* next = (*pinned)->host();
-  for (uint32_t b : blocks) {
-    for (uint32_t obj = 0; obj < kLayers * 2; ++obj, next += kObj) ops.push_back({b, obj, next});
+  std::vector<engine::CopyOp> ops;  // block by block, as a store gives them
+  for (uint32_t i = 0; i < kUsed; ++i) {
+    for (uint32_t obj = 0; obj < kLayers * 2; ++obj) {
+      const uint64_t frame =
+          c.consecutive ? uint64_t{obj} * kUsed + i : uint64_t{i} * kLayers * 2 + obj;
+      ops.push_back({blocks[i], obj, (*pinned)->host() + frame * kObj});
+    }
   }
   auto copier = LayerCopier::Create({c.mode, 8ull << 20}, io->get(), {(*pinned)->staging()});
   ASSERT_TRUE(copier.ok()) << copier.status();
@@ -303,53 +314,16 @@ TEST_P(LayerCopierGatherTest, GathersExactly) {
   for (void* p : regions) cudaFree(p);
 }
 
-// By the copy engines, every block in order into staging where object j of consecutive blocks
-// lies side by side (as a store's interleaved frames hold them): the copies go in runs
-// (gpu/copy_runs.h), each inside one engine region (one cudaMalloc a layer here, which may lie
-// side by side), and every byte lands where its op says.
-TEST(LayerCopierGatherRunsTest, ConsecutiveBlocksGatherInRunsExactly) {
-  TUTTI_SKIP_WITHOUT_GPU();
-  constexpr uint32_t kLayers = 3, kBlocks = 64, kObj = 32 * 1024, kObjects = kLayers * 2;
-  const testing::KvLayout kv = testing::MakeKvLayout(KvFormat::kFusedKv, kLayers, kBlocks, kObj);
-  auto io = IoStream::Create({0, 8, 0});
-  ASSERT_TRUE(io.ok()) << io.status();
-  std::vector<void*> regions;
-  std::vector<LocalRegion> local;
-  AllocateFilled(kv, &regions, &local);
-  auto pinned = PinnedRegion::Allocate(uint64_t{kBlocks} * kObjects * kObj);
-  ASSERT_TRUE(pinned.ok()) << pinned.status();
-  std::vector<engine::CopyOp> ops;  // block-major, as a store gives them
-  for (uint32_t b = 0; b < kBlocks; ++b) {
-    for (uint32_t obj = 0; obj < kObjects; ++obj) {
-      ops.push_back({b, obj, (*pinned)->host() + (uint64_t{obj} * kBlocks + b) * kObj});
-    }
-  }
-  auto copier = LayerCopier::Create({LayerCopier::Mode::kCopyEngine, 8ull << 20}, io->get(),
-                                    {(*pinned)->staging()});
-  ASSERT_TRUE(copier.ok()) << copier.status();
-  auto mem = CudaIpcMemory::WrapLocal(kv.layout, local, (*copier)->staging_regions(), io->get());
-  ASSERT_TRUE(mem.ok()) << mem.status();
-  std::memset((*pinned)->host(), 0, uint64_t{kBlocks} * kObjects * kObj);
-  ASSERT_TRUE((*copier)->Gather(mem->get(), ops).ok());
-  std::vector<uint8_t> want(kObj);
-  uint32_t wrong = 0;
-  for (const engine::CopyOp& op : ops) {
-    testing::FillObject(9, op.block, op.object, want.data(), kObj);
-    if (std::memcmp(op.staging, want.data(), kObj) != 0) ++wrong;
-  }
-  EXPECT_EQ(wrong, 0u);
-  EXPECT_EQ((*copier)->counters().copy_engine_gathers, 1u);
-  mem->reset();
-  for (void* p : regions) cudaFree(p);
-}
-
 INSTANTIATE_TEST_SUITE_P(Modes, LayerCopierGatherTest,
                          ::testing::Values(GatherCase{LayerCopier::Mode::kStaged, 0},
                                            GatherCase{LayerCopier::Mode::kMapped, 0},
                                            GatherCase{LayerCopier::Mode::kCopyEngine, 2},
-                                           GatherCase{LayerCopier::Mode::kAuto, 2}),
+                                           GatherCase{LayerCopier::Mode::kAuto, 2},
+                                           GatherCase{LayerCopier::Mode::kCopyEngine, 2, true},
+                                           GatherCase{LayerCopier::Mode::kStaged, 0, true}),
                          [](const ::testing::TestParamInfo<GatherCase>& info) {
-                           return std::string(LayerCopier::ModeName(info.param.mode));
+                           return std::string(LayerCopier::ModeName(info.param.mode)) +
+                                  (info.param.consecutive ? "_consecutive" : "");
                          });
 
 // Issue 9: after an error with copies already enqueued, ScatterLayer returned while the copy
