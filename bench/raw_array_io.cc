@@ -16,7 +16,6 @@
 // limits.retrieve_staging_bytes). Prints one JSON object on stdout (op, files, io_bytes, qd, bytes, seconds, gbps, iops,
 // per-file GB/s, CPU seconds of this process); messages go to stderr. Exit status: 0, 1 when an
 // I/O failed (the error is named), 2 for bad arguments.
-#include <dirent.h>
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/mman.h>
@@ -25,7 +24,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -45,6 +43,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/jsonl.h"
+#include "bench/worker_sampler.h"
 
 ABSL_FLAG(std::string, op, "read", "read | write");
 ABSL_FLAG(uint64_t, io_bytes, 1 << 20, "request size, a multiple of 4096");
@@ -121,23 +120,6 @@ double CpuSeconds() {
   rusage u;
   getrusage(RUSAGE_SELF, &u);
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
-// io_uring workers (threads named iou-wrk-*) of this process now.
-uint32_t IouWorkers() {
-  uint32_t n = 0;
-  DIR* d = opendir("/proc/self/task");
-  if (d == nullptr) return 0;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    FILE* f = std::fopen(absl::StrCat("/proc/self/task/", e->d_name, "/comm").c_str(), "r");
-    if (f == nullptr) continue;
-    char comm[32] = {0};
-    if (std::fgets(comm, sizeof(comm), f) != nullptr && std::strncmp(comm, "iou-wrk", 7) == 0) ++n;
-    std::fclose(f);
-  }
-  closedir(d);
-  return n;
 }
 
 // One file's ring, buffers and descriptor.
@@ -389,23 +371,14 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
   // Each file's share of --bytes, in whole requests (rounded up).
   const uint64_t share = (o.bytes / files.size() + o.io_bytes - 1) / o.io_bytes * o.io_bytes;
   // The most io_uring workers seen at once (sampled every 50 ms while the rings run).
-  std::atomic<uint32_t> iou_max{0};
-  {
-    std::atomic<bool> running{true};
-    std::thread sampler([&] {
-      while (running.load()) {
-        iou_max.store(std::max(iou_max.load(), IouWorkers()));
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    });
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < files.size(); ++i) {
-      threads.emplace_back(Worker, i, std::cref(o), &start_line, share, &runs[i]);
-    }
-    for (auto& t : threads) t.join();
-    running.store(false);
-    sampler.join();
+  tutti::bench::WorkerSampler sampler(std::chrono::milliseconds(50));
+  sampler.Start();
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < files.size(); ++i) {
+    threads.emplace_back(Worker, i, std::cref(o), &start_line, share, &runs[i]);
   }
+  for (auto& t : threads) t.join();
+  const uint32_t iou_max = sampler.Stop().workers_seen;
   bool failed = false;
   for (const FileRun& r : runs) {
     if (r.error.empty()) continue;
@@ -443,7 +416,7 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
       runs[0].span, bytes, ios, Num(seconds).c_str(), Num(bytes / seconds / 1e9).c_str(),
       Num(ios / seconds).c_str(), absl::StrJoin(per_file, ",").c_str(), Num(fill_seconds).c_str(),
       Num(cpu).c_str(), o.async ? "true" : "false",
-      std::max(uint64_t{o.qd} * o.io_bytes, o.buffer_bytes), iou_max.load(), JsonString(UtcNow()).c_str(),
+      std::max(uint64_t{o.qd} * o.io_bytes, o.buffer_bytes), iou_max, JsonString(UtcNow()).c_str(),
       JsonString(command).c_str());
   return 0;
 }
