@@ -930,11 +930,16 @@ def _machine_ticks():
     return total - fields[3] - fields[4], total
 
 
+def _stat_fields(stat_text):
+    """(comm, the fields after it: state first) from a /proc/.../stat line."""
+    head, rest = stat_text.rsplit(")", 1)
+    return head.split("(", 1)[1], rest.split()
+
+
 def _ticks_of(stat_text):
     """(comm, utime + stime ticks) from a /proc/.../stat line."""
-    head, rest = stat_text.rsplit(")", 1)
-    fields = rest.split()
-    return head.split("(", 1)[1], int(fields[11]) + int(fields[12])
+    comm, fields = _stat_fields(stat_text)
+    return comm, int(fields[11]) + int(fields[12])
 
 
 class CpuSampler:
@@ -952,16 +957,22 @@ class CpuSampler:
         self._thread = None
         self._worker_thread = None
         self.runnable = []  # per worker sample: io_uring workers in state R
+        self._iou_stats = []  # the stat files of the io_uring workers the last _sample saw
 
     def _sample(self, initial=False):
         task_dir = "/proc/%d/task" % self.pid
+        iou = []
         for tid in os.listdir(task_dir):
+            path = os.path.join(task_dir, tid, "stat")
             try:
-                comm, ticks = _ticks_of(_read(os.path.join(task_dir, tid, "stat")))
+                comm, ticks = _ticks_of(_read(path))
             except (OSError, IndexError, ValueError):
                 continue
             self.first.setdefault(tid, (comm, ticks if initial else 0))
             self.last[tid] = (comm, ticks)
+            if comm.startswith("iou-"):
+                iou.append(path)
+        self._iou_stats = iou
 
     def _process_ticks(self):
         return _ticks_of(_read("/proc/%d/stat" % self.pid))[1]
@@ -980,29 +991,14 @@ class CpuSampler:
         return self
 
     def _run_workers(self):
-        """Counts runnable io_uring workers every worker_period; the worker list is refreshed
-        every `period`, so a sample reads only their stat files."""
-        task_dir = "/proc/%d/task" % self.pid
-        workers, listed = [], 0.0
+        """Counts runnable io_uring workers every worker_period, over the workers the CPU
+        sampler last listed (every `period`), so a sample reads only their stat files."""
         while not self._halt.wait(self.worker_period):
-            now = time.monotonic()
-            if now - listed >= self.period:
-                try:
-                    tids = os.listdir(task_dir)
-                except OSError:
-                    return
-                workers, listed = [], now
-                for tid in tids:
-                    try:
-                        if _read(os.path.join(task_dir, tid, "comm")).startswith("iou-"):
-                            workers.append(os.path.join(task_dir, tid, "stat"))
-                    except OSError:
-                        continue
             r = 0
-            for path in workers:
+            for path in self._iou_stats:
                 try:
-                    r += _read(path).rsplit(")", 1)[1].split(None, 1)[0] == "R"
-                except (OSError, IndexError):
+                    r += _stat_fields(_read(path))[1][0] == "R"
+                except (OSError, IndexError, ValueError):
                     continue
             self.runnable.append(r)
 
