@@ -291,23 +291,24 @@ void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> don
     per_ring[ring].push_back(Pending{&r, nullptr});
   }
   // Build every part before posting any: a posted part may finish (and free `b`) at once.
-  absl::InlinedVector<std::pair<uint32_t, UringPart*>, 4> posts;
-  for (uint32_t q = 0; q < per_ring.size(); ++q) {
-    if (!per_ring[q].empty()) {
-      b->parts.push_back(UringPart{b, static_cast<uint32_t>(per_ring[q].size())});
-    }
-  }
-  if (b->parts.empty()) b->parts.push_back(UringPart{b, 0});  // completes on file 0's thread
-  b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
-  size_t next = 0;
+  // parts[k] goes to ring posts[k].
+  absl::InlinedVector<uint32_t, 4> posts;
   for (uint32_t q = 0; q < per_ring.size(); ++q) {
     if (per_ring[q].empty()) continue;
-    UringPart* part = &b->parts[next++];
-    for (Pending& p : per_ring[q]) p.part = part;
-    posts.emplace_back(q, part);
+    b->parts.push_back(UringPart{b, static_cast<uint32_t>(per_ring[q].size())});
+    posts.push_back(q);
   }
-  if (posts.empty()) posts.emplace_back(0, &b->parts[0]);
-  for (auto& [q, part] : posts) rings_[q]->owner().Post(part, std::move(per_ring[q]));
+  if (posts.empty()) {  // completes on file 0's thread
+    b->parts.push_back(UringPart{b, 0});
+    posts.push_back(0);
+  }
+  b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
+  for (size_t k = 0; k < posts.size(); ++k) {
+    for (Pending& p : per_ring[posts[k]]) p.part = &b->parts[k];
+  }
+  for (size_t k = 0; k < posts.size(); ++k) {
+    rings_[posts[k]]->owner().Post(&b->parts[k], std::move(per_ring[posts[k]]));
+  }
 }
 
 absl::Status UringBackend::Sync(uint32_t file) {
