@@ -34,13 +34,13 @@ BounceSlots::BounceSlots(absl::Span<uint8_t> region, uint32_t files, uint32_t de
   }
 }
 
-void BounceSlots::Acquire(uint32_t file, Start start) {
+void BounceSlots::Acquire(uint32_t file, uint64_t stream, Start start) {
   uint8_t* slot = nullptr;
   {
     absl::MutexLock lock(&mu_);
     File& f = files_[file];
     if (f.free.empty() || !f.waiting.empty()) {
-      f.waiting.push_back(std::move(start));
+      f.waiting.Push(stream, std::move(start));
       return;
     }
     slot = f.free.back();
@@ -60,8 +60,7 @@ void BounceSlots::Release(uint32_t file, uint8_t* slot) {
       --held_;
       return;
     }
-    next = std::move(f.waiting.front());  // the slot passes straight to the next batch
-    f.waiting.pop_front();
+    next = f.waiting.Pop();  // the slot passes straight to the next batch
   }
   next(slot);
 }

@@ -4,9 +4,11 @@
 // been copied to the GPU and checked there. So host staging is a few MiB per device that stay in
 // the CPU's cache, whatever the size of a layer, instead of whole layers that do not.
 //
-// Acquire never blocks: a batch that finds its file's slots taken waits in that file's queue, in
-// the order asked, and is started by the Release that frees a slot (on the releasing thread).
-// Files do not wait on each other.
+// Acquire never blocks: a batch that finds its file's slots taken waits in that file's queue and
+// is started by the Release that frees a slot (on the releasing thread). Files do not wait on each
+// other. Waiting batches are served by stream (one Retrieve's batches) in turn (fair_queue.h), in
+// the order asked within a stream: a Retrieve that starts while another has a layer's batches
+// waiting gets every other slot freed, instead of waiting for all of them.
 //
 // Thread-safety: thread-safe. Lifetime: the region must outlive the slots, and every slot must be
 // released (every started batch finished) before they are destroyed.
@@ -14,7 +16,6 @@
 #define TUTTI_DAEMON_DATAPATH_BOUNCE_SLOTS_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "daemon/datapath/fair_queue.h"
 
 namespace tutti::datapath {
 
@@ -45,9 +47,10 @@ class BounceSlots {
   uint32_t slot_bytes() const { return slot_bytes_; }
   uint32_t files() const { return num_files_; }
 
-  // Runs `start` with a free slot of `file` (< files()): inside this call if one is free, else
-  // from the Release that frees one, after the batches of `file` asked before it.
-  void Acquire(uint32_t file, Start start);
+  // Runs `start` with a free slot of `file` (< files()): inside this call if one is free (and no
+  // batch of `file` waits), else from the Release that frees one, when `stream`'s turn comes
+  // and after the batches of `stream` for `file` asked before it.
+  void Acquire(uint32_t file, uint64_t stream, Start start);
   // Gives `slot` (from Acquire of `file`) back; starts the next waiting batch of `file` with it.
   void Release(uint32_t file, uint8_t* slot);
 
@@ -58,7 +61,7 @@ class BounceSlots {
  private:
   struct File {
     std::vector<uint8_t*> free;
-    std::deque<Start> waiting;
+    FairQueue<Start> waiting;
   };
   BounceSlots(absl::Span<uint8_t> region, uint32_t files, uint32_t depth, uint32_t slot_bytes);
 

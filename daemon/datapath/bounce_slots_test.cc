@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -39,13 +40,13 @@ TEST(BounceSlotsTest, AFileWaitsOnlyForItsOwnSlotsInTheOrderAsked) {
   std::vector<int> started;
   std::vector<uint8_t*> got(6, nullptr);
   for (int i = 0; i < 4; ++i) {  // file 0: two start now, two wait
-    b.Acquire(0, [&, i](uint8_t* slot) {
+    b.Acquire(0, /*stream=*/1, [&, i](uint8_t* slot) {
       started.push_back(i);
       got[i] = slot;
     });
   }
   EXPECT_EQ(started, (std::vector<int>{0, 1}));
-  b.Acquire(1, [&](uint8_t* slot) {  // file 1 is free
+  b.Acquire(1, /*stream=*/1, [&](uint8_t* slot) {  // file 1 is free
     started.push_back(4);
     got[4] = slot;
   });
@@ -72,8 +73,33 @@ TEST(BounceSlotsTest, AFileWaitsOnlyForItsOwnSlotsInTheOrderAsked) {
   EXPECT_EQ(b.most_held(), 3u);
   // A slot given back is free again: a new batch starts at once.
   bool ran = false;
-  b.Acquire(0, [&](uint8_t*) { ran = true; });
+  b.Acquire(0, /*stream=*/1, [&](uint8_t*) { ran = true; });
   EXPECT_TRUE(ran);
+}
+
+// Two Retrieves on one file: the one that asked later gets every other slot freed, not the
+// slots after all of the first one's waiting batches.
+TEST(BounceSlotsTest, StreamsTakeTurnsForAFilesFreedSlots) {
+  Region region(BounceSlots::BytesFor(1, 1, kSlot));
+  auto slots = BounceSlots::Create(region.span(), 1, 1, kSlot);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  BounceSlots& b = **slots;
+  std::vector<std::string> started;
+  uint8_t* held = nullptr;
+  auto batch = [&](std::string name) {
+    return [&, name](uint8_t* slot) {
+      started.push_back(name);
+      held = slot;
+    };
+  };
+  for (const char* n : {"a0", "a1", "a2", "a3"}) b.Acquire(0, /*stream=*/1, batch(n));
+  b.Acquire(0, /*stream=*/2, batch("b0"));
+  b.Acquire(0, /*stream=*/2, batch("b1"));
+  EXPECT_EQ(started, (std::vector<std::string>{"a0"}));
+  for (int i = 0; i < 5; ++i) b.Release(0, held);
+  EXPECT_EQ(started, (std::vector<std::string>{"a0", "a1", "b0", "a2", "b1", "a3"}));
+  b.Release(0, held);
+  EXPECT_EQ(b.held(), 0u);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ uint64_t Nanos(std::chrono::steady_clock::duration d) {
 // count of batches and checks not done. Waits for them when destroyed, so staging outlives every
 // read into it and every check of it.
 struct LayerReader::InFlight {
+  uint64_t stream = 0;  // the Read's (PostFn)
   uint32_t layer = 0;
   uint8_t* staging = nullptr;  // the lease's bytes
   LayerPlan plan;
@@ -148,7 +149,7 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
     if (bounce_ == nullptr) {
       PostBatch(r, in, begin, end, nullptr);
     } else {
-      bounce_->Acquire(in->reqs[begin].file,
+      bounce_->Acquire(in->reqs[begin].file, in->stream,
                        [this, &r, in, begin = begin, end = end](uint8_t* slot) {
                          PostBatch(r, in, begin, end, slot);
                        });
@@ -161,7 +162,7 @@ void LayerReader::PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t be
   if (slot != nullptr) {
     for (uint32_t i = begin; i < end; ++i) in->reqs[i].buf = slot + in->bounce_offsets[i];
   }
-  post_(absl::MakeSpan(in->reqs).subspan(begin, end - begin),
+  post_(in->stream, absl::MakeSpan(in->reqs).subspan(begin, end - begin),
         [this, &r, in, begin, end, slot] { OnReadsDone(r, in, begin, end, slot); });
 }
 
@@ -276,6 +277,8 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
   Window window;
   result.status = TakeWindow(layer_bytes, r.layer_end - r.layer_begin, &window);
   if (!result.status.ok()) return result;
+  const uint64_t stream = next_stream_.fetch_add(1, std::memory_order_relaxed);
+  for (InFlight& in : window.layers) in.stream = stream;
   const auto started = std::chrono::steady_clock::now();
   static const StagingLease kNoLease;
   auto lease_of = [&](uint32_t layer) -> const StagingLease& {

@@ -5,10 +5,11 @@
 // the others are taken only if free now). For each layer it plans the pool reads (read_plan.h:
 // adjacent objects merged up to max_read_bytes) and posts them through `post` in small batches of
 // one device each (at most `post_bytes`), so every device works on the layer at once and the
-// checks start as soon as the first reads land. Each batch's objects go to the Verifier
-// (verifier.h) as it completes (the calling thread never hashes): an object fails on an I/O
-// error, a short read (a merged read that came back short serves the objects it covered fully and
-// fails the others), or a checksum mismatch. Once a layer's reads and checks are all done, the
+// checks start as soon as the first reads land. Each Read posts as a stream of its own: Reads at
+// once take turns for the bounce slots and the devices' queues. Each batch's objects go to the
+// Verifier (verifier.h) as it completes (the calling thread never hashes): an object fails on an
+// I/O error, a short read (a merged read that came back short serves the objects it covered fully
+// and fails the others), or a checksum mismatch. Once a layer's reads and checks are all done, the
 // calling thread calls the sink once with the layer's objects of every item not failed so far, as
 // engine copies (engine::CopyOp: into the item's engine block, from its DRAM copy for DRAM-tier
 // items, else from the lease), and the items that failed in this layer; a failed item is reported
@@ -38,6 +39,7 @@
 #ifndef TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
 #define TUTTI_DAEMON_DATAPATH_LAYER_READER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -135,8 +137,11 @@ struct LayerReaderOptions {
 class LayerReader {
  public:
   // Starts `batch` (its span and buffers valid until `done` runs) and returns; runs `done` once
-  // every request's result is set. The block store passes its I/O scheduler's Post (read class).
-  using PostFn = std::function<void(absl::Span<io::IoRequest> batch, std::function<void()> done)>;
+  // every request's result is set. `stream` is the same for every batch of one Read and differs
+  // between Reads, so that Reads at once can take turns. The block store passes its I/O
+  // scheduler's Post (read class), which does (scheduler.h).
+  using PostFn = std::function<void(uint64_t stream, absl::Span<io::IoRequest> batch,
+                                    std::function<void()> done)>;
   // Called once per layer, in order (LayerObjects says how long its sources stay valid). An error
   // stops the read and is returned.
   using Sink = std::function<absl::Status(const LayerObjects& layer)>;
@@ -184,6 +189,7 @@ class LayerReader {
   StagingPool* const staging_;
   Verifier* const verifier_;
   const PostFn post_;
+  std::atomic<uint64_t> next_stream_{1};  // the stream of the next Read
   BounceSlots* const bounce_;
   ReadCounters counters_;
 };

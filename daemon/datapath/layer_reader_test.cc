@@ -83,9 +83,10 @@ class FakePool {
   }
 
   LayerReader::PostFn Post() {
-    return [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+    return [this](uint64_t stream, absl::Span<io::IoRequest> batch, std::function<void()> done) {
       {
         std::lock_guard<std::mutex> lock(mu_);  // several Reads may post at once
+        streams.push_back(stream);
         // A layer's reads may come in several batches (one device each): count layers.
         if (!batch.empty()) layers_posted.insert(layer_at_.at({batch[0].file, batch[0].offset}));
         for (io::IoRequest& r : batch) {
@@ -101,6 +102,7 @@ class FakePool {
 
   std::function<void(io::IoRequest&)> fault;
   std::vector<io::IoRequest> posted;
+  std::vector<uint64_t> streams;  // per batch posted, in order
   std::set<uint32_t> layers_posted;
   int batches() const { return static_cast<int>(layers_posted.size()); }  // layers posted
 
@@ -206,6 +208,29 @@ TEST_F(LayerReaderTest, ServesEveryObjectVerifiedAndMergesAdjacentFrames) {
   EXPECT_EQ(c.merged_ios, 8u * kLayers);
   EXPECT_EQ(c.io_bytes, 8u * kObjects * kFrame);
   EXPECT_EQ(staging_->used_bytes(), 0u);
+}
+
+// Every batch of one Read is posted as one stream, and the next Read as another: the scheduler
+// and the bounce slots let Reads at once take turns by it.
+TEST_F(LayerReaderTest, EachReadPostsAsAStreamOfItsOwn) {
+  Make(Layout(2), kFrame, 64 * kFrame);
+  std::vector<ReadSource> items;
+  for (uint32_t i = 0; i < 4; ++i) {
+    fake_->Put(i, i);
+    items.push_back(fake_->Source(i, i));
+  }
+  Seen first, second;
+  ASSERT_TRUE(Read(items, &first).status.ok());
+  const size_t first_batches = fake_->streams.size();
+  ASSERT_GT(first_batches, 1u);
+  ASSERT_TRUE(Read(items, &second).status.ok());
+  ASSERT_GT(fake_->streams.size(), first_batches);
+  const std::set<uint64_t> a(fake_->streams.begin(), fake_->streams.begin() + first_batches);
+  const std::set<uint64_t> b(fake_->streams.begin() + first_batches, fake_->streams.end());
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NE(*a.begin(), *b.begin());
+  EXPECT_EQ(second.bad_bytes, 0);
 }
 
 // The leading thread's time is split into waiting for layers and handing them over: a sink that
@@ -769,7 +794,7 @@ TEST(LayerReaderBackendTest, ReadsThroughMemoryBackendWithFaults) {
   WorkPool checks(2, "checks");
   std::unique_ptr<Verifier> verifier = MakeCpuVerifier(&checks);
   LayerReader reader(LayerReaderOptions{layout, 1u << 20, 4}, &staging, verifier.get(),
-                     [&b](absl::Span<io::IoRequest> batch, std::function<void()> done) {
+                     [&b](uint64_t, absl::Span<io::IoRequest> batch, std::function<void()> done) {
                        b.Submit(batch, std::move(done));
                      });
   b.disk().FailNext(1, io::Op::kRead, 1, EIO);

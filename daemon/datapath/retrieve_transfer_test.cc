@@ -254,7 +254,7 @@ struct StagingMemory {
 };
 
 // Pool files of zeros: every read completes inline, whole.
-void PostZeros(absl::Span<io::IoRequest> batch, std::function<void()> done) {
+void PostZeros(uint64_t, absl::Span<io::IoRequest> batch, std::function<void()> done) {
   for (io::IoRequest& r : batch) {
     std::memset(r.buf, 0, r.len);
     r.result = r.len;

@@ -104,7 +104,8 @@ IoScheduler::IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock*
 
 IoScheduler::~IoScheduler() = default;
 
-void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::function<void()> done) {
+void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::function<void()> done,
+                       uint64_t stream) {
   if (batch.empty()) {
     done();
     return;
@@ -137,7 +138,13 @@ void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::functi
     }
     for (uint32_t d = 0; d < devices_.size(); ++d) {
       if (cls == IoClass::kRead && !reads[d].empty()) {
-        out.push_back(MakeReadsLocked(d, std::move(reads[d])));
+        if (options_.max_read_bytes_in_flight == 0) {
+          out.push_back(MakeReadsLocked(d, std::move(reads[d])));
+          continue;
+        }
+        devices_[d].reads_queued += reads[d].size();
+        devices_[d].reads.Push(stream, std::move(reads[d]));
+        TakeReadsLocked(d, &out);
       } else if (cls == IoClass::kWrite && wrote[d]) {
         TakeWritesLocked(d, &out);
       }
@@ -154,11 +161,21 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t dev
   em->cls = IoClass::kRead;
   for (Item& item : items) em->Add(std::move(item), io::Op::kRead);
   devices_[device].reads_in_flight += em->reqs.size();
+  devices_[device].read_bytes_in_flight += em->bytes;
   devices_[device].last_read_us = clock_->NowUs();
   stats_.reads_emitted += em->reqs.size();
   stats_.read_bytes += em->bytes;
   devices_[device].read_bytes += em->bytes;
   return em;
+}
+
+void IoScheduler::TakeReadsLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out) {
+  Device& dev = devices_[device];
+  while (!dev.reads.empty() && dev.read_bytes_in_flight < options_.max_read_bytes_in_flight) {
+    std::vector<Item> part = dev.reads.Pop();
+    dev.reads_queued -= part.size();
+    out->push_back(MakeReadsLocked(device, std::move(part)));
+  }
 }
 
 void IoScheduler::TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out) {
@@ -212,8 +229,10 @@ void IoScheduler::OnDone(Emission* raw) {
     Device& dev = devices_[em->device];
     if (em->cls == IoClass::kRead) {
       dev.reads_in_flight -= em->reqs.size();
+      dev.read_bytes_in_flight -= em->bytes;
       dev.read_latency.Record(latency_us, em->reqs.size());
       dev.last_read_us = em->emitted_us + latency_us;
+      TakeReadsLocked(em->device, &next);
     } else {
       dev.write_bytes_in_flight -= em->bytes;
       dev.write_latency.Record(latency_us, em->reqs.size());
@@ -256,7 +275,7 @@ IoSchedulerStats IoScheduler::stats() const {
   s.devices.reserve(devices_.size());
   for (const Device& d : devices_) {
     s.devices.push_back(DeviceIoStats{d.read_latency, d.write_latency, d.reads_in_flight,
-                                      d.write_bytes_in_flight, d.write_window,
+                                      d.write_bytes_in_flight, d.reads_queued, d.write_window,
                                       d.write_window_cuts, d.read_bytes, d.write_bytes});
   }
   return s;

@@ -8,7 +8,12 @@
 // io::IoBackend (BackendSink), tests record the emissions and complete them by hand.
 //
 // Policy, per device:
-//  - Reads are emitted at once, never held back. In the backend they wait at most behind the
+//  - Reads go before writes. With `max_read_bytes_in_flight` 0 they are emitted at once, never
+//    held back. With a cap, a device has at most about that many bytes of reads in flight (a
+//    part goes while fewer are), and the rest wait in the scheduler, each Post's part of a device
+//    in the queue of its `stream` (one Retrieve): the streams take turns (fair_queue.h), so a
+//    Retrieve that starts while another has a gigabyte queued waits for one part of each stream
+//    ahead of it, not for the gigabyte. Either way, in the backend reads wait at most behind the
 //    writes already emitted, which the caps below bound.
 //  - Writes wait in FIFO order. While the device has reads in flight, at most
 //    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most the
@@ -50,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
+#include "daemon/datapath/fair_queue.h"
 #include "daemon/io/io_backend.h"
 
 namespace tutti::datapath {
@@ -71,6 +77,10 @@ std::unique_ptr<IoSink> BackendSink(io::IoBackend* backend);
 
 struct IoSchedulerOptions {
   uint32_t num_devices = 1;  // requests naming a file >= this complete with -EINVAL
+  // Per device, the bytes of reads in flight past which further reads wait their stream's turn;
+  // 0: every read emitted at once (no turns). A cap of a few times what the device's queue
+  // holds keeps it as busy as no cap.
+  uint64_t max_read_bytes_in_flight = 0;
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 8ull << 20;
   // Writes taken at once are handed to the sink in emissions of at most this many bytes (at
@@ -102,6 +112,7 @@ struct LatencyHistogram {
 struct DeviceIoStats {
   LatencyHistogram read_latency, write_latency;
   uint64_t reads_in_flight = 0, write_bytes_in_flight = 0;
+  uint64_t reads_queued = 0;  // requests waiting for their stream's turn (a read cap is set)
   uint64_t write_window = 0;  // bytes: the cap on writes in flight while nothing is read
   uint64_t write_window_cuts = 0;  // times a late write halved it
   uint64_t read_bytes = 0, write_bytes = 0;  // bytes of the requests emitted to this device
@@ -129,8 +140,10 @@ class IoScheduler {
   // io::IoBackend::Submit's contract: starts every request of `batch` (their `op` is ignored:
   // `cls` says which) and returns; when each has its `result`, `done` runs once. `batch`'s memory
   // and every buffer must stay valid until `done` runs. A request naming a file >= num_devices
-  // completes with -EINVAL without reaching the sink.
-  void Post(IoClass cls, absl::Span<io::IoRequest> batch, std::function<void()> done);
+  // completes with -EINVAL without reaching the sink. `stream` names whose reads these are (one
+  // Retrieve's): with a read cap, streams take turns per device; writes ignore it.
+  void Post(IoClass cls, absl::Span<io::IoRequest> batch, std::function<void()> done,
+            uint64_t stream = 0);
 
   IoSchedulerStats stats() const;
 
@@ -144,8 +157,12 @@ class IoScheduler {
     int64_t posted_ms;
   };
   struct Device {
-    std::deque<Item> writes;       // queued, FIFO
+    std::deque<Item> writes;  // queued, FIFO
+    // Reads waiting for the cap: one entry per Post's part of this device, by stream.
+    FairQueue<std::vector<Item>> reads;
+    uint64_t reads_queued = 0;     // requests in `reads`
     uint64_t reads_in_flight = 0;  // requests emitted and not completed
+    uint64_t read_bytes_in_flight = 0;
     uint64_t write_bytes_in_flight = 0;
     LatencyHistogram read_latency, write_latency;
     uint64_t write_window = 0;
@@ -161,6 +178,10 @@ class IoScheduler {
   void TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Emission> MakeReadsLocked(uint32_t device, std::vector<Item> items)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the queued reads of `device` that its read cap lets go now, each stream in turn, as
+  // emissions appended to `out`.
+  void TakeReadsLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands `em` to the sink; OnDone runs when the sink completes it.
   void Send(std::unique_ptr<Emission> em);

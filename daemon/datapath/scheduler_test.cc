@@ -522,5 +522,127 @@ TEST_F(WriteWindowTest, CreateRefusesANegativeTarget) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// --- the read cap and streams' turns ------------------------------------------------------------
+
+class ReadTurnsTest : public SchedulerTest {
+ protected:
+  void MakeCapped(uint32_t devices, uint64_t read_cap) {
+    IoSchedulerOptions o;
+    o.num_devices = devices;
+    o.max_read_bytes_in_flight = read_cap;
+    o.write_bytes_in_flight_while_reading = 64 * kKiB;
+    o.max_write_bytes_in_flight = 256 * kKiB;
+    auto s = IoScheduler::Create(o, &sink_, &clock_);
+    ASSERT_TRUE(s.ok()) << s.status();
+    sched_ = std::move(s).value();
+  }
+  // Posts each of `parts` as a batch of its own (one 64 KiB read of device `file` each) for
+  // `stream`, counting done calls in *calls.
+  void PostParts(uint64_t stream, std::vector<std::vector<io::IoRequest>>* parts, int* calls) {
+    for (auto& p : *parts) {
+      sched_->Post(
+          IoClass::kRead, absl::MakeSpan(p), [calls] { ++*calls; }, stream);
+    }
+  }
+  static std::vector<std::vector<io::IoRequest>> Parts(uint32_t file, uint64_t base, int n) {
+    std::vector<std::vector<io::IoRequest>> out;
+    for (int i = 0; i < n; ++i) out.push_back({Req(file, base + i * 64 * kKiB, 64 * kKiB)});
+    return out;
+  }
+};
+
+TEST_F(ReadTurnsTest, NoCapEmitsEveryReadAtOnce) {
+  Make(1);
+  auto a = Parts(0, 0, 8);
+  int a_done = 0;
+  PostParts(1, &a, &a_done);
+  EXPECT_EQ(sink_.pending(), 8u);
+  EXPECT_EQ(sched_->stats().devices[0].reads_queued, 0u);
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(a_done, 8);
+}
+
+TEST_F(ReadTurnsTest, ReadsPastTheCapWaitAndGoAsOthersComplete) {
+  MakeCapped(1, 128 * kKiB);
+  auto a = Parts(0, 0, 6);
+  int a_done = 0;
+  PostParts(1, &a, &a_done);
+  ASSERT_EQ(sink_.pending(), 2u) << "128 KiB in flight, the rest waits";
+  EXPECT_EQ(sched_->stats().devices[0].reads_queued, 4u);
+  EXPECT_EQ(sched_->stats().devices[0].reads_in_flight, 2u);
+  sink_.Complete(0);
+  EXPECT_EQ(a_done, 1);
+  ASSERT_EQ(sink_.pending(), 2u) << "one completed, one more went";
+  EXPECT_EQ(sink_.at(1).reqs[0].offset, 2 * 64 * kKiB) << "one stream keeps its order";
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(a_done, 6);
+  EXPECT_EQ(sched_->stats().devices[0].reads_queued, 0u);
+  EXPECT_EQ(sched_->stats().reads_emitted, 6u);
+}
+
+TEST_F(ReadTurnsTest, ALaterStreamGoesNextNotBehindTheBacklog) {
+  MakeCapped(1, 128 * kKiB);
+  auto big = Parts(0, 0, 100);
+  auto small = Parts(0, 1ull << 30, 3);
+  int big_done = 0, small_done = 0;
+  PostParts(1, &big, &big_done);
+  PostParts(2, &small, &small_done);
+  ASSERT_EQ(sink_.pending(), 2u);
+  // As reads complete, the two streams alternate, the big one's turn first (it queued first): the
+  // small one's three reads are all out after six completions, not after the big one's 98.
+  std::vector<uint64_t> order;
+  for (int i = 0; i < 6; ++i) {
+    sink_.Complete(0);
+    order.push_back(sink_.at(sink_.pending() - 1).reqs[0].offset >= (1ull << 30) ? 2 : 1);
+  }
+  EXPECT_EQ(order, (std::vector<uint64_t>{1, 2, 1, 2, 1, 2}));
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(small_done, 3);
+  EXPECT_EQ(big_done, 100);
+}
+
+TEST_F(ReadTurnsTest, DevicesHaveCapsAndTurnsOfTheirOwn) {
+  MakeCapped(2, 64 * kKiB);
+  std::vector<io::IoRequest> both{Req(0, 0, 64 * kKiB), Req(1, 0, 64 * kKiB)};
+  std::vector<io::IoRequest> more{Req(0, 64 * kKiB, 64 * kKiB), Req(1, 64 * kKiB, 64 * kKiB)};
+  int both_done = 0, more_done = 0;
+  Post(IoClass::kRead, &both, &both_done);
+  Post(IoClass::kRead, &more, &more_done);
+  ASSERT_EQ(sink_.pending(), 2u) << "one read in flight on each device";
+  EXPECT_EQ(sched_->stats().devices[0].reads_queued, 1u);
+  EXPECT_EQ(sched_->stats().devices[1].reads_queued, 1u);
+  sink_.Complete(1);  // device 1's first read
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(1).reqs[0].file, 1u) << "device 1's queued read went; device 0's waits";
+  EXPECT_EQ(sched_->stats().devices[0].reads_queued, 1u);
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(both_done, 1);
+  EXPECT_EQ(more_done, 1);
+}
+
+TEST_F(ReadTurnsTest, QueuedReadsKeepWritesToTheWhileReadingCap) {
+  MakeCapped(1, 64 * kKiB);
+  auto r = Parts(0, 0, 3);
+  std::vector<io::IoRequest> w{Req(0, 1ull << 30, 64 * kKiB),
+                               Req(0, (1ull << 30) + 64 * kKiB, 64 * kKiB)};
+  int r_done = 0, w_done = 0;
+  PostParts(1, &r, &r_done);
+  Post(IoClass::kWrite, &w, &w_done);
+  // One read in flight, two queued: the device is reading, so 64 KiB of writes, not 256.
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(0).reqs[0].op, io::Op::kRead);
+  EXPECT_EQ(sink_.at(1).reqs[0].op, io::Op::kWrite);
+  EXPECT_EQ(sink_.at(1).reqs.size(), 1u);
+  EXPECT_EQ(sched_->stats().writes_queued, 1u);
+  sink_.Complete(0);  // the read: the next queued read goes at once
+  ASSERT_EQ(sink_.pending(), 2u);
+  EXPECT_EQ(sink_.at(1).reqs[0].op, io::Op::kRead);
+  EXPECT_EQ(sched_->stats().writes_queued, 1u);
+  while (sink_.pending() > 0) sink_.Complete(0);
+  EXPECT_EQ(r_done, 3);
+  EXPECT_EQ(w_done, 1);
+  EXPECT_EQ(sched_->stats().writes_queued, 0u);
+}
+
 }  // namespace
 }  // namespace tutti::datapath

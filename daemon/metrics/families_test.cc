@@ -106,6 +106,7 @@ MetricsSnapshot FakeSnapshot() {
   st.io.write_wait_ms = 2500;
   st.io.devices.resize(2);
   st.io.devices[1].reads_in_flight = 4;
+  st.io.devices[1].reads_queued = 9;
   st.io.devices[1].write_window = 8 << 20;
   st.io.devices[1].write_window_cuts = 3;
   st.io.devices[0].read_bytes = 300;
@@ -245,6 +246,7 @@ TEST(FamiliesTest, CapacityBacklogQueuesDecisionsAndGpu) {
   EXPECT_EQ(Value(Find(fs, "tutti_io_writes_queued")), 7);
   EXPECT_EQ(Value(Find(fs, "tutti_io_write_wait_seconds_total")), 2.5);
   EXPECT_EQ(Value(Find(fs, "tutti_io_reads_in_flight"), {{"device", "1"}}), 4);
+  EXPECT_EQ(Value(Find(fs, "tutti_io_reads_queued"), {{"device", "1"}}), 9);
   EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "0"}, {"op", "read"}}), 300);
   EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "1"}, {"op", "read"}}), 400);
   EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "0"}, {"op", "write"}}), 0);
@@ -295,7 +297,8 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
   const std::set<std::string> per_entity = {
       "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
       "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
-      "tutti_io_device_bytes_total", "tutti_io_reads_in_flight", "tutti_io_write_bytes_in_flight",
+      "tutti_io_device_bytes_total", "tutti_io_reads_in_flight", "tutti_io_reads_queued",
+      "tutti_io_write_bytes_in_flight",
       "tutti_io_write_window_bytes", "tutti_io_write_window_cuts_total",
       "tutti_io_latency_seconds", "tutti_pool_device_info", "tutti_nvme_critical_warning",
       "tutti_nvme_temperature_celsius", "tutti_nvme_available_spare_ratio",

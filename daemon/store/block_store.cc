@@ -156,9 +156,10 @@ std::unique_ptr<datapath::LayerReader> BlockStore::Impl::MakeReader(datapath::St
       datapath::LayerReaderOptions{options_.layout, options_.max_read_bytes, 8,
                                    options_.read_post_bytes},
       staging, read_verifier_.get(),
-      [this](absl::Span<io::IoRequest> batch, std::function<void()> done) {
-        // Reads go through the scheduler (made in Init, before any Read), ahead of writes.
-        scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done));
+      [this](uint64_t stream, absl::Span<io::IoRequest> batch, std::function<void()> done) {
+        // Reads go through the scheduler (made in Init, before any Read), ahead of writes, each
+        // Read's as a stream of its own.
+        scheduler_->Post(datapath::IoClass::kRead, batch, std::move(done), stream);
       },
       bounce);
 }

@@ -144,6 +144,7 @@ absl::Status BlockStore::Impl::Init() {
   sched.write_emission_bytes = std::max(sched.max_write_bytes_in_flight / 8,
                                         sched.write_bytes_in_flight_while_reading);
   sched.write_latency_target_us = options_.write_latency_target_us;
+  sched.max_read_bytes_in_flight = options_.max_read_bytes_in_flight;
   ASSIGN_OR_RETURN(scheduler_, datapath::IoScheduler::Create(sched, io_sink_.get(), clock_));
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {

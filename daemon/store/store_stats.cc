@@ -211,6 +211,11 @@ void AddQueues(Group* g) {
          [](const StoreStats& st, Samples* out) {
            PerDevice(st, out, [](const DeviceIoStats& d) { return d.reads_in_flight; });
          });
+  g->Add({"tutti_io_reads_queued", "Pool reads waiting for their Retrieve's turn past "
+          "datapath.max_read_bytes_in_flight, by device.", kGauge, {"device"}},
+         [](const StoreStats& st, Samples* out) {
+           PerDevice(st, out, [](const DeviceIoStats& d) { return d.reads_queued; });
+         });
   g->Add({"tutti_io_write_bytes_in_flight", "Bytes of pool writes emitted and not completed, "
           "by device.", kGauge, {"device"}},
          [](const StoreStats& st, Samples* out) {
