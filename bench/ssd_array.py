@@ -1770,6 +1770,117 @@ def part_dram(args, results, ctx):
                                "%.2f" % t["store_gbps"], "-", "-", "%.2f|-" % rc["cpu_s_per_gb"], bt, "-"))
 
 
+# --- share ---------------------------------------------------------------------------------------
+
+def _quantile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def part_share(args, results, ctx):
+    """Per configuration: a small Retrieve (--share-small-blocks, every layer, as a new request's
+    prefix) beside a large one that keeps the array busy, against each alone."""
+    for emulation, n in args.configs:
+        log("=== share %s:%d" % (emulation, n))
+        mark = TEARDOWN.mark()
+        try:
+            one_share_config(args, results, emulation, n)
+        finally:
+            undone = TEARDOWN.run_to(mark)
+            if undone:
+                raise BenchError("teardown of %s:%d failed (%s)" % (emulation, n, undone))
+
+
+def one_share_config(args, results, emulation, n):
+    small_n = args.share_small_blocks
+    big_n = int(args.gib * GiB) // BLOCK_BYTES - small_n
+    if big_n < small_n:
+        raise SetupError("--gib %.3f leaves no large session beside %d small blocks" % (
+            args.gib, small_n))
+    _, capacity, call = plan(args, big_n + small_n, 2)
+    check_room(args.base, capacity * (1.1 if emulation == "loop" else 1.0),
+               "share %s:%d" % (emulation, n))
+    array = (build_tmpfs_array(args, n) if emulation == "tmpfs"
+             else build_loop_array(args, n, capacity / n))
+    log("  %s" % array.describe())
+    daemon = Daemon(args, array, lambda root, sock: tuttid_config(
+        args, array, root, sock, capacity, 0), "tuttid-share-%s%d" % (emulation, n))
+    daemon.start()
+    sessions = []
+    try:
+        big = Session(args, daemon, 0, big_n)
+        sessions.append(big)
+        small = Session(args, daemon, 1, small_n)
+        sessions.append(small)
+        call = min(call, big.client.info["max_blocks_per_call"])
+        phase_store(args, daemon, sessions)
+
+        def small_calls(count):
+            small.call_times = []
+            for _ in range(count):
+                small.retrieve(small_n)
+            return [t[1] for t in small.call_times]
+
+        def big_round():
+            t0 = time.perf_counter()
+            big.retrieve(call)
+            return big_n * BLOCK_BYTES / GB / (time.perf_counter() - t0)
+
+        big_round()  # warm-up: the first reads after the stores
+        big_alone = max(big_round(), big_round())
+        small_calls(2)
+        alone = small_calls(args.share_small_calls)
+        stop = threading.Event()
+        big_bytes, beside = [0], []
+
+        def big_loop():
+            while not stop.is_set():
+                big.retrieve(call)
+                big_bytes[0] += big_n * BLOCK_BYTES
+
+        def small_beside():
+            try:
+                time.sleep(args.share_lead_s)  # the large one's reads queued first
+                beside.extend(small_calls(args.share_small_calls))
+            finally:
+                stop.set()
+
+        t0 = time.perf_counter()
+        in_threads(lambda fn: fn(), [big_loop, small_beside])
+        big_beside = big_bytes[0] / GB / (time.perf_counter() - t0)
+        for s in sessions:
+            bad = s.mismatches()
+            if bad:
+                raise BenchError("session %d: retrieved bytes differ at (layer, block) %s" % (
+                    s.index, bad))
+    finally:
+        close_sessions(sessions)
+        daemon.stop()
+    small_gb = small_n * BLOCK_BYTES / GB
+    alone_med, beside_med = _quantile(alone, 0.5), _quantile(beside, 0.5)
+    small_alone_gbps, small_beside_gbps = small_gb / alone_med, small_gb / beside_med
+    fair = min(small_alone_gbps, big_alone / 2)
+    results.add(
+        "ssd_array_share_small_vs_fair", small_beside_gbps, "fair_share", fair, "GB/s",
+        n_devices=n, emulation=emulation, small_blocks=small_n, big_blocks=big_n,
+        big_call_blocks=call, small_alone_ms=[round(x * 1e3, 2) for x in alone],
+        small_beside_ms=[round(x * 1e3, 2) for x in beside],
+        small_alone_median_ms=alone_med * 1e3, small_beside_median_ms=beside_med * 1e3,
+        small_beside_p90_ms=_quantile(beside, 0.9) * 1e3,
+        small_alone_gbps=small_alone_gbps, big_alone_gbps=big_alone,
+        big_beside_gbps=big_beside, io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
+        tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+        note="a small Retrieve (every layer of %d blocks, one call, repeated %d times) while a "
+             "large session Retrieves every layer of its %d blocks in calls of %d, over and "
+             "over (started %.1f s before), against the small one alone; fair_share = the "
+             "lower of the small one's rate alone and half the large one's rate alone" % (
+                 small_n, args.share_small_calls, big_n, call, args.share_lead_s))
+    results.table_rows.append((
+        "share %s:%d" % (emulation, n), "-", "-", "-", "%.2f" % big_beside,
+        "%.3f" % (small_beside_gbps / fair), "-", "-", "-", "-", "-",
+        "small %.1f ms alone, %.1f beside" % (alone_med * 1e3, beside_med * 1e3), "-"))
+
+
 # --- ttft --------------------------------------------------------------------------------------
 
 class TtftDaemon:
@@ -2159,6 +2270,12 @@ def parse_args(argv):
                     help="engine_loss: seconds the busy engine runs alone before and after")
     ap.add_argument("--loss-overlap-s", type=float, default=6.0,
                     help="engine_loss: seconds of back-to-back retrieves beside it")
+    ap.add_argument("--share-small-blocks", type=int, default=64,
+                    help="share: blocks of the small Retrieve (default 64: a 1K-token prefix)")
+    ap.add_argument("--share-small-calls", type=int, default=10,
+                    help="share: the small Retrieve's calls, alone and beside the large one")
+    ap.add_argument("--share-lead-s", type=float, default=0.5,
+                    help="share: seconds the large Retrieves run before the small ones start")
     ap.add_argument("--phase-timeout", type=float, default=300.0, help="seconds per store phase")
     ap.add_argument("--label", default="", help='what tuttid this is, e.g. "before", "after"')
     ap.add_argument("--tuttid", default=None, help="tuttid binary or wrapper (.bundle/tuttid.sh;"
@@ -2180,8 +2297,9 @@ def parse_args(argv):
     args.configs = parse_configs(args.configs)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     for p in args.parts:
-        if p not in ("array", "dram", "ttft", "engine_loss"):
-            raise SetupError("--parts: unknown part %r (array, dram, ttft, engine_loss)" % p)
+        if p not in ("array", "dram", "ttft", "engine_loss", "share"):
+            raise SetupError("--parts: unknown part %r (array, dram, ttft, engine_loss, share)"
+                             % p)
     args.ttft_tokens = args.ttft_tokens or (128 if args.local else 32768)
     args.cpu_dry_run = args.local  # what tests/e2e's shapes() reads
     if args.sessions < 1:
