@@ -39,6 +39,10 @@ Parts:
   dram   once: the same store and retrieve with the DRAM tier on and big enough (reads served
          from DRAM), against the contiguous pinned host-to-GPU copy rate (torch, 1 GiB), also
          measured once per run whenever array or dram runs.
+  share  per configuration: a small Retrieve (--share-small-blocks, every layer) timed alone, the
+         large session's alone, then the small one again while the large one Retrieves over and
+         over: ssd_array_share_small_vs_fair (its GB/s beside / the lower of its GB/s alone and
+         half the large one's alone). Retrieves at once should take turns at the devices.
   ttft   Llama-3-8B shape (random weights, bf16), T = --ttft-tokens (32768), --ttft-share (0.98)
          of it cached, load-all, prefix on an --ttft-emulation:--ttft-devices (tmpfs:8) array:
          TTFT from the SSD tier (DRAM tier off), recompute-all, from the DRAM tier; against the
