@@ -214,11 +214,7 @@ TEST_F(LayerReaderTest, ServesEveryObjectVerifiedAndMergesAdjacentFrames) {
 // and the bounce slots let Reads at once take turns by it.
 TEST_F(LayerReaderTest, EachReadPostsAsAStreamOfItsOwn) {
   Make(Layout(2), kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 4; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(4);
   Seen first, second;
   ASSERT_TRUE(Read(items, &first).status.ok());
   const size_t first_batches = fake_->streams.size();
@@ -237,11 +233,7 @@ TEST_F(LayerReaderTest, EachReadPostsAsAStreamOfItsOwn) {
 // takes 5 ms per layer shows as at least that much sink time, per layer handed.
 TEST_F(LayerReaderTest, CountsTheLeadingThreadsWaitAndSinkTime) {
   Make(Layout(1), kFrame, 64 * kFrame);
-  std::vector<ReadSource> items;
-  for (uint32_t i = 0; i < 4; ++i) {
-    fake_->Put(i, i);
-    items.push_back(fake_->Source(i, i));
-  }
+  const std::vector<ReadSource> items = PutInOrder(4);
   const LayerReadResult result = reader_->Read(
       LayerReadRequest{kNs, items, 0, kLayers, kParts, object_len_}, [](const LayerObjects&) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
