@@ -14,6 +14,7 @@ struct ReadCountersSnapshot {
   uint64_t objects = 0;        // objects they carried (objects / ios: objects merged per I/O)
   uint64_t merged_ios = 0;     // reads that carried more than one object
   uint64_t staging_waits = 0;  // reads that waited for staging to be given back
+  uint64_t staging_yields = 0;  // leases a read gave back early, another read waiting
   // Where the threads leading reads spent their time, in nanoseconds: waiting for a layer's reads
   // and checks to be done, and in the sink (handing the layer to the engine), over `layers`
   // layers. wait >> sink: the devices or the checks are the limit; sink >> wait: the engine copy.
@@ -31,6 +32,7 @@ struct ReadCountersSnapshot {
     objects += o.objects;
     merged_ios += o.merged_ios;
     staging_waits += o.staging_waits;
+    staging_yields += o.staging_yields;
     lead_wait_ns += o.lead_wait_ns;
     lead_sink_ns += o.lead_sink_ns;
     lead_post_ns += o.lead_post_ns;
@@ -50,6 +52,7 @@ class ReadCounters {
     merged_ios_.fetch_add(merged, std::memory_order_relaxed);
   }
   void AddStagingWait() { staging_waits_.fetch_add(1, std::memory_order_relaxed); }
+  void AddStagingYield() { staging_yields_.fetch_add(1, std::memory_order_relaxed); }
   void AddLead(uint64_t wait_ns, uint64_t sink_ns) {
     lead_wait_ns_.fetch_add(wait_ns, std::memory_order_relaxed);
     lead_sink_ns_.fetch_add(sink_ns, std::memory_order_relaxed);
@@ -69,6 +72,7 @@ class ReadCounters {
     s.objects = objects_.load(std::memory_order_relaxed);
     s.merged_ios = merged_ios_.load(std::memory_order_relaxed);
     s.staging_waits = staging_waits_.load(std::memory_order_relaxed);
+    s.staging_yields = staging_yields_.load(std::memory_order_relaxed);
     s.lead_wait_ns = lead_wait_ns_.load(std::memory_order_relaxed);
     s.lead_sink_ns = lead_sink_ns_.load(std::memory_order_relaxed);
     s.lead_post_ns = lead_post_ns_.load(std::memory_order_relaxed);
@@ -79,7 +83,8 @@ class ReadCounters {
   }
 
  private:
-  std::atomic<uint64_t> ios_{0}, io_bytes_{0}, objects_{0}, merged_ios_{0}, staging_waits_{0};
+  std::atomic<uint64_t> ios_{0}, io_bytes_{0}, objects_{0}, merged_ios_{0}, staging_waits_{0},
+      staging_yields_{0};
   std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, lead_post_ns_{0}, layers_{0}, calls_{0},
       call_ns_{0};
 };

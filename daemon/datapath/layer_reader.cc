@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -13,6 +14,10 @@
 
 namespace tutti::datapath {
 namespace {
+
+// A Read keeps at least this many leases when it gives staging back to a waiting Read: one layer
+// read while the other is handed to the engine (and, with staging_stays, held back until then).
+constexpr uint32_t kMinLeases = 2;
 
 uint64_t Nanos(std::chrono::steady_clock::duration d) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
@@ -281,9 +286,8 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
   for (InFlight& in : window.layers) in.stream = stream;
   const auto started = std::chrono::steady_clock::now();
   static const StagingLease kNoLease;
-  auto lease_of = [&](uint32_t layer) -> const StagingLease& {
-    return window.leases.empty() ? kNoLease
-                                 : window.leases[(layer - r.layer_begin) % window.size()];
+  auto lease_at = [&](uint32_t slot) -> const StagingLease& {
+    return window.leases.empty() ? kNoLease : window.leases[slot];
   };
   // With three leases or more (or one per layer of the read), a layer's staging stays untouched
   // until the sink's next call has returned (the sink may leave its engine copy in flight until
@@ -292,32 +296,59 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
   // layer of reads in flight.
   const bool staging_stays =
       window.leases.size() >= std::min<uint32_t>(3, r.layer_end - r.layer_begin);
+  // The window's slots (a layer in flight and its lease): free to post into, and posted, by layer.
+  std::deque<uint32_t> free_slots, posted;
+  for (uint32_t i = 0; i < window.size(); ++i) free_slots.push_back(i);
+  uint32_t leases_held = static_cast<uint32_t>(window.leases.size());
+  // A slot whose layer is done goes back to the window; or, while another Read waits for staging,
+  // its lease goes back to the pool (down to kMinLeases), so that Read starts now instead of once
+  // this one ends.
+  auto slot_done = [&](uint32_t slot) {
+    if (leases_held > kMinLeases && staging_->HasWaiters()) {
+      window.leases[slot].Release();
+      --leases_held;
+      counters_.AddStagingYield();
+      return;
+    }
+    free_slots.push_back(slot);
+  };
   uint32_t next_post = r.layer_begin;
-  auto post_until = [&](uint32_t limit) {
+  auto post_free = [&] {
     const auto from = std::chrono::steady_clock::now();
-    for (; next_post < r.layer_end && next_post < limit; ++next_post) {
-      InFlight& in = window.layers[(next_post - r.layer_begin) % window.size()];
-      Post(r, next_post, result.failures, lease_of(next_post), &in);
+    for (; next_post < r.layer_end && !free_slots.empty(); ++next_post) {
+      const uint32_t slot = free_slots.front();
+      free_slots.pop_front();
+      Post(r, next_post, result.failures, lease_at(slot), &window.layers[slot]);
+      posted.push_back(slot);
     }
     counters_.AddPost(Nanos(std::chrono::steady_clock::now() - from));
   };
-  post_until(r.layer_begin + window.size());
+  post_free();
   std::vector<engine::CopyOp> ops;
   std::vector<uint32_t> failed;
+  std::optional<uint32_t> held_back;  // the slot of the layer sunk last, with staging_stays
   for (uint32_t layer = r.layer_begin; layer < r.layer_end && result.status.ok(); ++layer) {
-    InFlight& in = window.layers[(layer - r.layer_begin) % window.size()];
+    const uint32_t slot = posted.front();
+    posted.pop_front();
+    InFlight& in = window.layers[slot];
     const auto wait_from = std::chrono::steady_clock::now();
     in.Wait();
     const auto sink_from = std::chrono::steady_clock::now();
     ops.clear();
     failed.clear();
     bool from_staging = false;
-    Collect(r, layer, in, lease_of(layer), &result.failures, &ops, &failed, &from_staging);
+    Collect(r, layer, in, lease_at(slot), &result.failures, &ops, &failed, &from_staging);
     result.status = sink(LayerObjects{layer, ops, failed, !from_staging || staging_stays});
     ++result.layers_done;
     counters_.AddLead(Nanos(sink_from - wait_from),
                       Nanos(std::chrono::steady_clock::now() - sink_from));
-    post_until(layer + window.size() + (staging_stays ? 0 : 1));
+    if (!staging_stays) {
+      slot_done(slot);
+    } else {
+      if (held_back.has_value()) slot_done(*held_back);
+      held_back = slot;
+    }
+    post_free();
   }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

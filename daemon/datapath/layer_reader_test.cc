@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "daemon/datapath/placing_verifier_fake.h"
 #include "daemon/io/memory_backend.h"
 #include "daemon/pool/slot_header.h"
@@ -718,6 +720,49 @@ TEST_F(LayerReaderTest, WindowHoldsAsManyLayersAsStagingAllows) {
         << layers_of_staging;
     EXPECT_EQ(posted_at_sink.back(), static_cast<int>(kLayers));
   }
+}
+
+// A Read that holds all the staging gives a lease back once a layer is done while another Read
+// waits for staging: the second Read runs to its end while the first is still mid-way, instead of
+// waiting for the first to end.
+TEST_F(LayerReaderTest, AReadGivesStagingBackToAReadWaitingForIt) {
+  Make(Layout(2), kFrame, kLayers * kParts * kFrame);  // one block's every layer: all of it
+  const std::vector<ReadSource> items = PutInOrder(1);
+  absl::Notification second_done;
+  Seen first, second;
+  LayerReadResult second_result;
+  std::thread waiting;
+  bool second_ended_mid_way = false;
+  LayerReader::Sink record = Recorder(&first, kFrame);
+  const LayerReadResult first_result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, [&](const LayerObjects& layer) {
+        if (layer.layer == 0) {
+          waiting = std::thread([&] {
+            second_result = Read(items, &second);
+            second_done.Notify();
+          });
+          const absl::Time deadline = absl::Now() + absl::Seconds(10);
+          while (!staging_->HasWaiters() && absl::Now() < deadline) {
+            absl::SleepFor(absl::Milliseconds(1));
+          }
+          EXPECT_TRUE(staging_->HasWaiters()) << "the second Read should wait for staging";
+        }
+        if (layer.layer == 2) {
+          second_ended_mid_way = second_done.WaitForNotificationWithTimeout(absl::Seconds(10));
+        }
+        return record(layer);
+      });
+  waiting.join();
+  EXPECT_TRUE(second_ended_mid_way) << "the second Read waited for the first one's end";
+  ASSERT_TRUE(first_result.status.ok()) << first_result.status;
+  ASSERT_TRUE(second_result.status.ok()) << second_result.status;
+  EXPECT_EQ(first.served.size(), kObjects);
+  EXPECT_EQ(second.served.size(), kObjects);
+  EXPECT_EQ(first.bad_bytes, 0);
+  EXPECT_EQ(second.bad_bytes, 0);
+  EXPECT_GE(reader_->counters().staging_yields, 1u);
+  EXPECT_EQ(reader_->counters().staging_waits, 1u);
+  EXPECT_EQ(staging_->used_bytes(), 0u);
 }
 
 // With staging for three layers or more, a layer's objects stay valid until the sink's next call

@@ -78,12 +78,16 @@ absl::StatusOr<StagingLease> StagingPool::Take(uint64_t bytes) {
         absl::StrCat("a staging lease of ", bytes, " bytes; the staging pool holds ", capacity_));
   }
   absl::MutexLock lock(&mu_);
-  std::optional<uint64_t> start;
-  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    start = FindFree(rounded);
-    return start.has_value();
-  };
-  mu_.Await(absl::Condition(&fits));
+  std::optional<uint64_t> start = FindFree(rounded);
+  if (!start.has_value()) {
+    auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      start = FindFree(rounded);
+      return start.has_value();
+    };
+    ++waiters_;
+    mu_.Await(absl::Condition(&fits));
+    --waiters_;
+  }
   return Carve(*start, rounded);
 }
 
@@ -91,9 +95,15 @@ std::optional<StagingLease> StagingPool::TryTake(uint64_t bytes) {
   const uint64_t rounded = RoundUpPage(bytes);
   if (bytes == 0 || rounded > capacity_) return std::nullopt;
   absl::MutexLock lock(&mu_);
+  if (waiters_ > 0) return std::nullopt;
   const std::optional<uint64_t> start = FindFree(rounded);
   if (!start.has_value()) return std::nullopt;
   return Carve(*start, rounded);
+}
+
+bool StagingPool::HasWaiters() const {
+  absl::MutexLock lock(&mu_);
+  return waiters_ > 0;
 }
 
 void StagingPool::Give(uint8_t* data, uint64_t bytes) {

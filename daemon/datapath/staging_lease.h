@@ -78,8 +78,12 @@ class StagingPool {
   // RESOURCE_EXHAUSTED (nothing waited for) if it is larger than the whole pool; INVALID_ARGUMENT
   // for 0 bytes.
   absl::StatusOr<StagingLease> Take(uint64_t bytes);
-  // A lease of `bytes` if a range is free now, else nullopt (also for 0 or more than the whole).
+  // A lease of `bytes` if a range is free now and no Take is waiting (waiters come first), else
+  // nullopt (also for 0 or more than the whole).
   std::optional<StagingLease> TryTake(uint64_t bytes);
+  // True while a Take waits for room: holders of several leases may give one back
+  // (LayerReader does, down to two a Read).
+  bool HasWaiters() const;
 
  private:
   friend class StagingLease;
@@ -94,6 +98,7 @@ class StagingPool {
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // start -> length, disjoint, merged
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t waiters_ ABSL_GUARDED_BY(mu_) = 0;  // Takes waiting for room
 };
 
 }  // namespace tutti::datapath

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -108,6 +109,32 @@ TEST(StagingLeaseTest, TakeWaitsUntilARangeIsGivenBack) {
   held->Release();
   taken.WaitForNotification();
   waiter.join();
+  EXPECT_EQ(pool.used_bytes(), 0u);
+}
+
+// A waiting Take comes first: TryTake refuses even a range that would fit while one waits, so a
+// waiter for a large range is not starved by small ones; HasWaiters says so meanwhile.
+TEST(StagingLeaseTest, TryTakeDefersToAWaitingTake) {
+  Region region(4);
+  StagingPool pool(region.span());
+  std::optional<StagingLease> held = pool.TryTake(3 * kPage);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_FALSE(pool.HasWaiters());
+  absl::Notification taken;
+  std::thread waiter([&] {
+    absl::StatusOr<StagingLease> l = pool.Take(2 * kPage);
+    EXPECT_TRUE(l.ok());
+    taken.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!pool.HasWaiters() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(pool.HasWaiters());
+  EXPECT_FALSE(pool.TryTake(kPage).has_value()) << "one page is free, but a Take waits";
+  held->Release();
+  taken.WaitForNotification();
+  waiter.join();
+  EXPECT_FALSE(pool.HasWaiters());
+  EXPECT_TRUE(pool.TryTake(kPage).has_value());
   EXPECT_EQ(pool.used_bytes(), 0u);
 }
 

@@ -770,6 +770,7 @@ StoreStats BlockStore::Impl::Stats() const {
   s.read_objects = reads.objects;
   s.read_merged_ios = reads.merged_ios;
   s.read_staging_waits = reads.staging_waits;
+  s.read_staging_yields = reads.staging_yields;
   s.read_lead_wait_seconds = reads.lead_wait_ns * 1e-9;
   s.read_lead_sink_seconds = reads.lead_sink_ns * 1e-9;
   s.read_lead_post_seconds = reads.lead_post_ns * 1e-9;

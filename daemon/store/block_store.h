@@ -263,6 +263,7 @@ struct StoreStats {
   // Reads that waited for retrieve staging.
   uint64_t read_ios = 0, read_io_bytes = 0, read_objects = 0, read_merged_ios = 0;
   uint64_t read_staging_waits = 0;
+  uint64_t read_staging_yields = 0;
   // The threads leading reads: seconds waiting for layers' reads and checks, seconds handing
   // layers to the engine, and the layers handed (datapath::ReadCountersSnapshot).
   double read_lead_wait_seconds = 0, read_lead_sink_seconds = 0, read_lead_post_seconds = 0;

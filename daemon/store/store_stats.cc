@@ -129,6 +129,10 @@ void AddTraffic(Group* g) {
              [](const StoreStats& st) { return st.read_merged_ios; });
   g->Counter("tutti_read_staging_waits_total", "Reads that waited for retrieve staging.",
              [](const StoreStats& st) { return st.read_staging_waits; });
+  g->Counter("tutti_read_staging_yields_total",
+             "Retrieve staging leases a read gave back "
+             "before its end, another read waiting for staging.",
+             [](const StoreStats& st) { return st.read_staging_yields; });
   g->Add({"tutti_read_lead_seconds_total",
           "Time the threads leading Retrieves' SSD-tier reads spent per layer, by phase: "
           "planning and posting its reads, waiting for its reads and checks, or handing it "
