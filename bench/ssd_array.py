@@ -1870,7 +1870,7 @@ def one_share_config(args, results, emulation, n):
         big_call_blocks=call, small_alone_ms=[round(x * 1e3, 2) for x in alone],
         small_beside_ms=[round(x * 1e3, 2) for x in beside],
         small_alone_median_ms=alone_med * 1e3, small_beside_median_ms=beside_med * 1e3,
-        small_beside_p90_ms=_quantile(beside, 0.9) * 1e3,
+        small_beside_p90_ms=_quantile(beside, 0.9) * 1e3, small_beside_first_ms=beside[0] * 1e3,
         small_alone_gbps=small_alone_gbps, big_alone_gbps=big_alone,
         big_beside_gbps=big_beside, io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
         tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
