@@ -124,6 +124,7 @@ ServiceEnv::ServiceEnv(const EnvOptions& options) {
   so.layout = *layout;
   so.store_staging_bytes = 4ull << 20;
   so.retrieve_staging_bytes = options.retrieve_staging_bytes;
+  so.max_read_bytes_in_flight = options.max_read_bytes_in_flight;
   so.dram_bytes = options.dram_bytes;
   so.max_write_backlog_bytes = options.max_write_backlog_bytes;
   so.admission = options.admission;

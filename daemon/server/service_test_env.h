@@ -73,6 +73,9 @@ struct EnvOptions {
   MemoryOpener opener;  // empty: HostMemoryOpener()
   uint64_t dram_bytes = 0;  // the store's DRAM tier; 0: off
   uint64_t retrieve_staging_bytes = 4ull << 20;  // StoreOptions's
+  // StoreOptions's: one 4 KiB read in flight per pool file, so concurrent Retrieves queue and
+  // take turns in every test.
+  uint64_t max_read_bytes_in_flight = 4096;
   uint64_t max_write_backlog_bytes = 0;  // StoreOptions's; 0: store staging
   std::string admission = "all";         // StoreOptions's
   std::function<GpuLayerCounts()> gpu_layers;  // RegisterGpuLayerStats' (empty: host mode)
