@@ -1604,21 +1604,22 @@ def raw_span(args, n):
     return max(per // io * io, 64 * io)
 
 
-def part_array(args, results, ctx):
-    """Every configuration in turn; one that fails is reported and the next one runs."""
+def each_config(args, part, one):
+    """one(emulation, n) for every configuration in turn, each torn down after it; one that fails
+    is reported and the next one runs."""
     failed = []
     for emulation, n in args.configs:
         name = "%s:%d" % (emulation, n)
-        log("=== array %s" % name)
+        log("=== %s %s" % (part, name))
         mark = TEARDOWN.mark()
         try:
-            one_array_config(args, results, ctx, emulation, n)
+            one(emulation, n)
         except SystemExit:
             raise
         except BaseException as e:
             if not isinstance(e, BenchError):
                 traceback.print_exc()
-            log("=== array %s FAILED: %s" % (name, e))
+            log("=== %s %s FAILED: %s" % (part, name, e))
             failed.append(name)
         finally:
             undone = TEARDOWN.run_to(mark)
@@ -1629,16 +1630,26 @@ def part_array(args, results, ctx):
         raise BenchError("configurations failed: %s" % ", ".join(failed))
 
 
+def build_array(args, emulation, n, per_device, what):
+    """The array of a configuration, once there is room for `per_device` bytes on each device."""
+    check_room(args.base, per_device * n * (1.1 if emulation == "loop" else 1.0), what)
+    array = (build_tmpfs_array(args, n) if emulation == "tmpfs"
+             else build_loop_array(args, n, per_device))
+    log("  %s" % array.describe())
+    return array
+
+
+def part_array(args, results, ctx):
+    each_config(args, "array",
+                lambda emulation, n: one_array_config(args, results, ctx, emulation, n))
+
+
 def one_array_config(args, results, ctx, emulation, n):
     span = raw_span(args, n)
     blocks = int(args.gib * GiB) // BLOCK_BYTES
     _, capacity, _ = plan(args, blocks, args.sessions)
-    per_device = capacity / n + span
-    check_room(args.base, per_device * n * (1.1 if emulation == "loop" else 1.0),
-               "%s:%d (pool and raw files)" % (emulation, n))
-    array = (build_tmpfs_array(args, n) if emulation == "tmpfs"
-             else build_loop_array(args, n, per_device))
-    log("  %s" % array.describe())
+    array = build_array(args, emulation, n, capacity / n + span,
+                        "%s:%d (pool and raw files)" % (emulation, n))
     volume = blocks * BLOCK_BYTES
     w0 = run_rawio(args, array, "write", span, volume, fill=True)
     r0 = run_rawio(args, array, "read", span, volume)
@@ -1784,15 +1795,7 @@ def _quantile(xs, q):
 def part_share(args, results, ctx):
     """Per configuration: a small Retrieve (--share-small-blocks, every layer, as a new request's
     prefix) beside a large one that keeps the array busy, against each alone."""
-    for emulation, n in args.configs:
-        log("=== share %s:%d" % (emulation, n))
-        mark = TEARDOWN.mark()
-        try:
-            one_share_config(args, results, emulation, n)
-        finally:
-            undone = TEARDOWN.run_to(mark)
-            if undone:
-                raise BenchError("teardown of %s:%d failed (%s)" % (emulation, n, undone))
+    each_config(args, "share", lambda emulation, n: one_share_config(args, results, emulation, n))
 
 
 def one_share_config(args, results, emulation, n):
@@ -1802,11 +1805,7 @@ def one_share_config(args, results, emulation, n):
         raise SetupError("--gib %.3f leaves no large session beside %d small blocks" % (
             args.gib, small_n))
     _, capacity, call = plan(args, big_n + small_n, 2)
-    check_room(args.base, capacity * (1.1 if emulation == "loop" else 1.0),
-               "share %s:%d" % (emulation, n))
-    array = (build_tmpfs_array(args, n) if emulation == "tmpfs"
-             else build_loop_array(args, n, capacity / n))
-    log("  %s" % array.describe())
+    array = build_array(args, emulation, n, capacity / n, "share %s:%d" % (emulation, n))
     daemon = Daemon(args, array, lambda root, sock: tuttid_config(
         args, array, root, sock, capacity, 0), "tuttid-share-%s%d" % (emulation, n))
     daemon.start()
