@@ -924,6 +924,10 @@ class Daemon:
         import admin_stats
         return admin_stats.stats(self.admin_socket)
 
+    def set_log_level(self, subsystem, level):
+        import admin_stats
+        admin_stats.set_log_level(self.admin_socket, subsystem, level)
+
 
 # --- tuttid's CPU ------------------------------------------------------------------------------
 
@@ -1832,7 +1836,12 @@ def one_share_config(args, results, emulation, n):
         big_round()  # warm-up: the first reads after the stores
         big_alone = max(big_round(), big_round())
         small_calls(2)
+        # Each Read's own split (its debug line): where the small one's time goes, alone and
+        # beside. The logger exists once the first Read has run.
+        daemon.set_log_level("datapath", "debug")
+        log_from = os.path.getsize(daemon.log_path)
         alone = small_calls(args.share_small_calls)
+        log_beside = os.path.getsize(daemon.log_path)
         stop = threading.Event()
         big_bytes, beside = [0], []
 
@@ -1851,6 +1860,9 @@ def one_share_config(args, results, emulation, n):
         t0 = time.perf_counter()
         in_threads(lambda fn: fn(), [big_loop, small_beside])
         big_beside = big_bytes[0] / GB / (time.perf_counter() - t0)
+        daemon.set_log_level("datapath", "info")
+        split_alone = read_split(daemon.log_path, log_from, log_beside, small_n)
+        split_beside = read_split(daemon.log_path, log_beside, None, small_n)
         for s in sessions:
             bad = s.mismatches()
             if bad:
@@ -1870,6 +1882,7 @@ def one_share_config(args, results, emulation, n):
         small_beside_ms=[round(x * 1e3, 2) for x in beside],
         small_alone_median_ms=alone_med * 1e3, small_beside_median_ms=beside_med * 1e3,
         small_beside_p90_ms=_quantile(beside, 0.9) * 1e3, small_beside_first_ms=beside[0] * 1e3,
+        small_alone_split=split_alone, small_beside_split=split_beside,
         small_alone_gbps=small_alone_gbps, big_alone_gbps=big_alone,
         big_beside_gbps=big_beside, io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
         tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
@@ -1882,6 +1895,29 @@ def one_share_config(args, results, emulation, n):
         "share %s:%d" % (emulation, n), "-", "-", "-", "%.2f" % big_beside,
         "%.3f" % (small_beside_gbps / fair), "-", "-", "-", "-", "-",
         "small %.1f ms alone, %.1f beside" % (alone_med * 1e3, beside_med * 1e3), "-"))
+
+
+_READ_LINE = re.compile(
+    r"read \d+: (\d+) items, (\d+) of \d+ layers of \d+ KiB in ([\d.]+) ms: staging ([\d.]+) ms "
+    r"\((\d+) leases\), posting ([\d.]+), waiting ([\d.]+) \(first layer ([\d.]+), longest "
+    r"([\d.]+)\), sink ([\d.]+)")
+
+
+def read_split(log_path, start, end, items):
+    """The medians over the Reads of `items` items whose debug lines (LayerReader's, logger
+    "datapath") lie in bytes [start, end) of tuttid's log: where each one's time went (ms)."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        text = f.read(-1 if end is None else end - start).decode(errors="replace")
+    rows = [m for m in _READ_LINE.finditer(text) if int(m.group(1)) == items]
+    if not rows:
+        return None
+    keys = ["layers", "ms", "staging_ms", "leases", "post_ms", "wait_ms", "first_layer_ms",
+            "longest_layer_ms", "sink_ms"]
+    out = {"reads": len(rows)}
+    for i, k in enumerate(keys):
+        out[k] = round(_quantile([float(m.group(i + 2)) for m in rows], 0.5), 3)
+    return out
 
 
 # --- ttft --------------------------------------------------------------------------------------

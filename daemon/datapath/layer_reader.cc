@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/log.h"
 #include "daemon/pool/slot_header.h"
 
 namespace tutti::datapath {
@@ -279,12 +280,15 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
     if (r.items[i].from == ReadSource::From::kSsd) ssd_objects += r.parts;
   }
   const uint64_t layer_bytes = ssd_objects * RoundUp4K(r.object_len);
+  const auto entered = std::chrono::steady_clock::now();
   Window window;
   result.status = TakeWindow(layer_bytes, r.layer_end - r.layer_begin, &window);
   if (!result.status.ok()) return result;
   const uint64_t stream = next_stream_.fetch_add(1, std::memory_order_relaxed);
   for (InFlight& in : window.layers) in.stream = stream;
   const auto started = std::chrono::steady_clock::now();
+  // This Read's own split, for its debug line: waits for layers (the first, the longest), sinks.
+  uint64_t wait_ns = 0, first_wait_ns = 0, longest_wait_ns = 0, sink_ns = 0, post_ns = 0;
   static const StagingLease kNoLease;
   auto lease_at = [&](uint32_t slot) -> const StagingLease& {
     return window.leases.empty() ? kNoLease : window.leases[slot];
@@ -321,7 +325,9 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
       Post(r, next_post, result.failures, lease_at(slot), &window.layers[slot]);
       posted.push_back(slot);
     }
-    counters_.AddPost(Nanos(std::chrono::steady_clock::now() - from));
+    const uint64_t ns = Nanos(std::chrono::steady_clock::now() - from);
+    post_ns += ns;
+    counters_.AddPost(ns);
   };
   post_free();
   std::vector<engine::CopyOp> ops;
@@ -340,8 +346,13 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
     Collect(r, layer, in, lease_at(slot), &result.failures, &ops, &failed, &from_staging);
     result.status = sink(LayerObjects{layer, ops, failed, !from_staging || staging_stays});
     ++result.layers_done;
-    counters_.AddLead(Nanos(sink_from - wait_from),
-                      Nanos(std::chrono::steady_clock::now() - sink_from));
+    const uint64_t waited = Nanos(sink_from - wait_from);
+    const uint64_t sunk = Nanos(std::chrono::steady_clock::now() - sink_from);
+    counters_.AddLead(waited, sunk);
+    if (layer == r.layer_begin) first_wait_ns = waited;
+    wait_ns += waited;
+    longest_wait_ns = std::max(longest_wait_ns, waited);
+    sink_ns += sunk;
     if (!staging_stays) {
       slot_done(slot);
     } else {
@@ -352,6 +363,17 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
   }
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  static const std::shared_ptr<spdlog::logger> logger = log::Get("datapath");
+  if (logger->should_log(spdlog::level::debug)) {
+    constexpr double kMs = 1e-6;
+    logger->debug(
+        "read {}: {} items, {} of {} layers of {} KiB in {:.2f} ms: staging {:.2f} ms ({} "
+        "leases), posting {:.2f}, waiting {:.2f} (first layer {:.2f}, longest {:.2f}), sink "
+        "{:.2f}",
+        stream, r.items.size(), result.layers_done, r.layer_end - r.layer_begin, layer_bytes >> 10,
+        1e3 * result.seconds, kMs * Nanos(started - entered), window.leases.size(), kMs * post_ns,
+        kMs * wait_ns, kMs * first_wait_ns, kMs * longest_wait_ns, kMs * sink_ns);
+  }
   return result;  // `window` waits for reads still in flight, then gives its leases back
 }
 

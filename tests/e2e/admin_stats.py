@@ -4,6 +4,7 @@ decodes the answer's scalar fields by the numbers that proto/tutti/v1/admin.prot
 (read from the repository's copy, so fields added there are found by name).
 
     stats(admin_socket) -> {"bytes_written": 123, "write_backlog_bytes": 0, ...}
+    set_log_level(admin_socket, "datapath", "debug"): SetLogLevel (tuttictl log-level)
     Sampler(admin_socket, period, pick).start() ... .stop(): Stats every `period` s on its own
         thread, samples [[t_s, *pick(stats)]] (t_s from the sampler's creation, now())
 
@@ -81,6 +82,22 @@ def stats(admin_socket, timeout=5.0):
         call = channel.unary_unary("/tutti.v1.Admin/Stats", request_serializer=lambda _: b"",
                                    response_deserializer=lambda b: b)
         return decode(call(None, timeout=timeout), fields)
+
+
+def _string_field(number, text):
+    data = text.encode()
+    assert len(data) < 128  # one-byte length
+    return bytes([number << 3 | 2, len(data)]) + data
+
+
+def set_log_level(admin_socket, subsystem, level, timeout=5.0):
+    """Admin SetLogLevel: `subsystem`'s logger at `level` until restart (as tuttictl log-level).
+    Raises grpc.RpcError on refusal (NOT_FOUND for a subsystem with no logger yet)."""
+    request = _string_field(1, subsystem) + _string_field(2, level)
+    with grpc.insecure_channel("unix:" + admin_socket) as channel:
+        call = channel.unary_unary("/tutti.v1.Admin/SetLogLevel", request_serializer=lambda b: b,
+                                   response_deserializer=lambda b: b)
+        call(request, timeout=timeout)
 
 
 class Sampler:
