@@ -228,7 +228,18 @@ absl::Status HostDevice::RecordEvent(Event event, Stream stream, const char* wha
   return absl::OkStatus();
 }
 
+void HostDevice::SetSyncEventHook(std::function<void()> hook) {
+  absl::MutexLock lock(&mu_);
+  sync_event_hook_ = std::move(hook);
+}
+
 absl::Status HostDevice::SyncEvent(Event event, const char* what) {
+  std::function<void()> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = sync_event_hook_;
+  }
+  if (hook) hook();
   if (absl::Status s = Begin(Op::kSyncEvent, nullptr, what); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (events_.count(event) == 0) return Misuse(what, "unknown event");

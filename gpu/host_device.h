@@ -25,6 +25,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -63,6 +64,10 @@ class HostDevice final : public Device {
   ~HostDevice() override;
 
   void FailOp(Op op, uint64_t after, absl::Status status);
+  // Runs `hook` at the start of every SyncEvent, outside the device's locks, as the time a GPU
+  // event takes to complete (a test holds a waiter there to see what else runs meanwhile); null
+  // removes it.
+  void SetSyncEventHook(std::function<void()> hook);
   // Calls of kind `op` that succeeded so far.
   uint64_t count(Op op) const;
   // Descriptors the copy kernel (LaunchCopy) and the copy engines (CopyByCopyEngine) moved.
@@ -160,6 +165,7 @@ class HostDevice final : public Device {
   std::map<Event, EventState> events_ ABSL_GUARDED_BY(mu_);
   std::array<uint64_t, kNumOps> counts_ ABSL_GUARDED_BY(mu_){};
   std::vector<Failure> failures_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> sync_event_hook_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_objects_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_engine_objects_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_engine_runs_ ABSL_GUARDED_BY(mu_) = 0;

@@ -24,13 +24,15 @@ uint32_t Newer(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0
 class CudaEngineIo final : public EngineIo {
  public:
   CudaEngineIo(std::unique_ptr<gpu::CudaIpcMemory> memory, std::unique_ptr<gpu::ReadyWords> words,
-               uint32_t num_layers, CudaIoContext context)
+               std::unique_ptr<gpu::LayerCopier::Lane> lane, uint32_t num_layers,
+               CudaIoContext context)
       : num_blocks_(memory->num_blocks()),
         has_words_(words != nullptr),
         num_layers_(num_layers),
         context_(context),
         memory_(std::move(memory)),
-        words_(std::move(words)) {}
+        words_(std::move(words)),
+        lane_(std::move(lane)) {}
   ~CudaEngineIo() override { Close(); }
 
   std::string_view kind() const override { return "cuda_ipc"; }
@@ -42,7 +44,8 @@ class CudaEngineIo final : public EngineIo {
                             uint32_t ticket) override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(Usable());
-    return context_.copier->ScatterLayer(memory_.get(), ops, words_.get(), layer, ticket);
+    return context_.copier->ScatterLayer(memory_.get(), ops, words_.get(), layer, ticket,
+                                         gpu::LayerCopier::Wait::kLanded, lane_.get());
   }
 
   absl::Status EnqueueLayer(uint32_t layer, absl::Span<const CopyOp> ops,
@@ -50,13 +53,13 @@ class CudaEngineIo final : public EngineIo {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(Usable());
     return context_.copier->ScatterLayer(memory_.get(), ops, words_.get(), layer, ticket,
-                                         gpu::LayerCopier::Wait::kPrevious);
+                                         gpu::LayerCopier::Wait::kPrevious, lane_.get());
   }
 
   absl::Status Drain() override {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(Usable());
-    return context_.copier->Drain();
+    return context_.copier->Drain(lane_.get());
   }
 
   absl::Status SignalLayers(uint32_t begin, uint32_t end, uint32_t ticket) override {
@@ -91,6 +94,7 @@ class CudaEngineIo final : public EngineIo {
     (void)cudaSetDevice(context_.stream->device());
     words_.reset();   // waits for the I/O stream, then closes the mapping
     memory_.reset();  // the same for the KV tensors
+    lane_.reset();    // nothing of it is in flight any more
   }
 
  private:
@@ -108,6 +112,8 @@ class CudaEngineIo final : public EngineIo {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<gpu::CudaIpcMemory> memory_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<gpu::ReadyWords> words_ ABSL_GUARDED_BY(mu_);
+  // This session's layers in the shared copier: its overlapped layers wait for its own only.
+  std::unique_ptr<gpu::LayerCopier::Lane> lane_ ABSL_GUARDED_BY(mu_);
   bool stored_before_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t last_store_ticket_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -136,8 +142,9 @@ absl::StatusOr<std::unique_ptr<EngineIo>> OpenCudaEngineIo(const CudaEngineRegio
     }
     words = std::move(*opened);
   }
-  return std::unique_ptr<EngineIo>(
-      new CudaEngineIo(std::move(memory), std::move(words), regions.num_layers, context));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::LayerCopier::Lane> lane, context.copier->NewLane());
+  return std::unique_ptr<EngineIo>(new CudaEngineIo(std::move(memory), std::move(words),
+                                                    std::move(lane), regions.num_layers, context));
 }
 
 }  // namespace tutti::engine

@@ -11,11 +11,12 @@
 // into CudaEngineRegions and checks the placements against the namespace first.
 //
 // The EngineIo it makes copies Retrieve layers with the shared gpu::LayerCopier (staged or
-// mapped, see daemon/gpu/layer_copier.h), gathers Store blocks with the copy kernel straight into
-// the store's registered staging, and writes ready words on the I/O stream after the copies.
-// Close() takes the session's lock (so it waits for a layer in progress), waits for the I/O stream,
-// and closes the ready words' and the KV tensors' IPC mappings; nothing is enqueued into the
-// engine's memory afterwards. Its contract is EngineIo's (daemon/engine/engine_io.h).
+// mapped, see daemon/gpu/layer_copier.h) on a lane of its own (so its overlapped layers wait for
+// its own layers only, never for another session's), gathers Store blocks with the copy kernel
+// straight into the store's registered staging, and writes ready words on the I/O stream after the
+// copies. Close() takes the session's lock (so it waits for a layer in progress), waits for the I/O
+// stream, and closes the ready words' and the KV tensors' IPC mappings; nothing is enqueued into
+// the engine's memory afterwards. Its contract is EngineIo's (daemon/engine/engine_io.h).
 //
 // Built only with the CUDA toolkit (it links //gpu and //daemon/gpu; tools/cuda.bzl).
 //

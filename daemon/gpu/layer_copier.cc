@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -158,8 +159,11 @@ absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   ASSIGN_OR_RETURN(copy_stream_, device_->CreateStream("cudaStreamCreate(copy)"));
   // Blocking sync: a Retrieve's thread waits for each layer; spinning would take a core from the
   // reads it overlaps.
-  for (Device::Event* ev : {&landed_[0], &landed_[1], &waited_}) {
-    ASSIGN_OR_RETURN(*ev, device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate"));
+  ASSIGN_OR_RETURN(waited_, device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate"));
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<Lane> own, NewLane());
+    absl::MutexLock lock(&own_mu_);
+    own_lane_ = std::move(own);
   }
   if (options_.bounce_threads > 0) {
     ASSIGN_OR_RETURN(bounce_, device_->AllocatePinned(kSlots * slot_bytes_));
@@ -194,7 +198,10 @@ LayerCopier::~LayerCopier() {
   pool_.reset();
   // Null handles (never created) are skipped by DestroyEvent and Free.
   for (Device::Event ev : bounce_free_) device_->DestroyEvent(ev);
-  for (Device::Event ev : landed_) device_->DestroyEvent(ev);
+  {
+    absl::MutexLock lock(&own_mu_);
+    own_lane_.reset();
+  }
   device_->DestroyEvent(waited_);
   for (Device::Event ev : timed_) device_->DestroyEvent(ev);
   bounce_.reset();
@@ -233,18 +240,64 @@ bool LayerCopier::IsRegistered(const uint8_t* host, uint64_t len) const {
   return registered_.ToDevice(host, len) != nullptr;
 }
 
+LayerCopier::Lane::~Lane() {
+  for (Device::Event ev : landed_) device_->DestroyEvent(ev);  // null ones skipped
+}
+
+absl::StatusOr<std::unique_ptr<LayerCopier::Lane>> LayerCopier::NewLane() {
+  std::unique_ptr<Lane> lane(new Lane(device_));
+  for (Device::Event& ev : lane->landed_) {
+    ASSIGN_OR_RETURN(ev,
+                     device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate(lane)"));
+  }
+  return lane;
+}
+
 absl::Status LayerCopier::ScatterLayer(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
-                                       ReadyWords* words, uint32_t word, uint32_t ticket,
-                                       Wait wait) {
-  absl::MutexLock lock(&mu_);
-  absl::Status s = ScatterLayerLocked(memory, ops, words, word, ticket, wait);
-  if (s.ok()) return s;
-  // Copies of this layer (and an earlier kPrevious one) may be queued on either stream, reading
+                                       ReadyWords* words, uint32_t word, uint32_t ticket, Wait wait,
+                                       Lane* lane) {
+  if (lane != nullptr) return ScatterOnLane(memory, ops, words, word, ticket, wait, lane);
+  absl::MutexLock own(&own_mu_);
+  return ScatterOnLane(memory, ops, words, word, ticket, wait, own_lane_.get());
+}
+
+absl::Status LayerCopier::ScatterOnLane(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
+                                        ReadyWords* words, uint32_t word, uint32_t ticket,
+                                        Wait wait, Lane* lane) {
+  const Device::Event mine = lane->landed_[lane->next_];
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Status s = EnqueueLayerLocked(memory, ops, words, word, ticket, mine);
+    if (!s.ok()) {
+      lane->pending_ = false;
+      RecoverLocked();
+      return s;
+    }
+  }
+  lane->next_ ^= 1;
+  // The I/O stream waited for every slot's copy, so once it is past a layer, that layer's host
+  // staging is free too. The stream runs in order: once this lane's layer has landed, so has
+  // everything enqueued before it.
+  absl::Status s;
+  if (wait == Wait::kLanded) {
+    lane->pending_ = false;
+    s = device_->SyncEvent(mine, "cudaEventSynchronize(layer)");
+  } else if (std::exchange(lane->pending_, true)) {
+    s = device_->SyncEvent(lane->landed_[lane->next_], "cudaEventSynchronize(layer)");
+  }
+  if (!s.ok()) {
+    lane->pending_ = false;
+    absl::MutexLock lock(&mu_);
+    RecoverLocked();
+  }
+  return s;
+}
+
+void LayerCopier::RecoverLocked() {
+  // Copies of this layer (and of earlier kPrevious ones) may be queued on either stream, reading
   // host staging that the caller gives back as soon as this returns.
-  previous_pending_ = false;
   WaitStreamsAfterError();
   ResetSlotWords();
-  return s;
 }
 
 void LayerCopier::ResetSlotWords() {
@@ -270,10 +323,10 @@ void LayerCopier::WaitStreamsAfterError() {
   }
 }
 
-absl::Status LayerCopier::ScatterLayerLocked(CudaIpcMemory* memory,
+absl::Status LayerCopier::EnqueueLayerLocked(CudaIpcMemory* memory,
                                              absl::Span<const engine::CopyOp> ops,
                                              ReadyWords* words, uint32_t word, uint32_t ticket,
-                                             Wait wait) {
+                                             Device::Event landed) {
   const uint64_t len = memory->object_len();
   if (len > slot_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -316,19 +369,7 @@ absl::Status LayerCopier::ScatterLayerLocked(CudaIpcMemory* memory,
   if (!staged_.empty()) RETURN_IF_ERROR(EnqueueStaged(memory, ops, &staged_));
   time_next_round_ = false;
   if (words != nullptr) RETURN_IF_ERROR(words->Signal(word, ticket));
-  // The I/O stream waited for every slot's copy, so once it is past a layer, that layer's host
-  // staging is free too.
-  if (wait == Wait::kLanded) {
-    previous_pending_ = false;
-    return WaitIoStream();
-  }
-  Device::Event mine = landed_[landed_next_];
-  landed_next_ ^= 1;
-  RETURN_IF_ERROR(device_->RecordEvent(mine, device_->io_stream(), "cudaEventRecord(layer)"));
-  const bool had_previous = previous_pending_;
-  previous_pending_ = true;
-  if (!had_previous) return absl::OkStatus();
-  return device_->SyncEvent(landed_[landed_next_], "cudaEventSynchronize(layer)");
+  return device_->RecordEvent(landed, device_->io_stream(), "cudaEventRecord(layer)");
 }
 
 void LayerCopier::CheckTimedRound() {
@@ -511,10 +552,14 @@ absl::Status LayerCopier::MeasureIdleKernel() {
   return absl::OkStatus();
 }
 
-absl::Status LayerCopier::Drain() {
-  absl::MutexLock lock(&mu_);
-  previous_pending_ = false;
-  return WaitIoStream();
+absl::Status LayerCopier::Drain(Lane* lane) {
+  if (lane == nullptr) {
+    absl::MutexLock own(&own_mu_);
+    own_lane_->pending_ = false;
+    return WaitIoStream();
+  }
+  if (!std::exchange(lane->pending_, false)) return absl::OkStatus();
+  return device_->SyncEvent(lane->landed_[lane->next_ ^ 1], "cudaEventSynchronize(layer)");
 }
 
 absl::Status LayerCopier::WaitIoStream() {

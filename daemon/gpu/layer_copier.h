@@ -42,7 +42,16 @@
 // The GPU is reached through a gpu::Device (gpu/device.h): CUDA on the I/O stream's device in
 // production, host memory in tests (layer_copier_host_test.cc), which run this logic without a GPU.
 //
-// Thread-safety: every method may be called from any thread. ScatterLayer calls are serialized.
+// Lanes: each caller that overlaps its layers (a session's Retrieves: CudaEngineIo) has a Lane of
+// its own. A Lane's Wait::kPrevious layer waits for that lane's previous layer only, and every
+// wait (kPrevious, kLanded, Drain) happens outside the copier's lock, which covers only the
+// enqueueing: so a session that waits for its layer holds up no other session's enqueue (before
+// stop 43 one lock was held through the wait, and each session waited for the layer any other
+// had enqueued last). Every lane's work goes on the one I/O stream, in the order enqueued.
+//
+// Thread-safety: every method may be called from any thread. Enqueueing is serialized; calls
+// without a lane are serialized whole (waits included), as before lanes; a Lane is used by one
+// thread at a time.
 // Lifetimes: the IoStream (or Device) and the registered regions must outlive the copier; the
 // copier must outlive every CudaIpcMemory opened with its staging_regions().
 #ifndef TUTTI_DAEMON_GPU_LAYER_COPIER_H_
@@ -119,6 +128,28 @@ class LayerCopier {
   // Waits for both streams, then frees what Create made.
   ~LayerCopier();
 
+  // One caller's layers (see Lanes above). Must be destroyed before the copier, once its last
+  // layer has landed or been drained.
+  class Lane {
+   public:
+    Lane(const Lane&) = delete;
+    Lane& operator=(const Lane&) = delete;
+    ~Lane();
+
+   private:
+    friend class LayerCopier;
+    explicit Lane(Device* device) : device_(device) {}
+    Device* const device_;
+    // Blocking-sync events recorded on the I/O stream after this lane's layers, alternately:
+    // landed_[next_] is recorded next; with `pending`, landed_[next_ ^ 1] marks a kPrevious layer
+    // not yet waited for.
+    std::array<Device::Event, 2> landed_{};
+    uint32_t next_ = 0;
+    bool pending_ = false;
+  };
+  // INTERNAL when its events cannot be made (the CUDA error named).
+  absl::StatusOr<std::unique_ptr<Lane>> NewLane();
+
   Mode mode() const { return options_.mode; }
   // Store: copies `ops` out of the engine's blocks into registered staging and waits for them.
   // kStaged and kMapped: the gather kernel (about 51 GB/s alone on the H200, but its SMs work for
@@ -167,9 +198,9 @@ class LayerCopier {
   enum class Wait {
     // Once this layer is in the engine's memory: its sources may be reused at once.
     kLanded,
-    // Once this layer is enqueued and every layer enqueued before it (by any caller) has landed,
-    // so the next layer's copies overlap this one's last kernel. This layer's sources must stay
-    // unchanged until a later ScatterLayer or Drain returns.
+    // Once this layer is enqueued and the lane's layer before it has landed (so has everything
+    // enqueued before that one), so the next layer's copies overlap this one's last kernel. This
+    // layer's sources must stay unchanged until a later ScatterLayer or Drain on the lane returns.
     kPrevious,
   };
 
@@ -180,12 +211,15 @@ class LayerCopier {
   // decides (the server still writes it, see daemon/engine/engine_io.h). An error returns only
   // once both streams are past every copy enqueued so far, so the sources of this layer and of
   // any earlier kPrevious layer may be reused at once (whatever `wait` says).
+  // `lane`: the caller's (NewLane), or null for the copier's own, shared by every call without
+  // one.
   [[nodiscard]] absl::Status ScatterLayer(CudaIpcMemory* memory,
                                           absl::Span<const engine::CopyOp> ops, ReadyWords* words,
-                                          uint32_t word, uint32_t ticket,
-                                          Wait wait = Wait::kLanded);
-  // Returns once every layer enqueued so far has landed.
-  [[nodiscard]] absl::Status Drain();
+                                          uint32_t word, uint32_t ticket, Wait wait = Wait::kLanded,
+                                          Lane* lane = nullptr);
+  // With a lane: returns once the lane's layers have landed. Without: once every layer enqueued
+  // so far (by any caller) has.
+  [[nodiscard]] absl::Status Drain(Lane* lane = nullptr);
 
  private:
   struct CopyJob {  // for the bounce threads
@@ -216,9 +250,16 @@ class LayerCopier {
   static absl::StatusOr<std::unique_ptr<LayerCopier>> CreateOn(
       const Options& options, Device* device, std::unique_ptr<Device> owned_device,
       absl::Span<const StagingRegion> registered);
-  absl::Status ScatterLayerLocked(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
-                                  ReadyWords* words, uint32_t word, uint32_t ticket, Wait wait)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ScatterOnLane(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
+                             ReadyWords* words, uint32_t word, uint32_t ticket, Wait wait,
+                             Lane* lane);
+  // Enqueues the layer's copies and its ready word, then records `landed` after them.
+  absl::Status EnqueueLayerLocked(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops,
+                                  ReadyWords* words, uint32_t word, uint32_t ticket,
+                                  Device::Event landed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failed layer: waits for both streams and starts the slots' words afresh (both
+  // below), so the sources of every layer enqueued so far may be reused.
+  void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a failed enqueue: waits until the copy stream and the I/O stream have passed everything
   // enqueued so far (logged, not returned, if that fails too: the first error is the caller's).
   void WaitStreamsAfterError();
@@ -277,17 +318,15 @@ class LayerCopier {
   std::array<Device::Event, kSlots> bounce_free_{};  // recorded on copy_stream_
   std::unique_ptr<CopyPool> pool_;
 
-  mutable absl::Mutex mu_;
+  // The lane of calls made without one; own_mu_ serializes them whole.
+  absl::Mutex own_mu_;
+  std::unique_ptr<Lane> own_lane_ ABSL_GUARDED_BY(own_mu_);
+  mutable absl::Mutex mu_;  // enqueueing (always taken after own_mu_)
   std::array<uint32_t, kSlots> uses_ ABSL_GUARDED_BY(mu_){};
   std::array<bool, kSlots> bounce_pending_ ABSL_GUARDED_BY(mu_){};
-  // Recorded on the I/O stream after each kPrevious layer, alternately; the previous one is
-  // waited for by the next call.
-  // Blocking-sync events (the waiting thread sleeps instead of spinning a core): landed_
-  // alternately, and `waited_` for waits on the whole I/O stream (WaitIoStream).
-  std::array<Device::Event, 2> landed_{};
+  // Blocking-sync (the waiting thread sleeps instead of spinning a core), for waits on the whole
+  // I/O stream (WaitIoStream).
   Device::Event waited_ = nullptr;
-  uint32_t landed_next_ ABSL_GUARDED_BY(mu_) = 0;
-  bool previous_pending_ ABSL_GUARDED_BY(mu_) = false;
   // kAuto state: timing events around one round's kernel, that round's bytes while its timing
   // is unread, whether the next round is to be timed.
   IdleKernel idle_;

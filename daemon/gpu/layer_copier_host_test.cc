@@ -4,12 +4,16 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "daemon/gpu/layer_copier.h"
 #include "daemon/gpu/testing/kv_layout.h"
 #include "gpu/host_device.h"
@@ -292,6 +296,69 @@ TEST(HostCopierRunsTest, DeviceCopiesWinOverHostStaging) {
     rig.ExpectLanded();
     rig.device_.Free(copies);
   }
+}
+
+// Lanes: each session's overlapped layers wait for its own previous layer only, and a session
+// waiting for its layer to land holds up no other session's layer.
+TEST(HostCopierLaneTest, AnOverlappedLayerWaitsForItsOwnLaneOnly) {
+  Rig rig(Opts(Mode::kStaged), true, 8, NoGap);
+  std::unique_ptr<LayerCopier::Lane> a = rig.copier_->NewLane().value();
+  std::unique_ptr<LayerCopier::Lane> b = rig.copier_->NewLane().value();
+  auto scatter = [&](uint32_t ticket, LayerCopier::Lane* lane) {
+    return rig.copier_->ScatterLayer(rig.memory_.get(), rig.ops_, rig.ready_.get(), kLayer, ticket,
+                                     LayerCopier::Wait::kPrevious, lane);
+  };
+  ASSERT_TRUE(scatter(1, a.get()).ok());
+  const uint64_t syncs = rig.device_.count(Op::kSyncEvent);
+  // b's first layer: nothing of b's before it; a's pending layer is not b's to wait for.
+  ASSERT_TRUE(scatter(2, b.get()).ok());
+  EXPECT_EQ(rig.device_.count(Op::kSyncEvent), syncs);
+  ASSERT_TRUE(scatter(3, a.get()).ok());  // waits for a's first
+  EXPECT_EQ(rig.device_.count(Op::kSyncEvent), syncs + 1);
+  ASSERT_TRUE(rig.copier_->Drain(a.get()).ok());
+  ASSERT_TRUE(rig.copier_->Drain(b.get()).ok());
+  EXPECT_EQ(rig.device_.count(Op::kSyncEvent), syncs + 3);
+  ASSERT_TRUE(rig.copier_->Drain(a.get()).ok());  // nothing pending: no wait
+  EXPECT_EQ(rig.device_.count(Op::kSyncEvent), syncs + 3);
+  EXPECT_EQ(rig.word(), 3u);
+  rig.ExpectLanded();
+}
+
+TEST(HostCopierLaneTest, ALaneWaitingForItsLayerHoldsUpNoOtherLane) {
+  Rig rig(Opts(Mode::kStaged), true, 8, NoGap);
+  std::unique_ptr<LayerCopier::Lane> a = rig.copier_->NewLane().value();
+  std::unique_ptr<LayerCopier::Lane> b = rig.copier_->NewLane().value();
+  absl::Notification a_waiting, release;
+  std::atomic<bool> first{true};
+  // The first wait (a's layer) lasts until released, as a GPU still copying a large layer.
+  rig.device_.SetSyncEventHook([&] {
+    if (first.exchange(false)) {
+      a_waiting.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(30));
+    }
+  });
+  auto scatter = [&](uint32_t ticket, LayerCopier::Lane* lane) {
+    return rig.copier_->ScatterLayer(rig.memory_.get(), rig.ops_, rig.ready_.get(), kLayer, ticket,
+                                     LayerCopier::Wait::kLanded, lane);
+  };
+  absl::Status a_status, b_status;
+  std::thread ta([&] { a_status = scatter(1, a.get()); });
+  a_waiting.WaitForNotification();
+  absl::Notification b_done;
+  std::thread tb([&] {
+    b_status = scatter(2, b.get());
+    b_done.Notify();
+  });
+  const bool b_went = b_done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  release.Notify();
+  ta.join();
+  tb.join();
+  EXPECT_TRUE(b_went) << "lane b's layer waited for lane a's to land";
+  EXPECT_TRUE(a_status.ok()) << a_status;
+  EXPECT_TRUE(b_status.ok()) << b_status;
+  EXPECT_EQ(rig.word(), 2u);
+  rig.ExpectLanded();
+  rig.device_.SetSyncEventHook(nullptr);
 }
 
 struct FailCase {
