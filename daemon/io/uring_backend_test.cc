@@ -279,9 +279,11 @@ TEST_F(UringBackendShmTest, ReadRingsShareATmpfsFilesReads) {
     ASSERT_EQ(r.result, kChunk);
     ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 4)) << r.offset;
   }
-  for (uint32_t bad : {0u, 17u}) {
-    auto none = UringBackend::Create({}, UringOptions{8, 8, bad});
+  for (uint32_t bad : {0u, 17u}) {  // a file of its own each (a refused Create closes it)
+    auto none = UringBackend::Create({dup(fd_)}, UringOptions{8, 8, bad});
     EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(none.status().message().find("io.memory_read_rings"), std::string::npos)
+        << none.status();
   }
 }
 
