@@ -1,10 +1,10 @@
 #include "bench/worker_sampler.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 
 namespace tutti::bench {
 
@@ -22,14 +22,29 @@ bool ParseTaskStat(const std::string& stat, std::string* comm, char* state) {
   return true;
 }
 
+namespace {
+
+// The stat line of a task, or "" when the task is gone (an io_uring worker that exits between the
+// directory listing and the read: the read fails with ESRCH, which an ifstream turns into an
+// exception from underflow).
+std::string ReadTaskStat(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[1024];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  close(fd);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+}  // namespace
+
 void CountWorkers(uint32_t* alive, uint32_t* runnable) {
   *alive = *runnable = 0;
   DIR* dir = opendir("/proc/self/task");
   if (dir == nullptr) return;
   while (dirent* e = readdir(dir)) {
     if (e->d_name[0] == '.') continue;
-    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/stat");
-    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string stat = ReadTaskStat(std::string("/proc/self/task/") + e->d_name + "/stat");
     std::string comm;
     char state;
     if (!ParseTaskStat(stat, &comm, &state) || comm.rfind("iou-wrk", 0) != 0) continue;
