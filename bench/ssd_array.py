@@ -1857,19 +1857,10 @@ def one_share_config(args, results, emulation, n):
             finally:
                 stop.set()
 
-        io0 = io_series(daemon)
         t0 = time.perf_counter()
         in_threads(lambda fn: fn(), [big_loop, small_beside])
         big_beside = big_bytes[0] / GB / (time.perf_counter() - t0)
-        io1 = io_series(daemon)
         daemon.set_log_level("datapath", "info")
-        read_window = None
-        if io0 and io1:  # the devices' read windows (datapath.read_latency_target_ms)
-            read_window = {
-                "cuts": int(sum(io1.get("tutti_io_read_window_cuts_total", {}).values()) -
-                            sum(io0.get("tutti_io_read_window_cuts_total", {}).values())),
-                "mib_at_end": [round(v / MiB, 1)
-                               for v in io1.get("tutti_io_read_window_bytes", {}).values()]}
         split_alone = read_split(daemon.log_path, log_from, log_beside, small_n)
         split_beside = read_split(daemon.log_path, log_beside, None, small_n)
         for s in sessions:
@@ -1891,7 +1882,7 @@ def one_share_config(args, results, emulation, n):
         small_beside_ms=[round(x * 1e3, 2) for x in beside],
         small_alone_median_ms=alone_med * 1e3, small_beside_median_ms=beside_med * 1e3,
         small_beside_p90_ms=_quantile(beside, 0.9) * 1e3, small_beside_first_ms=beside[0] * 1e3,
-        small_alone_split=split_alone, small_beside_split=split_beside, read_window=read_window,
+        small_alone_split=split_alone, small_beside_split=split_beside,
         small_alone_gbps=small_alone_gbps, big_alone_gbps=big_alone,
         big_beside_gbps=big_beside, io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
         tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,

@@ -133,7 +133,6 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.write_bytes_in_flight_while_reading = config.datapath().write_bytes_in_flight_while_reading();
   o.max_write_bytes_in_flight = config.datapath().max_write_bytes_in_flight();
   o.write_latency_target_us = int64_t{config.datapath().write_latency_target_ms()} * 1000;
-  o.read_latency_target_us = int64_t{config.datapath().read_latency_target_ms()} * 1000;
   o.max_read_bytes_in_flight = config.datapath().max_read_bytes_in_flight();
   if (o.max_read_bytes_in_flight == 0) {
     // What the device's queue holds: reads past it would only wait in the backend, in order.

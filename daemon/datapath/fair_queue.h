@@ -40,20 +40,10 @@ class FairQueue {
   // Streams with items queued.
   size_t streams() const { return turns_.size(); }
 
-  // Whether a stream other than `stream` has items queued.
-  bool HasOtherThan(uint64_t stream) const {
-    for (const Stream& s : turns_) {
-      if (s.id != stream) return true;
-    }
-    return false;
-  }
-
-  // The oldest item of the stream whose turn it is; that stream in `*stream` if not null.
-  // Precondition: !empty().
-  T Pop(uint64_t* stream = nullptr) {
+  // The oldest item of the stream whose turn it is. Precondition: !empty().
+  T Pop() {
     --size_;
     Stream& s = turns_.front();
-    if (stream != nullptr) *stream = s.id;
     T item = std::move(s.items.front());
     s.items.pop_front();
     if (s.items.empty()) {

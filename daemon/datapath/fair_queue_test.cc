@@ -54,22 +54,6 @@ TEST(FairQueueTest, AnEmptiedStreamRejoinsAtTheBack) {
   EXPECT_EQ(Drain(&q), (std::vector<std::string>{"b1", "a2", "b2"}));
 }
 
-TEST(FairQueueTest, PopSaysWhoseAndOthersAreSeen) {
-  FairQueue<std::string> q;
-  EXPECT_FALSE(q.HasOtherThan(1));
-  q.Push(1, "a1");
-  EXPECT_FALSE(q.HasOtherThan(1));
-  EXPECT_TRUE(q.HasOtherThan(2));
-  q.Push(2, "b1");
-  EXPECT_TRUE(q.HasOtherThan(1));
-  uint64_t stream = 0;
-  EXPECT_EQ(q.Pop(&stream), "a1");
-  EXPECT_EQ(stream, 1u);
-  EXPECT_FALSE(q.HasOtherThan(2));  // stream 1 has nothing queued now
-  EXPECT_EQ(q.Pop(&stream), "b1");
-  EXPECT_EQ(stream, 2u);
-}
-
 TEST(FairQueueTest, MoveOnlyItems) {
   FairQueue<std::unique_ptr<int>> q;
   q.Push(1, std::make_unique<int>(5));

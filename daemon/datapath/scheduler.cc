@@ -43,7 +43,6 @@ struct IoScheduler::Emission {
   std::vector<Item> items;  // items[i] is reqs[i]'s origin
   uint64_t bytes = 0;
   int64_t emitted_us = 0;  // clock time handed to the sink
-  uint64_t stream = 0;     // reads: whose
 
   void Add(Item item, io::Op op) {
     reqs.push_back(*item.req);
@@ -100,10 +99,7 @@ absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedul
 
 IoScheduler::IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock)
     : options_(options), sink_(sink), clock_(clock), devices_(options.num_devices) {
-  for (Device& d : devices_) {
-    d.write_window = options_.max_write_bytes_in_flight;
-    d.read_window = options_.max_read_bytes_in_flight;
-  }
+  for (Device& d : devices_) d.write_window = options_.max_write_bytes_in_flight;
 }
 
 IoScheduler::~IoScheduler() = default;
@@ -143,7 +139,7 @@ void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::functi
     for (uint32_t d = 0; d < devices_.size(); ++d) {
       if (cls == IoClass::kRead && !reads[d].empty()) {
         if (options_.max_read_bytes_in_flight == 0) {
-          out.push_back(MakeReadsLocked(d, std::move(reads[d]), stream));
+          out.push_back(MakeReadsLocked(d, std::move(reads[d])));
           continue;
         }
         devices_[d].reads_queued += reads[d].size();
@@ -159,12 +155,10 @@ void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::functi
 }
 
 std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t device,
-                                                                    std::vector<Item> items,
-                                                                    uint64_t stream) {
+                                                                    std::vector<Item> items) {
   auto em = std::make_unique<Emission>();
   em->device = device;
   em->cls = IoClass::kRead;
-  em->stream = stream;
   for (Item& item : items) em->Add(std::move(item), io::Op::kRead);
   devices_[device].reads_in_flight += em->reqs.size();
   devices_[device].read_bytes_in_flight += em->bytes;
@@ -177,11 +171,10 @@ std::unique_ptr<IoScheduler::Emission> IoScheduler::MakeReadsLocked(uint32_t dev
 
 void IoScheduler::TakeReadsLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out) {
   Device& dev = devices_[device];
-  while (!dev.reads.empty() && dev.read_bytes_in_flight < dev.read_window) {
-    uint64_t stream = 0;
-    std::vector<Item> part = dev.reads.Pop(&stream);
+  while (!dev.reads.empty() && dev.read_bytes_in_flight < options_.max_read_bytes_in_flight) {
+    std::vector<Item> part = dev.reads.Pop();
     dev.reads_queued -= part.size();
-    out->push_back(MakeReadsLocked(device, std::move(part), stream));
+    out->push_back(MakeReadsLocked(device, std::move(part)));
   }
 }
 
@@ -239,7 +232,6 @@ void IoScheduler::OnDone(Emission* raw) {
       dev.read_bytes_in_flight -= em->bytes;
       dev.read_latency.Record(latency_us, em->reqs.size());
       dev.last_read_us = em->emitted_us + latency_us;
-      AdaptReadWindowLocked(dev, *em, latency_us, em->emitted_us + latency_us);
       TakeReadsLocked(em->device, &next);
     } else {
       dev.write_bytes_in_flight -= em->bytes;
@@ -277,34 +269,14 @@ void IoScheduler::AdaptWindowLocked(Device& dev, uint64_t bytes, int64_t latency
   }
 }
 
-void IoScheduler::AdaptReadWindowLocked(Device& dev, const Emission& em, int64_t latency_us,
-                                        int64_t now_us) {
-  const int64_t target = options_.read_latency_target_us;
-  const uint64_t cap = options_.max_read_bytes_in_flight;
-  if (target == 0 || cap == 0) return;
-  // Latency costs only a Retrieve that waits behind this one's reads: alone, a Retrieve keeps
-  // the whole cap (throughput).
-  if (latency_us > target && dev.reads.HasOtherThan(em.stream)) {
-    // Emissions in flight together complete late together: one cut per target interval.
-    if (dev.last_read_cut_us != 0 && now_us - dev.last_read_cut_us < target) return;
-    dev.last_read_cut_us = now_us;
-    const uint64_t halved = std::max(std::min(kMinReadWindow, cap), dev.read_window / 2);
-    dev.read_window_cuts += halved < dev.read_window;
-    dev.read_window = halved;
-  } else {
-    dev.read_window = std::min(cap, dev.read_window + em.bytes);
-  }
-}
-
 IoSchedulerStats IoScheduler::stats() const {
   absl::MutexLock lock(&mu_);
   IoSchedulerStats s = stats_;
   s.devices.reserve(devices_.size());
   for (const Device& d : devices_) {
     s.devices.push_back(DeviceIoStats{d.read_latency, d.write_latency, d.reads_in_flight,
-                                      d.write_bytes_in_flight, d.reads_queued, d.read_window,
-                                      d.read_window_cuts, d.write_window, d.write_window_cuts,
-                                      d.read_bytes, d.write_bytes});
+                                      d.write_bytes_in_flight, d.reads_queued, d.write_window,
+                                      d.write_window_cuts, d.read_bytes, d.write_bytes});
   }
   return s;
 }

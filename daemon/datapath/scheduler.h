@@ -31,13 +31,6 @@
 //    answers to reads); otherwise it grows it as an on-time one does, so a device that only
 //    writes (a store with no retrieve near it) writes with the whole window. On a device whose
 //    writes run one at a time (a tmpfs file), halving for latency alone cut stores to a third.
-//  - The read cap adapts the same way with `read_latency_target_us` set, but only while
-//    Retrieves contend: a read emission that completed later than the target, while another
-//    stream's reads wait at that device, halves the device's read window (at most once per target
-//    interval, down to kMinReadWindow); one on time, or with no other stream waiting, grows it by
-//    its bytes, up to `max_read_bytes_in_flight`. So a Retrieve alone keeps the whole cap, and one
-//    that starts beside it waits behind about one target's worth of reads on a slow device (a
-//    capped cloud volume, a SATA SSD) instead of the whole cap's (16 MiB at 0.25 GB/s: 64 ms).
 //  - Writes taken at once go out in emissions of at most `write_emission_bytes`.
 //  - Each time an emission completes, the device's queue is looked at again: writes drain once
 //    reads stop.
@@ -88,9 +81,6 @@ struct IoSchedulerOptions {
   // 0: every read emitted at once (no turns). A cap of a few times what the device's queue
   // holds keeps it as busy as no cap.
   uint64_t max_read_bytes_in_flight = 0;
-  // Completion latency reads keep to while Retrieves contend at a device (see above), in clock
-  // microseconds; 0: the read window stays max_read_bytes_in_flight.
-  int64_t read_latency_target_us = 0;
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 8ull << 20;
   // Writes taken at once are handed to the sink in emissions of at most this many bytes (at
@@ -123,8 +113,6 @@ struct DeviceIoStats {
   LatencyHistogram read_latency, write_latency;
   uint64_t reads_in_flight = 0, write_bytes_in_flight = 0;
   uint64_t reads_queued = 0;  // requests waiting for their stream's turn (a read cap is set)
-  uint64_t read_window = 0;   // bytes: the read cap now (max_read_bytes_in_flight, or less)
-  uint64_t read_window_cuts = 0;  // times a late read, other streams waiting, halved it
   uint64_t write_window = 0;  // bytes: the cap on writes in flight while nothing is read
   uint64_t write_window_cuts = 0;  // times a late write halved it
   uint64_t read_bytes = 0, write_bytes = 0;  // bytes of the requests emitted to this device
@@ -148,10 +136,6 @@ class IoScheduler {
                                                              IoSink* sink, Clock* clock);
   // Precondition: nothing posted is still in flight (every `done` has run).
   ~IoScheduler();
-
-  // The least read window adaptation leaves (or the cap, if smaller): one part goes at a time
-  // below it anyway.
-  static constexpr uint64_t kMinReadWindow = 1ull << 20;
 
   // io::IoBackend::Submit's contract: starts every request of `batch` (their `op` is ignored:
   // `cls` says which) and returns; when each has its `result`, `done` runs once. `batch`'s memory
@@ -179,9 +163,6 @@ class IoScheduler {
     uint64_t reads_queued = 0;     // requests in `reads`
     uint64_t reads_in_flight = 0;  // requests emitted and not completed
     uint64_t read_bytes_in_flight = 0;
-    uint64_t read_window = 0;
-    uint64_t read_window_cuts = 0;
-    int64_t last_read_cut_us = 0;  // clock time of the last halving of read_window; 0: none yet
     uint64_t write_bytes_in_flight = 0;
     LatencyHistogram read_latency, write_latency;
     uint64_t write_window = 0;
@@ -196,8 +177,8 @@ class IoScheduler {
   // write_emission_bytes each, appended to `out`.
   void TakeWritesLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::unique_ptr<Emission> MakeReadsLocked(uint32_t device, std::vector<Item> items,
-                                            uint64_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<Emission> MakeReadsLocked(uint32_t device, std::vector<Item> items)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the queued reads of `device` that its read cap lets go now, each stream in turn, as
   // emissions appended to `out`.
   void TakeReadsLocked(uint32_t device, std::vector<std::unique_ptr<Emission>>* out)
@@ -207,9 +188,6 @@ class IoScheduler {
   void OnDone(Emission* em);
   // Adapts `dev`'s write window to a write emission of `bytes` that took `latency_us`.
   void AdaptWindowLocked(Device& dev, uint64_t bytes, int64_t latency_us, int64_t now_us)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adapts `dev`'s read window to read emission `em`, which took `latency_us`.
-  void AdaptReadWindowLocked(Device& dev, const Emission& em, int64_t latency_us, int64_t now_us)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const IoSchedulerOptions options_;

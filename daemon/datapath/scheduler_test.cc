@@ -526,11 +526,10 @@ TEST_F(WriteWindowTest, CreateRefusesANegativeTarget) {
 
 class ReadTurnsTest : public SchedulerTest {
  protected:
-  void MakeCapped(uint32_t devices, uint64_t read_cap, int64_t read_target_us = 0) {
+  void MakeCapped(uint32_t devices, uint64_t read_cap) {
     IoSchedulerOptions o;
     o.num_devices = devices;
     o.max_read_bytes_in_flight = read_cap;
-    o.read_latency_target_us = read_target_us;
     o.write_bytes_in_flight_while_reading = 64 * kKiB;
     o.max_write_bytes_in_flight = 256 * kKiB;
     auto s = IoScheduler::Create(o, &sink_, &clock_);
@@ -545,14 +544,11 @@ class ReadTurnsTest : public SchedulerTest {
           IoClass::kRead, absl::MakeSpan(p), [calls] { ++*calls; }, stream);
     }
   }
-  static std::vector<std::vector<io::IoRequest>> Parts(uint32_t file, uint64_t base, int n,
-                                                       uint32_t len = 64 * kKiB) {
+  static std::vector<std::vector<io::IoRequest>> Parts(uint32_t file, uint64_t base, int n) {
     std::vector<std::vector<io::IoRequest>> out;
-    for (int i = 0; i < n; ++i) out.push_back({Req(file, base + uint64_t{len} * i, len)});
+    for (int i = 0; i < n; ++i) out.push_back({Req(file, base + i * 64 * kKiB, 64 * kKiB)});
     return out;
   }
-  uint64_t window() const { return sched_->stats().devices[0].read_window; }
-  uint64_t cuts() const { return sched_->stats().devices[0].read_window_cuts; }
 };
 
 TEST_F(ReadTurnsTest, NoCapEmitsEveryReadAtOnce) {
@@ -622,67 +618,6 @@ TEST_F(ReadTurnsTest, DevicesHaveCapsAndTurnsOfTheirOwn) {
   while (sink_.pending() > 0) sink_.Complete(0);
   EXPECT_EQ(both_done, 1);
   EXPECT_EQ(more_done, 1);
-}
-
-// The read window (datapath.read_latency_target_ms): late reads halve it only while another
-// stream's reads wait at the device, once per target interval, down to kMinReadWindow; reads on
-// time grow it back to the cap.
-TEST_F(ReadTurnsTest, LateReadsShrinkTheWindowOnlyWhileAnotherStreamWaits) {
-  constexpr uint64_t kMiB = 1 << 20;
-  MakeCapped(1, 8 * kMiB, /*read_target_us=*/5000);
-  auto big = Parts(0, 0, 40, kMiB);
-  auto small = Parts(0, 1ull << 30, 3, kMiB);
-  int big_done = 0, small_done = 0;
-  PostParts(1, &big, &big_done);
-  ASSERT_EQ(sink_.pending(), 8u);
-  EXPECT_EQ(window(), 8 * kMiB);
-  clock_.AdvanceMs(10);
-  sink_.Complete(0);  // late, but nobody else waits: the whole cap stays
-  EXPECT_EQ(window(), 8 * kMiB);
-  EXPECT_EQ(cuts(), 0u);
-  ASSERT_EQ(sink_.pending(), 8u);
-  PostParts(2, &small, &small_done);
-  sink_.Complete(0);  // late with the small stream waiting: halved, nothing more goes
-  EXPECT_EQ(window(), 4 * kMiB);
-  EXPECT_EQ(cuts(), 1u);
-  EXPECT_EQ(sink_.pending(), 7u);
-  sink_.Complete(0);  // late again within the same target interval: no second cut
-  EXPECT_EQ(window(), 4 * kMiB);
-  EXPECT_EQ(cuts(), 1u);
-  clock_.AdvanceMs(6);
-  sink_.Complete(0);
-  EXPECT_EQ(window(), 2 * kMiB);
-  clock_.AdvanceMs(6);
-  sink_.Complete(0);
-  EXPECT_EQ(window(), kMiB);
-  clock_.AdvanceMs(6);
-  sink_.Complete(0);
-  EXPECT_EQ(window(), kMiB) << "never below kMinReadWindow";
-  EXPECT_EQ(cuts(), 3u);
-  EXPECT_EQ(sink_.pending(), 3u) << "nothing went while the window was full";
-  // The reads emitted now complete on time: each grows the window by its bytes.
-  while (sink_.pending() > 0) sink_.Complete(0);
-  EXPECT_EQ(small_done, 3);
-  EXPECT_EQ(big_done, 40);
-  EXPECT_EQ(window(), 8 * kMiB);
-  EXPECT_EQ(cuts(), 3u);
-}
-
-TEST_F(ReadTurnsTest, WithoutATargetTheWindowStaysTheCap) {
-  constexpr uint64_t kMiB = 1 << 20;
-  MakeCapped(1, 4 * kMiB);
-  auto big = Parts(0, 0, 10, kMiB);
-  auto small = Parts(0, 1ull << 30, 2, kMiB);
-  int big_done = 0, small_done = 0;
-  PostParts(1, &big, &big_done);
-  PostParts(2, &small, &small_done);
-  while (sink_.pending() > 0) {
-    clock_.AdvanceMs(100);
-    sink_.Complete(0);
-    EXPECT_EQ(window(), 4 * kMiB);
-  }
-  EXPECT_EQ(cuts(), 0u);
-  EXPECT_EQ(big_done + small_done, 12);
 }
 
 TEST_F(ReadTurnsTest, QueuedReadsKeepWritesToTheWhileReadingCap) {

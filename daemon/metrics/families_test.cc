@@ -109,8 +109,6 @@ MetricsSnapshot FakeSnapshot() {
   st.io.devices[1].reads_queued = 9;
   st.io.devices[1].write_window = 8 << 20;
   st.io.devices[1].write_window_cuts = 3;
-  st.io.devices[1].read_window = 2 << 20;
-  st.io.devices[1].read_window_cuts = 5;
   st.io.devices[0].read_bytes = 300;
   st.io.devices[1].read_bytes = 400;
   st.io.devices[1].write_bytes = 800;
@@ -249,8 +247,6 @@ TEST(FamiliesTest, CapacityBacklogQueuesDecisionsAndGpu) {
   EXPECT_EQ(Value(Find(fs, "tutti_io_write_wait_seconds_total")), 2.5);
   EXPECT_EQ(Value(Find(fs, "tutti_io_reads_in_flight"), {{"device", "1"}}), 4);
   EXPECT_EQ(Value(Find(fs, "tutti_io_reads_queued"), {{"device", "1"}}), 9);
-  EXPECT_EQ(Value(Find(fs, "tutti_io_read_window_bytes"), {{"device", "1"}}), 2 << 20);
-  EXPECT_EQ(Value(Find(fs, "tutti_io_read_window_cuts_total"), {{"device", "1"}}), 5);
   EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "0"}, {"op", "read"}}), 300);
   EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "1"}, {"op", "read"}}), 400);
   EXPECT_EQ(Value(Find(fs, "tutti_io_device_bytes_total"), {{"device", "0"}, {"op", "write"}}), 0);
@@ -298,25 +294,15 @@ TEST(FamiliesTest, AnEmptySnapshotStillGivesEveryFamilyAndHostModeZeros) {
   const std::vector<MetricFamily> full = BuildFamilies(FakeSnapshot());
   const std::vector<MetricFamily> empty = BuildFamilies(MetricsSnapshot{});
   ASSERT_EQ(empty.size(), full.size());
-  const std::set<std::string> per_entity = {"tutti_namespace_blocks",
-                                            "tutti_namespace_lookup_hits_total",
-                                            "tutti_namespace_lookup_misses_total",
-                                            "tutti_namespace_retrieved_blocks_total",
-                                            "tutti_io_device_bytes_total",
-                                            "tutti_io_reads_in_flight",
-                                            "tutti_io_reads_queued",
-                                            "tutti_io_write_bytes_in_flight",
-                                            "tutti_io_read_window_bytes",
-                                            "tutti_io_read_window_cuts_total",
-                                            "tutti_io_write_window_bytes",
-                                            "tutti_io_write_window_cuts_total",
-                                            "tutti_io_latency_seconds",
-                                            "tutti_pool_device_info",
-                                            "tutti_nvme_critical_warning",
-                                            "tutti_nvme_temperature_celsius",
-                                            "tutti_nvme_available_spare_ratio",
-                                            "tutti_nvme_endurance_used_ratio",
-                                            "tutti_nvme_media_errors"};
+  const std::set<std::string> per_entity = {
+      "tutti_namespace_blocks", "tutti_namespace_lookup_hits_total",
+      "tutti_namespace_lookup_misses_total", "tutti_namespace_retrieved_blocks_total",
+      "tutti_io_device_bytes_total", "tutti_io_reads_in_flight", "tutti_io_reads_queued",
+      "tutti_io_write_bytes_in_flight",
+      "tutti_io_write_window_bytes", "tutti_io_write_window_cuts_total",
+      "tutti_io_latency_seconds", "tutti_pool_device_info", "tutti_nvme_critical_warning",
+      "tutti_nvme_temperature_celsius", "tutti_nvme_available_spare_ratio",
+      "tutti_nvme_endurance_used_ratio", "tutti_nvme_media_errors"};
   for (size_t i = 0; i < empty.size(); ++i) {
     EXPECT_EQ(empty[i].name, full[i].name);
     EXPECT_EQ(empty[i].metric.empty(), per_entity.count(empty[i].name) == 1) << empty[i].name;

@@ -116,8 +116,6 @@ struct StoreOptions {
   // worked out by tuttid's start: here what 64 reads of 1 MiB hold); 0: reads go at once and
   // Retrieves do not take turns.
   uint64_t max_read_bytes_in_flight = 64ull << 20;
-  // IoSchedulerOptions::read_latency_target_us (datapath.read_latency_target_ms); 0: off.
-  int64_t read_latency_target_us = 0;
   // IoSchedulerOptions::write_latency_target_us (datapath.write_latency_target_ms); 0: off.
   int64_t write_latency_target_us = 0;
   // The block events (events.h, BlockStore::events): the pool's id (PoolIdOf of its uuid; 0: a

@@ -145,7 +145,6 @@ absl::Status BlockStore::Impl::Init() {
                                         sched.write_bytes_in_flight_while_reading);
   sched.write_latency_target_us = options_.write_latency_target_us;
   sched.max_read_bytes_in_flight = options_.max_read_bytes_in_flight;
-  sched.read_latency_target_us = options_.read_latency_target_us;
   ASSIGN_OR_RETURN(scheduler_, datapath::IoScheduler::Create(sched, io_sink_.get(), clock_));
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {

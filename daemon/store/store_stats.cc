@@ -220,24 +220,6 @@ void AddQueues(Group* g) {
          [](const StoreStats& st, Samples* out) {
            PerDevice(st, out, [](const DeviceIoStats& d) { return d.reads_queued; });
          });
-  g->Add({"tutti_io_read_window_bytes",
-          "The cap on pool reads in flight now: "
-          "datapath.max_read_bytes_in_flight, or less while Retrieves contend and reads take "
-          "longer than datapath.read_latency_target_ms, by device.",
-          kGauge,
-          {"device"}},
-         [](const StoreStats& st, Samples* out) {
-           PerDevice(st, out, [](const DeviceIoStats& d) { return d.read_window; });
-         });
-  g->Add({"tutti_io_read_window_cuts_total",
-          "Times reads completing later than "
-          "datapath.read_latency_target_ms, another Retrieve's reads waiting, halved a device's "
-          "read window, by device.",
-          kCounter,
-          {"device"}},
-         [](const StoreStats& st, Samples* out) {
-           PerDevice(st, out, [](const DeviceIoStats& d) { return d.read_window_cuts; });
-         });
   g->Add({"tutti_io_write_bytes_in_flight", "Bytes of pool writes emitted and not completed, "
           "by device.", kGauge, {"device"}},
          [](const StoreStats& st, Samples* out) {
