@@ -1277,11 +1277,18 @@ def phase_store(args, daemon, sessions):
 def lead_split(st0, st1, seconds):
     """Where the threads leading the retrieve's SSD-tier layers spent the phase (admin Stats
     read_lead_*): seconds waiting for a layer's reads and checks, seconds handing layers to the
-    engine, per layer (ms), and each as a share of the phase's wall time summed over leaders."""
+    engine, per layer (ms), and each as a share of the phase's wall time summed over leaders; and
+    what the waiting was made of (read_batch_*): per batch of reads (one device each), ms waiting
+    for a bounce slot, from the scheduler to the reads' completion, and in the verifier."""
     d = lambda k: st1.get(k, 0) - st0.get(k, 0)
     wait, sink, layers = d("read_lead_wait_seconds"), d("read_lead_sink_seconds"), d("read_layers")
     calls, call_s, post = d("read_calls"), d("read_call_seconds"), d("read_lead_post_seconds")
-    return {"reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),
+    batches = d("read_batches")
+    per_batch = lambda k: round(1e3 * d(k) / batches, 3) if batches else None
+    return {"batches": batches, "batch_slot_ms": per_batch("read_batch_slot_seconds"),
+            "batch_io_ms": per_batch("read_batch_io_seconds"),
+            "batch_check_ms": per_batch("read_batch_check_seconds"),
+            "reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),
             "post_s": round(post, 4),"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
             "wait_ms_per_layer": round(1e3 * wait / layers, 3) if layers else None,
             "sink_ms_per_layer": round(1e3 * sink / layers, 3) if layers else None,
@@ -1900,7 +1907,9 @@ def one_share_config(args, results, emulation, n):
 _READ_LINE = re.compile(
     r"read \d+: (\d+) items, (\d+) of \d+ layers of \d+ KiB in ([\d.]+) ms: staging ([\d.]+) ms "
     r"\((\d+) leases\), posting ([\d.]+), waiting ([\d.]+) \(first layer ([\d.]+), longest "
-    r"([\d.]+)\), sink ([\d.]+)")
+    r"([\d.]+)\), sink ([\d.]+); (\d+) batches, each on average: slot ([\d.]+) ms, reads "
+    r"([\d.]+), checks ([\d.]+); the first layer's last: slot ([\d.]+), reads ([\d.]+), checks "
+    r"([\d.]+)")
 
 
 def read_split(log_path, start, end, items):
@@ -1913,7 +1922,9 @@ def read_split(log_path, start, end, items):
     if not rows:
         return None
     keys = ["layers", "ms", "staging_ms", "leases", "post_ms", "wait_ms", "first_layer_ms",
-            "longest_layer_ms", "sink_ms"]
+            "longest_layer_ms", "sink_ms", "batches", "batch_slot_ms", "batch_reads_ms",
+            "batch_checks_ms", "first_last_slot_ms", "first_last_reads_ms",
+            "first_last_checks_ms"]
     out = {"reads": len(rows)}
     for i, k in enumerate(keys):
         out[k] = round(_quantile([float(m.group(i + 2)) for m in rows], 0.5), 3)

@@ -22,6 +22,14 @@ struct ReadCountersSnapshot {
   uint64_t lead_sink_ns = 0;
   uint64_t lead_post_ns = 0;  // planning and posting layers' reads
   uint64_t layers = 0;
+  // Where a layer's batches of reads (one device each) spent their time, in nanoseconds summed
+  // over `batches`: waiting for a bounce slot (GPU staging only; 0 otherwise), from their post to
+  // the scheduler until their reads completed (its queue and the device's), and from there until
+  // the verifier answered (its queue, the copies and the checks). What makes a layer wait.
+  uint64_t batches = 0;
+  uint64_t batch_slot_ns = 0;
+  uint64_t batch_io_ns = 0;
+  uint64_t batch_check_ns = 0;
   // Read calls, and their time from entry (staging taken included) to return.
   uint64_t calls = 0;
   uint64_t call_ns = 0;
@@ -37,6 +45,10 @@ struct ReadCountersSnapshot {
     lead_sink_ns += o.lead_sink_ns;
     lead_post_ns += o.lead_post_ns;
     layers += o.layers;
+    batches += o.batches;
+    batch_slot_ns += o.batch_slot_ns;
+    batch_io_ns += o.batch_io_ns;
+    batch_check_ns += o.batch_check_ns;
     calls += o.calls;
     call_ns += o.call_ns;
     return *this;
@@ -59,6 +71,12 @@ class ReadCounters {
     layers_.fetch_add(1, std::memory_order_relaxed);
   }
 
+  void AddBatches(uint64_t batches, uint64_t slot_ns, uint64_t io_ns, uint64_t check_ns) {
+    batches_.fetch_add(batches, std::memory_order_relaxed);
+    batch_slot_ns_.fetch_add(slot_ns, std::memory_order_relaxed);
+    batch_io_ns_.fetch_add(io_ns, std::memory_order_relaxed);
+    batch_check_ns_.fetch_add(check_ns, std::memory_order_relaxed);
+  }
   void AddPost(uint64_t ns) { lead_post_ns_.fetch_add(ns, std::memory_order_relaxed); }
   void AddCall(uint64_t ns) {
     calls_.fetch_add(1, std::memory_order_relaxed);
@@ -77,6 +95,10 @@ class ReadCounters {
     s.lead_sink_ns = lead_sink_ns_.load(std::memory_order_relaxed);
     s.lead_post_ns = lead_post_ns_.load(std::memory_order_relaxed);
     s.layers = layers_.load(std::memory_order_relaxed);
+    s.batches = batches_.load(std::memory_order_relaxed);
+    s.batch_slot_ns = batch_slot_ns_.load(std::memory_order_relaxed);
+    s.batch_io_ns = batch_io_ns_.load(std::memory_order_relaxed);
+    s.batch_check_ns = batch_check_ns_.load(std::memory_order_relaxed);
     s.calls = calls_.load(std::memory_order_relaxed);
     s.call_ns = call_ns_.load(std::memory_order_relaxed);
     return s;
@@ -87,6 +109,7 @@ class ReadCounters {
       staging_yields_{0};
   std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, lead_post_ns_{0}, layers_{0}, calls_{0},
       call_ns_{0};
+  std::atomic<uint64_t> batches_{0}, batch_slot_ns_{0}, batch_io_ns_{0}, batch_check_ns_{0};
 };
 
 }  // namespace tutti::datapath

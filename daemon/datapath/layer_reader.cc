@@ -24,6 +24,20 @@ uint64_t Nanos(std::chrono::steady_clock::duration d) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
 }
 
+uint64_t NowNanos() { return Nanos(std::chrono::steady_clock::now().time_since_epoch()); }
+
+// Batches' time by phase (ReadCountersSnapshot::batch_*), summed.
+struct BatchPhases {
+  uint64_t batches = 0, slot_ns = 0, io_ns = 0, check_ns = 0;
+  BatchPhases& operator+=(const BatchPhases& o) {
+    batches += o.batches;
+    slot_ns += o.slot_ns;
+    io_ns += o.io_ns;
+    check_ns += o.check_ns;
+    return *this;
+  }
+};
+
 }  // namespace
 
 // One layer's reads in flight: its plan, its requests, each planned object's outcome, and the
@@ -42,6 +56,12 @@ struct LayerReader::InFlight {
   std::vector<uint8_t> matches;
   std::vector<const uint8_t*> device_copies;  // ObjectCheck::device_copy, per planned object
   std::vector<uint32_t> bounce_offsets;  // per request: its offset in its batch's bounce slot
+  // Per batch, steady-clock nanoseconds, each written by the thread taking that step before the
+  // batch finishes: asked for its bounce slot, posted (slot in hand), reads completed, answered.
+  struct Clock {
+    uint64_t asked = 0, posted = 0, read = 0, answered = 0;
+  };
+  std::vector<Clock> clocks;
   // Batches posted whose reads or checks are not done.
   std::atomic<uint32_t> pending{0};
   std::unique_ptr<absl::Notification> done;
@@ -50,6 +70,21 @@ struct LayerReader::InFlight {
   }
   void Wait() const {
     if (done != nullptr) done->WaitForNotification();
+  }
+  // After Wait: the batches' phases, summed, and those of the batch answered last (the one the
+  // layer waited for; zeros for a layer with no batch).
+  void Phases(BatchPhases* sum, BatchPhases* last) const {
+    *sum = BatchPhases{};
+    *last = BatchPhases{};
+    uint64_t last_answered = 0;
+    for (const Clock& c : clocks) {
+      const BatchPhases p{1, c.posted - c.asked, c.read - c.posted, c.answered - c.read};
+      *sum += p;
+      if (c.answered >= last_answered) {
+        last_answered = c.answered;
+        *last = p;
+      }
+    }
   }
   ~InFlight() { Wait(); }
 };
@@ -144,6 +179,7 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
     batches.emplace_back(i, end);
     i = end;
   }
+  in->clocks.assign(batches.size(), InFlight::Clock{});
   in->done = std::make_unique<absl::Notification>();
   if (batches.empty()) {
     in->done->Notify();
@@ -151,29 +187,33 @@ void LayerReader::Post(const LayerReadRequest& r, uint32_t layer,
   }
   // Every batch is counted before the first is posted: one may complete at once.
   in->pending.store(static_cast<uint32_t>(batches.size()), std::memory_order_relaxed);
-  for (const auto& [begin, end] : batches) {
+  for (uint32_t b = 0; b < batches.size(); ++b) {
+    const auto [begin, end] = batches[b];
+    in->clocks[b].asked = NowNanos();
     if (bounce_ == nullptr) {
-      PostBatch(r, in, begin, end, nullptr);
+      PostBatch(r, in, b, begin, end, nullptr);
     } else {
       bounce_->Acquire(in->reqs[begin].file, in->stream,
-                       [this, &r, in, begin = begin, end = end](uint8_t* slot) {
-                         PostBatch(r, in, begin, end, slot);
+                       [this, &r, in, b, begin = begin, end = end](uint8_t* slot) {
+                         PostBatch(r, in, b, begin, end, slot);
                        });
     }
   }
 }
 
-void LayerReader::PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end,
-                            uint8_t* slot) {
+void LayerReader::PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t batch, uint32_t begin,
+                            uint32_t end, uint8_t* slot) {
   if (slot != nullptr) {
     for (uint32_t i = begin; i < end; ++i) in->reqs[i].buf = slot + in->bounce_offsets[i];
   }
+  in->clocks[batch].posted = NowNanos();
   post_(in->stream, absl::MakeSpan(in->reqs).subspan(begin, end - begin),
-        [this, &r, in, begin, end, slot] { OnReadsDone(r, in, begin, end, slot); });
+        [this, &r, in, batch, begin, end, slot] { OnReadsDone(r, in, batch, begin, end, slot); });
 }
 
-void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin,
-                              uint32_t end, uint8_t* slot) {
+void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t batch,
+                              uint32_t begin, uint32_t end, uint8_t* slot) {
+  in->clocks[batch].read = NowNanos();
   const uint32_t first = in->plan.ios[begin].first_object;
   const uint32_t last = in->plan.ios[end - 1].first_object + in->plan.ios[end - 1].num_objects;
   for (uint32_t k = first; k < last; ++k) {
@@ -193,7 +233,7 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
     in->checks[k] = ObjectCheck{r.ns, &src.key, src.epoch, object, bytes, len,
                                 src.checksums[object], &in->device_copies[k], place};
   }
-  auto answered = [in, first, last, slot] {
+  auto answered = [in, batch, first, last, slot] {
     for (uint32_t k = first; k < last; ++k) {
       if (in->object_failures[k] != ReadFailure::kNone) continue;
       if (in->matches[k] == kMismatch) {
@@ -203,6 +243,7 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
         in->object_failures[k] = ReadFailure::kNotPlaced;
       }
     }
+    in->clocks[batch].answered = NowNanos();
     in->Finish(1);
   };
   const auto checks = absl::MakeConstSpan(in->checks).subspan(first, last - first);
@@ -289,6 +330,7 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
   const auto started = std::chrono::steady_clock::now();
   // This Read's own split, for its debug line: waits for layers (the first, the longest), sinks.
   uint64_t wait_ns = 0, first_wait_ns = 0, longest_wait_ns = 0, sink_ns = 0, post_ns = 0;
+  BatchPhases phases, first_last;  // every batch's; the first layer's batch answered last
   static const StagingLease kNoLease;
   auto lease_at = [&](uint32_t slot) -> const StagingLease& {
     return window.leases.empty() ? kNoLease : window.leases[slot];
@@ -340,6 +382,12 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
     const auto wait_from = std::chrono::steady_clock::now();
     in.Wait();
     const auto sink_from = std::chrono::steady_clock::now();
+    BatchPhases layer_phases, last;
+    in.Phases(&layer_phases, &last);
+    counters_.AddBatches(layer_phases.batches, layer_phases.slot_ns, layer_phases.io_ns,
+                         layer_phases.check_ns);
+    phases += layer_phases;
+    if (layer == r.layer_begin) first_last = last;
     ops.clear();
     failed.clear();
     bool from_staging = false;
@@ -366,13 +414,17 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
   static const std::shared_ptr<spdlog::logger> logger = log::Get("datapath");
   if (logger->should_log(spdlog::level::debug)) {
     constexpr double kMs = 1e-6;
+    const double per_batch = phases.batches == 0 ? 0 : kMs / phases.batches;
     logger->debug(
         "read {}: {} items, {} of {} layers of {} KiB in {:.2f} ms: staging {:.2f} ms ({} "
         "leases), posting {:.2f}, waiting {:.2f} (first layer {:.2f}, longest {:.2f}), sink "
-        "{:.2f}",
+        "{:.2f}; {} batches, each on average: slot {:.2f} ms, reads {:.2f}, checks {:.2f}; the "
+        "first layer's last: slot {:.2f}, reads {:.2f}, checks {:.2f}",
         stream, r.items.size(), result.layers_done, r.layer_end - r.layer_begin, layer_bytes >> 10,
         1e3 * result.seconds, kMs * Nanos(started - entered), window.leases.size(), kMs * post_ns,
-        kMs * wait_ns, kMs * first_wait_ns, kMs * longest_wait_ns, kMs * sink_ns);
+        kMs * wait_ns, kMs * first_wait_ns, kMs * longest_wait_ns, kMs * sink_ns, phases.batches,
+        per_batch * phases.slot_ns, per_batch * phases.io_ns, per_batch * phases.check_ns,
+        kMs * first_last.slot_ns, kMs * first_last.io_ns, kMs * first_last.check_ns);
   }
   return result;  // `window` waits for reads still in flight, then gives its leases back
 }

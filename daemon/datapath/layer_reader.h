@@ -167,15 +167,15 @@ class LayerReader {
   absl::Status TakeWindow(uint64_t layer_bytes, uint32_t layers, Window* window);
   void Post(const LayerReadRequest& r, uint32_t layer, absl::Span<const ReadFailure> failures,
             const StagingLease& lease, InFlight* in);
-  // Posts reads [begin, end) of `in`, into `slot` (a bounce slot) if not null, else where they
-  // are (their staging).
-  void PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end,
-                 uint8_t* slot);
-  // Runs on the thread completing reads [begin, end) of `in`: records each object's read outcome
-  // and hands the objects to the verifier, whose answer finishes the batch (and gives `slot`
-  // back).
-  void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t begin, uint32_t end,
-                   uint8_t* slot);
+  // Posts batch `batch` of `in` (its reads [begin, end)), into `slot` (a bounce slot) if not
+  // null, else where they are (their staging).
+  void PostBatch(const LayerReadRequest& r, InFlight* in, uint32_t batch, uint32_t begin,
+                 uint32_t end, uint8_t* slot);
+  // Runs on the thread completing batch `batch` (reads [begin, end) of `in`): records each
+  // object's read outcome and hands the objects to the verifier, whose answer finishes the batch
+  // (and gives `slot` back).
+  void OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t batch, uint32_t begin,
+                   uint32_t end, uint8_t* slot);
   // kIoError or kShortRead if the read carrying `o` did not deliver it whole, else kNone.
   static ReadFailure ReadOutcome(const InFlight& in, const PlannedObject& o);
   // Collects one checked layer: appends its copies to `ops` and the items failing in it to

@@ -496,6 +496,75 @@ TEST_F(BouncedReaderTest, SlotsGoBackBeforeTheChecksAnswer) {
   EXPECT_EQ(bounce_->held(), 0u);
 }
 
+// Where a layer's batches spend their time, counted by phase: each read takes 3 ms (the post
+// sleeps before completing), each check 4 ms on a thread of its own before the slot goes back
+// (as the GPU's copies do), and with one slot for the one file every batch but the first waits
+// for the slot while the one before it is checked.
+TEST_F(BouncedReaderTest, CountsEachBatchsSlotWaitReadsAndChecks) {
+  class SlowVerifier final : public Verifier {
+   public:
+    explicit SlowVerifier(Verifier* inner) : inner_(inner) {}
+    std::string_view name() const override { return "slow"; }
+    void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                std::function<void()> done) override {
+      VerifyReleasing(
+          checks, matches, [] {}, std::move(done));
+    }
+    void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+                         std::function<void()> released, std::function<void()> done) override {
+      pool_.Schedule([this, checks, matches, released = std::move(released),
+                      done = std::move(done)]() mutable {
+        std::this_thread::sleep_for(std::chrono::milliseconds(4));
+        inner_->VerifyReleasing(checks, matches, std::move(released), std::move(done));
+      });
+    }
+
+   private:
+    Verifier* const inner_;
+    WorkPool pool_{1, "slow-check"};
+  };
+  PlacingVerifierFake placing(verifier_.get());
+  SlowVerifier slow(&placing);
+  MakeBounced(Layout(1), /*depth=*/1, /*slot_bytes=*/2 * kFrame, &slow);
+  const LayerReader::PostFn inner = fake_->Post();
+  reader_ = std::make_unique<LayerReader>(
+      LayerReaderOptions{Layout(1), kFrame * 2, 4}, staging_.get(), &slow,
+      [inner](uint64_t stream, absl::Span<io::IoRequest> batch, std::function<void()> done) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        inner(stream, batch, std::move(done));
+      },
+      bounce_.get());
+  const std::vector<ReadSource> items = PutInOrder(2);  // not adjacent: a batch each per layer
+  Seen seen;
+  const LayerReadResult result = reader_->Read(
+      LayerReadRequest{kNs, items, 0, kLayers, kParts, kFrame}, PlacedRecorder(&seen));
+  ASSERT_TRUE(result.status.ok()) << result.status;
+  EXPECT_EQ(seen.served.size(), 2u * kObjects);
+  const ReadCountersSnapshot c = reader_->counters();
+  constexpr uint64_t kBatches = 2 * kLayers;
+  constexpr uint64_t kMs = 1'000'000;
+  EXPECT_EQ(c.batches, kBatches);
+  EXPECT_EQ(fake_->posted.size(), kBatches);
+  EXPECT_GE(c.batch_io_ns, kBatches * 3 * kMs);
+  EXPECT_GE(c.batch_check_ns, kBatches * 4 * kMs);
+  EXPECT_GE(c.batch_slot_ns, (kBatches - 1) * 4 * kMs);
+  // Every batch's three phases lie within the call.
+  EXPECT_LE(c.batch_slot_ns + c.batch_io_ns + c.batch_check_ns, kBatches * c.call_ns);
+}
+
+// Without bounce slots no batch waits for one.
+TEST_F(LayerReaderTest, BatchesWithoutBounceSlotsWaitForNone) {
+  Make(Layout(2), kFrame, 64 * kFrame);
+  const std::vector<ReadSource> items = PutInOrder(4);
+  Seen seen;
+  ASSERT_TRUE(Read(items, &seen).status.ok());
+  const ReadCountersSnapshot c = reader_->counters();
+  EXPECT_EQ(c.batches, fake_->streams.size());
+  EXPECT_GT(c.batches, 0u);
+  EXPECT_LT(c.batch_slot_ns, c.batches * 1'000'000ull);  // only the clock reads between
+  EXPECT_GT(c.batch_io_ns + c.batch_check_ns, 0u);
+}
+
 // Several Retrieves at once share each file's slots (one each here) and all finish.
 TEST_F(BouncedReaderTest, ConcurrentReadsShareTheSlots) {
   PlacingVerifierFake placing(verifier_.get());

@@ -271,6 +271,10 @@ struct StoreStats {
   uint64_t read_layers = 0;
   uint64_t read_calls = 0;  // Retrieves' layer-wise reads, and their seconds from entry to return
   double read_call_seconds = 0;
+  // Their batches of reads (one device each), and the seconds summed per phase: waiting for a
+  // bounce slot, reading (the scheduler's queue and the device), checking (the verifier).
+  uint64_t read_batches = 0;
+  double read_batch_slot_seconds = 0, read_batch_io_seconds = 0, read_batch_check_seconds = 0;
   // The write pipeline's batches, and their seconds summed per phase: slots and checksums
   // (prepare), from posting to the committer taking them (writes, and waiting behind older
   // batches), and the pool syncs and journal of the commits they were part of (once per commit).

@@ -149,6 +149,23 @@ void AddTraffic(Group* g) {
   g->Counter("tutti_read_call_seconds_total", "Time Retrieves' layer-wise reads took, from "
              "staging taken to their end, summed.",
              [](const StoreStats& st) { return st.read_call_seconds; }, "read_call_seconds");
+  g->Counter(
+      "tutti_read_batches_total",
+      "Batches of Retrieves' SSD-tier reads (one device "
+      "each, up to datapath.read_post_bytes).",
+      [](const StoreStats& st) { return st.read_batches; }, "read_batches");
+  g->Add({"tutti_read_batch_seconds_total",
+          "Time batches of Retrieves' SSD-tier reads spent, "
+          "summed, by phase: slot (waiting for a host bounce slot; GPU staging only), io (from "
+          "the per-device scheduler to the reads' completion), check (until the verifier "
+          "answered).",
+          kCounter,
+          {"phase"}},
+         [](const StoreStats& st, Samples* out) {
+           out->Add({"slot"}, st.read_batch_slot_seconds, "read_batch_slot_seconds");
+           out->Add({"io"}, st.read_batch_io_seconds, "read_batch_io_seconds");
+           out->Add({"check"}, st.read_batch_check_seconds, "read_batch_check_seconds");
+         });
   g->Counter("tutti_write_batches_total", "Batches of the store's write pipeline.",
              [](const StoreStats& st) { return st.write_batches; }, "write_batches");
   g->Add({"tutti_write_seconds_total", "Time the write pipeline's batches spent, summed, by "
