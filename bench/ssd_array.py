@@ -1898,6 +1898,15 @@ def one_share_config(args, results, emulation, n):
              "over (started %.1f s before), against the small one alone; fair_share = the "
              "lower of the small one's rate alone and half the large one's rate alone" % (
                  small_n, args.share_small_calls, big_n, call, args.share_lead_s))
+    for name, sp in (("alone", split_alone), ("beside", split_beside)):
+        if sp:
+            log("  small %s (medians of %d Reads, ms): %.1f in all, waiting %.1f (first layer "
+                "%.1f), sink %.1f; per batch: slot %.2f, reads %.2f, checks %.2f; the first "
+                "layer's last batch: slot %.2f, reads %.2f, checks %.2f" % (
+                    name, sp["reads"], sp["ms"], sp["wait_ms"], sp["first_layer_ms"],
+                    sp["sink_ms"], sp["batch_slot_ms"], sp["batch_reads_ms"],
+                    sp["batch_checks_ms"], sp["first_last_slot_ms"], sp["first_last_reads_ms"],
+                    sp["first_last_checks_ms"]))
     results.table_rows.append((
         "share %s:%d" % (emulation, n), "-", "-", "-", "%.2f" % big_beside,
         "%.3f" % (small_beside_gbps / fair), "-", "-", "-", "-", "-",

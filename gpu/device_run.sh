@@ -5,7 +5,9 @@
 # Device tool: run(carry=[".bundle"], command="gpu/device_run.sh [PART...]"), PART among tests,
 # sanitizer, bench (copy kernels), retrieve (through tuttid), interference, deadmem, owner,
 # nvme (GPU-initiated NVMe submission against the controller model: its tests and
-# bench/gpu_nvme_bench) (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
+# bench/gpu_nvme_bench), ssd_array (issue 20's emulated arrays through tuttid, bench/ssd_array.py:
+# TUTTI_SSD_PARTS, default "array share"; "ttft engine_loss dram" fit a second call)
+# (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
 out="${OUT:-/tmp/tutti-gpu-out}"
@@ -105,6 +107,26 @@ if has nvme; then
   summary+=("gpu_nvme_bench rc=$?")
 fi
 
+# Emulated NVMe arrays through tuttid (bench/ssd_array.py, run as root: it builds tmpfs directories,
+# loop devices and a cgroup): one invocation per part, so that one failing leaves the others' lines.
+# TUTTI_SSD_CONFIGS (array: tmpfs:1,tmpfs:4,tmpfs:8,loop:4), TUTTI_SSD_STORE_ROUNDS (3: the figures
+# are the last round's, past the fresh pool), TUTTI_SSD_LABEL, TUTTI_SSD_FLAGS (e.g. --set k=v).
+if has ssd_array; then
+  ssd_label="${TUTTI_SSD_LABEL:-device-run}"
+  for p in ${TUTTI_SSD_PARTS:-array share}; do
+    case "$p" in
+      array) cfg="${TUTTI_SSD_CONFIGS:-tmpfs:1,tmpfs:4,tmpfs:8,loop:4}"; limit=360 ;;
+      share) cfg="${TUTTI_SSD_SHARE_CONFIGS:-tmpfs:8,loop:4}"; limit=120 ;;
+      *) cfg=tmpfs:8; limit=200 ;;
+    esac
+    PYTHONPATH=.bundle/site timeout "$limit" python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
+      --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts "$p" --configs "$cfg" \
+      --store-rounds "${TUTTI_SSD_STORE_ROUNDS:-3}" --retrieve-rounds 2 --label "$ssd_label-$p" \
+      ${TUTTI_SSD_FLAGS:-} >> "$out/ssd_array.log" 2>&1
+    summary+=("ssd_array $p ($cfg) rc=$?")
+  done
+fi
+
 # A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
 if has deadmem; then
   timeout 120 "$run" bench/gpu_dead_memory --out="$out/gpu_dead_memory.jsonl" \
@@ -131,6 +153,7 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader >>
   [[ -f "$out/tests.log" ]] && grep -E '^(survivor|daemon killed)|Failure|FAILED  \]' "$out/tests.log" | head -30 | cut -c1-200
   [[ -f "$out/nvme_tests.log" ]] && grep -E 'Failure|FAILED  \]|fallback reason' "$out/nvme_tests.log" | head -20 | cut -c1-200
   [[ -f "$out/nvme_bench.log" ]] && grep -E '^(metric|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/nvme_bench.log" | cut -c1-160
+  [[ -f "$out/ssd_array.log" ]] && grep -E '^  -> |^  small (alone|beside) |^(config |tmpfs:|loop:|share |ttft|dram)|rror|parts failed' "$out/ssd_array.log" | cut -c1-260
   [[ -f "$out/dead_memory.log" ]] && cat "$out/dead_memory.log" | cut -c1-150
   [[ -f "$out/owner_death.log" ]] && grep -v '^$' "$out/owner_death.log" | cut -c1-160
 } | tee -a "$out/summary.txt"
