@@ -124,7 +124,7 @@ class Driver {
       b.matches[j] = 0;
     }
     ++in_flight_;
-    v_->Verify(b.checks, absl::MakeSpan(b.matches), [this, i] {
+    v_->Verify(1, b.checks, absl::MakeSpan(b.matches), [this, i] {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(i);
       cv_.notify_one();
@@ -174,7 +174,7 @@ absl::StatusOr<double> CopyOnly(const Setup& s, cudaStream_t stream, double seco
 class CountingFallback final : public datapath::Verifier {
  public:
   std::string_view name() const override { return "counting"; }
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     objects += checks.size();
     for (size_t i = 0; i < checks.size(); ++i) {
@@ -254,7 +254,7 @@ absl::Status Run(int argc, char** argv) {
                                                   s.expected[0] ^ 1, nullptr, s.device}};
       std::vector<uint8_t> match(1, 1);
       absl::Notification done;
-      v->Verify(one, absl::MakeSpan(match), [&] { done.Notify(); });
+      v->Verify(1, one, absl::MakeSpan(match), [&] { done.Notify(); });
       done.WaitForNotification();
       if (match[0] != 0) return absl::InternalError("a corrupted object was answered as a match");
     }

@@ -40,6 +40,9 @@ class FairQueue {
   // Streams with items queued.
   size_t streams() const { return turns_.size(); }
 
+  // The item Pop would return, left queued. Precondition: !empty().
+  T& Front() { return turns_.front().items.front(); }
+
   // The oldest item of the stream whose turn it is. Precondition: !empty().
   T Pop() {
     --size_;

@@ -249,14 +249,15 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
   const auto checks = absl::MakeConstSpan(in->checks).subspan(first, last - first);
   const auto matches = absl::MakeSpan(in->matches).subspan(first, last - first);
   if (slot == nullptr) {
-    verifier_->Verify(checks, matches, std::move(answered));
+    verifier_->Verify(in->stream, checks, matches, std::move(answered));
     return;
   }
   // The bounce slot goes back as soon as the verifier no longer reads it (the GPU's: once the
   // objects are copied to their places), so the device's next reads need not wait for the checks.
   const uint32_t file = in->reqs[begin].file;
   verifier_->VerifyReleasing(
-      checks, matches, [this, file, slot] { bounce_->Release(file, slot); }, std::move(answered));
+      in->stream, checks, matches, [this, file, slot] { bounce_->Release(file, slot); },
+      std::move(answered));
 }
 
 ReadFailure LayerReader::ReadOutcome(const InFlight& in, const PlannedObject& o) {

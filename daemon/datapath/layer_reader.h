@@ -4,9 +4,9 @@
 // layers in flight, one staging lease per layer of the window (the first lease waits for staging,
 // the others are taken only if free now). For each layer it plans the pool reads (read_plan.h:
 // adjacent objects merged up to max_read_bytes) and posts them through `post` in small batches of
-// one device each (at most `post_bytes`), so every device works on the layer at once and the
-// checks start as soon as the first reads land. Each Read posts as a stream of its own: Reads at
-// once take turns for the bounce slots and the devices' queues. Each batch's objects go to the
+// one device each (at most `post_bytes`), so every device works on the layer at once and the checks
+// start as soon as the first reads land. Each Read posts as a stream of its own: Reads at once take
+// turns for the bounce slots, the devices' queues and the checks. Each batch's objects go to the
 // Verifier (verifier.h) as it completes (the calling thread never hashes): an object fails on an
 // I/O error, a short read (a merged read that came back short serves the objects it covered fully
 // and fails the others), or a checksum mismatch. Once a layer's reads and checks are all done, the

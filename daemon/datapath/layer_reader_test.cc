@@ -260,9 +260,9 @@ TEST_F(LayerReaderTest, CopiesCarryTheVerifiersDeviceCopies) {
    public:
     explicit MarkingVerifier(Verifier* cpu) : cpu_(cpu) {}
     std::string_view name() const override { return "marking"; }
-    void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+    void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
                 std::function<void()> done) override {
-      cpu_->Verify(checks, matches, [checks, matches, done = std::move(done)] {
+      cpu_->Verify(stream, checks, matches, [checks, matches, done = std::move(done)] {
         for (size_t i = 0; i < checks.size(); ++i) {
           if (matches[i] && checks[i].device_copy != nullptr) {
             *checks[i].device_copy = checks[i].bytes + 1;  // a marker, never dereferenced
@@ -434,14 +434,15 @@ class HoldingVerifier final : public Verifier {
     watchdog_.join();
   }
   std::string_view name() const override { return "holding"; }
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     VerifyReleasing(
-        checks, matches, [] {}, std::move(done));
+        stream, checks, matches, [] {}, std::move(done));
   }
-  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                       std::function<void()> released, std::function<void()> done) override {
-    inner_->VerifyReleasing(checks, matches, std::move(released),
+  void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                       absl::Span<uint8_t> matches, std::function<void()> released,
+                       std::function<void()> done) override {
+    inner_->VerifyReleasing(stream, checks, matches, std::move(released),
                             [this, done = std::move(done)]() mutable {
                               std::vector<std::function<void()>> run;
                               {
@@ -505,17 +506,18 @@ TEST_F(BouncedReaderTest, CountsEachBatchsSlotWaitReadsAndChecks) {
    public:
     explicit SlowVerifier(Verifier* inner) : inner_(inner) {}
     std::string_view name() const override { return "slow"; }
-    void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+    void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
                 std::function<void()> done) override {
       VerifyReleasing(
-          checks, matches, [] {}, std::move(done));
+          stream, checks, matches, [] {}, std::move(done));
     }
-    void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                         std::function<void()> released, std::function<void()> done) override {
-      pool_.Schedule([this, checks, matches, released = std::move(released),
+    void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                         absl::Span<uint8_t> matches, std::function<void()> released,
+                         std::function<void()> done) override {
+      pool_.Schedule([this, stream, checks, matches, released = std::move(released),
                       done = std::move(done)]() mutable {
         std::this_thread::sleep_for(std::chrono::milliseconds(4));
-        inner_->VerifyReleasing(checks, matches, std::move(released), std::move(done));
+        inner_->VerifyReleasing(stream, checks, matches, std::move(released), std::move(done));
       });
     }
 

@@ -20,13 +20,14 @@ class PlacingVerifierFake final : public Verifier {
  public:
   explicit PlacingVerifierFake(Verifier* cpu) : cpu_(cpu) {}
   std::string_view name() const override { return "placing-fake"; }
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     VerifyReleasing(
-        checks, matches, [] {}, std::move(done));
+        stream, checks, matches, [] {}, std::move(done));
   }
-  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                       std::function<void()> released, std::function<void()> done) override {
+  void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                       absl::Span<uint8_t> matches, std::function<void()> released,
+                       std::function<void()> done) override {
     auto placed = std::make_shared<std::vector<ObjectCheck>>(checks.begin(), checks.end());
     for (ObjectCheck& c : *placed) {
       if (c.len == 0 || c.place == nullptr) continue;  // not placed: device_copy stays null
@@ -42,7 +43,7 @@ class PlacingVerifierFake final : public Verifier {
       done();
       return;
     }
-    cpu_->Verify(*placed, matches, [placed, matches, done = std::move(done)] {
+    cpu_->Verify(stream, *placed, matches, [placed, matches, done = std::move(done)] {
       for (size_t i = 0; i < placed->size(); ++i) {
         const ObjectCheck& c = (*placed)[i];
         if (matches[i] && c.place != nullptr && c.device_copy != nullptr) *c.device_copy = c.place;

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/datapath/fair_queue.h"
 #include "daemon/pool/slot_header.h"
 
 namespace tutti::datapath {
@@ -12,12 +16,36 @@ namespace {
 // 32 objects of 32 KiB are 1 MiB: about 0.1 ms of hashing, small enough to spread a batch.
 constexpr size_t kObjectsPerTask = 32;
 
+// The checks queued, by stream. Every task the verifier schedules on the pool runs the next one
+// in turn, so the pool's order (first in, first out) becomes the streams' turns. Shared with
+// those tasks: the pool may run them after the verifier is gone.
+class TaskTurns {
+ public:
+  void Push(uint64_t stream, std::function<void()> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.Push(stream, std::move(task));
+  }
+  // Runs the task whose turn it is. Precondition: one pushed for each call.
+  void RunNext() {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      task = tasks_.Pop();
+    }
+    task();
+  }
+
+ private:
+  absl::Mutex mu_;
+  FairQueue<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
 class CpuVerifier final : public Verifier {
  public:
   explicit CpuVerifier(WorkPool* pool) : pool_(pool) {}
   std::string_view name() const override { return "cpu"; }
 
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     const size_t tasks = (checks.size() + kObjectsPerTask - 1) / kObjectsPerTask;
     if (tasks == 0) {
@@ -30,6 +58,7 @@ class CpuVerifier final : public Verifier {
       std::function<void()> done;
     };
     auto* batch = new Batch{{tasks}, std::move(done)};
+    const bool inline_checks = pool_ == nullptr || pool_->threads() == 0;
     for (size_t t = 0; t < tasks; ++t) {
       const size_t begin = t * kObjectsPerTask;
       const size_t end = std::min(checks.size(), begin + kObjectsPerTask);
@@ -47,16 +76,18 @@ class CpuVerifier final : public Verifier {
           finish();
         }
       };
-      if (pool_ != nullptr) {
-        pool_->Schedule(std::move(task));
-      } else {
+      if (inline_checks) {
         task();
+        continue;
       }
+      turns_->Push(stream, std::move(task));
+      pool_->Schedule([turns = turns_] { turns->RunNext(); });
     }
   }
 
  private:
   WorkPool* const pool_;
+  const std::shared_ptr<TaskTurns> turns_ = std::make_shared<TaskTurns>();
 };
 
 }  // namespace

@@ -4,9 +4,12 @@
 //
 // A Verifier takes a batch of objects and answers, per object, whether its checksum matches. The
 // reader hands it each batch of reads as it completes, so checks run beside the reads of the
-// devices and never on the thread leading the transfer. Implementations: CpuVerifier (a
-// WorkPool's threads, tasks of 32 objects) and daemon/gpu/gpu_verifier.h (the hash kernel over
-// objects copied to the GPU); VerifierSwitch picks between them at start-up.
+// devices and never on the thread leading the transfer. Each batch comes with its stream (one
+// Read's, as the reader posts them: LayerReader::PostFn): a verifier that queues batches serves
+// the streams queued in turn (fair_queue.h), so a Read that starts behind another's backlog of
+// checks waits for one batch of each stream ahead of it, not for the backlog. Implementations:
+// CpuVerifier (a WorkPool's threads, tasks of 32 objects) and daemon/gpu/gpu_verifier.h (the hash
+// kernel over objects copied to the GPU); VerifierSwitch picks between them at start-up.
 //
 // Thread-safety: Verify may be called from any thread, concurrently.
 #ifndef TUTTI_DAEMON_DATAPATH_VERIFIER_H_
@@ -60,27 +63,29 @@ class Verifier {
   virtual std::string_view name() const = 0;
   // Sets matches[i] to kMatch if checks[i]'s checksum is its `expected`, else kMismatch, then
   // runs `done` once, on any thread (possibly inside this call). `checks`, `matches` and every
-  // object's bytes stay valid and unchanged until `done` runs. Precondition: checks.size() ==
-  // matches.size().
-  virtual void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                      std::function<void()> done) = 0;
+  // object's bytes stay valid and unchanged until `done` runs. `stream`: the batch's (above; any
+  // one value where there is only one). Precondition: checks.size() == matches.size().
+  virtual void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                      absl::Span<uint8_t> matches, std::function<void()> done) = 0;
   // As Verify, but the objects' bytes need stay valid and unchanged only until `released` runs:
   // once, on any thread, before `done` (never after it). A verifier that copies the objects
   // elsewhere to check them (the GPU's) runs it as soon as the copies have landed, so the caller
   // can reuse the bytes (a bounce slot) while the checks go on; it may then answer kNotChecked
   // (above). `released` must not call into CUDA (it may run on CUDA's callback thread) and should
   // be short. The default runs `released` right before `done`.
-  virtual void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                               std::function<void()> released, std::function<void()> done) {
-    Verify(checks, matches, [released = std::move(released), done = std::move(done)] {
+  virtual void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                               absl::Span<uint8_t> matches, std::function<void()> released,
+                               std::function<void()> done) {
+    Verify(stream, checks, matches, [released = std::move(released), done = std::move(done)] {
       released();
       done();
     });
   }
 };
 
-// Checks on `pool` (which must outlive it), in tasks of 32 objects; with a null pool or a pool of
-// no threads, inline on the caller.
+// Checks on `pool` (which must outlive it), in tasks of 32 objects taken by stream in turn (the
+// pool runs tasks in order; each takes the next object range of the stream whose turn it is);
+// with a null pool or a pool of no threads, inline on the caller.
 std::unique_ptr<Verifier> MakeCpuVerifier(WorkPool* pool);
 
 // Forwards every batch to the verifier set last (the GPU's once the GPU data path is up), or to
@@ -90,13 +95,14 @@ class VerifierSwitch final : public Verifier {
  public:
   explicit VerifierSwitch(Verifier* initial) : current_(initial) {}
   std::string_view name() const override { return current()->name(); }
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
-    current()->Verify(checks, matches, std::move(done));
+    current()->Verify(stream, checks, matches, std::move(done));
   }
-  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                       std::function<void()> released, std::function<void()> done) override {
-    current()->VerifyReleasing(checks, matches, std::move(released), std::move(done));
+  void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                       absl::Span<uint8_t> matches, std::function<void()> released,
+                       std::function<void()> done) override {
+    current()->VerifyReleasing(stream, checks, matches, std::move(released), std::move(done));
   }
   void Set(Verifier* v) { current_.store(v, std::memory_order_release); }
   Verifier* current() const { return current_.load(std::memory_order_acquire); }

@@ -1,5 +1,6 @@
 #include "daemon/datapath/verifier.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -42,7 +43,7 @@ void ExpectMismatchesFound(WorkPool* pool) {
   auto verifier = MakeCpuVerifier(pool);
   EXPECT_EQ(verifier->name(), "cpu");
   absl::Notification done;
-  verifier->Verify(checks, absl::MakeSpan(matches), [&] { done.Notify(); });
+  verifier->Verify(1, checks, absl::MakeSpan(matches), [&] { done.Notify(); });
   done.WaitForNotification();
   for (uint32_t i = 0; i < n; ++i) EXPECT_EQ(matches[i], i % 7 == 0 ? 0 : 1) << i;
 }
@@ -53,6 +54,36 @@ TEST(CpuVerifierTest, FindsExactlyTheCorruptObjectsOnAPool) {
 }
 
 TEST(CpuVerifierTest, FindsExactlyTheCorruptObjectsInline) { ExpectMismatchesFound(nullptr); }
+
+// A batch of another stream queued behind a long one is checked after one task of the long one,
+// not after all of it (the pool's one thread is held until both are queued, so the order is
+// exact). The long one is still checked whole.
+TEST(CpuVerifierTest, StreamsQueuedAtOnceAreCheckedInTurn) {
+  WorkPool pool(1, "verify");
+  auto verifier = MakeCpuVerifier(&pool);
+  constexpr uint32_t kLong = 20 * 32, kShort = 32;  // twenty tasks of 32 objects, and one
+  std::vector<uint8_t> data(4096, 5);
+  const Key k = KeyOf(3);
+  const uint64_t sum = pool::ObjectChecksum(kNs, k, 1, 0, data.data(), data.size());
+  const ObjectCheck check{kNs, &k, 1, 0, data.data(), static_cast<uint32_t>(data.size()), sum};
+  std::vector<ObjectCheck> long_checks(kLong, check), short_checks(kShort, check);
+  std::vector<uint8_t> long_matches(kLong, 7), short_matches(kShort, 7);
+  absl::Notification held, long_done, short_done;
+  pool.Schedule([&] { held.WaitForNotification(); });
+  int long_checked_before_short = -1;
+  verifier->Verify(1, long_checks, absl::MakeSpan(long_matches), [&] { long_done.Notify(); });
+  verifier->Verify(2, short_checks, absl::MakeSpan(short_matches), [&] {
+    long_checked_before_short =
+        static_cast<int>(kLong - std::count(long_matches.begin(), long_matches.end(), 7));
+    short_done.Notify();
+  });
+  held.Notify();
+  short_done.WaitForNotification();
+  long_done.WaitForNotification();
+  EXPECT_EQ(long_checked_before_short, 32);  // one task of the long batch went first
+  EXPECT_EQ(std::count(long_matches.begin(), long_matches.end(), kMatch), kLong);
+  EXPECT_EQ(std::count(short_matches.begin(), short_matches.end(), kMatch), kShort);
+}
 
 TEST(CpuVerifierTest, AWrongIdentityIsAMismatch) {
   std::vector<uint8_t> data(kLen, 9);
@@ -66,14 +97,14 @@ TEST(CpuVerifierTest, AWrongIdentityIsAMismatch) {
   };
   std::vector<uint8_t> matches(checks.size());
   bool ran = false;
-  MakeCpuVerifier(nullptr)->Verify(checks, absl::MakeSpan(matches), [&] { ran = true; });
+  MakeCpuVerifier(nullptr)->Verify(1, checks, absl::MakeSpan(matches), [&] { ran = true; });
   EXPECT_TRUE(ran);
   EXPECT_EQ(matches, (std::vector<uint8_t>{1, 0, 0, 0}));
 }
 
 TEST(CpuVerifierTest, AnEmptyBatchIsDoneAtOnce) {
   bool ran = false;
-  MakeCpuVerifier(nullptr)->Verify({}, {}, [&] { ran = true; });
+  MakeCpuVerifier(nullptr)->Verify(1, {}, {}, [&] { ran = true; });
   EXPECT_TRUE(ran);
 }
 
@@ -82,7 +113,7 @@ class FixedVerifier final : public Verifier {
  public:
   explicit FixedVerifier(uint8_t answer) : answer_(answer) {}
   std::string_view name() const override { return answer_ ? "yes" : "no"; }
-  void Verify(absl::Span<const ObjectCheck>, absl::Span<uint8_t> matches,
+  void Verify(uint64_t, absl::Span<const ObjectCheck>, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     ++batches;
     for (uint8_t& m : matches) m = answer_;
@@ -100,11 +131,11 @@ TEST(VerifierSwitchTest, ForwardsToTheVerifierSetLast) {
   std::vector<ObjectCheck> checks(3);
   std::vector<uint8_t> matches(3, 7);
   int done = 0;
-  sw.Verify(checks, absl::MakeSpan(matches), [&] { ++done; });
+  sw.Verify(1, checks, absl::MakeSpan(matches), [&] { ++done; });
   EXPECT_EQ(matches, (std::vector<uint8_t>{1, 1, 1}));
   EXPECT_EQ(sw.name(), "yes");
   sw.Set(&no);
-  sw.Verify(checks, absl::MakeSpan(matches), [&] { ++done; });
+  sw.Verify(1, checks, absl::MakeSpan(matches), [&] { ++done; });
   EXPECT_EQ(matches, (std::vector<uint8_t>{0, 0, 0}));
   EXPECT_EQ(sw.name(), "no");
   EXPECT_EQ(done, 2);

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "daemon/datapath/fair_queue.h"
 #include "daemon/pool/slot_header.h"
 #include "gpu/cuda_status.h"
 #include "gpu/hash_desc.h"
@@ -26,6 +26,7 @@ namespace {
 using datapath::ObjectCheck;
 
 struct Job {
+  uint64_t stream = 0;
   absl::Span<const ObjectCheck> checks;
   absl::Span<uint8_t> matches;
   std::function<void()> done;
@@ -122,23 +123,24 @@ class GpuVerifier final : public datapath::Verifier {
 
   std::string_view name() const override { return "gpu"; }
 
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
-    Submit(Job{checks, matches, std::move(done), nullptr});
+    Submit(Job{stream, checks, matches, std::move(done), nullptr});
   }
-  void VerifyReleasing(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                       std::function<void()> released, std::function<void()> done) override {
-    Submit(Job{checks, matches, std::move(done), std::move(released)});
+  void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                       absl::Span<uint8_t> matches, std::function<void()> released,
+                       std::function<void()> done) override {
+    Submit(Job{stream, checks, matches, std::move(done), std::move(released)});
   }
 
  private:
   // Runs `job` on the CPU verifier, which releases its bytes once it has checked them.
   void Fallback(Job job) {
     if (!job.released) {
-      fallback_->Verify(job.checks, job.matches, std::move(job.done));
+      fallback_->Verify(job.stream, job.checks, job.matches, std::move(job.done));
       return;
     }
-    fallback_->VerifyReleasing(job.checks, job.matches, std::move(job.released),
+    fallback_->VerifyReleasing(job.stream, job.checks, job.matches, std::move(job.released),
                                std::move(job.done));
   }
 
@@ -154,7 +156,8 @@ class GpuVerifier final : public datapath::Verifier {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(job));
+      const uint64_t stream = job.stream;
+      queue_.Push(stream, std::move(job));
     }
     cv_.notify_one();
   }
@@ -213,13 +216,6 @@ class GpuVerifier final : public datapath::Verifier {
     uint32_t objects;
     Needs(job, &bytes, &objects);
     return bytes <= options_.slot_bytes && objects <= options_.max_objects_per_slot;
-  }
-  bool Fits(const Slot& s, const Job& job) const {
-    uint64_t bytes;
-    uint32_t objects;
-    Needs(job, &bytes, &objects);
-    return s.used + bytes <= options_.slot_bytes &&
-           s.count + objects <= options_.max_objects_per_slot;
   }
 
   void Add(Slot* s, Job job) {
@@ -338,24 +334,31 @@ class GpuVerifier final : public datapath::Verifier {
     Slot* in_flight = nullptr;
     uint32_t next = 0;
     for (;;) {
-      std::deque<Job> taken;
+      // As many queued jobs as the slot holds, streams in turn; the rest waits for the next slot.
+      std::vector<Job> taken;
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (in_flight == nullptr) {
           cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
           if (queue_.empty()) return;  // stopping, and nothing left
         }
-        taken.swap(queue_);
+        uint64_t used = 0;
+        uint32_t count = 0;
+        while (!queue_.empty()) {
+          uint64_t bytes;
+          uint32_t objects;
+          Needs(queue_.Front(), &bytes, &objects);
+          if (used + bytes > options_.slot_bytes ||
+              count + objects > options_.max_objects_per_slot) {
+            break;
+          }
+          used += bytes;
+          count += objects;
+          taken.push_back(queue_.Pop());
+        }
       }
       Slot* s = &slots_[next];
-      while (!taken.empty() && Fits(*s, taken.front())) {
-        Add(s, std::move(taken.front()));
-        taken.pop_front();
-      }
-      if (!taken.empty()) {  // the rest waits for the next slot, ahead of newer jobs
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto it = taken.rbegin(); it != taken.rend(); ++it) queue_.push_front(std::move(*it));
-      }
+      for (Job& job : taken) Add(s, std::move(job));
       if (!s->jobs.empty()) {
         s->status = broken_ ? absl::InternalError("no CUDA device") : Enqueue(s);
       }
@@ -376,7 +379,7 @@ class GpuVerifier final : public datapath::Verifier {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> queue_;
+  datapath::FairQueue<Job> queue_;  // by stream (datapath/verifier.h)
   bool stopping_ = false;
   std::thread thread_;
 };

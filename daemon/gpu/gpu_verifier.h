@@ -1,15 +1,16 @@
 // A datapath::Verifier on the GPU: checks a Retrieve's objects (pool::ObjectChecksum, XXH3) with
 // the hash kernel (gpu/hash_kernel.h) instead of the CPU's cores.
 //
-// Verify queues the batch and returns. One thread of the verifier takes what is queued, copies
-// the objects from (registered) host staging into a slot of its device scratch with the copy
-// engine (adjacent objects in one copy, on a stream of their own), launches the kernel over them
-// on `stream` once they have landed and copies the hashes back; two slots alternate, so one
-// slot's copies run while the kernel checks the other's. Each batch's `done` then runs on that
-// thread. VerifyReleasing's `released` runs on CUDA's callback thread as soon as the batch's
-// copies have landed, before the kernel: the host bytes can be reused while the check goes on. A
-// CUDA error after that answers the batch's objects kNotChecked (the bytes are gone); before it,
-// the CPU checks them and `released` follows.
+// Verify queues the batch and returns. One thread of the verifier takes what is queued (as much
+// as a slot holds, the batches' streams in turn: datapath/verifier.h), copies the objects from
+// (registered) host staging into a slot of its device scratch with the copy engine (adjacent
+// objects in one copy, on a stream of their own), launches the kernel over them on `stream` once
+// they have landed and copies the hashes back; two slots alternate, so one slot's copies run
+// while the kernel checks the other's. Each batch's `done` then runs on that thread.
+// VerifyReleasing's `released` runs on CUDA's callback thread as soon as the batch's copies have
+// landed, before the kernel: the host bytes can be reused while the check goes on. A CUDA error
+// after that answers the batch's objects kNotChecked (the bytes are gone); before it, the CPU
+// checks them and `released` follows.
 //
 // The fallback verifier (the CPU's) takes what the GPU does not: objects of lengths the kernel
 // does not support, a batch larger than a slot, and every batch of a slot whose CUDA work failed

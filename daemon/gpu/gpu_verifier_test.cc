@@ -8,8 +8,10 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_generateSecret_fromSeed
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -85,10 +87,10 @@ TEST(HashKernelTest, EqualsXxh3WithSeedForEverySupportedShape) {
 class CountingVerifier final : public datapath::Verifier {
  public:
   std::string_view name() const override { return "counting-cpu"; }
-  void Verify(absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
+  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
               std::function<void()> done) override {
     objects += checks.size();
-    cpu_->Verify(checks, matches, std::move(done));
+    cpu_->Verify(stream, checks, matches, std::move(done));
   }
   std::atomic<uint64_t> objects{0};
 
@@ -150,7 +152,8 @@ TEST(GpuVerifierTest, AnswersAsTheChecksumsSay) {
   for (uint32_t t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (uint32_t b = t; b < kBatches; b += 4) {
-        (*v)->Verify(absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
+        (*v)->Verify(/*stream=*/t + 1,
+                     absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
                      absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch), [&, b] {
                        done[b].fetch_add(1);
                        if (left.fetch_sub(1) == 1) all.Notify();
@@ -170,12 +173,12 @@ TEST(GpuVerifierTest, AnswersAsTheChecksumsSay) {
   odd[0].expected = pool::ObjectChecksum(3, key, 9, 0, odd[0].bytes, 4000);
   std::vector<uint8_t> odd_match(1, 2);
   absl::Notification odd_done;
-  (*v)->Verify(odd, absl::MakeSpan(odd_match), [&] { odd_done.Notify(); });
+  (*v)->Verify(1, odd, absl::MakeSpan(odd_match), [&] { odd_done.Notify(); });
   ASSERT_TRUE(odd_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(odd_match[0], 1);
   std::vector<uint8_t> big_match(48, 2);
   absl::Notification big_done;
-  (*v)->Verify(absl::MakeConstSpan(checks).subspan(0, 48), absl::MakeSpan(big_match),
+  (*v)->Verify(1, absl::MakeConstSpan(checks).subspan(0, 48), absl::MakeSpan(big_match),
                [&] { big_done.Notify(); });
   ASSERT_TRUE(big_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   for (size_t i = 0; i < 48; ++i) EXPECT_EQ(big_match[i], want[i]) << "object " << i;
@@ -217,7 +220,7 @@ TEST(GpuVerifierTest, MirrorKeepsCheckedObjectsOnTheDevice) {
   checks[9].len = 0;        // a failed read
   std::vector<uint8_t> matches(checks.size(), 2);
   absl::Notification done;
-  (*v)->Verify(checks, absl::MakeSpan(matches), [&] { done.Notify(); });
+  (*v)->Verify(1, checks, absl::MakeSpan(matches), [&] { done.Notify(); });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(fallback.objects.load(), 0u);
   std::vector<uint8_t> back(kLen);
@@ -276,7 +279,7 @@ TEST(GpuVerifierTest, PlacesObjectsWhereTheReaderSays) {
   checks[2].expected ^= 1;  // a mismatch
   std::vector<uint8_t> matches(checks.size(), 2);
   absl::Notification done;
-  (*v)->Verify(checks, absl::MakeSpan(matches), [&] { done.Notify(); });
+  (*v)->Verify(1, checks, absl::MakeSpan(matches), [&] { done.Notify(); });
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(fallback.objects.load(), 0u);
   std::vector<uint8_t> back(kLen);
@@ -298,12 +301,71 @@ TEST(GpuVerifierTest, PlacesObjectsWhereTheReaderSays) {
   odd[0].device_copy = &none;
   std::vector<uint8_t> odd_match(1, 2);
   absl::Notification odd_done;
-  (*v)->Verify(odd, absl::MakeSpan(odd_match), [&] { odd_done.Notify(); });
+  (*v)->Verify(1, odd, absl::MakeSpan(odd_match), [&] { odd_done.Notify(); });
   ASSERT_TRUE(odd_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(odd_match[0], 1);
   EXPECT_EQ(none, nullptr);
   v->reset();
   EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+// A batch of another stream queued behind a backlog is checked in turn with it, not after it: the
+// kernel's stream is held (a host function waits) while one stream queues 20 batches and another
+// one, each slot holding one batch. The first two slots may take the first stream's batches
+// before the second stream queues; the slot after them takes the streams in turn.
+TEST(GpuVerifierTest, StreamsQueuedAtOnceAreCheckedInTurn) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto stream = IoStream::Create({0, 0, 0});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CountingVerifier fallback;
+  GpuVerifierOptions options;
+  options.slot_bytes = 1 << 20;
+  options.max_objects_per_slot = 16;  // one batch a slot
+  auto v = MakeGpuVerifier(options, **stream, &fallback);
+  ASSERT_TRUE(v.ok()) << v.status();
+  constexpr uint32_t kLen = 32768, kPerBatch = 16, kLong = 20;
+  Staging staging(uint64_t{kLen} * kPerBatch);  // every batch checks the same objects
+  const std::vector<uint8_t> bytes = RandomBytes(staging.size, 11);
+  std::memcpy(staging.data, bytes.data(), staging.size);
+  Key key{};
+  key.bytes[0] = 7;
+  std::vector<ObjectCheck> checks(kPerBatch);
+  for (uint32_t i = 0; i < kPerBatch; ++i) {
+    uint8_t* obj = staging.data + uint64_t{i} * kLen;
+    checks[i] =
+        ObjectCheck{3, &key, 9, i, obj, kLen, pool::ObjectChecksum(3, key, 9, i, obj, kLen)};
+  }
+  std::atomic<bool> hold{true};
+  ASSERT_EQ(cudaLaunchHostFunc((*stream)->stream(),
+                               [](void* h) {
+                                 while (static_cast<std::atomic<bool>*>(h)->load())
+                                   std::this_thread::yield();
+                               },
+                               &hold),
+            cudaSuccess);
+  std::vector<std::vector<uint8_t>> matches(kLong + 1, std::vector<uint8_t>(kPerBatch, 2));
+  std::mutex mu;
+  std::vector<int> order;  // the stream of each batch answered, in order
+  std::atomic<uint32_t> left{kLong + 1};
+  absl::Notification all;
+  auto answered = [&](int stream_id) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(stream_id);
+    }
+    if (left.fetch_sub(1) == 1) all.Notify();
+  };
+  for (uint32_t b = 0; b < kLong; ++b) {
+    (*v)->Verify(1, checks, absl::MakeSpan(matches[b]), [&] { answered(1); });
+  }
+  (*v)->Verify(2, checks, absl::MakeSpan(matches[kLong]), [&] { answered(2); });
+  hold.store(false);
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  const auto second = std::find(order.begin(), order.end(), 2);
+  ASSERT_NE(second, order.end());
+  EXPECT_LE(second - order.begin(), 3) << "answered after the first stream's backlog";
+  for (const auto& m : matches) EXPECT_EQ(m, std::vector<uint8_t>(kPerBatch, 1));
+  EXPECT_EQ(fallback.objects.load(), 0u);
 }
 
 // VerifyReleasing: each batch's `released` runs once its objects are copied to their places and
@@ -344,7 +406,7 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
   absl::Notification all;
   for (uint32_t b = 0; b < kBatches; ++b) {
     (*v)->VerifyReleasing(
-        absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
+        1, absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
         absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch),
         [&, b] {
           std::memset(bounce.data + uint64_t{b} * kPerBatch * kLen, 0xee, kPerBatch * kLen);
@@ -382,7 +444,7 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
   std::atomic<int> odd_released{0};
   absl::Notification odd_done;
   (*v)->VerifyReleasing(
-      odd, absl::MakeSpan(odd_match),
+      1, odd, absl::MakeSpan(odd_match),
       [&] {
         EXPECT_EQ(odd_match[0], datapath::kMatch) << "released before the CPU's answer";
         odd_released.fetch_add(1);
