@@ -412,7 +412,7 @@ TEST_F(BouncedReaderTest, ObjectsNotCheckedAfterTheSlotWentBackAreNeitherServedN
 // Holds each batch's answer until `hold` batches are held at once, then answers them all and
 // holds no more. A reader that waited for the answers before reusing a bounce slot would never
 // get there: after 2 s it stops holding too, so such a reader fails the test instead of hanging.
-class HoldingVerifier final : public Verifier {
+class HoldingVerifier final : public ReleasingVerifierFake {
  public:
   HoldingVerifier(Verifier* inner, size_t hold) : inner_(inner), hold_(hold) {
     watchdog_ = std::thread([this] {
@@ -434,11 +434,6 @@ class HoldingVerifier final : public Verifier {
     watchdog_.join();
   }
   std::string_view name() const override { return "holding"; }
-  void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-              std::function<void()> done) override {
-    VerifyReleasing(
-        stream, checks, matches, [] {}, std::move(done));
-  }
   void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
                        absl::Span<uint8_t> matches, std::function<void()> released,
                        std::function<void()> done) override {
@@ -502,15 +497,10 @@ TEST_F(BouncedReaderTest, SlotsGoBackBeforeTheChecksAnswer) {
 // (as the GPU's copies do), and with one slot for the one file every batch but the first waits
 // for the slot while the one before it is checked.
 TEST_F(BouncedReaderTest, CountsEachBatchsSlotWaitReadsAndChecks) {
-  class SlowVerifier final : public Verifier {
+  class SlowVerifier final : public ReleasingVerifierFake {
    public:
     explicit SlowVerifier(Verifier* inner) : inner_(inner) {}
     std::string_view name() const override { return "slow"; }
-    void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-                std::function<void()> done) override {
-      VerifyReleasing(
-          stream, checks, matches, [] {}, std::move(done));
-    }
     void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
                          absl::Span<uint8_t> matches, std::function<void()> released,
                          std::function<void()> done) override {

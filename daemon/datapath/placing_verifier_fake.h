@@ -5,6 +5,9 @@
 // copies have landed, checks the copy with `cpu`, and reports the place as the object's device
 // copy. With answer_not_checked set, it answers kNotChecked instead of checking, as the GPU's does
 // after a CUDA error that followed the release.
+//
+// ReleasingVerifierFake: a base for test verifiers written as VerifyReleasing (Verify is one whose
+// bytes go back with the answer).
 #ifndef TUTTI_DAEMON_DATAPATH_PLACING_VERIFIER_FAKE_H_
 #define TUTTI_DAEMON_DATAPATH_PLACING_VERIFIER_FAKE_H_
 
@@ -16,15 +19,22 @@
 
 namespace tutti::datapath {
 
-class PlacingVerifierFake final : public Verifier {
+class ReleasingVerifierFake : public Verifier {
  public:
-  explicit PlacingVerifierFake(Verifier* cpu) : cpu_(cpu) {}
-  std::string_view name() const override { return "placing-fake"; }
   void Verify(uint64_t stream, absl::Span<const ObjectCheck> checks, absl::Span<uint8_t> matches,
-              std::function<void()> done) override {
+              std::function<void()> done) final {
     VerifyReleasing(
         stream, checks, matches, [] {}, std::move(done));
   }
+  void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
+                       absl::Span<uint8_t> matches, std::function<void()> released,
+                       std::function<void()> done) override = 0;
+};
+
+class PlacingVerifierFake final : public ReleasingVerifierFake {
+ public:
+  explicit PlacingVerifierFake(Verifier* cpu) : cpu_(cpu) {}
+  std::string_view name() const override { return "placing-fake"; }
   void VerifyReleasing(uint64_t stream, absl::Span<const ObjectCheck> checks,
                        absl::Span<uint8_t> matches, std::function<void()> released,
                        std::function<void()> done) override {
