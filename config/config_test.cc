@@ -332,6 +332,10 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_TRUE(LoadConfig("datapath { read_bounce_depth: 0 }").ok());  // whole layers in host memory
   ExpectRejected("datapath { read_bounce_depth: 1025 }",
                  {"datapath.read_bounce_depth", "[0, 1024]"});
+  EXPECT_EQ(c->datapath().gpu_check_batch_objects(), 4096u);
+  EXPECT_TRUE(LoadConfig("datapath { gpu_check_batch_objects: 512 }").ok());
+  ExpectRejected("datapath { gpu_check_batch_objects: 8 }",
+                 {"datapath.gpu_check_batch_objects", "[16, 65536]"});
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2097152 "
                  "max_write_bytes_in_flight: 1048576 }",
                  {"datapath.max_write_bytes_in_flight", "1048576", "2097152"});

@@ -168,9 +168,11 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     rt->store = store;
     const uint32_t depth = config.datapath().read_bounce_depth();
     const uint64_t staging_mib = store->retrieve_staging_region().size() >> 20;
+    gpu::GpuVerifierOptions vo;
+    vo.max_objects_per_slot = config.datapath().gpu_check_batch_objects();
     if (depth > 0) {
-      ASSIGN_OR_RETURN(rt->verifier, gpu::MakeGpuVerifier({}, *rt->check_stream,
-                                                          store->cpu_verifier()));
+      ASSIGN_OR_RETURN(rt->verifier,
+                       gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
       const absl::Status staged = StageReadsOnGpu(rt.get(), store, depth);
       if (staged.ok()) {
         checks = absl::StrCat("retrieve layers staged in ", staging_mib,
@@ -184,7 +186,6 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
       }
     }
     if (rt->verifier == nullptr) {
-      gpu::GpuVerifierOptions vo;
       vo.mirror = store->retrieve_staging_region();
       ASSIGN_OR_RETURN(rt->verifier,
                        gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
