@@ -745,6 +745,20 @@ def io_series(daemon):
     return out
 
 
+def read_emission_ms(io0, io1):
+    """The mean time (ms) the I/O scheduler's read emissions took from the backend's start to
+    their completion (tutti_io_latency_seconds, every device), between two io_series() readings:
+    the device's part of a batch's reads, its wait in the scheduler excluded. None without the
+    endpoint or reads."""
+    def delta(name):
+        return sum(v - io0.get(name, {}).get(k, 0) for k, v in io1.get(name, {}).items()
+                   if 'op="read"' in k)
+    if not io0 or not io1:
+        return None
+    count = delta("tutti_io_latency_seconds_count")
+    return round(1e3 * delta("tutti_io_latency_seconds_sum") / count, 3) if count else None
+
+
 def request_figures(io0, io1, op):
     """The requests of `op` ("read" or "write") a phase handed the backend and their mean size,
     from two io_series() readings, or None where the endpoint is off."""
@@ -1847,8 +1861,10 @@ def one_share_config(args, results, emulation, n):
         # beside. The logger exists once the first Read has run.
         daemon.set_log_level("datapath", "debug")
         log_from = os.path.getsize(daemon.log_path)
+        io_from = io_series(daemon)
         alone = small_calls(args.share_small_calls)
         log_beside = os.path.getsize(daemon.log_path)
+        io_beside = io_series(daemon)
         stop = threading.Event()
         big_bytes, beside = [0], []
 
@@ -1867,6 +1883,7 @@ def one_share_config(args, results, emulation, n):
         t0 = time.perf_counter()
         in_threads(lambda fn: fn(), [big_loop, small_beside])
         big_beside = big_bytes[0] / GB / (time.perf_counter() - t0)
+        io_to = io_series(daemon)
         daemon.set_log_level("datapath", "info")
         split_alone = read_split(daemon.log_path, log_from, log_beside, small_n)
         split_beside = read_split(daemon.log_path, log_beside, None, small_n)
@@ -1890,6 +1907,8 @@ def one_share_config(args, results, emulation, n):
         small_alone_median_ms=alone_med * 1e3, small_beside_median_ms=beside_med * 1e3,
         small_beside_p90_ms=_quantile(beside, 0.9) * 1e3, small_beside_first_ms=beside[0] * 1e3,
         small_alone_split=split_alone, small_beside_split=split_beside,
+        device_read_ms_alone=read_emission_ms(io_from, io_beside),
+        device_read_ms_beside=read_emission_ms(io_beside, io_to),
         small_alone_gbps=small_alone_gbps, big_alone_gbps=big_alone,
         big_beside_gbps=big_beside, io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
         tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
@@ -1898,13 +1917,16 @@ def one_share_config(args, results, emulation, n):
              "over (started %.1f s before), against the small one alone; fair_share = the "
              "lower of the small one's rate alone and half the large one's rate alone" % (
                  small_n, args.share_small_calls, big_n, call, args.share_lead_s))
-    for name, sp in (("alone", split_alone), ("beside", split_beside)):
+    for name, sp, device_ms in (
+            ("alone", split_alone, read_emission_ms(io_from, io_beside)),
+            ("beside", split_beside, read_emission_ms(io_beside, io_to))):
         if sp:
             log("  small %s (medians of %d Reads, ms): %.1f in all, waiting %.1f (first layer "
-                "%.1f), sink %.1f; per batch: slot %.2f, reads %.2f, checks %.2f; the first "
-                "layer's last batch: slot %.2f, reads %.2f, checks %.2f" % (
+                "%.1f), sink %.1f; per batch: slot %.2f, reads %.2f (the devices' part, every "
+                "Read's: %s), checks %.2f; the first layer's last batch: slot %.2f, reads %.2f, "
+                "checks %.2f" % (
                     name, sp["reads"], sp["ms"], sp["wait_ms"], sp["first_layer_ms"],
-                    sp["sink_ms"], sp["batch_slot_ms"], sp["batch_reads_ms"],
+                    sp["sink_ms"], sp["batch_slot_ms"], sp["batch_reads_ms"], device_ms,
                     sp["batch_checks_ms"], sp["first_last_slot_ms"], sp["first_last_reads_ms"],
                     sp["first_last_checks_ms"]))
     results.table_rows.append((

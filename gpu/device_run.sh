@@ -153,7 +153,7 @@ nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader >>
   [[ -f "$out/tests.log" ]] && grep -E '^(survivor|daemon killed)|Failure|FAILED  \]' "$out/tests.log" | head -30 | cut -c1-200
   [[ -f "$out/nvme_tests.log" ]] && grep -E 'Failure|FAILED  \]|fallback reason' "$out/nvme_tests.log" | head -20 | cut -c1-200
   [[ -f "$out/nvme_bench.log" ]] && grep -E '^(metric|[a-z_0-9]+ +[0-9.]+ )|rror' "$out/nvme_bench.log" | cut -c1-160
-  [[ -f "$out/ssd_array.log" ]] && grep -E '^  -> |^  small (alone|beside) |^(config |tmpfs:|loop:|share |ttft|dram)|rror|parts failed' "$out/ssd_array.log" | cut -c1-260
+  [[ -f "$out/ssd_array.log" ]] && grep -E '^  -> |^  small (alone|beside) |^(config |tmpfs:|loop:|share |ttft|dram)|rror|parts failed' "$out/ssd_array.log" | cut -c1-300
   [[ -f "$out/dead_memory.log" ]] && cat "$out/dead_memory.log" | cut -c1-150
   [[ -f "$out/owner_death.log" ]] && grep -v '^$' "$out/owner_death.log" | cut -c1-160
 } | tee -a "$out/summary.txt"
