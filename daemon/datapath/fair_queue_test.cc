@@ -63,5 +63,45 @@ TEST(FairQueueTest, MoveOnlyItems) {
   EXPECT_TRUE(q.empty());
 }
 
+// By cost, a turn is worth the quantum: a stream of items a quarter the cost of another's takes
+// four per turn.
+TEST(FairQueueTest, ByCostStreamsTakeEqualCostNotEqualItems) {
+  FairQueue<std::string> q(/*quantum=*/4);
+  for (int i = 0; i < 6; ++i) q.Push(1, "a", 4);
+  for (int i = 0; i < 8; ++i) q.Push(2, "b", 1);
+  std::string order;
+  while (!q.empty()) order += q.Pop();
+  EXPECT_EQ(order, "abbbbabbbbaaaa");
+}
+
+// An item costing more than a turn is worth is taken when the stream's turn comes, and paid off
+// from its next turns, which it passes until it is out of debt.
+TEST(FairQueueTest, ByCostAnItemDearerThanATurnIsPaidFromTheNextTurns) {
+  FairQueue<std::string> q(/*quantum=*/2);
+  q.Push(1, "A", 6);
+  q.Push(1, "A", 6);
+  for (int i = 0; i < 6; ++i) q.Push(2, "b", 2);
+  std::string order;
+  while (!q.empty()) {
+    const std::string front = q.Front();  // what Pop takes
+    const std::string popped = q.Pop();
+    EXPECT_EQ(front, popped);
+    order += popped;
+  }
+  EXPECT_EQ(order, "AbbbAbbb");
+}
+
+// A stream emptied loses its credit and debt: when it queues again it starts afresh.
+TEST(FairQueueTest, ByCostAnEmptiedStreamStartsAfresh) {
+  FairQueue<std::string> q(/*quantum=*/2);
+  q.Push(1, "A", 10);  // deep in debt once taken
+  q.Push(2, "b", 2);
+  EXPECT_EQ(q.Pop(), "A");
+  q.Push(1, "a", 1);  // behind stream 2, with no debt
+  EXPECT_EQ(q.Pop(), "b");
+  EXPECT_EQ(q.Pop(), "a");
+  EXPECT_TRUE(q.empty());
+}
+
 }  // namespace
 }  // namespace tutti::datapath

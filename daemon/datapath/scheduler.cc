@@ -99,7 +99,10 @@ absl::StatusOr<std::unique_ptr<IoScheduler>> IoScheduler::Create(const IoSchedul
 
 IoScheduler::IoScheduler(const IoSchedulerOptions& options, IoSink* sink, Clock* clock)
     : options_(options), sink_(sink), clock_(clock), devices_(options.num_devices) {
-  for (Device& d : devices_) d.write_window = options_.max_write_bytes_in_flight;
+  for (Device& d : devices_) {
+    d.write_window = options_.max_write_bytes_in_flight;
+    d.reads = FairQueue<std::vector<Item>>(options_.read_turn_bytes);
+  }
 }
 
 IoScheduler::~IoScheduler() = default;
@@ -143,7 +146,9 @@ void IoScheduler::Post(IoClass cls, absl::Span<io::IoRequest> batch, std::functi
           continue;
         }
         devices_[d].reads_queued += reads[d].size();
-        devices_[d].reads.Push(stream, std::move(reads[d]));
+        uint64_t bytes = 0;
+        for (const Item& item : reads[d]) bytes += item.req->len;
+        devices_[d].reads.Push(stream, std::move(reads[d]), bytes);
         TakeReadsLocked(d, &out);
       } else if (cls == IoClass::kWrite && wrote[d]) {
         TakeWritesLocked(d, &out);

@@ -11,9 +11,10 @@
 //  - Reads go before writes. With `max_read_bytes_in_flight` 0 they are emitted at once, never
 //    held back. With a cap, a device has at most about that many bytes of reads in flight (a
 //    part goes while fewer are), and the rest wait in the scheduler, each Post's part of a device
-//    in the queue of its `stream` (one Retrieve): the streams take turns (fair_queue.h), so a
-//    Retrieve that starts while another has a gigabyte queued waits for one part of each stream
-//    ahead of it, not for the gigabyte. Either way, in the backend reads wait at most behind the
+//    in the queue of its `stream` (one Retrieve): the streams take turns (fair_queue.h), each
+//    turn worth `read_turn_bytes` of parts, so a Retrieve that starts while another has a
+//    gigabyte queued waits for one turn of each stream ahead of it, not for the gigabyte, and
+//    gets as many bytes a turn as they do. Either way, in the backend reads wait at most behind the
 //    writes already emitted, which the caps below bound.
 //  - Writes wait in FIFO order. While the device has reads in flight, at most
 //    `write_bytes_in_flight_while_reading` bytes of writes are in flight; with none, at most the
@@ -81,6 +82,10 @@ struct IoSchedulerOptions {
   // 0: every read emitted at once (no turns). A cap of a few times what the device's queue
   // holds keeps it as busy as no cap.
   uint64_t max_read_bytes_in_flight = 0;
+  // With a read cap: what one stream's turn is worth, in bytes of its parts (fair_queue.h, by
+  // cost), so a Retrieve whose parts are small (few blocks a device) gets as many bytes per turn
+  // as one whose parts are large; 0: a turn is one part, whatever its bytes.
+  uint64_t read_turn_bytes = 0;
   uint64_t write_bytes_in_flight_while_reading = 1ull << 20;
   uint64_t max_write_bytes_in_flight = 8ull << 20;
   // Writes taken at once are handed to the sink in emissions of at most this many bytes (at

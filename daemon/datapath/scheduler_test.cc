@@ -2,8 +2,10 @@
 // caps, partial and failed completions, done exactly once, multi-device batches.
 #include "daemon/datapath/scheduler.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <deque>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -526,10 +528,11 @@ TEST_F(WriteWindowTest, CreateRefusesANegativeTarget) {
 
 class ReadTurnsTest : public SchedulerTest {
  protected:
-  void MakeCapped(uint32_t devices, uint64_t read_cap) {
+  void MakeCapped(uint32_t devices, uint64_t read_cap, uint64_t turn_bytes = 0) {
     IoSchedulerOptions o;
     o.num_devices = devices;
     o.max_read_bytes_in_flight = read_cap;
+    o.read_turn_bytes = turn_bytes;
     o.write_bytes_in_flight_while_reading = 64 * kKiB;
     o.max_write_bytes_in_flight = 256 * kKiB;
     auto s = IoScheduler::Create(o, &sink_, &clock_);
@@ -599,6 +602,48 @@ TEST_F(ReadTurnsTest, ALaterStreamGoesNextNotBehindTheBacklog) {
   while (sink_.pending() > 0) sink_.Complete(0);
   EXPECT_EQ(small_done, 3);
   EXPECT_EQ(big_done, 100);
+}
+
+// The order in which parts of a big stream (256 KiB each, 'B') and a small one (64 KiB, 's')
+// queued behind it are emitted, completing the oldest emission each time, under a 256 KiB cap.
+std::string EmissionOrder(HandSink* sink, IoScheduler* sched, size_t emissions) {
+  std::vector<std::vector<io::IoRequest>> big, small;
+  for (int i = 0; i < 40; ++i) big.push_back({Req(0, i * 256 * kKiB, 256 * kKiB)});
+  for (int i = 0; i < 40; ++i) small.push_back({Req(0, (1ull << 30) + i * 64 * kKiB, 64 * kKiB)});
+  for (auto& p : big)
+    sched->Post(
+        IoClass::kRead, absl::MakeSpan(p), [] {}, 1);
+  for (auto& p : small)
+    sched->Post(
+        IoClass::kRead, absl::MakeSpan(p), [] {}, 2);
+  auto kind = [&](size_t i) { return sink->at(i).reqs[0].offset >= (1ull << 30) ? 's' : 'B'; };
+  std::string order;
+  for (size_t i = 0; i < sink->pending(); ++i) order += kind(i);
+  while (order.size() < emissions && sink->pending() > 0) {
+    const size_t before = sink->pending();
+    sink->Complete(0);
+    for (size_t i = before - 1; i < sink->pending(); ++i) order += kind(i);
+  }
+  while (sink->pending() > 0) sink->Complete(0);
+  return order.substr(0, emissions);
+}
+
+// With turns worth 256 KiB, the small stream's 64 KiB parts go four to each of the big one's
+// 256 KiB parts: as many bytes each. With turns of one part each it would get a quarter of the
+// big one's bytes.
+TEST_F(ReadTurnsTest, TurnsWorthBytesGiveSmallPartsAsManyBytes) {
+  MakeCapped(1, 256 * kKiB, /*turn_bytes=*/256 * kKiB);
+  const std::string by_bytes = EmissionOrder(&sink_, sched_.get(), 22);
+  MakeCapped(1, 256 * kKiB);
+  const std::string by_parts = EmissionOrder(&sink_, sched_.get(), 22);
+  auto bytes = [](const std::string& order, char k) {
+    return std::count(order.begin(), order.end(), k) * (k == 's' ? 64 : 256);
+  };
+  // The first big part went before the small stream queued; from then on, whole rounds.
+  EXPECT_EQ(by_bytes, "BBssssBssssBssssBssssB");
+  EXPECT_EQ(by_parts, "BBsBsBsBsBsBsBsBsBsBsB");
+  EXPECT_EQ(bytes(by_bytes.substr(1, 20), 's'), bytes(by_bytes.substr(1, 20), 'B'));
+  EXPECT_EQ(bytes(by_parts.substr(1, 20), 's') * 4, bytes(by_parts.substr(1, 20), 'B'));
 }
 
 TEST_F(ReadTurnsTest, DevicesHaveCapsAndTurnsOfTheirOwn) {

@@ -145,6 +145,8 @@ absl::Status BlockStore::Impl::Init() {
                                         sched.write_bytes_in_flight_while_reading);
   sched.write_latency_target_us = options_.write_latency_target_us;
   sched.max_read_bytes_in_flight = options_.max_read_bytes_in_flight;
+  // A turn is worth one full batch of a Retrieve's reads of a device (layer_reader.h).
+  sched.read_turn_bytes = std::max<uint64_t>(options_.read_post_bytes, options_.max_read_bytes);
   ASSIGN_OR_RETURN(scheduler_, datapath::IoScheduler::Create(sched, io_sink_.get(), clock_));
   absl::Status reg = backend_->RegisterBuffer(region_->span());
   if (!reg.ok()) {
