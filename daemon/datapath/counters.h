@@ -8,6 +8,18 @@
 
 namespace tutti::datapath {
 
+// Batches of reads and their time by phase, in nanoseconds (ReadCountersSnapshot::batch_*).
+struct BatchPhases {
+  uint64_t batches = 0, slot_ns = 0, io_ns = 0, check_ns = 0;
+  BatchPhases& operator+=(const BatchPhases& o) {
+    batches += o.batches;
+    slot_ns += o.slot_ns;
+    io_ns += o.io_ns;
+    check_ns += o.check_ns;
+    return *this;
+  }
+};
+
 struct ReadCountersSnapshot {
   uint64_t ios = 0;            // pool reads posted
   uint64_t io_bytes = 0;       // bytes those reads asked for
@@ -71,11 +83,11 @@ class ReadCounters {
     layers_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  void AddBatches(uint64_t batches, uint64_t slot_ns, uint64_t io_ns, uint64_t check_ns) {
-    batches_.fetch_add(batches, std::memory_order_relaxed);
-    batch_slot_ns_.fetch_add(slot_ns, std::memory_order_relaxed);
-    batch_io_ns_.fetch_add(io_ns, std::memory_order_relaxed);
-    batch_check_ns_.fetch_add(check_ns, std::memory_order_relaxed);
+  void AddBatches(const BatchPhases& p) {
+    batches_.fetch_add(p.batches, std::memory_order_relaxed);
+    batch_slot_ns_.fetch_add(p.slot_ns, std::memory_order_relaxed);
+    batch_io_ns_.fetch_add(p.io_ns, std::memory_order_relaxed);
+    batch_check_ns_.fetch_add(p.check_ns, std::memory_order_relaxed);
   }
   void AddPost(uint64_t ns) { lead_post_ns_.fetch_add(ns, std::memory_order_relaxed); }
   void AddCall(uint64_t ns) {

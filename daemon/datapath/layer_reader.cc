@@ -26,18 +26,6 @@ uint64_t Nanos(std::chrono::steady_clock::duration d) {
 
 uint64_t NowNanos() { return Nanos(std::chrono::steady_clock::now().time_since_epoch()); }
 
-// Batches' time by phase (ReadCountersSnapshot::batch_*), summed.
-struct BatchPhases {
-  uint64_t batches = 0, slot_ns = 0, io_ns = 0, check_ns = 0;
-  BatchPhases& operator+=(const BatchPhases& o) {
-    batches += o.batches;
-    slot_ns += o.slot_ns;
-    io_ns += o.io_ns;
-    check_ns += o.check_ns;
-    return *this;
-  }
-};
-
 }  // namespace
 
 // One layer's reads in flight: its plan, its requests, each planned object's outcome, and the
@@ -385,8 +373,7 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
     const auto sink_from = std::chrono::steady_clock::now();
     BatchPhases layer_phases, last;
     in.Phases(&layer_phases, &last);
-    counters_.AddBatches(layer_phases.batches, layer_phases.slot_ns, layer_phases.io_ns,
-                         layer_phases.check_ns);
+    counters_.AddBatches(layer_phases);
     phases += layer_phases;
     if (layer == r.layer_begin) first_last = last;
     ops.clear();

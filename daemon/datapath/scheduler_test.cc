@@ -610,12 +610,14 @@ std::string EmissionOrder(HandSink* sink, IoScheduler* sched, size_t emissions) 
   std::vector<std::vector<io::IoRequest>> big, small;
   for (int i = 0; i < 40; ++i) big.push_back({Req(0, i * 256 * kKiB, 256 * kKiB)});
   for (int i = 0; i < 40; ++i) small.push_back({Req(0, (1ull << 30) + i * 64 * kKiB, 64 * kKiB)});
-  for (auto& p : big)
+  for (auto& p : big) {
     sched->Post(
-        IoClass::kRead, absl::MakeSpan(p), [] {}, 1);
-  for (auto& p : small)
+        IoClass::kRead, absl::MakeSpan(p), [] {}, /*stream=*/1);
+  }
+  for (auto& p : small) {
     sched->Post(
-        IoClass::kRead, absl::MakeSpan(p), [] {}, 2);
+        IoClass::kRead, absl::MakeSpan(p), [] {}, /*stream=*/2);
+  }
   auto kind = [&](size_t i) { return sink->at(i).reqs[0].offset >= (1ull << 30) ? 's' : 'B'; };
   std::string order;
   for (size_t i = 0; i < sink->pending(); ++i) order += kind(i);

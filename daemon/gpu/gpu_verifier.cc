@@ -31,6 +31,9 @@ struct Job {
   absl::Span<uint8_t> matches;
   std::function<void()> done;
   std::function<void()> released;  // VerifyReleasing's, or empty
+  // What it takes of a slot (set by Submit): scratch bytes and objects to hash.
+  uint64_t scratch_bytes = 0;
+  uint32_t objects = 0;
 };
 
 // The `released` callbacks of one use of a slot. They run once: on CUDA's callback thread right
@@ -150,7 +153,9 @@ class GpuVerifier final : public datapath::Verifier {
       job.done();
       return;
     }
-    if (!GpuCanCheck(job) || !FitsEmptySlot(job)) {
+    Needs(&job);
+    if (!GpuCanCheck(job) || job.scratch_bytes > options_.slot_bytes ||
+        job.objects > options_.max_objects_per_slot) {  // larger than an empty slot
       Fallback(std::move(job));
       return;
     }
@@ -202,20 +207,13 @@ class GpuVerifier final : public datapath::Verifier {
     if (off > options_.mirror.size() || c.len > options_.mirror.size() - off) return nullptr;
     return mirror_dev_ + off;
   }
-  void Needs(const Job& job, uint64_t* bytes, uint32_t* objects) const {
-    *bytes = 0;
-    *objects = 0;
-    for (const ObjectCheck& c : job.checks) {
+  // Sets what `job` takes of a slot.
+  void Needs(Job* job) const {
+    for (const ObjectCheck& c : job->checks) {
       if (c.len == 0) continue;
-      if (MirrorOf(c) == nullptr) *bytes += RoundUp16(c.len);
-      ++*objects;
+      if (MirrorOf(c) == nullptr) job->scratch_bytes += RoundUp16(c.len);
+      ++job->objects;
     }
-  }
-  bool FitsEmptySlot(const Job& job) const {
-    uint64_t bytes;
-    uint32_t objects;
-    Needs(job, &bytes, &objects);
-    return bytes <= options_.slot_bytes && objects <= options_.max_objects_per_slot;
   }
 
   void Add(Slot* s, Job job) {
@@ -345,15 +343,13 @@ class GpuVerifier final : public datapath::Verifier {
         uint64_t used = 0;
         uint32_t count = 0;
         while (!queue_.empty()) {
-          uint64_t bytes;
-          uint32_t objects;
-          Needs(queue_.Front(), &bytes, &objects);
-          if (used + bytes > options_.slot_bytes ||
-              count + objects > options_.max_objects_per_slot) {
+          const Job& front = queue_.Front();
+          if (used + front.scratch_bytes > options_.slot_bytes ||
+              count + front.objects > options_.max_objects_per_slot) {
             break;
           }
-          used += bytes;
-          count += objects;
+          used += front.scratch_bytes;
+          count += front.objects;
           taken.push_back(queue_.Pop());
         }
       }
