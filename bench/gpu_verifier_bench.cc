@@ -7,10 +7,12 @@
 // device ring of --ring_mib, as layer_reader.cc does with bounce slots. A slot is handed to the
 // verifier again as soon as its batch is done, so --slots batches are always in flight, for
 // --seconds. The verifier runs on an I/O stream of --sm SMs (0: all SMs, no green context), as
-// tuttid's check stream does. Baseline, same run: the same pieces copied host -> device with
-// cudaMemcpyAsync on one stream, --slots in flight, no checks. Every answer must match (a batch
-// with a corrupted object is checked once at the start to prove mismatches are seen).
-// Writes JSON lines (bench/results format) to --out and a line per figure. Never asserts on time.
+// tuttid's check stream does, with --check_slots checks of at most --check_objects objects in
+// flight (datapath.gpu_check_slots, gpu_check_batch_objects). Baseline, same run: the same pieces
+// copied host -> device with cudaMemcpyAsync on one stream, --slots in flight, no checks. Every
+// answer must match (a batch with a corrupted object is checked once at the start to prove
+// mismatches are seen). Writes JSON lines (bench/results format) to --out and a line per figure.
+// Never asserts on time.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -47,6 +49,9 @@ ABSL_FLAG(uint32_t, job_kib, 1024, "bytes of one slot (one batch)");
 ABSL_FLAG(uint32_t, object_kib, 32, "object size");
 ABSL_FLAG(uint32_t, ring_mib, 1024, "device bytes the objects are placed in, round robin");
 ABSL_FLAG(std::string, sm, "16,0", "I/O stream SM counts to run (0: all SMs, no green context)");
+ABSL_FLAG(uint32_t, check_objects, 4096,
+          "the most objects one check takes (gpu_check_batch_objects)");
+ABSL_FLAG(std::string, check_slots, "2", "checks in flight at once to run (gpu_check_slots)");
 ABSL_FLAG(double, seconds, 3, "seconds per figure");
 ABSL_FLAG(std::string, out, "", "JSON lines file to append results to");
 ABSL_FLAG(std::string, machine, "", "machine name for the results");
@@ -236,44 +241,64 @@ absl::Status Run(int argc, char** argv) {
   std::printf("copy only: %.2f GB/s (%u slots of %u KiB, one stream)\n", copy, s.slots,
               s.job_bytes >> 10);
   int failures = 0;
+  std::vector<uint32_t> check_slots;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_check_slots), ',')) {
+    uint32_t n = 0;
+    if (!absl::SimpleAtoi(text, &n)) {
+      return absl::InvalidArgumentError(absl::StrCat("--check_slots: ", text, " is not a number"));
+    }
+    check_slots.push_back(n);
+  }
   for (absl::string_view sm_text : absl::StrSplit(absl::GetFlag(FLAGS_sm), ',')) {
-    uint32_t sm = 0;
-    if (!absl::SimpleAtoi(sm_text, &sm)) {
-      return absl::InvalidArgumentError(absl::StrCat("--sm: ", sm_text, " is not a number"));
+    for (const uint32_t slots : check_slots) {
+      uint32_t sm = 0;
+      if (!absl::SimpleAtoi(sm_text, &sm)) {
+        return absl::InvalidArgumentError(absl::StrCat("--sm: ", sm_text, " is not a number"));
+      }
+      auto stream = gpu::IoStream::Create({0, sm, 0});
+      if (!stream.ok()) {
+        std::fprintf(stderr, "I/O stream of %u SMs: %s\n", sm, stream.status().ToString().c_str());
+        ++failures;
+        continue;
+      }
+      CountingFallback fallback;
+      gpu::GpuVerifierOptions options;
+      options.max_objects_per_slot = absl::GetFlag(FLAGS_check_objects);
+      options.slots = slots;
+      ASSIGN_OR_RETURN(auto v, gpu::MakeGpuVerifier(options, **stream, &fallback));
+      {  // A corrupted expectation must be answered as a mismatch.
+        std::vector<ObjectCheck> one = {ObjectCheck{1, &s.key, 7, 0, s.host, s.object_bytes,
+                                                    s.expected[0] ^ 1, nullptr, s.device}};
+        std::vector<uint8_t> match(1, 1);
+        absl::Notification done;
+        v->Verify(1, one, absl::MakeSpan(match), [&] { done.Notify(); });
+        done.WaitForNotification();
+        if (match[0] != 0) return absl::InternalError("a corrupted object was answered as a match");
+      }
+      Driver driver(s, v.get());
+      const auto [gbps, mismatches] = driver.Run(seconds);
+      v.reset();
+      const bool green = (*stream)->is_green();
+      std::printf(
+          "verifier, %u SMs%s, %u checks of %u objects in flight: %.2f GB/s, %.3f of copy "
+          "only; mismatches %lu, fallback objects %lu\n",
+          sm, green ? " (green context)" : "", slots, options.max_objects_per_slot, gbps,
+          gbps / copy, static_cast<unsigned long>(mismatches),
+          static_cast<unsigned long>(fallback.objects.load()));
+      if (mismatches != 0 || fallback.objects.load() != 0) ++failures;
+      Result r{"gpu_verifier_placed_gbps",
+               gbps,
+               "GB/s",
+               "memcpy_h2d_same_pieces",
+               copy,
+               absl::StrFormat("{\"sm\":%u,\"green\":%s,\"slots\":%u,\"job_kib\":%u,"
+                               "\"object_kib\":%u,\"seconds\":%g,\"mismatches\":%u,"
+                               "\"check_objects\":%u,\"check_slots\":%u}",
+                               sm, green ? "true" : "false", s.slots, s.job_bytes >> 10,
+                               s.object_bytes >> 10, seconds, mismatches,
+                               options.max_objects_per_slot, slots)};
+      if (out.is_open()) out << JsonLine("gpu_verifier_bench", r, machine, date, command) << "\n";
     }
-    auto stream = gpu::IoStream::Create({0, sm, 0});
-    if (!stream.ok()) {
-      std::fprintf(stderr, "I/O stream of %u SMs: %s\n", sm, stream.status().ToString().c_str());
-      ++failures;
-      continue;
-    }
-    CountingFallback fallback;
-    ASSIGN_OR_RETURN(auto v, gpu::MakeGpuVerifier({}, **stream, &fallback));
-    {  // A corrupted expectation must be answered as a mismatch.
-      std::vector<ObjectCheck> one = {ObjectCheck{1, &s.key, 7, 0, s.host, s.object_bytes,
-                                                  s.expected[0] ^ 1, nullptr, s.device}};
-      std::vector<uint8_t> match(1, 1);
-      absl::Notification done;
-      v->Verify(1, one, absl::MakeSpan(match), [&] { done.Notify(); });
-      done.WaitForNotification();
-      if (match[0] != 0) return absl::InternalError("a corrupted object was answered as a match");
-    }
-    Driver driver(s, v.get());
-    const auto [gbps, mismatches] = driver.Run(seconds);
-    v.reset();
-    const bool green = (*stream)->is_green();
-    std::printf("verifier, %u SMs%s: %.2f GB/s, %.3f of copy only; mismatches %lu, fallback "
-                "objects %lu\n",
-                sm, green ? " (green context)" : "", gbps, gbps / copy,
-                static_cast<unsigned long>(mismatches),
-                static_cast<unsigned long>(fallback.objects.load()));
-    if (mismatches != 0 || fallback.objects.load() != 0) ++failures;
-    Result r{"gpu_verifier_placed_gbps", gbps, "GB/s", "memcpy_h2d_same_pieces", copy,
-             absl::StrFormat("{\"sm\":%u,\"green\":%s,\"slots\":%u,\"job_kib\":%u,"
-                             "\"object_kib\":%u,\"seconds\":%g,\"mismatches\":%u}",
-                             sm, green ? "true" : "false", s.slots, s.job_bytes >> 10,
-                             s.object_bytes >> 10, seconds, mismatches)};
-    if (out.is_open()) out << JsonLine("gpu_verifier_bench", r, machine, date, command) << "\n";
   }
   CUDA_RETURN_IF_ERROR(cudaStreamDestroy(copy_stream));
   CUDA_RETURN_IF_ERROR(cudaFree(s.device));

@@ -336,6 +336,10 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_TRUE(LoadConfig("datapath { gpu_check_batch_objects: 512 }").ok());
   ExpectRejected("datapath { gpu_check_batch_objects: 8 }",
                  {"datapath.gpu_check_batch_objects", "[16, 65536]"});
+  EXPECT_EQ(c->datapath().gpu_check_slots(), 2u);
+  EXPECT_TRUE(LoadConfig("datapath { gpu_check_slots: 8 }").ok());
+  ExpectRejected("datapath { gpu_check_slots: 1 }", {"datapath.gpu_check_slots", "[2, 16]"});
+  ExpectRejected("datapath { gpu_check_slots: 17 }", {"datapath.gpu_check_slots", "[2, 16]"});
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2097152 "
                  "max_write_bytes_in_flight: 1048576 }",
                  {"datapath.max_write_bytes_in_flight", "1048576", "2097152"});

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -66,7 +67,13 @@ class GpuVerifier final : public datapath::Verifier {
  public:
   GpuVerifier(const GpuVerifierOptions& options, const IoStream& stream,
               datapath::Verifier* fallback)
-      : options_(options), stream_(stream.stream()), device_(stream.device()), fallback_(fallback) {}
+      : options_(options),
+        stream_(stream.stream()),
+        device_(stream.device()),
+        fallback_(fallback),
+        slots_(options.slots) {
+    for (Slot& slot : slots_) slot.owner = this;
+  }
 
   ~GpuVerifier() override {
     {
@@ -75,9 +82,10 @@ class GpuVerifier final : public datapath::Verifier {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    if (copy_stream_ != nullptr) {
-      cudaStreamSynchronize(copy_stream_);
-      cudaStreamDestroy(copy_stream_);
+    for (cudaStream_t st : {copy_stream_, notify_stream_}) {
+      if (st == nullptr) continue;
+      cudaStreamSynchronize(st);
+      cudaStreamDestroy(st);
     }
     for (Slot& s : slots_) {
       if (s.event != nullptr) cudaEventDestroy(s.event);
@@ -119,6 +127,9 @@ class GpuVerifier final : public datapath::Verifier {
     // while the kernel checks the slot before it (the kernel stays in the stream's SMs).
     RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
                                "cudaStreamCreateWithFlags (check copies)"));
+    // Tells the thread a slot is answered, off the kernel's stream (which it would hold up).
+    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&notify_stream_, cudaStreamNonBlocking),
+                               "cudaStreamCreateWithFlags (check answers)"));
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "tutti-gpucheck");
     return absl::OkStatus();
@@ -173,6 +184,7 @@ class GpuVerifier final : public datapath::Verifier {
     uint64_t len;
   };
   struct Slot {
+    GpuVerifier* owner = nullptr;
     uint8_t* scratch = nullptr;
     HashDesc* descs_dev = nullptr;
     HashDesc* descs_host = nullptr;
@@ -187,6 +199,7 @@ class GpuVerifier final : public datapath::Verifier {
     uint32_t count = 0;  // descs
     uint64_t used = 0;   // scratch bytes
     absl::Status status;
+    bool done = false;  // guarded by owner->mu_: its work has run (or failed to be enqueued)
     void Reset() {
       jobs.clear();
       runs.clear();
@@ -269,7 +282,20 @@ class GpuVerifier final : public datapath::Verifier {
                                                  cudaMemcpyDeviceToHost, stream_),
                                  "cudaMemcpyAsync(hashes)"));
     }
-    return CudaStatus(cudaEventRecord(s->event, stream_), "cudaEventRecord");
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s->event, stream_), "cudaEventRecord"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(notify_stream_, s->event, 0),
+                               "cudaStreamWaitEvent(check answers)"));
+    return CudaStatus(cudaLaunchHostFunc(notify_stream_, MarkDone, s),
+                      "cudaLaunchHostFunc(check answered)");
+  }
+
+  // notify_stream_'s host function once a slot's work has run. Notifies under the lock: once it
+  // lets go, the verifier may be gone.
+  static void CUDART_CB MarkDone(void* arg) {
+    Slot* s = static_cast<Slot*>(arg);
+    std::lock_guard<std::mutex> lock(s->owner->mu_);
+    s->done = true;
+    s->owner->cv_.notify_one();
   }
 
   // Answers the slot's jobs and runs their `done`. On a CUDA error the fallback checks them,
@@ -279,8 +305,10 @@ class GpuVerifier final : public datapath::Verifier {
       s->status = CudaStatus(cudaEventSynchronize(s->event), "cudaEventSynchronize");
     }
     if (!s->status.ok()) {
-      // No copy of this slot may still be reading the bytes once they go back.
+      // No copy of this slot may still be reading the bytes once they go back, nor its kernel
+      // its descriptors once the slot is filled again.
       const cudaError_t drained = cudaStreamSynchronize(copy_stream_);
+      cudaStreamSynchronize(stream_);
       const bool bytes_here = s->releases->Claim();
       TUTTI_LOG_EVERY_N_SEC(
           log::Get("gpu"), spdlog::level::err, 5,
@@ -329,48 +357,71 @@ class GpuVerifier final : public datapath::Verifier {
       log::Get("gpu")->error("GPU verifier: cudaSetDevice({}) failed; the CPU checks", device_);
       broken_ = true;
     }
-    Slot* in_flight = nullptr;
-    uint32_t next = 0;
+    std::deque<Slot*> in_flight;  // oldest first
+    std::vector<Slot*> free;
+    for (Slot& s : slots_) free.push_back(&s);
     for (;;) {
-      // As many queued jobs as the slot holds, streams in turn; the rest waits for the next slot.
+      // A free slot takes as many queued jobs as it holds, streams in turn (the rest waits for a
+      // later slot); else the oldest slot in flight is answered once its work has run.
       std::vector<Job> taken;
+      Slot* s = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (in_flight == nullptr) {
-          cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-          if (queue_.empty()) return;  // stopping, and nothing left
-        }
-        uint64_t used = 0;
-        uint32_t count = 0;
-        while (!queue_.empty()) {
-          const Job& front = queue_.Front();
-          if (used + front.scratch_bytes > options_.slot_bytes ||
-              count + front.objects > options_.max_objects_per_slot) {
-            break;
-          }
-          used += front.scratch_bytes;
-          count += front.objects;
-          taken.push_back(queue_.Pop());
+        cv_.wait(lock, [&] {
+          return (!free.empty() && !queue_.empty()) ||
+                 (!in_flight.empty() && in_flight.front()->done) ||
+                 (stopping_ && in_flight.empty());
+        });
+        if (!free.empty() && !queue_.empty()) {
+          s = free.back();
+          free.pop_back();
+          s->done = false;
+          TakeLocked(&taken);
+        } else if (!in_flight.empty() && in_flight.front()->done) {
+          s = in_flight.front();
+          in_flight.pop_front();
+        } else {
+          return;  // stopping, and nothing queued or in flight
         }
       }
-      Slot* s = &slots_[next];
+      if (taken.empty()) {
+        Finish(s);
+        free.push_back(s);
+        continue;
+      }
       for (Job& job : taken) Add(s, std::move(job));
-      if (!s->jobs.empty()) {
-        s->status = broken_ ? absl::InternalError("no CUDA device") : Enqueue(s);
+      s->status = broken_ ? absl::InternalError("no CUDA device") : Enqueue(s);
+      if (!s->status.ok()) {  // no MarkDone is coming: Finish answers it (the CPU checks)
+        std::lock_guard<std::mutex> lock(mu_);
+        s->done = true;
       }
-      if (in_flight != nullptr) Finish(in_flight);
-      in_flight = s->jobs.empty() ? nullptr : s;
-      if (in_flight != nullptr) next ^= 1;
+      in_flight.push_back(s);
+    }
+  }
+
+  void TakeLocked(std::vector<Job>* taken) {
+    uint64_t used = 0;
+    uint32_t count = 0;
+    while (!queue_.empty()) {
+      const Job& front = queue_.Front();
+      if (used + front.scratch_bytes > options_.slot_bytes ||
+          count + front.objects > options_.max_objects_per_slot) {
+        break;
+      }
+      used += front.scratch_bytes;
+      count += front.objects;
+      taken->push_back(queue_.Pop());
     }
   }
 
   const GpuVerifierOptions options_;
   const cudaStream_t stream_;  // the kernel's (in the I/O domain's SMs)
   cudaStream_t copy_stream_ = nullptr;
+  cudaStream_t notify_stream_ = nullptr;
   const int device_;
   datapath::Verifier* const fallback_;
   uint8_t* mirror_dev_ = nullptr;  // options_.mirror.size() bytes, or null
-  Slot slots_[2];
+  std::vector<Slot> slots_;        // options_.slots, sized once
   bool broken_ = false;  // the thread's own state
 
   std::mutex mu_;
@@ -384,8 +435,10 @@ class GpuVerifier final : public datapath::Verifier {
 
 absl::StatusOr<std::unique_ptr<datapath::Verifier>> MakeGpuVerifier(
     const GpuVerifierOptions& options, const IoStream& stream, datapath::Verifier* fallback) {
-  if (fallback == nullptr || options.slot_bytes == 0 || options.max_objects_per_slot == 0) {
-    return absl::InvalidArgumentError("MakeGpuVerifier: a fallback verifier and slots are needed");
+  if (fallback == nullptr || options.slot_bytes == 0 || options.max_objects_per_slot == 0 ||
+      options.slots < 2) {
+    return absl::InvalidArgumentError(
+        "MakeGpuVerifier: a fallback verifier and two slots or more are needed");
   }
   if (reinterpret_cast<uintptr_t>(options.mirror.data()) % 16 != 0) {
     return absl::InvalidArgumentError("MakeGpuVerifier: the mirrored staging is not 16-byte aligned");

@@ -5,8 +5,10 @@
 // as a slot holds, the batches' streams in turn: datapath/verifier.h), copies the objects from
 // (registered) host staging into a slot of its device scratch with the copy engine (adjacent
 // objects in one copy, on a stream of their own), launches the kernel over them on `stream` once
-// they have landed and copies the hashes back; two slots alternate, so one slot's copies run
-// while the kernel checks the other's. Each batch's `done` then runs on that thread.
+// they have landed and copies the hashes back. Up to `slots` slots are in flight at once (each
+// filled as soon as it is free and something is queued), so later slots' copies run while the
+// kernel checks the earlier ones and the thread answers them, oldest first. Each batch's `done`
+// then runs on that thread.
 // VerifyReleasing's `released` runs on CUDA's callback thread as soon as the batch's copies have
 // landed, before the kernel: the host bytes can be reused while the check goes on. A CUDA error
 // after that answers the batch's objects kNotChecked (the bytes are gone); before it, the CPU
@@ -47,9 +49,12 @@ namespace tutti::gpu {
 class IoStream;
 
 struct GpuVerifierOptions {
-  // Device scratch per slot (two slots), and the most objects one slot holds.
+  // Device scratch per slot, the most objects one slot holds, and the slots in flight at once
+  // (>= 2). A batch queued behind full slots waits for them all: fewer objects a slot answer a
+  // Retrieve beside a large one sooner, more slots keep the copies going with small slots.
   uint64_t slot_bytes = 16ull << 20;
   uint32_t max_objects_per_slot = 4096;
+  uint32_t slots = 2;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
 };

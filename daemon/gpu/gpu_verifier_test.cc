@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -20,6 +21,7 @@
 #include "daemon/pool/slot_header.h"
 #include "gpu/hash_kernel.h"
 #include "gpu/io_stream.h"
+#include "gpu/testing/busy_kernel.h"
 #include "gpu/testing/test_util.h"
 #include "gtest/gtest.h"
 
@@ -366,6 +368,82 @@ TEST(GpuVerifierTest, StreamsQueuedAtOnceAreCheckedInTurn) {
   EXPECT_LE(second - order.begin(), 3) << "answered after the first stream's backlog";
   for (const auto& m : matches) EXPECT_EQ(m, std::vector<uint8_t>(kPerBatch, 1));
   EXPECT_EQ(fallback.objects.load(), 0u);
+}
+
+// GpuVerifierOptions::slots: while the kernel's stream is held (a kernel that runs for seconds),
+// the verifier copies ahead into every free slot (their `released` run after the copies) and
+// answers none; a later batch waits for the oldest slot's answer. With two slots in flight only
+// two batches would be released before the kernel ends.
+TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  auto stream = IoStream::Create({0, 0, 0});
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  CountingVerifier fallback;
+  constexpr uint32_t kLen = 32768, kPerBatch = 4, kBatches = 7, kSlots = 5;
+  constexpr uint32_t kObjects = kPerBatch * kBatches;
+  GpuVerifierOptions options;
+  options.slot_bytes = kLen;
+  options.max_objects_per_slot = kPerBatch;  // one batch a slot
+  options.slots = kSlots;
+  auto v = MakeGpuVerifier(options, **stream, &fallback);
+  ASSERT_TRUE(v.ok()) << v.status();
+  Staging bounce(uint64_t{kLen} * kObjects);
+  const std::vector<uint8_t> bytes = RandomBytes(bounce.size, 13);
+  std::memcpy(bounce.data, bytes.data(), bounce.size);
+  uint8_t* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), bounce.size), cudaSuccess);
+  void* busy = nullptr;
+  ASSERT_EQ(cudaMalloc(&busy, 4096), cudaSuccess);
+  cudaEvent_t held_end = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&held_end, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(testing::LaunchWriteFor(busy, 4096, 3'000'000'000ull, 1, (*stream)->stream()),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(held_end, (*stream)->stream()), cudaSuccess);
+  Key key{};
+  key.bytes[3] = 5;
+  std::vector<const uint8_t*> copies(kObjects, nullptr);
+  std::vector<ObjectCheck> checks;
+  for (uint32_t i = 0; i < kObjects; ++i) {
+    uint8_t* obj = bounce.data + uint64_t{i} * kLen;
+    checks.push_back(ObjectCheck{2, &key, 3, i, obj, kLen,
+                                 pool::ObjectChecksum(2, key, 3, i, obj, kLen), &copies[i],
+                                 device + uint64_t{i} * kLen});
+  }
+  std::vector<uint8_t> matches(kObjects, 9);
+  std::atomic<uint32_t> released{0}, done{0};
+  absl::Notification all;
+  for (uint32_t b = 0; b < kBatches; ++b) {
+    (*v)->VerifyReleasing(
+        1, absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
+        absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch), [&] { released.fetch_add(1); },
+        [&] {
+          if (done.fetch_add(1) + 1 == kBatches) all.Notify();
+        });
+  }
+  // Copies take microseconds; the kernel holds the stream for 3 s.
+  while (released.load() < kSlots && cudaEventQuery(held_end) == cudaErrorNotReady) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const uint32_t released_while_held = released.load();
+  const uint32_t done_while_held = done.load();
+  const bool still_held = cudaEventQuery(held_end) == cudaErrorNotReady;
+  ASSERT_TRUE(still_held) << "the kernel ended before the checks' copies landed";
+  EXPECT_EQ(released_while_held, kSlots) << "slots in flight before the oldest was answered";
+  EXPECT_EQ(done_while_held, 0u);
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(released.load(), kBatches);
+  EXPECT_EQ(fallback.objects.load(), 0u);
+  std::vector<uint8_t> back(kLen);
+  for (uint32_t i = 0; i < kObjects; ++i) {
+    EXPECT_EQ(matches[i], datapath::kMatch) << "object " << i;
+    ASSERT_EQ(copies[i], checks[i].place) << "object " << i;
+    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], kLen, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), bytes.data() + uint64_t{i} * kLen, kLen), 0) << i;
+  }
+  v->reset();
+  EXPECT_EQ(cudaEventDestroy(held_end), cudaSuccess);
+  EXPECT_EQ(cudaFree(busy), cudaSuccess);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
 
 // VerifyReleasing: each batch's `released` runs once its objects are copied to their places and
