@@ -110,6 +110,40 @@ struct Staging {
   size_t size;
 };
 
+// Checks of `n` objects of `len` bytes laid out back to back in host `bytes`, each placed at the
+// same offset of `device`, its device copy reported into (*copies)[i].
+std::vector<ObjectCheck> PlacedChecks(uint32_t ns, const Key& key, uint64_t epoch, uint8_t* bytes,
+                                      uint8_t* device, uint32_t n, uint32_t len,
+                                      std::vector<const uint8_t*>* copies) {
+  copies->assign(n, nullptr);
+  std::vector<ObjectCheck> checks;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint8_t* obj = bytes + uint64_t{i} * len;
+    checks.push_back(ObjectCheck{ns, &key, epoch, i, obj, len,
+                                 pool::ObjectChecksum(ns, key, epoch, i, obj, len), &(*copies)[i],
+                                 device + uint64_t{i} * len});
+  }
+  return checks;
+}
+
+// Every object but `mismatch` matched and was placed, holding `want`'s bytes at its offset.
+void ExpectPlaced(const std::vector<ObjectCheck>& checks, const std::vector<uint8_t>& matches,
+                  const std::vector<const uint8_t*>& copies, const std::vector<uint8_t>& want,
+                  int64_t mismatch = -1) {
+  std::vector<uint8_t> back;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    const uint32_t len = checks[i].len;
+    EXPECT_EQ(matches[i],
+              static_cast<int64_t>(i) == mismatch ? datapath::kMismatch : datapath::kMatch)
+        << "object " << i;
+    if (static_cast<int64_t>(i) == mismatch) continue;
+    ASSERT_EQ(copies[i], checks[i].place) << "object " << i;
+    back.resize(len);
+    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], len, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(back.data(), want.data() + i * len, len), 0) << i;
+  }
+}
+
 TEST(GpuVerifierTest, AnswersAsTheChecksumsSay) {
   TUTTI_SKIP_WITHOUT_GPU();
   auto stream = IoStream::Create({0, 0, 0});
@@ -401,14 +435,9 @@ TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
   ASSERT_EQ(cudaEventRecord(held_end, (*stream)->stream()), cudaSuccess);
   Key key{};
   key.bytes[3] = 5;
-  std::vector<const uint8_t*> copies(kObjects, nullptr);
-  std::vector<ObjectCheck> checks;
-  for (uint32_t i = 0; i < kObjects; ++i) {
-    uint8_t* obj = bounce.data + uint64_t{i} * kLen;
-    checks.push_back(ObjectCheck{2, &key, 3, i, obj, kLen,
-                                 pool::ObjectChecksum(2, key, 3, i, obj, kLen), &copies[i],
-                                 device + uint64_t{i} * kLen});
-  }
+  std::vector<const uint8_t*> copies;
+  const std::vector<ObjectCheck> checks =
+      PlacedChecks(2, key, 3, bounce.data, device, kObjects, kLen, &copies);
   std::vector<uint8_t> matches(kObjects, 9);
   std::atomic<uint32_t> released{0}, done{0};
   absl::Notification all;
@@ -433,13 +462,7 @@ TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
   ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(released.load(), kBatches);
   EXPECT_EQ(fallback.objects.load(), 0u);
-  std::vector<uint8_t> back(kLen);
-  for (uint32_t i = 0; i < kObjects; ++i) {
-    EXPECT_EQ(matches[i], datapath::kMatch) << "object " << i;
-    ASSERT_EQ(copies[i], checks[i].place) << "object " << i;
-    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], kLen, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(std::memcmp(back.data(), bytes.data() + uint64_t{i} * kLen, kLen), 0) << i;
-  }
+  ExpectPlaced(checks, matches, copies, bytes);
   v->reset();
   EXPECT_EQ(cudaEventDestroy(held_end), cudaSuccess);
   EXPECT_EQ(cudaFree(busy), cudaSuccess);
@@ -469,14 +492,9 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
   std::memcpy(bounce.data, bytes.data(), bounce.size);
   Key key{};
   key.bytes[2] = 9;
-  std::vector<const uint8_t*> copies(kObjects, nullptr);
-  std::vector<ObjectCheck> checks;
-  for (uint32_t i = 0; i < kObjects; ++i) {
-    uint8_t* obj = bounce.data + uint64_t{i} * kLen;
-    checks.push_back(ObjectCheck{4, &key, 5, i, obj, kLen,
-                                 pool::ObjectChecksum(4, key, 5, i, obj, kLen), &copies[i],
-                                 device + uint64_t{i} * kLen});
-  }
+  std::vector<const uint8_t*> copies;
+  std::vector<ObjectCheck> checks =
+      PlacedChecks(4, key, 5, bounce.data, device, kObjects, kLen, &copies);
   checks[7].expected ^= 1;  // a mismatch stays one
   std::vector<uint8_t> matches(kObjects, 9);
   std::vector<std::atomic<int>> released(kBatches), released_at_done(kBatches), done(kBatches);
@@ -498,19 +516,12 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
   }
   ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(fallback.objects.load(), 0u);
-  std::vector<uint8_t> back(kLen);
   for (uint32_t b = 0; b < kBatches; ++b) {
     EXPECT_EQ(released[b].load(), 1) << "batch " << b;
     EXPECT_EQ(released_at_done[b].load(), 1) << "batch " << b << ": released after its answer";
     EXPECT_EQ(done[b].load(), 1) << "batch " << b;
   }
-  for (uint32_t i = 0; i < kObjects; ++i) {
-    EXPECT_EQ(matches[i], i == 7 ? datapath::kMismatch : datapath::kMatch) << "object " << i;
-    if (i == 7) continue;
-    ASSERT_EQ(copies[i], checks[i].place) << "object " << i;
-    ASSERT_EQ(cudaMemcpy(back.data(), copies[i], kLen, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(std::memcmp(back.data(), bytes.data() + uint64_t{i} * kLen, kLen), 0) << i;
-  }
+  ExpectPlaced(checks, matches, copies, bytes, /*mismatch=*/7);
   // The fallback's batch: released after the CPU checked the bytes, which it found intact.
   std::memcpy(bounce.data, bytes.data(), kLen);
   std::vector<ObjectCheck> odd = {checks[0]};
