@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -367,11 +368,25 @@ class GpuVerifier final : public datapath::Verifier {
       Slot* s = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] {
+        const auto ready = [&] {
           return (!free.empty() && !queue_.empty()) ||
                  (!in_flight.empty() && in_flight.front()->done) ||
                  (stopping_ && in_flight.empty());
-        });
+        };
+        while (!ready()) {
+          if (in_flight.empty()) {
+            cv_.wait(lock, ready);
+            break;
+          }
+          if (cv_.wait_for(lock, std::chrono::milliseconds(100), ready)) break;
+          // A CUDA error may keep MarkDone from ever running: then the oldest slot's event says
+          // so, and Finish answers its jobs (the CPU checks them).
+          Slot* oldest = in_flight.front();
+          lock.unlock();
+          const cudaError_t e = cudaEventQuery(oldest->event);
+          lock.lock();
+          if (e != cudaSuccess && e != cudaErrorNotReady) oldest->done = true;
+        }
         if (!free.empty() && !queue_.empty()) {
           s = free.back();
           free.pop_back();
