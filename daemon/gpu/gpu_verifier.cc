@@ -379,13 +379,15 @@ class GpuVerifier final : public datapath::Verifier {
             break;
           }
           if (cv_.wait_for(lock, std::chrono::milliseconds(100), ready)) break;
-          // A CUDA error may keep MarkDone from ever running: then the oldest slot's event says
-          // so, and Finish answers its jobs (the CPU checks them).
+          // No word from MarkDone for a while: the oldest slot's event decides. A CUDA error may
+          // keep MarkDone from ever running (Finish then answers the jobs: the CPU checks them).
+          // A late MarkDone of this use, run once the slot is filled again, only has Finish wait
+          // for that use's event.
           Slot* oldest = in_flight.front();
           lock.unlock();
           const cudaError_t e = cudaEventQuery(oldest->event);
           lock.lock();
-          if (e != cudaSuccess && e != cudaErrorNotReady) oldest->done = true;
+          if (e != cudaErrorNotReady) oldest->done = true;
         }
         if (!free.empty() && !queue_.empty()) {
           s = free.back();
