@@ -696,12 +696,25 @@ TEST_F(KvCacheServiceTest, ConcurrentSessionsRoundTrip) {
         const uint64_t key = base + round;
         engine.Fill(0, key);
         tutti::v1::StoreResponse sr;
-        if (!Store(session, {{key, 0}}, &sr).ok()) return;
+        const grpc::Status stored = Store(session, {{key, 0}}, &sr);
+        if (!stored.ok()) {
+          ADD_FAILURE() << "session " << e << " round " << round
+                        << ": Store: " << stored.error_message();
+          return;
+        }
         const uint64_t lease = LookupLease(session, {key}, 1);
         engine.Zero(1);
         std::vector<RetrieveProgress> p;
-        if (!Retrieve(session, lease, {{key, 1}}, &p).ok()) return;
-        if (!engine.Check(1, key)) return;
+        const grpc::Status retrieved = Retrieve(session, lease, {{key, 1}}, &p);
+        if (!retrieved.ok()) {
+          ADD_FAILURE() << "session " << e << " round " << round
+                        << ": Retrieve: " << retrieved.error_message();
+          return;
+        }
+        if (!engine.Check(1, key)) {
+          ADD_FAILURE() << "session " << e << " round " << round << ": wrong bytes retrieved";
+          return;
+        }
       }
       ++ok;
     });

@@ -208,11 +208,13 @@ uint64_t ServiceEnv::Attach(const ShmEngine& engine) {
 }
 
 uint64_t ServiceEnv::Remember(const tutti::v1::AttachResponse& attached) {
+  absl::MutexLock lock(&tokens_mu_);
   tokens_[attached.session_id()] = attached.session_token();
   return attached.session_id();
 }
 
 std::string ServiceEnv::Token(uint64_t session) const {
+  absl::MutexLock lock(&tokens_mu_);
   auto it = tokens_.find(session);
   return it == tokens_.end() ? "" : it->second;
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/stats.h"
 #include "common/types.h"
@@ -142,7 +144,9 @@ class ServiceEnv {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tutti::v1::KvCache::Stub> kv_;
   std::unique_ptr<tutti::v1::Admin::Stub> admin_;
-  std::map<uint64_t, std::string> tokens_;
+  // Sessions' tokens: tests attach and name sessions from several threads at once.
+  mutable absl::Mutex tokens_mu_;
+  std::map<uint64_t, std::string> tokens_ ABSL_GUARDED_BY(tokens_mu_);
 };
 
 }  // namespace tutti::server::testing
