@@ -365,7 +365,8 @@ class GpuVerifier final : public datapath::Verifier {
       // A free slot takes as many queued jobs as it holds, streams in turn (the rest waits for a
       // later slot); else the oldest slot in flight is answered once its work has run.
       std::vector<Job> taken;
-      Slot* s = nullptr;
+      Slot* s = nullptr;  // to fill with `taken`
+      Slot* answer = nullptr;
       {
         std::unique_lock<std::mutex> lock(mu_);
         const auto ready = [&] {
@@ -395,15 +396,15 @@ class GpuVerifier final : public datapath::Verifier {
           s->done = false;
           TakeLocked(&taken);
         } else if (!in_flight.empty() && in_flight.front()->done) {
-          s = in_flight.front();
+          answer = in_flight.front();
           in_flight.pop_front();
         } else {
           return;  // stopping, and nothing queued or in flight
         }
       }
-      if (taken.empty()) {
-        Finish(s);
-        free.push_back(s);
+      if (answer != nullptr) {
+        Finish(answer);
+        free.push_back(answer);
         continue;
       }
       for (Job& job : taken) Add(s, std::move(job));
