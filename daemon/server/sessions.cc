@@ -77,7 +77,8 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
                                                 std::string model_id,
                                                 std::shared_ptr<engine::EngineIo> io,
                                                 uint32_t engine_pid, uint32_t uid,
-                                                std::string engine_group, bool memoryless) {
+                                                std::string engine_group, bool memoryless,
+                                                uint64_t events_seq_at_attach) {
   ASSIGN_OR_RETURN(std::string token, NewToken());
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {
@@ -102,6 +103,7 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
   state->uid = uid;
   state->engine_group = std::move(engine_group);
   state->memoryless = memoryless;
+  state->events_seq_at_attach = events_seq_at_attach;
   Session& s = sessions_[state->id];
   s.state = state;
   s.last_seen_ms = clock_->NowMs();

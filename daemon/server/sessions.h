@@ -79,6 +79,9 @@ struct SessionState {
   uint32_t uid = 0;          // the engine's user, as the handoff socket saw it
   std::string engine_group;  // empty: shares no lease
   bool memoryless = false;   // attached no memory: no Retrieve or Store
+  // The namespace's last event seq when the session attached: a first WatchEvents (after_seq 0,
+  // boot_id 0) streams the events after it, so that none between Attach and the watch is missed.
+  uint64_t events_seq_at_attach = 0;
   std::shared_ptr<engine::EngineIo> io;
   mutable std::atomic<uint32_t> calls{0};   // calls of this session in flight (KvCacheService)
   mutable std::atomic<bool> closed{false};  // set when the session is closed or expires
@@ -157,11 +160,11 @@ class SessionManager {
   // RESOURCE_EXHAUSTED (naming the limit) when max_sessions are open, or max_sessions_per_user of
   // `uid`; UNAVAILABLE if the kernel gave no random bytes. `io` must not be null (a memory-less
   // session passes MakeNoMemoryEngineIo() and memoryless = true). `engine_group`: see the file
-  // comment.
+  // comment. `events_seq_at_attach`: SessionState's.
   absl::StatusOr<SessionRef> Open(std::string engine_id, NamespaceId ns, std::string model_id,
                                   std::shared_ptr<engine::EngineIo> io, uint32_t engine_pid = 0,
                                   uint32_t uid = 0, std::string engine_group = "",
-                                  bool memoryless = false);
+                                  bool memoryless = false, uint64_t events_seq_at_attach = 0);
 
   // Returns the session and marks it alive now, if `token` is its token (compared in constant
   // time). NOT_FOUND, with the same message, for an unknown or expired id and for a wrong or

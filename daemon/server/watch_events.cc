@@ -35,12 +35,15 @@ void WatcherSet::Remove(uint64_t session_id) {
   ids_.erase(session_id);
 }
 
-absl::Status StreamEvents(store::EventHub& hub, NamespaceId ns,
+absl::Status StreamEvents(store::EventHub& hub, NamespaceId ns, uint64_t seq_at_attach,
                           const tutti::v1::WatchEventsRequest& req,
                           const std::function<std::optional<absl::Status>()>& ended,
                           const std::function<bool(const tutti::v1::WatchEventsResponse&)>& write) {
   bool resumed = false;
-  store::EventHub::Cursor cursor = hub.Subscribe(ns, req.after_seq(), req.boot_id(), &resumed);
+  const bool first_watch = req.after_seq() == 0 && req.boot_id() == 0;
+  store::EventHub::Cursor cursor =
+      first_watch ? hub.Subscribe(ns, seq_at_attach, hub.boot_id(), &resumed)
+                  : hub.Subscribe(ns, req.after_seq(), req.boot_id(), &resumed);
   std::vector<store::BlockEvent> batch;
   tutti::v1::WatchEventsResponse msg;
   msg.set_pool_id(hub.pool_id());
@@ -81,7 +84,7 @@ absl::Status KvCacheService::DoWatchEvents(const tutti::v1::WatchEventsRequest& 
   };
   log::Get("server")->debug("session {}: watching events (after seq {})", session->id,
                             req.after_seq());
-  return StreamEvents(store_->events(), session->ns, req, ended,
+  return StreamEvents(store_->events(), session->ns, session->events_seq_at_attach, req, ended,
                       [w](const tutti::v1::WatchEventsResponse& m) { return w->Write(m); });
 }
 

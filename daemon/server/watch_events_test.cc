@@ -1,7 +1,7 @@
 // KvCache.WatchEvents end to end over the unix socket: the first message's identities, STORED for
-// a durable block with its key, REMOVED for an admin Evict, resume, one stream per session
-// without a call slot, NOT_FOUND, the end of the stream when the session detaches, and a stream
-// that never holds shutdown back.
+// a durable block with its key, a first watch from its session's attach on, REMOVED for an admin
+// Evict, resume, one stream per session without a call slot, NOT_FOUND, the end of the stream when
+// the session detaches, and a stream that never holds shutdown back.
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,7 +102,7 @@ TEST_F(WatchEventsTest, FirstMessageNamesTheRunAndAStoredBlockComesWithItsKey) {
   EXPECT_EQ(first.boot_id(), hub.boot_id());
   EXPECT_NE(first.boot_id(), 0u);
   EXPECT_EQ(first.blocks_lost_at_start(), 0u);
-  EXPECT_FALSE(first.resumed());
+  EXPECT_TRUE(first.resumed()) << "a first watch misses nothing since the session attached";
   StoreBlock(session, 41);
   auto events = ReadEvents(*stream, 1);
   ASSERT_EQ(events.size(), 1u);
@@ -113,14 +113,41 @@ TEST_F(WatchEventsTest, FirstMessageNamesTheRunAndAStoredBlockComesWithItsKey) {
   stream->ctx.TryCancel();
 }
 
+TEST_F(WatchEventsTest, AFirstWatchHasEveryEventSinceItsSessionAttachedAndNoneBefore) {
+  // An engine's first stores may become durable before its watcher opens the stream (the vLLM
+  // connector opens it once its rank has attached): they must not be missed.
+  const uint64_t session = env_.Attach(engine_);
+  StoreBlock(session, 5);
+  auto stream = Watch(session);
+  WatchEventsResponse first;
+  auto events = ReadEvents(*stream, 1, &first);
+  EXPECT_TRUE(first.resumed());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq(), 1u);
+  EXPECT_EQ(events[0].kind(), tutti::v1::BLOCK_STORED);
+  EXPECT_EQ(events[0].key(), KeyBytes(5));
+  // A session attached after that store starts after it; it sees the next one.
+  ShmEngine engine2;
+  const uint64_t later = env_.Attach(engine2);
+  auto later_stream = Watch(later);
+  first.Clear();
+  ReadEvents(*later_stream, 0, &first);
+  EXPECT_TRUE(first.resumed());
+  EXPECT_EQ(first.events_size(), 0) << "the STORED before this session's attach is not repeated";
+  StoreBlock(session, 6);
+  events = ReadEvents(*later_stream, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].seq(), 2u);
+  EXPECT_EQ(events[0].key(), KeyBytes(6));
+  stream->ctx.TryCancel();
+  later_stream->ctx.TryCancel();
+}
+
 TEST_F(WatchEventsTest, AdminEvictIsRemoved) {
   const uint64_t session = env_.Attach(engine_);
   StoreBlock(session, 7);
   auto stream = Watch(session);
-  ReadEvents(*stream, 0, nullptr);  // nothing asked for: the stream is from now
-  WatchEventsResponse first;
-  ASSERT_TRUE(stream->reader->Read(&first));
-  EXPECT_EQ(first.events_size(), 0) << "from now on: the earlier STORED is not repeated";
+  ASSERT_EQ(ReadEvents(*stream, 1).at(0).kind(), tutti::v1::BLOCK_STORED);
   tutti::v1::EvictRequest req;
   req.set_all(true);
   grpc::ClientContext ctx;

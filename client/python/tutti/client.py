@@ -283,7 +283,7 @@ class Client(Session, Lookups, Transfers):
     def watch_events(self, after_seq: int = 0, boot_id: int = 0) -> EventStream:
         """Streams the stores and evictions of this session's namespace (tutti._events): an
         iterator of EventBatch, resuming after event `after_seq` of tuttid run `boot_id` (both
-        from an earlier stream; 0, 0: from now on). The stream is cancelled when this session
+        from an earlier stream; 0, 0: from this session's attach on). The stream is cancelled when this session
         ends (next() raises Unavailable) or the Client detaches (iteration ends); cancel() ends
         it too. A subscriber too far behind is cut off (ResourceExhausted): resume with its last
         seq. Raises Unavailable while not attached."""
