@@ -6,7 +6,9 @@
 # sanitizer, bench (copy kernels), retrieve (through tuttid), interference, deadmem, owner,
 # nvme (GPU-initiated NVMe submission against the controller model: its tests and
 # bench/gpu_nvme_bench), ssd_array (issue 20's emulated arrays through tuttid, bench/ssd_array.py:
-# TUTTI_SSD_PARTS, default "array share"; "ttft engine_loss dram" fit a second call)
+# TUTTI_SSD_PARTS, default "array share"; "ttft engine_loss dram" fit a second call), checkslots
+# (the GPU verifier's checks in flight, datapath.gpu_check_slots: its test, its bench, and the
+# tmpfs:8 array and share with small checks and 2 or 8 of them in flight; one call of its own)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -124,6 +126,32 @@ if has ssd_array; then
       --store-rounds "${TUTTI_SSD_STORE_ROUNDS:-3}" --retrieve-rounds 2 --label "$ssd_label-$p" \
       ${TUTTI_SSD_FLAGS:-} >> "$out/ssd_array.log" 2>&1
     summary+=("ssd_array $p ($cfg) rc=$?")
+  done
+fi
+
+# The GPU verifier's checks in flight (datapath.gpu_check_slots, docs/gpu.md "Checks in flight"):
+# the test, the verifier alone, then tuttid on tmpfs:8 (one store round, array and share parts)
+# with the default checks and with small checks (gpu_check_batch_objects 512) at 2 and 8 slots.
+# With .bundle/tuttid_old.sh (an earlier tuttid, see docs/gpu.md) its default runs first as well.
+# At most about 9 minutes (each tuttid run is cut at 120 s): a call of its own.
+if has checkslots; then
+  timeout 120 "$run" daemon/gpu/gpu_verifier_test > "$out/checkslots_test.log" 2>&1
+  summary+=("gpu_verifier_test rc=$? $(grep -E '^\[  (PASSED  |FAILED  )\]' "$out/checkslots_test.log" | tr '\n' ' ')")
+  timeout 90 "$run" bench/gpu_verifier_bench --sm=16 --check_objects=512 --check_slots=2,8 \
+    --out="$out/gpu_verifier.jsonl" --machine="$machine" > "$out/checkslots_bench.log" 2>&1
+  summary+=("gpu_verifier_bench 512 objects, 2|8 slots rc=$?")
+  small="--set datapath.gpu_check_batch_objects=512"
+  variants=("default|.bundle/tuttid.sh|" "small2|.bundle/tuttid.sh|$small"
+            "small8|.bundle/tuttid.sh|$small --set datapath.gpu_check_slots=8")
+  [[ -x .bundle/tuttid_old.sh ]] && variants=("old-default|.bundle/tuttid_old.sh|" "${variants[@]}")
+  for v in "${variants[@]}"; do
+    IFS='|' read -r name daemon flags <<< "$v"
+    # shellcheck disable=SC2086  # flags are words
+    PYTHONPATH=.bundle/site timeout 120 python3 bench/ssd_array.py --tuttid "$daemon" \
+      --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts array,share \
+      --configs tmpfs:8 --store-rounds 1 --retrieve-rounds 3 \
+      --label "${TUTTI_SSD_LABEL:-checkslots}-$name" $flags >> "$out/ssd_array.log" 2>&1
+    summary+=("ssd_array checkslots $name rc=$?")
   done
 fi
 
