@@ -44,6 +44,13 @@ absl::Status StreamEvents(store::EventHub& hub, NamespaceId ns, uint64_t seq_at_
   store::EventHub::Cursor cursor =
       first_watch ? hub.Subscribe(ns, seq_at_attach, hub.boot_id(), &resumed)
                   : hub.Subscribe(ns, req.after_seq(), req.boot_id(), &resumed);
+  if (!resumed && !first_watch) {
+    // Not resumable (another run's seq, or events gone): from the session's attach where that is
+    // kept, so that a client re-attached after a restart misses nothing of its new session.
+    bool kept = false;
+    store::EventHub::Cursor since_attach = hub.Subscribe(ns, seq_at_attach, hub.boot_id(), &kept);
+    if (kept) cursor = since_attach;
+  }
   std::vector<store::BlockEvent> batch;
   tutti::v1::WatchEventsResponse msg;
   msg.set_pool_id(hub.pool_id());

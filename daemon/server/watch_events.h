@@ -42,13 +42,14 @@ class WatcherSet {
 };
 
 // Streams namespace `ns`'s events of `hub` as `req` asks: after req.after_seq of req.boot_id;
-// with both 0 (a first watch), after `seq_at_attach` of this run (the session's attach); from now
-// on when the events asked for are gone (resumed false). A first message with pool_id, boot_id,
-// blocks_lost_at_start and resumed (and the events already there), then one message per batch of
-// events, in seq order, at most kMaxEventsPerMessage each. Before each wait (of at most kWatchTick)
-// it calls `ended`: a status there ends the stream with it. Returns CANCELLED when `write` fails
-// (the client went away), the hub's RESOURCE_EXHAUSTED for a subscriber that fell behind the ring,
-// and UNAVAILABLE once the hub is shut down.
+// with both 0 (a first watch), after `seq_at_attach` of this run (the session's attach). When the
+// events asked for cannot be given (another run's seq, or gone), resumed is false and the stream
+// starts after `seq_at_attach` if every event since is kept, else from now. A first message with
+// pool_id, boot_id, blocks_lost_at_start and resumed (and the events already there), then one
+// message per batch of events, in seq order, at most kMaxEventsPerMessage each. Before each wait
+// (of at most kWatchTick) it calls `ended`: a status there ends the stream with it. Returns
+// CANCELLED when `write` fails (the client went away), the hub's RESOURCE_EXHAUSTED for a
+// subscriber that fell behind the ring, and UNAVAILABLE once the hub is shut down.
 absl::Status StreamEvents(store::EventHub& hub, NamespaceId ns, uint64_t seq_at_attach,
                           const tutti::v1::WatchEventsRequest& req,
                           const std::function<std::optional<absl::Status>()>& ended,

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "daemon/server/kvcache_service.h"
 #include "daemon/server/service_test_env.h"
 #include "gmock/gmock.h"
@@ -141,6 +143,23 @@ TEST_F(WatchEventsTest, AFirstWatchHasEveryEventSinceItsSessionAttachedAndNoneBe
   EXPECT_EQ(events[0].key(), KeyBytes(6));
   stream->ctx.TryCancel();
   later_stream->ctx.TryCancel();
+  // A watch that cannot resume (another run's seq, as after a restart and a new attach) still
+  // starts at its session's attach: the STORED of 6, after `later` attached, is not missed.
+  std::unique_ptr<Stream> other_run;
+  WatchEventsResponse resumed_first;
+  for (int tries = 0;; ++tries) {
+    other_run = Watch(later, 1, env_.store().events().boot_id() + 1);
+    resumed_first.Clear();
+    if (other_run->reader->Read(&resumed_first)) break;
+    ASSERT_EQ(other_run->reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    ASSERT_LT(tries, 50) << "the cancelled stream never ended";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE(resumed_first.resumed()) << "another run's seq does not resume";
+  ASSERT_EQ(resumed_first.events_size(), 1);
+  EXPECT_EQ(resumed_first.events(0).seq(), 2u);
+  EXPECT_EQ(resumed_first.events(0).key(), KeyBytes(6));
+  other_run->ctx.TryCancel();
 }
 
 TEST_F(WatchEventsTest, AdminEvictIsRemoved) {
