@@ -40,16 +40,14 @@ absl::Status StreamEvents(store::EventHub& hub, NamespaceId ns, uint64_t seq_at_
                           const std::function<std::optional<absl::Status>()>& ended,
                           const std::function<bool(const tutti::v1::WatchEventsResponse&)>& write) {
   bool resumed = false;
-  const bool first_watch = req.after_seq() == 0 && req.boot_id() == 0;
-  store::EventHub::Cursor cursor =
-      first_watch ? hub.Subscribe(ns, seq_at_attach, hub.boot_id(), &resumed)
-                  : hub.Subscribe(ns, req.after_seq(), req.boot_id(), &resumed);
-  if (!resumed && !first_watch) {
-    // Not resumable (another run's seq, or events gone): from the session's attach where that is
-    // kept, so that a client re-attached after a restart misses nothing of its new session.
+  store::EventHub::Cursor cursor = hub.Subscribe(ns, req.after_seq(), req.boot_id(), &resumed);
+  if (!resumed) {
+    // A first watch (0 and 0), another run's seq, or events gone: from the session's attach where
+    // every event since is kept (a first watch then misses nothing: resumed), else from now.
     bool kept = false;
     store::EventHub::Cursor since_attach = hub.Subscribe(ns, seq_at_attach, hub.boot_id(), &kept);
     if (kept) cursor = since_attach;
+    resumed = kept && req.after_seq() == 0 && req.boot_id() == 0;
   }
   std::vector<store::BlockEvent> batch;
   tutti::v1::WatchEventsResponse msg;
