@@ -8,7 +8,7 @@
 # bench/gpu_nvme_bench), ssd_array (issue 20's emulated arrays through tuttid, bench/ssd_array.py:
 # TUTTI_SSD_PARTS, default "array share"; "ttft engine_loss dram" fit a second call), checkslots
 # (the GPU verifier's checks in flight, datapath.gpu_check_slots: its test, its bench, and the
-# tmpfs:8 array and share with small checks and 2 or 8 of them in flight; one call of its own)
+# tmpfs:8 array and share with the default and small checks, 2 or 8 in flight; one call of its own)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -131,7 +131,8 @@ fi
 
 # The GPU verifier's checks in flight (datapath.gpu_check_slots, docs/gpu.md "Checks in flight"):
 # the test, the verifier alone, then tuttid on tmpfs:8 (one store round, array and share parts)
-# with the default checks and with small checks (gpu_check_batch_objects 512) at 2 and 8 slots.
+# with the default checks (2 slots), small checks (gpu_check_batch_objects 512) at 8 slots, and the
+# default checks at 8 slots (stop 45 measured small checks at 2 slots: docs/gpu.md).
 # With .bundle/tuttid_old.sh (an earlier tuttid, see docs/gpu.md) its default runs first as well.
 # At most about 9 minutes (each tuttid run is cut at 120 s): a call of its own.
 if has checkslots; then
@@ -141,8 +142,8 @@ if has checkslots; then
     --out="$out/gpu_verifier.jsonl" --machine="$machine" > "$out/checkslots_bench.log" 2>&1
   summary+=("gpu_verifier_bench 512 objects, 2|8 slots rc=$?")
   small="--set datapath.gpu_check_batch_objects=512"
-  variants=("default|.bundle/tuttid.sh|" "small2|.bundle/tuttid.sh|$small"
-            "small8|.bundle/tuttid.sh|$small --set datapath.gpu_check_slots=8")
+  variants=("default|.bundle/tuttid.sh|" "small8|.bundle/tuttid.sh|$small --set datapath.gpu_check_slots=8"
+            "default8|.bundle/tuttid.sh|--set datapath.gpu_check_slots=8")
   [[ -x .bundle/tuttid_old.sh ]] && variants=("old-default|.bundle/tuttid_old.sh|" "${variants[@]}")
   for v in "${variants[@]}"; do
     IFS='|' read -r name daemon flags <<< "$v"
