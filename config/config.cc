@@ -402,6 +402,10 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
   RETURN_IF_ERROR(CheckRange("datapath.gpu_check_batch_objects", d.gpu_check_batch_objects(), 16,
                              65536));
   RETURN_IF_ERROR(CheckRange("datapath.gpu_check_slots", d.gpu_check_slots(), 2, 16));
+  if (d.gpu_check_shared_objects() != 0) {
+    RETURN_IF_ERROR(CheckRange("datapath.gpu_check_shared_objects", d.gpu_check_shared_objects(),
+                               16, d.gpu_check_batch_objects()));
+  }
   if (d.max_read_bytes_in_flight() != 0) {
     RETURN_IF_ERROR(CheckRange("datapath.max_read_bytes_in_flight", d.max_read_bytes_in_flight(),
                                4 * kKiB, 64 * kGiB));

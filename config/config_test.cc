@@ -340,6 +340,12 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_TRUE(LoadConfig("datapath { gpu_check_slots: 8 }").ok());
   ExpectRejected("datapath { gpu_check_slots: 1 }", {"datapath.gpu_check_slots", "[2, 16]"});
   ExpectRejected("datapath { gpu_check_slots: 17 }", {"datapath.gpu_check_slots", "[2, 16]"});
+  EXPECT_EQ(c->datapath().gpu_check_shared_objects(), 0u);  // off
+  EXPECT_TRUE(LoadConfig("datapath { gpu_check_shared_objects: 512 }").ok());
+  ExpectRejected("datapath { gpu_check_shared_objects: 8 }",
+                 {"datapath.gpu_check_shared_objects", "[16, 4096]"});
+  ExpectRejected("datapath { gpu_check_batch_objects: 1024 gpu_check_shared_objects: 2048 }",
+                 {"datapath.gpu_check_shared_objects", "[16, 1024]"});
   ExpectRejected("datapath { write_bytes_in_flight_while_reading: 2097152 "
                  "max_write_bytes_in_flight: 1048576 }",
                  {"datapath.max_write_bytes_in_flight", "1048576", "2097152"});

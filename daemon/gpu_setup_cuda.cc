@@ -170,6 +170,7 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     const uint64_t staging_mib = store->retrieve_staging_region().size() >> 20;
     gpu::GpuVerifierOptions vo;
     vo.max_objects_per_slot = config.datapath().gpu_check_batch_objects();
+    vo.max_objects_per_shared_slot = config.datapath().gpu_check_shared_objects();
     vo.slots = config.datapath().gpu_check_slots();
     if (depth > 0) {
       ASSIGN_OR_RETURN(rt->verifier,

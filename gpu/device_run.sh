@@ -7,8 +7,8 @@
 # nvme (GPU-initiated NVMe submission against the controller model: its tests and
 # bench/gpu_nvme_bench), ssd_array (issue 20's emulated arrays through tuttid, bench/ssd_array.py:
 # TUTTI_SSD_PARTS, default "array share"; "ttft engine_loss dram" fit a second call), checkslots
-# (the GPU verifier's checks in flight, datapath.gpu_check_slots: its test, its bench, and the
-# tmpfs:8 array and share with the default and small checks, 2 or 8 in flight; one call of its own)
+# (the GPU verifier's check sizes: its test, its bench, and the tmpfs:8 array and share with the
+# default checks, small checks while Retrieves share, and small checks always; one call of its own)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -129,10 +129,11 @@ if has ssd_array; then
   done
 fi
 
-# The GPU verifier's checks in flight (datapath.gpu_check_slots, docs/gpu.md "Checks in flight"):
+# The GPU verifier's checks (datapath.gpu_check_*, docs/gpu.md "Smaller checks only while Retrieves share"):
 # the test, the verifier alone, then tuttid on tmpfs:8 (one store round, array and share parts)
-# with the default checks (2 slots), small checks (gpu_check_batch_objects 512) at 8 slots, and the
-# default checks at 8 slots (stop 45 measured small checks at 2 slots: docs/gpu.md).
+# with the default checks, checks of 512 objects only while Retrieves share
+# (gpu_check_shared_objects 512), and checks of 512 objects always (gpu_check_batch_objects 512).
+# Stop 47 measured 8 checks in flight (docs/gpu.md, "Checks in flight, measured").
 # With .bundle/tuttid_old.sh (an earlier tuttid, see docs/gpu.md) its default runs first as well.
 # At most about 9 minutes (each tuttid run is cut at 120 s): a call of its own.
 if has checkslots; then
@@ -142,8 +143,8 @@ if has checkslots; then
     --out="$out/gpu_verifier.jsonl" --machine="$machine" > "$out/checkslots_bench.log" 2>&1
   summary+=("gpu_verifier_bench 512 objects, 2|8 slots rc=$?")
   small="--set datapath.gpu_check_batch_objects=512"
-  variants=("default|.bundle/tuttid.sh|" "small8|.bundle/tuttid.sh|$small --set datapath.gpu_check_slots=8"
-            "default8|.bundle/tuttid.sh|--set datapath.gpu_check_slots=8")
+  variants=("default|.bundle/tuttid.sh|" "shared512|.bundle/tuttid.sh|--set datapath.gpu_check_shared_objects=512"
+            "small2|.bundle/tuttid.sh|$small")
   [[ -x .bundle/tuttid_old.sh ]] && variants=("old-default|.bundle/tuttid_old.sh|" "${variants[@]}")
   for v in "${variants[@]}"; do
     IFS='|' read -r name daemon flags <<< "$v"

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "daemon/datapath/fair_queue.h"
+#include "daemon/gpu/check_take.h"
 #include "daemon/pool/slot_header.h"
 #include "gpu/cuda_status.h"
 #include "gpu/hash_desc.h"
@@ -418,18 +419,8 @@ class GpuVerifier final : public datapath::Verifier {
   }
 
   void TakeLocked(std::vector<Job>* taken) {
-    uint64_t used = 0;
-    uint32_t count = 0;
-    while (!queue_.empty()) {
-      const Job& front = queue_.Front();
-      if (used + front.scratch_bytes > options_.slot_bytes ||
-          count + front.objects > options_.max_objects_per_slot) {
-        break;
-      }
-      used += front.scratch_bytes;
-      count += front.objects;
-      taken->push_back(queue_.Pop());
-    }
+    *taken = TakeForCheck(queue_, CheckCaps{options_.slot_bytes, options_.max_objects_per_slot,
+                                            options_.max_objects_per_shared_slot});
   }
 
   const GpuVerifierOptions options_;

@@ -54,6 +54,10 @@ struct GpuVerifierOptions {
   // Retrieve beside a large one sooner, more slots keep the copies going with small slots.
   uint64_t slot_bytes = 16ull << 20;
   uint32_t max_objects_per_slot = 4096;
+  // While batches of more than one stream are queued as a slot is filled, it takes at most this
+  // many objects (0: max_objects_per_slot): small checks while Retrieves share, whole ones for
+  // a Retrieve alone (daemon/gpu/check_take.h).
+  uint32_t max_objects_per_shared_slot = 0;
   uint32_t slots = 2;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
