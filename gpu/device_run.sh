@@ -143,7 +143,8 @@ if has checkslots; then
     --out="$out/gpu_verifier.jsonl" --machine="$machine" > "$out/checkslots_bench.log" 2>&1
   summary+=("gpu_verifier_bench 512 objects, 2|8 slots rc=$?")
   small="--set datapath.gpu_check_batch_objects=512"
-  variants=("default|.bundle/tuttid.sh|" "shared512|.bundle/tuttid.sh|--set datapath.gpu_check_shared_objects=512"
+  variants=("default|.bundle/tuttid.sh|"
+            "shared512|.bundle/tuttid.sh|--set datapath.gpu_check_shared_objects=512"
             "small2|.bundle/tuttid.sh|$small")
   [[ -x .bundle/tuttid_old.sh ]] && variants=("old-default|.bundle/tuttid_old.sh|" "${variants[@]}")
   for v in "${variants[@]}"; do

@@ -70,6 +70,8 @@ class GpuVerifier final : public datapath::Verifier {
   GpuVerifier(const GpuVerifierOptions& options, const IoStream& stream,
               datapath::Verifier* fallback)
       : options_(options),
+        caps_{options.slot_bytes, options.max_objects_per_slot,
+              options.max_objects_per_shared_slot},
         stream_(stream.stream()),
         device_(stream.device()),
         fallback_(fallback),
@@ -395,7 +397,7 @@ class GpuVerifier final : public datapath::Verifier {
           s = free.back();
           free.pop_back();
           s->done = false;
-          TakeLocked(&taken);
+          taken = TakeForCheck(queue_, caps_);
         } else if (!in_flight.empty() && in_flight.front()->done) {
           answer = in_flight.front();
           in_flight.pop_front();
@@ -418,12 +420,8 @@ class GpuVerifier final : public datapath::Verifier {
     }
   }
 
-  void TakeLocked(std::vector<Job>* taken) {
-    *taken = TakeForCheck(queue_, CheckCaps{options_.slot_bytes, options_.max_objects_per_slot,
-                                            options_.max_objects_per_shared_slot});
-  }
-
   const GpuVerifierOptions options_;
+  const CheckCaps caps_;       // of each check's take, from options_
   const cudaStream_t stream_;  // the kernel's (in the I/O domain's SMs)
   cudaStream_t copy_stream_ = nullptr;
   cudaStream_t notify_stream_ = nullptr;
