@@ -33,8 +33,8 @@ Parts:
          GB, the busiest thread's share of a core (io_uring's iou-* workers reported apart);
          (e) from tuttid's admin Stats, where the phase went: per retrieve round the serving
          threads' planning and posting, waiting for reads and checks, and handing layers to the
-         engine ("lead"), per store the write pipeline's phases ("writes"); (f) raw reads while a
-         pinned copy to the GPU runs beside them ("raw_beside_copy": both rates). tuttid runs
+         engine ("lead"), per store where each Store call went ("captures") and the write
+         pipeline's phases ("writes"); (f) raw reads while a pinned copy to the GPU runs beside them ("raw_beside_copy": both rates). tuttid runs
          with limits.retrieve_staging_bytes = --retrieve-staging-mib (1 GiB on the GPU).
   dram   once: the same store and retrieve with the DRAM tier on and big enough (reads served
          from DRAM), against the contiguous pinned host-to-GPU copy rate (torch, 1 GiB), also
@@ -1130,13 +1130,16 @@ class Session:
         """Stores every block (retrying rejected_full until `deadline`). Counts the Store calls,
         the blocks refused for full staging and the seconds slept before retrying them in
         self.store_counts."""
-        counts = self.store_counts = {"calls": 0, "rejected_full_blocks": 0, "retry_sleep_s": 0.0}
+        counts = self.store_counts = {"calls": 0, "rejected_full_blocks": 0, "retry_sleep_s": 0.0,
+                                      "call_s": 0.0}
         for begin in range(0, self.n, batch):
             todo = list(range(begin, min(self.n, begin + batch)))
             while todo:
+                t = time.perf_counter()
                 out = self.client.store([self.keys[i] for i in todo], todo,
                                         wait_durable=wait_durable,
                                         staging_wait_ms=staging_wait_ms)
+                counts["call_s"] += time.perf_counter() - t
                 counts["calls"] += 1
                 bad = sorted({o for o in out if o not in ("captured", "durable",
                                                           "rejected_full")})
@@ -1269,6 +1272,17 @@ def phase_store(args, daemon, sessions):
                          "objects_summed_by_writer": d("write_objects_summed_by_writer"),
                          "io_s": round(d("write_io_seconds"), 4),
                          "commit_s": round(d("write_commit_seconds"), 4)}
+    # Where each Store call's time went: the client's whole call, tuttid's part until captured,
+    # of which waiting for staging room and the gather from the engine (admin Stats capture_*).
+    calls = sum(s.store_counts["calls"] for s in sessions)
+    per_call = lambda v: round(1000 * v / max(calls, 1), 3)
+    figures["captures"] = {"calls": calls,
+                           "client_call_ms": per_call(sum(s.store_counts["call_s"]
+                                                          for s in sessions)),
+                           "tuttid_ms": per_call(d("capture_seconds")),
+                           "staging_wait_ms": per_call(d("capture_wait_seconds")),
+                           "gather_ms": per_call(d("capture_gather_seconds")),
+                           "tuttid_captures": d("captures")}
     # The writes themselves: how many, how large, and the windows that held them.
     series1 = io_series(daemon)
     figures["write_io"] = write_io_figures(series0, series1)
@@ -1445,12 +1459,13 @@ def store_and_retrieve(args, array, name, dram):
             store_gbps, store_s, store_cpu = phase_store(args, daemon, sessions)
             store_rounds.append(store_gbps)
             log("  store round %d (%s pool): %d blocks (%.2f GiB) in %.2f s: %.3f GB/s; tuttid "
-                "%.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; write pipeline %s; "
-                "writes %s; GB per device %s" % (
+                "%.2f cores, %.3f CPU s/GB, busiest thread %s; iou-wrk %s; Store calls %s; "
+                "write pipeline %s; writes %s; GB per device %s" % (
                     r + 1, "fresh" if r == 0 else "full", per * args.sessions,
                     per * args.sessions * BLOCK_BYTES / GiB, store_s, store_gbps,
                     store_cpu["cores"], store_cpu["cpu_s_per_gb"], store_cpu["busiest_thread"],
-                    store_cpu["iou_workers"], store_cpu["writes"], store_cpu["write_io"],
+                    store_cpu["iou_workers"], store_cpu["captures"], store_cpu["writes"],
+                    store_cpu["write_io"],
                     store_cpu["device_balance"]))
         rounds = []
         for r in range(args.retrieve_rounds):
@@ -1762,6 +1777,7 @@ def one_array_config(args, results, ctx, emulation, n):
         iou_workers=sc["iou_workers"], cgroup_write_gb=sc.get("cgroup_write_gb"),
         store_staging_wait_ms=args.store_staging_wait_ms, store_calls=sc["store_calls"], store_rejected_full_blocks=sc["store_rejected_full_blocks"],
         store_retry_sleep_s=sc["store_retry_sleep_s"], writes=sc.get("writes"),
+        captures=sc.get("captures"),
         write_io=sc.get("write_io"), device_balance=sc.get("device_balance"), **common,
         note="tuttid: Stores of %d blocks (batches of %d, %s) until every block is durable "
              "(admin Stats blocks_stored and an empty write backlog), %s; raw: mean of "

@@ -480,6 +480,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     NamespaceId ns, absl::Span<const Key> keys, uint32_t layer_begin, uint32_t layer_end,
     const Gatherer& gather, bool wait_durable, uint64_t owner, absl::Duration staging_wait,
     absl::Span<const uint32_t> engine_blocks) {
+  const absl::Time entered = absl::Now();
   ASSIGN_OR_RETURN(const NamespaceInfo info, GetNamespace(ns));
   const uint32_t layers = info.num_objects / info.parts;
   if (layer_begin >= layer_end || layer_end > layers) {
@@ -511,6 +512,7 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   // DRAM front's copies, which are not written), and what the gatherer computes for it.
   const bool gather_sums = gather_checksums_.load();
   std::vector<PendingBlock*> op_block;
+  absl::Duration waited;
   {
     absl::MutexLock lock(&mu_);
     if (whole_blocks) declined = DeclineNewBlocks(ns, keys);
@@ -524,7 +526,9 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
       auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || store_staging_->HasRoomFor(owner, block);
       };
+      const absl::Time wait_from = absl::Now();
       mu_.AwaitWithTimeout(absl::Condition(&room), staging_wait);
+      waited = absl::Now() - wait_from;
     }
     NewBlockStaging fresh_staging;
     fresh_staging.left = CountNewBlocks(ns, keys, declined);
@@ -620,8 +624,9 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
   }
   const absl::Time t0 = absl::Now();
   absl::Status gathered = gather(ops);
+  const absl::Time gathered_at = absl::Now();
   log::Get("store")->debug("capture of {} objects: gather {:.2f} ms", ops.size(),
-                           absl::ToDoubleMilliseconds(absl::Now() - t0));
+                           absl::ToDoubleMilliseconds(gathered_at - t0));
   std::vector<std::shared_ptr<DurableTicket>> tickets(keys.size());
   absl::MutexLock lock(&mu_);
   for (PendingBlock* p : touched) {
@@ -693,6 +698,10 @@ absl::StatusOr<std::vector<CaptureOutcome>> BlockStore::Impl::Capture(
     ++stats_.front_kept;
   }
   ReleaseAbandoned(touched);
+  ++stats_.captures;
+  stats_.capture_seconds += absl::ToDoubleSeconds(absl::Now() - entered);
+  stats_.capture_wait_seconds += absl::ToDoubleSeconds(waited);
+  stats_.capture_gather_seconds += absl::ToDoubleSeconds(gathered_at - t0);
   if (wait_durable) {
     auto all_done = [&tickets]() {
       for (const auto& t : tickets) {

@@ -188,6 +188,36 @@ TEST_F(StagingLimitsTest, CaptureWaitsForRoomWhenAskedTo) {
   store_->Flush();
   EXPECT_TRUE(ReadBack(first));
   EXPECT_TRUE(ReadBack(late));
+  // Stats: four calls answered; the waits (60 ms, then at least 100) are counted as waits and are
+  // within the calls' time.
+  const StoreStats st = store_->Stats();
+  EXPECT_EQ(st.captures, 4u);
+  EXPECT_GE(st.capture_wait_seconds, 0.16);
+  EXPECT_GE(st.capture_seconds, st.capture_wait_seconds + st.capture_gather_seconds);
+}
+
+// Stats: a Store call's gather time is counted as its gather, within the call's time; a failed
+// gather is not an answered call.
+TEST_F(StagingLimitsTest, CaptureTimesItsGather) {
+  Open(2, 4096, 64, Shape{2, 4096}, 64 * 4096);
+  const std::vector<Key> keys = Keys(0, 4);
+  const BlockStore::Gatherer fill = Fill(keys);
+  auto slow = [&fill](absl::Span<const engine::CopyOp> ops) {
+    absl::SleepFor(absl::Milliseconds(50));
+    return fill(ops);
+  };
+  auto out = store_->Capture(ns_, keys, 0, 2, slow, false, 0);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Count(*out, CaptureOutcome::kCaptured), 4u);
+  auto failing = [](absl::Span<const engine::CopyOp>) { return absl::InternalError("copy"); };
+  EXPECT_FALSE(store_->Capture(ns_, Keys(4, 2), 0, 2, failing, false, 0).ok());
+  const StoreStats st = store_->Stats();
+  EXPECT_EQ(st.captures, 1u);
+  EXPECT_GE(st.capture_gather_seconds, 0.05);
+  EXPECT_EQ(st.capture_wait_seconds, 0);
+  EXPECT_GE(st.capture_seconds, st.capture_gather_seconds);
+  store_->Flush();
+  EXPECT_TRUE(ReadBack(keys));
 }
 
 // The write path from byte-counted staging: 6 objects over 4 files (shares of 2, 2, 1, 1), with

@@ -166,6 +166,21 @@ void AddTraffic(Group* g) {
            out->Add({"io"}, st.read_batch_io_seconds, "read_batch_io_seconds");
            out->Add({"check"}, st.read_batch_check_seconds, "read_batch_check_seconds");
          });
+  g->Counter(
+      "tutti_captures_total",
+      "Store calls answered (not failed), each with its gather from the engine.",
+      [](const StoreStats& st) { return st.captures; }, "captures");
+  g->Add({"tutti_capture_seconds_total",
+          "Time Store calls took until their blocks were "
+          "captured (a wait_durable wait not included), summed: all of it, and of it waiting for "
+          "store staging room and the gather from the engine.",
+          kCounter,
+          {"part"}},
+         [](const StoreStats& st, Samples* out) {
+           out->Add({"all"}, st.capture_seconds, "capture_seconds");
+           out->Add({"staging_wait"}, st.capture_wait_seconds, "capture_wait_seconds");
+           out->Add({"gather"}, st.capture_gather_seconds, "capture_gather_seconds");
+         });
   g->Counter("tutti_write_batches_total", "Batches of the store's write pipeline.",
              [](const StoreStats& st) { return st.write_batches; }, "write_batches");
   g->Add({"tutti_write_seconds_total", "Time the write pipeline's batches spent, summed, by "
