@@ -107,24 +107,29 @@ absl::Status CudaIpcMemory::EnqueueGather(absl::Span<const engine::CopyOp> ops) 
 }
 
 absl::Status CudaIpcMemory::EnqueueScatterByCopyEngine(absl::Span<const engine::CopyOp> ops) {
-  return EnqueueByCopyEngine(ops, CopyDirection::kToEngine);
+  return EnqueueByCopyEngine(ops, CopyDirection::kToEngine, nullptr);
 }
 
-absl::Status CudaIpcMemory::EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops) {
-  return EnqueueByCopyEngine(ops, CopyDirection::kFromEngine);
+absl::Status CudaIpcMemory::EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops,
+                                                      Device::Stream stream) {
+  return EnqueueByCopyEngine(ops, CopyDirection::kFromEngine, stream);
 }
 
 absl::Status CudaIpcMemory::EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops,
-                                                CopyDirection direction) {
+                                                CopyDirection direction, Device::Stream stream) {
   thread_local std::vector<CopyDesc> descs;  // these keep their capacity: no allocation per call
   thread_local std::vector<uint32_t> groups;
   RETURN_IF_ERROR(BuildCopyDescs(ops, layout_, bases_, staging_, direction, &descs, &groups));
   if (descs.empty()) return absl::OkStatus();
+  const char* what = direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
+                                                           : "cudaMemcpyBatchAsync(gather)";
+  if (stream != nullptr && stream != device_->io_stream()) {
+    return device_->CopyByCopyEngine(descs.data(), groups.data(), descs.size(), layout_.object_len,
+                                     stream, what);
+  }
   absl::MutexLock lock(&device_->io_mutex());
-  return device_->CopyByCopyEngine(
-      descs.data(), groups.data(), descs.size(), layout_.object_len, device_->io_stream(),
-      direction == CopyDirection::kToEngine ? "cudaMemcpyBatchAsync(scatter)"
-                                            : "cudaMemcpyBatchAsync(gather)");
+  return device_->CopyByCopyEngine(descs.data(), groups.data(), descs.size(), layout_.object_len,
+                                   device_->io_stream(), what);
 }
 
 absl::Status CudaIpcMemory::Scatter(absl::Span<const engine::CopyOp> ops) {

@@ -81,8 +81,11 @@ class CudaIpcMemory final : public engine::EngineMemory {
   // Like EnqueueScatter and EnqueueGather, but the copy engines move each object (one
   // cudaMemcpyBatchAsync, with cudaMemcpyFlagPreferOverlapWithCompute): no SM runs, at about half
   // the kernel's bandwidth.
+  // EnqueueGatherByCopyEngine on `stream` (null: the I/O stream): its copies are ordered after
+  // what was enqueued on that stream only.
   [[nodiscard]] absl::Status EnqueueScatterByCopyEngine(absl::Span<const engine::CopyOp> ops);
-  [[nodiscard]] absl::Status EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops);
+  [[nodiscard]] absl::Status EnqueueGatherByCopyEngine(absl::Span<const engine::CopyOp> ops,
+                                                       Device::Stream stream = nullptr);
   [[nodiscard]] absl::Status Synchronize();
 
   // Device address of region `i` in this process (tests and diagnostics).
@@ -99,7 +102,8 @@ class CudaIpcMemory final : public engine::EngineMemory {
         owned_device_(std::move(owned_device)),
         device_(device) {}
   absl::Status Enqueue(absl::Span<const engine::CopyOp> ops, CopyDirection direction);
-  absl::Status EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops, CopyDirection direction);
+  absl::Status EnqueueByCopyEngine(absl::Span<const engine::CopyOp> ops, CopyDirection direction,
+                                   Device::Stream stream);
 
   const EngineLayout layout_;
   const std::unique_ptr<Device> owned_device_;  // null when the caller's

@@ -157,6 +157,9 @@ absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   words_ = reinterpret_cast<uint32_t*>(words);
   RETURN_IF_ERROR(device_->Memset(words_, 0, 2 * kSlots * sizeof(uint32_t), "memset"));
   ASSIGN_OR_RETURN(copy_stream_, device_->CreateStream("cudaStreamCreate(copy)"));
+  ASSIGN_OR_RETURN(gather_stream_, device_->CreateStream("cudaStreamCreate(gather)"));
+  ASSIGN_OR_RETURN(gathered_,
+                   device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate(gather)"));
   // Blocking sync: a Retrieve's thread waits for each layer; spinning would take a core from the
   // reads it overlaps.
   ASSIGN_OR_RETURN(waited_, device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate"));
@@ -195,6 +198,8 @@ LayerCopier::~LayerCopier() {
   absl::Status s = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
   if (!s.ok()) logger->error("gpu{}: closing copier: {}", device_->ordinal(), s.ToString());
   device_->DestroyStream(copy_stream_);  // waits for it first; nothing for a null stream
+  device_->DestroyStream(gather_stream_);
+  device_->DestroyEvent(gathered_);
   pool_.reset();
   // Null handles (never created) are skipped by DestroyEvent and Free.
   for (Device::Event ev : bounce_free_) device_->DestroyEvent(ev);
@@ -315,11 +320,13 @@ void LayerCopier::WaitStreamsAfterError() {
   // Each stream's waits on the other's words end: FlushRound enqueues both words even after an
   // error.
   const absl::Status copy = device_->SyncStream(copy_stream_, "copy stream synchronize");
+  const absl::Status gather = device_->SyncStream(gather_stream_, "gather stream synchronize");
   const absl::Status io = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
-  if (!copy.ok() || !io.ok()) {
-    log::Get("gpu")->error("gpu{}: waiting for the streams after a failed copy: copy stream {}, "
-                           "I/O stream {}",
-                           device_->ordinal(), copy.ToString(), io.ToString());
+  if (!copy.ok() || !gather.ok() || !io.ok()) {
+    log::Get("gpu")->error(
+        "gpu{}: waiting for the streams after a failed copy: copy stream {}, "
+        "gather stream {}, I/O stream {}",
+        device_->ordinal(), copy.ToString(), gather.ToString(), io.ToString());
   }
 }
 
@@ -416,20 +423,30 @@ void LayerCopier::CheckTimedRound() {
 absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops) {
   absl::Status s;
   std::unique_ptr<SumBuffer> sums;
+  const bool by_copy_engine = options_.mode == Mode::kCopyEngine || options_.mode == Mode::kAuto;
   {
     absl::MutexLock lock(&mu_);
     ++counters_.gathers;
-    if (options_.mode == Mode::kCopyEngine || options_.mode == Mode::kAuto) {
+    if (by_copy_engine) {
       ++counters_.copy_engine_gathers;
-      s = memory->EnqueueGatherByCopyEngine(ops);
+      s = memory->EnqueueGatherByCopyEngine(ops, gather_stream_);
     } else {
       s = memory->EnqueueGather(ops);
     }
-    // After the copies (which checked every op against the layout), on the same stream.
+    // Once the copies' enqueue has checked every op against the layout: on the I/O stream, after
+    // the gather kernel or beside the copy engines.
     if (s.ok()) sums = EnqueueSums(memory, ops);
   }
   if (s.ok()) {
-    s = WaitIoStream();
+    if (by_copy_engine) {
+      s = device_->RecordEvent(gathered_, gather_stream_, "cudaEventRecord(gather)");
+      if (s.ok()) s = device_->SyncEvent(gathered_, "cudaEventSynchronize(gather)");
+      if (!s.ok()) WaitStreamsAfterError();  // no copy may still write the staging
+    }
+    // The hash kernel (and the gather kernel): waited for even when the copies failed, as the
+    // sums' buffer is reused once it is back.
+    const absl::Status io = WaitIoStream();
+    if (s.ok()) s = io;
     if (sums == nullptr) return s;
     if (s.ok()) {
       const uint64_t* hashes = sums->hashes();

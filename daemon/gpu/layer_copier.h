@@ -154,19 +154,23 @@ class LayerCopier {
   // Store: copies `ops` out of the engine's blocks into registered staging and waits for them.
   // kStaged and kMapped: the gather kernel (about 51 GB/s alone on the H200, but its SMs work for
   // the whole PCIe transfer: 14% of a busy engine's throughput under MPS, 44% without);
-  // kCopyEngine and kAuto: the copy engines (about 31 GB/s, no SMs, 0% of the engine's). kAuto
+  // kCopyEngine and kAuto: the copy engines (about 31 GB/s, no SMs, 0% of the engine's), on a
+  // stream of their own (not ordered with the I/O stream: the engine's blocks are its own until
+  // the call returns, and the staging is this call's), so the hash kernel below runs beside them
+  // rather than after them. kAuto
   // does not switch here as it does for retrieves: under load the gather kernel is only about
   // twice as slow (it waits on PCIe either way), too close to tell, and a store is background
   // work the engine does not wait on per layer. Errors as CudaIpcMemory::Gather. Returns, also on
   // error, only once no copy it enqueued can still write the staging.
   // Checksums: for the ops with a `sum` (engine::ObjectSum), when the kernel supports the object
-  // length (GpuHashSupports), the hash kernel runs on the I/O stream after the copies, over each
-  // op's object in the engine's memory (the bytes the copy read; the engine keeps them unchanged
-  // until the Store call has captured them, and if it did not, the checksum fails every read of
-  // the block: a miss, never a wrong block), and each sum is set (`done`) once the stream has
-  // passed both and the gather succeeded. When the hash cannot run (no pinned memory for its
-  // descriptors, a launch error: logged with the CUDA error's name, counted in sum_failures) the
-  // sums stay not done and the caller computes them on the CPU; the gather itself goes on.
+  // length (GpuHashSupports), the hash kernel runs on the I/O stream (after the copies in kStaged
+  // and kMapped, beside them in kCopyEngine and kAuto), over each op's object in the engine's
+  // memory (the bytes the copy read; the engine keeps them unchanged until the Store call has
+  // captured them, and if it did not, the checksum fails every read of the block: a miss, never a
+  // wrong block), and each sum is set (`done`) once the stream has passed both and the gather
+  // succeeded. When the hash cannot run (no pinned memory for its descriptors, a launch error:
+  // logged with the CUDA error's name, counted in sum_failures) the sums stay not done and the
+  // caller computes them on the CPU; the gather itself goes on.
   absl::Status Gather(CudaIpcMemory* memory, absl::Span<const engine::CopyOp> ops);
 
   // Layers placed so far (ScatterLayer calls), and how many of them the copy engines moved alone
@@ -260,8 +264,9 @@ class LayerCopier {
   // After a failed layer: waits for both streams and starts the slots' words afresh (both
   // below), so the sources of every layer enqueued so far may be reused.
   void RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a failed enqueue: waits until the copy stream and the I/O stream have passed everything
-  // enqueued so far (logged, not returned, if that fails too: the first error is the caller's).
+  // After a failed enqueue: waits until the copy stream, the gather stream and the I/O stream have
+  // passed everything enqueued so far (logged, not returned, if that fails too: the first error is
+  // the caller's).
   void WaitStreamsAfterError();
   // After WaitStreamsAfterError of a failed layer (both streams idle): every slot's words and uses
   // start afresh, so a word write that could not be enqueued leaves no later wait that never ends.
@@ -314,6 +319,10 @@ class LayerCopier {
   uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
   uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
   Device::Stream copy_stream_ = nullptr;  // primary context; no SMs needed
+  // Gathers by the copy engines (primary context, no SMs), and a blocking-sync event to wait for
+  // them as waited_ does for the I/O stream.
+  Device::Stream gather_stream_ = nullptr;
+  Device::Event gathered_ = nullptr;
   std::unique_ptr<Device::PinnedBuffer> bounce_;
   std::array<Device::Event, kSlots> bounce_free_{};  // recorded on copy_stream_
   std::unique_ptr<CopyPool> pool_;
