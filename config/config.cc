@@ -382,7 +382,6 @@ absl::Status ValidateGpu(const tutti::v1::GpuConfig& g) {
   }
   RETURN_IF_ERROR(CheckRange("gpu.copy_ctas", g.copy_ctas(), 0, kMaxCopyCtas));
   RETURN_IF_ERROR(CheckRange("gpu.round_bytes", g.round_bytes(), 0, kGiB));
-  RETURN_IF_ERROR(CheckRange("gpu.gather_streams", g.gather_streams(), 0, 4));
   RETURN_IF_ERROR(CheckRange("gpu.max_staging_bytes", g.max_staging_bytes(), 8 * kMiB, 16 * kGiB));
   return CheckOneOf("gpu.scatter", g.scatter(), {"auto", "staged", "mapped", "copy_engine"});
 }

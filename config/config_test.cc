@@ -58,7 +58,6 @@ TEST(ConfigTest, DefaultsAreValidAndMatchTheDesign) {
   EXPECT_EQ(c->gpu().copy_ctas(), 0u);
   EXPECT_EQ(c->gpu().scatter(), "auto");
   EXPECT_EQ(c->gpu().round_bytes(), 32ull << 20);
-  EXPECT_EQ(c->gpu().gather_streams(), 1u);
   EXPECT_EQ(c->gpu().max_staging_bytes(), 512ull << 20);
   EXPECT_EQ(c->datapath().max_read_bytes(), 1ull << 20);
   EXPECT_TRUE(ValidateConfig(DefaultConfig()).ok());
@@ -265,7 +264,6 @@ TEST(ConfigTest, GpuSection) {
                  {"gpu.scatter", "auto", "staged", "mapped", "copy_engine"});
   EXPECT_TRUE(LoadConfig("gpu { scatter: \"copy_engine\" }").ok());
   ExpectRejected("gpu { round_bytes: 2147483648 }", {"gpu.round_bytes"});
-  ExpectRejected("gpu { gather_streams: 5 }", {"gpu.gather_streams"});
   ExpectRejected("gpu { max_staging_bytes: 4194304 }", {"gpu.max_staging_bytes"});
   ExpectRejected("gpu { max_staging_bytes: 17179869185 }", {"gpu.max_staging_bytes"});
   auto c = LoadConfig(

@@ -153,10 +153,9 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
   // ValidateConfig admits only the copier's names.
   const gpu::LayerCopier::Mode mode =
       gpu::LayerCopier::ModeFromName(g.scatter()).value_or(gpu::LayerCopier::Mode::kStaged);
-  gpu::LayerCopier::Options copier{mode, GpuStagingBytes(config), /*bounce_threads=*/4,
-                                   g.round_bytes()};
-  copier.gather_streams = std::max(1u, g.gather_streams());
-  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create(copier, rt->stream.get(), registered));
+  ASSIGN_OR_RETURN(rt->copier, gpu::LayerCopier::Create({mode, GpuStagingBytes(config),
+                                                         /*bounce_threads=*/4, g.round_bytes()},
+                                                        rt->stream.get(), registered));
   std::string checks = "retrieve checks on the CPU";
   // "auto" is the GPU here: with the mirror it retrieves faster and takes less CPU than the CPU's
   // checks (docs/gpu.md, "Checking retrieves on the GPU").

@@ -157,13 +157,9 @@ absl::Status LayerCopier::Init(absl::Span<const StagingRegion>) {
   words_ = reinterpret_cast<uint32_t*>(words);
   RETURN_IF_ERROR(device_->Memset(words_, 0, 2 * kSlots * sizeof(uint32_t), "memset"));
   ASSIGN_OR_RETURN(copy_stream_, device_->CreateStream("cudaStreamCreate(copy)"));
-  for (uint32_t i = 0; i < std::clamp(options_.gather_streams, 1u, 4u); ++i) {
-    ASSIGN_OR_RETURN(Device::Stream st, device_->CreateStream("cudaStreamCreate(gather)"));
-    gather_streams_.push_back(st);
-    ASSIGN_OR_RETURN(Device::Event ev,
-                     device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate(gather)"));
-    gathered_.push_back(ev);
-  }
+  ASSIGN_OR_RETURN(gather_stream_, device_->CreateStream("cudaStreamCreate(gather)"));
+  ASSIGN_OR_RETURN(gathered_,
+                   device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate(gather)"));
   // Blocking sync: a Retrieve's thread waits for each layer; spinning would take a core from the
   // reads it overlaps.
   ASSIGN_OR_RETURN(waited_, device_->CreateEvent(Device::EventKind::kBlocking, "cudaEventCreate"));
@@ -202,8 +198,8 @@ LayerCopier::~LayerCopier() {
   absl::Status s = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
   if (!s.ok()) logger->error("gpu{}: closing copier: {}", device_->ordinal(), s.ToString());
   device_->DestroyStream(copy_stream_);  // waits for it first; nothing for a null stream
-  for (Device::Stream st : gather_streams_) device_->DestroyStream(st);
-  for (Device::Event ev : gathered_) device_->DestroyEvent(ev);
+  device_->DestroyStream(gather_stream_);
+  device_->DestroyEvent(gathered_);
   pool_.reset();
   // Null handles (never created) are skipped by DestroyEvent and Free.
   for (Device::Event ev : bounce_free_) device_->DestroyEvent(ev);
@@ -324,10 +320,7 @@ void LayerCopier::WaitStreamsAfterError() {
   // Each stream's waits on the other's words end: FlushRound enqueues both words even after an
   // error.
   const absl::Status copy = device_->SyncStream(copy_stream_, "copy stream synchronize");
-  absl::Status gather;
-  for (Device::Stream st : gather_streams_) {
-    gather.Update(device_->SyncStream(st, "gather stream synchronize"));
-  }
+  const absl::Status gather = device_->SyncStream(gather_stream_, "gather stream synchronize");
   const absl::Status io = device_->SyncStream(device_->io_stream(), "I/O stream synchronize");
   if (!copy.ok() || !gather.ok() || !io.ok()) {
     log::Get("gpu")->error(
@@ -436,13 +429,7 @@ absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine:
     ++counters_.gathers;
     if (by_copy_engine) {
       ++counters_.copy_engine_gathers;
-      // Contiguous parts of the ops (a Store's are block-major, so each part still goes in runs).
-      const size_t n = gather_streams_.size();
-      for (size_t i = 0; i < n && s.ok(); ++i) {
-        s = memory->EnqueueGatherByCopyEngine(
-            ops.subspan(ops.size() * i / n, ops.size() * (i + 1) / n - ops.size() * i / n),
-            gather_streams_[i]);
-      }
+      s = memory->EnqueueGatherByCopyEngine(ops, gather_stream_);
     } else {
       s = memory->EnqueueGather(ops);
     }
@@ -452,10 +439,8 @@ absl::Status LayerCopier::Gather(CudaIpcMemory* memory, absl::Span<const engine:
   }
   if (s.ok()) {
     if (by_copy_engine) {
-      for (size_t i = 0; i < gather_streams_.size() && s.ok(); ++i) {
-        s = device_->RecordEvent(gathered_[i], gather_streams_[i], "cudaEventRecord(gather)");
-        if (s.ok()) s = device_->SyncEvent(gathered_[i], "cudaEventSynchronize(gather)");
-      }
+      s = device_->RecordEvent(gathered_, gather_stream_, "cudaEventRecord(gather)");
+      if (s.ok()) s = device_->SyncEvent(gathered_, "cudaEventSynchronize(gather)");
       if (!s.ok()) WaitStreamsAfterError();  // no copy may still write the staging
     }
     // The hash kernel (and the gather kernel): waited for even when the copies failed, as the

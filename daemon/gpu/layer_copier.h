@@ -105,9 +105,6 @@ class LayerCopier {
     // kAuto (see above). 0: every timed round is slow (tests).
     double auto_slow_factor = 4;
     uint32_t auto_copy_engine_layers = 64;
-    // kCopyEngine and kAuto: a Gather's copies split over this many streams of their own (copy
-    // engines), in contiguous parts of its ops; 1 .. 4 (0: 1).
-    uint32_t gather_streams = 1;
   };
   static constexpr uint32_t kSlots = 4;
 
@@ -322,10 +319,10 @@ class LayerCopier {
   uint8_t* gpu_base_ = nullptr;         // kSlots x slot_bytes_
   uint32_t* words_ = nullptr;           // device: copied[kSlots], consumed[kSlots]
   Device::Stream copy_stream_ = nullptr;  // primary context; no SMs needed
-  // Gathers by the copy engines (primary context, no SMs: Options::gather_streams of them), and a
-  // blocking-sync event each to wait for them as waited_ does for the I/O stream.
-  std::vector<Device::Stream> gather_streams_;
-  std::vector<Device::Event> gathered_;
+  // Gathers by the copy engines (primary context, no SMs), and a blocking-sync event to wait for
+  // them as waited_ does for the I/O stream.
+  Device::Stream gather_stream_ = nullptr;
+  Device::Event gathered_ = nullptr;
   std::unique_ptr<Device::PinnedBuffer> bounce_;
   std::array<Device::Event, kSlots> bounce_free_{};  // recorded on copy_stream_
   std::unique_ptr<CopyPool> pool_;

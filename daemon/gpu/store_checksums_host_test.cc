@@ -79,7 +79,6 @@ class StoreChecksumsTest : public ::testing::Test {
     LayerCopier::Options o;
     o.mode = LayerCopier::Mode::kAuto;  // the default: gathers by the copy engines
     o.gpu_staging_bytes = 8ull << 20;
-    o.gather_streams = gather_streams_;
     auto copier = LayerCopier::Create(o, &device_, registered);
     ASSERT_TRUE(copier.ok()) << copier.status();
     copier_ = std::move(copier).value();
@@ -180,7 +179,6 @@ class StoreChecksumsTest : public ::testing::Test {
   uint32_t kv_heads_ = 1;
   uint32_t object_len_ = 0;     // SetUp: from kv_heads_
   uint32_t engine_stride_ = 2;  // engine blocks 1, 3, 5, ...: no two objects adjacent there
-  uint32_t gather_streams_ = 1;
   std::string state_dir_;
   store::StoreOptions options_;
   std::shared_ptr<io::MemoryDisk> disk_;
@@ -214,46 +212,6 @@ TEST_F(StoreChecksumsFullFramesTest, GatherOfConsecutiveBlocksGoesInRunsAndLands
       << "neighbouring blocks' objects were copied one by one";
   EXPECT_EQ(CheckHeaders(16), 16u);
   ExpectServed(16);
-}
-
-// gpu.gather_streams: a Store call's copies split over three streams, each part in runs; every
-// byte lands in its slot with its checksum. A part that fails to enqueue fails the call whole:
-// no block of it is stored, and the next call stores.
-class StoreChecksumsSplitGatherTest : public StoreChecksumsFullFramesTest {
- protected:
-  StoreChecksumsSplitGatherTest() { gather_streams_ = 3; }
-};
-
-TEST_F(StoreChecksumsSplitGatherTest, EveryPartLandsByteForByte) {
-  engine_stride_ = 1;
-  store_->SetGatherChecksums(true);
-  for (CaptureOutcome o : Capture(0, 16)) EXPECT_EQ(o, CaptureOutcome::kDurable);
-  EXPECT_EQ(device_.count(Op::kCopyByCopyEngine), 3u) << "one copy call per stream";
-  EXPECT_EQ(device_.copy_engine_objects(), 16u * kObjects);
-  EXPECT_LT(device_.copy_engine_runs(), device_.copy_engine_objects() / 2);
-  EXPECT_EQ(store_->Stats().write_objects_summed_at_gather, 16u * kObjects);
-  EXPECT_EQ(CheckHeaders(16), 16u);
-  ExpectServed(16);
-}
-
-TEST_F(StoreChecksumsSplitGatherTest, APartThatFailsFailsTheWholeCall) {
-  engine_stride_ = 1;
-  store_->SetGatherChecksums(true);
-  device_.FailOp(Op::kCopyByCopyEngine, 1, absl::InternalError("copy engine"));
-  const std::vector<Key> keys = store::testing::TestKeys(0, 8);
-  std::vector<uint32_t> blocks;
-  for (uint32_t i = 0; i < 8; ++i) blocks.push_back(EngineBlock(i));
-  auto gather = [this](absl::Span<const engine::CopyOp> ops) {
-    return copier_->Gather(memory_.get(), ops);
-  };
-  auto out = store_->Capture(ns_, keys, 0, kLayers, gather, true, 0, absl::ZeroDuration(), blocks);
-  EXPECT_FALSE(out.ok());
-  EXPECT_EQ(device_.count(Op::kCopyByCopyEngine), 1u) << "the first part only";
-  store_->Flush();
-  EXPECT_EQ(store_->Stats().blocks_stored, 0u);
-  for (CaptureOutcome o : Capture(0, 8)) EXPECT_EQ(o, CaptureOutcome::kDurable);
-  EXPECT_EQ(CheckHeaders(8), 8u);
-  ExpectServed(8);
 }
 
 TEST_F(StoreChecksumsTest, HeadersCarryTheGathersChecksumsOfTheBytesWritten) {
