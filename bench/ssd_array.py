@@ -34,8 +34,9 @@ Parts:
          (e) from tuttid's admin Stats, where the phase went: per retrieve round the serving
          threads' planning and posting, waiting for reads and checks, and handing layers to the
          engine ("lead"), per store where each Store call went ("captures") and the write
-         pipeline's phases ("writes"); (f) raw reads while a pinned copy to the GPU runs beside them ("raw_beside_copy": both rates). tuttid runs
-         with limits.retrieve_staging_bytes = --retrieve-staging-mib (1 GiB on the GPU).
+         pipeline's phases ("writes"); (f) raw reads while a pinned copy to the GPU runs beside
+         them ("raw_beside_copy": both rates). tuttid runs with limits.retrieve_staging_bytes =
+         --retrieve-staging-mib (1 GiB on the GPU).
   dram   once: the same store and retrieve with the DRAM tier on and big enough (reads served
          from DRAM), against the contiguous pinned host-to-GPU copy rate (torch, 1 GiB), also
          measured once per run whenever array or dram runs.
@@ -1288,7 +1289,7 @@ def phase_store(args, daemon, sessions):
     figures["write_io"] = write_io_figures(series0, series1)
     figures["device_balance"] = device_balance(series0, series1, "write")
     # How much of the phase the clients spent refused for full staging, waiting to retry.
-    figures["store_calls"] = sum(s.store_counts["calls"] for s in sessions)
+    figures["store_calls"] = calls
     figures["store_rejected_full_blocks"] = sum(
         s.store_counts["rejected_full_blocks"] for s in sessions)
     figures["store_retry_sleep_s"] = round(

@@ -10,62 +10,96 @@ and a KeepAlive round trip, blocking and by future. A diagnostic: prints only, a
 
     TUTTID_BIN=$PWD/.bundle/tuttid.sh PYTHONPATH=.bundle/site python3 bench/store_call_overhead.py
 """
-import os, sys, time, statistics
+import os
+import shutil
+import statistics
+import sys
+import time
+
 sys.path.insert(0, "tests/e2e")
-import torch
-import tutti
-from tutti.testing import Tuttid
-from tutti.v1 import kvcache_pb2 as pb
-import admin_stats
+import torch  # noqa: E402
+
+import admin_stats  # noqa: E402
+import tutti  # noqa: E402
+from tutti import _cuda  # noqa: E402
+from tutti._retrieval import _stream_handle  # noqa: E402
+from tutti.testing import Tuttid  # noqa: E402
+from tutti.v1 import kvcache_pb2 as pb  # noqa: E402
 
 LAYERS, OBJ = 32, 32 << 10
-L = tutti.KvLayout(num_layers=LAYERS, kv_heads=8, head_dim=128, dtype_bytes=2, block_tokens=16)
-NS = tutti.Namespace("overhead", L)
-N, BATCH = 512, 64
-cache = torch.empty((LAYERS, 2, N, OBJ), dtype=torch.uint8, device="cuda")
-cache.random_(0, 256)
-torch.cuda.synchronize()
-objects = tutti.objects_from_tensors(L, [cache[l] for l in range(LAYERS)])
-root = "/dev/shm/tovh"
-os.system("rm -rf " + root)
-with Tuttid(capacity=24 << 30, object_bytes=OBJ, max_objects=64, store_staging=1 << 30,
-            retrieve_staging=256 << 20, max_blocks_per_call=2048, root=root) as d:
-    c = tutti.Client.attach(NS, N, objects, cuda_device=0, socket_path=d.socket, engine_id="ovh")
-    st = lambda: admin_stats.stats(d.admin_socket)
-    def rnd(tag, fn, rounds=3):
-        s0 = st(); times = []
-        for r in range(rounds):
-            keys = tutti.chain_keys(range(N * 16), 16, parent=os.urandom(16))
-            for b in range(0, N, BATCH):
-                t = time.perf_counter(); fn(keys[b:b + BATCH], list(range(b, b + BATCH)))
-                times.append(time.perf_counter() - t)
-            deadline = time.time() + 30
-            while st().get("write_backlog_blocks", 0) and time.time() < deadline: time.sleep(0.01)
-        s1 = st(); n = s1.get("captures", 0) - s0.get("captures", 0)
-        per = lambda k: 1000 * (s1.get(k, 0) - s0.get(k, 0)) / max(n, 1)
-        print("%-28s calls %3d  client median %.3f mean %.3f ms | tuttid %.3f (wait %.3f, gather %.3f)"
-              % (tag, len(times), 1000 * statistics.median(times), 1000 * statistics.mean(times),
-                 per("capture_seconds"), per("capture_wait_seconds"), per("capture_gather_seconds")))
-    rnd("client.store", lambda k, b: c.store(k, b))
-    sid, gen = c._current()
-    stub = c._stub
-    def raw(k, b, fut):
-        req = pb.StoreRequest(**sid.fields(), ticket=c._next_ticket())
-        for kk, bb in zip(k, b): req.blocks.add(key=kk, engine_block=bb)
-        return stub.Store.future(req, timeout=30).result() if fut else stub.Store(req, timeout=30)
-    rnd("stub.Store blocking", lambda k, b: raw(k, b, False))
-    rnd("stub.Store future", lambda k, b: raw(k, b, True))
-    rnd("client.store", lambda k, b: c.store(k, b))
-    from tutti import _cuda
-    from tutti._retrieval import _stream_handle
-    t = time.perf_counter()
-    for _ in range(200): _cuda.synchronize_stream(0, _stream_handle(None))
-    print("synchronize_stream: %.3f ms" % (1000 * (time.perf_counter() - t) / 200))
-    ka = pb.KeepAliveRequest(**sid.fields()) if hasattr(pb, "KeepAliveRequest") else None
-    if ka is not None:
-        for fut in (False, True):
+LAYOUT = tutti.KvLayout(num_layers=LAYERS, kv_heads=8, head_dim=128, dtype_bytes=2,
+                        block_tokens=16)
+NS = tutti.Namespace("overhead", LAYOUT)
+N, BATCH, ROUNDS = 512, 64, 3
+ROOT = "/dev/shm/tovh"
+
+
+def per_ms(seconds, n):
+    return 1000 * seconds / n
+
+
+def timed_rounds(tag, daemon, store):
+    """ROUNDS stores of all N blocks under new keys in calls of BATCH; prints the split."""
+    s0 = admin_stats.stats(daemon.admin_socket)
+    times = []
+    for _ in range(ROUNDS):
+        keys = tutti.chain_keys(range(N * 16), 16, parent=os.urandom(16))
+        for b in range(0, N, BATCH):
             t = time.perf_counter()
-            for _ in range(200):
-                stub.KeepAlive.future(ka, timeout=5).result() if fut else stub.KeepAlive(ka, timeout=5)
-            print("KeepAlive %s: %.3f ms" % ("future" if fut else "blocking", 1000 * (time.perf_counter() - t) / 200))
-    c.detach()
+            store(keys[b:b + BATCH], list(range(b, b + BATCH)))
+            times.append(time.perf_counter() - t)
+        deadline = time.time() + 30  # the backlog written before the next round
+        while (admin_stats.stats(daemon.admin_socket).get("write_backlog_blocks", 0)
+               and time.time() < deadline):
+            time.sleep(0.01)
+    s1 = admin_stats.stats(daemon.admin_socket)
+    n = max(s1.get("captures", 0) - s0.get("captures", 0), 1)
+    d = lambda k: per_ms(s1.get(k, 0) - s0.get(k, 0), n)
+    print("%-28s calls %3d  client median %.3f mean %.3f ms | tuttid %.3f (wait %.3f, gather %.3f)"
+          % (tag, len(times), 1000 * statistics.median(times), 1000 * statistics.mean(times),
+             d("capture_seconds"), d("capture_wait_seconds"), d("capture_gather_seconds")))
+
+
+def mean_ms(fn, reps=200):
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return per_ms(time.perf_counter() - t, reps)
+
+
+def main():
+    cache = torch.empty((LAYERS, 2, N, OBJ), dtype=torch.uint8, device="cuda")
+    cache.random_(0, 256)
+    torch.cuda.synchronize()
+    objects = tutti.objects_from_tensors(LAYOUT, [cache[layer] for layer in range(LAYERS)])
+    shutil.rmtree(ROOT, ignore_errors=True)
+    with Tuttid(capacity=24 << 30, object_bytes=OBJ, max_objects=64, store_staging=1 << 30,
+                retrieve_staging=256 << 20, max_blocks_per_call=2048, root=ROOT) as daemon:
+        c = tutti.Client.attach(NS, N, objects, cuda_device=0, socket_path=daemon.socket,
+                                engine_id="ovh")
+        sid, _ = c._current()
+        stub = c._stub
+
+        def by_stub(keys, blocks, future):
+            req = pb.StoreRequest(**sid.fields(), ticket=c._next_ticket())
+            for k, b in zip(keys, blocks):
+                req.blocks.add(key=k, engine_block=b)
+            if future:
+                return stub.Store.future(req, timeout=30).result()
+            return stub.Store(req, timeout=30)
+
+        timed_rounds("client.store", daemon, c.store)
+        timed_rounds("stub.Store blocking", daemon, lambda k, b: by_stub(k, b, False))
+        timed_rounds("stub.Store future", daemon, lambda k, b: by_stub(k, b, True))
+        timed_rounds("client.store", daemon, c.store)
+        print("synchronize_stream: %.3f ms" % mean_ms(
+            lambda: _cuda.synchronize_stream(0, _stream_handle(None))))
+        ka = pb.KeepAliveRequest(**sid.fields())
+        print("KeepAlive blocking: %.3f ms" % mean_ms(lambda: stub.KeepAlive(ka, timeout=5)))
+        print("KeepAlive future: %.3f ms" % mean_ms(
+            lambda: stub.KeepAlive.future(ka, timeout=5).result()))
+        c.detach()
+
+
+if __name__ == "__main__":
+    main()

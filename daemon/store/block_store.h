@@ -286,8 +286,8 @@ struct StoreStats {
   // Objects of written blocks whose checksum came with their gather (SetGatherChecksums) and
   // those the writer computed (on the checksum pool).
   uint64_t write_objects_summed_at_gather = 0, write_objects_summed_by_writer = 0;
-  // Captures (Store calls that gathered) and their seconds summed: entry until captured (a
-  // wait_durable wait not included); of them, waiting for staging room, and the gather.
+  // Store calls answered (a failed gather not counted) and their seconds summed: entry until
+  // captured (a wait_durable wait not included); of them, waiting for staging room, and the gather.
   uint64_t captures = 0;
   double capture_seconds = 0, capture_wait_seconds = 0, capture_gather_seconds = 0;
   uint64_t checkpoint_failures = 0;  // attempts that failed since start
