@@ -36,9 +36,11 @@ class OwnerMailbox {
     incoming_.push_back(std::move(item));
   }
 
-  // Runs `task` on the owner thread (at its next Take) and returns its status. Must not be called
-  // from the owner thread (it would wait for itself).
-  absl::Status RunOnOwner(std::function<absl::Status()> task) {
+  // Runs `task` on the owner thread (at its next Take) and returns its status; `queued` runs once
+  // the task is queued (to wake the owner). Must not be called from the owner thread (it would
+  // wait for itself).
+  absl::Status RunOnOwner(std::function<absl::Status()> task,
+                          const std::function<void()>& queued = nullptr) {
     auto finished = std::make_shared<absl::Notification>();
     auto status = std::make_shared<absl::Status>();
     {
@@ -48,6 +50,7 @@ class OwnerMailbox {
         finished->Notify();
       });
     }
+    if (queued) queued();
     finished->WaitForNotification();
     return *status;
   }
@@ -63,6 +66,12 @@ class OwnerMailbox {
     bool ran_control = false;  // whether control tasks ran in this Take
     bool stopping = false;
   };
+
+  // Whether a Take now would find something: items, control tasks or the stop request.
+  bool HasWork() {
+    absl::MutexLock lock(&mu_);
+    return !incoming_.empty() || !control_.empty() || stopping_;
+  }
 
   // Owner only: with `block`, waits until something is posted or Stop was called. Runs the
   // pending control tasks (before returning the items) and returns what was posted.

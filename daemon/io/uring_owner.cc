@@ -1,5 +1,6 @@
 #include "daemon/io/uring_owner.h"
 
+#include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -12,6 +13,12 @@
 #include "common/log.h"
 
 namespace tutti::io::internal {
+namespace {
+
+// The user_data of the wake eventfd's read; items use their slot index (< depth <= 4096).
+constexpr uint64_t kWakeTag = ~uint64_t{0};
+
+}  // namespace
 
 void FinishPart(UringPart* part) {
   UringBatch* b = part->batch;
@@ -28,10 +35,17 @@ void FinishRequest(UringPart* part) {
 absl::StatusOr<std::unique_ptr<UringRing>> UringRing::Create(int fd,
                                                              const UringOwnerOptions& options) {
   std::unique_ptr<UringRing> r(new UringRing(fd, options.name, options.memlock_per));
+  r->wake_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (r->wake_fd_ < 0) {
+    r->ring_.ring_fd = -1;
+    return absl::UnavailableError(
+        absl::StrCat(options.name, ": eventfd (the ring's wake-up): ", std::strerror(errno)));
+  }
   io_uring_params params;
   std::memset(&params, 0, sizeof(params));
   params.flags = options.setup_flags;
-  int rc = io_uring_queue_init_params(options.depth, &r->ring_, &params);
+  // One entry more than items in flight: the wake eventfd's read always finds one.
+  int rc = io_uring_queue_init_params(options.depth + 1, &r->ring_, &params);
   if (rc < 0) {
     r->ring_.ring_fd = -1;  // the destructor closes only the fd
     const std::string flags =
@@ -59,8 +73,9 @@ UringRing::~UringRing() {
     // for some milliseconds after exit; unregistering first releases them now.
     if (fixed_file_) io_uring_unregister_files(&ring_);
     if (fixed_base_ != nullptr) io_uring_unregister_buffers(&ring_);
-    io_uring_queue_exit(&ring_);
+    io_uring_queue_exit(&ring_);  // cancels the armed read before its eventfd is closed
   }
+  if (wake_fd_ >= 0) close(wake_fd_);
   close(fd_);
 }
 
@@ -101,10 +116,32 @@ int UringRing::FixedIndex(const uint8_t* buf, uint32_t len) const {
   return static_cast<int>(piece);
 }
 
-void UringRing::SubmitAndWait(uint32_t in_flight) {
+void UringRing::ArmWake() {
+  if (wake_armed_ || wake_broken_) return;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return;  // cannot happen with depth + 1 entries; this wait is plain
+  io_uring_prep_read(sqe, wake_fd_, &wake_buf_, sizeof(wake_buf_), 0);
+  io_uring_sqe_set_data64(sqe, kWakeTag);
+  wake_armed_ = true;
+}
+
+void UringRing::Wake() {
+  // Paired with SubmitAndWait: the poster's work is in the mailbox before this exchange, and the
+  // owner looks at the mailbox after marking itself waiting, so one of the two sees the other.
+  if (!waiting_.exchange(false)) return;
+  const uint64_t one = 1;
+  // Fails only if the count would overflow (it cannot: every read resets it).
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void UringRing::SubmitAndWait(uint32_t in_flight, absl::FunctionRef<bool()> posted) {
   enter_calls_.fetch_add(1, std::memory_order_relaxed);
   in_flight_sum_.fetch_add(in_flight, std::memory_order_relaxed);
-  const int r = io_uring_submit_and_wait(&ring_, 1);
+  ArmWake();
+  waiting_.store(wake_armed_);
+  const bool wait = !posted();
+  const int r = wait ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
+  waiting_.store(false);
   if (r >= 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY) return;  // unsent SQEs go next round
   TUTTI_LOG_EVERY_N_SEC(log::Get("io"), spdlog::level::err, 5, "{}: io_uring_submit_and_wait: {}",
                         name_, std::strerror(-r));
@@ -116,8 +153,21 @@ void UringRing::Reap(absl::FunctionRef<void(uint64_t, int)> complete) {
   unsigned seen = 0;
   io_uring_cqe* cqe;
   io_uring_for_each_cqe(&ring_, head, cqe) {
-    complete(cqe->user_data, cqe->res);
     ++seen;
+    if (cqe->user_data != kWakeTag) {
+      complete(cqe->user_data, cqe->res);
+      continue;
+    }
+    wake_armed_ = false;  // armed again before the next wait
+    if (cqe->res >= 0) {
+      wakes_.fetch_add(1, std::memory_order_relaxed);
+    } else if (cqe->res != -EINTR && cqe->res != -EAGAIN) {
+      wake_broken_ = true;
+      log::Get("io")->warn(
+          "{}: reading the wake eventfd: {}; work posted while requests are in flight now waits "
+          "for their next completion",
+          name_, std::strerror(-cqe->res));
+    }
   }
   io_uring_cq_advance(&ring_, seen);
 }

@@ -10,8 +10,10 @@
 // items in arrival order while fewer than `depth` are in flight (IssueQueue; the only exception is
 // a backend's cap on reads in flight, UringItemOps::ReadsMayGo, see issue_queue.h), submit
 // everything prepared and wait for a completion with one io_uring_enter, reap every completion
-// there is. What differs between the backends is in UringItemOps: how an item's SQE is prepared
-// and what its completion means (done, or to be issued again first).
+// there is. Work posted while the owner waits in the kernel wakes it at once (UringRing::Wake):
+// a read posted behind a long write starts now, not when the write completes. What differs between
+// the backends is in UringItemOps: how an item's SQE is prepared and what its completion means
+// (done, or to be issued again first).
 //
 // Batches: a Submit is one UringBatch, split in UringParts, one per ring it touches; a part counts
 // its requests, the batch its parts, and the batch's `done` runs (on the owner thread that
@@ -106,11 +108,20 @@ class UringRing {
   // The registered piece holding all of [buf, buf + len), or -1 (outside, or straddling two).
   int FixedIndex(const uint8_t* buf, uint32_t len) const;
 
-  // Submits what was prepared and waits for one completion; `in_flight` is counted. Retried next
-  // round on EINTR / EAGAIN / EBUSY; other errors are logged (rate-limited) and slept off (1 ms).
-  void SubmitAndWait(uint32_t in_flight);
-  // Calls `complete(user_data, res)` for every completion there is, then marks them seen.
+  // Submits what was prepared and waits for one completion, or for Wake; `in_flight` is counted.
+  // `posted` is asked after the owner is marked waiting: when it says work was posted meanwhile,
+  // the call submits without waiting, so no Wake is missed between the owner's last look and its
+  // wait. Retried next round on EINTR / EAGAIN / EBUSY; other errors are logged (rate-limited) and
+  // slept off (1 ms).
+  void SubmitAndWait(uint32_t in_flight, absl::FunctionRef<bool()> posted);
+  // Calls `complete(user_data, res)` for every completion there is but Wake's, then marks them
+  // seen.
   void Reap(absl::FunctionRef<void(uint64_t, int)> complete);
+  // Any thread, after posting work for the owner: ends its wait in SubmitAndWait if it is in one
+  // (one eventfd write; nothing when the owner is not waiting in the kernel).
+  void Wake();
+  // Wakes that ended a wait, since creation (any thread; approximate while running).
+  uint64_t wakes() const { return wakes_.load(std::memory_order_relaxed); }
 
   uint64_t enter_calls() const { return enter_calls_.load(std::memory_order_relaxed); }
   uint64_t in_flight_sum() const { return in_flight_sum_.load(std::memory_order_relaxed); }
@@ -118,8 +129,11 @@ class UringRing {
  private:
   UringRing(int fd, std::string name, std::string memlock_per)
       : fd_(fd), name_(std::move(name)), memlock_per_(std::move(memlock_per)) {}
+  // Owner: keeps a read of the wake eventfd in the ring (prepared, submitted with the next enter).
+  void ArmWake();
 
   const int fd_;
+  int wake_fd_ = -1;  // eventfd: Wake writes, the armed read completes and ends the wait
   const std::string name_;
   const std::string memlock_per_;
   io_uring ring_{};
@@ -127,7 +141,11 @@ class UringRing {
   const uint8_t* fixed_base_ = nullptr;
   uint64_t fixed_len_ = 0;
   uint64_t piece_ = 0;
-  std::atomic<uint64_t> enter_calls_{0}, in_flight_sum_{0};
+  std::atomic<uint64_t> enter_calls_{0}, in_flight_sum_{0}, wakes_{0};
+  std::atomic<bool> waiting_{false};  // the owner is in (or about to enter) its wait
+  bool wake_armed_ = false;           // owner: the eventfd read is in the ring
+  bool wake_broken_ = false;          // owner: the read failed; waits are plain from then on
+  uint64_t wake_buf_ = 0;             // where the armed read puts the eventfd's count
 };
 
 // What a backend does with its items; called on the owner thread only.
@@ -168,36 +186,42 @@ class UringOwner {
   // Finishes everything posted (every part's batch completes), stops the thread, then the ring.
   ~UringOwner() {
     mailbox_.Stop();
+    ring_->Wake();
     if (thread_.joinable()) thread_.join();
   }
 
   int fd() const { return ring_->fd(); }
   uint64_t enter_calls() const { return ring_->enter_calls(); }
   uint64_t in_flight_sum() const { return ring_->in_flight_sum(); }
+  uint64_t wakes() const { return ring_->wakes(); }
 
   // Any thread: queues `items` (in order, each of them already naming `part`). An empty `items`
   // queues the part itself, which the owner finishes as soon as it takes it.
   void Post(UringPart* part, std::vector<Item> items) {
     if (!items.empty()) {
       mailbox_.Post(std::move(items));
-      return;
+    } else {
+      Item marker;
+      marker.part = part;
+      mailbox_.PostOne(std::move(marker));
     }
-    Item marker;
-    marker.part = part;
-    mailbox_.PostOne(std::move(marker));
+    ring_->Wake();
   }
   // Any thread but the owner: UringRing::RegisterBuffer / UnregisterBuffer on the owner thread,
   // between I/O rounds (io_uring wants them from the ring's submitter).
   [[nodiscard]] absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece) {
     return mailbox_.RunOnOwner(
-        [this, region, piece] { return ring_->RegisterBuffer(region, piece); });
+        [this, region, piece] { return ring_->RegisterBuffer(region, piece); },
+        [this] { ring_->Wake(); });
   }
   void UnregisterBuffer() {
     mailbox_
-        .RunOnOwner([this] {
-          ring_->UnregisterBuffer();
-          return absl::OkStatus();
-        })
+        .RunOnOwner(
+            [this] {
+              ring_->UnregisterBuffer();
+              return absl::OkStatus();
+            },
+            [this] { ring_->Wake(); })
         .IgnoreError();
   }
   // Owner thread (from UringItemOps): the registered piece holding [buf, buf + len), or -1.
@@ -219,7 +243,7 @@ class UringOwner {
       if (!TakeIncoming(/*block=*/in_flight_ == 0 && queued_.empty())) return;
       PrepareSqes();
       if (in_flight_ == 0) continue;
-      ring_->SubmitAndWait(in_flight_);
+      ring_->SubmitAndWait(in_flight_, [this] { return mailbox_.HasWork(); });
       ring_->Reap([this](uint64_t slot, int res) { Complete(slot, res); });
     }
   }
