@@ -18,7 +18,8 @@
 // -errno.
 //
 // Latency note: while requests are in flight the owner thread sleeps in the kernel until a
-// completion arrives, so a batch posted at that moment starts when the next completion wakes it.
+// completion arrives. A batch posted then wakes it at once when only writes are in flight (a read
+// behind a long write starts now), and otherwise starts with the next completion (uring_owner.h).
 //
 // Thread-safety: as IoBackend. Each ring is touched only by its owner thread (uring_owner.h).
 #ifndef TUTTI_DAEMON_IO_URING_BACKEND_H_

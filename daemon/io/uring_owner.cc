@@ -134,12 +134,15 @@ void UringRing::Wake() {
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-void UringRing::SubmitAndWait(uint32_t in_flight, absl::FunctionRef<bool()> posted) {
+void UringRing::SubmitAndWait(uint32_t in_flight, bool wakeable, absl::FunctionRef<bool()> posted) {
   enter_calls_.fetch_add(1, std::memory_order_relaxed);
   in_flight_sum_.fetch_add(in_flight, std::memory_order_relaxed);
-  ArmWake();
-  waiting_.store(wake_armed_);
-  const bool wait = !posted();
+  bool wait = true;
+  if (wakeable) {
+    ArmWake();
+    waiting_.store(wake_armed_);
+    wait = !posted();
+  }
   const int r = wait ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
   waiting_.store(false);
   if (r >= 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY) return;  // unsent SQEs go next round

@@ -10,8 +10,11 @@
 // items in arrival order while fewer than `depth` are in flight (IssueQueue; the only exception is
 // a backend's cap on reads in flight, UringItemOps::ReadsMayGo, see issue_queue.h), submit
 // everything prepared and wait for a completion with one io_uring_enter, reap every completion
-// there is. Work posted while the owner waits in the kernel wakes it at once (UringRing::Wake):
-// a read posted behind a long write starts now, not when the write completes. What differs between
+// there is. Work posted while the owner waits in the kernel with only writes in flight wakes it
+// at once (UringRing::Wake): a read posted behind a long write starts now, not when the write
+// completes. With a read in flight the next completion is near, and the work waits for it, as
+// posts that arrive together then go in one submission (waking for each cost tmpfs:8 retrieves
+// 7% on the H100 machine, docs/gpu.md). What differs between
 // the backends is in UringItemOps: how an item's SQE is prepared and what its completion means
 // (done, or to be issued again first).
 //
@@ -108,12 +111,12 @@ class UringRing {
   // The registered piece holding all of [buf, buf + len), or -1 (outside, or straddling two).
   int FixedIndex(const uint8_t* buf, uint32_t len) const;
 
-  // Submits what was prepared and waits for one completion, or for Wake; `in_flight` is counted.
-  // `posted` is asked after the owner is marked waiting: when it says work was posted meanwhile,
-  // the call submits without waiting, so no Wake is missed between the owner's last look and its
-  // wait. Retried next round on EINTR / EAGAIN / EBUSY; other errors are logged (rate-limited) and
-  // slept off (1 ms).
-  void SubmitAndWait(uint32_t in_flight, absl::FunctionRef<bool()> posted);
+  // Submits what was prepared and waits for one completion; `in_flight` is counted. With
+  // `wakeable`, Wake ends the wait too, and `posted` is asked after the owner is marked waiting:
+  // when it says work was posted meanwhile, the call submits without waiting, so no Wake is missed
+  // between the owner's last look and its wait. Retried next round on EINTR / EAGAIN / EBUSY; other
+  // errors are logged (rate-limited) and slept off (1 ms).
+  void SubmitAndWait(uint32_t in_flight, bool wakeable, absl::FunctionRef<bool()> posted);
   // Calls `complete(user_data, res)` for every completion there is but Wake's, then marks them
   // seen.
   void Reap(absl::FunctionRef<void(uint64_t, int)> complete);
@@ -243,7 +246,8 @@ class UringOwner {
       if (!TakeIncoming(/*block=*/in_flight_ == 0 && queued_.empty())) return;
       PrepareSqes();
       if (in_flight_ == 0) continue;
-      ring_->SubmitAndWait(in_flight_, [this] { return mailbox_.HasWork(); });
+      ring_->SubmitAndWait(in_flight_, /*wakeable=*/reads_in_flight_ == 0,
+                           [this] { return mailbox_.HasWork(); });
       ring_->Reap([this](uint64_t slot, int res) { Complete(slot, res); });
     }
   }
@@ -274,6 +278,7 @@ class UringOwner {
       free_slots_.pop_back();
       slots_[slot] = *queued_.Pop(reads_may_go);
       ++in_flight_;
+      if (slots_[slot].op() == Op::kRead) ++reads_in_flight_;
       ops_->Prepare(sqe, slots_[slot], ring_->target());
       if (ring_->fixed_file()) sqe->flags |= IOSQE_FIXED_FILE;
       io_uring_sqe_set_data64(sqe, slot);
@@ -285,6 +290,7 @@ class UringOwner {
     Item item = slots_[slot];
     free_slots_.push_back(static_cast<uint32_t>(slot));
     --in_flight_;
+    if (item.op() == Op::kRead) --reads_in_flight_;
     if (ops_->Complete(item, res)) queued_.PushFront(item, item.op());
   }
 
@@ -298,6 +304,7 @@ class UringOwner {
   std::vector<Item> slots_;  // in flight, by user_data
   std::vector<uint32_t> free_slots_;
   uint32_t in_flight_ = 0;
+  uint32_t reads_in_flight_ = 0;  // of in_flight_
   std::thread::id owner_;
 
   std::thread thread_;

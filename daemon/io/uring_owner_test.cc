@@ -1,7 +1,8 @@
-// UringOwner's wake-up: work posted while the owner waits in the kernel on a request that does not
-// complete is issued at once, not when that request completes. The ring's fd is one end of a
-// socket pair: a "slow" item reads from it (it completes only when the test writes the other
-// end), a "fast" item writes one byte to it (it completes at once).
+// UringOwner's wake-up: work posted while the owner waits in the kernel on a write that does not
+// complete is issued at once, not when that write completes; with a read in flight it waits for a
+// completion. The ring's fd is one end of a socket pair: a "slow" item receives from it (it
+// completes only when the test writes the other end), a "fast" item sends one byte (it completes
+// at once). Each item says whether it stands for a read or a write (TestItem::op).
 #include "daemon/io/uring_owner.h"
 
 #include <sys/socket.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -21,8 +23,9 @@ namespace {
 struct TestItem {
   UringPart* part = nullptr;
   bool slow = false;
+  Op kind = Op::kRead;
   bool empty() const { return part == nullptr; }
-  Op op() const { return slow ? Op::kRead : Op::kWrite; }
+  Op op() const { return kind; }
 };
 
 class SocketOps final : public UringItemOps<TestItem> {
@@ -46,8 +49,11 @@ class SocketOps final : public UringItemOps<TestItem> {
   const char out_ = 'x';
 };
 
-// Posts one item of `slow` as a batch of its own; `done` is notified when it completes.
-void PostItem(UringOwner<TestItem>* owner, bool slow, absl::Notification* done) {
+// Posts one item as a batch of its own; `done` is notified when it completes. By default the slow
+// item stands for a long write and the fast one for a read posted behind it.
+void PostItem(UringOwner<TestItem>* owner, bool slow, absl::Notification* done,
+              std::optional<Op> as = std::nullopt) {
+  const Op kind = as.value_or(slow ? Op::kWrite : Op::kRead);
   auto* batch = new UringBatch;
   batch->done = [done] { done->Notify(); };
   batch->parts.emplace_back();
@@ -55,7 +61,7 @@ void PostItem(UringOwner<TestItem>* owner, bool slow, absl::Notification* done) 
   UringPart* part = &batch->parts[0];
   part->batch = batch;
   part->left = 1;
-  owner->Post(part, {TestItem{part, slow}});
+  owner->Post(part, {TestItem{part, slow, kind}});
 }
 
 class UringOwnerTest : public ::testing::Test {
@@ -102,8 +108,8 @@ TEST_F(UringOwnerTest, WorkPostedDuringAWaitIsIssuedWithoutWaitingForTheRequestI
   PostItem(owner_.get(), /*slow=*/true, &slow_done);
   AwaitSlowInFlight();
   PostItem(owner_.get(), /*slow=*/false, &fast_done);
-  // Without the wake-up the owner sleeps until the slow read completes, which only the write
-  // below makes it do: the fast item would never complete before it.
+  // Without the wake-up the owner sleeps until the slow item completes, which only the test's
+  // write below makes it do: the fast item would never complete before it.
   const bool fast_first = fast_done.WaitForNotificationWithTimeout(absl::Seconds(10));
   EXPECT_FALSE(slow_done.HasBeenNotified());
   ReleaseSlow();
@@ -115,6 +121,26 @@ TEST_F(UringOwnerTest, WorkPostedDuringAWaitIsIssuedWithoutWaitingForTheRequestI
   char got = 0;
   EXPECT_EQ(read(fds_[1], &got, 1), 1);  // the fast item's byte reached the other end
   EXPECT_EQ(got, 'x');
+}
+
+TEST_F(UringOwnerTest, WorkPostedWhileAReadIsInFlightWaitsForACompletion) {
+  // The policy's other half: a read in flight completes soon on a real device, so the owner is
+  // not woken for each post (the posts that arrive meanwhile go in one submission).
+  absl::Notification slow_done, fast_done;
+  PostItem(owner_.get(), /*slow=*/true, &slow_done, Op::kRead);
+  PostItem(owner_.get(), /*slow=*/false, &fast_done, Op::kRead);  // may go with the slow one
+  ASSERT_TRUE(fast_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  AwaitSlowInFlight();
+  absl::Notification late_done;
+  PostItem(owner_.get(), /*slow=*/false, &late_done, Op::kWrite);
+  EXPECT_FALSE(late_done.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "the owner was woken while a read was in flight";
+  EXPECT_EQ(owner_->wakes(), 0u);
+  ReleaseSlow();
+  ASSERT_TRUE(slow_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(late_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  char got[2] = {0, 0};
+  ASSERT_EQ(read(fds_[1], got, 2), 2);  // both fast items' bytes (a stream: may come together)
 }
 
 TEST_F(UringOwnerTest, ManyPostsDuringWaitsAllComplete) {
