@@ -12,6 +12,11 @@
 // threads' share of a core (by name, from /proc/self/task). The ratio store / raw is
 // `ssd_array_store_vs_raw_write`.
 //
+// With --probe_reads N: what a Retrieve waits while the store writes. Eight blocks are stored
+// durable first; then N reads of one layer of them (512 KiB, through the store's reader, checked)
+// run alone, and during the store a thread keeps reading one layer at a time. Prints the reads'
+// median and 90th percentile, alone and beside the store.
+//
 //   bazel build //daemon/store:store_throughput_bench
 //   bazel-bin/daemon/store/store_throughput_bench --dir=/dev/shm/tutti_bench --files=4 --gib=2
 #include <fcntl.h>
@@ -28,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +42,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/datapath/work_pool.h"
@@ -60,6 +67,7 @@ ABSL_FLAG(bool, raw, true, "run the raw baseline too");
 ABSL_FLAG(bool, warm, true, "write the files once (raw, not measured) before measuring");
 ABSL_FLAG(bool, store, true, "run the store");
 ABSL_FLAG(std::string, log_level, "warn", "tuttid's log level (debug shows each batch's times)");
+ABSL_FLAG(uint32_t, probe_reads, 0, "reads of one layer of 8 blocks alone, then beside the store");
 
 namespace tutti::store {
 namespace {
@@ -136,7 +144,8 @@ struct Measure {
       if (used / wall >= 0.05) busy.emplace_back(used / wall, name);
     }
     std::sort(busy.rbegin(), busy.rend());
-    for (const auto& [share, name] : busy) std::printf("  %-24s %.2f of a core\n", name.c_str(), share);
+    for (const auto& [share, name] : busy)
+      std::printf("  %-24s %.2f of a core\n", name.c_str(), share);
     if (apart >= 0) {
       std::printf("  CPU s/GB: capture %.3f, iou-wrk %.3f, the store's own threads %.3f\n",
                   apart / gb, iou / gb, (cpu - apart - iou) / gb);
@@ -223,6 +232,60 @@ std::vector<std::string> MakeDirs(const std::string& root, uint32_t files) {
   return dirs;
 }
 
+// The median and 90th percentile of `ms`, as text.
+std::string Percentiles(std::vector<double> ms) {
+  if (ms.empty()) return "no reads";
+  std::sort(ms.begin(), ms.end());
+  return absl::StrFormat("median %.3f ms, p90 %.3f ms (%d reads)", ms[ms.size() / 2],
+                         ms[ms.size() * 9 / 10], static_cast<int>(ms.size()));
+}
+
+// --probe_reads: blocks stored durable before the store, and one read of a layer of them.
+class ProbeReads {
+ public:
+  static constexpr uint32_t kBlocks = 8;
+  ProbeReads(BlockStore* store, NamespaceId ns, const std::vector<uint8_t>& engine)
+      : store_(store), ns_(ns) {
+    for (uint32_t i = 0; i < kBlocks; ++i) keys_.push_back(KeyOf((1ull << 40) + i));
+    const BlockStore::Gatherer gather = [&](absl::Span<const engine::CopyOp> ops) {
+      for (const engine::CopyOp& op : ops) {
+        std::memcpy(op.staging, engine.data() + op.block * kBlockBytes + op.object * kObjectBytes,
+                    kObjectBytes);
+      }
+      return absl::OkStatus();
+    };
+    auto out = store->Capture(ns, keys_, 0, kLayers, gather, /*wait_durable=*/true);
+    for (size_t i = 0; out.ok() && i < out->size(); ++i) {
+      if ((*out)[i] != CaptureOutcome::kDurable) out = absl::InternalError("a probe block failed");
+    }
+    if (!out.ok()) {
+      std::fprintf(stderr, "probe blocks: %s\n", out.status().ToString().c_str());
+      std::exit(1);
+    }
+  }
+  // Reads layer `layer` of the probe blocks; returns its milliseconds.
+  double Read(uint32_t layer) {
+    const auto t0 = SteadyClock::now();
+    if (store_->LookupAndPin(ns_, keys_) != keys_.size()) {
+      std::fprintf(stderr, "probe blocks: not all found\n");
+      std::exit(1);
+    }
+    absl::Status s = store_->Read(ns_, keys_, layer, layer + 1,
+                                  [](const datapath::LayerObjects&) { return absl::OkStatus(); });
+    store_->Unpin(ns_, keys_);
+    if (!s.ok()) {
+      std::fprintf(stderr, "probe read: %s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+    return Seconds(t0) * 1e3;
+  }
+
+ private:
+  BlockStore* const store_;
+  const NamespaceId ns_;
+  std::vector<Key> keys_;
+};
+
 double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& dirs,
                 const std::string& state_dir, uint64_t blocks) {
   auto files = pool::OpenOrCreatePool(dirs, layout);
@@ -230,7 +293,8 @@ double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& 
     std::fprintf(stderr, "pool: %s\n", files.status().ToString().c_str());
     std::exit(1);
   }
-  auto backend = io::CreateUringBackend(files->TakeFds(), io::UringOptions{absl::GetFlag(FLAGS_queue_depth)});
+  auto backend =
+      io::CreateUringBackend(files->TakeFds(), io::UringOptions{absl::GetFlag(FLAGS_queue_depth)});
   if (!backend.ok()) {
     std::fprintf(stderr, "uring: %s\n", backend.status().ToString().c_str());
     std::exit(1);
@@ -263,14 +327,32 @@ double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& 
       std::memcpy(&engines[t][i], &v, 8);
     }
   }
-  std::printf("store: %u checksum threads, batches of %u blocks, %llu MiB staging, %u capture "
-              "threads of %u blocks per call\n",
-              options.checksum_threads, options.write_batch_blocks,
-              (unsigned long long)(options.store_staging_bytes >> 20), threads,
-              absl::GetFlag(FLAGS_blocks_per_capture));
+  std::printf(
+      "store: %u checksum threads, batches of %u blocks, %llu MiB staging, %u capture "
+      "threads of %u blocks per call\n",
+      options.checksum_threads, options.write_batch_blocks,
+      (unsigned long long)(options.store_staging_bytes >> 20), threads,
+      absl::GetFlag(FLAGS_blocks_per_capture));
+  const uint32_t probes = absl::GetFlag(FLAGS_probe_reads);
+  std::unique_ptr<ProbeReads> probe;
+  std::vector<double> alone_ms, beside_ms;
+  if (probes > 0) {
+    probe = std::make_unique<ProbeReads>(store->get(), *ns, engines[0]);
+    for (uint32_t i = 0; i < probes; ++i) alone_ms.push_back(probe->Read(i % kLayers));
+  }
   std::printf("measuring\n");
   std::fflush(stdout);
   Measure m;
+  std::atomic<bool> stored{false};
+  std::thread prober;
+  if (probe != nullptr) {
+    prober = std::thread([&] {
+      for (uint32_t i = 0; !stored.load(); ++i) {
+        beside_ms.push_back(probe->Read(i % kLayers));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+  }
   std::vector<std::thread> capture;
   std::vector<double> capture_cpu(threads);
   for (uint32_t t = 0; t < threads; ++t) {
@@ -282,6 +364,8 @@ double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& 
   }
   for (auto& t : capture) t.join();
   (*store)->Flush();
+  stored.store(true);
+  if (prober.joinable()) prober.join();
   const double wall = Seconds(m.t0);
   double captured = 0;
   for (double s : capture_cpu) captured += s;
@@ -290,8 +374,12 @@ double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& 
     std::printf("  %-24s %.2f of a core (engine -> staging copies; exited)\n",
                 absl::StrCat("capture ", t).c_str(), capture_cpu[t] / wall);
   }
+  if (probe != nullptr) {
+    std::printf("  probe reads (one layer of %u blocks): alone %s; beside the store %s\n",
+                ProbeReads::kBlocks, Percentiles(alone_ms).c_str(), Percentiles(beside_ms).c_str());
+  }
   const StoreStats stats = (*store)->Stats();
-  if (stats.blocks_stored != blocks) {
+  if (stats.blocks_stored != blocks + (probe != nullptr ? ProbeReads::kBlocks : 0)) {
     std::fprintf(stderr, "stored %llu of %llu blocks (failed %llu)\n",
                  (unsigned long long)stats.blocks_stored, (unsigned long long)blocks,
                  (unsigned long long)stats.store_failed);
@@ -344,8 +432,8 @@ void RawWriter(const std::string& path, uint64_t offset, uint64_t bytes, uint32_
   close(fd);
 }
 
-double RunRaw(const pool::PoolLayout& layout, const std::vector<std::string>& dirs,
-              uint64_t bytes, bool report = true) {
+double RunRaw(const pool::PoolLayout& layout, const std::vector<std::string>& dirs, uint64_t bytes,
+              bool report = true) {
   const uint32_t write = absl::GetFlag(FLAGS_raw_write_kib) << 10;
   const uint64_t per_file = bytes / dirs.size() / (1 << 20) * (1 << 20);
   // The start of the frame area (the same in every file): the bytes the store wrote.
@@ -373,7 +461,8 @@ double RunRaw(const pool::PoolLayout& layout, const std::vector<std::string>& di
 int Main() {
   log::SetLevel(absl::GetFlag(FLAGS_log_level));
   const uint32_t nfiles = absl::GetFlag(FLAGS_files);
-  const uint64_t blocks = static_cast<uint64_t>(absl::GetFlag(FLAGS_gib) * (1ull << 30)) / kBlockBytes;
+  const uint64_t blocks =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_gib) * (1ull << 30)) / kBlockBytes;
   const std::string root = absl::GetFlag(FLAGS_dir);
   const std::vector<std::string> dirs = MakeDirs(root, nfiles);
   // Room for every block, and a tenth more.
