@@ -67,10 +67,11 @@ class OwnerMailbox {
     bool stopping = false;
   };
 
-  // Whether a Take now would find something: items, control tasks or the stop request.
-  bool HasWork() {
+  // Whether items or control tasks wait for a Take (the stop request not counted: an owner that
+  // is stopping still waits for what it has in flight).
+  bool HasPosts() {
     absl::MutexLock lock(&mu_);
-    return !incoming_.empty() || !control_.empty() || stopping_;
+    return !incoming_.empty() || !control_.empty();
   }
 
   // Owner only: with `block`, waits until something is posted or Stop was called. Runs the

@@ -247,7 +247,7 @@ class UringOwner {
       PrepareSqes();
       if (in_flight_ == 0) continue;
       ring_->SubmitAndWait(in_flight_, /*wakeable=*/reads_in_flight_ == 0,
-                           [this] { return mailbox_.HasWork(); });
+                           [this] { return mailbox_.HasPosts(); });
       ring_->Reap([this](uint64_t slot, int res) { Complete(slot, res); });
     }
   }

@@ -5,6 +5,7 @@
 // at once). Each item says whether it stands for a read or a write (TestItem::op).
 #include "daemon/io/uring_owner.h"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -141,6 +142,30 @@ TEST_F(UringOwnerTest, WorkPostedWhileAReadIsInFlightWaitsForACompletion) {
   ASSERT_TRUE(late_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   char got[2] = {0, 0};
   ASSERT_EQ(read(fds_[1], got, 2), 2);  // both fast items' bytes (a stream: may come together)
+}
+
+// Process CPU seconds, user and system.
+double CpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+TEST_F(UringOwnerTest, StoppingWithAWriteInFlightWaitsForItWithoutSpinning) {
+  absl::Notification slow_done;
+  PostItem(owner_.get(), /*slow=*/true, &slow_done);
+  AwaitSlowInFlight();
+  std::thread destroyer([this] { owner_.reset(); });  // waits for the write in flight
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double cpu0 = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double spent = CpuSeconds() - cpu0;
+  EXPECT_FALSE(slow_done.HasBeenNotified());
+  ReleaseSlow();
+  destroyer.join();
+  EXPECT_TRUE(slow_done.HasBeenNotified());
+  // An owner that spun until the write completed would have used about all of the 300 ms.
+  EXPECT_LT(spent, 0.1) << "the stopping owner spun while waiting for its write";
 }
 
 TEST_F(UringOwnerTest, ManyPostsDuringWaitsAllComplete) {
