@@ -1,7 +1,8 @@
 // How other threads hand work to a queue's one owner thread (uring_owner.h, for both io_uring
 // backends: one ring and one owner per pool file or namespace): items to issue, control tasks to
 // run on the owner (buffer registration, which io_uring requires from the ring's submitter), and
-// the stop request.
+// the stop request. Each of them, once queued, calls the mailbox's `wake` (the owner may be
+// waiting elsewhere than on the mailbox: in the kernel, for a completion).
 //
 // Thread-safety: Post, RunOnOwner and Stop from any thread; Take from the owner only.
 #ifndef TUTTI_DAEMON_IO_OWNER_MAILBOX_H_
@@ -22,25 +23,33 @@ namespace tutti::io {
 template <typename Item>
 class OwnerMailbox {
  public:
+  // `wake` runs on the posting thread after each Post, PostOne, RunOnOwner and Stop has queued
+  // its part (outside the mailbox's lock); it may be empty.
+  explicit OwnerMailbox(std::function<void()> wake = nullptr) : wake_(std::move(wake)) {}
+
   // Appends `items` (in order) for the owner's next Take.
   void Post(std::vector<Item> items) {
-    absl::MutexLock lock(&mu_);
-    if (incoming_.empty()) {
-      incoming_ = std::move(items);
-    } else {
-      incoming_.insert(incoming_.end(), items.begin(), items.end());
+    {
+      absl::MutexLock lock(&mu_);
+      if (incoming_.empty()) {
+        incoming_ = std::move(items);
+      } else {
+        incoming_.insert(incoming_.end(), items.begin(), items.end());
+      }
     }
+    Wake();
   }
   void PostOne(Item item) {
-    absl::MutexLock lock(&mu_);
-    incoming_.push_back(std::move(item));
+    {
+      absl::MutexLock lock(&mu_);
+      incoming_.push_back(std::move(item));
+    }
+    Wake();
   }
 
-  // Runs `task` on the owner thread (at its next Take) and returns its status; `queued` runs once
-  // the task is queued (to wake the owner). Must not be called from the owner thread (it would
-  // wait for itself).
-  absl::Status RunOnOwner(std::function<absl::Status()> task,
-                          const std::function<void()>& queued = nullptr) {
+  // Runs `task` on the owner thread (at its next Take) and returns its status. Must not be called
+  // from the owner thread (it would wait for itself).
+  absl::Status RunOnOwner(std::function<absl::Status()> task) {
     auto finished = std::make_shared<absl::Notification>();
     auto status = std::make_shared<absl::Status>();
     {
@@ -50,15 +59,18 @@ class OwnerMailbox {
         finished->Notify();
       });
     }
-    if (queued) queued();
+    Wake();
     finished->WaitForNotification();
     return *status;
   }
 
   // From now on Take reports stopping (and no longer blocks).
   void Stop() {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    Wake();
   }
 
   struct Taken {
@@ -98,6 +110,11 @@ class OwnerMailbox {
   }
 
  private:
+  void Wake() {
+    if (wake_) wake_();
+  }
+
+  const std::function<void()> wake_;
   absl::Mutex mu_;
   std::vector<Item> incoming_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> control_ ABSL_GUARDED_BY(mu_);

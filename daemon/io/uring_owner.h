@@ -14,9 +14,8 @@
 // at once (UringRing::Wake): a read posted behind a long write starts now, not when the write
 // completes. With a read in flight the next completion is near, and the work waits for it, as
 // posts that arrive together then go in one submission (waking for each cost tmpfs:8 retrieves
-// 7% on the H100 machine, docs/gpu.md). What differs between
-// the backends is in UringItemOps: how an item's SQE is prepared and what its completion means
-// (done, or to be issued again first).
+// 7% on the H100 machine, docs/gpu.md). What differs between the backends is in UringItemOps: how
+// an item's SQE is prepared and what its completion means (done, or to be issued again first).
 //
 // Batches: a Submit is one UringBatch, split in UringParts, one per ring it touches; a part counts
 // its requests, the batch its parts, and the batch's `done` runs (on the owner thread that
@@ -189,7 +188,6 @@ class UringOwner {
   // Finishes everything posted (every part's batch completes), stops the thread, then the ring.
   ~UringOwner() {
     mailbox_.Stop();
-    ring_->Wake();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -203,28 +201,24 @@ class UringOwner {
   void Post(UringPart* part, std::vector<Item> items) {
     if (!items.empty()) {
       mailbox_.Post(std::move(items));
-    } else {
-      Item marker;
-      marker.part = part;
-      mailbox_.PostOne(std::move(marker));
+      return;
     }
-    ring_->Wake();
+    Item marker;
+    marker.part = part;
+    mailbox_.PostOne(std::move(marker));
   }
   // Any thread but the owner: UringRing::RegisterBuffer / UnregisterBuffer on the owner thread,
   // between I/O rounds (io_uring wants them from the ring's submitter).
   [[nodiscard]] absl::Status RegisterBuffer(absl::Span<uint8_t> region, uint64_t piece) {
     return mailbox_.RunOnOwner(
-        [this, region, piece] { return ring_->RegisterBuffer(region, piece); },
-        [this] { ring_->Wake(); });
+        [this, region, piece] { return ring_->RegisterBuffer(region, piece); });
   }
   void UnregisterBuffer() {
     mailbox_
-        .RunOnOwner(
-            [this] {
-              ring_->UnregisterBuffer();
-              return absl::OkStatus();
-            },
-            [this] { ring_->Wake(); })
+        .RunOnOwner([this] {
+          ring_->UnregisterBuffer();
+          return absl::OkStatus();
+        })
         .IgnoreError();
   }
   // Owner thread (from UringItemOps): the registered piece holding [buf, buf + len), or -1.
@@ -235,7 +229,11 @@ class UringOwner {
 
  private:
   UringOwner(std::unique_ptr<UringRing> ring, uint32_t depth, UringItemOps<Item>* ops)
-      : ring_(std::move(ring)), depth_(depth), ops_(ops), slots_(depth) {
+      : ring_(std::move(ring)),
+        depth_(depth),
+        ops_(ops),
+        mailbox_([r = ring_.get()] { r->Wake(); }),  // ring_ is declared, so built, before it
+        slots_(depth) {
     for (uint32_t i = depth; i > 0; --i) free_slots_.push_back(i - 1);
   }
   bool OnOwnerThread() const { return std::this_thread::get_id() == owner_; }
