@@ -239,7 +239,6 @@ absl::Status ValidateIo(const tutti::v1::IoConfig& io) {
   RETURN_IF_ERROR(ValidatePassthrough(io));
   RETURN_IF_ERROR(CheckRange("io.memory_read_workers", io.memory_read_workers(), 1, 64));
   RETURN_IF_ERROR(CheckRange("io.memory_read_rings", io.memory_read_rings(), 1, 16));
-  RETURN_IF_ERROR(CheckRange("io.memory_read_threads", io.memory_read_threads(), 0, 64));
   return CheckRange("io.queue_depth", io.queue_depth(), 1, 4096);
 }
 

@@ -28,7 +28,6 @@ io::IoOptions IoOptionsOf(const v1::Config& config, const io::GdsOptions& gds) {
   o.queue_depth = config.io().queue_depth();
   o.memory_read_workers = config.io().memory_read_workers();
   o.memory_read_rings = config.io().memory_read_rings();
-  o.memory_read_threads = config.io().memory_read_threads();
   o.fallback = config.io().fallback();
   o.gds = gds;
   o.nvme.pci_addresses.assign(config.io().nvme_devices().begin(),

@@ -34,9 +34,9 @@ absl::StatusOr<std::unique_ptr<IoBackend>> MakeUring(std::vector<int>* fds,
                                                      const IoOptions& options) {
   std::vector<int> taken = std::move(*fds);  // Create closes them on error too
   fds->clear();
-  return CreateUringBackend(std::move(taken),
-                            UringOptions{options.queue_depth, options.memory_read_workers,
-                                         options.memory_read_rings, options.memory_read_threads});
+  return CreateUringBackend(
+      std::move(taken),
+      UringOptions{options.queue_depth, options.memory_read_workers, options.memory_read_rings});
 }
 
 absl::StatusOr<std::unique_ptr<IoBackend>> MakeMemory(std::vector<int>* fds,

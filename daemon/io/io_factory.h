@@ -25,7 +25,6 @@ struct IoOptions {
   uint32_t queue_depth = 64;  // requests in flight per file (queue pair for "nvme"), 1 .. 4096
   uint32_t memory_read_workers = 16;  // "uring": UringOptions::memory_read_workers
   uint32_t memory_read_rings = 1;     // "uring": UringOptions::memory_read_rings
-  uint32_t memory_read_threads = 0;   // "uring": UringOptions::memory_read_threads
   // io.fallback, for OpenIoBackend: "uring" (or empty) or "fail".
   std::string fallback = "uring";
   GdsOptions gds;  // "gds": where libcufile is, and whether the daemon has GPU staging

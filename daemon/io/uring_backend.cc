@@ -186,11 +186,7 @@ bool UringBackend::FileQueue::Complete(Pending& p, int res) {
 UringBackend::UringBackend(std::vector<uint64_t> sizes)
     : sizes_(std::move(sizes)), files_(new File[sizes_.size()]) {}
 
-// The pool first: its reads use the descriptors the rings own.
-UringBackend::~UringBackend() {
-  pool_.reset();
-  rings_.clear();
-}
+UringBackend::~UringBackend() { rings_.clear(); }
 
 absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<int> fds,
                                                                    const UringOptions& options) {
@@ -211,10 +207,6 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
     return absl::InvalidArgumentError(
         absl::StrCat("io.memory_read_rings must be in [1, 16], got ", options.memory_read_rings));
   }
-  if (options.memory_read_threads > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "io.memory_read_threads must be in [0, 64], got ", options.memory_read_threads));
-  }
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < fds.size(); ++i) {
     auto size = SizeOf(fds[i], static_cast<uint32_t>(i));
@@ -224,15 +216,8 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
   std::unique_ptr<UringBackend> backend(new UringBackend(std::move(sizes)));
   for (size_t i = 0; i < fds.size(); ++i) {
     const uint32_t index = static_cast<uint32_t>(i);
-    const bool tmpfs = OnTmpfs(fds[i]);
-    const bool pooled = tmpfs && options.memory_read_threads > 0;
-    const bool memory = !pooled && tmpfs && options.memory_read_workers > 1;
+    const bool memory = options.memory_read_workers > 1 && OnTmpfs(fds[i]);
     const uint32_t rings = memory ? options.memory_read_rings : 1;
-    if (pooled && backend->pool_ == nullptr) {
-      auto pool = MemoryReadPool::Create(options.memory_read_threads, "tutti-mrd");
-      if (!pool.ok()) return pool.status();
-      backend->pool_ = *std::move(pool);
-    }
     // Each further ring reads through a descriptor of its own, taken before the first ring owns
     // (and on failure closes) fds[i].
     std::vector<int> dups;
@@ -252,7 +237,6 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
     File& file = backend->files_[i];
     file.first = static_cast<uint32_t>(backend->rings_.size());
     file.count = rings;
-    file.pooled = pooled;
     for (uint32_t r = 0; r < rings; ++r) {
       int fd = fds[i];
       if (r > 0) {
@@ -264,12 +248,7 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
       if (!q.ok()) return q.status();
       backend->rings_.push_back(*std::move(q));
     }
-    if (pooled) {
-      log::Get("io")->info(
-          "pool file {} is on tmpfs: its reads are copied by {} threads of tuttid's "
-          "(io.memory_read_threads), shared by the tmpfs files",
-          index, options.memory_read_threads);
-    } else if (memory) {
+    if (memory) {
       log::Get("io")->info(
           "pool file {} is on tmpfs: up to {} reads at once, each on an io_uring worker "
           "(io.memory_read_workers), over {} ring(s) (io.memory_read_rings)",
@@ -297,20 +276,14 @@ absl::Status UringBackend::RegisterBuffer(absl::Span<uint8_t> region) {
 void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> done) {
   auto* b = new UringBatch;
   b->done = std::move(done);
-  // Per ring: a file's writes go to its first ring, its reads round-robin over its rings; reads
-  // of a pooled file go to the pool, a part each (its threads complete them at once).
+  // Per ring: a file's writes go to its first ring, its reads round-robin over its rings.
   absl::InlinedVector<std::vector<Pending>, 4> per_ring(rings_.size());
-  absl::InlinedVector<IoRequest*, 4> pooled;
   for (IoRequest& r : batch) {
     if (!internal::IsValidRequest(r, sizes_)) {
       r.result = -EINVAL;
       continue;
     }
     File& f = files_[r.file];
-    if (r.op == Op::kRead && f.pooled) {
-      pooled.push_back(&r);
-      continue;
-    }
     uint32_t ring = f.first;
     if (r.op == Op::kRead && f.count > 1) {
       ring += f.next_read.fetch_add(1, std::memory_order_relaxed) % f.count;
@@ -325,31 +298,16 @@ void UringBackend::Submit(absl::Span<IoRequest> batch, std::function<void()> don
     b->parts.push_back(UringPart{b, static_cast<uint32_t>(per_ring[q].size())});
     posts.push_back(q);
   }
-  if (posts.empty() && pooled.empty()) {  // completes on file 0's thread
+  if (posts.empty()) {  // completes on file 0's thread
     b->parts.push_back(UringPart{b, 0});
     posts.push_back(0);
   }
-  const size_t first_pooled = b->parts.size();
-  for (size_t k = 0; k < pooled.size(); ++k) b->parts.push_back(UringPart{b, 1});
   b->parts_left.store(static_cast<uint32_t>(b->parts.size()), std::memory_order_relaxed);
   for (size_t k = 0; k < posts.size(); ++k) {
     for (Pending& p : per_ring[posts[k]]) p.part = &b->parts[k];
   }
-  // Every part's address is taken before the first is posted: a posted part may finish (and
-  // free `b`) at once.
-  absl::InlinedVector<std::pair<int, UringPart*>, 4> pool_parts;  // fd, part
-  for (size_t k = 0; k < pooled.size(); ++k) {
-    pool_parts.emplace_back(rings_[files_[pooled[k]->file].first]->owner().fd(),
-                            &b->parts[first_pooled + k]);
-  }
   for (size_t k = 0; k < posts.size(); ++k) {
     rings_[posts[k]]->owner().Post(&b->parts[k], std::move(per_ring[posts[k]]));
-  }
-  for (size_t k = 0; k < pooled.size(); ++k) {
-    pool_->Post(
-        pool_parts[k].first, pooled[k],
-        [](void* part) { internal::FinishRequest(static_cast<UringPart*>(part)); },
-        pool_parts[k].second);
   }
 }
 
@@ -370,11 +328,6 @@ absl::Status UringBackend::Sync(uint32_t file) {
 UringCounters UringBackend::counters() const {
   UringCounters c;
   for (const auto& q : rings_) q->AddCounters(&c);
-  if (pool_ != nullptr) {
-    for (size_t i = 0; i < sizes_.size(); ++i) c.memory_files += files_[i].pooled ? 1 : 0;
-    c.memory_pool_reads = pool_->reads();
-    c.memory_pool_most_at_once = pool_->most_at_once();
-  }
   return c;
 }
 
@@ -404,14 +357,7 @@ void UringBackend::RegisterStats(stats::Registry* registry) const {
       .Gauge("tutti_io_uring_memory_read_rings",
              "Rings over pool files on tmpfs that have issued a read (io.memory_read_rings per "
              "file); 0 with none on tmpfs.",
-             [](const UringCounters& c) { return c.memory_read_rings; })
-      .Counter("tutti_io_uring_memory_pool_reads_total",
-               "Reads of pool files on tmpfs copied by tuttid's own threads "
-               "(io.memory_read_threads); 0 without.",
-               [](const UringCounters& c) { return c.memory_pool_reads; })
-      .Gauge("tutti_io_uring_memory_pool_copies_max",
-             "The most of those reads copied at once (at most io.memory_read_threads).",
-             [](const UringCounters& c) { return c.memory_pool_most_at_once; });
+             [](const UringCounters& c) { return c.memory_read_rings; });
 }
 
 absl::StatusOr<std::unique_ptr<IoBackend>> CreateUringBackend(std::vector<int> fds,

@@ -35,7 +35,6 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "daemon/io/io_backend.h"
-#include "daemon/io/memory_read_pool.h"
 
 namespace tutti::io {
 
@@ -58,12 +57,6 @@ struct UringOptions {
   // different rings may then be issued in either order, which is safe for the reason the
   // memory_read_workers pass is (issue_queue.h). 1 (one ring per file) .. 16.
   uint32_t memory_read_rings = 1;
-  // Pool files on tmpfs only: when nonzero, their reads are copied by this many threads of
-  // tuttid's own (memory_read_pool.h, one pool shared by every tmpfs file) instead of io_uring's
-  // workers, and memory_read_workers and memory_read_rings do not apply; the files' writes stay on
-  // their rings. A file's reads and writes may then be done in either order, which is safe for the
-  // reason the memory_read_workers pass is (issue_queue.h). 0 (io_uring's workers) .. 64.
-  uint32_t memory_read_threads = 0;
 };
 
 // Counts since creation, summed over files. Approximate while I/O is running.
@@ -74,11 +67,9 @@ struct UringCounters {
   uint64_t enter_calls = 0;       // io_uring_enter system calls (submit and/or wait)
   uint64_t in_flight_sum = 0;     // requests in flight at each of those calls, summed:
                                   // in_flight_sum / enter_calls is the mean queue depth kept
-  uint64_t memory_files = 0;      // files on tmpfs (read by io_uring's workers or the pool)
+  uint64_t memory_files = 0;      // files on tmpfs read by up to memory_read_workers workers
   uint64_t max_memory_reads_in_flight = 0;  // most reads in flight at once on one ring of them
   uint64_t memory_read_rings = 0;           // rings over tmpfs files that have issued a read
-  uint64_t memory_pool_reads = 0;           // reads of tmpfs files done by memory_read_threads
-  uint64_t memory_pool_most_at_once = 0;    // most of those copied at once
 };
 
 class UringBackend final : public IoBackend {
@@ -125,14 +116,12 @@ class UringBackend final : public IoBackend {
     uint32_t first = 0;
     uint32_t count = 1;
     std::atomic<uint32_t> next_read{0};
-    bool pooled = false;  // on tmpfs, read by pool_'s threads
   };
   explicit UringBackend(std::vector<uint64_t> sizes);
 
   std::vector<uint64_t> sizes_;
   std::vector<std::unique_ptr<FileQueue>> rings_;  // every file's, in file order
   std::unique_ptr<File[]> files_;                  // sizes_.size() of them
-  std::unique_ptr<MemoryReadPool> pool_;           // memory_read_threads; null without
   std::atomic<bool> buffer_registered_{false};
 };
 

@@ -287,49 +287,6 @@ TEST_F(UringBackendShmTest, ReadRingsShareATmpfsFilesReads) {
   }
 }
 
-// Reads of a tmpfs file copied by tuttid's own threads (io.memory_read_threads): every read comes
-// back whole and right, alone and in a batch with writes of the same file; none goes to a ring.
-TEST_F(UringBackendShmTest, PoolThreadsReadTmpfsFiles) {
-  auto b = UringBackend::Create({fd_}, UringOptions{32, 8, 4, /*memory_read_threads=*/3});
-  ASSERT_TRUE(b.ok()) << b.status();
-  AlignedBuffer mem(2 * kFileBytes);
-  WriteThenReadBack(**b, mem.data(), 5);
-  UringCounters c = (*b)->counters();
-  EXPECT_EQ(c.memory_files, 1u);
-  EXPECT_EQ(c.memory_pool_reads, kFileBytes / kChunk);
-  EXPECT_GE(c.memory_pool_most_at_once, 1u);
-  EXPECT_LE(c.memory_pool_most_at_once, 3u);
-  EXPECT_EQ(c.memory_read_rings, 0u);  // no read went to a ring
-  EXPECT_EQ(c.fixed_buffer_ops + c.plain_buffer_ops, kFileBytes / kChunk);  // the writes
-  const uint64_t half = kFileBytes / 2;
-  std::vector<IoRequest> mixed;
-  for (uint64_t off = 0; off < kFileBytes; off += kChunk) {
-    uint8_t* buf = mem.data() + kFileBytes + off;
-    if (off < half) {
-      std::memset(buf, 0, kChunk);
-      mixed.push_back({Op::kRead, 0, off, buf, kChunk});
-    } else {
-      Fill(buf, kChunk, 0, off, 6);
-      mixed.push_back({Op::kWrite, 0, off, buf, kChunk});
-    }
-  }
-  mixed.push_back({Op::kRead, 0, kFileBytes, mem.data(), kChunk});  // out of range
-  (*b)->Execute(absl::MakeSpan(mixed));
-  EXPECT_EQ(mixed.back().result, -EINVAL);
-  mixed.pop_back();
-  for (const IoRequest& r : mixed) {
-    ASSERT_EQ(r.result, kChunk) << r.offset;
-    if (r.op == Op::kRead) {
-      ASSERT_TRUE(Matches(static_cast<uint8_t*>(r.buf), kChunk, 0, r.offset, 5)) << r.offset;
-    }
-  }
-  EXPECT_EQ((*b)->counters().memory_pool_reads, kFileBytes / kChunk + half / kChunk);
-  auto none = UringBackend::Create({dup(fd_)}, UringOptions{8, 8, 1, 65});
-  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(none.status().message().find("io.memory_read_threads"), std::string::npos)
-      << none.status();
-}
-
 // Small: io_uring charges registered buffers to RLIMIT_MEMLOCK (often 8 MiB) once per ring unless
 // the process has CAP_IPC_LOCK in the initial namespace (not so inside Bazel's sandbox), and every
 // process of the same user shares that budget.
