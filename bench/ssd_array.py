@@ -2121,8 +2121,11 @@ def part_engine_loss(args, results, ctx):
             call = min(call, sessions[0].client.info["max_blocks_per_call"])
             phase_store(args, daemon, sessions)
             alone = max(phase_retrieve(args, daemon, sessions, call)[0] for _ in range(2))
+            # One round's time alone: the engine runs long enough for the overlap's last round,
+            # slower beside it (copy-engine scatter under MPS took over 5 s more: stop 50).
+            round_s = per * args.sessions * BLOCK_BYTES / GB / alone
             m = engine_beside(args, lambda: in_threads(lambda s: s.retrieve(call), sessions),
-                              sessions)
+                              sessions, round_s)
             verify(sessions)
         finally:
             close_sessions(sessions)
@@ -2149,13 +2152,14 @@ def part_engine_loss(args, results, ctx):
                                           100 * (1 - m["during"] / base), during, alone))
 
 
-def engine_beside(args, one_round, sessions):
+def engine_beside(args, one_round, sessions, round_s=0.0):
     """Runs bench/busy_engine.py alone, beside one_round() repeated for --loss-overlap-s, and
-    alone again: its rate (ops/s) in each window, the rounds run and the overlap's seconds."""
+    alone again: its rate (ops/s) in each window, the rounds run and the overlap's seconds. The
+    engine's run has room for the last round to take 4 x round_s (one round's seconds alone)."""
     for s in sessions:  # the check after the overlap then sees what its rounds wrote
         s.clear_destination()
         s.sync()
-    seconds = 2 * args.loss_alone_s + args.loss_overlap_s + 5
+    seconds = 2 * args.loss_alone_s + args.loss_overlap_s + 5 + 4 * round_s
     engine = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "busy_engine.py"), "--seconds", "%.1f" % seconds] +
         (["--device", "cpu", "--n", "256"] if args.local else []),
