@@ -2099,8 +2099,8 @@ def part_engine_loss(args, results, ctx):
     """What a busy engine loses beside a full-speed SSD-tier retrieve (issue 20: at most 5% under
     MPS). bench/busy_engine.py keeps every SM busy with timed bf16 matrix multiplications: alone
     for --loss-alone-s, then beside tuttid's Retrieves of every block from a tmpfs array
-    (back to back for --loss-overlap-s, DRAM tier off, tuttid's default copier and verifier),
-    then alone again. Loss = 1 - its rate during / the mean of its rates before and after;
+    (back to back for --loss-overlap-s, DRAM tier off, tuttid's copier and verifier as
+    configured: the defaults unless --set), then alone again. Loss = 1 - its rate during / the mean of its rates before and after;
     tuttid's rate during is set against its rate alone just before (best of 2 rounds).
     --local: a dry run of the part's logic, the engine multiplying on the CPU."""
     n = args.ttft_devices
