@@ -2100,8 +2100,9 @@ def part_engine_loss(args, results, ctx):
     MPS). bench/busy_engine.py keeps every SM busy with timed bf16 matrix multiplications: alone
     for --loss-alone-s, then beside tuttid's Retrieves of every block from a tmpfs array
     (back to back for --loss-overlap-s, DRAM tier off, tuttid's copier and verifier as
-    configured: the defaults unless --set), then alone again. Loss = 1 - its rate during / the mean of its rates before and after;
-    tuttid's rate during is set against its rate alone just before (best of 2 rounds).
+    configured: the defaults unless --set), then alone again. Loss = 1 - its rate during / the
+    mean of its rates before and after; tuttid's rate during is set against its rate alone just
+    before (best of 2 rounds).
     --local: a dry run of the part's logic, the engine multiplying on the CPU."""
     n = args.ttft_devices
     log("=== engine_loss: a busy engine beside SSD-tier retrieves from tmpfs:%d (MPS %s)" % (
