@@ -172,6 +172,8 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     vo.max_objects_per_slot = config.datapath().gpu_check_batch_objects();
     vo.max_objects_per_shared_slot = config.datapath().gpu_check_shared_objects();
     vo.slots = config.datapath().gpu_check_slots();
+    // Only where layers are staged on the GPU: the mirror's checks take whole layers.
+    vo.copy_on_arrival = depth > 0 && config.datapath().gpu_check_copy_on_arrival();
     if (depth > 0) {
       ASSIGN_OR_RETURN(rt->verifier,
                        gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
@@ -179,7 +181,8 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
       if (staged.ok()) {
         checks = absl::StrCat("retrieve layers staged in ", staging_mib,
                               " MiB of GPU memory, read through ", depth,
-                              " host bounce slots per pool device and checked on the GPU");
+                              " host bounce slots per pool device and checked on the GPU",
+                              vo.copy_on_arrival ? " (each batch copied there as it arrives)" : "");
       } else {  // not fatal: the mirror does the same job with whole layers in host memory
         notes->push_back(absl::StrCat("datapath.read_bounce_depth = ", depth,
                                       ": retrieve layers cannot be staged in GPU memory (",
@@ -189,6 +192,7 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     }
     if (rt->verifier == nullptr) {
       vo.mirror = store->retrieve_staging_region();
+      vo.copy_on_arrival = false;
       ASSIGN_OR_RETURN(rt->verifier,
                        gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));
       store->SetReadVerifier(rt->verifier.get());

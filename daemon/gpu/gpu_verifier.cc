@@ -28,6 +28,24 @@ namespace {
 
 using datapath::ObjectCheck;
 
+// The `released` callbacks of one use of a slot, or of one batch copied on arrival. They run once:
+// on CUDA's callback thread right after the copies, or, where that did not happen first (a CUDA
+// error), from Finish.
+struct Releases {
+  std::atomic<bool> claimed{false};
+  std::vector<std::function<void()>> fns;
+  // True for the one caller that may run them.
+  bool Claim() { return !claimed.exchange(true, std::memory_order_acq_rel); }
+};
+
+// A batch whose objects are all placed, copied to their places as it arrives
+// (GpuVerifierOptions::copy_on_arrival) instead of when a slot takes it.
+struct Arrival {
+  absl::Span<const ObjectCheck> checks;
+  Releases releases;    // the batch's `released`
+  bool copied = false;  // the verifier thread's: its copies and their release are enqueued
+};
+
 struct Job {
   uint64_t stream = 0;
   absl::Span<const ObjectCheck> checks;
@@ -37,15 +55,9 @@ struct Job {
   // What it takes of a slot (set by Submit): scratch bytes and objects to hash.
   uint64_t scratch_bytes = 0;
   uint32_t objects = 0;
-};
-
-// The `released` callbacks of one use of a slot. They run once: on CUDA's callback thread right
-// after the slot's copies, or, where that did not happen first (a CUDA error), from Finish.
-struct Releases {
-  std::atomic<bool> claimed{false};
-  std::vector<std::function<void()>> fns;
-  // True for the one caller that may run them.
-  bool Claim() { return !claimed.exchange(true, std::memory_order_acq_rel); }
+  std::shared_ptr<Arrival> arrival;  // set where it is copied on arrival
+  // Copied on arrival: its bytes went back (or go back) without the slot.
+  bool CopiedEarly() const { return arrival != nullptr && arrival->copied; }
 };
 
 // cudaLaunchHostFunc's callback: runs a slot's `released` callbacks unless Finish claimed them.
@@ -53,6 +65,17 @@ void CUDART_CB RunReleases(void* arg) {
   std::unique_ptr<std::shared_ptr<Releases>> r(static_cast<std::shared_ptr<Releases>*>(arg));
   if (!(*r)->Claim()) return;
   for (std::function<void()>& f : (*r)->fns) f();
+}
+
+// cudaLaunchHostFunc's callback for batches copied on arrival: runs each one's `released` unless
+// Finish claimed it.
+void CUDART_CB RunArrivalReleases(void* arg) {
+  std::unique_ptr<std::vector<std::shared_ptr<Arrival>>> batch(
+      static_cast<std::vector<std::shared_ptr<Arrival>>*>(arg));
+  for (const std::shared_ptr<Arrival>& a : *batch) {
+    if (!a->releases.Claim()) continue;
+    for (std::function<void()>& f : a->releases.fns) f();
+  }
 }
 
 uint64_t RoundUp16(uint64_t n) { return (n + 15) / 16 * 16; }
@@ -86,7 +109,7 @@ class GpuVerifier final : public datapath::Verifier {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    for (cudaStream_t st : {copy_stream_, notify_stream_}) {
+    for (cudaStream_t st : {copy_stream_, notify_stream_, release_stream_}) {
       if (st == nullptr) continue;
       cudaStreamSynchronize(st);
       cudaStreamDestroy(st);
@@ -94,12 +117,14 @@ class GpuVerifier final : public datapath::Verifier {
     for (Slot& s : slots_) {
       if (s.event != nullptr) cudaEventDestroy(s.event);
       if (s.copied != nullptr) cudaEventDestroy(s.copied);
+      if (s.arrivals_released != nullptr) cudaEventDestroy(s.arrivals_released);
       cudaFree(s.scratch);
       cudaFree(s.descs_dev);
       cudaFree(s.hashes_dev);
       cudaFreeHost(s.descs_host);
       cudaFreeHost(s.hashes_host);
     }
+    if (arrived_ != nullptr) cudaEventDestroy(arrived_);
     cudaFree(mirror_dev_);
   }
 
@@ -126,6 +151,11 @@ class GpuVerifier final : public datapath::Verifier {
                                  "cudaEventCreateWithFlags"));
       RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming),
                                  "cudaEventCreateWithFlags"));
+      if (options_.copy_on_arrival) {
+        RETURN_IF_ERROR(
+            CudaStatus(cudaEventCreateWithFlags(&s.arrivals_released, cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags"));
+      }
     }
     // The copies need no SMs: an ordinary stream of their own, so that one slot's copies run
     // while the kernel checks the slot before it (the kernel stays in the stream's SMs).
@@ -134,6 +164,14 @@ class GpuVerifier final : public datapath::Verifier {
     // Tells the thread a slot is answered, off the kernel's stream (which it would hold up).
     RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&notify_stream_, cudaStreamNonBlocking),
                                "cudaStreamCreateWithFlags (check answers)"));
+    if (options_.copy_on_arrival) {
+      // Gives batches copied on arrival back, off the copy stream (a host function holds up the
+      // work queued behind it).
+      RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&release_stream_, cudaStreamNonBlocking),
+                                 "cudaStreamCreateWithFlags (releases on arrival)"));
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&arrived_, cudaEventDisableTiming),
+                                 "cudaEventCreateWithFlags"));
+    }
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "tutti-gpucheck");
     return absl::OkStatus();
@@ -174,12 +212,57 @@ class GpuVerifier final : public datapath::Verifier {
       Fallback(std::move(job));
       return;
     }
+    if (options_.copy_on_arrival && job.released && job.scratch_bytes == 0) {
+      job.arrival = std::make_shared<Arrival>();
+      job.arrival->checks = job.checks;
+      job.arrival->releases.fns.push_back(job.released);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (job.arrival != nullptr) arrivals_.push_back(job.arrival);
       const uint64_t stream = job.stream;
       queue_.Push(stream, std::move(job));
     }
     cv_.notify_one();
+  }
+
+  // Copies the objects of `arrivals` to their places on copy_stream_ and gives their bytes back
+  // once those copies have landed (a host function on release_stream_, which waits for them), all
+  // in one go. Marks them copied only where all of it was enqueued; the others are copied and
+  // released with their slot, as without copy_on_arrival.
+  void CopyOnArrival(std::vector<std::shared_ptr<Arrival>> arrivals) {
+    std::vector<CopyRun> runs;
+    for (const std::shared_ptr<Arrival>& a : arrivals) {
+      for (const ObjectCheck& c : a->checks) {
+        if (c.len == 0) continue;
+        AppendRun(&runs, c.bytes, MirrorOf(c), c.len);
+      }
+    }
+    absl::Status s;
+    for (const CopyRun& r : runs) {
+      s = CudaStatus(cudaMemcpyAsync(r.dst, r.src, r.len, cudaMemcpyHostToDevice, copy_stream_),
+                     "cudaMemcpyAsync(staging -> its place, on arrival)");
+      if (!s.ok()) break;
+    }
+    if (s.ok()) s = CudaStatus(cudaEventRecord(arrived_, copy_stream_), "cudaEventRecord");
+    if (s.ok()) {
+      s = CudaStatus(cudaStreamWaitEvent(release_stream_, arrived_, 0),
+                     "cudaStreamWaitEvent(copies on arrival)");
+    }
+    if (s.ok()) {
+      auto* arg = new std::vector<std::shared_ptr<Arrival>>(arrivals);
+      s = CudaStatus(cudaLaunchHostFunc(release_stream_, RunArrivalReleases, arg),
+                     "cudaLaunchHostFunc(release the bytes copied on arrival)");
+      if (!s.ok()) delete arg;
+    }
+    if (!s.ok()) {
+      TUTTI_LOG_EVERY_N_SEC(log::Get("gpu"), spdlog::level::err, 5,
+                            "GPU checks: copying {} batches on arrival failed ({}); their slots "
+                            "copy them",
+                            arrivals.size(), s.ToString());
+      return;
+    }
+    for (const std::shared_ptr<Arrival>& a : arrivals) a->copied = true;
   }
 
   struct CopyRun {  // `len` bytes from host `src` to `dst` in the slot's scratch
@@ -196,12 +279,15 @@ class GpuVerifier final : public datapath::Verifier {
     uint64_t* hashes_host = nullptr;
     cudaEvent_t event = nullptr;   // the slot's work done (blocking sync)
     cudaEvent_t copied = nullptr;  // its copies landed and its `released` callbacks ran
+    // copy_on_arrival: the releases of batches copied on arrival enqueued before its kernel ran.
+    cudaEvent_t arrivals_released = nullptr;
     // Filled per use.
     std::vector<Job> jobs;
     std::shared_ptr<Releases> releases = std::make_shared<Releases>();
     std::vector<CopyRun> runs;
     uint32_t count = 0;  // descs
     uint64_t used = 0;   // scratch bytes
+    bool has_early = false;  // holds batches copied on arrival
     absl::Status status;
     bool done = false;  // guarded by owner->mu_: its work has run (or failed to be enqueued)
     void Reset() {
@@ -209,6 +295,7 @@ class GpuVerifier final : public datapath::Verifier {
       runs.clear();
       count = 0;
       used = 0;
+      has_early = false;
       status = absl::OkStatus();
       releases = std::make_shared<Releases>();
     }
@@ -233,23 +320,32 @@ class GpuVerifier final : public datapath::Verifier {
     }
   }
 
+  // Adjacent objects (in the host and at their destinations) in one copy.
+  static void AppendRun(std::vector<CopyRun>* runs, const uint8_t* src, uint8_t* dst,
+                        uint64_t len) {
+    if (!runs->empty() && runs->back().src + runs->back().len == src &&
+        runs->back().dst + runs->back().len == dst) {
+      runs->back().len += len;
+    } else {
+      runs->push_back(CopyRun{src, dst, len});
+    }
+  }
+
   void Add(Slot* s, Job job) {
+    // Copied on arrival: only hashed here; its bytes go back without the slot.
+    const bool early = job.CopiedEarly();
+    s->has_early |= early;
     for (const ObjectCheck& c : job.checks) {
       if (c.len == 0) continue;  // a failed read: answered 0, not hashed
       uint8_t* mirrored = MirrorOf(c);
       uint8_t* dst = mirrored != nullptr ? mirrored : s->scratch + s->used;
-      if (!s->runs.empty() && s->runs.back().src + s->runs.back().len == c.bytes &&
-          s->runs.back().dst + s->runs.back().len == dst) {
-        s->runs.back().len += c.len;
-      } else {
-        s->runs.push_back(CopyRun{c.bytes, dst, c.len});
-      }
+      if (!early) AppendRun(&s->runs, c.bytes, dst, c.len);
       s->descs_host[s->count++] =
           HashDesc{dst, pool::ObjectChecksumSeed(c.ns, *c.key, c.epoch, c.object), c.len};
       if (mirrored == nullptr) s->used += RoundUp16(c.len);
     }
     // Kept in the job too: Finish runs it after a CPU check if CUDA never ran the slot's.
-    if (job.released) s->releases->fns.push_back(job.released);
+    if (job.released && !early) s->releases->fns.push_back(job.released);
     s->jobs.push_back(std::move(job));
   }
 
@@ -277,6 +373,14 @@ class GpuVerifier final : public datapath::Verifier {
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(s->copied, copy_stream_), "cudaEventRecord"));
     RETURN_IF_ERROR(
         CudaStatus(cudaStreamWaitEvent(stream_, s->copied, 0), "cudaStreamWaitEvent(copies)"));
+    if (s->has_early) {
+      // Their copies went before `copied` on copy_stream_; their `released` runs on
+      // release_stream_: the answer (and each `done`) comes after it, as for the slot's own.
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventRecord(s->arrivals_released, release_stream_), "cudaEventRecord"));
+      RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, s->arrivals_released, 0),
+                                 "cudaStreamWaitEvent(releases on arrival)"));
+    }
     if (s->count > 0) {
       RETURN_IF_ERROR(CudaStatus(
           LaunchHashObjects(s->descs_dev, s->count, DefaultXxh3Secret(), s->hashes_dev, stream_),
@@ -313,13 +417,14 @@ class GpuVerifier final : public datapath::Verifier {
       // its descriptors once the slot is filled again.
       const cudaError_t drained = cudaStreamSynchronize(copy_stream_);
       cudaStreamSynchronize(stream_);
-      const bool bytes_here = s->releases->Claim();
+      const bool slot_bytes_here = s->releases->Claim();
       TUTTI_LOG_EVERY_N_SEC(
           log::Get("gpu"), spdlog::level::err, 5,
-          "GPU checks of {} objects failed ({}; check copies drained: {}); {}", s->count,
-          s->status.ToString(), cudaGetErrorName(drained),
-          bytes_here ? "the CPU checks them" : "those whose bytes went back are not served");
+          "GPU checks of {} objects failed ({}; check copies drained: {}); the CPU checks those "
+          "whose bytes are still here, the others are not served",
+          s->count, s->status.ToString(), cudaGetErrorName(drained));
       for (Job& job : s->jobs) {
+        const bool bytes_here = job.CopiedEarly() ? job.arrival->releases.Claim() : slot_bytes_here;
         if (!job.released || bytes_here) {
           Fallback(std::move(job));
           continue;
@@ -370,10 +475,11 @@ class GpuVerifier final : public datapath::Verifier {
       std::vector<Job> taken;
       Slot* s = nullptr;  // to fill with `taken`
       Slot* answer = nullptr;
+      std::vector<std::shared_ptr<Arrival>> arrivals;  // to copy now
       {
         std::unique_lock<std::mutex> lock(mu_);
         const auto ready = [&] {
-          return (!free.empty() && !queue_.empty()) ||
+          return (!free.empty() && !queue_.empty()) || !arrivals_.empty() ||
                  (!in_flight.empty() && in_flight.front()->done) ||
                  (stopping_ && in_flight.empty());
         };
@@ -393,6 +499,7 @@ class GpuVerifier final : public datapath::Verifier {
           lock.lock();
           if (e != cudaErrorNotReady) oldest->done = true;
         }
+        arrivals.swap(arrivals_);
         if (!free.empty() && !queue_.empty()) {
           s = free.back();
           free.pop_back();
@@ -401,15 +508,18 @@ class GpuVerifier final : public datapath::Verifier {
         } else if (!in_flight.empty() && in_flight.front()->done) {
           answer = in_flight.front();
           in_flight.pop_front();
-        } else {
+        } else if (arrivals.empty()) {
           return;  // stopping, and nothing queued or in flight
         }
       }
+      // Before any slot takes them (they are queued too): a slot copies only what has not been.
+      if (!arrivals.empty() && !broken_) CopyOnArrival(std::move(arrivals));
       if (answer != nullptr) {
         Finish(answer);
         free.push_back(answer);
         continue;
       }
+      if (s == nullptr) continue;  // only copies on arrival this time
       for (Job& job : taken) Add(s, std::move(job));
       s->status = broken_ ? absl::InternalError("no CUDA device") : Enqueue(s);
       if (!s->status.ok()) {  // no MarkDone is coming: Finish answers it (the CPU checks)
@@ -425,6 +535,8 @@ class GpuVerifier final : public datapath::Verifier {
   const cudaStream_t stream_;  // the kernel's (in the I/O domain's SMs)
   cudaStream_t copy_stream_ = nullptr;
   cudaStream_t notify_stream_ = nullptr;
+  cudaStream_t release_stream_ = nullptr;  // copy_on_arrival's
+  cudaEvent_t arrived_ = nullptr;          // copy_on_arrival: the latest copies on arrival landed
   const int device_;
   datapath::Verifier* const fallback_;
   uint8_t* mirror_dev_ = nullptr;  // options_.mirror.size() bytes, or null
@@ -434,6 +546,7 @@ class GpuVerifier final : public datapath::Verifier {
   std::mutex mu_;
   std::condition_variable cv_;
   datapath::FairQueue<Job> queue_;  // by stream (datapath/verifier.h)
+  std::vector<std::shared_ptr<Arrival>> arrivals_;  // queued, not yet copied on arrival
   bool stopping_ = false;
   std::thread thread_;
 };

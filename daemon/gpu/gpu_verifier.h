@@ -10,8 +10,9 @@
 // kernel checks the earlier ones and the thread answers them, oldest first. Each batch's `done`
 // then runs on that thread.
 // VerifyReleasing's `released` runs on CUDA's callback thread as soon as the batch's copies have
-// landed, before the kernel: the host bytes can be reused while the check goes on. A CUDA error
-// after that answers the batch's objects kNotChecked (the bytes are gone); before it, the CPU
+// landed, before the kernel: the host bytes can be reused while the check goes on. With
+// copy_on_arrival, placed batches are copied when they arrive, not when a slot takes them. A CUDA
+// error after that answers the batch's objects kNotChecked (the bytes are gone); before it, the CPU
 // checks them and `released` follows.
 //
 // The fallback verifier (the CPU's) takes what the GPU does not: objects of lengths the kernel
@@ -59,6 +60,13 @@ struct GpuVerifierOptions {
   // a Retrieve alone (daemon/gpu/check_take.h).
   uint32_t max_objects_per_shared_slot = 0;
   uint32_t slots = 2;
+  // Placed batches (VerifyReleasing, every object with a place or in the mirror) are copied to
+  // their places as they arrive, each group of arrivals with one release after its copies (on a
+  // stream of its own), instead of when a slot takes them: their host bytes go back without
+  // waiting for a free slot, and the slot that checks them only hashes. The `done` of a batch
+  // still follows its `released`. Off by default: not yet measured on a GPU (docs/gpu.md,
+  // "Stop 51").
+  bool copy_on_arrival = false;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
 };

@@ -404,12 +404,15 @@ TEST(GpuVerifierTest, StreamsQueuedAtOnceAreCheckedInTurn) {
   EXPECT_EQ(fallback.objects.load(), 0u);
 }
 
-// GpuVerifierOptions::slots: while the kernel's stream is held (a kernel that runs for seconds),
-// the verifier copies ahead into every free slot (their `released` run after the copies) and
-// answers none; a later batch waits for the oldest slot's answer. With two slots in flight only
-// two batches would be released before the kernel ends.
-TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
-  TUTTI_SKIP_WITHOUT_GPU();
+// While the kernel's stream is held (a kernel that runs for seconds), kBatches placed batches of
+// one slot each are verified with kSlots slots. Without copy_on_arrival the verifier copies ahead
+// into every free slot (their `released` run after the copies) and answers none: exactly kSlots
+// batches are released, a later batch waiting for the oldest slot's answer (with two slots only
+// two would be). With it every batch is copied and released as it arrives. Either way none is
+// answered while the kernel is held, each is answered after its release, and the bytes scribbled
+// over at release (the bounce slot reused) change nothing: the checks and the placed copies are
+// of the bytes read.
+void ReleasedWhileTheKernelIsHeld(bool copy_on_arrival) {
   auto stream = IoStream::Create({0, 0, 0});
   ASSERT_TRUE(stream.ok()) << stream.status();
   CountingVerifier fallback;
@@ -419,6 +422,7 @@ TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
   options.slot_bytes = kLen;
   options.max_objects_per_slot = kPerBatch;  // one batch a slot
   options.slots = kSlots;
+  options.copy_on_arrival = copy_on_arrival;
   auto v = MakeGpuVerifier(options, **stream, &fallback);
   ASSERT_TRUE(v.ok()) << v.status();
   Staging bounce(uint64_t{kLen} * kObjects);
@@ -440,27 +444,40 @@ TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
       PlacedChecks(2, key, 3, bounce.data, device, kObjects, kLen, &copies);
   std::vector<uint8_t> matches(kObjects, 9);
   std::atomic<uint32_t> released{0}, done{0};
+  std::vector<std::atomic<int>> batch_released(kBatches), released_at_done(kBatches);
   absl::Notification all;
   for (uint32_t b = 0; b < kBatches; ++b) {
     (*v)->VerifyReleasing(
         1, absl::MakeConstSpan(checks).subspan(b * kPerBatch, kPerBatch),
-        absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch), [&] { released.fetch_add(1); },
-        [&] {
+        absl::MakeSpan(matches).subspan(b * kPerBatch, kPerBatch),
+        [&, b] {
+          std::memset(bounce.data + uint64_t{b} * kPerBatch * kLen, 0xee, kPerBatch * kLen);
+          batch_released[b].fetch_add(1);
+          released.fetch_add(1);
+        },
+        [&, b] {
+          released_at_done[b].store(batch_released[b].load());
           if (done.fetch_add(1) + 1 == kBatches) all.Notify();
         });
   }
   // Copies take microseconds; the kernel holds the stream for 3 s.
-  while (released.load() < kSlots && cudaEventQuery(held_end) == cudaErrorNotReady) {
+  const uint32_t expected = copy_on_arrival ? kBatches : kSlots;
+  while (released.load() < expected && cudaEventQuery(held_end) == cudaErrorNotReady) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // A batch too many would be released right after the expected ones: give it time to show.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const uint32_t released_while_held = released.load();
   const uint32_t done_while_held = done.load();
   const bool still_held = cudaEventQuery(held_end) == cudaErrorNotReady;
   ASSERT_TRUE(still_held) << "the kernel ended before the checks' copies landed";
-  EXPECT_EQ(released_while_held, kSlots) << "slots in flight before the oldest was answered";
+  EXPECT_EQ(released_while_held, expected) << "batches given back before the oldest was answered";
   EXPECT_EQ(done_while_held, 0u);
   ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(released.load(), kBatches);
+  for (uint32_t b = 0; b < kBatches; ++b) {
+    EXPECT_EQ(released_at_done[b].load(), 1) << "batch " << b << ": answered before released";
+  }
   EXPECT_EQ(fallback.objects.load(), 0u);
   ExpectPlaced(checks, matches, copies, bytes);
   v->reset();
@@ -469,12 +486,22 @@ TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
   EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
 
+TEST(GpuVerifierTest, EverySlotCopiesAheadWhileTheKernelIsHeld) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  ReleasedWhileTheKernelIsHeld(/*copy_on_arrival=*/false);
+}
+
+// GpuVerifierOptions::copy_on_arrival: every batch given back while no slot is free.
+TEST(GpuVerifierTest, CopyOnArrivalReleasesEveryBatchWhileTheKernelIsHeld) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  ReleasedWhileTheKernelIsHeld(/*copy_on_arrival=*/true);
+}
+
 // VerifyReleasing: each batch's `released` runs once its objects are copied to their places and
 // before its `done`; the host bytes scribbled over right in `released` (the bounce slot reused)
 // change nothing: the checks and the placed copies are of the bytes read. A batch the fallback
 // takes is released only after the CPU has checked it.
-TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
-  TUTTI_SKIP_WITHOUT_GPU();
+void ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(bool copy_on_arrival) {
   auto stream = IoStream::Create({0, 0, 0});
   ASSERT_TRUE(stream.ok()) << stream.status();
   CountingVerifier fallback;
@@ -486,6 +513,7 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
   GpuVerifierOptions options;
   options.slot_bytes = kLen;
   options.max_objects_per_slot = 16;  // several slots' worth: the two slots alternate
+  options.copy_on_arrival = copy_on_arrival;
   auto v = MakeGpuVerifier(options, **stream, &fallback);
   ASSERT_TRUE(v.ok()) << v.status();
   const std::vector<uint8_t> bytes = RandomBytes(bounce.size, 11);
@@ -544,6 +572,17 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
   EXPECT_EQ(odd_match[0], datapath::kMatch);
   v->reset();
   EXPECT_EQ(cudaFree(device), cudaSuccess);
+}
+
+TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(/*copy_on_arrival=*/false);
+}
+
+// The same with each batch copied as it arrives.
+TEST(GpuVerifierTest, CopiedOnArrivalReleasesTheHostBytesBeforeTheAnswer) {
+  TUTTI_SKIP_WITHOUT_GPU();
+  ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(/*copy_on_arrival=*/true);
 }
 
 }  // namespace
