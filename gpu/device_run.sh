@@ -9,6 +9,8 @@
 # TUTTI_SSD_PARTS, default "array share"; "ttft engine_loss dram" fit a second call), checkslots
 # (the GPU verifier's check sizes: its test, its bench, and the tmpfs:8 array and share with the
 # default checks, small checks while Retrieves share, and small checks always; one call of its own)
+# copyonarrival (datapath.gpu_check_copy_on_arrival: the verifier's test, then tmpfs:1 and tmpfs:8
+# reads and a busy engine's loss under MPS with it off and on, interleaved; one call of its own)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -156,6 +158,40 @@ if has checkslots; then
       --label "${TUTTI_SSD_LABEL:-checkslots}-$name" $flags >> "$out/ssd_array.log" 2>&1
     summary+=("ssd_array checkslots $name rc=$?")
   done
+fi
+
+# Copies on arrival (datapath.gpu_check_copy_on_arrival, docs/gpu.md "Stop 51"): the verifier's
+# test, then tmpfs:1 and tmpfs:8 reads (one store round) with it off and on, interleaved, then a
+# busy engine's loss beside full-speed Retrieves with each, under our own MPS control daemon where
+# the machine has one. At most about 9 minutes: a call of its own.
+if has copyonarrival; then
+  timeout 120 "$run" daemon/gpu/gpu_verifier_test > "$out/copyonarrival_test.log" 2>&1
+  summary+=("gpu_verifier_test rc=$? $(grep -E '^\[  (PASSED  |FAILED  )\]' "$out/copyonarrival_test.log" | tr '\n' ' ')")
+  on="--set datapath.gpu_check_copy_on_arrival=true"
+  coa() {  # NAME PART CONFIG [FLAGS...]
+    local name=$1 part=$2 cfg=$3; shift 3
+    PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
+      --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts "$part" --configs "$cfg" \
+      --store-rounds 1 --retrieve-rounds 2 --label "${TUTTI_SSD_LABEL:-coa}-$name" "$@" \
+      >> "$out/ssd_array.log" 2>&1
+    summary+=("ssd_array copyonarrival $name rc=$?")
+  }
+  # shellcheck disable=SC2086  # $on is words
+  {
+    coa t1-off array tmpfs:1; coa t1-on array tmpfs:1 $on
+    coa t8-off array tmpfs:8; coa t8-on array tmpfs:8 $on
+    coa t1-on2 array tmpfs:1 $on; coa t1-off2 array tmpfs:1
+  }
+  mps=0
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && mps=1
+  fi
+  # shellcheck disable=SC2086
+  { coa loss-off engine_loss tmpfs:8; coa loss-on engine_loss tmpfs:8 $on; }
+  if [[ $mps == 1 ]]; then echo quit | nvidia-cuda-mps-control; fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
 # A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
