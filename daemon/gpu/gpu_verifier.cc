@@ -36,6 +36,11 @@ struct Releases {
   std::vector<std::function<void()>> fns;
   // True for the one caller that may run them.
   bool Claim() { return !claimed.exchange(true, std::memory_order_acq_rel); }
+  // Runs them unless another caller claimed them first.
+  void RunOnce() {
+    if (!Claim()) return;
+    for (std::function<void()>& f : fns) f();
+  }
 };
 
 // A batch whose objects are all placed, copied to their places as it arrives
@@ -63,8 +68,7 @@ struct Job {
 // cudaLaunchHostFunc's callback: runs a slot's `released` callbacks unless Finish claimed them.
 void CUDART_CB RunReleases(void* arg) {
   std::unique_ptr<std::shared_ptr<Releases>> r(static_cast<std::shared_ptr<Releases>*>(arg));
-  if (!(*r)->Claim()) return;
-  for (std::function<void()>& f : (*r)->fns) f();
+  (*r)->RunOnce();
 }
 
 // cudaLaunchHostFunc's callback for batches copied on arrival: runs each one's `released` unless
@@ -72,10 +76,7 @@ void CUDART_CB RunReleases(void* arg) {
 void CUDART_CB RunArrivalReleases(void* arg) {
   std::unique_ptr<std::vector<std::shared_ptr<Arrival>>> batch(
       static_cast<std::vector<std::shared_ptr<Arrival>>*>(arg));
-  for (const std::shared_ptr<Arrival>& a : *batch) {
-    if (!a->releases.Claim()) continue;
-    for (std::function<void()>& f : a->releases.fns) f();
-  }
+  for (const std::shared_ptr<Arrival>& a : *batch) a->releases.RunOnce();
 }
 
 uint64_t RoundUp16(uint64_t n) { return (n + 15) / 16 * 16; }
