@@ -5,7 +5,10 @@ lost while something else (tuttid's retrieve) ran on the same GPU.
     python3 bench/busy_engine.py --seconds S [--n 8192] [--device cpu]
 
 Prints "ready <monotonic s>" once warmed up, then runs for S seconds and prints one JSON line:
-{"ends": [monotonic seconds at which each multiplication finished], "flops_per_op": F}. The
+{"ends": [monotonic seconds at which each multiplication finished], "op_ms": [each one's own time:
+on the GPU between CUDA events around it, on the CPU its call], "flops_per_op": F}. Each
+multiplication is waited for before the next is launched, so the time between two ends is the
+multiplication's own time plus the host's turnaround (the wait's wake-up and the next launch). The
 times are CLOCK_MONOTONIC (time.monotonic), the same clock in every process of the machine, so the
 parent can cut them into windows of its own. Exit status 0, or 1 with the CUDA error on stderr.
 """
@@ -34,22 +37,27 @@ def main():
     c = torch.empty_like(a)
     for _ in range(20):  # warm-up: cuBLAS picks its kernel, clocks settle
         torch.matmul(a, b, out=c)
-    done = torch.cuda.Event() if cuda else None
+    begun = torch.cuda.Event(enable_timing=True) if cuda else None
+    done = torch.cuda.Event(enable_timing=True) if cuda else None
     if cuda:
         torch.cuda.synchronize()
     print("ready %.6f" % time.monotonic(), flush=True)
-    ends = []
+    ends, op_ms = [], []
     stop = time.monotonic() + args.seconds
     while True:
+        t = time.monotonic()
+        if cuda:
+            begun.record()
         torch.matmul(a, b, out=c)
         if cuda:
             done.record()
             done.synchronize()
         now = time.monotonic()
         ends.append(now)
+        op_ms.append(begun.elapsed_time(done) if cuda else (now - t) * 1e3)
         if now >= stop:
             break
-    print(json.dumps({"ends": ends, "flops_per_op": 2 * args.n ** 3}), flush=True)
+    print(json.dumps({"ends": ends, "op_ms": op_ms, "flops_per_op": 2 * args.n ** 3}), flush=True)
     return 0
 
 

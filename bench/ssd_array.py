@@ -2102,7 +2102,10 @@ def part_engine_loss(args, results, ctx):
     (back to back for --loss-overlap-s, DRAM tier off, tuttid's copier and verifier as
     configured: the defaults unless --set), then alone again. Loss = 1 - its rate during / the
     mean of its rates before and after; tuttid's rate during is set against its rate alone just
-    before (best of 2 rounds).
+    before (best of 2 rounds). Each window's time per multiplication is also split into the
+    multiplication's own time on the GPU and the host's turnaround between two (the engine waits
+    for each one before launching the next): a loss in the second is CPU contention on the host,
+    not the GPU's.
     --local: a dry run of the part's logic, the engine multiplying on the CPU."""
     n = args.ttft_devices
     log("=== engine_loss: a busy engine beside SSD-tier retrieves from tmpfs:%d (MPS %s)" % (
@@ -2138,19 +2141,25 @@ def part_engine_loss(args, results, ctx):
     results.add(
         "ssd_array_engine_beside_retrieve", m["during"], "engine_alone", base, "ops/s",
         engine_loss=1 - m["during"] / base, engine_tflops_alone=base * m["flops_per_op"] / 1e12,
-        engine_ops_per_s=[m["before"], m["during"], m["after"]], tuttid_gbps_during=during,
+        engine_ops_per_s=[m["before"], m["during"], m["after"]],
+        engine_op_ms=[x["op_ms"] for x in m["split"]],
+        engine_turnaround_ms=[x["turnaround_ms"] for x in m["split"]],
+        tuttid_gbps_during=during,
         tuttid_gbps_alone=alone, tuttid_during_vs_alone=during / alone, rounds=m["rounds"],
         overlap_s=m["overlap_s"], mps=mps_running(), n_devices=n, emulation="tmpfs",
         sessions=args.sessions, blocks=per * args.sessions, call_blocks=call,
         tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
         note="engine: bench/busy_engine.py (%s matmuls back to back, each timed) alone "
              "%.1f s, beside %d SSD-tier Retrieves of every layer of %d blocks (verified after), "
-             "alone again; ratio = its rate during / the mean of before and after" % (
+             "alone again; ratio = its rate during / the mean of before and after; engine_op_ms and "
+             "engine_turnaround_ms (before / during / after): each multiplication's own time "
+             "and the host's turnaround between two" % (
                  "256^3 float32 CPU (--local)" if args.local else "8192^3 bf16",
                  args.loss_alone_s, m["rounds"], per * args.sessions))
     log("  engine %.1f / %.1f / %.1f ops/s (before / during / after): loss %.2f%%; tuttid "
-        "%.2f GB/s during, %.2f alone" % (m["before"], m["during"], m["after"],
-                                          100 * (1 - m["during"] / base), during, alone))
+        "%.2f GB/s during, %.2f alone; per op, own / host turnaround ms: %s" % (
+            m["before"], m["during"], m["after"], 100 * (1 - m["during"] / base), during, alone,
+            " | ".join("%s / %s" % (x["op_ms"], x["turnaround_ms"]) for x in m["split"])))
 
 
 def engine_beside(args, one_round, sessions, round_s=0.0):
@@ -2189,8 +2198,22 @@ def engine_beside(args, one_round, sessions, round_s=0.0):
         raise BenchError("the engine stopped %.2f s after the overlap (the rounds ran long)" % (
             ends[-1] - t1))
     rate = lambda a, b: sum(1 for e in ends if a <= e < b) / (b - a)
+    windows = ((ready, t0), (t0, t1), (t1, after_end))
     return {"before": rate(ready, t0), "during": rate(t0, t1), "after": rate(t1, after_end),
+            "split": [op_split(ends, r["op_ms"], a, b) for a, b in windows],
             "rounds": rounds, "overlap_s": t1 - t0, "flops_per_op": r["flops_per_op"]}
+
+
+def op_split(ends, op_ms, a, b):
+    """The busy engine's time per multiplication ending in [a, b), split in two (ms, means): its
+    own time (on the GPU, between CUDA events) and the host's turnaround around it (the rest of
+    the time since the previous one ended: the wait's wake-up and the next launch). A loss in the
+    first is the GPU's, shared with tuttid's copies and checks; in the second the host's CPUs'."""
+    own = [op_ms[i] for i in range(1, len(ends)) if a <= ends[i] < b]
+    gaps = [(ends[i] - ends[i - 1]) * 1e3 - op_ms[i] for i in range(1, len(ends))
+            if a <= ends[i] < b]
+    mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None
+    return {"op_ms": mean(own), "turnaround_ms": mean(gaps)}
 
 
 def tutti_namespace(layout, shape):
