@@ -254,6 +254,36 @@ def clean_stale(base):
 
 # --- cgroups -----------------------------------------------------------------------------------
 
+def parse_cpus(text):
+    """A CPU list as the kernel writes it ("0-3,8,10-11") as a set of ints; "" is empty."""
+    cpus = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise SetupError("CPU list %r: %r is not N or N-M" % (text, part)) from None
+        if a < 0 or b < a:
+            raise SetupError("CPU list %r: %r is not a range" % (text, part))
+        cpus.update(range(a, b + 1))
+    return cpus
+
+
+def cpu_list(cpus):
+    """The kernel's form of a set of CPU numbers: "0-3,8"."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else "%d" % run[0])
+        run = [c]
+    if run:
+        out.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else "%d" % run[0])
+    return ",".join(out)
+
+
 def _mounts_of(fstype):
     with open("/proc/mounts") as f:
         return [line.split() for line in f if line.split()[2] == fstype]
@@ -280,34 +310,60 @@ def _read(path):
 
 class Cgroup:
     """A cgroup capping read and write bytes/s per block device: v2 io.max, else v1 blkio
-    throttling. Processes enter it through wrap(cmd) before they exec."""
+    throttling (io=False: v2 only, no cap, for limit_cpus alone). Processes enter it through
+    wrap(cmd) before they exec."""
 
-    def __init__(self, name):
+    def __init__(self, name, io=True):
         self.name = name
         self.dir = None
         self.how = None
+        self.cpus = None
+        self.io = io
         errors = []
-        for make in (self._make_v2, self._make_v1):
+        for make in ((lambda: self._make_v2(["io"]), self._make_v1) if io else
+                     (lambda: self._make_v2([]),)):
             try:
                 make()
                 break
             except BenchError as e:
                 errors.append(str(e))
         if self.dir is None:
-            raise SetupError("no cgroup can cap I/O here: " + "; ".join(errors))
+            raise SetupError("no cgroup can %s here: %s" % ("cap I/O" if io else "be made",
+                                                             "; ".join(errors)))
         TEARDOWN.push("remove cgroup " + self.dir, self.remove)
 
-    def _make_v2(self):
+    def _make_v2(self, controllers):
         mounts = _mounts_of("cgroup2")
         if not mounts:
             raise BenchError("cgroup v2: not mounted")
         root = mounts[0][1]
-        if "io" not in _read(os.path.join(root, "cgroup.controllers")).split():
-            raise BenchError("cgroup v2 at %s: no io controller in cgroup.controllers" % root)
-        if "io" not in _read(os.path.join(root, "cgroup.subtree_control")).split():
-            _write(os.path.join(root, "cgroup.subtree_control"), "+io")
+        self._enable(root, controllers)
         self._mkdir(root)
         self.how = "v2"
+
+    @staticmethod
+    def _enable(root, controllers):
+        for c in controllers:
+            if c not in _read(os.path.join(root, "cgroup.controllers")).split():
+                raise BenchError("cgroup v2 at %s: no %s controller in cgroup.controllers" % (
+                    root, c))
+            if c not in _read(os.path.join(root, "cgroup.subtree_control")).split():
+                _write(os.path.join(root, "cgroup.subtree_control"), "+" + c)
+
+    def limit_cpus(self, cpus):
+        """Keeps this cgroup's processes on `cpus` (a set of CPU numbers), their io_uring
+        workers too (cgroup v2 cpuset: since Linux 6.x io-wq workers take their cpuset's CPUs,
+        not their creator's affinity, so taskset alone would leave them everywhere)."""
+        if self.how != "v2":
+            raise SetupError("--tuttid-cpus needs cgroup v2 (cpuset); %s is v1" % self.dir)
+        self._enable(os.path.dirname(self.dir), ["cpuset"])
+        text = cpu_list(cpus)
+        _write(os.path.join(self.dir, "cpuset.cpus"), text)
+        got = parse_cpus(_read(os.path.join(self.dir, "cpuset.cpus.effective")).strip() or "")
+        if got != set(cpus):
+            raise BenchError("cgroup %s: cpuset.cpus.effective is %s, not %s" % (
+                self.dir, cpu_list(got), text))
+        self.cpus = set(cpus)
 
     def _make_v1(self):
         mounts = [m for m in _mounts_of("cgroup") if "blkio" in m[3].split(",")]
@@ -364,8 +420,12 @@ class Cgroup:
         return rd, wr
 
     def describe(self):
+        if not self.io:
+            return "cgroup v2 %s" % self.dir + (
+                " (cpuset %s)" % cpu_list(self.cpus) if self.cpus else "")
         return ("cgroup v2 %s/io.max" % self.dir if self.how == "v2"
-                else "cgroup v1 %s blkio.throttle" % self.dir)
+                else "cgroup v1 %s blkio.throttle" % self.dir) + (
+                    ", cpuset %s" % cpu_list(self.cpus) if self.cpus else "")
 
     def wrap(self, cmd):
         """`cmd` started inside this cgroup: the shell writes its pid, then execs cmd."""
@@ -406,6 +466,7 @@ class Array:
 
     def __init__(self, emulation, n, roots, cgroup=None, devices=()):
         self.emulation, self.n, self.cgroup, self.devices = emulation, n, cgroup, list(devices)
+        self.cpu_cgroup = None  # confine_cpus on an array without an I/O cap
         self.pool_dirs = [os.path.join(r, "pool") for r in roots]
         self.raw_files = [os.path.join(r, "raw", "raw.dat") for r in roots]
         for d in self.pool_dirs + [os.path.dirname(f) for f in self.raw_files]:
@@ -415,14 +476,29 @@ class Array:
     def name(self):
         return "%s:%d" % (self.emulation, self.n)
 
+    def confine_cpus(self, cpus):
+        """tuttid and the raw tool on `cpus` only (--tuttid-cpus), with their io_uring workers:
+        the I/O cap's cgroup where there is one, else a cgroup of its own."""
+        if self.cgroup is None:
+            self.cpu_cgroup = Cgroup("%s%d-cpus-%s%d" % (PREFIX, os.getpid(), self.emulation,
+                                                         self.n), io=False)
+        self.process_cgroup().limit_cpus(cpus)
+
+    def process_cgroup(self):
+        """The cgroup tuttid and the raw tool run in, or None."""
+        return self.cgroup if self.cgroup is not None else self.cpu_cgroup
+
     def wrap(self, cmd):
-        return self.cgroup.wrap(cmd) if self.cgroup is not None else list(cmd)
+        cg = self.process_cgroup()
+        return cg.wrap(cmd) if cg is not None else list(cmd)
 
     def describe(self):
+        cpus = ("; tuttid and raw reads on CPUs %s" % cpu_list(self.process_cgroup().cpus)
+                if self.process_cgroup() is not None and self.process_cgroup().cpus else "")
         if self.emulation == "tmpfs":
-            return "%d directories on tmpfs" % self.n
-        return "%d loop devices over tmpfs files, ext4, %s" % (
-            self.n, ("capped by " + self.cgroup.describe()) if self.cgroup else "no cap")
+            return "%d directories on tmpfs%s" % (self.n, cpus)
+        return "%d loop devices over tmpfs files, ext4, %s%s" % (
+            self.n, ("capped by " + self.cgroup.describe()) if self.cgroup else "no cap", cpus)
 
 
 def takes_o_direct(d):
@@ -451,7 +527,10 @@ def make_root(base, name):
 
 def build_tmpfs_array(args, n):
     root = make_root(args.base, "tmpfs%d" % n)
-    return Array("tmpfs", n, [os.path.join(root, "d%d" % i) for i in range(n)])
+    array = Array("tmpfs", n, [os.path.join(root, "d%d" % i) for i in range(n)])
+    if args.tuttid_cpus:
+        array.confine_cpus(args.tuttid_cpus)
+    return array
 
 
 def build_loop_array(args, n, bytes_per_device):
@@ -491,7 +570,10 @@ def build_loop_array(args, n, bytes_per_device):
                                                  "; " + cgroup.describe() + " at %.2f GB/s "
                                                  "read and write each" % args.io_cap_gbps
                                                  if cgroup else "; no I/O cap"))
-    return Array("loop", n, roots, cgroup, devices)
+    array = Array("loop", n, roots, cgroup, devices)
+    if args.tuttid_cpus:
+        array.confine_cpus(args.tuttid_cpus)
+    return array
 
 
 # --- the raw baseline --------------------------------------------------------------------------
@@ -648,7 +730,7 @@ def raw_once(args, array, op, span_bytes, amount, fill, async_reads=False, buffe
             p.wait()
         CHILDREN.discard(p)
     if p.returncode == 97:
-        raise BenchError("raw_array_io: could not enter %s" % array.cgroup.describe())
+        raise BenchError("raw_array_io: could not enter %s" % array.process_cgroup().describe())
     if p.returncode != 0:
         raise BenchError("raw_array_io %s exited %d: %s\ncommand: %s" % (
             op, p.returncode, stderr.strip()[-2000:], shlex.join(cmd)))
@@ -884,9 +966,9 @@ class Daemon:
                     self.socket, timeout, self.log_tail()))
             time.sleep(0.05)
         self.pid = self._find_tuttid(self.proc.pid)
-        if self.array.cgroup is not None and not self.array.cgroup.contains(self.pid):
-            raise BenchError("tuttid (pid %d) is not in %s" % (self.pid,
-                                                               self.array.cgroup.describe()))
+        cg = self.array.process_cgroup()
+        if cg is not None and not cg.contains(self.pid):
+            raise BenchError("tuttid (pid %d) is not in %s" % (self.pid, cg.describe()))
         return self
 
     def _answers(self):
@@ -2105,11 +2187,13 @@ def part_engine_loss(args, results, ctx):
     before (best of 2 rounds). Each window's time per multiplication is also split into the
     multiplication's own time on the GPU and the host's turnaround between two (the engine waits
     for each one before launching the next): a loss in the second is CPU contention on the host,
-    not the GPU's.
+    not the GPU's. --engine-cpus and --tuttid-cpus keep the two apart on the host's CPUs.
     --local: a dry run of the part's logic, the engine multiplying on the CPU."""
     n = args.ttft_devices
-    log("=== engine_loss: a busy engine beside SSD-tier retrieves from tmpfs:%d (MPS %s)" % (
-        n, "running" if mps_running() else "not running"))
+    log("=== engine_loss: a busy engine beside SSD-tier retrieves from tmpfs:%d (MPS %s; "
+        "engine on CPUs %s, tuttid on %s)" % (
+            n, "running" if mps_running() else "not running",
+            cpu_list(args.engine_cpus) or "any", cpu_list(args.tuttid_cpus) or "any"))
     mark = TEARDOWN.mark()
     try:
         array = build_tmpfs_array(args, n)
@@ -2149,6 +2233,8 @@ def part_engine_loss(args, results, ctx):
         overlap_s=m["overlap_s"], mps=mps_running(), n_devices=n, emulation="tmpfs",
         sessions=args.sessions, blocks=per * args.sessions, call_blocks=call,
         tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+        engine_cpus=cpu_list(args.engine_cpus) if args.engine_cpus else None,
+        tuttid_cpus=cpu_list(args.tuttid_cpus) if args.tuttid_cpus else None,
         note="engine: bench/busy_engine.py (%s matmuls back to back, each timed) alone "
              "%.1f s, beside %d SSD-tier Retrieves of every layer of %d blocks (verified after), "
              "alone again; ratio = its rate during / the mean of before and after; engine_op_ms and "
@@ -2170,10 +2256,12 @@ def engine_beside(args, one_round, sessions, round_s=0.0):
         s.clear_destination()
         s.sync()
     seconds = 2 * args.loss_alone_s + args.loss_overlap_s + 5 + 4 * round_s
+    cpus = args.engine_cpus
     engine = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "busy_engine.py"), "--seconds", "%.1f" % seconds] +
         (["--device", "cpu", "--n", "256"] if args.local else []),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     TEARDOWN.push("stop the busy engine", lambda: engine.poll() is not None or engine.kill())
     first = engine.stdout.readline().split()
     if len(first) != 2 or first[0] != "ready":
@@ -2396,6 +2484,12 @@ def parse_args(argv):
                     help="engine_loss: seconds the busy engine runs alone before and after")
     ap.add_argument("--loss-overlap-s", type=float, default=6.0,
                     help="engine_loss: seconds of back-to-back retrieves beside it")
+    ap.add_argument("--engine-cpus", default="",
+                    help='engine_loss: the busy engine on these CPUs only, e.g. "12-15" '
+                    "(default: anywhere)")
+    ap.add_argument("--tuttid-cpus", default="",
+                    help='tuttid and the raw tool, their io_uring workers included, on these '
+                    'CPUs only (a cgroup v2 cpuset; every part), e.g. "0-11" (default: anywhere)')
     ap.add_argument("--share-small-blocks", type=int, default=64,
                     help="share: blocks of the small Retrieve (default 64: a 1K-token prefix)")
     ap.add_argument("--share-small-calls", type=int, default=10,
@@ -2421,6 +2515,13 @@ def parse_args(argv):
         if path == ["limits", "max_blocks_per_call"]:
             args.max_blocks_per_call = int(value)
     args.configs = parse_configs(args.configs)
+    args.engine_cpus, args.tuttid_cpus = parse_cpus(args.engine_cpus), parse_cpus(args.tuttid_cpus)
+    for flag, cpus in (("--engine-cpus", args.engine_cpus), ("--tuttid-cpus", args.tuttid_cpus)):
+        if cpus and max(cpus) >= os.cpu_count():
+            raise SetupError("%s: CPU %d, but this machine has %d" % (flag, max(cpus),
+                                                                      os.cpu_count()))
+    if args.tuttid_cpus and os.geteuid() != 0:
+        raise SetupError("--tuttid-cpus needs root (a cgroup)")
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     for p in args.parts:
         if p not in ("array", "dram", "ttft", "engine_loss", "share"):

@@ -11,6 +11,9 @@
 # default checks, small checks while Retrieves share, and small checks always; one call of its own)
 # copyonarrival (datapath.gpu_check_copy_on_arrival: the verifier's test, then tmpfs:1 and tmpfs:8
 # reads and a busy engine's loss under MPS with it off and on, interleaved; one call of its own)
+# cpusplit (a busy engine's loss under MPS beside tmpfs:8 Retrieves with the host's CPUs shared
+# and with the engine on CPUs of its own, TUTTI_ENGINE_CPUS (default the last two) and tuttid,
+# its io_uring workers and the raw tool on the rest; three pairs, interleaved; about 3 minutes)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -190,6 +193,32 @@ if has copyonarrival; then
   fi
   # shellcheck disable=SC2086
   { coa loss-off engine_loss tmpfs:8; coa loss-on engine_loss tmpfs:8 $on; }
+  if [[ $mps == 1 ]]; then echo quit | nvidia-cuda-mps-control; fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+
+# Where a busy engine's loss goes: the host's CPUs shared, or kept apart (docs/gpu.md, "Stop 52").
+if has cpusplit; then
+  ncpu=$(nproc)
+  engine_cpus="${TUTTI_ENGINE_CPUS:-$((ncpu - 2))-$((ncpu - 1))}"
+  tuttid_cpus="${TUTTI_TUTTID_CPUS:-0-$((ncpu - 3))}"
+  mps=0
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && mps=1
+  fi
+  for i in 1 2 3; do
+    for split in shared apart; do
+      flags=()
+      [[ $split == apart ]] && flags=(--engine-cpus "$engine_cpus" --tuttid-cpus "$tuttid_cpus")
+      PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
+        --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts engine_loss \
+        --configs tmpfs:8 --store-rounds 1 --label "${TUTTI_SSD_LABEL:-cpusplit}-$split$i" \
+        "${flags[@]}" >> "$out/ssd_array.log" 2>&1
+      summary+=("ssd_array cpusplit $split$i rc=$? $(grep -E '^  engine .* loss' "$out/ssd_array.log" | tail -1 | cut -c1-200)")
+    done
+  done
   if [[ $mps == 1 ]]; then echo quit | nvidia-cuda-mps-control; fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
