@@ -352,8 +352,8 @@ class Cgroup:
 
     def limit_cpus(self, cpus):
         """Keeps this cgroup's processes on `cpus` (a set of CPU numbers), their io_uring
-        workers too (cgroup v2 cpuset: since Linux 6.x io-wq workers take their cpuset's CPUs,
-        not their creator's affinity, so taskset alone would leave them everywhere)."""
+        workers too (a cgroup v2 cpuset holds them on every kernel; an affinity alone holds them
+        only since Linux 6.2, which keeps a thread's requested affinity in the threads it makes)."""
         if self.how != "v2":
             raise SetupError("--tuttid-cpus needs cgroup v2 (cpuset); %s is v1" % self.dir)
         self._enable(os.path.dirname(self.dir), ["cpuset"])
