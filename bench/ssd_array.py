@@ -1682,9 +1682,14 @@ class Results:
                 x["baseline_value"], x["measured_unit"], x["ratio"]))
         for x in self.rows:
             if x["metric"] == "ssd_array_engine_beside_retrieve":
+                split = ""
+                own, turn = x["engine_op_ms"], x["engine_turnaround_ms"]
+                if None not in own + turn:
+                    split = "; per op during vs alone: own %+.3f ms, host turnaround %+.3f ms" % (
+                        own[1] - (own[0] + own[2]) / 2, turn[1] - (turn[0] + turn[2]) / 2)
                 log("engine beside retrieve (MPS %s): loss %.2f%%, tuttid %.2f GB/s during vs "
-                    "%.2f alone" % ("on" if x["mps"] else "off", 100 * x["engine_loss"],
-                                    x["tuttid_gbps_during"], x["tuttid_gbps_alone"]))
+                    "%.2f alone%s" % ("on" if x["mps"] else "off", 100 * x["engine_loss"],
+                                      x["tuttid_gbps_during"], x["tuttid_gbps_alone"], split))
         log("results appended to %s" % self.path)
 
 
