@@ -271,17 +271,13 @@ def parse_cpus(text):
 
 def cpu_list(cpus):
     """The kernel's form of a set of CPU numbers: "0-3,8"."""
-    out, run = [], []
+    runs = []  # [first, last] of each run of consecutive CPUs
     for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else "%d" % run[0])
-        run = [c]
-    if run:
-        out.append("%d-%d" % (run[0], run[-1]) if len(run) > 1 else "%d" % run[0])
-    return ",".join(out)
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join("%d-%d" % (a, b) if b > a else "%d" % a for a, b in runs)
 
 
 def _mounts_of(fstype):
@@ -493,8 +489,8 @@ class Array:
         return cg.wrap(cmd) if cg is not None else list(cmd)
 
     def describe(self):
-        cpus = ("; tuttid and raw reads on CPUs %s" % cpu_list(self.process_cgroup().cpus)
-                if self.process_cgroup() is not None and self.process_cgroup().cpus else "")
+        cg = self.process_cgroup()
+        cpus = "; tuttid and raw reads on CPUs %s" % cpu_list(cg.cpus) if cg and cg.cpus else ""
         if self.emulation == "tmpfs":
             return "%d directories on tmpfs%s" % (self.n, cpus)
         return "%d loop devices over tmpfs files, ext4, %s%s" % (

@@ -28,6 +28,20 @@ machine="nvidia-h200 device machine: $smi"
 echo "$machine" > "$out/summary.txt"
 summary=()
 has() { [[ " $parts " == *" $1 "* ]]; }
+# An MPS control daemon of our own, if the machine has MPS: mps_start returns 0 once it runs (2: no
+# MPS here, 1: it did not start); mps_stop stops it and forgets its directories.
+mps_start() {
+  command -v nvidia-cuda-mps-control > /dev/null || return 2
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && return 0
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  return 1
+}
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
 
 if has tests; then
   all_tests="gpu/probe_test gpu/io_stream_test gpu/ready_words_test daemon/gpu/placement_test
@@ -84,19 +98,11 @@ if has interference; then
   }
   [[ "${TUTTI_SKIP_NO_MPS:-0}" == 1 ]] || interfere no_mps
   # With MPS, if the machine has it: a control daemon of our own, stopped afterwards.
-  if command -v nvidia-cuda-mps-control > /dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if nvidia-cuda-mps-control -d; then
-      sleep 1
-      interfere mps
-      echo quit | nvidia-cuda-mps-control
-      sleep 1
-    else
-      summary+=("MPS did not start")
-    fi
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  fi
+  mps_start
+  case $? in
+    0) sleep 1; interfere mps; mps_stop; sleep 1 ;;
+    1) summary+=("MPS did not start") ;;
+  esac
 fi
 
 # GPU-initiated NVMe submission against the controller model (docs/nvme.md): its tests, then the
@@ -185,16 +191,10 @@ if has copyonarrival; then
     coa t8-off array tmpfs:8; coa t8-on array tmpfs:8 $on
     coa t1-on2 array tmpfs:1 $on; coa t1-off2 array tmpfs:1
   }
-  mps=0
-  if command -v nvidia-cuda-mps-control > /dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d && mps=1
-  fi
+  mps_start && mps=1 || mps=0
   # shellcheck disable=SC2086
   { coa loss-off engine_loss tmpfs:8; coa loss-on engine_loss tmpfs:8 $on; }
-  if [[ $mps == 1 ]]; then echo quit | nvidia-cuda-mps-control; fi
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  if [[ $mps == 1 ]]; then mps_stop; fi
 fi
 
 # Where a busy engine's loss goes: the host's CPUs shared, or kept apart (docs/gpu.md, "Stop 52").
@@ -202,12 +202,7 @@ if has cpusplit; then
   ncpu=$(nproc)
   engine_cpus="${TUTTI_ENGINE_CPUS:-$((ncpu - 2))-$((ncpu - 1))}"
   tuttid_cpus="${TUTTI_TUTTID_CPUS:-0-$((ncpu - 3))}"
-  mps=0
-  if command -v nvidia-cuda-mps-control > /dev/null; then
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/tutti-mps CUDA_MPS_LOG_DIRECTORY=/tmp/tutti-mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    nvidia-cuda-mps-control -d && mps=1
-  fi
+  mps_start && mps=1 || mps=0
   for i in 1 2 3; do
     for split in shared apart; do
       flags=()
@@ -219,8 +214,7 @@ if has cpusplit; then
       summary+=("ssd_array cpusplit $split$i rc=$? $(grep -E '^  engine .* loss' "$out/ssd_array.log" | tail -1 | cut -c1-200)")
     done
   done
-  if [[ $mps == 1 ]]; then echo quit | nvidia-cuda-mps-control; fi
-  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  if [[ $mps == 1 ]]; then mps_stop; fi
 fi
 
 # A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
