@@ -2086,6 +2086,12 @@ def part_ttft(args, results, ctx):
     prefix_bytes = cached_blocks * block_bytes
     mark = TEARDOWN.mark()
     bench = None
+    if args.engine_cpus:
+        # Here this process is the engine: its thread, and the client's threads made after,
+        # on the engine's CPUs (tuttid and the raw tool are on --tuttid-cpus).
+        everywhere = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, args.engine_cpus)
+        TEARDOWN.push("give the engine back every CPU", lambda: os.sched_setaffinity(0, everywhere))
     try:
         span = max(prefix_bytes // n // (args.io_kib * 1024), 64) * args.io_kib * 1024
         slot = block_bytes + 8192
@@ -2158,7 +2164,9 @@ def part_ttft(args, results, ctx):
                   dram_vs_pipeline_limit=dram_ms / pipeline_limit_ms, mps=mps_running(),
                   runs={"recompute": recompute, "ssd": ssd, "dram": dram},
                   tuttid_gbps=prefix_bytes / (ssd_ms / 1e3) / GB,
-                  tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib)
+                  tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+                  engine_cpus=cpu_list(args.engine_cpus) if args.engine_cpus else None,
+                  tuttid_cpus=cpu_list(args.tuttid_cpus) if args.tuttid_cpus else None)
     how = ("TTFT = lookup + layer-wise load-all of %d blocks overlapped with computing the last "
            "%d tokens, synchronized; min of %d runs after a warm-up; model %s %s" % (
                hits, T - hits * BLOCK_TOKENS, args.ttft_runs, "Llama-3-8B shape, random weights"
@@ -2486,8 +2494,8 @@ def parse_args(argv):
     ap.add_argument("--loss-overlap-s", type=float, default=6.0,
                     help="engine_loss: seconds of back-to-back retrieves beside it")
     ap.add_argument("--engine-cpus", default="",
-                    help='engine_loss: the busy engine on these CPUs only, e.g. "12-15" '
-                    "(default: anywhere)")
+                    help='engine_loss: the busy engine on these CPUs only, e.g. "12-15"; '
+                    "ttft: this process's prefill, the engine there (default: anywhere)")
     ap.add_argument("--tuttid-cpus", default="",
                     help='tuttid and the raw tool, their io_uring workers included, on these '
                     'CPUs only (a cgroup v2 cpuset; every part), e.g. "0-11" (default: anywhere)')
