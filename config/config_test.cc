@@ -341,8 +341,8 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   ExpectRejected("datapath { gpu_check_slots: 1 }", {"datapath.gpu_check_slots", "[2, 16]"});
   ExpectRejected("datapath { gpu_check_slots: 17 }", {"datapath.gpu_check_slots", "[2, 16]"});
   EXPECT_EQ(c->datapath().gpu_check_shared_objects(), 0u);  // off
-  EXPECT_FALSE(c->datapath().gpu_check_copy_on_arrival());  // off until measured on a GPU
-  EXPECT_TRUE(LoadConfig("datapath { gpu_check_copy_on_arrival: true }")
+  EXPECT_TRUE(c->datapath().gpu_check_copy_on_arrival());  // on since stop 53's measurements
+  EXPECT_FALSE(LoadConfig("datapath { gpu_check_copy_on_arrival: false }")
                   ->datapath()
                   .gpu_check_copy_on_arrival());
   EXPECT_TRUE(LoadConfig("datapath { gpu_check_shared_objects: 512 }").ok());

@@ -64,8 +64,8 @@ struct GpuVerifierOptions {
   // their places as they arrive, each group of arrivals with one release after its copies (on a
   // stream of its own), instead of when a slot takes them: their host bytes go back without
   // waiting for a free slot, and the slot that checks them only hashes. The `done` of a batch
-  // still follows its `released`. Off by default: Retrieves alone read faster with it, but an
-  // engine computing beside them under MPS loses more (docs/gpu.md, "Stop 52").
+  // still follows its `released`. Off here; tuttid's config turns it on by default
+  // (datapath.gpu_check_copy_on_arrival; docs/gpu.md, "Stop 53").
   bool copy_on_arrival = false;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
