@@ -13,6 +13,7 @@
 #include "daemon/datapath/engine_sink.h"
 #include "daemon/datapath/retrieve_transfer.h"
 #include "daemon/engine/host_memory.h"
+#include "daemon/server/engine_cpus.h"
 #include "daemon/server/request_checks.h"
 
 namespace tutti::server {
@@ -231,6 +232,25 @@ absl::Status CheckHasMemory(const SessionState& session, absl::string_view call)
                    " needs a session with memory; Lookup, Release and ReportCompute work"));
 }
 
+// Says where the engine that attached session `id` may run against tuttid's CPUs: an engine
+// sharing them waits behind tuttid's I/O threads (engine_cpus.h).
+void LogEngineCpus(uint64_t id, pid_t pid) {
+  absl::StatusOr<CpuOverlap> o = EngineCpuOverlap(pid);
+  if (!o.ok()) {
+    log::Get("server")->debug("session {}: the engine's CPUs are not known: {}", id,
+                              o.status().ToString());
+  } else if (o->shared == 0) {
+    log::Get("server")->info("session {}: engine pid {} runs on CPUs {}, apart from tuttid's ({})",
+                             id, pid, o->engine, o->tuttid);
+  } else {
+    log::Get("server")->info(
+        "session {}: engine pid {} may run on CPUs {}, {} of which tuttid uses too (tuttid: "
+        "{}); a busy engine waits behind tuttid's I/O threads there: give each CPUs of its own "
+        "(docs/operations.md, \"MPS\")",
+        id, pid, o->engine, o->shared, o->tuttid);
+  }
+}
+
 }  // namespace
 
 absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
@@ -274,6 +294,7 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
                                    watch ? pid : 0, credential.peer.uid, req.engine_group(),
                                    memoryless, events_seq));
   if (watch) RETURN_IF_ERROR(WatchEngine(session));
+  if (!memoryless && pid > 0) LogEngineCpus(session->id, static_cast<pid_t>(pid));
   resp->set_session_id(session->id);
   resp->set_session_token(session->token);
   resp->set_namespace_id(ns);
