@@ -13,7 +13,8 @@
 # reads and a busy engine's loss under MPS with it off and on, interleaved; one call of its own)
 # cpusplit (a busy engine's loss under MPS beside tmpfs:8 Retrieves with the host's CPUs shared
 # and with the engine on CPUs of its own, TUTTI_ENGINE_CPUS (default the last two) and tuttid,
-# its io_uring workers and the raw tool on the rest; three pairs, interleaved; about 3 minutes)
+# its io_uring workers and the raw tool on the rest; three pairs, interleaved, with the defaults;
+# about 3 minutes; measured at stop 53, docs/gpu.md)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -176,7 +177,9 @@ fi
 if has copyonarrival; then
   timeout 120 "$run" daemon/gpu/gpu_verifier_test > "$out/copyonarrival_test.log" 2>&1
   summary+=("gpu_verifier_test rc=$? $(grep -E '^\[  (PASSED  |FAILED  )\]' "$out/copyonarrival_test.log" | tr '\n' ' ')")
+  # Both named: the default is on since stop 53.
   on="--set datapath.gpu_check_copy_on_arrival=true"
+  off="--set datapath.gpu_check_copy_on_arrival=false"
   coa() {  # NAME PART CONFIG [FLAGS...]
     local name=$1 part=$2 cfg=$3; shift 3
     PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
@@ -187,13 +190,13 @@ if has copyonarrival; then
   }
   # shellcheck disable=SC2086  # $on is words
   {
-    coa t1-off array tmpfs:1; coa t1-on array tmpfs:1 $on
-    coa t8-off array tmpfs:8; coa t8-on array tmpfs:8 $on
-    coa t1-on2 array tmpfs:1 $on; coa t1-off2 array tmpfs:1
+    coa t1-off array tmpfs:1 $off; coa t1-on array tmpfs:1 $on
+    coa t8-off array tmpfs:8 $off; coa t8-on array tmpfs:8 $on
+    coa t1-on2 array tmpfs:1 $on; coa t1-off2 array tmpfs:1 $off
   }
   mps_start && mps=1 || mps=0
   # shellcheck disable=SC2086
-  { coa loss-off engine_loss tmpfs:8; coa loss-on engine_loss tmpfs:8 $on; }
+  { coa loss-off engine_loss tmpfs:8 $off; coa loss-on engine_loss tmpfs:8 $on; }
   if [[ $mps == 1 ]]; then mps_stop; fi
 fi
 
