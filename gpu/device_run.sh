@@ -188,7 +188,7 @@ if has copyonarrival; then
       >> "$out/ssd_array.log" 2>&1
     summary+=("ssd_array copyonarrival $name rc=$?")
   }
-  # shellcheck disable=SC2086  # $on is words
+  # shellcheck disable=SC2086  # $on and $off are words
   {
     coa t1-off array tmpfs:1 $off; coa t1-on array tmpfs:1 $on
     coa t8-off array tmpfs:8 $off; coa t8-on array tmpfs:8 $on
