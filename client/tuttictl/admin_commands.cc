@@ -126,6 +126,14 @@ class StatusCommand : public ReportCommand<v1::StatusRequest, v1::StatusResponse
   }
 };
 
+// "0-13 (apart)", "0-15 (16 shared)" (CPUs tuttid may run on too: a busy engine waits behind its
+// I/O threads there), or "-" when tuttid could not read them.
+std::string EngineCpus(const v1::SessionInfo& s) {
+  if (s.engine_cpus().empty()) return "-";
+  if (s.cpus_shared_with_tuttid() == 0) return absl::StrCat(s.engine_cpus(), " (apart)");
+  return absl::StrCat(s.engine_cpus(), " (", s.cpus_shared_with_tuttid(), " shared)");
+}
+
 class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsResponse> {
  public:
   SessionsCommand() : ReportCommand(&v1::Admin::Stub::Sessions) {}
@@ -137,12 +145,12 @@ class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsRe
   std::string Human(const v1::SessionsResponse& r) const override {
     if (r.sessions_size() == 0) return "no sessions\n";
     Table t({">SESSION", ">UID", "ENGINE", "NAMESPACE", "MODEL", ">BLOCKS", ">LEASES", ">PINNED",
-             ">IDLE"});
+             ">IDLE", "ENGINE CPUS"});
     for (const auto& s : r.sessions()) {
       t.AddRow({absl::StrCat(s.session_id()), absl::StrCat(s.uid()), s.engine_id(),
                 NamespaceHex(s.namespace_id()), s.model_id(), absl::StrCat(s.num_blocks()),
                 absl::StrCat(s.leases()), absl::StrCat(s.pinned_blocks()),
-                HumanDurationMs(s.idle_ms())});
+                HumanDurationMs(s.idle_ms()), EngineCpus(s)});
     }
     return t.Render();
   }
@@ -157,6 +165,10 @@ class SessionsCommand : public ReportCommand<v1::SessionsRequest, v1::SessionsRe
       j.Key("model_id").String(s.model_id()).Key("num_blocks").Uint(s.num_blocks());
       j.Key("leases").Uint(s.leases()).Key("pinned_blocks").Uint(s.pinned_blocks());
       j.Key("idle_ms").Uint(s.idle_ms());
+      if (!s.engine_cpus().empty()) {
+        j.Key("engine_cpus").String(s.engine_cpus());
+        j.Key("cpus_shared_with_tuttid").Uint(s.cpus_shared_with_tuttid());
+      }
       j.EndObject();
     }
     return j.EndArray().EndObject().str();

@@ -6,6 +6,7 @@
 #include "common/client_text.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "daemon/server/engine_cpus.h"
 #include "daemon/server/stats_fields.h"
 
 namespace tutti::server {
@@ -63,6 +64,12 @@ void AdminService::FillSessions(tutti::v1::SessionsResponse* resp) const {
     row->set_idle_ms(s.idle_ms);
     row->set_num_blocks(s.num_blocks);
     row->set_uid(s.uid);
+    if (s.memoryless || s.engine_pid == 0) continue;
+    // Read now, not at Attach: an operator may have moved the engine since.
+    if (absl::StatusOr<CpuOverlap> o = EngineCpuOverlap(static_cast<pid_t>(s.engine_pid)); o.ok()) {
+      row->set_engine_cpus(o->engine);
+      row->set_cpus_shared_with_tuttid(static_cast<uint32_t>(o->shared));
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The operator API over a unix socket, against the real store, plus the standard health service.
 #include "daemon/server/admin_service.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "daemon/pool/layout.h"
+#include "daemon/server/engine_cpus.h"
 #include "daemon/server/service_test_env.h"
 #include "daemon/server/stats_fields.h"
 #include "gmock/gmock.h"
@@ -94,6 +96,12 @@ TEST_F(AdminServiceTest, StatusSessionsAndStats) {
   EXPECT_EQ(ss.sessions(0).pinned_blocks(), 2u);
   EXPECT_EQ(ss.sessions(0).num_blocks(), kEngineBlocks);
   EXPECT_NE(ss.sessions(0).namespace_id(), 0u);
+  // The engine is this process, as the handoff socket saw it: its CPUs are all tuttid's too.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  EXPECT_EQ(ss.sessions(0).engine_cpus(), CpuList(mine));
+  EXPECT_EQ(ss.sessions(0).cpus_shared_with_tuttid(), static_cast<uint32_t>(CPU_COUNT(&mine)));
 
   grpc::ClientContext c3;
   tutti::v1::StatsResponse stats;

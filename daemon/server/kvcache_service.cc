@@ -289,10 +289,10 @@ absl::Status KvCacheService::DoAttach(const tutti::v1::AttachRequest& req,
   const auto pid = static_cast<uint32_t>(credential.peer.pid);
   // Taken before the session exists, so that no event after its attach is before this seq.
   const uint64_t events_seq = store_->events().last_seq(ns);
-  ASSIGN_OR_RETURN(SessionRef session,
-                   sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io),
-                                   watch ? pid : 0, credential.peer.uid, req.engine_group(),
-                                   memoryless, events_seq));
+  ASSIGN_OR_RETURN(
+      SessionRef session,
+      sessions_->Open(req.engine_id(), ns, req.namespace_().model_id(), std::move(io), pid,
+                      credential.peer.uid, req.engine_group(), memoryless, events_seq));
   if (watch) RETURN_IF_ERROR(WatchEngine(session));
   if (!memoryless && pid > 0) LogEngineCpus(session->id, static_cast<pid_t>(pid));
   resp->set_session_id(session->id);

@@ -405,6 +405,8 @@ std::vector<SessionSummary> SessionManager::List() const {
     row.leases = s.leases.size();
     row.pinned_blocks = s.pinned;
     row.uid = s.state->uid;
+    row.engine_pid = s.state->engine_pid;
+    row.memoryless = s.state->memoryless;
     row.idle_ms = static_cast<uint64_t>(std::max<int64_t>(0, now - s.last_seen_ms));
     row.num_blocks = s.state->io->num_blocks();
     out.push_back(std::move(row));

@@ -75,7 +75,7 @@ struct SessionState {
   std::string engine_id;
   NamespaceId ns = 0;
   std::string model_id;
-  uint32_t engine_pid = 0;   // 0: not watched
+  uint32_t engine_pid = 0;   // as the handoff socket saw it; 0: not known
   uint32_t uid = 0;          // the engine's user, as the handoff socket saw it
   std::string engine_group;  // empty: shares no lease
   bool memoryless = false;   // attached no memory: no Retrieve or Store
@@ -119,6 +119,8 @@ struct SessionSummary {
   uint64_t idle_ms = 0;
   uint32_t num_blocks = 0;
   uint32_t uid = 0;
+  uint32_t engine_pid = 0;  // 0: not known
+  bool memoryless = false;
 };
 
 class SessionManager {

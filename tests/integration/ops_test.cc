@@ -3,6 +3,7 @@
 // shows its progress; drain, config and log-level answer. A pin hog leaves room for Stores, and
 // the operator evicts around it and ends its leases.
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -156,6 +157,16 @@ TEST(OpsTest, APinHogLeavesRoomForStoresAndTheOperatorEndsIt) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find(absl::StrCat("\"pinned_blocks\":", pinned)), std::string::npos) << r.out;
+  // The engines are this process, and tuttid inherited its CPUs: every one of them is shared.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mine), &mine), 0);
+  EXPECT_NE(r.out.find(absl::StrCat("\"cpus_shared_with_tuttid\":", CPU_COUNT(&mine), "}")),
+            std::string::npos)
+      << r.out;
+  r = RunCommand({ctl, sock, "sessions"});
+  EXPECT_NE(r.out.find(absl::StrCat(" (", CPU_COUNT(&mine), " shared)\n")), std::string::npos)
+      << r.out;
 
   // The operator ends the hog's leases: the session stays, its pins are gone.
   r = RunCommand({ctl, sock, "end-session", hog_id, "--leases-only"});
