@@ -15,6 +15,10 @@
 # and with the engine on CPUs of its own, TUTTI_ENGINE_CPUS (default the last two) and tuttid,
 # its io_uring workers and the raw tool on the rest; three pairs, interleaved, with the defaults;
 # about 3 minutes; measured at stop 53, docs/gpu.md)
+# bouncefootprint (tmpfs reads with fewer host bounce slots a device, datapath.read_bounce_depth
+# TUTTI_BOUNCE_DEPTHS (default "8 4"), against the defaults, interleaved: tmpfs:8 twice, tmpfs:1
+# once with 16; whether a footprint the CPU's last-level cache holds reads faster; about 5
+# minutes; built at stop 54, not yet run: docs/gpu.md, "Stop 54")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -218,6 +222,25 @@ if has cpusplit; then
     done
   done
   if [[ $mps == 1 ]]; then mps_stop; fi
+fi
+
+# tmpfs reads with a bounce footprint (pool devices x depth x 1 MiB) the L3 holds or not.
+if has bouncefootprint; then
+  footprint_run() {  # label configs [depth]
+    local flags=()
+    [[ -n ${3:-} ]] && flags=(--set "datapath.read_bounce_depth=$3")
+    PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
+      --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts array --configs "$2" \
+      --store-rounds 1 --retrieve-rounds 3 --label "${TUTTI_SSD_LABEL:-footprint}-$1" \
+      "${flags[@]}" >> "$out/ssd_array.log" 2>&1
+    summary+=("ssd_array bouncefootprint $1 rc=$?")
+  }
+  for i in 1 2; do
+    footprint_run "t8-default$i" tmpfs:8
+    for d in ${TUTTI_BOUNCE_DEPTHS:-8 4}; do footprint_run "t8-b$d-$i" tmpfs:8 "$d"; done
+  done
+  footprint_run t1-default tmpfs:1
+  footprint_run t1-b16 tmpfs:1 16
 fi
 
 # A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
