@@ -1,8 +1,9 @@
 // The CPUs an engine process may run on, set against tuttid's own. A busy engine whose threads
 // share CPUs with tuttid's I/O threads (io_uring's workers among them) waits behind them: beside
 // tmpfs Retrieves under MPS a busy engine lost 6.6-12.9% of its throughput on shared CPUs and
-// 2.8-4.6% on CPUs of its own (docs/operations.md, "MPS"). Attach reads it and logs an overlap, so
-// that an operator sees it without a benchmark.
+// 2.8-4.6% on CPUs of its own (docs/operations.md, "MPS"). Attach reads it and logs an overlap, and
+// admin Sessions (`tuttictl sessions`) reads it again at each call, so that an operator sees it
+// without a benchmark.
 //
 // Thread-safety: free functions, no state.
 #ifndef TUTTI_DAEMON_SERVER_ENGINE_CPUS_H_
