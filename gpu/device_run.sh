@@ -47,6 +47,14 @@ mps_stop() {
   echo quit | nvidia-cuda-mps-control
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
+# One run of bench/ssd_array.py through the bundle's tuttid, one store round, cut at 80 s; its
+# exit status is the run's. Lines go to $out/ssd.jsonl, the log to $out/ssd_array.log.
+ssd_array_run() {  # LABEL PART CONFIGS RETRIEVE_ROUNDS [ARGS...]
+  local label=$1 part=$2 cfg=$3 rounds=$4; shift 4
+  PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
+    --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts "$part" --configs "$cfg" \
+    --store-rounds 1 --retrieve-rounds "$rounds" --label "$label" "$@" >> "$out/ssd_array.log" 2>&1
+}
 
 if has tests; then
   all_tests="gpu/probe_test gpu/io_stream_test gpu/ready_words_test daemon/gpu/placement_test
@@ -186,10 +194,7 @@ if has copyonarrival; then
   off="--set datapath.gpu_check_copy_on_arrival=false"
   coa() {  # NAME PART CONFIG [FLAGS...]
     local name=$1 part=$2 cfg=$3; shift 3
-    PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
-      --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts "$part" --configs "$cfg" \
-      --store-rounds 1 --retrieve-rounds 2 --label "${TUTTI_SSD_LABEL:-coa}-$name" "$@" \
-      >> "$out/ssd_array.log" 2>&1
+    ssd_array_run "${TUTTI_SSD_LABEL:-coa}-$name" "$part" "$cfg" 2 "$@"
     summary+=("ssd_array copyonarrival $name rc=$?")
   }
   # shellcheck disable=SC2086  # $on and $off are words
@@ -214,10 +219,7 @@ if has cpusplit; then
     for split in shared apart; do
       flags=()
       [[ $split == apart ]] && flags=(--engine-cpus "$engine_cpus" --tuttid-cpus "$tuttid_cpus")
-      PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
-        --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts engine_loss \
-        --configs tmpfs:8 --store-rounds 1 --label "${TUTTI_SSD_LABEL:-cpusplit}-$split$i" \
-        "${flags[@]}" >> "$out/ssd_array.log" 2>&1
+      ssd_array_run "${TUTTI_SSD_LABEL:-cpusplit}-$split$i" engine_loss tmpfs:8 3 "${flags[@]}"
       summary+=("ssd_array cpusplit $split$i rc=$? $(grep -E '^  engine .* loss' "$out/ssd_array.log" | tail -1 | cut -c1-200)")
     done
   done
@@ -229,10 +231,7 @@ if has bouncefootprint; then
   footprint_run() {  # label configs [depth]
     local flags=()
     [[ -n ${3:-} ]] && flags=(--set "datapath.read_bounce_depth=$3")
-    PYTHONPATH=.bundle/site timeout 80 python3 bench/ssd_array.py --tuttid .bundle/tuttid.sh \
-      --rawio "$run bench/raw_array_io" --out "$out/ssd.jsonl" --parts array --configs "$2" \
-      --store-rounds 1 --retrieve-rounds 3 --label "${TUTTI_SSD_LABEL:-footprint}-$1" \
-      "${flags[@]}" >> "$out/ssd_array.log" 2>&1
+    ssd_array_run "${TUTTI_SSD_LABEL:-footprint}-$1" array "$2" 3 "${flags[@]}"
     summary+=("ssd_array bouncefootprint $1 rc=$?")
   }
   for i in 1 2; do
