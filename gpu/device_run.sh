@@ -15,10 +15,11 @@
 # and with the engine on CPUs of its own, TUTTI_ENGINE_CPUS (default the last two) and tuttid,
 # its io_uring workers and the raw tool on the rest; three pairs, interleaved, with the defaults;
 # about 3 minutes; measured at stop 53, docs/gpu.md)
-# bouncefootprint (tmpfs reads with fewer host bounce slots a device, datapath.read_bounce_depth
-# TUTTI_BOUNCE_DEPTHS (default "8 4"), against the defaults, interleaved: tmpfs:8 twice, tmpfs:1
-# once with 16; whether a footprint the CPU's last-level cache holds reads faster; about 5
-# minutes; built at stop 54, not yet run: docs/gpu.md, "Stop 54")
+# bouncefootprint (the minimal reader into the GPU with few and many slots; then tmpfs reads with
+# fewer host bounce slots a device, datapath.read_bounce_depth TUTTI_BOUNCE_DEPTHS (default "8
+# 4"), against the defaults, interleaved: tmpfs:8 twice, a small Retrieve beside a large one with
+# 8, tmpfs:1 once with 16; whether a footprint the CPU's last-level cache holds reads faster; about
+# 7 minutes; docs/gpu.md, "Stop 54")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -228,18 +229,34 @@ fi
 
 # tmpfs reads with a bounce footprint (pool devices x depth x 1 MiB) the L3 holds or not.
 if has bouncefootprint; then
-  footprint_run() {  # label configs [depth]
+  # The minimal reader into the GPU first: 8 tmpfs files of 1 GiB, slots reused freed-last-first
+  # (as tuttid's bounce slots) or oldest-first, few (the L3 holds them) and many.
+  mkdir -p /dev/shm/tutti-footprint
+  for i in 0 1 2 3 4 5 6 7; do fallocate -l 1G "/dev/shm/tutti-footprint/f$i"; done
+  for v in "--slots=16 --lifo" "--slots=64 --lifo" "--slots=64" "--slots=512" \
+      "--slots=16 --lifo --no_gpu" "--slots=64 --no_gpu"; do
+    # shellcheck disable=SC2086  # $v is several flags
+    j="$(timeout 20 "$run" bench/raw_gpu_io --async --seconds=2 --qd=16 $v \
+      /dev/shm/tutti-footprint/f{0..7} 2>> "$out/raw_gpu_io.log")"
+    echo "$j" >> "$out/raw_gpu_io_footprint.jsonl"
+    summary+=("raw_gpu_io 8 tmpfs files $v: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
+  done
+  rm -rf /dev/shm/tutti-footprint
+  footprint_run() {  # label part configs [depth]
     local flags=()
-    [[ -n ${3:-} ]] && flags=(--set "datapath.read_bounce_depth=$3")
-    ssd_array_run "${TUTTI_SSD_LABEL:-footprint}-$1" array "$2" 3 "${flags[@]}"
+    [[ -n ${4:-} ]] && flags=(--set "datapath.read_bounce_depth=$4")
+    ssd_array_run "${TUTTI_SSD_LABEL:-footprint}-$1" "$2" "$3" 3 "${flags[@]}"
     summary+=("ssd_array bouncefootprint $1 rc=$?")
   }
   for i in 1 2; do
-    footprint_run "t8-default$i" tmpfs:8
-    for d in ${TUTTI_BOUNCE_DEPTHS:-8 4}; do footprint_run "t8-b$d-$i" tmpfs:8 "$d"; done
+    footprint_run "t8-default$i" array tmpfs:8
+    for d in ${TUTTI_BOUNCE_DEPTHS:-8 4}; do footprint_run "t8-b$d-$i" array tmpfs:8 "$d"; done
   done
-  footprint_run t1-default tmpfs:1
-  footprint_run t1-b16 tmpfs:1 16
+  # A small Retrieve beside a large one waits about one round of the large one's slots.
+  footprint_run share-b8 share tmpfs:8 8
+  footprint_run share-default share tmpfs:8
+  footprint_run t1-b16 array tmpfs:1 16
+  footprint_run t1-default array tmpfs:1
 fi
 
 # A dead engine's memory while the daemon still maps it (free memory, a third process's memory).
