@@ -64,9 +64,10 @@ void AdminService::FillSessions(tutti::v1::SessionsResponse* resp) const {
     row->set_idle_ms(s.idle_ms);
     row->set_num_blocks(s.num_blocks);
     row->set_uid(s.uid);
-    if (s.memoryless || s.engine_pid == 0) continue;
-    // Read now, not at Attach: an operator may have moved the engine since.
-    if (absl::StatusOr<CpuOverlap> o = EngineCpuOverlap(static_cast<pid_t>(s.engine_pid)); o.ok()) {
+    if (s.memoryless || s.engine_process == nullptr) continue;
+    // Read now, not at Attach: an operator may have moved the engine since. Not once it has
+    // exited, when its pid may name another process.
+    if (absl::StatusOr<CpuOverlap> o = s.engine_process->Cpus(); o.ok()) {
       row->set_engine_cpus(o->engine);
       row->set_cpus_shared_with_tuttid(static_cast<uint32_t>(o->shared));
     }

@@ -1,12 +1,20 @@
 #include "daemon/server/engine_cpus.h"
 
 #include <errno.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
 
 namespace tutti::server {
 namespace {
@@ -40,6 +48,30 @@ absl::StatusOr<CpuOverlap> EngineCpuOverlap(pid_t engine_pid) {
   if (absl::Status s = AffinityOf(getpid(), &tuttid); !s.ok()) return s;
   CPU_AND(&both, &engine, &tuttid);
   return CpuOverlap{CpuList(engine), CpuList(tuttid), CPU_COUNT(&engine), CPU_COUNT(&both)};
+}
+
+EngineProcess::EngineProcess(pid_t pid)
+    : pid_(pid), pidfd_(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))) {}
+
+EngineProcess::~EngineProcess() {
+  if (pidfd_ >= 0) close(pidfd_);
+}
+
+bool EngineProcess::Exited() const {
+  // Signal 0 checks without sending. EPERM (an engine of another user) is a live process.
+  return pidfd_ >= 0 && syscall(SYS_pidfd_send_signal, pidfd_, 0, nullptr, 0) != 0 &&
+         errno == ESRCH;
+}
+
+absl::StatusOr<CpuOverlap> EngineProcess::Cpus() const {
+  const auto exited = [this] {
+    return absl::NotFoundError(absl::StrCat("engine pid ", pid_, " has exited"));
+  };
+  if (Exited()) return exited();
+  absl::StatusOr<CpuOverlap> o = EngineCpuOverlap(pid_);
+  // Exited between the two looks: the pid may name another process by now.
+  if (o.ok() && Exited()) return exited();
+  return o;
 }
 
 }  // namespace tutti::server

@@ -5,7 +5,8 @@
 // admin Sessions (`tuttictl sessions`) reads it again at each call, so that an operator sees it
 // without a benchmark.
 //
-// Thread-safety: free functions, no state.
+// Thread-safety: the free functions keep no state; EngineProcess's methods are const and
+// thread-safe.
 #ifndef TUTTI_DAEMON_SERVER_ENGINE_CPUS_H_
 #define TUTTI_DAEMON_SERVER_ENGINE_CPUS_H_
 
@@ -33,6 +34,31 @@ std::string CpuList(const cpu_set_t& set);
 // tuttid's pid namespace; INTERNAL for another sched_getaffinity failure (a host of more than
 // CPU_SETSIZE CPUs).
 absl::StatusOr<CpuOverlap> EngineCpuOverlap(pid_t engine_pid);
+
+// The engine process that attached a session, held by a pidfd (pidfd_open, Linux 5.3+) so that a
+// later look at its CPUs reads that process, never one that has taken its pid since it exited.
+// Where pidfds are not to be had, the pid alone (and a reused pid may then show another
+// process's CPUs). Not copyable.
+class EngineProcess {
+ public:
+  explicit EngineProcess(pid_t pid);
+  // Tests: `pidfd` (owned; -1 for none) stands for the process that `pid` named at attach.
+  EngineProcess(pid_t pid, int pidfd) : pid_(pid), pidfd_(pidfd) {}
+  ~EngineProcess();
+  EngineProcess(const EngineProcess&) = delete;
+  EngineProcess& operator=(const EngineProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Its CPUs against this process's (EngineCpuOverlap). NOT_FOUND once it has exited, whatever
+  // process has its pid now.
+  absl::StatusOr<CpuOverlap> Cpus() const;
+
+ private:
+  bool Exited() const;  // the pidfd says the process has exited (false without a pidfd)
+
+  const pid_t pid_;
+  const int pidfd_;
+};
 
 }  // namespace tutti::server
 

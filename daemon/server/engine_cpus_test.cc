@@ -1,8 +1,12 @@
 #include "daemon/server/engine_cpus.h"
 
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "gtest/gtest.h"
 
@@ -64,6 +68,52 @@ TEST(EngineCpusTest, NoSuchProcessIsNotFound) {
   ASSERT_FALSE(o.ok());
   EXPECT_EQ(o.status().code(), absl::StatusCode::kNotFound) << o.status();
   EXPECT_NE(o.status().message().find("sched_getaffinity"), std::string::npos);
+}
+
+// A child that waits until killed; its pid.
+pid_t Sleeper() {
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  return child;
+}
+
+TEST(EngineCpusTest, AProcessHeldReadsItsCpusUntilItExits) {
+  const pid_t child = Sleeper();
+  ASSERT_GT(child, 0);
+  EngineProcess engine(child);
+  EXPECT_EQ(engine.pid(), child);
+  absl::StatusOr<CpuOverlap> alive = engine.Cpus();
+  kill(child, SIGKILL);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  ASSERT_TRUE(alive.ok()) << alive.status();
+  absl::StatusOr<CpuOverlap> gone = engine.Cpus();
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+}
+
+// The pid names a live process, but not the one attached (whose pidfd says it exited): as after
+// the engine exited and another process took its pid. The pid alone would read the other's CPUs.
+TEST(EngineCpusTest, AnotherProcessWithTheEnginesPidIsNotTheEngine) {
+  const pid_t attached = Sleeper();
+  ASSERT_GT(attached, 0);
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, attached, 0));
+  kill(attached, SIGKILL);
+  ASSERT_EQ(waitpid(attached, nullptr, 0), attached);
+  if (pidfd < 0) GTEST_SKIP() << "no pidfd_open here: " << strerror(errno);
+  const pid_t other = Sleeper();
+  ASSERT_GT(other, 0);
+  EngineProcess engine(other, pidfd);
+  absl::StatusOr<CpuOverlap> o = engine.Cpus();
+  absl::StatusOr<CpuOverlap> by_pid = EngineCpuOverlap(other);
+  kill(other, SIGKILL);
+  waitpid(other, nullptr, 0);
+  EXPECT_TRUE(by_pid.ok()) << by_pid.status();
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kNotFound) << o.status();
+  EXPECT_NE(o.status().message().find("has exited"), std::string::npos) << o.status();
 }
 
 }  // namespace

@@ -80,6 +80,10 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
                                                 std::string engine_group, bool memoryless,
                                                 uint64_t events_seq_at_attach) {
   ASSIGN_OR_RETURN(std::string token, NewToken());
+  // Held from here, so that a later look at the engine reads this process (engine_cpus.h).
+  auto process = engine_pid == 0
+                     ? nullptr
+                     : std::make_shared<const EngineProcess>(static_cast<pid_t>(engine_pid));
   absl::MutexLock lock(&mu_);
   if (sessions_.size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -100,6 +104,7 @@ absl::StatusOr<SessionRef> SessionManager::Open(std::string engine_id, Namespace
   state->model_id = std::move(model_id);
   state->io = std::move(io);
   state->engine_pid = engine_pid;
+  state->engine_process = std::move(process);
   state->uid = uid;
   state->engine_group = std::move(engine_group);
   state->memoryless = memoryless;
@@ -406,6 +411,7 @@ std::vector<SessionSummary> SessionManager::List() const {
     row.pinned_blocks = s.pinned;
     row.uid = s.state->uid;
     row.engine_pid = s.state->engine_pid;
+    row.engine_process = s.state->engine_process;
     row.memoryless = s.state->memoryless;
     row.idle_ms = static_cast<uint64_t>(std::max<int64_t>(0, now - s.last_seen_ms));
     row.num_blocks = s.state->io->num_blocks();

@@ -63,6 +63,7 @@
 #include "common/stats.h"
 #include "common/types.h"
 #include "daemon/engine/engine_io.h"
+#include "daemon/server/engine_cpus.h"
 
 namespace tutti::server {
 
@@ -76,6 +77,8 @@ struct SessionState {
   NamespaceId ns = 0;
   std::string model_id;
   uint32_t engine_pid = 0;   // as the handoff socket saw it; 0: not known
+  // That process, held (engine_cpus.h); null when its pid is not known.
+  std::shared_ptr<const EngineProcess> engine_process;
   uint32_t uid = 0;          // the engine's user, as the handoff socket saw it
   std::string engine_group;  // empty: shares no lease
   bool memoryless = false;   // attached no memory: no Retrieve or Store
@@ -120,6 +123,7 @@ struct SessionSummary {
   uint32_t num_blocks = 0;
   uint32_t uid = 0;
   uint32_t engine_pid = 0;  // 0: not known
+  std::shared_ptr<const EngineProcess> engine_process;  // null: not known
   bool memoryless = false;
 };
 
