@@ -398,7 +398,9 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
     return Bad("datapath.read_post_bytes", absl::StrCat(d.read_post_bytes()),
                absl::StrCat("must be a multiple of 4096 in [4096, ", 256 * kMiB, "]"));
   }
-  RETURN_IF_ERROR(CheckRange("datapath.read_bounce_depth", d.read_bounce_depth(), 0, 1024));
+  if (d.has_read_bounce_depth()) {
+    RETURN_IF_ERROR(CheckRange("datapath.read_bounce_depth", d.read_bounce_depth(), 0, 1024));
+  }
   RETURN_IF_ERROR(CheckRange("datapath.gpu_check_batch_objects", d.gpu_check_batch_objects(), 16,
                              65536));
   RETURN_IF_ERROR(CheckRange("datapath.gpu_check_slots", d.gpu_check_slots(), 2, 16));
@@ -474,6 +476,10 @@ void PrintMessage(const google::protobuf::Message& m, int indent, std::string* o
         google::protobuf::TextFormat::PrintFieldValueToString(m, f, j, &v);
         absl::StrAppend(out, pad, f->name(), ": ", v, "\n");
       }
+      continue;
+    }
+    if (f->has_presence() && !r->HasField(m, f)) {  // unset means its own default: keep it so
+      absl::StrAppend(out, pad, "# ", f->name(), ": unset (config.proto says what applies)\n");
       continue;
     }
     std::string v;
@@ -583,6 +589,13 @@ Config EmbeddedConfig() {
 }
 
 }  // namespace
+
+uint32_t ReadBounceDepth(const Config& config) {
+  if (config.datapath().has_read_bounce_depth()) return config.datapath().read_bounce_depth();
+  constexpr uint32_t kSlots = 64, kLeast = 8;  // docs/gpu.md, "Stop 55"
+  const auto devices = static_cast<uint32_t>(std::max(1, config.pool().dirs_size()));
+  return std::max(kLeast, kSlots / devices);
+}
 
 Config DefaultConfig() {
   Config config = EmbeddedConfig();

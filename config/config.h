@@ -37,6 +37,10 @@ std::string AdminSocketPath(const tutti::v1::ListenConfig& listen);
 // unvalidated (it is valid: config_test checks it).
 tutti::v1::Config DefaultConfig();
 
+// The host bounce slots per pool device that Retrieves staged on the GPU read into:
+// datapath.read_bounce_depth where set, else 64 shared out over pool.dirs, at least 8 each.
+uint32_t ReadBounceDepth(const tutti::v1::Config& config);
+
 // Parses `text` (a text-format tutti.v1.Config, possibly empty) on top of the embedded defaults:
 // every field `text` sets replaces the default, including zero values; `pool.dirs` given in
 // `text` replace the (empty) default list. Then resolves the fields whose 0 means automatic:

@@ -328,7 +328,21 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_EQ(c->datapath().store_checksums(), "auto");
   EXPECT_TRUE(LoadConfig("datapath { store_checksums: \"cpu\" }").ok());
   ExpectRejected("datapath { store_checksums: \"fpga\" }", {"datapath.store_checksums", "fpga"});
-  EXPECT_EQ(c->datapath().read_bounce_depth(), 64u);
+  // Unset: 64 slots shared out over the pool's devices, at least 8 each.
+  EXPECT_FALSE(c->datapath().has_read_bounce_depth());
+  for (const auto& [dirs, depth] : std::vector<std::pair<int, uint32_t>>{
+           {0, 64}, {1, 64}, {2, 32}, {4, 16}, {5, 12}, {8, 8}, {16, 8}}) {
+    tutti::v1::Config with = *c;
+    with.mutable_pool()->clear_dirs();
+    for (int i = 0; i < dirs; ++i) with.mutable_pool()->add_dirs(absl::StrCat("/d", i));
+    EXPECT_EQ(ReadBounceDepth(with), depth) << dirs << " dirs";
+  }
+  absl::StatusOr<tutti::v1::Config> set = LoadConfig("datapath { read_bounce_depth: 32 }");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(ReadBounceDepth(*set), 32u);
+  set = LoadConfig("datapath { read_bounce_depth: 0 }");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(ReadBounceDepth(*set), 0u);
   EXPECT_TRUE(LoadConfig("datapath { read_bounce_depth: 0 }").ok());  // whole layers in host memory
   ExpectRejected("datapath { read_bounce_depth: 1025 }",
                  {"datapath.read_bounce_depth", "[0, 1024]"});
@@ -420,6 +434,8 @@ TEST(ConfigTest, RenderShowsEveryFieldAndReloads) {
   EXPECT_THAT(text, HasSubstr("capacity_bytes: 0"));  // zero values shown too
   EXPECT_THAT(text, HasSubstr("dirs: \"/ssd0\""));
   EXPECT_THAT(text, HasSubstr("log_level: \"info\""));
+  // An unset field with presence stays unset (read_bounce_depth: its share of 64 a device).
+  EXPECT_THAT(text, HasSubstr("# read_bounce_depth: unset"));
   // The rendering is itself a config file that yields the same config.
   auto again = LoadConfig(text);
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << text;

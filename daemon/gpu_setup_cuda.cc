@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "config/config.h"
 #include "daemon/gpu/gpu_verifier.h"
 #include "daemon/gpu/layer_copier.h"
 #include "daemon/gpu_setup.h"
@@ -166,7 +167,7 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     // per byte (daemon/gpu/gpu_verifier.h). With bounce slots the layers are staged there and the
     // reads land in a few host slots per device; else in a GPU mirror of the host retrieve staging.
     rt->store = store;
-    const uint32_t depth = config.datapath().read_bounce_depth();
+    const uint32_t depth = config::ReadBounceDepth(config);
     const uint64_t staging_mib = store->retrieve_staging_region().size() >> 20;
     gpu::GpuVerifierOptions vo;
     vo.max_objects_per_slot = config.datapath().gpu_check_batch_objects();
