@@ -4,9 +4,12 @@
 // each landed read copied at once to the GPU by the copy engine (cudaMemcpyAsync on the thread's
 // own stream), its slot reused once that copy has finished. Writes: the other way round, each slot
 // copied from the GPU, then written; fdatasync at the end, inside the timing. No checks, no
-// layout, no journal: a ceiling.
+// layout, no journal: a ceiling. Copies (--op=copy): the reads' copies alone, without the reads:
+// each thread keeps `qd` copies of one slot each in flight from its slots to the GPU, so what the
+// copy engines give chunks of io_bytes from several threads is seen apart from the reads (the
+// FILEs are not opened then, only counted: one thread each).
 //
-//   raw_gpu_io [--op=read|write] [--io_bytes=1048576] [--qd=16] [--slots=32] [--seconds=3]
+//   raw_gpu_io [--op=read|write|copy] [--io_bytes=1048576] [--qd=16] [--slots=32] [--seconds=3]
 //              [--no_gpu] [--async] [--device_bytes=N] [--staging=hostalloc|register]
 //              [--fixed] [--lifo] FILE...
 //
@@ -50,7 +53,7 @@
 #include "bench/worker_sampler.h"
 #include "cuda_runtime_api.h"
 
-ABSL_FLAG(std::string, op, "read", "read | write");
+ABSL_FLAG(std::string, op, "read", "read | write | copy (the copies to the GPU alone)");
 ABSL_FLAG(uint64_t, io_bytes, 1 << 20, "request size, a multiple of 4096");
 ABSL_FLAG(uint32_t, qd, 16, "reads in flight per file");
 ABSL_FLAG(uint32_t, slots, 32, "pinned slots of io_bytes per file (at least qd)");
@@ -89,6 +92,7 @@ struct FileOptions {
   uint32_t qd = 0;
   uint32_t slots = 0;
   bool write = false;
+  bool copy_only = false;
   bool gpu = true;
   bool async = false;
   uint64_t device_bytes = 0;
@@ -123,7 +127,9 @@ class FileRun {
 
   void Run() {
     if (!Open()) return;
-    if (o_.write) {
+    if (o_.copy_only) {
+      Copies();
+    } else if (o_.write) {
       Writes();
     } else {
       Reads();
@@ -145,12 +151,32 @@ class FileRun {
   }
 
   bool Open() {
+    if (o_.copy_only) {
+      span_slots_ = 1;
+      return Buffers();
+    }
     fd_ = open(path_.c_str(), (o_.write ? O_RDWR : O_RDONLY) | O_DIRECT);
     if (fd_ < 0) return Fail(absl::StrCat("open ", path_, " O_DIRECT: ", std::strerror(errno)));
     struct stat st;
     if (fstat(fd_, &st) != 0) return Fail(absl::StrCat("fstat: ", std::strerror(errno)));
     span_slots_ = static_cast<uint64_t>(st.st_size) / o_.io_bytes;
     if (span_slots_ == 0) return Fail(absl::StrCat(path_, ": smaller than one request"));
+    if (!Buffers()) return false;
+    const int rc = io_uring_queue_init(o_.qd, &ring_, 0);
+    if (rc < 0) return Fail(absl::StrCat("io_uring_queue_init: ", std::strerror(-rc)));
+    ring_ok_ = true;
+    if (o_.fixed) {
+      const iovec v{host_, uint64_t{o_.slots} * o_.io_bytes};
+      const int r = io_uring_register_buffers(&ring_, &v, 1);
+      if (r < 0) return Fail(absl::StrCat("io_uring_register_buffers: ", std::strerror(-r)));
+    }
+    rng_.seed(o_.seed);
+    next_ = rng_() % span_slots_;
+    return true;
+  }
+
+  // The pinned slots (all free), the GPU buffer, the stream and the events.
+  bool Buffers() {
     const uint64_t bytes = uint64_t{o_.slots} * o_.io_bytes;
     if (o_.gpu && !o_.host_register) {
       if (!Check(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes, cudaHostAllocPortable),
@@ -181,16 +207,6 @@ class FileRun {
         }
       }
     }
-    const int rc = io_uring_queue_init(o_.qd, &ring_, 0);
-    if (rc < 0) return Fail(absl::StrCat("io_uring_queue_init: ", std::strerror(-rc)));
-    ring_ok_ = true;
-    if (o_.fixed) {
-      const iovec v{host_, bytes};
-      const int r = io_uring_register_buffers(&ring_, &v, 1);
-      if (r < 0) return Fail(absl::StrCat("io_uring_register_buffers: ", std::strerror(-r)));
-    }
-    rng_.seed(o_.seed);
-    next_ = rng_() % span_slots_;
     for (uint32_t i = 0; i < o_.slots; ++i) free_.push_back(i);
     return true;
   }
@@ -305,6 +321,21 @@ class FileRun {
     }
   }
 
+  // --op=copy: `qd` copies in flight from the slots to the GPU, each slot again once its copy has
+  // finished; bytes counted as each copy is enqueued (the final sync is inside the timing).
+  void Copies() {
+    while (!Stopping()) {
+      if (free_.empty() || copying_.size() >= o_.qd) {
+        if (!Finished(&free_, /*wait=*/true)) return;
+        continue;
+      }
+      const uint32_t s = free_.front();
+      free_.pop_front();
+      if (!Copy(s)) return;
+      out_->bytes += o_.io_bytes;
+    }
+  }
+
   // Copies from the GPU into free slots, each written once its copy has finished; a slot is
   // free again when its write completes.
   void Writes() {
@@ -379,12 +410,12 @@ int main(int argc, char** argv) {
   const uint64_t device_bytes = absl::GetFlag(FLAGS_device_bytes);
   const uint32_t burst = std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd));
   std::vector<std::string> files(rest.begin() + 1, rest.end());
-  if ((op != "read" && op != "write") || files.empty() || io_bytes == 0 || io_bytes % 4096 != 0 ||
-      qd == 0 || slots < qd || device_bytes < io_bytes ||
+  if ((op != "read" && op != "write" && op != "copy") || (op == "copy" && !gpu) || files.empty() ||
+      io_bytes == 0 || io_bytes % 4096 != 0 || qd == 0 || slots < qd || device_bytes < io_bytes ||
       (absl::GetFlag(FLAGS_staging) != "hostalloc" && absl::GetFlag(FLAGS_staging) != "register")) {
     std::fprintf(
         stderr,
-        "usage: raw_gpu_io [--op=read|write] [--io_bytes=N (x4096)] [--qd=N] "
+        "usage: raw_gpu_io [--op=read|write|copy] [--io_bytes=N (x4096)] [--qd=N] "
         "[--slots=N>=qd] [--seconds=S] [--no_gpu] [--async] [--device_bytes=N] "
         "[--staging=hostalloc|register] [--fixed] [--lifo] [--sequential] [--burst=N] FILE...\n");
     return 2;
@@ -411,6 +442,7 @@ int main(int argc, char** argv) {
     o.qd = qd;
     o.slots = slots;
     o.write = op == "write";
+    o.copy_only = op == "copy";
     o.gpu = gpu;
     o.async = absl::GetFlag(FLAGS_async);
     o.device_bytes = device_bytes;
