@@ -1,20 +1,13 @@
 #include "daemon/server/engine_cpus.h"
 
 #include <errno.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_send_signal
-#define SYS_pidfd_send_signal 424
-#endif
+#include "daemon/server/pidfd.h"
 
 namespace tutti::server {
 namespace {
@@ -50,18 +43,13 @@ absl::StatusOr<CpuOverlap> EngineCpuOverlap(pid_t engine_pid) {
   return CpuOverlap{CpuList(engine), CpuList(tuttid), CPU_COUNT(&engine), CPU_COUNT(&both)};
 }
 
-EngineProcess::EngineProcess(pid_t pid)
-    : pid_(pid), pidfd_(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))) {}
+EngineProcess::EngineProcess(pid_t pid) : pid_(pid), pidfd_(PidfdOpen(pid)) {}
 
 EngineProcess::~EngineProcess() {
   if (pidfd_ >= 0) close(pidfd_);
 }
 
-bool EngineProcess::Exited() const {
-  // Signal 0 checks without sending. EPERM (an engine of another user) is a live process.
-  return pidfd_ >= 0 && syscall(SYS_pidfd_send_signal, pidfd_, 0, nullptr, 0) != 0 &&
-         errno == ESRCH;
-}
+bool EngineProcess::Exited() const { return PidfdExited(pidfd_); }
 
 absl::StatusOr<CpuOverlap> EngineProcess::Cpus() const {
   const auto exited = [this] {

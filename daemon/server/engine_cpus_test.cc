@@ -1,13 +1,13 @@
 #include "daemon/server/engine_cpus.h"
 
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "daemon/server/pidfd.h"
 #include "gtest/gtest.h"
 
 namespace tutti::server {
@@ -99,7 +99,7 @@ TEST(EngineCpusTest, AProcessHeldReadsItsCpusUntilItExits) {
 TEST(EngineCpusTest, AnotherProcessWithTheEnginesPidIsNotTheEngine) {
   const pid_t attached = Sleeper();
   ASSERT_GT(attached, 0);
-  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, attached, 0));
+  const int pidfd = PidfdOpen(attached);
   kill(attached, SIGKILL);
   ASSERT_EQ(waitpid(attached, nullptr, 0), attached);
   if (pidfd < 0) GTEST_SKIP() << "no pidfd_open here: " << strerror(errno);

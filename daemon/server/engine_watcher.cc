@@ -3,7 +3,6 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,10 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
+#include "daemon/server/pidfd.h"
 
 namespace tutti::server {
 namespace {
@@ -26,8 +22,6 @@ constexpr int kPidfdTimeoutMs = 200;
 constexpr int kPollTimeoutMs = 50;
 constexpr int64_t kSweepEveryMs = 1000;
 constexpr uint64_t kWakeId = 0;  // epoll data of the wake-up eventfd; watch ids start at 1
-
-int PidfdOpen(uint32_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -55,7 +49,7 @@ absl::StatusOr<std::unique_ptr<EngineWatcher>> EngineWatcher::Create(OnExit on_e
     if (wake_fd >= 0) close(wake_fd);
     return absl::InternalError(absl::StrCat("eventfd: ", strerror(err)));
   }
-  const int self = PidfdOpen(static_cast<uint32_t>(getpid()));
+  const int self = PidfdOpen(getpid());
   const bool use_pidfd = self >= 0;
   if (use_pidfd) {
     close(self);
@@ -91,7 +85,7 @@ absl::Status EngineWatcher::Watch(uint32_t pid, uint64_t session_id, std::functi
   if (pid == 0) return NoSuchProcess(pid);
   int pidfd = -1;
   if (use_pidfd_) {
-    pidfd = PidfdOpen(pid);
+    pidfd = PidfdOpen(static_cast<pid_t>(pid));
     if (pidfd < 0) {
       if (errno == ESRCH || errno == EINVAL) return NoSuchProcess(pid);
       return absl::InternalError(absl::StrCat("pidfd_open(", pid, "): ", strerror(errno)));
