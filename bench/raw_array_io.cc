@@ -26,12 +26,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -43,6 +41,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/jsonl.h"
+#include "bench/start_line.h"
 #include "bench/worker_sampler.h"
 
 ABSL_FLAG(std::string, op, "read", "read | write");
@@ -91,29 +90,6 @@ struct FileRun {
   double fill_seconds = 0;
   Clock::time_point start, end;  // start: the common start line
   std::string error;             // empty: no failure
-};
-
-// All workers start the timed loop at once, after every file is open and filled.
-class StartLine {
- public:
-  explicit StartLine(size_t n) : waiting_(n) {}
-  // Returns the common start time; every worker must arrive, failed ones included.
-  Clock::time_point Arrive() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (--waiting_ == 0) {
-      start_ = Clock::now();
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return waiting_ == 0; });
-    }
-    return start_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  size_t waiting_;
-  Clock::time_point start_;
 };
 
 double CpuSeconds() {
@@ -295,7 +271,8 @@ uint64_t Prepare(Ring& ring, const std::string& path, const Options& o, double* 
   return span;
 }
 
-void Worker(size_t index, const Options& o, StartLine* start_line, uint64_t share, FileRun* run) {
+void Worker(size_t index, const Options& o, tutti::bench::StartLine* start_line, uint64_t share,
+            FileRun* run) {
   Ring ring;
   std::string error = ring.Open(run->path, o);
   if (error.empty()) run->span = Prepare(ring, run->path, o, &run->fill_seconds, &error);
@@ -367,7 +344,7 @@ int Main(const std::vector<std::string>& files, const std::string& command) {
 
   std::vector<FileRun> runs(files.size());
   for (size_t i = 0; i < files.size(); ++i) runs[i].path = files[i];
-  StartLine start_line(files.size());
+  tutti::bench::StartLine start_line(files.size());
   // Each file's share of --bytes, in whole requests (rounded up).
   const uint64_t share = (o.bytes / files.size() + o.io_bytes - 1) / o.io_bytes * o.io_bytes;
   // The most io_uring workers seen at once (sampled every 50 ms while the rings run).

@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "bench/jsonl.h"
+#include "bench/start_line.h"
 #include "bench/worker_sampler.h"
 #include "cuda_runtime_api.h"
 
@@ -81,6 +82,13 @@ std::string CudaError(const char* what, cudaError_t e) {
   return absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
 
+double CpuSeconds() {
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 struct Result {
   uint64_t bytes = 0;
   double seconds = 0;
@@ -101,7 +109,9 @@ struct FileOptions {
   bool lifo = false;
   bool sequential = false;
   uint32_t burst = 1;
-  Clock::time_point start, deadline;
+  double seconds = 0;
+  tutti::bench::StartLine* start_line = nullptr;  // every file's run arrives, opened or not
+  double* cpu_at_start = nullptr;  // one run's: the process's CPU seconds at the start line
   uint64_t seed = 0;
 };
 
@@ -126,7 +136,12 @@ class FileRun {
   }
 
   void Run() {
-    if (!Open()) return;
+    const bool opened = Open();
+    start_ = o_.start_line->Arrive();  // set-up (pinning, cudaMalloc) outside the timing
+    if (o_.cpu_at_start != nullptr) *o_.cpu_at_start = CpuSeconds();
+    deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(o_.seconds));
+    if (!opened) return;
     if (o_.copy_only) {
       Copies();
     } else if (o_.write) {
@@ -138,7 +153,7 @@ class FileRun {
     if (o_.write && out_->error.empty() && fdatasync(fd_) != 0) {
       out_->error = absl::StrCat("fdatasync: ", std::strerror(errno));
     }
-    out_->seconds = std::chrono::duration<double>(Clock::now() - o_.start).count();
+    out_->seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   }
 
  private:
@@ -212,7 +227,7 @@ class FileRun {
   }
 
   bool Stopping() {
-    if (!stopping_ && Clock::now() >= o_.deadline) stopping_ = true;
+    if (!stopping_ && Clock::now() >= deadline_) stopping_ = true;
     return stopping_ || !out_->error.empty();
   }
 
@@ -368,6 +383,7 @@ class FileRun {
   const std::string path_;
   const FileOptions o_;
   Result* const out_;
+  Clock::time_point start_, deadline_;  // from the start line
   int fd_ = -1;
   uint64_t span_slots_ = 0;
   uint8_t* host_ = nullptr;
@@ -388,13 +404,6 @@ class FileRun {
 
 void RunFile(const std::string& path, const FileOptions& o, Result* out) {
   FileRun(path, o, out).Run();
-}
-
-double CpuSeconds() {
-  rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-         1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 }  // namespace
@@ -431,11 +440,8 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   tutti::bench::WorkerSampler sampler;  // io_uring workers runnable at once (copies on tmpfs)
   sampler.Start();
-  const double cpu0 = CpuSeconds();
-  const auto start = Clock::now();
-  const Clock::time_point deadline =
-      start + std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
+  double cpu0 = 0;  // set by the first file's run at the start line
+  tutti::bench::StartLine start_line(files.size());
   for (size_t i = 0; i < files.size(); ++i) {
     FileOptions o;
     o.io_bytes = io_bytes;
@@ -451,8 +457,9 @@ int main(int argc, char** argv) {
     o.lifo = absl::GetFlag(FLAGS_lifo);
     o.sequential = absl::GetFlag(FLAGS_sequential);
     o.burst = burst;
-    o.start = start;
-    o.deadline = deadline;
+    o.seconds = absl::GetFlag(FLAGS_seconds);
+    o.start_line = &start_line;
+    o.cpu_at_start = i == 0 ? &cpu0 : nullptr;
     o.seed = 1000003 * (i + 1);
     threads.emplace_back(RunFile, files[i], o, &results[i]);
   }
