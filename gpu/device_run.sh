@@ -20,11 +20,12 @@
 # 4"), against the defaults, interleaved: tmpfs:8 twice, a small Retrieve beside a large one with
 # 8, tmpfs:1 once with 16; whether a footprint the CPU's last-level cache holds reads faster; about
 # 7 minutes; docs/gpu.md, "Stop 54")
-# readsize (the copies to the GPU alone by chunk size, 1/2/4 MiB; then tmpfs reads of at most 2 MiB
-# (datapath.max_read_bytes and read_post_bytes) against the default 1 MiB, interleaved: tmpfs:8
-# twice, tmpfs:4, tmpfs:1, loop:4, a small Retrieve beside a large one, TTFT under MPS with the
-# engine on CPUs of its own; whether larger copies lift tmpfs reads; about 9 minutes, the last
-# parts skipped past 8; docs/gpu.md, "Stop 56")
+# readsize (the copies to the GPU alone in 1 and 4 MiB chunks; then tmpfs:8 reads with larger copies
+# to the GPU against the defaults, interleaved, twice: 2 MiB reads and posts, 1 MiB reads in posts
+# of 2 and 4 MiB, 4 MiB posts with 4 bounce slots a device; posts of 4 MiB against the defaults at
+# tmpfs:4 and tmpfs:1, then loop:4 and a small Retrieve beside a large one; whether larger copies
+# lift tmpfs reads; about 9 minutes, the last parts skipped past TUTTI_READSIZE_CUTOFF seconds
+# (470); docs/gpu.md, "Stop 56" and "Stop 57")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -232,12 +233,16 @@ if has cpusplit; then
   if [[ $mps == 1 ]]; then mps_stop; fi
 fi
 
-# Reads of 2 MiB against 1 MiB: a copy to the GPU of each landed read tops out at 0.87 of a
-# contiguous copy in 1 MiB chunks, 0.93 in 2 MiB (stop 56).
+# Larger copies to the GPU: a copy of each landed 1 MiB read tops out at 0.87 of a contiguous copy,
+# 0.93 in 2 MiB and 0.96 in 4 MiB (stop 56). A batch of one device's reads lands in one bounce slot
+# and is copied in one go (its reads are adjacent in the slot and in the layer's GPU staging), so
+# read_post_bytes sets the copy size while max_read_bytes sets the I/O size. Variants, interleaved:
+# m2 (2 MiB reads and posts), p2 and p4 (1 MiB reads, posts of 2 and 4 MiB), p4d4 (p4 with 4 bounce
+# slots a device) against the defaults.
 if has readsize; then
   mkdir -p /dev/shm/tutti-readsize
   for i in 0 1 2 3 4 5 6 7; do fallocate -l 1G "/dev/shm/tutti-readsize/f$i"; done
-  for v in "--io_bytes=1048576" "--io_bytes=2097152" "--io_bytes=4194304 --qd=8 --slots=8"; do
+  for v in "--io_bytes=1048576" "--io_bytes=4194304 --qd=8 --slots=8"; do
     # shellcheck disable=SC2086  # $v is several flags
     j="$(timeout 20 "$run" bench/raw_gpu_io --op=copy --seconds=2 --qd=16 --slots=16 --lifo $v \
       /dev/shm/tutti-readsize/f{0..7} 2>> "$out/raw_gpu_io.log")"
@@ -245,31 +250,28 @@ if has readsize; then
     summary+=("raw_gpu_io --op=copy 8 threads $v: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
   done
   rm -rf /dev/shm/tutti-readsize
-  m2=(--set datapath.max_read_bytes=2097152 --set datapath.read_post_bytes=2097152)
-  readsize_run() {  # label part configs [m2]
-    local flags=()
-    [[ -n ${4:-} ]] && flags=("${m2[@]}")
-    (( SECONDS > 480 )) && { summary+=("ssd_array readsize $1 skipped at ${SECONDS}s"); return; }
-    ssd_array_run "${TUTTI_SSD_LABEL:-readsize}-$1" "$2" "$3" 3 "${flags[@]}" "${@:5}"
+  declare -A rs_flags=(
+    [default]=""
+    [m2]="--set datapath.max_read_bytes=2097152 --set datapath.read_post_bytes=2097152"
+    [p2]="--set datapath.read_post_bytes=2097152"
+    [p4]="--set datapath.read_post_bytes=4194304"
+    [p4d4]="--set datapath.read_post_bytes=4194304 --set datapath.read_bounce_depth=4"
+  )
+  readsize_run() {  # label part configs variant [ARGS...]
+    (( SECONDS > ${TUTTI_READSIZE_CUTOFF:-470} )) && {
+      summary+=("ssd_array readsize $1 skipped at ${SECONDS}s"); return; }
+    # shellcheck disable=SC2086  # the variant's flags are words
+    ssd_array_run "${TUTTI_SSD_LABEL:-readsize}-$1" "$2" "$3" 3 ${rs_flags[$4]} "${@:5}"
     summary+=("ssd_array readsize $1 rc=$?")
   }
   for i in 1 2; do
-    readsize_run "t8-m2-$i" array tmpfs:8 m2
-    readsize_run "t8-default$i" array tmpfs:8
+    for v in p4 default m2 p2 p4d4; do readsize_run "t8-$v$i" array tmpfs:8 "$v"; done
   done
-  readsize_run t4-m2 array tmpfs:4 m2
-  readsize_run t4-default array tmpfs:4
-  readsize_run t1-m2 array tmpfs:1 m2
-  readsize_run t1-default array tmpfs:1
-  readsize_run l4-m2 array loop:4 m2
-  readsize_run share-m2 share tmpfs:8 m2
-  ncpu=$(nproc)
-  apart=(--engine-cpus "$((ncpu - 2))-$((ncpu - 1))" --tuttid-cpus "0-$((ncpu - 3))")
-  if mps_start; then
-    readsize_run ttft-m2 ttft tmpfs:8 m2 "${apart[@]}"
-    readsize_run ttft-default ttft tmpfs:8 "" "${apart[@]}"
-    mps_stop
-  fi
+  for c in 4 1; do
+    for v in p4 default; do readsize_run "t$c-$v" array "tmpfs:$c" "$v"; done
+  done
+  readsize_run l4-p4 array loop:4 p4
+  readsize_run share-p4 share tmpfs:8 p4
 fi
 
 # tmpfs reads with a bounce footprint (pool devices x depth x 1 MiB) the L3 holds or not.
