@@ -20,7 +20,8 @@
 # 4"), against the defaults, interleaved: tmpfs:8 twice, a small Retrieve beside a large one with
 # 8, tmpfs:1 once with 16; whether a footprint the CPU's last-level cache holds reads faster; about
 # 7 minutes; docs/gpu.md, "Stop 54")
-# readsize (the copies to the GPU alone in 1 and 4 MiB chunks; then tmpfs:8 reads with larger copies
+# readsize (the copies to the GPU alone in 1 and 4 MiB chunks (TUTTI_READSIZE_COPIES); then runs
+# TUTTI_READSIZE_RUNS (see the part) or by default tmpfs:8 reads with larger copies
 # to the GPU against the defaults, interleaved, twice: 2 MiB reads and posts, 1 MiB reads in posts
 # of 2 and 4 MiB, 4 MiB posts with 4 bounce slots a device; posts of 4 MiB against the defaults at
 # tmpfs:4 and tmpfs:1, then loop:4 and a small Retrieve beside a large one; whether larger copies
@@ -242,7 +243,7 @@ fi
 if has readsize; then
   mkdir -p /dev/shm/tutti-readsize
   for i in 0 1 2 3 4 5 6 7; do fallocate -l 1G "/dev/shm/tutti-readsize/f$i"; done
-  for v in "--io_bytes=1048576" "--io_bytes=4194304 --qd=8 --slots=8"; do
+  for v in ${TUTTI_READSIZE_COPIES-"--io_bytes=1048576" "--io_bytes=4194304 --qd=8 --slots=8"}; do
     # shellcheck disable=SC2086  # $v is several flags
     j="$(timeout 20 "$run" bench/raw_gpu_io --op=copy --seconds=2 --qd=16 --slots=16 --lifo $v \
       /dev/shm/tutti-readsize/f{0..7} 2>> "$out/raw_gpu_io.log")"
@@ -250,28 +251,28 @@ if has readsize; then
     summary+=("raw_gpu_io --op=copy 8 threads $v: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
   done
   rm -rf /dev/shm/tutti-readsize
-  declare -A rs_flags=(
-    [default]=""
-    [m2]="--set datapath.max_read_bytes=2097152 --set datapath.read_post_bytes=2097152"
-    [p2]="--set datapath.read_post_bytes=2097152"
-    [p4]="--set datapath.read_post_bytes=4194304"
-    [p4d4]="--set datapath.read_post_bytes=4194304 --set datapath.read_bounce_depth=4"
-  )
-  readsize_run() {  # label part configs variant [ARGS...]
-    (( SECONDS > ${TUTTI_READSIZE_CUTOFF:-470} )) && {
-      summary+=("ssd_array readsize $1 skipped at ${SECONDS}s"); return; }
-    # shellcheck disable=SC2086  # the variant's flags are words
-    ssd_array_run "${TUTTI_SSD_LABEL:-readsize}-$1" "$2" "$3" 3 ${rs_flags[$4]} "${@:5}"
-    summary+=("ssd_array readsize $1 rc=$?")
+  # A variant: "default", or p<MiB>[d<slots>][r<MiB>]: read_post_bytes, read_bounce_depth,
+  # max_read_bytes. A run: <config>:<variant>, config "N" for tmpfs:N or "lN" for loop:N.
+  rs_flags() {
+    local v=$1
+    [[ $v =~ ^p([0-9]+) ]] && echo "--set datapath.read_post_bytes=$((BASH_REMATCH[1] << 20))"
+    [[ $v =~ d([0-9]+) ]] && echo "--set datapath.read_bounce_depth=${BASH_REMATCH[1]}"
+    [[ $v =~ r([0-9]+) ]] && echo "--set datapath.max_read_bytes=$((BASH_REMATCH[1] << 20))"
+    true
   }
-  for i in 1 2; do
-    for v in p4 default m2 p2 p4d4; do readsize_run "t8-$v$i" array tmpfs:8 "$v"; done
+  runs="${TUTTI_READSIZE_RUNS:-8:p4 8:default 8:p2r2 8:p2 8:p4d4 8:p4 8:default 8:p2r2 8:p2 8:p4d4 4:p4 4:default 1:p4 1:default l4:p4}"
+  for r in $runs; do
+    c=${r%%:*} v=${r#*:}
+    cfg="tmpfs:$c"
+    [[ $c == l* ]] && cfg="loop:${c#l}"
+    if (( SECONDS > ${TUTTI_READSIZE_CUTOFF:-470} )); then
+      summary+=("ssd_array readsize $r skipped at ${SECONDS}s")
+      continue
+    fi
+    # shellcheck disable=SC2046  # the variant's flags are words
+    ssd_array_run "${TUTTI_SSD_LABEL:-readsize}-${c}-$v" array "$cfg" 3 $(rs_flags "$v")
+    summary+=("ssd_array readsize $r rc=$?")
   done
-  for c in 4 1; do
-    for v in p4 default; do readsize_run "t$c-$v" array "tmpfs:$c" "$v"; done
-  done
-  readsize_run l4-p4 array loop:4 p4
-  readsize_run share-p4 share tmpfs:8 p4
 fi
 
 # tmpfs reads with a bounce footprint (pool devices x depth x 1 MiB) the L3 holds or not.
