@@ -590,11 +590,30 @@ Config EmbeddedConfig() {
 
 }  // namespace
 
+uint64_t ReadBounceSlotBytes(const Config& config) {
+  const uint64_t bytes =
+      std::max(config.datapath().read_post_bytes(), config.datapath().max_read_bytes());
+  return (bytes + 4095) / 4096 * 4096;
+}
+
 uint32_t ReadBounceDepth(const Config& config) {
   if (config.datapath().has_read_bounce_depth()) return config.datapath().read_bounce_depth();
-  constexpr uint32_t kSlots = 64, kLeast = 8;  // docs/gpu.md, "Stop 55"
-  const auto devices = static_cast<uint32_t>(std::max(1, config.pool().dirs_size()));
-  return std::max(kLeast, kSlots / devices);
+  // docs/gpu.md, "Stop 55" and "Stop 57".
+  constexpr uint64_t kFootprint = 64ull << 20, kLeastPerDevice = 8ull << 20;
+  const uint64_t slot = std::max<uint64_t>(4096, ReadBounceSlotBytes(config));
+  const auto devices = static_cast<uint64_t>(std::max(1, config.pool().dirs_size()));
+  const uint64_t least = std::max<uint64_t>(2, (kLeastPerDevice + slot - 1) / slot);
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(1024, std::max(least, kFootprint / slot / devices)));
+}
+
+uint64_t MaxReadBytesInFlight(const Config& config) {
+  const tutti::v1::DatapathConfig& d = config.datapath();
+  if (d.max_read_bytes_in_flight() != 0) return d.max_read_bytes_in_flight();
+  // What the device's queue holds, and at least 16 whole batches (docs/gpu.md, "Stop 57").
+  constexpr uint64_t kLeastBatches = 16;
+  return std::max(uint64_t{std::max<uint32_t>(1, config.io().queue_depth())} * d.max_read_bytes(),
+                  kLeastBatches * std::max(d.max_read_bytes(), d.read_post_bytes()));
 }
 
 Config DefaultConfig() {

@@ -37,9 +37,22 @@ std::string AdminSocketPath(const tutti::v1::ListenConfig& listen);
 // unvalidated (it is valid: config_test checks it).
 tutti::v1::Config DefaultConfig();
 
+// The bytes of one host bounce slot: max(datapath.read_post_bytes, max_read_bytes), rounded up to
+// 4 KiB (one batch of a device's reads lands in one slot and is copied to the GPU in one go).
+uint64_t ReadBounceSlotBytes(const tutti::v1::Config& config);
+
 // The host bounce slots per pool device that Retrieves staged on the GPU read into:
-// datapath.read_bounce_depth where set, else 64 shared out over pool.dirs, at least 8 each.
+// datapath.read_bounce_depth where set, else 64 MiB of slots shared out over pool.dirs, at least
+// 8 MiB and 2 slots each (with 4 MiB slots: 16 at one device, 4 at four, 2 at eight; with 1 MiB
+// slots: 64, 16, 8), at most 1024.
 uint32_t ReadBounceDepth(const tutti::v1::Config& config);
+
+// Per pool device, the bytes of Retrieve reads in flight at once: datapath.max_read_bytes_in_flight
+// where not 0, else what the device's queue holds (io.queue_depth x max_read_bytes) and at least
+// 16 whole batches (x max(max_read_bytes, read_post_bytes)): the scheduler counts a batch's bytes
+// until its last read completes, so a few large batches would leave the device idle behind each
+// one's slowest read.
+uint64_t MaxReadBytesInFlight(const tutti::v1::Config& config);
 
 // Parses `text` (a text-format tutti.v1.Config, possibly empty) on top of the embedded defaults:
 // every field `text` sets replaces the default, including zero values; `pool.dirs` given in

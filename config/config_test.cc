@@ -328,15 +328,51 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_EQ(c->datapath().store_checksums(), "auto");
   EXPECT_TRUE(LoadConfig("datapath { store_checksums: \"cpu\" }").ok());
   ExpectRejected("datapath { store_checksums: \"fpga\" }", {"datapath.store_checksums", "fpga"});
-  // Unset: 64 slots shared out over the pool's devices, at least 8 each.
+  // Unset: 64 MiB of slots shared out over the pool's devices, at least 8 MiB and 2 slots each.
   EXPECT_FALSE(c->datapath().has_read_bounce_depth());
+  EXPECT_EQ(c->datapath().read_post_bytes(), 4u << 20);
+  EXPECT_EQ(ReadBounceSlotBytes(*c), 4u << 20);
+  const auto with_dirs = [](tutti::v1::Config config, int dirs) {
+    config.mutable_pool()->clear_dirs();
+    for (int i = 0; i < dirs; ++i) config.mutable_pool()->add_dirs(absl::StrCat("/d", i));
+    return config;
+  };
   for (const auto& [dirs, depth] : std::vector<std::pair<int, uint32_t>>{
-           {0, 64}, {1, 64}, {2, 32}, {4, 16}, {5, 12}, {8, 8}, {16, 8}}) {
-    tutti::v1::Config with = *c;
-    with.mutable_pool()->clear_dirs();
-    for (int i = 0; i < dirs; ++i) with.mutable_pool()->add_dirs(absl::StrCat("/d", i));
-    EXPECT_EQ(ReadBounceDepth(with), depth) << dirs << " dirs";
+           {0, 16}, {1, 16}, {2, 8}, {4, 4}, {5, 3}, {8, 2}, {16, 2}}) {
+    EXPECT_EQ(ReadBounceDepth(with_dirs(*c, dirs)), depth) << dirs << " dirs, 4 MiB slots";
   }
+  // 1 MiB slots: 64 at one device down to 8 a device (stop 55's rule).
+  absl::StatusOr<tutti::v1::Config> small =
+      LoadConfig("datapath { read_post_bytes: 1048576 max_read_bytes: 1048576 }");
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(ReadBounceSlotBytes(*small), 1u << 20);
+  for (const auto& [dirs, depth] :
+       std::vector<std::pair<int, uint32_t>>{{1, 64}, {2, 32}, {4, 16}, {5, 12}, {8, 8}, {16, 8}}) {
+    EXPECT_EQ(ReadBounceDepth(with_dirs(*small, dirs)), depth) << dirs << " dirs, 1 MiB slots";
+  }
+  // The slot is the larger of the two, rounded up to 4 KiB; never fewer than 2 a device.
+  small = LoadConfig("datapath { read_post_bytes: 8192 max_read_bytes: 16777216 }");
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(ReadBounceSlotBytes(*small), 16u << 20);
+  EXPECT_EQ(ReadBounceDepth(with_dirs(*small, 1)), 4u);
+  EXPECT_EQ(ReadBounceDepth(with_dirs(*small, 8)), 2u);
+  // Reads in flight a device unless set: what the queue holds, at least 16 whole batches.
+  EXPECT_EQ(c->datapath().max_read_bytes_in_flight(), 0u);
+  EXPECT_EQ(c->io().queue_depth(), 64u);
+  EXPECT_EQ(MaxReadBytesInFlight(*c), 64u << 20);  // 64 reads of 1 MiB, 16 batches of 4 MiB
+  absl::StatusOr<tutti::v1::Config> inflight = LoadConfig("io { queue_depth: 16 }");
+  ASSERT_TRUE(inflight.ok()) << inflight.status();
+  EXPECT_EQ(MaxReadBytesInFlight(*inflight), 16u * (4u << 20));  // the batches decide
+  inflight = LoadConfig("io { queue_depth: 128 }");
+  ASSERT_TRUE(inflight.ok()) << inflight.status();
+  EXPECT_EQ(MaxReadBytesInFlight(*inflight), 128u << 20);  // the queue decides
+  inflight = LoadConfig(
+      "io { queue_depth: 8 } datapath { read_post_bytes: 1048576 max_read_bytes: 2097152 }");
+  ASSERT_TRUE(inflight.ok()) << inflight.status();
+  EXPECT_EQ(MaxReadBytesInFlight(*inflight), 16u * (2u << 20));
+  inflight = LoadConfig("datapath { max_read_bytes_in_flight: 12288 }");
+  ASSERT_TRUE(inflight.ok()) << inflight.status();
+  EXPECT_EQ(MaxReadBytesInFlight(*inflight), 12288u);
   absl::StatusOr<tutti::v1::Config> set = LoadConfig("datapath { read_bounce_depth: 32 }");
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(ReadBounceDepth(*set), 32u);

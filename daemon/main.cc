@@ -133,12 +133,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.write_bytes_in_flight_while_reading = config.datapath().write_bytes_in_flight_while_reading();
   o.max_write_bytes_in_flight = config.datapath().max_write_bytes_in_flight();
   o.write_latency_target_us = int64_t{config.datapath().write_latency_target_ms()} * 1000;
-  o.max_read_bytes_in_flight = config.datapath().max_read_bytes_in_flight();
-  if (o.max_read_bytes_in_flight == 0) {
-    // What the device's queue holds: reads past it would only wait in the backend, in order.
-    o.max_read_bytes_in_flight = uint64_t{std::max<uint32_t>(1, config.io().queue_depth())} *
-                                 config.datapath().max_read_bytes();
-  }
+  o.max_read_bytes_in_flight = config::MaxReadBytesInFlight(config);
   return o;
 }
 
