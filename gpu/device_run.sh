@@ -20,13 +20,13 @@
 # 4"), against the defaults, interleaved: tmpfs:8 twice, a small Retrieve beside a large one with
 # 8, tmpfs:1 once with 16; whether a footprint the CPU's last-level cache holds reads faster; about
 # 7 minutes; docs/gpu.md, "Stop 54")
-# readsize (the copies to the GPU alone in 1 and 4 MiB chunks (TUTTI_READSIZE_COPIES); then runs
-# TUTTI_READSIZE_RUNS (see the part) or by default tmpfs:8 reads with larger copies
-# to the GPU against the defaults, interleaved, twice: 2 MiB reads and posts, 1 MiB reads in posts
-# of 2 and 4 MiB, 4 MiB posts with 4 bounce slots a device; posts of 4 MiB against the defaults at
-# tmpfs:4 and tmpfs:1, then loop:4 and a small Retrieve beside a large one; whether larger copies
-# lift tmpfs reads; about 9 minutes, the last parts skipped past TUTTI_READSIZE_CUTOFF seconds
-# (470); docs/gpu.md, "Stop 56" and "Stop 57")
+# readsize (the copies to the GPU alone in 1 and 4 MiB chunks, TUTTI_READSIZE_COPIES; then the runs
+# of TUTTI_READSIZE_RUNS, each [part@]config:variant (see the part), by default tmpfs:8 reads with
+# larger copies to the GPU against the defaults then, interleaved, twice, then tmpfs:4 and
+# tmpfs:1, loop:4; runs past TUTTI_READSIZE_CUTOFF seconds (470) are skipped; docs/gpu.md, "Stop
+# 56" and "Stop 57". After stop 57, with the new defaults:
+# TUTTI_READSIZE_RUNS="l4:default l8:default share@8:default share@8:d4 engine_loss@8:default
+# engine_loss@8:p1d8 ttft@8:default")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -251,8 +251,10 @@ if has readsize; then
     summary+=("raw_gpu_io --op=copy 8 threads $v: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
   done
   rm -rf /dev/shm/tutti-readsize
-  # A variant: "default", or p<MiB>[d<slots>][r<MiB>]: read_post_bytes, read_bounce_depth,
-  # max_read_bytes. A run: <config>:<variant>, config "N" for tmpfs:N or "lN" for loop:N.
+  # A variant: "default", or [p<MiB>][d<slots>][r<MiB>]: read_post_bytes, read_bounce_depth,
+  # max_read_bytes. A run: [<part>@]<config>:<variant>, config "N" for tmpfs:N or "lN" for
+  # loop:N, part one of ssd_array.py's (default array); engine_loss and ttft run under our own MPS
+  # control daemon (where the machine has one) with the engine on the last two CPUs.
   rs_flags() {
     local v=$1
     [[ $v =~ ^p([0-9]+) ]] && echo "--set datapath.read_post_bytes=$((BASH_REMATCH[1] << 20))"
@@ -261,18 +263,28 @@ if has readsize; then
     true
   }
   runs="${TUTTI_READSIZE_RUNS:-8:p4 8:default 8:p2r2 8:p2 8:p4d4 8:p4 8:default 8:p2r2 8:p2 8:p4d4 4:p4 4:default 1:p4 1:default l4:p4}"
+  ncpu=$(nproc)
+  apart=(--engine-cpus "$((ncpu - 2))-$((ncpu - 1))" --tuttid-cpus "0-$((ncpu - 3))")
+  mps=0
+  [[ " $runs" == *" engine_loss@"* || " $runs" == *" ttft@"* ]] && mps_start && mps=1
   for r in $runs; do
+    part=array
+    [[ $r == *@* ]] && { part=${r%%@*}; r=${r#*@}; }
     c=${r%%:*} v=${r#*:}
     cfg="tmpfs:$c"
     [[ $c == l* ]] && cfg="loop:${c#l}"
     if (( SECONDS > ${TUTTI_READSIZE_CUTOFF:-470} )); then
-      summary+=("ssd_array readsize $r skipped at ${SECONDS}s")
+      summary+=("ssd_array readsize $part@$r skipped at ${SECONDS}s")
       continue
     fi
+    extra=()
+    [[ $part == engine_loss || $part == ttft ]] && extra=("${apart[@]}")
     # shellcheck disable=SC2046  # the variant's flags are words
-    ssd_array_run "${TUTTI_SSD_LABEL:-readsize}-${c}-$v" array "$cfg" 3 $(rs_flags "$v")
-    summary+=("ssd_array readsize $r rc=$?")
+    ssd_array_run "${TUTTI_SSD_LABEL:-readsize}-$part-${c}-$v" "$part" "$cfg" 3 $(rs_flags "$v") \
+      "${extra[@]}"
+    summary+=("ssd_array readsize $part@$r rc=$?")
   done
+  if [[ $mps == 1 ]]; then mps_stop; fi
 fi
 
 # tmpfs reads with a bounce footprint (pool devices x depth x 1 MiB) the L3 holds or not.
