@@ -2127,7 +2127,8 @@ def part_ttft(args, results, ctx):
         prompts = tg.store_prefixes(bench, [T], args.ttft_share)
         tokens, hits = tg.point_prompt(prompts[T], T, args.ttft_share, seed=T + 980)
         recompute = [bench.recompute(prompts[T]) for _ in range(args.ttft_runs + 1)][1:]
-        dram = load_all(bench, tokens, hits, args.ttft_runs)
+        dram_phases, ssd_phases = [], []
+        dram = load_all(bench, tokens, hits, args.ttft_runs, dram_phases)
         spans, total = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
         spans2, total2 = tg.timed_layers(bench, tokens, hits * BLOCK_TOKENS)
         layer_ms = min(sum(spans) / len(spans), sum(spans2) / len(spans2))
@@ -2137,7 +2138,7 @@ def part_ttft(args, results, ctx):
         daemon.set_dram(0)
         daemon.start()
         g.await_generation(client, gen + 1)
-        ssd = load_all(bench, tokens, hits, args.ttft_runs)
+        ssd = load_all(bench, tokens, hits, args.ttft_runs, ssd_phases)
         client.detach()
         bench = None
         daemon.stop()
@@ -2154,6 +2155,12 @@ def part_ttft(args, results, ctx):
     compute_bound_ms = prefix_bytes / shape.layers / (raw * GB) * 1e3 + compute_ms
     pipeline_limit_ms = max(limit_ms, compute_bound_ms)
     rec, ssd_ms, dram_ms = min(recompute), min(ssd), min(dram)
+    # Where the time of the best runs went (ms from the start of each).
+    phases = {"ssd": best_phases(ssd, ssd_phases), "dram": best_phases(dram, dram_phases)}
+    for tier, p in phases.items():
+        log("  %s tier, best run: Lookup answered at %.1f ms, forward pass enqueued at %.1f, "
+            "Retrieve ended (host) at %.1f, GPU done at %.1f" % (
+                tier, p["lookup"], p["forward_enqueued"], p["retrieve_end"], p["gpu_done"]))
     common = dict(n_devices=n, emulation=emulation, array=array.describe(),
                   io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None, tokens=T,
                   cached_tokens=hits * BLOCK_TOKENS, prefix_bytes=prefix_bytes,
@@ -2162,7 +2169,7 @@ def part_ttft(args, results, ctx):
                   dram_ms=dram_ms, pipeline_limit_ms=pipeline_limit_ms,
                   ssd_vs_pipeline_limit=ssd_ms / pipeline_limit_ms,
                   dram_vs_pipeline_limit=dram_ms / pipeline_limit_ms, mps=mps_running(),
-                  runs={"recompute": recompute, "ssd": ssd, "dram": dram},
+                  runs={"recompute": recompute, "ssd": ssd, "dram": dram}, phases_ms=phases,
                   tuttid_gbps=prefix_bytes / (ssd_ms / 1e3) / GB,
                   tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
                   engine_cpus=cpu_list(args.engine_cpus) if args.engine_cpus else None,
@@ -2318,7 +2325,10 @@ def tutti_namespace(layout, shape):
     return tutti.Namespace("ssd-array-ttft-%d-layers" % shape.layers, layout)
 
 
-def load_all(bench, tokens, hits, runs):
+def load_all(bench, tokens, hits, runs, phases=None):
+    """TTFT ms of `runs` load-all prefills after a warm-up; `phases` (a list) gets each run's
+    bench.last_phases: ms from the start to the Lookup's answer, the forward pass enqueued, the
+    Retrieve's end seen by the host, and the GPU done."""
     out = []
     for i in range(runs + 1):
         ms, lease, n = bench.load(tokens, decide=False)
@@ -2327,7 +2337,15 @@ def load_all(bench, tokens, hits, runs):
                                                                               hits))
         if i > 0:
             out.append(ms)
+            if phases is not None:
+                phases.append(list(bench.last_phases))
     return out
+
+
+def best_phases(ms, phases):
+    """The phases of the fastest run, by name."""
+    p = phases[ms.index(min(ms))]
+    return dict(zip(("lookup", "forward_enqueued", "retrieve_end", "gpu_done"), p))
 
 
 # --- set-up, main ------------------------------------------------------------------------------
