@@ -26,7 +26,7 @@
 # tmpfs:1, loop:4; runs past TUTTI_READSIZE_CUTOFF seconds (470) are skipped; docs/gpu.md, "Stop
 # 56" and "Stop 57". After stop 57, with the new defaults:
 # TUTTI_READSIZE_RUNS="l4:default l8:default share@8:default share@8:d4 engine_loss@8:default
-# engine_loss@8:p1d8 ttft@8:default")
+# engine_loss@8:p1d8 ttft@8:default 8:default 8:p8d2 4:p8d2")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
