@@ -521,7 +521,49 @@ def make_root(base, name):
     return path
 
 
+WARM_MARK = "/tmp/%swarm" % PREFIX
+
+
+def warm_guest_memory(args):
+    """Touches --warm-gib GiB of memory through a file on --base, then deletes it; once per boot
+    (WARM_MARK holds the boot id and the GiB touched). The GPU machines are virtual machines whose
+    memory the host backs at a page's first touch: a fresh machine's first tuttid pool (fallocated,
+    written first by the store) paid that in its stores (0.25-0.49 of raw writes in the first run
+    of three fresh machines, 0.6-0.9 after, docs/gpu.md "Stop 57"), while the raw baseline writes
+    files it filled first. Whether the pages freed here back later tmpfs files well enough to
+    remove that is for the next fresh machine's first run to say (--warm-gib 0 turns it off). An
+    SSD has no such cost."""
+    want = int(args.warm_gib * GiB)
+    if want <= 0:
+        return
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    try:
+        with open(WARM_MARK) as f:
+            mark_boot, mark_bytes = f.read().split()
+        if mark_boot == boot and int(mark_bytes) >= want:
+            return
+    except (OSError, ValueError):
+        pass
+    st = os.statvfs(args.base)
+    want = min(want, int(st.f_bavail * st.f_frsize * 0.8))
+    path = os.path.join(args.base, "%swarm-%d" % (PREFIX, os.getpid()))
+    chunk = bytes(64 * MiB)
+    t0 = time.perf_counter()
+    try:
+        with open(path, "wb") as f:
+            for _ in range(want // len(chunk)):
+                f.write(chunk)
+    finally:
+        os.unlink(path)
+    with open(WARM_MARK, "w") as f:
+        f.write("%s %d\n" % (boot, want))
+    log("  warmed %.1f GiB of this machine's memory in %.1f s (a virtual machine's memory is "
+        "backed at first touch; once per boot)" % (want / GiB, time.perf_counter() - t0))
+
+
 def build_tmpfs_array(args, n):
+    warm_guest_memory(args)
     root = make_root(args.base, "tmpfs%d" % n)
     array = Array("tmpfs", n, [os.path.join(root, "d%d" % i) for i in range(n)])
     if args.tuttid_cpus:
@@ -531,6 +573,7 @@ def build_tmpfs_array(args, n):
 
 def build_loop_array(args, n, bytes_per_device):
     """N loop devices over image files on --base, ext4, mounted; capped through a cgroup."""
+    warm_guest_memory(args)
     root = make_root(args.base, "loop%d" % n)
     mnt_root = os.path.join("/tmp", "%s%d" % (PREFIX, os.getpid()), "mnt-loop%d" % n)
     os.makedirs(mnt_root, exist_ok=True)
@@ -2492,6 +2535,10 @@ def parse_args(argv):
     ap.add_argument("--io-cap-gbps", type=float, default=2.5,
                     help="loop: cgroup cap per device for reads and for writes (0: none)")
     ap.add_argument("--base", default="/dev/shm", help="tmpfs for the devices and tuttid state")
+    ap.add_argument("--warm-gib", type=float, default=None,
+                    help="GiB of memory touched through --base once per boot before the first "
+                         "array (a virtual machine backs its memory at first touch; default "
+                         "2 x --gib + 4, 0: off)")
     ap.add_argument("--worker-sample-ms", type=float, default=0,
                     help="count tuttid's runnable io_uring workers this often during stores and "
                          "retrieves (iou_workers.runnable_mean in the lines; costs some CPU; "
@@ -2555,6 +2602,8 @@ def parse_args(argv):
             raise SetupError("--parts: unknown part %r (array, dram, ttft, engine_loss, share)"
                              % p)
     args.ttft_tokens = args.ttft_tokens or (128 if args.local else 32768)
+    if args.warm_gib is None:
+        args.warm_gib = 0 if args.local else 2 * args.gib + 4
     args.cpu_dry_run = args.local  # what tests/e2e's shapes() reads
     if args.sessions < 1:
         raise SetupError("--sessions must be at least 1")
