@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/align.h"
 #include "common/status_macros.h"
 #include "config/text_scan.h"
 #include "daemon/io/backend_registry.h"
@@ -591,9 +592,8 @@ Config EmbeddedConfig() {
 }  // namespace
 
 uint64_t ReadBounceSlotBytes(const Config& config) {
-  const uint64_t bytes =
-      std::max(config.datapath().read_post_bytes(), config.datapath().max_read_bytes());
-  return (bytes + 4095) / 4096 * 4096;
+  return RoundUp4K(
+      std::max(config.datapath().read_post_bytes(), config.datapath().max_read_bytes()));
 }
 
 uint32_t ReadBounceDepth(const Config& config) {

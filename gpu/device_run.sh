@@ -237,9 +237,8 @@ fi
 # Larger copies to the GPU: a copy of each landed 1 MiB read tops out at 0.87 of a contiguous copy,
 # 0.93 in 2 MiB and 0.96 in 4 MiB (stop 56). A batch of one device's reads lands in one bounce slot
 # and is copied in one go (its reads are adjacent in the slot and in the layer's GPU staging), so
-# read_post_bytes sets the copy size while max_read_bytes sets the I/O size. Variants, interleaved:
-# m2 (2 MiB reads and posts), p2 and p4 (1 MiB reads, posts of 2 and 4 MiB), p4d4 (p4 with 4 bounce
-# slots a device) against the defaults.
+# read_post_bytes sets the copy size while max_read_bytes sets the I/O size. Variants: see rs_flags
+# below (p2r2: 2 MiB reads and posts; p4d4: posts of 4 MiB, 4 bounce slots a device).
 if has readsize; then
   mkdir -p /dev/shm/tutti-readsize
   for i in 0 1 2 3 4 5 6 7; do fallocate -l 1G "/dev/shm/tutti-readsize/f$i"; done
