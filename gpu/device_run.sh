@@ -20,6 +20,8 @@
 # 4"), against the defaults, interleaved: tmpfs:8 twice, a small Retrieve beside a large one with
 # 8, tmpfs:1 once with 16; whether a footprint the CPU's last-level cache holds reads faster; about
 # 7 minutes; docs/gpu.md, "Stop 54")
+# ceiling (tmpfs reads and copies to the GPU, each alone and each beside the other: the emulation's
+# limit for a reader through host memory; about 30 s)
 # readsize (the copies to the GPU alone in 1 and 4 MiB chunks, TUTTI_READSIZE_COPIES; then the runs
 # of TUTTI_READSIZE_RUNS, each [part@]config:variant (see the part), by default tmpfs:8 reads with
 # larger copies to the GPU against the defaults then, interleaved, twice, then tmpfs:4 and
@@ -232,6 +234,39 @@ if has cpusplit; then
     done
   done
   if [[ $mps == 1 ]]; then mps_stop; fi
+fi
+
+# The emulation's own ceiling for a reader that lands reads in host memory and copies them to the
+# GPU: tmpfs reads (io_uring workers' memory copies) and pinned copies to the GPU share the host's
+# memory. Each alone, then each timed while the other runs in the background (started first, run
+# longer), then the minimal reader with 1 and 4 MiB reads. 8 tmpfs files of 1 GiB; about 30 s.
+if has ceiling; then
+  d=/dev/shm/tutti-ceiling
+  mkdir -p $d
+  for i in 0 1 2 3 4 5 6 7; do fallocate -l 1G "$d/f$i"; done
+  reads=(--op=read --no_gpu --qd=16 --slots=16 --lifo)
+  copies=(--op=copy --io_bytes=4194304 --qd=8 --slots=8 --lifo)
+  ceil() {  # NAME FLAGS... : one foreground run, its JSON line tagged with NAME
+    local name=$1; shift
+    j="$(timeout 30 "$run" bench/raw_gpu_io "$@" $d/f{0..7} 2>> "$out/raw_gpu_io.log")"
+    echo "{\"ceiling\":\"$name\",\"result\":${j:-null}}" >> "$out/raw_gpu_io_ceiling.jsonl"
+    summary+=("ceiling $name: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
+  }
+  ceil copies-alone "${copies[@]}" --seconds=2
+  ceil reads-alone "${reads[@]}" --seconds=2
+  timeout 30 "$run" bench/raw_gpu_io "${reads[@]}" --seconds=7 $d/f{0..7} > /dev/null 2>&1 &
+  bg=$!
+  sleep 1
+  ceil copies-beside-reads "${copies[@]}" --seconds=2
+  wait $bg
+  timeout 30 "$run" bench/raw_gpu_io "${copies[@]}" --seconds=7 $d/f{0..7} > /dev/null 2>&1 &
+  bg=$!
+  sleep 3
+  ceil reads-beside-copies "${reads[@]}" --seconds=2
+  wait $bg
+  ceil minimal-reader-1m --op=read --qd=16 --slots=16 --lifo --seconds=2
+  ceil minimal-reader-4m --op=read --io_bytes=4194304 --qd=8 --slots=8 --lifo --seconds=2
+  rm -rf $d
 fi
 
 # Larger copies to the GPU: a copy of each landed 1 MiB read tops out at 0.87 of a contiguous copy,
