@@ -16,9 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "common/align.h"
 #include "common/status_macros.h"
 #include "config/text_scan.h"
+#include "daemon/datapath/bounce_slots.h"
 #include "daemon/io/backend_registry.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -592,8 +592,8 @@ Config EmbeddedConfig() {
 }  // namespace
 
 uint64_t ReadBounceSlotBytes(const Config& config) {
-  return RoundUp4K(
-      std::max(config.datapath().read_post_bytes(), config.datapath().max_read_bytes()));
+  return datapath::BounceSlots::SlotBytesFor(config.datapath().read_post_bytes(),
+                                             config.datapath().max_read_bytes());
 }
 
 uint32_t ReadBounceDepth(const Config& config) {

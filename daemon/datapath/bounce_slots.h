@@ -15,6 +15,7 @@
 #ifndef TUTTI_DAEMON_DATAPATH_BOUNCE_SLOTS_H_
 #define TUTTI_DAEMON_DATAPATH_BOUNCE_SLOTS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/align.h"
 #include "daemon/datapath/fair_queue.h"
 
 namespace tutti::datapath {
@@ -39,6 +41,12 @@ class BounceSlots {
   static absl::StatusOr<std::unique_ptr<BounceSlots>> Create(absl::Span<uint8_t> region,
                                                             uint32_t files, uint32_t depth,
                                                             uint32_t slot_bytes);
+  // The slot a batch of one file's reads needs: a batch is up to `read_post_bytes` of reads
+  // (datapath.read_post_bytes) and at least one read of up to `max_read_bytes`, so the larger,
+  // rounded up to 4 KiB. Precondition: both < 2^32 - 4096.
+  static uint32_t SlotBytesFor(uint64_t read_post_bytes, uint64_t max_read_bytes) {
+    return static_cast<uint32_t>(RoundUp4K(std::max(read_post_bytes, max_read_bytes)));
+  }
   // The region's bytes Create needs.
   static uint64_t BytesFor(uint32_t files, uint32_t depth, uint32_t slot_bytes) {
     return uint64_t{files} * depth * slot_bytes;

@@ -102,5 +102,11 @@ TEST(BounceSlotsTest, StreamsTakeTurnsForAFilesFreedSlots) {
   EXPECT_EQ(b.held(), 0u);
 }
 
+TEST(BounceSlotsTest, SlotBytesForHoldsABatchAndAtLeastOneRead) {
+  EXPECT_EQ(BounceSlots::SlotBytesFor(4u << 20, 1u << 20), 4u << 20);  // 4 MiB batches
+  EXPECT_EQ(BounceSlots::SlotBytesFor(1u << 20, 4u << 20), 4u << 20);  // one read over a batch
+  EXPECT_EQ(BounceSlots::SlotBytesFor(5000, 4096), 8192u);             // whole pages
+}
+
 }  // namespace
 }  // namespace tutti::datapath

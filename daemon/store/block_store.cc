@@ -185,8 +185,8 @@ absl::Status BlockStore::Impl::StageReadsOnGpu(absl::Span<uint8_t> device,
         "StageReadsOnGpu: ", device.size(), " bytes of GPU staging, less than the ",
         read_region_.size(), " of limits.retrieve_staging_bytes"));
   }
-  const uint32_t slot_bytes = static_cast<uint32_t>(
-      RoundUp4K(std::max<uint64_t>(options_.read_post_bytes, options_.max_read_bytes)));
+  const uint32_t slot_bytes =
+      datapath::BounceSlots::SlotBytesFor(options_.read_post_bytes, options_.max_read_bytes);
   const uint32_t files = options_.layout.num_files();
   const uint64_t bounce_bytes = datapath::BounceSlots::BytesFor(files, depth, slot_bytes);
   // The Retrieves into host memory (engines of host_shm, in cuda mode) and Scrub keep the rest.
