@@ -26,9 +26,9 @@
 # of TUTTI_READSIZE_RUNS, each [part@]config:variant (see the part), by default tmpfs:8 reads with
 # larger copies to the GPU against the defaults then, interleaved, twice, then tmpfs:4 and
 # tmpfs:1, loop:4; runs past TUTTI_READSIZE_CUTOFF seconds (470) are skipped; docs/gpu.md, "Stop
-# 56" and "Stop 57". After stop 57, with the new defaults:
-# TUTTI_READSIZE_RUNS="l4:default l8:default share@8:default share@8:d4 engine_loss@8:default
-# engine_loss@8:p1d8 ttft@8:default 8:default 8:p8d2 4:p8d2")
+# 56" and "Stop 57". Next, with the new defaults (stop 58 got no machine): TUTTI_READSIZE_COPIES=""
+# TUTTI_READSIZE_RUNS="8:default l4:default ttft@8:default engine_loss@8:default 8:p8d2 4:p8d2
+# share@8:d4 l8:default" gpu/device_run.sh ceiling readsize)
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
