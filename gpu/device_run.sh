@@ -26,9 +26,8 @@
 # of TUTTI_READSIZE_RUNS, each [part@]config:variant (see the part), by default tmpfs:8 reads with
 # larger copies to the GPU against the defaults then, interleaved, twice, then tmpfs:4 and
 # tmpfs:1, loop:4; runs past TUTTI_READSIZE_CUTOFF seconds (470) are skipped; docs/gpu.md, "Stop
-# 56" and "Stop 57". Next, with the new defaults (stop 58 got no machine): TUTTI_READSIZE_COPIES=""
-# TUTTI_READSIZE_RUNS="8:default l4:default ttft@8:default engine_loss@8:default 8:p8d2 4:p8d2
-# share@8:d4 l8:default" gpu/device_run.sh ceiling readsize)
+# 56" and "Stop 57". Next, what stop 58 could not run with the new defaults: TUTTI_READSIZE_COPIES=""
+# TUTTI_READSIZE_RUNS="engine_loss@8:default 8:p8d2 4:p8d2 share@8:d4 l8:default")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
@@ -240,6 +239,8 @@ fi
 # GPU: tmpfs reads (io_uring workers' memory copies) and pinned copies to the GPU share the host's
 # memory. Each alone, then each timed while the other runs in the background (started first, run
 # longer), then the minimal reader with 1 and 4 MiB reads. 8 tmpfs files of 1 GiB; about 30 s.
+# (bench/ssd_array.py's raw_beside_copy times only the reads, beside one contiguous torch copy;
+# this times both sides, with copies in the 4 MiB chunks tuttid's batches make.)
 if has ceiling; then
   d=/dev/shm/tutti-ceiling
   mkdir -p $d
