@@ -20,7 +20,10 @@
 // advised, cudaHostRegister) instead of cudaHostAlloc; --fixed registers them with the ring
 // (READ_FIXED / WRITE_FIXED, as tuttid); --lifo reuses the slot freed last first (tuttid's bounce
 // slots) instead of the oldest; --sequential reads in order from a random start instead of at
-// random offsets; --burst=N submits reads only N at a time, in one io_uring_enter. Offsets are
+// random offsets; --burst=N submits reads only N at a time, in one io_uring_enter;
+// --reads_per_copy=N makes each slot N requests long, lands N reads of io_bytes back to back in it
+// and copies the slot to the GPU in one copy once all N have landed (tuttid's batches: reads of at
+// most datapath.max_read_bytes, one copy of datapath.read_post_bytes). Offsets are
 // random multiples of io_bytes within each file's size. Prints one JSON object on stdout (op,
 // files, io_bytes, qd, slots, the options, bytes, seconds, gbps, per-file GB/s, CPU seconds);
 // messages on stderr. Exit status: 0, 1 when an I/O or CUDA call failed (named), 2 for bad
@@ -57,7 +60,8 @@
 ABSL_FLAG(std::string, op, "read", "read | write | copy (the copies to the GPU alone)");
 ABSL_FLAG(uint64_t, io_bytes, 1 << 20, "request size, a multiple of 4096");
 ABSL_FLAG(uint32_t, qd, 16, "reads in flight per file");
-ABSL_FLAG(uint32_t, slots, 32, "pinned slots of io_bytes per file (at least qd)");
+ABSL_FLAG(uint32_t, slots, 32,
+          "pinned slots per file, each io_bytes x reads_per_copy (at least qd where that is 1)");
 ABSL_FLAG(double, seconds, 3.0, "how long to run");
 ABSL_FLAG(bool, no_gpu, false, "the I/O alone: no copies to or from the GPU");
 ABSL_FLAG(bool, async, false,
@@ -73,6 +77,9 @@ ABSL_FLAG(uint32_t, burst, 1,
 ABSL_FLAG(bool, sequential, false,
           "offsets in order from a random start (as a layer's merged reads walk a file) instead "
           "of random");
+ABSL_FLAG(uint32_t, reads_per_copy, 1,
+          "reads: each slot holds this many requests of io_bytes, read back to back into it and "
+          "copied to the GPU in one copy once all have landed (at most qd)");
 
 namespace {
 
@@ -109,6 +116,7 @@ struct FileOptions {
   bool lifo = false;
   bool sequential = false;
   uint32_t burst = 1;
+  uint32_t reads_per_copy = 1;  // requests a slot holds; a slot is io_bytes times this
   double seconds = 0;
   tutti::bench::StartLine* start_line = nullptr;  // every file's run arrives, opened or not
   double* cpu_at_start = nullptr;  // one run's: the process's CPU seconds at the start line
@@ -119,7 +127,12 @@ struct FileOptions {
 class FileRun {
  public:
   FileRun(const std::string& path, const FileOptions& o, Result* out)
-      : path_(path), o_(o), out_(out), events_(o.slots, nullptr) {}
+      : path_(path),
+        o_(o),
+        out_(out),
+        slot_bytes_(o.io_bytes * o.reads_per_copy),
+        events_(o.slots, nullptr),
+        landed_(o.slots, 0) {}
 
   ~FileRun() {
     if (ring_ok_) io_uring_queue_exit(&ring_);
@@ -181,7 +194,7 @@ class FileRun {
     if (rc < 0) return Fail(absl::StrCat("io_uring_queue_init: ", std::strerror(-rc)));
     ring_ok_ = true;
     if (o_.fixed) {
-      const iovec v{host_, uint64_t{o_.slots} * o_.io_bytes};
+      const iovec v{host_, uint64_t{o_.slots} * slot_bytes_};
       const int r = io_uring_register_buffers(&ring_, &v, 1);
       if (r < 0) return Fail(absl::StrCat("io_uring_register_buffers: ", std::strerror(-r)));
     }
@@ -192,7 +205,7 @@ class FileRun {
 
   // The pinned slots (all free), the GPU buffer, the stream and the events.
   bool Buffers() {
-    const uint64_t bytes = uint64_t{o_.slots} * o_.io_bytes;
+    const uint64_t bytes = uint64_t{o_.slots} * slot_bytes_;
     if (o_.gpu && !o_.host_register) {
       if (!Check(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes, cudaHostAllocPortable),
                  "cudaHostAlloc")) {
@@ -231,32 +244,36 @@ class FileRun {
     return stopping_ || !out_->error.empty();
   }
 
+  // The slot's requests (reads_per_copy of them, back to back in the slot).
   void Submit(uint32_t slot) {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    uint8_t* p = host_ + uint64_t{slot} * o_.io_bytes;
-    const uint64_t off =
-        (o_.sequential ? next_++ % span_slots_ : rng_() % span_slots_) * o_.io_bytes;
-    const unsigned n = static_cast<unsigned>(o_.io_bytes);
-    if (o_.fixed) {
-      o_.write ? io_uring_prep_write_fixed(sqe, fd_, p, n, off, 0)
-               : io_uring_prep_read_fixed(sqe, fd_, p, n, off, 0);
-    } else {
-      o_.write ? io_uring_prep_write(sqe, fd_, p, n, off) : io_uring_prep_read(sqe, fd_, p, n, off);
+    for (uint32_t i = 0; i < o_.reads_per_copy; ++i) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      uint8_t* p = host_ + uint64_t{slot} * slot_bytes_ + uint64_t{i} * o_.io_bytes;
+      const uint64_t off =
+          (o_.sequential ? next_++ % span_slots_ : rng_() % span_slots_) * o_.io_bytes;
+      const unsigned n = static_cast<unsigned>(o_.io_bytes);
+      if (o_.fixed) {
+        o_.write ? io_uring_prep_write_fixed(sqe, fd_, p, n, off, 0)
+                 : io_uring_prep_read_fixed(sqe, fd_, p, n, off, 0);
+      } else {
+        o_.write ? io_uring_prep_write(sqe, fd_, p, n, off)
+                 : io_uring_prep_read(sqe, fd_, p, n, off);
+      }
+      if (o_.async) sqe->flags |= IOSQE_ASYNC;
+      io_uring_sqe_set_data64(sqe, slot);
+      ++in_flight_;
     }
-    if (o_.async) sqe->flags |= IOSQE_ASYNC;
-    io_uring_sqe_set_data64(sqe, slot);
-    ++in_flight_;
   }
 
   // The copy of `slot` (to the GPU for reads, from it for writes), then its event.
   bool Copy(uint32_t slot) {
-    if (dev_pos_ + o_.io_bytes > o_.device_bytes) dev_pos_ = 0;
-    uint8_t* h = host_ + uint64_t{slot} * o_.io_bytes;
+    if (dev_pos_ + slot_bytes_ > o_.device_bytes) dev_pos_ = 0;
+    uint8_t* h = host_ + uint64_t{slot} * slot_bytes_;
     uint8_t* d = dev_ + dev_pos_;
-    dev_pos_ += o_.io_bytes;
+    dev_pos_ += slot_bytes_;
     const cudaError_t e = o_.write
-                              ? cudaMemcpyAsync(h, d, o_.io_bytes, cudaMemcpyDeviceToHost, stream_)
-                              : cudaMemcpyAsync(d, h, o_.io_bytes, cudaMemcpyHostToDevice, stream_);
+                              ? cudaMemcpyAsync(h, d, slot_bytes_, cudaMemcpyDeviceToHost, stream_)
+                              : cudaMemcpyAsync(d, h, slot_bytes_, cudaMemcpyHostToDevice, stream_);
     if (!Check(e, "cudaMemcpyAsync")) return false;
     if (!Check(cudaEventRecord(events_[slot], stream_), "cudaEventRecord")) return false;
     copying_.push_back(slot);
@@ -284,7 +301,8 @@ class FileRun {
     return true;
   }
 
-  // Completions: each done slot to `done`; counts bytes; false on a failed request.
+  // Completions: each slot whose requests have all completed to `done`; counts bytes; false on a
+  // failed request.
   bool Reap(std::deque<uint32_t>* done) {
     const int rc = io_uring_submit_and_wait(&ring_, 1);
     if (rc < 0 && rc != -EINTR) {
@@ -299,10 +317,11 @@ class FileRun {
       if (cqe->res != static_cast<int>(o_.io_bytes)) {
         Fail(absl::StrCat(o_.write ? "write: " : "read: ",
                           cqe->res < 0 ? std::strerror(-cqe->res) : "short"));
-        free_.push_back(s);
-        continue;
+        continue;  // the run stops; its slot is not used again
       }
       out_->bytes += o_.io_bytes;
+      if (++landed_[s] < o_.reads_per_copy) continue;
+      landed_[s] = 0;
       done->push_back(s);
     }
     io_uring_cq_advance(&ring_, seen);
@@ -313,7 +332,7 @@ class FileRun {
   // copy has finished.
   void Reads() {
     while (true) {
-      while (!Stopping() && in_flight_ < o_.qd &&
+      while (!Stopping() && in_flight_ + o_.reads_per_copy <= o_.qd &&
              (in_flight_ == 0 || o_.qd - in_flight_ >= o_.burst || submitting_)) {
         submitting_ = true;
         if (free_.empty() && o_.gpu && !Finished(&free_, /*wait=*/in_flight_ == 0)) break;
@@ -347,7 +366,7 @@ class FileRun {
       const uint32_t s = free_.front();
       free_.pop_front();
       if (!Copy(s)) return;
-      out_->bytes += o_.io_bytes;
+      out_->bytes += slot_bytes_;
     }
   }
 
@@ -383,6 +402,7 @@ class FileRun {
   const std::string path_;
   const FileOptions o_;
   Result* const out_;
+  const uint64_t slot_bytes_;           // io_bytes x reads_per_copy
   Clock::time_point start_, deadline_;  // from the start line
   int fd_ = -1;
   uint64_t span_slots_ = 0;
@@ -391,6 +411,7 @@ class FileRun {
   uint64_t dev_pos_ = 0;
   cudaStream_t stream_ = nullptr;
   std::vector<cudaEvent_t> events_;
+  std::vector<uint32_t> landed_;  // per slot: its requests completed so far
   io_uring ring_{};
   bool ring_ok_ = false;
   std::mt19937_64 rng_;
@@ -418,14 +439,18 @@ int main(int argc, char** argv) {
   const bool gpu = !absl::GetFlag(FLAGS_no_gpu);
   const uint64_t device_bytes = absl::GetFlag(FLAGS_device_bytes);
   const uint32_t burst = std::max<uint32_t>(1, std::min(absl::GetFlag(FLAGS_burst), qd));
+  const uint32_t reads_per_copy = absl::GetFlag(FLAGS_reads_per_copy);
   std::vector<std::string> files(rest.begin() + 1, rest.end());
   if ((op != "read" && op != "write" && op != "copy") || (op == "copy" && !gpu) || files.empty() ||
-      io_bytes == 0 || io_bytes % 4096 != 0 || qd == 0 || slots < qd || device_bytes < io_bytes ||
+      io_bytes == 0 || io_bytes % 4096 != 0 || qd == 0 || reads_per_copy == 0 ||
+      reads_per_copy > qd || (reads_per_copy > 1 && op == "write") || slots == 0 ||
+      (reads_per_copy == 1 && slots < qd) || device_bytes < io_bytes * reads_per_copy ||
       (absl::GetFlag(FLAGS_staging) != "hostalloc" && absl::GetFlag(FLAGS_staging) != "register")) {
     std::fprintf(
         stderr,
         "usage: raw_gpu_io [--op=read|write|copy] [--io_bytes=N (x4096)] [--qd=N] "
-        "[--slots=N>=qd] [--seconds=S] [--no_gpu] [--async] [--device_bytes=N] "
+        "[--slots=N (>= qd unless --reads_per_copy)] [--reads_per_copy=N<=qd, reads and copies] "
+        "[--seconds=S] [--no_gpu] [--async] [--device_bytes=N] "
         "[--staging=hostalloc|register] [--fixed] [--lifo] [--sequential] [--burst=N] FILE...\n");
     return 2;
   }
@@ -457,6 +482,7 @@ int main(int argc, char** argv) {
     o.lifo = absl::GetFlag(FLAGS_lifo);
     o.sequential = absl::GetFlag(FLAGS_sequential);
     o.burst = burst;
+    o.reads_per_copy = reads_per_copy;
     o.seconds = absl::GetFlag(FLAGS_seconds);
     o.start_line = &start_line;
     o.cpu_at_start = i == 0 ? &cpu0 : nullptr;
@@ -482,13 +508,14 @@ int main(int argc, char** argv) {
       "{\"tool\":\"raw_gpu_io\",\"op\":\"%s\",\"files\":%zu,\"io_bytes\":%lu,\"qd\":%u,\"slots\":%"
       "u,"
       "\"gpu\":%s,\"async\":%s,\"staging\":\"%s\",\"fixed\":%s,\"lifo\":%s,\"sequential\":%s,"
-      "\"burst\":%u,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_gbps\":[%s],"
+      "\"burst\":%u,\"reads_per_copy\":%u,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_"
+      "gbps\":[%s],"
       "\"cpu_seconds\":%.2f,\"iou_workers_runnable\":%.2f,\"iou_workers\":%u,"
       "\"command\":%s}\n",
       op.c_str(), files.size(), io_bytes, qd, slots, gpu ? "true" : "false",
       absl::GetFlag(FLAGS_async) ? "true" : "false", absl::GetFlag(FLAGS_staging).c_str(),
       absl::GetFlag(FLAGS_fixed) ? "true" : "false", absl::GetFlag(FLAGS_lifo) ? "true" : "false",
-      absl::GetFlag(FLAGS_sequential) ? "true" : "false", burst, bytes, seconds,
+      absl::GetFlag(FLAGS_sequential) ? "true" : "false", burst, reads_per_copy, bytes, seconds,
       bytes / 1e9 / seconds, absl::StrJoin(per_file, ",").c_str(), cpu, workers.mean_runnable,
       workers.workers_seen, tutti::bench::JsonString(command).c_str());
   return 0;

@@ -238,7 +238,8 @@ fi
 # The emulation's own ceiling for a reader that lands reads in host memory and copies them to the
 # GPU: tmpfs reads (io_uring workers' memory copies) and pinned copies to the GPU share the host's
 # memory. Each alone, then each timed while the other runs in the background (started first, run
-# longer), then the minimal reader with 1 and 4 MiB reads. 8 tmpfs files of 1 GiB; about 30 s.
+# longer), then the minimal reader with 1 and 4 MiB reads, and with 1 MiB reads copied in batches
+# (TUTTI_CEILING_BATCHES, below). 8 tmpfs files of 1 GiB; about 50 s.
 # (bench/ssd_array.py's raw_beside_copy times only the reads, beside one contiguous torch copy;
 # this times both sides, with copies in the 4 MiB chunks tuttid's batches make.)
 if has ceiling; then
@@ -267,6 +268,15 @@ if has ceiling; then
   wait $bg
   ceil minimal-reader-1m --op=read --qd=16 --slots=16 --lifo --seconds=2
   ceil minimal-reader-4m --op=read --io_bytes=4194304 --qd=8 --slots=8 --lifo --seconds=2
+  # tuttid's batches without tuttid: 1 MiB reads landed back to back in slots of R MiB, each slot
+  # copied in one copy once its R reads are in; TUTTI_CEILING_BATCHES, each RxS (S slots a file;
+  # 4x2 is tuttid's default at 8 devices: posts of 4 MiB, 2 bounce slots a device). With --async,
+  # as tuttid's reads (io_uring's workers copy, not the file's own thread).
+  ceil minimal-reader-1m-async --op=read --qd=16 --slots=16 --lifo --async --seconds=2
+  for b in ${TUTTI_CEILING_BATCHES-4x2 4x4 4x8 8x2}; do
+    ceil "minimal-reader-1m-batch-$b" --op=read --qd=16 --reads_per_copy="${b%x*}" \
+      --slots="${b#*x}" --lifo --async --seconds=2
+  done
   rm -rf $d
 fi
 
