@@ -803,6 +803,11 @@ def parse_sets(items):
     return out
 
 
+def tuttid_settings(args):
+    """The lines' tuttid_set: the --set items, and --ring-nice where given."""
+    return args.set + (["ring_nice=%d" % args.ring_nice] if args.ring_nice else [])
+
+
 def config_value(text):
     """A text-proto value: numbers, true/false and quoted strings as given, else quoted."""
     if re.fullmatch(r"-?[0-9][0-9.eE+\-]*|true|false|\".*\"", text):
@@ -1008,7 +1013,26 @@ class Daemon:
         cg = self.array.process_cgroup()
         if cg is not None and not cg.contains(self.pid):
             raise BenchError("tuttid (pid %d) is not in %s" % (self.pid, cg.describe()))
+        if self.args.ring_nice:
+            self._renice_rings(self.args.ring_nice)
         return self
+
+    def _renice_rings(self, nice):
+        """--ring-nice: every ring owner thread of tuttid to `nice` (their io_uring workers,
+        started later, inherit it); BenchError if it finds none."""
+        tids = []
+        for tid in os.listdir("/proc/%d/task" % self.pid):
+            try:
+                comm = _read("/proc/%d/task/%s/comm" % (self.pid, tid)).strip()
+            except OSError:
+                continue
+            if comm.startswith(("tutti-uring-", "tutti-urd-")):
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                tids.append(int(tid))
+        if not tids:
+            raise BenchError("--ring-nice: no ring owner thread (tutti-uring-*) in tuttid %d"
+                             % self.pid)
+        log("tuttid: %d ring owner threads reniced to %d" % (len(tids), nice))
 
     def _answers(self):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1840,7 +1864,7 @@ def one_array_config(args, results, ctx, emulation, n):
                   blocks=t["blocks"], block_bytes=BLOCK_BYTES, object_bytes=OBJECT_BYTES,
                   io_bytes=args.io_kib * 1024, queue_depth=args.qd,
                   io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
-                  tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+                  tuttid_set=tuttid_settings(args), retrieve_staging_mib=args.retrieve_staging_mib,
                   array=array.describe())
     rc, sc = t["retrieve_cpu"], t["store_cpu"]
     results.add(
@@ -1943,7 +1967,8 @@ def part_dram(args, results, ctx):
         retrieve_rounds_gbps=t["retrieve_rounds_gbps"], cpu_s_per_gb=rc["cpu_s_per_gb"],
         busiest_thread=rc["busiest_thread"], top_threads=rc["top_threads"],
         iou_workers=rc["iou_workers"], dram_hits=rc["dram_hits"], sessions=t["sessions"],
-        blocks=t["blocks"], tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+        blocks=t["blocks"], tuttid_set=tuttid_settings(args),
+        retrieve_staging_mib=args.retrieve_staging_mib,
         note="tuttid with the DRAM tier on (%.2f GiB) and the pool on one tmpfs directory: best "
              "of %d Retrieves of every layer of %d blocks, verified, against one contiguous "
              "1 GiB copy" % (t["dram_bytes"] / GiB, args.retrieve_rounds, t["blocks"]))
@@ -2054,7 +2079,7 @@ def one_share_config(args, results, emulation, n):
         device_read_ms_beside=read_emission_ms(io_beside, io_to),
         small_alone_gbps=small_alone_gbps, big_alone_gbps=big_alone,
         big_beside_gbps=big_beside, io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None,
-        tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+        tuttid_set=tuttid_settings(args), retrieve_staging_mib=args.retrieve_staging_mib,
         note="a small Retrieve (every layer of %d blocks, one call, repeated %d times) while a "
              "large session Retrieves every layer of its %d blocks in calls of %d, over and "
              "over (started %.1f s before), against the small one alone; fair_share = the "
@@ -2214,7 +2239,7 @@ def part_ttft(args, results, ctx):
                   dram_vs_pipeline_limit=dram_ms / pipeline_limit_ms, mps=mps_running(),
                   runs={"recompute": recompute, "ssd": ssd, "dram": dram}, phases_ms=phases,
                   tuttid_gbps=prefix_bytes / (ssd_ms / 1e3) / GB,
-                  tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+                  tuttid_set=tuttid_settings(args), retrieve_staging_mib=args.retrieve_staging_mib,
                   engine_cpus=cpu_list(args.engine_cpus) if args.engine_cpus else None,
                   tuttid_cpus=cpu_list(args.tuttid_cpus) if args.tuttid_cpus else None)
     how = ("TTFT = lookup + layer-wise load-all of %d blocks overlapped with computing the last "
@@ -2291,7 +2316,7 @@ def part_engine_loss(args, results, ctx):
         tuttid_gbps_alone=alone, tuttid_during_vs_alone=during / alone, rounds=m["rounds"],
         overlap_s=m["overlap_s"], mps=mps_running(), n_devices=n, emulation="tmpfs",
         sessions=args.sessions, blocks=per * args.sessions, call_blocks=call,
-        tuttid_set=args.set, retrieve_staging_mib=args.retrieve_staging_mib,
+        tuttid_set=tuttid_settings(args), retrieve_staging_mib=args.retrieve_staging_mib,
         engine_cpus=cpu_list(args.engine_cpus) if args.engine_cpus else None,
         tuttid_cpus=cpu_list(args.tuttid_cpus) if args.tuttid_cpus else None,
         note="engine: bench/busy_engine.py (%s matmuls back to back, each timed) alone "
@@ -2543,6 +2568,11 @@ def parse_args(argv):
                     help="count tuttid's runnable io_uring workers this often during stores and "
                          "retrieves (iou_workers.runnable_mean in the lines; costs some CPU; "
                          "0: off)")
+    ap.add_argument("--ring-nice", type=int, default=0,
+                    help="renice tuttid's ring owner threads (tutti-uring-*, tutti-urd-*) by "
+                         "this once it answers, before any Retrieve: the io_uring workers they "
+                         "start later inherit it, so on tmpfs the workers' memory copies yield "
+                         "the CPU to tuttid's hand-off threads (an experiment; 0: off)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a tuttid config field, e.g. datapath.checksum_threads=4 or "
                     "limits.retrieve_staging_bytes=1073741824 (repeatable)")
