@@ -26,8 +26,8 @@
 # of TUTTI_READSIZE_RUNS, each [part@]config:variant (see the part), by default tmpfs:8 reads with
 # larger copies to the GPU against the defaults then, interleaved, twice, then tmpfs:4 and
 # tmpfs:1, loop:4; runs past TUTTI_READSIZE_CUTOFF seconds (470) are skipped; docs/gpu.md, "Stop
-# 56" and "Stop 57". Next, what stop 58 could not run with the new defaults: TUTTI_READSIZE_COPIES=""
-# TUTTI_READSIZE_RUNS="engine_loss@8:default 8:p8d2 4:p8d2 share@8:d4 l8:default")
+# 56" and "Stop 57". Next, what stop 59 left unrun with the stop 57 defaults: TUTTI_READSIZE_COPIES=""
+# TUTTI_READSIZE_RUNS="share@8:default 4:default l4:default")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
