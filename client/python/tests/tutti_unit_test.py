@@ -3,6 +3,8 @@ the C++ library's ChainKeys), placements from torch tensors, attach requests (ho
 regions grouped by allocation, with a fake driver), and the transfer state machine (layer waits,
 failed blocks, a broken transfer releasing every wait)."""
 
+import hashlib
+import struct
 import threading
 import time
 import unittest
@@ -31,6 +33,38 @@ class ChainKeysTest(unittest.TestCase):
         self.assertEqual(changed[0], full[0])
         self.assertTrue(all(changed[b] != full[b] for b in range(1, 4)))
         self.assertEqual(tutti.chain_keys(torch.arange(100, 164).tolist(), 16), full)
+
+    def test_tokens_of_any_kind_hash_as_uint32le(self):
+        # The scheme's definition, one token at a time (the module packs them in one call where
+        # it can): every kind of token sequence must give these bytes.
+        def spec(tokens, block_tokens, parent=bytes(16)):
+            words = [int(t) & 0xFFFFFFFF for t in tokens]
+            keys, prev = [], parent
+            for b in range(len(words) // block_tokens):
+                block = words[b * block_tokens:(b + 1) * block_tokens]
+                prev = hashlib.sha256(prev + struct.pack("<I", block_tokens) +
+                                      struct.pack("<%dI" % block_tokens, *block)).digest()[:16]
+                keys.append(prev)
+            return keys
+
+        cases = {
+            "masked (negative, 2^32 and past)": [-1, -5, 2**32, 2**33 + 7] * 8,
+            "largest uint32": [2**32 - 1] * 16,
+            "floats": [3.0, 7.0] * 9,
+            "bools": [True, False] * 16,
+            "tuple, partial last block": tuple(range(100)),
+            "bytes (items, not raw bytes)": bytes(range(48)),
+            "bytearray": bytearray(range(32)),
+            "tensor": torch.arange(100, 164),
+            "negative tensor": torch.full((32,), -3),
+        }
+        for name, tokens in cases.items():
+            for block_tokens in (1, 4, 16):
+                with self.subTest(name, block_tokens=block_tokens):
+                    self.assertEqual(tutti.chain_keys(tokens, block_tokens),
+                                     spec(tokens, block_tokens))
+        self.assertEqual(tutti.chain_keys(list(range(15)), 16), [])
+        self.assertEqual(tutti.chain_keys(list(range(32)), 0), [])
 
 
 LAYOUT = tutti.KvLayout(num_layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, block_tokens=16)

@@ -9,10 +9,32 @@ process, language and restart (unlike Python's hash(), which is salted per proce
 
 import hashlib
 import struct
+import sys
+from array import array
 from typing import List, Sequence
 
 HASH_SCHEME = "tutti-sha256-v1"
 ZERO_PARENT = bytes(16)
+
+
+# The array type of 4-byte unsigned items ("I" on every platform tutti runs on).
+_UINT32 = next((code for code in "IL" if array(code).itemsize == 4), None)
+
+
+def _token_bytes(tokens: Sequence[int]) -> bytes:
+    """The tokens as uint32le, each int(t) & 0xFFFFFFFF: converted in one call where every token
+    is an int in [0, 2^32), masked one token at a time otherwise."""
+    if isinstance(tokens, (bytes, bytearray, memoryview)):
+        tokens = list(tokens)  # array() would take their raw bytes, not their items
+    if _UINT32 is None:
+        return struct.pack("<%dI" % len(tokens), *[int(t) & 0xFFFFFFFF for t in tokens])
+    try:
+        packed = array(_UINT32, tokens)
+    except (OverflowError, TypeError):  # negative, 2^32 or more, or not an int (a float, say)
+        packed = array(_UINT32, [int(t) & 0xFFFFFFFF for t in tokens])
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def chain_keys(tokens: Sequence[int], block_tokens: int, parent: bytes = ZERO_PARENT) -> List[bytes]:
@@ -21,13 +43,16 @@ def chain_keys(tokens: Sequence[int], block_tokens: int, parent: bytes = ZERO_PA
         raise ValueError("parent must be 16 bytes")
     if block_tokens <= 0:
         return []
-    tokens = [int(t) & 0xFFFFFFFF for t in tokens]
+    blocks = len(tokens) // block_tokens
+    if blocks == 0:
+        return []
+    data = _token_bytes(tokens[:blocks * block_tokens])
     head = struct.pack("<I", block_tokens)
-    fmt = "<%dI" % block_tokens
+    step = 4 * block_tokens
+    sha256 = hashlib.sha256
     keys = []
     prev = bytes(parent)
-    for b in range(len(tokens) // block_tokens):
-        block = tokens[b * block_tokens:(b + 1) * block_tokens]
-        prev = hashlib.sha256(prev + head + struct.pack(fmt, *block)).digest()[:16]
+    for off in range(0, blocks * step, step):
+        prev = sha256(prev + head + data[off:off + step]).digest()[:16]
         keys.append(prev)
     return keys
