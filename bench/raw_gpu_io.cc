@@ -508,8 +508,8 @@ int main(int argc, char** argv) {
       "{\"tool\":\"raw_gpu_io\",\"op\":\"%s\",\"files\":%zu,\"io_bytes\":%lu,\"qd\":%u,\"slots\":%"
       "u,"
       "\"gpu\":%s,\"async\":%s,\"staging\":\"%s\",\"fixed\":%s,\"lifo\":%s,\"sequential\":%s,"
-      "\"burst\":%u,\"reads_per_copy\":%u,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,\"file_"
-      "gbps\":[%s],"
+      "\"burst\":%u,\"reads_per_copy\":%u,\"bytes\":%lu,\"seconds\":%.3f,\"gbps\":%.2f,"
+      "\"file_gbps\":[%s],"
       "\"cpu_seconds\":%.2f,\"iou_workers_runnable\":%.2f,\"iou_workers\":%u,"
       "\"command\":%s}\n",
       op.c_str(), files.size(), io_bytes, qd, slots, gpu ? "true" : "false",

@@ -298,9 +298,10 @@ if has readsize; then
   rm -rf /dev/shm/tutti-readsize
   # A variant: "default", or [p<MiB>][d<slots>][r<MiB>][w<N>][g<N>][m<N>][n<N>]: read_post_bytes,
   # read_bounce_depth, max_read_bytes, io.memory_read_workers (1: plain submission),
-  # io.memory_read_rings, gpu.io_sm_count, and ssd_array.py's --ring-nice. A run: [<part>@]<config>:<variant>, config "N" for tmpfs:N or "lN" for
-  # loop:N, part one of ssd_array.py's (default array); engine_loss and ttft run under our own MPS
-  # control daemon (where the machine has one) with the engine on the last two CPUs.
+  # io.memory_read_rings, gpu.io_sm_count, and ssd_array.py's --ring-nice. A run:
+  # [<part>@]<config>:<variant>, config "N" for tmpfs:N or "lN" for loop:N, part one of
+  # ssd_array.py's (default array); engine_loss and ttft run under our own MPS control daemon
+  # (where the machine has one) with the engine on the last two CPUs.
   rs_flags() {
     local v=$1
     [[ $v =~ ^p([0-9]+) ]] && echo "--set datapath.read_post_bytes=$((BASH_REMATCH[1] << 20))"

@@ -17,21 +17,17 @@ HASH_SCHEME = "tutti-sha256-v1"
 ZERO_PARENT = bytes(16)
 
 
-# The array type of 4-byte unsigned items ("I" on every platform tutti runs on).
-_UINT32 = next((code for code in "IL" if array(code).itemsize == 4), None)
-
-
 def _token_bytes(tokens: Sequence[int]) -> bytes:
     """The tokens as uint32le, each int(t) & 0xFFFFFFFF: converted in one call where every token
     is an int in [0, 2^32), masked one token at a time otherwise."""
     if isinstance(tokens, (bytes, bytearray, memoryview)):
         tokens = list(tokens)  # array() would take their raw bytes, not their items
-    if _UINT32 is None:
-        return struct.pack("<%dI" % len(tokens), *[int(t) & 0xFFFFFFFF for t in tokens])
     try:
-        packed = array(_UINT32, tokens)
+        packed = array("I", tokens)
     except (OverflowError, TypeError):  # negative, 2^32 or more, or not an int (a float, say)
-        packed = array(_UINT32, [int(t) & 0xFFFFFFFF for t in tokens])
+        packed = array("I", [int(t) & 0xFFFFFFFF for t in tokens])
+    if packed.itemsize != 4:  # "I" is 4 bytes on every platform tutti runs on
+        return struct.pack("<%dI" % len(packed), *packed)
     if sys.byteorder != "little":
         packed.byteswap()
     return packed.tobytes()
