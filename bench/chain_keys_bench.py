@@ -64,7 +64,8 @@ def main(argv=None):
     base = best_ms(per_token, tokens, args.block_tokens, args.runs, args.reps)
     ms = best_ms(tutti.chain_keys, tokens, args.block_tokens, args.runs, args.reps)
     line = {"bench": "chain_keys", "metric": "chain_keys_ms_vs_per_token",
-            "value": round(ms / base, 4), "unit": "ratio", "measured_value": round(ms, 4), "measured_unit": "ms",
+            "value": round(ms / base, 4), "unit": "ratio",
+            "measured_value": round(ms, 4), "measured_unit": "ms",
             "baseline_name": "per_token", "baseline_value": round(base, 4),
             "tokens": args.tokens, "block_tokens": args.block_tokens,
             "python": platform.python_version(), "label": args.label,
