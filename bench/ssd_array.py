@@ -2226,9 +2226,10 @@ def part_ttft(args, results, ctx):
     # Where the time of the best runs went (ms from the start of each).
     phases = {"ssd": best_phases(ssd, ssd_phases), "dram": best_phases(dram, dram_phases)}
     for tier, p in phases.items():
-        log("  %s tier, best run: Lookup answered at %.1f ms, forward pass enqueued at %.1f, "
-            "Retrieve ended (host) at %.1f, GPU done at %.1f" % (
-                tier, p["lookup"], p["forward_enqueued"], p["retrieve_end"], p["gpu_done"]))
+        log("  %s tier, best run: keys hashed at %.1f ms, Lookup answered at %.1f, Retrieve "
+            "called at %.1f, forward pass enqueued at %.1f, Retrieve ended (host) at %.1f, GPU "
+            "done at %.1f" % (tier, p["keys"], p["lookup"], p["retrieve_called"],
+                              p["forward_enqueued"], p["retrieve_end"], p["gpu_done"]))
     common = dict(n_devices=n, emulation=emulation, array=array.describe(),
                   io_cap_gbps=args.io_cap_gbps if emulation == "loop" else None, tokens=T,
                   cached_tokens=hits * BLOCK_TOKENS, prefix_bytes=prefix_bytes,
@@ -2395,8 +2396,8 @@ def tutti_namespace(layout, shape):
 
 def load_all(bench, tokens, hits, runs, phases=None):
     """TTFT ms of `runs` load-all prefills after a warm-up; `phases` (a list) gets each run's
-    bench.last_phases: ms from the start to the Lookup's answer, the forward pass enqueued, the
-    Retrieve's end seen by the host, and the GPU done."""
+    bench.last_phases: ms from the start to the keys hashed, the Lookup's answer, the Retrieve
+    called, the forward pass enqueued, the Retrieve's end seen by the host, and the GPU done."""
     out = []
     for i in range(runs + 1):
         ms, lease, n = bench.load(tokens, decide=False)
@@ -2413,7 +2414,8 @@ def load_all(bench, tokens, hits, runs, phases=None):
 def best_phases(ms, phases):
     """The phases of the fastest run, by name."""
     p = phases[ms.index(min(ms))]
-    return dict(zip(("lookup", "forward_enqueued", "retrieve_end", "gpu_done"), p))
+    return dict(zip(("keys", "lookup", "retrieve_called", "forward_enqueued", "retrieve_end",
+                     "gpu_done"), p))
 
 
 # --- set-up, main ------------------------------------------------------------------------------

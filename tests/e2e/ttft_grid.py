@@ -319,13 +319,15 @@ class Bench:
     def load(self, tokens, decide):
         """(ms, lease, loaded blocks). decide: Lookup with prompt_tokens and load
         lease.load_blocks; else load every hit. self.last_lookup_ms: the Lookup's part of it;
-        self.last_phases: ms from the start to the Lookup's answer, to the forward pass
-        enqueued, to the Retrieve's end seen by the host, and to the GPU done."""
+        self.last_phases: ms from the start to the keys hashed, to the Lookup's answer, to the
+        Retrieve call returned (its first message sent), to the forward pass enqueued, to the
+        Retrieve's end seen by the host, and to the GPU done."""
         blocks = self._blocks(tokens)
         try:
             g.sync()
             t0 = time.perf_counter()
             keys = self.usable_keys(tokens)
+            t_keys = time.perf_counter()
             if decide and has_decision_api():
                 lease = self.client.lookup(keys, prompt_tokens=len(tokens))
                 n = lease.load_blocks
@@ -338,6 +340,7 @@ class Bench:
                 retrieval = self.client.retrieve(lease, keys[:n], blocks[:n])
             elif lease.hits > 0:
                 self.client.release(lease)
+            t_call = time.perf_counter()
             stream = torch.cuda.current_stream() if g.DEV == "cuda" else None
 
             def before_layer(layer):
@@ -356,7 +359,7 @@ class Bench:
             g.sync()
             t_end = time.perf_counter()
             self.last_phases = tuple(round((t - t0) * 1e3, 1) for t in (
-                t0 + self.last_lookup_ms / 1e3, t_fwd, t_wait, t_end))
+                t_keys, t0 + self.last_lookup_ms / 1e3, t_call, t_fwd, t_wait, t_end))
             return (t_end - t0) * 1e3, lease, n
         finally:
             self.pool.release(blocks)
