@@ -328,12 +328,14 @@ class Bench:
             t0 = time.perf_counter()
             keys = self.usable_keys(tokens)
             t_keys = time.perf_counter()
-            if decide and has_decision_api():
-                lease = self.client.lookup(keys, prompt_tokens=len(tokens))
-                n = lease.load_blocks
-            else:
-                lease = self.client.lookup(keys)
-                n = lease.hits
+            # The Lookup as an engine's scheduler makes it (the vLLM connector's path): on this
+            # thread, without grpcio's hand-off to its polling thread (Client.lookup_many).
+            advise = decide and has_decision_api()
+            lease = self.client.lookup_many(
+                [(self.client, keys, len(tokens) if advise else None)])[0]
+            if isinstance(lease, Exception):
+                raise lease
+            n = lease.load_blocks if advise else lease.hits
             self.last_lookup_ms = (time.perf_counter() - t0) * 1e3
             retrieval = None
             if n > 0:
