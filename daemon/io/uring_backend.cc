@@ -79,9 +79,9 @@ bool OnTmpfs(int fd) {
 // its ring (internal::UringOwner), whose thread alone calls the UringItemOps methods.
 class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
  public:
-  // Ring `ring` of pool file `index`, on tmpfs or not; `async_reads` as the member below.
+  // Ring `ring` of pool file `index`; `async_reads` as the member below.
   static absl::StatusOr<std::unique_ptr<FileQueue>> Create(int fd, uint32_t index, uint32_t ring,
-                                                           bool tmpfs, uint32_t async_reads,
+                                                           uint32_t async_reads,
                                                            const UringOptions& options);
 
   internal::UringOwner<Pending>& owner() { return *owner_; }
@@ -92,14 +92,12 @@ class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
   bool Complete(Pending& p, int res) override;
 
  private:
-  FileQueue(uint32_t ring, bool tmpfs, uint32_t async_reads)
-      : ring_(ring), tmpfs_(tmpfs), async_reads_(async_reads) {}
+  FileQueue(uint32_t ring, uint32_t async_reads) : ring_(ring), async_reads_(async_reads) {}
 
   const uint32_t ring_;  // of its file; 0 takes the writes
-  const bool tmpfs_;     // its reads in flight are counted (the memory counters)
   // On tmpfs with workers allowed: reads go IOSQE_ASYNC, at most this many in flight (0: plain).
   const uint32_t async_reads_;
-  uint32_t reads_in_flight_ = 0;  // owner thread only; counted on tmpfs
+  uint32_t reads_in_flight_ = 0;  // owner thread only
 
   std::atomic<uint64_t> fixed_ops_{0}, plain_ops_{0}, short_retries_{0}, max_reads_in_flight_{0};
   // Last: destroyed first, so its thread is gone before the state above.
@@ -107,9 +105,8 @@ class UringBackend::FileQueue final : public internal::UringItemOps<Pending> {
 };
 
 absl::StatusOr<std::unique_ptr<UringBackend::FileQueue>> UringBackend::FileQueue::Create(
-    int fd, uint32_t index, uint32_t ring, bool tmpfs, uint32_t async_reads,
-    const UringOptions& options) {
-  std::unique_ptr<FileQueue> q(new FileQueue(ring, tmpfs, async_reads));
+    int fd, uint32_t index, uint32_t ring, uint32_t async_reads, const UringOptions& options) {
+  std::unique_ptr<FileQueue> q(new FileQueue(ring, async_reads));
   internal::UringOwnerOptions o;
   o.name = ring == 0 ? absl::StrCat("pool file ", index)
                      : absl::StrCat("pool file ", index, " (read ring ", ring, ")");
@@ -137,7 +134,7 @@ void UringBackend::FileQueue::AddCounters(UringCounters* c) const {
   c->memory_files += async_reads_ > 0 && ring_ == 0 ? 1 : 0;
   // A ring that has issued a read has had one in flight.
   c->memory_read_rings +=
-      tmpfs_ && max_reads_in_flight_.load(std::memory_order_relaxed) > 0 ? 1 : 0;
+      async_reads_ > 0 && max_reads_in_flight_.load(std::memory_order_relaxed) > 0 ? 1 : 0;
   c->max_memory_reads_in_flight = std::max<uint64_t>(
       c->max_memory_reads_in_flight, max_reads_in_flight_.load(std::memory_order_relaxed));
 }
@@ -157,8 +154,8 @@ void UringBackend::FileQueue::Prepare(io_uring_sqe* sqe, Pending& p, int target)
          : io_uring_prep_write(sqe, target, buf, len, off);
     plain_ops_.fetch_add(1, std::memory_order_relaxed);
   }
-  if (read && async_reads_ > 0) sqe->flags |= IOSQE_ASYNC;
-  if (read && tmpfs_) {
+  if (read && async_reads_ > 0) {
+    sqe->flags |= IOSQE_ASYNC;
     max_reads_in_flight_.store(
         std::max<uint64_t>(max_reads_in_flight_.load(std::memory_order_relaxed),
                            ++reads_in_flight_),
@@ -167,7 +164,7 @@ void UringBackend::FileQueue::Prepare(io_uring_sqe* sqe, Pending& p, int target)
 }
 
 bool UringBackend::FileQueue::Complete(Pending& p, int res) {
-  if (tmpfs_ && p.req->op == Op::kRead) --reads_in_flight_;
+  if (async_reads_ > 0 && p.req->op == Op::kRead) --reads_in_flight_;
   if (res < 0) {
     p.req->result = res;
     FinishRequest(p.part);
@@ -219,11 +216,8 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
   std::unique_ptr<UringBackend> backend(new UringBackend(std::move(sizes)));
   for (size_t i = 0; i < fds.size(); ++i) {
     const uint32_t index = static_cast<uint32_t>(i);
-    // On tmpfs a file's reads spread over memory_read_rings rings, issued to io_uring workers
-    // (memory_read_workers > 1) or plainly (1: each ring's reads are copied one at a time).
-    const bool tmpfs = OnTmpfs(fds[i]);
-    const bool memory = tmpfs && options.memory_read_workers > 1;
-    const uint32_t rings = tmpfs ? options.memory_read_rings : 1;
+    const bool memory = options.memory_read_workers > 1 && OnTmpfs(fds[i]);
+    const uint32_t rings = memory ? options.memory_read_rings : 1;
     // Each further ring reads through a descriptor of its own, taken before the first ring owns
     // (and on failure closes) fds[i].
     std::vector<int> dups;
@@ -249,7 +243,7 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
         fd = dups.front();
         dups.erase(dups.begin());  // Create owns it from here, on failure too
       }
-      auto q = FileQueue::Create(fd, index, r, tmpfs, per_ring, options);
+      auto q = FileQueue::Create(fd, index, r, per_ring, options);
       if (r == 0) handed_over = i + 1;  // FileQueue::Create closes the fd itself on failure
       if (!q.ok()) return q.status();
       backend->rings_.push_back(*std::move(q));
@@ -259,11 +253,6 @@ absl::StatusOr<std::unique_ptr<UringBackend>> UringBackend::Create(std::vector<i
           "pool file {} is on tmpfs: up to {} reads at once, each on an io_uring worker "
           "(io.memory_read_workers), over {} ring(s) (io.memory_read_rings)",
           index, per_ring * rings, rings);
-    } else if (tmpfs) {
-      log::Get("io")->info(
-          "pool file {} is on tmpfs: reads submitted plainly (io.memory_read_workers 1), over {} "
-          "ring(s) (io.memory_read_rings)",
-          index, rings);
     }
   }
   return backend;
@@ -363,8 +352,7 @@ void UringBackend::RegisterStats(stats::Registry* registry) const {
                [](const UringCounters& c) { return c.in_flight_sum; })
       .Gauge("tutti_io_uring_memory_reads_in_flight_max",
              "The most reads in flight at once on one ring of a pool file on tmpfs "
-             "(io.memory_read_workers over io.memory_read_rings caps it where above 1); 0 with "
-             "none on tmpfs.",
+             "(io.memory_read_workers over io.memory_read_rings caps it); 0 with none on tmpfs.",
              [](const UringCounters& c) { return c.max_memory_reads_in_flight; })
       .Gauge("tutti_io_uring_memory_read_rings",
              "Rings over pool files on tmpfs that have issued a read (io.memory_read_rings per "

@@ -50,9 +50,7 @@ struct UringOptions {
   uint32_t memory_read_workers = 16;
   // Pool files on tmpfs only: the rings (each with its own owner thread, and so its own io_uring
   // workers) a file's reads are spread over, round-robin by request; the file's writes stay on
-  // its first ring, and memory_read_workers is shared out between the rings. With plain
-  // submission (memory_read_workers 1) each ring copies its reads one after another, so a file
-  // has as many copies at once as rings. With one ring, the
+  // its first ring, and memory_read_workers is shared out between the rings. With one ring, the
   // reads one io_uring_enter submits at once may all wake the same idle worker (io_uring wakes
   // the first idle one it finds, which stays idle until it runs), so fewer workers copy than
   // reads are in flight; each ring has workers of its own. Reads and writes of a file on
@@ -70,7 +68,7 @@ struct UringCounters {
   uint64_t in_flight_sum = 0;     // requests in flight at each of those calls, summed:
                                   // in_flight_sum / enter_calls is the mean queue depth kept
   uint64_t memory_files = 0;      // files on tmpfs read by up to memory_read_workers workers
-  uint64_t max_memory_reads_in_flight = 0;  // most reads in flight at once on one tmpfs ring
+  uint64_t max_memory_reads_in_flight = 0;  // most reads in flight at once on one ring of them
   uint64_t memory_read_rings = 0;           // rings over tmpfs files that have issued a read
 };
 

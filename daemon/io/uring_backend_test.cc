@@ -171,8 +171,7 @@ TEST_F(UringBackendTest, TmpfsReadsUseWorkersOnlyOnTmpfs) {
     ExpectAll(*b, mem.data(), workers);
     EXPECT_EQ(b->counters().memory_files, tmpfs && workers > 1 ? kFiles : 0u)
         << dir_ << " tmpfs " << tmpfs << " workers " << workers;
-    // One ring a file (the default), counted on tmpfs whether its reads go to workers or not.
-    EXPECT_EQ(b->counters().memory_read_rings, tmpfs ? kFiles : 0u);
+    EXPECT_EQ(b->counters().memory_read_rings, tmpfs && workers > 1 ? kFiles : 0u);
   }
   for (uint32_t bad : {0u, 65u}) {
     auto b = UringBackend::Create({}, UringOptions{8, bad});
@@ -286,21 +285,6 @@ TEST_F(UringBackendShmTest, ReadRingsShareATmpfsFilesReads) {
     EXPECT_NE(none.status().message().find("io.memory_read_rings"), std::string::npos)
         << none.status();
   }
-}
-
-// Plain submission (memory_read_workers 1) still spreads a tmpfs file's reads over its rings: each
-// ring issues some, none goes to a worker's cap (all 128 reads may be in flight), and every read
-// comes back whole and right.
-TEST_F(UringBackendShmTest, PlainReadsSpreadOverReadRings) {
-  auto b = UringBackend::Create({fd_}, UringOptions{64, 1, 4});
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ((*b)->counters().memory_files, 0u);  // no worker cap
-  AlignedBuffer mem(kFileBytes);
-  WriteThenReadBack(**b, mem.data(), 5);
-  const UringCounters c = (*b)->counters();
-  EXPECT_EQ(c.memory_read_rings, 4u);
-  EXPECT_GT(c.max_memory_reads_in_flight, 1u);  // uncapped: more than one at once on a ring
-  EXPECT_EQ(c.short_retries, 0u);
 }
 
 // Small: io_uring charges registered buffers to RLIMIT_MEMLOCK (often 8 MiB) once per ring unless
