@@ -111,6 +111,42 @@ class HostModeTest(unittest.TestCase):
             time.sleep(0.02)
         return False
 
+    def test_retrieve_leaves_before_it_returns(self):
+        """The Retrieve call starts on the caller's thread: its layers land in the engine's
+        blocks while the thread that reads its progress is held back (here until they have), as
+        an engine's thread that holds the GIL to enqueue its forward pass would hold it."""
+        e = self.engine(32)
+        with e.attach(self.daemon) as c:
+            keys = keys_of(9, 8)
+            self.store_all(c, e, keys)
+            lease = c.lookup(keys)
+            blocks = list(range(16, 24))
+            for b in blocks:
+                e.zero(b)
+            held = threading.Event()
+            read_stream = c._read_stream
+
+            def held_back(*args):
+                held.wait(30)
+                read_stream(*args)
+
+            c._read_stream = held_back
+            try:
+                r = c.retrieve(lease, keys, blocks)
+                deadline = time.monotonic() + 20
+                last = LAYOUT.num_layers - 1
+                while not all(e.layer_ok(b, k, last) for b, k in zip(blocks, keys)):
+                    self.assertLess(time.monotonic(), deadline,
+                                    "no layer landed while the progress reader was held")
+                    time.sleep(0.01)
+            finally:
+                held.set()
+            out = r.wait(30)
+            self.assertIsNotNone(out)
+            self.assertTrue(out.ok, out)
+            for layer in range(LAYOUT.num_layers):
+                self.assertTrue(all(e.layer_ok(b, k, layer) for b, k in zip(blocks, keys)))
+
     def test_store_lookup_retrieve_layer_by_layer(self):
         e = self.engine(96)
         with e.attach(self.daemon) as c:

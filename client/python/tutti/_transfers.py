@@ -42,20 +42,32 @@ class Transfers:
         for k, b in zip(keys, engine_blocks):
             req.blocks.add(key=k, engine_block=int(b))
         r = Retrieval(len(keys), layer_begin, layer_end, ticket, self._words)
-        r._thread = threading.Thread(target=self._read_stream, args=(r, req, gen),
+        timeout, field_name = self._timeouts.for_retrieve(
+            self._transfer_bytes(len(keys), layer_begin, layer_end))
+        # The call starts here, on the caller's thread, so the request is on its way when
+        # retrieve() returns; started by the reader thread, it left only once that thread got
+        # the GIL from the engine's, which holds it while it enqueues its forward pass.
+        stream, failed = None, None
+        try:
+            stream = self._stub.Retrieve(req, timeout=timeout)
+        except Exception as e:  # reported as the transfer's end, by the reader thread
+            failed = e
+        else:
+            self._calls.add(gen, stream)
+        r._thread = threading.Thread(target=self._read_stream,
+                                     args=(r, stream, failed, timeout, field_name, gen),
                                      name="tutti-retrieve", daemon=True)
         self._inflight = r
         r._thread.start()
         return r
 
-    def _read_stream(self, r, req, generation):
+    def _read_stream(self, r, stream, failed, timeout, field_name, generation):
+        """Reads the progress of the Retrieve call `stream` into `r` until it ends; `failed`:
+        instead, the exception starting the call raised (a call is an RpcError itself)."""
         code, message = "OK", ""
-        timeout, field_name = self._timeouts.for_retrieve(
-            self._transfer_bytes(len(req.blocks), req.layer_begin, req.layer_end))
-        stream = None
         try:
-            stream = self._stub.Retrieve(req, timeout=timeout)
-            self._calls.add(generation, stream)
+            if failed is not None:
+                raise failed
             for progress in stream:
                 r._on_progress(progress.layer, progress.failed)
         except grpc.RpcError as e:

@@ -230,7 +230,8 @@ class Client(Session, Lookups, Transfers):
         engine_blocks[i]; the keys must be under `lease` or one of `more_leases` (lease ids of
         this session, or of a session of the same engine_group, e.g. a scheduler's memory-less
         one: RetrieveRequest.lease_ids, at most 1024); all of them end with the transfer.
-        `lease` may be None when more_leases is not empty. Returns at once; wait per layer with
+        `lease` may be None when more_leases is not empty. Returns once the request is sent (the
+        call starts on this thread; a thread of its own reads the progress); wait per layer with
         Retrieval.wait_layer. Waits first for the previous Retrieve of this Client to end.
         Raises Unavailable for a lease from before a re-attach (a foreign lease tuttid no longer
         has breaks the transfer: every block failed). The transfer breaks (code
