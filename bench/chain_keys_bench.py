@@ -1,6 +1,7 @@
 """What hashing a prompt's block keys costs in the Python client, before its first Lookup:
-tutti.chain_keys (tokens packed in one call) against the scheme's definition done one token at a
-time (tutti-sha256-v1, as the client did before stop 59), on the same tokens in the same run.
+tutti.chain_keys (in C where tutti._keychain loads, since stop 60; else in Python, the tokens
+packed in one call) against the scheme's definition done one token at a time (tutti-sha256-v1, as
+the client did before stop 59), on the same tokens in the same run.
 Each: the best of --reps timings of --runs calls. The two must give the same keys (exit 1 if not).
 
     PYTHONPATH=bazel-bin/client/python/site /usr/bin/python3 bench/chain_keys_bench.py \\
@@ -68,6 +69,7 @@ def main(argv=None):
             "measured_value": round(ms, 4), "measured_unit": "ms",
             "baseline_name": "per_token", "baseline_value": round(base, 4),
             "tokens": args.tokens, "block_tokens": args.block_tokens,
+            "path": "c" if tutti._hash._native is not None else "python",
             "python": platform.python_version(), "label": args.label,
             "machine": "%s (%s, Python %s)" % (platform.node(), platform.machine(),
                                                platform.python_version()),

@@ -8,8 +8,8 @@
 #
 #   client/python/make_site.sh DIR [PROTO_ROOT] [VERSION] [KEYCHAIN_SO] [LOOKUP_SO]
 #     PROTO_ROOT defaults to the repo's proto/, VERSION to TUTTI_VERSION of the repo's version.bzl;
-#     KEYCHAIN_SO (//client/python:_keychain.abi3.so) becomes tutti/vllm/_keychain.abi3.so (the
-#     key chain in C; without it tutti.vllm derives the same keys in Python); LOOKUP_SO
+#     KEYCHAIN_SO (//client/python:_keychain.abi3.so) becomes tutti/_keychain.abi3.so (the key
+#     chains in C; without it tutti.chain_keys and tutti.vllm derive the same keys in Python); LOOKUP_SO
 #     (//client/python:_lookup.abi3.so) becomes tutti/_lookup.abi3.so (Client.lookup_many
 #     through libgrpc++; without it, through grpcio)
 set -euo pipefail
@@ -27,8 +27,8 @@ cp "$here"/tutti/v1/__init__.py "$out/tutti/v1/"
 mkdir -p "$out/tutti/vllm"
 cp "$here"/tutti/vllm/*.py "$out/tutti/vllm/"
 if [ -n "${4:-}" ]; then
-  cp "$4" "$out/tutti/vllm/_keychain.abi3.so"
-  chmod 0755 "$out/tutti/vllm/_keychain.abi3.so"
+  cp "$4" "$out/tutti/_keychain.abi3.so"
+  chmod 0755 "$out/tutti/_keychain.abi3.so"
 fi
 if [ -n "${5:-}" ]; then
   cp "$5" "$out/tutti/_lookup.abi3.so"

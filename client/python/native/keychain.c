@@ -1,4 +1,5 @@
-/* tutti.vllm._keychain: the SHA-256 chain of tutti.vllm.keys (KeyChain.derive) in C.
+/* tutti._keychain: SHA-256 key chains in C: the vLLM connector's (tutti.vllm.keys, derive) and
+ * tutti.chain_keys's "tutti-sha256-v1" (chain_v1).
  *
  * Key scheme "tutti-vllm-keys-v2". For block i of a request (block_size tokens):
  *   digest_i = SHA-256(tokens as 4-byte little-endian unsigned ints | digest_{i-1} | extra_i)
@@ -27,6 +28,12 @@
  *           32K items took 80 us of the scheduler's first call); ValueError if it is shorter
  *   keys:   the blocks' 16-byte keys concatenated; last: the last block's digest
  * ValueError for a token that is not an int in [0, 2^32) or arguments that do not fit.
+ * chain_v1(parent, tokens, block_tokens) -> keys
+ *   "tutti-sha256-v1" (tutti/_hash.py, the reference and the fallback):
+ *   key_i = SHA-256(key_{i-1} | uint32le(block_tokens) | block i's tokens as uint32le)[0:16],
+ *   key_{-1} = parent (16 bytes); the full blocks of tokens (a list or tuple of ints), keys
+ *   concatenated (16 bytes each). ValueError for a token that is not an int in [0, 2^32) (the
+ *   caller then masks them in Python).
  * Tests: sha256(data), implementation() ("sha-ni" or "portable"), use_portable(bool).
  */
 #define Py_LIMITED_API 0x03080000
@@ -463,6 +470,54 @@ static PyObject* derive(PyObject* self, PyObject* args) {
   return res;
 }
 
+static PyObject* chain_v1(PyObject* self, PyObject* args) {
+  (void)self;
+  const char* parent;
+  Py_ssize_t parent_len, bs;
+  PyObject* tokens;
+  if (!PyArg_ParseTuple(args, "y#On", &parent, &parent_len, &tokens, &bs)) return NULL;
+  if (parent_len != 16) {
+    PyErr_SetString(PyExc_ValueError, "parent must be 16 bytes");
+    return NULL;
+  }
+  const int is_list = PyList_Check(tokens);
+  if (!is_list && !PyTuple_Check(tokens)) {
+    PyErr_SetString(PyExc_TypeError, "tokens must be a list or a tuple");
+    return NULL;
+  }
+  if (bs <= 0 || bs > (1 << 20)) {
+    PyErr_SetString(PyExc_ValueError, "block_tokens must be in [1, 2^20]");
+    return NULL;
+  }
+  const Py_ssize_t n = is_list ? PyList_Size(tokens) : PyTuple_Size(tokens);
+  const Py_ssize_t blocks = n / bs;
+  PyObject* keys = PyBytes_FromStringAndSize(NULL, blocks * 16);
+  if (keys == NULL) return NULL;
+  uint8_t* out = (uint8_t*)PyBytes_AsString(keys);
+  const size_t len = 20 + 4 * (size_t)bs; /* the previous key, block_tokens, the tokens */
+  uint8_t* msg = PyMem_Malloc(2 * len + 72);
+  if (msg == NULL) {
+    Py_DECREF(keys);
+    return PyErr_NoMemory();
+  }
+  uint8_t* scratch = msg + len;
+  memcpy(msg, parent, 16);
+  put_le32(msg + 16, (uint32_t)bs);
+  for (Py_ssize_t b = 0; b < blocks; b++) {
+    if (pack_tokens(tokens, is_list, b * bs, bs, b * bs, msg + 20) < 0) {
+      PyMem_Free(msg);
+      Py_DECREF(keys);
+      return NULL;
+    }
+    uint8_t digest[32];
+    sha256(msg, len, scratch, digest);
+    memcpy(out + 16 * b, digest, 16);
+    memcpy(msg, digest, 16);
+  }
+  PyMem_Free(msg);
+  return keys;
+}
+
 static PyObject* sha256_py(PyObject* self, PyObject* args) {
   (void)self;
   const char* data;
@@ -504,15 +559,23 @@ static PyObject* use_portable(PyObject* self, PyObject* arg) {
 static PyMethodDef methods[] = {
     {"derive", derive, METH_VARARGS,
      "derive(last, tokens, block_size, extras[, first[, nblocks]]) -> (keys, last)"},
+    {"chain_v1", chain_v1, METH_VARARGS,
+     "chain_v1(parent, tokens, block_tokens) -> keys (tutti-sha256-v1, concatenated)"},
     {"sha256", sha256_py, METH_VARARGS, "sha256(data) -> digest (tests)"},
     {"implementation", implementation, METH_NOARGS, "'sha-ni' or 'portable'"},
     {"use_portable", use_portable, METH_O,
      "use_portable(True): compress in portable C; False: the fastest this CPU has (tests)"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tutti.vllm._keychain",
-                                    "tutti.vllm.keys' SHA-256 chain in C", -1, methods,
-                                    NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
+                                    "tutti._keychain",
+                                    "tutti's SHA-256 key chains in C",
+                                    -1,
+                                    methods,
+                                    NULL,
+                                    NULL,
+                                    NULL,
+                                    NULL};
 
 PyMODINIT_FUNC PyInit__keychain(void) {
   use_best(0);

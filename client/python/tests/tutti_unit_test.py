@@ -4,6 +4,7 @@ regions grouped by allocation, with a fake driver), and the transfer state machi
 failed blocks, a broken transfer releasing every wait)."""
 
 import hashlib
+import random
 import struct
 import threading
 import time
@@ -65,6 +66,33 @@ class ChainKeysTest(unittest.TestCase):
                                      spec(tokens, block_tokens))
         self.assertEqual(tutti.chain_keys(list(range(15)), 16), [])
         self.assertEqual(tutti.chain_keys(list(range(32)), 0), [])
+
+    def test_the_c_chain_gives_the_same_keys(self):
+        # The build ships tutti._keychain, so lists and tuples of ints go through its chain_v1;
+        # it must give the Python reference's keys with either SHA-256 compressor, and refuse
+        # (ValueError) the tokens the reference masks, so that those take the Python path.
+        native = tutti._hash._native
+        self.assertIsNotNone(native, "tutti._keychain did not load")
+        rng = random.Random(7)
+        try:
+            for portable in (False, True):
+                native.use_portable(portable)
+                for block_tokens in (1, 3, 16, 17, 256):
+                    tokens = [rng.randrange(2**32) for _ in range(block_tokens * 9 + 5)]
+                    parent = bytes(rng.randrange(256) for _ in range(16))
+                    with self.subTest(portable=portable, block_tokens=block_tokens):
+                        want = tutti._hash._chain_keys_py(tokens, block_tokens, parent,
+                                                          len(tokens) // block_tokens)
+                        packed = native.chain_v1(parent, tokens, block_tokens)
+                        self.assertEqual([packed[i:i + 16] for i in range(0, len(packed), 16)],
+                                         want)
+                        self.assertEqual(tutti.chain_keys(tuple(tokens), block_tokens, parent),
+                                         want)
+        finally:
+            native.use_portable(False)
+        for bad in ([1, -1], [1, 2**32], [1, 2.0]):
+            with self.assertRaises(ValueError):
+                native.chain_v1(bytes(16), bad, 1)
 
 
 LAYOUT = tutti.KvLayout(num_layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, block_tokens=16)

@@ -1,4 +1,4 @@
-"""tutti.vllm's keys, derived the fast way (tutti.vllm._keychain in C, vLLM asked for every block's
+"""tutti.vllm's keys, derived the fast way (tutti._keychain in C, vLLM asked for every block's
 extra keys only where a request has a position-dependent source), are bit for bit the keys of
 the reference derivation: the formula of keys.py's docstring written out here with hashlib and
 struct, and vLLM's extra keys asked block by block (key scheme v2). Random token ids (the whole
@@ -110,8 +110,8 @@ PINNED = [
 
 class KeyEqualityTest(unittest.TestCase):
     def test_the_c_chain_is_built_and_loads(self):
-        """The build ships tutti.vllm._keychain: the equality tests below test the C chain."""
-        self.assertIsNotNone(vkeys._native, "tutti.vllm._keychain did not load")
+        """The build ships tutti._keychain: the equality tests below test the C chain."""
+        self.assertIsNotNone(vkeys._native, "tutti._keychain did not load")
         self.assertIn(vkeys._native.implementation(), ("sha-ni", "portable"))
 
     def test_sha256_matches_hashlib_every_length(self):

@@ -35,7 +35,7 @@ def main():
     sys.path.append(args.vllm_stub)
 
     for name in ("tutti", "tutti.v1.kvcache_pb2", "tutti.v1.kvcache_pb2_grpc", "tutti.client",
-                 "tutti.testing", "tutti.vllm", "tutti.vllm.connector", "tutti.vllm._keychain",
+                 "tutti.testing", "tutti.vllm", "tutti.vllm.connector", "tutti._keychain",
                  "tutti._lookup"):
         module = importlib.import_module(name)
         assert under(module.__file__, site), "%s from %s, not %s" % (name, module.__file__, site)
@@ -66,7 +66,7 @@ def main():
     assert tutti.__version__ == args.version, (tutti.__version__, args.version)
     files = {str(f) for f in dist.files}
     for f in ("tutti/v1/kvcache_pb2.py", "tutti/v1/kvcache_pb2_grpc.py", "tutti/_version.py",
-              "tutti/vllm/connector.py", "tutti/vllm/_keychain.abi3.so"):
+              "tutti/vllm/connector.py", "tutti/_keychain.abi3.so"):
         assert f in files, "%s not in the wheel's RECORD" % f
     requires = dist.requires or []
     assert any(r.startswith("grpcio") for r in requires), requires

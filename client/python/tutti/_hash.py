@@ -16,6 +16,11 @@ from typing import List, Sequence
 HASH_SCHEME = "tutti-sha256-v1"
 ZERO_PARENT = bytes(16)
 
+try:  # the same chain in C (client/python/native/keychain.c, chain_v1); absent: in Python below
+    from tutti import _keychain as _native
+except ImportError:  # not built for this platform, or a Python without it
+    _native = None
+
 
 def _token_bytes(tokens: Sequence[int]) -> bytes:
     """The tokens as uint32le, each int(t) & 0xFFFFFFFF: converted in one call where every token
@@ -42,6 +47,18 @@ def chain_keys(tokens: Sequence[int], block_tokens: int, parent: bytes = ZERO_PA
     blocks = len(tokens) // block_tokens
     if blocks == 0:
         return []
+    if _native is not None and isinstance(tokens, (list, tuple)):
+        try:
+            packed = _native.chain_v1(bytes(parent), tokens, block_tokens)
+        except (ValueError, OverflowError):  # a token to mask (below), or block_tokens too large
+            packed = None
+        if packed is not None:
+            return [packed[i:i + 16] for i in range(0, len(packed), 16)]
+    return _chain_keys_py(tokens, block_tokens, parent, blocks)
+
+
+def _chain_keys_py(tokens, block_tokens, parent, blocks):
+    """chain_keys in Python: the reference, and the path of every input the C chain refuses."""
     data = _token_bytes(tokens[:blocks * block_tokens])
     head = struct.pack("<I", block_tokens)
     step = 4 * block_tokens

@@ -24,7 +24,7 @@ on the chain: the C chain compresses them beside the previous block's chained ta
 scheme (hash_scheme), so a tuttid's v1 namespaces are never looked up with v2 keys.
 
 Speed (the scheduler's first get_num_new_matched_tokens of a request derives its whole chain):
-the chain runs in C (tutti.vllm._keychain: SHA-256 with the x86 SHA extensions where the CPU has
+the chain runs in C (tutti._keychain: SHA-256 with the x86 SHA extensions where the CPU has
 them) when that module loads, else in Python (_derive_py, the reference); both give the same
 bytes. vLLM is asked for every block's extra keys only when the request has a
 position-dependent source of them (multimodal features, prompt embeddings); otherwise three
@@ -53,7 +53,7 @@ _U32 = next(t for t in "IL" if array(t).itemsize == 4)  # array's 4-byte unsigne
 _NO_EXTRA = b"\x00"  # encode_extra_keys(None)
 
 try:  # the chain in C (client/python/native/keychain.c); absent: the same keys in Python
-    from tutti.vllm import _keychain as _native
+    from tutti import _keychain as _native
 except ImportError:  # not built for this platform, or a Python without it
     _native = None
 
@@ -110,7 +110,7 @@ def _token_bytes(tokens, first=0) -> bytes:
 
 
 def _derive_py(last, tokens, block_size, encoded, first=0):
-    """The chain in Python (the reference; the fallback without tutti.vllm._keychain): (the
+    """The chain in Python (the reference; the fallback without tutti._keychain): (the
     blocks' keys concatenated, the last block's digest). `encoded`: each block's
     encode_extra_keys, or None when no block has extra keys; `first`: the request's position of
     tokens[0] (for errors)."""
