@@ -95,6 +95,32 @@ class ChainKeysTest(unittest.TestCase):
                 native.chain_v1(bytes(16), bad, 1)
 
 
+class RetrieveRequestTest(unittest.TestCase):
+    def test_encoded_blocks_parse_as_protobufs_own(self):
+        # The client sends a Retrieve's blocks encoded by hand (_transfers._encoded_block_pairs):
+        # they must parse as the BlockPairs protobuf builds, for every varint size of a block
+        # and for keys of any length (tuttid refuses those not of 16 bytes itself).
+        from tutti import _transfers
+        from tutti.v1 import kvcache_pb2 as pb
+        keys = [bytes([i]) * 16 for i in range(9)] + [b"", b"short", bytes(40)]
+        blocks = [0, 1, 127, 128, 16383, 16384, 2**21, 2**32 - 1, 5, 6, 300, 7]
+        head = pb.RetrieveRequest(session_id=3, lease_id=9, layer_begin=1, layer_end=4,
+                                  ticket=2, lease_ids=[5, 6], session_token=bytes(16))
+        want = pb.RetrieveRequest()
+        want.CopyFrom(head)
+        for k, b in zip(keys, blocks):
+            want.blocks.add(key=k, engine_block=b)
+        got = pb.RetrieveRequest.FromString(
+            head.SerializeToString() + _transfers._encoded_block_pairs(keys, blocks))
+        self.assertEqual(got, want)
+        with self.assertRaises(tutti.InvalidArgument):
+            _transfers._encoded_block_pairs([bytes(16)], [-1])
+        with self.assertRaises(tutti.InvalidArgument):
+            _transfers._encoded_block_pairs([bytes(16)], [2**32])
+        with self.assertRaises(tutti.InvalidArgument):
+            _transfers._encoded_block_pairs(["0123456789abcdef"], [1])
+
+
 LAYOUT = tutti.KvLayout(num_layers=2, kv_heads=2, head_dim=64, dtype_bytes=2, block_tokens=16)
 NS = tutti.Namespace(model_id="m", layout=LAYOUT)
 

@@ -83,6 +83,11 @@ class Session:
             raise errors.Unavailable("cannot reach tuttid at %s: no gRPC connection within %.1f s"
                                      % (socket_path, connect_timeout)) from None
         self._stub = pb_grpc.KvCacheStub(self._channel)
+        # Retrieve with its request already serialized (tutti._transfers encodes the blocks as
+        # bytes: a fifth of the time protobuf takes to build and serialize 2048 of them).
+        self._retrieve_encoded = self._channel.unary_stream(
+            "/tutti.v1.KvCache/Retrieve", request_serializer=None,
+            response_deserializer=pb.RetrieveProgress.FromString)
         self._cv = threading.Condition()
         self._state = "lost"
         self._lost_why = "not attached yet"

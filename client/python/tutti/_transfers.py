@@ -13,9 +13,39 @@ import threading
 import grpc
 
 from tutti import errors
+from tutti._lookups import _varint
 from tutti._retrieval import Retrieval
 from tutti._types import STORE_OUTCOMES, StoreOutcomes
 from tutti.v1 import kvcache_pb2 as pb
+
+
+# RetrieveRequest.blocks (field 3) entries, BlockPair {bytes key = 1; uint32 engine_block = 2}:
+# the varints of engine blocks below 2^14 (one or two bytes), made once.
+_SMALL_VARINTS = [_varint(b) for b in range(1 << 14)]
+
+
+def _encoded_block_pairs(keys, engine_blocks) -> bytes:
+    """keys[i] -> engine_blocks[i] as RetrieveRequest's `blocks` field, serialized (what protobuf
+    parses as the same repeated BlockPair); InvalidArgument for a key that is not bytes or a block
+    outside [0, 2^32)."""
+    parts = []
+    append = parts.append
+    for i, (k, b) in enumerate(zip(keys, engine_blocks)):
+        b = int(b)
+        if 0 <= b < 1 << 14:
+            v = _SMALL_VARINTS[b]
+        elif 0 <= b < 1 << 32:
+            v = _varint(b)
+        else:
+            raise errors.InvalidArgument("engine_blocks[%d] = %d: not in [0, 2^32)" % (i, b))
+        if not isinstance(k, (bytes, bytearray)):
+            raise errors.InvalidArgument("keys[%d]: a key is bytes, got %s" % (i, type(k).__name__))
+        if len(k) == 16:
+            append(b"".join((b"\x1a", bytes((19 + len(v),)), b"\x0a\x10", k, b"\x10", v)))
+        else:  # tuttid answers INVALID_ARGUMENT for it, as for the message protobuf would build
+            pair = b"".join((b"\x0a", _varint(len(k)), bytes(k), b"\x10", v))
+            append(b"\x1a" + _varint(len(pair)) + pair)
+    return b"".join(parts)
 
 
 class Transfers:
@@ -36,11 +66,12 @@ class Transfers:
             raise errors.Unavailable("the lease is from before tuttid restarted (the client "
                                      "re-attached); look up again")
         ticket = self._next_ticket()
+        # The fields but the blocks by protobuf, the blocks appended as bytes (a message's fields
+        # may come in any order; repeated ones concatenate).
         req = pb.RetrieveRequest(**sid.fields(), lease_id=lease.id if lease else 0,
                                  layer_begin=layer_begin, layer_end=layer_end, ticket=ticket,
-                                 lease_ids=more_leases)
-        for k, b in zip(keys, engine_blocks):
-            req.blocks.add(key=k, engine_block=int(b))
+                                 lease_ids=more_leases).SerializeToString() + \
+            _encoded_block_pairs(keys, engine_blocks)
         r = Retrieval(len(keys), layer_begin, layer_end, ticket, self._words)
         timeout, field_name = self._timeouts.for_retrieve(
             self._transfer_bytes(len(keys), layer_begin, layer_end))
@@ -49,7 +80,7 @@ class Transfers:
         # the GIL from the engine's, which holds it while it enqueues its forward pass.
         stream, failed = None, None
         try:
-            stream = self._stub.Retrieve(req, timeout=timeout)
+            stream = self._retrieve_encoded(req, timeout=timeout)
         except Exception as e:  # reported as the transfer's end, by the reader thread
             failed = e
         else:
