@@ -47,6 +47,25 @@ def best_ms(fn, tokens, block_tokens, runs, reps):
     return best
 
 
+def ratio_line(bench, metric, ms, baseline_name, base, label, machine="", **fields):
+    """One JSON line of the benchmarks' format: `ms` against `base` (ms) measured in the same run,
+    with the date, the machine (default: host, arch, Python) and the exact command."""
+    return dict(bench=bench, metric=metric, value=round(ms / base, 4), unit="ratio",
+                measured_value=round(ms, 4), measured_unit="ms", baseline_name=baseline_name,
+                baseline_value=round(base, 4), **fields, python=platform.python_version(),
+                label=label, machine=machine or "%s (%s, Python %s)" % (
+                    platform.node(), platform.machine(), platform.python_version()),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                command=" ".join(shlex.quote(a) for a in [sys.executable] + sys.argv))
+
+
+def append_line(path, line):
+    """Appends `line` to the JSON-lines file `path` (nothing without a path)."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=32768)
@@ -64,22 +83,12 @@ def main(argv=None):
         return 1
     base = best_ms(per_token, tokens, args.block_tokens, args.runs, args.reps)
     ms = best_ms(tutti.chain_keys, tokens, args.block_tokens, args.runs, args.reps)
-    line = {"bench": "chain_keys", "metric": "chain_keys_ms_vs_per_token",
-            "value": round(ms / base, 4), "unit": "ratio",
-            "measured_value": round(ms, 4), "measured_unit": "ms",
-            "baseline_name": "per_token", "baseline_value": round(base, 4),
-            "tokens": args.tokens, "block_tokens": args.block_tokens,
-            "path": "c" if tutti._hash._native is not None else "python",
-            "python": platform.python_version(), "label": args.label,
-            "machine": "%s (%s, Python %s)" % (platform.node(), platform.machine(),
-                                               platform.python_version()),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)}
+    line = ratio_line("chain_keys", "chain_keys_ms_vs_per_token", ms, "per_token", base,
+                      args.label, tokens=args.tokens, block_tokens=args.block_tokens,
+                      path="c" if tutti._hash._native is not None else "python")
     print("chain_keys: %.3f ms against %.3f ms one token at a time (%.3f) for %d tokens" % (
         ms, base, ms / base, args.tokens))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(line) + "\n")
+    append_line(args.out, line)
     return 0
 
 

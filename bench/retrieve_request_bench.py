@@ -12,14 +12,11 @@ test.
 """
 
 import argparse
-import datetime
-import json
-import platform
-import shlex
 import sys
-import time
 
 import tutti
+# Beside this file: the same timing (fn(a, b), the best of reps) and line format.
+from chain_keys_bench import append_line, best_ms, ratio_line
 from tutti import _transfers
 from tutti.v1 import kvcache_pb2 as pb
 
@@ -37,16 +34,6 @@ def by_protobuf(keys, blocks):
 def encoded(keys, blocks):
     return pb.RetrieveRequest(**FIELDS).SerializeToString() + \
         _transfers._encoded_block_pairs(keys, blocks)
-
-
-def best_ms(fn, keys, blocks, runs, reps):
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(runs):
-            fn(keys, blocks)
-        best = min(best, (time.perf_counter() - t0) / runs * 1e3)
-    return best
 
 
 def main(argv=None):
@@ -67,20 +54,12 @@ def main(argv=None):
         return 1
     base = best_ms(by_protobuf, keys, blocks, args.runs, args.reps)
     ms = best_ms(encoded, keys, blocks, args.runs, args.reps)
-    line = {"bench": "retrieve_request", "metric": "retrieve_request_ms_vs_protobuf",
-            "value": round(ms / base, 4), "unit": "ratio",
-            "measured_value": round(ms, 4), "measured_unit": "ms",
-            "baseline_name": "protobuf_build_and_serialize", "baseline_value": round(base, 4),
-            "blocks": args.blocks, "python": platform.python_version(), "label": args.label,
-            "machine": args.machine or "%s (%s, Python %s)" % (
-                platform.node(), platform.machine(), platform.python_version()),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)}
+    line = ratio_line("retrieve_request", "retrieve_request_ms_vs_protobuf", ms,
+                      "protobuf_build_and_serialize", base, args.label, args.machine,
+                      blocks=args.blocks)
     print("Retrieve request of %d blocks: %.3f ms encoded against %.3f ms by protobuf (%.3f)" % (
         args.blocks, ms, base, ms / base))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(line) + "\n")
+    append_line(args.out, line)
     return 0
 
 
