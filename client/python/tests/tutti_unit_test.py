@@ -97,7 +97,8 @@ class ChainKeysTest(unittest.TestCase):
 
 class RetrieveRequestTest(unittest.TestCase):
     def test_encoded_blocks_parse_as_protobufs_own(self):
-        # The client sends a Retrieve's blocks encoded by hand (_transfers._encoded_block_pairs):
+        # The client sends the blocks of a Retrieve and of a Store encoded by hand
+        # (_transfers._encoded_block_pairs):
         # they must parse as the BlockPairs protobuf builds, for every varint size of a block
         # and for keys of any length (tuttid refuses those not of 16 bytes itself).
         from tutti import _transfers
@@ -112,6 +113,17 @@ class RetrieveRequestTest(unittest.TestCase):
             want.blocks.add(key=k, engine_block=b)
         got = pb.RetrieveRequest.FromString(
             head.SerializeToString() + _transfers._encoded_block_pairs(keys, blocks))
+        self.assertEqual(got, want)
+        # A Store's blocks are field 2 of its request.
+        store_head = pb.StoreRequest(session_id=3, layer_begin=1, wait_durable=True, ticket=4,
+                                     session_token=bytes(16), staging_wait_ms=10)
+        want = pb.StoreRequest()
+        want.CopyFrom(store_head)
+        for k, b in zip(keys, blocks):
+            want.blocks.add(key=k, engine_block=b)
+        got = pb.StoreRequest.FromString(store_head.SerializeToString() +
+                                         _transfers._encoded_block_pairs(keys, blocks,
+                                                                         _transfers.STORE_BLOCKS))
         self.assertEqual(got, want)
         with self.assertRaises(tutti.InvalidArgument):
             _transfers._encoded_block_pairs([bytes(16)], [-1])

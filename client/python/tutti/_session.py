@@ -83,11 +83,14 @@ class Session:
             raise errors.Unavailable("cannot reach tuttid at %s: no gRPC connection within %.1f s"
                                      % (socket_path, connect_timeout)) from None
         self._stub = pb_grpc.KvCacheStub(self._channel)
-        # Retrieve with its request already serialized (tutti._transfers encodes the blocks as
-        # bytes: a fifth of the time protobuf takes to build and serialize 2048 of them).
+        # Retrieve and Store with their requests already serialized (tutti._transfers encodes
+        # the blocks as bytes).
         self._retrieve_encoded = self._channel.unary_stream(
             "/tutti.v1.KvCache/Retrieve", request_serializer=None,
             response_deserializer=pb.RetrieveProgress.FromString)
+        self._store_encoded = self._channel.unary_unary(
+            "/tutti.v1.KvCache/Store", request_serializer=None,
+            response_deserializer=pb.StoreResponse.FromString)
         self._cv = threading.Condition()
         self._state = "lost"
         self._lost_why = "not attached yet"
@@ -233,13 +236,14 @@ class Session:
                 "overloaded?" % (self._socket_path, name, timeout, field_name))
         return errors.from_rpc(rpc_error)
 
-    def _call(self, name, request, generation, timeout, field_name="short"):
-        """Unary call `name` under session `generation`, cancelled if the session ends."""
+    def _call(self, name, request, generation, timeout, field_name="short", method=None):
+        """Unary call `name` under session `generation`, cancelled if the session ends; through
+        `method` (a multicallable taking `request` as it is) where given, else the stub's."""
         return self._finish_call(self._start_call(name, request, generation, timeout,
-                                                  field_name))
+                                                  field_name, method))
 
-    def _start_call(self, name, request, generation, timeout, field_name="short"):
-        call = getattr(self._stub, name).future(request, timeout=timeout)
+    def _start_call(self, name, request, generation, timeout, field_name="short", method=None):
+        call = (method or getattr(self._stub, name)).future(request, timeout=timeout)
         self._calls.add(generation, call)
         return (name, call, generation, timeout, field_name)
 

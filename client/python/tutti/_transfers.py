@@ -19,15 +19,19 @@ from tutti._types import STORE_OUTCOMES, StoreOutcomes
 from tutti.v1 import kvcache_pb2 as pb
 
 
-# RetrieveRequest.blocks (field 3) entries, BlockPair {bytes key = 1; uint32 engine_block = 2}:
-# the varints of engine blocks below 2^14 (one or two bytes), made once.
+# The `blocks` field of a RetrieveRequest (3) and of a StoreRequest (2), each entry a BlockPair
+# {bytes key = 1; uint32 engine_block = 2}: the fields' tags, and the varints of engine blocks
+# below 2^14 (one or two bytes), made once.
+RETRIEVE_BLOCKS = b"\x1a"
+STORE_BLOCKS = b"\x12"
 _SMALL_VARINTS = [_varint(b) for b in range(1 << 14)]
 
 
-def _encoded_block_pairs(keys, engine_blocks) -> bytes:
-    """keys[i] -> engine_blocks[i] as RetrieveRequest's `blocks` field, serialized (what protobuf
-    parses as the same repeated BlockPair); InvalidArgument for a key that is not bytes or a block
-    outside [0, 2^32)."""
+def _encoded_block_pairs(keys, engine_blocks, tag=RETRIEVE_BLOCKS) -> bytes:
+    """keys[i] -> engine_blocks[i] as the request's `blocks` field (`tag`), serialized: what
+    protobuf parses as the same repeated BlockPair, in a fifth of the time protobuf takes to
+    build and serialize them. InvalidArgument for a key that is not bytes or a block outside
+    [0, 2^32)."""
     parts = []
     append = parts.append
     for i, (k, b) in enumerate(zip(keys, engine_blocks)):
@@ -41,10 +45,10 @@ def _encoded_block_pairs(keys, engine_blocks) -> bytes:
         if not isinstance(k, (bytes, bytearray)):
             raise errors.InvalidArgument("keys[%d]: a key is bytes, got %s" % (i, type(k).__name__))
         if len(k) == 16:
-            append(b"".join((b"\x1a", bytes((19 + len(v),)), b"\x0a\x10", k, b"\x10", v)))
+            append(b"".join((tag, bytes((19 + len(v),)), b"\x0a\x10", k, b"\x10", v)))
         else:  # tuttid answers INVALID_ARGUMENT for it, as for the message protobuf would build
             pair = b"".join((b"\x0a", _varint(len(k)), bytes(k), b"\x10", v))
-            append(b"\x1a" + _varint(len(pair)) + pair)
+            append(tag + _varint(len(pair)) + pair)
     return b"".join(parts)
 
 
@@ -120,15 +124,15 @@ class Transfers:
 
     def _store(self, keys, engine_blocks, wait_durable, layer_begin, layer_end, staging_wait_ms):
         sid, gen = self._current()
+        # As a Retrieve's: the blocks appended as bytes to the other fields.
         req = pb.StoreRequest(**sid.fields(), layer_begin=layer_begin, layer_end=layer_end,
                               wait_durable=wait_durable, ticket=self._next_ticket(),
-                              staging_wait_ms=staging_wait_ms)
-        for k, b in zip(keys, engine_blocks):
-            req.blocks.add(key=k, engine_block=int(b))
+                              staging_wait_ms=staging_wait_ms).SerializeToString() + \
+            _encoded_block_pairs(keys, engine_blocks, STORE_BLOCKS)
         timeout, field_name = self._timeouts.for_store(
             self._transfer_bytes(len(keys), layer_begin, layer_end), wait_durable)
         timeout += staging_wait_ms / 1000.0
-        resp = self._call("Store", req, gen, timeout, field_name)
+        resp = self._call("Store", req, gen, timeout, field_name, method=self._store_encoded)
         if len(resp.outcomes) != len(keys):
             raise errors.TuttiError("tuttid answered Store with a wrong number of outcomes",
                                     "INTERNAL")
