@@ -9,8 +9,8 @@
 #   client/python/make_site.sh DIR [PROTO_ROOT] [VERSION] [KEYCHAIN_SO] [LOOKUP_SO]
 #     PROTO_ROOT defaults to the repo's proto/, VERSION to TUTTI_VERSION of the repo's version.bzl;
 #     KEYCHAIN_SO (//client/python:_keychain.abi3.so) becomes tutti/_keychain.abi3.so (the key
-#     chains in C; without it tutti.chain_keys and tutti.vllm derive the same keys in Python); LOOKUP_SO
-#     (//client/python:_lookup.abi3.so) becomes tutti/_lookup.abi3.so (Client.lookup_many
+#     chains in C; without it tutti.chain_keys and tutti.vllm derive the same keys in Python);
+#     LOOKUP_SO (//client/python:_lookup.abi3.so) becomes tutti/_lookup.abi3.so (Client.lookup_many
 #     through libgrpc++; without it, through grpcio)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
