@@ -296,9 +296,11 @@ if has readsize; then
     summary+=("raw_gpu_io --op=copy 8 threads $v: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
   done
   rm -rf /dev/shm/tutti-readsize
-  # A variant: "default", or [p<MiB>][d<slots>][r<MiB>][w<N>][g<N>][m<N>][n<N>]: read_post_bytes,
-  # read_bounce_depth, max_read_bytes, io.memory_read_workers (1: plain submission),
-  # io.memory_read_rings, gpu.io_sm_count, and ssd_array.py's --ring-nice. A run:
+  # A variant: "default", or [p<MiB>][d<slots>][r<MiB>][w<N>][g<N>][m<N>][n<N>][s<N>]:
+  # read_post_bytes, read_bounce_depth, max_read_bytes, io.memory_read_workers (1: plain
+  # submission), io.memory_read_rings, gpu.io_sm_count, and ssd_array.py's --ring-nice and
+  # --store-rounds (the store figure is the last round's: from round 3 on, every write lands on a
+  # slot written before, as the raw writes do on their files filled first). A run:
   # [<part>@]<config>:<variant>, config "N" for tmpfs:N or "lN" for loop:N, part one of
   # ssd_array.py's (default array); engine_loss and ttft run under our own MPS control daemon
   # (where the machine has one) with the engine on the last two CPUs.
@@ -311,6 +313,7 @@ if has readsize; then
     [[ $v =~ g([0-9]+) ]] && echo "--set io.memory_read_rings=${BASH_REMATCH[1]}"
     [[ $v =~ m([0-9]+) ]] && echo "--set gpu.io_sm_count=${BASH_REMATCH[1]}"
     [[ $v =~ n([0-9]+) ]] && echo "--ring-nice ${BASH_REMATCH[1]}"
+    [[ $v =~ s([0-9]+) ]] && echo "--store-rounds ${BASH_REMATCH[1]}"
     true
   }
   runs="${TUTTI_READSIZE_RUNS:-8:p4 8:default 8:p2r2 8:p2 8:p4d4 8:p4 8:default 8:p2r2 8:p2 8:p4d4 4:p4 4:default 1:p4 1:default l4:p4}"
