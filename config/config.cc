@@ -405,7 +405,6 @@ absl::Status ValidateDatapath(const tutti::v1::DatapathConfig& d) {
   RETURN_IF_ERROR(CheckRange("datapath.gpu_check_batch_objects", d.gpu_check_batch_objects(), 16,
                              65536));
   RETURN_IF_ERROR(CheckRange("datapath.gpu_check_slots", d.gpu_check_slots(), 2, 16));
-  RETURN_IF_ERROR(CheckRange("datapath.gpu_check_copy_streams", d.gpu_check_copy_streams(), 1, 8));
   if (d.gpu_check_shared_objects() != 0) {
     RETURN_IF_ERROR(CheckRange("datapath.gpu_check_shared_objects", d.gpu_check_shared_objects(),
                                16, d.gpu_check_batch_objects()));

@@ -390,12 +390,6 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_TRUE(LoadConfig("datapath { gpu_check_slots: 8 }").ok());
   ExpectRejected("datapath { gpu_check_slots: 1 }", {"datapath.gpu_check_slots", "[2, 16]"});
   ExpectRejected("datapath { gpu_check_slots: 17 }", {"datapath.gpu_check_slots", "[2, 16]"});
-  EXPECT_EQ(c->datapath().gpu_check_copy_streams(), 1u);
-  EXPECT_TRUE(LoadConfig("datapath { gpu_check_copy_streams: 8 }").ok());
-  ExpectRejected("datapath { gpu_check_copy_streams: 0 }",
-                 {"datapath.gpu_check_copy_streams", "[1, 8]"});
-  ExpectRejected("datapath { gpu_check_copy_streams: 9 }",
-                 {"datapath.gpu_check_copy_streams", "[1, 8]"});
   EXPECT_EQ(c->datapath().gpu_check_shared_objects(), 0u);  // off
   EXPECT_TRUE(c->datapath().gpu_check_copy_on_arrival());  // on since stop 53's measurements
   EXPECT_FALSE(LoadConfig("datapath { gpu_check_copy_on_arrival: false }")

@@ -175,7 +175,6 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     vo.slots = config.datapath().gpu_check_slots();
     // Only where layers are staged on the GPU: the mirror's checks take whole layers.
     vo.copy_on_arrival = depth > 0 && config.datapath().gpu_check_copy_on_arrival();
-    vo.arrival_copy_streams = config.datapath().gpu_check_copy_streams();
     if (depth > 0) {
       ASSIGN_OR_RETURN(rt->verifier,
                        gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));

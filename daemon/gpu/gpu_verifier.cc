@@ -2,7 +2,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -116,13 +115,6 @@ class GpuVerifier final : public datapath::Verifier {
       cudaStreamSynchronize(st);
       cudaStreamDestroy(st);
     }
-    for (size_t i = 0; i < arrival_streams_.size(); ++i) {  // [0] is copy_stream_
-      if (i > 0 && arrival_streams_[i] != nullptr) {
-        cudaStreamSynchronize(arrival_streams_[i]);
-        cudaStreamDestroy(arrival_streams_[i]);
-      }
-      if (arrived_[i] != nullptr) cudaEventDestroy(arrived_[i]);
-    }
     for (Slot& s : slots_) {
       if (s.event != nullptr) cudaEventDestroy(s.event);
       if (s.copied != nullptr) cudaEventDestroy(s.copied);
@@ -133,6 +125,7 @@ class GpuVerifier final : public datapath::Verifier {
       cudaFreeHost(s.descs_host);
       cudaFreeHost(s.hashes_host);
     }
+    if (arrived_ != nullptr) cudaEventDestroy(arrived_);
     cudaFree(mirror_dev_);
   }
 
@@ -177,20 +170,8 @@ class GpuVerifier final : public datapath::Verifier {
       // work queued behind it).
       RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&release_stream_, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags (releases on arrival)"));
-      // Copy streams for arrivals: the checks' own first, then streams of their own.
-      const uint32_t n = std::clamp<uint32_t>(options_.arrival_copy_streams, 1, 8);
-      arrival_streams_.assign(n, nullptr);
-      arrived_.assign(n, nullptr);
-      arrival_streams_[0] = copy_stream_;
-      for (uint32_t i = 0; i < n; ++i) {
-        if (i > 0) {
-          RETURN_IF_ERROR(
-              CudaStatus(cudaStreamCreateWithFlags(&arrival_streams_[i], cudaStreamNonBlocking),
-                         "cudaStreamCreateWithFlags (copies on arrival)"));
-        }
-        RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&arrived_[i], cudaEventDisableTiming),
-                                   "cudaEventCreateWithFlags"));
-      }
+      RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&arrived_, cudaEventDisableTiming),
+                                 "cudaEventCreateWithFlags"));
     }
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "tutti-gpucheck");
@@ -246,41 +227,29 @@ class GpuVerifier final : public datapath::Verifier {
     cv_.notify_one();
   }
 
-  // Copies the objects of `arrivals` to their places, the arrivals spread over the arrival copy
-  // streams (one stream each, in turn), and gives their bytes back once all those copies have
-  // landed (a host function on release_stream_, which waits for each stream used), all in one go.
-  // Marks them copied only where all of it was enqueued; the others are copied and released with
-  // their slot, as without copy_on_arrival (after the streams used have drained, so that no copy
-  // begun here still writes their places).
+  // Copies the objects of `arrivals` to their places on copy_stream_ and gives their bytes back
+  // once those copies have landed (a host function on release_stream_, which waits for them), all
+  // in one go. Marks them copied only where all of it was enqueued; the others are copied and
+  // released with their slot, as without copy_on_arrival.
   void CopyOnArrival(std::vector<std::shared_ptr<Arrival>> arrivals) {
-    // Arrival i's copies go in list i % n, list j on stream next_arrival_stream_ + j.
-    const size_t streams = arrival_streams_.size();
-    const size_t n = std::min(streams, arrivals.size());
-    std::vector<std::vector<CopyRun>> runs(n);
-    for (size_t i = 0; i < arrivals.size(); ++i) {
-      for (const ObjectCheck& c : arrivals[i]->checks) {
+    std::vector<CopyRun> runs;
+    for (const std::shared_ptr<Arrival>& a : arrivals) {
+      for (const ObjectCheck& c : a->checks) {
         if (c.len == 0) continue;
-        AppendRun(&runs[i % n], c.bytes, MirrorOf(c), c.len);
+        AppendRun(&runs, c.bytes, MirrorOf(c), c.len);
       }
     }
     absl::Status s;
-    for (size_t j = 0; j < n && s.ok(); ++j) {
-      const size_t k = (next_arrival_stream_ + j) % streams;
-      for (const CopyRun& r : runs[j]) {
-        s = CudaStatus(
-            cudaMemcpyAsync(r.dst, r.src, r.len, cudaMemcpyHostToDevice, arrival_streams_[k]),
-            "cudaMemcpyAsync(staging -> its place, on arrival)");
-        if (!s.ok()) break;
-      }
-      if (s.ok()) {
-        s = CudaStatus(cudaEventRecord(arrived_[k], arrival_streams_[k]), "cudaEventRecord");
-      }
-      if (s.ok()) {
-        s = CudaStatus(cudaStreamWaitEvent(release_stream_, arrived_[k], 0),
-                       "cudaStreamWaitEvent(copies on arrival)");
-      }
+    for (const CopyRun& r : runs) {
+      s = CudaStatus(cudaMemcpyAsync(r.dst, r.src, r.len, cudaMemcpyHostToDevice, copy_stream_),
+                     "cudaMemcpyAsync(staging -> its place, on arrival)");
+      if (!s.ok()) break;
     }
-    next_arrival_stream_ = (next_arrival_stream_ + n) % streams;
+    if (s.ok()) s = CudaStatus(cudaEventRecord(arrived_, copy_stream_), "cudaEventRecord");
+    if (s.ok()) {
+      s = CudaStatus(cudaStreamWaitEvent(release_stream_, arrived_, 0),
+                     "cudaStreamWaitEvent(copies on arrival)");
+    }
     if (s.ok()) {
       auto* arg = new std::vector<std::shared_ptr<Arrival>>(arrivals);
       s = CudaStatus(cudaLaunchHostFunc(release_stream_, RunArrivalReleases, arg),
@@ -292,10 +261,6 @@ class GpuVerifier final : public datapath::Verifier {
                             "GPU checks: copying {} batches on arrival failed ({}); their slots "
                             "copy them",
                             arrivals.size(), s.ToString());
-      // [0] is copy_stream_, which the slots' own copies follow anyway.
-      for (size_t i = 1; i < arrival_streams_.size(); ++i) {
-        cudaStreamSynchronize(arrival_streams_[i]);
-      }
       return;
     }
     for (const std::shared_ptr<Arrival>& a : arrivals) a->copied = true;
@@ -572,11 +537,7 @@ class GpuVerifier final : public datapath::Verifier {
   cudaStream_t copy_stream_ = nullptr;
   cudaStream_t notify_stream_ = nullptr;
   cudaStream_t release_stream_ = nullptr;  // copy_on_arrival's
-  // copy_on_arrival: the streams arrivals are copied on ([0] is copy_stream_), each one's latest
-  // copies landed, and the stream the next group of arrivals starts on.
-  std::vector<cudaStream_t> arrival_streams_;
-  std::vector<cudaEvent_t> arrived_;
-  size_t next_arrival_stream_ = 0;
+  cudaEvent_t arrived_ = nullptr;          // copy_on_arrival: the latest copies on arrival landed
   const int device_;
   datapath::Verifier* const fallback_;
   uint8_t* mirror_dev_ = nullptr;  // options_.mirror.size() bytes, or null

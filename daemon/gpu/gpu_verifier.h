@@ -67,10 +67,6 @@ struct GpuVerifierOptions {
   // still follows its `released`. Off here; tuttid's config turns it on by default
   // (datapath.gpu_check_copy_on_arrival; docs/gpu.md, "Stop 53").
   bool copy_on_arrival = false;
-  // copy_on_arrival: the batches that arrive together are spread over this many copy streams
-  // (1 .. 8), so that their copies may run on several copy engines at once; their bytes still go
-  // back together once all of them have landed. 1: the checks' own copy stream, as before.
-  uint32_t arrival_copy_streams = 1;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
 };

@@ -412,7 +412,7 @@ TEST(GpuVerifierTest, StreamsQueuedAtOnceAreCheckedInTurn) {
 // answered while the kernel is held, each is answered after its release, and the bytes scribbled
 // over at release (the bounce slot reused) change nothing: the checks and the placed copies are
 // of the bytes read.
-void ReleasedWhileTheKernelIsHeld(bool copy_on_arrival, uint32_t copy_streams = 1) {
+void ReleasedWhileTheKernelIsHeld(bool copy_on_arrival) {
   auto stream = IoStream::Create({0, 0, 0});
   ASSERT_TRUE(stream.ok()) << stream.status();
   CountingVerifier fallback;
@@ -423,7 +423,6 @@ void ReleasedWhileTheKernelIsHeld(bool copy_on_arrival, uint32_t copy_streams = 
   options.max_objects_per_slot = kPerBatch;  // one batch a slot
   options.slots = kSlots;
   options.copy_on_arrival = copy_on_arrival;
-  options.arrival_copy_streams = copy_streams;
   auto v = MakeGpuVerifier(options, **stream, &fallback);
   ASSERT_TRUE(v.ok()) << v.status();
   Staging bounce(uint64_t{kLen} * kObjects);
@@ -498,18 +497,11 @@ TEST(GpuVerifierTest, CopyOnArrivalReleasesEveryBatchWhileTheKernelIsHeld) {
   ReleasedWhileTheKernelIsHeld(/*copy_on_arrival=*/true);
 }
 
-// The same with the arrivals' copies spread over four streams.
-TEST(GpuVerifierTest, CopyOnArrivalOverStreamsReleasesEveryBatchWhileTheKernelIsHeld) {
-  TUTTI_SKIP_WITHOUT_GPU();
-  ReleasedWhileTheKernelIsHeld(/*copy_on_arrival=*/true, /*copy_streams=*/4);
-}
-
 // VerifyReleasing: each batch's `released` runs once its objects are copied to their places and
 // before its `done`; the host bytes scribbled over right in `released` (the bounce slot reused)
 // change nothing: the checks and the placed copies are of the bytes read. A batch the fallback
 // takes is released only after the CPU has checked it.
-void ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(bool copy_on_arrival,
-                                                   uint32_t copy_streams = 1) {
+void ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(bool copy_on_arrival) {
   auto stream = IoStream::Create({0, 0, 0});
   ASSERT_TRUE(stream.ok()) << stream.status();
   CountingVerifier fallback;
@@ -522,7 +514,6 @@ void ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(bool copy_on_arrival,
   options.slot_bytes = kLen;
   options.max_objects_per_slot = 16;  // several slots' worth: the two slots alternate
   options.copy_on_arrival = copy_on_arrival;
-  options.arrival_copy_streams = copy_streams;
   auto v = MakeGpuVerifier(options, **stream, &fallback);
   ASSERT_TRUE(v.ok()) << v.status();
   const std::vector<uint8_t> bytes = RandomBytes(bounce.size, 11);
@@ -592,12 +583,6 @@ TEST(GpuVerifierTest, ReleasesTheHostBytesOnceCopiedBeforeTheAnswer) {
 TEST(GpuVerifierTest, CopiedOnArrivalReleasesTheHostBytesBeforeTheAnswer) {
   TUTTI_SKIP_WITHOUT_GPU();
   ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(/*copy_on_arrival=*/true);
-}
-
-// ... and over three streams (batches arriving together take them in turn).
-TEST(GpuVerifierTest, CopiedOnArrivalOverStreamsReleasesTheHostBytesBeforeTheAnswer) {
-  TUTTI_SKIP_WITHOUT_GPU();
-  ReleasesTheHostBytesOnceCopiedBeforeTheAnswer(/*copy_on_arrival=*/true, /*copy_streams=*/3);
 }
 
 }  // namespace
