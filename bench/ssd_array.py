@@ -1462,6 +1462,8 @@ def lead_split(st0, st1, seconds):
     return {"batches": batches, "batch_slot_ms": per_batch("read_batch_slot_seconds"),
             "batch_io_ms": per_batch("read_batch_io_seconds"),
             "batch_check_ms": per_batch("read_batch_check_seconds"),
+            # Of batch_check_ms: until the verifier gave the batch's bounce slot back.
+            "batch_release_ms": per_batch("read_batch_release_seconds"),
             "reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),
             "post_s": round(post, 4),"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
             "wait_ms_per_layer": round(1e3 * wait / layers, 3) if layers else None,

@@ -10,12 +10,13 @@ namespace tutti::datapath {
 
 // Batches of reads and their time by phase, in nanoseconds (ReadCountersSnapshot::batch_*).
 struct BatchPhases {
-  uint64_t batches = 0, slot_ns = 0, io_ns = 0, check_ns = 0;
+  uint64_t batches = 0, slot_ns = 0, io_ns = 0, check_ns = 0, release_ns = 0;
   BatchPhases& operator+=(const BatchPhases& o) {
     batches += o.batches;
     slot_ns += o.slot_ns;
     io_ns += o.io_ns;
     check_ns += o.check_ns;
+    release_ns += o.release_ns;
     return *this;
   }
 };
@@ -42,6 +43,9 @@ struct ReadCountersSnapshot {
   uint64_t batch_slot_ns = 0;
   uint64_t batch_io_ns = 0;
   uint64_t batch_check_ns = 0;
+  // Of batch_check_ns, with bounce slots: from the reads' completion until the verifier gave the
+  // batch's slot back (the GPU's: its copy to the GPU landed); 0 without bounce slots.
+  uint64_t batch_release_ns = 0;
   // Read calls, and their time from entry (staging taken included) to return.
   uint64_t calls = 0;
   uint64_t call_ns = 0;
@@ -61,6 +65,7 @@ struct ReadCountersSnapshot {
     batch_slot_ns += o.batch_slot_ns;
     batch_io_ns += o.batch_io_ns;
     batch_check_ns += o.batch_check_ns;
+    batch_release_ns += o.batch_release_ns;
     calls += o.calls;
     call_ns += o.call_ns;
     return *this;
@@ -88,6 +93,7 @@ class ReadCounters {
     batch_slot_ns_.fetch_add(p.slot_ns, std::memory_order_relaxed);
     batch_io_ns_.fetch_add(p.io_ns, std::memory_order_relaxed);
     batch_check_ns_.fetch_add(p.check_ns, std::memory_order_relaxed);
+    batch_release_ns_.fetch_add(p.release_ns, std::memory_order_relaxed);
   }
   void AddPost(uint64_t ns) { lead_post_ns_.fetch_add(ns, std::memory_order_relaxed); }
   void AddCall(uint64_t ns) {
@@ -111,6 +117,7 @@ class ReadCounters {
     s.batch_slot_ns = batch_slot_ns_.load(std::memory_order_relaxed);
     s.batch_io_ns = batch_io_ns_.load(std::memory_order_relaxed);
     s.batch_check_ns = batch_check_ns_.load(std::memory_order_relaxed);
+    s.batch_release_ns = batch_release_ns_.load(std::memory_order_relaxed);
     s.calls = calls_.load(std::memory_order_relaxed);
     s.call_ns = call_ns_.load(std::memory_order_relaxed);
     return s;
@@ -121,7 +128,8 @@ class ReadCounters {
       staging_yields_{0};
   std::atomic<uint64_t> lead_wait_ns_{0}, lead_sink_ns_{0}, lead_post_ns_{0}, layers_{0}, calls_{0},
       call_ns_{0};
-  std::atomic<uint64_t> batches_{0}, batch_slot_ns_{0}, batch_io_ns_{0}, batch_check_ns_{0};
+  std::atomic<uint64_t> batches_{0}, batch_slot_ns_{0}, batch_io_ns_{0}, batch_check_ns_{0},
+      batch_release_ns_{0};
 };
 
 }  // namespace tutti::datapath

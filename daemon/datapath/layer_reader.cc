@@ -45,9 +45,10 @@ struct LayerReader::InFlight {
   std::vector<const uint8_t*> device_copies;  // ObjectCheck::device_copy, per planned object
   std::vector<uint32_t> bounce_offsets;  // per request: its offset in its batch's bounce slot
   // Per batch, steady-clock nanoseconds, each written by the thread taking that step before the
-  // batch finishes: asked for its bounce slot, posted (slot in hand), reads completed, answered.
+  // batch finishes: asked for its bounce slot, posted (slot in hand), reads completed, bounce slot
+  // given back (0 without one; `released` runs before `done`: verifier.h), answered.
   struct Clock {
-    uint64_t asked = 0, posted = 0, read = 0, answered = 0;
+    uint64_t asked = 0, posted = 0, read = 0, released = 0, answered = 0;
   };
   std::vector<Clock> clocks;
   // Batches posted whose reads or checks are not done.
@@ -66,7 +67,8 @@ struct LayerReader::InFlight {
     *last = BatchPhases{};
     uint64_t last_answered = 0;
     for (const Clock& c : clocks) {
-      const BatchPhases p{1, c.posted - c.asked, c.read - c.posted, c.answered - c.read};
+      const BatchPhases p{1, c.posted - c.asked, c.read - c.posted, c.answered - c.read,
+                          c.released == 0 ? 0 : c.released - c.read};
       *sum += p;
       if (c.answered >= last_answered) {
         last_answered = c.answered;
@@ -244,7 +246,11 @@ void LayerReader::OnReadsDone(const LayerReadRequest& r, InFlight* in, uint32_t 
   // objects are copied to their places), so the device's next reads need not wait for the checks.
   const uint32_t file = in->reqs[begin].file;
   verifier_->VerifyReleasing(
-      in->stream, checks, matches, [this, file, slot] { bounce_->Release(file, slot); },
+      in->stream, checks, matches,
+      [this, in, batch, file, slot] {
+        in->clocks[batch].released = NowNanos();
+        bounce_->Release(file, slot);
+      },
       std::move(answered));
 }
 
@@ -406,13 +412,14 @@ LayerReadResult LayerReader::ReadLayers(const LayerReadRequest& r, const Sink& s
     logger->debug(
         "read {}: {} items, {} of {} layers of {} KiB in {:.2f} ms: staging {:.2f} ms ({} "
         "leases), posting {:.2f}, waiting {:.2f} (first layer {:.2f}, longest {:.2f}), sink "
-        "{:.2f}; {} batches, each on average: slot {:.2f} ms, reads {:.2f}, checks {:.2f}; the "
-        "first layer's last: slot {:.2f}, reads {:.2f}, checks {:.2f}",
+        "{:.2f}; {} batches, each on average: slot {:.2f} ms, reads {:.2f}, checks {:.2f} (slot "
+        "back after {:.2f}); the first layer's last: slot {:.2f}, reads {:.2f}, checks {:.2f}",
         stream, r.items.size(), result.layers_done, r.layer_end - r.layer_begin, layer_bytes >> 10,
         1e3 * result.seconds, kMs * Nanos(started - entered), window.leases.size(), kMs * post_ns,
         kMs * wait_ns, kMs * first_wait_ns, kMs * longest_wait_ns, kMs * sink_ns, phases.batches,
         per_batch * phases.slot_ns, per_batch * phases.io_ns, per_batch * phases.check_ns,
-        kMs * first_last.slot_ns, kMs * first_last.io_ns, kMs * first_last.check_ns);
+        per_batch * phases.release_ns, kMs * first_last.slot_ns, kMs * first_last.io_ns,
+        kMs * first_last.check_ns);
   }
   return result;  // `window` waits for reads still in flight, then gives its leases back
 }

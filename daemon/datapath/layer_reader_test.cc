@@ -540,6 +540,9 @@ TEST_F(BouncedReaderTest, CountsEachBatchsSlotWaitReadsAndChecks) {
   EXPECT_GE(c.batch_io_ns, kBatches * 3 * kMs);
   EXPECT_GE(c.batch_check_ns, kBatches * 4 * kMs);
   EXPECT_GE(c.batch_slot_ns, (kBatches - 1) * 4 * kMs);
+  // The slot goes back after the check's 4 ms, within the check phase.
+  EXPECT_GE(c.batch_release_ns, kBatches * 4 * kMs);
+  EXPECT_LE(c.batch_release_ns, c.batch_check_ns);
   // Every batch's three phases lie within the call.
   EXPECT_LE(c.batch_slot_ns + c.batch_io_ns + c.batch_check_ns, kBatches * c.call_ns);
 }
@@ -554,6 +557,7 @@ TEST_F(LayerReaderTest, BatchesWithoutBounceSlotsWaitForNone) {
   EXPECT_EQ(c.batches, fake_->streams.size());
   EXPECT_GT(c.batches, 0u);
   EXPECT_LT(c.batch_slot_ns, c.batches * 1'000'000ull);  // only the clock reads between
+  EXPECT_EQ(c.batch_release_ns, 0u);
   EXPECT_GT(c.batch_io_ns + c.batch_check_ns, 0u);
 }
 

@@ -790,6 +790,7 @@ StoreStats BlockStore::Impl::Stats() const {
   s.read_batch_slot_seconds = reads.batch_slot_ns * 1e-9;
   s.read_batch_io_seconds = reads.batch_io_ns * 1e-9;
   s.read_batch_check_seconds = reads.batch_check_ns * 1e-9;
+  s.read_batch_release_seconds = reads.batch_release_ns * 1e-9;
   s.write_backlog_bytes = backlog_bytes_;
   s.write_backlog_blocks = backlog_queued_ms_.size();
   if (!backlog_queued_ms_.empty()) {

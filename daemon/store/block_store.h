@@ -275,6 +275,7 @@ struct StoreStats {
   // bounce slot, reading (the scheduler's queue and the device), checking (the verifier).
   uint64_t read_batches = 0;
   double read_batch_slot_seconds = 0, read_batch_io_seconds = 0, read_batch_check_seconds = 0;
+  double read_batch_release_seconds = 0;  // of read_batch_check_seconds: until the slot went back
   // The write pipeline's batches, and their seconds summed per phase: slots and checksums
   // (prepare), from posting to the committer taking them (writes, and waiting behind older
   // batches), and the pool syncs and journal of the commits they were part of (once per commit).

@@ -167,6 +167,12 @@ void AddTraffic(Group* g) {
            out->Add({"check"}, st.read_batch_check_seconds, "read_batch_check_seconds");
          });
   g->Counter(
+      "tutti_read_batch_release_seconds_total",
+      "Of the check phase of batches of Retrieves' SSD-tier reads, summed: from the reads' "
+      "completion until the batch's host bounce slot went back (its copy to the GPU landed).",
+      [](const StoreStats& st) { return st.read_batch_release_seconds; },
+      "read_batch_release_seconds");
+  g->Counter(
       "tutti_captures_total",
       "Store calls answered (not failed), each with its gather from the engine.",
       [](const StoreStats& st) { return st.captures; }, "captures");
