@@ -43,6 +43,9 @@ from array import array
 
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys
 
+# _native: the chain in C (tutti._keychain, client/python/native/keychain.c) as tutti.chain_keys
+# loads it; None where it is not built: the same keys in Python.
+from tutti._hash import _native
 from tutti.layout import Namespace
 
 KEY_BYTES = 16
@@ -51,11 +54,6 @@ MAX_MODEL_ID = 256
 _ROOT = hashlib.sha256(b"tutti.vllm block keys v2").digest()
 _U32 = next(t for t in "IL" if array(t).itemsize == 4)  # array's 4-byte unsigned typecode
 _NO_EXTRA = b"\x00"  # encode_extra_keys(None)
-
-try:  # the chain in C (client/python/native/keychain.c); absent: the same keys in Python
-    from tutti import _keychain as _native
-except ImportError:  # not built for this platform, or a Python without it
-    _native = None
 
 
 def check_cache_config(cache_config):
