@@ -341,6 +341,8 @@ absl::Status ValidateWriteBacklog(const tutti::v1::DatapathConfig& d,
                              100, 3600000));
   RETURN_IF_ERROR(
       CheckRange("datapath.write_latency_target_ms", d.write_latency_target_ms(), 0, 10000));
+  RETURN_IF_ERROR(
+      CheckRange("datapath.write_batches_in_flight", d.write_batches_in_flight(), 1, 64));
   RETURN_IF_ERROR(CheckRange("datapath.write_bytes_in_flight_while_reading",
                              d.write_bytes_in_flight_while_reading(), 4 * kKiB, kGiB));
   if (d.max_write_bytes_in_flight() < d.write_bytes_in_flight_while_reading() ||

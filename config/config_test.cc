@@ -322,6 +322,12 @@ TEST(ConfigTest, WriteBacklogBoundsAndWriteCap) {
   EXPECT_TRUE(LoadConfig("datapath { write_latency_target_ms: 0 }").ok());  // off
   ExpectRejected("datapath { write_latency_target_ms: 10001 }",
                  {"datapath.write_latency_target_ms", "[0, 10000]"});
+  EXPECT_EQ(c->datapath().write_batches_in_flight(), 16u);
+  EXPECT_TRUE(LoadConfig("datapath { write_batches_in_flight: 1 }").ok());
+  ExpectRejected("datapath { write_batches_in_flight: 0 }",
+                 {"datapath.write_batches_in_flight", "[1, 64]"});
+  ExpectRejected("datapath { write_batches_in_flight: 65 }",
+                 {"datapath.write_batches_in_flight", "[1, 64]"});
   EXPECT_EQ(c->datapath().verifier(), "auto");
   EXPECT_TRUE(LoadConfig("datapath { verifier: \"gpu\" }").ok());
   ExpectRejected("datapath { verifier: \"fpga\" }", {"datapath.verifier", "fpga"});

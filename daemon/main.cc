@@ -132,6 +132,7 @@ store::StoreOptions MakeStoreOptions(const v1::Config& config, const pool::PoolL
   o.max_write_backlog_age_ms = config.datapath().max_write_backlog_age_ms();
   o.write_bytes_in_flight_while_reading = config.datapath().write_bytes_in_flight_while_reading();
   o.max_write_bytes_in_flight = config.datapath().max_write_bytes_in_flight();
+  o.write_batches_in_flight = config.datapath().write_batches_in_flight();
   o.write_latency_target_us = int64_t{config.datapath().write_latency_target_ms()} * 1000;
   o.max_read_bytes_in_flight = config::MaxReadBytesInFlight(config);
   return o;

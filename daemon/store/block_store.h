@@ -95,6 +95,10 @@ struct StoreOptions {
   // none, the block is refused (kRejectedShare). Precondition: in (0, 1].
   double pool_share_per_user = 1.0;
   uint32_t write_batch_blocks = 64;   // blocks per writer batch (one sync pair each)
+  // Writer batches whose writes are posted and not all completed, at most
+  // (datapath.write_batches_in_flight); batches written and waiting for their commit do not
+  // count. Precondition: >= 1.
+  uint32_t write_batches_in_flight = 16;
   // Slots whose entries a checkpoint copies under the store's lock at a time, so lookups wait
   // for one chunk's copy at most; 0: the whole checkpoint encoded and written under one hold, as
   // before chunking (bench/checkpoint_bench compares them).

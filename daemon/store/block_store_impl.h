@@ -48,8 +48,6 @@
 
 namespace tutti::store {
 
-// Writer batches started and not yet taken by the committer, at most (write_pipeline.cc).
-inline constexpr uint32_t kPipelineBatches = 4;
 // At most this many threads sync pool files in parallel, besides the committer.
 inline constexpr uint32_t kMaxSyncThreads = 15;
 
@@ -136,6 +134,7 @@ struct InFlightBatch {
   // Its writes (block indices into `blocks`): posted by StartBatch, checked by CommitBatches.
   std::unique_ptr<datapath::WriteTransfer> transfer;
   bool written = false;          // guarded by Impl::mu_: every write of `transfer` completed
+  uint8_t* headers = nullptr;    // its header set, until `written`
   bool durability_lost = false;  // failed whole at its start: the journal can make nothing durable
   // started; slots assigned (slotted); checksums done (summed); writes posted.
   absl::Time started, slotted, summed, posted;
@@ -272,7 +271,7 @@ class BlockStore::Impl {
   uint64_t AssignSlots(absl::Span<PendingBlock* const> batch, std::vector<uint64_t>* victim_slots);
 
   // write_pipeline.cc: batches from slots to publication. The writer thread (WriterLoop) starts
-  // batches (StartBatch) while fewer than kPipelineBatches are in in_flight_; the committer
+  // batches (StartBatch) while fewer than write_batches_in_flight are unwritten; the committer
   // thread (CommitLoop) commits them in order as their writes complete (CommitBatches). So a
   // batch's checksums and writes overlap the previous ones' writes, pool syncs and journal
   // commit. Each batch keeps the rules of the top of this file: its Puts are appended only after
@@ -447,8 +446,8 @@ class BlockStore::Impl {
   std::unique_ptr<datapath::BounceSlots> bounce_;
   std::unique_ptr<datapath::LayerReader> reader_;
   std::unique_ptr<datapath::LayerReader> gpu_reader_;
-  // kPipelineBatches sets of write_batch_blocks x 4 KiB slot-header pages, one per batch in
-  // flight; writer-owned.
+  // write_batches_in_flight sets of write_batch_blocks x 4 KiB slot-header pages in staging's
+  // region, one per batch whose writes are in flight.
   uint8_t* header_buffers_ = nullptr;
   // Pool-file syncs of a commit, in parallel: one thread fewer than files (the committer takes
   // one).
@@ -493,6 +492,10 @@ class BlockStore::Impl {
   int writing_ ABSL_GUARDED_BY(mu_) = 0;  // batches taken by the writer and not yet committed
   // Batches started by the writer and not yet taken by the committer, oldest first.
   std::deque<std::unique_ptr<InFlightBatch>> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Header sets (of header_buffers_) no batch's writes are using; a batch takes one as it starts
+  // and gives it back as its last write completes, so batches completing out of order never
+  // share one.
+  std::vector<uint8_t*> free_header_sets_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;  // the writer has stopped: no batch will come
   uint64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;

@@ -86,8 +86,9 @@ absl::Status BlockStore::Impl::Init() {
                          ? options_.max_staging_bytes_per_owner
                          : store_bytes / 4 * 3);
   const uint64_t read_bytes = std::max<uint64_t>(options_.retrieve_staging_bytes, frame);
-  const uint64_t header_bytes =
-      uint64_t{kPipelineBatches} * options_.write_batch_blocks * pool::kSlotHeaderBytes;
+  const uint64_t header_set_bytes = uint64_t{options_.write_batch_blocks} * pool::kSlotHeaderBytes;
+  const uint32_t header_sets = std::max<uint32_t>(1, options_.write_batches_in_flight);
+  const uint64_t header_bytes = header_sets * header_set_bytes;
   ASSIGN_OR_RETURN(region_, CreateRegion(store_bytes + read_bytes + header_bytes,
                                          absl::StrCat("limits.store_staging_bytes = ",
                                                       options_.store_staging_bytes,
@@ -110,6 +111,12 @@ absl::Status BlockStore::Impl::Init() {
       std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
   reader_ = MakeReader(read_staging_.get(), nullptr);
   header_buffers_ = base + store_bytes + read_bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint32_t i = 0; i < header_sets; ++i) {
+      free_header_sets_.push_back(header_buffers_ + i * header_set_bytes);
+    }
+  }
   const bool front = admission_->keeps_declined_in_dram();
   const uint64_t dram_blocks = options_.dram_bytes / chunk;
   if (front && dram_blocks == 0) {

@@ -59,6 +59,7 @@ ABSL_FLAG(uint32_t, capture_threads, 1, "threads calling Capture");
 ABSL_FLAG(uint32_t, blocks_per_capture, 16, "blocks per Capture call");
 ABSL_FLAG(uint32_t, checksum_threads, 0, "datapath.checksum_threads (0: tuttid's default)");
 ABSL_FLAG(uint32_t, write_batch_blocks, 64, "StoreOptions::write_batch_blocks");
+ABSL_FLAG(uint32_t, write_batches_in_flight, 16, "datapath.write_batches_in_flight");
 ABSL_FLAG(uint64_t, store_staging_mib, 256, "limits.store_staging_bytes, MiB");
 ABSL_FLAG(uint32_t, queue_depth, 64, "io.queue_depth of the store's backend");
 ABSL_FLAG(uint32_t, raw_qd, 16, "raw baseline: writes in flight per file");
@@ -305,6 +306,7 @@ double RunStore(const pool::PoolLayout& layout, const std::vector<std::string>& 
   options.dram_bytes = 0;
   options.store_staging_bytes = absl::GetFlag(FLAGS_store_staging_mib) << 20;
   options.write_batch_blocks = absl::GetFlag(FLAGS_write_batch_blocks);
+  options.write_batches_in_flight = absl::GetFlag(FLAGS_write_batches_in_flight);
   const uint32_t sums = absl::GetFlag(FLAGS_checksum_threads);
   options.checksum_threads = sums != 0 ? sums : datapath::WorkPool::DefaultThreads();
   auto store = BlockStore::Open(options, std::move(backend).value(), Clock::Real());

@@ -34,15 +34,15 @@ double MsBetween(absl::Time a, absl::Time b) { return absl::ToDoubleMilliseconds
 }  // namespace
 
 void BlockStore::Impl::WriterLoop() {
-  uint64_t started = 0;  // batches started: batch i uses header set i % kPipelineBatches
   for (;;) {
     std::vector<PendingBlock*> blocks;
+    uint8_t* headers = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      // A batch starts while fewer than kPipelineBatches are in flight (written or not yet
-      // handed to the committer): its header set is then free.
+      // A batch starts while fewer than write_batches_in_flight have writes in flight: a header
+      // set is then free. Batches written and waiting for the committer do not hold one.
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return (!write_queue_.empty() && in_flight_.size() < kPipelineBatches) ||
+        return (!write_queue_.empty() && !free_header_sets_.empty()) ||
                (stopping_ && write_queue_.empty());
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), kWriterIdleWake);
@@ -50,19 +50,21 @@ void BlockStore::Impl::WriterLoop() {
         writer_done_ = true;
         return;
       }
-      if (in_flight_.size() < kPipelineBatches) {
+      if (!free_header_sets_.empty()) {
         while (!write_queue_.empty() && blocks.size() < options_.write_batch_blocks) {
           blocks.push_back(write_queue_.front());
           write_queue_.pop_front();
         }
-        if (!blocks.empty()) ++writing_;
+        if (!blocks.empty()) {
+          ++writing_;
+          headers = free_header_sets_.back();
+          free_header_sets_.pop_back();
+        }
       }
     }
     // Busy or idle: a steady stream of other blocks must not keep stale ones alive.
     ReapStalePending();
     if (blocks.empty()) continue;
-    uint8_t* headers = header_buffers_ + (started++ % kPipelineBatches) *
-                                             options_.write_batch_blocks * pool::kSlotHeaderBytes;
     std::unique_ptr<InFlightBatch> batch = StartBatch(std::move(blocks), headers);
     absl::MutexLock lock(&mu_);
     in_flight_.push_back(std::move(batch));
@@ -94,6 +96,7 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
   auto log = log::Get("store");
   auto b = std::make_unique<InFlightBatch>();
   b->blocks = std::move(blocks);
+  b->headers = headers;
   b->started = b->slotted = b->summed = absl::Now();
   if (absl::Status lost = journal_->durability(); !lost.ok()) {
     // Nothing can be made durable: fail the batch before it evicts or writes.
@@ -136,6 +139,8 @@ std::unique_ptr<InFlightBatch> BlockStore::Impl::StartBatch(
   raw->transfer->Post(scheduler_.get(), [this, raw] {
     absl::MutexLock lock(&mu_);
     raw->written = true;
+    free_header_sets_.push_back(raw->headers);  // its header pages are on the devices
+    raw->headers = nullptr;
   });
   return b;
 }

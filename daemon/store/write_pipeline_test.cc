@@ -3,7 +3,9 @@
 // and slot headers adjacent in a pool file, go in one write each; they must leave exactly the
 // bytes and the journal that one write per piece leaves; a failed write fails exactly the blocks
 // it covered; a failed pool sync fails the whole batch. Pipelining: a batch's writes go out while
-// an earlier batch's pool sync is still in progress.
+// an earlier batch's pool sync is still in progress; batches written and waiting for their commit
+// do not count against write_batches_in_flight; a batch whose writes complete before an earlier
+// one's never takes that one's slot-header pages.
 #include <unistd.h>
 
 #include <algorithm>
@@ -229,6 +231,102 @@ TEST_F(WritePipelineTest, ABatchIsWrittenWhileAnEarlierOneIsSynced) {
   s.store->Flush();
   EXPECT_EQ(Visible(s, first), std::vector<bool>(kBlocks, true));
   EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, true));
+}
+
+// Batches written and waiting for the committer (held in an earlier batch's pool sync) leave the
+// writer free: with one batch of writes in flight at most, the second and third batches are both
+// written while the first one's sync is held.
+TEST_F(WritePipelineTest, WrittenBatchesWaitingForTheirCommitDoNotHoldTheWriter) {
+  options_.write_batches_in_flight = 1;
+  HoldingBackend* holding = nullptr;
+  TestStore& s = Open([&](std::shared_ptr<io::MemoryDisk> disk) {
+    auto b = std::make_unique<HoldingBackend>(std::move(disk));
+    holding = b.get();
+    return b;
+  });
+  auto writes = [&] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
+  auto await_writes = [&](uint64_t n) {
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (writes() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return writes();
+  };
+  constexpr uint64_t kBatchWrites = 2 * kObjects + 2;  // as in the test above
+  const std::vector<Key> first = testing::TestKeys(0, kBlocks);
+  const std::vector<Key> second = testing::TestKeys(100, kBlocks);
+  const std::vector<Key> third = testing::TestKeys(200, kBlocks);
+  holding->Arm();
+  for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  ASSERT_TRUE(holding->entered().WaitForNotificationWithTimeout(kPatience));
+  const uint64_t before = writes();
+  for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  ASSERT_EQ(await_writes(before + kBatchWrites), before + kBatchWrites);
+  for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  EXPECT_EQ(await_writes(before + 2 * kBatchWrites), before + 2 * kBatchWrites)
+      << "the third batch waited for the second one's commit";
+  EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, false)) << "committed in order";
+  holding->release().Notify();
+  s.store->Flush();
+  for (const auto* keys : {&first, &second, &third}) {
+    EXPECT_EQ(Visible(s, *keys), std::vector<bool>(kBlocks, true));
+  }
+}
+
+// A batch whose writes complete while an earlier batch's are still in flight gives its
+// slot-header pages back, and the next batch takes those, not the earlier batch's: with two
+// batches in flight at most and the first batch's header writes held, the third batch is written
+// meanwhile, and every block of the three lands under its own header (a scrub checks each).
+TEST_F(WritePipelineTest, ABatchNeverTakesTheHeaderPagesOfOneStillBeingWritten) {
+  options_.write_batches_in_flight = 2;
+  HoldingBackend* holding = nullptr;
+  TestStore& s = Open([&](std::shared_ptr<io::MemoryDisk> disk) {
+    auto b = std::make_unique<HoldingBackend>(std::move(disk));
+    holding = b.get();
+    return b;
+  });
+  // The first batch's blocks take slots 0 .. kBlocks-1 of the fresh pool: hold every write to
+  // them (their headers' included).
+  std::vector<pool::Location> places;
+  for (uint64_t slot = 0; slot < kBlocks; ++slot) {
+    places.push_back(options_.layout.HeaderLocation(slot));
+    for (uint32_t j = 0; j < kObjects; ++j)
+      places.push_back(options_.layout.ObjectLocation(slot, j));
+  }
+  holding->HoldWhere([places](const io::IoRequest& r) {
+    return r.op == io::Op::kWrite &&
+           std::any_of(places.begin(), places.end(), [&r](const pool::Location& p) {
+             return p.file == r.file && p.offset >= r.offset && p.offset < r.offset + r.len;
+           });
+  });
+  auto writes = [&] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
+  auto await_writes = [&](uint64_t n) {
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (writes() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return writes();
+  };
+  constexpr uint64_t kBatchWrites = 2 * kObjects + 2;
+  const std::vector<Key> first = testing::TestKeys(0, kBlocks);
+  const std::vector<Key> second = testing::TestKeys(100, kBlocks);
+  const std::vector<Key> third = testing::TestKeys(200, kBlocks);
+  for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  ASSERT_TRUE(holding->writes_held().WaitForNotificationWithTimeout(kPatience));
+  const uint64_t before = writes();  // the first batch's are all held
+  for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  ASSERT_EQ(await_writes(before + kBatchWrites), before + kBatchWrites);
+  for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
+  ASSERT_EQ(await_writes(before + 2 * kBatchWrites), before + 2 * kBatchWrites)
+      << "the third batch waited for the first one's writes";
+  EXPECT_EQ(Visible(s, third), std::vector<bool>(kBlocks, false)) << "committed in order";
+  holding->ReleaseWrites();
+  s.store->Flush();
+  std::vector<Key> all;
+  for (const auto* keys : {&first, &second, &third}) {
+    EXPECT_EQ(Visible(s, *keys), std::vector<bool>(kBlocks, true));
+    all.insert(all.end(), keys->begin(), keys->end());
+  }
+  auto scrub = s.store->Scrub(ScrubOptions{8}, nullptr);
+  ASSERT_TRUE(scrub.ok()) << scrub.status();
+  EXPECT_EQ(scrub->blocks_checked, all.size());
+  EXPECT_EQ(scrub->blocks_bad, 0u);
 }
 
 // With checksum threads (the batches' checksums spread over them), every block of several batches
