@@ -297,10 +297,10 @@ if has readsize; then
     summary+=("raw_gpu_io --op=copy 8 threads $v: $(sed -n 's/.*"gbps":\([0-9.]*\).*/\1/p' <<< "$j") GB/s")
   done
   rm -rf /dev/shm/tutti-readsize
-  # A variant: "default", or [p<MiB>][d<slots>][r<MiB>][w<N>][g<N>][m<N>][b<N>][n<N>][s<N>]:
+  # A variant: "default", or [p<MiB>][d<slots>][r<MiB>][w<N>][g<N>][m<N>][b<N>][k<N>][n<N>][s<N>]:
   # read_post_bytes, read_bounce_depth, max_read_bytes, io.memory_read_workers (1: plain
   # submission), io.memory_read_rings, gpu.io_sm_count, datapath.write_batches_in_flight, and
-  # ssd_array.py's --ring-nice and
+  # ssd_array.py's --store-batch (blocks a Store call), --ring-nice and
   # --store-rounds (the store figure is the last round's: from round 3 on, every write lands on a
   # slot written before, as the raw writes do on their files filled first). A run:
   # [<part>@]<config>:<variant>, config "N" for tmpfs:N or "lN" for loop:N, part one of
@@ -315,6 +315,7 @@ if has readsize; then
     [[ $v =~ g([0-9]+) ]] && echo "--set io.memory_read_rings=${BASH_REMATCH[1]}"
     [[ $v =~ m([0-9]+) ]] && echo "--set gpu.io_sm_count=${BASH_REMATCH[1]}"
     [[ $v =~ b([0-9]+) ]] && echo "--set datapath.write_batches_in_flight=${BASH_REMATCH[1]}"
+    [[ $v =~ k([0-9]+) ]] && echo "--store-batch ${BASH_REMATCH[1]}"
     [[ $v =~ n([0-9]+) ]] && echo "--ring-nice ${BASH_REMATCH[1]}"
     [[ $v =~ s([0-9]+) ]] && echo "--store-rounds ${BASH_REMATCH[1]}"
     true
