@@ -34,6 +34,9 @@ constexpr uint32_t kObjectLen = 4096;  // 16 tokens x 2 heads x 64 dims x 2 byte
 constexpr uint32_t kFrame = 4096;
 constexpr uint32_t kExtentSlots = 4;   // G: object j of 4 consecutive slots are 4 adjacent frames
 constexpr uint32_t kBlocks = 8;        // one extent of 2 files: slots 0-3 (group 0), 4-7 (group 1)
+// The merged writes of one batch of kBlocks blocks: two per object index (one per extent group)
+// and two of slot headers.
+constexpr uint64_t kBatchWrites = 2 * kObjects + 2;
 constexpr absl::Duration kPatience = absl::Seconds(10);  // only bounds a hang: never waited out
 
 uint8_t ContentByte(const Key& key, uint32_t object, uint32_t offset) {
@@ -115,6 +118,23 @@ class WritePipelineTest : public ::testing::Test {
     auto out = s.store->Capture(s.ns, keys, 0, kLayers, gather, wait);
     EXPECT_TRUE(out.ok()) << out.status();
     return out.ok() ? *out : std::vector<CaptureOutcome>();
+  }
+
+  // A store over a fresh disk through a HoldingBackend, set in `*holding`.
+  TestStore& OpenHolding(HoldingBackend** holding) {
+    return Open([holding](std::shared_ptr<io::MemoryDisk> disk) {
+      auto b = std::make_unique<HoldingBackend>(std::move(disk));
+      *holding = b.get();
+      return b;
+    });
+  }
+
+  // The writes `s`'s disk has performed, once they are `n` or kPatience has passed.
+  static uint64_t AwaitWrites(const TestStore& s, uint64_t n) {
+    auto writes = [&s] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
+    const absl::Time deadline = absl::Now() + kPatience;
+    while (writes() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    return writes();
   }
 
   static size_t Count(const std::vector<CaptureOutcome>& out, CaptureOutcome o) {
@@ -207,25 +227,17 @@ TEST_F(WritePipelineTest, AFailedPoolSyncFailsTheWholeBatch) {
 
 TEST_F(WritePipelineTest, ABatchIsWrittenWhileAnEarlierOneIsSynced) {
   HoldingBackend* holding = nullptr;
-  TestStore& s = Open([&](std::shared_ptr<io::MemoryDisk> disk) {
-    auto b = std::make_unique<HoldingBackend>(std::move(disk));
-    holding = b.get();
-    return b;
-  });
+  TestStore& s = OpenHolding(&holding);
   const std::vector<Key> first = testing::TestKeys(0, kBlocks);
   const std::vector<Key> second = testing::TestKeys(100, kBlocks);
   holding->Arm();
   for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_TRUE(holding->entered().WaitForNotificationWithTimeout(kPatience));
   // The first batch's pool sync is held now. The second batch is written meanwhile.
-  auto writes = [&] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
-  const uint64_t before = writes();
+  const uint64_t before = AwaitWrites(s, 0);
   for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (writes() < before + 2 * kObjects + 2 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(writes(), before + 2 * kObjects + 2) << "the second batch waited for the first's sync";
+  EXPECT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites)
+      << "the second batch waited for the first's sync";
   EXPECT_EQ(Visible(s, first), std::vector<bool>(kBlocks, false)) << "not durable yet";
   holding->release().Notify();
   s.store->Flush();
@@ -239,29 +251,18 @@ TEST_F(WritePipelineTest, ABatchIsWrittenWhileAnEarlierOneIsSynced) {
 TEST_F(WritePipelineTest, WrittenBatchesWaitingForTheirCommitDoNotHoldTheWriter) {
   options_.write_batches_in_flight = 1;
   HoldingBackend* holding = nullptr;
-  TestStore& s = Open([&](std::shared_ptr<io::MemoryDisk> disk) {
-    auto b = std::make_unique<HoldingBackend>(std::move(disk));
-    holding = b.get();
-    return b;
-  });
-  auto writes = [&] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
-  auto await_writes = [&](uint64_t n) {
-    const absl::Time deadline = absl::Now() + kPatience;
-    while (writes() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-    return writes();
-  };
-  constexpr uint64_t kBatchWrites = 2 * kObjects + 2;  // as in the test above
+  TestStore& s = OpenHolding(&holding);
   const std::vector<Key> first = testing::TestKeys(0, kBlocks);
   const std::vector<Key> second = testing::TestKeys(100, kBlocks);
   const std::vector<Key> third = testing::TestKeys(200, kBlocks);
   holding->Arm();
   for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_TRUE(holding->entered().WaitForNotificationWithTimeout(kPatience));
-  const uint64_t before = writes();
+  const uint64_t before = AwaitWrites(s, 0);
   for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(await_writes(before + kBatchWrites), before + kBatchWrites);
+  ASSERT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites);
   for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  EXPECT_EQ(await_writes(before + 2 * kBatchWrites), before + 2 * kBatchWrites)
+  EXPECT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
       << "the third batch waited for the second one's commit";
   EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, false)) << "committed in order";
   holding->release().Notify();
@@ -278,11 +279,7 @@ TEST_F(WritePipelineTest, WrittenBatchesWaitingForTheirCommitDoNotHoldTheWriter)
 TEST_F(WritePipelineTest, ABatchNeverTakesTheHeaderPagesOfOneStillBeingWritten) {
   options_.write_batches_in_flight = 2;
   HoldingBackend* holding = nullptr;
-  TestStore& s = Open([&](std::shared_ptr<io::MemoryDisk> disk) {
-    auto b = std::make_unique<HoldingBackend>(std::move(disk));
-    holding = b.get();
-    return b;
-  });
+  TestStore& s = OpenHolding(&holding);
   // The first batch's blocks take slots 0 .. kBlocks-1 of the fresh pool: hold every write to
   // them (their headers' included).
   std::vector<pool::Location> places;
@@ -297,23 +294,16 @@ TEST_F(WritePipelineTest, ABatchNeverTakesTheHeaderPagesOfOneStillBeingWritten) 
              return p.file == r.file && p.offset >= r.offset && p.offset < r.offset + r.len;
            });
   });
-  auto writes = [&] { return s.disk->counts(0).writes + s.disk->counts(1).writes; };
-  auto await_writes = [&](uint64_t n) {
-    const absl::Time deadline = absl::Now() + kPatience;
-    while (writes() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-    return writes();
-  };
-  constexpr uint64_t kBatchWrites = 2 * kObjects + 2;
   const std::vector<Key> first = testing::TestKeys(0, kBlocks);
   const std::vector<Key> second = testing::TestKeys(100, kBlocks);
   const std::vector<Key> third = testing::TestKeys(200, kBlocks);
   for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_TRUE(holding->writes_held().WaitForNotificationWithTimeout(kPatience));
-  const uint64_t before = writes();  // the first batch's are all held
+  const uint64_t before = AwaitWrites(s, 0);  // the first batch's are all held
   for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(await_writes(before + kBatchWrites), before + kBatchWrites);
+  ASSERT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites);
   for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(await_writes(before + 2 * kBatchWrites), before + 2 * kBatchWrites)
+  ASSERT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
       << "the third batch waited for the first one's writes";
   EXPECT_EQ(Visible(s, third), std::vector<bool>(kBlocks, false)) << "committed in order";
   holding->ReleaseWrites();
