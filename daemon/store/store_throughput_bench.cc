@@ -54,6 +54,9 @@
 
 ABSL_FLAG(std::string, dir, "/dev/shm/tutti_store_bench", "scratch directory (removed first)");
 ABSL_FLAG(uint32_t, files, 4, "pool files (emulated devices)");
+ABSL_FLAG(std::vector<std::string>, pool_dirs, {},
+          "empty pool directories to use instead of --files under --dir (say, mounts of "
+          "devices); the state stays under --dir");
 ABSL_FLAG(double, gib, 2, "GiB stored (and written raw)");
 ABSL_FLAG(uint32_t, capture_threads, 1, "threads calling Capture");
 ABSL_FLAG(uint32_t, blocks_per_capture, 16, "blocks per Capture call");
@@ -224,12 +227,13 @@ void CaptureRange(BlockStore* store, NamespaceId ns, uint64_t first, uint64_t en
 
 std::vector<std::string> MakeDirs(const std::string& root, uint32_t files) {
   std::filesystem::remove_all(root);
-  std::vector<std::string> dirs;
+  std::filesystem::create_directories(root + "/state");
+  std::vector<std::string> dirs = absl::GetFlag(FLAGS_pool_dirs);
+  if (!dirs.empty()) return dirs;
   for (uint32_t f = 0; f < files; ++f) {
     dirs.push_back(absl::StrCat(root, "/", f));
     std::filesystem::create_directories(dirs.back());
   }
-  std::filesystem::create_directories(root + "/state");
   return dirs;
 }
 
@@ -462,11 +466,11 @@ double RunRaw(const pool::PoolLayout& layout, const std::vector<std::string>& di
 
 int Main() {
   log::SetLevel(absl::GetFlag(FLAGS_log_level));
-  const uint32_t nfiles = absl::GetFlag(FLAGS_files);
   const uint64_t blocks =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_gib) * (1ull << 30)) / kBlockBytes;
   const std::string root = absl::GetFlag(FLAGS_dir);
-  const std::vector<std::string> dirs = MakeDirs(root, nfiles);
+  const std::vector<std::string> dirs = MakeDirs(root, absl::GetFlag(FLAGS_files));
+  const auto nfiles = static_cast<uint32_t>(dirs.size());
   // Room for every block, and a tenth more.
   auto layout = pool::PoolLayout::Compute(blocks * (kBlockBytes + 4096) / 10 * 11 + (64ull << 20),
                                           nfiles, kObjectBytes, kObjects);
