@@ -1417,7 +1417,10 @@ def phase_store(args, daemon, sessions):
                          "objects_summed_at_gather": d("write_objects_summed_at_gather"),
                          "objects_summed_by_writer": d("write_objects_summed_by_writer"),
                          "io_s": round(d("write_io_seconds"), 4),
-                         "commit_s": round(d("write_commit_seconds"), 4)}
+                         "commit_s": round(d("write_commit_seconds"), 4),
+                         # Commits (each of the batches written by then) and their pool syncs.
+                         "commits": d("write_commits"),
+                         "commit_sync_s": round(d("write_commit_sync_seconds"), 4)}
     # Where each Store call's time went: the client's whole call, tuttid's part until captured,
     # of which waiting for staging room and the gather from the engine (admin Stats capture_*).
     calls = sum(s.store_counts["calls"] for s in sessions)

@@ -287,6 +287,10 @@ struct StoreStats {
   // (promoted blocks' copies included, on the checksum pool).
   uint64_t write_batches = 0;
   double write_prepare_seconds = 0, write_io_seconds = 0, write_commit_seconds = 0;
+  // Commits (CommitBatches calls that committed one or more batches), and of
+  // write_commit_seconds their pool syncs.
+  uint64_t write_commits = 0;
+  double write_commit_sync_seconds = 0;
   double write_slot_seconds = 0, write_checksum_seconds = 0;
   // Objects of written blocks whose checksum came with their gather (SetGatherChecksums) and
   // those the writer computed (on the checksum pool).

@@ -189,6 +189,15 @@ void AddTraffic(Group* g) {
          });
   g->Counter("tutti_write_batches_total", "Batches of the store's write pipeline.",
              [](const StoreStats& st) { return st.write_batches; }, "write_batches");
+  g->Counter(
+      "tutti_write_commits_total",
+      "Commits of the store's write pipeline, each of the batches written by then.",
+      [](const StoreStats& st) { return st.write_commits; }, "write_commits");
+  g->Counter(
+      "tutti_write_commit_sync_seconds_total",
+      "Of the commits' time, the pool files' syncs (the rest: the journal).",
+      [](const StoreStats& st) { return st.write_commit_sync_seconds; },
+      "write_commit_sync_seconds");
   g->Add({"tutti_write_seconds_total", "Time the write pipeline's batches spent, summed, by "
           "phase: prepare (slots and checksums), io (posted until the committer took them), "
           "commit (the pool syncs and journal of their commits).", kCounter, {"phase"}},

@@ -258,6 +258,7 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
   // Each Put only after the pool syncs covering its block's writes (all completed before them).
   absl::Status committed;
   if (ok_blocks > 0) committed = SyncPoolFiles(files);
+  const absl::Time synced = absl::Now();
   if (ok_blocks > 0 && committed.ok()) {
     uint64_t last_put = 0;
     for (const auto& b : batches) {
@@ -304,7 +305,9 @@ void BlockStore::Impl::CommitBatches(std::vector<std::unique_ptr<InFlightBatch>>
   }
   absl::MutexLock lock(&mu_);
   stats_.write_batches += batches.size();
+  ++stats_.write_commits;
   stats_.write_commit_seconds += absl::ToDoubleSeconds(t1 - t0);
+  stats_.write_commit_sync_seconds += absl::ToDoubleSeconds(synced - t0);
   for (const auto& b : batches) {
     stats_.write_prepare_seconds += absl::ToDoubleSeconds(b->posted - b->started);
     stats_.write_slot_seconds += absl::ToDoubleSeconds(b->slotted - b->started);

@@ -258,18 +258,27 @@ TEST_F(WritePipelineTest, WrittenBatchesWaitingForTheirCommitDoNotHoldTheWriter)
   holding->Arm();
   for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_TRUE(holding->entered().WaitForNotificationWithTimeout(kPatience));
+  const absl::Time held = absl::Now();
   const uint64_t before = AwaitWrites(s, 0);
   for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites);
   for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  EXPECT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
+  ASSERT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
       << "the third batch waited for the second one's commit";
   EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, false)) << "committed in order";
+  absl::SleepFor(absl::Milliseconds(20));  // so the held sync's share of the stats shows
+  const double held_s = absl::ToDoubleSeconds(absl::Now() - held);
   holding->release().Notify();
   s.store->Flush();
   for (const auto* keys : {&first, &second, &third}) {
     EXPECT_EQ(Visible(s, *keys), std::vector<bool>(kBlocks, true));
   }
+  // Two commits: the first batch's, then the second and third together (both written by then).
+  const StoreStats st = s.store->Stats();
+  EXPECT_EQ(st.write_batches, 3u);
+  EXPECT_EQ(st.write_commits, 2u);
+  EXPECT_GE(st.write_commit_sync_seconds, held_s);
+  EXPECT_LE(st.write_commit_sync_seconds, st.write_commit_seconds);
 }
 
 // A batch whose writes complete while an earlier batch's are still in flight gives its
