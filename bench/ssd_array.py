@@ -1467,11 +1467,25 @@ def lead_split(st0, st1, seconds):
             "batch_check_ms": per_batch("read_batch_check_seconds"),
             # Of batch_check_ms: until the verifier gave the batch's bounce slot back.
             "batch_release_ms": per_batch("read_batch_release_seconds"),
+            # Of that, with copies on arrival (gpu_check_arrival_*): per batch copied, ms from
+            # its arrival to its copies enqueued, and from then to its slot back; and batches a
+            # group (copied together, given back together).
+            "arrival_pickup_ms": per_arrival(st0, st1, "gpu_check_arrival_pickup_seconds"),
+            "arrival_copy_release_ms": per_arrival(st0, st1,
+                                                   "gpu_check_arrival_copy_release_seconds"),
+            "arrivals_a_group": (round(d("gpu_check_arrivals") / d("gpu_check_arrival_groups"), 2)
+                                 if d("gpu_check_arrival_groups") else None),
             "reads": calls, "read_s": round(call_s, 4), "phase_s": round(seconds, 4),
             "post_s": round(post, 4),"wait_s": round(wait, 4), "sink_s": round(sink, 4), "layers": layers,
             "wait_ms_per_layer": round(1e3 * wait / layers, 3) if layers else None,
             "sink_ms_per_layer": round(1e3 * sink / layers, 3) if layers else None,
             "wait_share": round(wait / (wait + sink), 3) if wait + sink > 0 else None}
+
+
+def per_arrival(st0, st1, key):
+    """ms of admin Stats `key` per batch copied on arrival between two snapshots (None: none)."""
+    n = st1.get("gpu_check_arrivals", 0) - st0.get("gpu_check_arrivals", 0)
+    return round(1e3 * (st1.get(key, 0) - st0.get(key, 0)) / n, 3) if n else None
 
 
 def phase_retrieve(args, daemon, sessions, call_blocks):

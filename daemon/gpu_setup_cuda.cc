@@ -26,8 +26,14 @@ class CudaRuntime final : public GpuRuntime {
   }
   server::GpuLayerCounts LayerCounts() const override {
     const gpu::LayerCopier::Counters c = copier->counters();
-    return server::GpuLayerCounts{c.layers, c.copy_engine_layers, c.gathers,
-                                  c.copy_engine_gathers};
+    return server::GpuLayerCounts{c.layers,
+                                  c.copy_engine_layers,
+                                  c.gathers,
+                                  c.copy_engine_gathers,
+                                  arrivals.arrivals.load(std::memory_order_relaxed),
+                                  arrivals.groups.load(std::memory_order_relaxed),
+                                  arrivals.pickup_ns.load(std::memory_order_relaxed) * 1e-9,
+                                  arrivals.copy_release_ns.load(std::memory_order_relaxed) * 1e-9};
   }
   uint64_t memory_bytes() const override { return memory; }
 
@@ -38,6 +44,7 @@ class CudaRuntime final : public GpuRuntime {
   // Retrieve checks on the GPU (datapath.verifier), on a stream of their own; handed to `store`,
   // which gets its CPU checker back before the verifier goes.
   std::unique_ptr<gpu::IoStream> check_stream;
+  gpu::ArrivalCounters arrivals;  // the verifier's copies on arrival; declared before it
   std::unique_ptr<datapath::Verifier> verifier;
   // The GPU memory Retrieve layers are staged in (datapath.read_bounce_depth > 0), or null.
   struct CudaFree {
@@ -175,6 +182,7 @@ absl::StatusOr<std::unique_ptr<GpuRuntime>> StartGpu(const v1::Config& config,
     vo.slots = config.datapath().gpu_check_slots();
     // Only where layers are staged on the GPU: the mirror's checks take whole layers.
     vo.copy_on_arrival = depth > 0 && config.datapath().gpu_check_copy_on_arrival();
+    vo.counters = &rt->arrivals;
     if (depth > 0) {
       ASSIGN_OR_RETURN(rt->verifier,
                        gpu::MakeGpuVerifier(vo, *rt->check_stream, store->cpu_verifier()));

@@ -49,6 +49,20 @@ struct Arrival {
   absl::Span<const ObjectCheck> checks;
   Releases releases;    // the batch's `released`
   bool copied = false;  // the verifier thread's: its copies and their release are enqueued
+  uint64_t arrived_ns = 0;  // SteadyNanos() at VerifyReleasing
+};
+
+uint64_t SteadyNanos() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// One group of batches copied on arrival: released together once its copies landed.
+struct ArrivalGroup {
+  std::vector<std::shared_ptr<Arrival>> arrivals;
+  uint64_t enqueued_ns = 0;             // its copies enqueued
+  ArrivalCounters* counters = nullptr;  // or null
 };
 
 struct Job {
@@ -72,11 +86,16 @@ void CUDART_CB RunReleases(void* arg) {
 }
 
 // cudaLaunchHostFunc's callback for batches copied on arrival: runs each one's `released` unless
-// Finish claimed it.
+// Finish claimed it, and counts the group's time from its copies enqueued.
 void CUDART_CB RunArrivalReleases(void* arg) {
-  std::unique_ptr<std::vector<std::shared_ptr<Arrival>>> batch(
-      static_cast<std::vector<std::shared_ptr<Arrival>>*>(arg));
-  for (const std::shared_ptr<Arrival>& a : *batch) a->releases.RunOnce();
+  std::unique_ptr<ArrivalGroup> group(static_cast<ArrivalGroup*>(arg));
+  if (group->counters != nullptr) {
+    const uint64_t n = group->arrivals.size();
+    group->counters->groups.fetch_add(1, std::memory_order_relaxed);
+    group->counters->copy_release_ns.fetch_add(n * (SteadyNanos() - group->enqueued_ns),
+                                               std::memory_order_relaxed);
+  }
+  for (const std::shared_ptr<Arrival>& a : group->arrivals) a->releases.RunOnce();
 }
 
 uint64_t RoundUp16(uint64_t n) { return (n + 15) / 16 * 16; }
@@ -216,6 +235,7 @@ class GpuVerifier final : public datapath::Verifier {
     if (options_.copy_on_arrival && job.released && job.scratch_bytes == 0) {
       job.arrival = std::make_shared<Arrival>();
       job.arrival->checks = job.checks;
+      job.arrival->arrived_ns = SteadyNanos();
       job.arrival->releases.fns.push_back(job.released);
     }
     {
@@ -232,6 +252,7 @@ class GpuVerifier final : public datapath::Verifier {
   // in one go. Marks them copied only where all of it was enqueued; the others are copied and
   // released with their slot, as without copy_on_arrival.
   void CopyOnArrival(std::vector<std::shared_ptr<Arrival>> arrivals) {
+    const uint64_t picked_ns = SteadyNanos();
     std::vector<CopyRun> runs;
     for (const std::shared_ptr<Arrival>& a : arrivals) {
       for (const ObjectCheck& c : a->checks) {
@@ -251,7 +272,7 @@ class GpuVerifier final : public datapath::Verifier {
                      "cudaStreamWaitEvent(copies on arrival)");
     }
     if (s.ok()) {
-      auto* arg = new std::vector<std::shared_ptr<Arrival>>(arrivals);
+      auto* arg = new ArrivalGroup{arrivals, SteadyNanos(), options_.counters};
       s = CudaStatus(cudaLaunchHostFunc(release_stream_, RunArrivalReleases, arg),
                      "cudaLaunchHostFunc(release the bytes copied on arrival)");
       if (!s.ok()) delete arg;
@@ -264,6 +285,12 @@ class GpuVerifier final : public datapath::Verifier {
       return;
     }
     for (const std::shared_ptr<Arrival>& a : arrivals) a->copied = true;
+    if (options_.counters != nullptr) {
+      uint64_t waited = 0;
+      for (const std::shared_ptr<Arrival>& a : arrivals) waited += picked_ns - a->arrived_ns;
+      options_.counters->arrivals.fetch_add(arrivals.size(), std::memory_order_relaxed);
+      options_.counters->pickup_ns.fetch_add(waited, std::memory_order_relaxed);
+    }
   }
 
   struct CopyRun {  // `len` bytes from host `src` to `dst` in the slot's scratch

@@ -38,6 +38,7 @@
 #ifndef TUTTI_DAEMON_GPU_GPU_VERIFIER_H_
 #define TUTTI_DAEMON_GPU_GPU_VERIFIER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -48,6 +49,14 @@
 namespace tutti::gpu {
 
 class IoStream;
+
+// What copies on arrival took, summed (GpuVerifierOptions::counters): batches copied, the groups
+// they were copied in (each group's bytes go back together, after its last copy), the time from a
+// batch's arrival (VerifyReleasing) to its copies being enqueued by the verifier's thread, and from
+// then to its `released` running (the copies on one stream, then CUDA's host function).
+struct ArrivalCounters {
+  std::atomic<uint64_t> arrivals{0}, groups{0}, pickup_ns{0}, copy_release_ns{0};
+};
 
 struct GpuVerifierOptions {
   // Device scratch per slot, the most objects one slot holds, and the slots in flight at once
@@ -67,6 +76,8 @@ struct GpuVerifierOptions {
   // still follows its `released`. Off here; tuttid's config turns it on by default
   // (datapath.gpu_check_copy_on_arrival; docs/gpu.md, "Stop 53").
   bool copy_on_arrival = false;
+  // Where copies on arrival are counted (null: not counted); must outlive the verifier.
+  ArrivalCounters* counters = nullptr;
   // Registered host staging to mirror in device memory (empty: none); 16-byte aligned.
   absl::Span<const uint8_t> mirror;
 };

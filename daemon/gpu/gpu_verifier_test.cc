@@ -423,6 +423,8 @@ void ReleasedWhileTheKernelIsHeld(bool copy_on_arrival) {
   options.max_objects_per_slot = kPerBatch;  // one batch a slot
   options.slots = kSlots;
   options.copy_on_arrival = copy_on_arrival;
+  ArrivalCounters counters;
+  options.counters = &counters;
   auto v = MakeGpuVerifier(options, **stream, &fallback);
   ASSERT_TRUE(v.ok()) << v.status();
   Staging bounce(uint64_t{kLen} * kObjects);
@@ -481,6 +483,17 @@ void ReleasedWhileTheKernelIsHeld(bool copy_on_arrival) {
   EXPECT_EQ(fallback.objects.load(), 0u);
   ExpectPlaced(checks, matches, copies, bytes);
   v->reset();
+  // Copies on arrival counted: every batch, in one group or more, each with its time until its
+  // copies were enqueued and from then until its bytes went back (counted before they go back).
+  EXPECT_EQ(counters.arrivals.load(), copy_on_arrival ? kBatches : 0u);
+  if (copy_on_arrival) {
+    EXPECT_GE(counters.groups.load(), 1u);
+    EXPECT_LE(counters.groups.load(), kBatches);
+    EXPECT_GT(counters.pickup_ns.load(), 0u);
+    EXPECT_GT(counters.copy_release_ns.load(), 0u);
+  } else {
+    EXPECT_EQ(counters.groups.load(), 0u);
+  }
   EXPECT_EQ(cudaEventDestroy(held_end), cudaSuccess);
   EXPECT_EQ(cudaFree(busy), cudaSuccess);
   EXPECT_EQ(cudaFree(device), cudaSuccess);
