@@ -26,9 +26,10 @@
 # of TUTTI_READSIZE_RUNS, each [part@]config:variant (see the part), by default tmpfs:8 reads with
 # larger copies to the GPU against the defaults then, interleaved, twice, then tmpfs:4 and
 # tmpfs:1, loop:4; runs past TUTTI_READSIZE_CUTOFF seconds (470) are skipped; docs/gpu.md, "Stop
-# 56", "Stop 57" and "Stop 62". Next, stores on 8 loop devices into a full pool and with their
-# commits counted, against the defaults (stop 62 left them at 0.65-0.73 of raw writes):
-# TUTTI_READSIZE_COPIES="" TUTTI_READSIZE_RUNS="l8:default l8:s3 8:default 8:s3 l4:default")
+# 56", "Stop 57" and "Stop 62". Next, the split of a read batch's way back to its bounce slot
+# (arrival_pickup_ms, arrival_copy_release_ms, arrivals_a_group, new at stop 62) and stores on 8
+# loop devices into a full pool with their commits counted (commits, commit_sync_s):
+# TUTTI_READSIZE_COPIES="" TUTTI_READSIZE_RUNS="8:default l8:default l8:s3 8:default l4:default")
 # (default: tests retrieve interference deadmem). Writes logs and JSON lines under $OUT (at most 8 files come back) and
 # prints a short summary last.
 set -u
