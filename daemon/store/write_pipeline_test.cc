@@ -137,6 +137,22 @@ class WritePipelineTest : public ::testing::Test {
     return writes();
   }
 
+  // While the first batch is held: stores `second`, waits until it is written, then `third`,
+  // and asserts that it is written too (`why`: what it would have waited for otherwise).
+  static void StoreTwoMoreWhileHeld(TestStore& s, absl::Span<const Key> second,
+                                    absl::Span<const Key> third, const char* why) {
+    const uint64_t before = AwaitWrites(s, 0);
+    for (CaptureOutcome o : Store(s, second, /*wait=*/false)) {
+      EXPECT_EQ(o, CaptureOutcome::kCaptured);
+    }
+    ASSERT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites);
+    for (CaptureOutcome o : Store(s, third, /*wait=*/false)) {
+      EXPECT_EQ(o, CaptureOutcome::kCaptured);
+    }
+    ASSERT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
+        << "the third batch waited for " << why;
+  }
+
   static size_t Count(const std::vector<CaptureOutcome>& out, CaptureOutcome o) {
     return std::count(out.begin(), out.end(), o);
   }
@@ -259,12 +275,8 @@ TEST_F(WritePipelineTest, WrittenBatchesWaitingForTheirCommitDoNotHoldTheWriter)
   for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_TRUE(holding->entered().WaitForNotificationWithTimeout(kPatience));
   const absl::Time held = absl::Now();
-  const uint64_t before = AwaitWrites(s, 0);
-  for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites);
-  for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
-      << "the third batch waited for the second one's commit";
+  StoreTwoMoreWhileHeld(s, second, third, "the second one's commit");
+  if (HasFatalFailure()) return holding->release().Notify();  // the store can then close
   EXPECT_EQ(Visible(s, second), std::vector<bool>(kBlocks, false)) << "committed in order";
   absl::SleepFor(absl::Milliseconds(20));  // so the held sync's share of the stats shows
   const double held_s = absl::ToDoubleSeconds(absl::Now() - held);
@@ -308,12 +320,8 @@ TEST_F(WritePipelineTest, ABatchNeverTakesTheHeaderPagesOfOneStillBeingWritten) 
   const std::vector<Key> third = testing::TestKeys(200, kBlocks);
   for (CaptureOutcome o : Store(s, first, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
   ASSERT_TRUE(holding->writes_held().WaitForNotificationWithTimeout(kPatience));
-  const uint64_t before = AwaitWrites(s, 0);  // the first batch's are all held
-  for (CaptureOutcome o : Store(s, second, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(AwaitWrites(s, before + kBatchWrites), before + kBatchWrites);
-  for (CaptureOutcome o : Store(s, third, /*wait=*/false)) EXPECT_EQ(o, CaptureOutcome::kCaptured);
-  ASSERT_EQ(AwaitWrites(s, before + 2 * kBatchWrites), before + 2 * kBatchWrites)
-      << "the third batch waited for the first one's writes";
+  StoreTwoMoreWhileHeld(s, second, third, "the first one's writes");  // those are all held
+  if (HasFatalFailure()) return holding->ReleaseWrites();  // the store can then close
   EXPECT_EQ(Visible(s, third), std::vector<bool>(kBlocks, false)) << "committed in order";
   holding->ReleaseWrites();
   s.store->Flush();
