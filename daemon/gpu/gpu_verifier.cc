@@ -49,19 +49,20 @@ struct Arrival {
   absl::Span<const ObjectCheck> checks;
   Releases releases;    // the batch's `released`
   bool copied = false;  // the verifier thread's: its copies and their release are enqueued
-  uint64_t arrived_ns = 0;  // SteadyNanos() at VerifyReleasing
+  std::chrono::steady_clock::time_point arrived;  // at VerifyReleasing
 };
 
-uint64_t SteadyNanos() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+// Nanoseconds from `since` until now.
+uint64_t NanosSince(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since)
+          .count());
 }
 
 // One group of batches copied on arrival: released together once its copies landed.
 struct ArrivalGroup {
   std::vector<std::shared_ptr<Arrival>> arrivals;
-  uint64_t enqueued_ns = 0;             // its copies enqueued
+  std::chrono::steady_clock::time_point enqueued;  // its copies enqueued
   ArrivalCounters* counters = nullptr;  // or null
 };
 
@@ -92,7 +93,7 @@ void CUDART_CB RunArrivalReleases(void* arg) {
   if (group->counters != nullptr) {
     const uint64_t n = group->arrivals.size();
     group->counters->groups.fetch_add(1, std::memory_order_relaxed);
-    group->counters->copy_release_ns.fetch_add(n * (SteadyNanos() - group->enqueued_ns),
+    group->counters->copy_release_ns.fetch_add(n * NanosSince(group->enqueued),
                                                std::memory_order_relaxed);
   }
   for (const std::shared_ptr<Arrival>& a : group->arrivals) a->releases.RunOnce();
@@ -235,7 +236,7 @@ class GpuVerifier final : public datapath::Verifier {
     if (options_.copy_on_arrival && job.released && job.scratch_bytes == 0) {
       job.arrival = std::make_shared<Arrival>();
       job.arrival->checks = job.checks;
-      job.arrival->arrived_ns = SteadyNanos();
+      job.arrival->arrived = std::chrono::steady_clock::now();
       job.arrival->releases.fns.push_back(job.released);
     }
     {
@@ -252,7 +253,6 @@ class GpuVerifier final : public datapath::Verifier {
   // in one go. Marks them copied only where all of it was enqueued; the others are copied and
   // released with their slot, as without copy_on_arrival.
   void CopyOnArrival(std::vector<std::shared_ptr<Arrival>> arrivals) {
-    const uint64_t picked_ns = SteadyNanos();
     std::vector<CopyRun> runs;
     for (const std::shared_ptr<Arrival>& a : arrivals) {
       for (const ObjectCheck& c : a->checks) {
@@ -272,7 +272,7 @@ class GpuVerifier final : public datapath::Verifier {
                      "cudaStreamWaitEvent(copies on arrival)");
     }
     if (s.ok()) {
-      auto* arg = new ArrivalGroup{arrivals, SteadyNanos(), options_.counters};
+      auto* arg = new ArrivalGroup{arrivals, std::chrono::steady_clock::now(), options_.counters};
       s = CudaStatus(cudaLaunchHostFunc(release_stream_, RunArrivalReleases, arg),
                      "cudaLaunchHostFunc(release the bytes copied on arrival)");
       if (!s.ok()) delete arg;
@@ -286,8 +286,8 @@ class GpuVerifier final : public datapath::Verifier {
     }
     for (const std::shared_ptr<Arrival>& a : arrivals) a->copied = true;
     if (options_.counters != nullptr) {
-      uint64_t waited = 0;
-      for (const std::shared_ptr<Arrival>& a : arrivals) waited += picked_ns - a->arrived_ns;
+      uint64_t waited = 0;  // until now, the copies enqueued
+      for (const std::shared_ptr<Arrival>& a : arrivals) waited += NanosSince(a->arrived);
       options_.counters->arrivals.fetch_add(arrivals.size(), std::memory_order_relaxed);
       options_.counters->pickup_ns.fetch_add(waited, std::memory_order_relaxed);
     }

@@ -446,9 +446,6 @@ class BlockStore::Impl {
   std::unique_ptr<datapath::BounceSlots> bounce_;
   std::unique_ptr<datapath::LayerReader> reader_;
   std::unique_ptr<datapath::LayerReader> gpu_reader_;
-  // write_batches_in_flight sets of write_batch_blocks x 4 KiB slot-header pages in staging's
-  // region, one per batch whose writes are in flight.
-  uint8_t* header_buffers_ = nullptr;
   // Pool-file syncs of a commit, in parallel: one thread fewer than files (the committer takes
   // one).
   std::unique_ptr<datapath::WorkPool> sync_pool_;
@@ -492,7 +489,8 @@ class BlockStore::Impl {
   int writing_ ABSL_GUARDED_BY(mu_) = 0;  // batches taken by the writer and not yet committed
   // Batches started by the writer and not yet taken by the committer, oldest first.
   std::deque<std::unique_ptr<InFlightBatch>> in_flight_ ABSL_GUARDED_BY(mu_);
-  // Header sets (of header_buffers_) no batch's writes are using; a batch takes one as it starts
+  // write_batches_in_flight sets of write_batch_blocks x 4 KiB slot-header pages (in staging's
+  // region, after the read staging) no batch's writes are using; a batch takes one as it starts
   // and gives it back as its last write completes, so batches completing out of order never
   // share one.
   std::vector<uint8_t*> free_header_sets_ ABSL_GUARDED_BY(mu_);

@@ -110,11 +110,11 @@ absl::Status BlockStore::Impl::Init() {
   sync_pool_ = std::make_unique<datapath::WorkPool>(
       std::min(backend_->num_files(), kMaxSyncThreads + 1) - 1, "tutti-sync");
   reader_ = MakeReader(read_staging_.get(), nullptr);
-  header_buffers_ = base + store_bytes + read_bytes;
   {
+    uint8_t* const headers = base + store_bytes + read_bytes;
     absl::MutexLock lock(&mu_);
     for (uint32_t i = 0; i < header_sets; ++i) {
-      free_header_sets_.push_back(header_buffers_ + i * header_set_bytes);
+      free_header_sets_.push_back(headers + i * header_set_bytes);
     }
   }
   const bool front = admission_->keeps_declined_in_dram();
